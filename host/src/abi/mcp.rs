@@ -1,0 +1,329 @@
+//! The `mcp_*` hostcalls: registry views and sessions on pooled MCP connections.
+//!
+//! An fd is policy bound at `mcp_open` (registry ∩ task); every list and call is filtered
+//! through that fd's [`ToolFilter`](crate::policy::ToolFilter). A tool-call result that does
+//! not fit the guest's buffer stays on the fd and is handed back on the retry, so a retry
+//! never runs the tool twice.
+
+use serde_json::{Value, json};
+use tracing::Instrument;
+use wasmtime::{Caller, Linker};
+
+use super::memory::{GuestMemory, OutBuf, guest};
+use super::{Errno, HostcallError, before_deadline, finish};
+use crate::fd::FdKind;
+use crate::mcp::{McpError, McpErrorCode, McpSession, PendingKey};
+use crate::policy::ToolFilter;
+use crate::runtime::{TaskContext, TaskState};
+
+pub(super) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
+    linker.func_wrap(
+        "spear",
+        "mcp_open",
+        |mut caller: Caller<'_, TaskState>, ptr: i32, len: i32| finish(open(&mut caller, ptr, len)),
+    )?;
+    linker.func_wrap(
+        "spear",
+        "mcp_close",
+        |mut caller: Caller<'_, TaskState>, fd: i32| finish(close(&mut caller, fd)),
+    )?;
+    linker.func_wrap(
+        "spear",
+        "mcp_registry_list",
+        |mut caller: Caller<'_, TaskState>, out_ptr: i32, out_len_ptr: i32| {
+            finish(registry_list(&mut caller, out_ptr, out_len_ptr))
+        },
+    )?;
+    linker.func_wrap(
+        "spear",
+        "mcp_registry_get",
+        |mut caller: Caller<'_, TaskState>, ptr: i32, len: i32, out_ptr: i32, out_len_ptr: i32| {
+            finish(registry_get(&mut caller, ptr, len, out_ptr, out_len_ptr))
+        },
+    )?;
+    linker.func_wrap_async(
+        "spear",
+        "mcp_list_tools",
+        |mut caller: Caller<'_, TaskState>, (fd, out_ptr, out_len_ptr): (i32, i32, i32)| {
+            Box::new(async move { finish(list_tools(&mut caller, fd, out_ptr, out_len_ptr).await) })
+        },
+    )?;
+    linker.func_wrap_async(
+        "spear",
+        "mcp_call_tool",
+        |mut caller: Caller<'_, TaskState>,
+         (fd, name_ptr, name_len, args_ptr, args_len, out_ptr, out_len_ptr): (
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+        )| {
+            Box::new(async move {
+                let call = CallArgs {
+                    fd,
+                    name_ptr,
+                    name_len,
+                    args_ptr,
+                    args_len,
+                    out_ptr,
+                    out_len_ptr,
+                };
+                finish(call_tool(&mut caller, call).await)
+            })
+        },
+    )?;
+    Ok(())
+}
+
+fn session(state: &mut TaskState, fd: i32) -> Result<&mut McpSession, Errno> {
+    match state.fds.get_mut(fd)? {
+        FdKind::McpSession(session) => Ok(session),
+    }
+}
+
+fn deny(
+    ctx: &TaskContext,
+    hostcall: &str,
+    server_id: &str,
+    tool: Option<&str>,
+    reason: &dyn std::fmt::Display,
+) -> Errno {
+    tracing::info!(task_id = %ctx.task_id, hostcall, server_id, tool, %reason, "denied by policy");
+    Errno::EACCES
+}
+
+fn open(caller: &mut Caller<'_, TaskState>, ptr: i32, len: i32) -> Result<i32, HostcallError> {
+    let (mem, state) = guest(caller)?;
+    let server_id = mem.str(ptr, len)?;
+    let _span = tracing::debug_span!("mcp_open", task_id = %state.ctx.task_id, server_id).entered();
+    let ctx = state.ctx.clone();
+    let entry = ctx.registry.get(server_id).ok_or(Errno::ENOENT)?;
+    ctx.mcp_policy
+        .may_open(server_id)
+        .map_err(|reason| deny(&ctx, "mcp_open", server_id, None, &reason))?;
+    if let Err(reason) = &entry.launch {
+        tracing::warn!(task_id = %ctx.task_id, server_id, %reason, "server unavailable");
+        return Err(Errno::ENOTCONN.into());
+    }
+    let filter = ToolFilter::new(&entry.record.allowed_tools, &ctx.mcp_policy);
+    let fd = state
+        .fds
+        .insert(FdKind::McpSession(McpSession::new(entry.clone(), filter)))?;
+    tracing::debug!(fd, "opened");
+    Ok(fd)
+}
+
+fn close(caller: &mut Caller<'_, TaskState>, fd: i32) -> Result<i32, HostcallError> {
+    let state = caller.data_mut();
+    let _span = tracing::debug_span!("mcp_close", task_id = %state.ctx.task_id, fd).entered();
+    session(state, fd)?;
+    state.fds.remove(fd)?;
+    Ok(0)
+}
+
+fn registry_list(
+    caller: &mut Caller<'_, TaskState>,
+    out_ptr: i32,
+    out_len_ptr: i32,
+) -> Result<i32, HostcallError> {
+    let (mut mem, state) = guest(caller)?;
+    let ctx = &state.ctx;
+    let _span = tracing::debug_span!("mcp_registry_list", task_id = %ctx.task_id).entered();
+    let out = mem.out_buf(out_ptr, out_len_ptr)?;
+    let servers: Vec<_> = ctx
+        .registry
+        .servers()
+        .filter(|entry| ctx.mcp_policy.may_open(entry.server_id()).is_ok())
+        .map(|entry| entry.view())
+        .collect();
+    let body = json!({"revision": ctx.registry.revision(), "servers": servers});
+    Ok(mem.deliver(out, &encode(&body))?)
+}
+
+fn registry_get(
+    caller: &mut Caller<'_, TaskState>,
+    ptr: i32,
+    len: i32,
+    out_ptr: i32,
+    out_len_ptr: i32,
+) -> Result<i32, HostcallError> {
+    let (mut mem, state) = guest(caller)?;
+    let ctx = &state.ctx;
+    let server_id = mem.str(ptr, len)?;
+    let _span =
+        tracing::debug_span!("mcp_registry_get", task_id = %ctx.task_id, server_id).entered();
+    let out = mem.out_buf(out_ptr, out_len_ptr)?;
+    let entry = ctx.registry.get(server_id).ok_or(Errno::ENOENT)?;
+    ctx.mcp_policy
+        .may_open(server_id)
+        .map_err(|reason| deny(ctx, "mcp_registry_get", server_id, None, &reason))?;
+    Ok(mem.deliver(out, &encode(&entry.view()))?)
+}
+
+fn encode(value: &impl serde::Serialize) -> Vec<u8> {
+    serde_json::to_vec(value).expect("host-built JSON values always serialise")
+}
+
+/// Hands kept output back if this is the retry of the fd's last request.
+fn deliver_pending(
+    mem: &mut GuestMemory<'_>,
+    session: &mut McpSession,
+    key: &PendingKey,
+    out: OutBuf,
+) -> Option<Result<i32, Errno>> {
+    let kept = session.pending_output(key)?;
+    let delivered = mem.deliver(out, kept);
+    if delivered.is_ok() {
+        session.clear_output();
+    }
+    Some(delivered)
+}
+
+/// Delivers fresh output; if it does not fit, keeps it on the fd for the retry.
+fn deliver_fresh(
+    caller: &mut Caller<'_, TaskState>,
+    fd: i32,
+    key: PendingKey,
+    out: OutBuf,
+    bytes: Vec<u8>,
+) -> Result<i32, HostcallError> {
+    let (mut mem, state) = guest(caller)?;
+    match mem.deliver(out, &bytes) {
+        Err(Errno::ENOSPC) => {
+            // The fd cannot have been closed meanwhile: the guest was waiting on us.
+            if let Ok(session) = session(state, fd) {
+                session.keep_output(key, bytes);
+            }
+            Err(Errno::ENOSPC.into())
+        }
+        other => Ok(other?),
+    }
+}
+
+fn list_errno(error: &McpError) -> Errno {
+    match error.code {
+        McpErrorCode::Unavailable => Errno::ENOTCONN,
+        McpErrorCode::Timeout => Errno::ETIMEDOUT,
+        _ => Errno::EIO,
+    }
+}
+
+async fn list_tools(
+    caller: &mut Caller<'_, TaskState>,
+    fd: i32,
+    out_ptr: i32,
+    out_len_ptr: i32,
+) -> Result<i32, HostcallError> {
+    let (ctx, entry, filter, out) = {
+        let (mut mem, state) = guest(caller)?;
+        let out = mem.out_buf(out_ptr, out_len_ptr)?;
+        let ctx = state.ctx.clone();
+        let session = session(state, fd)?;
+        if let Some(kept) = deliver_pending(&mut mem, session, &PendingKey::ListTools, out) {
+            return Ok(kept?);
+        }
+        session.clear_output();
+        (ctx, session.server.clone(), session.filter.clone(), out)
+    };
+    let span = tracing::debug_span!("mcp_list_tools", task_id = %ctx.task_id, fd, server_id = entry.server_id());
+    let listed = before_deadline(&ctx, ctx.pool.list_tools(&entry).instrument(span)).await?;
+    let tools = listed.map_err(|error| {
+        tracing::warn!(task_id = %ctx.task_id, server_id = entry.server_id(), %error, "tools/list failed");
+        list_errno(&error)
+    })?;
+    let visible: Vec<_> = tools
+        .iter()
+        .filter(|tool| filter.permits(&tool.name))
+        .collect();
+    let body = encode(&json!({"server_id": entry.server_id(), "tools": visible}));
+    deliver_fresh(caller, fd, PendingKey::ListTools, out, body)
+}
+
+struct CallArgs {
+    fd: i32,
+    name_ptr: i32,
+    name_len: i32,
+    args_ptr: i32,
+    args_len: i32,
+    out_ptr: i32,
+    out_len_ptr: i32,
+}
+
+async fn call_tool(
+    caller: &mut Caller<'_, TaskState>,
+    call: CallArgs,
+) -> Result<i32, HostcallError> {
+    let (ctx, entry, key, out) = {
+        let (mut mem, state) = guest(caller)?;
+        let out = mem.out_buf(call.out_ptr, call.out_len_ptr)?;
+        let name = mem.str(call.name_ptr, call.name_len)?.to_owned();
+        let args = mem.bytes(call.args_ptr, call.args_len)?.to_vec();
+        let ctx = state.ctx.clone();
+        let session = session(state, call.fd)?;
+        let server_id = session.server.server_id();
+        session
+            .filter
+            .check(&name)
+            .map_err(|reason| deny(&ctx, "mcp_call_tool", server_id, Some(&name), &reason))?;
+        let key = PendingKey::CallTool { name, args };
+        if let Some(kept) = deliver_pending(&mut mem, session, &key, out) {
+            return Ok(kept?);
+        }
+        session.clear_output();
+        (ctx, session.server.clone(), key, out)
+    };
+    let PendingKey::CallTool { name, args } = &key else {
+        unreachable!("built above")
+    };
+    let arguments = match parse_arguments(args)? {
+        Ok(arguments) => arguments,
+        Err(error) => return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json())),
+    };
+    let span = tracing::info_span!("mcp_call_tool", task_id = %ctx.task_id, fd = call.fd, server_id = entry.server_id(), tool = %name);
+    let result = before_deadline(
+        &ctx,
+        ctx.pool.call_tool(&entry, name, arguments).instrument(span),
+    )
+    .await?;
+    let bytes = match result {
+        Ok(output) => output.json,
+        Err(error) => {
+            tracing::info!(task_id = %ctx.task_id, server_id = entry.server_id(), tool = %name, %error, "tool call failed");
+            encode(&error.to_json())
+        }
+    };
+    deliver_fresh(caller, call.fd, key, out, bytes)
+}
+
+/// Empty input means `{}`; text that is not JSON is `-EIO` (a malformed argument); JSON that
+/// is not an object is an `mcp_invalid_arguments` result, as a server would answer.
+fn parse_arguments(args: &[u8]) -> Result<Result<serde_json::Map<String, Value>, McpError>, Errno> {
+    if args.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Ok(serde_json::Map::new()));
+    }
+    let text = std::str::from_utf8(args).map_err(|_| Errno::EINVAL)?;
+    match serde_json::from_str::<Value>(text).map_err(|_| Errno::EIO)? {
+        Value::Object(map) => Ok(Ok(map)),
+        other => Ok(Err(McpError::new(
+            McpErrorCode::InvalidArguments,
+            format!(
+                "tool arguments must be a JSON object, got {}",
+                kind_of(&other)
+            ),
+        ))),
+    }
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}

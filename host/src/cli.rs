@@ -1,0 +1,285 @@
+//! The `quiver` commands, each a thin call into the library.
+//!
+//! Exit statuses: `run` returns the guest's own status (124 after a deadline, 134 after a
+//! trap, 130 on Ctrl-C); 2 means the command itself could not start (bad flags, an
+//! unreadable task or module); other commands return 1 when they find a problem.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use quiver::mcp::{Registry, Severity};
+use quiver::policy::{TaskMcpPolicy, ToolFilter};
+use quiver::telemetry::{self, LogFormat};
+use quiver::{Host, HostBuilder, TaskSpec};
+
+#[derive(Parser)]
+#[command(
+    name = "quiver",
+    version,
+    about = "Run sandboxed WebAssembly workloads with MCP tools"
+)]
+struct Cli {
+    /// Log filter: a level (error, warn, info, debug, trace) or a tracing filter.
+    #[arg(long, global = true, default_value = "warn", env = "QUIVER_LOG")]
+    log_level: String,
+    /// Log line format on stderr.
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a wasm32-wasip1 module as one task.
+    Run(RunArgs),
+    /// Work with MCP servers of a registry.
+    #[command(subcommand)]
+    Mcp(McpCommand),
+    /// Work with registry directories.
+    #[command(subcommand)]
+    Registry(RegistryCommand),
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The guest module (.wasm, or .wat text).
+    module: PathBuf,
+    /// The task file (task.json). Without it the guest gets nothing but its args.
+    #[arg(long)]
+    task: Option<PathBuf>,
+    /// MCP registry directory (one file per server).
+    #[arg(long, env = "QUIVER_REGISTRY")]
+    registry: Option<PathBuf>,
+    /// Directory for precompiled modules (default ~/.cache/quiver/modules).
+    #[arg(long, env = "QUIVER_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Compile in memory only; write nothing to the module cache.
+    #[arg(long)]
+    no_cache: bool,
+    /// Guest arguments, replacing the task's `args`.
+    #[arg(last = true)]
+    args: Vec<String>,
+}
+
+#[derive(Subcommand)]
+enum McpCommand {
+    /// Connect to a server and list its tools after the registry's allowed_tools filter.
+    Tools {
+        server_id: String,
+        /// MCP registry directory.
+        #[arg(long, env = "QUIVER_REGISTRY")]
+        registry: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum RegistryCommand {
+    /// Check every file of a registry directory; exits 1 if any file has an error.
+    Validate { dir: PathBuf },
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init(&cli.log_level, cli.log_format);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("quiver: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let status = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run(args).await,
+            Command::Mcp(McpCommand::Tools {
+                server_id,
+                registry,
+            }) => mcp_tools(&server_id, registry).await,
+            Command::Registry(RegistryCommand::Validate { dir }) => validate(dir),
+        }
+    });
+    ExitCode::from(status.clamp(0, 255) as u8)
+}
+
+async fn run(args: RunArgs) -> i32 {
+    let task = match &args.task {
+        Some(path) => match TaskSpec::from_file(path) {
+            Ok(task) => task,
+            Err(e) => return fail(e),
+        },
+        None => TaskSpec::new(
+            args.module
+                .file_stem()
+                .map_or("task".into(), |s| s.to_string_lossy().into_owned()),
+        ),
+    };
+    let task = if args.args.is_empty() {
+        task
+    } else {
+        task.with_args(args.args)
+    };
+    let mut builder = HostBuilder::default();
+    if let Some(dir) = args.registry {
+        builder = builder.with_registry_dir(dir);
+    }
+    if let Some(dir) = args.cache_dir {
+        builder = builder.with_cache_dir(dir);
+    }
+    if args.no_cache {
+        builder = builder.without_disk_cache();
+    }
+    let host = match builder.build() {
+        Ok(host) => host,
+        Err(e) => return fail(e),
+    };
+    let module = match host.load_module_file(&args.module) {
+        Ok(module) => module,
+        Err(e) => return fail(e),
+    };
+    let outcome = tokio::select! {
+        outcome = host.run_task(&module, &task) => outcome,
+        signal = interrupted() => {
+            eprintln!("quiver: {signal}; stopping the task and its MCP servers");
+            host.shutdown().await;
+            return 130;
+        }
+    };
+    host.shutdown().await;
+    match outcome {
+        Ok(outcome) => {
+            if let Some(failure) = &outcome.failure {
+                eprintln!("quiver: task `{}` failed: {failure}", task.task_id);
+            }
+            outcome.exit_code
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM, naming which.
+async fn interrupted() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return "interrupted";
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => "interrupted",
+            _ = term.recv() => "terminated",
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+        "interrupted"
+    }
+}
+
+fn fail(error: impl std::fmt::Display) -> i32 {
+    eprintln!("quiver: {error}");
+    2
+}
+
+async fn mcp_tools(server_id: &str, dir: PathBuf) -> i32 {
+    let registry = match Registry::load_dir(&dir) {
+        Ok(registry) => registry,
+        Err(e) => return fail(e),
+    };
+    let Some(entry) = registry.get(server_id).cloned() else {
+        let known: Vec<_> = registry
+            .servers()
+            .map(|s| s.server_id().to_owned())
+            .collect();
+        eprintln!(
+            "quiver: no server `{server_id}` in {} (known: {})",
+            dir.display(),
+            if known.is_empty() {
+                "none".into()
+            } else {
+                known.join(", ")
+            }
+        );
+        return 1;
+    };
+    let host = match Host::builder()
+        .with_registry(registry)
+        .without_disk_cache()
+        .build()
+    {
+        Ok(host) => host,
+        Err(e) => return fail(e),
+    };
+    let listed = host.pool().list_tools(&entry).await;
+    host.shutdown().await;
+    let tools = match listed {
+        Ok(tools) => tools,
+        Err(e) => {
+            eprintln!("quiver: {e}");
+            return 1;
+        }
+    };
+    let filter = ToolFilter::new(&entry.record.allowed_tools, &TaskMcpPolicy::default());
+    let (visible, hidden): (Vec<_>, Vec<_>) = tools.iter().partition(|t| filter.permits(&t.name));
+    println!(
+        "{} ({}): {} tools",
+        entry.server_id(),
+        entry.record.display_name,
+        visible.len()
+    );
+    for tool in visible {
+        let description = tool
+            .description
+            .as_deref()
+            .unwrap_or("")
+            .lines()
+            .next()
+            .unwrap_or("");
+        println!("  {} — {}", tool.name, description);
+    }
+    if !hidden.is_empty() {
+        let names: Vec<_> = hidden.iter().map(|t| t.name.as_ref()).collect();
+        println!("hidden by allowed_tools: {}", names.join(", "));
+    }
+    0
+}
+
+fn validate(dir: PathBuf) -> i32 {
+    let registry = match Registry::load_dir(&dir) {
+        Ok(registry) => registry,
+        Err(e) => {
+            eprintln!("quiver: {e}");
+            return 1;
+        }
+    };
+    for problem in registry.problems() {
+        println!("{problem}");
+    }
+    let ids: Vec<_> = registry
+        .servers()
+        .map(|s| s.server_id().to_owned())
+        .collect();
+    let errors = registry
+        .problems()
+        .iter()
+        .filter(|p| p.severity == Severity::Error)
+        .count();
+    let warnings = registry.problems().len() - errors;
+    println!(
+        "{}: {} servers ({}), {errors} errors, {warnings} warnings, revision {}",
+        dir.display(),
+        ids.len(),
+        ids.join(", "),
+        registry.revision()
+    );
+    i32::from(errors > 0)
+}

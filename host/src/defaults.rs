@@ -1,0 +1,59 @@
+//! Every tunable default of the host, declared once with its unit and the reason for it.
+//!
+//! Registry files, task files and the [`HostBuilder`](crate::HostBuilder) override these;
+//! nothing else in the crate hard-codes a timeout, a cap or a TTL.
+
+use std::time::Duration;
+
+/// Time one MCP `tools/call` (or one `tools/list`) may take before it fails with
+/// `mcp_timeout`. Registry `budgets.tool_timeout_ms` overrides it per server.
+pub const TOOL_TIMEOUT: Duration = Duration::from_millis(8_000);
+
+/// Tool calls one server runs at once, across every task of the host. Registry
+/// `budgets.max_concurrency` overrides it per server.
+pub const MAX_CONCURRENCY: u32 = 8;
+
+/// Largest serialised MCP tool result handed to a guest; larger results become an
+/// `mcp_output_too_large` error instead of flooding guest memory. Registry
+/// `budgets.max_tool_output_bytes` overrides it per server.
+pub const MAX_TOOL_OUTPUT_BYTES: u64 = 1024 * 1024;
+
+/// How long a server's `tools/list` answer is reused before it is asked again (a
+/// `notifications/tools/list_changed` from the server drops it sooner).
+pub const TOOLS_CACHE_TTL: Duration = Duration::from_secs(300);
+
+/// Time to spawn a stdio server and finish the MCP `initialize` handshake. Generous because
+/// `npx`/`uvx` servers may download themselves on first use.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Pages of `tools/list` read before a server is considered to be paging forever.
+pub const MAX_TOOL_LIST_PAGES: usize = 100;
+
+/// Time given to MCP server processes to exit on shutdown before they are killed.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// Open fds one task may hold; one more is `-EMFILE`.
+pub const MAX_FDS_PER_TASK: usize = 1024;
+
+/// Wall-clock time a task may run when its task file names no deadline.
+pub const TASK_DEADLINE: Duration = Duration::from_secs(300);
+
+/// Linear memory a task may grow to when its task file names no limit.
+pub const TASK_MEMORY_BYTES: u64 = 512 * 1024 * 1024;
+
+/// Period of the engine's epoch clock. Guest code is checked against its deadline (and
+/// yields to other tasks) once per tick, so this bounds how late a deadline can fire.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// Largest single input (tool arguments, names) a guest may pass to a hostcall; more is
+/// `-ENOMEM` rather than a host-side copy of arbitrary size.
+pub const MAX_GUEST_INPUT_BYTES: u32 = 16 * 1024 * 1024;
+
+/// Longest guest log line kept; the rest is cut with a marker.
+pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
+
+/// Longest line of a server's stderr kept in the host log.
+pub const MAX_SERVER_STDERR_LINE_BYTES: usize = 4 * 1024;
+
+/// Guest instances the pooling allocator reserves room for, i.e. tasks running at once.
+pub const MAX_CONCURRENT_TASKS: u32 = 64;

@@ -1,0 +1,64 @@
+//! Tool-call failures as the structured error JSON guests and models see.
+
+use serde_json::{Value, json};
+
+/// The `error.code` of a failed MCP call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum McpErrorCode {
+    /// The server could not be started or reached, or went away mid-call.
+    Unavailable,
+    /// The server did not answer within its `tool_timeout_ms`.
+    Timeout,
+    /// The arguments were not a JSON object, or the server rejected them.
+    InvalidArguments,
+    /// Policy (e.g. an approval requirement) refused the call.
+    PolicyDenied,
+    /// The result was larger than the server's `max_tool_output_bytes`.
+    OutputTooLarge,
+    /// The server answered with a protocol error other than bad arguments.
+    ToolExecFailed,
+}
+
+impl McpErrorCode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unavailable => "mcp_unavailable",
+            Self::Timeout => "mcp_timeout",
+            Self::InvalidArguments => "mcp_invalid_arguments",
+            Self::PolicyDenied => "mcp_policy_denied",
+            Self::OutputTooLarge => "mcp_output_too_large",
+            Self::ToolExecFailed => "tool_exec_failed",
+        }
+    }
+
+    /// Whether trying the same call again later may succeed.
+    pub fn retryable(self) -> bool {
+        matches!(self, Self::Unavailable | Self::Timeout)
+    }
+}
+
+/// A failed MCP call, naming the server.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {message}", code.as_str())]
+pub struct McpError {
+    pub code: McpErrorCode,
+    pub message: String,
+}
+
+impl McpError {
+    pub fn new(code: McpErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// `{"error": {"code", "message", "retryable"}}`.
+    pub fn to_json(&self) -> Value {
+        json!({"error": {
+            "code": self.code.as_str(),
+            "message": self.message,
+            "retryable": self.code.retryable(),
+        }})
+    }
+}

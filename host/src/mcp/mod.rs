@@ -1,0 +1,25 @@
+//! MCP: the server registry, the connection pool and the per-fd session state.
+//!
+//! The registry says which servers exist and how to reach them; the pool owns one
+//! long-lived rmcp connection per server, shared by every fd of every task; a session is
+//! what one guest fd holds. Who may call what is decided in [`crate::policy`], not here.
+
+mod env;
+mod error;
+mod pool;
+mod registry;
+mod session;
+
+pub use env::{EnvLookup, EnvRefError, expand};
+pub use error::{McpError, McpErrorCode};
+pub use pool::{McpPool, ServerStatus};
+pub use registry::{
+    ApprovalPolicy, Budgets, HttpConfig, Launch, Problem, Registry, RegistryDirError, ServerEntry,
+    ServerRecord, ServerView, Severity, StdioConfig, Transport, is_valid_server_id,
+};
+pub(crate) use session::{McpSession, PendingKey};
+
+/// A tool as a server lists it (rmcp's model type: `name`, `description`, `inputSchema`, ...).
+pub type Tool = rmcp::model::Tool;
+/// The result of `tools/call`, in the MCP wire shape.
+pub type CallToolResult = rmcp::model::CallToolResult;

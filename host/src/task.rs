@@ -1,0 +1,445 @@
+//! The task spec (`task.json`): what one guest run is given.
+//!
+//! A task names its id, a free-form `config` map (string values as in a scheduler's
+//! `Task.config`; native JSON values are accepted too), the guest's args and granted env,
+//! optional preopened directories and its limits. Everything not granted here is denied: no
+//! host env, no filesystem, no stdin. The `mcp.*` config keys are parsed into the task layer
+//! of the MCP policy before the guest starts, so a malformed value fails the task with the
+//! key's name instead of surprising the guest later.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::defaults;
+use crate::policy::{Pattern, TaskMcpPolicy};
+
+/// A task file or task config that cannot be used, with the place and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("{path}: cannot read the task file: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("task config key `{key}`: {message}")]
+    Config { key: String, message: String },
+    #[error("task field `{field}`: {message}")]
+    Field {
+        field: &'static str,
+        message: String,
+    },
+}
+
+/// One directory the guest may see.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Preopen {
+    /// Host directory; relative paths are relative to the task file.
+    pub host: PathBuf,
+    /// Path the guest sees, e.g. `/data`.
+    pub guest: String,
+    /// When true the guest may read but not create, write or delete.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// Per-task limits; absent fields take the [`defaults`].
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Wall-clock deadline for the whole run, guest code and waiting hostcalls alike.
+    pub deadline_ms: Option<u64>,
+    /// Largest linear memory the guest may grow to.
+    pub memory_bytes: Option<u64>,
+    /// Open fds the guest may hold at once.
+    pub max_fds: Option<usize>,
+}
+
+/// What one guest run is given. See the crate README for a complete `task.json`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    pub task_id: String,
+    #[serde(default)]
+    pub config: BTreeMap<String, Value>,
+    /// Guest arguments after argv[0].
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variables the guest sees; the host's own are never passed through.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub preopens: Vec<Preopen>,
+    #[serde(default)]
+    pub limits: Limits,
+    /// Export to call instead of `_start`.
+    #[serde(default)]
+    pub entry: Option<String>,
+    /// Lets the guest read the host's stdin.
+    #[serde(default)]
+    pub inherit_stdin: bool,
+    /// Keeps guest stdout/stderr in the outcome instead of passing them through.
+    #[serde(skip)]
+    pub capture_output: bool,
+}
+
+const MCP_KEYS: [&str; 5] = [
+    "mcp.enabled",
+    "mcp.default_server_ids",
+    "mcp.allowed_server_ids",
+    "mcp.tool_allowlist",
+    "mcp.tool_denylist",
+];
+
+impl TaskSpec {
+    /// A task with nothing granted.
+    pub fn new(task_id: impl Into<String>) -> Self {
+        Self {
+            task_id: task_id.into(),
+            config: BTreeMap::new(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            preopens: Vec::new(),
+            limits: Limits::default(),
+            entry: None,
+            inherit_stdin: false,
+            capture_output: false,
+        }
+    }
+
+    /// Reads and checks a `task.json`; relative preopen paths become relative to its folder.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TaskError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| TaskError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut spec = Self::from_json(&text).map_err(|e| match e {
+            TaskError::Parse { message, .. } => TaskError::Parse {
+                path: path.to_owned(),
+                message,
+            },
+            other => TaskError::Parse {
+                path: path.to_owned(),
+                message: other.to_string(),
+            },
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for preopen in &mut spec.preopens {
+            if preopen.host.is_relative() {
+                preopen.host = base.join(&preopen.host);
+            }
+        }
+        Ok(spec)
+    }
+
+    /// Parses and checks task JSON.
+    pub fn from_json(text: &str) -> Result<Self, TaskError> {
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let spec: Self = serde_path_to_error::deserialize(de).map_err(|e| {
+            let at = e.path().to_string();
+            let message = if at == "." {
+                e.inner().to_string()
+            } else {
+                format!("field `{at}`: {}", e.inner())
+            };
+            TaskError::Parse {
+                path: PathBuf::from("<task json>"),
+                message,
+            }
+        })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    fn validate(&self) -> Result<(), TaskError> {
+        if self.task_id.trim().is_empty() {
+            return Err(TaskError::Field {
+                field: "task_id",
+                message: "must not be empty".into(),
+            });
+        }
+        if self.limits.deadline_ms == Some(0) {
+            return Err(TaskError::Field {
+                field: "limits.deadline_ms",
+                message: "must be greater than 0; omit it for the default".into(),
+            });
+        }
+        if self.limits.max_fds == Some(0) {
+            return Err(TaskError::Field {
+                field: "limits.max_fds",
+                message: "must be greater than 0; omit it for the default".into(),
+            });
+        }
+        self.mcp_policy()?;
+        Ok(())
+    }
+
+    #[must_use]
+    pub fn with_config(mut self, key: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.config.insert(key.into(), value.into());
+        self
+    }
+
+    #[must_use]
+    pub fn with_args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args = args.into_iter().map(Into::into).collect();
+        self
+    }
+
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.limits.deadline_ms = Some(deadline.as_millis().max(1) as u64);
+        self
+    }
+
+    #[must_use]
+    pub fn with_memory_limit(mut self, bytes: u64) -> Self {
+        self.limits.memory_bytes = Some(bytes);
+        self
+    }
+
+    #[must_use]
+    pub fn with_max_fds(mut self, max_fds: usize) -> Self {
+        self.limits.max_fds = Some(max_fds);
+        self
+    }
+
+    #[must_use]
+    pub fn with_entry(mut self, export: impl Into<String>) -> Self {
+        self.entry = Some(export.into());
+        self
+    }
+
+    /// Keep guest stdout/stderr in the [`TaskOutcome`](crate::TaskOutcome).
+    #[must_use]
+    pub fn with_captured_output(mut self) -> Self {
+        self.capture_output = true;
+        self
+    }
+
+    pub fn deadline(&self) -> Duration {
+        self.limits
+            .deadline_ms
+            .map(Duration::from_millis)
+            .unwrap_or(defaults::TASK_DEADLINE)
+    }
+
+    pub fn memory_limit(&self) -> u64 {
+        self.limits
+            .memory_bytes
+            .unwrap_or(defaults::TASK_MEMORY_BYTES)
+    }
+
+    pub fn max_fds(&self) -> usize {
+        self.limits.max_fds.unwrap_or(defaults::MAX_FDS_PER_TASK)
+    }
+
+    /// The task layer of the MCP policy, from the `mcp.*` config keys.
+    pub fn mcp_policy(&self) -> Result<TaskMcpPolicy, TaskError> {
+        for key in self.config.keys().filter(|k| k.starts_with("mcp.")) {
+            if !MCP_KEYS.contains(&key.as_str()) {
+                return Err(TaskError::Config {
+                    key: key.clone(),
+                    message: format!("unknown MCP key; known keys are {}", MCP_KEYS.join(", ")),
+                });
+            }
+        }
+        let enabled = match self.config.get("mcp.enabled") {
+            Some(value) => parse_bool("mcp.enabled", value)?,
+            None => false,
+        };
+        let default_server_ids = self.list("mcp.default_server_ids")?.unwrap_or_default();
+        let allowed_server_ids = self
+            .list("mcp.allowed_server_ids")?
+            .unwrap_or_else(|| default_server_ids.clone());
+        if let Some(outside) = default_server_ids
+            .iter()
+            .find(|id| !allowed_server_ids.contains(id))
+        {
+            return Err(TaskError::Config {
+                key: "mcp.default_server_ids".into(),
+                message: format!(
+                    "`{outside}` is not in mcp.allowed_server_ids; defaults must be a subset of the allowed servers"
+                ),
+            });
+        }
+        let patterns = |v: Vec<String>| v.into_iter().map(Pattern::new).collect::<Vec<_>>();
+        Ok(TaskMcpPolicy {
+            enabled,
+            default_server_ids,
+            allowed_server_ids,
+            tool_allowlist: self.list("mcp.tool_allowlist")?.map(patterns),
+            tool_denylist: self
+                .list("mcp.tool_denylist")?
+                .map(patterns)
+                .unwrap_or_default(),
+        })
+    }
+
+    fn list(&self, key: &str) -> Result<Option<Vec<String>>, TaskError> {
+        self.config
+            .get(key)
+            .map(|value| parse_list(key, value))
+            .transpose()
+    }
+}
+
+fn config_error(key: &str, message: String) -> TaskError {
+    TaskError::Config {
+        key: key.to_owned(),
+        message,
+    }
+}
+
+/// `true`/`false`/`1`/`0`/`yes`/`no` as a string, or a JSON boolean.
+fn parse_bool(key: &str, value: &Value) -> Result<bool, TaskError> {
+    match value {
+        Value::Bool(b) => Ok(*b),
+        Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" => Ok(true),
+            "false" | "0" | "no" => Ok(false),
+            _ => Err(config_error(
+                key,
+                format!("expected true/false/1/0/yes/no, got {s:?}"),
+            )),
+        },
+        other => Err(config_error(
+            key,
+            format!("expected a boolean, got {other}"),
+        )),
+    }
+}
+
+/// A JSON array of strings, as a native array or as a string holding one; or a
+/// comma-separated string. Empty items are refused rather than silently dropped.
+fn parse_list(key: &str, value: &Value) -> Result<Vec<String>, TaskError> {
+    let from_array = |items: &[Value]| -> Result<Vec<String>, TaskError> {
+        items
+            .iter()
+            .map(|item| match item {
+                Value::String(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
+                other => Err(config_error(
+                    key,
+                    format!("expected a list of non-empty strings, found item {other}"),
+                )),
+            })
+            .collect()
+    };
+    match value {
+        Value::Array(items) => from_array(items),
+        Value::String(s) if s.trim_start().starts_with('[') => {
+            let parsed: Value = serde_json::from_str(s).map_err(|e| {
+                config_error(key, format!("not a valid JSON array string ({e}): {s:?}"))
+            })?;
+            match parsed {
+                Value::Array(items) => from_array(&items),
+                _ => Err(config_error(
+                    key,
+                    format!("expected a JSON array, got {s:?}"),
+                )),
+            }
+        }
+        Value::String(s) if s.trim().is_empty() => Ok(Vec::new()),
+        Value::String(s) => s
+            .split(',')
+            .map(|item| {
+                let item = item.trim();
+                if item.is_empty() {
+                    Err(config_error(
+                        key,
+                        format!("empty item in comma-separated list {s:?}"),
+                    ))
+                } else {
+                    Ok(item.to_owned())
+                }
+            })
+            .collect(),
+        other => Err(config_error(
+            key,
+            format!("expected a JSON array or a comma-separated string, got {other}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn seed_example_config_parses() {
+        let spec = TaskSpec::from_json(
+            r#"{"task_id":"t","config":{
+                "mcp.enabled":"true",
+                "mcp.default_server_ids":"[\"gitlab\",\"fs\"]",
+                "mcp.allowed_server_ids":"gitlab, fs, duckduckgo-search",
+                "mcp.tool_allowlist":["*"],
+                "mcp.tool_denylist":"[\"delete_*\"]"}}"#,
+        )
+        .unwrap();
+        let policy = spec.mcp_policy().unwrap();
+        assert!(policy.enabled);
+        assert_eq!(policy.default_server_ids, ["gitlab", "fs"]);
+        assert_eq!(
+            policy.allowed_server_ids,
+            ["gitlab", "fs", "duckduckgo-search"]
+        );
+        assert_eq!(policy.tool_denylist, [Pattern::new("delete_*")]);
+    }
+
+    #[test]
+    fn allowed_defaults_to_default_and_mcp_is_off_by_default() {
+        let spec = TaskSpec::new("t").with_config("mcp.default_server_ids", json!(["fs"]));
+        let policy = spec.mcp_policy().unwrap();
+        assert!(!policy.enabled);
+        assert_eq!(policy.allowed_server_ids, ["fs"]);
+        assert_eq!(policy.tool_allowlist, None);
+    }
+
+    #[test]
+    fn malformed_values_name_the_key() {
+        for (key, value) in [
+            ("mcp.enabled", json!("maybe")),
+            ("mcp.default_server_ids", json!("[\"fs\"")),
+            ("mcp.tool_allowlist", json!(42)),
+            ("mcp.tool_denylist", json!("a,,b")),
+            ("mcp.server_ids", json!("fs")),
+        ] {
+            let err = TaskSpec::new("t")
+                .with_config(key, value)
+                .mcp_policy()
+                .unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
+    }
+
+    #[test]
+    fn defaults_outside_allowed_are_refused() {
+        let err = TaskSpec::new("t")
+            .with_config("mcp.default_server_ids", json!(["fs", "git"]))
+            .with_config("mcp.allowed_server_ids", json!(["fs"]))
+            .mcp_policy()
+            .unwrap_err();
+        assert!(err.to_string().contains("`git`"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_limits_are_refused_with_their_path() {
+        let err = TaskSpec::from_json(r#"{"task_id":"t","limits":{"deadline":5}}"#).unwrap_err();
+        assert!(err.to_string().contains("limits"), "{err}");
+        assert!(err.to_string().contains("deadline"), "{err}");
+        let err = TaskSpec::from_json(r#"{"task_id":"t","limits":{"deadline_ms":0}}"#).unwrap_err();
+        assert!(err.to_string().contains("limits.deadline_ms"), "{err}");
+    }
+}
