@@ -1,1 +1,221 @@
+//! One way for tests (and benchmarks) to start the host, the fixture MCP server and real
+//! guests, so each test reads like the scenario it checks.
+//!
+//! Everything here is real: guests are built from `examples/` for wasm32-wasip1 (or written
+//! as WAT), the fixture server is the `fixture-mcp-server` binary over stdio, and the CLI is
+//! the `quiver` binary.
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use quiver::{Host, TaskOutcome, TaskSpec};
+use tempfile::TempDir;
+
+pub mod wat;
+
+/// The workspace root.
+pub fn workspace() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ is inside the workspace")
+        .to_owned()
+}
+
+/// `target/<profile>/`, where cargo put this test's binaries.
+fn bin_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let dir = exe.parent().expect("exe dir");
+    if dir.ends_with("deps") {
+        dir.parent().expect("profile dir").to_owned()
+    } else {
+        dir.to_owned()
+    }
+}
+
+/// The fixture MCP server binary.
+pub fn fixture_server() -> PathBuf {
+    bin_dir().join("fixture-mcp-server")
+}
+
+/// The `quiver` command-line binary.
+pub fn quiver_cli() -> PathBuf {
+    bin_dir().join("quiver-cli")
+}
+
+/// Builds an example guest for wasm32-wasip1 (once per test process) and returns its path.
+/// Guests get their own target dir: the outer `cargo test` holds the main one.
+pub fn example_guest(name: &str) -> PathBuf {
+    static BUILT: OnceLock<Mutex<Vec<String>>> = OnceLock::new();
+    let built = BUILT.get_or_init(|| Mutex::new(Vec::new()));
+    let mut built = built.lock().unwrap_or_else(|e| e.into_inner());
+    let target_dir = workspace().join("target").join("guests");
+    if !built.iter().any(|b| b == name) {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = Command::new(cargo)
+            .current_dir(workspace())
+            .args([
+                "build",
+                "--quiet",
+                "--release",
+                "--target",
+                "wasm32-wasip1",
+                "-p",
+                name,
+                "--target-dir",
+            ])
+            .arg(&target_dir)
+            .status()
+            .expect("run cargo to build the guest");
+        assert!(
+            status.success(),
+            "building guest {name} failed (is the wasm32-wasip1 target installed? run scripts/setup.sh)"
+        );
+        built.push(name.to_owned());
+    }
+    target_dir
+        .join("wasm32-wasip1")
+        .join("release")
+        .join(format!("{name}.wasm"))
+}
+
+/// A temporary registry directory.
+pub struct RegistryDir {
+    dir: TempDir,
+}
+
+impl Default for RegistryDir {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RegistryDir {
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes `file` with `contents`.
+    pub fn write(&self, file: &str, contents: &str) -> &Self {
+        std::fs::write(self.dir.path().join(file), contents).expect("write registry file");
+        self
+    }
+
+    /// Registers the fixture server as `server_id`, allowing `allowed_tools`, with extra
+    /// TOML (e.g. a `[budgets]` table) appended.
+    pub fn fixture(&self, server_id: &str, allowed_tools: &[&str], extra: &str) -> &Self {
+        self.write(
+            &format!("{server_id}.toml"),
+            &fixture_toml(server_id, allowed_tools, extra),
+        )
+    }
+}
+
+/// A registry record for the fixture server.
+pub fn fixture_toml(server_id: &str, allowed_tools: &[&str], extra: &str) -> String {
+    let allowed: Vec<String> = allowed_tools.iter().map(|t| format!("{t:?}")).collect();
+    format!(
+        "server_id = {server_id:?}\ntransport = \"stdio\"\nallowed_tools = [{}]\n\n[stdio]\ncommand = {:?}\nargs = [\"--name\", {server_id:?}]\n\n{extra}\n",
+        allowed.join(", "),
+        fixture_server().display().to_string()
+    )
+}
+
+/// A host on `registry`, compiling in memory only.
+pub fn host(registry: &RegistryDir) -> Host {
+    init_logging();
+    Host::builder()
+        .with_registry_dir(registry.path())
+        .without_disk_cache()
+        .build()
+        .expect("host")
+}
+
+/// Logs to the test's captured output when `RUST_LOG` is set.
+pub fn init_logging() {
+    if std::env::var_os("RUST_LOG").is_some() {
+        let _ = tracing_subscriber::fmt().with_test_writer().try_init();
+    }
+}
+
+/// A task that enables MCP with `servers` as defaults, capturing output.
+pub fn mcp_task(task_id: &str, servers: &[&str]) -> TaskSpec {
+    TaskSpec::new(task_id)
+        .with_config("mcp.enabled", "true")
+        .with_config("mcp.default_server_ids", serde_json::json!(servers))
+        .with_deadline(Duration::from_secs(60))
+        .with_captured_output()
+}
+
+/// Loads `module` and runs `task` on `host`.
+pub async fn run(host: &Host, module: &Path, task: &TaskSpec) -> TaskOutcome {
+    let module = host.load_module_file(module).expect("load guest");
+    host.run_task(&module, task).await.expect("task starts")
+}
+
+/// Whether a process is alive (a zombie counts as gone).
+pub fn pid_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z'),
+        Err(_) => false,
+    }
+}
+
+/// Waits up to `within` for `pid` to be gone.
+pub fn wait_gone(pid: u32, within: Duration) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < within {
+        if !pid_alive(pid) {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    !pid_alive(pid)
+}
+
+/// Pids of running fixture servers whose `--name` is `name`.
+pub fn fixture_pids(name: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
+    for entry in entries.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let is_fixture = args
+            .first()
+            .is_some_and(|a| a.ends_with(b"fixture-mcp-server"));
+        let named = args
+            .windows(2)
+            .any(|w| w[0] == b"--name" && w[1] == name.as_bytes());
+        if is_fixture && named && pid_alive(pid) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// A server id unique to this test process and call, so concurrent tests can find their
+/// own fixture processes.
+pub fn unique_id(prefix: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    format!("{prefix}-{}-{n}", std::process::id())
+}

@@ -223,7 +223,11 @@ impl McpPool {
             server_id: server_id.into(),
             tools_stale: tools_stale.clone(),
         };
-        let service = tokio::time::timeout(self.connect_timeout, events.serve(transport))
+        // A connection outlives the task that happened to open it: detach it from the
+        // caller's span so its logs are not filed under that task.
+        let connection_span = tracing::info_span!(parent: None, "mcp_server", server_id);
+        let handshake = events.serve(transport).instrument(connection_span);
+        let service = tokio::time::timeout(self.connect_timeout, handshake)
             .await
             .map_err(|_| {
                 unavailable(format!(

@@ -1,0 +1,441 @@
+//! ABI edge cases through small WAT guests, the real host and the real fixture server:
+//! every hostile argument gets its errno, the buffer protocol never runs a tool twice, and
+//! a looping, trapping or waiting guest ends at its deadline without hurting other tasks.
+
+use std::time::{Duration, Instant};
+
+use quiver::{TaskFailure, TaskSpec};
+use quiver_tests::wat::{self, WatRun};
+use quiver_tests::{RegistryDir, host, mcp_task};
+use serde_json::Value;
+
+const OK: i32 = 0;
+const ENOENT: i32 = -2;
+const EIO: i32 = -5;
+const EBADF: i32 = -9;
+const EACCES: i32 = -13;
+const EFAULT: i32 = -14;
+const EINVAL: i32 = -22;
+const EMFILE: i32 = -24;
+const ENOSPC: i32 = -28;
+const ENOTCONN: i32 = -107;
+
+/// Test data, at fixed addresses the WAT bodies refer to.
+const DATA: &[(u32, &[u8])] = &[
+    (1024, b"fixture"),
+    (1040, b"nope"),
+    (1056, &[0xff, 0xfe]),
+    (1072, b"count"),
+    (1088, b"{}"),
+    (1100, b"echo"),
+    (1120, br#"{"text":"hi"}"#),
+    (1200, b"crash"),
+    (1216, b"not json"),
+    (1232, b"[1]"),
+    (1248, b"other"),
+    (1264, b"delete_file"),
+    (1280, b"slow"),
+    (1296, br#"{"ms":60000}"#),
+    (1320, b"unset"),
+];
+
+/// `(call $mcp_call_tool fd name args 16384 8192)` for data at the given addresses.
+fn call(fd: &str, name: (u32, u32), args: (u32, u32)) -> String {
+    format!(
+        "(call $mcp_call_tool {fd} (i32.const {}) (i32.const {}) (i32.const {}) (i32.const {}) (i32.const 16384) (i32.const 8192))",
+        name.0, name.1, args.0, args.1
+    )
+}
+
+const COUNT: (u32, u32) = (1072, 5);
+const EMPTY_OBJ: (u32, u32) = (1088, 2);
+const ECHO: (u32, u32) = (1100, 4);
+const HI: (u32, u32) = (1120, 13);
+
+fn open_fixture() -> &'static str {
+    "(local.set $fd (call $mcp_open (i32.const 1024) (i32.const 7)))"
+}
+
+async fn run(registry: &RegistryDir, task: &TaskSpec, body: &str) -> WatRun {
+    let host = host(registry);
+    let run = wat::run(&host, &wat::guest(DATA, body), task).await;
+    host.shutdown().await;
+    assert!(
+        run.outcome.failure.is_none(),
+        "guest failed: {:?}",
+        run.outcome.failure
+    );
+    run
+}
+
+fn registry() -> RegistryDir {
+    let registry = RegistryDir::new();
+    registry
+        .fixture("fixture", &["*"], "")
+        .fixture("other", &["*"], "");
+    registry
+}
+
+fn text_of(result_json: &str) -> String {
+    let value: Value = serde_json::from_str(result_json).expect("result is JSON");
+    value["content"][0]["text"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn mcp_open_errors() {
+    let body = r#"(func $main
+      (call $out (call $mcp_open (i32.const 1040) (i32.const 4)))
+      (call $out (call $mcp_open (i32.const 1248) (i32.const 5)))
+      (call $out (call $mcp_open (i32.const 1056) (i32.const 2)))
+      (call $out (call $mcp_open (i32.const 262140) (i32.const 100)))
+      (call $out (call $mcp_open (i32.const 1024) (i32.const -1)))
+      (call $out (call $mcp_open (i32.const -8) (i32.const 7)))
+      (call $out (call $mcp_open (i32.const 1024) (i32.const 7))))"#;
+    let run = run(&registry(), &mcp_task("open", &["fixture"]), body).await;
+    assert_eq!(
+        &run.results[..6],
+        &[ENOENT, EACCES, EINVAL, EFAULT, EFAULT, EFAULT]
+    );
+    assert!(run.results[6] >= 0, "open fixture: {}", run.results[6]);
+
+    let disabled = TaskSpec::new("disabled").with_config("mcp.default_server_ids", "fixture");
+    let run = self::run(&registry(), &disabled, body).await;
+    assert_eq!(
+        run.results[6], EACCES,
+        "a task without mcp.enabled can open nothing"
+    );
+}
+
+#[tokio::test]
+async fn enospc_reports_the_length_and_the_retry_does_not_run_the_tool_again() {
+    let count = call("(local.get $fd)", COUNT, EMPTY_OBJ);
+    let body = format!(
+        r#"(func $main (local $fd i32)
+      {open}
+      (call $cap (i32.const 8192) (i32.const 4))
+      (call $out {count})
+      (call $out (call $len (i32.const 8192)))
+      (call $cap (i32.const 8192) (i32.const 65536))
+      (call $out {count})
+      (call $emit (i32.const 16384) (call $len (i32.const 8192)))
+      (call $out (call $mcp_call_tool (local.get $fd) (i32.const 1072) (i32.const 5) (i32.const 1088) (i32.const 2) (i32.const 16384) (i32.const 262142)))
+      (call $cap (i32.const 8192) (i32.const 300000))
+      (call $out {count})
+      (call $cap (i32.const 8192) (i32.const 65536))
+      (call $out {count})
+      (call $emit (i32.const 16384) (call $len (i32.const 8192))))"#,
+        open = open_fixture()
+    );
+    let run = run(&registry(), &mcp_task("enospc", &["fixture"]), &body).await;
+    let r = &run.results;
+    assert_eq!(r[0], ENOSPC);
+    assert!(r[1] > 4, "needed length {}", r[1]);
+    assert_eq!(r[2], r[1], "the retry returns exactly the announced length");
+    assert_eq!(
+        text_of(&run.emitted[0]),
+        "1",
+        "the retry returned the first execution's result"
+    );
+    assert_eq!(r[3], EFAULT, "bad out_len_ptr");
+    assert_eq!(r[4], EFAULT, "capacity past the end of memory");
+    assert!(r[5] > 0);
+    assert_eq!(
+        text_of(&run.emitted[1]),
+        "2",
+        "the tool ran once for the ENOSPC+retry and never for the EFAULT calls"
+    );
+}
+
+#[tokio::test]
+async fn closed_and_bogus_fds_are_ebadf() {
+    let body = format!(
+        r#"(func $main (local $fd i32)
+      {open}
+      (call $out (call $mcp_close (local.get $fd)))
+      (call $out (call $mcp_close (local.get $fd)))
+      (call $cap (i32.const 8192) (i32.const 65536))
+      (call $out (call $mcp_list_tools (local.get $fd) (i32.const 16384) (i32.const 8192)))
+      (call $out {bogus})
+      (call $out (call $mcp_list_tools (i32.const -1) (i32.const 16384) (i32.const 8192)))
+      (call $out (call $mcp_close (i32.const 0))))"#,
+        open = open_fixture(),
+        bogus = call("(i32.const 12345)", ECHO, HI)
+    );
+    let run = run(&registry(), &mcp_task("ebadf", &["fixture"]), &body).await;
+    assert_eq!(run.results, [OK, EBADF, EBADF, EBADF, EBADF, EBADF]);
+}
+
+#[tokio::test]
+async fn tools_outside_the_filters_are_hidden_and_eacces() {
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["echo", "count", "delete_*"], "");
+    let task = mcp_task("filters", &["fixture"]).with_config("mcp.tool_denylist", "delete_*");
+    let body = format!(
+        r#"(func $main (local $fd i32)
+      {open}
+      (call $cap (i32.const 8192) (i32.const 65536))
+      (call $out {crash})
+      (call $out {delete})
+      (call $out {echo})
+      (call $cap (i32.const 8192) (i32.const 65536))
+      (call $out (call $mcp_list_tools (local.get $fd) (i32.const 16384) (i32.const 8192)))
+      (call $emit (i32.const 16384) (call $len (i32.const 8192))))"#,
+        open = open_fixture(),
+        crash = call("(local.get $fd)", (1200, 5), EMPTY_OBJ),
+        delete = call("(local.get $fd)", (1264, 11), EMPTY_OBJ),
+        echo = call("(local.get $fd)", ECHO, HI),
+    );
+    let run = run(&registry, &task, &body).await;
+    assert_eq!(
+        run.results[0], EACCES,
+        "crash is outside the registry's allowed_tools"
+    );
+    assert_eq!(
+        run.results[1], EACCES,
+        "delete_file matches the task's denylist"
+    );
+    assert!(run.results[2] > 0);
+    let listed: Value = serde_json::from_str(&run.emitted[0]).unwrap();
+    assert_eq!(listed["server_id"], "fixture");
+    let names: Vec<&str> = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["count", "echo"]);
+    assert!(listed["tools"][1]["inputSchema"].is_object());
+}
+
+#[tokio::test]
+async fn the_fd_cap_gives_emfile_and_close_makes_room() {
+    let body = r#"(func $main (local $first i32)
+      (local.set $first (call $mcp_open (i32.const 1024) (i32.const 7)))
+      (call $out (local.get $first))
+      (call $out (call $mcp_open (i32.const 1024) (i32.const 7)))
+      (call $out (call $mcp_open (i32.const 1024) (i32.const 7)))
+      (call $out (call $mcp_close (local.get $first)))
+      (call $out (call $mcp_open (i32.const 1024) (i32.const 7))))"#;
+    let run = run(
+        &registry(),
+        &mcp_task("emfile", &["fixture"]).with_max_fds(2),
+        body,
+    )
+    .await;
+    let r = &run.results;
+    assert!(r[0] >= 0 && r[1] >= 0);
+    assert_eq!(r[2], EMFILE);
+    assert_eq!(r[3], 0);
+    assert!(
+        r[4] >= 0 && r[4] != r[0],
+        "a new fd, never the closed one's number"
+    );
+}
+
+#[tokio::test]
+async fn hostile_arguments_to_mcp_call_tool() {
+    let body = format!(
+        r#"(func $main (local $fd i32)
+      {open}
+      (call $cap (i32.const 8192) (i32.const 65536))
+      (call $out {not_json})
+      (call $out {array})
+      (call $emit (i32.const 16384) (call $len (i32.const 8192)))
+      (call $out {huge})
+      (call $out {bad_name})
+      (call $out {bad_args_utf8}))"#,
+        open = open_fixture(),
+        not_json = call("(local.get $fd)", ECHO, (1216, 8)),
+        array = call("(local.get $fd)", ECHO, (1232, 3)),
+        huge = call("(local.get $fd)", ECHO, (1120, 0x7fff_ffff)),
+        bad_name = call("(local.get $fd)", (1056, 2), HI),
+        bad_args_utf8 = call("(local.get $fd)", ECHO, (1056, 2)),
+    );
+    let run = run(&registry(), &mcp_task("args", &["fixture"]), &body).await;
+    let r = &run.results;
+    assert_eq!(r[0], EIO, "arguments that are not JSON");
+    assert!(r[1] > 0);
+    let error: Value = serde_json::from_str(&run.emitted[0]).unwrap();
+    assert_eq!(error["error"]["code"], "mcp_invalid_arguments");
+    assert_eq!(error["error"]["retryable"], false);
+    assert_eq!(r[2], EFAULT, "a length far past the end of memory");
+    assert_eq!(r[3], EINVAL, "a tool name that is not UTF-8");
+    assert_eq!(r[4], EINVAL, "arguments that are not UTF-8");
+}
+
+#[tokio::test]
+async fn log_and_time() {
+    let body = r#"(func $main
+      (call $out (call $log (i32.const 9) (i32.const 1024) (i32.const 7)))
+      (call $out (call $log (i32.const 2) (i32.const 1056) (i32.const 2)))
+      (call $out (call $log (i32.const 2) (i32.const 1024) (i32.const 7)))
+      (call $out (call $log (i32.const 2) (i32.const 262000) (i32.const 9999)))
+      (call $out (i64.gt_s (call $time_now_ms) (i64.const 1700000000000))))"#;
+    let run = run(&registry(), &mcp_task("log", &[]), body).await;
+    assert_eq!(run.results, [EINVAL, EINVAL, 0, EFAULT, 1]);
+}
+
+#[tokio::test]
+async fn registry_views_show_only_permitted_servers_and_no_secrets() {
+    let registry = registry();
+    registry.write(
+        "secret.toml",
+        &format!(
+            "{}",
+            quiver_tests::fixture_toml("secret", &["*"], "").replace(
+                "[stdio]\n",
+                "[stdio]\nenv = { API_TOKEN = \"${ENV:QUIVER_TEST_TOKEN:-hunter2}\" }\n"
+            )
+        ),
+    );
+    let task = mcp_task("views", &["fixture", "secret"]);
+    let body = r#"(func $main
+      (call $cap (i32.const 8192) (i32.const 65536))
+      (call $out (call $mcp_registry_list (i32.const 16384) (i32.const 8192)))
+      (call $emit (i32.const 16384) (call $len (i32.const 8192)))
+      (call $out (call $mcp_registry_get (i32.const 1040) (i32.const 4) (i32.const 16384) (i32.const 8192)))
+      (call $out (call $mcp_registry_get (i32.const 1248) (i32.const 5) (i32.const 16384) (i32.const 8192)))
+      (call $cap (i32.const 8192) (i32.const 3))
+      (call $out (call $mcp_registry_get (i32.const 1024) (i32.const 7) (i32.const 16384) (i32.const 8192)))
+      (call $out (call $len (i32.const 8192))))"#;
+    let run = run(&registry, &task, body).await;
+    let listing = &run.emitted[0];
+    let value: Value = serde_json::from_str(listing).unwrap();
+    let ids: Vec<&str> = value["servers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["server_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        ["fixture", "secret"],
+        "`other` is not allowed for this task"
+    );
+    assert!(value["revision"].is_string());
+    assert_eq!(value["servers"][0]["budgets"]["tool_timeout_ms"], 8000);
+    for secret in ["hunter2", "API_TOKEN", "fixture-mcp-server", "command"] {
+        assert!(
+            !listing.contains(secret),
+            "registry view leaks {secret}: {listing}"
+        );
+    }
+    assert_eq!(run.results[1], ENOENT);
+    assert_eq!(run.results[2], EACCES);
+    assert_eq!(run.results[3], ENOSPC);
+    assert!(run.results[4] > 3);
+}
+
+#[tokio::test]
+async fn a_server_with_a_missing_env_var_is_unavailable_not_fatal() {
+    let registry = registry();
+    registry.write(
+        "unset.toml",
+        "server_id = \"unset\"\ntransport = \"stdio\"\nallowed_tools = [\"*\"]\n[stdio]\ncommand = \"${ENV:QUIVER_TEST_SURELY_UNSET}\"\n",
+    );
+    let body = r#"(func $main
+      (call $out (call $mcp_open (i32.const 1320) (i32.const 5)))
+      (call $out (call $mcp_open (i32.const 1024) (i32.const 7))))"#;
+    let run = run(&registry, &mcp_task("unset", &["unset", "fixture"]), body).await;
+    assert_eq!(run.results[0], ENOTCONN);
+    assert!(run.results[1] >= 0, "other servers still work");
+}
+
+#[tokio::test]
+async fn a_looping_guest_stops_at_its_deadline_while_another_task_completes() {
+    let registry = registry();
+    let host = host(&registry);
+    let spin = wat::guest(DATA, "(func $main (loop $forever (br $forever)))");
+    let work = wat::guest(
+        DATA,
+        &format!(
+            "(func $main (local $fd i32) {} (call $cap (i32.const 8192) (i32.const 65536)) (call $out {}))",
+            open_fixture(),
+            call("(local.get $fd)", ECHO, HI)
+        ),
+    );
+    let started = Instant::now();
+    let looping = mcp_task("spin", &[]).with_deadline(Duration::from_millis(300));
+    let worker = mcp_task("work", &["fixture"]);
+    let (spun, worked) = tokio::join!(wat::run(&host, &spin, &looping), async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        wat::run(&host, &work, &worker).await
+    });
+    assert_eq!(
+        spun.outcome.failure,
+        Some(TaskFailure::Deadline(Duration::from_millis(300)))
+    );
+    assert_eq!(spun.outcome.exit_code, 124);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "deadline fired late: {:?}",
+        started.elapsed()
+    );
+    assert!(worked.outcome.success(), "{:?}", worked.outcome.failure);
+    assert!(worked.results[0] > 0);
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_hostcall_waiting_on_a_slow_tool_is_cancelled_at_the_deadline() {
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["*"], "[budgets]\ntool_timeout_ms = 120000\n");
+    let host = host(&registry);
+    let body = format!(
+        "(func $main (local $fd i32) {} (call $cap (i32.const 8192) (i32.const 65536)) (call $out {}))",
+        open_fixture(),
+        call("(local.get $fd)", (1280, 4), (1296, 12))
+    );
+    let task = mcp_task("waiting", &["fixture"]).with_deadline(Duration::from_millis(700));
+    let started = Instant::now();
+    let run = wat::run(&host, &wat::guest(DATA, &body), &task).await;
+    assert_eq!(
+        run.outcome.failure,
+        Some(TaskFailure::Deadline(Duration::from_millis(700)))
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_trap_ends_only_its_task_and_the_memory_limit_is_enforced() {
+    let registry = registry();
+    let host = host(&registry);
+    let trap = wat::run(
+        &host,
+        &wat::guest(DATA, "(func $main unreachable)"),
+        &mcp_task("trap", &[]),
+    )
+    .await;
+    assert_eq!(trap.outcome.exit_code, 134);
+    assert!(
+        matches!(&trap.outcome.failure, Some(TaskFailure::Trap(m)) if m.contains("unreachable")),
+        "{:?}",
+        trap.outcome.failure
+    );
+
+    let grow = "(func $main (call $out (memory.grow (i32.const 64))))";
+    let limited = mcp_task("grow", &[]).with_memory_limit(1024 * 1024);
+    let grown = wat::run(&host, &wat::guest(DATA, grow), &limited).await;
+    assert!(
+        matches!(grown.outcome.failure, Some(TaskFailure::Trap(_))),
+        "growing past 1 MiB must fail the task"
+    );
+
+    let fine = wat::run(
+        &host,
+        &wat::guest(DATA, "(func $main (call $out (i32.const 7)))"),
+        &mcp_task("after", &[]),
+    )
+    .await;
+    assert!(fine.outcome.success());
+    assert_eq!(fine.results, [7]);
+    host.shutdown().await;
+}

@@ -1,0 +1,86 @@
+//! Small WAT guests for ABI edge cases.
+//!
+//! [`guest`] wraps a test's `$main` with every `spear` import and three helpers:
+//! `(call $out X)` records an i32 result (all results go to stdout as little-endian i32s
+//! when `$main` returns), `(call $emit PTR LEN)` writes bytes and a newline to stderr, and
+//! `(call $cap PTR N)` / `(call $len PTR)` set and read a `u32` length slot.
+//!
+//! Memory layout (4 pages): 0..16 scratch, 1024..4096 test data, 4096..8192 results,
+//! 8192..16384 length slots, 16384.. output buffers.
+
+use quiver::{Host, TaskOutcome, TaskSpec};
+
+const PRELUDE: &str = r#"
+  (import "spear" "log" (func $log (param i32 i32 i32) (result i32)))
+  (import "spear" "time_now_ms" (func $time_now_ms (result i64)))
+  (import "spear" "mcp_open" (func $mcp_open (param i32 i32) (result i32)))
+  (import "spear" "mcp_list_tools" (func $mcp_list_tools (param i32 i32 i32) (result i32)))
+  (import "spear" "mcp_call_tool" (func $mcp_call_tool (param i32 i32 i32 i32 i32 i32 i32) (result i32)))
+  (import "spear" "mcp_close" (func $mcp_close (param i32) (result i32)))
+  (import "spear" "mcp_registry_list" (func $mcp_registry_list (param i32 i32) (result i32)))
+  (import "spear" "mcp_registry_get" (func $mcp_registry_get (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $fd_write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 4)
+  (global $n (mut i32) (i32.const 0))
+  (func $out (param $v i32)
+    (i32.store (i32.add (i32.const 4096) (i32.shl (global.get $n) (i32.const 2))) (local.get $v))
+    (global.set $n (i32.add (global.get $n) (i32.const 1))))
+  (func $emit (param $ptr i32) (param $len i32)
+    (i32.store (i32.const 0) (local.get $ptr))
+    (i32.store (i32.const 4) (local.get $len))
+    (drop (call $fd_write (i32.const 2) (i32.const 0) (i32.const 1) (i32.const 8)))
+    (i32.store8 (i32.const 12) (i32.const 10))
+    (i32.store (i32.const 0) (i32.const 12))
+    (i32.store (i32.const 4) (i32.const 1))
+    (drop (call $fd_write (i32.const 2) (i32.const 0) (i32.const 1) (i32.const 8))))
+  (func $cap (param $ptr i32) (param $v i32) (i32.store (local.get $ptr) (local.get $v)))
+  (func $len (param $ptr i32) (result i32) (i32.load (local.get $ptr)))
+  (func (export "_start")
+    (call $main)
+    (i32.store (i32.const 0) (i32.const 4096))
+    (i32.store (i32.const 4) (i32.shl (global.get $n) (i32.const 2)))
+    (drop (call $fd_write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8))))
+"#;
+
+/// A guest module: `data` segments (address, bytes) and a body defining `(func $main)`.
+pub fn guest(data: &[(u32, &[u8])], body: &str) -> String {
+    let mut out = String::from("(module\n");
+    out.push_str(PRELUDE);
+    for (addr, bytes) in data {
+        let escaped: String = bytes.iter().map(|b| format!("\\{b:02x}")).collect();
+        out.push_str(&format!("  (data (i32.const {addr}) \"{escaped}\")\n"));
+    }
+    out.push_str(body);
+    out.push_str("\n)\n");
+    out
+}
+
+/// The i32 results a guest recorded with `$out`.
+pub fn results(stdout: &[u8]) -> Vec<i32> {
+    stdout
+        .chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// What a WAT guest run produced.
+pub struct WatRun {
+    pub results: Vec<i32>,
+    /// Lines the guest wrote with `$emit`.
+    pub emitted: Vec<String>,
+    pub outcome: TaskOutcome,
+}
+
+/// Compiles and runs a WAT guest with captured output.
+pub async fn run(host: &Host, wat: &str, task: &TaskSpec) -> WatRun {
+    let module = host
+        .load_module("test.wat", wat.as_bytes())
+        .expect("WAT compiles");
+    let task = task.clone().with_captured_output();
+    let outcome = host.run_task(&module, &task).await.expect("task starts");
+    WatRun {
+        results: results(&outcome.stdout),
+        emitted: outcome.stderr_text().lines().map(str::to_owned).collect(),
+        outcome,
+    }
+}
