@@ -1,0 +1,452 @@
+//! End to end: the `mcp-explorer` example guest (and small WAT guests) through the real
+//! host or the real `quiver` binary, against the fixture MCP server over real stdio.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use quiver::{Host, ModuleOrigin, TaskFailure};
+use quiver_tests::{
+    RegistryDir, example_guest, fixture_pids, host, mcp_task, quiver_cli, run, unique_id,
+    wait_gone, wat,
+};
+use serde_json::Value;
+
+fn explorer() -> std::path::PathBuf {
+    example_guest("mcp-explorer")
+}
+
+/// A task file enabling `servers`, written next to the registry.
+fn task_file(dir: &Path, servers: &[&str]) -> std::path::PathBuf {
+    let path = dir.join("task.json");
+    let task = serde_json::json!({
+        "task_id": "e2e",
+        "config": {"mcp.enabled": "true", "mcp.default_server_ids": serde_json::to_string(servers).unwrap()},
+        "limits": {"deadline_ms": 60000}
+    });
+    std::fs::write(&path, task.to_string()).unwrap();
+    path
+}
+
+fn quiver(args: &[&str]) -> Command {
+    let mut cmd = Command::new(quiver_cli());
+    cmd.args(args)
+        .env_remove("QUIVER_LOG")
+        .env_remove("QUIVER_REGISTRY");
+    cmd
+}
+
+#[test]
+fn the_cli_runs_a_guest_that_lists_and_calls_tools() {
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["echo", "add"], "");
+    let tasks = tempfile::tempdir().unwrap();
+    let task = task_file(tasks.path(), &["fixture"]);
+    let output = quiver(&["run"])
+        .arg(explorer())
+        .arg("--task")
+        .arg(&task)
+        .arg("--registry")
+        .arg(registry.path())
+        .arg("--no-cache")
+        .args(["--", "fixture", "add", r#"{"a":2,"b":3}"#])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "stdout: {stdout}\nstderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("tools on fixture:"), "{stdout}");
+    assert!(
+        stdout.contains("  add — ") && stdout.contains("  echo — "),
+        "{stdout}"
+    );
+    assert!(
+        !stdout.contains("crash"),
+        "tools outside allowed_tools are not listed: {stdout}"
+    );
+    assert!(stdout.trim_end().ends_with("\n5"), "{stdout}");
+}
+
+#[test]
+fn the_guest_exit_status_passes_through() {
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["*"], "");
+    let tasks = tempfile::tempdir().unwrap();
+    let task = task_file(tasks.path(), &["fixture"]);
+    let output = quiver(&["run"])
+        .arg(explorer())
+        .arg("--task")
+        .arg(&task)
+        .arg("--registry")
+        .arg(registry.path())
+        .args(["--no-cache", "--", "not-registered"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("ENOENT"), "{stderr}");
+}
+
+#[tokio::test]
+async fn one_server_process_serves_every_fd_and_every_task() {
+    let name = unique_id("pooled");
+    let registry = RegistryDir::new();
+    registry.fixture(&name, &["pid"], "");
+    let host = host(&registry);
+    let task = mcp_task("pooled", &[&name]).with_args([name.as_str(), "pid"]);
+    let guest = explorer();
+    let (a, b) = tokio::join!(run(&host, &guest, &task), run(&host, &guest, &task));
+    let c = run(&host, &guest, &task).await;
+    let pid_of = |out: &quiver::TaskOutcome| {
+        out.stdout_text()
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(a.success() && b.success() && c.success());
+    assert_eq!(pid_of(&a), pid_of(&b));
+    assert_eq!(pid_of(&a), pid_of(&c));
+    assert_eq!(fixture_pids(&name).len(), 1, "exactly one server process");
+    let status = host.pool().status();
+    assert_eq!(status[0].connections, 1);
+    assert_eq!(status[0].pid.map(|p| p.to_string()), Some(pid_of(&a)));
+    host.shutdown().await;
+    let pid: u32 = pid_of(&a).parse().unwrap();
+    assert!(
+        wait_gone(pid, Duration::from_secs(5)),
+        "shutdown ends the server process"
+    );
+}
+
+/// A WAT guest that calls `tool` with `{}` on fd-opened server "fixture" and emits the
+/// result, once per name in `tools`.
+fn calls_guest(tools: &[&str]) -> String {
+    let mut data: Vec<(u32, Vec<u8>)> = vec![(1024, b"fixture".to_vec()), (1040, b"{}".to_vec())];
+    let mut body = String::from(
+        "(func $main (local $fd i32) (local.set $fd (call $mcp_open (i32.const 1024) (i32.const 7)))\n",
+    );
+    for (i, tool) in tools.iter().enumerate() {
+        let addr = 1100 + 32 * i as u32;
+        data.push((addr, tool.as_bytes().to_vec()));
+        body.push_str(&format!(
+            "(call $cap (i32.const 8192) (i32.const 65536))
+             (call $out (call $mcp_call_tool (local.get $fd) (i32.const {addr}) (i32.const {}) (i32.const 1040) (i32.const 2) (i32.const 16384) (i32.const 8192)))
+             (call $emit (i32.const 16384) (call $len (i32.const 8192)))\n",
+            tool.len()
+        ));
+    }
+    body.push(')');
+    let data: Vec<(u32, &[u8])> = data.iter().map(|(a, b)| (*a, b.as_slice())).collect();
+    wat::guest(&data, &body)
+}
+
+#[tokio::test]
+async fn a_server_that_crashes_mid_call_is_restarted_by_the_next_call() {
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["crash", "pid"], "");
+    let host = host(&registry);
+    let run = wat::run(
+        &host,
+        &calls_guest(&["pid", "crash", "pid"]),
+        &mcp_task("crash", &["fixture"]),
+    )
+    .await;
+    assert!(run.outcome.success(), "{:?}", run.outcome.failure);
+    let results: Vec<Value> = run
+        .emitted
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        results[1]["error"]["code"], "mcp_unavailable",
+        "{}",
+        results[1]
+    );
+    assert_eq!(results[1]["error"]["retryable"], true);
+    let first = results[0]["content"][0]["text"].as_str().unwrap();
+    let second = results[2]["content"][0]["text"].as_str().unwrap();
+    assert_ne!(first, second, "the next call ran on a restarted server");
+    assert_eq!(host.pool().status()[0].connections, 2);
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_slow_tool_fails_with_mcp_timeout_and_the_server_stays_usable() {
+    let registry = RegistryDir::new();
+    registry.fixture(
+        "fixture",
+        &["slow", "echo"],
+        "[budgets]\ntool_timeout_ms = 300\n",
+    );
+    let host = host(&registry);
+    let task = mcp_task("slow", &["fixture"]).with_args(["fixture", "slow", r#"{"ms":5000}"#]);
+    let started = Instant::now();
+    let out = run(&host, &explorer(), &task).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert!(
+        out.stdout_text().contains("error mcp_timeout:"),
+        "{}",
+        out.stdout_text()
+    );
+    let task =
+        mcp_task("after", &["fixture"]).with_args(["fixture", "echo", r#"{"text":"still here"}"#]);
+    let out = run(&host, &explorer(), &task).await;
+    assert!(
+        out.stdout_text().trim_end().ends_with("still here"),
+        "{}",
+        out.stdout_text()
+    );
+    assert_eq!(
+        host.pool().status()[0].connections,
+        1,
+        "a timeout does not restart the server"
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn oversized_results_are_refused_with_mcp_output_too_large() {
+    let registry = RegistryDir::new();
+    registry.fixture(
+        "fixture",
+        &["big"],
+        "[budgets]\nmax_tool_output_bytes = 1000\n",
+    );
+    let host = host(&registry);
+    let task = mcp_task("big", &["fixture"]).with_args(["fixture", "big", r#"{"bytes":5000}"#]);
+    let out = run(&host, &explorer(), &task).await;
+    assert!(
+        out.stdout_text().contains("error mcp_output_too_large:"),
+        "{}",
+        out.stdout_text()
+    );
+    host.shutdown().await;
+}
+
+#[test]
+fn no_server_process_outlives_quiver_run_even_after_a_trap() {
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["pid"], "");
+    let tasks = tempfile::tempdir().unwrap();
+    let task = task_file(tasks.path(), &["fixture"]);
+
+    let output = quiver(&["run"])
+        .arg(explorer())
+        .arg("--task")
+        .arg(&task)
+        .arg("--registry")
+        .arg(registry.path())
+        .args(["--no-cache", "--", "fixture", "pid"])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let pid: u32 = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        wait_gone(pid, Duration::from_secs(5)),
+        "server {pid} outlived quiver run"
+    );
+
+    let trapping = calls_guest(&["pid"]).replace("(call $main)", "(call $main) unreachable");
+    let module = tasks.path().join("trap.wat");
+    std::fs::write(&module, trapping).unwrap();
+    let output = quiver(&["run"])
+        .arg(&module)
+        .arg("--task")
+        .arg(&task)
+        .arg("--registry")
+        .arg(registry.path())
+        .arg("--no-cache")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(134));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("trapped"), "{stderr}");
+    let result: Value = serde_json::from_str(stderr.lines().next().unwrap()).unwrap();
+    let pid: u32 = result["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        wait_gone(pid, Duration::from_secs(5)),
+        "server {pid} outlived a trapped task"
+    );
+}
+
+#[test]
+fn ctrl_c_stops_the_task_and_its_servers() {
+    let registry = RegistryDir::new();
+    registry.fixture(
+        "fixture",
+        &["pid", "slow"],
+        "[budgets]\ntool_timeout_ms = 120000\n",
+    );
+    let tasks = tempfile::tempdir().unwrap();
+    let task = task_file(tasks.path(), &["fixture"]);
+    let guest = calls_guest(&["pid", "slow"])
+        .replace(r#"\7b\7d"#, r#"\7b\22\6d\73\22\3a\36\30\30\30\30\7d"#);
+    let guest = guest.replace(
+        "(i32.const 1040) (i32.const 2)",
+        "(i32.const 1040) (i32.const 12)",
+    );
+    let module = tasks.path().join("wait.wat");
+    std::fs::write(&module, guest).unwrap();
+    let mut child = quiver(&["run"])
+        .arg(&module)
+        .arg("--task")
+        .arg(&task)
+        .arg("--registry")
+        .arg(registry.path())
+        .arg("--no-cache")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let result: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"));
+    let pid: u32 = result["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "quiver did not stop on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(130));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert!(rest.contains("interrupted"), "{rest}");
+    assert!(
+        wait_gone(pid, Duration::from_secs(5)),
+        "server {pid} outlived Ctrl-C"
+    );
+}
+
+#[test]
+fn server_stderr_goes_to_the_host_log_under_its_server_id() {
+    let registry = RegistryDir::new();
+    registry.fixture("noisy", &["stderr"], "");
+    let tasks = tempfile::tempdir().unwrap();
+    let task = task_file(tasks.path(), &["noisy"]);
+    let output = quiver(&["run", "--log-level", "info"])
+        .arg(explorer())
+        .arg("--task")
+        .arg(&task)
+        .arg("--registry")
+        .arg(registry.path())
+        .args([
+            "--no-cache",
+            "--",
+            "noisy",
+            "stderr",
+            r#"{"text":"marker-7f3a"}"#,
+        ])
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let logged = stderr
+        .lines()
+        .find(|l| l.contains("marker-7f3a"))
+        .unwrap_or_else(|| panic!("{stderr}"));
+    assert!(logged.contains("server_id=noisy"), "{logged}");
+    assert!(
+        stdout.trim_end().ends_with("ok"),
+        "the protocol stream was not disturbed: {stdout}"
+    );
+}
+
+#[tokio::test]
+async fn compiled_modules_are_cached_in_memory_and_on_disk() {
+    let cache = tempfile::tempdir().unwrap();
+    let bytes = std::fs::read(explorer()).unwrap();
+    let first = Host::builder()
+        .with_cache_dir(cache.path())
+        .build()
+        .unwrap();
+    assert_eq!(
+        first.load_module("explorer", &bytes).unwrap().origin(),
+        ModuleOrigin::Compiled
+    );
+    assert_eq!(
+        first.load_module("explorer", &bytes).unwrap().origin(),
+        ModuleOrigin::MemoryCache
+    );
+    let second = Host::builder()
+        .with_cache_dir(cache.path())
+        .build()
+        .unwrap();
+    let module = second.load_module("explorer", &bytes).unwrap();
+    assert_eq!(module.origin(), ModuleOrigin::DiskCache);
+    let out = second
+        .run_task(
+            &module,
+            &quiver::TaskSpec::new("cached").with_captured_output(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.exit_code, 2, "runs (and prints usage, having no args)");
+    assert!(out.stderr_text().contains("usage"));
+    // A corrupt artifact is ignored and replaced, not fatal. (Replaced by a new file: the
+    // old one is still mapped by `second`, and the host itself only ever renames.)
+    for entry in std::fs::read_dir(cache.path()).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::remove_file(&path).unwrap();
+        std::fs::write(&path, b"garbage").unwrap();
+    }
+    let third = Host::builder()
+        .with_cache_dir(cache.path())
+        .build()
+        .unwrap();
+    assert_eq!(
+        third.load_module("explorer", &bytes).unwrap().origin(),
+        ModuleOrigin::Compiled
+    );
+}
+
+#[tokio::test]
+async fn a_task_deadline_reports_124_and_names_the_limit() {
+    let registry = RegistryDir::new();
+    let host = host(&registry);
+    let module = host
+        .load_module(
+            "spin",
+            b"(module (memory (export \"memory\") 1) (func (export \"_start\") (loop $l (br $l))))",
+        )
+        .unwrap();
+    let task = quiver::TaskSpec::new("spin").with_deadline(Duration::from_millis(200));
+    let out = host.run_task(&module, &task).await.unwrap();
+    assert_eq!(out.exit_code, 124);
+    let failure = out.failure.unwrap();
+    assert_eq!(failure, TaskFailure::Deadline(Duration::from_millis(200)));
+    assert!(failure.to_string().contains("limits.deadline_ms"));
+}
