@@ -450,3 +450,22 @@ async fn a_task_deadline_reports_124_and_names_the_limit() {
     assert_eq!(failure, TaskFailure::Deadline(Duration::from_millis(200)));
     assert!(failure.to_string().contains("limits.deadline_ms"));
 }
+
+#[tokio::test]
+async fn rich_results_keep_their_image_parts() {
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["image"], "");
+    let host = host(&registry);
+    let run = wat::run(
+        &host,
+        &calls_guest(&["image"]),
+        &mcp_task("image", &["fixture"]),
+    )
+    .await;
+    let result: Value = serde_json::from_str(&run.emitted[0]).unwrap();
+    assert_eq!(result["content"][0]["text"], "a 1x1 red pixel");
+    assert_eq!(result["content"][1]["type"], "image");
+    assert_eq!(result["content"][1]["mimeType"], "image/png");
+    assert_eq!(result["isError"], false);
+    host.shutdown().await;
+}
