@@ -469,3 +469,73 @@ async fn rich_results_keep_their_image_parts() {
     assert_eq!(result["isError"], false);
     host.shutdown().await;
 }
+
+#[tokio::test]
+async fn tools_list_reads_every_page_and_is_cached_until_the_server_says_it_changed() {
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["*"], "");
+    let host = host(&registry);
+    let entry = host.registry().get("fixture").unwrap().clone();
+    let pool = host.pool();
+    let count = |tool: &'static str| {
+        let entry = entry.clone();
+        async move {
+            let out = pool
+                .call_tool(&entry, tool, Default::default())
+                .await
+                .unwrap();
+            out.result.content[0].as_text().unwrap().text.clone()
+        }
+    };
+    let tools = pool.list_tools(&entry).await.unwrap();
+    let mut names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
+    names.sort();
+    assert!(
+        names.len() > 8,
+        "the fixture serves 4 tools per page; all pages are read: {names:?}"
+    );
+    assert!(
+        names.contains(&"add") && names.contains(&"tools_changed"),
+        "{names:?}"
+    );
+    pool.list_tools(&entry).await.unwrap();
+    pool.list_tools(&entry).await.unwrap();
+    assert_eq!(
+        count("list_count").await,
+        "1",
+        "later listings come from the cache"
+    );
+
+    assert_eq!(count("tools_changed").await, "ok");
+    // The notification travels on its own; give the client a moment to handle it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(pool.list_tools(&entry).await.unwrap().len(), tools.len());
+    assert_eq!(
+        count("list_count").await,
+        "2",
+        "list_changed dropped the cache"
+    );
+    host.shutdown().await;
+
+    let short_ttl = Host::builder()
+        .with_registry_dir(registry.path())
+        .without_disk_cache()
+        .with_tools_cache_ttl(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let entry = short_ttl.registry().get("fixture").unwrap().clone();
+    short_ttl.pool().list_tools(&entry).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    short_ttl.pool().list_tools(&entry).await.unwrap();
+    let out = short_ttl
+        .pool()
+        .call_tool(&entry, "list_count", Default::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        out.result.content[0].as_text().unwrap().text,
+        "2",
+        "the TTL expired the cache"
+    );
+    short_ttl.shutdown().await;
+}
