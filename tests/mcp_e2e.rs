@@ -185,8 +185,9 @@ async fn a_slow_tool_fails_with_mcp_timeout_and_the_server_stays_usable() {
     );
     let host = host(&registry);
     let task = mcp_task("slow", &["fixture"]).with_args(["fixture", "slow", r#"{"ms":5000}"#]);
+    let module = host.load_module_file(explorer()).unwrap();
     let started = Instant::now();
-    let out = run(&host, &explorer(), &task).await;
+    let out = host.run_task(&module, &task).await.unwrap();
     assert!(
         started.elapsed() < Duration::from_secs(4),
         "took {:?}",

@@ -53,7 +53,51 @@ unsafe extern "C" {
         out_ptr: i32,
         out_len_ptr: i32,
     ) -> i32;
+
+    /// `cchat_create() -> fd / -errno`: a new, empty chat session.
+    pub fn cchat_create() -> i32;
+    /// `cchat_write_msg(fd, role_ptr, role_len, content_ptr, content_len) -> 0 / -errno`:
+    /// append `{"role": role, "content": content}`.
+    pub fn cchat_write_msg(
+        fd: i32,
+        role_ptr: i32,
+        role_len: i32,
+        content_ptr: i32,
+        content_len: i32,
+    ) -> i32;
+    /// `cchat_write_fn(fd, fn_offset, fn_json_ptr, fn_json_len) -> 0 / -errno`: register
+    /// the guest tool at funcref table index `fn_offset` with an OpenAI tool definition.
+    pub fn cchat_write_fn(fd: i32, fn_offset: i32, fn_json_ptr: i32, fn_json_len: i32) -> i32;
+    /// `cchat_ctl(fd, cmd, arg_ptr, arg_len_ptr) -> 0 / bytes / -errno`: see the `CTL_*`
+    /// constants.
+    pub fn cchat_ctl(fd: i32, cmd: i32, arg_ptr: i32, arg_len_ptr: i32) -> i32;
+    /// `cchat_send(fd, flags) -> response_fd / -errno`: see the `SEND_*` constants.
+    pub fn cchat_send(fd: i32, flags: i32) -> i32;
+    /// `cchat_recv(response_fd, out_ptr, out_len_ptr) -> bytes / -errno`: the response
+    /// body.
+    pub fn cchat_recv(response_fd: i32, out_ptr: i32, out_len_ptr: i32) -> i32;
+    /// `cchat_close(fd) -> 0 / -errno`: close a session or response fd.
+    pub fn cchat_close(fd: i32) -> i32;
 }
+
+/// `cchat_ctl` command 1, SET_PARAM: `arg` is `{"key": K, "value": V}`, its length in
+/// `*arg_len_ptr`.
+pub const CTL_SET_PARAM: i32 = 1;
+/// `cchat_ctl` command 2, GET_METRICS: on a response fd; `arg` is an output buffer.
+pub const CTL_GET_METRICS: i32 = 2;
+/// `cchat_ctl` command 3, ADD_MESSAGE: `arg` is one chat message object, its length in
+/// `*arg_len_ptr`.
+pub const CTL_ADD_MESSAGE: i32 = 3;
+/// `cchat_ctl` command 4, GET_MESSAGES: `arg` is an output buffer for the session's
+/// messages.
+pub const CTL_GET_MESSAGES: i32 = 4;
+
+/// `cchat_send` flag bit 0: ask for metrics (always collected; accepted for
+/// compatibility).
+pub const SEND_METRICS: i32 = 1;
+/// `cchat_send` flag bit 1: run the model's tool calls in the host and loop until it
+/// answers.
+pub const SEND_AUTO_TOOL_CALL: i32 = 2;
 
 #[cfg(not(target_arch = "wasm32"))]
 mod fallback {
@@ -105,6 +149,45 @@ mod fallback {
         _out_ptr: i32,
         _out_len_ptr: i32,
     ) -> i32 {
+        NOSYS
+    }
+    /// Native fallback: always `-ENOSYS`.
+    pub unsafe fn cchat_create() -> i32 {
+        NOSYS
+    }
+    /// Native fallback: always `-ENOSYS`.
+    pub unsafe fn cchat_write_msg(
+        _fd: i32,
+        _role_ptr: i32,
+        _role_len: i32,
+        _content_ptr: i32,
+        _content_len: i32,
+    ) -> i32 {
+        NOSYS
+    }
+    /// Native fallback: always `-ENOSYS`.
+    pub unsafe fn cchat_write_fn(
+        _fd: i32,
+        _fn_offset: i32,
+        _fn_json_ptr: i32,
+        _fn_json_len: i32,
+    ) -> i32 {
+        NOSYS
+    }
+    /// Native fallback: always `-ENOSYS`.
+    pub unsafe fn cchat_ctl(_fd: i32, _cmd: i32, _arg_ptr: i32, _arg_len_ptr: i32) -> i32 {
+        NOSYS
+    }
+    /// Native fallback: always `-ENOSYS`.
+    pub unsafe fn cchat_send(_fd: i32, _flags: i32) -> i32 {
+        NOSYS
+    }
+    /// Native fallback: always `-ENOSYS`.
+    pub unsafe fn cchat_recv(_response_fd: i32, _out_ptr: i32, _out_len_ptr: i32) -> i32 {
+        NOSYS
+    }
+    /// Native fallback: always `-ENOSYS`.
+    pub unsafe fn cchat_close(_fd: i32) -> i32 {
         NOSYS
     }
 }

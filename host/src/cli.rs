@@ -58,6 +58,13 @@ struct RunArgs {
     /// Compile in memory only; write nothing to the module cache.
     #[arg(long)]
     no_cache: bool,
+    /// Host config (quiver.toml) naming the LLM backends. Without it the backend `openai`
+    /// comes from OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL.
+    #[arg(long, env = "QUIVER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Write every LLM exchange of the run to this replay transcript.
+    #[arg(long)]
+    record: Option<PathBuf>,
     /// Guest arguments, replacing the task's `args`.
     #[arg(last = true)]
     args: Vec<String>,
@@ -132,6 +139,15 @@ async fn run(args: RunArgs) -> i32 {
     }
     if args.no_cache {
         builder = builder.without_disk_cache();
+    }
+    if let Some(path) = &args.config {
+        builder = match builder.with_config_file(path) {
+            Ok(builder) => builder,
+            Err(e) => return fail(e),
+        };
+    }
+    if let Some(path) = args.record {
+        builder = builder.with_recording(path);
     }
     let host = match builder.build() {
         Ok(host) => host,

@@ -57,3 +57,37 @@ pub const MAX_SERVER_STDERR_LINE_BYTES: usize = 4 * 1024;
 
 /// Guest instances the pooling allocator reserves room for, i.e. tasks running at once.
 pub const MAX_CONCURRENT_TASKS: u32 = 64;
+
+/// Time one request to an LLM backend may take when neither the backend config nor the
+/// session's `timeout_ms` says otherwise. Generous: long completions are slow.
+pub const LLM_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Retries of one LLM request after a 429, a 5xx or a network error.
+pub const LLM_MAX_RETRIES: u32 = 3;
+
+/// First retry delay; it doubles per retry up to [`LLM_BACKOFF_MAX`].
+pub const LLM_BACKOFF_BASE: Duration = Duration::from_millis(200);
+
+/// Longest delay between retries when the backend gives no `Retry-After`.
+pub const LLM_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Longest `Retry-After` honoured; a backend asking for more gets its error reported.
+pub const LLM_RETRY_AFTER_MAX: Duration = Duration::from_secs(30);
+
+/// Largest response body read from an LLM backend.
+pub const LLM_MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Model requests per `cchat_send` with AUTO_TOOL_CALL (session param `max_iterations`).
+pub const CHAT_MAX_ITERATIONS: u32 = 8;
+
+/// Tool calls per `cchat_send` (session param `max_total_tool_calls`).
+pub const CHAT_MAX_TOTAL_TOOL_CALLS: u32 = 32;
+
+/// Bytes of one tool result shown to the model (session param `max_tool_output_bytes`).
+pub const CHAT_MAX_TOOL_OUTPUT_BYTES: u32 = 64 * 1024;
+
+/// Model used by the zero-config OpenAI backend when `OPENAI_MODEL` is not set.
+pub const OPENAI_DEFAULT_MODEL: &str = "gpt-4o-mini";
+
+/// Base URL of the zero-config OpenAI backend when `OPENAI_BASE_URL` is not set.
+pub const OPENAI_DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";

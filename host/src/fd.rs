@@ -9,11 +9,14 @@
 use slab::Slab;
 
 use crate::abi::Errno;
+use crate::chat::{ChatResponse, ChatSession};
 use crate::mcp::McpSession;
 
 /// What an fd refers to.
 pub(crate) enum FdKind {
     McpSession(McpSession),
+    ChatSession(Box<ChatSession>),
+    ChatResponse(ChatResponse),
 }
 
 pub(crate) struct FdTable {
@@ -63,6 +66,10 @@ impl FdTable {
             Some((stored, kind)) if *stored == fd => Ok(kind),
             _ => Err(Errno::EBADF),
         }
+    }
+
+    pub(crate) fn is_full(&self) -> bool {
+        self.entries.len() >= self.cap
     }
 
     /// Removes `fd` and returns what it held.

@@ -17,6 +17,7 @@ use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
 use crate::abi;
 use crate::defaults;
 use crate::fd::FdTable;
+use crate::llm::{Backends, ConfigError, HostConfig, Recorder};
 use crate::mcp::{McpPool, Registry, RegistryDirError, Severity};
 pub use crate::runtime::ModuleOrigin;
 use crate::runtime::{
@@ -34,6 +35,8 @@ pub enum HostError {
     Registry(#[from] RegistryDirError),
     #[error(transparent)]
     Task(#[from] TaskError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
     #[error("cannot set up the WebAssembly engine: {0}")]
     Engine(String),
     #[error("{path}: cannot load the guest module: {message}")]
@@ -54,6 +57,9 @@ pub struct HostBuilder {
     max_task_memory: u64,
     tools_cache_ttl: Duration,
     connect_timeout: Duration,
+    config: HostConfig,
+    config_dir: PathBuf,
+    record_to: Option<PathBuf>,
 }
 
 impl Default for HostBuilder {
@@ -67,6 +73,9 @@ impl Default for HostBuilder {
             max_task_memory: defaults::TASK_MEMORY_BYTES,
             tools_cache_ttl: defaults::TOOLS_CACHE_TTL,
             connect_timeout: defaults::CONNECT_TIMEOUT,
+            config: HostConfig::default(),
+            config_dir: PathBuf::from("."),
+            record_to: None,
         }
     }
 }
@@ -120,6 +129,31 @@ impl HostBuilder {
         self
     }
 
+    /// Reads LLM backends from a host config file (`quiver.toml`). Without one, the
+    /// backend `openai` comes from `OPENAI_BASE_URL` / `OPENAI_API_KEY` / `OPENAI_MODEL`.
+    pub fn with_config_file(mut self, path: impl AsRef<Path>) -> Result<Self, HostError> {
+        let path = path.as_ref();
+        self.config = HostConfig::load(path)?;
+        self.config_dir = path
+            .parent()
+            .map(Path::to_owned)
+            .unwrap_or_else(|| PathBuf::from("."));
+        Ok(self)
+    }
+
+    /// Uses an already built host config; relative paths in it are relative to `dir`.
+    pub fn with_config(mut self, config: HostConfig, dir: impl Into<PathBuf>) -> Self {
+        self.config = config;
+        self.config_dir = dir.into();
+        self
+    }
+
+    /// Writes every LLM exchange to a replay transcript at `path`.
+    pub fn with_recording(mut self, path: impl Into<PathBuf>) -> Self {
+        self.record_to = Some(path.into());
+        self
+    }
+
     pub fn build(self) -> Result<Host, HostError> {
         let registry = match (self.registry, &self.registry_dir) {
             (Some(registry), _) => registry,
@@ -137,6 +171,8 @@ impl HostBuilder {
             max_concurrent_tasks: self.max_concurrent_tasks,
             max_task_memory: self.max_task_memory,
         };
+        let recorder = self.record_to.map(|path| Arc::new(Recorder::new(path)));
+        let backends = Backends::from_config(&self.config, &self.config_dir, recorder)?;
         let runtime = Runtime::new(options, abi::add_to_linker)
             .map_err(|e| HostError::Engine(format!("{e:#}")))?;
         Ok(Host {
@@ -145,6 +181,7 @@ impl HostBuilder {
                 registry: RwLock::new(Arc::new(registry)),
                 registry_dir: self.registry_dir,
                 pool: Arc::new(McpPool::new(self.tools_cache_ttl, self.connect_timeout)),
+                backends: Arc::new(backends),
             }),
         })
     }
@@ -169,6 +206,7 @@ struct HostInner {
     registry: RwLock<Arc<Registry>>,
     registry_dir: Option<PathBuf>,
     pool: Arc<McpPool>,
+    backends: Arc<Backends>,
 }
 
 /// A runtime for many concurrent tasks. Clones share everything.
@@ -382,6 +420,7 @@ impl Host {
             mcp_policy,
             registry: self.registry(),
             pool: self.inner.pool.clone(),
+            backends: self.inner.backends.clone(),
         });
         let state = TaskState {
             wasi: wasi.build_p1(),
@@ -392,6 +431,7 @@ impl Host {
                 .build(),
             fds: FdTable::new(task.max_fds()),
             memory: None,
+            table: None,
             ctx,
         };
         let mut store = Store::new(self.inner.runtime.engine(), state);
@@ -417,6 +457,7 @@ impl Host {
             .await
             .map_err(|e| setup_error(format!("cannot instantiate {}: {e:#}", module.name)))?;
         store.data_mut().memory = instance.get_memory(&mut store, "memory");
+        store.data_mut().table = funcref_table(&instance, &mut store);
         let func = instance
             .get_typed_func::<(), ()>(&mut store, entry)
             .map_err(|e| {
@@ -460,6 +501,24 @@ impl Host {
     pub async fn shutdown(&self) {
         self.inner.pool.shutdown().await;
     }
+}
+
+/// The table guest tools are called through: `__indirect_function_table`, else `table`,
+/// else the first exported table.
+fn funcref_table(
+    instance: &wasmtime::Instance,
+    store: &mut Store<TaskState>,
+) -> Option<wasmtime::Table> {
+    for name in ["__indirect_function_table", "table"] {
+        if let Some(table) = instance.get_table(&mut *store, name) {
+            return Some(table);
+        }
+    }
+    let exports: Vec<_> = instance
+        .exports(&mut *store)
+        .filter_map(|e| e.into_table())
+        .collect();
+    exports.into_iter().next()
 }
 
 fn classify(error: wasmtime::Error) -> (i32, Option<TaskFailure>) {

@@ -26,9 +26,11 @@
 //! the fd table, the MCP session, the [`policy`] and the MCP pool, in that order.
 
 mod abi;
+mod chat;
 pub mod defaults;
 mod fd;
 mod host;
+pub mod llm;
 pub mod mcp;
 pub mod policy;
 mod runtime;

@@ -83,6 +83,10 @@ pub enum Denial {
     NotInRegistryAllowlist,
     /// The task's `mcp.tool_allowlist` does not match the tool.
     NotInTaskAllowlist,
+    /// The chat session's `mcp.tool_allowlist` does not match the tool.
+    NotInSessionAllowlist,
+    /// The chat session did not enable this server (or MCP at all).
+    NotEnabledBySession,
     /// A denylist pattern matches the tool.
     DeniedByPattern(Pattern),
 }
@@ -99,6 +103,12 @@ impl fmt::Display for Denial {
             }
             Denial::NotInTaskAllowlist => {
                 f.write_str("the tool is not in the task's mcp.tool_allowlist")
+            }
+            Denial::NotInSessionAllowlist => {
+                f.write_str("the tool is not in the session's mcp.tool_allowlist")
+            }
+            Denial::NotEnabledBySession => {
+                f.write_str("the chat session does not enable this server (mcp.server_ids)")
             }
             Denial::DeniedByPattern(p) => write!(f, "the tool matches deny pattern `{p}`"),
         }
@@ -118,12 +128,13 @@ impl TaskMcpPolicy {
     }
 }
 
-/// The tool filter of one server for one task: registry allowlist ∩ task allowlist, minus
-/// the task denylist.
+/// The tool filter of one server: registry allowlist ∩ task allowlist (∩ session
+/// allowlist), minus every denylist.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ToolFilter {
     registry_allow: Vec<Pattern>,
     task_allow: Option<Vec<Pattern>>,
+    session_allow: Option<Vec<Pattern>>,
     deny: Vec<Pattern>,
 }
 
@@ -132,8 +143,17 @@ impl ToolFilter {
         Self {
             registry_allow: registry_allowed_tools.iter().map(Pattern::new).collect(),
             task_allow: task.tool_allowlist.clone(),
+            session_allow: None,
             deny: task.tool_denylist.clone(),
         }
+    }
+
+    /// Narrows the filter by a chat session's allow and deny lists.
+    #[must_use]
+    pub fn with_session(mut self, allow: Option<&[Pattern]>, deny: &[Pattern]) -> Self {
+        self.session_allow = allow.map(<[Pattern]>::to_vec);
+        self.deny.extend_from_slice(deny);
+        self
     }
 
     /// Whether `tool` (an MCP-native name) passes every layer.
@@ -148,6 +168,11 @@ impl ToolFilter {
             && any_match(allow, tool).is_none()
         {
             return Err(Denial::NotInTaskAllowlist);
+        }
+        if let Some(allow) = &self.session_allow
+            && any_match(allow, tool).is_none()
+        {
+            return Err(Denial::NotInSessionAllowlist);
         }
         Ok(())
     }

@@ -18,12 +18,13 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use wasmtime::{
     Config, Engine, InstanceAllocationStrategy, InstancePre, Linker, Memory, Module,
-    PoolingAllocationConfig, StoreLimits,
+    PoolingAllocationConfig, StoreLimits, Table,
 };
 use wasmtime_wasi::p1::WasiP1Ctx;
 
 use crate::defaults;
 use crate::fd::FdTable;
+use crate::llm::Backends;
 use crate::mcp::{McpPool, Registry};
 use crate::policy::TaskMcpPolicy;
 
@@ -36,6 +37,7 @@ pub(crate) struct TaskContext {
     /// The registry snapshot the task started with.
     pub(crate) registry: Arc<Registry>,
     pub(crate) pool: Arc<McpPool>,
+    pub(crate) backends: Arc<Backends>,
 }
 
 /// The store data of one task.
@@ -45,6 +47,8 @@ pub(crate) struct TaskState {
     pub(crate) fds: FdTable,
     /// The guest's exported memory, looked up once after instantiation.
     pub(crate) memory: Option<Memory>,
+    /// The guest's funcref table (for guest tools), looked up once after instantiation.
+    pub(crate) table: Option<Table>,
     pub(crate) ctx: Arc<TaskContext>,
 }
 

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use quiver::{Host, TaskOutcome, TaskSpec};
 use tempfile::TempDir;
 
+pub mod llm;
 pub mod wat;
 
 /// The workspace root.
@@ -128,14 +129,18 @@ pub fn fixture_toml(server_id: &str, allowed_tools: &[&str], extra: &str) -> Str
     )
 }
 
-/// A host on `registry`, compiling in memory only.
+/// A host on `registry`. Compiled modules are shared through one cache directory, so each
+/// guest is compiled once per test run rather than once per test.
 pub fn host(registry: &RegistryDir) -> Host {
     init_logging();
+    host_builder(registry).build().expect("host")
+}
+
+/// The builder behind [`host`], for tests that add options.
+pub fn host_builder(registry: &RegistryDir) -> quiver::HostBuilder {
     Host::builder()
         .with_registry_dir(registry.path())
-        .without_disk_cache()
-        .build()
-        .expect("host")
+        .with_cache_dir(workspace().join("target").join("test-module-cache"))
 }
 
 /// Logs to the test's captured output when `RUST_LOG` is set.

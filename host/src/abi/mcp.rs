@@ -81,6 +81,7 @@ pub(super) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<
 fn session(state: &mut TaskState, fd: i32) -> Result<&mut McpSession, Errno> {
     match state.fds.get_mut(fd)? {
         FdKind::McpSession(session) => Ok(session),
+        _ => Err(Errno::EBADF),
     }
 }
 

@@ -70,17 +70,31 @@ impl<'a> GuestMemory<'a> {
         std::str::from_utf8(self.bytes(ptr, len)?).map_err(|_| Errno::EINVAL)
     }
 
-    fn read_u32(&self, ptr: u32) -> Result<u32, Errno> {
+    pub(crate) fn read_u32(&self, ptr: u32) -> Result<u32, Errno> {
         let range = self.range(ptr as i32, 4)?;
         let mut le = [0u8; 4];
         le.copy_from_slice(&self.bytes[range]);
         Ok(u32::from_le_bytes(le))
     }
 
-    fn write_u32(&mut self, ptr: u32, value: u32) -> Result<(), Errno> {
+    pub(crate) fn write_u32(&mut self, ptr: u32, value: u32) -> Result<(), Errno> {
         let range = self.range(ptr as i32, 4)?;
         self.bytes[range].copy_from_slice(&value.to_le_bytes());
         Ok(())
+    }
+
+    /// Copies `bytes` into guest memory at `ptr`.
+    pub(crate) fn write(&mut self, ptr: u32, bytes: &[u8]) -> Result<(), Errno> {
+        let len = u32::try_from(bytes.len()).map_err(|_| Errno::EFAULT)?;
+        let range = self.range(ptr as i32, len)?;
+        self.bytes[range].copy_from_slice(bytes);
+        Ok(())
+    }
+
+    /// An input whose length is stored at `len_ptr` (the `cchat_ctl` convention).
+    pub(crate) fn bytes_at_len_ptr(&self, ptr: i32, len_ptr: i32) -> Result<&[u8], Errno> {
+        let len = self.read_u32(len_ptr as u32)?;
+        self.bytes(ptr, len as i32)
     }
 
     /// Checks an output buffer before any work is done, so a bad pointer never costs a

@@ -6,6 +6,7 @@
 //! back through the buffer protocol. A bad argument is an errno the guest sees; only a
 //! deadline or a host-level failure becomes a trap that ends the task.
 
+mod chat;
 mod errno;
 mod mcp;
 mod memory;
@@ -59,5 +60,6 @@ async fn before_deadline<F: Future>(
 pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
     misc::add_to_linker(linker)?;
     mcp::add_to_linker(linker)?;
+    chat::add_to_linker(linker)?;
     Ok(())
 }

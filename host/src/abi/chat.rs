@@ -1,0 +1,380 @@
+//! The `cchat_*` hostcalls: chat sessions, the send that runs the tool-call loop, and the
+//! guest side of guest tools (the funcref table and the tool arena).
+
+use serde_json::Value;
+use wasmtime::{Caller, Func, Linker, Ref};
+
+use super::memory::guest;
+use super::{Errno, HostcallError, before_deadline, finish};
+use crate::chat::{
+    ChatResponse, ChatSession, GuestTool, GuestTools, ParamError, ROLES, SendContext, run,
+};
+use crate::fd::FdKind;
+use crate::runtime::TaskState;
+
+const SET_PARAM: i32 = 1;
+const GET_METRICS: i32 = 2;
+const ADD_MESSAGE: i32 = 3;
+const GET_MESSAGES: i32 = 4;
+
+const FLAG_METRICS: i32 = 1;
+const FLAG_AUTO_TOOL_CALL: i32 = 2;
+
+pub(super) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
+    linker.func_wrap(
+        "spear",
+        "cchat_create",
+        |mut caller: Caller<'_, TaskState>| finish(create(&mut caller)),
+    )?;
+    linker.func_wrap(
+        "spear",
+        "cchat_write_msg",
+        |mut caller: Caller<'_, TaskState>,
+         fd: i32,
+         role_ptr: i32,
+         role_len: i32,
+         content_ptr: i32,
+         content_len: i32| {
+            finish(write_msg(
+                &mut caller,
+                fd,
+                (role_ptr, role_len),
+                (content_ptr, content_len),
+            ))
+        },
+    )?;
+    linker.func_wrap(
+        "spear",
+        "cchat_write_fn",
+        |mut caller: Caller<'_, TaskState>,
+         fd: i32,
+         fn_offset: i32,
+         json_ptr: i32,
+         json_len: i32| {
+            finish(write_fn(&mut caller, fd, fn_offset, json_ptr, json_len))
+        },
+    )?;
+    linker.func_wrap(
+        "spear",
+        "cchat_ctl",
+        |mut caller: Caller<'_, TaskState>, fd: i32, cmd: i32, arg_ptr: i32, arg_len_ptr: i32| {
+            finish(ctl(&mut caller, fd, cmd, arg_ptr, arg_len_ptr))
+        },
+    )?;
+    linker.func_wrap_async(
+        "spear",
+        "cchat_send",
+        |mut caller: Caller<'_, TaskState>, (fd, flags): (i32, i32)| {
+            Box::new(async move { finish(send(&mut caller, fd, flags).await) })
+        },
+    )?;
+    linker.func_wrap(
+        "spear",
+        "cchat_recv",
+        |mut caller: Caller<'_, TaskState>, fd: i32, out_ptr: i32, out_len_ptr: i32| {
+            finish(recv(&mut caller, fd, out_ptr, out_len_ptr))
+        },
+    )?;
+    linker.func_wrap(
+        "spear",
+        "cchat_close",
+        |mut caller: Caller<'_, TaskState>, fd: i32| finish(close(&mut caller, fd)),
+    )?;
+    Ok(())
+}
+
+fn session(state: &mut TaskState, fd: i32) -> Result<&mut ChatSession, Errno> {
+    match state.fds.get_mut(fd)? {
+        FdKind::ChatSession(session) => Ok(session),
+        _ => Err(Errno::EBADF),
+    }
+}
+
+fn response(state: &mut TaskState, fd: i32) -> Result<&mut ChatResponse, Errno> {
+    match state.fds.get_mut(fd)? {
+        FdKind::ChatResponse(response) => Ok(response),
+        _ => Err(Errno::EBADF),
+    }
+}
+
+fn create(caller: &mut Caller<'_, TaskState>) -> Result<i32, HostcallError> {
+    let state = caller.data_mut();
+    let _span = tracing::debug_span!("cchat_create", task_id = %state.ctx.task_id).entered();
+    let session = ChatSession::new(&state.ctx.mcp_policy);
+    Ok(state.fds.insert(FdKind::ChatSession(Box::new(session)))?)
+}
+
+fn write_msg(
+    caller: &mut Caller<'_, TaskState>,
+    fd: i32,
+    role: (i32, i32),
+    content: (i32, i32),
+) -> Result<i32, HostcallError> {
+    let (mem, state) = guest(caller)?;
+    let _span = tracing::trace_span!("cchat_write_msg", task_id = %state.ctx.task_id, fd).entered();
+    let role = mem.str(role.0, role.1)?;
+    let content = mem.str(content.0, content.1)?;
+    let session = session(state, fd)?;
+    if !ROLES.contains(&role) {
+        return Err(Errno::EINVAL.into());
+    }
+    session
+        .messages
+        .push(serde_json::json!({"role": role, "content": content}));
+    Ok(0)
+}
+
+/// The guest's funcref table: `__indirect_function_table`, else `table`, else the first
+/// exported table (looked up once at instantiation).
+fn tool_func(caller: &mut Caller<'_, TaskState>, table_index: u32) -> Option<Func> {
+    let table = caller.data().table?;
+    match table.get(&mut *caller, u64::from(table_index))? {
+        Ref::Func(Some(func)) => {
+            func.typed::<(i32, i32, i32, i32), i32>(&*caller).ok()?;
+            Some(func)
+        }
+        _ => None,
+    }
+}
+
+fn write_fn(
+    caller: &mut Caller<'_, TaskState>,
+    fd: i32,
+    fn_offset: i32,
+    json_ptr: i32,
+    json_len: i32,
+) -> Result<i32, HostcallError> {
+    let task_id = caller.data().ctx.task_id.clone();
+    let _span = tracing::debug_span!("cchat_write_fn", task_id, fd, fn_offset).entered();
+    let definition = {
+        let (mem, state) = guest(caller)?;
+        session(state, fd)?;
+        mem.str(json_ptr, json_len)?.to_owned()
+    };
+    let table_index = u32::try_from(fn_offset).map_err(|_| Errno::EINVAL)?;
+    let tool = GuestTool::parse(table_index, &definition).map_err(|reason| {
+        tracing::info!(%reason, "cchat_write_fn: refused tool definition");
+        Errno::EINVAL
+    })?;
+    if tool_func(caller, table_index).is_none() {
+        tracing::info!(
+            table_index,
+            "cchat_write_fn: no function of type (i32, i32, i32, i32) -> i32 at this table index"
+        );
+        return Err(Errno::EINVAL.into());
+    }
+    session(caller.data_mut(), fd)?.add_guest_tool(tool);
+    Ok(0)
+}
+
+fn ctl(
+    caller: &mut Caller<'_, TaskState>,
+    fd: i32,
+    cmd: i32,
+    arg_ptr: i32,
+    arg_len_ptr: i32,
+) -> Result<i32, HostcallError> {
+    let (mut mem, state) = guest(caller)?;
+    let _span = tracing::debug_span!("cchat_ctl", task_id = %state.ctx.task_id, fd, cmd).entered();
+    match cmd {
+        SET_PARAM => {
+            let arg: Value = serde_json::from_slice(mem.bytes_at_len_ptr(arg_ptr, arg_len_ptr)?)
+                .map_err(|_| Errno::EIO)?;
+            let Some(key) = arg["key"].as_str() else {
+                return Err(Errno::EINVAL.into());
+            };
+            let value = arg.get("value").cloned().unwrap_or(Value::Null);
+            let ctx = state.ctx.clone();
+            session(state, fd)?.set_param(key, value, &ctx.mcp_policy).map_err(|error| match error {
+                ParamError::Invalid(reason) => {
+                    tracing::info!(task_id = %ctx.task_id, fd, key, %reason, "SET_PARAM refused");
+                    Errno::EINVAL
+                }
+                ParamError::Denied(reason) => {
+                    tracing::info!(task_id = %ctx.task_id, fd, key, %reason, "SET_PARAM denied by policy");
+                    Errno::EACCES
+                }
+            })?;
+            Ok(0)
+        }
+        ADD_MESSAGE => {
+            let message: Value =
+                serde_json::from_slice(mem.bytes_at_len_ptr(arg_ptr, arg_len_ptr)?)
+                    .map_err(|_| Errno::EIO)?;
+            let valid_role = message["role"]
+                .as_str()
+                .is_some_and(|role| ROLES.contains(&role));
+            if !message.is_object() || !valid_role {
+                return Err(Errno::EINVAL.into());
+            }
+            session(state, fd)?.messages.push(message);
+            Ok(0)
+        }
+        GET_METRICS => {
+            let out = mem.out_buf(arg_ptr, arg_len_ptr)?;
+            let metrics = &response(state, fd)?.metrics;
+            Ok(mem.deliver(out, metrics)?)
+        }
+        GET_MESSAGES => {
+            let out = mem.out_buf(arg_ptr, arg_len_ptr)?;
+            let messages =
+                serde_json::to_vec(&session(state, fd)?.messages).map_err(|_| Errno::EIO)?;
+            Ok(mem.deliver(out, &messages)?)
+        }
+        _ => Err(Errno::EINVAL.into()),
+    }
+}
+
+async fn send(
+    caller: &mut Caller<'_, TaskState>,
+    fd: i32,
+    flags: i32,
+) -> Result<i32, HostcallError> {
+    if flags & !(FLAG_METRICS | FLAG_AUTO_TOOL_CALL) != 0 {
+        return Err(Errno::EINVAL.into());
+    }
+    let state = caller.data_mut();
+    let snapshot = session(state, fd)?.clone();
+    if state.fds.is_full() {
+        return Err(Errno::EMFILE.into());
+    }
+    let ctx = state.ctx.clone();
+    let span = tracing::info_span!("cchat_send", task_id = %ctx.task_id, fd, flags);
+    let send_ctx = SendContext {
+        task_id: &ctx.task_id,
+        task: &ctx.mcp_policy,
+        registry: &ctx.registry,
+        pool: &ctx.pool,
+        backends: &ctx.backends,
+        deadline: ctx.deadline,
+    };
+    let settings = &snapshot.settings;
+    let mut tools = CallerTools {
+        caller: &mut *caller,
+        arena: settings.tool_arena_ptr.zip(settings.tool_arena_len),
+        max_output: settings.max_tool_output_bytes,
+    };
+    let auto = flags & FLAG_AUTO_TOOL_CALL != 0;
+    let outcome = before_deadline(
+        &ctx,
+        tracing::Instrument::instrument(run::send(&snapshot, &send_ctx, &mut tools, auto), span),
+    )
+    .await?
+    .map_err(HostcallError::Trap)?;
+    let state = caller.data_mut();
+    // A guest tool may have closed the session meanwhile; then there is nothing to update.
+    if let Ok(session) = session(state, fd) {
+        session.messages = outcome.messages;
+    }
+    Ok(state.fds.insert(FdKind::ChatResponse(outcome.response))?)
+}
+
+fn recv(
+    caller: &mut Caller<'_, TaskState>,
+    fd: i32,
+    out_ptr: i32,
+    out_len_ptr: i32,
+) -> Result<i32, HostcallError> {
+    let (mut mem, state) = guest(caller)?;
+    let _span = tracing::debug_span!("cchat_recv", task_id = %state.ctx.task_id, fd).entered();
+    let out = mem.out_buf(out_ptr, out_len_ptr)?;
+    let body = &response(state, fd)?.body;
+    Ok(mem.deliver(out, body)?)
+}
+
+fn close(caller: &mut Caller<'_, TaskState>, fd: i32) -> Result<i32, HostcallError> {
+    let state = caller.data_mut();
+    let _span = tracing::debug_span!("cchat_close", task_id = %state.ctx.task_id, fd).entered();
+    match state.fds.get_mut(fd)? {
+        FdKind::ChatSession(_) | FdKind::ChatResponse(_) => {
+            state.fds.remove(fd)?;
+            Ok(0)
+        }
+        _ => Err(Errno::EBADF.into()),
+    }
+}
+
+/// Guest tools, called through the funcref table with the tool arena protocol.
+struct CallerTools<'a, 'b> {
+    caller: &'a mut Caller<'b, TaskState>,
+    arena: Option<(u32, u32)>,
+    max_output: u32,
+}
+
+const ENOSPC: i32 = -28;
+
+impl GuestTools for CallerTools<'_, '_> {
+    async fn call(
+        &mut self,
+        table_index: u32,
+        args: &str,
+    ) -> Result<Result<String, String>, wasmtime::Error> {
+        let Some((arena_ptr, arena_len)) = self.arena else {
+            return Ok(Err(
+                "the guest set no tool arena (session params tool_arena_ptr and tool_arena_len)"
+                    .into(),
+            ));
+        };
+        let Some(func) = tool_func(self.caller, table_index) else {
+            return Ok(Err(format!(
+                "no tool function at table index {table_index}"
+            )));
+        };
+        let func = func.typed::<(i32, i32, i32, i32), i32>(&*self.caller)?;
+        let arena_end = u64::from(arena_ptr) + u64::from(arena_len);
+        let len_ptr = (u64::from(arena_ptr) + args.len() as u64 + 1).next_multiple_of(4);
+        let out_ptr = len_ptr + 4;
+        if out_ptr > arena_end || arena_end > u64::from(u32::MAX) {
+            return Ok(Err(format!(
+                "the tool arguments ({} bytes) do not fit the tool arena ({arena_len} bytes)",
+                args.len()
+            )));
+        }
+        let room = (arena_end - out_ptr) as u32;
+        let mut capacity = room.min(self.max_output);
+        for attempt in 0..2 {
+            let prepared = guest(self.caller).and_then(|(mut mem, _)| {
+                mem.write(arena_ptr, args.as_bytes())?;
+                mem.write(arena_ptr + args.len() as u32, &[0])?;
+                mem.write_u32(len_ptr as u32, capacity)
+            });
+            if prepared.is_err() {
+                return Ok(Err("the tool arena lies outside guest memory".into()));
+            }
+            let params = (
+                arena_ptr as i32,
+                args.len() as i32,
+                out_ptr as i32,
+                len_ptr as i32,
+            );
+            let rc = func.call_async(&mut *self.caller, params).await?;
+            let Ok((mem, _)) = guest(self.caller) else {
+                return Ok(Err("guest memory is gone".into()));
+            };
+            let Ok(len) = mem.read_u32(len_ptr as u32) else {
+                return Ok(Err("the tool arena lies outside guest memory".into()));
+            };
+            return Ok(match rc {
+                ENOSPC if attempt == 0 && len > capacity && len <= room => {
+                    capacity = len;
+                    continue;
+                }
+                ENOSPC => Err(format!(
+                    "the tool's output ({len} bytes) does not fit the tool arena ({room} bytes for output)"
+                )),
+                rc if rc < 0 => Err(format!("the guest tool failed with errno {}", -rc)),
+                _ if len > capacity => Err(format!(
+                    "the guest tool reported {len} bytes in a {capacity}-byte buffer"
+                )),
+                _ => match mem
+                    .bytes(out_ptr as i32, len as i32)
+                    .map(|b| String::from_utf8(b.to_vec()))
+                {
+                    Ok(Ok(text)) => Ok(text),
+                    _ => Err("the guest tool's output is not UTF-8".into()),
+                },
+            });
+        }
+        unreachable!("the second attempt always returns")
+    }
+}

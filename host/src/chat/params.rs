@@ -1,0 +1,276 @@
+//! Session params: the keys the host consumes, their types, and the narrowing rule for the
+//! session's MCP settings.
+
+use serde_json::Value;
+
+use crate::defaults;
+use crate::policy::{Pattern, TaskMcpPolicy};
+
+/// Host-consumed settings of a session.
+#[derive(Clone, Debug)]
+pub(crate) struct Settings {
+    pub(crate) model: Option<String>,
+    pub(crate) backend: Option<String>,
+    pub(crate) timeout_ms: Option<u64>,
+    pub(crate) tool_arena_ptr: Option<u32>,
+    pub(crate) tool_arena_len: Option<u32>,
+    pub(crate) max_iterations: u32,
+    pub(crate) max_total_tool_calls: u32,
+    pub(crate) max_tool_output_bytes: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            model: None,
+            backend: None,
+            timeout_ms: None,
+            tool_arena_ptr: None,
+            tool_arena_len: None,
+            max_iterations: defaults::CHAT_MAX_ITERATIONS,
+            max_total_tool_calls: defaults::CHAT_MAX_TOTAL_TOOL_CALLS,
+            max_tool_output_bytes: defaults::CHAT_MAX_TOOL_OUTPUT_BYTES,
+        }
+    }
+}
+
+/// The session layer of MCP policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct SessionMcp {
+    pub(crate) enabled: bool,
+    pub(crate) server_ids: Vec<String>,
+    pub(crate) tool_allowlist: Option<Vec<Pattern>>,
+    pub(crate) tool_denylist: Vec<Pattern>,
+}
+
+impl SessionMcp {
+    pub(crate) fn from_task(task: &TaskMcpPolicy) -> Self {
+        Self {
+            enabled: task.enabled,
+            server_ids: task.default_server_ids.clone(),
+            tool_allowlist: None,
+            tool_denylist: Vec::new(),
+        }
+    }
+}
+
+/// Why a SET_PARAM was refused.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ParamError {
+    /// Wrong value type or value (`-EINVAL`), with the reason for the log.
+    Invalid(String),
+    /// Wider than the task allows, or a host-owned key (`-EACCES`).
+    Denied(String),
+}
+
+fn positive(key: &str, value: &Value) -> Result<u32, ParamError> {
+    value
+        .as_u64()
+        .filter(|&v| v > 0 && v <= u32::MAX as u64)
+        .map(|v| v as u32)
+        .ok_or_else(|| {
+            ParamError::Invalid(format!("{key} must be a positive integer, got {value}"))
+        })
+}
+
+fn non_negative(key: &str, value: &Value) -> Result<u32, ParamError> {
+    value
+        .as_u64()
+        .filter(|&v| v <= u32::MAX as u64)
+        .map(|v| v as u32)
+        .ok_or_else(|| {
+            ParamError::Invalid(format!("{key} must be a non-negative integer, got {value}"))
+        })
+}
+
+fn string(key: &str, value: &Value) -> Result<String, ParamError> {
+    value
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| ParamError::Invalid(format!("{key} must be a string, got {value}")))
+}
+
+fn strings(key: &str, value: &Value) -> Result<Vec<String>, ParamError> {
+    let items = value.as_array().ok_or_else(|| {
+        ParamError::Invalid(format!("{key} must be an array of strings, got {value}"))
+    })?;
+    items
+        .iter()
+        .map(|item| {
+            item.as_str().map(str::to_owned).ok_or_else(|| {
+                ParamError::Invalid(format!("{key} must be an array of strings, found {item}"))
+            })
+        })
+        .collect()
+}
+
+impl super::ChatSession {
+    /// Applies one SET_PARAM. `null` clears a forwarded key.
+    pub(crate) fn set_param(
+        &mut self,
+        key: &str,
+        value: Value,
+        task: &TaskMcpPolicy,
+    ) -> Result<(), ParamError> {
+        let s = &mut self.settings;
+        match key {
+            "model" => s.model = Some(string(key, &value)?),
+            "backend" => s.backend = Some(string(key, &value)?),
+            "timeout_ms" => s.timeout_ms = Some(positive(key, &value)? as u64),
+            "tool_arena_ptr" => s.tool_arena_ptr = Some(non_negative(key, &value)?),
+            "tool_arena_len" => s.tool_arena_len = Some(non_negative(key, &value)?),
+            "max_iterations" => s.max_iterations = positive(key, &value)?,
+            "max_total_tool_calls" | "max_tool_calls" => {
+                s.max_total_tool_calls = positive(key, &value)?
+            }
+            "max_tool_output_bytes" => s.max_tool_output_bytes = positive(key, &value)?,
+            "mcp.enabled" => {
+                let enabled = value.as_bool().ok_or_else(|| {
+                    ParamError::Invalid(format!("mcp.enabled must be a boolean, got {value}"))
+                })?;
+                if enabled && !task.enabled {
+                    return Err(ParamError::Denied(
+                        "the task does not enable MCP (mcp.enabled)".into(),
+                    ));
+                }
+                self.mcp.enabled = enabled;
+            }
+            "mcp.server_ids" => {
+                let ids = strings(key, &value)?;
+                if let Some(outside) = ids.iter().find(|id| !task.allowed_server_ids.contains(id)) {
+                    return Err(ParamError::Denied(format!(
+                        "server `{outside}` is not in the task's mcp.allowed_server_ids"
+                    )));
+                }
+                self.mcp.server_ids = ids;
+            }
+            "mcp.tool_allowlist" => {
+                self.mcp.tool_allowlist = Some(
+                    strings(key, &value)?
+                        .into_iter()
+                        .map(Pattern::new)
+                        .collect(),
+                )
+            }
+            "mcp.tool_denylist" => {
+                self.mcp.tool_denylist = strings(key, &value)?
+                    .into_iter()
+                    .map(Pattern::new)
+                    .collect()
+            }
+            k if k.starts_with("mcp.task_") => {
+                return Err(ParamError::Denied(format!(
+                    "{k} is set by the host from the task"
+                )));
+            }
+            k if k.starts_with("mcp.") => {
+                return Err(ParamError::Invalid(format!("unknown MCP session key {k}")));
+            }
+            "messages" | "tools" | "functions" => {
+                return Err(ParamError::Invalid(format!(
+                    "{key} is built by the host; use cchat_write_msg / cchat_write_fn"
+                )));
+            }
+            "stream" if value.as_bool() == Some(true) => {
+                return Err(ParamError::Invalid(
+                    "stream: true is not supported; responses are always whole".into(),
+                ));
+            }
+            "stream" => {}
+            _ if value.is_null() => {
+                self.upstream.remove(key);
+            }
+            _ => {
+                self.upstream.insert(key.to_owned(), value);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::chat::ChatSession;
+
+    fn task() -> TaskMcpPolicy {
+        TaskMcpPolicy {
+            enabled: true,
+            default_server_ids: vec!["fs".into()],
+            allowed_server_ids: vec!["fs".into(), "git".into()],
+            tool_allowlist: None,
+            tool_denylist: vec![],
+        }
+    }
+
+    #[test]
+    fn consumed_keys_are_typed_and_others_forwarded() {
+        let mut session = ChatSession::new(&task());
+        session.set_param("model", json!("m"), &task()).unwrap();
+        session
+            .set_param("max_tool_calls", json!(3), &task())
+            .unwrap();
+        session
+            .set_param("temperature", json!(0.2), &task())
+            .unwrap();
+        session
+            .set_param("tool_choice", json!("none"), &task())
+            .unwrap();
+        assert_eq!(session.settings.model.as_deref(), Some("m"));
+        assert_eq!(session.settings.max_total_tool_calls, 3);
+        assert_eq!(
+            session.upstream.keys().collect::<Vec<_>>(),
+            ["temperature", "tool_choice"]
+        );
+        session
+            .set_param("temperature", json!(null), &task())
+            .unwrap();
+        assert!(!session.upstream.contains_key("temperature"));
+        for (key, value) in [
+            ("model", json!(1)),
+            ("max_iterations", json!(0)),
+            ("timeout_ms", json!("5")),
+            ("mcp.server_ids", json!("fs")),
+            ("stream", json!(true)),
+            ("tools", json!([])),
+        ] {
+            assert!(
+                matches!(
+                    session.set_param(key, value, &task()),
+                    Err(ParamError::Invalid(_))
+                ),
+                "{key}"
+            );
+        }
+    }
+
+    #[test]
+    fn mcp_keys_only_narrow() {
+        let mut session = ChatSession::new(&task());
+        assert_eq!(session.mcp.server_ids, ["fs"]);
+        session
+            .set_param("mcp.server_ids", json!(["git"]), &task())
+            .unwrap();
+        assert!(matches!(
+            session.set_param("mcp.server_ids", json!(["web"]), &task()),
+            Err(ParamError::Denied(_))
+        ));
+        assert!(matches!(
+            session.set_param("mcp.task_tool_allowlist", json!(["*"]), &task()),
+            Err(ParamError::Denied(_))
+        ));
+        let disabled = TaskMcpPolicy {
+            enabled: false,
+            ..task()
+        };
+        assert!(matches!(
+            session.set_param("mcp.enabled", json!(true), &disabled),
+            Err(ParamError::Denied(_))
+        ));
+        session
+            .set_param("mcp.enabled", json!(false), &disabled)
+            .unwrap();
+    }
+}

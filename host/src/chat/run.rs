@@ -1,0 +1,447 @@
+//! One `cchat_send`: the request, and with AUTO_TOOL_CALL the tool-call loop.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use serde_json::{Map, Value, json};
+
+use super::tools::{Resolution, Route, ToolSet, error_result, mcp_result_text, truncate_output};
+use super::{ChatResponse, ChatSession, Metrics};
+use crate::llm::{Backend, Backends, LlmError};
+use crate::mcp::{McpError, McpErrorCode, McpPool, Registry};
+use crate::policy::TaskMcpPolicy;
+
+/// Runs guest tools. The ABI layer implements it on the task's store; this module never
+/// touches wasm.
+pub(crate) trait GuestTools: Send {
+    /// Calls the guest function at `table_index` with JSON `args`. `Ok(Ok(text))` is its
+    /// result, `Ok(Err(reason))` a failure the model is told about, `Err` a trap that ends
+    /// the task.
+    fn call(
+        &mut self,
+        table_index: u32,
+        args: &str,
+    ) -> impl Future<Output = Result<Result<String, String>, wasmtime::Error>> + Send;
+}
+
+/// What a send may use besides the session.
+pub(crate) struct SendContext<'a> {
+    pub(crate) task_id: &'a str,
+    pub(crate) task: &'a TaskMcpPolicy,
+    pub(crate) registry: &'a Registry,
+    pub(crate) pool: &'a McpPool,
+    pub(crate) backends: &'a Backends,
+    pub(crate) deadline: tokio::time::Instant,
+}
+
+/// The response, and the session's messages after the send.
+pub(crate) struct SendOutcome {
+    pub(crate) response: ChatResponse,
+    pub(crate) messages: Vec<Value>,
+}
+
+/// A tool call the model asked for, as planned before running.
+struct Planned<'a> {
+    id: String,
+    name: String,
+    step: Step<'a>,
+}
+
+enum Step<'a> {
+    Guest {
+        table_index: u32,
+        args: String,
+    },
+    Mcp {
+        route: &'a Route,
+        tool: String,
+        args: Result<Map<String, Value>, McpError>,
+    },
+    Refused {
+        kind: &'static str,
+        result: String,
+    },
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
+}
+
+/// Sends `session`. Tool failures and upstream errors end up in the response; only a trap
+/// in a guest tool is an `Err`.
+pub(crate) async fn send<G: GuestTools>(
+    session: &ChatSession,
+    ctx: &SendContext<'_>,
+    guest: &mut G,
+    auto_tool_call: bool,
+) -> Result<SendOutcome, wasmtime::Error> {
+    let started = Instant::now();
+    let mut metrics = Metrics::default();
+    let mut messages = session.messages.clone();
+    let mut summary = Vec::new();
+    let backend = match ctx.backends.get(session.settings.backend.as_deref()) {
+        Ok(backend) => backend,
+        Err(error) => {
+            let spear = json!({"backend": session.settings.backend, "iterations": 0});
+            let body = json!({"error": error.to_json(), "_spear": spear});
+            return Ok(finish(body, metrics, started, messages));
+        }
+    };
+    let model = session
+        .settings
+        .model
+        .clone()
+        .unwrap_or_else(|| backend.default_model().to_owned());
+    let tools = ToolSet::build(session, ctx.task, ctx.registry, ctx.pool).await;
+    if session.mcp.enabled && tools.servers.is_empty() && !session.mcp.server_ids.is_empty() {
+        tracing::warn!(task_id = ctx.task_id, excluded = ?tools.excluded, "no MCP server is usable for this chat session");
+    }
+    let mut total_calls = 0u32;
+    let outcome: Result<Value, Value> = loop {
+        metrics.iterations += 1;
+        let body = request_body(session, &model, &messages, &tools);
+        let reply = request(&backend, &body, session, ctx, &mut metrics).await;
+        let completion = match reply {
+            Ok(completion) => completion,
+            Err(error) => break Err(error.to_json()),
+        };
+        let Some(message) = completion["choices"][0]["message"].as_object().cloned() else {
+            let error = LlmError::InvalidResponse {
+                backend: backend.name().to_owned(),
+                message: "no choices[0].message".into(),
+            };
+            break Err(error.to_json());
+        };
+        let calls: Vec<Value> = message
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        if calls.is_empty() {
+            messages.push(Value::Object(message));
+            break Ok(completion);
+        }
+        if !auto_tool_call {
+            // The guest runs the tools and appends this message itself (manual loop).
+            break Ok(completion);
+        }
+        if metrics.iterations >= session.settings.max_iterations {
+            break Err(limit_error(
+                "max_iterations",
+                session.settings.max_iterations,
+                completion,
+            ));
+        }
+        if total_calls + calls.len() as u32 > session.settings.max_total_tool_calls {
+            break Err(limit_error(
+                "max_total_tool_calls",
+                session.settings.max_total_tool_calls,
+                completion,
+            ));
+        }
+        total_calls += calls.len() as u32;
+        messages.push(Value::Object(message));
+        let tools_started = Instant::now();
+        let results = run_tool_calls(
+            &calls,
+            &tools,
+            session,
+            ctx,
+            guest,
+            &mut metrics,
+            &mut summary,
+        )
+        .await?;
+        metrics.latency_ms.tools += ms(tools_started.elapsed());
+        messages.extend(results);
+    };
+    let spear = json!({
+        "backend": backend.name(),
+        "model": model,
+        "iterations": metrics.iterations,
+        "usage": {"prompt_tokens": metrics.prompt_tokens, "completion_tokens": metrics.completion_tokens, "total_tokens": metrics.total_tokens},
+        "tool_calls": summary,
+        "mcp": {
+            "servers": tools.servers,
+            "excluded": tools.excluded.iter().map(|(id, reason)| json!({"server_id": id, "reason": reason})).collect::<Vec<_>>(),
+        },
+    });
+    let body = match outcome {
+        Ok(mut completion) => {
+            completion["_spear"] = spear;
+            completion
+        }
+        Err(mut error) => {
+            let last = error
+                .as_object_mut()
+                .and_then(|e| e.remove("last_response"));
+            let mut body = json!({"error": error, "_spear": spear});
+            if let Some(last) = last {
+                body["last_response"] = last;
+            }
+            body
+        }
+    };
+    Ok(finish(body, metrics, started, messages))
+}
+
+fn finish(
+    body: Value,
+    mut metrics: Metrics,
+    started: Instant,
+    messages: Vec<Value>,
+) -> SendOutcome {
+    metrics.latency_ms.total = ms(started.elapsed());
+    let response = ChatResponse {
+        body: serde_json::to_vec(&body).unwrap_or_default(),
+        metrics: serde_json::to_vec(&metrics).unwrap_or_default(),
+    };
+    SendOutcome { response, messages }
+}
+
+fn limit_error(limit: &str, value: u32, last: Value) -> Value {
+    json!({
+        "code": "tool_call_limit",
+        "message": format!("the model still wanted tools when the session's {limit} ({value}) was reached"),
+        "limit": limit,
+        "value": value,
+        "last_response": last,
+    })
+}
+
+/// The upstream body: forwarded params, then what the host owns.
+fn request_body(session: &ChatSession, model: &str, messages: &[Value], tools: &ToolSet) -> Value {
+    let mut body = session.upstream.clone();
+    body.insert("model".into(), json!(model));
+    body.insert("messages".into(), json!(messages));
+    if !tools.is_empty() {
+        body.insert("tools".into(), json!(tools.definitions));
+    }
+    Value::Object(body)
+}
+
+async fn request(
+    backend: &Backend,
+    body: &Value,
+    session: &ChatSession,
+    ctx: &SendContext<'_>,
+    metrics: &mut Metrics,
+) -> Result<Value, LlmError> {
+    let configured = session
+        .settings
+        .timeout_ms
+        .map(Duration::from_millis)
+        .unwrap_or(backend.timeout());
+    let remaining = ctx
+        .deadline
+        .saturating_duration_since(tokio::time::Instant::now());
+    let started = Instant::now();
+    let reply = backend.complete(body, configured.min(remaining)).await;
+    metrics.latency_ms.llm += ms(started.elapsed());
+    match reply {
+        Ok(reply) => {
+            metrics.llm_requests += 1 + reply.retries;
+            metrics.llm_retries += reply.retries;
+            metrics.add_usage(&reply.body["usage"]);
+            Ok(reply.body)
+        }
+        Err(failure) => {
+            metrics.llm_requests += 1 + failure.retries;
+            metrics.llm_retries += failure.retries;
+            metrics.llm_errors += 1;
+            tracing::warn!(task_id = ctx.task_id, backend = backend.name(), error = %failure.error, "LLM request failed");
+            Err(failure.error)
+        }
+    }
+}
+
+/// The arguments of a call as the model sent them (a JSON string, or an object).
+fn raw_arguments(call: &Value) -> String {
+    match &call["function"]["arguments"] {
+        Value::String(s) => s.clone(),
+        Value::Null => String::new(),
+        other => other.to_string(),
+    }
+}
+
+fn mcp_arguments(raw: &str) -> Result<Map<String, Value>, McpError> {
+    if raw.trim().is_empty() {
+        return Ok(Map::new());
+    }
+    match serde_json::from_str::<Value>(raw) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(McpError::new(
+            McpErrorCode::InvalidArguments,
+            "tool arguments must be a JSON object",
+        )),
+        Err(e) => Err(McpError::new(
+            McpErrorCode::InvalidArguments,
+            format!("tool arguments are not valid JSON: {e}"),
+        )),
+    }
+}
+
+/// Runs one turn's tool calls: MCP calls concurrently (each server's `max_concurrency`
+/// bounds them), guest tools one at a time alongside; returns the `tool` messages in the
+/// model's order.
+async fn run_tool_calls<G: GuestTools>(
+    calls: &[Value],
+    tools: &ToolSet,
+    session: &ChatSession,
+    ctx: &SendContext<'_>,
+    guest: &mut G,
+    metrics: &mut Metrics,
+    summary: &mut Vec<Value>,
+) -> Result<Vec<Value>, wasmtime::Error> {
+    let planned: Vec<Planned<'_>> = calls
+        .iter()
+        .enumerate()
+        .map(|(i, call)| {
+            let id = call["id"]
+                .as_str()
+                .map_or_else(|| format!("call_{i}"), str::to_owned);
+            let name = call["function"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            let raw = raw_arguments(call);
+            let step = match tools.resolve(&name) {
+                Resolution::Route(Route::Guest { table_index }) => Step::Guest {
+                    table_index: *table_index,
+                    args: raw,
+                },
+                Resolution::Route(route @ Route::Mcp { tool, .. }) => Step::Mcp {
+                    route,
+                    tool: tool.clone(),
+                    args: mcp_arguments(&raw),
+                },
+                Resolution::Denied { server_id, tool } => {
+                    tracing::info!(
+                        task_id = ctx.task_id,
+                        server_id,
+                        tool,
+                        "model asked for an MCP tool this session does not allow"
+                    );
+                    let message = format!(
+                        "tool `{tool}` of server `{server_id}` is not enabled for this chat session"
+                    );
+                    Step::Refused {
+                        kind: "denied",
+                        result: McpError::new(McpErrorCode::PolicyDenied, message)
+                            .to_json()
+                            .to_string(),
+                    }
+                }
+                Resolution::Unknown => Step::Refused {
+                    kind: "unknown",
+                    result: error_result(
+                        "unknown_tool",
+                        &format!("no tool named `{name}` was offered in this session"),
+                        false,
+                    ),
+                },
+            };
+            Planned { id, name, step }
+        })
+        .collect();
+
+    let mcp_calls = planned
+        .iter()
+        .enumerate()
+        .filter_map(|(i, p)| match &p.step {
+            Step::Mcp {
+                route: Route::Mcp { entry, .. },
+                tool,
+                args,
+            } => Some(async move {
+                let started = Instant::now();
+                let result = match args {
+                    Ok(args) => ctx
+                        .pool
+                        .call_tool(entry, tool, args.clone())
+                        .await
+                        .map(|out| mcp_result_text(&out.result)),
+                    Err(error) => Err(error.clone()),
+                };
+                (
+                    i,
+                    result.map_err(|e| e.to_json().to_string()),
+                    started.elapsed(),
+                )
+            }),
+            _ => None,
+        });
+    let guest_calls = async {
+        let mut done = Vec::new();
+        for (i, p) in planned.iter().enumerate() {
+            if let Step::Guest { table_index, args } = &p.step {
+                let started = Instant::now();
+                let result = guest.call(*table_index, args).await?;
+                let result =
+                    result.map_err(|reason| error_result("tool_exec_failed", &reason, false));
+                done.push((i, result, started.elapsed()));
+            }
+        }
+        Ok::<_, wasmtime::Error>(done)
+    };
+    let (mcp_done, guest_done) = tokio::join!(futures::future::join_all(mcp_calls), guest_calls);
+    let mut results: Vec<Option<(Result<String, String>, Duration)>> =
+        planned.iter().map(|_| None).collect();
+    for (i, result, elapsed) in mcp_done.into_iter().chain(guest_done?) {
+        results[i] = Some((result, elapsed));
+    }
+
+    let max = session.settings.max_tool_output_bytes as usize;
+    let mut messages = Vec::with_capacity(planned.len());
+    for (p, result) in planned.iter().zip(results) {
+        let mut entry = json!({"id": p.id, "name": p.name});
+        let content = match (&p.step, result) {
+            (Step::Refused { kind, result }, _) => {
+                match *kind {
+                    "denied" => metrics.tool_calls.denied += 1,
+                    _ => metrics.tool_calls.unknown += 1,
+                }
+                entry["kind"] = json!(kind);
+                entry["ok"] = json!(false);
+                result.clone()
+            }
+            (step, Some((result, elapsed))) => {
+                match step {
+                    Step::Guest { .. } => {
+                        metrics.tool_calls.guest += 1;
+                        entry["kind"] = json!("guest");
+                    }
+                    Step::Mcp {
+                        route: Route::Mcp { entry: server, .. },
+                        tool,
+                        ..
+                    } => {
+                        metrics.tool_calls.mcp += 1;
+                        entry["kind"] = json!("mcp");
+                        entry["server_id"] = json!(server.server_id());
+                        entry["tool"] = json!(tool);
+                    }
+                    _ => {}
+                }
+                entry["ms"] = json!(ms(elapsed));
+                entry["ok"] = json!(result.is_ok());
+                match result {
+                    Ok(text) => text,
+                    Err(error) => {
+                        metrics.tool_calls.failed += 1;
+                        if let Ok(parsed) = serde_json::from_str::<Value>(&error) {
+                            entry["error"] = parsed["error"]["code"].clone();
+                        }
+                        error
+                    }
+                }
+            }
+            (_, None) => unreachable!("every planned call ran"),
+        };
+        summary.push(entry);
+        messages.push(
+            json!({"role": "tool", "tool_call_id": p.id, "content": truncate_output(content, max)}),
+        );
+    }
+    Ok(messages)
+}

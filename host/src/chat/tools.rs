@@ -1,0 +1,424 @@
+//! The tools of one send: guest tools and MCP tools under model-facing names, the name map
+//! that routes the model's calls, and how results are turned into `tool` messages.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::ChatSession;
+use crate::mcp::{CallToolResult, McpPool, Registry, ServerEntry};
+use crate::policy::{TaskMcpPolicy, ToolFilter};
+
+/// A tool the guest registered with `cchat_write_fn`.
+#[derive(Clone, Debug)]
+pub(crate) struct GuestTool {
+    pub(crate) name: String,
+    /// `{"type": "function", "function": {...}}` as sent upstream.
+    pub(crate) definition: Value,
+    /// Index into the guest's funcref table.
+    pub(crate) table_index: u32,
+}
+
+/// OpenAI's rule for function names.
+pub(crate) fn is_valid_function_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl GuestTool {
+    /// Checks an OpenAI tool definition from the guest.
+    pub(crate) fn parse(table_index: u32, definition: &str) -> Result<Self, String> {
+        let value: Value =
+            serde_json::from_str(definition).map_err(|e| format!("not JSON: {e}"))?;
+        if value["type"] != "function" {
+            return Err("`type` must be \"function\"".into());
+        }
+        let function = value["function"]
+            .as_object()
+            .ok_or("`function` must be an object")?;
+        let name = function
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or("`function.name` must be a string")?;
+        if !is_valid_function_name(name) {
+            return Err(format!(
+                "function name {name:?} must match ^[a-zA-Z0-9_-]{{1,64}}$"
+            ));
+        }
+        if name.starts_with("mcp__") {
+            return Err(format!(
+                "function name {name:?}: the prefix mcp__ is reserved for MCP tools"
+            ));
+        }
+        if let Some(parameters) = function.get("parameters")
+            && !parameters.is_object()
+        {
+            return Err("`function.parameters` must be a JSON Schema object".into());
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            definition: json!({"type": "function", "function": function}),
+            table_index,
+        })
+    }
+}
+
+/// Where a model-facing tool name leads.
+#[derive(Clone, Debug)]
+pub(crate) enum Route {
+    Guest {
+        table_index: u32,
+    },
+    Mcp {
+        entry: Arc<ServerEntry>,
+        tool: String,
+    },
+}
+
+/// How a name the model used resolves.
+pub(crate) enum Resolution<'a> {
+    Route(&'a Route),
+    /// An MCP tool this session does not allow.
+    Denied {
+        server_id: String,
+        tool: String,
+    },
+    Unknown,
+}
+
+/// The tools offered in one send, and the name map used to route the model's calls.
+pub(crate) struct ToolSet {
+    pub(crate) definitions: Vec<Value>,
+    routes: HashMap<String, Route>,
+    /// (server id, MCP-native tool) → model-facing name.
+    mcp_names: HashMap<(String, String), String>,
+    registry_ids: HashSet<String>,
+    /// MCP servers whose tools were offered.
+    pub(crate) servers: Vec<String>,
+    /// MCP servers left out, with the reason.
+    pub(crate) excluded: Vec<(String, String)>,
+}
+
+/// `mcp__<server_id>__<tool>`, made to fit `^[a-zA-Z0-9_-]{1,64}$`; a name that had to be
+/// shortened, or that collides with one already taken, gets a hash of (server, tool).
+pub(crate) fn mcp_model_name(server_id: &str, tool: &str, taken: &HashSet<String>) -> String {
+    let clean: String = format!("mcp__{server_id}__{tool}")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if clean.len() <= 64 && !taken.contains(&clean) {
+        return clean;
+    }
+    let digest = Sha256::digest(format!("{server_id}\0{tool}").as_bytes());
+    let hash: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    let mut base = clean;
+    base.truncate(64 - 9);
+    format!("{base}_{hash}")
+}
+
+impl ToolSet {
+    /// Guest tools plus the MCP tools the session may use. Listing comes from the pool's
+    /// cache; a server that cannot list is left out with its reason.
+    pub(crate) async fn build(
+        session: &ChatSession,
+        task: &TaskMcpPolicy,
+        registry: &Registry,
+        pool: &McpPool,
+    ) -> Self {
+        let mut set = ToolSet {
+            definitions: session
+                .guest_tools
+                .iter()
+                .map(|t| t.definition.clone())
+                .collect(),
+            routes: session
+                .guest_tools
+                .iter()
+                .map(|t| {
+                    (
+                        t.name.clone(),
+                        Route::Guest {
+                            table_index: t.table_index,
+                        },
+                    )
+                })
+                .collect(),
+            mcp_names: HashMap::new(),
+            registry_ids: registry
+                .servers()
+                .map(|s| s.server_id().to_owned())
+                .collect(),
+            servers: Vec::new(),
+            excluded: Vec::new(),
+        };
+        if !(session.mcp.enabled && task.enabled) {
+            return set;
+        }
+        let mut candidates = Vec::new();
+        let mut seen = HashSet::new();
+        for id in session
+            .mcp
+            .server_ids
+            .iter()
+            .filter(|id| seen.insert(id.as_str()))
+        {
+            let reason = if !task.allowed_server_ids.contains(id) {
+                "not_allowed_by_task".to_owned()
+            } else if let Some(entry) = registry.get(id) {
+                if let Err(why) = &entry.launch {
+                    format!("unavailable: {why}")
+                } else if entry.record.allowed_tools.is_empty() {
+                    "deny_all_server: allowed_tools is empty".to_owned()
+                } else {
+                    candidates.push(entry.clone());
+                    continue;
+                }
+            } else {
+                "unknown_server".to_owned()
+            };
+            set.excluded.push((id.clone(), reason));
+        }
+        let listings =
+            futures::future::join_all(candidates.iter().map(|entry| pool.list_tools(entry))).await;
+        let mut taken: HashSet<String> = set.routes.keys().cloned().collect();
+        for (entry, listed) in candidates.into_iter().zip(listings) {
+            let tools = match listed {
+                Ok(tools) => tools,
+                Err(error) => {
+                    tracing::warn!(server_id = entry.server_id(), %error, "leaving out an MCP server's tools");
+                    set.excluded.push((
+                        entry.server_id().to_owned(),
+                        format!("list_failed: {error}"),
+                    ));
+                    continue;
+                }
+            };
+            let filter = ToolFilter::new(&entry.record.allowed_tools, task).with_session(
+                session.mcp.tool_allowlist.as_deref(),
+                &session.mcp.tool_denylist,
+            );
+            let mut visible: Vec<_> = tools.iter().filter(|t| filter.permits(&t.name)).collect();
+            visible.sort_by(|a, b| a.name.cmp(&b.name));
+            for tool in visible {
+                let name = mcp_model_name(entry.server_id(), &tool.name, &taken);
+                taken.insert(name.clone());
+                let mut function = json!({"name": name, "parameters": Value::Object((*tool.input_schema).clone())});
+                if let Some(description) = &tool.description {
+                    function["description"] = json!(description);
+                }
+                set.definitions
+                    .push(json!({"type": "function", "function": function}));
+                set.mcp_names.insert(
+                    (entry.server_id().to_owned(), tool.name.to_string()),
+                    name.clone(),
+                );
+                set.routes.insert(
+                    name,
+                    Route::Mcp {
+                        entry: entry.clone(),
+                        tool: tool.name.to_string(),
+                    },
+                );
+            }
+            set.servers.push(entry.server_id().to_owned());
+        }
+        set
+    }
+
+    /// Routes a name the model used: an offered name, or `mcp.<server_id>.<tool>` /
+    /// `mcp__<server_id>__<tool>` for an offered MCP tool. Nothing else runs.
+    pub(crate) fn resolve(&self, name: &str) -> Resolution<'_> {
+        if let Some(route) = self.routes.get(name) {
+            return Resolution::Route(route);
+        }
+        let parsed = name
+            .strip_prefix("mcp.")
+            .and_then(|rest| rest.split_once('.'))
+            .or_else(|| {
+                name.strip_prefix("mcp__")
+                    .and_then(|rest| rest.split_once("__"))
+            });
+        let Some((server_id, tool)) = parsed else {
+            return Resolution::Unknown;
+        };
+        if let Some(model_name) = self.mcp_names.get(&(server_id.to_owned(), tool.to_owned())) {
+            return Resolution::Route(&self.routes[model_name]);
+        }
+        if self.registry_ids.contains(server_id) {
+            Resolution::Denied {
+                server_id: server_id.to_owned(),
+                tool: tool.to_owned(),
+            }
+        } else {
+            Resolution::Unknown
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.definitions.is_empty()
+    }
+}
+
+/// A tool failure as the text of a `tool` message.
+pub(crate) fn error_result(code: &str, message: &str, retryable: bool) -> String {
+    json!({"error": {"code": code, "message": message, "retryable": retryable}}).to_string()
+}
+
+/// The text of an MCP result for a `tool` message: its text parts, and a short note for
+/// each part chat tool messages cannot carry (images, audio, resources).
+pub(crate) fn mcp_result_text(result: &CallToolResult) -> String {
+    let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
+    let mut parts = Vec::new();
+    for part in content.as_array().into_iter().flatten() {
+        let size = |field: &str| human_size(part[field].as_str().map_or(0, |d| d.len() * 3 / 4));
+        let mime = part["mimeType"].as_str().unwrap_or("unknown type");
+        let note = match part["type"].as_str() {
+            Some("text") => part["text"].as_str().unwrap_or_default().to_owned(),
+            Some("image") => format!("[image: {mime}, {}]", size("data")),
+            Some("audio") => format!("[audio: {mime}, {}]", size("data")),
+            Some("resource_link") => {
+                format!("[resource link: {}]", part["uri"].as_str().unwrap_or("?"))
+            }
+            Some("resource") => match part["resource"]["text"].as_str() {
+                Some(text) => text.to_owned(),
+                None => format!(
+                    "[embedded resource: {}]",
+                    part["resource"]["uri"].as_str().unwrap_or("?")
+                ),
+            },
+            other => format!("[{} content]", other.unwrap_or("unknown")),
+        };
+        parts.push(note);
+    }
+    if parts.is_empty()
+        && let Some(structured) = &result.structured_content
+    {
+        parts.push(structured.to_string());
+    }
+    let text = parts.join("\n");
+    if result.is_error == Some(true) {
+        error_result("tool_exec_failed", &text, false)
+    } else {
+        text
+    }
+}
+
+fn human_size(bytes: usize) -> String {
+    if bytes < 1024 {
+        format!("{bytes} B")
+    } else {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    }
+}
+
+fn cut_at_boundary(text: &str, max: usize) -> &str {
+    let mut end = max.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Cuts `text` to at most `max` bytes at a UTF-8 boundary with an explicit marker. JSON
+/// stays JSON: it becomes `{"truncated": true, "original_bytes": N, "prefix": "..."}`.
+pub(crate) fn truncate_output(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let original = text.len();
+    if serde_json::from_str::<Value>(&text).is_ok() {
+        let mut budget = max.saturating_sub(64);
+        loop {
+            let wrapped = json!({"truncated": true, "original_bytes": original, "prefix": cut_at_boundary(&text, budget)}).to_string();
+            if wrapped.len() <= max || budget == 0 {
+                return wrapped;
+            }
+            budget = budget.saturating_sub(wrapped.len() - max).min(budget - 1);
+        }
+    }
+    let mut marker = format!(
+        "\n[truncated: output was {original} bytes; the limit is max_tool_output_bytes = {max}]"
+    );
+    if marker.len() >= max {
+        marker = "…[truncated]".to_owned();
+    }
+    if marker.len() > max {
+        return cut_at_boundary(&text, max).to_owned();
+    }
+    let keep = cut_at_boundary(&text, max - marker.len());
+    format!("{keep}{marker}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_names_fit_openai_and_stay_stable() {
+        let taken = HashSet::new();
+        assert_eq!(
+            mcp_model_name("fs", "read_text", &taken),
+            "mcp__fs__read_text"
+        );
+        assert_eq!(
+            mcp_model_name("fs", "read.text/v2", &taken),
+            "mcp__fs__read_text_v2"
+        );
+        let long = "x".repeat(80);
+        let name = mcp_model_name("fs", &long, &taken);
+        assert_eq!(name.len(), 64);
+        assert_eq!(name, mcp_model_name("fs", &long, &taken), "stable");
+        let taken = HashSet::from(["mcp__fs__read_text_v2".to_owned()]);
+        let second = mcp_model_name("fs", "read text v2", &taken);
+        assert_ne!(second, "mcp__fs__read_text_v2");
+        assert!(is_valid_function_name(&second) && is_valid_function_name(&name));
+    }
+
+    #[test]
+    fn truncation_respects_utf8_and_json() {
+        let text = "é".repeat(100); // 200 bytes of 2-byte chars
+        let cut = truncate_output(text.clone(), 150);
+        assert!(
+            cut.len() <= 150 && cut.contains("[truncated: output was 200 bytes"),
+            "{cut}"
+        );
+        assert!(cut.starts_with('é'));
+        let json_text = serde_json::to_string(&json!({"items": vec!["ü"; 200]})).unwrap();
+        let cut = truncate_output(json_text.clone(), 300);
+        assert!(cut.len() <= 300, "{}", cut.len());
+        let parsed: Value = serde_json::from_str(&cut).expect("still JSON");
+        assert_eq!(parsed["truncated"], true);
+        assert_eq!(parsed["original_bytes"], json_text.len());
+        assert_eq!(truncate_output("short".into(), 300), "short");
+        let tiny = truncate_output("x".repeat(100), 20);
+        assert!(tiny.len() <= 20 && tiny.ends_with("[truncated]"), "{tiny}");
+        assert_eq!(truncate_output("x".repeat(100), 5), "xxxxx");
+    }
+
+    #[test]
+    fn guest_tool_definitions_are_checked() {
+        let ok = GuestTool::parse(3, r#"{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}"#).unwrap();
+        assert_eq!(ok.name, "get_weather");
+        assert_eq!(ok.table_index, 3);
+        for bad in [
+            "not json",
+            r#"{"type":"function"}"#,
+            r#"{"type":"other","function":{"name":"x"}}"#,
+            r#"{"type":"function","function":{"name":"has space"}}"#,
+            r#"{"type":"function","function":{"name":"mcp__fs__x"}}"#,
+            r#"{"type":"function","function":{"name":"x","parameters":"nope"}}"#,
+        ] {
+            assert!(GuestTool::parse(0, bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! The host configuration file (`quiver.toml`): named LLM backends and the default one.
+//!
+//! ```toml
+//! default_backend = "openai"
+//!
+//! [backends.openai]
+//! kind = "openai"                        # openai (default) | replay
+//! base_url = "https://api.openai.com/v1"
+//! api_key_env = "OPENAI_API_KEY"         # the *name* of the variable, never the key
+//! default_model = "gpt-4o-mini"
+//! request_timeout_ms = 120000
+//! headers = { "OpenAI-Organization" = "org-..." }
+//!
+//! [backends.demo]
+//! kind = "replay"
+//! transcript = "transcripts/chat-demo.json"   # relative to this file
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    #[default]
+    Openai,
+    Replay,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    #[serde(default)]
+    pub kind: BackendKind,
+    pub base_url: Option<String>,
+    pub api_key_env: Option<String>,
+    pub default_model: Option<String>,
+    pub request_timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Replay backends: the transcript file.
+    pub transcript: Option<PathBuf>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HostConfig {
+    pub default_backend: Option<String>,
+    #[serde(default)]
+    pub backends: BTreeMap<String, BackendConfig>,
+}
+
+/// A config file that cannot be used, naming the file, the field and the fix.
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {field}{message}", path.display())]
+pub struct ConfigError {
+    pub path: PathBuf,
+    pub field: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(path: &Path, field: impl Into<String>, message: impl Into<String>) -> Self {
+        let field = field.into();
+        let field = if field.is_empty() {
+            field
+        } else {
+            format!("{field}: ")
+        };
+        Self {
+            path: path.to_owned(),
+            field,
+            message: message.into(),
+        }
+    }
+}
+
+impl HostConfig {
+    /// Reads `quiver.toml`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(path, "", format!("cannot read the host config: {e}")))?;
+        let value: toml::Value = toml::from_str(&text)
+            .map_err(|e| ConfigError::new(path, "", format!("invalid TOML: {}", e.message())))?;
+        let config: Self = serde_path_to_error::deserialize(value).map_err(|e| {
+            let field = e.path().to_string();
+            ConfigError::new(
+                path,
+                if field == "." { String::new() } else { field },
+                e.into_inner().to_string(),
+            )
+        })?;
+        for (name, backend) in &config.backends {
+            let field = |f: &str| format!("backends.{name}.{f}");
+            if backend.request_timeout_ms == Some(0) {
+                return Err(ConfigError::new(
+                    path,
+                    field("request_timeout_ms"),
+                    "must be greater than 0; omit it for the default",
+                ));
+            }
+            match backend.kind {
+                BackendKind::Replay if backend.transcript.is_none() => {
+                    return Err(ConfigError::new(
+                        path,
+                        field("transcript"),
+                        "a replay backend needs a transcript file",
+                    ));
+                }
+                BackendKind::Openai if backend.transcript.is_some() => {
+                    return Err(ConfigError::new(
+                        path,
+                        field("transcript"),
+                        "only replay backends read transcripts",
+                    ));
+                }
+                _ => {}
+            }
+        }
+        Ok(config)
+    }
+
+    /// The configured backends, or the zero-config `openai` backend from the environment.
+    pub(crate) fn backends_or_zero_config(&self) -> BTreeMap<String, BackendConfig> {
+        if !self.backends.is_empty() {
+            return self.backends.clone();
+        }
+        let zero = BackendConfig {
+            kind: BackendKind::Openai,
+            base_url: std::env::var("OPENAI_BASE_URL").ok(),
+            api_key_env: Some("OPENAI_API_KEY".into()),
+            ..BackendConfig::default()
+        };
+        BTreeMap::from([("openai".to_owned(), zero)])
+    }
+
+    pub(crate) fn default_backend_name(
+        &self,
+        backends: &BTreeMap<String, BackendConfig>,
+    ) -> Result<String, ConfigError> {
+        match &self.default_backend {
+            Some(name) if backends.contains_key(name) => Ok(name.clone()),
+            Some(name) => Err(ConfigError::new(
+                Path::new("<host config>"),
+                "default_backend",
+                format!(
+                    "`{name}` is not one of the configured backends ({})",
+                    backends.keys().cloned().collect::<Vec<_>>().join(", ")
+                ),
+            )),
+            None if backends.len() == 1 || backends.contains_key("openai") => Ok(backends
+                .keys()
+                .find(|k| *k == "openai")
+                .or_else(|| backends.keys().next())
+                .cloned()
+                .unwrap_or_default()),
+            None => Err(ConfigError::new(
+                Path::new("<host config>"),
+                "default_backend",
+                "several backends are configured; name the default one",
+            )),
+        }
+    }
+}

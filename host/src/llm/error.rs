@@ -1,0 +1,44 @@
+//! LLM failures as the structured `error` object of a chat response.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum LlmError {
+    #[error("cannot reach the LLM backend `{backend}`: {message}")]
+    Unavailable { backend: String, message: String },
+    #[error("the LLM backend `{backend}` did not answer within {} ms", timeout.as_millis())]
+    Timeout { backend: String, timeout: Duration },
+    #[error("the LLM backend `{backend}` answered HTTP {status}: {body}")]
+    Http {
+        backend: String,
+        status: u16,
+        body: String,
+    },
+    #[error("the LLM backend `{backend}` sent an invalid response: {message}")]
+    InvalidResponse { backend: String, message: String },
+    #[error("no LLM backend named `{name}` (configured: {})", known.join(", "))]
+    BackendUnknown { name: String, known: Vec<String> },
+}
+
+impl LlmError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            LlmError::Unavailable { .. } => "llm_unavailable",
+            LlmError::Timeout { .. } => "llm_timeout",
+            LlmError::Http { .. } => "llm_http_error",
+            LlmError::InvalidResponse { .. } => "llm_invalid_response",
+            LlmError::BackendUnknown { .. } => "backend_unknown",
+        }
+    }
+
+    /// `{"code", "message", ...}` for a chat response's `error` field.
+    pub fn to_json(&self) -> Value {
+        let mut error = json!({"code": self.code(), "message": self.to_string()});
+        if let LlmError::Http { status, .. } = self {
+            error["status"] = json!(status);
+        }
+        error
+    }
+}

@@ -1,0 +1,155 @@
+//! LLM backends: where a chat session's requests go.
+//!
+//! A backend takes a complete OpenAI chat-completions request body and returns the response
+//! body, or a structured [`LlmError`]. It does not know where tools come from; the chat loop
+//! does. Two kinds exist: [`openai`] speaks the OpenAI wire format over HTTP (any compatible
+//! server), and [`replay`] answers from a transcript file, for offline demos and tests. A
+//! [`Recorder`] can wrap either to write such a transcript from a real conversation.
+
+mod config;
+mod error;
+mod openai;
+mod record;
+mod replay;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub use config::{BackendConfig, BackendKind, ConfigError, HostConfig};
+pub use error::LlmError;
+pub use record::Recorder;
+
+/// A successful exchange.
+#[derive(Clone, Debug)]
+pub struct LlmReply {
+    /// The response body, a `chat.completion` object.
+    pub body: Value,
+    /// Retries it took (429, 5xx, network errors).
+    pub retries: u32,
+}
+
+/// A failed exchange, with the retries spent on it.
+#[derive(Clone, Debug)]
+pub struct LlmFailure {
+    pub error: LlmError,
+    pub retries: u32,
+}
+
+/// One configured backend.
+pub struct Backend {
+    name: String,
+    default_model: String,
+    timeout: Duration,
+    kind: BackendImpl,
+    recorder: Option<Arc<Recorder>>,
+}
+
+enum BackendImpl {
+    OpenAi(openai::OpenAiBackend),
+    Replay(replay::ReplayBackend),
+}
+
+impl Backend {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn default_model(&self) -> &str {
+        &self.default_model
+    }
+
+    /// The backend's request timeout (a session's `timeout_ms` overrides it).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sends one request body and returns the response body.
+    pub async fn complete(&self, body: &Value, timeout: Duration) -> Result<LlmReply, LlmFailure> {
+        let reply = match &self.kind {
+            BackendImpl::OpenAi(backend) => backend.complete(body, timeout).await,
+            BackendImpl::Replay(backend) => backend.complete(body),
+        };
+        if let (Ok(reply), Some(recorder)) = (&reply, &self.recorder) {
+            recorder.record(body, &reply.body);
+        }
+        reply
+    }
+}
+
+/// Every backend of a host, by name, and which one is the default.
+pub struct Backends {
+    default: String,
+    backends: BTreeMap<String, Arc<Backend>>,
+}
+
+impl Backends {
+    /// Builds the backends of `config`; relative paths in it are relative to `base_dir`.
+    /// With no backends configured, one named `openai` is made from `OPENAI_BASE_URL`,
+    /// `OPENAI_API_KEY` and `OPENAI_MODEL`.
+    pub fn from_config(
+        config: &HostConfig,
+        base_dir: &Path,
+        recorder: Option<Arc<Recorder>>,
+    ) -> Result<Self, ConfigError> {
+        let configs = config.backends_or_zero_config();
+        let mut backends = BTreeMap::new();
+        for (name, backend) in &configs {
+            let kind = match backend.kind {
+                BackendKind::Openai => {
+                    BackendImpl::OpenAi(openai::OpenAiBackend::new(name, backend)?)
+                }
+                BackendKind::Replay => {
+                    BackendImpl::Replay(replay::ReplayBackend::load(name, backend, base_dir)?)
+                }
+            };
+            let built = Backend {
+                name: name.clone(),
+                default_model: backend
+                    .default_model
+                    .clone()
+                    .unwrap_or_else(|| default_model(backend.kind)),
+                timeout: backend
+                    .request_timeout_ms
+                    .map(Duration::from_millis)
+                    .unwrap_or(crate::defaults::LLM_REQUEST_TIMEOUT),
+                kind,
+                recorder: recorder.clone(),
+            };
+            backends.insert(name.clone(), Arc::new(built));
+        }
+        let default = config.default_backend_name(&configs)?;
+        Ok(Self { default, backends })
+    }
+
+    /// The backend named `name`, or the default one.
+    pub fn get(&self, name: Option<&str>) -> Result<Arc<Backend>, LlmError> {
+        let name = name.unwrap_or(&self.default);
+        self.backends
+            .get(name)
+            .cloned()
+            .ok_or_else(|| LlmError::BackendUnknown {
+                name: name.to_owned(),
+                known: self.backends.keys().cloned().collect(),
+            })
+    }
+
+    pub fn default_name(&self) -> &str {
+        &self.default
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.backends.keys().map(String::as_str)
+    }
+}
+
+fn default_model(kind: BackendKind) -> String {
+    match kind {
+        BackendKind::Openai => std::env::var("OPENAI_MODEL")
+            .unwrap_or_else(|_| crate::defaults::OPENAI_DEFAULT_MODEL.into()),
+        BackendKind::Replay => "replay".into(),
+    }
+}

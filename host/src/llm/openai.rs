@@ -1,0 +1,234 @@
+//! OpenAI-compatible chat completions over HTTP.
+//!
+//! 429 and 5xx answers and network errors are retried with bounded exponential backoff,
+//! honouring `Retry-After`; everything else, including a body that is not a chat
+//! completion, is reported at once. The API key is read from the environment variable the
+//! config names, at request time, and never logged.
+
+use std::sync::Once;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use serde_json::Value;
+
+use super::config::{BackendConfig, ConfigError};
+use super::{LlmError, LlmFailure, LlmReply};
+use crate::defaults;
+
+pub(super) struct OpenAiBackend {
+    name: String,
+    url: String,
+    api_key_env: Option<String>,
+    headers: HeaderMap,
+    client: reqwest::Client,
+}
+
+/// rustls needs a process-wide crypto provider; `ring` builds without extra tooling.
+fn install_crypto_provider() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
+}
+
+impl OpenAiBackend {
+    pub(super) fn new(name: &str, config: &BackendConfig) -> Result<Self, ConfigError> {
+        install_crypto_provider();
+        let at = |field: &str| format!("backends.{name}.{field}");
+        let config_path = std::path::Path::new("<host config>");
+        let base = config
+            .base_url
+            .clone()
+            .unwrap_or_else(|| defaults::OPENAI_DEFAULT_BASE_URL.into());
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(ConfigError::new(
+                config_path,
+                at("base_url"),
+                format!("{base:?} is not an http(s) URL"),
+            ));
+        }
+        let mut headers = HeaderMap::new();
+        for (key, value) in &config.headers {
+            let name = HeaderName::try_from(key.as_str()).map_err(|e| {
+                ConfigError::new(config_path, at(&format!("headers.{key}")), e.to_string())
+            })?;
+            let value = HeaderValue::try_from(value.as_str()).map_err(|e| {
+                ConfigError::new(config_path, at(&format!("headers.{key}")), e.to_string())
+            })?;
+            headers.insert(name, value);
+        }
+        let client = reqwest::Client::builder().build().map_err(|e| {
+            ConfigError::new(
+                config_path,
+                at("base_url"),
+                format!("cannot build an HTTP client: {e}"),
+            )
+        })?;
+        Ok(Self {
+            name: name.to_owned(),
+            url: format!("{}/chat/completions", base.trim_end_matches('/')),
+            api_key_env: config.api_key_env.clone(),
+            headers,
+            client,
+        })
+    }
+
+    pub(super) async fn complete(
+        &self,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<LlmReply, LlmFailure> {
+        let mut retries = 0;
+        loop {
+            let outcome = self.attempt(body, timeout).await;
+            let delay = match &outcome {
+                Ok(_) => None,
+                Err(Attempt::Retryable { retry_after, .. })
+                    if retries < defaults::LLM_MAX_RETRIES =>
+                {
+                    let backoff = defaults::LLM_BACKOFF_BASE * 2u32.pow(retries);
+                    match retry_after {
+                        Some(wait) if *wait <= defaults::LLM_RETRY_AFTER_MAX => Some(*wait),
+                        Some(_) => None,
+                        None => Some(backoff.min(defaults::LLM_BACKOFF_MAX)),
+                    }
+                }
+                Err(_) => None,
+            };
+            match (outcome, delay) {
+                (Ok(body), _) => return Ok(LlmReply { body, retries }),
+                (Err(failure), Some(delay)) => {
+                    tracing::info!(backend = %self.name, retry = retries + 1, delay_ms = delay.as_millis() as u64, error = %failure.error(), "retrying LLM request");
+                    tokio::time::sleep(delay).await;
+                    retries += 1;
+                }
+                (Err(failure), None) => {
+                    return Err(LlmFailure {
+                        error: failure.into_error(),
+                        retries,
+                    });
+                }
+            }
+        }
+    }
+
+    async fn attempt(&self, body: &Value, timeout: Duration) -> Result<Value, Attempt> {
+        let mut request = self
+            .client
+            .post(&self.url)
+            .headers(self.headers.clone())
+            .timeout(timeout)
+            .json(body);
+        if let Some(key) = self
+            .api_key_env
+            .as_deref()
+            .and_then(|var| std::env::var(var).ok())
+        {
+            request = request.bearer_auth(key);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e, timeout))?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let bytes = read_capped(response)
+            .await
+            .map_err(|e| self.transport_error(e, timeout))?;
+        if !status.is_success() {
+            let error = LlmError::Http {
+                backend: self.name.clone(),
+                status: status.as_u16(),
+                body: snippet(&bytes),
+            };
+            let retryable = status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error();
+            return Err(if retryable {
+                Attempt::Retryable { error, retry_after }
+            } else {
+                Attempt::Final(error)
+            });
+        }
+        let invalid = |message: String| {
+            Attempt::Final(LlmError::InvalidResponse {
+                backend: self.name.clone(),
+                message,
+            })
+        };
+        let body: Value = serde_json::from_slice(&bytes)
+            .map_err(|e| invalid(format!("not JSON ({e}): {}", snippet(&bytes))))?;
+        if !body.get("choices").is_some_and(Value::is_array) {
+            return Err(invalid(format!("no `choices` array: {}", snippet(&bytes))));
+        }
+        Ok(body)
+    }
+
+    fn transport_error(&self, error: reqwest::Error, timeout: Duration) -> Attempt {
+        if error.is_timeout() {
+            return Attempt::Final(LlmError::Timeout {
+                backend: self.name.clone(),
+                timeout,
+            });
+        }
+        let mut message = error.to_string();
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            message.push_str(": ");
+            message.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        Attempt::Retryable {
+            error: LlmError::Unavailable {
+                backend: self.name.clone(),
+                message,
+            },
+            retry_after: None,
+        }
+    }
+}
+
+enum Attempt {
+    Retryable {
+        error: LlmError,
+        retry_after: Option<Duration>,
+    },
+    Final(LlmError),
+}
+
+impl Attempt {
+    fn error(&self) -> &LlmError {
+        match self {
+            Attempt::Retryable { error, .. } | Attempt::Final(error) => error,
+        }
+    }
+
+    fn into_error(self) -> LlmError {
+        match self {
+            Attempt::Retryable { error, .. } | Attempt::Final(error) => error,
+        }
+    }
+}
+
+async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > defaults::LLM_MAX_RESPONSE_BYTES {
+            body.extend_from_slice(&chunk[..defaults::LLM_MAX_RESPONSE_BYTES - body.len()]);
+            break;
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The start of a body, for error messages.
+fn snippet(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]);
+    let more = if bytes.len() > 300 { "…" } else { "" };
+    format!("{}{more}", text.trim())
+}

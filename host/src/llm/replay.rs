@@ -1,0 +1,189 @@
+//! The replay backend: answers from a transcript file instead of a model.
+//!
+//! A transcript is a list of exchanges; each has a matcher on the request and the response
+//! to give. The first exchange whose matcher fits answers. Matching is stateless, so many
+//! tasks can share one transcript. This is what the offline demo runs on, and what
+//! `quiver run --record` writes.
+//!
+//! ```json
+//! {"version": 1,
+//!  "note": "Scripted responses, not a model.",
+//!  "exchanges": [
+//!    {"match": {"last_role": "user", "last_content_contains": "weather"},
+//!     "response": {"object": "chat.completion", "choices": [...]}}]}
+//! ```
+//!
+//! Matcher fields, all optional (an empty matcher matches everything): `last_role`,
+//! `last_content_contains` (a substring of the last message's text), `tools_include` (tool
+//! names the request must offer), `model`.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::config::{BackendConfig, ConfigError};
+use super::{LlmError, LlmFailure, LlmReply};
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Matcher {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_content_contains: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools_include: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Exchange {
+    #[serde(rename = "match", default)]
+    pub matcher: Matcher,
+    pub response: Value,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Transcript {
+    pub version: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    pub exchanges: Vec<Exchange>,
+}
+
+/// The last message's role and text, the parts of a request matchers look at.
+pub(super) fn last_message(body: &Value) -> (Option<&str>, String) {
+    let last = body["messages"].as_array().and_then(|m| m.last());
+    let role = last.and_then(|m| m["role"].as_str());
+    let text = match last.map(|m| &m["content"]) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    };
+    (role, text)
+}
+
+impl Matcher {
+    fn matches(&self, body: &Value) -> bool {
+        let (role, text) = last_message(body);
+        let offered: Vec<&str> = body["tools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|t| t["function"]["name"].as_str())
+            .collect();
+        self.last_role
+            .as_deref()
+            .is_none_or(|want| role == Some(want))
+            && self
+                .last_content_contains
+                .as_deref()
+                .is_none_or(|want| text.contains(want))
+            && self
+                .tools_include
+                .iter()
+                .all(|name| offered.contains(&name.as_str()))
+            && self
+                .model
+                .as_deref()
+                .is_none_or(|want| body["model"].as_str() == Some(want))
+    }
+}
+
+pub(super) struct ReplayBackend {
+    name: String,
+    path: PathBuf,
+    transcript: Transcript,
+}
+
+impl ReplayBackend {
+    pub(super) fn load(
+        name: &str,
+        config: &BackendConfig,
+        base_dir: &Path,
+    ) -> Result<Self, ConfigError> {
+        let field = format!("backends.{name}.transcript");
+        let relative = config
+            .transcript
+            .as_ref()
+            .ok_or_else(|| ConfigError::new(base_dir, &field, "missing"))?;
+        let path = base_dir.join(relative);
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            ConfigError::new(
+                &path,
+                "",
+                format!("cannot read the transcript ({field}): {e}"),
+            )
+        })?;
+        let de = &mut serde_json::Deserializer::from_str(&text);
+        let transcript: Transcript = serde_path_to_error::deserialize(de).map_err(|e| {
+            let at = e.path().to_string();
+            ConfigError::new(
+                &path,
+                if at == "." { String::new() } else { at },
+                e.into_inner().to_string(),
+            )
+        })?;
+        if transcript.version != 1 {
+            return Err(ConfigError::new(
+                &path,
+                "version",
+                format!(
+                    "unsupported version {}; this host reads 1",
+                    transcript.version
+                ),
+            ));
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            path,
+            transcript,
+        })
+    }
+
+    pub(super) fn complete(&self, body: &Value) -> Result<LlmReply, LlmFailure> {
+        match self
+            .transcript
+            .exchanges
+            .iter()
+            .find(|x| x.matcher.matches(body))
+        {
+            Some(exchange) => {
+                let mut response = exchange.response.clone();
+                if let Some(model) = body["model"].as_str()
+                    && response.get("model").is_none()
+                {
+                    response["model"] = Value::from(model);
+                }
+                Ok(LlmReply {
+                    body: response,
+                    retries: 0,
+                })
+            }
+            None => {
+                let (role, text) = last_message(body);
+                let message = format!(
+                    "transcript {} has no exchange matching this request (last message: role {:?}, text {:?})",
+                    self.path.display(),
+                    role.unwrap_or("none"),
+                    text.chars().take(80).collect::<String>()
+                );
+                Err(LlmFailure {
+                    error: LlmError::InvalidResponse {
+                        backend: self.name.clone(),
+                        message,
+                    },
+                    retries: 0,
+                })
+            }
+        }
+    }
+}

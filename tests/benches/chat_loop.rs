@@ -1,0 +1,189 @@
+//! Host-side overhead of one tool-call loop iteration: a model turn that calls a guest tool
+//! and an MCP tool, followed by the final answer, against a local scripted OpenAI-wire
+//! server and the fixture MCP server.
+//!
+//! Each round, a WAT guest makes `SENDS` AUTO_TOOL_CALL sends (each: 2 LLM requests, 1 guest
+//! tool, 1 MCP call). The baseline, in the same process and round, makes the same HTTP
+//! requests with the same bodies directly (reqwest) and the same MCP call on the same pooled
+//! connection. Their difference, per send, is what the host adds: the ABI, building the
+//! tool set, request bodies, routing, the guest tool call through the funcref table and the
+//! tool arena, and the bookkeeping. The figure is the median over rounds.
+//!
+//! Run: `cargo bench -p quiver-tests --bench chat_loop` (`QUIVER_BENCH_ROUNDS`,
+//! `QUIVER_BENCH_SENDS` override the defaults).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use quiver::TaskSpec;
+use quiver::llm::{BackendConfig, HostConfig};
+use quiver_tests::llm::{Reply, ScriptedLlm};
+use quiver_tests::{RegistryDir, host_builder, wat};
+use serde_json::{Value, json};
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn guest(sends: usize) -> String {
+    let tool = json!({"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}).to_string();
+    let arena_ptr = r#"{"key":"tool_arena_ptr","value":196608}"#;
+    let arena_len = r#"{"key":"tool_arena_len","value":16384}"#;
+    let body = format!(
+        r#"
+  (table (export "__indirect_function_table") 2 funcref)
+  (elem (i32.const 1) $weather)
+  (func $weather (param $a i32) (param $al i32) (param $o i32) (param $ol i32) (result i32)
+    (memory.copy (local.get $o) (i32.const 99000) (i32.const 10))
+    (i32.store (local.get $ol) (i32.const 10))
+    (i32.const 0))
+  (func $ctl (param $s i32) (param $p i32) (param $l i32)
+    (call $cap (i32.const 8192) (local.get $l))
+    (if (i32.lt_s (call $cchat_ctl (local.get $s) (i32.const 1) (local.get $p) (i32.const 8192)) (i32.const 0)) (then unreachable)))
+  (func $main (local $s i32) (local $r i32) (local $i i32)
+    (loop $again
+      (local.set $s (call $cchat_create))
+      (drop (call $cchat_write_msg (local.get $s) (i32.const 100000) (i32.const 4) (i32.const 100016) (i32.const 5)))
+      (if (i32.lt_s (call $cchat_write_fn (local.get $s) (i32.const 1) (i32.const 100100) (i32.const {tool_len})) (i32.const 0)) (then unreachable))
+      (call $ctl (local.get $s) (i32.const 100400) (i32.const {ptr_len}))
+      (call $ctl (local.get $s) (i32.const 100500) (i32.const {len_len}))
+      (local.set $r (call $cchat_send (local.get $s) (i32.const 2)))
+      (if (i32.lt_s (local.get $r) (i32.const 0)) (then unreachable))
+      (drop (call $cchat_close (local.get $r)))
+      (drop (call $cchat_close (local.get $s)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br_if $again (i32.lt_s (local.get $i) (i32.const {sends})))))"#,
+        tool_len = tool.len(),
+        ptr_len = arena_ptr.len(),
+        len_len = arena_len.len(),
+    );
+    let data: Vec<(u32, &[u8])> = vec![
+        (99_000, b"Sunny, 21C"),
+        (100_000, b"user"),
+        (100_016, b"hello"),
+        (100_100, tool.as_bytes()),
+        (100_400, arena_ptr.as_bytes()),
+        (100_500, arena_len.as_bytes()),
+    ];
+    wat::guest(&data, &body)
+}
+
+fn script_one_send(llm: &ScriptedLlm) {
+    llm.push(Reply::tool_calls([
+        ("w", "get_weather", json!({"city": "Paris"})),
+        ("a", "mcp__fixture__add", json!({"a": 2, "b": 3})),
+    ]));
+    llm.push(Reply::text("done"));
+}
+
+fn median(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples[samples.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let rounds = env_usize("QUIVER_BENCH_ROUNDS", 15);
+    let sends = env_usize("QUIVER_BENCH_SENDS", 50);
+
+    let llm = ScriptedLlm::start(vec![]).await;
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["add"], "");
+    let backend = BackendConfig {
+        base_url: Some(llm.base_url()),
+        ..BackendConfig::default()
+    };
+    let config = HostConfig {
+        default_backend: Some("local".into()),
+        backends: BTreeMap::from([("local".into(), backend)]),
+    };
+    let host = host_builder(&registry)
+        .with_config(config, ".")
+        .build()
+        .unwrap();
+    let module = host
+        .load_module("chat-bench.wat", guest(sends).as_bytes())
+        .unwrap();
+    let task = TaskSpec::new("bench")
+        .with_config("mcp.enabled", "true")
+        .with_config("mcp.default_server_ids", "fixture")
+        .with_captured_output();
+    let entry = host.registry().get("fixture").unwrap().clone();
+    let http = reqwest::Client::new();
+    let url = format!("{}/chat/completions", llm.base_url());
+
+    // Warm up, and capture the exact bodies the host sends, for the baseline.
+    for _ in 0..sends {
+        script_one_send(&llm);
+    }
+    let outcome = host.run_task(&module, &task).await.unwrap();
+    assert!(
+        outcome.success(),
+        "{:?} {}",
+        outcome.failure,
+        outcome.stderr_text()
+    );
+    let bodies: Vec<Value> = llm.requests().into_iter().take(2).collect();
+    let args = json!({"a": 2, "b": 3}).as_object().unwrap().clone();
+
+    let (mut overhead, mut guest_per_send, mut baseline_per_send) =
+        (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..rounds {
+        eprint!("\rround {}/{rounds}", round + 1);
+        for _ in 0..sends {
+            script_one_send(&llm);
+        }
+        let started = Instant::now();
+        let outcome = host.run_task(&module, &task).await.unwrap();
+        assert!(outcome.success());
+        let guest = started.elapsed() / sends as u32;
+
+        for _ in 0..sends {
+            script_one_send(&llm);
+        }
+        let started = Instant::now();
+        for _ in 0..sends {
+            for body in &bodies {
+                let reply: Value = http
+                    .post(&url)
+                    .json(body)
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                assert!(reply["choices"].is_array());
+            }
+            host.pool()
+                .call_tool(&entry, "add", args.clone())
+                .await
+                .unwrap();
+        }
+        let baseline = started.elapsed() / sends as u32;
+        guest_per_send.push(guest);
+        baseline_per_send.push(baseline);
+        overhead.push(guest.saturating_sub(baseline));
+    }
+    eprintln!();
+    host.shutdown().await;
+    let micros = |d: Duration| d.as_secs_f64() * 1e6;
+    println!(
+        "chat loop, median of {rounds} rounds x {sends} sends (1 iteration with a guest tool and an MCP tool + the final answer)"
+    );
+    println!(
+        "  through the host (guest send)            {:>10.1} µs/send",
+        micros(median(guest_per_send))
+    );
+    println!(
+        "  baseline (same HTTP + MCP calls direct)  {:>10.1} µs/send",
+        micros(median(baseline_per_send))
+    );
+    println!(
+        "  host-side overhead per iteration         {:>10.1} µs",
+        micros(median(overhead))
+    );
+}

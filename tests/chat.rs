@@ -1,0 +1,637 @@
+//! Chat sessions end to end through the real host: a C-level (WAT) guest, the scripted
+//! OpenAI-wire HTTP server, and the fixture MCP server over stdio. Each test asserts what
+//! the host sent upstream as well as what the guest got back.
+
+use std::collections::BTreeMap;
+
+use quiver::llm::{BackendConfig, HostConfig};
+use quiver::{Host, TaskFailure};
+use quiver_tests::llm::{Reply, ScriptedLlm, roles, tool_names, tool_results};
+use quiver_tests::wat::{self, WatRun};
+use quiver_tests::{RegistryDir, host_builder, mcp_task};
+use serde_json::{Value, json};
+
+/// Guest tools every chat guest carries, at fixed funcref table indices.
+const TOOLS: &str = r#"
+  (table (export "__indirect_function_table") 8 funcref)
+  (elem (i32.const 1) $weather $echo_args $accents $trap $needs_room)
+  ;; 1: writes "Sunny, 21C"
+  (func $weather (param $a i32) (param $al i32) (param $o i32) (param $ol i32) (result i32)
+    (memory.copy (local.get $o) (i32.const 99000) (i32.const 10))
+    (i32.store (local.get $ol) (i32.const 10))
+    (i32.const 0))
+  ;; 2: echoes its arguments
+  (func $echo_args (param $a i32) (param $al i32) (param $o i32) (param $ol i32) (result i32)
+    (memory.copy (local.get $o) (local.get $a) (local.get $al))
+    (i32.store (local.get $ol) (local.get $al))
+    (i32.const 0))
+  ;; 3: 300 bytes of "é"
+  (func $accents (param $a i32) (param $al i32) (param $o i32) (param $ol i32) (result i32)
+    (if (i32.lt_u (i32.load (local.get $ol)) (i32.const 300))
+      (then (i32.store (local.get $ol) (i32.const 300)) (return (i32.const -28))))
+    (memory.copy (local.get $o) (i32.const 99100) (i32.const 300))
+    (i32.store (local.get $ol) (i32.const 300))
+    (i32.const 0))
+  ;; 4: traps
+  (func $trap (param i32 i32 i32 i32) (result i32) unreachable)
+  ;; 5: needs a 100-byte buffer and says so with ENOSPC
+  (func $needs_room (param $a i32) (param $al i32) (param $o i32) (param $ol i32) (result i32)
+    (if (i32.lt_u (i32.load (local.get $ol)) (i32.const 100))
+      (then (i32.store (local.get $ol) (i32.const 100)) (return (i32.const -28))))
+    (memory.fill (local.get $o) (i32.const 120) (i32.const 100))
+    (i32.store (local.get $ol) (i32.const 100))
+    (i32.const 0))
+"#;
+
+const WEATHER: u32 = 1;
+const ECHO_ARGS: u32 = 2;
+const ACCENTS: u32 = 3;
+const TRAP: u32 = 4;
+const NEEDS_ROOM: u32 = 5;
+const ARENA: u32 = 196_608;
+
+/// Builds a WAT chat guest step by step; every step records its return value with `$out`.
+struct ChatGuest {
+    data: Vec<(u32, Vec<u8>)>,
+    next: u32,
+    body: String,
+}
+
+impl ChatGuest {
+    fn new() -> Self {
+        let mut guest = Self {
+            data: vec![
+                (99_000, b"Sunny, 21C".to_vec()),
+                (99_100, "é".repeat(150).into_bytes()),
+            ],
+            next: 100_000,
+            body: String::new(),
+        };
+        guest
+            .body
+            .push_str("(local.set $s (call $cchat_create)) (call $out (local.get $s))\n");
+        guest
+    }
+
+    fn bytes(&mut self, bytes: &[u8]) -> (u32, u32) {
+        let at = self.next;
+        self.data.push((at, bytes.to_vec()));
+        self.next += (bytes.len() as u32).next_multiple_of(8) + 8;
+        (at, bytes.len() as u32)
+    }
+
+    fn raw(mut self, wat: &str) -> Self {
+        self.body.push_str(wat);
+        self.body.push('\n');
+        self
+    }
+
+    fn msg(mut self, role: &str, content: &str) -> Self {
+        let (r, rl) = self.bytes(role.as_bytes());
+        let (c, cl) = self.bytes(content.as_bytes());
+        self.raw(&format!("(call $out (call $cchat_write_msg (local.get $s) (i32.const {r}) (i32.const {rl}) (i32.const {c}) (i32.const {cl})))"))
+    }
+
+    fn ctl_in(mut self, cmd: i32, arg: &[u8]) -> Self {
+        let (p, l) = self.bytes(arg);
+        self.raw(&format!("(call $cap (i32.const 8192) (i32.const {l})) (call $out (call $cchat_ctl (local.get $s) (i32.const {cmd}) (i32.const {p}) (i32.const 8192)))"))
+    }
+
+    fn param(self, key: &str, value: Value) -> Self {
+        self.ctl_in(
+            1,
+            json!({"key": key, "value": value}).to_string().as_bytes(),
+        )
+    }
+
+    fn add_message(self, message: Value) -> Self {
+        self.ctl_in(3, message.to_string().as_bytes())
+    }
+
+    fn tool(mut self, index: u32, name: &str) -> Self {
+        let definition = json!({"type": "function", "function": {"name": name, "description": format!("guest tool {name}"),
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}});
+        let (p, l) = self.bytes(definition.to_string().as_bytes());
+        self.raw(&format!("(call $out (call $cchat_write_fn (local.get $s) (i32.const {index}) (i32.const {p}) (i32.const {l})))"))
+    }
+
+    fn arena(self) -> Self {
+        self.param("tool_arena_ptr", json!(ARENA))
+            .param("tool_arena_len", json!(16384))
+    }
+
+    fn send(self, flags: i32) -> Self {
+        self.raw(&format!("(local.set $r (call $cchat_send (local.get $s) (i32.const {flags}))) (call $out (local.get $r))"))
+    }
+
+    /// Receives the last response into the output buffer and emits it.
+    fn recv(self) -> Self {
+        self.raw("(call $cap (i32.const 8192) (i32.const 65536)) (call $out (call $cchat_recv (local.get $r) (i32.const 16384) (i32.const 8192))) (call $emit (i32.const 16384) (call $len (i32.const 8192)))")
+    }
+
+    fn metrics(self) -> Self {
+        self.raw("(call $cap (i32.const 8192) (i32.const 65536)) (call $out (call $cchat_ctl (local.get $r) (i32.const 2) (i32.const 16384) (i32.const 8192))) (call $emit (i32.const 16384) (call $len (i32.const 8192)))")
+    }
+
+    fn build(&self) -> String {
+        let data: Vec<(u32, &[u8])> = self.data.iter().map(|(a, b)| (*a, b.as_slice())).collect();
+        wat::guest(
+            &data,
+            &format!(
+                "{TOOLS}\n(func $main (local $s i32) (local $r i32)\n{})",
+                self.body
+            ),
+        )
+    }
+}
+
+struct Setup {
+    llm: ScriptedLlm,
+    host: Host,
+    _registry: RegistryDir,
+}
+
+async fn setup(script: Vec<Reply>) -> Setup {
+    let llm = ScriptedLlm::start(script).await;
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["add", "echo", "count", "big"], "");
+    let backend = BackendConfig {
+        base_url: Some(llm.base_url()),
+        default_model: Some("scripted-default".into()),
+        ..BackendConfig::default()
+    };
+    let config = HostConfig {
+        default_backend: Some("scripted".into()),
+        backends: BTreeMap::from([("scripted".into(), backend)]),
+    };
+    let host = host_builder(&registry)
+        .with_config(config, ".")
+        .build()
+        .unwrap();
+    Setup {
+        llm,
+        host,
+        _registry: registry,
+    }
+}
+
+async fn run(setup: &Setup, guest: &ChatGuest) -> WatRun {
+    let run = wat::run(&setup.host, &guest.build(), &mcp_task("chat", &["fixture"])).await;
+    assert!(
+        run.outcome.failure.is_none(),
+        "{:?}\n{}",
+        run.outcome.failure,
+        run.outcome.stderr_text()
+    );
+    run
+}
+
+fn emitted_json(run: &WatRun, i: usize) -> Value {
+    serde_json::from_str(&run.emitted[i]).unwrap_or_else(|e| panic!("{e}: {:?}", run.emitted))
+}
+
+#[tokio::test]
+async fn a_guest_tool_and_an_mcp_tool_in_one_turn() {
+    let setup = setup(vec![
+        Reply::tool_calls([
+            ("c1", "get_weather", json!({"city": "Paris"})),
+            ("c2", "mcp__fixture__add", json!({"a": 2, "b": 3})),
+        ]),
+        Reply::text("Sunny, and 2+3 is 5."),
+    ])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("system", "You are terse.")
+        .msg("user", "Weather in Paris, and 2+3?")
+        .tool(WEATHER, "get_weather")
+        .arena()
+        .param("model", json!("m-test"))
+        .param("temperature", json!(0.25))
+        .param("max_iterations", json!(4))
+        .send(3)
+        .recv()
+        .metrics();
+    let run = run(&setup, &guest).await;
+    assert!(run.results.iter().all(|&r| r >= 0), "{:?}", run.results);
+
+    let first = setup.llm.request(0);
+    assert_eq!(first["model"], "m-test");
+    assert_eq!(first["temperature"], 0.25, "other params are forwarded");
+    for withheld in [
+        "max_iterations",
+        "tool_arena_ptr",
+        "tool_arena_len",
+        "backend",
+    ] {
+        assert!(
+            first.get(withheld).is_none(),
+            "{withheld} must not go upstream: {first}"
+        );
+    }
+    let names = tool_names(&first);
+    assert!(names.contains(&"get_weather".to_owned()), "{names:?}");
+    let offered: Vec<&str> = names
+        .iter()
+        .filter(|n| n.starts_with("mcp__"))
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        offered,
+        [
+            "mcp__fixture__add",
+            "mcp__fixture__big",
+            "mcp__fixture__count",
+            "mcp__fixture__echo"
+        ]
+    );
+    let add = first["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["function"]["name"] == "mcp__fixture__add")
+        .unwrap();
+    assert_eq!(
+        add["function"]["parameters"]["properties"]["a"]["type"], "number",
+        "the MCP inputSchema is the parameters"
+    );
+
+    let second = setup.llm.request(1);
+    assert_eq!(
+        roles(&second),
+        ["system", "user", "assistant", "tool", "tool"]
+    );
+    assert_eq!(second["messages"][2]["tool_calls"][0]["id"], "c1");
+    assert_eq!(
+        tool_results(&second),
+        [
+            ("c1".to_owned(), "Sunny, 21C".to_owned()),
+            ("c2".to_owned(), "5".to_owned())
+        ]
+    );
+
+    let response = emitted_json(&run, 0);
+    assert_eq!(
+        response["choices"][0]["message"]["content"],
+        "Sunny, and 2+3 is 5."
+    );
+    let spear = &response["_spear"];
+    assert_eq!(spear["backend"], "scripted");
+    assert_eq!(spear["model"], "m-test");
+    assert_eq!(spear["iterations"], 2);
+    let kinds: Vec<&str> = spear["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["guest", "mcp"]);
+    assert_eq!(spear["tool_calls"][1]["server_id"], "fixture");
+    assert_eq!(
+        spear["usage"]["prompt_tokens"],
+        20 + 50,
+        "usage is summed over both requests"
+    );
+    let metrics = emitted_json(&run, 1);
+    assert_eq!(metrics["iterations"], 2);
+    assert_eq!(metrics["llm_requests"], 2);
+    assert_eq!(metrics["tool_calls"]["guest"], 1);
+    assert_eq!(metrics["tool_calls"]["mcp"], 1);
+    assert_eq!(metrics["total_tokens"], 70 + 10);
+}
+
+#[tokio::test]
+async fn unknown_and_policy_denied_tools_run_nothing() {
+    let setup = setup(vec![
+        Reply::tool_calls([
+            ("u1", "no_such_tool", json!({})),
+            (
+                "d1",
+                "mcp.fixture.delete_file",
+                json!({"path": "/etc/passwd"}),
+            ),
+            ("d2", "mcp__fixture__crash", json!({})),
+            ("a1", "mcp.fixture.add", json!({"a": 1, "b": 1})),
+        ]),
+        Reply::text("done"),
+    ])
+    .await;
+    let run = run(&setup, &ChatGuest::new().msg("user", "go").send(2).recv()).await;
+    let results = tool_results(&setup.llm.request(1));
+    let code =
+        |i: usize| serde_json::from_str::<Value>(&results[i].1).unwrap()["error"]["code"].clone();
+    assert_eq!(code(0), "unknown_tool");
+    assert_eq!(code(1), "mcp_policy_denied");
+    assert_eq!(code(2), "mcp_policy_denied");
+    assert_eq!(
+        results[3],
+        ("a1".to_owned(), "2".to_owned()),
+        "the dotted form of an offered tool works"
+    );
+    let response = emitted_json(&run, 0);
+    let kinds: Vec<&str> = response["_spear"]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["unknown", "denied", "denied", "mcp"]);
+    // The server saw exactly one call (add) before this one.
+    let entry = setup.host.registry().get("fixture").unwrap().clone();
+    let count = setup
+        .host
+        .pool()
+        .call_tool(&entry, "count", Default::default())
+        .await
+        .unwrap();
+    assert_eq!(count.result.content[0].as_text().unwrap().text, "2");
+    setup.host.shutdown().await;
+}
+
+#[tokio::test]
+async fn budgets_end_the_loop_with_tool_call_limit() {
+    let weather = || Reply::tool_calls([("w", "get_weather", json!({"city": "Oslo"}))]);
+    let setup = setup(vec![weather(), weather(), weather()]).await;
+    let guest = ChatGuest::new()
+        .msg("user", "loop")
+        .tool(WEATHER, "get_weather")
+        .arena()
+        .param("max_iterations", json!(2))
+        .send(2)
+        .recv();
+    let run = run(&setup, &guest).await;
+    let response = emitted_json(&run, 0);
+    assert_eq!(response["error"]["code"], "tool_call_limit");
+    assert_eq!(response["error"]["limit"], "max_iterations");
+    assert!(response["last_response"]["choices"].is_array());
+    assert_eq!(
+        setup.llm.request_count(),
+        2,
+        "no request beyond max_iterations"
+    );
+
+    let setup = self::setup(vec![Reply::tool_calls([
+        ("a", "get_weather", json!({})),
+        ("b", "get_weather", json!({})),
+    ])])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("user", "two")
+        .tool(WEATHER, "get_weather")
+        .arena()
+        .param("max_tool_calls", json!(1))
+        .send(2)
+        .recv()
+        .metrics();
+    let run = self::run(&setup, &guest).await;
+    let response = emitted_json(&run, 0);
+    assert_eq!(response["error"]["limit"], "max_total_tool_calls");
+    assert_eq!(
+        emitted_json(&run, 1)["tool_calls"]["guest"],
+        0,
+        "no call of the over-budget turn ran"
+    );
+}
+
+#[tokio::test]
+async fn upstream_failures_are_retried_or_reported_never_hung() {
+    let setup = setup(vec![
+        Reply::status(500, "overloaded"),
+        Reply::rate_limited("0"),
+        Reply::text("fine"),
+    ])
+    .await;
+    let run = run(
+        &setup,
+        &ChatGuest::new().msg("user", "hi").send(0).recv().metrics(),
+    )
+    .await;
+    assert_eq!(
+        emitted_json(&run, 0)["choices"][0]["message"]["content"],
+        "fine"
+    );
+    let metrics = emitted_json(&run, 1);
+    assert_eq!(metrics["llm_retries"], 2);
+    assert_eq!(metrics["llm_requests"], 3);
+
+    let setup = self::setup(vec![Reply::Garbage("<html>not json</html>".into())]).await;
+    let run = self::run(
+        &setup,
+        &ChatGuest::new().msg("user", "hi").send(0).recv().metrics(),
+    )
+    .await;
+    let response = emitted_json(&run, 0);
+    assert_eq!(
+        response["error"]["code"], "llm_invalid_response",
+        "{response}"
+    );
+    assert!(
+        response["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not json")
+    );
+    assert_eq!(emitted_json(&run, 1)["llm_errors"], 1);
+
+    let setup = self::setup(vec![Reply::error(400, "bad model"), Reply::text("unused")]).await;
+    let run = self::run(&setup, &ChatGuest::new().msg("user", "hi").send(0).recv()).await;
+    let response = emitted_json(&run, 0);
+    assert_eq!(response["error"]["code"], "llm_http_error");
+    assert_eq!(response["error"]["status"], 400);
+    assert_eq!(setup.llm.request_count(), 1, "a 400 is not retried");
+}
+
+#[tokio::test]
+async fn long_tool_output_is_cut_at_a_utf8_boundary_with_a_marker() {
+    let setup = setup(vec![
+        Reply::tool_calls([("t", "accents", json!({}))]),
+        Reply::text("ok"),
+    ])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("user", "x")
+        .tool(ACCENTS, "accents")
+        .arena()
+        .param("max_tool_output_bytes", json!(101))
+        .send(2)
+        .recv();
+    run(&setup, &guest).await;
+    let (_, content) = &tool_results(&setup.llm.request(1))[0];
+    assert!(content.len() <= 101, "{} bytes", content.len());
+    assert!(
+        content.starts_with("éé") && content.contains("[truncated: output was 300 bytes"),
+        "{content}"
+    );
+}
+
+#[tokio::test]
+async fn guest_tools_get_their_arguments_and_one_enospc_retry() {
+    let setup = setup(vec![
+        Reply::tool_calls([
+            ("e", "echo_args", json!({"city": "Zürich"})),
+            ("n", "needs_room", json!({})),
+        ]),
+        Reply::text("ok"),
+    ])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("user", "x")
+        .tool(ECHO_ARGS, "echo_args")
+        .tool(NEEDS_ROOM, "needs_room")
+        .arena()
+        .param("max_tool_output_bytes", json!(90))
+        .send(2)
+        .recv();
+    run(&setup, &guest).await;
+    let results = tool_results(&setup.llm.request(1));
+    assert_eq!(
+        serde_json::from_str::<Value>(&results[0].1).unwrap(),
+        json!({"city": "Zürich"})
+    );
+    // The first attempt offered 90 bytes; the tool asked for 100 with ENOSPC and got them on
+    // the retry; the model then sees the cut version.
+    let shown = &results[1].1;
+    assert!(
+        shown.starts_with("xxxx") && shown.contains("output was 100 bytes"),
+        "{shown}"
+    );
+    assert!(shown.len() <= 90);
+}
+
+#[tokio::test]
+async fn a_session_goes_on_for_a_second_turn() {
+    let setup = setup(vec![
+        Reply::text("first answer"),
+        Reply::text("second answer"),
+    ])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("user", "one")
+        .send(2)
+        .recv()
+        .msg("user", "two")
+        .send(2)
+        .recv();
+    let run = run(&setup, &guest).await;
+    assert_eq!(
+        emitted_json(&run, 1)["choices"][0]["message"]["content"],
+        "second answer"
+    );
+    let second = setup.llm.request(1);
+    assert_eq!(roles(&second), ["user", "assistant", "user"]);
+    assert_eq!(second["messages"][1]["content"], "first answer");
+}
+
+#[tokio::test]
+async fn the_manual_loop_shows_tool_calls_and_takes_the_guests_results() {
+    let setup = setup(vec![
+        Reply::tool_calls([("m1", "get_weather", json!({"city": "Rome"}))]),
+        Reply::text("Rome is sunny"),
+    ])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("user", "Rome?")
+        .tool(WEATHER, "get_weather")
+        .send(0)
+        .recv()
+        .add_message(json!({"role": "assistant", "content": null, "tool_calls": [{"id": "m1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Rome\"}"}}]}))
+        .add_message(json!({"role": "tool", "tool_call_id": "m1", "content": "Sunny in Rome"}))
+        .send(0)
+        .recv();
+    let run = run(&setup, &guest).await;
+    let first = emitted_json(&run, 0);
+    assert_eq!(
+        first["choices"][0]["message"]["tool_calls"][0]["function"]["name"],
+        "get_weather"
+    );
+    assert_eq!(
+        first["_spear"]["tool_calls"],
+        json!([]),
+        "nothing ran on the host"
+    );
+    assert_eq!(
+        tool_results(&setup.llm.request(1)),
+        [("m1".to_owned(), "Sunny in Rome".to_owned())]
+    );
+    assert_eq!(
+        emitted_json(&run, 1)["choices"][0]["message"]["content"],
+        "Rome is sunny"
+    );
+}
+
+#[tokio::test]
+async fn hostile_chat_calls_get_errnos() {
+    let setup = setup(vec![]).await;
+    let guest = ChatGuest::new()
+        .msg("wizard", "x")
+        .param("stream", json!(true))
+        .param("mcp.server_ids", json!(["elsewhere"]))
+        .param("mcp.task_tool_allowlist", json!(["*"]))
+        .param("max_iterations", json!("many"))
+        .ctl_in(1, b"{not json")
+        .ctl_in(9, b"{}")
+        .tool(7, "empty_slot")
+        .tool(0, "slot_zero")
+        .tool(WEATHER, "mcp__fixture__sneaky")
+        .add_message(json!({"content": "no role"}))
+        .raw("(call $out (call $cchat_send (i32.const 999) (i32.const 2)))")
+        .raw("(call $out (call $cchat_send (local.get $s) (i32.const 8)))")
+        .raw("(call $out (call $cchat_recv (local.get $s) (i32.const 16384) (i32.const 8192)))")
+        .raw("(call $out (call $cchat_close (local.get $s))) (call $out (call $cchat_close (local.get $s)))");
+    let run = run(&setup, &guest).await;
+    let r = &run.results[1..];
+    assert_eq!(
+        r,
+        [
+            -22, -22, -13, -13, -22, -5, -22, -22, -22, -22, -22, -9, -22, -9, 0, -9
+        ]
+    );
+    assert_eq!(setup.llm.request_count(), 0);
+}
+
+#[tokio::test]
+async fn a_trapping_guest_tool_ends_the_task_cleanly() {
+    let setup = setup(vec![
+        Reply::tool_calls([("t", "trap", json!({}))]),
+        Reply::text("unused"),
+    ])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("user", "x")
+        .tool(TRAP, "trap")
+        .arena()
+        .send(2);
+    let run = wat::run(&setup.host, &guest.build(), &mcp_task("trap", &["fixture"])).await;
+    assert!(
+        matches!(run.outcome.failure, Some(TaskFailure::Trap(_))),
+        "{:?}",
+        run.outcome.failure
+    );
+    assert_eq!(setup.llm.request_count(), 1);
+}
+
+#[tokio::test]
+async fn a_guest_tool_without_an_arena_is_reported_to_the_model() {
+    let setup = setup(vec![
+        Reply::tool_calls([("w", "get_weather", json!({}))]),
+        Reply::text("ok"),
+    ])
+    .await;
+    run(
+        &setup,
+        &ChatGuest::new()
+            .msg("user", "x")
+            .tool(WEATHER, "get_weather")
+            .send(2)
+            .recv(),
+    )
+    .await;
+    let (_, content) = &tool_results(&setup.llm.request(1))[0];
+    let error: Value = serde_json::from_str(content).unwrap();
+    assert_eq!(error["error"]["code"], "tool_exec_failed");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("tool_arena_ptr")
+    );
+}

@@ -1,0 +1,868 @@
+//! A scripted, OpenAI-compatible chat-completions server for tests.
+//!
+//! [`ScriptedLlm`] is a real HTTP server on `127.0.0.1:<random port>` that answers
+//! `POST /v1/chat/completions` with the next [`Reply`] of its script and records every request
+//! it receives (method, path, lower-cased headers and JSON body). Point the host's LLM backend
+//! at [`ScriptedLlm::base_url`] and assert on [`ScriptedLlm::requests`] afterwards.
+//!
+//! ```ignore
+//! let llm = ScriptedLlm::start(vec![
+//!     Reply::tool_call("call_1", "echo", json!({"text": "hi"})),
+//!     Reply::text("done"),
+//! ])
+//! .await;
+//! // ... run a guest against llm.base_url() ...
+//! assert_eq!(llm.remaining(), 0);
+//! assert_eq!(tool_names(&llm.requests()[0]), ["echo"]);
+//! ```
+//!
+//! The server runs on its own thread with its own Tokio runtime, so it keeps answering whatever
+//! the test's runtime is doing (even a blocking call on a current-thread runtime). It stops when
+//! the `ScriptedLlm` is dropped: the drop signals a graceful shutdown, cancels pending
+//! [`Reply::Delay`]s, and joins the thread.
+//!
+//! A script that runs out never hangs a test: extra requests get a 500 whose body says
+//! `scripted LLM: no reply left for request N`. Requests to any other method or path are
+//! recorded too (so a wrong URL shows up in [`ScriptedLlm::recorded`]) and answered 404 without
+//! consuming a reply.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, Method, Response, StatusCode, Uri, header};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+/// Prompt tokens reported per request message (`prompt_tokens = 10 * messages.len()`).
+pub const PROMPT_TOKENS_PER_MESSAGE: u64 = 10;
+/// Completion tokens reported for every [`Reply::Text`] and [`Reply::ToolCalls`].
+pub const COMPLETION_TOKENS: u64 = 5;
+
+/// How long in-flight requests may take to finish after the server is dropped.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// One scripted answer; each chat-completions request consumes the next one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reply {
+    /// A `chat.completion` whose assistant message has this text content
+    /// (`finish_reason: "stop"`).
+    Text(String),
+    /// A `chat.completion` whose assistant message calls these tools, as
+    /// `(id, name, arguments JSON string)`; `content` is null and `finish_reason` is
+    /// `"tool_calls"`.
+    ToolCalls(Vec<(String, String, String)>),
+    /// Any JSON body, status 200.
+    Json(Value),
+    /// This status with this raw body (served as `application/json` if it parses as JSON,
+    /// `text/plain` otherwise) and an optional `Retry-After` header.
+    Status {
+        code: u16,
+        body: String,
+        retry_after: Option<String>,
+    },
+    /// Status 200, `Content-Type: application/json`, with a body that is not JSON.
+    Garbage(String),
+    /// Sleeps this long, then answers with the inner reply (for timeout tests). Cut short
+    /// when the server is dropped.
+    Delay(Duration, Box<Reply>),
+}
+
+impl Reply {
+    /// [`Reply::Text`].
+    pub fn text(content: impl Into<String>) -> Self {
+        Reply::Text(content.into())
+    }
+
+    /// A [`Reply::ToolCalls`] with a single call; `arguments` is serialised to a JSON string.
+    pub fn tool_call(id: impl Into<String>, name: impl Into<String>, arguments: Value) -> Self {
+        Reply::ToolCalls(vec![(id.into(), name.into(), arguments.to_string())])
+    }
+
+    /// A [`Reply::ToolCalls`] from `(id, name, arguments)` triples; each `arguments` is
+    /// serialised to a JSON string.
+    pub fn tool_calls<I, N>(calls: impl IntoIterator<Item = (I, N, Value)>) -> Self
+    where
+        I: Into<String>,
+        N: Into<String>,
+    {
+        Reply::ToolCalls(
+            calls
+                .into_iter()
+                .map(|(id, name, args)| (id.into(), name.into(), args.to_string()))
+                .collect(),
+        )
+    }
+
+    /// A [`Reply::Status`] without `Retry-After`.
+    pub fn status(code: u16, body: impl Into<String>) -> Self {
+        Reply::Status {
+            code,
+            body: body.into(),
+            retry_after: None,
+        }
+    }
+
+    /// A 429 with an OpenAI-style error body and `Retry-After: <retry_after>`.
+    pub fn rate_limited(retry_after: impl Into<String>) -> Self {
+        Reply::Status {
+            code: 429,
+            body: openai_error("Rate limit reached", "rate_limit_exceeded").to_string(),
+            retry_after: Some(retry_after.into()),
+        }
+    }
+
+    /// A status with an OpenAI-style error body (`{"error":{"message":..,"type":..}}`).
+    pub fn error(code: u16, message: &str) -> Self {
+        let kind = match code {
+            400 => "invalid_request_error",
+            401 => "authentication_error",
+            429 => "rate_limit_exceeded",
+            _ => "server_error",
+        };
+        Reply::status(code, openai_error(message, kind).to_string())
+    }
+
+    /// [`Reply::Delay`]: `reply`, after `delay`.
+    pub fn delayed(delay: Duration, reply: Reply) -> Self {
+        Reply::Delay(delay, Box::new(reply))
+    }
+}
+
+fn openai_error(message: &str, kind: &str) -> Value {
+    json!({"error": {"message": message, "type": kind, "param": null, "code": null}})
+}
+
+/// One request the server received.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recorded {
+    /// `"POST"`, `"GET"`, ...
+    pub method: String,
+    /// The URI path, without the query, e.g. `"/v1/chat/completions"`.
+    pub path: String,
+    /// Headers in the order received; names are lower-case.
+    pub headers: Vec<(String, String)>,
+    /// The body parsed as JSON; a body that is not JSON is recorded as a JSON string
+    /// (`Value::Null` for an empty body).
+    pub body: Value,
+}
+
+impl Recorded {
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    script: VecDeque<Reply>,
+    recorded: Vec<Recorded>,
+    /// Chat-completions requests seen so far (numbering for ids and error messages).
+    chat_requests: usize,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    shutdown: watch::Receiver<bool>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A scripted OpenAI-compatible chat-completions server; see the module docs.
+pub struct ScriptedLlm {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: watch::Sender<bool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl ScriptedLlm {
+    /// Binds `127.0.0.1:0` and serves `script` in the background until dropped.
+    pub async fn start(script: Vec<Reply>) -> ScriptedLlm {
+        Self::start_blocking(script)
+    }
+
+    /// [`ScriptedLlm::start`] for synchronous tests; needs no Tokio runtime.
+    pub fn start_blocking(script: Vec<Reply>) -> ScriptedLlm {
+        let listener =
+            std::net::TcpListener::bind("127.0.0.1:0").expect("scripted LLM: bind 127.0.0.1:0");
+        listener
+            .set_nonblocking(true)
+            .expect("scripted LLM: set_nonblocking");
+        let addr = listener.local_addr().expect("scripted LLM: local_addr");
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(Inner {
+                script: script.into(),
+                ..Inner::default()
+            }),
+            shutdown: shutdown_rx.clone(),
+        });
+
+        let router = Router::new()
+            .fallback(handle)
+            .with_state(shared.clone())
+            .layer(DefaultBodyLimit::disable());
+
+        let thread = std::thread::Builder::new()
+            .name(format!("scripted-llm-{}", addr.port()))
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("scripted LLM: tokio runtime");
+                runtime.block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener)
+                        .expect("scripted LLM: tokio listener");
+                    let mut graceful = shutdown_rx.clone();
+                    let serve = axum::serve(listener, router).with_graceful_shutdown(async move {
+                        let _ = graceful.wait_for(|stop| *stop).await;
+                    });
+                    let mut deadline = shutdown_rx;
+                    tokio::select! {
+                        result = serve => {
+                            if let Err(e) = result {
+                                eprintln!("scripted LLM on {addr}: server error: {e}");
+                            }
+                        }
+                        _ = async {
+                            let _ = deadline.wait_for(|stop| *stop).await;
+                            tokio::time::sleep(SHUTDOWN_GRACE).await;
+                        } => {}
+                    }
+                });
+                // Dropping the runtime here cancels any connection still open.
+            })
+            .expect("scripted LLM: spawn server thread");
+
+        ScriptedLlm {
+            addr,
+            shared,
+            shutdown,
+            thread: Some(thread),
+        }
+    }
+
+    /// The server's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT/v1`, the OpenAI-style base URL.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// `http://127.0.0.1:PORT/v1/chat/completions`.
+    pub fn chat_completions_url(&self) -> String {
+        format!("{}/chat/completions", self.base_url())
+    }
+
+    /// The JSON bodies of the chat-completions requests received, in order.
+    pub fn requests(&self) -> Vec<Value> {
+        self.chat_recorded().into_iter().map(|r| r.body).collect()
+    }
+
+    /// The headers (lower-case names) of the chat-completions requests received, in order.
+    pub fn request_headers(&self) -> Vec<Vec<(String, String)>> {
+        self.chat_recorded()
+            .into_iter()
+            .map(|r| r.headers)
+            .collect()
+    }
+
+    /// The body of the `index`-th (0-based) chat-completions request; panics if there is none.
+    pub fn request(&self, index: usize) -> Value {
+        let requests = self.requests();
+        match requests.get(index) {
+            Some(r) => r.clone(),
+            None => panic!(
+                "scripted LLM: no request #{index} (received {} chat-completions requests)",
+                requests.len()
+            ),
+        }
+    }
+
+    /// Every request received, on any path (including ones answered 404), in order.
+    pub fn recorded(&self) -> Vec<Recorded> {
+        self.shared.lock().recorded.clone()
+    }
+
+    /// How many chat-completions requests were received (served or not).
+    pub fn request_count(&self) -> usize {
+        self.shared.lock().chat_requests
+    }
+
+    /// Replies not yet served.
+    pub fn remaining(&self) -> usize {
+        self.shared.lock().script.len()
+    }
+
+    /// Appends `reply` to the script.
+    pub fn push(&self, reply: Reply) {
+        self.shared.lock().script.push_back(reply);
+    }
+
+    fn chat_recorded(&self) -> Vec<Recorded> {
+        self.shared
+            .lock()
+            .recorded
+            .iter()
+            .filter(|r| is_chat(&r.method, &r.path))
+            .cloned()
+            .collect()
+    }
+}
+
+impl Drop for ScriptedLlm {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+        if let Some(thread) = self.thread.take() {
+            // The thread ends within SHUTDOWN_GRACE; a panic there was already printed.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for ScriptedLlm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScriptedLlm")
+            .field("addr", &self.addr)
+            .field("remaining", &self.remaining())
+            .field("requests", &self.request_count())
+            .finish()
+    }
+}
+
+/// The messages of a chat-completions request body (`request["messages"]`); panics if absent.
+pub fn messages(request: &Value) -> &Vec<Value> {
+    match request.get("messages").and_then(Value::as_array) {
+        Some(m) => m,
+        None => panic!("request has no \"messages\" array: {request}"),
+    }
+}
+
+/// The `role` of each message in `request`.
+pub fn roles(request: &Value) -> Vec<String> {
+    messages(request)
+        .iter()
+        .map(|m| m["role"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// The last message of `request`; panics if there are none.
+pub fn last_message(request: &Value) -> &Value {
+    messages(request)
+        .last()
+        .unwrap_or_else(|| panic!("request has no messages: {request}"))
+}
+
+/// The text of a message's `content`: the string itself, or the concatenated `text` of its
+/// content parts; `""` when null or absent.
+pub fn content_text(message: &Value) -> String {
+    match &message["content"] {
+        Value::String(s) => s.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|p| p["text"].as_str())
+            .collect::<Vec<_>>()
+            .concat(),
+        _ => String::new(),
+    }
+}
+
+/// The function names offered in `request["tools"]` (empty if there are no tools).
+pub fn tool_names(request: &Value) -> Vec<String> {
+    request["tools"]
+        .as_array()
+        .map(|tools| {
+            tools
+                .iter()
+                .filter_map(|t| t["function"]["name"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The `tool` messages of `request` as `(tool_call_id, content text)`, in order.
+pub fn tool_results(request: &Value) -> Vec<(String, String)> {
+    messages(request)
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            (
+                m["tool_call_id"].as_str().unwrap_or_default().to_owned(),
+                content_text(m),
+            )
+        })
+        .collect()
+}
+
+/// The `usage` a scripted completion reports for a request with `message_count` messages:
+/// `(prompt_tokens, completion_tokens, total_tokens)`.
+pub fn expected_usage(message_count: usize) -> (u64, u64, u64) {
+    let prompt = PROMPT_TOKENS_PER_MESSAGE * message_count as u64;
+    (prompt, COMPLETION_TOKENS, prompt + COMPLETION_TOKENS)
+}
+
+fn is_chat(method: &str, path: &str) -> bool {
+    method == "POST" && path.trim_end_matches('/') == "/v1/chat/completions"
+}
+
+async fn handle(
+    State(shared): State<Arc<Shared>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response<Body> {
+    let body = if body.is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_slice(&body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned()))
+    };
+    let recorded = Recorded {
+        method: method.as_str().to_owned(),
+        path: uri.path().to_owned(),
+        headers: headers
+            .iter()
+            .map(|(n, v)| {
+                (
+                    n.as_str().to_ascii_lowercase(),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect(),
+        body,
+    };
+    let chat = is_chat(&recorded.method, &recorded.path);
+    let request = recorded.body.clone();
+
+    let (number, reply) = {
+        let mut inner = shared.lock();
+        inner.recorded.push(recorded);
+        if !chat {
+            drop(inner);
+            return plain(
+                StatusCode::NOT_FOUND,
+                format!("scripted LLM: no route for {method} {}", uri.path()),
+            );
+        }
+        inner.chat_requests += 1;
+        (inner.chat_requests, inner.script.pop_front())
+    };
+    let Some(mut reply) = reply else {
+        return plain(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("scripted LLM: no reply left for request {number}"),
+        );
+    };
+
+    while let Reply::Delay(delay, inner) = reply {
+        let mut shutdown = shared.shutdown.clone();
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.wait_for(|stop| *stop) => {
+                return plain(StatusCode::SERVICE_UNAVAILABLE, "scripted LLM: shutting down".into());
+            }
+        }
+        reply = *inner;
+    }
+
+    match reply {
+        Reply::Text(text) => json_response(
+            StatusCode::OK,
+            completion(number, &request, json!(text), None, "stop").to_string(),
+            None,
+        ),
+        Reply::ToolCalls(calls) => {
+            let calls: Vec<Value> = calls
+                .into_iter()
+                .map(|(id, name, arguments)| {
+                    json!({
+                        "id": id,
+                        "type": "function",
+                        "function": {"name": name, "arguments": arguments},
+                    })
+                })
+                .collect();
+            json_response(
+                StatusCode::OK,
+                completion(number, &request, Value::Null, Some(calls), "tool_calls").to_string(),
+                None,
+            )
+        }
+        Reply::Json(value) => json_response(StatusCode::OK, value.to_string(), None),
+        Reply::Status {
+            code,
+            body,
+            retry_after,
+        } => {
+            let status = StatusCode::from_u16(code)
+                .unwrap_or_else(|_| panic!("scripted LLM: invalid status code {code}"));
+            if serde_json::from_str::<Value>(&body).is_ok() {
+                json_response(status, body, retry_after)
+            } else {
+                response(status, "text/plain; charset=utf-8", body, retry_after)
+            }
+        }
+        Reply::Garbage(body) => json_response(StatusCode::OK, body, None),
+        Reply::Delay(..) => unreachable!("delays were unwrapped above"),
+    }
+}
+
+/// An OpenAI `chat.completion` object for request number `number`.
+fn completion(
+    number: usize,
+    request: &Value,
+    content: Value,
+    tool_calls: Option<Vec<Value>>,
+    finish_reason: &str,
+) -> Value {
+    let model = request["model"].as_str().unwrap_or("scripted-model");
+    let message_count = request["messages"].as_array().map_or(0, Vec::len);
+    let (prompt_tokens, completion_tokens, total_tokens) = expected_usage(message_count);
+    let mut message = json!({"role": "assistant", "content": content});
+    if let Some(calls) = tool_calls {
+        message["tool_calls"] = Value::Array(calls);
+    }
+    let created = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    json!({
+        "id": format!("chatcmpl-scripted-{number}"),
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason}],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": total_tokens,
+        },
+    })
+}
+
+fn plain(status: StatusCode, body: String) -> Response<Body> {
+    response(status, "text/plain; charset=utf-8", body, None)
+}
+
+fn json_response(status: StatusCode, body: String, retry_after: Option<String>) -> Response<Body> {
+    response(status, "application/json", body, retry_after)
+}
+
+fn response(
+    status: StatusCode,
+    content_type: &str,
+    body: String,
+    retry_after: Option<String>,
+) -> Response<Body> {
+    let mut builder = Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, content_type);
+    if let Some(retry_after) = retry_after {
+        builder = builder.header(header::RETRY_AFTER, retry_after);
+    }
+    builder
+        .body(Body::from(body))
+        .expect("scripted LLM: build response")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A minimal HTTP/1.1 exchange: (status, lower-case headers, body).
+    struct Answer {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: String,
+    }
+
+    impl Answer {
+        fn header(&self, name: &str) -> Option<&str> {
+            self.headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        }
+
+        fn json(&self) -> Value {
+            serde_json::from_str(&self.body)
+                .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.body))
+        }
+    }
+
+    async fn send(addr: SocketAddr, method: &str, path: &str, body: &str) -> Answer {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer sk-test\r\n\
+             Content-Type: application/json\r\nX-Custom: Yes\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.expect("read");
+        let raw = String::from_utf8(raw).expect("utf-8 response");
+        let (head, body) = raw.split_once("\r\n\r\n").expect("header/body separator");
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .expect("status line");
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        Answer {
+            status,
+            headers,
+            body: body.to_owned(),
+        }
+    }
+
+    async fn chat(llm: &ScriptedLlm, body: &Value) -> Answer {
+        send(
+            llm.addr(),
+            "POST",
+            "/v1/chat/completions",
+            &body.to_string(),
+        )
+        .await
+    }
+
+    fn request_with(messages: usize) -> Value {
+        let messages: Vec<Value> = (0..messages)
+            .map(|i| json!({"role": "user", "content": format!("m{i}")}))
+            .collect();
+        json!({
+            "model": "gpt-test",
+            "messages": messages,
+            "tools": [
+                {"type": "function", "function": {"name": "search", "parameters": {}}},
+                {"type": "function", "function": {"name": "fetch", "parameters": {}}},
+            ],
+        })
+    }
+
+    #[tokio::test]
+    async fn text_completion_has_openai_shape_and_is_recorded() {
+        let llm = ScriptedLlm::start(vec![Reply::text("hello")]).await;
+        assert!(llm.base_url().starts_with("http://127.0.0.1:"));
+        assert!(llm.base_url().ends_with("/v1"));
+        assert_eq!(llm.remaining(), 1);
+
+        let answer = chat(&llm, &request_with(3)).await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.header("content-type"), Some("application/json"));
+        let body = answer.json();
+        assert_eq!(body["id"], "chatcmpl-scripted-1");
+        assert_eq!(body["object"], "chat.completion");
+        assert!(body["created"].as_u64().unwrap() > 1_600_000_000);
+        assert_eq!(body["model"], "gpt-test");
+        let choice = &body["choices"][0];
+        assert_eq!(choice["index"], 0);
+        assert_eq!(choice["finish_reason"], "stop");
+        assert_eq!(
+            choice["message"],
+            json!({"role": "assistant", "content": "hello"})
+        );
+        assert_eq!(
+            body["usage"],
+            json!({"prompt_tokens": 30, "completion_tokens": 5, "total_tokens": 35})
+        );
+        assert_eq!(expected_usage(3), (30, 5, 35));
+
+        assert_eq!(llm.remaining(), 0);
+        assert_eq!(llm.request_count(), 1);
+        let requests = llm.requests();
+        assert_eq!(requests, vec![request_with(3)]);
+        assert_eq!(tool_names(&requests[0]), ["search", "fetch"]);
+        assert_eq!(messages(&requests[0]).len(), 3);
+        assert_eq!(roles(&requests[0]), ["user", "user", "user"]);
+        assert_eq!(content_text(last_message(&requests[0])), "m2");
+
+        let headers = &llm.request_headers()[0];
+        assert!(headers.contains(&("authorization".into(), "Bearer sk-test".into())));
+        assert!(headers.contains(&("x-custom".into(), "Yes".into())));
+        let recorded = &llm.recorded()[0];
+        assert_eq!(recorded.method, "POST");
+        assert_eq!(recorded.path, "/v1/chat/completions");
+        assert_eq!(recorded.header("Content-Type"), Some("application/json"));
+    }
+
+    #[tokio::test]
+    async fn tool_calls_completion() {
+        let llm = ScriptedLlm::start(vec![
+            Reply::ToolCalls(vec![
+                ("call_1".into(), "search".into(), r#"{"q":"rust"}"#.into()),
+                ("call_2".into(), "fetch".into(), "{}".into()),
+            ]),
+            Reply::tool_call("call_3", "search", json!({"q": "wasm"})),
+        ])
+        .await;
+        let mut request = json!({"messages": [{"role": "user", "content": "go"}]});
+        let body = chat(&llm, &request).await.json();
+        assert_eq!(body["id"], "chatcmpl-scripted-1");
+        assert_eq!(body["model"], "scripted-model");
+        let choice = &body["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        assert_eq!(choice["message"]["role"], "assistant");
+        assert!(choice["message"]["content"].is_null());
+        assert_eq!(
+            choice["message"]["tool_calls"],
+            json!([
+                {"id": "call_1", "type": "function",
+                 "function": {"name": "search", "arguments": "{\"q\":\"rust\"}"}},
+                {"id": "call_2", "type": "function",
+                 "function": {"name": "fetch", "arguments": "{}"}},
+            ])
+        );
+        assert_eq!(body["usage"]["total_tokens"], 15);
+
+        request["messages"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"role": "tool", "tool_call_id": "call_1", "content": "found"}));
+        let body = chat(&llm, &request).await.json();
+        assert_eq!(body["id"], "chatcmpl-scripted-2");
+        assert_eq!(
+            body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            "{\"q\":\"wasm\"}"
+        );
+        assert_eq!(body["usage"]["prompt_tokens"], 20);
+        assert_eq!(
+            tool_results(&llm.request(1)),
+            [("call_1".to_owned(), "found".to_owned())]
+        );
+        assert!(tool_names(&llm.request(1)).is_empty());
+    }
+
+    #[tokio::test]
+    async fn status_json_garbage_and_exhaustion() {
+        let llm = ScriptedLlm::start(vec![
+            Reply::Status {
+                code: 429,
+                body: "slow down".into(),
+                retry_after: Some("2".into()),
+            },
+            Reply::error(500, "boom"),
+            Reply::Json(json!({"anything": true})),
+            Reply::Garbage("<html>not json".into()),
+        ])
+        .await;
+        let request = request_with(1);
+
+        let answer = chat(&llm, &request).await;
+        assert_eq!(answer.status, 429);
+        assert_eq!(answer.header("retry-after"), Some("2"));
+        assert_eq!(answer.body, "slow down");
+
+        let answer = chat(&llm, &request).await;
+        assert_eq!(answer.status, 500);
+        assert_eq!(answer.header("retry-after"), None);
+        assert_eq!(answer.json()["error"]["message"], "boom");
+
+        let answer = chat(&llm, &request).await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.json(), json!({"anything": true}));
+
+        let answer = chat(&llm, &request).await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.body, "<html>not json");
+
+        assert_eq!(llm.remaining(), 0);
+        let answer = chat(&llm, &request).await;
+        assert_eq!(answer.status, 500);
+        assert_eq!(answer.body, "scripted LLM: no reply left for request 5");
+        assert_eq!(llm.requests().len(), 5);
+    }
+
+    #[tokio::test]
+    async fn non_json_bodies_and_other_paths_are_recorded() {
+        let llm = ScriptedLlm::start(vec![Reply::text("ok")]).await;
+
+        let answer = send(llm.addr(), "POST", "/v1/completions", "{}").await;
+        assert_eq!(answer.status, 404);
+        assert_eq!(llm.remaining(), 1, "a wrong path consumes no reply");
+
+        let answer = send(llm.addr(), "POST", "/v1/chat/completions", "not json").await;
+        assert_eq!(answer.status, 200);
+        assert_eq!(answer.json()["model"], "scripted-model");
+
+        assert_eq!(llm.requests(), vec![json!("not json")]);
+        let recorded = llm.recorded();
+        assert_eq!(recorded.len(), 2);
+        assert_eq!(recorded[0].path, "/v1/completions");
+        assert_eq!(recorded[0].body, json!({}));
+    }
+
+    #[tokio::test]
+    async fn delay_then_push() {
+        let llm = ScriptedLlm::start(vec![Reply::delayed(
+            Duration::from_millis(200),
+            Reply::text("late"),
+        )])
+        .await;
+        let started = std::time::Instant::now();
+        let answer = chat(&llm, &request_with(1)).await;
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        assert_eq!(answer.json()["choices"][0]["message"]["content"], "late");
+
+        llm.push(Reply::text("more"));
+        assert_eq!(llm.remaining(), 1);
+        let answer = chat(&llm, &request_with(1)).await;
+        assert_eq!(answer.json()["id"], "chatcmpl-scripted-2");
+    }
+
+    #[tokio::test]
+    async fn drop_stops_the_server_even_with_a_pending_delay() {
+        let llm = ScriptedLlm::start(vec![Reply::delayed(
+            Duration::from_secs(3600),
+            Reply::text("never"),
+        )])
+        .await;
+        let addr = llm.addr();
+        let pending =
+            tokio::spawn(async move { send(addr, "POST", "/v1/chat/completions", "{}").await });
+        while llm.request_count() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let started = std::time::Instant::now();
+        drop(llm);
+        assert!(started.elapsed() < Duration::from_secs(3));
+        let answer = pending.await.expect("pending request");
+        assert_eq!(answer.status, 503);
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+    }
+
+    #[test]
+    fn works_without_a_runtime() {
+        let llm = ScriptedLlm::start_blocking(vec![Reply::text("sync")]);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let answer = runtime.block_on(chat(&llm, &request_with(2)));
+        assert_eq!(answer.json()["usage"]["prompt_tokens"], 20);
+    }
+}
