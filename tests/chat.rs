@@ -154,7 +154,11 @@ struct Setup {
 async fn setup(script: Vec<Reply>) -> Setup {
     let llm = ScriptedLlm::start(script).await;
     let registry = RegistryDir::new();
-    registry.fixture("fixture", &["add", "echo", "count", "big"], "");
+    registry.fixture(
+        "fixture",
+        &["add", "echo", "count", "big", "slow", "image"],
+        "",
+    );
     let backend = BackendConfig {
         base_url: Some(llm.base_url()),
         default_model: Some("scripted-default".into()),
@@ -241,7 +245,9 @@ async fn a_guest_tool_and_an_mcp_tool_in_one_turn() {
             "mcp__fixture__add",
             "mcp__fixture__big",
             "mcp__fixture__count",
-            "mcp__fixture__echo"
+            "mcp__fixture__echo",
+            "mcp__fixture__image",
+            "mcp__fixture__slow"
         ]
     );
     let add = first["tools"]
@@ -634,4 +640,41 @@ async fn a_guest_tool_without_an_arena_is_reported_to_the_model() {
             .unwrap()
             .contains("tool_arena_ptr")
     );
+}
+
+#[tokio::test]
+async fn mcp_calls_of_one_turn_run_concurrently_and_images_become_notes() {
+    let setup = setup(vec![
+        Reply::tool_calls([
+            ("s1", "mcp__fixture__slow", json!({"ms": 600})),
+            ("s2", "mcp__fixture__slow", json!({"ms": 600})),
+            ("i", "mcp__fixture__image", json!({})),
+        ]),
+        Reply::text("ok"),
+    ])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("user", "x")
+        .param(
+            "tool_choice",
+            json!({"type": "function", "function": {"name": "mcp__fixture__slow"}}),
+        )
+        .send(2)
+        .recv()
+        .metrics();
+    let run = run(&setup, &guest).await;
+    assert_eq!(
+        setup.llm.request(0)["tool_choice"],
+        json!({"type": "function", "function": {"name": "mcp__fixture__slow"}}),
+        "tool_choice goes upstream unchanged"
+    );
+    let metrics = emitted_json(&run, 1);
+    let tools_ms = metrics["latency_ms"]["tools"].as_u64().unwrap();
+    assert!(
+        (600..1100).contains(&tools_ms),
+        "two 600 ms calls took {tools_ms} ms together"
+    );
+    let results = tool_results(&setup.llm.request(1));
+    assert_eq!(results[0].1, "slept 600ms");
+    assert_eq!(results[2].1, "a 1x1 red pixel\n[image: image/png, 69 B]");
 }
