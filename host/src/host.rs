@@ -367,7 +367,17 @@ impl Host {
             task_id: task.task_id.clone(),
             message,
         };
-        let mcp_policy = task.mcp_policy()?;
+        let registry = self.registry();
+        let mcp_policy = task
+            .mcp_config()?
+            .resolve(&registry)
+            .map_err(|e| TaskError::Config {
+                key: e.key.into(),
+                message: e.message,
+            })?;
+        for warning in mcp_policy.warnings() {
+            tracing::warn!(task_id = %task.task_id, "{warning}");
+        }
         let deadline_after = task.deadline();
         let deadline = tokio::time::Instant::now() + deadline_after;
 
@@ -418,7 +428,7 @@ impl Host {
             deadline,
             deadline_after,
             mcp_policy,
-            registry: self.registry(),
+            registry,
             pool: self.inner.pool.clone(),
             backends: self.inner.backends.clone(),
         });

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::defaults;
-use crate::policy::{Pattern, TaskMcpPolicy};
+use crate::policy::{Pattern, TaskMcpConfig};
 
 /// A task file or task config that cannot be used, with the place and the fix.
 #[derive(Debug, thiserror::Error)]
@@ -89,8 +89,9 @@ pub struct TaskSpec {
     pub capture_output: bool,
 }
 
-const MCP_KEYS: [&str; 5] = [
+const MCP_KEYS: [&str; 6] = [
     "mcp.enabled",
+    "mcp.profile",
     "mcp.default_server_ids",
     "mcp.allowed_server_ids",
     "mcp.tool_allowlist",
@@ -177,7 +178,7 @@ impl TaskSpec {
                 message: "must be greater than 0; omit it for the default".into(),
             });
         }
-        self.mcp_policy()?;
+        self.mcp_config()?;
         Ok(())
     }
 
@@ -245,8 +246,9 @@ impl TaskSpec {
         self.limits.max_fds.unwrap_or(defaults::MAX_FDS_PER_TASK)
     }
 
-    /// The task layer of the MCP policy, from the `mcp.*` config keys.
-    pub fn mcp_policy(&self) -> Result<TaskMcpPolicy, TaskError> {
+    /// The task layer of the MCP policy as written (`mcp.*` keys); profiles are applied
+    /// against the registry by [`TaskMcpConfig::resolve`].
+    pub fn mcp_config(&self) -> Result<TaskMcpConfig, TaskError> {
         for key in self.config.keys().filter(|k| k.starts_with("mcp.")) {
             if !MCP_KEYS.contains(&key.as_str()) {
                 return Err(TaskError::Config {
@@ -259,13 +261,20 @@ impl TaskSpec {
             Some(value) => parse_bool("mcp.enabled", value)?,
             None => false,
         };
-        let default_server_ids = self.list("mcp.default_server_ids")?.unwrap_or_default();
-        let allowed_server_ids = self
-            .list("mcp.allowed_server_ids")?
-            .unwrap_or_else(|| default_server_ids.clone());
-        if let Some(outside) = default_server_ids
-            .iter()
-            .find(|id| !allowed_server_ids.contains(id))
+        let profile = match self.config.get("mcp.profile") {
+            None => None,
+            Some(Value::String(name)) if !name.trim().is_empty() => Some(name.trim().to_owned()),
+            Some(other) => {
+                return Err(config_error(
+                    "mcp.profile",
+                    format!("expected a profile name, got {other}"),
+                ));
+            }
+        };
+        let default_server_ids = self.list("mcp.default_server_ids")?;
+        let allowed_server_ids = self.list("mcp.allowed_server_ids")?;
+        if let (Some(defaults), Some(allowed)) = (&default_server_ids, &allowed_server_ids)
+            && let Some(outside) = defaults.iter().find(|id| !allowed.contains(id))
         {
             return Err(TaskError::Config {
                 key: "mcp.default_server_ids".into(),
@@ -275,8 +284,9 @@ impl TaskSpec {
             });
         }
         let patterns = |v: Vec<String>| v.into_iter().map(Pattern::new).collect::<Vec<_>>();
-        Ok(TaskMcpPolicy {
+        Ok(TaskMcpConfig {
             enabled,
+            profile,
             default_server_ids,
             allowed_server_ids,
             tool_allowlist: self.list("mcp.tool_allowlist")?.map(patterns),
@@ -375,6 +385,7 @@ fn parse_list(key: &str, value: &Value) -> Result<Vec<String>, TaskError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::Registry;
     use serde_json::json;
 
     #[test]
@@ -388,7 +399,11 @@ mod tests {
                 "mcp.tool_denylist":"[\"delete_*\"]"}}"#,
         )
         .unwrap();
-        let policy = spec.mcp_policy().unwrap();
+        let policy = spec
+            .mcp_config()
+            .unwrap()
+            .resolve(&Registry::empty())
+            .unwrap();
         assert!(policy.enabled);
         assert_eq!(policy.default_server_ids, ["gitlab", "fs"]);
         assert_eq!(
@@ -401,7 +416,11 @@ mod tests {
     #[test]
     fn allowed_defaults_to_default_and_mcp_is_off_by_default() {
         let spec = TaskSpec::new("t").with_config("mcp.default_server_ids", json!(["fs"]));
-        let policy = spec.mcp_policy().unwrap();
+        let policy = spec
+            .mcp_config()
+            .unwrap()
+            .resolve(&Registry::empty())
+            .unwrap();
         assert!(!policy.enabled);
         assert_eq!(policy.allowed_server_ids, ["fs"]);
         assert_eq!(policy.tool_allowlist, None);
@@ -418,7 +437,7 @@ mod tests {
         ] {
             let err = TaskSpec::new("t")
                 .with_config(key, value)
-                .mcp_policy()
+                .mcp_config()
                 .unwrap_err();
             assert!(err.to_string().contains(key), "{err}");
         }
@@ -429,7 +448,7 @@ mod tests {
         let err = TaskSpec::new("t")
             .with_config("mcp.default_server_ids", json!(["fs", "git"]))
             .with_config("mcp.allowed_server_ids", json!(["fs"]))
-            .mcp_policy()
+            .mcp_config()
             .unwrap_err();
         assert!(err.to_string().contains("`git`"), "{err}");
     }

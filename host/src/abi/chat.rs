@@ -242,6 +242,7 @@ async fn send(
     let span = tracing::info_span!("cchat_send", task_id = %ctx.task_id, fd, flags);
     let send_ctx = SendContext {
         task_id: &ctx.task_id,
+        session_fd: fd,
         task: &ctx.mcp_policy,
         registry: &ctx.registry,
         pool: &ctx.pool,

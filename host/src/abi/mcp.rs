@@ -13,7 +13,7 @@ use super::memory::{GuestMemory, OutBuf, guest};
 use super::{Errno, HostcallError, before_deadline, finish};
 use crate::fd::FdKind;
 use crate::mcp::{McpError, McpErrorCode, McpSession, PendingKey};
-use crate::policy::ToolFilter;
+use crate::policy::{self, Grant, Reason, SessionRequest};
 use crate::runtime::{TaskContext, TaskState};
 
 pub(super) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
@@ -85,34 +85,38 @@ fn session(state: &mut TaskState, fd: i32) -> Result<&mut McpSession, Errno> {
     }
 }
 
-fn deny(
-    ctx: &TaskContext,
-    hostcall: &str,
-    server_id: &str,
-    tool: Option<&str>,
-    reason: &dyn std::fmt::Display,
-) -> Errno {
-    tracing::info!(task_id = %ctx.task_id, hostcall, server_id, tool, %reason, "denied by policy");
-    Errno::EACCES
+/// The one policy question of the hostcall path: may this task use `server_id`, and with
+/// which tool filter? Errors: unknown `-ENOENT`, env missing `-ENOTCONN`, else `-EACCES`.
+fn grant(ctx: &TaskContext, hostcall: &str, server_id: &str) -> Result<Grant, Errno> {
+    let requested = [server_id.to_owned()];
+    let effective = policy::effective(
+        &ctx.registry,
+        &ctx.mcp_policy,
+        &SessionRequest::single(&requested),
+    );
+    if let Some(grant) = effective.grant(server_id) {
+        return Ok(grant.clone());
+    }
+    let decision = effective
+        .decision(server_id)
+        .expect("a requested server is granted or decided");
+    tracing::info!(task_id = %ctx.task_id, hostcall, server_id, reason = ?decision.reason, detail = %decision.detail, "denied by policy");
+    Err(match decision.reason {
+        Reason::UnknownServer => Errno::ENOENT,
+        Reason::EnvMissing => Errno::ENOTCONN,
+        _ => Errno::EACCES,
+    })
 }
 
 fn open(caller: &mut Caller<'_, TaskState>, ptr: i32, len: i32) -> Result<i32, HostcallError> {
     let (mem, state) = guest(caller)?;
     let server_id = mem.str(ptr, len)?;
     let _span = tracing::debug_span!("mcp_open", task_id = %state.ctx.task_id, server_id).entered();
-    let ctx = state.ctx.clone();
-    let entry = ctx.registry.get(server_id).ok_or(Errno::ENOENT)?;
-    ctx.mcp_policy
-        .may_open(server_id)
-        .map_err(|reason| deny(&ctx, "mcp_open", server_id, None, &reason))?;
-    if let Err(reason) = &entry.launch {
-        tracing::warn!(task_id = %ctx.task_id, server_id, %reason, "server unavailable");
-        return Err(Errno::ENOTCONN.into());
-    }
-    let filter = ToolFilter::new(&entry.record.allowed_tools, &ctx.mcp_policy);
-    let fd = state
-        .fds
-        .insert(FdKind::McpSession(McpSession::new(entry.clone(), filter)))?;
+    let grant = grant(&state.ctx, "mcp_open", server_id)?;
+    let fd = state.fds.insert(FdKind::McpSession(McpSession::new(
+        grant.entry,
+        grant.filter,
+    )))?;
     tracing::debug!(fd, "opened");
     Ok(fd)
 }
@@ -137,7 +141,12 @@ fn registry_list(
     let servers: Vec<_> = ctx
         .registry
         .servers()
-        .filter(|entry| ctx.mcp_policy.may_open(entry.server_id()).is_ok())
+        .filter(|entry| {
+            matches!(
+                grant(ctx, "mcp_registry_list", entry.server_id()),
+                Ok(_) | Err(Errno::ENOTCONN)
+            )
+        })
         .map(|entry| entry.view())
         .collect();
     let body = json!({"revision": ctx.registry.revision(), "servers": servers});
@@ -158,10 +167,10 @@ fn registry_get(
         tracing::debug_span!("mcp_registry_get", task_id = %ctx.task_id, server_id).entered();
     let out = mem.out_buf(out_ptr, out_len_ptr)?;
     let entry = ctx.registry.get(server_id).ok_or(Errno::ENOENT)?;
-    ctx.mcp_policy
-        .may_open(server_id)
-        .map_err(|reason| deny(ctx, "mcp_registry_get", server_id, None, &reason))?;
-    Ok(mem.deliver(out, &encode(&entry.view()))?)
+    match grant(ctx, "mcp_registry_get", server_id) {
+        Ok(_) | Err(Errno::ENOTCONN) => Ok(mem.deliver(out, &encode(&entry.view()))?),
+        Err(errno) => Err(errno.into()),
+    }
 }
 
 fn encode(value: &impl serde::Serialize) -> Vec<u8> {
@@ -265,10 +274,10 @@ async fn call_tool(
         let ctx = state.ctx.clone();
         let session = session(state, call.fd)?;
         let server_id = session.server.server_id();
-        session
-            .filter
-            .check(&name)
-            .map_err(|reason| deny(&ctx, "mcp_call_tool", server_id, Some(&name), &reason))?;
+        session.filter.check(&name).map_err(|denial| {
+            tracing::info!(task_id = %ctx.task_id, hostcall = "mcp_call_tool", server_id, tool = %name, reason = ?denial.reason(), detail = %denial, "denied by policy");
+            Errno::EACCES
+        })?;
         let key = PendingKey::CallTool { name, args };
         if let Some(kept) = deliver_pending(&mut mem, session, &key, out) {
             return Ok(kept?);

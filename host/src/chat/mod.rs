@@ -12,7 +12,7 @@
 mod metrics;
 mod params;
 pub(crate) mod run;
-mod tools;
+pub(crate) mod tools;
 
 pub(crate) use metrics::Metrics;
 pub(crate) use params::{ParamError, SessionMcp, Settings};

@@ -202,6 +202,7 @@ mod tests {
             allowed_server_ids: vec!["fs".into(), "git".into()],
             tool_allowlist: None,
             tool_denylist: vec![],
+            profile: None,
         }
     }
 

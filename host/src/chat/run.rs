@@ -27,6 +27,7 @@ pub(crate) trait GuestTools: Send {
 /// What a send may use besides the session.
 pub(crate) struct SendContext<'a> {
     pub(crate) task_id: &'a str,
+    pub(crate) session_fd: i32,
     pub(crate) task: &'a TaskMcpPolicy,
     pub(crate) registry: &'a Registry,
     pub(crate) pool: &'a McpPool,
@@ -63,6 +64,9 @@ enum Step<'a> {
     },
 }
 
+/// Decision-log entries copied into `_spear` (the rest are counted, and logged).
+const MAX_DECISIONS_SHOWN: usize = 100;
+
 fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
 }
@@ -93,8 +97,15 @@ pub(crate) async fn send<G: GuestTools>(
         .clone()
         .unwrap_or_else(|| backend.default_model().to_owned());
     let tools = ToolSet::build(session, ctx.task, ctx.registry, ctx.pool).await;
+    for decision in &tools.decisions {
+        tracing::info!(task_id = ctx.task_id, session_fd = ctx.session_fd, server_id = %decision.server_id, tool = decision.tool.as_deref(), reason = ?decision.reason, detail = %decision.detail, "MCP policy decision");
+    }
     if session.mcp.enabled && tools.servers.is_empty() && !session.mcp.server_ids.is_empty() {
-        tracing::warn!(task_id = ctx.task_id, excluded = ?tools.excluded, "no MCP server is usable for this chat session");
+        tracing::warn!(
+            task_id = ctx.task_id,
+            session_fd = ctx.session_fd,
+            "no MCP server is usable for this chat session; continuing without MCP tools"
+        );
     }
     let mut total_calls = 0u32;
     let outcome: Result<Value, Value> = loop {
@@ -163,7 +174,8 @@ pub(crate) async fn send<G: GuestTools>(
         "tool_calls": summary,
         "mcp": {
             "servers": tools.servers,
-            "excluded": tools.excluded.iter().map(|(id, reason)| json!({"server_id": id, "reason": reason})).collect::<Vec<_>>(),
+            "decisions": tools.decisions.iter().take(MAX_DECISIONS_SHOWN).collect::<Vec<_>>(),
+            "decisions_omitted": tools.decisions.len().saturating_sub(MAX_DECISIONS_SHOWN),
         },
     });
     let body = match outcome {
@@ -315,16 +327,9 @@ async fn run_tool_calls<G: GuestTools>(
                     tool: tool.clone(),
                     args: mcp_arguments(&raw),
                 },
-                Resolution::Denied { server_id, tool } => {
-                    tracing::info!(
-                        task_id = ctx.task_id,
-                        server_id,
-                        tool,
-                        "model asked for an MCP tool this session does not allow"
-                    );
-                    let message = format!(
-                        "tool `{tool}` of server `{server_id}` is not enabled for this chat session"
-                    );
+                Resolution::Denied { server_id, tool, why } => {
+                    tracing::info!(task_id = ctx.task_id, session_fd = ctx.session_fd, server_id, tool, reason = %why, "model asked for an MCP tool this session does not allow");
+                    let message = format!("tool `{tool}` of server `{server_id}` is not available in this chat session: {why}");
                     Step::Refused {
                         kind: "denied",
                         result: McpError::new(McpErrorCode::PolicyDenied, message)

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::ChatSession;
-use crate::mcp::{CallToolResult, McpPool, Registry, ServerEntry};
-use crate::policy::{TaskMcpPolicy, ToolFilter};
+use crate::mcp::{CallToolResult, McpError, McpErrorCode, McpPool, Registry, ServerEntry, Tool};
+use crate::policy::{self, Decision, Effective, Reason, SessionRequest, TaskMcpPolicy};
 
 /// A tool the guest registered with `cchat_write_fn`.
 #[derive(Clone, Debug)]
@@ -82,10 +82,11 @@ pub(crate) enum Route {
 /// How a name the model used resolves.
 pub(crate) enum Resolution<'a> {
     Route(&'a Route),
-    /// An MCP tool this session does not allow.
+    /// An MCP tool this session does not allow, and why.
     Denied {
         server_id: String,
         tool: String,
+        why: String,
     },
     Unknown,
 }
@@ -99,8 +100,8 @@ pub(crate) struct ToolSet {
     registry_ids: HashSet<String>,
     /// MCP servers whose tools were offered.
     pub(crate) servers: Vec<String>,
-    /// MCP servers left out, with the reason.
-    pub(crate) excluded: Vec<(String, String)>,
+    /// The decision log: every requested server and listed tool left out, and why.
+    pub(crate) decisions: Vec<Decision>,
 }
 
 /// `mcp__<server_id>__<tool>`, made to fit `^[a-zA-Z0-9_-]{1,64}$`; a name that had to be
@@ -126,14 +127,43 @@ pub(crate) fn mcp_model_name(server_id: &str, tool: &str, taken: &HashSet<String
     format!("{base}_{hash}")
 }
 
+/// The session's request to the policy.
+pub(crate) fn session_request(session: &ChatSession) -> SessionRequest<'_> {
+    SessionRequest {
+        enabled: session.mcp.enabled,
+        server_ids: &session.mcp.server_ids,
+        tool_allowlist: session.mcp.tool_allowlist.as_deref(),
+        tool_denylist: &session.mcp.tool_denylist,
+    }
+}
+
 impl ToolSet {
-    /// Guest tools plus the MCP tools the session may use. Listing comes from the pool's
-    /// cache; a server that cannot list is left out with its reason.
+    /// Guest tools plus the MCP tools the effective policy grants. Listing comes from the
+    /// pool's cache; a server that cannot list is left out with its reason.
     pub(crate) async fn build(
         session: &ChatSession,
         task: &TaskMcpPolicy,
         registry: &Registry,
         pool: &McpPool,
+    ) -> Self {
+        let effective = policy::effective(registry, task, &session_request(session));
+        let listings = futures::future::join_all(
+            effective
+                .servers
+                .iter()
+                .map(|grant| pool.list_tools(&grant.entry)),
+        )
+        .await;
+        Self::assemble(session, registry, effective, listings)
+    }
+
+    /// The pure part of [`build`](Self::build): names, definitions and the decision log from
+    /// the effective policy and each granted server's listing (in grant order).
+    pub(crate) fn assemble(
+        session: &ChatSession,
+        registry: &Registry,
+        effective: Effective,
+        listings: Vec<Result<Arc<[Tool]>, McpError>>,
     ) -> Self {
         let mut set = ToolSet {
             definitions: session
@@ -159,58 +189,42 @@ impl ToolSet {
                 .map(|s| s.server_id().to_owned())
                 .collect(),
             servers: Vec::new(),
-            excluded: Vec::new(),
+            decisions: effective.decisions,
         };
-        if !(session.mcp.enabled && task.enabled) {
-            return set;
-        }
-        let mut candidates = Vec::new();
-        let mut seen = HashSet::new();
-        for id in session
-            .mcp
-            .server_ids
-            .iter()
-            .filter(|id| seen.insert(id.as_str()))
-        {
-            let reason = if !task.allowed_server_ids.contains(id) {
-                "not_allowed_by_task".to_owned()
-            } else if let Some(entry) = registry.get(id) {
-                if let Err(why) = &entry.launch {
-                    format!("unavailable: {why}")
-                } else if entry.record.allowed_tools.is_empty() {
-                    "deny_all_server: allowed_tools is empty".to_owned()
-                } else {
-                    candidates.push(entry.clone());
-                    continue;
-                }
-            } else {
-                "unknown_server".to_owned()
-            };
-            set.excluded.push((id.clone(), reason));
-        }
-        let listings =
-            futures::future::join_all(candidates.iter().map(|entry| pool.list_tools(entry))).await;
         let mut taken: HashSet<String> = set.routes.keys().cloned().collect();
-        for (entry, listed) in candidates.into_iter().zip(listings) {
+        for (grant, listed) in effective.servers.into_iter().zip(listings) {
+            let server_id = grant.entry.server_id().to_owned();
             let tools = match listed {
                 Ok(tools) => tools,
                 Err(error) => {
-                    tracing::warn!(server_id = entry.server_id(), %error, "leaving out an MCP server's tools");
-                    set.excluded.push((
-                        entry.server_id().to_owned(),
-                        format!("list_failed: {error}"),
-                    ));
+                    let reason = if error.code == McpErrorCode::Timeout {
+                        Reason::ListTimeout
+                    } else {
+                        Reason::ListFailed
+                    };
+                    tracing::warn!(server_id, %error, "leaving out an MCP server's tools");
+                    set.decisions.push(Decision {
+                        server_id,
+                        tool: None,
+                        reason,
+                        detail: error.to_string(),
+                    });
                     continue;
                 }
             };
-            let filter = ToolFilter::new(&entry.record.allowed_tools, task).with_session(
-                session.mcp.tool_allowlist.as_deref(),
-                &session.mcp.tool_denylist,
-            );
-            let mut visible: Vec<_> = tools.iter().filter(|t| filter.permits(&t.name)).collect();
-            visible.sort_by(|a, b| a.name.cmp(&b.name));
-            for tool in visible {
-                let name = mcp_model_name(entry.server_id(), &tool.name, &taken);
+            let mut sorted: Vec<&Tool> = tools.iter().collect();
+            sorted.sort_by(|a, b| a.name.cmp(&b.name));
+            for tool in sorted {
+                if let Err(denial) = grant.filter.check(&tool.name) {
+                    set.decisions.push(Decision {
+                        server_id: server_id.clone(),
+                        tool: Some(tool.name.to_string()),
+                        reason: denial.reason(),
+                        detail: denial.to_string(),
+                    });
+                    continue;
+                }
+                let name = mcp_model_name(&server_id, &tool.name, &taken);
                 taken.insert(name.clone());
                 let mut function = json!({"name": name, "parameters": Value::Object((*tool.input_schema).clone())});
                 if let Some(description) = &tool.description {
@@ -218,19 +232,17 @@ impl ToolSet {
                 }
                 set.definitions
                     .push(json!({"type": "function", "function": function}));
-                set.mcp_names.insert(
-                    (entry.server_id().to_owned(), tool.name.to_string()),
-                    name.clone(),
-                );
+                set.mcp_names
+                    .insert((server_id.clone(), tool.name.to_string()), name.clone());
                 set.routes.insert(
                     name,
                     Route::Mcp {
-                        entry: entry.clone(),
+                        entry: grant.entry.clone(),
                         tool: tool.name.to_string(),
                     },
                 );
             }
-            set.servers.push(entry.server_id().to_owned());
+            set.servers.push(server_id);
         }
         set
     }
@@ -254,13 +266,21 @@ impl ToolSet {
         if let Some(model_name) = self.mcp_names.get(&(server_id.to_owned(), tool.to_owned())) {
             return Resolution::Route(&self.routes[model_name]);
         }
-        if self.registry_ids.contains(server_id) {
-            Resolution::Denied {
-                server_id: server_id.to_owned(),
-                tool: tool.to_owned(),
-            }
-        } else {
-            Resolution::Unknown
+        if !self.registry_ids.contains(server_id) {
+            return Resolution::Unknown;
+        }
+        let why = self
+            .decisions
+            .iter()
+            .find(|d| d.server_id == server_id && d.tool.as_deref().is_none_or(|t| t == tool))
+            .map_or_else(
+                || "the session does not enable this server (mcp.server_ids)".to_owned(),
+                |d| d.to_string(),
+            );
+        Resolution::Denied {
+            server_id: server_id.to_owned(),
+            tool: tool.to_owned(),
+            why,
         }
     }
 

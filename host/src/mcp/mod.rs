@@ -14,8 +14,8 @@ pub use env::{EnvLookup, EnvRefError, expand};
 pub use error::{McpError, McpErrorCode};
 pub use pool::{McpPool, ServerStatus};
 pub use registry::{
-    ApprovalPolicy, Budgets, HttpConfig, Launch, Problem, Registry, RegistryDirError, ServerEntry,
-    ServerRecord, ServerView, Severity, StdioConfig, Transport, is_valid_server_id,
+    ApprovalPolicy, Budgets, HttpConfig, Launch, Problem, Profile, Registry, RegistryDirError,
+    ServerEntry, ServerRecord, ServerView, Severity, StdioConfig, Transport, is_valid_server_id,
 };
 pub(crate) use session::{McpSession, PendingKey};
 

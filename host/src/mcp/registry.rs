@@ -110,6 +110,8 @@ struct ServerFile {
     approval_policy: ApprovalPolicy,
     #[serde(default)]
     budgets: BudgetsFile,
+    #[serde(default)]
+    tags: Vec<String>,
 }
 
 /// One server as written in its file, with defaults applied and references unresolved.
@@ -124,6 +126,8 @@ pub struct ServerRecord {
     pub allowed_tools: Vec<String>,
     pub approval_policy: ApprovalPolicy,
     pub budgets: Budgets,
+    /// Labels profiles select servers by (e.g. `scm`, `search`).
+    pub tags: Vec<String>,
 }
 
 /// How to start or reach a server, with every reference resolved. Holds secrets: its
@@ -181,6 +185,7 @@ impl ServerEntry {
             tool_namespace: r.tool_namespace.clone(),
             allowed_tools: r.allowed_tools.clone(),
             approval_policy: r.approval_policy,
+            tags: r.tags.clone(),
             budgets: BudgetsView {
                 tool_timeout_ms: r.budgets.tool_timeout.as_millis() as u64,
                 max_concurrency: r.budgets.max_concurrency,
@@ -201,6 +206,8 @@ pub struct ServerView {
     pub tool_namespace: String,
     pub allowed_tools: Vec<String>,
     pub approval_policy: ApprovalPolicy,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
     pub budgets: BudgetsView,
     pub available: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -258,8 +265,41 @@ pub struct RegistryDirError {
 #[derive(Debug, Default)]
 pub struct Registry {
     servers: BTreeMap<String, Arc<ServerEntry>>,
+    profiles: BTreeMap<String, Profile>,
     problems: Vec<Problem>,
     revision: String,
+}
+
+/// A named selection of servers (by id and/or tag) with tool lists, from
+/// `<registry>/profiles/*.toml`. A task names one with `mcp.profile`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub server_ids: Vec<String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub tool_allowlist: Option<Vec<String>>,
+    #[serde(default)]
+    pub tool_denylist: Vec<String>,
+}
+
+impl Profile {
+    /// Its servers: those it names, and those carrying one of its tags, in registry order.
+    pub fn servers(&self, registry: &Registry) -> Vec<String> {
+        registry
+            .servers()
+            .filter(|s| {
+                self.server_ids.iter().any(|id| id == s.server_id())
+                    || s.record.tags.iter().any(|t| self.tags.contains(t))
+            })
+            .map(|s| s.server_id().to_owned())
+            .collect()
+    }
 }
 
 impl Registry {
@@ -351,6 +391,7 @@ impl Registry {
             }
             servers.insert(entry.server_id().to_owned(), Arc::new(entry));
         }
+        let profiles = load_profiles(&dir.join("profiles"), &servers, &mut problems, &mut hashed);
         let mut launches: Vec<(String, Vec<u8>)> = servers
             .values()
             .map(|s| (s.server_id().to_owned(), launch_fingerprint(&s.launch)))
@@ -358,6 +399,7 @@ impl Registry {
         hashed.append(&mut launches);
         Ok(Self {
             servers,
+            profiles,
             problems,
             revision: revision_of(&hashed),
         })
@@ -365,6 +407,38 @@ impl Registry {
 
     pub fn get(&self, server_id: &str) -> Option<&Arc<ServerEntry>> {
         self.servers.get(server_id)
+    }
+
+    pub fn profile(&self, name: &str) -> Option<&Profile> {
+        self.profiles.get(name)
+    }
+
+    pub fn profiles(&self) -> impl Iterator<Item = &Profile> {
+        self.profiles.values()
+    }
+
+    /// A registry built in code (tests, embedders with their own source of records).
+    pub fn from_entries(entries: Vec<ServerEntry>, profiles: Vec<Profile>) -> Self {
+        let servers: BTreeMap<_, _> = entries
+            .into_iter()
+            .map(|e| (e.server_id().to_owned(), Arc::new(e)))
+            .collect();
+        let profiles = profiles.into_iter().map(|p| (p.name.clone(), p)).collect();
+        let parts: Vec<(String, Vec<u8>)> = servers
+            .values()
+            .map(|s: &Arc<ServerEntry>| {
+                (
+                    s.server_id().to_owned(),
+                    format!("{:?}", s.record).into_bytes(),
+                )
+            })
+            .collect();
+        Self {
+            servers,
+            profiles,
+            problems: Vec::new(),
+            revision: revision_of(&parts),
+        }
     }
 
     pub fn servers(&self) -> impl Iterator<Item = &Arc<ServerEntry>> {
@@ -380,6 +454,105 @@ impl Registry {
     pub fn revision(&self) -> &str {
         &self.revision
     }
+}
+
+/// Reads `profiles/*.toml` (same file rules as server records). A profile naming an
+/// unknown server is an error and is left out; a tag no server carries is a warning.
+fn load_profiles(
+    dir: &Path,
+    servers: &BTreeMap<String, Arc<ServerEntry>>,
+    problems: &mut Vec<Problem>,
+    hashed: &mut Vec<(String, Vec<u8>)>,
+) -> BTreeMap<String, Profile> {
+    let mut profiles = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return profiles;
+    };
+    let mut files: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            !is_ignored_name(&name) && name.ends_with(".toml")
+        })
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    for path in files {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) => {
+                problems.push(file_problem(&path, None, format!("cannot read: {e}")));
+                continue;
+            }
+        };
+        hashed.push((
+            format!("profiles/{}", path.display()),
+            text.clone().into_bytes(),
+        ));
+        let value: toml::Value = match toml::from_str(&text) {
+            Ok(value) => value,
+            Err(e) => {
+                problems.push(file_problem(
+                    &path,
+                    None,
+                    format!("invalid TOML: {}", e.message()),
+                ));
+                continue;
+            }
+        };
+        let profile: Profile = match serde_path_to_error::deserialize(value) {
+            Ok(profile) => profile,
+            Err(e) => {
+                let field = e.path().to_string();
+                problems.push(file_problem(
+                    &path,
+                    (field != ".").then_some(field.as_str()),
+                    e.into_inner().to_string(),
+                ));
+                continue;
+            }
+        };
+        if let Some(unknown) = profile
+            .server_ids
+            .iter()
+            .find(|id| !servers.contains_key(*id))
+        {
+            problems.push(file_problem(
+                &path,
+                Some("server_ids"),
+                format!(
+                    "profile `{}` names unknown server `{unknown}`",
+                    profile.name
+                ),
+            ));
+            continue;
+        }
+        for tag in profile
+            .tags
+            .iter()
+            .filter(|t| !servers.values().any(|s| s.record.tags.contains(t)))
+        {
+            problems.push(Problem {
+                severity: Severity::Warning,
+                path: path.clone(),
+                field: Some("tags".into()),
+                message: format!("no server carries tag `{tag}`"),
+            });
+        }
+        if let Some(previous) = profiles.insert(profile.name.clone(), profile) {
+            problems.push(Problem {
+                severity: Severity::Warning,
+                path: path.clone(),
+                field: Some("name".into()),
+                message: format!(
+                    "profile `{}` is defined more than once; this file wins",
+                    previous.name
+                ),
+            });
+        }
+    }
+    profiles
 }
 
 fn is_ignored_name(name: &str) -> bool {
@@ -601,6 +774,12 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
                 .map_err(|e| field_err(format!("http.headers.{key}"), e.to_string()))?;
         }
     }
+    if let Some(i) = file.tags.iter().position(|t| !is_valid_server_id(t)) {
+        return Err(field_err(
+            format!("tags[{i}]"),
+            "a tag is 1 to 64 characters of letters, digits, `_` and `-`",
+        ));
+    }
     if let Some(i) = file.allowed_tools.iter().position(|p| p.trim().is_empty()) {
         return Err(field_err(
             format!("allowed_tools[{i}]"),
@@ -638,6 +817,7 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
         allowed_tools: file.allowed_tools,
         approval_policy: file.approval_policy,
         budgets,
+        tags: file.tags,
     })
 }
 

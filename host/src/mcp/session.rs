@@ -62,6 +62,7 @@ impl McpSession {
                 max_concurrency: 1,
                 max_tool_output_bytes: 1,
             },
+            tags: vec![],
         };
         let filter = ToolFilter::new(&[], &Default::default());
         let server = ServerEntry {

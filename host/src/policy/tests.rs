@@ -1,0 +1,456 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::chat::{
+    ChatSession,
+    tools::{Resolution, Route, ToolSet},
+};
+use crate::mcp::{ApprovalPolicy, Budgets, Launch, ServerEntry, ServerRecord, Tool, Transport};
+
+fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEntry {
+    ServerEntry {
+        record: ServerRecord {
+            server_id: id.into(),
+            display_name: id.into(),
+            transport: Transport::Stdio,
+            stdio: None,
+            http: None,
+            tool_namespace: format!("mcp.{id}"),
+            allowed_tools: allowed.iter().map(|s| s.to_string()).collect(),
+            approval_policy: ApprovalPolicy::Never,
+            budgets: Budgets {
+                tool_timeout: crate::defaults::TOOL_TIMEOUT,
+                max_concurrency: 1,
+                max_tool_output_bytes: 1,
+            },
+            tags: tags.iter().map(|s| s.to_string()).collect(),
+        },
+        source: format!("{id}.toml").into(),
+        launch: if available {
+            Ok(Launch::Stdio {
+                command: "x".into(),
+                args: vec![],
+                env: BTreeMap::new(),
+                cwd: None,
+            })
+        } else {
+            Err("environment variable `TOKEN` is not set".into())
+        },
+    }
+}
+
+fn patterns(list: &[&str]) -> Vec<Pattern> {
+    list.iter().map(|p| Pattern::new(*p)).collect()
+}
+
+fn ids(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+fn task(allowed: &[&str], defaults: &[&str]) -> TaskMcpPolicy {
+    TaskMcpPolicy {
+        enabled: true,
+        default_server_ids: ids(defaults),
+        allowed_server_ids: ids(allowed),
+        tool_allowlist: None,
+        tool_denylist: vec![],
+        profile: None,
+    }
+}
+
+#[test]
+fn filter_layers_only_narrow_and_denylists_veto() {
+    let mut t = task(&["fs"], &["fs"]);
+    t.tool_allowlist = Some(patterns(&["*"]));
+    t.tool_denylist = patterns(&["delete_*"]);
+    let filter = ToolFilter::new(&ids(&["read_*", "delete_*"]), &t);
+    assert!(filter.permits("read_text"));
+    assert_eq!(
+        filter.check("delete_file"),
+        Err(Denial::DeniedByPattern(
+            Layer::Task,
+            Pattern::new("delete_*")
+        ))
+    );
+    assert_eq!(
+        filter.check("write_text"),
+        Err(Denial::NotInAllowlist(Layer::Registry)),
+        "the task's * cannot widen"
+    );
+    let narrowed = filter
+        .clone()
+        .with_session(Some(&patterns(&["read_a*"])), &[]);
+    assert_eq!(
+        narrowed.check("read_text"),
+        Err(Denial::NotInAllowlist(Layer::Session))
+    );
+    let vetoed = filter.with_session(None, &patterns(&["read_text"]));
+    assert_eq!(
+        vetoed.check("read_text"),
+        Err(Denial::DeniedByPattern(
+            Layer::Session,
+            Pattern::new("read_text")
+        ))
+    );
+    assert_eq!(
+        ToolFilter::new(&[], &t).check("echo"),
+        Err(Denial::NotInAllowlist(Layer::Registry))
+    );
+}
+
+#[test]
+fn effective_logs_a_reason_for_every_server_left_out() {
+    let registry = Registry::from_entries(
+        vec![
+            entry("fs", &["*"], &[], true),
+            entry("gitlab", &["*"], &[], false),
+            entry("locked", &[], &[], true),
+            entry("web", &["*"], &[], true),
+        ],
+        vec![],
+    );
+    let t = task(&["fs", "gitlab", "locked"], &["fs"]);
+    let requested = ids(&["fs", "gitlab", "locked", "web", "nope", "fs"]);
+    let session = SessionRequest {
+        enabled: true,
+        server_ids: &requested,
+        tool_allowlist: None,
+        tool_denylist: &[],
+    };
+    let effective = effective(&registry, &t, &session);
+    assert_eq!(
+        effective
+            .servers
+            .iter()
+            .map(|g| g.entry.server_id())
+            .collect::<Vec<_>>(),
+        ["fs"]
+    );
+    let reasons: Vec<(String, Reason)> = effective
+        .decisions
+        .iter()
+        .map(|d| (d.server_id.clone(), d.reason))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("gitlab".into(), Reason::EnvMissing),
+            ("locked".into(), Reason::DenyAllServer),
+            ("web".into(), Reason::NotAllowedByTask),
+            ("nope".into(), Reason::UnknownServer),
+        ]
+    );
+    let off = SessionRequest {
+        enabled: false,
+        ..session
+    };
+    assert!(
+        effective_reasons(&registry, &t, &off)
+            .iter()
+            .all(|r| *r == Reason::Disabled || *r == Reason::UnknownServer)
+    );
+}
+
+fn effective_reasons(
+    registry: &Registry,
+    t: &TaskMcpPolicy,
+    s: &SessionRequest<'_>,
+) -> Vec<Reason> {
+    effective(registry, t, s)
+        .decisions
+        .iter()
+        .map(|d| d.reason)
+        .collect()
+}
+
+#[test]
+fn profiles_select_by_id_and_tag_and_tasks_only_narrow_them() {
+    let registry = Registry::from_entries(
+        vec![
+            entry("gitlab", &["*"], &["scm"], true),
+            entry("github", &["*"], &["scm"], true),
+            entry("fs", &["*"], &[], true),
+            entry("web", &["*"], &["search"], true),
+        ],
+        vec![Profile {
+            name: "code-review".into(),
+            description: None,
+            server_ids: ids(&["fs"]),
+            tags: ids(&["scm"]),
+            tool_allowlist: Some(ids(&["read_*", "list_*"])),
+            tool_denylist: ids(&["delete_*"]),
+        }],
+    );
+    let config = TaskMcpConfig {
+        enabled: true,
+        profile: Some("code-review".into()),
+        ..TaskMcpConfig::default()
+    };
+    let policy = config.resolve(&registry).unwrap();
+    assert_eq!(policy.allowed_server_ids, ["fs", "github", "gitlab"]);
+    assert_eq!(policy.default_server_ids, policy.allowed_server_ids);
+    let filter = ToolFilter::new(&ids(&["*"]), &policy);
+    assert_eq!(
+        filter.check("write_file"),
+        Err(Denial::NotInAllowlist(Layer::Profile))
+    );
+    assert_eq!(filter.check("read_delete_me"), Ok(()));
+    assert!(matches!(
+        filter.check("delete_repo"),
+        Err(Denial::DeniedByPattern(Layer::Profile, _))
+    ));
+
+    let narrowed = TaskMcpConfig {
+        default_server_ids: Some(ids(&["gitlab"])),
+        ..config.clone()
+    }
+    .resolve(&registry)
+    .unwrap();
+    assert_eq!(narrowed.default_server_ids, ["gitlab"]);
+    let wider = TaskMcpConfig {
+        allowed_server_ids: Some(ids(&["gitlab", "web"])),
+        ..config.clone()
+    };
+    let err = wider.resolve(&registry).unwrap_err();
+    assert_eq!(err.key, "mcp.allowed_server_ids");
+    assert!(err.message.contains("`web`"));
+    let unknown = TaskMcpConfig {
+        profile: Some("nope".into()),
+        ..config
+    };
+    assert_eq!(unknown.resolve(&registry).unwrap_err().key, "mcp.profile");
+}
+
+#[test]
+fn enabled_with_no_default_is_a_warning() {
+    assert_eq!(task(&[], &[]).warnings().len(), 1);
+    assert!(task(&["fs"], &["fs"]).warnings().is_empty());
+}
+
+// ---------------------------------------------------------------------------------------
+// Property: across random registries, tasks (with profiles), sessions and model-requested
+// tool names, nothing outside every layer's allowlist or inside any denylist is ever
+// offered to the model, routed for execution, or opened through `mcp_open`; and everything
+// every layer allows is offered.
+
+const SERVERS: [&str; 4] = ["a", "b", "c", "d"];
+const TOOLS: [&str; 6] = [
+    "read_file",
+    "read_dir",
+    "write_file",
+    "delete_file",
+    "list",
+    "search",
+];
+const PATTERNS: [&str; 8] = [
+    "*",
+    "read_*",
+    "*_file",
+    "list",
+    "?ead_*",
+    "delete_*",
+    "write_file",
+    "nomatch",
+];
+
+fn subset<T: Clone + std::fmt::Debug + 'static>(
+    items: &'static [T],
+) -> impl Strategy<Value = Vec<T>> {
+    proptest::sample::subsequence(items, 0..=items.len())
+}
+
+fn maybe_patterns() -> impl Strategy<Value = Option<Vec<&'static str>>> {
+    proptest::option::of(subset(&PATTERNS))
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    servers: Vec<(&'static str, Vec<&'static str>, bool)>,
+    task_enabled: bool,
+    task_allowed: Vec<&'static str>,
+    task_allow: Option<Vec<&'static str>>,
+    task_deny: Vec<&'static str>,
+    profile: Option<(Option<Vec<&'static str>>, Vec<&'static str>)>,
+    session_enabled: bool,
+    session_servers: Vec<&'static str>,
+    session_allow: Option<Vec<&'static str>>,
+    session_deny: Vec<&'static str>,
+    requested: Vec<String>,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    let servers =
+        proptest::collection::vec((subset(&PATTERNS), any::<bool>()), 4).prop_map(|per| {
+            SERVERS
+                .iter()
+                .zip(per)
+                .map(|(id, (allowed, available))| (*id, allowed, available))
+                .collect::<Vec<_>>()
+        });
+    let requested = proptest::collection::vec(
+        prop_oneof![
+            (0..4usize, 0..6usize).prop_map(|(s, t)| format!("mcp__{}__{}", SERVERS[s], TOOLS[t])),
+            (0..4usize, 0..6usize).prop_map(|(s, t)| format!("mcp.{}.{}", SERVERS[s], TOOLS[t])),
+            (0..6usize).prop_map(|t| TOOLS[t].to_owned()),
+            "[a-z_.]{0,12}",
+        ],
+        0..12,
+    );
+    (
+        (
+            servers,
+            any::<bool>(),
+            subset(&SERVERS),
+            maybe_patterns(),
+            subset(&PATTERNS),
+        ),
+        proptest::option::of((maybe_patterns(), subset(&PATTERNS))),
+        (
+            any::<bool>(),
+            subset(&["a", "b", "c", "d", "z"]),
+            maybe_patterns(),
+            subset(&PATTERNS),
+            requested,
+        ),
+    )
+        .prop_map(
+            |(
+                (servers, task_enabled, task_allowed, task_allow, task_deny),
+                profile,
+                (session_enabled, session_servers, session_allow, session_deny, requested),
+            )| Case {
+                servers,
+                task_enabled,
+                task_allowed,
+                task_allow,
+                task_deny,
+                profile,
+                session_enabled,
+                session_servers,
+                session_allow,
+                session_deny,
+                requested,
+            },
+        )
+}
+
+fn any_matches(patterns: &[&str], name: &str) -> bool {
+    patterns.iter().any(|p| Pattern::new(*p).matches(name))
+}
+
+impl Case {
+    /// The reference answer, written independently of the code under test.
+    fn allowed(&self, server: &str, tool: &str, via_session: bool) -> bool {
+        let Some((_, registry_allow, available)) =
+            self.servers.iter().find(|(id, ..)| *id == server)
+        else {
+            return false;
+        };
+        let layer_ok = |allow: &Option<Vec<&str>>, deny: &[&str]| {
+            allow.as_ref().is_none_or(|a| any_matches(a, tool)) && !any_matches(deny, tool)
+        };
+        let profile_ok = self
+            .profile
+            .as_ref()
+            .is_none_or(|(allow, deny)| layer_ok(allow, deny));
+        let session_ok = !via_session
+            || (self.session_enabled
+                && self.session_servers.contains(&server)
+                && layer_ok(&self.session_allow, &self.session_deny));
+        *available
+            && !registry_allow.is_empty()
+            && any_matches(registry_allow, tool)
+            && self.task_enabled
+            && self.task_allowed.contains(&server)
+            && profile_ok
+            && layer_ok(&self.task_allow, &self.task_deny)
+            && session_ok
+    }
+
+    fn registry(&self) -> Registry {
+        Registry::from_entries(
+            self.servers
+                .iter()
+                .map(|(id, allowed, available)| entry(id, allowed, &[], *available))
+                .collect(),
+            vec![],
+        )
+    }
+
+    fn task(&self) -> TaskMcpPolicy {
+        TaskMcpPolicy {
+            enabled: self.task_enabled,
+            default_server_ids: vec![],
+            allowed_server_ids: self.task_allowed.iter().map(|s| s.to_string()).collect(),
+            tool_allowlist: self.task_allow.as_deref().map(patterns),
+            tool_denylist: patterns(&self.task_deny),
+            profile: self.profile.as_ref().map(|(allow, deny)| ProfileTools {
+                name: "p".into(),
+                tool_allowlist: allow.as_deref().map(patterns),
+                tool_denylist: patterns(deny),
+            }),
+        }
+    }
+
+    fn session(&self, task: &TaskMcpPolicy) -> ChatSession {
+        let mut session = ChatSession::new(task);
+        session.mcp.enabled = self.session_enabled;
+        session.mcp.server_ids = self.session_servers.iter().map(|s| s.to_string()).collect();
+        session.mcp.tool_allowlist = self.session_allow.as_deref().map(patterns);
+        session.mcp.tool_denylist = patterns(&self.session_deny);
+        session
+    }
+}
+
+fn listing() -> Arc<[Tool]> {
+    TOOLS
+        .iter()
+        .map(|t| Tool::new(*t, "a tool", Arc::new(serde_json::Map::new())))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn nothing_outside_every_layer_is_offered_or_executed(case in case()) {
+        let registry = case.registry();
+        let task = case.task();
+        let session = case.session(&task);
+        let request = crate::chat::tools::session_request(&session);
+        let effective = effective(&registry, &task, &request);
+        let listings = effective.servers.iter().map(|_| Ok(listing())).collect();
+        let tools = ToolSet::assemble(&session, &registry, effective, listings);
+
+        // Offered: exactly what every layer allows.
+        let offered: Vec<String> = tools.definitions.iter().map(|d| d["function"]["name"].as_str().unwrap().to_owned()).collect();
+        for server in SERVERS {
+            for tool in TOOLS {
+                let name = format!("mcp__{server}__{tool}");
+                prop_assert_eq!(offered.contains(&name), case.allowed(server, tool, true), "{}", name);
+            }
+        }
+        // Executed: whatever the model asks for, a route leads only to an allowed tool.
+        for name in &case.requested {
+            if let Resolution::Route(Route::Mcp { entry, tool }) = tools.resolve(name) {
+                prop_assert!(case.allowed(entry.server_id(), tool, true), "{} routed to {}/{}", name, entry.server_id(), tool);
+            }
+        }
+        // The hostcall path: mcp_open and its fd's filter.
+        for server in SERVERS {
+            let requested = [server.to_owned()];
+            let single = super::effective(&registry, &task, &SessionRequest::single(&requested));
+            match single.grant(server) {
+                Some(grant) => {
+                    for tool in TOOLS {
+                        prop_assert_eq!(grant.filter.permits(tool), case.allowed(server, tool, false), "{}/{}", server, tool);
+                    }
+                }
+                None => prop_assert!(TOOLS.iter().all(|tool| !case.allowed(server, tool, false)) || !case.task_allowed.contains(&server)),
+            }
+        }
+    }
+}
