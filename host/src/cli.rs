@@ -65,6 +65,9 @@ struct RunArgs {
     /// Write every LLM exchange of the run to this replay transcript.
     #[arg(long)]
     record: Option<PathBuf>,
+    /// Print the task's MCP policy decision log (to stderr) before running it.
+    #[arg(long)]
+    explain_policy: bool,
     /// Guest arguments, replacing the task's `args`.
     #[arg(last = true)]
     args: Vec<String>,
@@ -153,6 +156,15 @@ async fn run(args: RunArgs) -> i32 {
         Ok(host) => host,
         Err(e) => return fail(e),
     };
+    if args.explain_policy {
+        match host.explain_policy(&task).await {
+            Ok(report) => eprint!("{report}"),
+            Err(e) => {
+                host.shutdown().await;
+                return fail(e);
+            }
+        }
+    }
     let module = match host.load_module_file(&args.module) {
         Ok(module) => module,
         Err(e) => return fail(e),

@@ -15,10 +15,13 @@ use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, I32Exit, WasiCtxBuilder};
 
 use crate::abi;
+use crate::chat::ChatSession;
+use crate::chat::tools::ToolSet;
 use crate::defaults;
 use crate::fd::FdTable;
 use crate::llm::{Backends, ConfigError, HostConfig, Recorder};
 use crate::mcp::{McpPool, Registry, RegistryDirError, Severity};
+use crate::policy::{self, PolicyReport, SessionRequest};
 pub use crate::runtime::ModuleOrigin;
 use crate::runtime::{
     DeadlineExceeded, Runtime, RuntimeOptions, TaskContext, TaskState, default_cache_dir,
@@ -505,6 +508,59 @@ impl Host {
             }
         }
         Ok(outcome)
+    }
+
+    /// The decision log of `task`: what its chat sessions start with (listing each server's
+    /// tools, so servers may be started), what they may enable, and why everything else
+    /// in the registry is left out.
+    pub async fn explain_policy(&self, task: &TaskSpec) -> Result<PolicyReport, HostError> {
+        let registry = self.registry();
+        let policy = task
+            .mcp_config()?
+            .resolve(&registry)
+            .map_err(|e| TaskError::Config {
+                key: e.key.into(),
+                message: e.message,
+            })?;
+        let session = ChatSession::new(&policy);
+        let tools = ToolSet::build(&session, &policy, &registry, &self.inner.pool).await;
+        let offered = tools
+            .servers
+            .iter()
+            .map(|server| {
+                let prefix = format!("mcp__{server}__");
+                let names = tools
+                    .definitions
+                    .iter()
+                    .filter_map(|d| d["function"]["name"].as_str())
+                    .filter(|name| name.starts_with(&prefix))
+                    .map(str::to_owned)
+                    .collect();
+                (server.clone(), names)
+            })
+            .collect();
+        let mut decisions = tools.decisions;
+        let mut allowed_not_default = Vec::new();
+        for entry in registry
+            .servers()
+            .filter(|e| !policy.default_server_ids.iter().any(|d| d == e.server_id()))
+        {
+            let requested = [entry.server_id().to_owned()];
+            let single = policy::effective(&registry, &policy, &SessionRequest::single(&requested));
+            match single.grant(entry.server_id()) {
+                Some(_) => allowed_not_default.push(entry.server_id().to_owned()),
+                None => decisions.extend(single.decisions),
+            }
+        }
+        Ok(PolicyReport {
+            task_id: task.task_id.clone(),
+            registry_revision: registry.revision().to_owned(),
+            warnings: policy.warnings(),
+            task: policy,
+            offered,
+            allowed_not_default,
+            decisions,
+        })
     }
 
     /// Closes every MCP connection and ends every server process.

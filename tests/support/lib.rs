@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use quiver::{Host, TaskOutcome, TaskSpec};
 use tempfile::TempDir;
 
+pub mod chat_wat;
 pub mod llm;
 pub mod wat;
 
@@ -116,6 +117,19 @@ impl RegistryDir {
             &format!("{server_id}.toml"),
             &fixture_toml(server_id, allowed_tools, extra),
         )
+    }
+}
+
+impl RegistryDir {
+    /// Registers the fixture server as `server_id` carrying `tags`.
+    pub fn fixture_tagged(&self, server_id: &str, allowed_tools: &[&str], tags: &[&str]) -> &Self {
+        let tags: Vec<String> = tags.iter().map(|t| format!("{t:?}")).collect();
+        let record = format!(
+            "tags = [{}]\n{}",
+            tags.join(", "),
+            fixture_toml(server_id, allowed_tools, "")
+        );
+        self.write(&format!("{server_id}.toml"), &record)
     }
 }
 

@@ -17,6 +17,7 @@
 //! call the model makes.
 
 mod pattern;
+mod report;
 
 use std::fmt;
 use std::sync::Arc;
@@ -25,6 +26,7 @@ use serde::Serialize;
 
 pub use pattern::Pattern;
 use pattern::any_match;
+pub use report::PolicyReport;
 
 use crate::mcp::{Profile, Registry, ServerEntry};
 

@@ -1,0 +1,78 @@
+//! `quiver run --explain-policy`: the decision log of a task, as a person reads it.
+
+use std::fmt;
+
+use super::{Decision, TaskMcpPolicy};
+
+/// What a task's chat sessions start with, and why everything else is left out.
+#[derive(Clone, Debug)]
+pub struct PolicyReport {
+    pub task_id: String,
+    pub registry_revision: String,
+    pub task: TaskMcpPolicy,
+    pub warnings: Vec<String>,
+    /// Servers a session starts with, and the model-facing tool names they offer.
+    pub offered: Vec<(String, Vec<String>)>,
+    /// Servers the task allows that are not defaults (a session may enable them).
+    pub allowed_not_default: Vec<String>,
+    /// Every server and tool left out, with the reason.
+    pub decisions: Vec<Decision>,
+}
+
+fn list(items: &[impl fmt::Display]) -> String {
+    if items.is_empty() {
+        return "none".into();
+    }
+    items
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+impl fmt::Display for PolicyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = &self.task;
+        writeln!(
+            f,
+            "MCP policy for task `{}` (registry revision {})",
+            self.task_id, self.registry_revision
+        )?;
+        writeln!(
+            f,
+            "  task: mcp.enabled={} profile={} allowed=[{}] defaults=[{}] tool_allowlist={} tool_denylist=[{}]",
+            t.enabled,
+            t.profile.as_ref().map_or("none", |p| p.name.as_str()),
+            list(&t.allowed_server_ids),
+            list(&t.default_server_ids),
+            t.tool_allowlist
+                .as_ref()
+                .map_or("none (other layers decide)".to_owned(), |l| format!(
+                    "[{}]",
+                    list(l)
+                )),
+            list(&t.tool_denylist),
+        )?;
+        for warning in &self.warnings {
+            writeln!(f, "  warning: {warning}")?;
+        }
+        for (server, tools) in &self.offered {
+            writeln!(
+                f,
+                "  offered  {server}: {} tools: {}",
+                tools.len(),
+                list(tools)
+            )?;
+        }
+        for server in &self.allowed_not_default {
+            writeln!(
+                f,
+                "  allowed  {server}: not a default; a session may enable it with mcp.server_ids"
+            )?;
+        }
+        for decision in &self.decisions {
+            writeln!(f, "  excluded {decision}")?;
+        }
+        Ok(())
+    }
+}
