@@ -34,6 +34,7 @@ async fn the_rust_chat_guest_runs_a_guest_tool_and_an_mcp_tool() {
     let config = HostConfig {
         default_backend: Some("local".into()),
         backends: BTreeMap::from([("local".into(), backend)]),
+        ..Default::default()
     };
     let host = host_builder(&registry)
         .with_config(config, ".")

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use quiver::mcp::{Registry, Severity};
+use std::sync::Arc;
+
+use quiver::mcp::{Registry, ServerEntry, Severity};
 use quiver::policy::{TaskMcpPolicy, ToolFilter};
 use quiver::telemetry::{self, LogFormat};
 use quiver::{Host, HostBuilder, TaskSpec};
@@ -78,10 +80,29 @@ enum McpCommand {
     /// Connect to a server and list its tools after the registry's allowed_tools filter.
     Tools {
         server_id: String,
-        /// MCP registry directory.
-        #[arg(long, env = "QUIVER_REGISTRY")]
-        registry: PathBuf,
+        #[command(flatten)]
+        source: ServerSource,
     },
+    /// Call one tool of a server (within the registry's allowed_tools) and print the result.
+    Call {
+        server_id: String,
+        tool: String,
+        /// The arguments, a JSON object.
+        #[arg(long, default_value = "{}")]
+        args: String,
+        #[command(flatten)]
+        source: ServerSource,
+    },
+}
+
+#[derive(clap::Args)]
+struct ServerSource {
+    /// MCP registry directory.
+    #[arg(long, env = "QUIVER_REGISTRY")]
+    registry: PathBuf,
+    /// Host config (quiver.toml): credentials (`[auth.*]`) and the egress policy.
+    #[arg(long, env = "QUIVER_CONFIG")]
+    config: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -106,10 +127,15 @@ pub fn main() -> ExitCode {
     let status = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run(args).await,
-            Command::Mcp(McpCommand::Tools {
+            Command::Mcp(McpCommand::Tools { server_id, source }) => {
+                mcp_tools(&server_id, source).await
+            }
+            Command::Mcp(McpCommand::Call {
                 server_id,
-                registry,
-            }) => mcp_tools(&server_id, registry).await,
+                tool,
+                args,
+                source,
+            }) => mcp_call(&server_id, &tool, &args, source).await,
             Command::Registry(RegistryCommand::Validate { dir }) => validate(dir),
         }
     });
@@ -218,11 +244,9 @@ fn fail(error: impl std::fmt::Display) -> i32 {
     2
 }
 
-async fn mcp_tools(server_id: &str, dir: PathBuf) -> i32 {
-    let registry = match Registry::load_dir(&dir) {
-        Ok(registry) => registry,
-        Err(e) => return fail(e),
-    };
+/// A host on `source` for one server, or the exit status to give up with.
+fn server_host(server_id: &str, source: &ServerSource) -> Result<(Host, Arc<ServerEntry>), i32> {
+    let registry = Registry::load_dir(&source.registry).map_err(fail)?;
     let Some(entry) = registry.get(server_id).cloned() else {
         let known: Vec<_> = registry
             .servers()
@@ -230,22 +254,26 @@ async fn mcp_tools(server_id: &str, dir: PathBuf) -> i32 {
             .collect();
         eprintln!(
             "quiver: no server `{server_id}` in {} (known: {})",
-            dir.display(),
+            source.registry.display(),
             if known.is_empty() {
                 "none".into()
             } else {
                 known.join(", ")
             }
         );
-        return 1;
+        return Err(1);
     };
-    let host = match Host::builder()
-        .with_registry(registry)
-        .without_disk_cache()
-        .build()
-    {
-        Ok(host) => host,
-        Err(e) => return fail(e),
+    let mut builder = Host::builder().with_registry(registry).without_disk_cache();
+    if let Some(config) = &source.config {
+        builder = builder.with_config_file(config).map_err(fail)?;
+    }
+    Ok((builder.build().map_err(fail)?, entry))
+}
+
+async fn mcp_tools(server_id: &str, source: ServerSource) -> i32 {
+    let (host, entry) = match server_host(server_id, &source) {
+        Ok(found) => found,
+        Err(status) => return status,
     };
     let listed = host.pool().list_tools(&entry).await;
     host.shutdown().await;
@@ -279,6 +307,37 @@ async fn mcp_tools(server_id: &str, dir: PathBuf) -> i32 {
         println!("hidden by allowed_tools: {}", names.join(", "));
     }
     0
+}
+
+async fn mcp_call(server_id: &str, tool: &str, args: &str, source: ServerSource) -> i32 {
+    let arguments = match serde_json::from_str::<serde_json::Value>(args) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => {
+            eprintln!("quiver: --args must be a JSON object, got {args:?}");
+            return 2;
+        }
+    };
+    let (host, entry) = match server_host(server_id, &source) {
+        Ok(found) => found,
+        Err(status) => return status,
+    };
+    let filter = ToolFilter::new(&entry.record.allowed_tools, &TaskMcpPolicy::default());
+    if let Err(denial) = filter.check(tool) {
+        eprintln!("quiver: tool `{tool}` of server `{server_id}`: {denial}");
+        return 1;
+    }
+    let called = host.pool().call_tool(&entry, tool, arguments).await;
+    host.shutdown().await;
+    match called {
+        Ok(output) => {
+            println!("{}", String::from_utf8_lossy(&output.json));
+            i32::from(output.result.is_error == Some(true))
+        }
+        Err(e) => {
+            eprintln!("quiver: {e}");
+            1
+        }
+    }
 }
 
 fn validate(dir: PathBuf) -> i32 {

@@ -91,3 +91,11 @@ pub const OPENAI_DEFAULT_MODEL: &str = "gpt-4o-mini";
 
 /// Base URL of the zero-config OpenAI backend when `OPENAI_BASE_URL` is not set.
 pub const OPENAI_DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// First wait after a failed connection to an MCP server before the next attempt; it
+/// doubles per consecutive failure up to [`RECONNECT_BACKOFF_MAX`]. Calls meanwhile fail
+/// fast with `mcp_unavailable` instead of hammering a server that is down.
+pub const RECONNECT_BACKOFF_BASE: Duration = Duration::from_millis(250);
+
+/// Longest wait between connection attempts to an MCP server.
+pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);

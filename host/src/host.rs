@@ -20,7 +20,7 @@ use crate::chat::tools::ToolSet;
 use crate::defaults;
 use crate::fd::FdTable;
 use crate::llm::{Backends, ConfigError, HostConfig, Recorder};
-use crate::mcp::{McpPool, Registry, RegistryDirError, Severity};
+use crate::mcp::{EgressPolicy, McpPool, Registry, RegistryDirError, RemoteOptions, Severity};
 use crate::policy::{self, PolicyReport, SessionRequest};
 pub use crate::runtime::ModuleOrigin;
 use crate::runtime::{
@@ -174,6 +174,12 @@ impl HostBuilder {
             max_concurrent_tasks: self.max_concurrent_tasks,
             max_task_memory: self.max_task_memory,
         };
+        let egress = EgressPolicy::from_config(&self.config.egress)
+            .map_err(|e| ConfigError::new(&self.config_dir.join("quiver.toml"), "egress", e))?;
+        let remote = RemoteOptions {
+            auth: self.config.auth.clone(),
+            egress,
+        };
         let recorder = self.record_to.map(|path| Arc::new(Recorder::new(path)));
         let backends = Backends::from_config(&self.config, &self.config_dir, recorder)?;
         let runtime = Runtime::new(options, abi::add_to_linker)
@@ -183,7 +189,11 @@ impl HostBuilder {
                 runtime,
                 registry: RwLock::new(Arc::new(registry)),
                 registry_dir: self.registry_dir,
-                pool: Arc::new(McpPool::new(self.tools_cache_ttl, self.connect_timeout)),
+                pool: Arc::new(McpPool::with_remote(
+                    self.tools_cache_ttl,
+                    self.connect_timeout,
+                    remote,
+                )),
                 backends: Arc::new(backends),
             }),
         })

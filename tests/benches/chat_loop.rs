@@ -99,6 +99,7 @@ async fn main() {
     let config = HostConfig {
         default_backend: Some("local".into()),
         backends: BTreeMap::from([("local".into(), backend)]),
+        ..Default::default()
     };
     let host = host_builder(&registry)
         .with_config(config, ".")

@@ -156,6 +156,7 @@ pub fn scripted_host(registry: &crate::RegistryDir, llm: &crate::llm::ScriptedLl
     let config = quiver::llm::HostConfig {
         default_backend: Some("scripted".into()),
         backends: std::collections::BTreeMap::from([("scripted".into(), backend)]),
+        ..Default::default()
     };
     crate::host_builder(registry)
         .with_config(config, ".")

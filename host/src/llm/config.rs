@@ -14,12 +14,24 @@
 //! [backends.demo]
 //! kind = "replay"
 //! transcript = "transcripts/chat-demo.json"   # relative to this file
+//!
+//! [auth.corp]                            # referenced by a registry record's http.auth_ref
+//! kind = "oauth_client_credentials"      # or "api_key" (value_env, header, prefix)
+//! client_id = "quiver"
+//! client_secret_env = "CORP_MCP_SECRET"
+//! token_url = "https://auth.example.com/oauth/token"
+//!
+//! [egress]                               # remote MCP servers the host may reach
+//! allow = ["https://*.example.com"]
+//! allow_private = ["127.0.0.0/8"]        # loopback/private/link-local need this
 //! ```
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+use crate::mcp::{AuthConfig, EgressConfig, EgressPolicy};
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -50,6 +62,12 @@ pub struct HostConfig {
     pub default_backend: Option<String>,
     #[serde(default)]
     pub backends: BTreeMap<String, BackendConfig>,
+    /// Credentials remote MCP servers reference with `http.auth_ref`.
+    #[serde(default)]
+    pub auth: BTreeMap<String, AuthConfig>,
+    /// What remote MCP servers the host may reach.
+    #[serde(default)]
+    pub egress: EgressConfig,
 }
 
 /// A config file that cannot be used, naming the file, the field and the fix.
@@ -62,7 +80,7 @@ pub struct ConfigError {
 }
 
 impl ConfigError {
-    pub(crate) fn new(path: &Path, field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn new(path: &Path, field: impl Into<String>, message: impl Into<String>) -> Self {
         let field = field.into();
         let field = if field.is_empty() {
             field
@@ -92,6 +110,8 @@ impl HostConfig {
                 e.into_inner().to_string(),
             )
         })?;
+        EgressPolicy::from_config(&config.egress)
+            .map_err(|e| ConfigError::new(path, "egress", e))?;
         for (name, backend) in &config.backends {
             let field = |f: &str| format!("backends.{name}.{f}");
             if backend.request_timeout_ms == Some(0) {

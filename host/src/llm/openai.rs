@@ -5,7 +5,6 @@
 //! completion, is reported at once. The API key is read from the environment variable the
 //! config names, at request time, and never logged.
 
-use std::sync::Once;
 use std::time::Duration;
 
 use reqwest::StatusCode;
@@ -24,17 +23,9 @@ pub(super) struct OpenAiBackend {
     client: reqwest::Client,
 }
 
-/// rustls needs a process-wide crypto provider; `ring` builds without extra tooling.
-fn install_crypto_provider() {
-    static ONCE: Once = Once::new();
-    ONCE.call_once(|| {
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    });
-}
-
 impl OpenAiBackend {
     pub(super) fn new(name: &str, config: &BackendConfig) -> Result<Self, ConfigError> {
-        install_crypto_provider();
+        crate::mcp::ensure_tls_provider();
         let at = |field: &str| format!("backends.{name}.{field}");
         let config_path = std::path::Path::new("<host config>");
         let base = config

@@ -4,15 +4,21 @@
 //! long-lived rmcp connection per server, shared by every fd of every task; a session is
 //! what one guest fd holds. Who may call what is decided in [`crate::policy`], not here.
 
+mod auth;
+mod egress;
 mod env;
 mod error;
+mod http;
 mod pool;
 mod registry;
 mod session;
 
+pub use auth::{ApiKeyConfig, AuthConfig, OAuthClientCredentialsConfig};
+pub use egress::{EgressConfig, EgressPolicy};
 pub use env::{EnvLookup, EnvRefError, expand};
 pub use error::{McpError, McpErrorCode};
-pub use pool::{McpPool, ServerStatus};
+pub use http::ensure_tls_provider;
+pub use pool::{McpPool, RemoteOptions, ServerStatus};
 pub use registry::{
     ApprovalPolicy, Budgets, HttpConfig, Launch, Problem, Profile, Registry, RegistryDirError,
     ServerEntry, ServerRecord, ServerView, Severity, StdioConfig, Transport, is_valid_server_id,

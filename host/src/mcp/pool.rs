@@ -27,8 +27,11 @@ use tokio::io::AsyncBufReadExt;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
 
+use super::auth::{AuthConfig, Credentials};
+use super::egress::EgressPolicy;
 use super::error::{McpError, McpErrorCode};
-use super::registry::{ApprovalPolicy, Launch, ServerEntry};
+use super::http::{AuthedClient, LegacySse, header_map, http_client, streamable_http};
+use super::registry::{ApprovalPolicy, Launch, ServerEntry, Transport};
 use super::{CallToolResult, Tool};
 use crate::defaults;
 
@@ -99,6 +102,27 @@ struct ServerSlot {
     permits: Semaphore,
     tools: Mutex<Option<CachedTools>>,
     connections: AtomicU64,
+    /// After failed connection attempts: when the next may start, and why the last failed.
+    backoff: Mutex<Option<Backoff>>,
+}
+
+struct Backoff {
+    failures: u32,
+    next_attempt: Instant,
+    last_error: String,
+}
+
+/// What the pool needs for remote servers: credentials and the egress policy.
+pub struct RemoteOptions {
+    pub auth: std::collections::BTreeMap<String, AuthConfig>,
+    pub egress: EgressPolicy,
+}
+
+struct Remote {
+    auth: std::collections::BTreeMap<String, AuthConfig>,
+    egress: Arc<EgressPolicy>,
+    /// One client for every remote server (sharing connections), enforcing the egress policy.
+    http: Result<reqwest::Client, String>,
 }
 
 /// The host's MCP connections. Cheap to share behind an `Arc`.
@@ -106,6 +130,7 @@ pub struct McpPool {
     slots: Mutex<HashMap<String, Arc<ServerSlot>>>,
     tools_ttl: Duration,
     connect_timeout: Duration,
+    remote: Remote,
 }
 
 impl Default for McpPool {
@@ -116,10 +141,29 @@ impl Default for McpPool {
 
 impl McpPool {
     pub fn new(tools_ttl: Duration, connect_timeout: Duration) -> Self {
+        let remote = RemoteOptions {
+            auth: Default::default(),
+            egress: EgressPolicy::default(),
+        };
+        Self::with_remote(tools_ttl, connect_timeout, remote)
+    }
+
+    pub fn with_remote(
+        tools_ttl: Duration,
+        connect_timeout: Duration,
+        remote: RemoteOptions,
+    ) -> Self {
+        let egress = Arc::new(remote.egress);
+        let http = http_client(&egress, connect_timeout);
         Self {
             slots: Mutex::new(HashMap::new()),
             tools_ttl,
             connect_timeout,
+            remote: Remote {
+                auth: remote.auth,
+                egress,
+                http,
+            },
         }
     }
 
@@ -139,6 +183,7 @@ impl McpPool {
             permits: Semaphore::new(entry.record.budgets.max_concurrency as usize),
             tools: Mutex::new(None),
             connections: AtomicU64::new(0),
+            backoff: Mutex::new(None),
         });
         slots.insert(entry.server_id().to_owned(), slot.clone());
         slot
@@ -156,10 +201,45 @@ impl McpPool {
                 "server connection lost; reconnecting"
             );
         }
+        if let Some(backoff) = slot
+            .backoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            && backoff.next_attempt > Instant::now()
+        {
+            let wait = backoff.next_attempt - Instant::now();
+            return Err(McpError::new(
+                McpErrorCode::Unavailable,
+                format!(
+                    "{} (next connection attempt in {} ms)",
+                    backoff.last_error,
+                    wait.as_millis()
+                ),
+            ));
+        }
         let serial = slot.connections.fetch_add(1, Ordering::SeqCst) + 1;
-        let fresh = Arc::new(self.open_connection(&slot.entry, serial).await?);
-        *conn = Some(fresh.clone());
-        Ok(fresh)
+        match self.open_connection(&slot.entry, serial).await {
+            Ok(fresh) => {
+                *slot.backoff.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                let fresh = Arc::new(fresh);
+                *conn = Some(fresh.clone());
+                Ok(fresh)
+            }
+            Err(error) => {
+                let mut backoff = slot.backoff.lock().unwrap_or_else(|e| e.into_inner());
+                let failures = backoff.as_ref().map_or(0, |b| b.failures) + 1;
+                let delay = (defaults::RECONNECT_BACKOFF_BASE * 2u32.saturating_pow(failures - 1))
+                    .min(defaults::RECONNECT_BACKOFF_MAX);
+                tracing::warn!(server_id = slot.entry.server_id(), failures, retry_in_ms = delay.as_millis() as u64, %error, "cannot connect to MCP server");
+                *backoff = Some(Backoff {
+                    failures,
+                    next_attempt: Instant::now() + delay,
+                    last_error: error.message.clone(),
+                });
+                Err(error)
+            }
+        }
     }
 
     async fn open_connection(
@@ -172,17 +252,16 @@ impl McpPool {
         let launch = entry.launch.as_ref().map_err(|reason| {
             unavailable(format!("server `{server_id}` is unavailable: {reason}"))
         })?;
-        let Launch::Stdio {
-            command,
-            args,
-            env,
-            cwd,
-        } = launch
-        else {
-            return Err(unavailable(format!(
-                "server `{server_id}`: transport {:?} is not supported by this host yet",
-                entry.record.transport
-            )));
+        let (command, args, env, cwd) = match launch {
+            Launch::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+            } => (command, args, env, cwd),
+            Launch::Http { url, headers } => {
+                return self.open_remote(entry, url, headers, serial).await;
+            }
         };
         let mut cmd = tokio::process::Command::new(command);
         cmd.args(args).env_clear();
@@ -241,6 +320,85 @@ impl McpPool {
             service,
             serial,
             pid,
+            tools_stale,
+        })
+    }
+
+    async fn open_remote(
+        &self,
+        entry: &ServerEntry,
+        url: &str,
+        headers: &std::collections::BTreeMap<String, String>,
+        serial: u64,
+    ) -> Result<Connection, McpError> {
+        let server_id = entry.server_id();
+        let unavailable = |message: String| McpError::new(McpErrorCode::Unavailable, message);
+        let parsed = reqwest::Url::parse(url)
+            .map_err(|e| unavailable(format!("server `{server_id}`: bad http.url: {e}")))?;
+        self.remote
+            .egress
+            .check_url(&parsed)
+            .map_err(|why| unavailable(format!("server `{server_id}`: egress policy: {why}")))?;
+        let http = self
+            .remote
+            .http
+            .clone()
+            .map_err(|e| unavailable(format!("server `{server_id}`: {e}")))?;
+        let credentials = match entry
+            .record
+            .http
+            .as_ref()
+            .and_then(|h| h.auth_ref.as_deref())
+        {
+            Some(auth_ref) => Some(
+                Credentials::resolve(server_id, auth_ref, &self.remote.auth, url, http.clone())
+                    .map_err(unavailable)?,
+            ),
+            None => None,
+        };
+        let headers = header_map(server_id, headers, credentials.as_ref()).map_err(unavailable)?;
+        let oauth = match &credentials {
+            Some(Credentials::OAuth(client)) => Some(client.clone()),
+            _ => None,
+        };
+        let client = AuthedClient { inner: http, oauth };
+        let tools_stale = Arc::new(AtomicBool::new(false));
+        let events = ClientEvents {
+            server_id: server_id.into(),
+            tools_stale: tools_stale.clone(),
+        };
+        let connection_span = tracing::info_span!(parent: None, "mcp_server", server_id);
+        let timeout = self.connect_timeout;
+        let handshake = async {
+            match entry.record.transport {
+                Transport::HttpSseLegacy => {
+                    let transport = LegacySse::connect(url, client, headers)
+                        .await
+                        .map_err(|e| format!("legacy SSE: {e}"))?;
+                    events.serve(transport).await.map_err(|e| e.to_string())
+                }
+                _ => events
+                    .serve(streamable_http(url, client, headers))
+                    .await
+                    .map_err(|e| e.to_string()),
+            }
+        };
+        let service = tokio::time::timeout(timeout, handshake.instrument(connection_span))
+            .await
+            .map_err(|_| {
+                unavailable(format!(
+                    "server `{server_id}` ({url}) did not finish the MCP handshake within {} ms",
+                    timeout.as_millis()
+                ))
+            })?
+            .map_err(|e| {
+                unavailable(format!("server `{server_id}` ({url}): cannot connect: {e}"))
+            })?;
+        tracing::info!(server_id, url, serial, "MCP server connected");
+        Ok(Connection {
+            service,
+            serial,
+            pid: None,
             tools_stale,
         })
     }

@@ -1,0 +1,274 @@
+//! Credentials for remote MCP servers, referenced by a registry record's `http.auth_ref` and
+//! defined only in host config (`[auth.NAME]` of `quiver.toml`), never in a guest's reach.
+//!
+//! - `api_key`: a static key from an environment variable, sent in a header.
+//! - `oauth_client_credentials`: OAuth 2.0 client credentials. The token endpoint is
+//!   configured, or discovered from the authorization server's metadata (`issuer`, or the
+//!   MCP server's protected-resource metadata). Tokens are cached and fetched again shortly
+//!   before they expire; a 401 from the server triggers one refresh and one retry.
+//!
+//! Secrets are read from the environment when used and never appear in logs or errors.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// How long before expiry a cached token is replaced.
+const REFRESH_MARGIN: Duration = Duration::from_secs(30);
+
+/// `[auth.NAME]` of the host config.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AuthConfig {
+    ApiKey(ApiKeyConfig),
+    OauthClientCredentials(OAuthClientCredentialsConfig),
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// Environment variable holding the key.
+    pub value_env: String,
+    /// Header carrying it (default `Authorization`).
+    #[serde(default = "authorization")]
+    pub header: String,
+    /// Text before the key (default `Bearer ` for `Authorization`, else none).
+    #[serde(default)]
+    pub prefix: Option<String>,
+}
+
+fn authorization() -> String {
+    "Authorization".into()
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthClientCredentialsConfig {
+    pub client_id: String,
+    /// Environment variable holding the client secret.
+    pub client_secret_env: String,
+    /// The token endpoint; without it, discovered from `issuer` or the server's metadata.
+    #[serde(default)]
+    pub token_url: Option<String>,
+    /// The authorization server, for metadata discovery.
+    #[serde(default)]
+    pub issuer: Option<String>,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// The RFC 8707 `resource` parameter (default: the MCP server's URL).
+    #[serde(default)]
+    pub resource: Option<String>,
+}
+
+/// Credentials of one server, ready to use.
+#[derive(Clone)]
+pub(crate) enum Credentials {
+    ApiKey { header: String, value: String },
+    OAuth(std::sync::Arc<OAuthClient>),
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credentials::ApiKey { header, .. } => write!(f, "ApiKey({header}: <redacted>)"),
+            Credentials::OAuth(_) => f.write_str("OAuth(<client credentials>)"),
+        }
+    }
+}
+
+impl Credentials {
+    /// Resolves `auth_ref` for `server_id` (at connect time, so a rotated key is picked up).
+    pub(crate) fn resolve(
+        server_id: &str,
+        auth_ref: &str,
+        configs: &BTreeMap<String, AuthConfig>,
+        server_url: &str,
+        http: reqwest::Client,
+    ) -> Result<Self, String> {
+        let config = configs.get(auth_ref).ok_or_else(|| {
+            format!("server `{server_id}`: http.auth_ref `{auth_ref}` is not defined in the host config ([auth.{auth_ref}])")
+        })?;
+        match config {
+            AuthConfig::ApiKey(key) => {
+                let value = std::env::var(&key.value_env).map_err(|_| {
+                    format!("server `{server_id}`: api_key auth `{auth_ref}`: environment variable `{}` is not set", key.value_env)
+                })?;
+                let prefix = key.prefix.clone().unwrap_or_else(|| {
+                    if key.header.eq_ignore_ascii_case("authorization") {
+                        "Bearer ".into()
+                    } else {
+                        String::new()
+                    }
+                });
+                Ok(Credentials::ApiKey {
+                    header: key.header.clone(),
+                    value: format!("{prefix}{value}"),
+                })
+            }
+            AuthConfig::OauthClientCredentials(oauth) => {
+                Ok(Credentials::OAuth(std::sync::Arc::new(OAuthClient {
+                    server_id: server_id.to_owned(),
+                    auth_ref: auth_ref.to_owned(),
+                    config: oauth.clone(),
+                    server_url: server_url.to_owned(),
+                    http,
+                    state: tokio::sync::Mutex::new(OAuthState::default()),
+                })))
+            }
+        }
+    }
+}
+
+#[derive(Default)]
+struct OAuthState {
+    token_url: Option<String>,
+    token: Option<(String, Instant)>,
+}
+
+/// An OAuth client-credentials token source for one server.
+pub(crate) struct OAuthClient {
+    server_id: String,
+    auth_ref: String,
+    config: OAuthClientCredentialsConfig,
+    server_url: String,
+    http: reqwest::Client,
+    state: tokio::sync::Mutex<OAuthState>,
+}
+
+impl OAuthClient {
+    fn fail(&self, what: impl std::fmt::Display) -> String {
+        format!(
+            "server `{}`: oauth_client_credentials auth `{}`: {what}",
+            self.server_id, self.auth_ref
+        )
+    }
+
+    /// A valid token: the cached one, or a fresh one when none is cached or it is about to
+    /// expire.
+    pub(crate) async fn token(&self) -> Result<String, String> {
+        let mut state = self.state.lock().await;
+        if let Some((token, expires)) = &state.token
+            && Instant::now() + REFRESH_MARGIN < *expires
+        {
+            return Ok(token.clone());
+        }
+        self.fetch(&mut state).await
+    }
+
+    /// A new token after the server rejected `rejected` (unless another caller already
+    /// replaced it).
+    pub(crate) async fn refresh(&self, rejected: &str) -> Result<String, String> {
+        let mut state = self.state.lock().await;
+        if let Some((token, _)) = &state.token
+            && token != rejected
+        {
+            return Ok(token.clone());
+        }
+        self.fetch(&mut state).await
+    }
+
+    async fn fetch(&self, state: &mut OAuthState) -> Result<String, String> {
+        let token_url = match &state.token_url {
+            Some(url) => url.clone(),
+            None => {
+                let url = self.discover_token_url().await?;
+                state.token_url = Some(url.clone());
+                url
+            }
+        };
+        let secret = std::env::var(&self.config.client_secret_env).map_err(|_| {
+            self.fail(format!(
+                "environment variable `{}` is not set",
+                self.config.client_secret_env
+            ))
+        })?;
+        let mut form = vec![("grant_type", "client_credentials".to_owned())];
+        if !self.config.scopes.is_empty() {
+            form.push(("scope", self.config.scopes.join(" ")));
+        }
+        form.push((
+            "resource",
+            self.config
+                .resource
+                .clone()
+                .unwrap_or_else(|| self.server_url.clone()),
+        ));
+        let response = self
+            .http
+            .post(&token_url)
+            .basic_auth(&self.config.client_id, Some(secret))
+            .form(&form)
+            .send()
+            .await
+            .map_err(|e| self.fail(format!("token endpoint {token_url} unreachable: {e}")))?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            let error = body["error"].as_str().unwrap_or("no error code");
+            return Err(self.fail(format!("token endpoint {token_url} answered HTTP {status} ({error}); check client_id and the secret")));
+        }
+        let token = body["access_token"]
+            .as_str()
+            .ok_or_else(|| self.fail("the token response has no access_token"))?;
+        let lifetime = Duration::from_secs(body["expires_in"].as_u64().unwrap_or(3600));
+        tracing::debug!(server_id = %self.server_id, expires_in_s = lifetime.as_secs(), "fetched an OAuth access token");
+        state.token = Some((token.to_owned(), Instant::now() + lifetime));
+        Ok(token.to_owned())
+    }
+
+    /// The token endpoint from the configured URL, the issuer's metadata, or the server's
+    /// protected-resource metadata (RFC 9728) and then its authorization server's.
+    async fn discover_token_url(&self) -> Result<String, String> {
+        if let Some(url) = &self.config.token_url {
+            return Ok(url.clone());
+        }
+        let issuer = match &self.config.issuer {
+            Some(issuer) => issuer.clone(),
+            None => {
+                let origin = reqwest::Url::parse(&self.server_url)
+                    .map_err(|e| self.fail(e))?
+                    .origin()
+                    .ascii_serialization();
+                let metadata = self
+                    .get_json(&format!("{origin}/.well-known/oauth-protected-resource"))
+                    .await?;
+                metadata["authorization_servers"][0]
+                    .as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| self.fail("the server's protected-resource metadata names no authorization server; set token_url"))?
+            }
+        };
+        let metadata = self
+            .get_json(&format!(
+                "{}/.well-known/oauth-authorization-server",
+                issuer.trim_end_matches('/')
+            ))
+            .await?;
+        metadata["token_endpoint"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| {
+                self.fail(format!(
+                    "the metadata of {issuer} has no token_endpoint; set token_url"
+                ))
+            })
+    }
+
+    async fn get_json(&self, url: &str) -> Result<Value, String> {
+        let response = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| self.fail(format!("cannot fetch {url}: {e}")))?;
+        if !response.status().is_success() {
+            return Err(self.fail(format!("{url} answered HTTP {}", response.status())));
+        }
+        response
+            .json()
+            .await
+            .map_err(|e| self.fail(format!("{url} is not JSON: {e}")))
+    }
+}
