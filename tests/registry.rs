@@ -308,7 +308,7 @@ fn validate_prints_every_problem_and_exits_nonzero_on_errors() {
 #[test]
 fn mcp_tools_lists_what_the_registry_allows() {
     let dir = RegistryDir::new();
-    dir.fixture("fixture", &["echo", "a*"], "");
+    dir.fixture("fixture", &["echo", "ad?"], "");
     let out = Command::new(quiver_cli())
         .args(["mcp", "tools", "fixture", "--registry"])
         .arg(dir.path())

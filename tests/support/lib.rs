@@ -5,9 +5,10 @@
 //! as WAT), the fixture server is the `fixture-mcp-server` binary over stdio, and the CLI is
 //! the `quiver` binary.
 
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Mutex, OnceLock};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use quiver::{Host, TaskOutcome, TaskSpec};
@@ -15,6 +16,7 @@ use tempfile::TempDir;
 
 pub mod chat_wat;
 pub mod llm;
+pub mod oauth;
 pub mod wat;
 
 /// The workspace root.
@@ -237,4 +239,136 @@ pub fn unique_id(prefix: &str) -> String {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     format!("{prefix}-{}-{n}", std::process::id())
+}
+
+/// The fixture server serving MCP over HTTP on `127.0.0.1:<random port>`: Streamable HTTP
+/// (`"http"`, at `/mcp`) or the legacy HTTP+SSE transport (`"sse"`, stream at `/sse`). The
+/// process is killed when this is dropped.
+pub struct FixtureHttp {
+    child: Child,
+    base: String,
+    url: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl FixtureHttp {
+    /// Starts `fixture-mcp-server --http 127.0.0.1:0` (mode `"http"`) or `--sse 127.0.0.1:0`
+    /// (mode `"sse"`) with `extra_args` (e.g. `["--bearer-introspect", url]`), and waits up to
+    /// 10 s for it to print its `listening on` line.
+    pub fn spawn(mode: &str, extra_args: &[&str]) -> FixtureHttp {
+        let (flag, path) = match mode {
+            "http" => ("--http", "/mcp"),
+            "sse" => ("--sse", "/sse"),
+            other => {
+                panic!("FixtureHttp::spawn: unknown mode {other:?} (want \"http\" or \"sse\")")
+            }
+        };
+        let mut child = Command::new(fixture_server())
+            .arg(flag)
+            .arg("127.0.0.1:0")
+            .args(extra_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", fixture_server().display()));
+
+        // Collect stderr (echoed when RUST_LOG is set) for `stderr()` and failure messages.
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().expect("piped stderr");
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let echo = std::env::var_os("RUST_LOG").is_some();
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let text = String::from_utf8_lossy(&buf[..n]);
+                if echo {
+                    eprint!("{text}");
+                }
+                sink.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push_str(&text);
+            }
+        });
+
+        // The first stdout line announces the address; keep draining stdout afterwards.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().expect("piped stdout");
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let first = lines.next();
+            let _ = tx.send(first);
+            for _ in lines {}
+        });
+        let line = match rx.recv_timeout(Duration::from_secs(10)) {
+            Ok(Some(Ok(line))) => line,
+            other => {
+                let _ = child.kill();
+                let _ = child.wait();
+                std::thread::sleep(Duration::from_millis(50));
+                panic!(
+                    "fixture server ({mode}) did not announce its address: {other:?}; stderr:\n{}",
+                    stderr.lock().unwrap_or_else(|e| e.into_inner())
+                );
+            }
+        };
+        let base = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line from the fixture server: {line:?}"))
+            .to_owned();
+        FixtureHttp {
+            child,
+            url: format!("{base}{path}"),
+            base,
+            stderr,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT/mcp` (Streamable HTTP) or `http://127.0.0.1:PORT/sse` (SSE).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything the server wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Kills the server and reaps it (idempotent).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for FixtureHttp {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl std::fmt::Debug for FixtureHttp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FixtureHttp")
+            .field("url", &self.url)
+            .field("pid", &self.child.id())
+            .finish()
+    }
 }

@@ -15,8 +15,13 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::Value;
 
-/// How long before expiry a cached token is replaced.
+/// How long before expiry a cached token is replaced: 30 s, or a tenth of a short-lived
+/// token's lifetime.
 const REFRESH_MARGIN: Duration = Duration::from_secs(30);
+
+fn refresh_at(fetched: Instant, lifetime: Duration) -> Instant {
+    fetched + lifetime - REFRESH_MARGIN.min(lifetime / 10)
+}
 
 /// `[auth.NAME]` of the host config.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -124,6 +129,7 @@ impl Credentials {
 #[derive(Default)]
 struct OAuthState {
     token_url: Option<String>,
+    /// The cached token and when to replace it.
     token: Option<(String, Instant)>,
 }
 
@@ -149,8 +155,8 @@ impl OAuthClient {
     /// expire.
     pub(crate) async fn token(&self) -> Result<String, String> {
         let mut state = self.state.lock().await;
-        if let Some((token, expires)) = &state.token
-            && Instant::now() + REFRESH_MARGIN < *expires
+        if let Some((token, refresh_at)) = &state.token
+            && Instant::now() < *refresh_at
         {
             return Ok(token.clone());
         }
@@ -214,7 +220,7 @@ impl OAuthClient {
             .ok_or_else(|| self.fail("the token response has no access_token"))?;
         let lifetime = Duration::from_secs(body["expires_in"].as_u64().unwrap_or(3600));
         tracing::debug!(server_id = %self.server_id, expires_in_s = lifetime.as_secs(), "fetched an OAuth access token");
-        state.token = Some((token.to_owned(), Instant::now() + lifetime));
+        state.token = Some((token.to_owned(), refresh_at(Instant::now(), lifetime)));
         Ok(token.to_owned())
     }
 

@@ -226,10 +226,23 @@ pub(crate) fn streamable_http(
     client: AuthedClient,
     headers: HashMap<HeaderName, HeaderValue>,
 ) -> StreamableHttpClientTransport<AuthedClient> {
-    let config = StreamableHttpClientTransportConfig::with_uri(url.to_owned())
+    // A dropped response stream means the server went away mid-call: fail that call now
+    // (`mcp_unavailable`) rather than resuming the stream until the tool timeout.
+    let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned())
         .custom_headers(headers)
         .reinit_on_expired_session(true);
+    config.retry_config = Arc::new(NoStreamRetry);
     StreamableHttpClientTransport::with_client(client, config)
+}
+
+/// Never resume a broken response stream (see [`streamable_http`]).
+#[derive(Debug)]
+struct NoStreamRetry;
+
+impl rmcp::transport::common::client_side_sse::SseRetryPolicy for NoStreamRetry {
+    fn retry(&self, _attempts: usize) -> Option<Duration> {
+        None
+    }
 }
 
 /// The legacy HTTP+SSE transport (MCP 2024-11-05): a GET opens an event stream whose

@@ -1,0 +1,444 @@
+//! Remote MCP servers on loopback: the fixture server over Streamable HTTP and legacy
+//! HTTP+SSE, behind API keys and OAuth client credentials (a real token endpoint with
+//! introspection), plus failures: bad secrets, a server down at start, a server killed
+//! mid-call, a missing header variable, and egress denials.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use quiver::Host;
+use quiver::llm::HostConfig;
+use quiver::mcp::{AuthConfig, EgressConfig, McpErrorCode};
+use quiver_tests::oauth::TokenServer;
+use quiver_tests::{
+    FixtureHttp, RegistryDir, example_guest, host_builder, mcp_task, quiver_cli, run,
+};
+
+fn remote_record(server_id: &str, transport: &str, url: &str, extra_http: &str) -> String {
+    format!(
+        "server_id = {server_id:?}\ntransport = {transport:?}\nallowed_tools = [\"*\"]\n[http]\nurl = {url:?}\n{extra_http}\n[budgets]\ntool_timeout_ms = 5000\n"
+    )
+}
+
+fn loopback_egress() -> EgressConfig {
+    EgressConfig {
+        allow_private: vec!["127.0.0.0/8".into()],
+        ..EgressConfig::default()
+    }
+}
+
+fn remote_host(
+    registry: &RegistryDir,
+    auth: BTreeMap<String, AuthConfig>,
+    egress: EgressConfig,
+) -> Host {
+    quiver_tests::init_logging();
+    let config = HostConfig {
+        auth,
+        egress,
+        ..HostConfig::default()
+    };
+    host_builder(registry)
+        .with_config(config, ".")
+        .with_connect_timeout(Duration::from_secs(10))
+        .build()
+        .unwrap()
+}
+
+fn oauth(token_server: &TokenServer, secret_env: &str) -> BTreeMap<String, AuthConfig> {
+    let text = format!(
+        "kind = \"oauth_client_credentials\"\nclient_id = \"quiver\"\nclient_secret_env = {secret_env:?}\nissuer = {:?}\nscopes = [\"mcp:tools\"]\n",
+        token_server.issuer()
+    );
+    BTreeMap::from([("corp".to_owned(), toml::from_str(&text).unwrap())])
+}
+
+async fn call_text(
+    host: &Host,
+    server_id: &str,
+    tool: &str,
+    args: serde_json::Value,
+) -> Result<String, quiver::mcp::McpError> {
+    let entry = host.registry().get(server_id).unwrap().clone();
+    let out = host
+        .pool()
+        .call_tool(&entry, tool, args.as_object().unwrap().clone())
+        .await?;
+    Ok(out.result.content[0]
+        .as_text()
+        .map(|t| t.text.clone())
+        .unwrap_or_default())
+}
+
+#[tokio::test]
+async fn a_guest_uses_a_streamable_http_server_and_a_legacy_sse_server() {
+    let http = FixtureHttp::spawn("http", &[]);
+    let sse = FixtureHttp::spawn("sse", &[]);
+    let registry = RegistryDir::new();
+    registry.write(
+        "web.toml",
+        &remote_record("web", "streamable_http", http.url(), ""),
+    );
+    registry.write(
+        "old.toml",
+        &remote_record("old", "http_sse_legacy", sse.url(), ""),
+    );
+    let host = remote_host(&registry, BTreeMap::new(), loopback_egress());
+    for server in ["web", "old"] {
+        let task = mcp_task("remote", &[server]).with_args([server, "add", r#"{"a":20,"b":22}"#]);
+        let out = run(&host, &example_guest("mcp-explorer"), &task).await;
+        let stdout = out.stdout_text();
+        assert!(out.success(), "{server}: {stdout}{}", out.stderr_text());
+        assert!(
+            stdout.contains("  echo — ") && stdout.trim_end().ends_with("42"),
+            "{server}: {stdout}"
+        );
+    }
+    // Pages, list_changed and images work over HTTP too.
+    let entry = host.registry().get("old").unwrap().clone();
+    assert!(host.pool().list_tools(&entry).await.unwrap().len() > 8);
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn oauth_client_credentials_tokens_are_cached_refreshed_and_retried_once_on_401() {
+    let tokens = TokenServer::start("quiver", "s3cret-value", Duration::from_secs(2)).await;
+    let server = FixtureHttp::spawn("http", &["--bearer-introspect", &tokens.introspect_url()]);
+    let registry = RegistryDir::new();
+    registry.write(
+        "secure.toml",
+        &remote_record(
+            "secure",
+            "streamable_http",
+            server.url(),
+            "auth_ref = \"corp\"",
+        ),
+    );
+    // SAFETY: tests in this binary use distinct variable names.
+    unsafe { std::env::set_var("QUIVER_TEST_OAUTH_SECRET", "s3cret-value") };
+    let host = remote_host(
+        &registry,
+        oauth(&tokens, "QUIVER_TEST_OAUTH_SECRET"),
+        loopback_egress(),
+    );
+
+    assert_eq!(
+        call_text(&host, "secure", "whoami", serde_json::json!({}))
+            .await
+            .unwrap(),
+        "tok-1-"
+    );
+    call_text(
+        &host,
+        "secure",
+        "echo",
+        serde_json::json!({"text": "again"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(tokens.token_request_count(), 1, "the token is cached");
+    let request = &tokens.token_requests()[0];
+    assert_eq!(request.scope.as_deref(), Some("mcp:tools"));
+    assert_eq!(
+        request.resource.as_deref(),
+        Some(server.url()),
+        "the resource parameter names the server"
+    );
+
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    call_text(
+        &host,
+        "secure",
+        "echo",
+        serde_json::json!({"text": "after expiry"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        tokens.token_request_count(),
+        2,
+        "refreshed before use after expiry"
+    );
+
+    tokens.revoke_all();
+    assert_eq!(
+        call_text(
+            &host,
+            "secure",
+            "echo",
+            serde_json::json!({"text": "revoked"})
+        )
+        .await
+        .unwrap(),
+        "revoked"
+    );
+    assert_eq!(
+        tokens.token_request_count(),
+        3,
+        "a 401 triggered one refresh and the call was retried"
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_bad_client_secret_fails_that_server_clearly_and_never_leaks() {
+    let tokens = TokenServer::start("quiver", "right-secret", Duration::from_secs(60)).await;
+    let server = FixtureHttp::spawn("http", &["--bearer-introspect", &tokens.introspect_url()]);
+    let open = FixtureHttp::spawn("http", &[]);
+    let registry = RegistryDir::new();
+    registry.write(
+        "secure.toml",
+        &remote_record(
+            "secure",
+            "streamable_http",
+            server.url(),
+            "auth_ref = \"corp\"",
+        ),
+    );
+    registry.write(
+        "open.toml",
+        &remote_record("open", "streamable_http", open.url(), ""),
+    );
+    unsafe { std::env::set_var("QUIVER_TEST_WRONG_SECRET", "wrong-secret-xyz") };
+    let host = remote_host(
+        &registry,
+        oauth(&tokens, "QUIVER_TEST_WRONG_SECRET"),
+        loopback_egress(),
+    );
+    let error = call_text(&host, "secure", "echo", serde_json::json!({"text": "x"}))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, McpErrorCode::Unavailable);
+    assert!(
+        error.message.contains("`secure`") && error.message.contains("oauth_client_credentials"),
+        "{}",
+        error.message
+    );
+    assert!(
+        error.message.contains("invalid_client"),
+        "{}",
+        error.message
+    );
+    assert!(!error.message.contains("wrong-secret-xyz"));
+    assert_eq!(
+        call_text(&host, "open", "echo", serde_json::json!({"text": "fine"}))
+            .await
+            .unwrap(),
+        "fine",
+        "other servers are unaffected"
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn api_keys_go_in_their_header() {
+    let server = FixtureHttp::spawn(
+        "sse",
+        &["--api-key-header", "X-Api-Key", "--api-key", "k-123"],
+    );
+    let registry = RegistryDir::new();
+    registry.write(
+        "keyed.toml",
+        &remote_record(
+            "keyed",
+            "http_sse_legacy",
+            server.url(),
+            "auth_ref = \"key\"",
+        ),
+    );
+    registry.write(
+        "nokey.toml",
+        &remote_record("nokey", "http_sse_legacy", server.url(), ""),
+    );
+    unsafe { std::env::set_var("QUIVER_TEST_API_KEY", "k-123") };
+    let auth = BTreeMap::from([(
+        "key".to_owned(),
+        toml::from_str(
+            "kind = \"api_key\"\nheader = \"X-Api-Key\"\nvalue_env = \"QUIVER_TEST_API_KEY\"\n",
+        )
+        .unwrap(),
+    )]);
+    let host = remote_host(&registry, auth, loopback_egress());
+    assert_eq!(
+        call_text(&host, "keyed", "echo", serde_json::json!({"text": "in"}))
+            .await
+            .unwrap(),
+        "in"
+    );
+    let error = call_text(&host, "nokey", "echo", serde_json::json!({"text": "x"}))
+        .await
+        .unwrap_err();
+    assert!(error.message.contains("401"), "{}", error.message);
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_down_at_start_is_reached_once_it_is_up() {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let url = format!("http://127.0.0.1:{port}/mcp");
+    let registry = RegistryDir::new();
+    registry.write(
+        "late.toml",
+        &remote_record("late", "streamable_http", &url, ""),
+    );
+    let host = remote_host(&registry, BTreeMap::new(), loopback_egress());
+    let error = call_text(&host, "late", "echo", serde_json::json!({"text": "x"}))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, McpErrorCode::Unavailable);
+    let again = call_text(&host, "late", "echo", serde_json::json!({"text": "x"}))
+        .await
+        .unwrap_err();
+    assert!(
+        again.message.contains("next connection attempt in"),
+        "backs off: {}",
+        again.message
+    );
+
+    let _server = FixtureHttp::spawn("http", &["--http", &format!("127.0.0.1:{port}")]);
+    let started = Instant::now();
+    loop {
+        match call_text(&host, "late", "echo", serde_json::json!({"text": "up"})).await {
+            Ok(text) => break assert_eq!(text, "up"),
+            Err(e) if started.elapsed() < Duration::from_secs(10) => {
+                assert_eq!(e.code, McpErrorCode::Unavailable);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("never connected: {e}"),
+        }
+    }
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_killed_mid_call_yields_an_error_result_not_a_hang() {
+    let mut server = FixtureHttp::spawn("http", &[]);
+    let registry = RegistryDir::new();
+    registry.write(
+        "fragile.toml",
+        &remote_record("fragile", "streamable_http", server.url(), ""),
+    );
+    let host = remote_host(&registry, BTreeMap::new(), loopback_egress());
+    assert_eq!(
+        call_text(
+            &host,
+            "fragile",
+            "echo",
+            serde_json::json!({"text": "warm"})
+        )
+        .await
+        .unwrap(),
+        "warm"
+    );
+    let started = Instant::now();
+    let (result, ()) = tokio::join!(
+        call_text(&host, "fragile", "slow", serde_json::json!({"ms": 3000})),
+        async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            server.kill();
+        }
+    );
+    let error = result.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        started.elapsed()
+    );
+    assert_eq!(error.code, McpErrorCode::Unavailable, "{error}");
+    host.shutdown().await;
+}
+
+#[test]
+fn a_missing_header_variable_and_egress_denials_are_reported_plainly() {
+    let server = FixtureHttp::spawn("http", &[]);
+    let registry = RegistryDir::new();
+    registry.write(
+        "hdr.toml",
+        &remote_record(
+            "hdr",
+            "streamable_http",
+            server.url(),
+            "headers = { X-Token = \"${ENV:QUIVER_TEST_HEADER_UNSET}\" }",
+        ),
+    );
+    registry.write(
+        "metadata.toml",
+        &remote_record(
+            "metadata",
+            "streamable_http",
+            "http://169.254.169.254/mcp",
+            "",
+        ),
+    );
+    let by_name = server.url().replace("127.0.0.1", "localhost");
+    registry.write(
+        "rebind.toml",
+        &remote_record("rebind", "streamable_http", &by_name, ""),
+    );
+    let config_dir = tempfile::tempdir().unwrap();
+    let config = config_dir.path().join("quiver.toml");
+    std::fs::write(&config, "[egress]\nallow = [\"http://*:*\"]\n").unwrap();
+    let tools = |server_id: &str| {
+        let out = Command::new(quiver_cli())
+            .args(["mcp", "tools", server_id, "--registry"])
+            .arg(registry.path())
+            .arg("--config")
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(1), "{server_id}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let hdr = tools("hdr");
+    assert!(
+        hdr.contains("QUIVER_TEST_HEADER_UNSET") && hdr.contains("http.headers.X-Token"),
+        "{hdr}"
+    );
+    let metadata = tools("metadata");
+    assert!(
+        metadata.contains("egress policy")
+            && metadata.contains("169.254.169.254")
+            && metadata.contains("link-local"),
+        "{metadata}"
+    );
+    let rebind = tools("rebind");
+    assert!(
+        rebind.contains("egress policy refuses localhost") && rebind.contains("loopback"),
+        "{rebind}"
+    );
+
+    std::fs::write(
+        &config,
+        "[egress]\nallow = [\"https://*.example.com\"]\nallow_private = [\"127.0.0.0/8\"]\n",
+    )
+    .unwrap();
+    let rule = tools("metadata");
+    assert!(rule.contains("not in the egress allowlist"), "{rule}");
+
+    std::fs::write(&config, "[egress]\nallow_private = [\"127.0.0.0/8\"]\n").unwrap();
+    let out = Command::new(quiver_cli())
+        .args([
+            "mcp",
+            "call",
+            "rebind",
+            "echo",
+            "--args",
+            r#"{"text":"allowed"}"#,
+            "--registry",
+        ])
+        .arg(registry.path())
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("\"allowed\""),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

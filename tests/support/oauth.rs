@@ -1,0 +1,813 @@
+//! A small OAuth 2.0 authorization server for tests: the client-credentials grant, RFC 7662
+//! token introspection and RFC 8414 metadata.
+//!
+//! [`TokenServer`] is a real HTTP server on `127.0.0.1:<random port>`:
+//!
+//! - `POST /token` (form-encoded): `grant_type=client_credentials`, the client authenticated by
+//!   HTTP Basic (`client_secret_basic`) or by `client_id` / `client_secret` form fields
+//!   (`client_secret_post`); optional `scope` and `resource`. Success is
+//!   `{"access_token": "tok-<n>-<random>", "token_type": "Bearer", "expires_in": secs,
+//!   "scope": ...}` (`scope` only when one was requested). A wrong client is
+//!   `401 {"error": "invalid_client"}`, another grant type `400 {"error":
+//!   "unsupported_grant_type"}`, a request without `grant_type` `400 {"error":
+//!   "invalid_request"}`. Every request is recorded, see [`TokenServer::token_requests`].
+//! - `POST /introspect` (form `token=...`): `{"active": true, "client_id", "exp", "scope"?,
+//!   "token_type": "Bearer"}` while the token is issued, not revoked and not expired (by the
+//!   real clock), else `{"active": false}`.
+//! - `GET /.well-known/oauth-authorization-server`: the server's metadata.
+//!
+//! A token is active for exactly the `ttl` given to [`TokenServer::start`]; `expires_in` reports
+//! it in whole seconds (rounded down, at least 1), so a sub-second `ttl` makes tokens expire
+//! before the client expects. [`TokenServer::revoke_all`] deactivates every token issued so far
+//! (to force a 401 and a refresh).
+//!
+//! ```ignore
+//! let auth = TokenServer::start("client", "secret", Duration::from_secs(3600)).await;
+//! let fixture = FixtureHttp::spawn("http", &["--bearer-introspect", &auth.introspect_url()]);
+//! // ... point the host at fixture.url() with auth.token_url() ...
+//! assert_eq!(auth.token_request_count(), 1);
+//! ```
+//!
+//! Like [`crate::llm::ScriptedLlm`], the server runs on its own thread with its own Tokio
+//! runtime and stops when the `TokenServer` is dropped.
+
+use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Response, StatusCode, header};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+/// How long in-flight requests may take to finish after the server is dropped.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+
+/// One `POST /token` request, successful or not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenRequest {
+    /// The `grant_type` form field (empty if absent).
+    pub grant_type: String,
+    /// The client id presented (Basic or form), if any.
+    pub client_id: Option<String>,
+    /// Which client authentication was used: `"client_secret_basic"`, `"client_secret_post"` or
+    /// `"none"`.
+    pub auth_method: String,
+    /// The `scope` form field.
+    pub scope: Option<String>,
+    /// The `resource` form field (RFC 8707).
+    pub resource: Option<String>,
+    /// The access token issued, or `None` if the request was refused.
+    pub issued: Option<String>,
+}
+
+struct Issued {
+    client_id: String,
+    scope: Option<String>,
+    expires_at: SystemTime,
+    revoked: bool,
+}
+
+#[derive(Default)]
+struct Inner {
+    tokens: HashMap<String, Issued>,
+    requests: Vec<TokenRequest>,
+    introspections: usize,
+}
+
+struct Shared {
+    client_id: String,
+    client_secret: String,
+    ttl: Duration,
+    issuer: String,
+    inner: Mutex<Inner>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// An OAuth 2.0 authorization server for tests; see the module docs.
+pub struct TokenServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: watch::Sender<bool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl TokenServer {
+    /// Binds `127.0.0.1:0` and serves until dropped; tokens live for `ttl`.
+    pub async fn start(
+        client_id: impl Into<String>,
+        client_secret: impl Into<String>,
+        ttl: Duration,
+    ) -> TokenServer {
+        Self::start_blocking(client_id, client_secret, ttl)
+    }
+
+    /// [`TokenServer::start`] for synchronous tests; needs no Tokio runtime.
+    pub fn start_blocking(
+        client_id: impl Into<String>,
+        client_secret: impl Into<String>,
+        ttl: Duration,
+    ) -> TokenServer {
+        let listener =
+            std::net::TcpListener::bind("127.0.0.1:0").expect("token server: bind 127.0.0.1:0");
+        listener
+            .set_nonblocking(true)
+            .expect("token server: set_nonblocking");
+        let addr = listener.local_addr().expect("token server: local_addr");
+
+        let shared = Arc::new(Shared {
+            client_id: client_id.into(),
+            client_secret: client_secret.into(),
+            ttl,
+            issuer: format!("http://{addr}"),
+            inner: Mutex::new(Inner::default()),
+        });
+        let router = Router::new()
+            .route("/token", post(token))
+            .route("/introspect", post(introspect))
+            .route("/.well-known/oauth-authorization-server", get(metadata))
+            .with_state(shared.clone());
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let thread = std::thread::Builder::new()
+            .name(format!("token-server-{}", addr.port()))
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("token server: tokio runtime");
+                runtime.block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener)
+                        .expect("token server: tokio listener");
+                    let mut graceful = shutdown_rx.clone();
+                    let serve = axum::serve(listener, router).with_graceful_shutdown(async move {
+                        let _ = graceful.wait_for(|stop| *stop).await;
+                    });
+                    let mut deadline = shutdown_rx;
+                    tokio::select! {
+                        result = serve => {
+                            if let Err(e) = result {
+                                eprintln!("token server on {addr}: server error: {e}");
+                            }
+                        }
+                        _ = async {
+                            let _ = deadline.wait_for(|stop| *stop).await;
+                            tokio::time::sleep(SHUTDOWN_GRACE).await;
+                        } => {}
+                    }
+                });
+                // Dropping the runtime here cancels any connection still open.
+            })
+            .expect("token server: spawn server thread");
+
+        TokenServer {
+            addr,
+            shared,
+            shutdown,
+            thread: Some(thread),
+        }
+    }
+
+    /// The server's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    pub fn issuer(&self) -> String {
+        self.shared.issuer.clone()
+    }
+
+    /// `http://127.0.0.1:PORT/token`.
+    pub fn token_url(&self) -> String {
+        format!("{}/token", self.shared.issuer)
+    }
+
+    /// `http://127.0.0.1:PORT/introspect`.
+    pub fn introspect_url(&self) -> String {
+        format!("{}/introspect", self.shared.issuer)
+    }
+
+    /// `http://127.0.0.1:PORT/.well-known/oauth-authorization-server`.
+    pub fn metadata_url(&self) -> String {
+        format!(
+            "{}/.well-known/oauth-authorization-server",
+            self.shared.issuer
+        )
+    }
+
+    /// Every `POST /token` request received, in order (refused ones included).
+    pub fn token_requests(&self) -> Vec<TokenRequest> {
+        self.shared.lock().requests.clone()
+    }
+
+    /// How many `POST /token` requests were received (refused ones included).
+    pub fn token_request_count(&self) -> usize {
+        self.shared.lock().requests.len()
+    }
+
+    /// How many tokens were issued.
+    pub fn issued_count(&self) -> usize {
+        self.shared.lock().tokens.len()
+    }
+
+    /// How many `POST /introspect` requests were received.
+    pub fn introspect_count(&self) -> usize {
+        self.shared.lock().introspections
+    }
+
+    /// Deactivates every token issued so far; later tokens are unaffected.
+    pub fn revoke_all(&self) {
+        for issued in self.shared.lock().tokens.values_mut() {
+            issued.revoked = true;
+        }
+    }
+
+    /// Whether `token` is currently active (what `/introspect` would answer).
+    pub fn is_active(&self, token: &str) -> bool {
+        self.shared
+            .lock()
+            .tokens
+            .get(token)
+            .is_some_and(|t| !t.revoked && SystemTime::now() < t.expires_at)
+    }
+}
+
+impl Drop for TokenServer {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+        if let Some(thread) = self.thread.take() {
+            // The thread ends within SHUTDOWN_GRACE; a panic there was already printed.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for TokenServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenServer")
+            .field("addr", &self.addr)
+            .field("client_id", &self.shared.client_id)
+            .field("token_requests", &self.token_request_count())
+            .finish()
+    }
+}
+
+async fn token(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response<Body> {
+    let form = parse_form(&body);
+    let field = |name: &str| form.get(name).cloned();
+    let basic = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_basic);
+    let (auth_method, client_id, client_secret) = match basic {
+        Some((id, secret)) => ("client_secret_basic", Some(id), Some(secret)),
+        None if form.contains_key("client_id") => (
+            "client_secret_post",
+            field("client_id"),
+            field("client_secret"),
+        ),
+        None => ("none", None, None),
+    };
+    let mut request = TokenRequest {
+        grant_type: field("grant_type").unwrap_or_default(),
+        client_id: client_id.clone(),
+        auth_method: auth_method.to_owned(),
+        scope: field("scope"),
+        resource: field("resource"),
+        issued: None,
+    };
+
+    let mut inner = shared.lock();
+    let refusal = if request.grant_type.is_empty() {
+        Some((StatusCode::BAD_REQUEST, "invalid_request"))
+    } else if request.grant_type != "client_credentials" {
+        Some((StatusCode::BAD_REQUEST, "unsupported_grant_type"))
+    } else if client_id.as_deref() != Some(shared.client_id.as_str())
+        || client_secret.as_deref() != Some(shared.client_secret.as_str())
+    {
+        Some((StatusCode::UNAUTHORIZED, "invalid_client"))
+    } else {
+        None
+    };
+    if let Some((status, error)) = refusal {
+        inner.requests.push(request);
+        drop(inner);
+        let mut response = json_response(status, json!({"error": error}));
+        if status == StatusCode::UNAUTHORIZED && auth_method == "client_secret_basic" {
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Basic realm=\"token\""),
+            );
+        }
+        return response;
+    }
+
+    let access_token = format!("tok-{}-{}", inner.tokens.len() + 1, random_hex());
+    inner.tokens.insert(
+        access_token.clone(),
+        Issued {
+            client_id: shared.client_id.clone(),
+            scope: request.scope.clone(),
+            expires_at: SystemTime::now() + shared.ttl,
+            revoked: false,
+        },
+    );
+    request.issued = Some(access_token.clone());
+    let scope = request.scope.clone();
+    inner.requests.push(request);
+    drop(inner);
+
+    let mut body = json!({
+        "access_token": access_token,
+        "token_type": "Bearer",
+        "expires_in": shared.ttl.as_secs().max(1),
+    });
+    if let Some(scope) = scope {
+        body["scope"] = json!(scope);
+    }
+    json_response(StatusCode::OK, body)
+}
+
+async fn introspect(State(shared): State<Arc<Shared>>, body: Bytes) -> Response<Body> {
+    let form = parse_form(&body);
+    let mut inner = shared.lock();
+    inner.introspections += 1;
+    let now = SystemTime::now();
+    let answer = match form.get("token").and_then(|t| inner.tokens.get(t)) {
+        Some(issued) if !issued.revoked && now < issued.expires_at => {
+            let exp = issued
+                .expires_at
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs() + u64::from(d.subsec_nanos() > 0));
+            let mut answer = json!({
+                "active": true,
+                "client_id": issued.client_id,
+                "exp": exp,
+                "token_type": "Bearer",
+            });
+            if let Some(scope) = &issued.scope {
+                answer["scope"] = json!(scope);
+            }
+            answer
+        }
+        _ => json!({"active": false}),
+    };
+    drop(inner);
+    json_response(StatusCode::OK, answer)
+}
+
+async fn metadata(State(shared): State<Arc<Shared>>) -> Response<Body> {
+    json_response(
+        StatusCode::OK,
+        json!({
+            "issuer": shared.issuer,
+            "token_endpoint": format!("{}/token", shared.issuer),
+            "introspection_endpoint": format!("{}/introspect", shared.issuer),
+            "grant_types_supported": ["client_credentials"],
+            "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
+            "response_types_supported": [],
+        }),
+    )
+}
+
+fn json_response(status: StatusCode, body: Value) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::CACHE_CONTROL, "no-store")
+        .body(Body::from(body.to_string()))
+        .expect("token server: build response")
+}
+
+/// 16 random hex digits (std's per-process random hash keys; good enough for test tokens).
+fn random_hex() -> String {
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos()),
+    );
+    format!("{:016x}", hasher.finish())
+}
+
+/// Parses an `application/x-www-form-urlencoded` body; the first value of a name wins.
+fn parse_form(body: &[u8]) -> HashMap<String, String> {
+    let mut form = HashMap::new();
+    for pair in body.split(|&b| b == b'&').filter(|p| !p.is_empty()) {
+        let (name, value) = match pair.iter().position(|&b| b == b'=') {
+            Some(i) => (&pair[..i], &pair[i + 1..]),
+            None => (pair, &[][..]),
+        };
+        form.entry(form_decode(name))
+            .or_insert_with(|| form_decode(value));
+    }
+    form
+}
+
+/// Decodes one form-urlencoded component (`+` is a space, `%XX` a byte).
+fn form_decode(raw: &[u8]) -> String {
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        match raw[i] {
+            b'+' => out.push(b' '),
+            b'%' => {
+                let hex = raw
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok());
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `Authorization: Basic base64(id:secret)`, with id and secret form-decoded (RFC 6749 §2.3.1).
+fn parse_basic(value: &str) -> Option<(String, String)> {
+    let (scheme, encoded) = value.trim().split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return None;
+    }
+    let decoded = base64_decode(encoded.trim())?;
+    let decoded = String::from_utf8(decoded).ok()?;
+    let (id, secret) = decoded.split_once(':')?;
+    Some((form_decode(id.as_bytes()), form_decode(secret.as_bytes())))
+}
+
+/// Standard base64 with optional padding.
+fn base64_decode(input: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(input.len() * 3 / 4);
+    let mut buffer = 0u32;
+    let mut bits = 0;
+    for c in input.bytes().filter(|&c| c != b'=') {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        buffer = (buffer << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((buffer >> bits) as u8);
+            buffer &= (1 << bits) - 1;
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A minimal HTTP/1.1 exchange: (status, lower-case headers, body).
+    struct Answer {
+        status: u16,
+        headers: Vec<(String, String)>,
+        body: String,
+    }
+
+    impl Answer {
+        fn header(&self, name: &str) -> Option<&str> {
+            self.headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        }
+
+        fn json(&self) -> Value {
+            serde_json::from_str(&self.body)
+                .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.body))
+        }
+    }
+
+    async fn send(
+        addr: SocketAddr,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Answer {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n");
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str(&format!(
+            "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ));
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.expect("read");
+        let raw = String::from_utf8(raw).expect("utf-8 response");
+        let (head, body) = raw.split_once("\r\n\r\n").expect("header/body separator");
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .expect("status line");
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        Answer {
+            status,
+            headers,
+            body: body.to_owned(),
+        }
+    }
+
+    const FORM: (&str, &str) = ("Content-Type", "application/x-www-form-urlencoded");
+
+    async fn post_form(
+        server: &TokenServer,
+        path: &str,
+        extra: &[(&str, &str)],
+        body: &str,
+    ) -> Answer {
+        let mut headers = vec![FORM];
+        headers.extend_from_slice(extra);
+        send(server.addr(), "POST", path, &headers, body).await
+    }
+
+    async fn introspect_token(server: &TokenServer, token: &str) -> Value {
+        let answer = post_form(server, "/introspect", &[], &format!("token={token}")).await;
+        assert_eq!(answer.status, 200);
+        answer.json()
+    }
+
+    #[test]
+    fn helpers_decode_forms_and_basic_credentials() {
+        let form = parse_form(b"a=1&b=x+y%2Fz&a=2&flag&c=%zz&d=%4");
+        assert_eq!(form["a"], "1");
+        assert_eq!(form["b"], "x y/z");
+        assert_eq!(form["flag"], "");
+        assert_eq!(form["c"], "%zz");
+        assert_eq!(form["d"], "%4");
+        assert_eq!(
+            base64_decode("Y2xpZW50OnNlY3JldA==").unwrap(),
+            b"client:secret"
+        );
+        assert_eq!(base64_decode("YQ").unwrap(), b"a");
+        assert_eq!(base64_decode("!").as_deref(), None);
+        assert_eq!(
+            parse_basic("Basic Y2xpZW50OnNlY3JldA=="),
+            Some(("client".into(), "secret".into()))
+        );
+        // "a%3Ab:c+d" -> id "a:b", secret "c d"
+        assert_eq!(
+            parse_basic("basic YSUzQWI6YytkIA"),
+            Some(("a:b".into(), "c d ".into()))
+        );
+        assert_eq!(parse_basic("Bearer abc"), None);
+        assert_ne!(random_hex(), random_hex());
+    }
+
+    #[tokio::test]
+    async fn client_credentials_with_basic_auth_then_introspect() {
+        let server = TokenServer::start("client", "secret", Duration::from_secs(3600)).await;
+        assert!(server.issuer().starts_with("http://127.0.0.1:"));
+        assert_eq!(server.token_url(), format!("{}/token", server.issuer()));
+        assert_eq!(
+            server.introspect_url(),
+            format!("{}/introspect", server.issuer())
+        );
+
+        let answer = post_form(
+            &server,
+            "/token",
+            &[("Authorization", "Basic Y2xpZW50OnNlY3JldA==")],
+            "grant_type=client_credentials&scope=tools%3Aread+tools%3Acall&resource=http%3A%2F%2F127.0.0.1%3A1%2Fmcp",
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        assert_eq!(answer.header("content-type"), Some("application/json"));
+        assert_eq!(answer.header("cache-control"), Some("no-store"));
+        let body = answer.json();
+        let token = body["access_token"].as_str().unwrap().to_owned();
+        assert!(token.starts_with("tok-1-"), "{token}");
+        assert_eq!(body["token_type"], "Bearer");
+        assert_eq!(body["expires_in"], 3600);
+        assert_eq!(body["scope"], "tools:read tools:call");
+
+        assert_eq!(server.token_request_count(), 1);
+        assert_eq!(
+            server.token_requests(),
+            vec![TokenRequest {
+                grant_type: "client_credentials".into(),
+                client_id: Some("client".into()),
+                auth_method: "client_secret_basic".into(),
+                scope: Some("tools:read tools:call".into()),
+                resource: Some("http://127.0.0.1:1/mcp".into()),
+                issued: Some(token.clone()),
+            }]
+        );
+
+        let active = introspect_token(&server, &token).await;
+        assert_eq!(active["active"], true);
+        assert_eq!(active["client_id"], "client");
+        assert_eq!(active["scope"], "tools:read tools:call");
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let exp = active["exp"].as_u64().unwrap();
+        assert!(
+            exp >= now + 3599 && exp <= now + 3601,
+            "exp {exp}, now {now}"
+        );
+        assert!(server.is_active(&token));
+
+        assert_eq!(
+            introspect_token(&server, "tok-9-nope").await,
+            json!({"active": false})
+        );
+        assert_eq!(
+            post_form(&server, "/introspect", &[], "").await.json(),
+            json!({"active": false})
+        );
+        assert_eq!(server.introspect_count(), 3);
+    }
+
+    #[tokio::test]
+    async fn client_secret_post_and_refusals() {
+        let server = TokenServer::start("client", "s3cr&t", Duration::from_secs(60)).await;
+
+        let answer = post_form(
+            &server,
+            "/token",
+            &[],
+            "grant_type=client_credentials&client_id=client&client_secret=s3cr%26t",
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let body = answer.json();
+        assert!(body["access_token"].as_str().unwrap().starts_with("tok-1-"));
+        assert!(body.get("scope").is_none(), "{body}");
+
+        let answer = post_form(
+            &server,
+            "/token",
+            &[],
+            "grant_type=client_credentials&client_id=client&client_secret=wrong",
+        )
+        .await;
+        assert_eq!(answer.status, 401);
+        assert_eq!(answer.json(), json!({"error": "invalid_client"}));
+
+        // Basic with the wrong secret: "client:wrong".
+        let answer = post_form(
+            &server,
+            "/token",
+            &[("Authorization", "Basic Y2xpZW50Ondyb25n")],
+            "grant_type=client_credentials",
+        )
+        .await;
+        assert_eq!(answer.status, 401);
+        assert_eq!(answer.json()["error"], "invalid_client");
+        assert!(answer.header("www-authenticate").is_some());
+
+        let answer = post_form(&server, "/token", &[], "grant_type=client_credentials").await;
+        assert_eq!(answer.status, 401, "no client authentication at all");
+
+        let answer = post_form(
+            &server,
+            "/token",
+            &[],
+            "grant_type=password&client_id=client&client_secret=s3cr%26t&username=u&password=p",
+        )
+        .await;
+        assert_eq!(answer.status, 400);
+        assert_eq!(answer.json(), json!({"error": "unsupported_grant_type"}));
+
+        let answer = post_form(&server, "/token", &[], "client_id=client").await;
+        assert_eq!(answer.status, 400);
+        assert_eq!(answer.json(), json!({"error": "invalid_request"}));
+
+        let requests = server.token_requests();
+        assert_eq!(server.token_request_count(), 6);
+        assert_eq!(requests[0].auth_method, "client_secret_post");
+        assert!(requests[0].issued.is_some());
+        assert!(requests[1..].iter().all(|r| r.issued.is_none()));
+        assert_eq!(requests[2].auth_method, "client_secret_basic");
+        assert_eq!(requests[3].auth_method, "none");
+        assert_eq!(requests[3].client_id, None);
+        assert_eq!(requests[4].grant_type, "password");
+        assert_eq!(server.issued_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn tokens_expire_by_the_clock_and_can_be_revoked() {
+        let server = TokenServer::start("c", "s", Duration::from_millis(300)).await;
+        let get_token = || async {
+            let answer = post_form(
+                &server,
+                "/token",
+                &[],
+                "grant_type=client_credentials&client_id=c&client_secret=s",
+            )
+            .await;
+            let body = answer.json();
+            assert_eq!(body["expires_in"], 1, "at least one second is reported");
+            body["access_token"].as_str().unwrap().to_owned()
+        };
+        let first = get_token().await;
+        assert_eq!(introspect_token(&server, &first).await["active"], true);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(introspect_token(&server, &first).await["active"], false);
+
+        let second = get_token().await;
+        assert!(second.starts_with("tok-2-"), "{second}");
+        assert_eq!(introspect_token(&server, &second).await["active"], true);
+        server.revoke_all();
+        assert_eq!(introspect_token(&server, &second).await["active"], false);
+        assert!(!server.is_active(&second));
+
+        let third = get_token().await;
+        assert_eq!(
+            introspect_token(&server, &third).await["active"],
+            true,
+            "tokens issued after revoke_all work"
+        );
+    }
+
+    #[tokio::test]
+    async fn metadata_document() {
+        let server = TokenServer::start("c", "s", Duration::from_secs(1)).await;
+        let answer = send(
+            server.addr(),
+            "GET",
+            "/.well-known/oauth-authorization-server",
+            &[],
+            "",
+        )
+        .await;
+        assert_eq!(answer.status, 200);
+        let body = answer.json();
+        assert_eq!(body["issuer"], server.issuer());
+        assert_eq!(body["token_endpoint"], server.token_url());
+        assert_eq!(body["introspection_endpoint"], server.introspect_url());
+        assert_eq!(body["grant_types_supported"], json!(["client_credentials"]));
+        assert_eq!(
+            body["token_endpoint_auth_methods_supported"],
+            json!(["client_secret_basic", "client_secret_post"])
+        );
+        assert_eq!(
+            server.metadata_url(),
+            format!("{}/.well-known/oauth-authorization-server", server.issuer())
+        );
+    }
+
+    #[test]
+    fn works_without_a_runtime_and_stops_on_drop() {
+        let server = TokenServer::start_blocking("c", "s", Duration::from_secs(5));
+        let addr = server.addr();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let answer = runtime.block_on(send(
+            addr,
+            "POST",
+            "/token",
+            &[FORM],
+            "grant_type=client_credentials&client_id=c&client_secret=s",
+        ));
+        assert_eq!(answer.status, 200);
+        let started = std::time::Instant::now();
+        drop(server);
+        assert!(started.elapsed() < Duration::from_secs(3));
+        assert!(std::net::TcpStream::connect(addr).is_err());
+    }
+}
