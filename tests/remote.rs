@@ -442,3 +442,26 @@ fn a_missing_header_variable_and_egress_denials_are_reported_plainly() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test]
+async fn every_lifecycle_mode_reaches_a_2026_07_28_capable_server() {
+    let server = FixtureHttp::spawn("http", &[]);
+    let registry = RegistryDir::new();
+    for mode in ["initialize", "discover", "auto"] {
+        let record = remote_record(mode, "streamable_http", server.url(), "").replace(
+            "allowed_tools",
+            &format!("lifecycle = {mode:?}\nallowed_tools"),
+        );
+        registry.write(&format!("{mode}.toml"), &record);
+    }
+    let host = remote_host(&registry, BTreeMap::new(), loopback_egress());
+    for mode in ["initialize", "discover", "auto"] {
+        assert_eq!(
+            call_text(&host, mode, "echo", serde_json::json!({"text": mode}))
+                .await
+                .unwrap(),
+            mode
+        );
+    }
+    host.shutdown().await;
+}

@@ -7,7 +7,8 @@
 //! 3. **spawn**: what a naive host does: a fresh server process, MCP handshake and call for
 //!    every tool call.
 //!
-//! Against the fixture server (Rust, starts in milliseconds) and, when `scripts/setup.sh`
+//! Against the fixture server (Rust, starts in milliseconds) over stdio and over Streamable
+//! HTTP on loopback, and, when `scripts/setup.sh`
 //! has installed it, the public reference server `@modelcontextprotocol/server-everything`
 //! (Node.js, a typical server). Guest and native rounds alternate in one process so machine
 //! noise hits both alike; each figure is the median over rounds of the mean per-call time
@@ -19,8 +20,10 @@
 
 use std::time::{Duration, Instant};
 
+use quiver::llm::HostConfig;
+use quiver::mcp::EgressConfig;
 use quiver::{GuestModule, Host, TaskSpec};
-use quiver_tests::{RegistryDir, wat, workspace};
+use quiver_tests::{FixtureHttp, RegistryDir, wat, workspace};
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::transport::TokioChildProcess;
@@ -45,8 +48,8 @@ fn micros(d: Duration) -> f64 {
 struct Target {
     server_id: &'static str,
     args: Map<String, Value>,
-    /// How to start the server by hand, for the spawn-per-call figure.
-    command: Vec<String>,
+    /// How to start the server by hand, for the spawn-per-call figure (stdio servers).
+    command: Option<Vec<String>>,
 }
 
 /// A guest that opens `server_id` and calls `echo` with `args` `calls` times.
@@ -76,9 +79,9 @@ fn guest_loop(target: &Target, calls: usize) -> String {
 
 async fn spawn_per_call(target: &Target) -> Duration {
     let started = Instant::now();
-    let mut cmd = tokio::process::Command::new(&target.command[0]);
-    cmd.args(&target.command[1..])
-        .stderr(std::process::Stdio::null());
+    let command = target.command.as_ref().expect("a stdio target");
+    let mut cmd = tokio::process::Command::new(&command[0]);
+    cmd.args(&command[1..]).stderr(std::process::Stdio::null());
     let client = ().serve(TokioChildProcess::new(cmd).unwrap()).await.unwrap();
     let params = CallToolRequestParams::new("echo").with_arguments(target.args.clone());
     client.call_tool(params).await.unwrap();
@@ -86,7 +89,14 @@ async fn spawn_per_call(target: &Target) -> Duration {
     started.elapsed()
 }
 
-async fn measure(host: &Host, target: &Target, rounds: usize, calls: usize, spawns: usize) {
+/// Prints the figures of `target` and returns its median guest latency.
+async fn measure(
+    host: &Host,
+    target: &Target,
+    rounds: usize,
+    calls: usize,
+    spawns: usize,
+) -> Duration {
     let entry = host.registry().get(target.server_id).unwrap().clone();
     let module: GuestModule = host
         .load_module("bench.wat", guest_loop(target, calls).as_bytes())
@@ -127,7 +137,7 @@ async fn measure(host: &Host, target: &Target, rounds: usize, calls: usize, spaw
         }
     }
     let mut spawned = Vec::new();
-    for run in 0..spawns {
+    for run in 0..if target.command.is_some() { spawns } else { 0 } {
         eprint!("\r{}: spawn {}/{spawns}   ", target.server_id, run + 1);
         spawned.push(spawn_per_call(target).await);
     }
@@ -139,28 +149,32 @@ async fn measure(host: &Host, target: &Target, rounds: usize, calls: usize, spaw
         .collect();
     ratios.sort_by(f64::total_cmp);
     let paired_ratio = ratios[ratios.len() / 2];
-    let (guest, native, spawned) = (median(guest), median(native), median(spawned));
+    let (guest, native) = (median(guest), median(native));
     println!(
-        "{} echo: median of {rounds} rounds x {calls} calls; spawn: {spawns} runs",
+        "{} echo: median of {rounds} rounds x {calls} calls",
         target.server_id
     );
     println!(
-        "  guest  (wasm -> host -> pooled stdio)   {:>12.1} µs/call",
+        "  guest  (wasm -> host -> pooled connection) {:>10.1} µs/call",
         micros(guest)
     );
     println!(
-        "  native (pool.call_tool, same conn)      {:>12.1} µs/call",
+        "  native (pool.call_tool, same conn)         {:>10.1} µs/call",
         micros(native)
     );
-    println!(
-        "  spawn  (process + handshake per call)   {:>12.1} µs/call",
-        micros(spawned)
-    );
-    println!("  guest / native (median of round pairs)  {paired_ratio:>12.3}x");
-    println!(
-        "  spawn / guest (pooling speed-up)        {:>12.0}x",
-        micros(spawned) / micros(guest)
-    );
+    println!("  guest / native (median of round pairs)     {paired_ratio:>10.3}x");
+    if !spawned.is_empty() {
+        let spawned = median(spawned);
+        println!(
+            "  spawn  (process + handshake per call, {spawns} runs) {:>10.1} µs/call",
+            micros(spawned)
+        );
+        println!(
+            "  spawn / guest (pooling speed-up)           {:>10.0}x",
+            micros(spawned) / micros(guest)
+        );
+    }
+    guest
 }
 
 #[tokio::main]
@@ -174,7 +188,17 @@ async fn main() {
     let fixture = Target {
         server_id: "fixture",
         args: json!({"text": "hi"}).as_object().unwrap().clone(),
-        command: vec![env!("CARGO_BIN_EXE_fixture-mcp-server").to_owned()],
+        command: Some(vec![env!("CARGO_BIN_EXE_fixture-mcp-server").to_owned()]),
+    };
+    let http_server = FixtureHttp::spawn("http", &[]);
+    registry.write(
+        "fixture-http.toml",
+        &format!("server_id = \"fixture-http\"\ntransport = \"streamable_http\"\nallowed_tools = [\"echo\"]\n[http]\nurl = {:?}\n", http_server.url()),
+    );
+    let fixture_http = Target {
+        server_id: "fixture-http",
+        args: json!({"text": "hi"}).as_object().unwrap().clone(),
+        command: None,
     };
     let everything_bin = workspace().join("fixtures/npm/node_modules/.bin/mcp-server-everything");
     let everything = everything_bin.exists().then(|| {
@@ -188,13 +212,30 @@ async fn main() {
         Target {
             server_id: "everything",
             args: json!({"message": "hi"}).as_object().unwrap().clone(),
-            command: vec![everything_bin.display().to_string()],
+            command: Some(vec![everything_bin.display().to_string()]),
         }
     });
-    let host = quiver_tests::host(&registry);
-    measure(&host, &fixture, rounds, calls, spawns).await;
+    let config = HostConfig {
+        egress: EgressConfig {
+            allow_private: vec!["127.0.0.0/8".into()],
+            ..EgressConfig::default()
+        },
+        ..HostConfig::default()
+    };
+    let host = quiver_tests::host_builder(&registry)
+        .with_config(config, ".")
+        .build()
+        .unwrap();
+    let stdio = measure(&host, &fixture, rounds, calls, spawns).await;
+    let http = measure(&host, &fixture_http, rounds, calls, spawns).await;
+    println!(
+        "fixture over Streamable HTTP / over stdio (guest path): {:.2}x",
+        micros(http) / micros(stdio)
+    );
     match &everything {
-        Some(target) => measure(&host, target, rounds, calls / 4, spawns).await,
+        Some(target) => {
+            measure(&host, target, rounds, calls / 4, spawns).await;
+        }
         None => println!(
             "(server-everything not installed: run scripts/setup.sh for the Node.js figures)"
         ),

@@ -20,8 +20,9 @@ pub use error::{McpError, McpErrorCode};
 pub use http::ensure_tls_provider;
 pub use pool::{McpPool, RemoteOptions, ServerStatus};
 pub use registry::{
-    ApprovalPolicy, Budgets, HttpConfig, Launch, Problem, Profile, Registry, RegistryDirError,
-    ServerEntry, ServerRecord, ServerView, Severity, StdioConfig, Transport, is_valid_server_id,
+    ApprovalPolicy, Budgets, HttpConfig, Launch, Lifecycle, Problem, Profile, Registry,
+    RegistryDirError, ServerEntry, ServerRecord, ServerView, Severity, StdioConfig, Transport,
+    is_valid_server_id,
 };
 pub(crate) use session::{McpSession, PendingKey};
 

@@ -17,12 +17,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rmcp::model::ProtocolVersion;
 use rmcp::model::{
     CallToolRequestParams, ClientConfig, ErrorCode, JsonObject, PaginatedRequestParams,
 };
 use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::IntoTransport;
 use rmcp::transport::TokioChildProcess;
-use rmcp::{ClientHandler, RoleClient, ServiceError, ServiceExt};
+use rmcp::{
+    ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceError, ServiceExt,
+};
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::Semaphore;
 use tracing::Instrument;
@@ -31,7 +35,7 @@ use super::auth::{AuthConfig, Credentials};
 use super::egress::EgressPolicy;
 use super::error::{McpError, McpErrorCode};
 use super::http::{AuthedClient, LegacySse, header_map, http_client, streamable_http};
-use super::registry::{ApprovalPolicy, Launch, ServerEntry, Transport};
+use super::registry::{ApprovalPolicy, Launch, Lifecycle, ServerEntry, Transport};
 use super::{CallToolResult, Tool};
 use crate::defaults;
 
@@ -305,7 +309,8 @@ impl McpPool {
         // A connection outlives the task that happened to open it: detach it from the
         // caller's span so its logs are not filed under that task.
         let connection_span = tracing::info_span!(parent: None, "mcp_server", server_id);
-        let handshake = events.serve(transport).instrument(connection_span);
+        let handshake =
+            handshake(events, transport, entry.record.lifecycle).instrument(connection_span);
         let service = tokio::time::timeout(self.connect_timeout, handshake)
             .await
             .map_err(|_| {
@@ -375,12 +380,16 @@ impl McpPool {
                     let transport = LegacySse::connect(url, client, headers)
                         .await
                         .map_err(|e| format!("legacy SSE: {e}"))?;
-                    events.serve(transport).await.map_err(|e| e.to_string())
+                    handshake(events, transport, entry.record.lifecycle).await
                 }
-                _ => events
-                    .serve(streamable_http(url, client, headers))
+                _ => {
+                    handshake(
+                        events,
+                        streamable_http(url, client, headers),
+                        entry.record.lifecycle,
+                    )
                     .await
-                    .map_err(|e| e.to_string()),
+                }
             }
         };
         let service = tokio::time::timeout(timeout, handshake.instrument(connection_span))
@@ -565,6 +574,32 @@ impl McpPool {
         });
         futures::future::join_all(closing).await;
     }
+}
+
+/// Opens the MCP session over `transport` the way the record asks.
+async fn handshake<T, E, A>(
+    events: ClientEvents,
+    transport: T,
+    lifecycle: Lifecycle,
+) -> Result<RunningService<RoleClient, ClientEvents>, String>
+where
+    T: IntoTransport<RoleClient, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let mode = match lifecycle {
+        Lifecycle::Initialize => return events.serve(transport).await.map_err(|e| e.to_string()),
+        Lifecycle::Discover => ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        },
+        Lifecycle::Auto => ClientLifecycleMode::Auto {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            legacy_version: Some(ProtocolVersion::V_2025_11_25),
+        },
+    };
+    events
+        .serve_with_lifecycle(transport, mode)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 async fn list_all_pages(conn: &Connection) -> Result<Vec<Tool>, ServiceError> {

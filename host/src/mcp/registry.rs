@@ -32,6 +32,22 @@ pub enum Transport {
     HttpSseLegacy,
 }
 
+/// How the client opens an MCP session with the server.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Lifecycle {
+    /// The `initialize` handshake (protocol 2025-11-25 and earlier; servers speaking
+    /// 2026-07-28 accept it too). One round trip; the default.
+    #[default]
+    Initialize,
+    /// `server/discover` with protocol 2026-07-28 only, for servers that dropped
+    /// `initialize`.
+    Discover,
+    /// Try `server/discover`, fall back to `initialize` when the server is older. Costs up
+    /// to 10 s on a server that ignores unknown methods, so it is opt-in.
+    Auto,
+}
+
 /// Whether a tool call needs a human or programmatic approval first.
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -112,6 +128,8 @@ struct ServerFile {
     budgets: BudgetsFile,
     #[serde(default)]
     tags: Vec<String>,
+    #[serde(default)]
+    lifecycle: Lifecycle,
 }
 
 /// One server as written in its file, with defaults applied and references unresolved.
@@ -128,6 +146,7 @@ pub struct ServerRecord {
     pub budgets: Budgets,
     /// Labels profiles select servers by (e.g. `scm`, `search`).
     pub tags: Vec<String>,
+    pub lifecycle: Lifecycle,
 }
 
 /// How to start or reach a server, with every reference resolved. Holds secrets: its
@@ -818,6 +837,7 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
         approval_policy: file.approval_policy,
         budgets,
         tags: file.tags,
+        lifecycle: file.lifecycle,
     })
 }
 

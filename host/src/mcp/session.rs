@@ -63,6 +63,7 @@ impl McpSession {
                 max_tool_output_bytes: 1,
             },
             tags: vec![],
+            lifecycle: Default::default(),
         };
         let filter = ToolFilter::new(&[], &Default::default());
         let server = ServerEntry {

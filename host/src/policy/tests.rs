@@ -27,6 +27,7 @@ fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEn
                 max_tool_output_bytes: 1,
             },
             tags: tags.iter().map(|s| s.to_string()).collect(),
+            lifecycle: Default::default(),
         },
         source: format!("{id}.toml").into(),
         launch: if available {
