@@ -2,13 +2,12 @@
 //! scripted OpenAI-wire server through the library, through the `quiver` binary with the
 //! zero-config backend and `--record`, and offline with the shipped replay transcript.
 
-use std::collections::BTreeMap;
 use std::process::Command;
 
-use quiver::llm::{BackendConfig, HostConfig};
+use quiver_tests::chat_wat::scripted_host;
 use quiver_tests::llm::{Reply, ScriptedLlm, tool_names, tool_results};
 use quiver_tests::{
-    RegistryDir, example_guest, fixture_server, host_builder, mcp_task, quiver_cli, run, workspace,
+    RegistryDir, example_guest, fixture_server, mcp_task, quiver_cli, run, workspace,
 };
 use serde_json::json;
 
@@ -27,19 +26,7 @@ async fn the_rust_chat_guest_runs_a_guest_tool_and_an_mcp_tool() {
     let llm = ScriptedLlm::start(script()).await;
     let registry = RegistryDir::new();
     registry.fixture("fixture", &["add"], "");
-    let backend = BackendConfig {
-        base_url: Some(llm.base_url()),
-        ..BackendConfig::default()
-    };
-    let config = HostConfig {
-        default_backend: Some("local".into()),
-        backends: BTreeMap::from([("local".into(), backend)]),
-        ..Default::default()
-    };
-    let host = host_builder(&registry)
-        .with_config(config, ".")
-        .build()
-        .unwrap();
+    let host = scripted_host(&registry, &llm);
     let out = run(
         &host,
         &example_guest("chat-tools"),

@@ -21,7 +21,7 @@ use crate::defaults;
 use crate::fd::FdTable;
 use crate::llm::{Backends, ConfigError, HostConfig, Recorder};
 use crate::mcp::{EgressPolicy, McpPool, Registry, RegistryDirError, RemoteOptions, Severity};
-use crate::policy::{self, PolicyReport, SessionRequest};
+use crate::policy::{self, PolicyReport, SessionRequest, TaskMcpPolicy};
 pub use crate::runtime::ModuleOrigin;
 use crate::runtime::{
     DeadlineExceeded, Runtime, RuntimeOptions, TaskContext, TaskState, default_cache_dir,
@@ -381,13 +381,7 @@ impl Host {
             message,
         };
         let registry = self.registry();
-        let mcp_policy = task
-            .mcp_config()?
-            .resolve(&registry)
-            .map_err(|e| TaskError::Config {
-                key: e.key.into(),
-                message: e.message,
-            })?;
+        let mcp_policy = task_policy(task, &registry)?;
         for warning in mcp_policy.warnings() {
             tracing::warn!(task_id = %task.task_id, "{warning}");
         }
@@ -525,13 +519,7 @@ impl Host {
     /// in the registry is left out.
     pub async fn explain_policy(&self, task: &TaskSpec) -> Result<PolicyReport, HostError> {
         let registry = self.registry();
-        let policy = task
-            .mcp_config()?
-            .resolve(&registry)
-            .map_err(|e| TaskError::Config {
-                key: e.key.into(),
-                message: e.message,
-            })?;
+        let policy = task_policy(task, &registry)?;
         let session = ChatSession::new(&policy);
         let tools = ToolSet::build(&session, &policy, &registry, &self.inner.pool).await;
         let offered = tools
@@ -577,6 +565,16 @@ impl Host {
     pub async fn shutdown(&self) {
         self.inner.pool.shutdown().await;
     }
+}
+
+/// The task layer of MCP policy, with profiles resolved against `registry`.
+fn task_policy(task: &TaskSpec, registry: &Registry) -> Result<TaskMcpPolicy, HostError> {
+    let config = task.mcp_config()?;
+    let policy = config.resolve(registry).map_err(|e| TaskError::Config {
+        key: e.key.into(),
+        message: e.message,
+    })?;
+    Ok(policy)
 }
 
 /// The table guest tools are called through: `__indirect_function_table`, else `table`,

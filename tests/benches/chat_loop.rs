@@ -12,13 +12,12 @@
 //! Run: `cargo bench -p quiver-tests --bench chat_loop` (`QUIVER_BENCH_ROUNDS`,
 //! `QUIVER_BENCH_SENDS` override the defaults).
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use quiver::TaskSpec;
-use quiver::llm::{BackendConfig, HostConfig};
+use quiver_tests::chat_wat::scripted_host;
 use quiver_tests::llm::{Reply, ScriptedLlm};
-use quiver_tests::{RegistryDir, host_builder, wat};
+use quiver_tests::{RegistryDir, wat};
 use serde_json::{Value, json};
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -92,19 +91,7 @@ async fn main() {
     let llm = ScriptedLlm::start(vec![]).await;
     let registry = RegistryDir::new();
     registry.fixture("fixture", &["add"], "");
-    let backend = BackendConfig {
-        base_url: Some(llm.base_url()),
-        ..BackendConfig::default()
-    };
-    let config = HostConfig {
-        default_backend: Some("local".into()),
-        backends: BTreeMap::from([("local".into(), backend)]),
-        ..Default::default()
-    };
-    let host = host_builder(&registry)
-        .with_config(config, ".")
-        .build()
-        .unwrap();
+    let host = scripted_host(&registry, &llm);
     let module = host
         .load_module("chat-bench.wat", guest(sends).as_bytes())
         .unwrap();

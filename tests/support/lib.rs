@@ -17,6 +17,7 @@ use tempfile::TempDir;
 pub mod chat_wat;
 pub mod llm;
 pub mod oauth;
+pub mod serve;
 pub mod wat;
 
 /// The workspace root.

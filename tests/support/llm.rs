@@ -29,7 +29,6 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -39,13 +38,12 @@ use axum::http::{HeaderMap, Method, Response, StatusCode, Uri, header};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use crate::serve::{BackgroundServer, Bound};
+
 /// Prompt tokens reported per request message (`prompt_tokens = 10 * messages.len()`).
 pub const PROMPT_TOKENS_PER_MESSAGE: u64 = 10;
 /// Completion tokens reported for every [`Reply::Text`] and [`Reply::ToolCalls`].
 pub const COMPLETION_TOKENS: u64 = 5;
-
-/// How long in-flight requests may take to finish after the server is dropped.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 /// One scripted answer; each chat-completions request consumes the next one.
 #[derive(Debug, Clone, PartialEq)]
@@ -186,8 +184,7 @@ impl Shared {
 pub struct ScriptedLlm {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    shutdown: watch::Sender<bool>,
-    thread: Option<JoinHandle<()>>,
+    _server: BackgroundServer,
 }
 
 impl ScriptedLlm {
@@ -198,20 +195,14 @@ impl ScriptedLlm {
 
     /// [`ScriptedLlm::start`] for synchronous tests; needs no Tokio runtime.
     pub fn start_blocking(script: Vec<Reply>) -> ScriptedLlm {
-        let listener =
-            std::net::TcpListener::bind("127.0.0.1:0").expect("scripted LLM: bind 127.0.0.1:0");
-        listener
-            .set_nonblocking(true)
-            .expect("scripted LLM: set_nonblocking");
-        let addr = listener.local_addr().expect("scripted LLM: local_addr");
-
-        let (shutdown, shutdown_rx) = watch::channel(false);
+        let bound = Bound::new("scripted LLM");
+        let addr = bound.addr;
         let shared = Arc::new(Shared {
             inner: Mutex::new(Inner {
                 script: script.into(),
                 ..Inner::default()
             }),
-            shutdown: shutdown_rx.clone(),
+            shutdown: bound.stopping.clone(),
         });
 
         let router = Router::new()
@@ -219,42 +210,12 @@ impl ScriptedLlm {
             .with_state(shared.clone())
             .layer(DefaultBodyLimit::disable());
 
-        let thread = std::thread::Builder::new()
-            .name(format!("scripted-llm-{}", addr.port()))
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("scripted LLM: tokio runtime");
-                runtime.block_on(async move {
-                    let listener = tokio::net::TcpListener::from_std(listener)
-                        .expect("scripted LLM: tokio listener");
-                    let mut graceful = shutdown_rx.clone();
-                    let serve = axum::serve(listener, router).with_graceful_shutdown(async move {
-                        let _ = graceful.wait_for(|stop| *stop).await;
-                    });
-                    let mut deadline = shutdown_rx;
-                    tokio::select! {
-                        result = serve => {
-                            if let Err(e) = result {
-                                eprintln!("scripted LLM on {addr}: server error: {e}");
-                            }
-                        }
-                        _ = async {
-                            let _ = deadline.wait_for(|stop| *stop).await;
-                            tokio::time::sleep(SHUTDOWN_GRACE).await;
-                        } => {}
-                    }
-                });
-                // Dropping the runtime here cancels any connection still open.
-            })
-            .expect("scripted LLM: spawn server thread");
+        let server = bound.serve("scripted-llm", router);
 
         ScriptedLlm {
             addr,
             shared,
-            shutdown,
-            thread: Some(thread),
+            _server: server,
         }
     }
 
@@ -326,16 +287,6 @@ impl ScriptedLlm {
             .filter(|r| is_chat(&r.method, &r.path))
             .cloned()
             .collect()
-    }
-}
-
-impl Drop for ScriptedLlm {
-    fn drop(&mut self) {
-        let _ = self.shutdown.send(true);
-        if let Some(thread) = self.thread.take() {
-            // The thread ends within SHUTDOWN_GRACE; a panic there was already printed.
-            let _ = thread.join();
-        }
     }
 }
 

@@ -36,19 +36,16 @@ use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
+
+use crate::serve::{BackgroundServer, Bound};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, Response, StatusCode, header};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
-use tokio::sync::watch;
-
-/// How long in-flight requests may take to finish after the server is dropped.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
 /// One `POST /token` request, successful or not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -100,8 +97,7 @@ impl Shared {
 pub struct TokenServer {
     addr: SocketAddr,
     shared: Arc<Shared>,
-    shutdown: watch::Sender<bool>,
-    thread: Option<JoinHandle<()>>,
+    _server: BackgroundServer,
 }
 
 impl TokenServer {
@@ -120,12 +116,8 @@ impl TokenServer {
         client_secret: impl Into<String>,
         ttl: Duration,
     ) -> TokenServer {
-        let listener =
-            std::net::TcpListener::bind("127.0.0.1:0").expect("token server: bind 127.0.0.1:0");
-        listener
-            .set_nonblocking(true)
-            .expect("token server: set_nonblocking");
-        let addr = listener.local_addr().expect("token server: local_addr");
+        let bound = Bound::new("token server");
+        let addr = bound.addr;
 
         let shared = Arc::new(Shared {
             client_id: client_id.into(),
@@ -140,43 +132,12 @@ impl TokenServer {
             .route("/.well-known/oauth-authorization-server", get(metadata))
             .with_state(shared.clone());
 
-        let (shutdown, shutdown_rx) = watch::channel(false);
-        let thread = std::thread::Builder::new()
-            .name(format!("token-server-{}", addr.port()))
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("token server: tokio runtime");
-                runtime.block_on(async move {
-                    let listener = tokio::net::TcpListener::from_std(listener)
-                        .expect("token server: tokio listener");
-                    let mut graceful = shutdown_rx.clone();
-                    let serve = axum::serve(listener, router).with_graceful_shutdown(async move {
-                        let _ = graceful.wait_for(|stop| *stop).await;
-                    });
-                    let mut deadline = shutdown_rx;
-                    tokio::select! {
-                        result = serve => {
-                            if let Err(e) = result {
-                                eprintln!("token server on {addr}: server error: {e}");
-                            }
-                        }
-                        _ = async {
-                            let _ = deadline.wait_for(|stop| *stop).await;
-                            tokio::time::sleep(SHUTDOWN_GRACE).await;
-                        } => {}
-                    }
-                });
-                // Dropping the runtime here cancels any connection still open.
-            })
-            .expect("token server: spawn server thread");
+        let server = bound.serve("token-server", router);
 
         TokenServer {
             addr,
             shared,
-            shutdown,
-            thread: Some(thread),
+            _server: server,
         }
     }
 
@@ -242,16 +203,6 @@ impl TokenServer {
             .tokens
             .get(token)
             .is_some_and(|t| !t.revoked && SystemTime::now() < t.expires_at)
-    }
-}
-
-impl Drop for TokenServer {
-    fn drop(&mut self) {
-        let _ = self.shutdown.send(true);
-        if let Some(thread) = self.thread.take() {
-            // The thread ends within SHUTDOWN_GRACE; a panic there was already printed.
-            let _ = thread.join();
-        }
     }
 }
 

@@ -44,6 +44,7 @@ pub(crate) fn http_client(
             policy: egress.clone(),
         }))
         .redirect(reqwest::redirect::Policy::none())
+        .tcp_nodelay(true)
         .connect_timeout(connect_timeout)
         .build()
         .map_err(|e| format!("cannot build the HTTP client: {e}"))
