@@ -538,57 +538,15 @@ fn response(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    /// A minimal HTTP/1.1 exchange: (status, lower-case headers, body).
-    struct Answer {
-        status: u16,
-        headers: Vec<(String, String)>,
-        body: String,
-    }
-
-    impl Answer {
-        fn header(&self, name: &str) -> Option<&str> {
-            self.headers
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, v)| v.as_str())
-        }
-
-        fn json(&self) -> Value {
-            serde_json::from_str(&self.body)
-                .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.body))
-        }
-    }
+    use crate::serve::raw_http::{self, Answer};
 
     async fn send(addr: SocketAddr, method: &str, path: &str, body: &str) -> Answer {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let request = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer sk-test\r\n\
-             Content-Type: application/json\r\nX-Custom: Yes\r\nContent-Length: {}\r\n\
-             Connection: close\r\n\r\n{body}",
-            body.len()
-        );
-        stream.write_all(request.as_bytes()).await.expect("write");
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.expect("read");
-        let raw = String::from_utf8(raw).expect("utf-8 response");
-        let (head, body) = raw.split_once("\r\n\r\n").expect("header/body separator");
-        let mut lines = head.split("\r\n");
-        let status = lines
-            .next()
-            .and_then(|l| l.split(' ').nth(1))
-            .and_then(|s| s.parse().ok())
-            .expect("status line");
-        let headers = lines
-            .filter_map(|l| l.split_once(':'))
-            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
-            .collect();
-        Answer {
-            status,
-            headers,
-            body: body.to_owned(),
-        }
+        let headers = [
+            ("Authorization", "Bearer sk-test"),
+            ("Content-Type", "application/json"),
+            ("X-Custom", "Yes"),
+        ];
+        raw_http::send(addr, method, path, &headers, body).await
     }
 
     async fn chat(llm: &ScriptedLlm, body: &Value) -> Answer {

@@ -115,3 +115,71 @@ impl Drop for BackgroundServer {
         }
     }
 }
+
+/// A raw HTTP/1.1 client for the test servers' own unit tests (no HTTP client dependency).
+#[cfg(test)]
+pub(crate) mod raw_http {
+    use std::net::SocketAddr;
+
+    use serde_json::Value;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A minimal HTTP/1.1 exchange: (status, lower-case headers, body).
+    pub struct Answer {
+        pub status: u16,
+        pub headers: Vec<(String, String)>,
+        pub body: String,
+    }
+
+    impl Answer {
+        pub fn header(&self, name: &str) -> Option<&str> {
+            self.headers
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, v)| v.as_str())
+        }
+
+        pub fn json(&self) -> Value {
+            serde_json::from_str(&self.body)
+                .unwrap_or_else(|e| panic!("body is not JSON ({e}): {}", self.body))
+        }
+    }
+
+    pub async fn send(
+        addr: SocketAddr,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> Answer {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\n");
+        for (name, value) in headers {
+            request.push_str(&format!("{name}: {value}\r\n"));
+        }
+        request.push_str(&format!(
+            "Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ));
+        stream.write_all(request.as_bytes()).await.expect("write");
+        let mut raw = Vec::new();
+        stream.read_to_end(&mut raw).await.expect("read");
+        let raw = String::from_utf8(raw).expect("utf-8 response");
+        let (head, body) = raw.split_once("\r\n\r\n").expect("header/body separator");
+        let mut lines = head.split("\r\n");
+        let status = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .expect("status line");
+        let headers = lines
+            .filter_map(|l| l.split_once(':'))
+            .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_owned()))
+            .collect();
+        Answer {
+            status,
+            headers,
+            body: body.to_owned(),
+        }
+    }
+}
