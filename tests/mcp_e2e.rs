@@ -29,6 +29,19 @@ fn task_file(dir: &Path, servers: &[&str]) -> std::path::PathBuf {
     path
 }
 
+/// `quiver [args] run MODULE --task TASK --registry DIR --no-cache`; callers add the rest.
+fn quiver_run(args: &[&str], module: impl AsRef<Path>, task: &Path, registry: &Path) -> Command {
+    let mut cmd = quiver(args);
+    cmd.arg("run")
+        .arg(module.as_ref())
+        .arg("--task")
+        .arg(task)
+        .arg("--registry")
+        .arg(registry)
+        .arg("--no-cache");
+    cmd
+}
+
 fn quiver(args: &[&str]) -> Command {
     let mut cmd = Command::new(quiver_cli());
     cmd.args(args)
@@ -43,13 +56,7 @@ fn the_cli_runs_a_guest_that_lists_and_calls_tools() {
     registry.fixture("fixture", &["echo", "add"], "");
     let tasks = tempfile::tempdir().unwrap();
     let task = task_file(tasks.path(), &["fixture"]);
-    let output = quiver(&["run"])
-        .arg(explorer())
-        .arg("--task")
-        .arg(&task)
-        .arg("--registry")
-        .arg(registry.path())
-        .arg("--no-cache")
+    let output = quiver_run(&[], explorer(), &task, registry.path())
         .args(["--", "fixture", "add", r#"{"a":2,"b":3}"#])
         .output()
         .unwrap();
@@ -77,13 +84,8 @@ fn the_guest_exit_status_passes_through() {
     registry.fixture("fixture", &["*"], "");
     let tasks = tempfile::tempdir().unwrap();
     let task = task_file(tasks.path(), &["fixture"]);
-    let output = quiver(&["run"])
-        .arg(explorer())
-        .arg("--task")
-        .arg(&task)
-        .arg("--registry")
-        .arg(registry.path())
-        .args(["--no-cache", "--", "not-registered"])
+    let output = quiver_run(&[], explorer(), &task, registry.path())
+        .args(["--", "not-registered"])
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(1));
@@ -240,13 +242,8 @@ fn no_server_process_outlives_quiver_run_even_after_a_trap() {
     let tasks = tempfile::tempdir().unwrap();
     let task = task_file(tasks.path(), &["fixture"]);
 
-    let output = quiver(&["run"])
-        .arg(explorer())
-        .arg("--task")
-        .arg(&task)
-        .arg("--registry")
-        .arg(registry.path())
-        .args(["--no-cache", "--", "fixture", "pid"])
+    let output = quiver_run(&[], explorer(), &task, registry.path())
+        .args(["--", "fixture", "pid"])
         .output()
         .unwrap();
     assert!(output.status.success());
@@ -265,13 +262,7 @@ fn no_server_process_outlives_quiver_run_even_after_a_trap() {
     let trapping = calls_guest(&["pid"]).replace("(call $main)", "(call $main) unreachable");
     let module = tasks.path().join("trap.wat");
     std::fs::write(&module, trapping).unwrap();
-    let output = quiver(&["run"])
-        .arg(&module)
-        .arg("--task")
-        .arg(&task)
-        .arg("--registry")
-        .arg(registry.path())
-        .arg("--no-cache")
+    let output = quiver_run(&[], &module, &task, registry.path())
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(134));
@@ -307,13 +298,7 @@ fn ctrl_c_stops_the_task_and_its_servers() {
     );
     let module = tasks.path().join("wait.wat");
     std::fs::write(&module, guest).unwrap();
-    let mut child = quiver(&["run"])
-        .arg(&module)
-        .arg("--task")
-        .arg(&task)
-        .arg("--registry")
-        .arg(registry.path())
-        .arg("--no-cache")
+    let mut child = quiver_run(&[], &module, &task, registry.path())
         .stderr(Stdio::piped())
         .stdout(Stdio::null())
         .spawn()
@@ -357,19 +342,8 @@ fn server_stderr_goes_to_the_host_log_under_its_server_id() {
     registry.fixture("noisy", &["stderr"], "");
     let tasks = tempfile::tempdir().unwrap();
     let task = task_file(tasks.path(), &["noisy"]);
-    let output = quiver(&["run", "--log-level", "info"])
-        .arg(explorer())
-        .arg("--task")
-        .arg(&task)
-        .arg("--registry")
-        .arg(registry.path())
-        .args([
-            "--no-cache",
-            "--",
-            "noisy",
-            "stderr",
-            r#"{"text":"marker-7f3a"}"#,
-        ])
+    let output = quiver_run(&["--log-level", "info"], explorer(), &task, registry.path())
+        .args(["--", "noisy", "stderr", r#"{"text":"marker-7f3a"}"#])
         .output()
         .unwrap();
     assert!(output.status.success());
