@@ -283,12 +283,9 @@ async fn registry_views_show_only_permitted_servers_and_no_secrets() {
     let registry = registry();
     registry.write(
         "secret.toml",
-        &format!(
-            "{}",
-            quiver_tests::fixture_toml("secret", &["*"], "").replace(
-                "[stdio]\n",
-                "[stdio]\nenv = { API_TOKEN = \"${ENV:QUIVER_TEST_TOKEN:-hunter2}\" }\n"
-            )
+        &quiver_tests::fixture_toml("secret", &["*"], "").replace(
+            "[stdio]\n",
+            "[stdio]\nenv = { API_TOKEN = \"${ENV:QUIVER_TEST_TOKEN:-hunter2}\" }\n",
         ),
     );
     let task = mcp_task("views", &["fixture", "secret"]);

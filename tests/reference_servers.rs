@@ -1,7 +1,7 @@
 //! The public reference MCP servers from npm (`@modelcontextprotocol/server-filesystem`,
 //! `server-everything`), installed by `scripts/setup.sh`, driven by real guests.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use quiver_tests::{RegistryDir, example_guest, host, mcp_task, run, wat, workspace};
 use serde_json::Value;
@@ -18,7 +18,7 @@ fn npm_bin(name: &str) -> PathBuf {
     bin
 }
 
-fn stdio_record(server_id: &str, command: &PathBuf, args: &[&str], allowed: &[&str]) -> String {
+fn stdio_record(server_id: &str, command: &Path, args: &[&str], allowed: &[&str]) -> String {
     let quote = |items: &[&str]| {
         items
             .iter()
