@@ -169,7 +169,7 @@ mod tests {
         assert_eq!(err.errno(), Some(Errno::EBADF));
         assert_eq!(
             err.to_string(),
-            "mcp_list_tools(\"fs\") failed: EBADF (9): not an open fd, or an fd of the wrong kind"
+            "mcp_list_tools(\"fs\") failed: EBADF (9): not an open fd, or an fd of another kind"
         );
     }
 

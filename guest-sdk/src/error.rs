@@ -2,108 +2,18 @@
 
 use std::fmt;
 
-/// An error number returned by a hostcall (as `-errno`).
-///
-/// The values are the host ABI's POSIX-style errno values; the named constants cover
-/// every value the host documents. An unknown value is kept as is and displayed as
-/// `errno N`.
+/// An error number returned by a hostcall (as `-errno`), from the ABI crate where the
+/// values are defined once for the host and every SDK. An unknown value is kept as is and
+/// displayed as `errno N`.
 ///
 /// ```
 /// use quiver_guest::Errno;
 ///
 /// assert_eq!(Errno::from_ret(-2), Some(Errno::ENOENT));
 /// assert_eq!(Errno::from_ret(3), None);
-/// assert_eq!(Errno::ENOENT.to_string(), "ENOENT (2): unknown name");
+/// assert!(Errno::ENOENT.to_string().starts_with("ENOENT (2): unknown name"));
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Errno(i32);
-
-macro_rules! errnos {
-    ($($name:ident = $value:literal, $meaning:literal;)*) => {
-        impl Errno {
-            $(
-                #[doc = concat!("`", $value, "`: ", $meaning, ".")]
-                pub const $name: Errno = Errno($value);
-            )*
-
-            /// The symbolic name (`"ENOENT"`), if this is a value the host ABI defines.
-            pub const fn name(self) -> Option<&'static str> {
-                match self.0 {
-                    $($value => Some(stringify!($name)),)*
-                    _ => None,
-                }
-            }
-
-            /// What the value means for a Quiver hostcall, if the host ABI defines it.
-            pub const fn meaning(self) -> Option<&'static str> {
-                match self.0 {
-                    $($value => Some($meaning),)*
-                    _ => None,
-                }
-            }
-        }
-    };
-}
-
-errnos! {
-    EPERM = 1, "operation not permitted by the host configuration";
-    ENOENT = 2, "unknown name";
-    EIO = 5, "internal error, malformed JSON argument or upstream protocol failure";
-    EBADF = 9, "not an open fd, or an fd of the wrong kind";
-    EAGAIN = 11, "would block, try again";
-    ENOMEM = 12, "a memory budget was hit";
-    EACCES = 13, "denied by policy";
-    EFAULT = 14, "pointer or length outside guest memory";
-    EINVAL = 22, "invalid argument";
-    EMFILE = 24, "the task's fd table is full";
-    ENOSPC = 28, "output buffer too small";
-    EPIPE = 32, "the peer went away";
-    ENOSYS = 38, "hostcall not implemented (not running under a Quiver host?)";
-    ENOTCONN = 107, "the backing service is not connected";
-    ETIMEDOUT = 110, "a deadline passed";
-}
-
-impl Errno {
-    /// Wraps a positive errno value.
-    pub const fn from_raw(errno: i32) -> Errno {
-        Errno(errno)
-    }
-
-    /// The positive errno value.
-    pub const fn raw(self) -> i32 {
-        self.0
-    }
-
-    /// Interprets a hostcall return value: `Some(errno)` if it is negative (`-errno`),
-    /// `None` if it is a success value (`>= 0`).
-    pub const fn from_ret(ret: i32) -> Option<Errno> {
-        if ret < 0 {
-            Some(Errno(ret.saturating_neg()))
-        } else {
-            None
-        }
-    }
-}
-
-impl fmt::Debug for Errno {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.name() {
-            Some(name) => f.write_str(name),
-            None => write!(f, "Errno({})", self.0),
-        }
-    }
-}
-
-impl fmt::Display for Errno {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match (self.name(), self.meaning()) {
-            (Some(name), Some(meaning)) => write!(f, "{name} ({}): {meaning}", self.0),
-            _ => write!(f, "errno {}", self.0),
-        }
-    }
-}
-
-impl std::error::Error for Errno {}
+pub use quiver_abi::Errno;
 
 /// The error type of every fallible call in this crate.
 ///
@@ -196,7 +106,7 @@ mod tests {
         assert_eq!(Errno::ENOTCONN.name(), Some("ENOTCONN"));
         assert_eq!(
             Errno::ETIMEDOUT.to_string(),
-            "ETIMEDOUT (110): a deadline passed"
+            "ETIMEDOUT (110): a timeout passed"
         );
         assert_eq!(Errno::from_raw(99).to_string(), "errno 99");
         assert_eq!(format!("{:?}", Errno::EACCES), "EACCES");
@@ -216,7 +126,7 @@ mod tests {
         let err = Error::from_errno(r#"mcp_open("fs")"#, Errno::ENOENT);
         assert_eq!(
             err.to_string(),
-            r#"mcp_open("fs") failed: ENOENT (2): unknown name"#
+            r#"mcp_open("fs") failed: ENOENT (2): unknown name, e.g. an MCP server id the registry does not have"#
         );
         assert_eq!(err.op(), r#"mcp_open("fs")"#);
         assert_eq!(err.errno(), Some(Errno::ENOENT));

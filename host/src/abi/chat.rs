@@ -12,13 +12,8 @@ use crate::chat::{
 use crate::fd::FdKind;
 use crate::runtime::TaskState;
 
-const SET_PARAM: i32 = 1;
-const GET_METRICS: i32 = 2;
-const ADD_MESSAGE: i32 = 3;
-const GET_MESSAGES: i32 = 4;
-
-const FLAG_METRICS: i32 = 1;
-const FLAG_AUTO_TOOL_CALL: i32 = 2;
+use quiver_abi::ctl::{ADD_MESSAGE, GET_MESSAGES, GET_METRICS, SET_PARAM};
+use quiver_abi::send_flags;
 
 pub(super) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
     linker.func_wrap(
@@ -230,7 +225,7 @@ async fn send(
     fd: i32,
     flags: i32,
 ) -> Result<i32, HostcallError> {
-    if flags & !(FLAG_METRICS | FLAG_AUTO_TOOL_CALL) != 0 {
+    if flags & !send_flags::KNOWN != 0 {
         return Err(Errno::EINVAL.into());
     }
     let state = caller.data_mut();
@@ -255,7 +250,7 @@ async fn send(
         arena: settings.tool_arena_ptr.zip(settings.tool_arena_len),
         max_output: settings.max_tool_output_bytes,
     };
-    let auto = flags & FLAG_AUTO_TOOL_CALL != 0;
+    let auto = flags & send_flags::AUTO_TOOL_CALL != 0;
     let outcome = before_deadline(
         &ctx,
         tracing::Instrument::instrument(run::send(&snapshot, &send_ctx, &mut tools, auto), span),
@@ -301,8 +296,6 @@ struct CallerTools<'a, 'b> {
     arena: Option<(u32, u32)>,
     max_output: u32,
 }
-
-const ENOSPC: i32 = -28;
 
 impl GuestTools for CallerTools<'_, '_> {
     async fn call(
@@ -356,11 +349,15 @@ impl GuestTools for CallerTools<'_, '_> {
                 return Ok(Err("the tool arena lies outside guest memory".into()));
             };
             return Ok(match rc {
-                ENOSPC if attempt == 0 && len > capacity && len <= room => {
+                rc if rc == Errno::ENOSPC.ret()
+                    && attempt == 0
+                    && len > capacity
+                    && len <= room =>
+                {
                     capacity = len;
                     continue;
                 }
-                ENOSPC => Err(format!(
+                rc if rc == Errno::ENOSPC.ret() => Err(format!(
                     "the tool's output ({len} bytes) does not fit the tool arena ({room} bytes for output)"
                 )),
                 rc if rc < 0 => Err(format!("the guest tool failed with errno {}", -rc)),

@@ -63,3 +63,49 @@ pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<
     chat::add_to_linker(linker)?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use quiver_abi::{IMPORTS, ValType};
+    use wasmtime::{Engine, Linker, Module};
+
+    use super::add_to_linker;
+    use crate::runtime::TaskState;
+
+    /// A module importing every `spear` function of the ABI crate with `result` as the
+    /// type of `time_now_ms`.
+    fn importer(time_result: &str) -> String {
+        let imports: String = IMPORTS
+            .iter()
+            .map(|import| {
+                let params = " i32".repeat(import.params.len());
+                let result = match (import.name, import.result) {
+                    ("time_now_ms", _) => time_result,
+                    (_, ValType::I32) => "i32",
+                    (_, ValType::I64) => "i64",
+                };
+                format!(
+                    "(import \"spear\" \"{}\" (func (param{params}) (result {result})))\n",
+                    import.name
+                )
+            })
+            .collect();
+        format!("(module {imports} (memory (export \"memory\") 1))")
+    }
+
+    #[test]
+    fn the_host_defines_every_import_with_the_abi_signature() {
+        let engine = Engine::default();
+        let mut linker = Linker::<TaskState>::new(&engine);
+        add_to_linker(&mut linker).unwrap();
+        let module = Module::new(&engine, importer("i64")).unwrap();
+        linker
+            .instantiate_pre(&module)
+            .expect("every ABI import resolves with its signature");
+        let wrong = Module::new(&engine, importer("i32")).unwrap();
+        assert!(
+            linker.instantiate_pre(&wrong).is_err(),
+            "a signature mismatch must be caught"
+        );
+    }
+}
