@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::process::Command;
 
-use quiver::mcp::{Launch, Registry, Severity, Transport};
+use quiver::registry::{Launch, Registry, Severity, Transport};
 use quiver_tests::{RegistryDir, quiver_cli};
 
 fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {

@@ -10,8 +10,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use std::sync::Arc;
 
-use quiver::mcp::{Registry, ServerEntry, Severity};
 use quiver::policy::{TaskMcpPolicy, ToolFilter};
+use quiver::registry::{Registry, ServerEntry, Severity};
 use quiver::telemetry::{self, LogFormat};
 use quiver::{Host, HostBuilder, TaskSpec};
 

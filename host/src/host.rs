@@ -20,8 +20,9 @@ use crate::chat::tools::ToolSet;
 use crate::defaults;
 use crate::fd::FdTable;
 use crate::llm::{Backends, ConfigError, HostConfig, Recorder};
-use crate::mcp::{EgressPolicy, McpPool, Registry, RegistryDirError, RemoteOptions, Severity};
+use crate::mcp::{EgressPolicy, McpPool, RemoteOptions};
 use crate::policy::{self, PolicyReport, SessionRequest, TaskMcpPolicy};
+use crate::registry::{Registry, RegistryDirError, Severity};
 pub use crate::runtime::ModuleOrigin;
 use crate::runtime::{
     DeadlineExceeded, Runtime, RuntimeOptions, TaskContext, TaskState, default_cache_dir,

@@ -33,6 +33,7 @@ mod host;
 pub mod llm;
 pub mod mcp;
 pub mod policy;
+pub mod registry;
 mod runtime;
 pub mod task;
 pub mod telemetry;

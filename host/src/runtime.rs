@@ -25,8 +25,9 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 use crate::defaults;
 use crate::fd::FdTable;
 use crate::llm::Backends;
-use crate::mcp::{McpPool, Registry};
+use crate::mcp::McpPool;
 use crate::policy::TaskMcpPolicy;
+use crate::registry::Registry;
 
 /// What a task's hostcalls may read: fixed for the whole run.
 pub(crate) struct TaskContext {

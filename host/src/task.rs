@@ -385,7 +385,7 @@ fn parse_list(key: &str, value: &Value) -> Result<Vec<String>, TaskError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp::Registry;
+    use crate::registry::Registry;
     use serde_json::json;
 
     #[test]

@@ -8,8 +8,9 @@ use serde_json::{Map, Value, json};
 use super::tools::{Resolution, Route, ToolSet, error_result, mcp_result_text, truncate_output};
 use super::{ChatResponse, ChatSession, Metrics};
 use crate::llm::{Backend, Backends, LlmError};
-use crate::mcp::{McpError, McpErrorCode, McpPool, Registry};
+use crate::mcp::{McpError, McpErrorCode, McpPool};
 use crate::policy::TaskMcpPolicy;
+use crate::registry::Registry;
 
 /// Runs guest tools. The ABI layer implements it on the task's store; this module never
 /// touches wasm.

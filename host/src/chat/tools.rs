@@ -8,8 +8,9 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::ChatSession;
-use crate::mcp::{CallToolResult, McpError, McpErrorCode, McpPool, Registry, ServerEntry, Tool};
+use crate::mcp::{CallToolResult, McpError, McpErrorCode, McpPool, Tool};
 use crate::policy::{self, Decision, Effective, Reason, SessionRequest, TaskMcpPolicy};
+use crate::registry::{Registry, ServerEntry};
 
 /// A tool the guest registered with `cchat_write_fn`.
 #[derive(Clone, Debug)]

@@ -6,24 +6,16 @@
 
 mod auth;
 mod egress;
-mod env;
 mod error;
 mod http;
 mod pool;
-mod registry;
 mod session;
 
 pub use auth::{ApiKeyConfig, AuthConfig, OAuthClientCredentialsConfig};
 pub use egress::{EgressConfig, EgressPolicy};
-pub use env::{EnvLookup, EnvRefError, expand};
 pub use error::{McpError, McpErrorCode};
 pub use http::ensure_tls_provider;
 pub use pool::{McpPool, RemoteOptions, ServerStatus};
-pub use registry::{
-    ApprovalPolicy, Budgets, HttpConfig, Launch, Lifecycle, Problem, Profile, Registry,
-    RegistryDirError, ServerEntry, ServerRecord, ServerView, Severity, StdioConfig, Transport,
-    is_valid_server_id,
-};
 pub(crate) use session::{McpSession, PendingKey};
 
 /// A tool as a server lists it (rmcp's model type: `name`, `description`, `inputSchema`, ...).

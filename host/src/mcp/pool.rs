@@ -35,9 +35,9 @@ use super::auth::{AuthConfig, Credentials};
 use super::egress::EgressPolicy;
 use super::error::{McpError, McpErrorCode};
 use super::http::{AuthedClient, LegacySse, header_map, http_client, streamable_http};
-use super::registry::{ApprovalPolicy, Launch, Lifecycle, ServerEntry, Transport};
 use super::{CallToolResult, Tool};
 use crate::defaults;
+use crate::registry::{ApprovalPolicy, Launch, Lifecycle, ServerEntry, Transport};
 
 /// Host variables a server process inherits; everything else must be granted by its
 /// record's `env` / `env_from`, so host secrets do not leak into third-party servers.

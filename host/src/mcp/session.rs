@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
-use super::ServerEntry;
 use crate::policy::ToolFilter;
+use crate::registry::ServerEntry;
 
 /// Identifies a request whose output did not fit the guest's buffer, so that the retry
 /// with a bigger buffer gets the same bytes instead of running the work again.
@@ -47,7 +47,7 @@ impl McpSession {
 
     #[cfg(test)]
     pub(crate) fn detached_for_tests() -> Self {
-        use super::{ApprovalPolicy, Budgets, ServerRecord, Transport};
+        use crate::registry::{ApprovalPolicy, Budgets, ServerRecord, Transport};
         let record = ServerRecord {
             server_id: "test".into(),
             display_name: "test".into(),

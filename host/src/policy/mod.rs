@@ -28,7 +28,7 @@ pub use pattern::Pattern;
 use pattern::any_match;
 pub use report::PolicyReport;
 
-use crate::mcp::{Profile, Registry, ServerEntry};
+use crate::registry::{Profile, Registry, ServerEntry};
 
 /// The task layer, resolved against the registry (profiles applied).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

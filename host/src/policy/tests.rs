@@ -8,7 +8,8 @@ use crate::chat::{
     ChatSession,
     tools::{Resolution, Route, ToolSet},
 };
-use crate::mcp::{ApprovalPolicy, Budgets, Launch, ServerEntry, ServerRecord, Tool, Transport};
+use crate::mcp::Tool;
+use crate::registry::{ApprovalPolicy, Budgets, Launch, ServerEntry, ServerRecord, Transport};
 
 fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEntry {
     ServerEntry {

@@ -1,0 +1,245 @@
+//! One registry file: parsed with serde (unknown fields refused), then checked field by
+//! field, so that every problem names the file and the field to fix.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::env::{EnvLookup, check_refs};
+use super::launch::resolve_launch;
+use super::load::{Problem, file_problem};
+use super::record::{
+    ApprovalPolicy, Budgets, HttpConfig, Lifecycle, ServerEntry, ServerRecord, StdioConfig,
+    Transport, is_valid_server_id,
+};
+use crate::defaults;
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+struct BudgetsFile {
+    tool_timeout_ms: Option<u64>,
+    max_concurrency: Option<u32>,
+    max_tool_output_bytes: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServerFile {
+    #[serde(default)]
+    version: Option<u32>,
+    server_id: String,
+    #[serde(default)]
+    display_name: Option<String>,
+    transport: Transport,
+    #[serde(default)]
+    stdio: Option<StdioConfig>,
+    #[serde(default)]
+    http: Option<HttpConfig>,
+    #[serde(default)]
+    tool_namespace: Option<String>,
+    #[serde(default)]
+    allowed_tools: Vec<String>,
+    #[serde(default)]
+    approval_policy: ApprovalPolicy,
+    #[serde(default)]
+    budgets: BudgetsFile,
+    #[serde(default)]
+    tags: Vec<String>,
+    #[serde(default)]
+    lifecycle: Lifecycle,
+}
+
+/// Parses and checks one file; any problem rejects the whole file.
+pub(super) fn parse_server_file(
+    path: &Path,
+    bytes: &[u8],
+    env: &EnvLookup<'_>,
+) -> Result<ServerEntry, Problem> {
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| file_problem(path, None, format!("not UTF-8: {e}")))?;
+    let value: Value = if path.extension().is_some_and(|e| e == "toml") {
+        toml::from_str(text)
+            .map_err(|e| file_problem(path, None, format!("invalid TOML: {}", e.message())))?
+    } else {
+        serde_json::from_str(text)
+            .map_err(|e| file_problem(path, None, format!("invalid JSON: {e}")))?
+    };
+    let file: ServerFile = serde_path_to_error::deserialize(value).map_err(|e| {
+        let field = e.path().to_string();
+        let field = (field != ".").then_some(field);
+        file_problem(path, field.as_deref(), e.into_inner().to_string())
+    })?;
+    let record =
+        check_record(file).map_err(|(field, message)| file_problem(path, Some(&field), message))?;
+    let launch = resolve_launch(&record, env);
+    Ok(ServerEntry {
+        record,
+        source: path.to_owned(),
+        launch,
+    })
+}
+
+type FieldError = (String, String);
+
+fn field_err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
+    (field.into(), message.into())
+}
+
+fn positive<T: PartialEq + Default + Copy>(
+    field: &str,
+    value: Option<T>,
+) -> Result<Option<T>, FieldError> {
+    match value {
+        Some(v) if v == T::default() => Err(field_err(
+            field,
+            "must be greater than 0; omit it for the default",
+        )),
+        other => Ok(other),
+    }
+}
+
+fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
+    if let Some(version) = file.version
+        && version != 1
+    {
+        return Err(field_err(
+            "version",
+            format!("unsupported version {version}; this host reads version 1"),
+        ));
+    }
+    if !is_valid_server_id(&file.server_id) {
+        return Err(field_err(
+            "server_id",
+            format!(
+                "{:?} is not 1 to 64 characters of letters, digits, `_` and `-`",
+                file.server_id
+            ),
+        ));
+    }
+    match (file.transport, &file.stdio, &file.http) {
+        (Transport::Stdio, None, _) => {
+            return Err(field_err(
+                "stdio",
+                "transport \"stdio\" needs a [stdio] table with a command",
+            ));
+        }
+        (Transport::Stdio, Some(_), Some(_)) => {
+            return Err(field_err(
+                "http",
+                "an [http] table makes no sense with transport \"stdio\"",
+            ));
+        }
+        (Transport::StreamableHttp | Transport::HttpSseLegacy, _, None) => {
+            return Err(field_err(
+                "http",
+                "an HTTP transport needs an [http] table with a url",
+            ));
+        }
+        (Transport::StreamableHttp | Transport::HttpSseLegacy, Some(_), Some(_)) => {
+            return Err(field_err(
+                "stdio",
+                "a [stdio] table makes no sense with an HTTP transport",
+            ));
+        }
+        _ => {}
+    }
+    if let Some(stdio) = &file.stdio {
+        if stdio.command.trim().is_empty() {
+            return Err(field_err("stdio.command", "must not be empty"));
+        }
+        check_refs(&stdio.command).map_err(|e| field_err("stdio.command", e.to_string()))?;
+        for (i, arg) in stdio.args.iter().enumerate() {
+            check_refs(arg).map_err(|e| field_err(format!("stdio.args[{i}]"), e.to_string()))?;
+        }
+        for (key, value) in &stdio.env {
+            if key.is_empty() || key.contains(['=', '\0']) {
+                return Err(field_err(
+                    format!("stdio.env.{key}"),
+                    "not a valid variable name",
+                ));
+            }
+            check_refs(value).map_err(|e| field_err(format!("stdio.env.{key}"), e.to_string()))?;
+        }
+        for name in &stdio.env_from {
+            if name.is_empty() || name.contains(['=', '\0']) {
+                return Err(field_err(
+                    "stdio.env_from",
+                    format!("{name:?} is not a valid variable name"),
+                ));
+            }
+            if stdio.env.contains_key(name) {
+                return Err(field_err(
+                    "stdio.env_from",
+                    format!("`{name}` is also set in stdio.env; keep one"),
+                ));
+            }
+        }
+        if let Some(cwd) = &stdio.cwd {
+            check_refs(cwd).map_err(|e| field_err("stdio.cwd", e.to_string()))?;
+        }
+    }
+    if let Some(http) = &file.http {
+        check_refs(&http.url).map_err(|e| field_err("http.url", e.to_string()))?;
+        let scheme_ok = http.url.starts_with("http://")
+            || http.url.starts_with("https://")
+            || http.url.starts_with("${ENV:");
+        if !scheme_ok {
+            return Err(field_err(
+                "http.url",
+                format!("{:?} is not an http:// or https:// URL", http.url),
+            ));
+        }
+        for (key, value) in &http.headers {
+            check_refs(value)
+                .map_err(|e| field_err(format!("http.headers.{key}"), e.to_string()))?;
+        }
+    }
+    if let Some(i) = file.tags.iter().position(|t| !is_valid_server_id(t)) {
+        return Err(field_err(
+            format!("tags[{i}]"),
+            "a tag is 1 to 64 characters of letters, digits, `_` and `-`",
+        ));
+    }
+    if let Some(i) = file.allowed_tools.iter().position(|p| p.trim().is_empty()) {
+        return Err(field_err(
+            format!("allowed_tools[{i}]"),
+            "an empty pattern matches nothing; remove it",
+        ));
+    }
+    let tool_namespace = file
+        .tool_namespace
+        .unwrap_or_else(|| format!("mcp.{}", file.server_id));
+    if tool_namespace.trim().is_empty() {
+        return Err(field_err(
+            "tool_namespace",
+            "must not be empty; omit it for mcp.<server_id>",
+        ));
+    }
+    let budgets = Budgets {
+        tool_timeout: positive("budgets.tool_timeout_ms", file.budgets.tool_timeout_ms)?
+            .map(Duration::from_millis)
+            .unwrap_or(defaults::TOOL_TIMEOUT),
+        max_concurrency: positive("budgets.max_concurrency", file.budgets.max_concurrency)?
+            .unwrap_or(defaults::MAX_CONCURRENCY),
+        max_tool_output_bytes: positive(
+            "budgets.max_tool_output_bytes",
+            file.budgets.max_tool_output_bytes,
+        )?
+        .unwrap_or(defaults::MAX_TOOL_OUTPUT_BYTES),
+    };
+    Ok(ServerRecord {
+        display_name: file.display_name.unwrap_or_else(|| file.server_id.clone()),
+        server_id: file.server_id,
+        transport: file.transport,
+        stdio: file.stdio,
+        http: file.http,
+        tool_namespace,
+        allowed_tools: file.allowed_tools,
+        approval_policy: file.approval_policy,
+        budgets,
+        tags: file.tags,
+        lifecycle: file.lifecycle,
+    })
+}

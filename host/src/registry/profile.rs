@@ -1,0 +1,143 @@
+//! Profiles: named selections of servers (by id and tag) with tool lists, from
+//! `<registry>/profiles/*.toml`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::Registry;
+use super::load::{Problem, Severity, file_problem, is_ignored_name};
+use super::record::ServerEntry;
+
+/// A named selection of servers (by id and/or tag) with tool lists, from
+/// `<registry>/profiles/*.toml`. A task names one with `mcp.profile`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    pub name: String,
+    #[serde(default)]
+    pub description: Option<String>,
+    #[serde(default)]
+    pub server_ids: Vec<String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
+    #[serde(default)]
+    pub tool_allowlist: Option<Vec<String>>,
+    #[serde(default)]
+    pub tool_denylist: Vec<String>,
+}
+
+impl Profile {
+    /// Its servers: those it names, and those carrying one of its tags, in registry order.
+    pub fn servers(&self, registry: &Registry) -> Vec<String> {
+        registry
+            .servers()
+            .filter(|s| {
+                self.server_ids.iter().any(|id| id == s.server_id())
+                    || s.record.tags.iter().any(|t| self.tags.contains(t))
+            })
+            .map(|s| s.server_id().to_owned())
+            .collect()
+    }
+}
+
+/// Reads `profiles/*.toml` (same file rules as server records). A profile naming an
+/// unknown server is an error and is left out; a tag no server carries is a warning.
+pub(super) fn load_profiles(
+    dir: &Path,
+    servers: &BTreeMap<String, Arc<ServerEntry>>,
+    problems: &mut Vec<Problem>,
+    hashed: &mut Vec<(String, Vec<u8>)>,
+) -> BTreeMap<String, Profile> {
+    let mut profiles = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return profiles;
+    };
+    let mut files: Vec<PathBuf> = entries
+        .flatten()
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            !is_ignored_name(&name) && name.ends_with(".toml")
+        })
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    for path in files {
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) => {
+                problems.push(file_problem(&path, None, format!("cannot read: {e}")));
+                continue;
+            }
+        };
+        hashed.push((
+            format!("profiles/{}", path.display()),
+            text.clone().into_bytes(),
+        ));
+        let value: toml::Value = match toml::from_str(&text) {
+            Ok(value) => value,
+            Err(e) => {
+                problems.push(file_problem(
+                    &path,
+                    None,
+                    format!("invalid TOML: {}", e.message()),
+                ));
+                continue;
+            }
+        };
+        let profile: Profile = match serde_path_to_error::deserialize(value) {
+            Ok(profile) => profile,
+            Err(e) => {
+                let field = e.path().to_string();
+                problems.push(file_problem(
+                    &path,
+                    (field != ".").then_some(field.as_str()),
+                    e.into_inner().to_string(),
+                ));
+                continue;
+            }
+        };
+        if let Some(unknown) = profile
+            .server_ids
+            .iter()
+            .find(|id| !servers.contains_key(*id))
+        {
+            problems.push(file_problem(
+                &path,
+                Some("server_ids"),
+                format!(
+                    "profile `{}` names unknown server `{unknown}`",
+                    profile.name
+                ),
+            ));
+            continue;
+        }
+        for tag in profile
+            .tags
+            .iter()
+            .filter(|t| !servers.values().any(|s| s.record.tags.contains(t)))
+        {
+            problems.push(Problem {
+                severity: Severity::Warning,
+                path: path.clone(),
+                field: Some("tags".into()),
+                message: format!("no server carries tag `{tag}`"),
+            });
+        }
+        if let Some(previous) = profiles.insert(profile.name.clone(), profile) {
+            problems.push(Problem {
+                severity: Severity::Warning,
+                path: path.clone(),
+                field: Some("name".into()),
+                message: format!(
+                    "profile `{}` is defined more than once; this file wins",
+                    previous.name
+                ),
+            });
+        }
+    }
+    profiles
+}

@@ -1,0 +1,169 @@
+//! What a server record is made of: transports, lifecycle, approval, budgets, the record
+//! as written, the loaded entry and the secret-free view guests see.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::launch::Launch;
+
+/// How the host talks to a server.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Transport {
+    Stdio,
+    StreamableHttp,
+    HttpSseLegacy,
+}
+
+/// How the client opens an MCP session with the server.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Lifecycle {
+    /// The `initialize` handshake (protocol 2025-11-25 and earlier; servers speaking
+    /// 2026-07-28 accept it too). One round trip; the default.
+    #[default]
+    Initialize,
+    /// `server/discover` with protocol 2026-07-28 only, for servers that dropped
+    /// `initialize`.
+    Discover,
+    /// Try `server/discover`, fall back to `initialize` when the server is older. Costs up
+    /// to 10 s on a server that ignores unknown methods, so it is opt-in.
+    Auto,
+}
+
+/// Whether a tool call needs a human or programmatic approval first.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalPolicy {
+    /// Calls run without approval.
+    #[default]
+    Never,
+    /// Every call needs approval. No approver exists yet, so such calls are refused with
+    /// `mcp_policy_denied`.
+    Always,
+    /// Approval is decided by host policy; until approval hooks exist this refuses like
+    /// `always` (deny by default).
+    Policy,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct StdioConfig {
+    pub command: String,
+    #[serde(default)]
+    pub args: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Host variables passed through unchanged: `["X"]` means `env.X = "${ENV:X}"`.
+    #[serde(default)]
+    pub env_from: Vec<String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    pub url: String,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    /// Name of a credential defined in host configuration (used by remote transports).
+    #[serde(default)]
+    pub auth_ref: Option<String>,
+}
+
+/// Per-server budgets with the [`defaults`] filled in; never zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budgets {
+    pub tool_timeout: Duration,
+    pub max_concurrency: u32,
+    pub max_tool_output_bytes: u64,
+}
+
+/// One server as written in its file, with defaults applied and references unresolved.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServerRecord {
+    pub server_id: String,
+    pub display_name: String,
+    pub transport: Transport,
+    pub stdio: Option<StdioConfig>,
+    pub http: Option<HttpConfig>,
+    pub tool_namespace: String,
+    pub allowed_tools: Vec<String>,
+    pub approval_policy: ApprovalPolicy,
+    pub budgets: Budgets,
+    /// Labels profiles select servers by (e.g. `scm`, `search`).
+    pub tags: Vec<String>,
+    pub lifecycle: Lifecycle,
+}
+
+/// A loaded server: its record, where it came from, and how to launch it (or why not).
+#[derive(Debug)]
+pub struct ServerEntry {
+    pub record: ServerRecord,
+    pub source: PathBuf,
+    pub launch: Result<Launch, String>,
+}
+
+impl ServerEntry {
+    pub fn server_id(&self) -> &str {
+        &self.record.server_id
+    }
+
+    /// What a guest may see of this server: no command line, env, URL or headers.
+    pub fn view(&self) -> ServerView {
+        let r = &self.record;
+        ServerView {
+            server_id: r.server_id.clone(),
+            display_name: r.display_name.clone(),
+            transport: r.transport,
+            tool_namespace: r.tool_namespace.clone(),
+            allowed_tools: r.allowed_tools.clone(),
+            approval_policy: r.approval_policy,
+            tags: r.tags.clone(),
+            budgets: BudgetsView {
+                tool_timeout_ms: r.budgets.tool_timeout.as_millis() as u64,
+                max_concurrency: r.budgets.max_concurrency,
+                max_tool_output_bytes: r.budgets.max_tool_output_bytes,
+            },
+            available: self.launch.is_ok(),
+            unavailable_reason: self.launch.as_ref().err().cloned(),
+        }
+    }
+}
+
+/// The secret-free, guest-visible view of a server (`mcp_registry_list` / `_get`).
+#[derive(Clone, Debug, Serialize)]
+pub struct ServerView {
+    pub server_id: String,
+    pub display_name: String,
+    pub transport: Transport,
+    pub tool_namespace: String,
+    pub allowed_tools: Vec<String>,
+    pub approval_policy: ApprovalPolicy,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tags: Vec<String>,
+    pub budgets: BudgetsView,
+    pub available: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unavailable_reason: Option<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct BudgetsView {
+    pub tool_timeout_ms: u64,
+    pub max_concurrency: u32,
+    pub max_tool_output_bytes: u64,
+}
+
+/// A server id is 1..=64 of `[A-Za-z0-9_-]`: safe in file names, log fields and the
+/// model-facing names `mcp__<id>__<tool>` / `mcp.<id>.<tool>`.
+pub fn is_valid_server_id(id: &str) -> bool {
+    (1..=64).contains(&id.len())
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
