@@ -1,5 +1,4 @@
-//! Quiver: a WebAssembly host runtime that gives sandboxed workloads MCP tools (and, later,
-//! an LLM).
+//! Quiver: a WebAssembly host runtime that gives sandboxed workloads an LLM and MCP tools.
 //!
 //! Guests are `wasm32-wasip1` modules. They reach the host through fd-based hostcalls in the
 //! `spear` import module (see `docs/abi.md`); the host owns every connection, credential and
@@ -22,22 +21,25 @@
 //! # }
 //! ```
 //!
-//! Data flows one way through the modules: a hostcall enters at [`abi`](crate::abi), meets
-//! the fd table, the MCP session, the [`policy`] and the MCP pool, in that order.
+//! The crate is shaped as capabilities composed by the [`Host`] (see
+//! `docs/architecture.md`): the [`sandbox`] (engine, store, limits, fd table, WASI), the
+//! [`mcp`] capability (pool, transports, `mcp_*` hostcalls) and the [`chat`] capability
+//! (sessions, the tool-call loop, LLM backends, `cchat_*` hostcalls). The [`registry`] and
+//! the pure [`policy`] are what the capabilities decide with. A hostcall enters at its
+//! capability's glue, meets that capability's task state, its one policy decision, then its
+//! shared services, and its answer walks back the same way.
 
-mod abi;
-mod chat;
+pub mod chat;
 pub mod defaults;
-mod fd;
 mod host;
-pub mod llm;
 pub mod mcp;
 pub mod policy;
 pub mod registry;
-mod runtime;
+pub mod sandbox;
 pub mod task;
 pub mod telemetry;
 
-pub use abi::Errno;
-pub use host::{GuestModule, Host, HostBuilder, ModuleOrigin, TaskFailure, TaskOutcome};
+pub use chat::llm;
+pub use host::{GuestModule, Host, HostBuilder, HostError, ModuleOrigin, TaskFailure, TaskOutcome};
+pub use quiver_abi::Errno;
 pub use task::{TaskError, TaskSpec};

@@ -5,14 +5,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
+use super::llm::{Backend, Backends, LlmError};
 use super::tools::{Resolution, Route, ToolSet, error_result, mcp_result_text, truncate_output};
 use super::{ChatResponse, ChatSession, Metrics};
-use crate::llm::{Backend, Backends, LlmError};
-use crate::mcp::{McpError, McpErrorCode, McpPool};
-use crate::policy::TaskMcpPolicy;
-use crate::registry::Registry;
+use crate::mcp::{McpError, McpErrorCode, McpTask};
+use crate::sandbox::Deadline;
 
-/// Runs guest tools. The ABI layer implements it on the task's store; this module never
+/// Runs guest tools. The `cchat_*` glue implements it on the task's store; this module never
 /// touches wasm.
 pub(crate) trait GuestTools: Send {
     /// Calls the guest function at `table_index` with JSON `args`. `Ok(Ok(text))` is its
@@ -29,11 +28,9 @@ pub(crate) trait GuestTools: Send {
 pub(crate) struct SendContext<'a> {
     pub(crate) task_id: &'a str,
     pub(crate) session_fd: i32,
-    pub(crate) task: &'a TaskMcpPolicy,
-    pub(crate) registry: &'a Registry,
-    pub(crate) pool: &'a McpPool,
+    pub(crate) mcp: &'a McpTask,
     pub(crate) backends: &'a Backends,
-    pub(crate) deadline: tokio::time::Instant,
+    pub(crate) deadline: Deadline,
 }
 
 /// The response, and the session's messages after the send.
@@ -97,7 +94,7 @@ pub(crate) async fn send<G: GuestTools>(
         .model
         .clone()
         .unwrap_or_else(|| backend.default_model().to_owned());
-    let tools = ToolSet::build(session, ctx.task, ctx.registry, ctx.pool).await;
+    let tools = ToolSet::build(session, ctx.mcp).await;
     for decision in &tools.decisions {
         tracing::info!(task_id = ctx.task_id, session_fd = ctx.session_fd, server_id = %decision.server_id, tool = decision.tool.as_deref(), reason = ?decision.reason, detail = %decision.detail, "MCP policy decision");
     }
@@ -245,9 +242,7 @@ async fn request(
         .timeout_ms
         .map(Duration::from_millis)
         .unwrap_or(backend.timeout());
-    let remaining = ctx
-        .deadline
-        .saturating_duration_since(tokio::time::Instant::now());
+    let remaining = ctx.deadline.remaining();
     let started = Instant::now();
     let reply = backend.complete(body, configured.min(remaining)).await;
     metrics.latency_ms.llm += ms(started.elapsed());
@@ -363,6 +358,7 @@ async fn run_tool_calls<G: GuestTools>(
                 let started = Instant::now();
                 let result = match args {
                     Ok(args) => ctx
+                        .mcp
                         .pool
                         .call_tool(entry, tool, args.clone())
                         .await

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::ChatSession;
-use crate::mcp::{CallToolResult, McpError, McpErrorCode, McpPool, Tool};
-use crate::policy::{self, Decision, Effective, Reason, SessionRequest, TaskMcpPolicy};
+use crate::mcp::{CallToolResult, McpError, McpErrorCode, McpTask, Tool};
+use crate::policy::{self, Decision, Effective, Reason, SessionRequest};
 use crate::registry::{Registry, ServerEntry};
 
 /// A tool the guest registered with `cchat_write_fn`.
@@ -141,21 +141,16 @@ pub(crate) fn session_request(session: &ChatSession) -> SessionRequest<'_> {
 impl ToolSet {
     /// Guest tools plus the MCP tools the effective policy grants. Listing comes from the
     /// pool's cache; a server that cannot list is left out with its reason.
-    pub(crate) async fn build(
-        session: &ChatSession,
-        task: &TaskMcpPolicy,
-        registry: &Registry,
-        pool: &McpPool,
-    ) -> Self {
-        let effective = policy::effective(registry, task, &session_request(session));
+    pub(crate) async fn build(session: &ChatSession, mcp: &McpTask) -> Self {
+        let effective = policy::effective(&mcp.registry, &mcp.policy, &session_request(session));
         let listings = futures::future::join_all(
             effective
                 .servers
                 .iter()
-                .map(|grant| pool.list_tools(&grant.entry)),
+                .map(|grant| mcp.pool.list_tools(&grant.entry)),
         )
         .await;
-        Self::assemble(session, registry, effective, listings)
+        Self::assemble(session, &mcp.registry, effective, listings)
     }
 
     /// The pure part of [`build`](Self::build): names, definitions and the decision log from
@@ -216,7 +211,7 @@ impl ToolSet {
             let mut sorted: Vec<&Tool> = tools.iter().collect();
             sorted.sort_by(|a, b| a.name.cmp(&b.name));
             for tool in sorted {
-                if let Err(denial) = grant.filter.check(&tool.name) {
+                if let Err(denial) = grant.check_call(&tool.name) {
                     set.decisions.push(Decision {
                         server_id: server_id.clone(),
                         tool: Some(tool.name.to_string()),

@@ -1,12 +1,15 @@
-//! MCP: the server registry, the connection pool and the per-fd session state.
+//! The MCP capability: the connection pool and its transports, credentials and egress,
+//! the `mcp_*` hostcalls, and each task's MCP state.
 //!
-//! The registry says which servers exist and how to reach them; the pool owns one
-//! long-lived rmcp connection per server, shared by every fd of every task; a session is
-//! what one guest fd holds. Who may call what is decided in [`crate::policy`], not here.
+//! The [`registry`](crate::registry) says which servers exist and how to reach them; the
+//! pool owns one long-lived rmcp connection per server, shared by every fd of every task;
+//! an [`McpSession`] is what one guest fd holds and an [`McpTask`] what one task is bound
+//! by. Who may call what is decided by [`crate::policy`] (pure), asked once per hostcall.
 
 mod auth;
 mod egress;
 mod error;
+mod hostcalls;
 mod http;
 mod pool;
 mod session;
@@ -14,9 +17,10 @@ mod session;
 pub use auth::{ApiKeyConfig, AuthConfig, OAuthClientCredentialsConfig};
 pub use egress::{EgressConfig, EgressPolicy};
 pub use error::{McpError, McpErrorCode};
+pub use hostcalls::add_to_linker;
 pub use http::ensure_tls_provider;
 pub use pool::{McpPool, RemoteOptions, ServerStatus};
-pub(crate) use session::{McpSession, PendingKey};
+pub use session::{McpSession, McpTask, McpView};
 
 /// A tool as a server lists it (rmcp's model type: `name`, `description`, `inputSchema`, ...).
 pub type Tool = rmcp::model::Tool;

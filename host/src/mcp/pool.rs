@@ -37,7 +37,7 @@ use super::error::{McpError, McpErrorCode};
 use super::http::{AuthedClient, LegacySse, header_map, http_client, streamable_http};
 use super::{CallToolResult, Tool};
 use crate::defaults;
-use crate::registry::{ApprovalPolicy, Launch, Lifecycle, ServerEntry, Transport};
+use crate::registry::{Launch, Lifecycle, ServerEntry, Transport};
 
 /// Host variables a server process inherits; everything else must be granted by its
 /// record's `env` / `env_from`, so host secrets do not leak into third-party servers.
@@ -461,6 +461,7 @@ impl McpPool {
     }
 
     /// Calls `name` on the server within its budgets. `arguments` is the JSON object sent.
+    /// The caller has decided policy ([`Grant::check_call`](crate::policy::Grant::check_call)).
     pub async fn call_tool(
         &self,
         entry: &Arc<ServerEntry>,
@@ -469,15 +470,6 @@ impl McpPool {
     ) -> Result<ToolCallOutput, McpError> {
         let server_id = entry.server_id();
         let record = &entry.record;
-        if record.approval_policy != ApprovalPolicy::Never {
-            return Err(McpError::new(
-                McpErrorCode::PolicyDenied,
-                format!(
-                    "server `{server_id}` requires approval for tool calls (approval_policy = {:?}) and this host has no approver",
-                    record.approval_policy
-                ),
-            ));
-        }
         let slot = self.slot(entry);
         let conn = self.connect(&slot).await?;
         let timeout = record.budgets.tool_timeout;

@@ -1,9 +1,57 @@
-//! What one `mcp_open` fd holds.
+//! What one task's MCP use is bound by, and what one `mcp_open` fd holds.
 
 use std::sync::Arc;
 
-use crate::policy::ToolFilter;
-use crate::registry::ServerEntry;
+use quiver_abi::Errno;
+
+use super::McpPool;
+use crate::policy::{self, Grant, Reason, SessionRequest, TaskMcpPolicy};
+use crate::registry::Registry;
+use crate::sandbox::{FdKindOf, SandboxView};
+
+/// The MCP side of one task: its policy layer, the registry snapshot it started with, and
+/// the host's pool. Fixed for the whole run.
+pub struct McpTask {
+    pub policy: TaskMcpPolicy,
+    pub registry: Arc<Registry>,
+    pub pool: Arc<McpPool>,
+}
+
+/// Store data through which the `mcp_*` hostcalls reach their task state and fds.
+pub trait McpView: SandboxView<Fd: FdKindOf<McpSession>> {
+    fn mcp(&self) -> &Arc<McpTask>;
+}
+
+impl McpTask {
+    /// The one decision of `mcp_open` and the registry views: may this task use
+    /// `server_id`, and with which tool filter? Unknown `-ENOENT`, a required env variable
+    /// missing `-ENOTCONN`, anything else `-EACCES`; every denial is logged with its reason.
+    pub fn decide_server(
+        &self,
+        task_id: &str,
+        hostcall: &str,
+        server_id: &str,
+    ) -> Result<Grant, Errno> {
+        let requested = [server_id.to_owned()];
+        let effective = policy::effective(
+            &self.registry,
+            &self.policy,
+            &SessionRequest::single(&requested),
+        );
+        if let Some(grant) = effective.grant(server_id) {
+            return Ok(grant.clone());
+        }
+        let Some(decision) = effective.decision(server_id) else {
+            return Err(Errno::EACCES);
+        };
+        tracing::info!(task_id, hostcall, server_id, reason = ?decision.reason, detail = %decision.detail, "denied by policy");
+        Err(match decision.reason {
+            Reason::UnknownServer => Errno::ENOENT,
+            Reason::EnvMissing => Errno::ENOTCONN,
+            _ => Errno::EACCES,
+        })
+    }
+}
 
 /// Identifies a request whose output did not fit the guest's buffer, so that the retry
 /// with a bigger buffer gets the same bytes instead of running the work again.
@@ -13,18 +61,17 @@ pub(crate) enum PendingKey {
     CallTool { name: String, args: Vec<u8> },
 }
 
-pub(crate) struct McpSession {
-    pub(crate) server: Arc<ServerEntry>,
-    /// Registry ∩ task tool filter, fixed when the fd was opened.
-    pub(crate) filter: ToolFilter,
+/// One `mcp_open` fd: the server granted (registry ∩ task, fixed at open) and the output
+/// kept for a retry.
+pub struct McpSession {
+    pub(crate) grant: Grant,
     pending: Option<(PendingKey, Vec<u8>)>,
 }
 
 impl McpSession {
-    pub(crate) fn new(server: Arc<ServerEntry>, filter: ToolFilter) -> Self {
+    pub(crate) fn new(grant: Grant) -> Self {
         Self {
-            server,
-            filter,
+            grant,
             pending: None,
         }
     }
@@ -43,34 +90,5 @@ impl McpSession {
 
     pub(crate) fn clear_output(&mut self) {
         self.pending = None;
-    }
-
-    #[cfg(test)]
-    pub(crate) fn detached_for_tests() -> Self {
-        use crate::registry::{ApprovalPolicy, Budgets, ServerRecord, Transport};
-        let record = ServerRecord {
-            server_id: "test".into(),
-            display_name: "test".into(),
-            transport: Transport::Stdio,
-            stdio: None,
-            http: None,
-            tool_namespace: "mcp.test".into(),
-            allowed_tools: vec![],
-            approval_policy: ApprovalPolicy::Never,
-            budgets: Budgets {
-                tool_timeout: crate::defaults::TOOL_TIMEOUT,
-                max_concurrency: 1,
-                max_tool_output_bytes: 1,
-            },
-            tags: vec![],
-            lifecycle: Default::default(),
-        };
-        let filter = ToolFilter::new(&[], &Default::default());
-        let server = ServerEntry {
-            record,
-            source: "test".into(),
-            launch: Err("test".into()),
-        };
-        Self::new(Arc::new(server), filter)
     }
 }

@@ -28,7 +28,7 @@ pub use pattern::Pattern;
 use pattern::any_match;
 pub use report::PolicyReport;
 
-use crate::registry::{Profile, Registry, ServerEntry};
+use crate::registry::{ApprovalPolicy, Profile, Registry, ServerEntry};
 
 /// The task layer, resolved against the registry (profiles applied).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -203,6 +203,8 @@ pub enum Denial {
     NotInAllowlist(Layer),
     /// A denylist pattern of the layer matches the tool.
     DeniedByPattern(Layer, Pattern),
+    /// The server's `approval_policy` asks for an approval and this host has no approver.
+    ApprovalRequired(ApprovalPolicy),
 }
 
 impl Denial {
@@ -210,6 +212,7 @@ impl Denial {
         match self {
             Denial::NotInAllowlist(_) => Reason::NotInAllowlist,
             Denial::DeniedByPattern(..) => Reason::DeniedByPattern,
+            Denial::ApprovalRequired(_) => Reason::ApprovalRequired,
         }
     }
 }
@@ -224,6 +227,11 @@ impl fmt::Display for Denial {
             Denial::DeniedByPattern(layer, p) => {
                 write!(f, "matches the {layer}'s deny pattern `{p}`")
             }
+            Denial::ApprovalRequired(policy) => write!(
+                f,
+                "the registry's approval_policy for this server is `{}` and this host has no approver",
+                policy.as_str()
+            ),
         }
     }
 }
@@ -334,6 +342,8 @@ pub enum Reason {
     DeniedByPattern,
     /// A tool is outside an allowlist.
     NotInAllowlist,
+    /// Calls need an approval this host cannot give.
+    ApprovalRequired,
 }
 
 /// One entry of the decision log: something left out, and why.
@@ -364,6 +374,18 @@ impl fmt::Display for Decision {
 pub struct Grant {
     pub entry: Arc<ServerEntry>,
     pub filter: ToolFilter,
+}
+
+impl Grant {
+    /// The one decision on calling (or offering) `tool`: the tool filter of every layer,
+    /// then the server's approval policy. Nothing else may run a tool without it.
+    pub fn check_call(&self, tool: &str) -> Result<(), Denial> {
+        self.filter.check(tool)?;
+        match self.entry.record.approval_policy {
+            ApprovalPolicy::Never => Ok(()),
+            other => Err(Denial::ApprovalRequired(other)),
+        }
+    }
 }
 
 /// What the layers grant a session, and the decision log of what they do not.

@@ -49,6 +49,17 @@ pub enum ApprovalPolicy {
     Policy,
 }
 
+impl ApprovalPolicy {
+    /// The name as written in a registry file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApprovalPolicy::Never => "never",
+            ApprovalPolicy::Always => "always",
+            ApprovalPolicy::Policy => "policy",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct StdioConfig {

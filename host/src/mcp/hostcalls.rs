@@ -1,57 +1,59 @@
 //! The `mcp_*` hostcalls: registry views and sessions on pooled MCP connections.
 //!
-//! An fd is policy bound at `mcp_open` (registry ∩ task); every list and call is filtered
-//! through that fd's [`ToolFilter`](crate::policy::ToolFilter). A tool-call result that does
-//! not fit the guest's buffer stays on the fd and is handed back on the retry, so a retry
-//! never runs the tool twice.
+//! Each hostcall opens a span named after itself and decides policy before any work:
+//! `mcp_open` and the registry views through [`McpTask::decide_server`], every list and
+//! call through the fd's [`Grant`](crate::policy::Grant) (its tool filter, and for calls
+//! [`Grant::check_call`](crate::policy::Grant::check_call), which adds the approval
+//! policy). A result that does not fit the guest's buffer stays on the fd and is handed
+//! back on the retry, so a retry never runs the tool twice.
 
+use quiver_abi::Errno;
 use serde_json::{Value, json};
 use tracing::Instrument;
 use wasmtime::{Caller, Linker};
 
-use super::memory::{GuestMemory, OutBuf, guest};
-use super::{Errno, HostcallError, before_deadline, finish};
-use crate::fd::FdKind;
-use crate::mcp::{McpError, McpErrorCode, McpSession, PendingKey};
-use crate::policy::{self, Grant, Reason, SessionRequest};
-use crate::runtime::{TaskContext, TaskState};
+use super::session::{McpSession, McpView, PendingKey};
+use super::{McpError, McpErrorCode};
+use crate::policy::Denial;
+use crate::sandbox::{GuestMemory, HostcallError, OutBuf, before_deadline, finish, guest};
 
-pub(super) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
+/// Registers the `mcp_*` imports.
+pub fn add_to_linker<T: McpView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     linker.func_wrap(
         "spear",
         "mcp_open",
-        |mut caller: Caller<'_, TaskState>, ptr: i32, len: i32| finish(open(&mut caller, ptr, len)),
+        |mut caller: Caller<'_, T>, ptr: i32, len: i32| finish(open(&mut caller, ptr, len)),
     )?;
     linker.func_wrap(
         "spear",
         "mcp_close",
-        |mut caller: Caller<'_, TaskState>, fd: i32| finish(close(&mut caller, fd)),
+        |mut caller: Caller<'_, T>, fd: i32| finish(close(&mut caller, fd)),
     )?;
     linker.func_wrap(
         "spear",
         "mcp_registry_list",
-        |mut caller: Caller<'_, TaskState>, out_ptr: i32, out_len_ptr: i32| {
+        |mut caller: Caller<'_, T>, out_ptr: i32, out_len_ptr: i32| {
             finish(registry_list(&mut caller, out_ptr, out_len_ptr))
         },
     )?;
     linker.func_wrap(
         "spear",
         "mcp_registry_get",
-        |mut caller: Caller<'_, TaskState>, ptr: i32, len: i32, out_ptr: i32, out_len_ptr: i32| {
+        |mut caller: Caller<'_, T>, ptr: i32, len: i32, out_ptr: i32, out_len_ptr: i32| {
             finish(registry_get(&mut caller, ptr, len, out_ptr, out_len_ptr))
         },
     )?;
     linker.func_wrap_async(
         "spear",
         "mcp_list_tools",
-        |mut caller: Caller<'_, TaskState>, (fd, out_ptr, out_len_ptr): (i32, i32, i32)| {
+        |mut caller: Caller<'_, T>, (fd, out_ptr, out_len_ptr): (i32, i32, i32)| {
             Box::new(async move { finish(list_tools(&mut caller, fd, out_ptr, out_len_ptr).await) })
         },
     )?;
     linker.func_wrap_async(
         "spear",
         "mcp_call_tool",
-        |mut caller: Caller<'_, TaskState>,
+        |mut caller: Caller<'_, T>,
          (fd, name_ptr, name_len, args_ptr, args_len, out_ptr, out_len_ptr): (
             i32,
             i32,
@@ -78,96 +80,69 @@ pub(super) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<
     Ok(())
 }
 
-fn session(state: &mut TaskState, fd: i32) -> Result<&mut McpSession, Errno> {
-    match state.fds.get_mut(fd)? {
-        FdKind::McpSession(session) => Ok(session),
-        _ => Err(Errno::EBADF),
-    }
+fn session<T: McpView>(state: &mut T, fd: i32) -> Result<&mut McpSession, Errno> {
+    state.sandbox().fds.get_as::<McpSession>(fd)
 }
 
-/// The one policy question of the hostcall path: may this task use `server_id`, and with
-/// which tool filter? Errors: unknown `-ENOENT`, env missing `-ENOTCONN`, else `-EACCES`.
-fn grant(ctx: &TaskContext, hostcall: &str, server_id: &str) -> Result<Grant, Errno> {
-    let requested = [server_id.to_owned()];
-    let effective = policy::effective(
-        &ctx.registry,
-        &ctx.mcp_policy,
-        &SessionRequest::single(&requested),
-    );
-    if let Some(grant) = effective.grant(server_id) {
-        return Ok(grant.clone());
-    }
-    let decision = effective
-        .decision(server_id)
-        .expect("a requested server is granted or decided");
-    tracing::info!(task_id = %ctx.task_id, hostcall, server_id, reason = ?decision.reason, detail = %decision.detail, "denied by policy");
-    Err(match decision.reason {
-        Reason::UnknownServer => Errno::ENOENT,
-        Reason::EnvMissing => Errno::ENOTCONN,
-        _ => Errno::EACCES,
-    })
-}
-
-fn open(caller: &mut Caller<'_, TaskState>, ptr: i32, len: i32) -> Result<i32, HostcallError> {
+fn open<T: McpView>(caller: &mut Caller<'_, T>, ptr: i32, len: i32) -> Result<i32, HostcallError> {
     let (mem, state) = guest(caller)?;
     let server_id = mem.str(ptr, len)?;
-    let _span = tracing::debug_span!("mcp_open", task_id = %state.ctx.task_id, server_id).entered();
-    let grant = grant(&state.ctx, "mcp_open", server_id)?;
-    let fd = state.fds.insert(FdKind::McpSession(McpSession::new(
-        grant.entry,
-        grant.filter,
-    )))?;
+    let task_id = state.sandbox().task_id.clone();
+    let _span = tracing::debug_span!("mcp_open", task_id = %task_id, server_id).entered();
+    let grant = state.mcp().decide_server(&task_id, "mcp_open", server_id)?;
+    let fd = state.sandbox().fds.insert_as(McpSession::new(grant))?;
     tracing::debug!(fd, "opened");
     Ok(fd)
 }
 
-fn close(caller: &mut Caller<'_, TaskState>, fd: i32) -> Result<i32, HostcallError> {
-    let state = caller.data_mut();
-    let _span = tracing::debug_span!("mcp_close", task_id = %state.ctx.task_id, fd).entered();
-    session(state, fd)?;
-    state.fds.remove(fd)?;
+fn close<T: McpView>(caller: &mut Caller<'_, T>, fd: i32) -> Result<i32, HostcallError> {
+    let sandbox = caller.data_mut().sandbox();
+    let _span = tracing::debug_span!("mcp_close", task_id = %sandbox.task_id, fd).entered();
+    sandbox.fds.get_as::<McpSession>(fd)?;
+    sandbox.fds.remove(fd)?;
     Ok(0)
 }
 
-fn registry_list(
-    caller: &mut Caller<'_, TaskState>,
+fn registry_list<T: McpView>(
+    caller: &mut Caller<'_, T>,
     out_ptr: i32,
     out_len_ptr: i32,
 ) -> Result<i32, HostcallError> {
     let (mut mem, state) = guest(caller)?;
-    let ctx = &state.ctx;
-    let _span = tracing::debug_span!("mcp_registry_list", task_id = %ctx.task_id).entered();
+    let task_id = state.sandbox().task_id.clone();
+    let _span = tracing::debug_span!("mcp_registry_list", task_id = %task_id).entered();
     let out = mem.out_buf(out_ptr, out_len_ptr)?;
-    let servers: Vec<_> = ctx
+    let mcp = state.mcp();
+    let servers: Vec<_> = mcp
         .registry
         .servers()
         .filter(|entry| {
             matches!(
-                grant(ctx, "mcp_registry_list", entry.server_id()),
+                mcp.decide_server(&task_id, "mcp_registry_list", entry.server_id()),
                 Ok(_) | Err(Errno::ENOTCONN)
             )
         })
         .map(|entry| entry.view())
         .collect();
-    let body = json!({"revision": ctx.registry.revision(), "servers": servers});
+    let body = json!({"revision": mcp.registry.revision(), "servers": servers});
     Ok(mem.deliver(out, &encode(&body))?)
 }
 
-fn registry_get(
-    caller: &mut Caller<'_, TaskState>,
+fn registry_get<T: McpView>(
+    caller: &mut Caller<'_, T>,
     ptr: i32,
     len: i32,
     out_ptr: i32,
     out_len_ptr: i32,
 ) -> Result<i32, HostcallError> {
     let (mut mem, state) = guest(caller)?;
-    let ctx = &state.ctx;
+    let task_id = state.sandbox().task_id.clone();
     let server_id = mem.str(ptr, len)?;
-    let _span =
-        tracing::debug_span!("mcp_registry_get", task_id = %ctx.task_id, server_id).entered();
+    let _span = tracing::debug_span!("mcp_registry_get", task_id = %task_id, server_id).entered();
     let out = mem.out_buf(out_ptr, out_len_ptr)?;
-    let entry = ctx.registry.get(server_id).ok_or(Errno::ENOENT)?;
-    match grant(ctx, "mcp_registry_get", server_id) {
+    let mcp = state.mcp();
+    let entry = mcp.registry.get(server_id).ok_or(Errno::ENOENT)?;
+    match mcp.decide_server(&task_id, "mcp_registry_get", server_id) {
         Ok(_) | Err(Errno::ENOTCONN) => Ok(mem.deliver(out, &encode(&entry.view()))?),
         Err(errno) => Err(errno.into()),
     }
@@ -193,8 +168,8 @@ fn deliver_pending(
 }
 
 /// Delivers fresh output; if it does not fit, keeps it on the fd for the retry.
-fn deliver_fresh(
-    caller: &mut Caller<'_, TaskState>,
+fn deliver_fresh<T: McpView>(
+    caller: &mut Caller<'_, T>,
     fd: i32,
     key: PendingKey,
     out: OutBuf,
@@ -221,34 +196,37 @@ fn list_errno(error: &McpError) -> Errno {
     }
 }
 
-async fn list_tools(
-    caller: &mut Caller<'_, TaskState>,
+async fn list_tools<T: McpView>(
+    caller: &mut Caller<'_, T>,
     fd: i32,
     out_ptr: i32,
     out_len_ptr: i32,
 ) -> Result<i32, HostcallError> {
-    let (ctx, entry, filter, out) = {
+    let (mcp, task_id, deadline, grant, out) = {
         let (mut mem, state) = guest(caller)?;
         let out = mem.out_buf(out_ptr, out_len_ptr)?;
-        let ctx = state.ctx.clone();
+        let mcp = state.mcp().clone();
+        let (task_id, deadline) = (state.sandbox().task_id.clone(), state.sandbox().deadline);
         let session = session(state, fd)?;
         if let Some(kept) = deliver_pending(&mut mem, session, &PendingKey::ListTools, out) {
             return Ok(kept?);
         }
         session.clear_output();
-        (ctx, session.server.clone(), session.filter.clone(), out)
+        (mcp, task_id, deadline, session.grant.clone(), out)
     };
-    let span = tracing::debug_span!("mcp_list_tools", task_id = %ctx.task_id, fd, server_id = entry.server_id());
-    let listed = before_deadline(&ctx, ctx.pool.list_tools(&entry).instrument(span)).await?;
+    let server_id = grant.entry.server_id();
+    let span = tracing::debug_span!("mcp_list_tools", task_id = %task_id, fd, server_id);
+    let listed =
+        before_deadline(deadline, mcp.pool.list_tools(&grant.entry).instrument(span)).await?;
     let tools = listed.map_err(|error| {
-        tracing::warn!(task_id = %ctx.task_id, server_id = entry.server_id(), %error, "tools/list failed");
+        tracing::warn!(task_id = %task_id, server_id, %error, "tools/list failed");
         list_errno(&error)
     })?;
     let visible: Vec<_> = tools
         .iter()
-        .filter(|tool| filter.permits(&tool.name))
+        .filter(|tool| grant.filter.permits(&tool.name))
         .collect();
-    let body = encode(&json!({"server_id": entry.server_id(), "tools": visible}));
+    let body = encode(&json!({"server_id": server_id, "tools": visible}));
     deliver_fresh(caller, fd, PendingKey::ListTools, out, body)
 }
 
@@ -262,46 +240,68 @@ struct CallArgs {
     out_len_ptr: i32,
 }
 
-async fn call_tool(
-    caller: &mut Caller<'_, TaskState>,
+async fn call_tool<T: McpView>(
+    caller: &mut Caller<'_, T>,
     call: CallArgs,
 ) -> Result<i32, HostcallError> {
-    let (ctx, entry, key, out) = {
+    let (mcp, task_id, deadline, entry, key, out, approval) = {
         let (mut mem, state) = guest(caller)?;
         let out = mem.out_buf(call.out_ptr, call.out_len_ptr)?;
         let name = mem.str(call.name_ptr, call.name_len)?.to_owned();
         let args = mem.bytes(call.args_ptr, call.args_len)?.to_vec();
-        let ctx = state.ctx.clone();
+        let mcp = state.mcp().clone();
+        let (task_id, deadline) = (state.sandbox().task_id.clone(), state.sandbox().deadline);
         let session = session(state, call.fd)?;
-        let server_id = session.server.server_id();
-        session.filter.check(&name).map_err(|denial| {
-            tracing::info!(task_id = %ctx.task_id, hostcall = "mcp_call_tool", server_id, tool = %name, reason = ?denial.reason(), detail = %denial, "denied by policy");
-            Errno::EACCES
-        })?;
+        let server_id = session.grant.entry.server_id();
+        let approval = match session.grant.check_call(&name) {
+            Ok(()) => Ok(()),
+            Err(denial @ Denial::ApprovalRequired(_)) => Err(denial),
+            Err(denial) => {
+                tracing::info!(task_id = %task_id, hostcall = "mcp_call_tool", server_id, tool = %name, reason = ?denial.reason(), detail = %denial, "denied by policy");
+                return Err(Errno::EACCES.into());
+            }
+        };
         let key = PendingKey::CallTool { name, args };
         if let Some(kept) = deliver_pending(&mut mem, session, &key, out) {
             return Ok(kept?);
         }
         session.clear_output();
-        (ctx, session.server.clone(), key, out)
+        (
+            mcp,
+            task_id,
+            deadline,
+            session.grant.entry.clone(),
+            key,
+            out,
+            approval,
+        )
     };
     let PendingKey::CallTool { name, args } = &key else {
         unreachable!("built above")
     };
+    let server_id = entry.server_id();
+    if let Err(denial) = approval {
+        tracing::info!(task_id = %task_id, hostcall = "mcp_call_tool", server_id, tool = %name, detail = %denial, "denied by policy");
+        let error = McpError::new(
+            McpErrorCode::PolicyDenied,
+            format!("tool `{name}` on server `{server_id}`: {denial}"),
+        );
+        return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json()));
+    }
     let arguments = match parse_arguments(args)? {
         Ok(arguments) => arguments,
         Err(error) => return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json())),
     };
-    let span = tracing::info_span!("mcp_call_tool", task_id = %ctx.task_id, fd = call.fd, server_id = entry.server_id(), tool = %name);
+    let span = tracing::info_span!("mcp_call_tool", task_id = %task_id, fd = call.fd, server_id, tool = %name);
     let result = before_deadline(
-        &ctx,
-        ctx.pool.call_tool(&entry, name, arguments).instrument(span),
+        deadline,
+        mcp.pool.call_tool(&entry, name, arguments).instrument(span),
     )
     .await?;
     let bytes = match result {
         Ok(output) => output.json,
         Err(error) => {
-            tracing::info!(task_id = %ctx.task_id, server_id = entry.server_id(), tool = %name, %error, "tool call failed");
+            tracing::info!(task_id = %task_id, server_id, tool = %name, %error, "tool call failed");
             encode(&error.to_json())
         }
     };

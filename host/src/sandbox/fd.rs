@@ -1,34 +1,33 @@
 //! The per-task fd table.
 //!
-//! Every handle a guest holds (an MCP session today, chat sessions later) is an fd in this
-//! table. Entries live in a [`Slab`], so lookups are O(1) and memory stays dense, but an fd
+//! Every handle a guest holds (an MCP session, a chat session or response) is an fd in
+//! this table. Entries live in a [`Slab`], so lookups are O(1) and memory stays dense, but an fd
 //! number is never handed out twice within a task: the number carries a serial besides the
 //! slab slot, so a stale fd from a closed session is `-EBADF`, never somebody else's entry.
-//! The table does not know what a kind does; the ABI layer does.
+//! The table is generic over what an entry is (`K`, the host's `FdKind`), so the sandbox
+//! knows no capability; a capability reaches its own entries through [`FdKindOf`], and an
+//! fd of another kind is `-EBADF`.
 
+use quiver_abi::Errno;
 use slab::Slab;
 
-use crate::abi::Errno;
-use crate::chat::{ChatResponse, ChatSession};
-use crate::mcp::McpSession;
-
-/// What an fd refers to.
-pub(crate) enum FdKind {
-    McpSession(McpSession),
-    ChatSession(Box<ChatSession>),
-    ChatResponse(ChatResponse),
+/// An fd kind that can hold a `V` (one capability's per-fd state).
+pub trait FdKindOf<V>: Sized {
+    fn wrap(value: V) -> Self;
+    /// The `V` inside, if this entry is one.
+    fn peek(&mut self) -> Option<&mut V>;
 }
 
-pub(crate) struct FdTable {
-    entries: Slab<(i32, FdKind)>,
+pub struct FdTable<K> {
+    entries: Slab<(i32, K)>,
     cap: usize,
     slot_bits: u32,
     next_serial: u32,
 }
 
-impl FdTable {
+impl<K> FdTable<K> {
     /// A table holding at most `cap` open fds (clamped to 1..=2^20).
-    pub(crate) fn new(cap: usize) -> Self {
+    pub fn new(cap: usize) -> Self {
         let cap = cap.clamp(1, 1 << 20);
         let slot_bits = usize::BITS - (cap - 1).leading_zeros();
         Self {
@@ -41,7 +40,7 @@ impl FdTable {
 
     /// Stores `kind` and returns its new fd, or `-EMFILE` when the table is full (or, after
     /// billions of opens, when fresh numbers run out).
-    pub(crate) fn insert(&mut self, kind: FdKind) -> Result<i32, Errno> {
+    pub fn insert(&mut self, kind: K) -> Result<i32, Errno> {
         if self.entries.len() >= self.cap {
             return Err(Errno::EMFILE);
         }
@@ -60,7 +59,7 @@ impl FdTable {
         (fd >= 0).then(|| (fd as u32 & ((1u32 << self.slot_bits) - 1)) as usize)
     }
 
-    pub(crate) fn get_mut(&mut self, fd: i32) -> Result<&mut FdKind, Errno> {
+    pub fn get_mut(&mut self, fd: i32) -> Result<&mut K, Errno> {
         let slot = self.slot(fd).ok_or(Errno::EBADF)?;
         match self.entries.get_mut(slot) {
             Some((stored, kind)) if *stored == fd => Ok(kind),
@@ -68,19 +67,35 @@ impl FdTable {
         }
     }
 
-    pub(crate) fn is_full(&self) -> bool {
+    pub fn is_full(&self) -> bool {
         self.entries.len() >= self.cap
     }
 
     /// Removes `fd` and returns what it held.
-    pub(crate) fn remove(&mut self, fd: i32) -> Result<FdKind, Errno> {
+    pub fn remove(&mut self, fd: i32) -> Result<K, Errno> {
         self.get_mut(fd)?;
         let slot = self.slot(fd).ok_or(Errno::EBADF)?;
         Ok(self.entries.remove(slot).1)
     }
 
+    /// Stores one capability's state as a new fd.
+    pub fn insert_as<V>(&mut self, value: V) -> Result<i32, Errno>
+    where
+        K: FdKindOf<V>,
+    {
+        self.insert(K::wrap(value))
+    }
+
+    /// The `V` behind `fd`; `-EBADF` if it is closed or of another kind.
+    pub fn get_as<V>(&mut self, fd: i32) -> Result<&mut V, Errno>
+    where
+        K: FdKindOf<V>,
+    {
+        self.get_mut(fd)?.peek().ok_or(Errno::EBADF)
+    }
+
     #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.entries.len()
     }
 }
@@ -88,10 +103,36 @@ impl FdTable {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::mcp::McpSession;
 
-    fn session() -> FdKind {
-        FdKind::McpSession(McpSession::detached_for_tests())
+    #[derive(Debug)]
+    enum Kind {
+        A(u8),
+        B,
+    }
+
+    impl FdKindOf<u8> for Kind {
+        fn wrap(value: u8) -> Self {
+            Kind::A(value)
+        }
+        fn peek(&mut self) -> Option<&mut u8> {
+            match self {
+                Kind::A(v) => Some(v),
+                Kind::B => None,
+            }
+        }
+    }
+
+    fn session() -> Kind {
+        Kind::A(0)
+    }
+
+    #[test]
+    fn an_fd_of_another_kind_is_ebadf() {
+        let mut table = FdTable::new(4);
+        let a = table.insert_as(7u8).unwrap();
+        let b = table.insert(Kind::B).unwrap();
+        assert_eq!(table.get_as::<u8>(a).copied(), Ok(7));
+        assert_eq!(table.get_as::<u8>(b).err(), Some(Errno::EBADF));
     }
 
     #[test]

@@ -1,30 +1,29 @@
 //! The `cchat_*` hostcalls: chat sessions, the send that runs the tool-call loop, and the
 //! guest side of guest tools (the funcref table and the tool arena).
+//!
+//! Each hostcall opens a span named after itself. The session layer of policy is decided
+//! when a param is set ([`ChatSession::set_param`] only narrows the task's MCP settings);
+//! which tools a send may offer and run is decided by the loop through the policy module.
 
+use quiver_abi::Errno;
+use quiver_abi::ctl::{ADD_MESSAGE, GET_MESSAGES, GET_METRICS, SET_PARAM};
+use quiver_abi::send_flags;
 use serde_json::Value;
 use wasmtime::{Caller, Func, Linker, Ref};
 
-use super::memory::guest;
-use super::{Errno, HostcallError, before_deadline, finish};
-use crate::chat::{
-    ChatResponse, ChatSession, GuestTool, GuestTools, ParamError, ROLES, SendContext, run,
-};
-use crate::fd::FdKind;
-use crate::runtime::TaskState;
+use super::session::{ChatResponse, ChatSession, ChatView};
+use super::{GuestTool, GuestTools, ParamError, ROLES, SendContext, run};
+use crate::sandbox::{HostcallError, before_deadline, finish, guest};
 
-use quiver_abi::ctl::{ADD_MESSAGE, GET_MESSAGES, GET_METRICS, SET_PARAM};
-use quiver_abi::send_flags;
-
-pub(super) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
-    linker.func_wrap(
-        "spear",
-        "cchat_create",
-        |mut caller: Caller<'_, TaskState>| finish(create(&mut caller)),
-    )?;
+/// Registers the `cchat_*` imports.
+pub fn add_to_linker<T: ChatView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    linker.func_wrap("spear", "cchat_create", |mut caller: Caller<'_, T>| {
+        finish(create(&mut caller))
+    })?;
     linker.func_wrap(
         "spear",
         "cchat_write_msg",
-        |mut caller: Caller<'_, TaskState>,
+        |mut caller: Caller<'_, T>,
          fd: i32,
          role_ptr: i32,
          role_len: i32,
@@ -41,72 +40,64 @@ pub(super) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<
     linker.func_wrap(
         "spear",
         "cchat_write_fn",
-        |mut caller: Caller<'_, TaskState>,
-         fd: i32,
-         fn_offset: i32,
-         json_ptr: i32,
-         json_len: i32| {
+        |mut caller: Caller<'_, T>, fd: i32, fn_offset: i32, json_ptr: i32, json_len: i32| {
             finish(write_fn(&mut caller, fd, fn_offset, json_ptr, json_len))
         },
     )?;
     linker.func_wrap(
         "spear",
         "cchat_ctl",
-        |mut caller: Caller<'_, TaskState>, fd: i32, cmd: i32, arg_ptr: i32, arg_len_ptr: i32| {
+        |mut caller: Caller<'_, T>, fd: i32, cmd: i32, arg_ptr: i32, arg_len_ptr: i32| {
             finish(ctl(&mut caller, fd, cmd, arg_ptr, arg_len_ptr))
         },
     )?;
     linker.func_wrap_async(
         "spear",
         "cchat_send",
-        |mut caller: Caller<'_, TaskState>, (fd, flags): (i32, i32)| {
+        |mut caller: Caller<'_, T>, (fd, flags): (i32, i32)| {
             Box::new(async move { finish(send(&mut caller, fd, flags).await) })
         },
     )?;
     linker.func_wrap(
         "spear",
         "cchat_recv",
-        |mut caller: Caller<'_, TaskState>, fd: i32, out_ptr: i32, out_len_ptr: i32| {
+        |mut caller: Caller<'_, T>, fd: i32, out_ptr: i32, out_len_ptr: i32| {
             finish(recv(&mut caller, fd, out_ptr, out_len_ptr))
         },
     )?;
     linker.func_wrap(
         "spear",
         "cchat_close",
-        |mut caller: Caller<'_, TaskState>, fd: i32| finish(close(&mut caller, fd)),
+        |mut caller: Caller<'_, T>, fd: i32| finish(close(&mut caller, fd)),
     )?;
     Ok(())
 }
 
-fn session(state: &mut TaskState, fd: i32) -> Result<&mut ChatSession, Errno> {
-    match state.fds.get_mut(fd)? {
-        FdKind::ChatSession(session) => Ok(session),
-        _ => Err(Errno::EBADF),
-    }
+fn session<T: ChatView>(state: &mut T, fd: i32) -> Result<&mut ChatSession, Errno> {
+    state.sandbox().fds.get_as::<ChatSession>(fd)
 }
 
-fn response(state: &mut TaskState, fd: i32) -> Result<&mut ChatResponse, Errno> {
-    match state.fds.get_mut(fd)? {
-        FdKind::ChatResponse(response) => Ok(response),
-        _ => Err(Errno::EBADF),
-    }
+fn response<T: ChatView>(state: &mut T, fd: i32) -> Result<&mut ChatResponse, Errno> {
+    state.sandbox().fds.get_as::<ChatResponse>(fd)
 }
 
-fn create(caller: &mut Caller<'_, TaskState>) -> Result<i32, HostcallError> {
+fn create<T: ChatView>(caller: &mut Caller<'_, T>) -> Result<i32, HostcallError> {
     let state = caller.data_mut();
-    let _span = tracing::debug_span!("cchat_create", task_id = %state.ctx.task_id).entered();
-    let session = ChatSession::new(&state.ctx.mcp_policy);
-    Ok(state.fds.insert(FdKind::ChatSession(Box::new(session)))?)
+    let session = ChatSession::new(&state.mcp().policy);
+    let sandbox = state.sandbox();
+    let _span = tracing::debug_span!("cchat_create", task_id = %sandbox.task_id).entered();
+    Ok(sandbox.fds.insert_as(session)?)
 }
 
-fn write_msg(
-    caller: &mut Caller<'_, TaskState>,
+fn write_msg<T: ChatView>(
+    caller: &mut Caller<'_, T>,
     fd: i32,
     role: (i32, i32),
     content: (i32, i32),
 ) -> Result<i32, HostcallError> {
     let (mem, state) = guest(caller)?;
-    let _span = tracing::trace_span!("cchat_write_msg", task_id = %state.ctx.task_id, fd).entered();
+    let _span =
+        tracing::trace_span!("cchat_write_msg", task_id = %state.sandbox().task_id, fd).entered();
     let role = mem.str(role.0, role.1)?;
     let content = mem.str(content.0, content.1)?;
     let session = session(state, fd)?;
@@ -121,8 +112,8 @@ fn write_msg(
 
 /// The guest's funcref table: `__indirect_function_table`, else `table`, else the first
 /// exported table (looked up once at instantiation).
-fn tool_func(caller: &mut Caller<'_, TaskState>, table_index: u32) -> Option<Func> {
-    let table = caller.data().table?;
+fn tool_func<T: ChatView>(caller: &mut Caller<'_, T>, table_index: u32) -> Option<Func> {
+    let table = caller.data_mut().sandbox().table?;
     match table.get(&mut *caller, u64::from(table_index))? {
         Ref::Func(Some(func)) => {
             func.typed::<(i32, i32, i32, i32), i32>(&*caller).ok()?;
@@ -132,15 +123,15 @@ fn tool_func(caller: &mut Caller<'_, TaskState>, table_index: u32) -> Option<Fun
     }
 }
 
-fn write_fn(
-    caller: &mut Caller<'_, TaskState>,
+fn write_fn<T: ChatView>(
+    caller: &mut Caller<'_, T>,
     fd: i32,
     fn_offset: i32,
     json_ptr: i32,
     json_len: i32,
 ) -> Result<i32, HostcallError> {
-    let task_id = caller.data().ctx.task_id.clone();
-    let _span = tracing::debug_span!("cchat_write_fn", task_id, fd, fn_offset).entered();
+    let task_id = caller.data_mut().sandbox().task_id.clone();
+    let _span = tracing::debug_span!("cchat_write_fn", task_id = %task_id, fd, fn_offset).entered();
     let definition = {
         let (mem, state) = guest(caller)?;
         session(state, fd)?;
@@ -162,15 +153,16 @@ fn write_fn(
     Ok(0)
 }
 
-fn ctl(
-    caller: &mut Caller<'_, TaskState>,
+fn ctl<T: ChatView>(
+    caller: &mut Caller<'_, T>,
     fd: i32,
     cmd: i32,
     arg_ptr: i32,
     arg_len_ptr: i32,
 ) -> Result<i32, HostcallError> {
     let (mut mem, state) = guest(caller)?;
-    let _span = tracing::debug_span!("cchat_ctl", task_id = %state.ctx.task_id, fd, cmd).entered();
+    let task_id = state.sandbox().task_id.clone();
+    let _span = tracing::debug_span!("cchat_ctl", task_id = %task_id, fd, cmd).entered();
     match cmd {
         SET_PARAM => {
             let arg: Value = serde_json::from_slice(mem.bytes_at_len_ptr(arg_ptr, arg_len_ptr)?)
@@ -179,14 +171,14 @@ fn ctl(
                 return Err(Errno::EINVAL.into());
             };
             let value = arg.get("value").cloned().unwrap_or(Value::Null);
-            let ctx = state.ctx.clone();
-            session(state, fd)?.set_param(key, value, &ctx.mcp_policy).map_err(|error| match error {
+            let mcp = state.mcp().clone();
+            session(state, fd)?.set_param(key, value, &mcp.policy).map_err(|error| match error {
                 ParamError::Invalid(reason) => {
-                    tracing::info!(task_id = %ctx.task_id, fd, key, %reason, "SET_PARAM refused");
+                    tracing::info!(task_id = %task_id, fd, key, %reason, "SET_PARAM refused");
                     Errno::EINVAL
                 }
                 ParamError::Denied(reason) => {
-                    tracing::info!(task_id = %ctx.task_id, fd, key, %reason, "SET_PARAM denied by policy");
+                    tracing::info!(task_id = %task_id, fd, key, %reason, "SET_PARAM denied by policy");
                     Errno::EACCES
                 }
             })?;
@@ -220,8 +212,8 @@ fn ctl(
     }
 }
 
-async fn send(
-    caller: &mut Caller<'_, TaskState>,
+async fn send<T: ChatView>(
+    caller: &mut Caller<'_, T>,
     fd: i32,
     flags: i32,
 ) -> Result<i32, HostcallError> {
@@ -230,19 +222,19 @@ async fn send(
     }
     let state = caller.data_mut();
     let snapshot = session(state, fd)?.clone();
-    if state.fds.is_full() {
+    let (mcp, chat) = (state.mcp().clone(), state.chat().clone());
+    let sandbox = state.sandbox();
+    if sandbox.fds.is_full() {
         return Err(Errno::EMFILE.into());
     }
-    let ctx = state.ctx.clone();
-    let span = tracing::info_span!("cchat_send", task_id = %ctx.task_id, fd, flags);
+    let (task_id, deadline) = (sandbox.task_id.clone(), sandbox.deadline);
+    let span = tracing::info_span!("cchat_send", task_id = %task_id, fd, flags);
     let send_ctx = SendContext {
-        task_id: &ctx.task_id,
+        task_id: &task_id,
         session_fd: fd,
-        task: &ctx.mcp_policy,
-        registry: &ctx.registry,
-        pool: &ctx.pool,
-        backends: &ctx.backends,
-        deadline: ctx.deadline,
+        mcp: &mcp,
+        backends: &chat.backends,
+        deadline,
     };
     let settings = &snapshot.settings;
     let mut tools = CallerTools {
@@ -252,7 +244,7 @@ async fn send(
     };
     let auto = flags & send_flags::AUTO_TOOL_CALL != 0;
     let outcome = before_deadline(
-        &ctx,
+        deadline,
         tracing::Instrument::instrument(run::send(&snapshot, &send_ctx, &mut tools, auto), span),
     )
     .await?
@@ -262,42 +254,41 @@ async fn send(
     if let Ok(session) = session(state, fd) {
         session.messages = outcome.messages;
     }
-    Ok(state.fds.insert(FdKind::ChatResponse(outcome.response))?)
+    Ok(state.sandbox().fds.insert_as(outcome.response)?)
 }
 
-fn recv(
-    caller: &mut Caller<'_, TaskState>,
+fn recv<T: ChatView>(
+    caller: &mut Caller<'_, T>,
     fd: i32,
     out_ptr: i32,
     out_len_ptr: i32,
 ) -> Result<i32, HostcallError> {
     let (mut mem, state) = guest(caller)?;
-    let _span = tracing::debug_span!("cchat_recv", task_id = %state.ctx.task_id, fd).entered();
+    let _span =
+        tracing::debug_span!("cchat_recv", task_id = %state.sandbox().task_id, fd).entered();
     let out = mem.out_buf(out_ptr, out_len_ptr)?;
     let body = &response(state, fd)?.body;
     Ok(mem.deliver(out, body)?)
 }
 
-fn close(caller: &mut Caller<'_, TaskState>, fd: i32) -> Result<i32, HostcallError> {
-    let state = caller.data_mut();
-    let _span = tracing::debug_span!("cchat_close", task_id = %state.ctx.task_id, fd).entered();
-    match state.fds.get_mut(fd)? {
-        FdKind::ChatSession(_) | FdKind::ChatResponse(_) => {
-            state.fds.remove(fd)?;
-            Ok(0)
-        }
-        _ => Err(Errno::EBADF.into()),
+fn close<T: ChatView>(caller: &mut Caller<'_, T>, fd: i32) -> Result<i32, HostcallError> {
+    let fds = &mut caller.data_mut().sandbox().fds;
+    let _span = tracing::debug_span!("cchat_close", fd).entered();
+    if fds.get_as::<ChatSession>(fd).is_err() {
+        fds.get_as::<ChatResponse>(fd)?;
     }
+    fds.remove(fd)?;
+    Ok(0)
 }
 
 /// Guest tools, called through the funcref table with the tool arena protocol.
-struct CallerTools<'a, 'b> {
-    caller: &'a mut Caller<'b, TaskState>,
+struct CallerTools<'a, 'b, T: 'static> {
+    caller: &'a mut Caller<'b, T>,
     arena: Option<(u32, u32)>,
     max_output: u32,
 }
 
-impl GuestTools for CallerTools<'_, '_> {
+impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
     async fn call(
         &mut self,
         table_index: u32,

@@ -6,30 +6,30 @@
 //! `docs/abi.md`: the capacity is read from `*out_len_ptr`, a payload that does not fit
 //! writes the needed length and is `-ENOSPC`. Nothing here can panic or trap.
 
+use quiver_abi::Errno;
 use wasmtime::Caller;
 
-use super::Errno;
+use super::SandboxView;
 use crate::defaults;
-use crate::runtime::TaskState;
 
 /// A guest's linear memory, borrowed for the duration of one synchronous step.
-pub(crate) struct GuestMemory<'a> {
+pub struct GuestMemory<'a> {
     bytes: &'a mut [u8],
 }
 
 /// A validated `(out_ptr, out_len_ptr)` pair.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct OutBuf {
+pub struct OutBuf {
     ptr: u32,
     cap: u32,
     len_ptr: u32,
 }
 
 /// Borrows the guest's memory and the task state at once.
-pub(crate) fn guest<'a>(
-    caller: &'a mut Caller<'_, TaskState>,
-) -> Result<(GuestMemory<'a>, &'a mut TaskState), Errno> {
-    let memory = match caller.data().memory {
+pub fn guest<'a, T: SandboxView>(
+    caller: &'a mut Caller<'_, T>,
+) -> Result<(GuestMemory<'a>, &'a mut T), Errno> {
+    let memory = match caller.data_mut().sandbox().memory {
         Some(memory) => memory,
         // Only before `memory` was cached (a hostcall from a start function).
         None => caller
@@ -57,7 +57,7 @@ impl<'a> GuestMemory<'a> {
     }
 
     /// `len` bytes at `ptr`, as guest input (bounded by the input cap).
-    pub(crate) fn bytes(&self, ptr: i32, len: i32) -> Result<&[u8], Errno> {
+    pub fn bytes(&self, ptr: i32, len: i32) -> Result<&[u8], Errno> {
         let range = self.range(ptr, len as u32)?;
         if len as u32 > defaults::MAX_GUEST_INPUT_BYTES {
             return Err(Errno::ENOMEM);
@@ -66,25 +66,25 @@ impl<'a> GuestMemory<'a> {
     }
 
     /// UTF-8 text at `ptr`.
-    pub(crate) fn str(&self, ptr: i32, len: i32) -> Result<&str, Errno> {
+    pub fn str(&self, ptr: i32, len: i32) -> Result<&str, Errno> {
         std::str::from_utf8(self.bytes(ptr, len)?).map_err(|_| Errno::EINVAL)
     }
 
-    pub(crate) fn read_u32(&self, ptr: u32) -> Result<u32, Errno> {
+    pub fn read_u32(&self, ptr: u32) -> Result<u32, Errno> {
         let range = self.range(ptr as i32, 4)?;
         let mut le = [0u8; 4];
         le.copy_from_slice(&self.bytes[range]);
         Ok(u32::from_le_bytes(le))
     }
 
-    pub(crate) fn write_u32(&mut self, ptr: u32, value: u32) -> Result<(), Errno> {
+    pub fn write_u32(&mut self, ptr: u32, value: u32) -> Result<(), Errno> {
         let range = self.range(ptr as i32, 4)?;
         self.bytes[range].copy_from_slice(&value.to_le_bytes());
         Ok(())
     }
 
     /// Copies `bytes` into guest memory at `ptr`.
-    pub(crate) fn write(&mut self, ptr: u32, bytes: &[u8]) -> Result<(), Errno> {
+    pub fn write(&mut self, ptr: u32, bytes: &[u8]) -> Result<(), Errno> {
         let len = u32::try_from(bytes.len()).map_err(|_| Errno::EFAULT)?;
         let range = self.range(ptr as i32, len)?;
         self.bytes[range].copy_from_slice(bytes);
@@ -92,14 +92,14 @@ impl<'a> GuestMemory<'a> {
     }
 
     /// An input whose length is stored at `len_ptr` (the `cchat_ctl` convention).
-    pub(crate) fn bytes_at_len_ptr(&self, ptr: i32, len_ptr: i32) -> Result<&[u8], Errno> {
+    pub fn bytes_at_len_ptr(&self, ptr: i32, len_ptr: i32) -> Result<&[u8], Errno> {
         let len = self.read_u32(len_ptr as u32)?;
         self.bytes(ptr, len as i32)
     }
 
     /// Checks an output buffer before any work is done, so a bad pointer never costs a
     /// tool call.
-    pub(crate) fn out_buf(&self, out_ptr: i32, out_len_ptr: i32) -> Result<OutBuf, Errno> {
+    pub fn out_buf(&self, out_ptr: i32, out_len_ptr: i32) -> Result<OutBuf, Errno> {
         let len_ptr = out_len_ptr as u32;
         let cap = self.read_u32(len_ptr)?;
         self.range(out_ptr, cap)?;
@@ -111,7 +111,7 @@ impl<'a> GuestMemory<'a> {
     }
 
     /// Copies `payload` out, or reports the needed length with `-ENOSPC`.
-    pub(crate) fn deliver(&mut self, out: OutBuf, payload: &[u8]) -> Result<i32, Errno> {
+    pub fn deliver(&mut self, out: OutBuf, payload: &[u8]) -> Result<i32, Errno> {
         let len = u32::try_from(payload.len())
             .ok()
             .filter(|&l| l <= i32::MAX as u32)

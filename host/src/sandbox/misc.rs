@@ -2,18 +2,17 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use quiver_abi::{Errno, log_level};
 use wasmtime::{Caller, Linker};
 
-use super::memory::guest;
-use super::{Errno, HostcallError, finish};
+use super::{HostcallError, SandboxView, finish, guest};
 use crate::defaults;
-use crate::runtime::TaskState;
 
-pub(super) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
+pub(super) fn add_to_linker<T: SandboxView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     linker.func_wrap(
         "spear",
         "log",
-        |mut caller: Caller<'_, TaskState>, level: i32, ptr: i32, len: i32| {
+        |mut caller: Caller<'_, T>, level: i32, ptr: i32, len: i32| {
             finish(log(&mut caller, level, ptr, len))
         },
     )?;
@@ -26,13 +25,13 @@ pub(super) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<
 }
 
 /// A guest log line, at level 0 trace .. 4 error, into the host log with the task id.
-fn log(
-    caller: &mut Caller<'_, TaskState>,
+fn log<T: SandboxView>(
+    caller: &mut Caller<'_, T>,
     level: i32,
     ptr: i32,
     len: i32,
 ) -> Result<i32, HostcallError> {
-    if !(0..=4).contains(&level) {
+    if !(log_level::TRACE..=log_level::ERROR).contains(&level) {
         return Err(Errno::EINVAL.into());
     }
     let (mem, state) = guest(caller)?;
@@ -47,12 +46,12 @@ fn log(
         text
     };
     let marker = if cut.len() < text.len() { " [cut]" } else { "" };
-    let task_id = &state.ctx.task_id;
+    let task_id = &*state.sandbox().task_id;
     match level {
-        0 => tracing::trace!(target: "quiver::guest", task_id, "{cut}{marker}"),
-        1 => tracing::debug!(target: "quiver::guest", task_id, "{cut}{marker}"),
-        2 => tracing::info!(target: "quiver::guest", task_id, "{cut}{marker}"),
-        3 => tracing::warn!(target: "quiver::guest", task_id, "{cut}{marker}"),
+        log_level::TRACE => tracing::trace!(target: "quiver::guest", task_id, "{cut}{marker}"),
+        log_level::DEBUG => tracing::debug!(target: "quiver::guest", task_id, "{cut}{marker}"),
+        log_level::INFO => tracing::info!(target: "quiver::guest", task_id, "{cut}{marker}"),
+        log_level::WARN => tracing::warn!(target: "quiver::guest", task_id, "{cut}{marker}"),
         _ => tracing::error!(target: "quiver::guest", task_id, "{cut}{marker}"),
     }
     Ok(0)

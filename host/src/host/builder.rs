@@ -1,0 +1,198 @@
+//! [`HostBuilder`]: every option of a host with its default, and how the capabilities are
+//! built from them.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use super::task_state::{self, TaskState};
+use super::{Host, HostInner};
+use crate::chat::llm::{Backends, ConfigError, HostConfig, Recorder};
+use crate::defaults;
+use crate::mcp::{EgressPolicy, McpPool, RemoteOptions};
+use crate::registry::{Registry, RegistryDirError, Severity};
+use crate::sandbox::{Runtime, RuntimeOptions, default_cache_dir};
+use crate::task::TaskError;
+
+/// Something that stopped the host from starting or a task from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    #[error(transparent)]
+    Registry(#[from] RegistryDirError),
+    #[error(transparent)]
+    Task(#[from] TaskError),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot set up the WebAssembly engine: {0}")]
+    Engine(String),
+    #[error("{path}: cannot load the guest module: {message}")]
+    Module { path: String, message: String },
+    #[error("task `{task_id}`: {message}")]
+    TaskSetup { task_id: String, message: String },
+}
+
+/// Builds a [`Host`]; every option has a sane default.
+#[derive(Debug)]
+#[must_use]
+pub struct HostBuilder {
+    registry_dir: Option<PathBuf>,
+    registry: Option<Registry>,
+    cache_dir: Option<PathBuf>,
+    disk_cache: bool,
+    max_concurrent_tasks: u32,
+    max_task_memory: u64,
+    tools_cache_ttl: Duration,
+    connect_timeout: Duration,
+    config: HostConfig,
+    config_dir: PathBuf,
+    record_to: Option<PathBuf>,
+}
+
+impl Default for HostBuilder {
+    fn default() -> Self {
+        Self {
+            registry_dir: None,
+            registry: None,
+            cache_dir: None,
+            disk_cache: true,
+            max_concurrent_tasks: defaults::MAX_CONCURRENT_TASKS,
+            max_task_memory: defaults::TASK_MEMORY_BYTES,
+            tools_cache_ttl: defaults::TOOLS_CACHE_TTL,
+            connect_timeout: defaults::CONNECT_TIMEOUT,
+            config: HostConfig::default(),
+            config_dir: PathBuf::from("."),
+            record_to: None,
+        }
+    }
+}
+
+impl HostBuilder {
+    /// Loads MCP servers from this directory (one file per server). Without a registry
+    /// every MCP use is denied.
+    pub fn with_registry_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.registry_dir = Some(dir.into());
+        self
+    }
+
+    /// Uses an already loaded registry (e.g. one built with a custom env lookup).
+    pub fn with_registry(mut self, registry: Registry) -> Self {
+        self.registry = Some(registry);
+        self
+    }
+
+    /// Keeps precompiled modules in `dir` (default `~/.cache/quiver/modules`).
+    pub fn with_cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cache_dir = Some(dir.into());
+        self.disk_cache = true;
+        self
+    }
+
+    /// Compiles modules in memory only.
+    pub fn without_disk_cache(mut self) -> Self {
+        self.disk_cache = false;
+        self
+    }
+
+    /// Tasks that can run at once (instance slots reserved by the pooling allocator).
+    pub fn with_max_concurrent_tasks(mut self, tasks: u32) -> Self {
+        self.max_concurrent_tasks = tasks.max(1);
+        self
+    }
+
+    /// The most linear memory any task may ask for; a task's own limit is capped by it.
+    pub fn with_max_task_memory(mut self, bytes: u64) -> Self {
+        self.max_task_memory = bytes;
+        self
+    }
+
+    pub fn with_tools_cache_ttl(mut self, ttl: Duration) -> Self {
+        self.tools_cache_ttl = ttl;
+        self
+    }
+
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Reads LLM backends from a host config file (`quiver.toml`). Without one, the
+    /// backend `openai` comes from `OPENAI_BASE_URL` / `OPENAI_API_KEY` / `OPENAI_MODEL`.
+    pub fn with_config_file(mut self, path: impl AsRef<Path>) -> Result<Self, HostError> {
+        let path = path.as_ref();
+        self.config = HostConfig::load(path)?;
+        self.config_dir = path
+            .parent()
+            .map(Path::to_owned)
+            .unwrap_or_else(|| PathBuf::from("."));
+        Ok(self)
+    }
+
+    /// Uses an already built host config; relative paths in it are relative to `dir`.
+    pub fn with_config(mut self, config: HostConfig, dir: impl Into<PathBuf>) -> Self {
+        self.config = config;
+        self.config_dir = dir.into();
+        self
+    }
+
+    /// Writes every LLM exchange to a replay transcript at `path`.
+    pub fn with_recording(mut self, path: impl Into<PathBuf>) -> Self {
+        self.record_to = Some(path.into());
+        self
+    }
+
+    pub fn build(self) -> Result<Host, HostError> {
+        let registry = match (self.registry, &self.registry_dir) {
+            (Some(registry), _) => registry,
+            (None, Some(dir)) => Registry::load_dir(dir)?,
+            (None, None) => Registry::empty(),
+        };
+        log_problems(&registry);
+        let cache_dir = if self.disk_cache {
+            self.cache_dir.or_else(default_cache_dir)
+        } else {
+            None
+        };
+        let options = RuntimeOptions {
+            cache_dir,
+            max_concurrent_tasks: self.max_concurrent_tasks,
+            max_task_memory: self.max_task_memory,
+        };
+        let egress = EgressPolicy::from_config(&self.config.egress)
+            .map_err(|e| ConfigError::new(&self.config_dir.join("quiver.toml"), "egress", e))?;
+        let remote = RemoteOptions {
+            auth: self.config.auth.clone(),
+            egress,
+        };
+        let recorder = self.record_to.map(|path| Arc::new(Recorder::new(path)));
+        let backends = Backends::from_config(&self.config, &self.config_dir, recorder)?;
+        let runtime = Runtime::<TaskState>::new(options, task_state::add_to_linker)
+            .map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        Ok(Host {
+            inner: Arc::new(HostInner {
+                runtime,
+                registry: RwLock::new(Arc::new(registry)),
+                registry_dir: self.registry_dir,
+                pool: Arc::new(McpPool::with_remote(
+                    self.tools_cache_ttl,
+                    self.connect_timeout,
+                    remote,
+                )),
+                backends: Arc::new(backends),
+            }),
+        })
+    }
+}
+
+pub(super) fn log_problems(registry: &Registry) {
+    for problem in registry.problems() {
+        match problem.severity {
+            Severity::Error => tracing::error!("registry: {problem}"),
+            Severity::Warning => tracing::warn!("registry: {problem}"),
+        }
+    }
+    tracing::debug!(
+        revision = registry.revision(),
+        servers = registry.servers().count(),
+        "registry loaded"
+    );
+}

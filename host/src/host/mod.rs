@@ -1,0 +1,286 @@
+//! The [`Host`]: what an embedding scheduler (or the CLI) builds once and runs tasks on.
+//!
+//! A host only composes: the sandbox's runtime (engine, module cache), the registry
+//! snapshot, the MCP capability (its pool) and the chat capability (its backends). Tasks
+//! share those and nothing else: each gets a fresh store with its own sandbox (fd table,
+//! WASI context, memory limit, deadline) and its own capability state, so one task
+//! trapping, looping or timing out ends that task alone.
+
+mod builder;
+mod task_state;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use wasmtime::InstancePre;
+
+use crate::chat::llm::Backends;
+use crate::chat::tools::ToolSet;
+use crate::chat::{ChatSession, ChatTask};
+use crate::mcp::{McpPool, McpTask};
+use crate::policy::{self, PolicyReport, SessionRequest, TaskMcpPolicy};
+use crate::registry::Registry;
+pub use crate::sandbox::{ModuleOrigin, TaskFailure};
+use crate::sandbox::{Runtime, Sandbox};
+use crate::task::{TaskError, TaskSpec};
+use builder::log_problems;
+pub use builder::{HostBuilder, HostError};
+use task_state::TaskState;
+
+struct HostInner {
+    runtime: Runtime<TaskState>,
+    registry: RwLock<Arc<Registry>>,
+    registry_dir: Option<PathBuf>,
+    pool: Arc<McpPool>,
+    backends: Arc<Backends>,
+}
+
+/// A runtime for many concurrent tasks. Clones share everything.
+#[derive(Clone)]
+pub struct Host {
+    inner: Arc<HostInner>,
+}
+
+/// A guest module compiled and linked for this host; cheap to clone and reuse.
+#[derive(Clone)]
+pub struct GuestModule {
+    pre: InstancePre<TaskState>,
+    origin: ModuleOrigin,
+    name: String,
+}
+
+impl GuestModule {
+    /// Where the compiled code came from (compiled now, disk cache, memory cache).
+    pub fn origin(&self) -> ModuleOrigin {
+        self.origin
+    }
+
+    /// The name guests see as argv[0].
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// How a task ended.
+#[derive(Clone, Debug)]
+pub struct TaskOutcome {
+    /// The guest's exit status; 124 after a deadline and 134 after a trap, as shells do.
+    pub exit_code: i32,
+    pub failure: Option<TaskFailure>,
+    pub elapsed: Duration,
+    /// Guest stdout/stderr when the task asked for capture, else empty.
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl TaskOutcome {
+    pub fn success(&self) -> bool {
+        self.exit_code == 0 && self.failure.is_none()
+    }
+
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+}
+
+impl Host {
+    pub fn builder() -> HostBuilder {
+        HostBuilder::default()
+    }
+
+    /// The current registry snapshot.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.inner
+            .registry
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Reads the registry directory again. Running tasks keep the snapshot they started
+    /// with; servers whose launch configuration changed get a new connection on next use.
+    pub fn reload_registry(&self) -> Result<Arc<Registry>, HostError> {
+        let Some(dir) = &self.inner.registry_dir else {
+            return Ok(self.registry());
+        };
+        let fresh = Arc::new(Registry::load_dir(dir)?);
+        log_problems(&fresh);
+        *self
+            .inner
+            .registry
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = fresh.clone();
+        Ok(fresh)
+    }
+
+    /// The MCP connection pool shared by all tasks.
+    pub fn pool(&self) -> &Arc<McpPool> {
+        &self.inner.pool
+    }
+
+    /// Compiles (or loads from cache) a module file.
+    pub fn load_module_file(&self, path: impl AsRef<Path>) -> Result<GuestModule, HostError> {
+        let path = path.as_ref();
+        let module_error = |message: String| HostError::Module {
+            path: path.display().to_string(),
+            message,
+        };
+        let bytes = std::fs::read(path).map_err(|e| module_error(e.to_string()))?;
+        let name = path
+            .file_name()
+            .map_or_else(|| "guest.wasm".into(), |n| n.to_string_lossy().into_owned());
+        self.load_module(&name, &bytes).map_err(|e| match e {
+            HostError::Module { message, .. } => module_error(message),
+            other => other,
+        })
+    }
+
+    /// Compiles (or loads from cache) module bytes, wasm or WAT; `name` becomes argv[0].
+    pub fn load_module(&self, name: &str, bytes: &[u8]) -> Result<GuestModule, HostError> {
+        let (pre, origin) = self
+            .inner
+            .runtime
+            .prepare(bytes)
+            .map_err(|e| HostError::Module {
+                path: name.to_owned(),
+                message: format!("{e:#}"),
+            })?;
+        tracing::debug!(module = name, ?origin, "module ready");
+        Ok(GuestModule {
+            pre,
+            origin,
+            name: name.to_owned(),
+        })
+    }
+
+    /// Runs one task to completion. A guest failure is reported in the outcome; an error
+    /// here means the task could not start.
+    pub async fn run_task(
+        &self,
+        module: &GuestModule,
+        task: &TaskSpec,
+    ) -> Result<TaskOutcome, HostError> {
+        let started = Instant::now();
+        let setup_error = |message: String| HostError::TaskSetup {
+            task_id: task.task_id.clone(),
+            message,
+        };
+        let registry = self.registry();
+        let mcp_policy = task_policy(task, &registry)?;
+        for warning in mcp_policy.warnings() {
+            tracing::warn!(task_id = %task.task_id, "{warning}");
+        }
+        let memory_limit = task.memory_limit().min(self.inner.runtime.max_task_memory);
+        let (sandbox, captured) =
+            Sandbox::for_task(task, &module.name, memory_limit).map_err(setup_error)?;
+        let state = TaskState {
+            sandbox,
+            mcp: Arc::new(McpTask {
+                policy: mcp_policy,
+                registry,
+                pool: self.inner.pool.clone(),
+            }),
+            chat: Arc::new(ChatTask {
+                backends: self.inner.backends.clone(),
+            }),
+        };
+        let span = tracing::info_span!("task", task_id = %task.task_id);
+        let entry = task.entry.as_deref().unwrap_or("_start");
+        let run = self
+            .inner
+            .runtime
+            .run(&module.pre, state, entry, span)
+            .await
+            .map_err(|e| setup_error(format!("{}: {e}", module.name)))?;
+        let (stdout, stderr) = captured.map(|c| c.contents()).unwrap_or_default();
+        let outcome = TaskOutcome {
+            exit_code: run.exit_code,
+            failure: run.failure,
+            elapsed: started.elapsed(),
+            stdout,
+            stderr,
+        };
+        let exit_code = outcome.exit_code;
+        match &outcome.failure {
+            None => {
+                tracing::info!(task_id = %task.task_id, exit_code, elapsed_ms = outcome.elapsed.as_millis() as u64, "task finished")
+            }
+            Some(failure) => {
+                tracing::warn!(task_id = %task.task_id, exit_code, ?failure, "task failed")
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// The decision log of `task`: what its chat sessions start with (listing each server's
+    /// tools, so servers may be started), what they may enable, and why everything else
+    /// in the registry is left out.
+    pub async fn explain_policy(&self, task: &TaskSpec) -> Result<PolicyReport, HostError> {
+        let registry = self.registry();
+        let policy = task_policy(task, &registry)?;
+        let session = ChatSession::new(&policy);
+        let mcp = McpTask {
+            policy: policy.clone(),
+            registry: registry.clone(),
+            pool: self.inner.pool.clone(),
+        };
+        let tools = ToolSet::build(&session, &mcp).await;
+        let offered = tools
+            .servers
+            .iter()
+            .map(|server| {
+                let prefix = format!("mcp__{server}__");
+                let names = tools
+                    .definitions
+                    .iter()
+                    .filter_map(|d| d["function"]["name"].as_str())
+                    .filter(|name| name.starts_with(&prefix))
+                    .map(str::to_owned)
+                    .collect();
+                (server.clone(), names)
+            })
+            .collect();
+        let mut decisions = tools.decisions;
+        let mut allowed_not_default = Vec::new();
+        for entry in registry
+            .servers()
+            .filter(|e| !policy.default_server_ids.iter().any(|d| d == e.server_id()))
+        {
+            let requested = [entry.server_id().to_owned()];
+            let single = policy::effective(&registry, &policy, &SessionRequest::single(&requested));
+            match single.grant(entry.server_id()) {
+                Some(_) => allowed_not_default.push(entry.server_id().to_owned()),
+                None => decisions.extend(single.decisions),
+            }
+        }
+        Ok(PolicyReport {
+            task_id: task.task_id.clone(),
+            registry_revision: registry.revision().to_owned(),
+            warnings: policy.warnings(),
+            task: policy,
+            offered,
+            allowed_not_default,
+            decisions,
+        })
+    }
+
+    /// Closes every MCP connection and ends every server process.
+    pub async fn shutdown(&self) {
+        self.inner.pool.shutdown().await;
+    }
+}
+
+/// The task layer of MCP policy, with profiles resolved against `registry`.
+fn task_policy(task: &TaskSpec, registry: &Registry) -> Result<TaskMcpPolicy, HostError> {
+    let config = task.mcp_config()?;
+    let policy = config.resolve(registry).map_err(|e| TaskError::Config {
+        key: e.key.into(),
+        message: e.message,
+    })?;
+    Ok(policy)
+}

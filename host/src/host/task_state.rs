@@ -1,0 +1,134 @@
+//! The store data of one task: the sandbox and each capability's task state, and the fd
+//! kinds they share. This is the one place that knows every capability; each reaches its
+//! part through its view trait.
+
+use std::sync::Arc;
+
+use wasmtime::Linker;
+
+use crate::chat::{self, ChatResponse, ChatSession, ChatTask, ChatView};
+use crate::mcp::{self, McpSession, McpTask, McpView};
+use crate::sandbox::{FdKindOf, Sandbox, SandboxView};
+
+/// What an fd refers to.
+pub(crate) enum FdKind {
+    McpSession(McpSession),
+    ChatSession(Box<ChatSession>),
+    ChatResponse(ChatResponse),
+}
+
+impl FdKindOf<McpSession> for FdKind {
+    fn wrap(value: McpSession) -> Self {
+        FdKind::McpSession(value)
+    }
+    fn peek(&mut self) -> Option<&mut McpSession> {
+        match self {
+            FdKind::McpSession(session) => Some(session),
+            _ => None,
+        }
+    }
+}
+
+impl FdKindOf<ChatSession> for FdKind {
+    fn wrap(value: ChatSession) -> Self {
+        FdKind::ChatSession(Box::new(value))
+    }
+    fn peek(&mut self) -> Option<&mut ChatSession> {
+        match self {
+            FdKind::ChatSession(session) => Some(session),
+            _ => None,
+        }
+    }
+}
+
+impl FdKindOf<ChatResponse> for FdKind {
+    fn wrap(value: ChatResponse) -> Self {
+        FdKind::ChatResponse(value)
+    }
+    fn peek(&mut self) -> Option<&mut ChatResponse> {
+        match self {
+            FdKind::ChatResponse(response) => Some(response),
+            _ => None,
+        }
+    }
+}
+
+/// The store data of one task.
+pub(crate) struct TaskState {
+    pub(crate) sandbox: Sandbox<FdKind>,
+    pub(crate) mcp: Arc<McpTask>,
+    pub(crate) chat: Arc<ChatTask>,
+}
+
+impl SandboxView for TaskState {
+    type Fd = FdKind;
+    fn sandbox(&mut self) -> &mut Sandbox<FdKind> {
+        &mut self.sandbox
+    }
+}
+
+impl McpView for TaskState {
+    fn mcp(&self) -> &Arc<McpTask> {
+        &self.mcp
+    }
+}
+
+impl ChatView for TaskState {
+    fn chat(&self) -> &Arc<ChatTask> {
+        &self.chat
+    }
+}
+
+/// Every capability's `spear` imports (the sandbox adds its own and WASI).
+pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
+    mcp::add_to_linker(linker)?;
+    chat::add_to_linker(linker)
+}
+
+#[cfg(test)]
+mod tests {
+    use quiver_abi::{IMPORTS, ValType};
+    use wasmtime::{Engine, Linker, Module};
+
+    use super::TaskState;
+    use super::add_to_linker;
+    use crate::sandbox;
+
+    /// A module importing every `spear` function of the ABI crate with `result` as the
+    /// type of `time_now_ms`.
+    fn importer(time_result: &str) -> String {
+        let imports: String = IMPORTS
+            .iter()
+            .map(|import| {
+                let params = " i32".repeat(import.params.len());
+                let result = match (import.name, import.result) {
+                    ("time_now_ms", _) => time_result,
+                    (_, ValType::I32) => "i32",
+                    (_, ValType::I64) => "i64",
+                };
+                format!(
+                    "(import \"spear\" \"{}\" (func (param{params}) (result {result})))\n",
+                    import.name
+                )
+            })
+            .collect();
+        format!("(module {imports} (memory (export \"memory\") 1))")
+    }
+
+    #[test]
+    fn the_host_defines_every_import_with_the_abi_signature() {
+        let engine = Engine::default();
+        let mut linker = Linker::<TaskState>::new(&engine);
+        sandbox::add_to_linker(&mut linker).unwrap();
+        add_to_linker(&mut linker).unwrap();
+        let module = Module::new(&engine, importer("i64")).unwrap();
+        linker
+            .instantiate_pre(&module)
+            .expect("every ABI import resolves with its signature");
+        let wrong = Module::new(&engine, importer("i32")).unwrap();
+        assert!(
+            linker.instantiate_pre(&wrong).is_err(),
+            "a signature mismatch must be caught"
+        );
+    }
+}

@@ -1,0 +1,259 @@
+//! Compiled modules, kept in memory for the host's life and on disk across runs.
+//!
+//! A precompiled artifact is native code that wasmtime maps and runs without re-checking
+//! it, so loading one is only as safe as the directory it came from. The cache therefore
+//! trusts a directory only if this user owns it and nobody else can write to it, and an
+//! artifact only if this user owns it and it is not writable by others; anything else is
+//! compiled afresh and not cached. Artifact names carry the module's SHA-256 and the
+//! engine's compatibility hash, and wasmtime re-checks compatibility on load.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use sha2::{Digest, Sha256};
+use wasmtime::{Engine, InstancePre, Module};
+
+/// Where a module's compiled code came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModuleOrigin {
+    /// Compiled by Cranelift now.
+    Compiled,
+    /// Loaded from the on-disk cache of precompiled artifacts.
+    DiskCache,
+    /// Already prepared by this host.
+    MemoryCache,
+}
+
+pub(super) struct ModuleCache<T: 'static> {
+    dir: Option<PathBuf>,
+    engine_tag: String,
+    prepared: Mutex<HashMap<[u8; 32], InstancePre<T>>>,
+}
+
+impl<T: 'static> ModuleCache<T> {
+    pub(super) fn new(engine: &Engine, dir: Option<PathBuf>) -> Self {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        Self {
+            dir,
+            engine_tag: format!("{:016x}", hasher.finish()),
+            prepared: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The linked module for `bytes`, from memory, disk, or compiled by `link` now.
+    pub(super) fn get_or_prepare(
+        &self,
+        engine: &Engine,
+        bytes: &[u8],
+        link: impl FnOnce(&Module) -> wasmtime::Result<InstancePre<T>>,
+    ) -> wasmtime::Result<(InstancePre<T>, ModuleOrigin)> {
+        let digest: [u8; 32] = Sha256::digest(bytes).into();
+        if let Some(pre) = self.lock().get(&digest) {
+            return Ok((pre.clone(), ModuleOrigin::MemoryCache));
+        }
+        let (module, origin) = self.load_or_compile(engine, &digest, bytes)?;
+        let pre = link(&module)?;
+        self.lock().insert(digest, pre.clone());
+        Ok((pre, origin))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], InstancePre<T>>> {
+        self.prepared.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn artifact_path(&self, digest: &[u8; 32]) -> Option<PathBuf> {
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        Some(
+            self.dir
+                .as_ref()?
+                .join(format!("{hex}-{}.cwasm", self.engine_tag)),
+        )
+    }
+
+    fn load_or_compile(
+        &self,
+        engine: &Engine,
+        digest: &[u8; 32],
+        bytes: &[u8],
+    ) -> wasmtime::Result<(Module, ModuleOrigin)> {
+        let artifact = self.artifact_path(digest);
+        if let Some(path) = artifact.as_deref().filter(|p| p.is_file()) {
+            match trusted(path) {
+                // SAFETY: `trusted` checked that this user owns the artifact and its
+                // directory and that no one else can write either, so the file was
+                // written by `Module::serialize` of this user's hosts (the file name
+                // carries the engine's compatibility hash, which wasmtime checks again).
+                // Tested in `tests::untrusted_cache_directories_are_not_used`.
+                Ok(()) => match unsafe { Module::deserialize_file(engine, path) } {
+                    Ok(module) => return Ok((module, ModuleOrigin::DiskCache)),
+                    Err(error) => {
+                        tracing::warn!(path = %path.display(), %error, "ignoring unusable precompiled module")
+                    }
+                },
+                Err(why) => {
+                    tracing::warn!(path = %path.display(), %why, "not loading a precompiled module from an untrusted place")
+                }
+            }
+        }
+        let started = std::time::Instant::now();
+        let module = Module::new(engine, bytes)?;
+        tracing::info!(
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "compiled guest module"
+        );
+        if let Some(path) = artifact
+            && let Err(error) = write_artifact(&path, &module)
+        {
+            tracing::warn!(path = %path.display(), %error, "cannot cache the compiled module");
+        }
+        Ok((module, ModuleOrigin::Compiled))
+    }
+}
+
+/// Whether `path` (a file) and its directory are this user's and writable by no one else.
+fn trusted(path: &Path) -> Result<(), String> {
+    private_to_me(path.parent().ok_or("no parent directory")?)?;
+    private_to_me(path)
+}
+
+/// `place` is no symlink, belongs to this user and is not group- or world-writable.
+#[cfg(unix)]
+fn private_to_me(place: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    let meta = std::fs::symlink_metadata(place).map_err(|e| format!("{}: {e}", place.display()))?;
+    if meta.file_type().is_symlink() {
+        return Err(format!("{} is a symbolic link", place.display()));
+    }
+    if meta.uid() != me {
+        return Err(format!("{} belongs to uid {}", place.display(), meta.uid()));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "{} is writable by other users (mode {:o})",
+            place.display(),
+            meta.mode() & 0o777
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn private_to_me(place: &Path) -> Result<(), String> {
+    Err(format!(
+        "{}: precompiled modules are only trusted on Unix",
+        place.display()
+    ))
+}
+
+fn write_artifact(path: &Path, module: &Module) -> anyhow::Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| anyhow::anyhow!("artifact paths are inside the cache dir"))?;
+    if !dir.exists() {
+        std::fs::create_dir_all(dir)?;
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        }
+    }
+    if let Err(why) = private_to_me(dir) {
+        anyhow::bail!("not caching into an untrusted directory: {why}");
+    }
+    let bytes = module.serialize().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    const WAT: &str = "(module (func (export \"_start\")))";
+
+    fn cache(dir: &Path) -> (Engine, ModuleCache<()>) {
+        let engine = Engine::default();
+        let cache = ModuleCache::new(&engine, Some(dir.to_owned()));
+        (engine, cache)
+    }
+
+    fn origin(dir: &Path) -> ModuleOrigin {
+        let (engine, cache) = cache(dir);
+        let linker = wasmtime::Linker::<()>::new(&engine);
+        cache
+            .get_or_prepare(&engine, WAT.as_bytes(), |m| linker.instantiate_pre(m))
+            .unwrap()
+            .1
+    }
+
+    fn artifacts(dir: &Path) -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The safety argument of the `deserialize_file` above: only artifacts in a private
+    /// directory of this user are loaded; a directory or file others can write is not.
+    #[test]
+    fn untrusted_cache_directories_are_not_used() {
+        let root = std::env::temp_dir().join(format!("quiver-cache-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let dir = root.join("modules");
+        assert_eq!(origin(&dir), ModuleOrigin::Compiled);
+        assert_eq!(
+            std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+            0o700
+        );
+        assert_eq!(
+            origin(&dir),
+            ModuleOrigin::DiskCache,
+            "a private cache is used"
+        );
+
+        let artifact = artifacts(&dir).pop().expect("one artifact");
+        std::fs::set_permissions(&artifact, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert_eq!(
+            origin(&dir),
+            ModuleOrigin::Compiled,
+            "a world-writable artifact is not loaded"
+        );
+
+        std::fs::set_permissions(&artifact, std::fs::Permissions::from_mode(0o600)).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(
+            origin(&dir),
+            ModuleOrigin::Compiled,
+            "a world-writable directory is not trusted"
+        );
+        std::fs::remove_file(&artifact).unwrap();
+        assert_eq!(origin(&dir), ModuleOrigin::Compiled);
+        assert!(
+            artifacts(&dir).is_empty(),
+            "nothing is written into an untrusted directory"
+        );
+
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::write(dir.join("garbage.cwasm"), b"not an artifact").unwrap();
+        assert_eq!(origin(&dir), ModuleOrigin::Compiled);
+        let artifact = artifacts(&dir)
+            .into_iter()
+            .find(|p| !p.ends_with("garbage.cwasm"))
+            .unwrap();
+        std::fs::write(&artifact, b"truncated").unwrap();
+        assert_eq!(
+            origin(&dir),
+            ModuleOrigin::Compiled,
+            "a corrupt artifact is recompiled"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}

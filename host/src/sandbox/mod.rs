@@ -1,0 +1,56 @@
+//! The sandbox: the engine, the compiled-module cache, each task's store with its limits,
+//! deadline, fd table, guest memory and WASI grants.
+//!
+//! It knows no hostcall's meaning. Capabilities (MCP, chat) reach a task's sandbox through
+//! [`SandboxView`], the way wasmtime-wasi's `WasiView` does: the host's store data
+//! implements it, so each capability borrows only what it needs and the borrow checker
+//! keeps guest memory and task state apart.
+
+mod cache;
+mod deadline;
+mod fd;
+mod hostcall;
+mod memory;
+mod misc;
+mod run;
+mod runtime;
+mod wasi;
+
+use std::sync::Arc;
+
+use wasmtime::{Linker, Memory, StoreLimits, Table};
+use wasmtime_wasi::p1::WasiP1Ctx;
+
+pub use deadline::{Deadline, DeadlineExceeded};
+pub use fd::{FdKindOf, FdTable};
+pub use hostcall::{HostcallError, before_deadline, finish};
+pub use memory::{GuestMemory, OutBuf, guest};
+pub use run::{TaskFailure, TaskRun};
+pub use runtime::{ModuleOrigin, Runtime, RuntimeOptions, default_cache_dir};
+pub use wasi::CapturedOutput;
+
+/// One task's sandbox: everything of a store that is not a capability's.
+pub struct Sandbox<K> {
+    pub task_id: Arc<str>,
+    pub deadline: Deadline,
+    pub fds: FdTable<K>,
+    /// The guest's exported memory, looked up once after instantiation.
+    pub memory: Option<Memory>,
+    /// The guest's funcref table (for guest tools), looked up once after instantiation.
+    pub table: Option<Table>,
+    wasi: WasiP1Ctx,
+    limits: StoreLimits,
+}
+
+/// Store data that has a sandbox; every capability's view builds on it.
+pub trait SandboxView: Send + 'static {
+    /// What the fd table holds (the host's `FdKind`).
+    type Fd: Send;
+    fn sandbox(&mut self) -> &mut Sandbox<Self::Fd>;
+}
+
+/// The sandbox's own imports: WASI preview 1, `spear.log` and `spear.time_now_ms`.
+pub fn add_to_linker<T: SandboxView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    wasmtime_wasi::p1::add_to_linker_async(linker, |state: &mut T| &mut state.sandbox().wasi)?;
+    misc::add_to_linker(linker)
+}

@@ -1,0 +1,118 @@
+//! Running one instance to its end: the store with its limits and deadline, the entry
+//! call, and what the way it ended means (exit code, trap, deadline).
+
+use std::time::Duration;
+
+use tracing::Instrument;
+use wasmtime::{InstancePre, Store, UpdateDeadline};
+use wasmtime_wasi::I32Exit;
+
+use super::{DeadlineExceeded, Runtime, SandboxView};
+use crate::defaults;
+
+/// Why a task ended without a normal exit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskFailure {
+    /// The guest trapped (including a memory-limit trap); the message has the backtrace.
+    Trap(String),
+    /// The task's wall-clock deadline passed.
+    Deadline(Duration),
+}
+
+impl std::fmt::Display for TaskFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TaskFailure::Trap(message) => write!(f, "the guest trapped: {message}"),
+            TaskFailure::Deadline(after) => {
+                write!(
+                    f,
+                    "the task's deadline of {} ms passed (limits.deadline_ms)",
+                    after.as_millis()
+                )
+            }
+        }
+    }
+}
+
+/// How an instance's run ended.
+pub struct TaskRun {
+    /// The guest's exit status; 124 after a deadline and 134 after a trap, as shells do.
+    pub exit_code: i32,
+    pub failure: Option<TaskFailure>,
+}
+
+impl<T: SandboxView> Runtime<T> {
+    /// Instantiates `pre` on `data` and calls `entry` (a `() -> ()` export) until it returns,
+    /// traps or the deadline passes. An `Err` means the task could not start.
+    pub async fn run(
+        &self,
+        pre: &InstancePre<T>,
+        mut data: T,
+        entry: &str,
+        span: tracing::Span,
+    ) -> Result<TaskRun, String> {
+        let deadline = data.sandbox().deadline;
+        let mut store = Store::new(self.engine(), data);
+        store.limiter(|state| &mut state.sandbox().limits);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_callback(move |_| {
+            if deadline.passed() {
+                Err(wasmtime::Error::new(deadline.exceeded()))
+            } else {
+                Ok(UpdateDeadline::Yield(1))
+            }
+        });
+        let instance = pre
+            .instantiate_async(&mut store)
+            .instrument(span.clone())
+            .await
+            .map_err(|e| format!("cannot instantiate: {e:#}"))?;
+        let memory = instance.get_memory(&mut store, "memory");
+        let table = funcref_table(&instance, &mut store);
+        let sandbox = store.data_mut().sandbox();
+        sandbox.memory = memory;
+        sandbox.table = table;
+        let func = instance
+            .get_typed_func::<(), ()>(&mut store, entry)
+            .map_err(|e| format!("the module has no export `{entry}` of type () -> (): {e:#}"))?;
+        // Epochs and hostcall races stop the task at its deadline; this outer bound only
+        // matters if something between them never yields.
+        let grace = defaults::EPOCH_TICK * 50;
+        let run = func.call_async(&mut store, ()).instrument(span);
+        let result = tokio::time::timeout_at(deadline.instant() + grace, run).await;
+        let (exit_code, failure) = match result {
+            Ok(Ok(())) => (0, None),
+            Ok(Err(error)) => classify(error),
+            Err(_) => (124, Some(TaskFailure::Deadline(deadline.budget()))),
+        };
+        Ok(TaskRun { exit_code, failure })
+    }
+}
+
+/// The table guest tools are called through: `__indirect_function_table`, else `table`,
+/// else the first exported table.
+fn funcref_table<T>(
+    instance: &wasmtime::Instance,
+    store: &mut Store<T>,
+) -> Option<wasmtime::Table> {
+    for name in ["__indirect_function_table", "table"] {
+        if let Some(table) = instance.get_table(&mut *store, name) {
+            return Some(table);
+        }
+    }
+    let exports: Vec<_> = instance
+        .exports(&mut *store)
+        .filter_map(|e| e.into_table())
+        .collect();
+    exports.into_iter().next()
+}
+
+fn classify(error: wasmtime::Error) -> (i32, Option<TaskFailure>) {
+    if let Some(exit) = error.downcast_ref::<I32Exit>() {
+        return (exit.0, None);
+    }
+    if let Some(deadline) = error.downcast_ref::<DeadlineExceeded>() {
+        return (124, Some(TaskFailure::Deadline(deadline.after)));
+    }
+    (134, Some(TaskFailure::Trap(format!("{error:?}"))))
+}

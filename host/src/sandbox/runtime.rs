@@ -1,0 +1,107 @@
+//! The wasmtime engine of a host: configuration, the linker, compiled modules, and the
+//! epoch clock.
+//!
+//! One [`Engine`] serves the whole host, with the pooling allocator (instantiation in
+//! microseconds) and epoch interruption (a ticker thread advances the epoch every
+//! [`defaults::EPOCH_TICK`]; each tick a running guest checks its deadline and yields to
+//! other tasks).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use wasmtime::{
+    Config, Engine, InstanceAllocationStrategy, InstancePre, Linker, PoolingAllocationConfig,
+};
+
+use super::SandboxView;
+use super::cache::ModuleCache;
+pub use super::cache::ModuleOrigin;
+use crate::defaults;
+
+/// The engine's tunables.
+pub struct RuntimeOptions {
+    pub cache_dir: Option<PathBuf>,
+    pub max_concurrent_tasks: u32,
+    pub max_task_memory: u64,
+}
+
+/// The engine, the linker with every import, and the module cache, for store data `T`.
+pub struct Runtime<T: 'static> {
+    engine: Engine,
+    linker: Linker<T>,
+    cache: ModuleCache<T>,
+    ticker_stop: Arc<AtomicBool>,
+    pub max_task_memory: u64,
+}
+
+impl<T: SandboxView> Runtime<T> {
+    /// `add_imports` registers the capabilities' imports; WASI and the sandbox's own come
+    /// first.
+    pub fn new(
+        options: RuntimeOptions,
+        add_imports: impl FnOnce(&mut Linker<T>) -> wasmtime::Result<()>,
+    ) -> wasmtime::Result<Self> {
+        let mut pooling = PoolingAllocationConfig::default();
+        let slots = options.max_concurrent_tasks.max(1);
+        pooling
+            .total_core_instances(slots)
+            .total_memories(slots)
+            .total_tables(slots)
+            .total_stacks(slots)
+            .max_memory_size(usize::try_from(options.max_task_memory).unwrap_or(usize::MAX));
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
+        let engine = Engine::new(&config)?;
+        let mut linker = Linker::new(&engine);
+        super::add_to_linker(&mut linker)?;
+        add_imports(&mut linker)?;
+        let ticker_stop = Arc::new(AtomicBool::new(false));
+        spawn_epoch_ticker(engine.clone(), ticker_stop.clone())?;
+        Ok(Self {
+            cache: ModuleCache::new(&engine, options.cache_dir),
+            engine,
+            linker,
+            ticker_stop,
+            max_task_memory: options.max_task_memory,
+        })
+    }
+
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Compiles (or fetches from a cache) and links `bytes` (a wasm binary, or WAT text).
+    pub fn prepare(&self, bytes: &[u8]) -> wasmtime::Result<(InstancePre<T>, ModuleOrigin)> {
+        self.cache.get_or_prepare(&self.engine, bytes, |module| {
+            self.linker.instantiate_pre(module)
+        })
+    }
+}
+
+impl<T> Drop for Runtime<T> {
+    fn drop(&mut self) {
+        self.ticker_stop.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The default on-disk cache: `$XDG_CACHE_HOME/quiver/modules` or `~/.cache/quiver/modules`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))?;
+    Some(base.join("quiver").join("modules"))
+}
+
+fn spawn_epoch_ticker(engine: Engine, stop: Arc<AtomicBool>) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("quiver-epoch".into())
+        .spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(defaults::EPOCH_TICK);
+                engine.increment_epoch();
+            }
+        })?;
+    Ok(())
+}

@@ -1,0 +1,87 @@
+//! The WASI grants of a task: args, env, preopens, stdin and where output goes. Everything
+//! not granted by the task spec is denied.
+
+use std::sync::Arc;
+
+use wasmtime::StoreLimitsBuilder;
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+
+use super::{Deadline, FdTable, Sandbox};
+use crate::task::TaskSpec;
+
+/// Guest output kept per stream when a task captures it.
+const CAPTURE_LIMIT: usize = 16 * 1024 * 1024;
+
+/// Guest stdout and stderr, when the task asked for capture.
+pub struct CapturedOutput {
+    stdout: MemoryOutputPipe,
+    stderr: MemoryOutputPipe,
+}
+
+impl CapturedOutput {
+    pub fn contents(&self) -> (Vec<u8>, Vec<u8>) {
+        (
+            self.stdout.contents().to_vec(),
+            self.stderr.contents().to_vec(),
+        )
+    }
+}
+
+impl<K> Sandbox<K> {
+    /// The sandbox `task` asks for; `argv0` is the module's name and `memory_limit` the
+    /// linear memory it may grow to. The error names the task field at fault.
+    pub fn for_task(
+        task: &TaskSpec,
+        argv0: &str,
+        memory_limit: u64,
+    ) -> Result<(Self, Option<CapturedOutput>), String> {
+        let mut wasi = WasiCtxBuilder::new();
+        let mut argv = vec![argv0.to_owned()];
+        argv.extend(task.args.iter().cloned());
+        wasi.args(&argv);
+        for (key, value) in &task.env {
+            wasi.env(key, value);
+        }
+        for preopen in &task.preopens {
+            let perms = if preopen.read_only {
+                FsPerms::ReadOnly
+            } else {
+                FsPerms::ReadWrite
+            };
+            wasi.preopened_dir(&preopen.host, &preopen.guest, perms)
+                .map_err(|e| format!("preopens: cannot open {}: {e}", preopen.host.display()))?;
+        }
+        if task.inherit_stdin {
+            wasi.inherit_stdin();
+        }
+        let captured = task.capture_output.then(|| CapturedOutput {
+            stdout: MemoryOutputPipe::new(CAPTURE_LIMIT),
+            stderr: MemoryOutputPipe::new(CAPTURE_LIMIT),
+        });
+        match &captured {
+            Some(out) => {
+                wasi.stdout(out.stdout.clone());
+                wasi.stderr(out.stderr.clone());
+            }
+            None => {
+                wasi.inherit_stdout();
+                wasi.inherit_stderr();
+            }
+        }
+        let sandbox = Sandbox {
+            task_id: Arc::from(task.task_id.as_str()),
+            deadline: Deadline::after(task.deadline()),
+            fds: FdTable::new(task.max_fds()),
+            memory: None,
+            table: None,
+            wasi: wasi.build_p1(),
+            limits: StoreLimitsBuilder::new()
+                .memory_size(usize::try_from(memory_limit).unwrap_or(usize::MAX))
+                .instances(1)
+                .trap_on_grow_failure(true)
+                .build(),
+        };
+        Ok((sandbox, captured))
+    }
+}
