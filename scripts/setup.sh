@@ -1,13 +1,42 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks for building, testing and benchmarking Quiver:
 # - the wasm32-wasip1 Rust target (guests are built for it);
-# - the public reference MCP servers of fixtures/npm (Node.js), pinned by its lock file.
+# - the public reference MCP servers of fixtures/npm (Node.js), pinned by its lock file;
+# - clang, wasm-ld, wasi-libc and the wasm32 compiler-rt builtins, from the system's
+#   package manager (Debian/Ubuntu apt), for building C guests against guest-sdk/c/spear.h.
 # Safe to run again; each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! rustup target list --installed | grep -qx wasm32-wasip1; then
   echo "setup: adding the wasm32-wasip1 Rust target" >&2
   rustup target add wasm32-wasip1
+fi
+# True when clang can compile and link a WASI command that uses libc (Debian's wasi-libc
+# puts its headers and libraries in /usr/include/wasm32-wasi and /usr/lib/wasm32-wasi).
+c_guest_toolchain_present() {
+  command -v clang >/dev/null 2>&1 && command -v wasm-ld >/dev/null 2>&1 || return 1
+  local out
+  out="$(mktemp)"
+  if printf '#include <stdio.h>\nint main(void) { puts("ok"); return 0; }\n' \
+      | clang --target=wasm32-wasi -x c - -o "$out" >/dev/null 2>&1; then
+    rm -f "$out"
+  else
+    rm -f "$out"
+    return 1
+  fi
+}
+if ! c_guest_toolchain_present; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing clang, lld, wasi-libc and compiler-rt for wasm32 (C guests)" >&2
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    $sudo apt-get update
+    $sudo env DEBIAN_FRONTEND=noninteractive \
+      apt-get install -y clang lld wasi-libc libclang-rt-14-dev-wasm32
+  else
+    echo "setup: apt-get not found; install clang, wasm-ld, wasi-libc and compiler-rt" \
+      "for wasm32 (or wasi-sdk, with WASI_SYSROOT set) to build C guests" >&2
+  fi
 fi
 if command -v npm >/dev/null 2>&1; then
   if [ ! -x fixtures/npm/node_modules/.bin/mcp-server-filesystem ] \

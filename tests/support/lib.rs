@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use quiver::{Host, TaskOutcome, TaskSpec};
 use tempfile::TempDir;
 
+pub mod c;
 pub mod chat_wat;
 pub mod llm;
 pub mod oauth;

@@ -8,8 +8,10 @@
 //! nothing for it.
 #![no_std]
 
+pub mod c;
 mod errno;
 
+pub use c::write_header_block as write_c_header_block;
 pub use errno::Errno;
 
 /// The wasm import module every hostcall lives in.
@@ -89,11 +91,42 @@ pub mod send_flags {
 
 /// `log` levels.
 pub mod log_level {
+    use super::Named;
+
     pub const TRACE: i32 = 0;
     pub const DEBUG: i32 = 1;
     pub const INFO: i32 = 2;
     pub const WARN: i32 = 3;
     pub const ERROR: i32 = 4;
+
+    /// Every level, in value order.
+    pub const ALL: &[Named] = &[
+        Named {
+            name: "TRACE",
+            value: TRACE,
+            meaning: "",
+        },
+        Named {
+            name: "DEBUG",
+            value: DEBUG,
+            meaning: "",
+        },
+        Named {
+            name: "INFO",
+            value: INFO,
+            meaning: "",
+        },
+        Named {
+            name: "WARN",
+            value: WARN,
+            meaning: "",
+        },
+        Named {
+            name: "ERROR",
+            value: ERROR,
+            meaning: "",
+        },
+    ];
 }
 
 /// A core wasm value type of a hostcall signature.
