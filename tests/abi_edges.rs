@@ -436,3 +436,63 @@ async fn a_trap_ends_only_its_task_and_the_memory_limit_is_enforced() {
     assert_eq!(fine.results, [7]);
     host.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_call_needing_approval_is_refused_before_it_reaches_the_server() {
+    let registry = RegistryDir::new();
+    registry.write(
+        "fixture.toml",
+        &format!(
+            "approval_policy = \"policy\"\n{}",
+            quiver_tests::fixture_toml("fixture", &["*"], "")
+        ),
+    );
+    let body = format!(
+        r#"(func $main (local $fd i32)
+      {open}
+      (call $cap (i32.const 8192) (i32.const 65536))
+      (call $out {count})
+      (call $emit (i32.const 16384) (call $len (i32.const 8192)))
+      (call $cap (i32.const 8192) (i32.const 65536))
+      (call $out (call $mcp_list_tools (local.get $fd) (i32.const 16384) (i32.const 8192))))"#,
+        open = open_fixture(),
+        count = call("(local.get $fd)", COUNT, EMPTY_OBJ),
+    );
+    let host = host(&registry);
+    let run = wat::run(
+        &host,
+        &wat::guest(DATA, &body),
+        &mcp_task("approval", &["fixture"]),
+    )
+    .await;
+    assert!(run.results[0] > 0, "{:?}", run.results);
+    let error: Value = serde_json::from_str(&run.emitted[0]).unwrap();
+    assert_eq!(error["error"]["code"], "mcp_policy_denied");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("approval_policy"),
+        "{error}"
+    );
+    assert!(run.results[1] > 0, "listing needs no approval");
+    let status = host.pool().status();
+    assert!(
+        status
+            .iter()
+            .all(|s| s.server_id != "fixture" || s.connections <= 1),
+        "{status:?}"
+    );
+    let entry = host.registry().get("fixture").unwrap().clone();
+    let count = host
+        .pool()
+        .call_tool(&entry, "count", Default::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        count.result.content[0].as_text().unwrap().text,
+        "1",
+        "the refused call never reached the server"
+    );
+    host.shutdown().await;
+}

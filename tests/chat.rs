@@ -532,3 +532,109 @@ async fn mcp_calls_of_one_turn_run_concurrently_and_images_become_notes() {
     assert_eq!(results[0].1, "slept 600ms");
     assert_eq!(results[2].1, "a 1x1 red pixel\n[image: image/png, 69 B]");
 }
+
+/// A host whose registry holds the fixture server under `server_id` with `top` (top-level
+/// TOML keys) before its tables.
+fn registry_with(server_id: &str, allowed: &[&str], top: &str) -> RegistryDir {
+    let registry = RegistryDir::new();
+    registry.write(
+        &format!("{server_id}.toml"),
+        &format!(
+            "{top}\n{}",
+            quiver_tests::fixture_toml(server_id, allowed, "")
+        ),
+    );
+    registry
+}
+
+#[tokio::test]
+async fn tool_namespace_names_offered_tools_and_forced_choices_map_to_them() {
+    let llm = ScriptedLlm::start(vec![
+        Reply::tool_calls([
+            ("n1", "acme__fx__add", json!({"a": 2, "b": 3})),
+            ("n2", "acme.fx.add", json!({"a": 1, "b": 1})),
+            ("n3", "mcp.fixture.add", json!({"a": 4, "b": 4})),
+            ("n4", "mcp__fixture__add", json!({"a": 0, "b": 0})),
+        ]),
+        Reply::text("done"),
+    ])
+    .await;
+    let registry = registry_with("fixture", &["add", "echo"], "tool_namespace = \"acme.fx\"");
+    let host = scripted_host(&registry, &llm);
+    let guest = ChatGuest::new()
+        .param(
+            "tool_choice",
+            json!({"type": "function", "function": {"name": "mcp.fixture.add"}}),
+        )
+        .msg("user", "go")
+        .send(2)
+        .recv();
+    let run = wat::run(&host, &guest.build(), &mcp_task("chat", &["fixture"])).await;
+    assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
+    let first = llm.request(0);
+    assert_eq!(tool_names(&first), ["acme__fx__add", "acme__fx__echo"]);
+    assert_eq!(
+        first["tool_choice"],
+        json!({"type": "function", "function": {"name": "acme__fx__add"}}),
+        "a forced choice naming the mcp.<server>.<tool> form goes upstream as the offered name"
+    );
+    let results = tool_results(&llm.request(1));
+    let texts: Vec<&str> = results.iter().map(|(_, text)| text.as_str()).collect();
+    assert_eq!(
+        texts,
+        ["5", "2", "8", "0"],
+        "every way of naming the tool runs it"
+    );
+    host.shutdown().await;
+
+    let bad = registry_with("fixture", &["add"], "tool_namespace = \"acme fx\"");
+    let problems = quiver::registry::Registry::load_dir(bad.path()).unwrap();
+    let problem = problems
+        .problems()
+        .first()
+        .expect("a bad namespace is reported");
+    assert_eq!(
+        problem.field.as_deref(),
+        Some("tool_namespace"),
+        "{problem}"
+    );
+}
+
+#[tokio::test]
+async fn tools_that_need_approval_are_never_offered_and_never_run() {
+    let llm = ScriptedLlm::start(vec![
+        Reply::tool_calls([("p1", "mcp__fixture__count", json!({}))]),
+        Reply::text("done"),
+    ])
+    .await;
+    let registry = registry_with("fixture", &["add", "count"], "approval_policy = \"always\"");
+    let host = scripted_host(&registry, &llm);
+    let guest = ChatGuest::new().msg("user", "go").send(2).recv();
+    let run = wat::run(&host, &guest.build(), &mcp_task("chat", &["fixture"])).await;
+    assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
+    assert!(
+        tool_names(&llm.request(0)).is_empty(),
+        "tools needing approval were offered to the model"
+    );
+    let results = tool_results(&llm.request(1));
+    let error: Value = serde_json::from_str(&results[0].1).unwrap();
+    assert_eq!(error["error"]["code"], "mcp_policy_denied");
+    let response = emitted_json(&run, 0);
+    let gated: Vec<&str> = response["_spear"]["mcp"]["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["reason"] == "approval_required")
+        .map(|d| d["tool"].as_str().unwrap())
+        .collect();
+    assert_eq!(gated, ["add", "count"]);
+    // Nothing reached the server: its call counter is still at zero.
+    let entry = host.registry().get("fixture").unwrap().clone();
+    let count = host
+        .pool()
+        .call_tool(&entry, "count", Default::default())
+        .await
+        .unwrap();
+    assert_eq!(count.result.content[0].as_text().unwrap().text, "1");
+    host.shutdown().await;
+}

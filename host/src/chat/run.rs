@@ -227,6 +227,12 @@ fn request_body(session: &ChatSession, model: &str, messages: &[Value], tools: &
     if !tools.is_empty() {
         body.insert("tools".into(), json!(tools.definitions));
     }
+    if let Some(mapped) = body
+        .get("tool_choice")
+        .and_then(|c| tools.map_tool_choice(c))
+    {
+        body.insert("tool_choice".into(), mapped);
+    }
     Value::Object(body)
 }
 

@@ -98,6 +98,8 @@ pub(crate) struct ToolSet {
     routes: HashMap<String, Route>,
     /// (server id, MCP-native tool) → model-facing name.
     mcp_names: HashMap<(String, String), String>,
+    /// `<tool_namespace>.<tool>` → model-facing name, for names written the dotted way.
+    namespaced: HashMap<String, String>,
     registry_ids: HashSet<String>,
     /// MCP servers whose tools were offered.
     pub(crate) servers: Vec<String>,
@@ -105,10 +107,18 @@ pub(crate) struct ToolSet {
     pub(crate) decisions: Vec<Decision>,
 }
 
-/// `mcp__<server_id>__<tool>`, made to fit `^[a-zA-Z0-9_-]{1,64}$`; a name that had to be
-/// shortened, or that collides with one already taken, gets a hash of (server, tool).
-pub(crate) fn mcp_model_name(server_id: &str, tool: &str, taken: &HashSet<String>) -> String {
-    let clean: String = format!("mcp__{server_id}__{tool}")
+/// The name the model sees for `tool` of the server with `namespace` (its registry
+/// `tool_namespace`, default `mcp.<server_id>`): the namespace with dots as `__`, then
+/// `__<tool>`, so the default gives `mcp__<server_id>__<tool>`. It is made to fit
+/// `^[a-zA-Z0-9_-]{1,64}$`; a name that had to be shortened, or that collides with one
+/// already taken, gets a hash of (server, tool).
+pub(crate) fn mcp_model_name(
+    namespace: &str,
+    server_id: &str,
+    tool: &str,
+    taken: &HashSet<String>,
+) -> String {
+    let clean: String = format!("{}__{tool}", namespace.replace('.', "__"))
         .chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
@@ -180,6 +190,7 @@ impl ToolSet {
                 })
                 .collect(),
             mcp_names: HashMap::new(),
+            namespaced: HashMap::new(),
             registry_ids: registry
                 .servers()
                 .map(|s| s.server_id().to_owned())
@@ -220,7 +231,8 @@ impl ToolSet {
                     });
                     continue;
                 }
-                let name = mcp_model_name(&server_id, &tool.name, &taken);
+                let namespace = &grant.entry.record.tool_namespace;
+                let name = mcp_model_name(namespace, &server_id, &tool.name, &taken);
                 taken.insert(name.clone());
                 let mut function = json!({"name": name, "parameters": Value::Object((*tool.input_schema).clone())});
                 if let Some(description) = &tool.description {
@@ -230,6 +242,8 @@ impl ToolSet {
                     .push(json!({"type": "function", "function": function}));
                 set.mcp_names
                     .insert((server_id.clone(), tool.name.to_string()), name.clone());
+                set.namespaced
+                    .insert(format!("{namespace}.{}", tool.name), name.clone());
                 set.routes.insert(
                     name,
                     Route::Mcp {
@@ -243,25 +257,56 @@ impl ToolSet {
         set
     }
 
-    /// Routes a name the model used: an offered name, or `mcp.<server_id>.<tool>` /
-    /// `mcp__<server_id>__<tool>` for an offered MCP tool. Nothing else runs.
-    pub(crate) fn resolve(&self, name: &str) -> Resolution<'_> {
-        if let Some(route) = self.routes.get(name) {
-            return Resolution::Route(route);
+    /// The offered name a name the model or guest used stands for: itself if offered, else
+    /// the offered name of `<tool_namespace>.<tool>`, `mcp.<server_id>.<tool>` or
+    /// `mcp__<server_id>__<tool>`.
+    pub(crate) fn offered_name<'a>(&'a self, name: &'a str) -> Option<&'a str> {
+        if self.routes.contains_key(name) {
+            return Some(name);
         }
-        let parsed = name
-            .strip_prefix("mcp.")
-            .and_then(|rest| rest.split_once('.'))
-            .or_else(|| {
-                name.strip_prefix("mcp__")
-                    .and_then(|rest| rest.split_once("__"))
-            });
-        let Some((server_id, tool)) = parsed else {
+        if let Some(offered) = self.namespaced.get(name) {
+            return Some(offered);
+        }
+        let (server_id, tool) = split_server_tool(name)?;
+        self.mcp_names
+            .get(&(server_id.to_owned(), tool.to_owned()))
+            .map(String::as_str)
+    }
+
+    /// The model-facing names offered for `server_id`'s tools, sorted.
+    pub(crate) fn offered_for(&self, server_id: &str) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .mcp_names
+            .iter()
+            .filter(|((server, _), _)| server == server_id)
+            .map(|(_, name)| name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A forced `tool_choice` naming a tool the way a guest knows it (`mcp.<server>.<tool>`,
+    /// the namespaced form, or the `mcp__` form) rewritten to the name actually offered;
+    /// `None` when it needs no change.
+    pub(crate) fn map_tool_choice(&self, choice: &Value) -> Option<Value> {
+        let name = choice["function"]["name"].as_str()?;
+        let offered = self.offered_name(name)?;
+        (offered != name).then(|| {
+            let mut mapped = choice.clone();
+            mapped["function"]["name"] = json!(offered);
+            mapped
+        })
+    }
+
+    /// Routes a name the model used: an offered name, or one of the forms
+    /// [`offered_name`](Self::offered_name) maps. Nothing else runs.
+    pub(crate) fn resolve(&self, name: &str) -> Resolution<'_> {
+        if let Some(offered) = self.offered_name(name) {
+            return Resolution::Route(&self.routes[offered]);
+        }
+        let Some((server_id, tool)) = split_server_tool(name) else {
             return Resolution::Unknown;
         };
-        if let Some(model_name) = self.mcp_names.get(&(server_id.to_owned(), tool.to_owned())) {
-            return Resolution::Route(&self.routes[model_name]);
-        }
         if !self.registry_ids.contains(server_id) {
             return Resolution::Unknown;
         }
@@ -283,6 +328,16 @@ impl ToolSet {
     pub(crate) fn is_empty(&self) -> bool {
         self.definitions.is_empty()
     }
+}
+
+/// `(server_id, tool)` of `mcp.<server_id>.<tool>` or `mcp__<server_id>__<tool>`.
+fn split_server_tool(name: &str) -> Option<(&str, &str)> {
+    name.strip_prefix("mcp.")
+        .and_then(|rest| rest.split_once('.'))
+        .or_else(|| {
+            name.strip_prefix("mcp__")
+                .and_then(|rest| rest.split_once("__"))
+        })
 }
 
 /// A tool failure as the text of a `tool` message.
@@ -383,19 +438,27 @@ mod tests {
     fn model_names_fit_openai_and_stay_stable() {
         let taken = HashSet::new();
         assert_eq!(
-            mcp_model_name("fs", "read_text", &taken),
+            mcp_model_name("mcp.fs", "fs", "read_text", &taken),
             "mcp__fs__read_text"
         );
         assert_eq!(
-            mcp_model_name("fs", "read.text/v2", &taken),
+            mcp_model_name("mcp.fs", "fs", "read.text/v2", &taken),
             "mcp__fs__read_text_v2"
         );
+        assert_eq!(
+            mcp_model_name("acme.gh", "github", "create_issue", &taken),
+            "acme__gh__create_issue"
+        );
         let long = "x".repeat(80);
-        let name = mcp_model_name("fs", &long, &taken);
+        let name = mcp_model_name("mcp.fs", "fs", &long, &taken);
         assert_eq!(name.len(), 64);
-        assert_eq!(name, mcp_model_name("fs", &long, &taken), "stable");
+        assert_eq!(
+            name,
+            mcp_model_name("mcp.fs", "fs", &long, &taken),
+            "stable"
+        );
         let taken = HashSet::from(["mcp__fs__read_text_v2".to_owned()]);
-        let second = mcp_model_name("fs", "read text v2", &taken);
+        let second = mcp_model_name("mcp.fs", "fs", "read text v2", &taken);
         assert_ne!(second, "mcp__fs__read_text_v2");
         assert!(is_valid_function_name(&second) && is_valid_function_name(&name));
     }

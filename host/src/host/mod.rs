@@ -233,17 +233,7 @@ impl Host {
         let offered = tools
             .servers
             .iter()
-            .map(|server| {
-                let prefix = format!("mcp__{server}__");
-                let names = tools
-                    .definitions
-                    .iter()
-                    .filter_map(|d| d["function"]["name"].as_str())
-                    .filter(|name| name.starts_with(&prefix))
-                    .map(str::to_owned)
-                    .collect();
-                (server.clone(), names)
-            })
+            .map(|server| (server.clone(), tools.offered_for(server)))
             .collect();
         let mut decisions = tools.decisions;
         let mut allowed_not_default = Vec::new();

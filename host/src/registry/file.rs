@@ -100,6 +100,18 @@ fn positive<T: PartialEq + Default + Copy>(
     }
 }
 
+/// A tool namespace is dot-separated parts of `[A-Za-z0-9_-]`, at most 48 bytes, so that
+/// `<namespace>__<tool>` (dots become `__`) leaves room for a tool name within OpenAI's 64.
+fn is_valid_namespace(namespace: &str) -> bool {
+    namespace.len() <= 48
+        && namespace.split('.').all(|part| {
+            !part.is_empty()
+                && part
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+}
+
 fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
     if let Some(version) = file.version
         && version != 1
@@ -211,10 +223,12 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
     let tool_namespace = file
         .tool_namespace
         .unwrap_or_else(|| format!("mcp.{}", file.server_id));
-    if tool_namespace.trim().is_empty() {
+    if !is_valid_namespace(&tool_namespace) {
         return Err(field_err(
             "tool_namespace",
-            "must not be empty; omit it for mcp.<server_id>",
+            format!(
+                "{tool_namespace:?} is not 1 to 48 characters of dot-separated parts made of letters, digits, `_` and `-` (e.g. \"github\" or \"acme.gh\"); omit it for mcp.<server_id>"
+            ),
         ));
     }
     let budgets = Budgets {
