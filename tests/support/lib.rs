@@ -45,9 +45,17 @@ pub fn fixture_server() -> PathBuf {
     bin_dir().join("fixture-mcp-server")
 }
 
-/// The `quiver` command-line binary.
+/// The `quiver` command-line binary. `cargo test` builds it with the host package (whose
+/// own CLI tests need it) into the same directory as these tests; it is looked up there
+/// rather than linked a second time into this package.
 pub fn quiver_cli() -> PathBuf {
-    bin_dir().join("quiver-cli")
+    let bin = bin_dir().join("quiver");
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo test` at the workspace root, or build it first with `cargo build -p quiver --bin quiver`",
+        bin.display()
+    );
+    bin
 }
 
 /// Builds an example guest for wasm32-wasip1 (once per test process) and returns its path.
