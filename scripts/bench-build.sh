@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Build and test times of two revisions, measured in one run on this machine, so that
+# BENCHMARKS.md can give their ratio (absolute times on a shared machine drift too much).
+#
+#   scripts/bench-build.sh BASE [NEW]      # NEW defaults to HEAD
+#
+# For each revision, in a fresh clone with an empty target directory, it times:
+#   cold    cargo build --tests (the workspace's default members, as `cargo test` builds)
+#   test    cargo test (everything already built, so this is the run itself)
+#   incr    touch one file of the chat loop, then cargo build --tests again
+# Revisions alternate (BASE, NEW, BASE, NEW) so slow drift hits both alike.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base=$(git rev-parse "${1:?usage: scripts/bench-build.sh BASE [NEW]}")
+new=$(git rev-parse "${2:-HEAD}")
+rounds=${ROUNDS:-2}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+scripts/setup.sh >/dev/null
+
+seconds() { local start=$SECONDS; "$@" >/dev/null 2>&1 || { echo "failed: $*" >&2; exit 1; }; echo $((SECONDS - start)); }
+
+# The chat loop's file moved with the restructuring; touch whichever exists.
+touch_chat_loop() {
+  for f in host/src/chat/run.rs host/src/chat/loop.rs; do
+    [ -f "$f" ] && { touch "$f"; return; }
+  done
+}
+
+measure() {
+  local rev=$1 dir="$work/$1"
+  rm -rf "$dir"
+  git clone --quiet --no-checkout "$PWD" "$dir"
+  git -C "$dir" checkout --quiet "$rev"
+  ln -s "$PWD/fixtures/npm/node_modules" "$dir/fixtures/npm/node_modules"
+  (
+    cd "$dir"
+    cold=$(seconds cargo build --tests)
+    test=$(seconds cargo test)
+    touch_chat_loop
+    incr=$(seconds cargo build --tests)
+    echo "${rev:0:10} cold=${cold}s test=${test}s incr=${incr}s"
+  )
+  rm -rf "$dir"
+}
+
+for _ in $(seq "$rounds"); do
+  measure "$base"
+  measure "$new"
+done
