@@ -1,16 +1,32 @@
 //! Chat completion sessions: conversations held by the host and sent to an LLM backend,
 //! with guest tools and MCP tools the host can run for the model.
 
+//!
+//! [`Chat`] and [`Response`] are re-exported at the crate root; this module also holds the
+//! typed views of what the host answers ([`ResponseBody`], [`Completion`], [`Spear`],
+//! [`ChatError`], [`Metrics`], ..).
+
 use std::cell::OnceCell;
 use std::fmt;
 use std::ops::{BitOr, BitOrAssign};
-use std::sync::{Mutex, PoisonError};
 
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::buffer::{INITIAL_CAPACITY, addr, arg, call_json, call_with_buffer, check};
 use crate::{Errno, Error, Result, Tool, sys, tool};
+
+mod arena;
+mod types;
+
+use arena::Arena;
+#[cfg(test)]
+pub(crate) use arena::tests as arena_tests;
+pub use types::{
+    ChatError, ChatErrorCode, Choice, Completion, ContentPart, FinishReason, FunctionCall, Latency,
+    Message, MessageContent, Metrics, ResponseBody, Spear, ToolCall, ToolCallCounts,
+    ToolCallRecord, ToolKind, Usage,
+};
 
 /// Size of the tool arena a [`Chat`] lends the host unless told otherwise: 1 MiB.
 pub const DEFAULT_TOOL_ARENA_BYTES: usize = 1 << 20;
@@ -89,29 +105,16 @@ impl fmt::Debug for SendFlags {
     }
 }
 
-/// The tool arena the SDK lends the host: `(address, length)` of the largest one so far.
-///
-/// An arena is never freed: a session keeps its address until the end of the task, so
-/// when a session asks for a larger one the smaller one is left allocated. Guest tools run
-/// one at a time, inside `cchat_send`, so every session can share one arena.
-static TOOL_ARENA: Mutex<Option<(usize, usize)>> = Mutex::new(None);
-
-/// The SDK's tool arena, at least `min_len` bytes long, allocated on first use.
-fn tool_arena(min_len: usize) -> Option<(usize, usize)> {
-    let mut arena = TOOL_ARENA.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some((ptr, len)) = *arena
-        && len >= min_len
-    {
-        return Some((ptr, len));
-    }
-    let mut buf = Vec::new();
-    buf.try_reserve_exact(min_len).ok()?;
-    buf.resize(min_len, 0u8);
-    // Leaked on purpose (see `TOOL_ARENA`); only the host writes to it, and only the tool
-    // entry points read it, through raw pointers.
-    let ptr = Box::into_raw(buf.into_boxed_slice()).cast::<u8>() as usize;
-    *arena = Some((ptr, min_len));
-    Some((ptr, min_len))
+/// Whose memory a session's tool arena params point at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ArenaParams {
+    /// Not set yet: the session lends its own arena when a tool is registered.
+    Unset,
+    /// The session's own arena, [`Chat::arena`].
+    Own,
+    /// Memory the caller lent with [`Chat::lend_tool_arena`] (set from before the first
+    /// param is sent).
+    Lent,
 }
 
 /// A chat completion session: an OpenAI-compatible conversation held by the host.
@@ -126,11 +129,14 @@ fn tool_arena(min_len: usize) -> Option<(usize, usize)> {
 ///
 /// [`Chat::tool`] registers a guest [`Tool`] (see [`tool!`](crate::tool!)). With
 /// [`SendFlags::AUTO_TOOL_CALL`] (as in [`complete`](Chat::complete)) the host calls it
-/// when the model asks, inside a **tool arena** of guest memory the SDK lends it: the
-/// first registration allocates the SDK's arena ([`DEFAULT_TOOL_ARENA_BYTES`], or the
-/// size given to [`with_tool_arena`](Chat::with_tool_arena)) and sets the session's
-/// `tool_arena_ptr` and `tool_arena_len` params. Setting either param yourself turns this
-/// off for the session.
+/// when the model asks, inside a **tool arena** of guest memory the session lends it: the
+/// first registration allocates the session's own arena ([`DEFAULT_TOOL_ARENA_BYTES`], or
+/// the size given to [`with_tool_arena`](Chat::with_tool_arena)) and sets the session's
+/// `tool_arena_ptr` and `tool_arena_len` params. The `Chat` owns the arena and frees it
+/// when it is closed or dropped, once the host can no longer use it. Each session has its
+/// own, so a tool may run a chat of its own. To lend other memory instead, use the
+/// `unsafe` [`lend_tool_arena`](Chat::lend_tool_arena); [`param`](Chat::param) refuses
+/// the two keys.
 ///
 /// The host finds a tool's entry point in the module's exported function table, which a
 /// Rust binary does not export by default: link guests that register tools with
@@ -171,8 +177,12 @@ pub struct Chat {
     fd: i32,
     /// Size of the tool arena this session asks for.
     arena_bytes: usize,
-    /// The session's arena params are set (by the SDK or by the caller).
-    arena_set: bool,
+    /// The session's own tool arena, once allocated. Kept until the session is closed
+    /// (see the `arena` module for why that is sound), even if the caller lends other
+    /// memory meanwhile: the host may have been given its address.
+    arena: Option<Arena>,
+    /// What the session's arena params point at.
+    arena_params: ArenaParams,
     /// Tools registered so far.
     tools: usize,
 }
@@ -207,7 +217,8 @@ impl Chat {
         Ok(Chat {
             fd,
             arena_bytes: bytes,
-            arena_set: false,
+            arena: None,
+            arena_params: ArenaParams::Unset,
             tools: 0,
         })
     }
@@ -247,12 +258,15 @@ impl Chat {
 
     /// Appends any OpenAI chat message object (`cchat_ctl` ADD_MESSAGE), e.g. an assistant
     /// message with `tool_calls`, or `{"role": "tool", "tool_call_id": .., "content": ..}`.
+    /// `message` is anything that serializes to one: a `serde_json::Value`, or a
+    /// [`Message`] from a [`Response`], which appends the model's answer as it came.
     ///
     /// # Errors
     ///
-    /// [`Errno::EINVAL`] (without calling the host) if `message` is not an object with a
-    /// string `role`.
-    pub fn message(&mut self, message: Value) -> Result<&mut Chat> {
+    /// [`Errno::EINVAL`] (without calling the host) if `message` does not serialize to an
+    /// object with a string `role`.
+    pub fn message(&mut self, message: impl Serialize) -> Result<&mut Chat> {
+        let message = serde_json::to_value(message).unwrap_or(Value::Null);
         let role = message.get("role").and_then(Value::as_str).unwrap_or("");
         let op = || format!("cchat_ctl({}, ADD_MESSAGE, {role:?})", self.fd);
         if !message.is_object() || message.get("role").is_none_or(|r| !r.is_string()) {
@@ -266,8 +280,9 @@ impl Chat {
     ///
     /// The host consumes its own keys (`model`, `backend`, `timeout_ms`,
     /// `max_iterations`, `max_total_tool_calls`, `max_tool_output_bytes`, `mcp.enabled`,
-    /// `mcp.server_ids`, `mcp.tool_allowlist`, `mcp.tool_denylist`, `tool_arena_ptr`,
-    /// `tool_arena_len`) and sends every other key upstream as given; `null` removes a key.
+    /// `mcp.server_ids`, `mcp.tool_allowlist`, `mcp.tool_denylist`) and sends every other
+    /// key upstream as given; `null` removes a key. The tool arena's keys are the SDK's
+    /// (see [Tools](Chat#tools)).
     ///
     /// ```no_run
     /// # fn main() -> quiver_guest::Result<()> {
@@ -284,13 +299,43 @@ impl Chat {
     ///
     /// [`Errno::EACCES`] if an `mcp.*` key would widen the task's MCP policy,
     /// [`Errno::EINVAL`] for a wrong value type (or, without calling the host, a `value`
-    /// that does not serialize to JSON).
+    /// that does not serialize to JSON, or the key `tool_arena_ptr` or `tool_arena_len`:
+    /// the host writes wherever they point, so only the SDK, or the `unsafe`
+    /// [`lend_tool_arena`](Chat::lend_tool_arena), sets them).
     pub fn param(&mut self, key: &str, value: impl Serialize) -> Result<&mut Chat> {
-        self.set_param(key, value)?;
         if key == "tool_arena_ptr" || key == "tool_arena_len" {
-            // The caller manages the arena of this session.
-            self.arena_set = true;
+            let op = format!("cchat_ctl({}, SET_PARAM, {key:?})", self.fd);
+            return Err(Error::from_errno(op, Errno::EINVAL));
         }
+        self.set_param(key, value)?;
+        Ok(self)
+    }
+
+    /// Lends the host `len` bytes at `ptr` as this session's tool arena, instead of the
+    /// arena the session allocates itself (which, if already allocated, is still freed only
+    /// when the session is closed).
+    ///
+    /// # Safety
+    ///
+    /// `ptr .. ptr + len` must be valid for reads and writes, and nothing else may use it
+    /// (no Rust reference into it may be live) during any send of this session, until the
+    /// session is closed and the close succeeded. The host writes tool arguments and
+    /// results there during [`send`](Chat::send).
+    ///
+    /// # Errors
+    ///
+    /// [`Errno::EINVAL`] (without calling the host) if `len` is 0 or over `i32::MAX`;
+    /// otherwise as [`param`](Chat::param). On an error the session's arena params may be
+    /// half set; the memory must then be treated as lent all the same.
+    pub unsafe fn lend_tool_arena(&mut self, ptr: *mut u8, len: usize) -> Result<&mut Chat> {
+        if len == 0 || i32::try_from(len).is_err() {
+            let op = format!("Chat::lend_tool_arena({}, {len})", self.fd);
+            return Err(Error::from_errno(op, Errno::EINVAL));
+        }
+        // Set first, so that the SDK never points the params back at its own arena.
+        self.arena_params = ArenaParams::Lent;
+        self.set_param("tool_arena_ptr", ptr.expose_provenance())?;
+        self.set_param("tool_arena_len", len)?;
         Ok(self)
     }
 
@@ -356,10 +401,26 @@ impl Chat {
     }
 
     /// Closes the session, reporting the host's error if there is one. Its responses stay
-    /// open.
+    /// open. The session's tool arena is freed, unless the host's error leaves it unclear
+    /// whether the host still holds it (then it is leaked).
     pub fn close(mut self) -> Result<()> {
+        self.release()
+    }
+
+    /// Closes the fd (once) and frees the arena when that is safe.
+    fn release(&mut self) -> Result<()> {
         let fd = std::mem::replace(&mut self.fd, -1);
-        close(fd)
+        let result = if fd >= 0 { close(fd) } else { Ok(()) };
+        let arena = self.arena.take();
+        match &result {
+            // The host no longer has the session (or never had this fd): nothing can
+            // reach the arena any more.
+            Ok(()) => drop(arena),
+            Err(err) if err.errno() == Some(Errno::EBADF) => drop(arena),
+            // The session may live on in the host with the arena's address.
+            Err(_) => std::mem::forget(arena),
+        }
+        result
     }
 
     /// SET_PARAM without the bookkeeping of [`Chat::param`].
@@ -371,17 +432,25 @@ impl Chat {
         self.ctl_in(sys::CTL_SET_PARAM, op, param.as_bytes())
     }
 
-    /// Lends the host the SDK's tool arena, unless this session's arena is already set.
+    /// Lends the host the session's own tool arena, unless its arena params are set.
+    /// After an error the params stay unset, and the next registration or send tries again
+    /// with the same arena.
     fn ensure_tool_arena(&mut self) -> Result<()> {
-        if self.arena_set {
+        if self.arena_params != ArenaParams::Unset {
             return Ok(());
         }
-        let (ptr, len) = tool_arena(self.arena_bytes).ok_or_else(|| {
-            Error::from_errno(format!("tool_arena({})", self.arena_bytes), Errno::ENOMEM)
-        })?;
+        if self.arena.is_none() {
+            let arena = Arena::new(self.arena_bytes).ok_or_else(|| {
+                Error::from_errno(format!("tool_arena({})", self.arena_bytes), Errno::ENOMEM)
+            })?;
+            // Owned by the session from before the host may see its address: from here on
+            // it is freed only as `release` allows.
+            self.arena = Some(arena);
+        }
+        let (ptr, len) = self.arena.as_ref().map_or((0, 0), |a| (a.addr(), a.len()));
         self.set_param("tool_arena_ptr", ptr)?;
         self.set_param("tool_arena_len", len)?;
-        self.arena_set = true;
+        self.arena_params = ArenaParams::Own;
         Ok(())
     }
 
@@ -398,10 +467,8 @@ impl Chat {
 
 impl Drop for Chat {
     fn drop(&mut self) {
-        if self.fd >= 0 {
-            // SAFETY: no pointer arguments. Errors cannot be reported from `drop`.
-            unsafe { sys::cchat_close(self.fd) };
-        }
+        // Errors cannot be reported from `drop`.
+        let _ = self.release();
     }
 }
 
@@ -416,28 +483,34 @@ fn close(fd: i32) -> Result<()> {
 ///
 /// On success the body is the final upstream `chat.completion` object plus a `_spear`
 /// object (backend, model, iterations, usage and the tool calls the host ran); on failure
-/// it is `{"error": {"code", "message", ..}, "_spear": {..}}`. The body is read once
-/// ([`json`](Response::json)) and cached. The fd is closed when the `Response` is dropped.
+/// it is `{"error": {"code", "message", ..}, "_spear": {..}}`. The body is read from the
+/// host once, on first use, and decoded into a [`ResponseBody`]; the typed accessors
+/// borrow from it. The JSON as sent stays available ([`json`](Response::json),
+/// [`body`](Response::body)). The fd is closed when the `Response` is dropped.
 ///
 /// ```no_run
+/// use quiver_guest::chat::ToolKind;
+///
 /// # fn main() -> quiver_guest::Result<()> {
 /// # let mut chat = quiver_guest::Chat::new()?;
 /// let response = chat.complete()?;
 /// if let Some(error) = response.error()? {
-///     eprintln!("{}: {}", error["code"], error["message"]);
+///     eprintln!("{}: {}", error.code, error.message);
 ///     return Ok(());
 /// }
 /// println!("{}", response.text()?.unwrap_or_default());
-/// for call in response.spear()?["tool_calls"].as_array().into_iter().flatten() {
-///     println!("ran {} ({})", call["name"], call["kind"]);
+/// for call in &response.spear()?.expect("the host adds _spear").tool_calls {
+///     let kind = if call.kind == ToolKind::Guest { "mine" } else { call.kind.as_str() };
+///     println!("ran {} ({kind})", call.name);
 /// }
-/// println!("{}", response.metrics()?["latency_ms"]["total"]);
+/// let metrics = response.metrics()?;
+/// println!("{} ms, {} tokens", metrics.latency_ms.total, metrics.total_tokens);
 /// # Ok(())
 /// # }
 /// ```
 pub struct Response {
     fd: i32,
-    body: OnceCell<Value>,
+    body: OnceCell<(Value, ResponseBody)>,
 }
 
 impl Response {
@@ -462,66 +535,68 @@ impl Response {
         })
     }
 
-    /// The decoded body, read from the host on the first call.
-    fn body_json(&self) -> Result<&Value> {
+    /// The body as JSON and typed, read from the host on the first call.
+    fn decoded(&self) -> Result<&(Value, ResponseBody)> {
         if let Some(body) = self.body.get() {
             return Ok(body);
         }
         let bytes = self.body()?;
-        let body = serde_json::from_slice(&bytes)
+        let json: Value = serde_json::from_slice(&bytes)
             .map_err(|e| Error::from_json(format!("cchat_recv({})", self.fd), e))?;
-        Ok(self.body.get_or_init(|| body))
+        let typed = ResponseBody::from_json(&json);
+        Ok(self.body.get_or_init(|| (json, typed)))
     }
 
-    /// The whole response body as JSON.
-    pub fn json(&self) -> Result<Value> {
-        self.body_json().cloned()
+    /// The whole response body as JSON, as the host sent it.
+    pub fn json(&self) -> Result<&Value> {
+        Ok(&self.decoded()?.0)
+    }
+
+    /// The whole response body, typed.
+    pub fn parsed(&self) -> Result<&ResponseBody> {
+        Ok(&self.decoded()?.1)
+    }
+
+    /// The `chat.completion` (with no `choices` if the request failed).
+    pub fn completion(&self) -> Result<&Completion> {
+        Ok(&self.parsed()?.completion)
     }
 
     /// The answer's text: `choices[0].message.content` (the `text` parts joined, if the
     /// content is an array of parts). `None` if there is no content, e.g. for an error or
     /// an answer that only has `tool_calls`.
     pub fn text(&self) -> Result<Option<String>> {
-        let content = &self.body_json()?["choices"][0]["message"]["content"];
-        Ok(match content {
-            Value::String(text) => Some(text.clone()),
-            Value::Array(parts) => Some(
-                parts
-                    .iter()
-                    .filter(|part| part["type"] == "text")
-                    .filter_map(|part| part["text"].as_str())
-                    .collect(),
-            ),
-            _ => None,
-        })
+        Ok(self.completion()?.text())
     }
 
     /// The tool calls the model asks for in this answer: `choices[0].message.tool_calls`
     /// (empty if none). After [`Chat::complete`] the host has already run them; see
     /// [`spear`](Response::spear) for what it ran.
-    pub fn tool_calls(&self) -> Result<Vec<Value>> {
-        let calls = &self.body_json()?["choices"][0]["message"]["tool_calls"];
-        Ok(calls.as_array().cloned().unwrap_or_default())
+    pub fn tool_calls(&self) -> Result<&[ToolCall]> {
+        Ok(self.completion()?.tool_calls())
     }
 
-    /// The top-level `error` object if the request failed (`llm_unavailable`,
+    /// The host's `error` object if the request failed (`llm_unavailable`,
     /// `llm_timeout`, `llm_http_error`, `llm_invalid_response`, `backend_unknown`,
     /// `tool_call_limit`), `None` on success.
-    pub fn error(&self) -> Result<Option<Value>> {
-        let body = self.body_json()?;
-        Ok(body.get("error").filter(|e| !e.is_null()).cloned())
+    pub fn error(&self) -> Result<Option<&ChatError>> {
+        Ok(self.parsed()?.error.as_ref())
     }
 
     /// The host's `_spear` object: `backend`, `model`, `iterations`, `usage`, and
-    /// `tool_calls` (one `{"id", "name", "kind", "ok", "ms", ..}` per tool call the host
-    /// ran; `kind` is `guest` or `mcp`). `Null` if absent.
-    pub fn spear(&self) -> Result<Value> {
-        Ok(self.body_json()?["_spear"].clone())
+    /// `tool_calls`, one record per tool call the host ran. `None` if absent.
+    pub fn spear(&self) -> Result<Option<&Spear>> {
+        Ok(self.parsed()?.spear.as_ref())
     }
 
     /// The metrics of the send (`cchat_ctl` GET_METRICS): iterations, LLM requests,
     /// retries and errors, token counts, tool call counts and latencies.
-    pub fn metrics(&self) -> Result<Value> {
+    pub fn metrics(&self) -> Result<Metrics> {
+        Ok(crate::lenient::value(&self.metrics_json()?))
+    }
+
+    /// The metrics as the JSON the host returns.
+    pub fn metrics_json(&self) -> Result<Value> {
         let op = format!("cchat_ctl({}, GET_METRICS)", self.fd);
         call_json(&op, |out, out_len| {
             // SAFETY: `call_json` passes a writable buffer of `*out_len` bytes.
@@ -540,7 +615,7 @@ impl fmt::Debug for Response {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Response")
             .field("fd", &self.fd)
-            .field("body", &self.body.get())
+            .field("body", &self.body.get().map(|(json, _)| json))
             .finish()
     }
 }
@@ -562,15 +637,17 @@ mod tests {
         Chat {
             fd: -1,
             arena_bytes: DEFAULT_TOOL_ARENA_BYTES,
-            arena_set: false,
+            arena: None,
+            arena_params: ArenaParams::Unset,
             tools: 0,
         }
     }
 
     fn response(body: Value) -> Response {
+        let typed = ResponseBody::from_json(&body);
         Response {
             fd: -1,
-            body: OnceCell::from(body),
+            body: OnceCell::from((body, typed)),
         }
     }
 
@@ -646,22 +723,74 @@ mod tests {
     }
 
     #[test]
-    fn failed_arena_param_leaves_the_arena_to_the_sdk() {
+    fn arena_params_are_the_sdks() {
         let mut chat = chat();
-        // The fallback fails, so the flag stays unset.
-        assert!(chat.param("tool_arena_len", 10).is_err());
-        assert!(!chat.arena_set);
+        for key in ["tool_arena_ptr", "tool_arena_len"] {
+            let err = chat.param(key, 10).unwrap_err();
+            assert_eq!(err.errno(), Some(Errno::EINVAL), "refused before the host");
+            assert_eq!(err.op(), format!("cchat_ctl(-1, SET_PARAM, {key:?})"));
+        }
+        assert_eq!(chat.arena_params, ArenaParams::Unset);
+
+        let mut buf = [0u8; 64];
+        // SAFETY: nothing is lent (the length is refused), and natively there is no host.
+        let err = unsafe { chat.lend_tool_arena(buf.as_mut_ptr(), 0) }.unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::EINVAL));
+        // SAFETY: natively there is no host to write into `buf`.
+        let err = unsafe { chat.lend_tool_arena(buf.as_mut_ptr(), buf.len()) }.unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::ENOSYS));
+        assert_eq!(
+            chat.arena_params,
+            ArenaParams::Lent,
+            "never pointed back at the SDK's"
+        );
+        assert!(chat.ensure_tool_arena().is_ok());
+        assert!(chat.arena.is_none(), "no arena allocated for a lent one");
+    }
+
+    /// A chat whose session has its own arena of `bytes`, as after a registration.
+    fn chat_with_arena(bytes: usize) -> (Chat, usize) {
+        let mut chat = chat();
+        chat.arena_bytes = bytes;
+        // Natively SET_PARAM fails, so the params stay unset, but the arena is allocated
+        // first and owned by the session.
+        let err = chat.ensure_tool_arena().unwrap_err();
+        assert_eq!(err.errno(), Some(Errno::ENOSYS));
+        assert_eq!(chat.arena_params, ArenaParams::Unset);
+        let arena = chat.arena.as_ref().unwrap();
+        assert_eq!(arena.len(), bytes);
+        let addr = arena.addr();
+        (chat, addr)
     }
 
     #[test]
-    fn arena_is_shared_and_grows() {
-        let (ptr, len) = tool_arena(1000).unwrap();
-        assert!(len >= 1000);
-        assert_eq!(tool_arena(10).unwrap(), (ptr, len));
-        let (bigger, bigger_len) = tool_arena(len + 1).unwrap();
-        assert_eq!(bigger_len, len + 1);
-        assert_ne!(bigger, ptr);
-        assert_eq!(tool_arena(len).unwrap(), (bigger, bigger_len));
+    fn each_session_owns_its_arena_and_frees_it_when_closed() {
+        arena::tests::watch();
+        let bytes = arena::tests::WATCHED;
+        let (mut first, addr) = chat_with_arena(bytes);
+        // A retry reuses the same arena.
+        assert!(first.ensure_tool_arena().is_err());
+        assert_eq!(first.arena.as_ref().unwrap().addr(), addr);
+        // Another session gets another arena.
+        let (second, other) = chat_with_arena(bytes + 8);
+        assert_ne!(addr, other);
+
+        // fd -1: there is no session in the host, so dropping frees the arena.
+        drop(first);
+        assert!(arena::tests::was_freed(addr));
+        assert!(!arena::tests::was_freed(other));
+        second.close().unwrap();
+        assert!(arena::tests::was_freed(other));
+    }
+
+    #[test]
+    fn an_arena_the_host_may_still_hold_is_leaked_not_freed() {
+        arena::tests::watch();
+        let (mut chat, addr) = chat_with_arena(arena::tests::WATCHED + 16);
+        // A session fd the host does not confirm closed (natively: ENOSYS).
+        chat.fd = 7;
+        assert_eq!(chat.close().unwrap_err().errno(), Some(Errno::ENOSYS));
+        assert!(!arena::tests::was_freed(addr));
     }
 
     #[test]
@@ -676,8 +805,11 @@ mod tests {
         assert_eq!(r.text().unwrap().as_deref(), Some("It is sunny."));
         assert!(r.tool_calls().unwrap().is_empty());
         assert_eq!(r.error().unwrap(), None);
-        assert_eq!(r.spear().unwrap()["tool_calls"][0]["kind"], "guest");
+        let spear = r.spear().unwrap().unwrap();
+        assert_eq!(spear.iterations, 2);
+        assert_eq!(spear.tool_calls[0].kind, ToolKind::Guest);
         assert_eq!(r.json().unwrap()["id"], "x");
+        assert_eq!(r.completion().unwrap().id.as_deref(), Some("x"));
     }
 
     #[test]
@@ -688,7 +820,8 @@ mod tests {
                             "function": {"name": "get_weather", "arguments": "{}"}}]
         }}]}));
         assert_eq!(r.text().unwrap(), None);
-        assert_eq!(r.tool_calls().unwrap()[0]["id"], "c1");
+        assert_eq!(r.tool_calls().unwrap()[0].id, "c1");
+        assert_eq!(r.tool_calls().unwrap()[0].function.name, "get_weather");
 
         let r = response(json!({"choices": [{"message": {"content": [
             {"type": "text", "text": "a"}, {"type": "image_url"}, {"type": "text", "text": "b"}
@@ -702,10 +835,13 @@ mod tests {
             "error": {"code": "llm_timeout", "message": "no answer"},
             "_spear": {"iterations": 1}
         }));
-        assert_eq!(r.error().unwrap().unwrap()["code"], "llm_timeout");
+        let error = r.error().unwrap().unwrap();
+        assert_eq!(error.code, ChatErrorCode::LlmTimeout);
+        assert_eq!(error.to_string(), "llm_timeout: no answer");
         assert_eq!(r.text().unwrap(), None);
         assert!(r.tool_calls().unwrap().is_empty());
         assert_eq!(response(json!({"error": null})).error().unwrap(), None);
-        assert_eq!(response(json!([])).spear().unwrap(), Value::Null);
+        assert_eq!(response(json!([])).spear().unwrap(), None);
+        assert_eq!(response(json!([])).json().unwrap(), &json!([]));
     }
 }

@@ -1,9 +1,20 @@
 //! MCP sessions: list and call the tools of the MCP servers in the host's registry.
+//!
+//! [`Mcp`] and [`ToolResult`] are re-exported at the crate root; this module also holds the
+//! typed views of what the host answers ([`ToolList`], [`Content`], [`HostError`], ..).
 
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::buffer::{INITIAL_CAPACITY, addr, arg, call_json, call_with_buffer, check};
-use crate::{Errno, Error, Result, sys};
+use crate::{Errno, Error, Result, lenient, sys};
+
+mod types;
+
+pub use types::{
+    Content, EmbeddedResource, HostError, HostErrorCode, McpTool, MediaContent, ResourceContents,
+    ResourceLink, TextContent, ToolList,
+};
 
 /// An open MCP session: an fd on one server of the host's MCP registry.
 ///
@@ -21,8 +32,10 @@ use crate::{Errno, Error, Result, sys};
 ///     println!("{name}");
 /// }
 /// let result = fs.call_tool("read_file", json!({ "path": "/etc/hostname" }))?;
-/// if result.is_error() {
-///     eprintln!("{:?}: {}", result.error_code(), result.error_message().unwrap_or(""));
+/// if let Some(error) = result.host_error() {
+///     eprintln!("{error} (retryable: {})", error.retryable);
+/// } else if result.is_error() {
+///     eprintln!("tool failed: {}", result.text());
 /// } else {
 ///     println!("{}", result.text());
 /// }
@@ -65,11 +78,15 @@ impl Mcp {
         &self.server_id
     }
 
-    /// Lists the server's tools, after the host's allow/deny filters.
-    ///
-    /// The host returns `{"server_id": .., "tools": [{"name", "description",
-    /// "inputSchema", ..}]}` with MCP-native tool names.
-    pub fn list_tools(&self) -> Result<Value> {
+    /// Lists the server's tools, after the host's allow/deny filters, with MCP-native
+    /// names.
+    pub fn list_tools(&self) -> Result<ToolList> {
+        self.list_tools_json().map(|json| lenient::value(&json))
+    }
+
+    /// The tool listing as the JSON the host returns: `{"server_id": .., "tools":
+    /// [{"name", "description", "inputSchema", ..}]}`.
+    pub fn list_tools_json(&self) -> Result<Value> {
         let op = format!("mcp_list_tools({:?})", self.server_id);
         call_json(&op, |out, out_len| {
             // SAFETY: `call_json` passes a writable buffer of `*out_len` bytes.
@@ -80,17 +97,11 @@ impl Mcp {
     /// The names of the server's tools, in the order the host lists them.
     pub fn list_tool_names(&self) -> Result<Vec<String>> {
         let listing = self.list_tools()?;
-        let names = listing["tools"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|tool| tool["name"].as_str())
-            .map(str::to_owned)
-            .collect();
-        Ok(names)
+        Ok(listing.tools.into_iter().map(|tool| tool.name).collect())
     }
 
-    /// Calls the tool `name` with `args`, which must be a JSON object.
+    /// Calls the tool `name` with `args`, which must serialize to a JSON object (a
+    /// `serde_json::Value`, or a struct of your own).
     ///
     /// A failure of the tool itself (the server's `isError`, or the host's
     /// `{"error": ..}` for an unavailable server, a timeout, invalid arguments, ...) is
@@ -102,8 +113,9 @@ impl Mcp {
     /// [`Errno::EINVAL`] (without calling the host) if `args` is not an object,
     /// [`Errno::EACCES`] if the tool is outside the allow/deny filters, [`Errno::EBADF`]
     /// if the session is closed, or a [`Error::Json`] if the host's answer is not JSON.
-    pub fn call_tool(&self, name: &str, args: Value) -> Result<ToolResult> {
+    pub fn call_tool(&self, name: &str, args: impl serde::Serialize) -> Result<ToolResult> {
         let op = || format!("mcp_call_tool({:?}, {name:?})", self.server_id);
+        let args = serde_json::to_value(args).unwrap_or(Value::Null);
         if !args.is_object() {
             return Err(Error::from_errno(op(), Errno::EINVAL));
         }
@@ -160,38 +172,59 @@ impl Drop for Mcp {
 ///
 /// - the MCP `CallToolResult` of the server:
 ///   `{"content": [{"type": "text", "text": ..}, {"type": "image", "data": ..,
-///   "mimeType": ..}, ..], "isError": bool?, "structuredContent": ..?}`;
+///   "mimeType": ..}, ..], "isError": bool?, "structuredContent": ..?}`, whose parts are
+///   typed as [`Content`];
 /// - the host's error object when the call could not be completed:
-///   `{"error": {"code": .., "message": .., "retryable": bool}}`, with codes
-///   `mcp_unavailable`, `mcp_timeout`, `mcp_invalid_arguments`, `mcp_policy_denied` and
-///   `mcp_output_too_large`.
+///   `{"error": {"code": .., "message": .., "retryable": bool}}`, typed as [`HostError`].
+///
+/// Decoding never fails on an odd shape: what does not decode is left out of the typed
+/// view, and [`json`](ToolResult::json) has the answer as sent.
 ///
 /// ```
 /// use quiver_guest::ToolResult;
+/// use quiver_guest::mcp::{Content, HostErrorCode};
 /// use serde_json::json;
 ///
 /// let ok = ToolResult::from_json(json!({
-///     "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+///     "content": [{"type": "text", "text": "a"},
+///                 {"type": "image", "data": "AAAA", "mimeType": "image/png"},
+///                 {"type": "text", "text": "b"}]
 /// }));
 /// assert!(!ok.is_error());
 /// assert_eq!(ok.text(), "a\nb");
+/// let Content::Image(image) = &ok.content()[1] else { panic!() };
+/// assert_eq!(image.mime_type, "image/png");
 ///
 /// let failed = ToolResult::from_json(json!({
 ///     "error": {"code": "mcp_timeout", "message": "no answer in 30s", "retryable": true}
 /// }));
 /// assert!(failed.is_error());
-/// assert_eq!(failed.error_code(), Some("mcp_timeout"));
-/// assert!(failed.is_retryable());
+/// let error = failed.host_error().unwrap();
+/// assert_eq!(error.code, HostErrorCode::Timeout);
+/// assert!(error.retryable);
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct ToolResult {
     json: Value,
+    content: Vec<Content>,
+    tool_error: bool,
+    host_error: Option<HostError>,
 }
 
 impl ToolResult {
     /// Wraps a JSON value returned by the host.
     pub fn from_json(json: Value) -> ToolResult {
-        ToolResult { json }
+        let host_error = json
+            .get("error")
+            .filter(|e| e.is_object())
+            .map(lenient::value::<HostError>);
+        let result: types::CallToolResult = lenient::value(&json);
+        ToolResult {
+            json,
+            content: result.content,
+            tool_error: result.is_error,
+            host_error,
+        }
     }
 
     /// Decodes the bytes returned by [`Mcp::call_tool_raw`].
@@ -209,52 +242,55 @@ impl ToolResult {
         self.json
     }
 
-    /// The host's `error` object, if the call could not be completed.
-    fn host_error(&self) -> Option<&Value> {
-        self.json.get("error").filter(|e| e.is_object())
-    }
-
     /// True if the tool reported `isError`, or the host returned an `error` object.
     pub fn is_error(&self) -> bool {
-        self.host_error().is_some() || self.json["isError"].as_bool().unwrap_or(false)
+        self.host_error.is_some() || self.tool_error
+    }
+
+    /// The host's error object, if it could not complete the call.
+    pub fn host_error(&self) -> Option<&HostError> {
+        self.host_error.as_ref()
     }
 
     /// The host's error code (`"mcp_timeout"`, ..), if it returned an `error` object.
     pub fn error_code(&self) -> Option<&str> {
-        self.host_error()?["code"].as_str()
+        Some(self.host_error.as_ref()?.code.as_str())
     }
 
     /// The host's error message, if it returned an `error` object.
     pub fn error_message(&self) -> Option<&str> {
-        self.host_error()?["message"].as_str()
+        Some(&self.host_error.as_ref()?.message)
     }
 
     /// True if the host's error object says a retry may succeed.
     pub fn is_retryable(&self) -> bool {
-        self.host_error()
-            .and_then(|e| e["retryable"].as_bool())
-            .unwrap_or(false)
+        self.host_error.as_ref().is_some_and(|e| e.retryable)
     }
 
-    /// The `content` parts of the result (empty for a host error).
-    pub fn content(&self) -> &[Value] {
+    /// The `content` parts of the result, typed (empty for a host error).
+    pub fn content(&self) -> &[Content] {
+        &self.content
+    }
+
+    /// The `content` parts as sent.
+    pub fn content_json(&self) -> &[Value] {
         self.json["content"].as_array().map_or(&[], Vec::as_slice)
     }
 
     /// The text of the `"type": "text"` content parts, joined by `"\n"`.
     pub fn text(&self) -> String {
-        let texts: Vec<&str> = self
-            .content()
-            .iter()
-            .filter(|part| part["type"] == "text")
-            .filter_map(|part| part["text"].as_str())
-            .collect();
+        let texts: Vec<&str> = self.content.iter().filter_map(Content::as_text).collect();
         texts.join("\n")
     }
 
     /// The result's `structuredContent`, if the tool returned one.
     pub fn structured_content(&self) -> Option<&Value> {
         self.json.get("structuredContent").filter(|v| !v.is_null())
+    }
+
+    /// The result's `structuredContent` decoded into `T`; `None` if there is none.
+    pub fn structured<T: DeserializeOwned>(&self) -> Option<serde_json::Result<T>> {
+        self.structured_content().map(T::deserialize)
     }
 }
 
@@ -315,6 +351,134 @@ mod tests {
         }
         let result = ToolResult::from_json(json!({"isError": false, "error": "not an object"}));
         assert!(!result.is_error());
+    }
+
+    #[test]
+    fn typed_content_parts() {
+        let result = ToolResult::from_json(json!({"content": [
+            {"type": "text", "text": "hello", "annotations": {"audience": ["user"]}},
+            {"type": "image", "data": "iVBO", "mimeType": "image/png"},
+            {"type": "audio", "data": "UklG", "mimeType": "audio/wav"},
+            {"type": "resource", "resource": {"uri": "file:///a.txt", "mimeType": "text/plain",
+                                              "text": "A"}},
+            {"type": "resource", "resource": {"uri": "file:///b.bin", "blob": "AAEC"}},
+            {"type": "resource_link", "uri": "file:///c", "name": "c", "size": 12},
+            {"type": "video", "url": "x"},
+            "not a part",
+            {"type": "text", "text": 7}
+        ], "structuredContent": {"sum": 5}}));
+        let parts = result.content();
+        assert_eq!(parts.len(), 9, "nothing is left out");
+        let kinds: Vec<&str> = parts.iter().map(Content::kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                "text",
+                "image",
+                "audio",
+                "resource",
+                "resource",
+                "resource_link",
+                "video",
+                "",
+                "text"
+            ]
+        );
+        let Content::Text(text) = &parts[0] else {
+            panic!("{:?}", parts[0])
+        };
+        assert_eq!(text.text, "hello");
+        assert_eq!(text.extra["annotations"]["audience"][0], "user");
+        assert!(!text.extra.contains_key("type"));
+        let Content::Audio(audio) = &parts[2] else {
+            panic!()
+        };
+        assert_eq!(
+            (audio.data.as_str(), audio.mime_type.as_str()),
+            ("UklG", "audio/wav")
+        );
+        let Content::Resource(embedded) = &parts[3] else {
+            panic!()
+        };
+        assert_eq!(embedded.resource.text.as_deref(), Some("A"));
+        let Content::Resource(binary) = &parts[4] else {
+            panic!()
+        };
+        assert_eq!(binary.resource.blob.as_deref(), Some("AAEC"));
+        let Content::ResourceLink(link) = &parts[5] else {
+            panic!()
+        };
+        assert_eq!((link.name.as_str(), link.size), ("c", Some(12)));
+        assert_eq!(
+            parts[6],
+            Content::Other(json!({"type": "video", "url": "x"}))
+        );
+        assert_eq!(parts[7], Content::Other(json!("not a part")));
+        assert_eq!(result.text(), "hello\n");
+        assert_eq!(result.content_json().len(), 9);
+
+        // Parts serialize back to the MCP shape.
+        for (part, json) in parts.iter().zip(result.content_json()) {
+            if part.kind() != "text" || part.as_text() != Some("") {
+                assert_eq!(&serde_json::to_value(part).unwrap(), json);
+            }
+        }
+
+        #[derive(serde::Deserialize)]
+        struct Sum {
+            sum: i64,
+        }
+        assert_eq!(result.structured::<Sum>().unwrap().unwrap().sum, 5);
+        assert!(result.structured::<String>().unwrap().is_err());
+        assert!(
+            ToolResult::from_json(json!({}))
+                .structured::<Sum>()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn typed_host_errors() {
+        let result = ToolResult::from_json(json!({"error": {
+            "code": "mcp_output_too_large", "message": "2 MiB", "retryable": false, "limit": 1
+        }}));
+        let error = result.host_error().unwrap();
+        assert_eq!(error.code, HostErrorCode::OutputTooLarge);
+        assert_eq!(error.extra["limit"], 1);
+        assert_eq!(error.to_string(), "mcp_output_too_large: 2 MiB");
+
+        let result =
+            ToolResult::from_json(json!({"error": {"code": "brand_new", "retryable": "yes"}}));
+        let error = result.host_error().unwrap();
+        assert_eq!(error.code, HostErrorCode::Other("brand_new".into()));
+        assert_eq!((error.message.as_str(), error.retryable), ("", false));
+        assert_eq!(result.error_code(), Some("brand_new"));
+        assert!(result.is_error());
+    }
+
+    #[test]
+    fn tool_listing() {
+        let listing: ToolList = lenient::value(&json!({"server_id": "fs", "tools": [
+            {"name": "read", "description": "Reads", "inputSchema": {"type": "object"},
+             "annotations": {"readOnlyHint": true}, "icons": []},
+            {"name": "bare"},
+            42,
+            {"name": ["not", "a", "string"], "description": 3}
+        ], "nextCursor": null}));
+        assert_eq!(listing.server_id, "fs");
+        assert_eq!(listing.tools.len(), 3);
+        let read = listing.get("read").unwrap();
+        assert_eq!(read.input_schema, json!({"type": "object"}));
+        assert_eq!(read.annotations.as_ref().unwrap()["readOnlyHint"], true);
+        assert_eq!(read.extra["icons"], json!([]));
+        let bare = listing.get("bare").unwrap();
+        assert_eq!(
+            (bare.description.as_deref(), &bare.input_schema),
+            (None, &Value::Null)
+        );
+        assert_eq!(listing.tools[2].name, "");
+        assert!(listing.extra.contains_key("nextCursor"));
+        assert_eq!(lenient::value::<ToolList>(&json!([1])), ToolList::default());
     }
 
     #[test]

@@ -139,22 +139,29 @@ pub(crate) fn valid_name(name: &str) -> bool {
 ///     [attributes] [visibility] STATIC_NAME = function(ArgsType),
 ///     "tool_name",
 ///     "description for the model",
-///     parameters_json_schema_expression,
+///     [parameters_json_schema_expression,]
 /// );
 /// ```
 ///
 /// - `function` takes one argument of `ArgsType`, which implements
 ///   `serde::de::DeserializeOwned` (usually a `#[derive(Deserialize)]` struct; use
 ///   `serde_json::Value` to take the arguments undecoded). Empty arguments are read as `{}`.
+/// - Without a parameters expression, the schema the model sees is derived from
+///   `ArgsType`, which must then also `#[derive(schemars::JsonSchema)]` (feature `schema`,
+///   on by default): see [`parameters_schema`](crate::parameters_schema). Doc comments on
+///   the fields become their descriptions, and serde attributes (`rename`, `default`, ..)
+///   are followed, so the schema says what the function decodes. `ArgsType` should be a
+///   struct (or a map): the model's arguments are always a JSON object.
 /// - It returns either `Result<T, E>` with `T: Serialize` and `E: Display`, or any
 ///   `T: Serialize`. A `T` that serializes to a JSON string (`String`, `&str`, ..) is passed
 ///   to the model as-is; any other `T` as JSON text.
 /// - When the arguments do not decode, or the function returns `Err(e)`, the model gets
 ///   `{"error": "<message>"}` as the tool's result, so it can correct itself.
-/// - The name and description must be constant `&'static str` expressions; the parameters
+/// - The name and description must be constant `&'static str` expressions; a parameters
 ///   expression is evaluated each time the definition is built, and must give a
 ///   `serde_json::Value` (the crate re-exports [`serde_json`](crate::serde_json), so
-///   `quiver_guest::serde_json::json!` works without a direct dependency).
+///   `quiver_guest::serde_json::json!` works without a direct dependency). Write one when
+///   the schema cannot be derived, e.g. for `serde_json::Value` arguments.
 ///
 /// The generated entry point follows the ABI's buffer protocol. If the result does not fit
 /// the buffer the host offers, it asks for more with `-ENOSPC` and keeps the result, so
@@ -168,19 +175,25 @@ pub(crate) fn valid_name(name: &str) -> bool {
 ///
 /// ```
 /// use quiver_guest::Tool;
+/// use schemars::JsonSchema;
 /// use serde::Deserialize;
 /// use serde_json::json;
 ///
-/// #[derive(Deserialize)]
+/// #[derive(Deserialize, JsonSchema)]
 /// struct WeatherArgs {
+///     /// City name, e.g. Paris
 ///     city: String,
+///     /// Celsius unless set
+///     #[serde(default)]
+///     fahrenheit: bool,
 /// }
 ///
 /// fn get_weather(args: WeatherArgs) -> Result<String, String> {
 ///     if args.city.is_empty() {
 ///         return Err("city must not be empty".into());
 ///     }
-///     Ok(format!("Sunny, 21°C in {}", args.city))
+///     let unit = if args.fahrenheit { "70°F" } else { "21°C" };
+///     Ok(format!("Sunny, {unit} in {}", args.city))
 /// }
 ///
 /// quiver_guest::tool!(
@@ -188,22 +201,54 @@ pub(crate) fn valid_name(name: &str) -> bool {
 ///     pub GET_WEATHER = get_weather(WeatherArgs),
 ///     "get_weather",
 ///     "Current weather for a city",
-///     json!({
-///         "type": "object",
-///         "properties": {"city": {"type": "string"}},
-///         "required": ["city"]
-///     }),
 /// );
 ///
 /// assert_eq!(GET_WEATHER.name(), "get_weather");
-/// assert_eq!(GET_WEATHER.definition()["function"]["parameters"]["required"][0], "city");
+/// assert_eq!(
+///     GET_WEATHER.parameters(),
+///     json!({
+///         "type": "object",
+///         "properties": {
+///             "city": {"type": "string", "description": "City name, e.g. Paris"},
+///             "fahrenheit": {"type": "boolean", "description": "Celsius unless set",
+///                            "default": false}
+///         },
+///         "required": ["city"]
+///     })
+/// );
 /// assert_eq!(GET_WEATHER.call(r#"{"city": "Oslo"}"#).unwrap(), "Sunny, 21°C in Oslo");
 /// assert!(GET_WEATHER.call("{}").unwrap_err().contains("missing field `city`"));
 ///
-/// // In a guest: chat.tool(&GET_WEATHER)?;
+/// // A hand-written schema, for arguments taken undecoded:
+/// fn echo(args: serde_json::Value) -> serde_json::Value {
+///     args
+/// }
+/// quiver_guest::tool!(
+///     ECHO = echo(serde_json::Value),
+///     "echo",
+///     "Returns its arguments",
+///     json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+/// );
+/// assert_eq!(ECHO.call(r#"{"text":"hi"}"#).unwrap(), r#"{"text":"hi"}"#);
+///
+/// // In a guest: chat.tool(&GET_WEATHER)?.tool(&ECHO)?;
 /// ```
 #[macro_export]
 macro_rules! tool {
+    (
+        $(#[$attr:meta])*
+        $vis:vis $static_name:ident = $($function:ident)::+ ($args:ty),
+        $name:expr,
+        $description:expr $(,)?
+    ) => {
+        $crate::tool!(
+            $(#[$attr])*
+            $vis $static_name = $($function)::+ ($args),
+            $name,
+            $description,
+            $crate::__private::parameters_schema::<$args>(),
+        );
+    };
     (
         $(#[$attr:meta])*
         $vis:vis $static_name:ident = $($function:ident)::+ ($args:ty),
@@ -261,10 +306,81 @@ macro_rules! tool {
     };
 }
 
+/// The JSON schema of a tool's arguments of type `T`, derived with `schemars`, in the form
+/// the OpenAI tools API accepts: an object schema with `type`, `properties` and `required`
+/// (empty if no field is required), with nested types inlined rather than referenced
+/// through `$defs` (recursive types keep their `$defs`), and without the `$schema` and
+/// `title` keywords the model does not need.
+///
+/// This is what [`tool!`](crate::tool!) uses when it is given no schema; call it to inspect
+/// a schema, or to adjust one and pass that to `tool!` instead.
+///
+/// ```
+/// use schemars::JsonSchema;
+/// use serde::Deserialize;
+/// use serde_json::json;
+///
+/// #[derive(Deserialize, JsonSchema)]
+/// struct Search {
+///     /// What to look for
+///     query: String,
+///     /// At most this many hits
+///     limit: Option<u32>,
+///     filter: Filter,
+/// }
+///
+/// #[derive(Deserialize, JsonSchema)]
+/// #[serde(rename_all = "snake_case")]
+/// enum Filter {
+///     Everything,
+///     OnlyTitles,
+/// }
+///
+/// let schema = quiver_guest::parameters_schema::<Search>();
+/// assert_eq!(schema["type"], "object");
+/// assert_eq!(schema["required"], json!(["query", "filter"]));
+/// assert_eq!(schema["properties"]["limit"]["type"], json!(["integer", "null"]));
+/// assert_eq!(schema["properties"]["filter"]["enum"], json!(["everything", "only_titles"]));
+/// assert!(schema.get("$defs").is_none() && schema.get("title").is_none());
+/// ```
+#[cfg(feature = "schema")]
+pub fn parameters_schema<T: schemars::JsonSchema>() -> Value {
+    let generator = schemars::generate::SchemaSettings::draft2020_12()
+        .with(|settings| {
+            settings.inline_subschemas = true;
+            settings.meta_schema = None;
+        })
+        .into_generator();
+    openai_parameters(generator.into_root_schema_for::<T>().to_value())
+}
+
+/// Turns a root schema into one the OpenAI tools API accepts (see [`parameters_schema`]).
+#[cfg_attr(not(feature = "schema"), allow(dead_code))]
+fn openai_parameters(schema: Value) -> Value {
+    let mut map = match schema {
+        Value::Object(map) => map,
+        // `true` (any value): the arguments are still an object.
+        _ => serde_json::Map::new(),
+    };
+    map.remove("$schema");
+    map.remove("title");
+    if map.is_empty() {
+        map.insert("type".into(), json!("object"));
+    }
+    if map.get("type") == Some(&json!("object")) {
+        map.entry("properties").or_insert_with(|| json!({}));
+        map.entry("required").or_insert_with(|| json!([]));
+    }
+    Value::Object(map)
+}
+
 /// Support code for [`tool!`](crate::tool!); not a stable API.
 #[doc(hidden)]
 pub mod rt {
     use super::*;
+
+    #[cfg(feature = "schema")]
+    pub use super::parameters_schema;
 
     /// Decodes the arguments (ignoring the host's trailing NUL; empty arguments are `{}`)
     /// and runs the tool.
@@ -473,8 +589,13 @@ pub mod rt {
         out_len_ptr: i32,
         run: fn(&[u8]) -> Result<String, String>,
     ) -> i32 {
+        // The host's integers are addresses in the tool arena, whose provenance the SDK
+        // exposed when it lent the arena (or the caller did, with `lend_tool_arena`).
         let ptr = |value: i32| value as u32 as usize;
-        let (args_len, out_len_ptr) = (ptr(args_len), ptr(out_len_ptr) as *mut u32);
+        let (args_len, out_len_ptr) = (
+            ptr(args_len),
+            std::ptr::with_exposed_provenance_mut::<u32>(ptr(out_len_ptr)),
+        );
         if out_len_ptr.is_null() || (args_len > 0 && args_ptr == 0) {
             return -Errno::EFAULT.raw();
         }
@@ -484,7 +605,13 @@ pub mod rt {
             Vec::new()
         } else {
             // SAFETY: the caller guarantees the range is readable.
-            unsafe { std::slice::from_raw_parts(ptr(args_ptr) as *const u8, args_len) }.to_vec()
+            unsafe {
+                std::slice::from_raw_parts(
+                    std::ptr::with_exposed_provenance::<u8>(ptr(args_ptr)),
+                    args_len,
+                )
+            }
+            .to_vec()
         };
         // SAFETY: the caller guarantees `out_len_ptr` points at a `u32`.
         let cap = unsafe { out_len_ptr.read_unaligned() };
@@ -495,7 +622,12 @@ pub mod rt {
             return -Errno::EFAULT.raw();
         } else {
             // SAFETY: the caller guarantees `cap` writable bytes at `out_ptr`.
-            unsafe { std::slice::from_raw_parts_mut(ptr(out_ptr) as *mut u8, cap as usize) }
+            unsafe {
+                std::slice::from_raw_parts_mut(
+                    std::ptr::with_exposed_provenance_mut::<u8>(ptr(out_ptr)),
+                    cap as usize,
+                )
+            }
         };
         let mut len = cap;
         let ret = reply.deliver(out, &mut len);
@@ -739,6 +871,116 @@ mod tests {
         // Escapes take more room than the raw characters.
         let cut = fit_error("\"\"\"\"", 16).unwrap();
         assert_eq!(cut, br#"{"error":"\"\""}"#);
+    }
+
+    #[cfg(feature = "schema")]
+    mod schemas {
+        use super::*;
+        use schemars::JsonSchema;
+        use std::collections::BTreeMap;
+
+        #[derive(Deserialize, JsonSchema)]
+        #[allow(dead_code)]
+        struct Trip {
+            /// Where from
+            from: Place,
+            to: Place,
+            #[serde(rename = "when")]
+            date: Option<String>,
+            #[serde(default)]
+            stops: Vec<Place>,
+        }
+
+        /// A place.
+        #[derive(Deserialize, JsonSchema)]
+        #[allow(dead_code)]
+        struct Place {
+            name: String,
+            #[serde(default)]
+            country: Option<String>,
+        }
+
+        fn plan(trip: Trip) -> String {
+            format!("{} stops", trip.stops.len())
+        }
+        crate::tool!(PLAN = plan(Trip), "plan", "Plans a trip");
+
+        #[derive(Deserialize, JsonSchema)]
+        #[allow(dead_code)]
+        struct Tree {
+            label: String,
+            children: Vec<Tree>,
+        }
+
+        #[derive(Deserialize, JsonSchema)]
+        struct NoFields {}
+
+        #[test]
+        fn derived_schemas_are_openai_object_schemas() {
+            let schema = PLAN.parameters();
+            assert_eq!(schema["type"], "object");
+            assert_eq!(schema["required"], json!(["from", "to"]));
+            for key in ["$schema", "title", "$defs", "definitions"] {
+                assert!(schema.get(key).is_none(), "{key} in {schema}");
+            }
+            assert!(!schema.to_string().contains("$ref"), "inlined: {schema}");
+            let from = &schema["properties"]["from"];
+            assert_eq!(from["type"], "object");
+            assert_eq!(from["description"], "Where from");
+            assert_eq!(from["required"], json!(["name"]));
+            assert!(schema["properties"].get("when").is_some(), "serde renames");
+            assert_eq!(schema["properties"]["stops"]["items"]["type"], "object");
+            assert_eq!(
+                PLAN.definition()["function"]["parameters"],
+                PLAN.parameters()
+            );
+            // The schema describes what the tool decodes.
+            assert_eq!(
+                PLAN.call(r#"{"from":{"name":"A"},"to":{"name":"B"},"stops":[{"name":"C"}]}"#),
+                Ok("1 stops".to_owned())
+            );
+        }
+
+        #[test]
+        fn odd_argument_types() {
+            assert_eq!(
+                parameters_schema::<NoFields>(),
+                json!({"type": "object", "properties": {}, "required": []})
+            );
+            // Any value, or a map: still an object schema.
+            assert_eq!(
+                parameters_schema::<Value>(),
+                json!({"type": "object", "properties": {}, "required": []})
+            );
+            let map = parameters_schema::<BTreeMap<String, u8>>();
+            assert_eq!(map["type"], "object");
+            assert_eq!(map["additionalProperties"]["type"], "integer");
+            // A recursive type cannot be inlined: it keeps its `$defs`, which the OpenAI
+            // API also accepts.
+            let tree = parameters_schema::<Tree>();
+            assert_eq!(tree["type"], "object");
+            assert_eq!(tree["required"], json!(["label", "children"]));
+            assert!(tree.get("title").is_none() && tree.get("$schema").is_none());
+        }
+
+        #[test]
+        fn openai_parameters_edges() {
+            assert_eq!(
+                openai_parameters(json!(true)),
+                json!({"type": "object", "properties": {}, "required": []})
+            );
+            assert_eq!(
+                openai_parameters(json!({"$schema": "x", "title": "T", "type": "object",
+                                         "required": ["a"]})),
+                json!({"type": "object", "properties": {}, "required": ["a"]})
+            );
+            // Not an object schema: left as it is (the model cannot call it well; use a
+            // struct).
+            assert_eq!(
+                openai_parameters(json!({"type": "string"})),
+                json!({"type": "string"})
+            );
+        }
     }
 
     #[test]

@@ -22,8 +22,8 @@ use std::error::Error;
 use std::process::exit;
 
 use quiver_guest::{Chat, Response, log};
+use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 const DEFAULT_QUESTION: &str = "What's the weather in Paris, and what is 2+3?";
 
@@ -31,8 +31,10 @@ const SYSTEM_PROMPT: &str = "You are a concise assistant. Use the get_weather to
      weather questions and the add tool for arithmetic; never guess what a tool would say. \
      Answer in one or two sentences.";
 
-#[derive(Deserialize)]
+/// The weather tool's arguments; the schema the model sees is derived from them.
+#[derive(Deserialize, JsonSchema)]
 struct WeatherArgs {
+    /// City name, e.g. Paris
     city: String,
 }
 
@@ -49,11 +51,6 @@ quiver_guest::tool!(
     GET_WEATHER = get_weather(WeatherArgs),
     "get_weather",
     "Current weather for a city",
-    json!({
-        "type": "object",
-        "properties": {"city": {"type": "string", "description": "City name, e.g. Paris"}},
-        "required": ["city"]
-    }),
 );
 
 fn main() {
@@ -79,7 +76,10 @@ fn run(question: &str) -> Result<(), Box<dyn Error>> {
         return Err(format!("chat failed: {error}").into());
     }
     match response.metrics() {
-        Ok(metrics) => log::info(&format!("chat metrics: {metrics}")),
+        Ok(metrics) => log::info(&format!(
+            "chat metrics: {}",
+            serde_json::to_string(&metrics).unwrap_or_default()
+        )),
         Err(err) => log::warn(&format!("no chat metrics: {err}")),
     }
 
@@ -94,12 +94,19 @@ fn run(question: &str) -> Result<(), Box<dyn Error>> {
 /// `name (kind)` for each distinct tool the host ran, in order, from `_spear.tool_calls`;
 /// `none` if it ran none.
 fn tools_used(response: &Response) -> Result<String, Box<dyn Error>> {
-    let spear = response.spear()?;
+    let calls = response.spear()?.map_or(&[][..], |spear| &spear.tool_calls);
     let mut used: Vec<String> = Vec::new();
-    for call in spear["tool_calls"].as_array().into_iter().flatten() {
-        let name = call["name"].as_str().unwrap_or("?");
-        let kind = call["kind"].as_str().unwrap_or("?");
-        let entry = if call["ok"] == Value::Bool(false) {
+    for call in calls {
+        let name = if call.name.is_empty() {
+            "?"
+        } else {
+            &call.name
+        };
+        let kind = match call.kind.as_str() {
+            "" => "?",
+            kind => kind,
+        };
+        let entry = if call.ok == Some(false) {
             format!("{name} ({kind}, failed)")
         } else {
             format!("{name} ({kind})")

@@ -34,9 +34,13 @@ fn run(server_id: &str, tool: Option<&str>, json_args: &str) -> Result<(), Box<d
 
     println!("tools on {server_id}:");
     let listing = mcp.list_tools()?;
-    for tool in listing["tools"].as_array().into_iter().flatten() {
-        let name = tool["name"].as_str().unwrap_or("?");
-        let description = tool["description"].as_str().unwrap_or("");
+    for tool in &listing.tools {
+        let name = if tool.name.is_empty() {
+            "?"
+        } else {
+            &tool.name
+        };
+        let description = tool.description.as_deref().unwrap_or("");
         println!("  {name} — {description}");
     }
 
@@ -44,9 +48,9 @@ fn run(server_id: &str, tool: Option<&str>, json_args: &str) -> Result<(), Box<d
         let args: Value = serde_json::from_str(json_args)?;
         let result = mcp.call_tool(tool, args)?;
         println!("call {tool}({json_args}) ->");
-        match result.error_code() {
+        match result.host_error() {
             // The host could not complete the call (unavailable, timeout, policy, ...).
-            Some(code) => println!("error {code}: {}", result.error_message().unwrap_or("")),
+            Some(error) => println!("error {}: {}", error.code, error.message),
             // The tool ran and reported a failure in its own words.
             None if result.is_error() => println!("tool error: {}", result.text()),
             None => println!("{}", result.text()),
