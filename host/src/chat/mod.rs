@@ -10,6 +10,7 @@
 //! [`GuestTools`] implementation the ABI layer provides, so this module never touches
 //! wasm.
 
+mod guest_tools;
 mod hostcalls;
 pub mod llm;
 mod metrics;

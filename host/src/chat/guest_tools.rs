@@ -1,0 +1,109 @@
+//! The wasm side of guest tools: finding a tool function in the guest's funcref table and
+//! calling it with the tool arena protocol of `docs/abi.md`. The loop reaches it only
+//! through the [`GuestTools`] trait, so the loop never touches wasm.
+
+use quiver_abi::Errno;
+use wasmtime::{Caller, Func, Ref};
+
+use super::{ChatView, GuestTools};
+use crate::sandbox::guest;
+
+/// The guest's funcref table: `__indirect_function_table`, else `table`, else the first
+/// exported table (looked up once at instantiation).
+pub(super) fn tool_func<T: ChatView>(caller: &mut Caller<'_, T>, table_index: u32) -> Option<Func> {
+    let table = caller.data_mut().sandbox().table?;
+    match table.get(&mut *caller, u64::from(table_index))? {
+        Ref::Func(Some(func)) => {
+            func.typed::<(i32, i32, i32, i32), i32>(&*caller).ok()?;
+            Some(func)
+        }
+        _ => None,
+    }
+}
+
+/// Guest tools, called through the funcref table with the tool arena protocol.
+pub(super) struct CallerTools<'a, 'b, T: 'static> {
+    pub(super) caller: &'a mut Caller<'b, T>,
+    pub(super) arena: Option<(u32, u32)>,
+    pub(super) max_output: u32,
+}
+
+impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
+    async fn call(
+        &mut self,
+        table_index: u32,
+        args: &str,
+    ) -> Result<Result<String, String>, wasmtime::Error> {
+        let Some((arena_ptr, arena_len)) = self.arena else {
+            return Ok(Err(
+                "the guest set no tool arena (session params tool_arena_ptr and tool_arena_len)"
+                    .into(),
+            ));
+        };
+        let Some(func) = tool_func(self.caller, table_index) else {
+            return Ok(Err(format!(
+                "no tool function at table index {table_index}"
+            )));
+        };
+        let func = func.typed::<(i32, i32, i32, i32), i32>(&*self.caller)?;
+        let arena_end = u64::from(arena_ptr) + u64::from(arena_len);
+        let len_ptr = (u64::from(arena_ptr) + args.len() as u64 + 1).next_multiple_of(4);
+        let out_ptr = len_ptr + 4;
+        if out_ptr > arena_end || arena_end > u64::from(u32::MAX) {
+            return Ok(Err(format!(
+                "the tool arguments ({} bytes) do not fit the tool arena ({arena_len} bytes)",
+                args.len()
+            )));
+        }
+        let room = (arena_end - out_ptr) as u32;
+        let mut capacity = room.min(self.max_output);
+        for attempt in 0..2 {
+            let prepared = guest(self.caller).and_then(|(mut mem, _)| {
+                mem.write(arena_ptr, args.as_bytes())?;
+                mem.write(arena_ptr + args.len() as u32, &[0])?;
+                mem.write_u32(len_ptr as u32, capacity)
+            });
+            if prepared.is_err() {
+                return Ok(Err("the tool arena lies outside guest memory".into()));
+            }
+            let params = (
+                arena_ptr as i32,
+                args.len() as i32,
+                out_ptr as i32,
+                len_ptr as i32,
+            );
+            let rc = func.call_async(&mut *self.caller, params).await?;
+            let Ok((mem, _)) = guest(self.caller) else {
+                return Ok(Err("guest memory is gone".into()));
+            };
+            let Ok(len) = mem.read_u32(len_ptr as u32) else {
+                return Ok(Err("the tool arena lies outside guest memory".into()));
+            };
+            return Ok(match rc {
+                rc if rc == Errno::ENOSPC.ret()
+                    && attempt == 0
+                    && len > capacity
+                    && len <= room =>
+                {
+                    capacity = len;
+                    continue;
+                }
+                rc if rc == Errno::ENOSPC.ret() => Err(format!(
+                    "the tool's output ({len} bytes) does not fit the tool arena ({room} bytes for output)"
+                )),
+                rc if rc < 0 => Err(format!("the guest tool failed with errno {}", -rc)),
+                _ if len > capacity => Err(format!(
+                    "the guest tool reported {len} bytes in a {capacity}-byte buffer"
+                )),
+                _ => match mem
+                    .bytes(out_ptr as i32, len as i32)
+                    .map(|b| String::from_utf8(b.to_vec()))
+                {
+                    Ok(Ok(text)) => Ok(text),
+                    _ => Err("the guest tool's output is not UTF-8".into()),
+                },
+            });
+        }
+        unreachable!("the second attempt always returns")
+    }
+}
