@@ -280,23 +280,25 @@ fn no_server_process_outlives_quiver_run_even_after_a_trap() {
     );
 }
 
-#[test]
-fn ctrl_c_stops_the_task_and_its_servers() {
-    let registry = RegistryDir::new();
+/// Starts `quiver run` on a guest that learns its server's pid and then waits in a slow
+/// tool call; returns the child, its stderr and the server's pid.
+fn quiver_waiting_in_a_tool_call(
+    registry: &RegistryDir,
+    tasks: &Path,
+) -> (std::process::Child, BufReader<std::process::ChildStderr>, u32) {
     registry.fixture(
         "fixture",
         &["pid", "slow"],
         "[budgets]\ntool_timeout_ms = 120000\n",
     );
-    let tasks = tempfile::tempdir().unwrap();
-    let task = task_file(tasks.path(), &["fixture"]);
+    let task = task_file(tasks, &["fixture"]);
     let guest = calls_guest(&["pid", "slow"])
         .replace(r#"\7b\7d"#, r#"\7b\22\6d\73\22\3a\36\30\30\30\30\7d"#);
     let guest = guest.replace(
         "(i32.const 1040) (i32.const 2)",
         "(i32.const 1040) (i32.const 12)",
     );
-    let module = tasks.path().join("wait.wat");
+    let module = tasks.join("wait.wat");
     std::fs::write(&module, guest).unwrap();
     let mut child = quiver_run(&[], &module, &task, registry.path())
         .stderr(Stdio::piped())
@@ -313,6 +315,14 @@ fn ctrl_c_stops_the_task_and_its_servers() {
         .parse()
         .unwrap();
     std::thread::sleep(Duration::from_millis(200));
+    (child, stderr, pid)
+}
+
+#[test]
+fn ctrl_c_stops_the_task_and_its_servers() {
+    let registry = RegistryDir::new();
+    let tasks = tempfile::tempdir().unwrap();
+    let (mut child, mut stderr, pid) = quiver_waiting_in_a_tool_call(&registry, tasks.path());
     // SAFETY: plain kill(2) on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let started = Instant::now();
@@ -333,6 +343,56 @@ fn ctrl_c_stops_the_task_and_its_servers() {
     assert!(
         wait_gone(pid, Duration::from_secs(5)),
         "server {pid} outlived Ctrl-C"
+    );
+}
+
+/// The pid of a process whose command line is exactly `argv`, if one is running.
+fn pid_of(argv: &[&str]) -> Option<u32> {
+    let wanted: Vec<u8> = argv.iter().flat_map(|a| [a.as_bytes(), b"\0"].concat()).collect();
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        (std::fs::read(entry.path().join("cmdline")).ok()? == wanted).then_some(pid)
+    })
+}
+
+/// The safety argument of the pool's `pre_exec` (it only asks the kernel for
+/// `PR_SET_PDEATHSIG`): a host killed outright, with no chance to clean up, still takes
+/// its server processes along, even one that ignores its closed stdin.
+#[test]
+fn a_host_killed_with_sigkill_takes_its_servers_along() {
+    let registry = RegistryDir::new();
+    let marker = format!("600.{}", std::process::id());
+    registry.write(
+        "fixture.toml",
+        &format!(
+            "server_id = \"fixture\"\ntransport = \"stdio\"\nallowed_tools = [\"*\"]\n\n[stdio]\ncommand = \"sleep\"\nargs = [{marker:?}]\n"
+        ),
+    );
+    let tasks = tempfile::tempdir().unwrap();
+    let task = task_file(tasks.path(), &["fixture"]);
+    let module = tasks.path().join("call.wat");
+    std::fs::write(&module, calls_guest(&["anything"])).unwrap();
+    let mut child = quiver_run(&[], &module, &task, registry.path())
+        .stderr(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let server = loop {
+        if let Some(pid) = pid_of(&["sleep", &marker]) {
+            break pid;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the host never started the server"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        wait_gone(server, Duration::from_secs(5)),
+        "server {server} outlived a SIGKILLed host"
     );
 }
 
