@@ -12,6 +12,7 @@ mod egress;
 mod error;
 mod hostcalls;
 mod http;
+mod outbound;
 mod pool;
 mod session;
 

@@ -25,7 +25,7 @@ use tracing::Instrument;
 use super::auth::AuthConfig;
 use super::egress::EgressPolicy;
 use super::error::{McpError, McpErrorCode};
-use super::http::http_client;
+use super::outbound::OutboundClient;
 use crate::registry::{Launch, Lifecycle, ServerEntry};
 
 /// Receives server notifications for one connection.
@@ -77,9 +77,9 @@ enum Peer<'a> {
 pub(super) struct Connector {
     timeout: Duration,
     auth: BTreeMap<String, AuthConfig>,
-    egress: Arc<EgressPolicy>,
-    /// One client for every remote server (sharing connections), enforcing the egress policy.
-    http: Result<reqwest::Client, String>,
+    /// One client for every remote server (sharing connections); it checks every request
+    /// against the egress policy.
+    http: Result<OutboundClient, String>,
 }
 
 impl Connector {
@@ -88,12 +88,10 @@ impl Connector {
         auth: BTreeMap<String, AuthConfig>,
         egress: EgressPolicy,
     ) -> Self {
-        let egress = Arc::new(egress);
-        let http = http_client(&egress, timeout);
+        let http = OutboundClient::new(Arc::new(egress), timeout);
         Self {
             timeout,
             auth,
-            egress,
             http,
         }
     }

@@ -1,9 +1,10 @@
 //! Reaching a remote server: Streamable HTTP or legacy HTTP+SSE, with the record's headers
 //! and the credentials its `auth_ref` names, through the host's one HTTP client.
 //!
-//! The URL is checked against the egress policy before anything else happens, so a server
-//! outside the allow rules fails with the rule that refused it, and no credential is
-//! resolved, let alone fetched, for it.
+//! The configured URL is checked against the egress policy before anything else happens,
+//! so a server outside the allow rules fails with the rule that refused it and no token is
+//! fetched for it. Every later request (to that URL, to an endpoint the server names, to an
+//! OAuth endpoint) is checked again by the client itself ([`crate::mcp::outbound`]).
 
 use std::collections::BTreeMap;
 
@@ -24,13 +25,14 @@ impl Connector {
         let server_id = entry.server_id();
         let parsed = reqwest::Url::parse(url)
             .map_err(|e| unavailable(format!("server `{server_id}`: bad http.url: {e}")))?;
-        self.egress
-            .check_url(&parsed)
-            .map_err(|why| unavailable(format!("server `{server_id}`: egress policy: {why}")))?;
         let http = self
             .http
             .clone()
             .map_err(|e| unavailable(format!("server `{server_id}`: {e}")))?;
+        // The client checks every request anyway; checking here first fails fast, before
+        // credentials are resolved or a token is fetched for a server we may not reach.
+        http.check(&parsed)
+            .map_err(|denied| unavailable(format!("server `{server_id}`: {denied}")))?;
         let credentials = match entry
             .record
             .http
