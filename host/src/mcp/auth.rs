@@ -8,12 +8,17 @@
 //!   before they expire; a 401 from the server triggers one refresh and one retry.
 //!
 //! Secrets are read from the environment when used and never appear in logs or errors.
+//! Discovery and token requests go through the egress-checked client like every other
+//! request, so a token endpoint named by metadata gets the secret only if the `[egress]`
+//! allow rules cover it.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use serde_json::Value;
+
+use super::outbound::OutboundClient;
 
 /// How long before expiry a cached token is replaced: 30 s, or a tenth of a short-lived
 /// token's lifetime.
@@ -90,7 +95,7 @@ impl Credentials {
         auth_ref: &str,
         configs: &BTreeMap<String, AuthConfig>,
         server_url: &str,
-        http: reqwest::Client,
+        http: OutboundClient,
     ) -> Result<Self, String> {
         let config = configs.get(auth_ref).ok_or_else(|| {
             format!("server `{server_id}`: http.auth_ref `{auth_ref}` is not defined in the host config ([auth.{auth_ref}])")
@@ -139,7 +144,8 @@ pub(crate) struct OAuthClient {
     auth_ref: String,
     config: OAuthClientCredentialsConfig,
     server_url: String,
-    http: reqwest::Client,
+    /// Discovery and token requests, each checked against the egress policy.
+    http: OutboundClient,
     state: tokio::sync::Mutex<OAuthState>,
 }
 
@@ -184,6 +190,12 @@ impl OAuthClient {
                 url
             }
         };
+        // Checked before the secret is even read: a token endpoint named by metadata may
+        // point anywhere, and it is what receives the secret.
+        let request = self
+            .http
+            .post(&token_url)
+            .map_err(|denied| self.fail(format!("token endpoint: {denied}")))?;
         let secret = std::env::var(&self.config.client_secret_env).map_err(|_| {
             self.fail(format!(
                 "environment variable `{}` is not set",
@@ -201,9 +213,7 @@ impl OAuthClient {
                 .clone()
                 .unwrap_or_else(|| self.server_url.clone()),
         ));
-        let response = self
-            .http
-            .post(&token_url)
+        let response = request
             .basic_auth(&self.config.client_id, Some(secret))
             .form(&form)
             .send()
@@ -266,6 +276,7 @@ impl OAuthClient {
         let response = self
             .http
             .get(url)
+            .map_err(|denied| self.fail(format!("metadata document: {denied}")))?
             .send()
             .await
             .map_err(|e| self.fail(format!("cannot fetch {url}: {e}")))?;

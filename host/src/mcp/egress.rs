@@ -7,6 +7,9 @@
 //! CGNAT, multicast and unspecified addresses are refused unless an `allow_private` CIDR
 //! covers them. The address check runs in the HTTP client's resolver, so a name that
 //! resolves to a private address (DNS rebinding) is refused just like the literal address.
+//!
+//! The URL check runs on every request, not once per server: [`super::outbound`] owns the
+//! only HTTP client and checks each URL before it sends.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
@@ -185,7 +188,9 @@ impl EgressPolicy {
     /// Checks a URL against the rules, and a literal IP host against the address rules.
     pub fn check_url(&self, url: &reqwest::Url) -> Result<(), String> {
         let scheme = url.scheme();
-        let host = url.host_str().ok_or_else(|| format!("{url} has no host"))?;
+        let host = url
+            .host_str()
+            .ok_or_else(|| format!("a {scheme} URL without a host is not allowed"))?;
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let port = url.port_or_known_default();
         let allowed = self.rules.iter().any(|rule| {

@@ -1,6 +1,6 @@
 //! Remote MCP transports: Streamable HTTP (rmcp's reqwest client) and the legacy HTTP+SSE
-//! transport (our own rmcp `Transport`), with per-server headers, credentials and the
-//! egress policy applied to every request.
+//! transport (our own rmcp `Transport`), with per-server headers and credentials. Both send
+//! through [`OutboundClient`], which applies the egress policy to every request.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use sse_stream::{Error as SseError, Sse, SseStream};
 use tokio::sync::mpsc;
 
 use super::auth::{Credentials, OAuthClient};
-use super::egress::{EgressPolicy, EgressResolver};
+use super::outbound::OutboundClient;
 
 /// rustls needs a process-wide crypto provider before any HTTP client is built; `ring`
 /// builds without extra tooling.
@@ -30,24 +30,6 @@ pub fn ensure_tls_provider() {
     ONCE.call_once(|| {
         let _ = rustls::crypto::ring::default_provider().install_default();
     });
-}
-
-/// The reqwest client for remote servers: the egress resolver, no redirects (a redirect
-/// could lead past the egress check), and the connect timeout.
-pub(crate) fn http_client(
-    egress: &Arc<EgressPolicy>,
-    connect_timeout: Duration,
-) -> Result<reqwest::Client, String> {
-    ensure_tls_provider();
-    reqwest::Client::builder()
-        .dns_resolver(Arc::new(EgressResolver {
-            policy: egress.clone(),
-        }))
-        .redirect(reqwest::redirect::Policy::none())
-        .tcp_nodelay(true)
-        .connect_timeout(connect_timeout)
-        .build()
-        .map_err(|e| format!("cannot build the HTTP client: {e}"))
 }
 
 /// Static headers of a server: its record's `http.headers` and an API key.
@@ -80,7 +62,7 @@ pub(crate) fn header_map(
 /// triggers one refresh and one retry.
 #[derive(Clone)]
 pub(crate) struct AuthedClient {
-    pub(crate) inner: reqwest::Client,
+    pub(crate) inner: OutboundClient,
     pub(crate) oauth: Option<Arc<OAuthClient>>,
 }
 
@@ -280,7 +262,8 @@ impl LegacySse {
         let base = reqwest::Url::parse(url).map_err(|e| format!("bad URL {url}: {e}"))?;
         let mut request = client
             .inner
-            .get(base.clone())
+            .get(url)
+            .map_err(|denied| denied.to_string())?
             .header("accept", "text/event-stream");
         for (name, value) in &headers {
             request = request.header(name, value);
@@ -313,9 +296,16 @@ impl LegacySse {
                 }
             }
         };
+        // Named by the server, so checked like any URL before it is used; the error shows
+        // its origin only (the path and query may carry a session id).
+        let origin = endpoint.origin().ascii_serialization();
+        client
+            .inner
+            .check(&endpoint)
+            .map_err(|denied| format!("{url} announced an endpoint on {origin}: {denied}"))?;
         if endpoint.origin() != base.origin() {
             return Err(format!(
-                "{url} announced an endpoint on another origin ({endpoint}); refused"
+                "{url} announced an endpoint on another origin ({origin}); refused"
             ));
         }
         let (tx, incoming) = mpsc::channel(64);
@@ -372,25 +362,30 @@ impl Transport<RoleClient> for LegacySse {
             self.headers.clone(),
         );
         async move {
+            // Every POST is checked again: the endpoint came from the server.
             let post = |token: Option<String>| {
-                let mut request = client.inner.post(url.as_ref()).json(&item);
+                let mut request = client
+                    .inner
+                    .post(&url)
+                    .map_err(|denied| LegacySseError::Http(denied.to_string()))?
+                    .json(&item);
                 for (name, value) in &headers {
                     request = request.header(name, value);
                 }
                 if let Some(token) = token {
                     request = request.bearer_auth(token);
                 }
-                request.send()
+                Ok::<_, LegacySseError>(request.send())
             };
             let token = bearer(&client).await.map_err(LegacySseError::Http)?;
-            let mut response = post(token.clone())
+            let mut response = post(token.clone())?
                 .await
                 .map_err(|e| LegacySseError::Http(chain(&e)))?;
             if response.status() == reqwest::StatusCode::UNAUTHORIZED
                 && let (Some(oauth), Some(token)) = (&client.oauth, token)
             {
                 let fresh = oauth.refresh(&token).await.map_err(LegacySseError::Http)?;
-                response = post(Some(fresh))
+                response = post(Some(fresh))?
                     .await
                     .map_err(|e| LegacySseError::Http(chain(&e)))?;
             }

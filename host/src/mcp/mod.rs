@@ -7,10 +7,12 @@
 //! by. Who may call what is decided by [`crate::policy`] (pure), asked once per hostcall.
 
 mod auth;
+mod connect;
 mod egress;
 mod error;
 mod hostcalls;
 mod http;
+mod outbound;
 mod pool;
 mod session;
 

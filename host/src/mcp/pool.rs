@@ -7,41 +7,25 @@
 //! `tools/list` is read in full and cached until the server says the list changed or the
 //! TTL passes, so listing is never on a hot path.
 //!
-//! Server processes run in their own process group with only a minimal environment plus
-//! what their record grants; their stderr goes to the host log under their server id, and
-//! they are killed with the host (shutdown, drop, or the host dying: `PR_SET_PDEATHSIG`).
+//! How a connection is made (spawning a process, reaching a URL, the handshake) is
+//! [`super::connect`]'s job; the pool only decides when, and what to do when it fails.
 
 use std::collections::HashMap;
-use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rmcp::model::ProtocolVersion;
-use rmcp::model::{
-    CallToolRequestParams, ClientConfig, ErrorCode, JsonObject, PaginatedRequestParams,
-};
-use rmcp::service::{NotificationContext, RunningService};
-use rmcp::transport::IntoTransport;
-use rmcp::transport::TokioChildProcess;
-use rmcp::{
-    ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceError, ServiceExt,
-};
-use tokio::io::AsyncBufReadExt;
+use rmcp::ServiceError;
+use rmcp::model::{CallToolRequestParams, ErrorCode, JsonObject, PaginatedRequestParams};
 use tokio::sync::Semaphore;
-use tracing::Instrument;
 
-use super::auth::{AuthConfig, Credentials};
+use super::auth::AuthConfig;
+use super::connect::{Connection, Connector};
 use super::egress::EgressPolicy;
 use super::error::{McpError, McpErrorCode};
-use super::http::{AuthedClient, LegacySse, header_map, http_client, streamable_http};
 use super::{CallToolResult, Tool};
 use crate::defaults;
-use crate::registry::{Launch, Lifecycle, ServerEntry, Transport};
-
-/// Host variables a server process inherits; everything else must be granted by its
-/// record's `env` / `env_from`, so host secrets do not leak into third-party servers.
-const SERVER_BASE_ENV: [&str; 6] = ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR"];
+use crate::registry::ServerEntry;
 
 /// Connection state of one server, for diagnostics.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,40 +42,6 @@ pub struct ServerStatus {
 pub struct ToolCallOutput {
     pub result: CallToolResult,
     pub json: Vec<u8>,
-}
-
-/// Receives server notifications for one connection.
-#[derive(Clone)]
-struct ClientEvents {
-    server_id: Arc<str>,
-    tools_stale: Arc<AtomicBool>,
-}
-
-impl ClientHandler for ClientEvents {
-    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        tracing::debug!(server_id = %self.server_id, "tools/list_changed: dropping cached tools");
-        self.tools_stale.store(true, Ordering::SeqCst);
-    }
-
-    fn get_info(&self) -> ClientConfig {
-        let mut config = ClientConfig::default();
-        config.client_info.name = "quiver".into();
-        config.client_info.version = env!("CARGO_PKG_VERSION").into();
-        config
-    }
-}
-
-struct Connection {
-    service: RunningService<RoleClient, ClientEvents>,
-    serial: u64,
-    pid: Option<u32>,
-    tools_stale: Arc<AtomicBool>,
-}
-
-impl Connection {
-    fn is_alive(&self) -> bool {
-        !self.service.is_closed() && !self.service.peer().is_transport_closed()
-    }
 }
 
 struct CachedTools {
@@ -122,19 +72,11 @@ pub struct RemoteOptions {
     pub egress: EgressPolicy,
 }
 
-struct Remote {
-    auth: std::collections::BTreeMap<String, AuthConfig>,
-    egress: Arc<EgressPolicy>,
-    /// One client for every remote server (sharing connections), enforcing the egress policy.
-    http: Result<reqwest::Client, String>,
-}
-
 /// The host's MCP connections. Cheap to share behind an `Arc`.
 pub struct McpPool {
     slots: Mutex<HashMap<String, Arc<ServerSlot>>>,
     tools_ttl: Duration,
-    connect_timeout: Duration,
-    remote: Remote,
+    connector: Connector,
 }
 
 impl Default for McpPool {
@@ -157,17 +99,10 @@ impl McpPool {
         connect_timeout: Duration,
         remote: RemoteOptions,
     ) -> Self {
-        let egress = Arc::new(remote.egress);
-        let http = http_client(&egress, connect_timeout);
         Self {
             slots: Mutex::new(HashMap::new()),
             tools_ttl,
-            connect_timeout,
-            remote: Remote {
-                auth: remote.auth,
-                egress,
-                http,
-            },
+            connector: Connector::new(connect_timeout, remote.auth, remote.egress),
         }
     }
 
@@ -223,7 +158,7 @@ impl McpPool {
             ));
         }
         let serial = slot.connections.fetch_add(1, Ordering::SeqCst) + 1;
-        match self.open_connection(&slot.entry, serial).await {
+        match self.connector.open(&slot.entry, serial).await {
             Ok(fresh) => {
                 *slot.backoff.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 let fresh = Arc::new(fresh);
@@ -244,172 +179,6 @@ impl McpPool {
                 Err(error)
             }
         }
-    }
-
-    async fn open_connection(
-        &self,
-        entry: &ServerEntry,
-        serial: u64,
-    ) -> Result<Connection, McpError> {
-        let server_id = entry.server_id();
-        let unavailable = |message: String| McpError::new(McpErrorCode::Unavailable, message);
-        let launch = entry.launch.as_ref().map_err(|reason| {
-            unavailable(format!("server `{server_id}` is unavailable: {reason}"))
-        })?;
-        let (command, args, env, cwd) = match launch {
-            Launch::Stdio {
-                command,
-                args,
-                env,
-                cwd,
-            } => (command, args, env, cwd),
-            Launch::Http { url, headers } => {
-                return self.open_remote(entry, url, headers, serial).await;
-            }
-        };
-        let mut cmd = tokio::process::Command::new(command);
-        cmd.args(args).env_clear();
-        for name in SERVER_BASE_ENV {
-            if let Some(value) = std::env::var_os(name) {
-                cmd.env(name, value);
-            }
-        }
-        cmd.envs(env);
-        if let Some(cwd) = cwd {
-            cmd.current_dir(cwd);
-        }
-        #[cfg(target_os = "linux")]
-        // SAFETY: the closure only calls prctl, which is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                Ok(())
-            });
-        }
-        let mut wrapped = process_wrap::tokio::CommandWrap::from(cmd);
-        wrapped.wrap(process_wrap::tokio::ProcessGroup::leader());
-        wrapped.wrap(process_wrap::tokio::KillOnDrop);
-        let (transport, stderr) = TokioChildProcess::builder(wrapped)
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| {
-                unavailable(format!(
-                    "server `{server_id}`: cannot start `{command}`: {e}"
-                ))
-            })?;
-        let pid = transport.id();
-        if let Some(stderr) = stderr {
-            tokio::spawn(forward_stderr(server_id.to_owned(), stderr));
-        }
-        let tools_stale = Arc::new(AtomicBool::new(false));
-        let events = ClientEvents {
-            server_id: server_id.into(),
-            tools_stale: tools_stale.clone(),
-        };
-        // A connection outlives the task that happened to open it: detach it from the
-        // caller's span so its logs are not filed under that task.
-        let connection_span = tracing::info_span!(parent: None, "mcp_server", server_id);
-        let handshake =
-            handshake(events, transport, entry.record.lifecycle).instrument(connection_span);
-        let service = tokio::time::timeout(self.connect_timeout, handshake)
-            .await
-            .map_err(|_| {
-                unavailable(format!(
-                    "server `{server_id}` did not finish the MCP handshake within {} ms",
-                    self.connect_timeout.as_millis()
-                ))
-            })?
-            .map_err(|e| unavailable(format!("server `{server_id}`: MCP handshake failed: {e}")))?;
-        tracing::info!(server_id, pid, serial, "MCP server connected");
-        Ok(Connection {
-            service,
-            serial,
-            pid,
-            tools_stale,
-        })
-    }
-
-    async fn open_remote(
-        &self,
-        entry: &ServerEntry,
-        url: &str,
-        headers: &std::collections::BTreeMap<String, String>,
-        serial: u64,
-    ) -> Result<Connection, McpError> {
-        let server_id = entry.server_id();
-        let unavailable = |message: String| McpError::new(McpErrorCode::Unavailable, message);
-        let parsed = reqwest::Url::parse(url)
-            .map_err(|e| unavailable(format!("server `{server_id}`: bad http.url: {e}")))?;
-        self.remote
-            .egress
-            .check_url(&parsed)
-            .map_err(|why| unavailable(format!("server `{server_id}`: egress policy: {why}")))?;
-        let http = self
-            .remote
-            .http
-            .clone()
-            .map_err(|e| unavailable(format!("server `{server_id}`: {e}")))?;
-        let credentials = match entry
-            .record
-            .http
-            .as_ref()
-            .and_then(|h| h.auth_ref.as_deref())
-        {
-            Some(auth_ref) => Some(
-                Credentials::resolve(server_id, auth_ref, &self.remote.auth, url, http.clone())
-                    .map_err(unavailable)?,
-            ),
-            None => None,
-        };
-        let headers = header_map(server_id, headers, credentials.as_ref()).map_err(unavailable)?;
-        let oauth = match &credentials {
-            Some(Credentials::OAuth(client)) => Some(client.clone()),
-            _ => None,
-        };
-        let client = AuthedClient { inner: http, oauth };
-        let tools_stale = Arc::new(AtomicBool::new(false));
-        let events = ClientEvents {
-            server_id: server_id.into(),
-            tools_stale: tools_stale.clone(),
-        };
-        let connection_span = tracing::info_span!(parent: None, "mcp_server", server_id);
-        let timeout = self.connect_timeout;
-        let handshake = async {
-            match entry.record.transport {
-                Transport::HttpSseLegacy => {
-                    let transport = LegacySse::connect(url, client, headers)
-                        .await
-                        .map_err(|e| format!("legacy SSE: {e}"))?;
-                    handshake(events, transport, entry.record.lifecycle).await
-                }
-                _ => {
-                    handshake(
-                        events,
-                        streamable_http(url, client, headers),
-                        entry.record.lifecycle,
-                    )
-                    .await
-                }
-            }
-        };
-        let service = tokio::time::timeout(timeout, handshake.instrument(connection_span))
-            .await
-            .map_err(|_| {
-                unavailable(format!(
-                    "server `{server_id}` ({url}) did not finish the MCP handshake within {} ms",
-                    timeout.as_millis()
-                ))
-            })?
-            .map_err(|e| {
-                unavailable(format!("server `{server_id}` ({url}): cannot connect: {e}"))
-            })?;
-        tracing::info!(server_id, url, serial, "MCP server connected");
-        Ok(Connection {
-            service,
-            serial,
-            pid: None,
-            tools_stale,
-        })
     }
 
     /// Forgets `conn` if it is still the slot's current connection, so the next call
@@ -568,32 +337,6 @@ impl McpPool {
     }
 }
 
-/// Opens the MCP session over `transport` the way the record asks.
-async fn handshake<T, E, A>(
-    events: ClientEvents,
-    transport: T,
-    lifecycle: Lifecycle,
-) -> Result<RunningService<RoleClient, ClientEvents>, String>
-where
-    T: IntoTransport<RoleClient, E, A>,
-    E: std::error::Error + Send + Sync + 'static,
-{
-    let mode = match lifecycle {
-        Lifecycle::Initialize => return events.serve(transport).await.map_err(|e| e.to_string()),
-        Lifecycle::Discover => ClientLifecycleMode::Discover {
-            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-        },
-        Lifecycle::Auto => ClientLifecycleMode::Auto {
-            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-            legacy_version: Some(ProtocolVersion::V_2025_11_25),
-        },
-    };
-    events
-        .serve_with_lifecycle(transport, mode)
-        .await
-        .map_err(|e| e.to_string())
-}
-
 async fn list_all_pages(conn: &Connection) -> Result<Vec<Tool>, ServiceError> {
     let mut tools = Vec::new();
     let mut cursor = None;
@@ -648,18 +391,4 @@ fn service_failed(server_id: &str, what: &str, error: ServiceError) -> McpError 
             format!("server `{server_id}` failed {what}: {other}"),
         ),
     }
-}
-
-async fn forward_stderr(server_id: String, stderr: tokio::process::ChildStderr) {
-    let span = tracing::info_span!("mcp_server_stderr", server_id = %server_id);
-    async move {
-        let mut lines = tokio::io::BufReader::new(stderr).split(b'\n');
-        while let Ok(Some(line)) = lines.next_segment().await {
-            let cut = line.len().min(defaults::MAX_SERVER_STDERR_LINE_BYTES);
-            let text = String::from_utf8_lossy(&line[..cut]);
-            tracing::info!(target: "quiver::mcp::server", server_id = %server_id, "{}", text.trim_end());
-        }
-    }
-    .instrument(span)
-    .await
 }

@@ -1,0 +1,209 @@
+//! Making one MCP connection: start or reach a server, then open the rmcp session.
+//!
+//! The pool decides *when* to connect (lazily, with backoff, one connection per server);
+//! this module decides *how*. The two transports differ only in how the byte stream comes
+//! to be: [`stdio`] spawns a confined child process, [`remote`] resolves credentials and
+//! builds an HTTP transport that goes through the egress-checked client. Everything after
+//! that is the same for both and lives in one place, [`Connector::establish`]: the
+//! notification handler, a span detached from the caller, the timed handshake in the mode
+//! the record asks for, the error mapping, and the [`Connection`] handed to the pool.
+
+mod remote;
+mod stdio;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use rmcp::model::{ClientConfig, ProtocolVersion};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::transport::IntoTransport;
+use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceExt};
+use tracing::Instrument;
+
+use super::auth::AuthConfig;
+use super::egress::EgressPolicy;
+use super::error::{McpError, McpErrorCode};
+use super::outbound::OutboundClient;
+use crate::registry::{Launch, Lifecycle, ServerEntry};
+
+/// Receives server notifications for one connection.
+#[derive(Clone)]
+pub(super) struct ClientEvents {
+    server_id: Arc<str>,
+    tools_stale: Arc<AtomicBool>,
+}
+
+impl ClientHandler for ClientEvents {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        tracing::debug!(server_id = %self.server_id, "tools/list_changed: dropping cached tools");
+        self.tools_stale.store(true, Ordering::SeqCst);
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        let mut config = ClientConfig::default();
+        config.client_info.name = "quiver".into();
+        config.client_info.version = env!("CARGO_PKG_VERSION").into();
+        config
+    }
+}
+
+/// One live MCP session, as the pool holds it.
+pub(super) struct Connection {
+    pub(super) service: RunningService<RoleClient, ClientEvents>,
+    /// Which connection of its slot this is (1 + restarts); the tools cache is keyed by it.
+    pub(super) serial: u64,
+    /// The server process, for stdio servers.
+    pub(super) pid: Option<u32>,
+    /// Set by a `tools/list_changed` notification.
+    pub(super) tools_stale: Arc<AtomicBool>,
+}
+
+impl Connection {
+    pub(super) fn is_alive(&self) -> bool {
+        !self.service.is_closed() && !self.service.peer().is_transport_closed()
+    }
+}
+
+/// Where a connection goes, for its errors and its log line.
+enum Peer<'a> {
+    Process { pid: Option<u32> },
+    Url(&'a str),
+}
+
+/// Opens connections: the connect timeout, and for remote servers the credentials and the
+/// one HTTP client (which applies the egress policy to every request).
+pub(super) struct Connector {
+    timeout: Duration,
+    auth: BTreeMap<String, AuthConfig>,
+    /// One client for every remote server (sharing connections); it checks every request
+    /// against the egress policy.
+    http: Result<OutboundClient, String>,
+}
+
+impl Connector {
+    pub(super) fn new(
+        timeout: Duration,
+        auth: BTreeMap<String, AuthConfig>,
+        egress: EgressPolicy,
+    ) -> Self {
+        let http = OutboundClient::new(Arc::new(egress), timeout);
+        Self {
+            timeout,
+            auth,
+            http,
+        }
+    }
+
+    /// A new connection to `entry`'s server, numbered `serial`.
+    pub(super) async fn open(
+        &self,
+        entry: &ServerEntry,
+        serial: u64,
+    ) -> Result<Connection, McpError> {
+        let server_id = entry.server_id();
+        let launch = entry.launch.as_ref().map_err(|reason| {
+            unavailable(format!("server `{server_id}` is unavailable: {reason}"))
+        })?;
+        match launch {
+            Launch::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+            } => {
+                let (transport, pid) = stdio::spawn(server_id, command, args, env, cwd.as_ref())?;
+                let peer = Peer::Process { pid };
+                self.establish(entry, serial, peer, async { Ok(transport) })
+                    .await
+            }
+            Launch::Http { url, headers } => self.open_remote(entry, url, headers, serial).await,
+        }
+    }
+
+    /// What both transports share: opens the MCP session over the transport `transport`
+    /// yields, within the connect timeout, and returns the pool's [`Connection`].
+    ///
+    /// `transport` runs inside the timeout and the connection's span, so a transport that
+    /// has to talk before the handshake (legacy SSE waits for its endpoint) is bounded and
+    /// logged like the handshake itself.
+    async fn establish<T, E, A>(
+        &self,
+        entry: &ServerEntry,
+        serial: u64,
+        peer: Peer<'_>,
+        transport: impl Future<Output = Result<T, String>>,
+    ) -> Result<Connection, McpError>
+    where
+        T: IntoTransport<RoleClient, E, A>,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let server_id = entry.server_id();
+        let (pid, url) = match peer {
+            Peer::Process { pid } => (pid, None),
+            Peer::Url(url) => (None, Some(url)),
+        };
+        let shown = match url {
+            Some(url) => format!("server `{server_id}` ({url})"),
+            None => format!("server `{server_id}`"),
+        };
+        let tools_stale = Arc::new(AtomicBool::new(false));
+        let events = ClientEvents {
+            server_id: server_id.into(),
+            tools_stale: tools_stale.clone(),
+        };
+        // A connection outlives the task that happened to open it: detach it from the
+        // caller's span so its logs are not filed under that task.
+        let connection_span = tracing::info_span!(parent: None, "mcp_server", server_id);
+        let lifecycle = entry.record.lifecycle;
+        let connecting = async move { handshake(events, transport.await?, lifecycle).await };
+        let service = tokio::time::timeout(self.timeout, connecting.instrument(connection_span))
+            .await
+            .map_err(|_| {
+                unavailable(format!(
+                    "{shown} did not finish the MCP handshake within {} ms",
+                    self.timeout.as_millis()
+                ))
+            })?
+            .map_err(|e| unavailable(format!("{shown}: cannot connect: {e}")))?;
+        tracing::info!(server_id, pid, url, serial, "MCP server connected");
+        Ok(Connection {
+            service,
+            serial,
+            pid,
+            tools_stale,
+        })
+    }
+}
+
+fn unavailable(message: String) -> McpError {
+    McpError::new(McpErrorCode::Unavailable, message)
+}
+
+/// Opens the MCP session over `transport` the way the record asks.
+async fn handshake<T, E, A>(
+    events: ClientEvents,
+    transport: T,
+    lifecycle: Lifecycle,
+) -> Result<RunningService<RoleClient, ClientEvents>, String>
+where
+    T: IntoTransport<RoleClient, E, A>,
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let failed = |e: rmcp::service::ClientInitializeError| format!("MCP handshake failed: {e}");
+    let mode = match lifecycle {
+        Lifecycle::Initialize => return events.serve(transport).await.map_err(failed),
+        Lifecycle::Discover => ClientLifecycleMode::Discover {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+        },
+        Lifecycle::Auto => ClientLifecycleMode::Auto {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28],
+            legacy_version: Some(ProtocolVersion::V_2025_11_25),
+        },
+    };
+    events
+        .serve_with_lifecycle(transport, mode)
+        .await
+        .map_err(failed)
+}

@@ -1,0 +1,71 @@
+//! Reaching a remote server: Streamable HTTP or legacy HTTP+SSE, with the record's headers
+//! and the credentials its `auth_ref` names, through the host's one HTTP client.
+//!
+//! The configured URL is checked against the egress policy before anything else happens,
+//! so a server outside the allow rules fails with the rule that refused it and no token is
+//! fetched for it. Every later request (to that URL, to an endpoint the server names, to an
+//! OAuth endpoint) is checked again by the client itself ([`crate::mcp::outbound`]).
+
+use std::collections::BTreeMap;
+
+use super::{Connection, Connector, Peer, unavailable};
+use crate::mcp::auth::Credentials;
+use crate::mcp::error::McpError;
+use crate::mcp::http::{AuthedClient, LegacySse, header_map, streamable_http};
+use crate::registry::{ServerEntry, Transport};
+
+impl Connector {
+    pub(super) async fn open_remote(
+        &self,
+        entry: &ServerEntry,
+        url: &str,
+        headers: &BTreeMap<String, String>,
+        serial: u64,
+    ) -> Result<Connection, McpError> {
+        let server_id = entry.server_id();
+        let parsed = reqwest::Url::parse(url)
+            .map_err(|e| unavailable(format!("server `{server_id}`: bad http.url: {e}")))?;
+        let http = self
+            .http
+            .clone()
+            .map_err(|e| unavailable(format!("server `{server_id}`: {e}")))?;
+        // The client checks every request anyway; checking here first fails fast, before
+        // credentials are resolved or a token is fetched for a server we may not reach.
+        http.check(&parsed)
+            .map_err(|denied| unavailable(format!("server `{server_id}`: {denied}")))?;
+        let credentials = match entry
+            .record
+            .http
+            .as_ref()
+            .and_then(|h| h.auth_ref.as_deref())
+        {
+            Some(auth_ref) => Some(
+                Credentials::resolve(server_id, auth_ref, &self.auth, url, http.clone())
+                    .map_err(unavailable)?,
+            ),
+            None => None,
+        };
+        let headers = header_map(server_id, headers, credentials.as_ref()).map_err(unavailable)?;
+        let oauth = match &credentials {
+            Some(Credentials::OAuth(client)) => Some(client.clone()),
+            _ => None,
+        };
+        let client = AuthedClient { inner: http, oauth };
+        let peer = Peer::Url(url);
+        match entry.record.transport {
+            Transport::HttpSseLegacy => {
+                let transport = async {
+                    LegacySse::connect(url, client, headers)
+                        .await
+                        .map_err(|e| format!("legacy SSE: {e}"))
+                };
+                self.establish(entry, serial, peer, transport).await
+            }
+            _ => {
+                let transport = streamable_http(url, client, headers);
+                self.establish(entry, serial, peer, async { Ok(transport) })
+                    .await
+            }
+        }
+    }
+}

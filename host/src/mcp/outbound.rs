@@ -1,0 +1,342 @@
+//! The MCP side's one HTTP client, and the only way to send with it: every request has its
+//! URL checked against the egress policy first, whoever builds it.
+//!
+//! Checking the configured URL once at connect time is not enough. A legacy SSE server
+//! names the URL its messages are posted to; OAuth metadata names the token endpoint that
+//! receives the client secret; rmcp hands a URI to every Streamable HTTP call. Any of them
+//! may point somewhere the allow rules do not cover. So the `reqwest::Client` is private to
+//! this module: code elsewhere gets an [`Outbound`] request from [`OutboundClient::request`]
+//! (checked when it is made, and its URL cannot change afterwards), or goes through
+//! [`OutboundClient`]'s own [`StreamableHttpClient`] impl (checked per call). Redirects are
+//! not followed, since a hop would skip the check, and the client's resolver
+//! ([`EgressResolver`]) checks every address a name resolves to.
+//!
+//! A refusal ([`EgressDenied`]) names the scheme, host and port and the rule that refused
+//! them; never the path or query, which may carry session ids or tokens.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+use http::{HeaderName, HeaderValue, Method};
+use rmcp::model::ClientJsonRpcMessage;
+use rmcp::transport::streamable_http_client::{
+    StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
+};
+use sse_stream::{Error as SseError, Sse};
+
+use super::egress::{EgressPolicy, EgressResolver};
+use super::http::ensure_tls_provider;
+
+/// A request the egress policy refused (or a URL it could not judge).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("egress policy: {0}")]
+pub(crate) struct EgressDenied(String);
+
+/// The egress-checked HTTP client shared by every remote server (one connection pool).
+#[derive(Clone)]
+pub(crate) struct OutboundClient {
+    http: reqwest::Client,
+    policy: Arc<EgressPolicy>,
+}
+
+impl OutboundClient {
+    /// The client: the egress resolver, no redirects, and the connect timeout.
+    pub(crate) fn new(
+        policy: Arc<EgressPolicy>,
+        connect_timeout: Duration,
+    ) -> Result<Self, String> {
+        ensure_tls_provider();
+        let http = reqwest::Client::builder()
+            .dns_resolver(Arc::new(EgressResolver {
+                policy: policy.clone(),
+            }))
+            .redirect(reqwest::redirect::Policy::none())
+            .tcp_nodelay(true)
+            .connect_timeout(connect_timeout)
+            .build()
+            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+        Ok(Self { http, policy })
+    }
+
+    /// Whether the policy lets a request go to `url`.
+    pub(crate) fn check(&self, url: &reqwest::Url) -> Result<(), EgressDenied> {
+        self.policy.check_url(url).map_err(EgressDenied)
+    }
+
+    fn checked(&self, url: &str) -> Result<reqwest::Url, EgressDenied> {
+        // The parse error alone: the URL may carry a secret in its query.
+        let parsed = reqwest::Url::parse(url)
+            .map_err(|e| EgressDenied(format!("cannot check a URL that does not parse ({e})")))?;
+        self.check(&parsed)?;
+        Ok(parsed)
+    }
+
+    /// A `method` request to `url`, if the egress policy allows `url`.
+    pub(crate) fn request(&self, method: Method, url: &str) -> Result<Outbound, EgressDenied> {
+        let url = self.checked(url)?;
+        Ok(Outbound(self.http.request(method, url)))
+    }
+
+    pub(crate) fn get(&self, url: &str) -> Result<Outbound, EgressDenied> {
+        self.request(Method::GET, url)
+    }
+
+    pub(crate) fn post(&self, url: &str) -> Result<Outbound, EgressDenied> {
+        self.request(Method::POST, url)
+    }
+
+    /// rmcp's calls carry their own URI: check it, or fail the call as an I/O error
+    /// (`PermissionDenied`) whose text is the refusal.
+    fn checked_uri(&self, uri: &str) -> Result<(), HttpError> {
+        self.checked(uri).map(drop).map_err(|denied| {
+            StreamableHttpError::Io(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                denied,
+            ))
+        })
+    }
+}
+
+/// A request whose URL passed the egress check. It can gain headers and a body, not a
+/// new URL, and it does not hand out the client it will be sent with.
+pub(crate) struct Outbound(reqwest::RequestBuilder);
+
+impl Outbound {
+    pub(crate) fn header<K, V>(self, name: K, value: V) -> Self
+    where
+        HeaderName: TryFrom<K>,
+        <HeaderName as TryFrom<K>>::Error: Into<http::Error>,
+        HeaderValue: TryFrom<V>,
+        <HeaderValue as TryFrom<V>>::Error: Into<http::Error>,
+    {
+        Self(self.0.header(name, value))
+    }
+
+    pub(crate) fn bearer_auth(self, token: impl std::fmt::Display) -> Self {
+        Self(self.0.bearer_auth(token))
+    }
+
+    pub(crate) fn basic_auth(
+        self,
+        user: impl std::fmt::Display,
+        password: Option<impl std::fmt::Display>,
+    ) -> Self {
+        Self(self.0.basic_auth(user, password))
+    }
+
+    pub(crate) fn form<T: serde::Serialize + ?Sized>(self, form: &T) -> Self {
+        Self(self.0.form(form))
+    }
+
+    pub(crate) fn json<T: serde::Serialize + ?Sized>(self, json: &T) -> Self {
+        Self(self.0.json(json))
+    }
+
+    pub(crate) async fn send(self) -> Result<reqwest::Response, reqwest::Error> {
+        self.0.send().await
+    }
+}
+
+type HttpError = StreamableHttpError<reqwest::Error>;
+
+/// rmcp's Streamable HTTP calls, each checked against the egress policy, then made by
+/// rmcp's own reqwest implementation on the private client.
+impl StreamableHttpClient for OutboundClient {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, HttpError> {
+        self.checked_uri(&uri)?;
+        self.http
+            .post_message(uri, message, session_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<StreamableHttpPostResponse, HttpError> {
+        self.checked_uri(&uri)?;
+        self.http
+            .post_message_with_max_sse_event_size(
+                uri,
+                message,
+                session_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+
+    async fn delete_session(
+        &self,
+        uri: Arc<str>,
+        session_id: Arc<str>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<(), HttpError> {
+        self.checked_uri(&uri)?;
+        self.http
+            .delete_session(uri, session_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
+        self.checked_uri(&uri)?;
+        self.http
+            .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
+            .await
+    }
+
+    async fn get_stream_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        session_id: Option<Arc<str>>,
+        last_event_id: Option<String>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
+        self.checked_uri(&uri)?;
+        self.http
+            .get_stream_with_max_sse_event_size(
+                uri,
+                session_id,
+                last_event_id,
+                auth_header,
+                custom_headers,
+                max_sse_event_size,
+            )
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::mcp::egress::EgressConfig;
+
+    fn client(allow: &[&str]) -> OutboundClient {
+        let policy = EgressPolicy::from_config(&EgressConfig {
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+            allow_private: vec!["127.0.0.0/8".into()],
+        })
+        .unwrap();
+        OutboundClient::new(Arc::new(policy), Duration::from_secs(5)).unwrap()
+    }
+
+    /// A loopback HTTP server answering every request with `answer`; counts connections.
+    async fn server(answer: String) -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counter = seen.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+        });
+        (addr, seen)
+    }
+
+    const OK: &str = "HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+    #[tokio::test]
+    async fn a_request_outside_the_rules_is_never_sent() {
+        let (addr, seen) = server(OK.into()).await;
+        let client = client(&["http://127.0.0.1:1"]);
+        let url = format!("http://{addr}/token?client_secret=s3cret");
+        let denied = client.post(&url).err().expect("refused");
+        let text = denied.to_string();
+        assert!(
+            text.contains("egress policy")
+                && text.contains(&addr.to_string())
+                && text.contains("[egress] allow"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("s3cret") && !text.contains("/token"),
+            "{text}"
+        );
+
+        let message: ClientJsonRpcMessage = serde_json::from_value(serde_json::json!({
+            "jsonrpc": "2.0", "id": 1, "method": "ping"
+        }))
+        .unwrap();
+        let uri: Arc<str> = format!("http://{addr}/mcp?session=s3cret").into();
+        let error = client
+            .post_message(uri.clone(), message, None, None, HashMap::new())
+            .await
+            .expect_err("refused");
+        assert!(error.to_string().contains("egress policy"), "{error}");
+        assert!(!error.to_string().contains("s3cret"), "{error}");
+        assert!(
+            client
+                .get_stream(uri.clone(), None, None, None, HashMap::new())
+                .await
+                .is_err()
+        );
+        assert!(
+            client
+                .delete_session(uri, "sid".into(), None, HashMap::new())
+                .await
+                .is_err()
+        );
+        assert_eq!(seen.load(Ordering::SeqCst), 0, "nothing reached the server");
+
+        let allowed = self::client(&[&format!("http://{addr}")]);
+        let response = allowed
+            .get(&format!("http://{addr}/"))
+            .unwrap()
+            .send()
+            .await;
+        assert_eq!(response.unwrap().status(), 200);
+        assert_eq!(seen.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn redirects_are_not_followed() {
+        let (target, seen) = server(OK.into()).await;
+        let (redirector, _) = server(format!(
+            "HTTP/1.1 307 Temporary Redirect\r\nlocation: http://{target}/x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        ))
+        .await;
+        let client = client(&["http://*:*"]);
+        let response = client
+            .post(&format!("http://{redirector}/mcp"))
+            .unwrap()
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 307);
+        assert_eq!(seen.load(Ordering::SeqCst), 0);
+    }
+}
