@@ -638,3 +638,132 @@ async fn tools_that_need_approval_are_never_offered_and_never_run() {
     assert_eq!(count.result.content[0].as_text().unwrap().text, "1");
     host.shutdown().await;
 }
+
+#[tokio::test]
+async fn unknown_upstream_fields_reach_the_guest_and_the_next_request_unchanged() {
+    let assistant = json!({
+        "role": "assistant",
+        "content": null,
+        "refusal": null,
+        "vendor_reasoning": {"steps": ["look up", "add"], "budget": 0.5},
+        "tool_calls": [{
+            "id": "v1", "type": "function", "index": 0, "vendor_call_meta": true,
+            "function": {"name": "mcp__fixture__add", "arguments": "{\"a\":1,\"b\":2}", "strict": false}
+        }]
+    });
+    let upstream = |message: Value, finish: &str| {
+        json!({
+            "id": "chatcmpl-vendor",
+            "object": "chat.completion",
+            "created": 1_700_000_000u64,
+            "model": "vendor-model",
+            "system_fingerprint": "fp_abc123",
+            "service_tier": null,
+            "choices": [{
+                "index": 0,
+                "message": message,
+                "logprobs": {"content": [{"token": "x", "logprob": -0.125, "bytes": [120]}]},
+                "finish_reason": finish,
+            }],
+            "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+                      "completion_tokens_details": {"reasoning_tokens": 2}},
+        })
+    };
+    let last_message =
+        json!({"role": "assistant", "content": "3", "annotations": [], "audio": null});
+    let last = upstream(last_message.clone(), "stop");
+    let setup = setup(vec![
+        Reply::Json(upstream(assistant.clone(), "tool_calls")),
+        Reply::Json(last.clone()),
+        Reply::text("bye"),
+    ])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("user", "1+2?")
+        .send(2)
+        .recv()
+        .msg("user", "thanks")
+        .send(2);
+    let run = run(&setup, &guest).await;
+
+    let second = setup.llm.request(1);
+    assert_eq!(
+        second["messages"][1], assistant,
+        "the assistant message goes back upstream as it came"
+    );
+    assert_eq!(tool_results(&second), [("v1".to_owned(), "3".to_owned())]);
+
+    let mut response = emitted_json(&run, 0);
+    let spear = response
+        .as_object_mut()
+        .unwrap()
+        .remove("_spear")
+        .expect("_spear");
+    assert_eq!(spear["iterations"], 2);
+    assert_eq!(spear["usage"]["total_tokens"], 20);
+    assert_eq!(
+        response, last,
+        "the guest sees the upstream JSON, plus _spear"
+    );
+    assert_eq!(
+        setup.llm.request(2)["messages"][3],
+        last_message,
+        "the final message is kept in the session as it came"
+    );
+}
+
+#[tokio::test]
+async fn hostile_completions_are_invalid_responses_and_usage_saturates() {
+    let tool_call = |call: Value| json!({"choices": [{"message": {"role": "assistant", "tool_calls": [call]}}]});
+    for (body, needle) in [
+        (json!({"id": "x"}), "choices"),
+        (json!({"choices": "none"}), "choices"),
+        (json!({"choices": []}), "no choices[0].message"),
+        (
+            json!({"choices": [{"message": null}]}),
+            "choices[0].message",
+        ),
+        (
+            tool_call(json!({"id": "n", "function": {"name": 42, "arguments": "{}"}})),
+            "function.name",
+        ),
+        (tool_call(json!({"id": "n"})), "function"),
+    ] {
+        let setup = setup(vec![Reply::Json(body.clone())]).await;
+        let run = run(&setup, &ChatGuest::new().msg("user", "x").send(2).recv()).await;
+        let response = emitted_json(&run, 0);
+        assert_eq!(response["error"]["code"], "llm_invalid_response", "{body}");
+        let message = response["error"]["message"].as_str().unwrap();
+        assert!(message.contains(needle), "{body}: {message}");
+    }
+
+    // A call without an id gets one; counts that cannot be counted are passed on uncounted;
+    // huge counts saturate.
+    let huge = json!({"prompt_tokens": u64::MAX, "completion_tokens": -3, "total_tokens": 1e300});
+    let setup = setup(vec![
+        Reply::Json(json!({
+            "choices": [{"message": {"role": "assistant", "content": null, "tool_calls": [
+                {"type": "function", "function": {"name": "mcp__fixture__add", "arguments": {"a": 2, "b": 2}}}
+            ]}}],
+            "usage": huge,
+        })),
+        Reply::Json(json!({"choices": [{"message": {"role": "assistant", "content": "4"}}], "usage": huge})),
+    ])
+    .await;
+    let run = run(
+        &setup,
+        &ChatGuest::new().msg("user", "x").send(2).recv().metrics(),
+    )
+    .await;
+    assert_eq!(
+        tool_results(&setup.llm.request(1)),
+        [("call_0".to_owned(), "4".to_owned())],
+        "an object for arguments is accepted; a missing id becomes call_<index>"
+    );
+    let response = emitted_json(&run, 0);
+    assert_eq!(response["usage"], huge, "the guest sees usage as it came");
+    let metrics = emitted_json(&run, 1);
+    assert_eq!(metrics["prompt_tokens"], u64::MAX);
+    assert_eq!(metrics["completion_tokens"], 0);
+    assert_eq!(metrics["total_tokens"], 0);
+}

@@ -285,7 +285,11 @@ fn no_server_process_outlives_quiver_run_even_after_a_trap() {
 fn quiver_waiting_in_a_tool_call(
     registry: &RegistryDir,
     tasks: &Path,
-) -> (std::process::Child, BufReader<std::process::ChildStderr>, u32) {
+) -> (
+    std::process::Child,
+    BufReader<std::process::ChildStderr>,
+    u32,
+) {
     registry.fixture(
         "fixture",
         &["pid", "slow"],
@@ -348,11 +352,17 @@ fn ctrl_c_stops_the_task_and_its_servers() {
 
 /// The pid of a process whose command line is exactly `argv`, if one is running.
 fn pid_of(argv: &[&str]) -> Option<u32> {
-    let wanted: Vec<u8> = argv.iter().flat_map(|a| [a.as_bytes(), b"\0"].concat()).collect();
-    std::fs::read_dir("/proc").ok()?.flatten().find_map(|entry| {
-        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
-        (std::fs::read(entry.path().join("cmdline")).ok()? == wanted).then_some(pid)
-    })
+    let wanted: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+            (std::fs::read(entry.path().join("cmdline")).ok()? == wanted).then_some(pid)
+        })
 }
 
 /// The safety argument of the pool's `pre_exec` (it only asks the kernel for

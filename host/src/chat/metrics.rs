@@ -1,7 +1,8 @@
 //! GET_METRICS: what one `cchat_send` cost.
 
 use serde::Serialize;
-use serde_json::Value;
+
+use super::wire::Usage;
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub(crate) struct ToolCallCounts {
@@ -33,11 +34,32 @@ pub(crate) struct Metrics {
 }
 
 impl Metrics {
-    /// Adds an upstream `usage` object.
-    pub(crate) fn add_usage(&mut self, usage: &Value) {
-        let get = |key: &str| usage[key].as_u64().unwrap_or(0);
-        self.prompt_tokens += get("prompt_tokens");
-        self.completion_tokens += get("completion_tokens");
-        self.total_tokens += get("total_tokens");
+    /// Adds an upstream `usage`; counts saturate rather than wrap.
+    pub(crate) fn add_usage(&mut self, usage: &Usage) {
+        let add = |total: &mut u64, n: Option<u64>| *total = total.saturating_add(n.unwrap_or(0));
+        add(&mut self.prompt_tokens, usage.prompt_tokens);
+        add(&mut self.completion_tokens, usage.completion_tokens);
+        add(&mut self.total_tokens, usage.total_tokens);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_saturates_instead_of_overflowing() {
+        let mut metrics = Metrics::default();
+        let huge = Usage {
+            prompt_tokens: Some(u64::MAX - 1),
+            completion_tokens: None,
+            total_tokens: Some(u64::MAX),
+            ..Usage::default()
+        };
+        metrics.add_usage(&huge);
+        metrics.add_usage(&huge);
+        assert_eq!(metrics.prompt_tokens, u64::MAX);
+        assert_eq!(metrics.completion_tokens, 0);
+        assert_eq!(metrics.total_tokens, u64::MAX);
     }
 }

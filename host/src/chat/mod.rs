@@ -5,7 +5,7 @@
 //! the host, the rest forwarded upstream), its own tools and its MCP settings, which can
 //! only narrow the task's. `cchat_send` runs [`run::send`]: it builds the tool set once
 //! (guest tools plus the MCP tools the session may use, from the pool's cache), asks the
-//! backend, runs the tool calls the model makes through the session's own name map, and
+//! backend (whose answer is read as the [`wire`] types), runs the tool calls the model makes through the session's own name map, and
 //! loops until the model answers or a budget is hit. Guest tools are called through a
 //! [`GuestTools`] implementation the ABI layer provides, so this module never touches
 //! wasm.
@@ -18,6 +18,7 @@ mod params;
 pub(crate) mod run;
 mod session;
 pub(crate) mod tools;
+pub mod wire;
 
 pub use hostcalls::add_to_linker;
 pub(crate) use metrics::Metrics;

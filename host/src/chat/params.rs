@@ -55,11 +55,13 @@ impl SessionMcp {
 }
 
 /// Why a SET_PARAM was refused.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub(crate) enum ParamError {
     /// Wrong value type or value (`-EINVAL`), with the reason for the log.
+    #[error("invalid param: {0}")]
     Invalid(String),
     /// Wider than the task allows, or a host-owned key (`-EACCES`).
+    #[error("param denied: {0}")]
     Denied(String),
 }
 

@@ -6,7 +6,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 
 use super::llm::{Backend, Backends, LlmError};
-use super::tools::{Resolution, Route, ToolSet, error_result, mcp_result_text, truncate_output};
+use super::tools::{
+    Resolution, Route, ToolErrorCode, ToolFailure, ToolSet, mcp_result_text, truncate_output,
+};
+use super::wire::{AssistantMessage, ChatCompletion, ToolCall};
 use super::{ChatResponse, ChatSession, Metrics};
 use crate::mcp::{McpError, McpErrorCode, McpTask};
 use crate::sandbox::Deadline;
@@ -58,8 +61,51 @@ enum Step<'a> {
     },
     Refused {
         kind: &'static str,
-        result: String,
+        failure: ToolFailure,
     },
+}
+
+/// Why a send ended without an answer: the `error` of the response.
+#[derive(Debug, thiserror::Error)]
+enum SendError {
+    #[error(transparent)]
+    Llm(#[from] LlmError),
+    #[error("the model still wanted tools when the session's {limit} ({value}) was reached")]
+    ToolCallLimit {
+        limit: &'static str,
+        value: u32,
+        last_response: Box<ChatCompletion>,
+    },
+}
+
+impl SendError {
+    fn limit(limit: &'static str, value: u32, last: ChatCompletion) -> Self {
+        Self::ToolCallLimit {
+            limit,
+            value,
+            last_response: Box::new(last),
+        }
+    }
+
+    /// `{"error": {...}, "_spear": spear}`, plus `last_response` for a limit.
+    fn into_body(self, spear: Value) -> Value {
+        match self {
+            SendError::Llm(error) => json!({"error": error.to_json(), "_spear": spear}),
+            SendError::ToolCallLimit {
+                limit,
+                value,
+                ref last_response,
+            } => {
+                let error = json!({
+                    "code": "tool_call_limit",
+                    "message": self.to_string(),
+                    "limit": limit,
+                    "value": value,
+                });
+                json!({"error": error, "_spear": spear, "last_response": last_response})
+            }
+        }
+    }
 }
 
 /// Decision-log entries copied into `_spear` (the rest are counted, and logged).
@@ -86,6 +132,7 @@ pub(crate) async fn send<G: GuestTools>(
         Err(error) => {
             let spear = json!({"backend": session.settings.backend, "iterations": 0});
             let body = json!({"error": error.to_json(), "_spear": spear});
+            let body = serde_json::to_vec(&body).unwrap_or_default();
             return Ok(finish(body, metrics, started, messages));
         }
     };
@@ -106,28 +153,23 @@ pub(crate) async fn send<G: GuestTools>(
         );
     }
     let mut total_calls = 0u32;
-    let outcome: Result<Value, Value> = loop {
+    let outcome: Result<ChatCompletion, SendError> = loop {
         metrics.iterations += 1;
         let body = request_body(session, &model, &messages, &tools);
-        let reply = request(&backend, &body, session, ctx, &mut metrics).await;
-        let completion = match reply {
+        let completion = match request(&backend, &body, session, ctx, &mut metrics).await {
             Ok(completion) => completion,
-            Err(error) => break Err(error.to_json()),
+            Err(error) => break Err(error.into()),
         };
-        let Some(message) = completion["choices"][0]["message"].as_object().cloned() else {
+        let Some(message) = completion.message() else {
             let error = LlmError::InvalidResponse {
                 backend: backend.name().to_owned(),
                 message: "no choices[0].message".into(),
             };
-            break Err(error.to_json());
+            break Err(error.into());
         };
-        let calls: Vec<Value> = message
-            .get("tool_calls")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
+        let calls = message.tool_calls();
         if calls.is_empty() {
-            messages.push(Value::Object(message));
+            messages.push(message_value(message));
             break Ok(completion);
         }
         if !auto_tool_call {
@@ -135,24 +177,19 @@ pub(crate) async fn send<G: GuestTools>(
             break Ok(completion);
         }
         if metrics.iterations >= session.settings.max_iterations {
-            break Err(limit_error(
-                "max_iterations",
-                session.settings.max_iterations,
-                completion,
-            ));
+            let max = session.settings.max_iterations;
+            break Err(SendError::limit("max_iterations", max, completion));
         }
-        if total_calls + calls.len() as u32 > session.settings.max_total_tool_calls {
-            break Err(limit_error(
-                "max_total_tool_calls",
-                session.settings.max_total_tool_calls,
-                completion,
-            ));
+        let wanted = u32::try_from(calls.len()).unwrap_or(u32::MAX);
+        if total_calls.saturating_add(wanted) > session.settings.max_total_tool_calls {
+            let max = session.settings.max_total_tool_calls;
+            break Err(SendError::limit("max_total_tool_calls", max, completion));
         }
-        total_calls += calls.len() as u32;
-        messages.push(Value::Object(message));
+        total_calls += wanted;
+        messages.push(message_value(message));
         let tools_started = Instant::now();
         let results = run_tool_calls(
-            &calls,
+            calls,
             &tools,
             session,
             ctx,
@@ -177,46 +214,33 @@ pub(crate) async fn send<G: GuestTools>(
         },
     });
     let body = match outcome {
+        // The upstream completion as it came, plus `_spear` (replacing any upstream one).
         Ok(mut completion) => {
-            completion["_spear"] = spear;
-            completion
+            completion.rest.insert("_spear".into(), spear);
+            serde_json::to_vec(&completion)
         }
-        Err(mut error) => {
-            let last = error
-                .as_object_mut()
-                .and_then(|e| e.remove("last_response"));
-            let mut body = json!({"error": error, "_spear": spear});
-            if let Some(last) = last {
-                body["last_response"] = last;
-            }
-            body
-        }
+        Err(error) => serde_json::to_vec(&error.into_body(spear)),
     };
-    Ok(finish(body, metrics, started, messages))
+    Ok(finish(body.unwrap_or_default(), metrics, started, messages))
 }
 
 fn finish(
-    body: Value,
+    body: Vec<u8>,
     mut metrics: Metrics,
     started: Instant,
     messages: Vec<Value>,
 ) -> SendOutcome {
     metrics.latency_ms.total = ms(started.elapsed());
     let response = ChatResponse {
-        body: serde_json::to_vec(&body).unwrap_or_default(),
+        body,
         metrics: serde_json::to_vec(&metrics).unwrap_or_default(),
     };
     SendOutcome { response, messages }
 }
 
-fn limit_error(limit: &str, value: u32, last: Value) -> Value {
-    json!({
-        "code": "tool_call_limit",
-        "message": format!("the model still wanted tools when the session's {limit} ({value}) was reached"),
-        "limit": limit,
-        "value": value,
-        "last_response": last,
-    })
+/// The assistant message as it goes into the session, unknown fields and all.
+fn message_value(message: &AssistantMessage) -> Value {
+    serde_json::to_value(message).unwrap_or_default()
 }
 
 /// The upstream body: forwarded params, then what the host owns.
@@ -242,7 +266,7 @@ async fn request(
     session: &ChatSession,
     ctx: &SendContext<'_>,
     metrics: &mut Metrics,
-) -> Result<Value, LlmError> {
+) -> Result<ChatCompletion, LlmError> {
     let configured = session
         .settings
         .timeout_ms
@@ -256,7 +280,9 @@ async fn request(
         Ok(reply) => {
             metrics.llm_requests += 1 + reply.retries;
             metrics.llm_retries += reply.retries;
-            metrics.add_usage(&reply.body["usage"]);
+            if let Some(usage) = reply.body.usage() {
+                metrics.add_usage(usage);
+            }
             Ok(reply.body)
         }
         Err(failure) => {
@@ -266,15 +292,6 @@ async fn request(
             tracing::warn!(task_id = ctx.task_id, backend = backend.name(), error = %failure.error, "LLM request failed");
             Err(failure.error)
         }
-    }
-}
-
-/// The arguments of a call as the model sent them (a JSON string, or an object).
-fn raw_arguments(call: &Value) -> String {
-    match &call["function"]["arguments"] {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
     }
 }
 
@@ -299,7 +316,7 @@ fn mcp_arguments(raw: &str) -> Result<Map<String, Value>, McpError> {
 /// bounds them), guest tools one at a time alongside; returns the `tool` messages in the
 /// model's order.
 async fn run_tool_calls<G: GuestTools>(
-    calls: &[Value],
+    calls: &[ToolCall],
     tools: &ToolSet,
     session: &ChatSession,
     ctx: &SendContext<'_>,
@@ -311,14 +328,11 @@ async fn run_tool_calls<G: GuestTools>(
         .iter()
         .enumerate()
         .map(|(i, call)| {
-            let id = call["id"]
-                .as_str()
+            let id = call
+                .id()
                 .map_or_else(|| format!("call_{i}"), str::to_owned);
-            let name = call["function"]["name"]
-                .as_str()
-                .unwrap_or_default()
-                .to_owned();
-            let raw = raw_arguments(call);
+            let name = call.function.name.clone();
+            let raw = call.function.arguments.clone();
             let step = match tools.resolve(&name) {
                 Resolution::Route(Route::Guest { table_index }) => Step::Guest {
                     table_index: *table_index,
@@ -334,17 +348,14 @@ async fn run_tool_calls<G: GuestTools>(
                     let message = format!("tool `{tool}` of server `{server_id}` is not available in this chat session: {why}");
                     Step::Refused {
                         kind: "denied",
-                        result: McpError::new(McpErrorCode::PolicyDenied, message)
-                            .to_json()
-                            .to_string(),
+                        failure: McpError::new(McpErrorCode::PolicyDenied, message).into(),
                     }
                 }
                 Resolution::Unknown => Step::Refused {
                     kind: "unknown",
-                    result: error_result(
-                        "unknown_tool",
-                        &format!("no tool named `{name}` was offered in this session"),
-                        false,
+                    failure: ToolFailure::new(
+                        ToolErrorCode::UnknownTool,
+                        format!("no tool named `{name}` was offered in this session"),
                     ),
                 },
             };
@@ -371,11 +382,7 @@ async fn run_tool_calls<G: GuestTools>(
                         .map(|out| mcp_result_text(&out.result)),
                     Err(error) => Err(error.clone()),
                 };
-                (
-                    i,
-                    result.map_err(|e| e.to_json().to_string()),
-                    started.elapsed(),
-                )
+                (i, result.map_err(ToolFailure::from), started.elapsed())
             }),
             _ => None,
         });
@@ -385,15 +392,14 @@ async fn run_tool_calls<G: GuestTools>(
             if let Step::Guest { table_index, args } = &p.step {
                 let started = Instant::now();
                 let result = guest.call(*table_index, args).await?;
-                let result =
-                    result.map_err(|reason| error_result("tool_exec_failed", &reason, false));
+                let result = result.map_err(ToolFailure::exec);
                 done.push((i, result, started.elapsed()));
             }
         }
         Ok::<_, wasmtime::Error>(done)
     };
     let (mcp_done, guest_done) = tokio::join!(futures::future::join_all(mcp_calls), guest_calls);
-    let mut results: Vec<Option<(Result<String, String>, Duration)>> =
+    let mut results: Vec<Option<(Result<String, ToolFailure>, Duration)>> =
         planned.iter().map(|_| None).collect();
     for (i, result, elapsed) in mcp_done.into_iter().chain(guest_done?) {
         results[i] = Some((result, elapsed));
@@ -404,14 +410,14 @@ async fn run_tool_calls<G: GuestTools>(
     for (p, result) in planned.iter().zip(results) {
         let mut entry = json!({"id": p.id, "name": p.name});
         let content = match (&p.step, result) {
-            (Step::Refused { kind, result }, _) => {
+            (Step::Refused { kind, failure }, _) => {
                 match *kind {
                     "denied" => metrics.tool_calls.denied += 1,
                     _ => metrics.tool_calls.unknown += 1,
                 }
                 entry["kind"] = json!(kind);
                 entry["ok"] = json!(false);
-                result.clone()
+                failure.to_content()
             }
             (step, Some((result, elapsed))) => {
                 match step {
@@ -435,12 +441,10 @@ async fn run_tool_calls<G: GuestTools>(
                 entry["ok"] = json!(result.is_ok());
                 match result {
                     Ok(text) => text,
-                    Err(error) => {
+                    Err(failure) => {
                         metrics.tool_calls.failed += 1;
-                        if let Ok(parsed) = serde_json::from_str::<Value>(&error) {
-                            entry["error"] = parsed["error"]["code"].clone();
-                        }
-                        error
+                        entry["error"] = json!(failure.code.as_str());
+                        failure.to_content()
                     }
                 }
             }

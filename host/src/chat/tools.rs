@@ -340,9 +340,78 @@ fn split_server_tool(name: &str) -> Option<(&str, &str)> {
         })
 }
 
-/// A tool failure as the text of a `tool` message.
-pub(crate) fn error_result(code: &str, message: &str, retryable: bool) -> String {
-    json!({"error": {"code": code, "message": message, "retryable": retryable}}).to_string()
+/// What kind of failure a tool call met: the `code` of its error result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ToolErrorCode {
+    /// The model named a tool that was not offered.
+    UnknownTool,
+    /// A guest tool failed, or an MCP tool answered `isError`.
+    ExecFailed,
+    /// The host could not complete an MCP call (the codes of `mcp_call_tool`).
+    Mcp(McpErrorCode),
+}
+
+impl ToolErrorCode {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::UnknownTool => "unknown_tool",
+            Self::ExecFailed => "tool_exec_failed",
+            Self::Mcp(code) => code.as_str(),
+        }
+    }
+
+    /// Whether trying the same call again later may succeed.
+    pub(crate) fn retryable(self) -> bool {
+        match self {
+            Self::UnknownTool | Self::ExecFailed => false,
+            Self::Mcp(code) => code.retryable(),
+        }
+    }
+}
+
+impl std::fmt::Display for ToolErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A tool call that produced no result. The model sees it, serialised once by
+/// [`to_content`](Self::to_content), as `{"error": {"code", "message", "retryable"}}`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub(crate) struct ToolFailure {
+    pub(crate) code: ToolErrorCode,
+    pub(crate) message: String,
+}
+
+impl ToolFailure {
+    pub(crate) fn new(code: ToolErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// `tool_exec_failed`.
+    pub(crate) fn exec(message: impl Into<String>) -> Self {
+        Self::new(ToolErrorCode::ExecFailed, message)
+    }
+
+    /// The text of the `tool` message.
+    pub(crate) fn to_content(&self) -> String {
+        json!({"error": {
+            "code": self.code.as_str(),
+            "message": self.message,
+            "retryable": self.code.retryable(),
+        }})
+        .to_string()
+    }
+}
+
+impl From<McpError> for ToolFailure {
+    fn from(error: McpError) -> Self {
+        Self::new(ToolErrorCode::Mcp(error.code), error.message)
+    }
 }
 
 /// The text of an MCP result for a `tool` message: its text parts, and a short note for
@@ -378,7 +447,9 @@ pub(crate) fn mcp_result_text(result: &CallToolResult) -> String {
     }
     let text = parts.join("\n");
     if result.is_error == Some(true) {
-        error_result("tool_exec_failed", &text, false)
+        // The model is told in the error shape; the call itself completed (`ok` in the
+        // summary), as before.
+        ToolFailure::exec(text).to_content()
     } else {
         text
     }
@@ -482,6 +553,26 @@ mod tests {
         let tiny = truncate_output("x".repeat(100), 20);
         assert!(tiny.len() <= 20 && tiny.ends_with("[truncated]"), "{tiny}");
         assert_eq!(truncate_output("x".repeat(100), 5), "xxxxx");
+    }
+
+    #[test]
+    fn tool_failures_serialise_as_before() {
+        let unknown = ToolFailure::new(ToolErrorCode::UnknownTool, "no tool named `x`");
+        assert_eq!(
+            unknown.to_content(),
+            r#"{"error":{"code":"unknown_tool","message":"no tool named `x`","retryable":false}}"#
+        );
+        let timeout: ToolFailure = McpError::new(McpErrorCode::Timeout, "slow").into();
+        assert_eq!(timeout.code.as_str(), "mcp_timeout");
+        assert_eq!(
+            serde_json::from_str::<Value>(&timeout.to_content()).unwrap(),
+            McpError::new(McpErrorCode::Timeout, "slow").to_json(),
+            "the same JSON as mcp_call_tool's error results"
+        );
+        assert_eq!(
+            ToolFailure::exec("boom").to_string(),
+            "tool_exec_failed: boom"
+        );
     }
 
     #[test]

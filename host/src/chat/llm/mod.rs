@@ -1,7 +1,7 @@
 //! LLM backends: where a chat session's requests go.
 //!
 //! A backend takes a complete OpenAI chat-completions request body and returns the response
-//! body, or a structured [`LlmError`]. It does not know where tools come from; the chat loop
+//! body, read as a [`ChatCompletion`] (unknown fields kept), or a structured [`LlmError`]. It does not know where tools come from; the chat loop
 //! does. Two kinds exist: [`openai`] speaks the OpenAI wire format over HTTP (any compatible
 //! server), and [`replay`] answers from a transcript file, for offline demos and tests. A
 //! [`Recorder`] can wrap either to write such a transcript from a real conversation.
@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::wire::ChatCompletion;
 pub use config::{BackendConfig, BackendKind, ConfigError, HostConfig};
 pub use error::LlmError;
 pub use record::Recorder;
@@ -26,8 +27,8 @@ pub use record::Recorder;
 /// A successful exchange.
 #[derive(Clone, Debug)]
 pub struct LlmReply {
-    /// The response body, a `chat.completion` object.
-    pub body: Value,
+    /// The response body, a `chat.completion` object (its unknown fields kept).
+    pub body: ChatCompletion,
     /// Retries it took (429, 5xx, network errors).
     pub retries: u32,
 }

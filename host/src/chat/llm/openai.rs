@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::config::{BackendConfig, ConfigError};
 use super::{LlmError, LlmFailure, LlmReply};
+use crate::chat::wire::ChatCompletion;
 use crate::defaults;
 
 pub(super) struct OpenAiBackend {
@@ -104,7 +105,7 @@ impl OpenAiBackend {
         }
     }
 
-    async fn attempt(&self, body: &Value, timeout: Duration) -> Result<Value, Attempt> {
+    async fn attempt(&self, body: &Value, timeout: Duration) -> Result<ChatCompletion, Attempt> {
         let mut request = self
             .client
             .post(&self.url)
@@ -145,18 +146,12 @@ impl OpenAiBackend {
                 Attempt::Final(error)
             });
         }
-        let invalid = |message: String| {
+        ChatCompletion::from_slice(&bytes).map_err(|error| {
             Attempt::Final(LlmError::InvalidResponse {
                 backend: self.name.clone(),
-                message,
+                message: format!("{error}: {}", snippet(&bytes)),
             })
-        };
-        let body: Value = serde_json::from_slice(&bytes)
-            .map_err(|e| invalid(format!("not JSON ({e}): {}", snippet(&bytes))))?;
-        if !body.get("choices").is_some_and(Value::is_array) {
-            return Err(invalid(format!("no `choices` array: {}", snippet(&bytes))));
-        }
-        Ok(body)
+        })
     }
 
     fn transport_error(&self, error: reqwest::Error, timeout: Duration) -> Attempt {

@@ -10,6 +10,7 @@ use std::sync::Mutex;
 use serde_json::Value;
 
 use super::replay::{Exchange, Matcher, Transcript, last_message};
+use crate::chat::wire::ChatCompletion;
 
 pub struct Recorder {
     path: PathBuf,
@@ -28,7 +29,7 @@ impl Recorder {
         }
     }
 
-    pub(super) fn record(&self, request: &Value, response: &Value) {
+    pub(super) fn record(&self, request: &Value, response: &ChatCompletion) {
         let (role, text) = last_message(request);
         let matcher = Matcher {
             last_role: role.map(str::to_owned),

@@ -24,6 +24,7 @@ use serde_json::Value;
 
 use super::config::{BackendConfig, ConfigError};
 use super::{LlmError, LlmFailure, LlmReply};
+use crate::chat::wire::ChatCompletion;
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -43,7 +44,9 @@ pub struct Matcher {
 pub struct Exchange {
     #[serde(rename = "match", default)]
     pub matcher: Matcher,
-    pub response: Value,
+    /// Read when the transcript loads, so a response the loop could not use is a config
+    /// error naming its path.
+    pub response: ChatCompletion,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -159,9 +162,9 @@ impl ReplayBackend {
             Some(exchange) => {
                 let mut response = exchange.response.clone();
                 if let Some(model) = body["model"].as_str()
-                    && response.get("model").is_none()
+                    && !response.rest.contains_key("model")
                 {
-                    response["model"] = Value::from(model);
+                    response.rest.insert("model".into(), Value::from(model));
                 }
                 Ok(LlmReply {
                     body: response,
