@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use super::task_state::{self, TaskState};
 use super::{Host, HostInner};
-use crate::chat::llm::{Backends, ConfigError, HostConfig, Recorder};
+use crate::chat::llm::{Backends, ConfigError, ConfigOrigin, HostConfig, Recorder};
 use crate::defaults;
 use crate::mcp::{EgressPolicy, McpPool, RemoteOptions};
 use crate::registry::{Registry, RegistryDirError, Severity};
@@ -44,7 +44,7 @@ pub struct HostBuilder {
     tools_cache_ttl: Duration,
     connect_timeout: Duration,
     config: HostConfig,
-    config_dir: PathBuf,
+    config_origin: ConfigOrigin,
     record_to: Option<PathBuf>,
 }
 
@@ -60,7 +60,7 @@ impl Default for HostBuilder {
             tools_cache_ttl: defaults::TOOLS_CACHE_TTL,
             connect_timeout: defaults::CONNECT_TIMEOUT,
             config: HostConfig::default(),
-            config_dir: PathBuf::from("."),
+            config_origin: ConfigOrigin::in_code("."),
             record_to: None,
         }
     }
@@ -120,17 +120,14 @@ impl HostBuilder {
     pub fn with_config_file(mut self, path: impl AsRef<Path>) -> Result<Self, HostError> {
         let path = path.as_ref();
         self.config = HostConfig::load(path)?;
-        self.config_dir = path
-            .parent()
-            .map(Path::to_owned)
-            .unwrap_or_else(|| PathBuf::from("."));
+        self.config_origin = ConfigOrigin::file(path);
         Ok(self)
     }
 
     /// Uses an already built host config; relative paths in it are relative to `dir`.
     pub fn with_config(mut self, config: HostConfig, dir: impl Into<PathBuf>) -> Self {
         self.config = config;
-        self.config_dir = dir.into();
+        self.config_origin = ConfigOrigin::in_code(dir);
         self
     }
 
@@ -158,13 +155,13 @@ impl HostBuilder {
             max_task_memory: self.max_task_memory,
         };
         let egress = EgressPolicy::from_config(&self.config.egress)
-            .map_err(|e| ConfigError::new(&self.config_dir.join("quiver.toml"), "egress", e))?;
+            .map_err(|e| ConfigError::new(&self.config_origin.file, "egress", e))?;
         let remote = RemoteOptions {
             auth: self.config.auth.clone(),
             egress,
         };
         let recorder = self.record_to.map(|path| Arc::new(Recorder::new(path)));
-        let backends = Backends::from_config(&self.config, &self.config_dir, recorder)?;
+        let backends = Backends::from_config(&self.config, &self.config_origin, recorder)?;
         let runtime = Runtime::<TaskState>::new(options, task_state::add_to_linker)
             .map_err(|e| HostError::Engine(format!("{e:#}")))?;
         Ok(Host {
@@ -195,4 +192,49 @@ pub(super) fn log_problems(registry: &Registry) {
         servers = registry.servers().count(),
         "registry loaded"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every config error found when the host is built names the file it came from, not a
+    /// guessed `quiver.toml` or a placeholder.
+    #[test]
+    fn config_errors_name_the_real_file() {
+        let dir = std::env::temp_dir().join(format!("quiver-config-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        for (name, text, field) in [
+            (
+                "node-a.toml",
+                "[backends.r]\nkind = \"replay\"\n",
+                "backends.r.transcript",
+            ),
+            (
+                "node-b.toml",
+                "default_backend = \"nope\"\n[backends.r]\nkind = \"openai\"\nbase_url = \"http://127.0.0.1:9\"\n",
+                "default_backend",
+            ),
+            (
+                "node-c.toml",
+                "[backends.r]\nkind = \"openai\"\nbase_url = \"ftp://x\"\n",
+                "backends.r.base_url",
+            ),
+        ] {
+            let path = dir.join(name);
+            std::fs::write(&path, text).unwrap();
+            let error = Host::builder()
+                .without_disk_cache()
+                .with_config_file(&path)
+                .and_then(HostBuilder::build)
+                .err()
+                .unwrap_or_else(|| panic!("{name} was accepted"));
+            let message = error.to_string();
+            assert!(
+                message.contains(&path.display().to_string()) && message.contains(field),
+                "{name}: {message}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

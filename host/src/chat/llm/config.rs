@@ -70,6 +70,34 @@ pub struct HostConfig {
     pub egress: EgressConfig,
 }
 
+/// Where a host config came from: errors name `file`, relative paths resolve against `dir`.
+#[derive(Clone, Debug)]
+pub struct ConfigOrigin {
+    pub file: PathBuf,
+    pub dir: PathBuf,
+}
+
+impl ConfigOrigin {
+    /// A config read from `file`.
+    pub fn file(file: &Path) -> Self {
+        Self {
+            file: file.to_owned(),
+            dir: file
+                .parent()
+                .map(Path::to_owned)
+                .unwrap_or_else(|| PathBuf::from(".")),
+        }
+    }
+
+    /// A config built in code, its relative paths relative to `dir`.
+    pub fn in_code(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            file: PathBuf::from("<host config built in code>"),
+            dir: dir.into(),
+        }
+    }
+}
+
 /// A config file that cannot be used, naming the file, the field and the fix.
 #[derive(Debug, thiserror::Error)]
 #[error("{}: {field}{message}", path.display())]
@@ -159,11 +187,12 @@ impl HostConfig {
     pub(crate) fn default_backend_name(
         &self,
         backends: &BTreeMap<String, BackendConfig>,
+        origin: &ConfigOrigin,
     ) -> Result<String, ConfigError> {
         match &self.default_backend {
             Some(name) if backends.contains_key(name) => Ok(name.clone()),
             Some(name) => Err(ConfigError::new(
-                Path::new("<host config>"),
+                &origin.file,
                 "default_backend",
                 format!(
                     "`{name}` is not one of the configured backends ({})",
@@ -177,7 +206,7 @@ impl HostConfig {
                 .cloned()
                 .unwrap_or_default()),
             None => Err(ConfigError::new(
-                Path::new("<host config>"),
+                &origin.file,
                 "default_backend",
                 "several backends are configured; name the default one",
             )),

@@ -13,14 +13,13 @@ mod record;
 mod replay;
 
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
 
 use super::wire::ChatCompletion;
-pub use config::{BackendConfig, BackendKind, ConfigError, HostConfig};
+pub use config::{BackendConfig, BackendKind, ConfigError, ConfigOrigin, HostConfig};
 pub use error::LlmError;
 pub use record::Recorder;
 
@@ -88,12 +87,13 @@ pub struct Backends {
 }
 
 impl Backends {
-    /// Builds the backends of `config`; relative paths in it are relative to `base_dir`.
+    /// Builds the backends of `config`; errors name `origin.file`, and relative paths in it
+    /// are relative to `origin.dir`.
     /// With no backends configured, one named `openai` is made from `OPENAI_BASE_URL`,
     /// `OPENAI_API_KEY` and `OPENAI_MODEL`.
     pub fn from_config(
         config: &HostConfig,
-        base_dir: &Path,
+        origin: &ConfigOrigin,
         recorder: Option<Arc<Recorder>>,
     ) -> Result<Self, ConfigError> {
         let configs = config.backends_or_zero_config();
@@ -101,10 +101,10 @@ impl Backends {
         for (name, backend) in &configs {
             let kind = match backend.kind {
                 BackendKind::Openai => {
-                    BackendImpl::OpenAi(openai::OpenAiBackend::new(name, backend)?)
+                    BackendImpl::OpenAi(openai::OpenAiBackend::new(name, backend, &origin.file)?)
                 }
                 BackendKind::Replay => {
-                    BackendImpl::Replay(replay::ReplayBackend::load(name, backend, base_dir)?)
+                    BackendImpl::Replay(replay::ReplayBackend::load(name, backend, origin)?)
                 }
             };
             let built = Backend {
@@ -122,7 +122,7 @@ impl Backends {
             };
             backends.insert(name.clone(), Arc::new(built));
         }
-        let default = config.default_backend_name(&configs)?;
+        let default = config.default_backend_name(&configs, origin)?;
         Ok(Self { default, backends })
     }
 

@@ -25,10 +25,13 @@ pub(super) struct OpenAiBackend {
 }
 
 impl OpenAiBackend {
-    pub(super) fn new(name: &str, config: &BackendConfig) -> Result<Self, ConfigError> {
+    pub(super) fn new(
+        name: &str,
+        config: &BackendConfig,
+        config_path: &std::path::Path,
+    ) -> Result<Self, ConfigError> {
         crate::mcp::ensure_tls_provider();
         let at = |field: &str| format!("backends.{name}.{field}");
-        let config_path = std::path::Path::new("<host config>");
         let base = config
             .base_url
             .clone()

@@ -17,12 +17,12 @@
 //! `last_content_contains` (a substring of the last message's text), `tools_include` (tool
 //! names the request must offer), `model`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::config::{BackendConfig, ConfigError};
+use super::config::{BackendConfig, ConfigError, ConfigOrigin};
 use super::{LlmError, LlmFailure, LlmReply};
 use crate::chat::wire::ChatCompletion;
 
@@ -111,14 +111,17 @@ impl ReplayBackend {
     pub(super) fn load(
         name: &str,
         config: &BackendConfig,
-        base_dir: &Path,
+        origin: &ConfigOrigin,
     ) -> Result<Self, ConfigError> {
         let field = format!("backends.{name}.transcript");
-        let relative = config
-            .transcript
-            .as_ref()
-            .ok_or_else(|| ConfigError::new(base_dir, &field, "missing"))?;
-        let path = base_dir.join(relative);
+        let relative = config.transcript.as_ref().ok_or_else(|| {
+            ConfigError::new(
+                &origin.file,
+                &field,
+                "missing: a replay backend needs a transcript file",
+            )
+        })?;
+        let path = origin.dir.join(relative);
         let text = std::fs::read_to_string(&path).map_err(|e| {
             ConfigError::new(
                 &path,
