@@ -767,3 +767,35 @@ async fn hostile_completions_are_invalid_responses_and_usage_saturates() {
     assert_eq!(metrics["completion_tokens"], 0);
     assert_eq!(metrics["total_tokens"], 0);
 }
+
+#[tokio::test]
+async fn a_tool_result_marked_is_error_counts_as_a_failed_call() {
+    let llm = ScriptedLlm::start(vec![
+        Reply::tool_calls([(
+            "e1",
+            "mcp__fixture__read_text",
+            json!({"path": "/nonexistent/file"}),
+        )]),
+        Reply::text("done"),
+    ])
+    .await;
+    let registry = registry_with("fixture", &["read_text"], "");
+    let host = scripted_host(&registry, &llm);
+    let guest = ChatGuest::new().msg("user", "go").send(2).recv().metrics();
+    let run = wat::run(&host, &guest.build(), &mcp_task("chat", &["fixture"])).await;
+    assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
+    let results = tool_results(&llm.request(1));
+    let error: Value = serde_json::from_str(&results[0].1).unwrap();
+    assert_eq!(error["error"]["code"], "tool_exec_failed");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/nonexistent/file")
+    );
+    let summary = &emitted_json(&run, 0)["_spear"]["tool_calls"][0];
+    assert_eq!(summary["ok"], false, "{summary}");
+    assert_eq!(summary["error"], "tool_exec_failed", "{summary}");
+    assert_eq!(emitted_json(&run, 1)["tool_calls"]["failed"], 1);
+    host.shutdown().await;
+}

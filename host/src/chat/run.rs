@@ -379,10 +379,11 @@ async fn run_tool_calls<G: GuestTools>(
                         .pool
                         .call_tool(entry, tool, args.clone())
                         .await
-                        .map(|out| mcp_result_text(&out.result)),
-                    Err(error) => Err(error.clone()),
+                        .map_err(ToolFailure::from)
+                        .and_then(|out| mcp_result_text(&out.result)),
+                    Err(error) => Err(ToolFailure::from(error.clone())),
                 };
-                (i, result.map_err(ToolFailure::from), started.elapsed())
+                (i, result, started.elapsed())
             }),
             _ => None,
         });

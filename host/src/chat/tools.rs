@@ -415,8 +415,9 @@ impl From<McpError> for ToolFailure {
 }
 
 /// The text of an MCP result for a `tool` message: its text parts, and a short note for
-/// each part chat tool messages cannot carry (images, audio, resources).
-pub(crate) fn mcp_result_text(result: &CallToolResult) -> String {
+/// each part chat tool messages cannot carry (images, audio, resources). A result the
+/// server marked `isError` is a `tool_exec_failed` failure carrying that text.
+pub(crate) fn mcp_result_text(result: &CallToolResult) -> Result<String, ToolFailure> {
     let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
     let mut parts = Vec::new();
     for part in content.as_array().into_iter().flatten() {
@@ -447,11 +448,9 @@ pub(crate) fn mcp_result_text(result: &CallToolResult) -> String {
     }
     let text = parts.join("\n");
     if result.is_error == Some(true) {
-        // The model is told in the error shape; the call itself completed (`ok` in the
-        // summary), as before.
-        ToolFailure::exec(text).to_content()
+        Err(ToolFailure::exec(text))
     } else {
-        text
+        Ok(text)
     }
 }
 
