@@ -18,7 +18,13 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 scripts/setup.sh >/dev/null
 
-seconds() { local start=$SECONDS; "$@" >/dev/null 2>&1 || { echo "failed: $*" >&2; exit 1; }; echo $((SECONDS - start)); }
+seconds() {
+  local start=$SECONDS log
+  log=$(mktemp)
+  "$@" >"$log" 2>&1 || { echo "failed in $PWD: $*" >&2; tail -20 "$log" >&2; exit 1; }
+  rm -f "$log"
+  echo $((SECONDS - start))
+}
 
 # The chat loop's file moved with the restructuring; touch whichever exists.
 touch_chat_loop() {
