@@ -1,8 +1,10 @@
 //! The wasm side of guest tools: finding a tool function in the guest's funcref table and
 //! calling it with the tool arena protocol of `docs/abi.md`. The loop reaches it only
-//! through the [`GuestTools`] trait, so the loop never touches wasm.
+//! through the [`GuestTools`] trait, so the loop never touches wasm. [`GuestTool`] is what
+//! `cchat_write_fn` registers.
 
 use quiver_abi::Errno;
+use serde_json::{Value, json};
 use wasmtime::{Caller, Func, Ref};
 
 use super::{ChatView, GuestTools};
@@ -105,5 +107,83 @@ impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
             });
         }
         unreachable!("the second attempt always returns")
+    }
+}
+
+/// A tool the guest registered with `cchat_write_fn`.
+#[derive(Clone, Debug)]
+pub(crate) struct GuestTool {
+    pub(crate) name: String,
+    /// `{"type": "function", "function": {...}}` as sent upstream.
+    pub(crate) definition: Value,
+    /// Index into the guest's funcref table.
+    pub(crate) table_index: u32,
+}
+
+/// OpenAI's rule for function names.
+pub(crate) fn is_valid_function_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+impl GuestTool {
+    /// Checks an OpenAI tool definition from the guest.
+    pub(crate) fn parse(table_index: u32, definition: &str) -> Result<Self, String> {
+        let value: Value =
+            serde_json::from_str(definition).map_err(|e| format!("not JSON: {e}"))?;
+        if value["type"] != "function" {
+            return Err("`type` must be \"function\"".into());
+        }
+        let function = value["function"]
+            .as_object()
+            .ok_or("`function` must be an object")?;
+        let name = function
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or("`function.name` must be a string")?;
+        if !is_valid_function_name(name) {
+            return Err(format!(
+                "function name {name:?} must match ^[a-zA-Z0-9_-]{{1,64}}$"
+            ));
+        }
+        if name.starts_with("mcp__") {
+            return Err(format!(
+                "function name {name:?}: the prefix mcp__ is reserved for MCP tools"
+            ));
+        }
+        if let Some(parameters) = function.get("parameters")
+            && !parameters.is_object()
+        {
+            return Err("`function.parameters` must be a JSON Schema object".into());
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            definition: json!({"type": "function", "function": function}),
+            table_index,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guest_tool_definitions_are_checked() {
+        let ok = GuestTool::parse(3, r#"{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}"#).unwrap();
+        assert_eq!(ok.name, "get_weather");
+        assert_eq!(ok.table_index, 3);
+        for bad in [
+            "not json",
+            r#"{"type":"function"}"#,
+            r#"{"type":"other","function":{"name":"x"}}"#,
+            r#"{"type":"function","function":{"name":"has space"}}"#,
+            r#"{"type":"function","function":{"name":"mcp__fs__x"}}"#,
+            r#"{"type":"function","function":{"name":"x","parameters":"nope"}}"#,
+        ] {
+            assert!(GuestTool::parse(0, bad).is_err(), "{bad}");
+        }
     }
 }

@@ -15,15 +15,16 @@ mod hostcalls;
 pub mod llm;
 mod metrics;
 mod params;
+mod results;
 pub(crate) mod run;
 mod session;
 pub(crate) mod tools;
 pub mod wire;
 
+pub(crate) use guest_tools::GuestTool;
 pub use hostcalls::add_to_linker;
 pub(crate) use metrics::Metrics;
 pub(crate) use params::{ParamError, SessionMcp, Settings};
 pub(crate) use run::{GuestTools, SendContext};
 pub(crate) use session::ROLES;
 pub use session::{ChatResponse, ChatSession, ChatTask, ChatView};
-pub(crate) use tools::GuestTool;

@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 use serde_json::{Map, Value, json};
 
 use super::llm::{Backend, Backends, LlmError};
-use super::tools::{
-    Resolution, Route, ToolErrorCode, ToolFailure, ToolSet, mcp_result_text, truncate_output,
-};
+use super::results::{ToolErrorCode, ToolFailure, mcp_result_text, truncate_output};
+use super::tools::{Resolution, Route, ToolSet};
 use super::wire::{AssistantMessage, ChatCompletion, ToolCall};
 use super::{ChatResponse, ChatSession, Metrics};
 use crate::mcp::{McpError, McpErrorCode, McpTask};

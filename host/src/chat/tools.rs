@@ -1,5 +1,8 @@
-//! The tools of one send: guest tools and MCP tools under model-facing names, the name map
-//! that routes the model's calls, and how results are turned into `tool` messages.
+//! The tools of one send: guest tools and MCP tools under model-facing names, and the name
+//! map that routes the model's calls. Only tools whose [`Grant::check_call`] passes are
+//! offered; a name the map does not know runs nothing.
+//!
+//! [`Grant::check_call`]: crate::policy::Grant::check_call
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -8,65 +11,9 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::ChatSession;
-use crate::mcp::{CallToolResult, McpError, McpErrorCode, McpTask, Tool};
+use crate::mcp::{McpError, McpErrorCode, McpTask, Tool};
 use crate::policy::{self, Decision, Effective, Reason, SessionRequest};
 use crate::registry::{Registry, ServerEntry};
-
-/// A tool the guest registered with `cchat_write_fn`.
-#[derive(Clone, Debug)]
-pub(crate) struct GuestTool {
-    pub(crate) name: String,
-    /// `{"type": "function", "function": {...}}` as sent upstream.
-    pub(crate) definition: Value,
-    /// Index into the guest's funcref table.
-    pub(crate) table_index: u32,
-}
-
-/// OpenAI's rule for function names.
-pub(crate) fn is_valid_function_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-}
-
-impl GuestTool {
-    /// Checks an OpenAI tool definition from the guest.
-    pub(crate) fn parse(table_index: u32, definition: &str) -> Result<Self, String> {
-        let value: Value =
-            serde_json::from_str(definition).map_err(|e| format!("not JSON: {e}"))?;
-        if value["type"] != "function" {
-            return Err("`type` must be \"function\"".into());
-        }
-        let function = value["function"]
-            .as_object()
-            .ok_or("`function` must be an object")?;
-        let name = function
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or("`function.name` must be a string")?;
-        if !is_valid_function_name(name) {
-            return Err(format!(
-                "function name {name:?} must match ^[a-zA-Z0-9_-]{{1,64}}$"
-            ));
-        }
-        if name.starts_with("mcp__") {
-            return Err(format!(
-                "function name {name:?}: the prefix mcp__ is reserved for MCP tools"
-            ));
-        }
-        if let Some(parameters) = function.get("parameters")
-            && !parameters.is_object()
-        {
-            return Err("`function.parameters` must be a JSON Schema object".into());
-        }
-        Ok(Self {
-            name: name.to_owned(),
-            definition: json!({"type": "function", "function": function}),
-            table_index,
-        })
-    }
-}
 
 /// Where a model-facing tool name leads.
 #[derive(Clone, Debug)]
@@ -340,169 +287,10 @@ fn split_server_tool(name: &str) -> Option<(&str, &str)> {
         })
 }
 
-/// What kind of failure a tool call met: the `code` of its error result.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum ToolErrorCode {
-    /// The model named a tool that was not offered.
-    UnknownTool,
-    /// A guest tool failed, or an MCP tool answered `isError`.
-    ExecFailed,
-    /// The host could not complete an MCP call (the codes of `mcp_call_tool`).
-    Mcp(McpErrorCode),
-}
-
-impl ToolErrorCode {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Self::UnknownTool => "unknown_tool",
-            Self::ExecFailed => "tool_exec_failed",
-            Self::Mcp(code) => code.as_str(),
-        }
-    }
-
-    /// Whether trying the same call again later may succeed.
-    pub(crate) fn retryable(self) -> bool {
-        match self {
-            Self::UnknownTool | Self::ExecFailed => false,
-            Self::Mcp(code) => code.retryable(),
-        }
-    }
-}
-
-impl std::fmt::Display for ToolErrorCode {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A tool call that produced no result. The model sees it, serialised once by
-/// [`to_content`](Self::to_content), as `{"error": {"code", "message", "retryable"}}`.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{code}: {message}")]
-pub(crate) struct ToolFailure {
-    pub(crate) code: ToolErrorCode,
-    pub(crate) message: String,
-}
-
-impl ToolFailure {
-    pub(crate) fn new(code: ToolErrorCode, message: impl Into<String>) -> Self {
-        Self {
-            code,
-            message: message.into(),
-        }
-    }
-
-    /// `tool_exec_failed`.
-    pub(crate) fn exec(message: impl Into<String>) -> Self {
-        Self::new(ToolErrorCode::ExecFailed, message)
-    }
-
-    /// The text of the `tool` message.
-    pub(crate) fn to_content(&self) -> String {
-        json!({"error": {
-            "code": self.code.as_str(),
-            "message": self.message,
-            "retryable": self.code.retryable(),
-        }})
-        .to_string()
-    }
-}
-
-impl From<McpError> for ToolFailure {
-    fn from(error: McpError) -> Self {
-        Self::new(ToolErrorCode::Mcp(error.code), error.message)
-    }
-}
-
-/// The text of an MCP result for a `tool` message: its text parts, and a short note for
-/// each part chat tool messages cannot carry (images, audio, resources). A result the
-/// server marked `isError` is a `tool_exec_failed` failure carrying that text.
-pub(crate) fn mcp_result_text(result: &CallToolResult) -> Result<String, ToolFailure> {
-    let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
-    let mut parts = Vec::new();
-    for part in content.as_array().into_iter().flatten() {
-        let size = |field: &str| human_size(part[field].as_str().map_or(0, |d| d.len() * 3 / 4));
-        let mime = part["mimeType"].as_str().unwrap_or("unknown type");
-        let note = match part["type"].as_str() {
-            Some("text") => part["text"].as_str().unwrap_or_default().to_owned(),
-            Some("image") => format!("[image: {mime}, {}]", size("data")),
-            Some("audio") => format!("[audio: {mime}, {}]", size("data")),
-            Some("resource_link") => {
-                format!("[resource link: {}]", part["uri"].as_str().unwrap_or("?"))
-            }
-            Some("resource") => match part["resource"]["text"].as_str() {
-                Some(text) => text.to_owned(),
-                None => format!(
-                    "[embedded resource: {}]",
-                    part["resource"]["uri"].as_str().unwrap_or("?")
-                ),
-            },
-            other => format!("[{} content]", other.unwrap_or("unknown")),
-        };
-        parts.push(note);
-    }
-    if parts.is_empty()
-        && let Some(structured) = &result.structured_content
-    {
-        parts.push(structured.to_string());
-    }
-    let text = parts.join("\n");
-    if result.is_error == Some(true) {
-        Err(ToolFailure::exec(text))
-    } else {
-        Ok(text)
-    }
-}
-
-fn human_size(bytes: usize) -> String {
-    if bytes < 1024 {
-        format!("{bytes} B")
-    } else {
-        format!("{:.1} KiB", bytes as f64 / 1024.0)
-    }
-}
-
-fn cut_at_boundary(text: &str, max: usize) -> &str {
-    let mut end = max.min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
-/// Cuts `text` to at most `max` bytes at a UTF-8 boundary with an explicit marker. JSON
-/// stays JSON: it becomes `{"truncated": true, "original_bytes": N, "prefix": "..."}`.
-pub(crate) fn truncate_output(text: String, max: usize) -> String {
-    if text.len() <= max {
-        return text;
-    }
-    let original = text.len();
-    if serde_json::from_str::<Value>(&text).is_ok() {
-        let mut budget = max.saturating_sub(64);
-        loop {
-            let wrapped = json!({"truncated": true, "original_bytes": original, "prefix": cut_at_boundary(&text, budget)}).to_string();
-            if wrapped.len() <= max || budget == 0 {
-                return wrapped;
-            }
-            budget = budget.saturating_sub(wrapped.len() - max).min(budget - 1);
-        }
-    }
-    let mut marker = format!(
-        "\n[truncated: output was {original} bytes; the limit is max_tool_output_bytes = {max}]"
-    );
-    if marker.len() >= max {
-        marker = "…[truncated]".to_owned();
-    }
-    if marker.len() > max {
-        return cut_at_boundary(&text, max).to_owned();
-    }
-    let keep = cut_at_boundary(&text, max - marker.len());
-    format!("{keep}{marker}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::chat::guest_tools::is_valid_function_name;
 
     #[test]
     fn model_names_fit_openai_and_stay_stable() {
@@ -531,63 +319,5 @@ mod tests {
         let second = mcp_model_name("mcp.fs", "fs", "read text v2", &taken);
         assert_ne!(second, "mcp__fs__read_text_v2");
         assert!(is_valid_function_name(&second) && is_valid_function_name(&name));
-    }
-
-    #[test]
-    fn truncation_respects_utf8_and_json() {
-        let text = "é".repeat(100); // 200 bytes of 2-byte chars
-        let cut = truncate_output(text.clone(), 150);
-        assert!(
-            cut.len() <= 150 && cut.contains("[truncated: output was 200 bytes"),
-            "{cut}"
-        );
-        assert!(cut.starts_with('é'));
-        let json_text = serde_json::to_string(&json!({"items": vec!["ü"; 200]})).unwrap();
-        let cut = truncate_output(json_text.clone(), 300);
-        assert!(cut.len() <= 300, "{}", cut.len());
-        let parsed: Value = serde_json::from_str(&cut).expect("still JSON");
-        assert_eq!(parsed["truncated"], true);
-        assert_eq!(parsed["original_bytes"], json_text.len());
-        assert_eq!(truncate_output("short".into(), 300), "short");
-        let tiny = truncate_output("x".repeat(100), 20);
-        assert!(tiny.len() <= 20 && tiny.ends_with("[truncated]"), "{tiny}");
-        assert_eq!(truncate_output("x".repeat(100), 5), "xxxxx");
-    }
-
-    #[test]
-    fn tool_failures_serialise_as_before() {
-        let unknown = ToolFailure::new(ToolErrorCode::UnknownTool, "no tool named `x`");
-        assert_eq!(
-            unknown.to_content(),
-            r#"{"error":{"code":"unknown_tool","message":"no tool named `x`","retryable":false}}"#
-        );
-        let timeout: ToolFailure = McpError::new(McpErrorCode::Timeout, "slow").into();
-        assert_eq!(timeout.code.as_str(), "mcp_timeout");
-        assert_eq!(
-            serde_json::from_str::<Value>(&timeout.to_content()).unwrap(),
-            McpError::new(McpErrorCode::Timeout, "slow").to_json(),
-            "the same JSON as mcp_call_tool's error results"
-        );
-        assert_eq!(
-            ToolFailure::exec("boom").to_string(),
-            "tool_exec_failed: boom"
-        );
-    }
-
-    #[test]
-    fn guest_tool_definitions_are_checked() {
-        let ok = GuestTool::parse(3, r#"{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}"#).unwrap();
-        assert_eq!(ok.name, "get_weather");
-        assert_eq!(ok.table_index, 3);
-        for bad in [
-            "not json",
-            r#"{"type":"function"}"#,
-            r#"{"type":"other","function":{"name":"x"}}"#,
-            r#"{"type":"function","function":{"name":"has space"}}"#,
-            r#"{"type":"function","function":{"name":"mcp__fs__x"}}"#,
-            r#"{"type":"function","function":{"name":"x","parameters":"nope"}}"#,
-        ] {
-            assert!(GuestTool::parse(0, bad).is_err(), "{bad}");
-        }
     }
 }

@@ -1,0 +1,213 @@
+//! What a tool call gives the model: a typed failure serialised once, the text of an MCP
+//! result (with notes for parts a chat message cannot carry), and cutting long output at a
+//! UTF-8 boundary so JSON stays JSON.
+
+use serde_json::{Value, json};
+
+use crate::mcp::{CallToolResult, McpError, McpErrorCode};
+
+/// What kind of failure a tool call met: the `code` of its error result.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ToolErrorCode {
+    /// The model named a tool that was not offered.
+    UnknownTool,
+    /// A guest tool failed, or an MCP tool answered `isError`.
+    ExecFailed,
+    /// The host could not complete an MCP call (the codes of `mcp_call_tool`).
+    Mcp(McpErrorCode),
+}
+
+impl ToolErrorCode {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::UnknownTool => "unknown_tool",
+            Self::ExecFailed => "tool_exec_failed",
+            Self::Mcp(code) => code.as_str(),
+        }
+    }
+
+    /// Whether trying the same call again later may succeed.
+    pub(crate) fn retryable(self) -> bool {
+        match self {
+            Self::UnknownTool | Self::ExecFailed => false,
+            Self::Mcp(code) => code.retryable(),
+        }
+    }
+}
+
+impl std::fmt::Display for ToolErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A tool call that produced no result. The model sees it, serialised once by
+/// [`to_content`](Self::to_content), as `{"error": {"code", "message", "retryable"}}`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub(crate) struct ToolFailure {
+    pub(crate) code: ToolErrorCode,
+    pub(crate) message: String,
+}
+
+impl ToolFailure {
+    pub(crate) fn new(code: ToolErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// `tool_exec_failed`.
+    pub(crate) fn exec(message: impl Into<String>) -> Self {
+        Self::new(ToolErrorCode::ExecFailed, message)
+    }
+
+    /// The text of the `tool` message.
+    pub(crate) fn to_content(&self) -> String {
+        json!({"error": {
+            "code": self.code.as_str(),
+            "message": self.message,
+            "retryable": self.code.retryable(),
+        }})
+        .to_string()
+    }
+}
+
+impl From<McpError> for ToolFailure {
+    fn from(error: McpError) -> Self {
+        Self::new(ToolErrorCode::Mcp(error.code), error.message)
+    }
+}
+
+/// The text of an MCP result for a `tool` message: its text parts, and a short note for
+/// each part chat tool messages cannot carry (images, audio, resources). A result the
+/// server marked `isError` is a `tool_exec_failed` failure carrying that text.
+pub(crate) fn mcp_result_text(result: &CallToolResult) -> Result<String, ToolFailure> {
+    let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
+    let mut parts = Vec::new();
+    for part in content.as_array().into_iter().flatten() {
+        let size = |field: &str| human_size(part[field].as_str().map_or(0, |d| d.len() * 3 / 4));
+        let mime = part["mimeType"].as_str().unwrap_or("unknown type");
+        let note = match part["type"].as_str() {
+            Some("text") => part["text"].as_str().unwrap_or_default().to_owned(),
+            Some("image") => format!("[image: {mime}, {}]", size("data")),
+            Some("audio") => format!("[audio: {mime}, {}]", size("data")),
+            Some("resource_link") => {
+                format!("[resource link: {}]", part["uri"].as_str().unwrap_or("?"))
+            }
+            Some("resource") => match part["resource"]["text"].as_str() {
+                Some(text) => text.to_owned(),
+                None => format!(
+                    "[embedded resource: {}]",
+                    part["resource"]["uri"].as_str().unwrap_or("?")
+                ),
+            },
+            other => format!("[{} content]", other.unwrap_or("unknown")),
+        };
+        parts.push(note);
+    }
+    if parts.is_empty()
+        && let Some(structured) = &result.structured_content
+    {
+        parts.push(structured.to_string());
+    }
+    let text = parts.join("\n");
+    if result.is_error == Some(true) {
+        Err(ToolFailure::exec(text))
+    } else {
+        Ok(text)
+    }
+}
+
+fn human_size(bytes: usize) -> String {
+    if bytes < 1024 {
+        format!("{bytes} B")
+    } else {
+        format!("{:.1} KiB", bytes as f64 / 1024.0)
+    }
+}
+
+fn cut_at_boundary(text: &str, max: usize) -> &str {
+    let mut end = max.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Cuts `text` to at most `max` bytes at a UTF-8 boundary with an explicit marker. JSON
+/// stays JSON: it becomes `{"truncated": true, "original_bytes": N, "prefix": "..."}`.
+pub(crate) fn truncate_output(text: String, max: usize) -> String {
+    if text.len() <= max {
+        return text;
+    }
+    let original = text.len();
+    if serde_json::from_str::<Value>(&text).is_ok() {
+        let mut budget = max.saturating_sub(64);
+        loop {
+            let wrapped = json!({"truncated": true, "original_bytes": original, "prefix": cut_at_boundary(&text, budget)}).to_string();
+            if wrapped.len() <= max || budget == 0 {
+                return wrapped;
+            }
+            budget = budget.saturating_sub(wrapped.len() - max).min(budget - 1);
+        }
+    }
+    let mut marker = format!(
+        "\n[truncated: output was {original} bytes; the limit is max_tool_output_bytes = {max}]"
+    );
+    if marker.len() >= max {
+        marker = "…[truncated]".to_owned();
+    }
+    if marker.len() > max {
+        return cut_at_boundary(&text, max).to_owned();
+    }
+    let keep = cut_at_boundary(&text, max - marker.len());
+    format!("{keep}{marker}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncation_respects_utf8_and_json() {
+        let text = "é".repeat(100); // 200 bytes of 2-byte chars
+        let cut = truncate_output(text.clone(), 150);
+        assert!(
+            cut.len() <= 150 && cut.contains("[truncated: output was 200 bytes"),
+            "{cut}"
+        );
+        assert!(cut.starts_with('é'));
+        let json_text = serde_json::to_string(&json!({"items": vec!["ü"; 200]})).unwrap();
+        let cut = truncate_output(json_text.clone(), 300);
+        assert!(cut.len() <= 300, "{}", cut.len());
+        let parsed: Value = serde_json::from_str(&cut).expect("still JSON");
+        assert_eq!(parsed["truncated"], true);
+        assert_eq!(parsed["original_bytes"], json_text.len());
+        assert_eq!(truncate_output("short".into(), 300), "short");
+        let tiny = truncate_output("x".repeat(100), 20);
+        assert!(tiny.len() <= 20 && tiny.ends_with("[truncated]"), "{tiny}");
+        assert_eq!(truncate_output("x".repeat(100), 5), "xxxxx");
+    }
+
+    #[test]
+    fn tool_failures_serialise_as_before() {
+        let unknown = ToolFailure::new(ToolErrorCode::UnknownTool, "no tool named `x`");
+        assert_eq!(
+            unknown.to_content(),
+            r#"{"error":{"code":"unknown_tool","message":"no tool named `x`","retryable":false}}"#
+        );
+        let timeout: ToolFailure = McpError::new(McpErrorCode::Timeout, "slow").into();
+        assert_eq!(timeout.code.as_str(), "mcp_timeout");
+        assert_eq!(
+            serde_json::from_str::<Value>(&timeout.to_content()).unwrap(),
+            McpError::new(McpErrorCode::Timeout, "slow").to_json(),
+            "the same JSON as mcp_call_tool's error results"
+        );
+        assert_eq!(
+            ToolFailure::exec("boom").to_string(),
+            "tool_exec_failed: boom"
+        );
+    }
+}
