@@ -69,7 +69,7 @@ fn a_missing_variable_makes_only_that_server_unavailable() {
     dir.write("fs.json", r#"{"server_id": "fs", "transport": "stdio", "allowed_tools": ["*"], "stdio": {"command": "fs-mcp"}}"#);
     let registry = Registry::load_dir_with_env(dir.path(), &env(&[("PASSED", "p")])).unwrap();
     let git = registry.get("git").unwrap();
-    let reason = git.launch.as_ref().unwrap_err();
+    let reason = git.launch.as_ref().unwrap_err().to_string();
     assert!(
         reason.contains("GIT_TOKEN") && reason.contains("stdio.args[1]"),
         "{reason}"

@@ -155,7 +155,7 @@ impl HostBuilder {
             max_task_memory: self.max_task_memory,
         };
         let egress = EgressPolicy::from_config(&self.config.egress)
-            .map_err(|e| ConfigError::new(&self.config_origin.file, "egress", e))?;
+            .map_err(|e| ConfigError::new(&self.config_origin.file, "egress", e.to_string()))?;
         let remote = RemoteOptions {
             auth: self.config.auth.clone(),
             egress,

@@ -176,8 +176,8 @@ impl Host {
             tracing::warn!(task_id = %task.task_id, "{warning}");
         }
         let memory_limit = task.memory_limit().min(self.inner.runtime.max_task_memory);
-        let (sandbox, captured) =
-            Sandbox::for_task(task, &module.name, memory_limit).map_err(setup_error)?;
+        let (sandbox, captured) = Sandbox::for_task(task, &module.name, memory_limit)
+            .map_err(|e| setup_error(e.to_string()))?;
         let state = TaskState {
             sandbox,
             mcp: Arc::new(McpTask {

@@ -18,7 +18,89 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::outbound::OutboundClient;
+use super::outbound::{EgressRefused, OutboundClient, UrlParseError};
+
+/// Credentials that cannot be resolved or a token that cannot be had. It names the server,
+/// the `auth_ref`, the variable and the endpoint; never a key, secret or token.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AuthError {
+    #[error(
+        "server `{server_id}`: http.auth_ref `{auth_ref}` is not defined in the host config ([auth.{auth_ref}])"
+    )]
+    Undefined { server_id: String, auth_ref: String },
+    #[error(
+        "server `{server_id}`: api_key auth `{auth_ref}`: environment variable `{var}` is not set"
+    )]
+    ApiKeyEnvMissing {
+        server_id: String,
+        auth_ref: String,
+        var: String,
+    },
+    #[error("server `{server_id}`: oauth_client_credentials auth `{auth_ref}`: {problem}")]
+    OAuth {
+        server_id: String,
+        auth_ref: String,
+        #[source]
+        problem: OAuthProblem,
+    },
+}
+
+/// What went wrong getting an OAuth client-credentials token.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OAuthProblem {
+    /// The MCP server's URL, needed for discovery, does not parse.
+    #[error("{0}")]
+    ServerUrl(#[source] UrlParseError),
+    #[error("metadata document: {0}")]
+    MetadataDenied(#[source] EgressRefused),
+    #[error("cannot fetch {url}: {source}")]
+    MetadataUnreachable {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("{url} answered HTTP {status}")]
+    MetadataStatus {
+        url: String,
+        status: reqwest::StatusCode,
+    },
+    #[error("{url} is not JSON: {source}")]
+    MetadataNotJson {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error(
+        "the server's protected-resource metadata names no authorization server; set token_url"
+    )]
+    NoAuthorizationServer,
+    #[error("the metadata of {issuer} has no token_endpoint; set token_url")]
+    NoTokenEndpoint { issuer: String },
+    /// Discovery failed or named a token endpoint outside the egress rules; checked before
+    /// the secret is read.
+    #[error("token endpoint: {0}")]
+    TokenEndpointDenied(#[source] EgressRefused),
+    /// The variable holding the client secret is not set.
+    #[error("environment variable `{var}` is not set")]
+    SecretEnvMissing { var: String },
+    #[error("token endpoint {url} unreachable: {source}")]
+    TokenUnreachable {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    /// The token endpoint said no; `error` is its OAuth error code.
+    #[error(
+        "token endpoint {url} answered HTTP {status} ({error}); check client_id and the secret"
+    )]
+    TokenRefused {
+        url: String,
+        status: reqwest::StatusCode,
+        error: String,
+    },
+    #[error("the token response has no access_token")]
+    NoAccessToken,
+}
 
 /// How long before expiry a cached token is replaced: 30 s, or a tenth of a short-lived
 /// token's lifetime.
@@ -96,15 +178,19 @@ impl Credentials {
         configs: &BTreeMap<String, AuthConfig>,
         server_url: &str,
         http: OutboundClient,
-    ) -> Result<Self, String> {
-        let config = configs.get(auth_ref).ok_or_else(|| {
-            format!("server `{server_id}`: http.auth_ref `{auth_ref}` is not defined in the host config ([auth.{auth_ref}])")
+    ) -> Result<Self, AuthError> {
+        let config = configs.get(auth_ref).ok_or_else(|| AuthError::Undefined {
+            server_id: server_id.to_owned(),
+            auth_ref: auth_ref.to_owned(),
         })?;
         match config {
             AuthConfig::ApiKey(key) => {
-                let value = std::env::var(&key.value_env).map_err(|_| {
-                    format!("server `{server_id}`: api_key auth `{auth_ref}`: environment variable `{}` is not set", key.value_env)
-                })?;
+                let value =
+                    std::env::var(&key.value_env).map_err(|_| AuthError::ApiKeyEnvMissing {
+                        server_id: server_id.to_owned(),
+                        auth_ref: auth_ref.to_owned(),
+                        var: key.value_env.clone(),
+                    })?;
                 let prefix = key.prefix.clone().unwrap_or_else(|| {
                     if key.header.eq_ignore_ascii_case("authorization") {
                         "Bearer ".into()
@@ -150,16 +236,17 @@ pub(crate) struct OAuthClient {
 }
 
 impl OAuthClient {
-    fn fail(&self, what: impl std::fmt::Display) -> String {
-        format!(
-            "server `{}`: oauth_client_credentials auth `{}`: {what}",
-            self.server_id, self.auth_ref
-        )
+    fn fail(&self, problem: OAuthProblem) -> AuthError {
+        AuthError::OAuth {
+            server_id: self.server_id.clone(),
+            auth_ref: self.auth_ref.clone(),
+            problem,
+        }
     }
 
     /// A valid token: the cached one, or a fresh one when none is cached or it is about to
     /// expire.
-    pub(crate) async fn token(&self) -> Result<String, String> {
+    pub(crate) async fn token(&self) -> Result<String, AuthError> {
         let mut state = self.state.lock().await;
         if let Some((token, refresh_at)) = &state.token
             && Instant::now() < *refresh_at
@@ -171,7 +258,7 @@ impl OAuthClient {
 
     /// A new token after the server rejected `rejected` (unless another caller already
     /// replaced it).
-    pub(crate) async fn refresh(&self, rejected: &str) -> Result<String, String> {
+    pub(crate) async fn refresh(&self, rejected: &str) -> Result<String, AuthError> {
         let mut state = self.state.lock().await;
         if let Some((token, _)) = &state.token
             && token != rejected
@@ -181,7 +268,7 @@ impl OAuthClient {
         self.fetch(&mut state).await
     }
 
-    async fn fetch(&self, state: &mut OAuthState) -> Result<String, String> {
+    async fn fetch(&self, state: &mut OAuthState) -> Result<String, AuthError> {
         let token_url = match &state.token_url {
             Some(url) => url.clone(),
             None => {
@@ -195,12 +282,11 @@ impl OAuthClient {
         let request = self
             .http
             .post(&token_url)
-            .map_err(|denied| self.fail(format!("token endpoint: {denied}")))?;
+            .map_err(|denied| self.fail(OAuthProblem::TokenEndpointDenied(denied)))?;
         let secret = std::env::var(&self.config.client_secret_env).map_err(|_| {
-            self.fail(format!(
-                "environment variable `{}` is not set",
-                self.config.client_secret_env
-            ))
+            self.fail(OAuthProblem::SecretEnvMissing {
+                var: self.config.client_secret_env.clone(),
+            })
         })?;
         let mut form = vec![("grant_type", "client_credentials".to_owned())];
         if !self.config.scopes.is_empty() {
@@ -218,16 +304,25 @@ impl OAuthClient {
             .form(&form)
             .send()
             .await
-            .map_err(|e| self.fail(format!("token endpoint {token_url} unreachable: {e}")))?;
+            .map_err(|source| {
+                self.fail(OAuthProblem::TokenUnreachable {
+                    url: token_url.clone(),
+                    source,
+                })
+            })?;
         let status = response.status();
         let body: Value = response.json().await.unwrap_or(Value::Null);
         if !status.is_success() {
             let error = body["error"].as_str().unwrap_or("no error code");
-            return Err(self.fail(format!("token endpoint {token_url} answered HTTP {status} ({error}); check client_id and the secret")));
+            return Err(self.fail(OAuthProblem::TokenRefused {
+                url: token_url,
+                status,
+                error: error.to_owned(),
+            }));
         }
         let token = body["access_token"]
             .as_str()
-            .ok_or_else(|| self.fail("the token response has no access_token"))?;
+            .ok_or_else(|| self.fail(OAuthProblem::NoAccessToken))?;
         let lifetime = Duration::from_secs(body["expires_in"].as_u64().unwrap_or(3600));
         tracing::debug!(server_id = %self.server_id, expires_in_s = lifetime.as_secs(), "fetched an OAuth access token");
         state.token = Some((token.to_owned(), refresh_at(Instant::now(), lifetime)));
@@ -236,7 +331,7 @@ impl OAuthClient {
 
     /// The token endpoint from the configured URL, the issuer's metadata, or the server's
     /// protected-resource metadata (RFC 9728) and then its authorization server's.
-    async fn discover_token_url(&self) -> Result<String, String> {
+    async fn discover_token_url(&self) -> Result<String, AuthError> {
         if let Some(url) = &self.config.token_url {
             return Ok(url.clone());
         }
@@ -244,7 +339,7 @@ impl OAuthClient {
             Some(issuer) => issuer.clone(),
             None => {
                 let origin = reqwest::Url::parse(&self.server_url)
-                    .map_err(|e| self.fail(e))?
+                    .map_err(|e| self.fail(OAuthProblem::ServerUrl(e)))?
                     .origin()
                     .ascii_serialization();
                 let metadata = self
@@ -253,7 +348,7 @@ impl OAuthClient {
                 metadata["authorization_servers"][0]
                     .as_str()
                     .map(str::to_owned)
-                    .ok_or_else(|| self.fail("the server's protected-resource metadata names no authorization server; set token_url"))?
+                    .ok_or_else(|| self.fail(OAuthProblem::NoAuthorizationServer))?
             }
         };
         let metadata = self
@@ -265,27 +360,131 @@ impl OAuthClient {
         metadata["token_endpoint"]
             .as_str()
             .map(str::to_owned)
-            .ok_or_else(|| {
-                self.fail(format!(
-                    "the metadata of {issuer} has no token_endpoint; set token_url"
-                ))
-            })
+            .ok_or_else(|| self.fail(OAuthProblem::NoTokenEndpoint { issuer }))
     }
 
-    async fn get_json(&self, url: &str) -> Result<Value, String> {
+    async fn get_json(&self, url: &str) -> Result<Value, AuthError> {
         let response = self
             .http
             .get(url)
-            .map_err(|denied| self.fail(format!("metadata document: {denied}")))?
+            .map_err(|denied| self.fail(OAuthProblem::MetadataDenied(denied)))?
             .send()
             .await
-            .map_err(|e| self.fail(format!("cannot fetch {url}: {e}")))?;
+            .map_err(|source| {
+                self.fail(OAuthProblem::MetadataUnreachable {
+                    url: url.to_owned(),
+                    source,
+                })
+            })?;
         if !response.status().is_success() {
-            return Err(self.fail(format!("{url} answered HTTP {}", response.status())));
+            return Err(self.fail(OAuthProblem::MetadataStatus {
+                url: url.to_owned(),
+                status: response.status(),
+            }));
         }
-        response
-            .json()
-            .await
-            .map_err(|e| self.fail(format!("{url} is not JSON: {e}")))
+        response.json().await.map_err(|source| {
+            self.fail(OAuthProblem::MetadataNotJson {
+                url: url.to_owned(),
+                source,
+            })
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::mcp::egress::{EgressConfig, EgressPolicy};
+
+    const SECRET: &str = "s3cret-value";
+
+    fn shows_no_secret(error: &AuthError) {
+        let (shown, debug) = (error.to_string(), format!("{error:?}"));
+        assert!(!shown.contains(SECRET), "{shown}");
+        assert!(!debug.contains(SECRET), "{debug}");
+    }
+
+    fn client(allow: &[&str]) -> OutboundClient {
+        let policy = EgressPolicy::from_config(&EgressConfig {
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+            allow_private: vec![],
+        })
+        .unwrap();
+        OutboundClient::new(Arc::new(policy), Duration::from_secs(1)).unwrap()
+    }
+
+    fn oauth(problem: OAuthProblem) -> AuthError {
+        AuthError::OAuth {
+            server_id: "web".into(),
+            auth_ref: "corp".into(),
+            problem,
+        }
+    }
+
+    #[test]
+    fn auth_errors_keep_their_text_and_never_show_a_secret() {
+        let configs = BTreeMap::from([(
+            "key".to_owned(),
+            AuthConfig::ApiKey(ApiKeyConfig {
+                value_env: "QUIVER_UNIT_TEST_UNSET_KEY".into(),
+                header: authorization(),
+                prefix: None,
+            }),
+        )]);
+        let http = client(&["https://*:*"]);
+        let undefined = Credentials::resolve("web", "nope", &configs, "https://x", http.clone())
+            .expect_err("undefined");
+        assert_eq!(
+            undefined.to_string(),
+            "server `web`: http.auth_ref `nope` is not defined in the host config ([auth.nope])"
+        );
+        let missing = Credentials::resolve("web", "key", &configs, "https://x", http.clone())
+            .expect_err("unset");
+        assert_eq!(
+            missing.to_string(),
+            "server `web`: api_key auth `key`: environment variable `QUIVER_UNIT_TEST_UNSET_KEY` is not set"
+        );
+
+        // A token endpoint whose query carries the secret, outside the egress rules.
+        let denied = http
+            .post(&format!("http://tokens.example/t?client_secret={SECRET}"))
+            .err()
+            .expect("refused");
+        let errors = [
+            undefined,
+            missing,
+            oauth(OAuthProblem::TokenEndpointDenied(denied)),
+            oauth(OAuthProblem::SecretEnvMissing {
+                var: "CLIENT_SECRET".into(),
+            }),
+            oauth(OAuthProblem::TokenRefused {
+                url: "https://tokens.example/t".into(),
+                status: reqwest::StatusCode::UNAUTHORIZED,
+                error: "invalid_client".into(),
+            }),
+            oauth(OAuthProblem::NoAccessToken),
+        ];
+        for error in &errors {
+            shows_no_secret(error);
+        }
+        assert_eq!(
+            errors[2].to_string(),
+            "server `web`: oauth_client_credentials auth `corp`: token endpoint: egress policy: \
+             http://tokens.example:80 is not in the egress allowlist ([egress] allow)"
+        );
+        assert_eq!(
+            errors[4].to_string(),
+            "server `web`: oauth_client_credentials auth `corp`: token endpoint \
+             https://tokens.example/t answered HTTP 401 Unauthorized (invalid_client); check \
+             client_id and the secret"
+        );
+        let source = std::error::Error::source(&errors[2]).expect("the problem");
+        assert!(
+            source
+                .to_string()
+                .starts_with("token endpoint: egress policy")
+        );
     }
 }

@@ -43,6 +43,78 @@ impl Default for EgressConfig {
     }
 }
 
+/// An `[egress]` entry of the host config that does not parse. Names the entry as written
+/// (rules and CIDRs are not secrets).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EgressRuleError {
+    /// An `allow` rule.
+    #[error("egress rule {rule:?}: {problem} (expected scheme://host[:port])")]
+    Rule { rule: String, problem: RuleProblem },
+    /// An `allow_private` entry whose address does not parse.
+    #[error("{cidr:?} is not an IP address or CIDR")]
+    NotAnAddress {
+        cidr: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
+    /// An `allow_private` entry whose prefix length does not parse.
+    #[error("{cidr:?}: bad prefix length")]
+    BadPrefix {
+        cidr: String,
+        #[source]
+        source: std::num::ParseIntError,
+    },
+    /// An `allow_private` entry whose prefix is longer than the address.
+    #[error("{cidr:?}: prefix longer than {max}")]
+    PrefixTooLong { cidr: String, max: u8 },
+}
+
+/// What is wrong with an `allow` rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RuleProblem {
+    #[error("no scheme")]
+    NoScheme,
+    #[error("paths are not allowed")]
+    Path,
+    #[error("bad port")]
+    BadPort,
+    #[error("no port and no default port for this scheme")]
+    NoDefaultPort,
+    #[error("empty host")]
+    EmptyHost,
+}
+
+/// Why the policy refuses a destination. It names the scheme, host and port or the
+/// address, never a URL's path or query (which may carry session ids or tokens).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EgressDenied {
+    #[error("a {scheme} URL without a host is not allowed")]
+    NoHost { scheme: String },
+    /// No `allow` rule covers `scheme://host:port` (port 0: the scheme has no default).
+    #[error("{scheme}://{host}:{port} is not in the egress allowlist ([egress] allow)")]
+    NotAllowed {
+        scheme: String,
+        host: String,
+        port: u16,
+    },
+    /// A loopback/private/link-local/... address no `allow_private` CIDR covers.
+    #[error("{ip} is a {kind} address; add it to [egress] allow_private to reach it")]
+    SpecialAddress { ip: IpAddr, kind: &'static str },
+}
+
+/// The resolver's refusal of a name: every address it resolved to is refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EgressResolveError {
+    #[error("egress policy refuses {host}: {denied}")]
+    Refused {
+        host: String,
+        #[source]
+        denied: EgressDenied,
+    },
+    #[error("egress policy refuses {host}: no addresses")]
+    NoAddresses { host: String },
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Rule {
     scheme: Option<String>,
@@ -57,21 +129,30 @@ struct Cidr {
 }
 
 impl Cidr {
-    fn parse(text: &str) -> Result<Self, String> {
+    fn parse(text: &str) -> Result<Self, EgressRuleError> {
         let (addr, prefix) = text.split_once('/').unwrap_or((text, ""));
         let addr: IpAddr = addr
             .parse()
-            .map_err(|_| format!("{text:?} is not an IP address or CIDR"))?;
+            .map_err(|source| EgressRuleError::NotAnAddress {
+                cidr: text.to_owned(),
+                source,
+            })?;
         let max = if addr.is_ipv4() { 32 } else { 128 };
         let prefix = if prefix.is_empty() {
             max
         } else {
             prefix
                 .parse()
-                .map_err(|_| format!("{text:?}: bad prefix length"))?
+                .map_err(|source| EgressRuleError::BadPrefix {
+                    cidr: text.to_owned(),
+                    source,
+                })?
         };
         if prefix > max {
-            return Err(format!("{text:?}: prefix longer than {max}"));
+            return Err(EgressRuleError::PrefixTooLong {
+                cidr: text.to_owned(),
+                max,
+            });
         }
         Ok(Self { addr, prefix })
     }
@@ -168,7 +249,7 @@ fn special_v6(ip: Ipv6Addr) -> Option<&'static str> {
 }
 
 impl EgressPolicy {
-    pub fn from_config(config: &EgressConfig) -> Result<Self, String> {
+    pub fn from_config(config: &EgressConfig) -> Result<Self, EgressRuleError> {
         let rules = config
             .allow
             .iter()
@@ -186,11 +267,11 @@ impl EgressPolicy {
     }
 
     /// Checks a URL against the rules, and a literal IP host against the address rules.
-    pub fn check_url(&self, url: &reqwest::Url) -> Result<(), String> {
+    pub fn check_url(&self, url: &reqwest::Url) -> Result<(), EgressDenied> {
         let scheme = url.scheme();
-        let host = url
-            .host_str()
-            .ok_or_else(|| format!("a {scheme} URL without a host is not allowed"))?;
+        let host = url.host_str().ok_or_else(|| EgressDenied::NoHost {
+            scheme: scheme.to_owned(),
+        })?;
         let host = host.trim_start_matches('[').trim_end_matches(']');
         let port = url.port_or_known_default();
         let allowed = self.rules.iter().any(|rule| {
@@ -199,10 +280,11 @@ impl EgressPolicy {
                 && rule.port.is_none_or(|p| Some(p) == port)
         });
         if !allowed {
-            return Err(format!(
-                "{scheme}://{host}:{} is not in the egress allowlist ([egress] allow)",
-                port.unwrap_or(0)
-            ));
+            return Err(EgressDenied::NotAllowed {
+                scheme: scheme.to_owned(),
+                host: host.to_owned(),
+                port: port.unwrap_or(0),
+            });
         }
         if let Ok(ip) = host.parse::<IpAddr>() {
             self.check_ip(ip)?;
@@ -211,22 +293,27 @@ impl EgressPolicy {
     }
 
     /// Refuses loopback/private/link-local/... addresses not covered by `allow_private`.
-    pub fn check_ip(&self, ip: IpAddr) -> Result<(), String> {
+    pub fn check_ip(&self, ip: IpAddr) -> Result<(), EgressDenied> {
         match special(ip) {
-            Some(kind) if !self.allow_private.iter().any(|c| c.contains(ip)) => Err(format!(
-                "{ip} is a {kind} address; add it to [egress] allow_private to reach it"
-            )),
+            Some(kind) if !self.allow_private.iter().any(|c| c.contains(ip)) => {
+                Err(EgressDenied::SpecialAddress { ip, kind })
+            }
             _ => Ok(()),
         }
     }
 }
 
-fn parse_rule(text: &str) -> Result<Rule, String> {
-    let bad = |why: &str| format!("egress rule {text:?}: {why} (expected scheme://host[:port])");
-    let (scheme, rest) = text.split_once("://").ok_or_else(|| bad("no scheme"))?;
+fn parse_rule(text: &str) -> Result<Rule, EgressRuleError> {
+    let bad = |problem| EgressRuleError::Rule {
+        rule: text.to_owned(),
+        problem,
+    };
+    let (scheme, rest) = text
+        .split_once("://")
+        .ok_or_else(|| bad(RuleProblem::NoScheme))?;
     let rest = rest.trim_end_matches('/');
     if rest.contains('/') {
-        return Err(bad("paths are not allowed"));
+        return Err(bad(RuleProblem::Path));
     }
     let (host, port) = match rest.rsplit_once(':') {
         Some((host, port)) if !host.ends_with(']') || rest.starts_with('[') => (host, Some(port)),
@@ -235,17 +322,14 @@ fn parse_rule(text: &str) -> Result<Rule, String> {
     let scheme = (scheme != "*").then(|| scheme.to_ascii_lowercase());
     let port = match port {
         Some("*") => None,
-        Some(p) => Some(p.parse::<u16>().map_err(|_| bad("bad port"))?),
+        Some(p) => Some(p.parse::<u16>().map_err(|_| bad(RuleProblem::BadPort))?),
         None => match &scheme {
-            Some(s) => Some(
-                default_port(s)
-                    .ok_or_else(|| bad("no port and no default port for this scheme"))?,
-            ),
+            Some(s) => Some(default_port(s).ok_or_else(|| bad(RuleProblem::NoDefaultPort))?),
             None => None,
         },
     };
     if host.is_empty() {
-        return Err(bad("empty host"));
+        return Err(bad(RuleProblem::EmptyHost));
     }
     let host = host
         .trim_start_matches('[')
@@ -283,11 +367,11 @@ impl reqwest::dns::Resolve for EgressResolver {
                 })
                 .collect();
             if allowed.is_empty() {
-                let why = refused
-                    .first()
-                    .cloned()
-                    .unwrap_or_else(|| "no addresses".into());
-                return Err(format!("egress policy refuses {host}: {why}").into());
+                let error = match refused.into_iter().next() {
+                    Some(denied) => EgressResolveError::Refused { host, denied },
+                    None => EgressResolveError::NoAddresses { host },
+                };
+                return Err(error.into());
             }
             Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
         })
@@ -384,6 +468,44 @@ mod tests {
             })
             .is_err()
         );
+    }
+
+    #[test]
+    fn refusals_keep_their_text_and_show_no_credentials_path_or_query() {
+        let p = policy(&["https://*.example.com"], &[]);
+        let denied = p
+            .check_url(&url("http://user:s3cret@evil.test:8080/t?token=s3cret"))
+            .unwrap_err();
+        assert_eq!(
+            denied.to_string(),
+            "http://evil.test:8080 is not in the egress allowlist ([egress] allow)"
+        );
+        assert!(!format!("{denied:?}").contains("s3cret"), "{denied:?}");
+        assert_eq!(
+            p.check_ip("169.254.169.254".parse().unwrap())
+                .unwrap_err()
+                .to_string(),
+            "169.254.169.254 is a link-local (cloud metadata lives here) address; add it to \
+             [egress] allow_private to reach it"
+        );
+        let rule = |allow: &str| {
+            EgressPolicy::from_config(&EgressConfig {
+                allow: vec![allow.into()],
+                allow_private: vec![],
+            })
+            .unwrap_err()
+        };
+        assert_eq!(
+            rule("https://x.com:port").to_string(),
+            "egress rule \"https://x.com:port\": bad port (expected scheme://host[:port])"
+        );
+        let cidr = EgressPolicy::from_config(&EgressConfig {
+            allow: vec![],
+            allow_private: vec!["10.0.0.0/x".into()],
+        })
+        .unwrap_err();
+        assert_eq!(cidr.to_string(), "\"10.0.0.0/x\": bad prefix length");
+        assert!(std::error::Error::source(&cidr).is_some());
     }
 
     #[tokio::test]

@@ -20,8 +20,73 @@ use rmcp::transport::streamable_http_client::{
 use sse_stream::{Error as SseError, Sse, SseStream};
 use tokio::sync::mpsc;
 
-use super::auth::{Credentials, OAuthClient};
-use super::outbound::OutboundClient;
+use super::auth::{AuthError, Credentials, OAuthClient};
+use super::outbound::{EgressRefused, OutboundClient, UrlParseError};
+
+/// A configured header that cannot be sent. The value may be a secret, so it is never
+/// shown, and neither is the parse error of a value.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HeaderError {
+    #[error("server `{server_id}`: {field}: bad header name: {source}")]
+    BadName {
+        server_id: String,
+        field: String,
+        #[source]
+        source: http::header::InvalidHeaderName,
+    },
+    #[error("server `{server_id}`: {field}: the header value is not valid")]
+    BadValue { server_id: String, field: String },
+}
+
+/// Why the legacy SSE transport could not open its event stream and learn its endpoint.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SseConnectError {
+    #[error("bad URL {url}: {source}")]
+    BadUrl {
+        url: String,
+        #[source]
+        source: UrlParseError,
+    },
+    #[error(transparent)]
+    Denied(EgressRefused),
+    #[error(transparent)]
+    Auth(AuthError),
+    #[error("GET {url}: {}", chain(.source))]
+    Unreachable {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("GET {url} answered HTTP {status}")]
+    Status {
+        url: String,
+        status: reqwest::StatusCode,
+    },
+    #[error("event stream of {url}: {source}")]
+    Stream {
+        url: String,
+        #[source]
+        source: SseError,
+    },
+    #[error("{url} closed the event stream before announcing its endpoint")]
+    ClosedEarly { url: String },
+    #[error("bad endpoint event {data:?}: {source}")]
+    BadEndpoint {
+        data: String,
+        #[source]
+        source: UrlParseError,
+    },
+    /// The endpoint the server announced is outside the egress rules.
+    #[error("{url} announced an endpoint on {origin}: {denied}")]
+    EndpointDenied {
+        url: String,
+        origin: String,
+        #[source]
+        denied: EgressRefused,
+    },
+    #[error("{url} announced an endpoint on another origin ({origin}); refused")]
+    OtherOrigin { url: String, origin: String },
+}
 
 /// rustls needs a process-wide crypto provider before any HTTP client is built; `ring`
 /// builds without extra tooling.
@@ -37,14 +102,19 @@ pub(crate) fn header_map(
     server_id: &str,
     headers: &std::collections::BTreeMap<String, String>,
     credentials: Option<&Credentials>,
-) -> Result<HashMap<HeaderName, HeaderValue>, String> {
+) -> Result<HashMap<HeaderName, HeaderValue>, HeaderError> {
     let mut map = HashMap::new();
-    let mut insert = |name: &str, value: &str, field: &str| -> Result<(), String> {
-        let name = HeaderName::try_from(name)
-            .map_err(|e| format!("server `{server_id}`: {field}: bad header name: {e}"))?;
+    let mut insert = |name: &str, value: &str, field: &str| -> Result<(), HeaderError> {
+        let name = HeaderName::try_from(name).map_err(|source| HeaderError::BadName {
+            server_id: server_id.to_owned(),
+            field: field.to_owned(),
+            source,
+        })?;
         // The value may be a secret: never echo it.
-        let mut value = HeaderValue::try_from(value)
-            .map_err(|_| format!("server `{server_id}`: {field}: the header value is not valid"))?;
+        let mut value = HeaderValue::try_from(value).map_err(|_| HeaderError::BadValue {
+            server_id: server_id.to_owned(),
+            field: field.to_owned(),
+        })?;
         value.set_sensitive(true);
         map.insert(name, value);
         Ok(())
@@ -80,16 +150,15 @@ impl AuthedClient {
         let token = oauth
             .token()
             .await
-            .map_err(|e| StreamableHttpError::UnexpectedServerResponse(e.into()))?;
+            .map_err(|e| StreamableHttpError::UnexpectedServerResponse(e.to_string().into()))?;
         match call(Some(token.clone())).await {
             Err(StreamableHttpError::AuthRequired(_)) => {
                 tracing::info!(
                     "MCP server rejected the access token; fetching a new one and retrying once"
                 );
-                let fresh = oauth
-                    .refresh(&token)
-                    .await
-                    .map_err(|e| StreamableHttpError::UnexpectedServerResponse(e.into()))?;
+                let fresh = oauth.refresh(&token).await.map_err(|e| {
+                    StreamableHttpError::UnexpectedServerResponse(e.to_string().into())
+                })?;
                 call(Some(fresh)).await
             }
             other => other,
@@ -239,13 +308,23 @@ pub(crate) struct LegacySse {
     reader: tokio::task::JoinHandle<()>,
 }
 
+/// A failed send on the legacy SSE transport.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum LegacySseError {
-    #[error("{0}")]
-    Http(String),
+    #[error(transparent)]
+    Denied(EgressRefused),
+    #[error(transparent)]
+    Auth(AuthError),
+    #[error("{}", chain(.0))]
+    Send(#[source] reqwest::Error),
+    #[error("POST {url} answered HTTP {status}")]
+    Status {
+        url: Arc<str>,
+        status: reqwest::StatusCode,
+    },
 }
 
-async fn bearer(client: &AuthedClient) -> Result<Option<String>, String> {
+async fn bearer(client: &AuthedClient) -> Result<Option<String>, AuthError> {
     match &client.oauth {
         Some(oauth) => oauth.token().await.map(Some),
         None => Ok(None),
@@ -258,55 +337,74 @@ impl LegacySse {
         url: &str,
         client: AuthedClient,
         headers: HashMap<HeaderName, HeaderValue>,
-    ) -> Result<Self, String> {
-        let base = reqwest::Url::parse(url).map_err(|e| format!("bad URL {url}: {e}"))?;
+    ) -> Result<Self, SseConnectError> {
+        let base = reqwest::Url::parse(url).map_err(|source| SseConnectError::BadUrl {
+            url: url.to_owned(),
+            source,
+        })?;
         let mut request = client
             .inner
             .get(url)
-            .map_err(|denied| denied.to_string())?
+            .map_err(SseConnectError::Denied)?
             .header("accept", "text/event-stream");
         for (name, value) in &headers {
             request = request.header(name, value);
         }
-        if let Some(token) = bearer(&client).await? {
+        if let Some(token) = bearer(&client).await.map_err(SseConnectError::Auth)? {
             request = request.bearer_auth(token);
         }
         let response = request
             .send()
             .await
-            .map_err(|e| format!("GET {url}: {}", chain(&e)))?;
+            .map_err(|source| SseConnectError::Unreachable {
+                url: url.to_owned(),
+                source,
+            })?;
         if !response.status().is_success() {
-            return Err(format!("GET {url} answered HTTP {}", response.status()));
+            return Err(SseConnectError::Status {
+                url: url.to_owned(),
+                status: response.status(),
+            });
         }
         let mut events = SseStream::from_bytes_stream(response.bytes_stream());
         let endpoint = loop {
             match events.next().await {
                 Some(Ok(event)) if event.event.as_deref() == Some("endpoint") => {
                     let data = event.data.unwrap_or_default();
-                    break base
-                        .join(data.trim())
-                        .map_err(|e| format!("bad endpoint event {data:?}: {e}"))?;
+                    match base.join(data.trim()) {
+                        Ok(endpoint) => break endpoint,
+                        Err(source) => return Err(SseConnectError::BadEndpoint { data, source }),
+                    }
                 }
                 Some(Ok(_)) => continue,
-                Some(Err(e)) => return Err(format!("event stream of {url}: {e}")),
+                Some(Err(source)) => {
+                    return Err(SseConnectError::Stream {
+                        url: url.to_owned(),
+                        source,
+                    });
+                }
                 None => {
-                    return Err(format!(
-                        "{url} closed the event stream before announcing its endpoint"
-                    ));
+                    return Err(SseConnectError::ClosedEarly {
+                        url: url.to_owned(),
+                    });
                 }
             }
         };
         // Named by the server, so checked like any URL before it is used; the error shows
         // its origin only (the path and query may carry a session id).
         let origin = endpoint.origin().ascii_serialization();
-        client
-            .inner
-            .check(&endpoint)
-            .map_err(|denied| format!("{url} announced an endpoint on {origin}: {denied}"))?;
+        if let Err(denied) = client.inner.check(&endpoint) {
+            return Err(SseConnectError::EndpointDenied {
+                url: url.to_owned(),
+                origin,
+                denied,
+            });
+        }
         if endpoint.origin() != base.origin() {
-            return Err(format!(
-                "{url} announced an endpoint on another origin ({origin}); refused"
-            ));
+            return Err(SseConnectError::OtherOrigin {
+                url: url.to_owned(),
+                origin,
+            });
         }
         let (tx, incoming) = mpsc::channel(64);
         let reader = tokio::spawn(async move {
@@ -338,12 +436,17 @@ impl LegacySse {
     }
 }
 
+/// An error and its causes, `a: b: c`. A cause whose text is already there (our typed
+/// errors show their cause and also return it as `source`) is not repeated.
 fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
         source = cause.source();
     }
     text
@@ -367,7 +470,7 @@ impl Transport<RoleClient> for LegacySse {
                 let mut request = client
                     .inner
                     .post(&url)
-                    .map_err(|denied| LegacySseError::Http(denied.to_string()))?
+                    .map_err(LegacySseError::Denied)?
                     .json(&item);
                 for (name, value) in &headers {
                     request = request.header(name, value);
@@ -377,23 +480,19 @@ impl Transport<RoleClient> for LegacySse {
                 }
                 Ok::<_, LegacySseError>(request.send())
             };
-            let token = bearer(&client).await.map_err(LegacySseError::Http)?;
-            let mut response = post(token.clone())?
-                .await
-                .map_err(|e| LegacySseError::Http(chain(&e)))?;
+            let token = bearer(&client).await.map_err(LegacySseError::Auth)?;
+            let mut response = post(token.clone())?.await.map_err(LegacySseError::Send)?;
             if response.status() == reqwest::StatusCode::UNAUTHORIZED
                 && let (Some(oauth), Some(token)) = (&client.oauth, token)
             {
-                let fresh = oauth.refresh(&token).await.map_err(LegacySseError::Http)?;
-                response = post(Some(fresh))?
-                    .await
-                    .map_err(|e| LegacySseError::Http(chain(&e)))?;
+                let fresh = oauth.refresh(&token).await.map_err(LegacySseError::Auth)?;
+                response = post(Some(fresh))?.await.map_err(LegacySseError::Send)?;
             }
             if !response.status().is_success() {
-                return Err(LegacySseError::Http(format!(
-                    "POST {url} answered HTTP {}",
-                    response.status()
-                )));
+                return Err(LegacySseError::Status {
+                    url,
+                    status: response.status(),
+                });
             }
             Ok(())
         }
@@ -412,5 +511,40 @@ impl Transport<RoleClient> for LegacySse {
 impl Drop for LegacySse {
     fn drop(&mut self) {
         self.reader.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn a_header_error_never_shows_the_value() {
+        let secret = "Bearer s3cret-value\n";
+        let headers = BTreeMap::from([("Authorization".to_owned(), secret.to_owned())]);
+        let error = header_map("web", &headers, None).expect_err("a newline is not valid");
+        assert_eq!(
+            error.to_string(),
+            "server `web`: http.headers.Authorization: the header value is not valid"
+        );
+        assert!(!format!("{error:?}").contains("s3cret"), "{error:?}");
+
+        let key = Credentials::ApiKey {
+            header: "x api key".into(),
+            value: "s3cret-value".into(),
+        };
+        let error = header_map("web", &BTreeMap::new(), Some(&key)).expect_err("bad name");
+        assert!(
+            error
+                .to_string()
+                .starts_with("server `web`: auth_ref: bad header name"),
+            "{error}"
+        );
+        assert!(std::error::Error::source(&error).is_some());
+        for text in [error.to_string(), format!("{error:?}")] {
+            assert!(!text.contains("s3cret"), "{text}");
+        }
     }
 }

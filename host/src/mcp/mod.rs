@@ -17,7 +17,9 @@ mod pool;
 mod session;
 
 pub use auth::{ApiKeyConfig, AuthConfig, OAuthClientCredentialsConfig};
-pub use egress::{EgressConfig, EgressPolicy};
+pub use egress::{
+    EgressConfig, EgressDenied, EgressPolicy, EgressResolveError, EgressRuleError, RuleProblem,
+};
 pub use error::{McpError, McpErrorCode};
 pub use hostcalls::add_to_linker;
 pub use http::ensure_tls_provider;

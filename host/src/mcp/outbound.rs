@@ -11,7 +11,7 @@
 //! not followed, since a hop would skip the check, and the client's resolver
 //! ([`EgressResolver`]) checks every address a name resolves to.
 //!
-//! A refusal ([`EgressDenied`]) names the scheme, host and port and the rule that refused
+//! A refusal ([`EgressRefused`]) names the scheme, host and port and the rule that refused
 //! them; never the path or query, which may carry session ids or tokens.
 
 use std::collections::HashMap;
@@ -26,13 +26,26 @@ use rmcp::transport::streamable_http_client::{
 };
 use sse_stream::{Error as SseError, Sse};
 
-use super::egress::{EgressPolicy, EgressResolver};
+use super::egress::{EgressDenied, EgressPolicy, EgressResolver};
 use super::http::ensure_tls_provider;
+
+/// The error of parsing a URL (`url::ParseError`, named through reqwest's re-export).
+pub(crate) type UrlParseError = <reqwest::Url as std::str::FromStr>::Err;
 
 /// A request the egress policy refused (or a URL it could not judge).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("egress policy: {0}")]
-pub(crate) struct EgressDenied(String);
+pub(crate) enum EgressRefused {
+    #[error("egress policy: {0}")]
+    Denied(#[source] EgressDenied),
+    /// Only the parse error: the URL may carry a secret in its query.
+    #[error("egress policy: cannot check a URL that does not parse ({0})")]
+    Unparsable(#[source] UrlParseError),
+}
+
+/// The shared HTTP client could not be built.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot build the HTTP client: {0}")]
+pub(crate) struct ClientBuildError(#[source] reqwest::Error);
 
 /// The egress-checked HTTP client shared by every remote server (one connection pool).
 #[derive(Clone)]
@@ -46,7 +59,7 @@ impl OutboundClient {
     pub(crate) fn new(
         policy: Arc<EgressPolicy>,
         connect_timeout: Duration,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ClientBuildError> {
         ensure_tls_provider();
         let http = reqwest::Client::builder()
             .dns_resolver(Arc::new(EgressResolver {
@@ -56,34 +69,33 @@ impl OutboundClient {
             .tcp_nodelay(true)
             .connect_timeout(connect_timeout)
             .build()
-            .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+            .map_err(ClientBuildError)?;
         Ok(Self { http, policy })
     }
 
     /// Whether the policy lets a request go to `url`.
-    pub(crate) fn check(&self, url: &reqwest::Url) -> Result<(), EgressDenied> {
-        self.policy.check_url(url).map_err(EgressDenied)
+    pub(crate) fn check(&self, url: &reqwest::Url) -> Result<(), EgressRefused> {
+        self.policy.check_url(url).map_err(EgressRefused::Denied)
     }
 
-    fn checked(&self, url: &str) -> Result<reqwest::Url, EgressDenied> {
+    fn checked(&self, url: &str) -> Result<reqwest::Url, EgressRefused> {
         // The parse error alone: the URL may carry a secret in its query.
-        let parsed = reqwest::Url::parse(url)
-            .map_err(|e| EgressDenied(format!("cannot check a URL that does not parse ({e})")))?;
+        let parsed = reqwest::Url::parse(url).map_err(EgressRefused::Unparsable)?;
         self.check(&parsed)?;
         Ok(parsed)
     }
 
     /// A `method` request to `url`, if the egress policy allows `url`.
-    pub(crate) fn request(&self, method: Method, url: &str) -> Result<Outbound, EgressDenied> {
+    pub(crate) fn request(&self, method: Method, url: &str) -> Result<Outbound, EgressRefused> {
         let url = self.checked(url)?;
         Ok(Outbound(self.http.request(method, url)))
     }
 
-    pub(crate) fn get(&self, url: &str) -> Result<Outbound, EgressDenied> {
+    pub(crate) fn get(&self, url: &str) -> Result<Outbound, EgressRefused> {
         self.request(Method::GET, url)
     }
 
-    pub(crate) fn post(&self, url: &str) -> Result<Outbound, EgressDenied> {
+    pub(crate) fn post(&self, url: &str) -> Result<Outbound, EgressRefused> {
         self.request(Method::POST, url)
     }
 

@@ -465,7 +465,8 @@ pub fn effective(
             continue;
         }
         if let Err(why) = &entry.launch {
-            out.decisions.push(deny(Reason::EnvMissing, why.clone()));
+            out.decisions
+                .push(deny(Reason::EnvMissing, why.to_string()));
             continue;
         }
         let filter = ToolFilter::new(&entry.record.allowed_tools, task)

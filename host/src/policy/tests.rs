@@ -9,7 +9,10 @@ use crate::chat::{
     tools::{Resolution, Route, ToolSet},
 };
 use crate::mcp::Tool;
-use crate::registry::{ApprovalPolicy, Budgets, Launch, ServerEntry, ServerRecord, Transport};
+use crate::registry::{
+    ApprovalPolicy, Budgets, EnvRefError, Launch, LaunchUnavailable, ServerEntry, ServerRecord,
+    Transport,
+};
 
 fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEntry {
     ServerEntry {
@@ -39,7 +42,10 @@ fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEn
                 cwd: None,
             })
         } else {
-            Err("environment variable `TOKEN` is not set".into())
+            Err(LaunchUnavailable::EnvRef {
+                field: "stdio.args[0]".into(),
+                source: EnvRefError::Missing("TOKEN".into()),
+            })
         },
     }
 }

@@ -17,6 +17,8 @@ pub enum EnvRefError {
     Missing(String),
 }
 
+impl std::error::Error for EnvRefError {}
+
 impl fmt::Display for EnvRefError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

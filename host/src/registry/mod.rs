@@ -26,7 +26,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 pub use env::{EnvLookup, EnvRefError, expand};
-pub use launch::Launch;
+pub use launch::{Launch, LaunchUnavailable};
 pub use load::{Problem, RegistryDirError, Severity};
 pub use profile::Profile;
 pub use record::{

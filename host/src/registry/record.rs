@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use super::launch::Launch;
+use super::launch::{Launch, LaunchUnavailable};
 
 /// How the host talks to a server.
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -116,7 +116,7 @@ pub struct ServerRecord {
 pub struct ServerEntry {
     pub record: ServerRecord,
     pub source: PathBuf,
-    pub launch: Result<Launch, String>,
+    pub launch: Result<Launch, LaunchUnavailable>,
 }
 
 impl ServerEntry {
@@ -141,7 +141,7 @@ impl ServerEntry {
                 max_tool_output_bytes: r.budgets.max_tool_output_bytes,
             },
             available: self.launch.is_ok(),
-            unavailable_reason: self.launch.as_ref().err().cloned(),
+            unavailable_reason: self.launch.as_ref().err().map(ToString::to_string),
         }
     }
 }

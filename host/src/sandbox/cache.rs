@@ -113,47 +113,85 @@ impl<T: 'static> ModuleCache<T> {
     }
 }
 
+/// Why a place is not trusted to hold precompiled code.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum UntrustedPlace {
+    #[error("no parent directory")]
+    NoParent,
+    #[error("{}: {source}", path.display())]
+    Unreadable {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is a symbolic link", path.display())]
+    Symlink { path: PathBuf },
+    #[error("{} belongs to uid {uid}", path.display())]
+    NotMine { path: PathBuf, uid: u32 },
+    #[error("{} is writable by other users (mode {mode:o})", path.display())]
+    Writable { path: PathBuf, mode: u32 },
+    #[cfg(not(unix))]
+    #[error("{}: precompiled modules are only trusted on Unix", path.display())]
+    NotUnix { path: PathBuf },
+}
+
+/// Why a compiled module was not written to the disk cache (the run goes on without it).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CacheError {
+    #[error("not caching into an untrusted directory: {0}")]
+    Untrusted(#[source] UntrustedPlace),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Serialize(#[source] wasmtime::Error),
+}
+
 /// Whether `path` (a file) and its directory are this user's and writable by no one else.
-fn trusted(path: &Path) -> Result<(), String> {
-    private_to_me(path.parent().ok_or("no parent directory")?)?;
+fn trusted(path: &Path) -> Result<(), UntrustedPlace> {
+    private_to_me(path.parent().ok_or(UntrustedPlace::NoParent)?)?;
     private_to_me(path)
 }
 
 /// `place` is no symlink, belongs to this user and is not group- or world-writable.
 #[cfg(unix)]
-fn private_to_me(place: &Path) -> Result<(), String> {
+fn private_to_me(place: &Path) -> Result<(), UntrustedPlace> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
-    let meta = std::fs::symlink_metadata(place).map_err(|e| format!("{}: {e}", place.display()))?;
+    let path = || place.to_owned();
+    let meta = std::fs::symlink_metadata(place).map_err(|source| UntrustedPlace::Unreadable {
+        path: path(),
+        source,
+    })?;
     if meta.file_type().is_symlink() {
-        return Err(format!("{} is a symbolic link", place.display()));
+        return Err(UntrustedPlace::Symlink { path: path() });
     }
     if meta.uid() != me {
-        return Err(format!("{} belongs to uid {}", place.display(), meta.uid()));
+        return Err(UntrustedPlace::NotMine {
+            path: path(),
+            uid: meta.uid(),
+        });
     }
     if meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "{} is writable by other users (mode {:o})",
-            place.display(),
-            meta.mode() & 0o777
-        ));
+        return Err(UntrustedPlace::Writable {
+            path: path(),
+            mode: meta.mode() & 0o777,
+        });
     }
     Ok(())
 }
 
 #[cfg(not(unix))]
-fn private_to_me(place: &Path) -> Result<(), String> {
-    Err(format!(
-        "{}: precompiled modules are only trusted on Unix",
-        place.display()
-    ))
+fn private_to_me(place: &Path) -> Result<(), UntrustedPlace> {
+    Err(UntrustedPlace::NotUnix {
+        path: place.to_owned(),
+    })
 }
 
-fn write_artifact(path: &Path, module: &Module) -> anyhow::Result<()> {
+fn write_artifact(path: &Path, module: &Module) -> Result<(), CacheError> {
     let dir = path
         .parent()
-        .ok_or_else(|| anyhow::anyhow!("artifact paths are inside the cache dir"))?;
+        .ok_or(CacheError::Untrusted(UntrustedPlace::NoParent))?;
     if !dir.exists() {
         std::fs::create_dir_all(dir)?;
         #[cfg(unix)]
@@ -162,10 +200,8 @@ fn write_artifact(path: &Path, module: &Module) -> anyhow::Result<()> {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
         }
     }
-    if let Err(why) = private_to_me(dir) {
-        anyhow::bail!("not caching into an untrusted directory: {why}");
-    }
-    let bytes = module.serialize().map_err(|e| anyhow::anyhow!("{e}"))?;
+    private_to_me(dir).map_err(CacheError::Untrusted)?;
+    let bytes = module.serialize().map_err(CacheError::Serialize)?;
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     std::fs::write(&tmp, bytes)?;
     std::fs::rename(&tmp, path)?;

@@ -27,7 +27,7 @@ pub use hostcall::{HostcallError, before_deadline, finish};
 pub use memory::{GuestMemory, OutBuf, guest};
 pub use run::{TaskFailure, TaskRun};
 pub use runtime::{ModuleOrigin, Runtime, RuntimeOptions, default_cache_dir};
-pub use wasi::CapturedOutput;
+pub use wasi::{CapturedOutput, SandboxSetupError};
 
 /// One task's sandbox: everything of a store that is not a capability's.
 pub struct Sandbox<K> {

@@ -7,7 +7,7 @@ use tracing::Instrument;
 use wasmtime::{InstancePre, Store, UpdateDeadline};
 use wasmtime_wasi::I32Exit;
 
-use super::{DeadlineExceeded, Runtime, SandboxView};
+use super::{DeadlineExceeded, Runtime, SandboxSetupError, SandboxView};
 use crate::defaults;
 
 /// Why a task ended without a normal exit.
@@ -50,7 +50,7 @@ impl<T: SandboxView> Runtime<T> {
         mut data: T,
         entry: &str,
         span: tracing::Span,
-    ) -> Result<TaskRun, String> {
+    ) -> Result<TaskRun, SandboxSetupError> {
         let deadline = data.sandbox().deadline;
         let mut store = Store::new(self.engine(), data);
         store.limiter(|state| &mut state.sandbox().limits);
@@ -66,7 +66,7 @@ impl<T: SandboxView> Runtime<T> {
             .instantiate_async(&mut store)
             .instrument(span.clone())
             .await
-            .map_err(|e| format!("cannot instantiate: {e:#}"))?;
+            .map_err(|source| SandboxSetupError::Instantiate { source })?;
         let memory = instance.get_memory(&mut store, "memory");
         let table = funcref_table(&instance, &mut store);
         let sandbox = store.data_mut().sandbox();
@@ -74,7 +74,10 @@ impl<T: SandboxView> Runtime<T> {
         sandbox.table = table;
         let func = instance
             .get_typed_func::<(), ()>(&mut store, entry)
-            .map_err(|e| format!("the module has no export `{entry}` of type () -> (): {e:#}"))?;
+            .map_err(|source| SandboxSetupError::NoEntry {
+                entry: entry.to_owned(),
+                source,
+            })?;
         // Epochs and hostcall races stop the task at its deadline; this outer bound only
         // matters if something between them never yields.
         let grace = defaults::EPOCH_TICK * 50;

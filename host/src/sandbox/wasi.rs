@@ -28,6 +28,31 @@ impl CapturedOutput {
     }
 }
 
+/// A task whose sandbox cannot be set up as its spec asks; names the task field at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxSetupError {
+    /// A `preopens` directory cannot be opened.
+    #[error("preopens: cannot open {}: {source}", path.display())]
+    Preopen {
+        path: std::path::PathBuf,
+        #[source]
+        source: wasmtime::Error,
+    },
+    /// The module cannot be instantiated (e.g. an import the host does not provide).
+    #[error("cannot instantiate: {source:#}")]
+    Instantiate {
+        #[source]
+        source: wasmtime::Error,
+    },
+    /// The task's entry point is missing or has another type.
+    #[error("the module has no export `{entry}` of type () -> (): {source:#}")]
+    NoEntry {
+        entry: String,
+        #[source]
+        source: wasmtime::Error,
+    },
+}
+
 impl<K> Sandbox<K> {
     /// The sandbox `task` asks for; `argv0` is the module's name and `memory_limit` the
     /// linear memory it may grow to. The error names the task field at fault.
@@ -35,7 +60,7 @@ impl<K> Sandbox<K> {
         task: &TaskSpec,
         argv0: &str,
         memory_limit: u64,
-    ) -> Result<(Self, Option<CapturedOutput>), String> {
+    ) -> Result<(Self, Option<CapturedOutput>), SandboxSetupError> {
         let mut wasi = WasiCtxBuilder::new();
         let mut argv = vec![argv0.to_owned()];
         argv.extend(task.args.iter().cloned());
@@ -50,7 +75,10 @@ impl<K> Sandbox<K> {
                 FsPerms::ReadWrite
             };
             wasi.preopened_dir(&preopen.host, &preopen.guest, perms)
-                .map_err(|e| format!("preopens: cannot open {}: {e}", preopen.host.display()))?;
+                .map_err(|source| SandboxSetupError::Preopen {
+                    path: preopen.host.clone(),
+                    source,
+                })?;
         }
         if task.inherit_stdin {
             wasi.inherit_stdin();
@@ -83,5 +111,35 @@ impl<K> Sandbox<K> {
                 .build(),
         };
         Ok((sandbox, captured))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::task::Preopen;
+
+    #[test]
+    fn a_preopen_that_cannot_be_opened_names_the_field_and_no_env_value() {
+        let mut task = TaskSpec::new("t");
+        task.env.insert("API_TOKEN".into(), "s3cret-value".into());
+        task.preopens.push(Preopen {
+            host: "/nonexistent/quiver-unit-test".into(),
+            guest: "/data".into(),
+            read_only: true,
+        });
+        let Err(error) = Sandbox::<()>::for_task(&task, "guest.wasm", 1 << 20) else {
+            panic!("the preopen does not exist");
+        };
+        assert!(
+            error
+                .to_string()
+                .starts_with("preopens: cannot open /nonexistent/quiver-unit-test: "),
+            "{error}"
+        );
+        assert!(std::error::Error::source(&error).is_some());
+        for text in [error.to_string(), format!("{error:?}")] {
+            assert!(!text.contains("s3cret"), "{text}");
+        }
     }
 }

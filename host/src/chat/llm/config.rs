@@ -139,7 +139,7 @@ impl HostConfig {
             )
         })?;
         EgressPolicy::from_config(&config.egress)
-            .map_err(|e| ConfigError::new(path, "egress", e))?;
+            .map_err(|e| ConfigError::new(path, "egress", e.to_string()))?;
         for (name, backend) in &config.backends {
             let field = |f: &str| format!("backends.{name}.{f}");
             if backend.request_timeout_ms == Some(0) {

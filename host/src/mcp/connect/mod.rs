@@ -25,7 +25,8 @@ use tracing::Instrument;
 use super::auth::AuthConfig;
 use super::egress::EgressPolicy;
 use super::error::{McpError, McpErrorCode};
-use super::outbound::OutboundClient;
+use super::http::SseConnectError;
+use super::outbound::{ClientBuildError, OutboundClient};
 use crate::registry::{Launch, Lifecycle, ServerEntry};
 
 /// Receives server notifications for one connection.
@@ -79,7 +80,7 @@ pub(super) struct Connector {
     auth: BTreeMap<String, AuthConfig>,
     /// One client for every remote server (sharing connections); it checks every request
     /// against the egress policy.
-    http: Result<OutboundClient, String>,
+    http: Result<OutboundClient, ClientBuildError>,
 }
 
 impl Connector {
@@ -133,7 +134,7 @@ impl Connector {
         entry: &ServerEntry,
         serial: u64,
         peer: Peer<'_>,
-        transport: impl Future<Output = Result<T, String>>,
+        transport: impl Future<Output = Result<T, ConnectError>>,
     ) -> Result<Connection, McpError>
     where
         T: IntoTransport<RoleClient, E, A>,
@@ -177,8 +178,18 @@ impl Connector {
     }
 }
 
-fn unavailable(message: String) -> McpError {
+fn unavailable(message: impl Into<String>) -> McpError {
     McpError::new(McpErrorCode::Unavailable, message)
+}
+
+/// Why a transport did not come up or its MCP handshake failed; the pool reports it as
+/// `mcp_unavailable`, after the server's name.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum ConnectError {
+    #[error("legacy SSE: {0}")]
+    LegacySse(#[source] SseConnectError),
+    #[error("MCP handshake failed: {0}")]
+    Handshake(#[source] Box<rmcp::service::ClientInitializeError>),
 }
 
 /// Opens the MCP session over `transport` the way the record asks.
@@ -186,12 +197,12 @@ async fn handshake<T, E, A>(
     events: ClientEvents,
     transport: T,
     lifecycle: Lifecycle,
-) -> Result<RunningService<RoleClient, ClientEvents>, String>
+) -> Result<RunningService<RoleClient, ClientEvents>, ConnectError>
 where
     T: IntoTransport<RoleClient, E, A>,
     E: std::error::Error + Send + Sync + 'static,
 {
-    let failed = |e: rmcp::service::ClientInitializeError| format!("MCP handshake failed: {e}");
+    let failed = |e| ConnectError::Handshake(Box::new(e));
     let mode = match lifecycle {
         Lifecycle::Initialize => return events.serve(transport).await.map_err(failed),
         Lifecycle::Discover => ClientLifecycleMode::Discover {

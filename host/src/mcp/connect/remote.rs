@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Connection, Connector, Peer, unavailable};
+use super::{ConnectError, Connection, Connector, Peer, unavailable};
 use crate::mcp::auth::Credentials;
 use crate::mcp::error::McpError;
 use crate::mcp::http::{AuthedClient, LegacySse, header_map, streamable_http};
@@ -27,8 +27,9 @@ impl Connector {
             .map_err(|e| unavailable(format!("server `{server_id}`: bad http.url: {e}")))?;
         let http = self
             .http
-            .clone()
-            .map_err(|e| unavailable(format!("server `{server_id}`: {e}")))?;
+            .as_ref()
+            .map_err(|e| unavailable(format!("server `{server_id}`: {e}")))?
+            .clone();
         // The client checks every request anyway; checking here first fails fast, before
         // credentials are resolved or a token is fetched for a server we may not reach.
         http.check(&parsed)
@@ -41,11 +42,12 @@ impl Connector {
         {
             Some(auth_ref) => Some(
                 Credentials::resolve(server_id, auth_ref, &self.auth, url, http.clone())
-                    .map_err(unavailable)?,
+                    .map_err(|e| unavailable(e.to_string()))?,
             ),
             None => None,
         };
-        let headers = header_map(server_id, headers, credentials.as_ref()).map_err(unavailable)?;
+        let headers = header_map(server_id, headers, credentials.as_ref())
+            .map_err(|e| unavailable(e.to_string()))?;
         let oauth = match &credentials {
             Some(Credentials::OAuth(client)) => Some(client.clone()),
             _ => None,
@@ -57,7 +59,7 @@ impl Connector {
                 let transport = async {
                     LegacySse::connect(url, client, headers)
                         .await
-                        .map_err(|e| format!("legacy SSE: {e}"))
+                        .map_err(ConnectError::LegacySse)
                 };
                 self.establish(entry, serial, peer, transport).await
             }
