@@ -45,17 +45,43 @@ pub fn fixture_server() -> PathBuf {
     bin_dir().join("fixture-mcp-server")
 }
 
-/// The `quiver` command-line binary. `cargo test` builds it with the host package (whose
-/// own CLI tests need it) into the same directory as these tests; it is looked up there
-/// rather than linked a second time into this package.
+/// The `quiver` command-line binary. `cargo test` at the workspace root builds it with the
+/// host package (whose own CLI tests need it) into the same directory as these tests; it
+/// is looked up there rather than linked a second time into this package. A binary older
+/// than the host's sources (e.g. after `cargo test -p quiver-tests` alone) is refused, so
+/// no test runs a stale CLI.
 pub fn quiver_cli() -> PathBuf {
     let bin = bin_dir().join("quiver");
-    assert!(
-        bin.exists(),
-        "{} is missing: run the tests with `cargo test` at the workspace root, or build it first with `cargo build -p quiver --bin quiver`",
-        bin.display()
-    );
+    let fix = "run the tests with `cargo test` at the workspace root, or `cargo build -p quiver --bin quiver` first";
+    let built = std::fs::metadata(&bin)
+        .and_then(|m| m.modified())
+        .unwrap_or_else(|_| panic!("{} is missing: {fix}", bin.display()));
+    let sources = workspace().join("host").join("src");
+    if let Some(newer) = newest_file(&sources).filter(|(time, _)| *time > built) {
+        panic!(
+            "{} is older than {}: {fix}",
+            bin.display(),
+            newer.1.display()
+        );
+    }
     bin
+}
+
+/// The most recently modified file below `dir`, with its time.
+fn newest_file(dir: &Path) -> Option<(std::time::SystemTime, PathBuf)> {
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|entry| {
+            let path = entry.path();
+            let meta = entry.metadata().ok()?;
+            if meta.is_dir() {
+                newest_file(&path)
+            } else {
+                Some((meta.modified().ok()?, path))
+            }
+        })
+        .max_by_key(|(time, _)| *time)
 }
 
 /// Builds an example guest for wasm32-wasip1 (once per test process) and returns its path.

@@ -352,29 +352,40 @@ impl reqwest::dns::Resolve for EgressResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let policy = self.policy.clone();
         Box::pin(async move {
-            let host = name.as_str().to_owned();
-            let addrs: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let mut refused = Vec::new();
-            let allowed: Vec<SocketAddr> = addrs
-                .into_iter()
-                .filter(|addr| match policy.check_ip(addr.ip()) {
-                    Ok(()) => true,
-                    Err(why) => {
-                        refused.push(why);
-                        false
-                    }
-                })
-                .collect();
-            if allowed.is_empty() {
-                let error = match refused.into_iter().next() {
-                    Some(denied) => EgressResolveError::Refused { host, denied },
-                    None => EgressResolveError::NoAddresses { host },
-                };
-                return Err(error.into());
-            }
+            let allowed = policy.resolve(name.as_str()).await??;
             Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
         })
+    }
+}
+
+impl EgressPolicy {
+    /// The addresses of `host` the policy lets a request reach, or the refusal naming the
+    /// first address refused (the outer error is the lookup's own). The HTTP client's
+    /// resolver and the connect-time check both go through here.
+    pub(crate) async fn resolve(
+        &self,
+        host: &str,
+    ) -> std::io::Result<Result<Vec<SocketAddr>, EgressResolveError>> {
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, 0)).await?.collect();
+        let mut refused = Vec::new();
+        let allowed: Vec<SocketAddr> = addrs
+            .into_iter()
+            .filter(|addr| match self.check_ip(addr.ip()) {
+                Ok(()) => true,
+                Err(why) => {
+                    refused.push(why);
+                    false
+                }
+            })
+            .collect();
+        if allowed.is_empty() {
+            let host = host.to_owned();
+            return Ok(Err(match refused.into_iter().next() {
+                Some(denied) => EgressResolveError::Refused { host, denied },
+                None => EgressResolveError::NoAddresses { host },
+            }));
+        }
+        Ok(Ok(allowed))
     }
 }
 

@@ -62,3 +62,19 @@ impl McpError {
         }})
     }
 }
+
+/// An error and its causes, `a: b: c`. A cause whose text is already there (our typed
+/// errors show their cause and also return it as `source`) is not repeated.
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}

@@ -21,6 +21,7 @@ use sse_stream::{Error as SseError, Sse, SseStream};
 use tokio::sync::mpsc;
 
 use super::auth::{AuthError, Credentials, OAuthClient};
+use super::error::error_chain;
 use super::outbound::{EgressRefused, OutboundClient, UrlParseError};
 
 /// A configured header that cannot be sent. The value may be a secret, so it is never
@@ -51,7 +52,7 @@ pub(crate) enum SseConnectError {
     Denied(EgressRefused),
     #[error(transparent)]
     Auth(AuthError),
-    #[error("GET {url}: {}", chain(.source))]
+    #[error("GET {url}: {}", error_chain(.source))]
     Unreachable {
         url: String,
         #[source]
@@ -315,7 +316,7 @@ pub(crate) enum LegacySseError {
     Denied(EgressRefused),
     #[error(transparent)]
     Auth(AuthError),
-    #[error("{}", chain(.0))]
+    #[error("{}", error_chain(.0))]
     Send(#[source] reqwest::Error),
     #[error("POST {url} answered HTTP {status}")]
     Status {
@@ -434,22 +435,6 @@ impl LegacySse {
             reader,
         })
     }
-}
-
-/// An error and its causes, `a: b: c`. A cause whose text is already there (our typed
-/// errors show their cause and also return it as `source`) is not repeated.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 impl Transport<RoleClient> for LegacySse {

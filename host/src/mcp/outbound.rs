@@ -26,7 +26,7 @@ use rmcp::transport::streamable_http_client::{
 };
 use sse_stream::{Error as SseError, Sse};
 
-use super::egress::{EgressDenied, EgressPolicy, EgressResolver};
+use super::egress::{EgressDenied, EgressPolicy, EgressResolveError, EgressResolver};
 use super::http::ensure_tls_provider;
 
 /// The error of parsing a URL (`url::ParseError`, named through reqwest's re-export).
@@ -76,6 +76,22 @@ impl OutboundClient {
     /// Whether the policy lets a request go to `url`.
     pub(crate) fn check(&self, url: &reqwest::Url) -> Result<(), EgressRefused> {
         self.policy.check_url(url).map_err(EgressRefused::Denied)
+    }
+
+    /// Whether `url`'s host resolves to an address the policy lets a request reach; a
+    /// lookup that fails is left for the request itself to report.
+    pub(crate) async fn check_resolved(
+        &self,
+        url: &reqwest::Url,
+    ) -> Result<(), EgressResolveError> {
+        let Some(host) = url.host_str() else {
+            return Ok(());
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        match self.policy.resolve(host).await {
+            Ok(Err(refused)) => Err(refused),
+            Ok(Ok(_)) | Err(_) => Ok(()),
+        }
     }
 
     fn checked(&self, url: &str) -> Result<reqwest::Url, EgressRefused> {

@@ -24,7 +24,7 @@ use tracing::Instrument;
 
 use super::auth::AuthConfig;
 use super::egress::EgressPolicy;
-use super::error::{McpError, McpErrorCode};
+use super::error::{McpError, McpErrorCode, error_chain};
 use super::http::SseConnectError;
 use super::outbound::{ClientBuildError, OutboundClient};
 use crate::registry::{Launch, Lifecycle, ServerEntry};
@@ -167,7 +167,7 @@ impl Connector {
                     self.timeout.as_millis()
                 ))
             })?
-            .map_err(|e| unavailable(format!("{shown}: cannot connect: {e}")))?;
+            .map_err(|e| unavailable(format!("{shown}: cannot connect: {}", error_chain(&e))))?;
         tracing::info!(server_id, pid, url, serial, "MCP server connected");
         Ok(Connection {
             service,

@@ -34,6 +34,9 @@ impl Connector {
         // credentials are resolved or a token is fetched for a server we may not reach.
         http.check(&parsed)
             .map_err(|denied| unavailable(format!("server `{server_id}`: {denied}")))?;
+        http.check_resolved(&parsed)
+            .await
+            .map_err(|refused| unavailable(format!("server `{server_id}`: {refused}")))?;
         let credentials = match entry
             .record
             .http
