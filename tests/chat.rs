@@ -587,15 +587,39 @@ async fn tool_namespace_names_offered_tools_and_forced_choices_map_to_them() {
     );
     host.shutdown().await;
 
-    let bad = registry_with("fixture", &["add"], "tool_namespace = \"acme fx\"");
-    let problems = quiver::registry::Registry::load_dir(bad.path()).unwrap();
-    let problem = problems
-        .problems()
-        .first()
-        .expect("a bad namespace is reported");
-    assert_eq!(
-        problem.field.as_deref(),
-        Some("tool_namespace"),
+    for top in [
+        "tool_namespace = \"acme fx\"",
+        // Another server's default namespace, or any other `mcp` name, would let this
+        // server's tools answer to `mcp__fs__<tool>`.
+        "tool_namespace = \"mcp.fs\"",
+        "tool_namespace = \"mcp__fs\"",
+    ] {
+        let bad = registry_with("fixture", &["add"], top);
+        let loaded = quiver::registry::Registry::load_dir(bad.path()).unwrap();
+        let problem = loaded
+            .problems()
+            .first()
+            .expect("a bad namespace is reported");
+        assert_eq!(
+            problem.field.as_deref(),
+            Some("tool_namespace"),
+            "{problem}"
+        );
+        assert!(loaded.get("fixture").is_none(), "{top}");
+    }
+    let shared = registry_with("aaa", &["add"], "tool_namespace = \"acme\"");
+    shared.write(
+        "bbb.toml",
+        &format!(
+            "tool_namespace = \"acme\"\n{}",
+            quiver_tests::fixture_toml("bbb", &["add"], "")
+        ),
+    );
+    let loaded = quiver::registry::Registry::load_dir(shared.path()).unwrap();
+    assert!(loaded.get("aaa").is_some() && loaded.get("bbb").is_none());
+    let problem = &loaded.problems()[0];
+    assert!(
+        problem.path.ends_with("bbb.toml") && problem.message.contains("`aaa`"),
         "{problem}"
     );
 }

@@ -211,13 +211,12 @@ impl ToolSet {
         if self.routes.contains_key(name) {
             return Some(name);
         }
-        if let Some(offered) = self.namespaced.get(name) {
+        if let Some((server_id, tool)) = split_server_tool(name)
+            && let Some(offered) = self.mcp_names.get(&(server_id.to_owned(), tool.to_owned()))
+        {
             return Some(offered);
         }
-        let (server_id, tool) = split_server_tool(name)?;
-        self.mcp_names
-            .get(&(server_id.to_owned(), tool.to_owned()))
-            .map(String::as_str)
+        self.namespaced.get(name).map(String::as_str)
     }
 
     /// The model-facing names offered for `server_id`'s tools, sorted.

@@ -231,6 +231,15 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
             ),
         ));
     }
+    let own_default = format!("mcp.{}", file.server_id);
+    if tool_namespace != own_default && tool_namespace.replace('.', "__").starts_with("mcp") {
+        return Err(field_err(
+            "tool_namespace",
+            format!(
+                "{tool_namespace:?}: names starting with `mcp` are reserved for the default mcp.<server_id> of each server, so that mcp__<id>__<tool> always means that server's tool; choose another namespace"
+            ),
+        ));
+    }
     let budgets = Budgets {
         tool_timeout: positive("budgets.tool_timeout_ms", file.budgets.tool_timeout_ms)?
             .map(Duration::from_millis)

@@ -132,6 +132,7 @@ pub(super) fn load_dir(dir: &Path, env: &EnvLookup<'_>) -> Result<Loaded, Regist
         }
         servers.insert(entry.server_id().to_owned(), Arc::new(entry));
     }
+    drop_shared_namespaces(&mut servers, &mut problems);
     let profiles = load_profiles(&dir.join("profiles"), &servers, &mut problems, &mut hashed);
     let mut launches: Vec<(String, Vec<u8>)> = servers
         .values()
@@ -175,5 +176,36 @@ pub(super) fn file_problem(path: &Path, field: Option<&str>, message: String) ->
         path: path.to_owned(),
         field: field.map(Into::into),
         message,
+    }
+}
+
+/// Two servers with one `tool_namespace` would offer the model the same names for
+/// different servers' tools; the one whose id sorts later is left out, with the reason.
+fn drop_shared_namespaces(
+    servers: &mut BTreeMap<String, Arc<ServerEntry>>,
+    problems: &mut Vec<Problem>,
+) {
+    let mut owners: BTreeMap<&str, &str> = BTreeMap::new();
+    let mut shared = Vec::new();
+    for entry in servers.values() {
+        let namespace = entry.record.tool_namespace.as_str();
+        match owners.get(namespace) {
+            Some(owner) => shared.push((entry.server_id().to_owned(), (*owner).to_owned())),
+            None => {
+                owners.insert(namespace, entry.server_id());
+            }
+        }
+    }
+    for (server_id, owner) in shared {
+        if let Some(entry) = servers.remove(&server_id) {
+            problems.push(file_problem(
+                &entry.source,
+                Some("tool_namespace"),
+                format!(
+                    "`{}` is already the namespace of server `{owner}`; server `{server_id}` is left out until one of them changes it",
+                    entry.record.tool_namespace
+                ),
+            ));
+        }
     }
 }

@@ -81,13 +81,16 @@ impl<T: 'static> ModuleCache<T> {
     ) -> wasmtime::Result<(Module, ModuleOrigin)> {
         let artifact = self.artifact_path(digest);
         if let Some(path) = artifact.as_deref().filter(|p| p.is_file()) {
-            match trusted(path) {
-                // SAFETY: `trusted` checked that this user owns the artifact and its
-                // directory and that no one else can write either, so the file was
-                // written by `Module::serialize` of this user's hosts (the file name
-                // carries the engine's compatibility hash, which wasmtime checks again).
-                // Tested in `tests::untrusted_cache_directories_are_not_used`.
-                Ok(()) => match unsafe { Module::deserialize_file(engine, path) } {
+            match read_trusted(path) {
+                // SAFETY: `read_trusted` read these bytes from a file it opened without
+                // following links and checked through that open handle: this user owns it
+                // and its directory and no one else can write either, so it was written by
+                // `Module::serialize` of this user's hosts (the file name carries the
+                // engine's compatibility hash, which wasmtime checks again). Checking the
+                // open handle, and deserialising what was read from it, leaves no window
+                // for the file to be swapped. Tested in
+                // `tests::untrusted_cache_directories_are_not_used`.
+                Ok(artifact) => match unsafe { Module::deserialize(engine, &artifact) } {
                     Ok(module) => return Ok((module, ModuleOrigin::DiskCache)),
                     Err(error) => {
                         tracing::warn!(path = %path.display(), %error, "ignoring unusable precompiled module")
@@ -146,23 +149,53 @@ pub(crate) enum CacheError {
     Serialize(#[source] wasmtime::Error),
 }
 
-/// Whether `path` (a file) and its directory are this user's and writable by no one else.
-fn trusted(path: &Path) -> Result<(), UntrustedPlace> {
+/// The bytes of `path`, if it and its directory are this user's and writable by no one
+/// else. The file is opened without following a link and judged by its open handle.
+#[cfg(unix)]
+fn read_trusted(path: &Path) -> Result<Vec<u8>, UntrustedPlace> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
     private_to_me(path.parent().ok_or(UntrustedPlace::NoParent)?)?;
-    private_to_me(path)
+    let unreadable = |source| UntrustedPlace::Unreadable {
+        path: path.to_owned(),
+        source,
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)
+        .map_err(unreadable)?;
+    let meta = file.metadata().map_err(unreadable)?;
+    owned_and_private(path, &meta)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
+    file.read_to_end(&mut bytes).map_err(unreadable)?;
+    Ok(bytes)
+}
+
+#[cfg(not(unix))]
+fn read_trusted(path: &Path) -> Result<Vec<u8>, UntrustedPlace> {
+    Err(UntrustedPlace::NotUnix {
+        path: path.to_owned(),
+    })
 }
 
 /// `place` is no symlink, belongs to this user and is not group- or world-writable.
 #[cfg(unix)]
 fn private_to_me(place: &Path) -> Result<(), UntrustedPlace> {
+    let meta = std::fs::symlink_metadata(place).map_err(|source| UntrustedPlace::Unreadable {
+        path: place.to_owned(),
+        source,
+    })?;
+    owned_and_private(place, &meta)
+}
+
+/// What `meta` (of `place`) says: no symlink, this user's, writable by no one else.
+#[cfg(unix)]
+fn owned_and_private(place: &Path, meta: &std::fs::Metadata) -> Result<(), UntrustedPlace> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     let path = || place.to_owned();
-    let meta = std::fs::symlink_metadata(place).map_err(|source| UntrustedPlace::Unreadable {
-        path: path(),
-        source,
-    })?;
     if meta.file_type().is_symlink() {
         return Err(UntrustedPlace::Symlink { path: path() });
     }
@@ -289,6 +322,15 @@ mod tests {
             origin(&dir),
             ModuleOrigin::Compiled,
             "a corrupt artifact is recompiled"
+        );
+        assert_eq!(origin(&dir), ModuleOrigin::DiskCache);
+        let elsewhere = root.join("elsewhere.cwasm");
+        std::fs::rename(&artifact, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &artifact).unwrap();
+        assert_eq!(
+            origin(&dir),
+            ModuleOrigin::Compiled,
+            "an artifact reached through a link is not loaded"
         );
         let _ = std::fs::remove_dir_all(&root);
     }
