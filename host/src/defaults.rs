@@ -99,3 +99,7 @@ pub const RECONNECT_BACKOFF_BASE: Duration = Duration::from_millis(250);
 
 /// Longest wait between connection attempts to an MCP server.
 pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Longest OAuth access-token lifetime believed; a token endpoint's larger `expires_in` is
+/// cut to it, so the token is fetched again at least daily and the clock cannot overflow.
+pub const OAUTH_TOKEN_MAX_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);

@@ -106,7 +106,10 @@ pub(crate) enum OAuthProblem {
 /// token's lifetime.
 const REFRESH_MARGIN: Duration = Duration::from_secs(30);
 
+/// When to fetch a token again. `lifetime` comes from the token endpoint: it is capped at
+/// [`defaults::OAUTH_TOKEN_MAX_LIFETIME`] so a huge `expires_in` cannot overflow the clock.
 fn refresh_at(fetched: Instant, lifetime: Duration) -> Instant {
+    let lifetime = lifetime.min(crate::defaults::OAUTH_TOKEN_MAX_LIFETIME);
     fetched + lifetime - REFRESH_MARGIN.min(lifetime / 10)
 }
 
@@ -393,6 +396,15 @@ impl OAuthClient {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_huge_expires_in_does_not_overflow_the_clock() {
+        let now = std::time::Instant::now();
+        let at = super::refresh_at(now, std::time::Duration::from_secs(u64::MAX));
+        assert!(at > now && at <= now + crate::defaults::OAUTH_TOKEN_MAX_LIFETIME);
+        let short = super::refresh_at(now, std::time::Duration::from_secs(60));
+        assert_eq!(short, now + std::time::Duration::from_secs(54));
+    }
+
     use std::sync::Arc;
 
     use super::*;
