@@ -19,7 +19,7 @@ use crate::chat::llm::Backends;
 use crate::chat::tools::ToolSet;
 use crate::chat::{ChatSession, ChatTask};
 use crate::mcp::{McpPool, McpTask};
-use crate::policy::{self, PolicyReport, SessionRequest, TaskMcpPolicy};
+use crate::policy::{self, PolicyReport, SessionRequest};
 use crate::registry::Registry;
 pub use crate::sandbox::{ModuleOrigin, TaskFailure};
 use crate::sandbox::{Runtime, Sandbox};
@@ -170,9 +170,8 @@ impl Host {
             task_id: task.task_id.clone(),
             message,
         };
-        let registry = self.registry();
-        let mcp_policy = task_policy(task, &registry)?;
-        for warning in mcp_policy.warnings() {
+        let mcp = self.mcp_task(task)?;
+        for warning in mcp.policy.warnings() {
             tracing::warn!(task_id = %task.task_id, "{warning}");
         }
         let memory_limit = task.memory_limit().min(self.inner.runtime.max_task_memory);
@@ -180,11 +179,7 @@ impl Host {
             .map_err(|e| setup_error(e.to_string()))?;
         let state = TaskState {
             sandbox,
-            mcp: Arc::new(McpTask {
-                policy: mcp_policy,
-                registry,
-                pool: self.inner.pool.clone(),
-            }),
+            mcp: Arc::new(mcp),
             chat: Arc::new(ChatTask {
                 backends: self.inner.backends.clone(),
             }),
@@ -221,15 +216,12 @@ impl Host {
     /// tools, so servers may be started), what they may enable, and why everything else
     /// in the registry is left out.
     pub async fn explain_policy(&self, task: &TaskSpec) -> Result<PolicyReport, HostError> {
-        let registry = self.registry();
-        let policy = task_policy(task, &registry)?;
-        let session = ChatSession::new(&policy);
-        let mcp = McpTask {
-            policy: policy.clone(),
-            registry: registry.clone(),
-            pool: self.inner.pool.clone(),
-        };
+        let mcp = self.mcp_task(task)?;
+        let session = ChatSession::new(&mcp.policy);
         let tools = ToolSet::build(&session, &mcp).await;
+        let McpTask {
+            policy, registry, ..
+        } = mcp;
         let offered = tools
             .servers
             .iter()
@@ -259,18 +251,26 @@ impl Host {
         })
     }
 
+    /// The MCP side of `task`: the current registry snapshot, the task layer of policy
+    /// resolved against it (profiles applied), and the pool.
+    fn mcp_task(&self, task: &TaskSpec) -> Result<McpTask, HostError> {
+        let registry = self.registry();
+        let policy = task
+            .mcp_config()?
+            .resolve(&registry)
+            .map_err(|e| TaskError::Config {
+                key: e.key.into(),
+                message: e.message,
+            })?;
+        Ok(McpTask {
+            policy,
+            registry,
+            pool: self.inner.pool.clone(),
+        })
+    }
+
     /// Closes every MCP connection and ends every server process.
     pub async fn shutdown(&self) {
         self.inner.pool.shutdown().await;
     }
-}
-
-/// The task layer of MCP policy, with profiles resolved against `registry`.
-fn task_policy(task: &TaskSpec, registry: &Registry) -> Result<TaskMcpPolicy, HostError> {
-    let config = task.mcp_config()?;
-    let policy = config.resolve(registry).map_err(|e| TaskError::Config {
-        key: e.key.into(),
-        message: e.message,
-    })?;
-    Ok(policy)
 }
