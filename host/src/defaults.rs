@@ -38,6 +38,10 @@ pub const MAX_FDS_PER_TASK: usize = 1024;
 /// Wall-clock time a task may run when its task file names no deadline.
 pub const TASK_DEADLINE: Duration = Duration::from_secs(300);
 
+/// Longest deadline a task may ask for; larger `limits.deadline_ms` values are cut to it, so
+/// adding a deadline to the clock can never overflow.
+pub const TASK_DEADLINE_MAX: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 /// Linear memory a task may grow to when its task file names no limit.
 pub const TASK_MEMORY_BYTES: u64 = 512 * 1024 * 1024;
 

@@ -5,6 +5,8 @@
 
 use std::time::{Duration, Instant};
 
+use crate::defaults;
+
 /// When a task must end.
 #[derive(Clone, Copy, Debug)]
 pub struct Deadline {
@@ -20,8 +22,10 @@ pub struct DeadlineExceeded {
 }
 
 impl Deadline {
-    /// `after` from now.
+    /// `after` from now, cut to [`defaults::TASK_DEADLINE_MAX`] (a task's deadline is
+    /// untrusted input, and `Instant` arithmetic panics on overflow).
     pub fn after(after: Duration) -> Self {
+        let after = after.min(defaults::TASK_DEADLINE_MAX);
         Self {
             at: Instant::now() + after,
             after,
@@ -49,5 +53,19 @@ impl Deadline {
 
     pub fn exceeded(&self) -> DeadlineExceeded {
         DeadlineExceeded { after: self.after }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_huge_deadline_is_cut_instead_of_overflowing_the_clock() {
+        let deadline = Deadline::after(Duration::from_millis(u64::MAX));
+        assert_eq!(deadline.budget(), defaults::TASK_DEADLINE_MAX);
+        assert!(!deadline.passed());
+        // What the runner computes from it must not overflow either.
+        let _ = deadline.instant() + defaults::EPOCH_TICK * 50;
     }
 }
