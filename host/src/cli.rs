@@ -1,7 +1,7 @@
 //! The `quiver` commands, each a thin call into the library.
 //!
 //! Exit statuses: `run` returns the guest's own status (124 after a deadline, 134 after a
-//! trap, 130 on Ctrl-C); 2 means the command itself could not start (bad flags, an
+//! trap, 130 on Ctrl-C, 143 on SIGTERM); 2 means the command itself could not start (bad flags, an
 //! unreadable task or module); other commands return 1 when they find a problem.
 
 use std::path::PathBuf;
@@ -198,12 +198,12 @@ async fn run(args: RunArgs) -> i32 {
     let outcome = tokio::select! {
         outcome = host.run_task(&module, &task) => outcome,
         signal = interrupted() => {
-            eprintln!("quiver: {signal}; stopping the task and its MCP servers");
-            host.shutdown().await;
-            return 130;
+            eprintln!("quiver: {}; stopping the task and its MCP servers", signal.name);
+            stop(&host).await;
+            return signal.status;
         }
     };
-    host.shutdown().await;
+    stop(&host).await;
     match outcome {
         Ok(outcome) => {
             if let Some(failure) = &outcome.failure {
@@ -215,8 +215,30 @@ async fn run(args: RunArgs) -> i32 {
     }
 }
 
+/// Stops every MCP server of `host` gracefully. A second Ctrl-C or SIGTERM cuts that
+/// short: the servers' process groups are then killed when the host is dropped, or by
+/// their watchdogs when this process exits.
+async fn stop(host: &Host) {
+    tokio::select! {
+        () = host.shutdown() => {}
+        signal = interrupted() => {
+            eprintln!("quiver: {} again; killing the MCP servers", signal.name);
+        }
+    }
+}
+
+/// A signal that ends `quiver run`, and the exit status it gives (128 + its number).
+struct Interrupted {
+    name: &'static str,
+    status: i32,
+}
+
 /// Resolves on Ctrl-C or SIGTERM, naming which.
-async fn interrupted() -> &'static str {
+async fn interrupted() -> Interrupted {
+    const INT: Interrupted = Interrupted {
+        name: "interrupted",
+        status: 130,
+    };
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -224,18 +246,18 @@ async fn interrupted() -> &'static str {
             Ok(term) => term,
             Err(_) => {
                 let _ = tokio::signal::ctrl_c().await;
-                return "interrupted";
+                return INT;
             }
         };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => "interrupted",
-            _ = term.recv() => "terminated",
+            _ = tokio::signal::ctrl_c() => INT,
+            _ = term.recv() => Interrupted { name: "terminated", status: 143 },
         }
     }
     #[cfg(not(unix))]
     {
         let _ = tokio::signal::ctrl_c().await;
-        "interrupted"
+        INT
     }
 }
 

@@ -29,8 +29,37 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Pages of `tools/list` read before a server is considered to be paging forever.
 pub const MAX_TOOL_LIST_PAGES: usize = 100;
 
-/// Time given to MCP server processes to exit on shutdown before they are killed.
+/// Time a stopping stdio server gets at each step: after its stdin closes, for the server
+/// to exit; after SIGTERM to its process group, for the whole group to exit; then the group
+/// gets SIGKILL.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
+
+/// How often a stopping server's process group is checked for having exited.
+pub const PROCESS_EXIT_POLL: Duration = Duration::from_millis(10);
+
+/// MCP calls (`tools/call`, `tools/list`) in flight at once across the whole host, in front
+/// of each server's own `max_concurrency`. Waiting for a slot counts against the call's
+/// `tool_timeout_ms`. Sized so that 1000 concurrent tasks can each have a call in flight
+/// with room to spare (4x): an in-flight call costs a few KiB of host memory, so the cap
+/// bounds that to tens of MiB while never being what limits an I/O-bound host first.
+pub const MAX_CONCURRENT_MCP_CALLS: usize = 4096;
+
+/// Stdio MCP server processes the host runs at once. When a new server must start at the
+/// cap, the least recently used server with no call in flight is stopped; if every one is
+/// busy, the call fails with `mcp_unavailable`. More than a registry usually names, yet a
+/// bound on host memory: a Node.js server alone takes 50-100 MiB.
+pub const MAX_SERVER_PROCESSES: usize = 64;
+
+/// A stdio server with no call for this long is stopped (the next call starts it again),
+/// so servers a host used once do not hold memory forever. Long enough that a server in
+/// regular use (starting one costs about 650 ms for Node.js) stays up. Registry
+/// `stdio.idle_timeout_ms` overrides it per server; zero means never.
+pub const SERVER_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
+/// Resolved `${ENV:..}` values shorter than this are not treated as secrets: no credential
+/// is that short, and cutting such values (a port, `1`, `on`) out of every message would
+/// garble the log.
+pub const MIN_SECRET_BYTES: usize = 4;
 
 /// Open fds one task may hold; one more is `-EMFILE`.
 pub const MAX_FDS_PER_TASK: usize = 1024;

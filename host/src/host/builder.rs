@@ -9,7 +9,7 @@ use super::task_state::{self, TaskState};
 use super::{Host, HostInner};
 use crate::chat::llm::{Backends, ConfigError, ConfigOrigin, HostConfig, Recorder};
 use crate::defaults;
-use crate::mcp::{EgressPolicy, McpPool, RemoteOptions};
+use crate::mcp::{EgressPolicy, McpPool, PoolLimits, RemoteOptions};
 use crate::registry::{Registry, RegistryDirError, Severity};
 use crate::sandbox::{Runtime, RuntimeOptions, default_cache_dir};
 use crate::task::TaskError;
@@ -46,6 +46,10 @@ pub struct HostBuilder {
     config: HostConfig,
     config_origin: ConfigOrigin,
     record_to: Option<PathBuf>,
+    max_concurrent_mcp_calls: Option<usize>,
+    max_server_processes: Option<usize>,
+    server_idle_timeout: Option<Duration>,
+    prewarm: Option<Vec<String>>,
 }
 
 impl Default for HostBuilder {
@@ -62,6 +66,10 @@ impl Default for HostBuilder {
             config: HostConfig::default(),
             config_origin: ConfigOrigin::in_code("."),
             record_to: None,
+            max_concurrent_mcp_calls: None,
+            max_server_processes: None,
+            server_idle_timeout: None,
+            prewarm: None,
         }
     }
 }
@@ -137,6 +145,42 @@ impl HostBuilder {
         self
     }
 
+    /// MCP calls in flight at once across the host (default
+    /// [`defaults::MAX_CONCURRENT_MCP_CALLS`]; overrides the host config's
+    /// `mcp.max_concurrent_calls`). Waiting for one counts against a call's tool timeout.
+    pub fn with_max_concurrent_mcp_calls(mut self, calls: usize) -> Self {
+        self.max_concurrent_mcp_calls = Some(calls.max(1));
+        self
+    }
+
+    /// Stdio MCP server processes running at once (default
+    /// [`defaults::MAX_SERVER_PROCESSES`]; overrides `mcp.max_server_processes`). At the
+    /// cap the least recently used idle server is stopped to start another.
+    pub fn with_max_server_processes(mut self, processes: usize) -> Self {
+        self.max_server_processes = Some(processes.max(1));
+        self
+    }
+
+    /// How long a stdio server may go without a call before it is stopped; zero means
+    /// never (default [`defaults::SERVER_IDLE_TIMEOUT`]; overrides
+    /// `mcp.server_idle_timeout_ms`; a record's `stdio.idle_timeout_ms` overrides this).
+    pub fn with_server_idle_timeout(mut self, idle: Duration) -> Self {
+        self.server_idle_timeout = Some(idle);
+        self
+    }
+
+    /// Starts these servers in the background when the host is built (inside a Tokio
+    /// runtime), so the first call does not wait for them; overrides `mcp.prewarm`.
+    /// Failures are logged, not fatal.
+    pub fn with_prewarm<I, S>(mut self, server_ids: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.prewarm = Some(server_ids.into_iter().map(Into::into).collect());
+        self
+    }
+
     pub fn build(self) -> Result<Host, HostError> {
         let registry = match (self.registry, &self.registry_dir) {
             (Some(registry), _) => registry,
@@ -160,6 +204,27 @@ impl HostBuilder {
             auth: self.config.auth.clone(),
             egress,
         };
+        let mcp = &self.config.mcp;
+        let limits = PoolLimits {
+            max_concurrent_calls: self
+                .max_concurrent_mcp_calls
+                .or(mcp.max_concurrent_calls)
+                .unwrap_or(defaults::MAX_CONCURRENT_MCP_CALLS),
+            max_server_processes: self
+                .max_server_processes
+                .or(mcp.max_server_processes)
+                .unwrap_or(defaults::MAX_SERVER_PROCESSES),
+            server_idle_timeout: self
+                .server_idle_timeout
+                .or(mcp.server_idle_timeout_ms.map(Duration::from_millis))
+                .unwrap_or(defaults::SERVER_IDLE_TIMEOUT),
+        };
+        let prewarm = self.prewarm.unwrap_or_else(|| mcp.prewarm.clone());
+        let pool = Arc::new(
+            McpPool::with_remote(self.tools_cache_ttl, self.connect_timeout, remote)
+                .with_limits(limits),
+        );
+        start_prewarm(&pool, &registry, &prewarm);
         let recorder = self.record_to.map(|path| Arc::new(Recorder::new(path)));
         let backends = Backends::from_config(&self.config, &self.config_origin, recorder)?;
         let runtime = Runtime::<TaskState>::new(options, task_state::add_to_linker)
@@ -169,14 +234,36 @@ impl HostBuilder {
                 runtime,
                 registry: RwLock::new(Arc::new(registry)),
                 registry_dir: self.registry_dir,
-                pool: Arc::new(McpPool::with_remote(
-                    self.tools_cache_ttl,
-                    self.connect_timeout,
-                    remote,
-                )),
+                pool,
                 backends: Arc::new(backends),
             }),
         })
+    }
+}
+
+/// Starts `server_ids` in the background; unknown ids and a missing runtime are logged.
+fn start_prewarm(pool: &Arc<McpPool>, registry: &Registry, server_ids: &[String]) {
+    if server_ids.is_empty() {
+        return;
+    }
+    let mut entries = Vec::new();
+    for id in server_ids {
+        match registry.get(id) {
+            Some(entry) => entries.push(entry.clone()),
+            None => {
+                tracing::warn!(server_id = %id, "cannot pre-warm: no such server in the registry")
+            }
+        }
+    }
+    match tokio::runtime::Handle::try_current() {
+        Ok(runtime) => {
+            let pool = pool.clone();
+            runtime.spawn(async move { pool.prewarm(&entries).await });
+        }
+        Err(_) => tracing::warn!(
+            servers = ?server_ids,
+            "cannot pre-warm MCP servers: the host was built outside a Tokio runtime"
+        ),
     }
 }
 

@@ -53,6 +53,15 @@ impl McpError {
         }
     }
 
+    /// The same error with `secrets` cut out of its message.
+    #[must_use]
+    pub fn redacted(self, secrets: &crate::registry::Secrets) -> Self {
+        match secrets.redact(&self.message) {
+            std::borrow::Cow::Borrowed(_) => self,
+            std::borrow::Cow::Owned(message) => Self { message, ..self },
+        }
+    }
+
     /// `{"error": {"code", "message", "retryable"}}`.
     pub fn to_json(&self) -> Value {
         json!({"error": {

@@ -7,17 +7,33 @@
 //! `tools/list` is read in full and cached until the server says the list changed or the
 //! TTL passes, so listing is never on a hot path.
 //!
+//! The host's own limits ([`PoolLimits`]) live here too. A call takes its server's permit,
+//! then one of the host's `max_concurrent_calls` permits, both within its
+//! `tool_timeout_ms`; in that order, so calls queued behind one slow server hold no host
+//! permit and never starve the others. At most `max_server_processes` stdio servers run:
+//! starting one more stops the least recently used server with no call in flight, or fails
+//! at once when all are busy. A background task ([`reaper`]) stops stdio servers idle for
+//! their idle timeout. A server is stopped whole (stdin, SIGTERM, SIGKILL to its process
+//! group; see [`super::connect`]) wherever it stops: idle, evicted, replaced after a
+//! crash or a registry change, at shutdown; dropping the pool kills what is left.
+//!
+//! Errors leave the pool without the values the server's `${ENV:..}` references resolved
+//! to ([`Secrets`](crate::registry::Secrets)), whatever produced them.
+//!
 //! How a connection is made (spawning a process, reaching a URL, the handshake) is
 //! [`super::connect`]'s job; the pool only decides when, and what to do when it fails.
 
+mod limits;
+mod reaper;
+
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rmcp::ServiceError;
 use rmcp::model::{CallToolRequestParams, ErrorCode, JsonObject, PaginatedRequestParams};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::auth::AuthConfig;
 use super::connect::{Connection, Connector};
@@ -25,9 +41,10 @@ use super::egress::EgressPolicy;
 use super::error::{McpError, McpErrorCode};
 use super::{CallToolResult, Tool};
 use crate::defaults;
-use crate::registry::ServerEntry;
+use crate::registry::{Launch, ServerEntry};
+pub use limits::{McpHostConfig, PoolLimits};
 
-/// Connection state of one server, for diagnostics.
+/// Connection state of one server, for diagnostics. New fields may be added.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerStatus {
     pub server_id: String,
@@ -35,6 +52,22 @@ pub struct ServerStatus {
     pub pid: Option<u32>,
     /// Connections made so far (1 + restarts).
     pub connections: u64,
+    /// Calls (`tools/call`, `tools/list`) using the server now, those still waiting for a
+    /// connection or a permit included.
+    pub calls_in_flight: u32,
+    /// Milliseconds since the server's last call ended; 0 while calls are in flight.
+    pub idle_ms: u64,
+}
+
+/// The pool's use of its host-wide limits, for diagnostics.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PoolUsage {
+    /// Calls holding one of the host's call permits.
+    pub calls_in_flight: usize,
+    pub max_concurrent_calls: usize,
+    /// Stdio server processes running (or still stopping).
+    pub server_processes: usize,
+    pub max_server_processes: usize,
 }
 
 /// A successful `tools/call`: the result and its JSON encoding (what guests receive).
@@ -58,6 +91,17 @@ struct ServerSlot {
     connections: AtomicU64,
     /// After failed connection attempts: when the next may start, and why the last failed.
     backoff: Mutex<Option<Backoff>>,
+    activity: Mutex<Activity>,
+    /// Replaced by a changed record: stop its server as soon as no call uses it.
+    retired: AtomicBool,
+    /// Wakes the reaper (when a retired slot's last call ends).
+    reaper: Arc<Notify>,
+}
+
+/// Calls using a slot, and when its last call ended.
+struct Activity {
+    in_flight: u32,
+    last_used: Instant,
 }
 
 struct Backoff {
@@ -66,17 +110,122 @@ struct Backoff {
     last_error: String,
 }
 
+/// One call's use of a slot: counted in flight from before it connects until it is done
+/// (or dropped), so no idle stop or eviction can take the server from under it.
+struct InFlight {
+    slot: Arc<ServerSlot>,
+}
+
+impl ServerSlot {
+    fn activity(&self) -> MutexGuard<'_, Activity> {
+        self.activity.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn begin(self: &Arc<Self>) -> InFlight {
+        let mut activity = self.activity();
+        activity.in_flight = activity.in_flight.saturating_add(1);
+        activity.last_used = Instant::now();
+        InFlight { slot: self.clone() }
+    }
+
+    /// How long the server may sit unused before it is stopped; `None`: forever.
+    fn idle_timeout(&self, host_default: Duration) -> Option<Duration> {
+        let own = self
+            .entry
+            .record
+            .stdio
+            .as_ref()
+            .and_then(|stdio| stdio.idle_timeout_ms)
+            .map(Duration::from_millis);
+        Some(own.unwrap_or(host_default)).filter(|t| !t.is_zero())
+    }
+
+    /// Takes the slot's server process out of service if no call uses it and, with
+    /// `min_idle`, none has for that long. Never waits: a slot that is busy connecting is
+    /// not idle.
+    fn take_if_idle(&self, min_idle: Option<Duration>) -> Option<Arc<Connection>> {
+        let mut conn = self.conn.try_lock().ok()?;
+        if !conn.as_ref()?.is_stdio() {
+            return None;
+        }
+        let activity = self.activity();
+        let idle_enough = min_idle.is_none_or(|min| activity.last_used.elapsed() >= min);
+        if activity.in_flight > 0 || !idle_enough {
+            return None;
+        }
+        conn.take()
+    }
+
+    /// What `status()` shows of this slot.
+    fn status(&self) -> ServerStatus {
+        let activity = self.activity();
+        ServerStatus {
+            server_id: self.entry.server_id().to_owned(),
+            pid: self
+                .conn
+                .try_lock()
+                .ok()
+                .and_then(|c| c.as_ref().filter(|c| c.is_alive()).and_then(|c| c.pid())),
+            connections: self.connections.load(Ordering::SeqCst),
+            calls_in_flight: activity.in_flight,
+            idle_ms: if activity.in_flight > 0 {
+                0
+            } else {
+                u64::try_from(activity.last_used.elapsed().as_millis()).unwrap_or(u64::MAX)
+            },
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let mut activity = self.slot.activity();
+        activity.in_flight = activity.in_flight.saturating_sub(1);
+        activity.last_used = Instant::now();
+        if activity.in_flight == 0 && self.slot.retired.load(Ordering::SeqCst) {
+            self.slot.reaper.notify_one();
+        }
+    }
+}
+
 /// What the pool needs for remote servers: credentials and the egress policy.
 pub struct RemoteOptions {
     pub auth: std::collections::BTreeMap<String, AuthConfig>,
     pub egress: EgressPolicy,
 }
 
+/// What the pool and its reaper share.
+struct Shared {
+    slots: Mutex<HashMap<String, Arc<ServerSlot>>>,
+    /// Slots replaced by a changed record whose server may still run.
+    retired: Mutex<Vec<Arc<ServerSlot>>>,
+    limits: PoolLimits,
+    /// The host-wide call permits.
+    calls: Semaphore,
+    /// One permit per running stdio server process.
+    processes: Arc<Semaphore>,
+    /// Wakes the reaper early: a new server (maybe with a shorter idle timeout), or a
+    /// retired slot's last call ended.
+    reaper_wake: Arc<Notify>,
+    reaper_started: AtomicBool,
+}
+
+impl Shared {
+    fn slots(&self) -> MutexGuard<'_, HashMap<String, Arc<ServerSlot>>> {
+        self.slots.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn retired(&self) -> MutexGuard<'_, Vec<Arc<ServerSlot>>> {
+        self.retired.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
 /// The host's MCP connections. Cheap to share behind an `Arc`.
 pub struct McpPool {
-    slots: Mutex<HashMap<String, Arc<ServerSlot>>>,
+    shared: Arc<Shared>,
     tools_ttl: Duration,
     connector: Connector,
+    reaper: Mutex<Option<tokio::task::AbortHandle>>,
 }
 
 impl Default for McpPool {
@@ -100,16 +249,49 @@ impl McpPool {
         remote: RemoteOptions,
     ) -> Self {
         Self {
-            slots: Mutex::new(HashMap::new()),
+            shared: Arc::new(Self::shared(PoolLimits::default())),
             tools_ttl,
             connector: Connector::new(connect_timeout, remote.auth, remote.egress),
+            reaper: Mutex::new(None),
         }
     }
 
+    /// The same pool with host-wide `limits` (zero caps are raised to 1). Call it before
+    /// the pool is used.
+    #[must_use]
+    pub fn with_limits(mut self, limits: PoolLimits) -> Self {
+        let limits = PoolLimits {
+            max_concurrent_calls: limits.max_concurrent_calls.max(1),
+            max_server_processes: limits.max_server_processes.max(1),
+            ..limits
+        };
+        self.shared = Arc::new(Self::shared(limits));
+        self
+    }
+
+    fn shared(limits: PoolLimits) -> Shared {
+        Shared {
+            slots: Mutex::new(HashMap::new()),
+            retired: Mutex::new(Vec::new()),
+            calls: Semaphore::new(limits.max_concurrent_calls.min(Semaphore::MAX_PERMITS)),
+            processes: Arc::new(Semaphore::new(
+                limits.max_server_processes.min(Semaphore::MAX_PERMITS),
+            )),
+            limits,
+            reaper_wake: Arc::new(Notify::new()),
+            reaper_started: AtomicBool::new(false),
+        }
+    }
+
+    /// The host-wide limits in force.
+    pub fn limits(&self) -> &PoolLimits {
+        &self.shared.limits
+    }
+
     /// The slot for `entry`; a changed record or launch config replaces the old slot, whose
-    /// connection closes once its last in-flight call is done.
+    /// server is stopped once its last in-flight call is done.
     fn slot(&self, entry: &Arc<ServerEntry>) -> Arc<ServerSlot> {
-        let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slots = self.shared.slots();
         if let Some(slot) = slots.get(entry.server_id())
             && (Arc::ptr_eq(&slot.entry, entry)
                 || (slot.entry.record == entry.record && slot.entry.launch == entry.launch))
@@ -123,8 +305,18 @@ impl McpPool {
             tools: Mutex::new(None),
             connections: AtomicU64::new(0),
             backoff: Mutex::new(None),
+            activity: Mutex::new(Activity {
+                in_flight: 0,
+                last_used: Instant::now(),
+            }),
+            retired: AtomicBool::new(false),
+            reaper: self.shared.reaper_wake.clone(),
         });
-        slots.insert(entry.server_id().to_owned(), slot.clone());
+        if let Some(old) = slots.insert(entry.server_id().to_owned(), slot.clone()) {
+            old.retired.store(true, Ordering::SeqCst);
+            self.shared.retired().push(old);
+            self.shared.reaper_wake.notify_one();
+        }
         slot
     }
 
@@ -134,11 +326,12 @@ impl McpPool {
         if let Some(live) = conn.as_ref().filter(|c| c.is_alive()) {
             return Ok(live.clone());
         }
-        if conn.take().is_some() {
+        if let Some(dead) = conn.take() {
             tracing::info!(
                 server_id = slot.entry.server_id(),
                 "server connection lost; reconnecting"
             );
+            self.retire(slot, dead);
         }
         if let Some(backoff) = slot
             .backoff
@@ -157,17 +350,25 @@ impl McpPool {
                 ),
             ));
         }
+        let process_permit = match slot.entry.launch {
+            Ok(Launch::Stdio { .. }) => Some(self.process_permit(slot).await?),
+            _ => None,
+        };
         let serial = slot.connections.fetch_add(1, Ordering::SeqCst) + 1;
         match self.connector.open(&slot.entry, serial).await {
-            Ok(fresh) => {
+            Ok(mut fresh) => {
                 *slot.backoff.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                if process_permit.is_some() {
+                    fresh.process_permit = process_permit;
+                    self.start_reaper();
+                }
                 let fresh = Arc::new(fresh);
                 *conn = Some(fresh.clone());
                 Ok(fresh)
             }
             Err(error) => {
                 let mut backoff = slot.backoff.lock().unwrap_or_else(|e| e.into_inner());
-                let failures = backoff.as_ref().map_or(0, |b| b.failures) + 1;
+                let failures = backoff.as_ref().map_or(0, |b| b.failures).saturating_add(1);
                 let delay = (defaults::RECONNECT_BACKOFF_BASE * 2u32.saturating_pow(failures - 1))
                     .min(defaults::RECONNECT_BACKOFF_MAX);
                 tracing::warn!(server_id = slot.entry.server_id(), failures, retry_in_ms = delay.as_millis() as u64, %error, "cannot connect to MCP server");
@@ -181,19 +382,87 @@ impl McpPool {
         }
     }
 
+    /// A permit to run one more server process. At the cap, stops the least recently used
+    /// server no call is using; fails at once when every one is busy.
+    async fn process_permit(
+        &self,
+        starting: &ServerSlot,
+    ) -> Result<OwnedSemaphorePermit, McpError> {
+        let max = self.shared.limits.max_server_processes;
+        // Each round either gets a permit or stops a server; a few rounds cover servers
+        // that other starting calls take meanwhile.
+        for _ in 0..=max {
+            if let Ok(permit) = self.shared.processes.clone().try_acquire_owned() {
+                return Ok(permit);
+            }
+            let Some((victim, conn)) = reaper::least_recently_used_idle(&self.shared, starting)
+            else {
+                break;
+            };
+            tracing::info!(
+                server_id = victim.entry.server_id(),
+                starting = starting.entry.server_id(),
+                max_server_processes = max,
+                "stopping the least recently used idle MCP server to start another"
+            );
+            conn.close(victim.entry.server_id(), defaults::SHUTDOWN_GRACE)
+                .await;
+        }
+        Err(McpError::new(
+            McpErrorCode::Unavailable,
+            format!(
+                "cannot start server `{}`: the host already runs {max} MCP server processes (its limit, max_server_processes) and every one has a call in flight; raise [mcp] max_server_processes in the host config or HostBuilder::with_max_server_processes",
+                starting.entry.server_id()
+            ),
+        ))
+    }
+
+    /// Starts the idle reaper once, on the first server process (so a pool that never
+    /// starts one needs no runtime).
+    fn start_reaper(&self) {
+        self.shared.reaper_wake.notify_one();
+        if self.shared.reaper_started.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let task = tokio::spawn(reaper::run(
+            Arc::downgrade(&self.shared),
+            self.shared.reaper_wake.clone(),
+        ));
+        *self.reaper.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.abort_handle());
+    }
+
+    /// Stops `conn`, no longer the slot's connection, in the background once no call
+    /// uses it (those holding it see it fail).
+    fn retire(&self, slot: &ServerSlot, conn: Arc<Connection>) {
+        let server_id = slot.entry.server_id().to_owned();
+        tokio::spawn(async move { conn.close(&server_id, defaults::SHUTDOWN_GRACE).await });
+    }
+
     /// Forgets `conn` if it is still the slot's current connection, so the next call
-    /// reconnects. In-flight calls keep it alive until they finish; then it is dropped,
-    /// which ends the process.
+    /// reconnects, and stops it.
     async fn discard(&self, slot: &ServerSlot, conn: &Connection) {
         let mut current = slot.conn.lock().await;
-        if current.as_ref().is_some_and(|c| c.serial == conn.serial) {
-            *current = None;
+        if current.as_ref().is_some_and(|c| c.serial == conn.serial)
+            && let Some(gone) = current.take()
+        {
+            self.retire(slot, gone);
         }
+    }
+
+    /// A host-wide call permit, or why not. Waits (within the caller's timeout).
+    async fn call_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, McpError> {
+        self.shared
+            .calls
+            .acquire()
+            .await
+            .map_err(|_| McpError::new(McpErrorCode::Unavailable, "the MCP pool is closed"))
     }
 
     /// Every tool the server lists (all pages), from the cache when fresh.
     pub async fn list_tools(&self, entry: &Arc<ServerEntry>) -> Result<Arc<[Tool]>, McpError> {
         let slot = self.slot(entry);
+        let _in_flight = slot.begin();
+        let secrets = entry.secrets();
         let conn = self.connect(&slot).await?;
         {
             let cache = slot.tools.lock().unwrap_or_else(|e| e.into_inner());
@@ -208,17 +477,24 @@ impl McpPool {
         let server_id = entry.server_id();
         conn.tools_stale.store(false, Ordering::SeqCst);
         let timeout = entry.record.budgets.tool_timeout;
-        let listed = tokio::time::timeout(timeout, list_all_pages(&conn))
+        let waited_for_host = AtomicBool::new(true);
+        let listing = async {
+            let _permit = self.call_permit().await?;
+            waited_for_host.store(false, Ordering::SeqCst);
+            list_all_pages(&conn)
+                .await
+                .map_err(|e| service_failed(server_id, "tools/list", e))
+        };
+        let listed = tokio::time::timeout(timeout, listing)
             .await
-            .map_err(|_| timed_out(server_id, "tools/list", timeout))?;
+            .map_err(|_| self.timed_out(server_id, "tools/list", timeout, &waited_for_host))?;
         let tools: Arc<[Tool]> = match listed {
             Ok(tools) => tools.into(),
-            Err(e) => {
-                let error = service_failed(server_id, "tools/list", e);
+            Err(error) => {
                 if error.code == McpErrorCode::Unavailable {
                     self.discard(&slot, &conn).await;
                 }
-                return Err(error);
+                return Err(error.redacted(secrets));
             }
         };
         *slot.tools.lock().unwrap_or_else(|e| e.into_inner()) = Some(CachedTools {
@@ -240,9 +516,11 @@ impl McpPool {
         let server_id = entry.server_id();
         let record = &entry.record;
         let slot = self.slot(entry);
+        let _in_flight = slot.begin();
         let conn = self.connect(&slot).await?;
         let timeout = record.budgets.tool_timeout;
         let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+        let waited_for_host = AtomicBool::new(false);
         let call = async {
             let _permit = slot.permits.acquire().await.map_err(|_| {
                 McpError::new(
@@ -250,6 +528,9 @@ impl McpPool {
                     format!("server `{server_id}` is shutting down"),
                 )
             })?;
+            waited_for_host.store(true, Ordering::SeqCst);
+            let _host_permit = self.call_permit().await?;
+            waited_for_host.store(false, Ordering::SeqCst);
             conn.service
                 .call_tool(params)
                 .await
@@ -257,7 +538,7 @@ impl McpPool {
         };
         let outcome = match tokio::time::timeout(timeout, call).await {
             Ok(outcome) => outcome,
-            Err(_) => Err(timed_out(server_id, name, timeout)),
+            Err(_) => Err(self.timed_out(server_id, name, timeout, &waited_for_host)),
         };
         let result = match outcome {
             Ok(result) => result,
@@ -265,7 +546,7 @@ impl McpPool {
                 if error.code == McpErrorCode::Unavailable {
                     self.discard(&slot, &conn).await;
                 }
-                return Err(error);
+                return Err(error.redacted(entry.secrets()));
             }
         };
         let json = serde_json::to_vec(&result).map_err(|e| {
@@ -287,53 +568,98 @@ impl McpPool {
         Ok(ToolCallOutput { result, json })
     }
 
+    /// A timeout while doing `what`; names the host's call cap if the call was still
+    /// waiting for one of its permits.
+    fn timed_out(
+        &self,
+        server_id: &str,
+        what: &str,
+        timeout: Duration,
+        waited_for_host: &AtomicBool,
+    ) -> McpError {
+        if !waited_for_host.load(Ordering::SeqCst) {
+            return timed_out(server_id, what, timeout);
+        }
+        McpError::new(
+            McpErrorCode::Timeout,
+            format!(
+                "{what} on server `{server_id}` waited {} ms (budgets.tool_timeout_ms) for one of the host's {} MCP call permits (max_concurrent_calls) without getting one",
+                timeout.as_millis(),
+                self.shared.limits.max_concurrent_calls
+            ),
+        )
+    }
+
+    /// Starts `entries`' servers now (connecting and listing their tools), so the first
+    /// call does not wait for them. Failures are logged, not returned.
+    pub async fn prewarm(&self, entries: &[Arc<ServerEntry>]) {
+        let warming = entries.iter().map(|entry| async move {
+            let started = Instant::now();
+            let server_id = entry.server_id();
+            match self.list_tools(entry).await {
+                Ok(tools) => tracing::info!(
+                    server_id,
+                    tools = tools.len(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "pre-warmed MCP server"
+                ),
+                Err(error) => tracing::warn!(server_id, %error, "cannot pre-warm MCP server"),
+            }
+        });
+        futures::future::join_all(warming).await;
+    }
+
     /// Connection state of every server used so far.
     pub fn status(&self) -> Vec<ServerStatus> {
-        let slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-        let mut out: Vec<ServerStatus> = slots
+        let mut out: Vec<ServerStatus> = self
+            .shared
+            .slots()
             .values()
-            .map(|slot| ServerStatus {
-                server_id: slot.entry.server_id().to_owned(),
-                pid: slot
-                    .conn
-                    .try_lock()
-                    .ok()
-                    .and_then(|c| c.as_ref().filter(|c| c.is_alive()).and_then(|c| c.pid)),
-                connections: slot.connections.load(Ordering::SeqCst),
-            })
+            .map(|slot| slot.status())
             .collect();
         out.sort_by(|a, b| a.server_id.cmp(&b.server_id));
         out
     }
 
-    /// Closes every connection: each server gets its stdin closed, then SIGTERM, then
-    /// SIGKILL, within [`defaults::SHUTDOWN_GRACE`] per step.
+    /// How much of the host-wide limits is in use.
+    pub fn usage(&self) -> PoolUsage {
+        let limits = &self.shared.limits;
+        PoolUsage {
+            calls_in_flight: limits
+                .max_concurrent_calls
+                .saturating_sub(self.shared.calls.available_permits()),
+            max_concurrent_calls: limits.max_concurrent_calls,
+            server_processes: limits
+                .max_server_processes
+                .saturating_sub(self.shared.processes.available_permits()),
+            max_server_processes: limits.max_server_processes,
+        }
+    }
+
+    /// Closes every connection and stops every server process group: stdin closed, then
+    /// SIGTERM, then SIGKILL, with [`defaults::SHUTDOWN_GRACE`] per step. Calls still in
+    /// flight fail with `mcp_unavailable`. The pool stays usable: a later call starts its
+    /// server again.
     pub async fn shutdown(&self) {
-        let slots: Vec<Arc<ServerSlot>> = {
-            let mut slots = self.slots.lock().unwrap_or_else(|e| e.into_inner());
-            slots.drain().map(|(_, slot)| slot).collect()
-        };
+        let mut slots: Vec<Arc<ServerSlot>> = self.shared.slots().drain().map(|(_, s)| s).collect();
+        slots.append(&mut self.shared.retired());
         let closing = slots.into_iter().map(|slot| async move {
             let Some(conn) = slot.conn.lock().await.take() else {
                 return;
             };
-            match Arc::try_unwrap(conn) {
-                Ok(conn) => {
-                    let server_id = slot.entry.server_id().to_owned();
-                    let wait = defaults::SHUTDOWN_GRACE * 3;
-                    if tokio::time::timeout(wait, conn.service.cancel())
-                        .await
-                        .is_err()
-                    {
-                        tracing::warn!(server_id, "server did not shut down in time; killed");
-                    }
-                }
-                // Still in use by a call that is being abandoned: cancel it; the process is
-                // killed when that call lets go.
-                Err(shared) => shared.service.cancellation_token().cancel(),
-            }
+            conn.close(slot.entry.server_id(), defaults::SHUTDOWN_GRACE)
+                .await;
         });
         futures::future::join_all(closing).await;
+    }
+}
+
+impl Drop for McpPool {
+    /// Stops the reaper; dropping the slots kills every server's process group.
+    fn drop(&mut self) {
+        if let Some(reaper) = self.reaper.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            reaper.abort();
+        }
     }
 }
 

@@ -40,6 +40,7 @@ fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEn
                 args: vec![],
                 env: BTreeMap::new(),
                 cwd: None,
+                secrets: Default::default(),
             })
         } else {
             Err(LaunchUnavailable::EnvRef {

@@ -1,13 +1,18 @@
 //! Resolving a record's `${ENV:..}` references into how to start or reach the server.
-//! The result holds secrets, so only the pool reads it and its `Debug` hides values.
+//! The result holds secrets, so only the pool reads it and its `Debug` hides values; the
+//! values the references resolved to travel with it as [`Secrets`], so that whatever is
+//! said about the server can be cleaned of them.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::OnceLock;
 
 use sha2::{Digest, Sha256};
 
 use super::env::{EnvLookup, EnvRefError, expand};
 use super::record::ServerRecord;
+use super::secrets::Secrets;
 
 /// How to start or reach a server, with every reference resolved. Holds secrets: its
 /// `Debug` shows names, never values.
@@ -18,11 +23,24 @@ pub enum Launch {
         args: Vec<String>,
         env: BTreeMap<String, String>,
         cwd: Option<String>,
+        /// What the record's references (and `env_from`) resolved to.
+        secrets: Secrets,
     },
     Http {
         url: String,
         headers: BTreeMap<String, String>,
+        /// What the record's references resolved to.
+        secrets: Secrets,
     },
+}
+
+impl Launch {
+    /// The resolved values to cut out of every error and log line about this server.
+    pub fn secrets(&self) -> &Secrets {
+        match self {
+            Launch::Stdio { secrets, .. } | Launch::Http { secrets, .. } => secrets,
+        }
+    }
 }
 
 impl fmt::Debug for Launch {
@@ -65,6 +83,17 @@ pub(super) fn resolve_launch(
     record: &ServerRecord,
     env: &EnvLookup<'_>,
 ) -> Result<Launch, LaunchUnavailable> {
+    // Every value a reference resolves to is a secret, wherever it ends up.
+    let resolved = RefCell::new(Vec::new());
+    let recording = |name: &str| {
+        let value = env(name);
+        if let Some(value) = &value {
+            resolved.borrow_mut().push(value.clone());
+        }
+        value
+    };
+    let env: &EnvLookup<'_> = &recording;
+    let secrets = || Secrets::new(resolved.borrow().iter());
     let missing = |field: &str, source: EnvRefError| LaunchUnavailable::EnvRef {
         field: field.to_owned(),
         source,
@@ -77,9 +106,9 @@ pub(super) fn resolve_launch(
             .enumerate()
             .map(|(i, a)| expand(a, env).map_err(|e| missing(&format!("stdio.args[{i}]"), e)))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut resolved = BTreeMap::new();
+        let mut resolved_env = BTreeMap::new();
         for (key, value) in &stdio.env {
-            resolved.insert(
+            resolved_env.insert(
                 key.clone(),
                 expand(value, env).map_err(|e| missing(&format!("stdio.env.{key}"), e))?,
             );
@@ -87,7 +116,7 @@ pub(super) fn resolve_launch(
         for name in &stdio.env_from {
             let value =
                 env(name).ok_or_else(|| LaunchUnavailable::EnvFromMissing { var: name.clone() })?;
-            resolved.insert(name.clone(), value);
+            resolved_env.insert(name.clone(), value);
         }
         let cwd = stdio
             .cwd
@@ -98,8 +127,9 @@ pub(super) fn resolve_launch(
         return Ok(Launch::Stdio {
             command,
             args,
-            env: resolved,
+            env: resolved_env,
             cwd,
+            secrets: secrets(),
         });
     }
     let http = record.http.as_ref().ok_or(LaunchUnavailable::NoTransport)?;
@@ -111,17 +141,39 @@ pub(super) fn resolve_launch(
             expand(value, env).map_err(|e| missing(&format!("http.headers.{key}"), e))?,
         );
     }
-    Ok(Launch::Http { url, headers })
+    Ok(Launch::Http {
+        url,
+        headers,
+        secrets: secrets(),
+    })
+}
+
+/// A key drawn once per process, so the registry revision (which guests see) changes
+/// with every resolved value yet cannot be used to guess a short secret offline.
+fn fingerprint_key() -> &'static [u8; 16] {
+    static KEY: OnceLock<[u8; 16]> = OnceLock::new();
+    KEY.get_or_init(|| {
+        use std::hash::{BuildHasher, RandomState};
+        // RandomState is seeded from the OS's random source.
+        let a = RandomState::new().hash_one(0u8).to_le_bytes();
+        let b = RandomState::new().hash_one(1u8).to_le_bytes();
+        let mut key = [0; 16];
+        key[..8].copy_from_slice(&a);
+        key[8..].copy_from_slice(&b);
+        key
+    })
 }
 
 pub(super) fn launch_fingerprint(launch: &Result<Launch, LaunchUnavailable>) -> Vec<u8> {
     let mut hasher = Sha256::new();
+    hasher.update(fingerprint_key());
     match launch {
         Ok(Launch::Stdio {
             command,
             args,
             env,
             cwd,
+            ..
         }) => {
             for part in [command].into_iter().chain(args).chain(cwd) {
                 hasher.update(part.as_bytes());
@@ -134,7 +186,7 @@ pub(super) fn launch_fingerprint(launch: &Result<Launch, LaunchUnavailable>) -> 
                 hasher.update([0]);
             }
         }
-        Ok(Launch::Http { url, headers }) => {
+        Ok(Launch::Http { url, headers, .. }) => {
             hasher.update(url.as_bytes());
             for (k, v) in headers {
                 hasher.update(k.as_bytes());
@@ -181,6 +233,7 @@ mod tests {
             env: [("TOKEN".to_owned(), "${ENV:GIT_TOKEN}".to_owned())].into(),
             env_from: env_from.iter().map(|s| s.to_string()).collect(),
             cwd: None,
+            idle_timeout_ms: None,
         };
         let missing = resolve_launch(
             &record(stdio(&["--token=${ENV:GIT_TOKEN}", "${ENV:NOPE}"], &[])),
@@ -205,5 +258,32 @@ mod tests {
             }
         }
         assert!(std::error::Error::source(&missing).is_some());
+    }
+
+    #[test]
+    fn every_resolved_value_is_a_secret_of_the_launch_and_defaults_are_not() {
+        let env = |name: &str| match name {
+            "TOKEN" => Some("tok-value-1".to_owned()),
+            "PASSED" => Some("passed-value-2".to_owned()),
+            _ => None,
+        };
+        let stdio = StdioConfig {
+            command: "srv".into(),
+            args: vec![
+                "--t=${ENV:TOKEN}".into(),
+                "${ENV:UNSET:-default-arg}".into(),
+            ],
+            env: BTreeMap::new(),
+            env_from: vec!["PASSED".into()],
+            cwd: None,
+            idle_timeout_ms: None,
+        };
+        let launch = resolve_launch(&record(stdio), &env).unwrap();
+        let secrets = launch.secrets();
+        let text = "tok-value-1 passed-value-2 default-arg";
+        assert_eq!(
+            secrets.redact(text),
+            format!("{0} {0} default-arg", crate::registry::REDACTED)
+        );
     }
 }

@@ -9,7 +9,9 @@
 //! required variable is missing stays listed but unavailable, with the reason.
 //!
 //! Resolved values (env, headers, URLs) live only in [`Launch`], which the pool reads and
-//! nothing shows: [`ServerRecord`] and [`ServerView`] keep the references as written.
+//! nothing shows: [`ServerRecord`] and [`ServerView`] keep the references as written. What
+//! the references resolved to also travels as [`Secrets`], which cut those values out of
+//! errors and log lines ([`redact_known`] for log sinks).
 //!
 //! The module is split by job: [`record`](self) holds the types a record is made of,
 //! `file` parses and checks one file, `launch` resolves references into what the pool
@@ -21,6 +23,7 @@ mod launch;
 mod load;
 mod profile;
 mod record;
+mod secrets;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -33,6 +36,7 @@ pub use record::{
     ApprovalPolicy, Budgets, BudgetsView, HttpConfig, Lifecycle, ServerEntry, ServerRecord,
     ServerView, StdioConfig, Transport, is_valid_server_id,
 };
+pub use secrets::{REDACTED, Secrets, redact_known};
 
 /// A snapshot of the registry. Cheap to share; reloading makes a new one.
 #[derive(Debug, Default)]

@@ -8,6 +8,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::launch::{Launch, LaunchUnavailable};
+use super::secrets::Secrets;
 
 /// How the host talks to a server.
 #[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -73,6 +74,11 @@ pub struct StdioConfig {
     pub env_from: Vec<String>,
     #[serde(default)]
     pub cwd: Option<String>,
+    /// Stop the server after this long without a call (0: never); default
+    /// [`defaults::SERVER_IDLE_TIMEOUT`](crate::defaults::SERVER_IDLE_TIMEOUT) or the
+    /// host's setting. The next call starts it again.
+    #[serde(default)]
+    pub idle_timeout_ms: Option<u64>,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
@@ -122,6 +128,13 @@ pub struct ServerEntry {
 impl ServerEntry {
     pub fn server_id(&self) -> &str {
         &self.record.server_id
+    }
+
+    /// What the record's `${ENV:..}` references resolved to (none when it cannot launch):
+    /// to be cut out of every error and log line about this server.
+    pub fn secrets(&self) -> &Secrets {
+        static NONE: std::sync::LazyLock<Secrets> = std::sync::LazyLock::new(Secrets::default);
+        self.launch.as_ref().map_or(&NONE, Launch::secrets)
     }
 
     /// What a guest may see of this server: no command line, env, URL or headers.

@@ -24,6 +24,12 @@
 //! [egress]                               # remote MCP servers the host may reach
 //! allow = ["https://*.example.com"]
 //! allow_private = ["127.0.0.0/8"]        # loopback/private/link-local need this
+//!
+//! [mcp]                                  # the MCP pool's host-wide limits
+//! max_concurrent_calls = 4096
+//! max_server_processes = 64
+//! server_idle_timeout_ms = 600000        # 0: never stop an idle server
+//! prewarm = ["fs"]                       # servers started with the host
 //! ```
 
 use std::collections::BTreeMap;
@@ -31,7 +37,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::mcp::{AuthConfig, EgressConfig, EgressPolicy};
+use crate::mcp::{AuthConfig, EgressConfig, EgressPolicy, McpHostConfig};
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -68,6 +74,9 @@ pub struct HostConfig {
     /// What remote MCP servers the host may reach.
     #[serde(default)]
     pub egress: EgressConfig,
+    /// The MCP pool's host-wide limits and the servers to start with the host.
+    #[serde(default)]
+    pub mcp: McpHostConfig,
 }
 
 /// Where a host config came from: errors name `file`, relative paths resolve against `dir`.
@@ -140,6 +149,10 @@ impl HostConfig {
         })?;
         EgressPolicy::from_config(&config.egress)
             .map_err(|e| ConfigError::new(path, "egress", e.to_string()))?;
+        config
+            .mcp
+            .check()
+            .map_err(|(field, message)| ConfigError::new(path, field, message))?;
         for (name, backend) in &config.backends {
             let field = |f: &str| format!("backends.{name}.{f}");
             if backend.request_timeout_ms == Some(0) {

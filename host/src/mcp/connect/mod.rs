@@ -1,13 +1,19 @@
 //! Making one MCP connection: start or reach a server, then open the rmcp session.
 //!
-//! The pool decides *when* to connect (lazily, with backoff, one connection per server);
-//! this module decides *how*. The two transports differ only in how the byte stream comes
-//! to be: [`stdio`] spawns a confined child process, [`remote`] resolves credentials and
+//! The pool decides *when* to connect (lazily, with backoff, one connection per server)
+//! and when to close; this module decides *how*. The two transports differ only in how the
+//! byte stream comes to be: [`stdio`] spawns a confined child process (whose process group
+//! [`process`] owns until its last member is gone), [`remote`] resolves credentials and
 //! builds an HTTP transport that goes through the egress-checked client. Everything after
 //! that is the same for both and lives in one place, [`Connector::establish`]: the
 //! notification handler, a span detached from the caller, the timed handshake in the mode
 //! the record asks for, the error mapping, and the [`Connection`] handed to the pool.
+//!
+//! Every error and log line about a server passes through its launch's
+//! [`Secrets`](crate::registry::Secrets): URLs, commands and library errors may carry what
+//! a `${ENV:..}` reference resolved to.
 
+mod process;
 mod remote;
 mod stdio;
 
@@ -28,6 +34,7 @@ use super::error::{McpError, McpErrorCode, error_chain};
 use super::http::SseConnectError;
 use super::outbound::{ClientBuildError, OutboundClient};
 use crate::registry::{Launch, Lifecycle, ServerEntry};
+use process::ServerProcess;
 
 /// Receives server notifications for one connection.
 #[derive(Clone)]
@@ -55,21 +62,59 @@ pub(super) struct Connection {
     pub(super) service: RunningService<RoleClient, ClientEvents>,
     /// Which connection of its slot this is (1 + restarts); the tools cache is keyed by it.
     pub(super) serial: u64,
-    /// The server process, for stdio servers.
-    pub(super) pid: Option<u32>,
+    /// The server's process group, for stdio servers. Dropping it kills the group.
+    process: Option<ServerProcess>,
     /// Set by a `tools/list_changed` notification.
     pub(super) tools_stale: Arc<AtomicBool>,
+    /// The pool's count of server processes, held as long as the process may live.
+    pub(super) process_permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Connection {
     pub(super) fn is_alive(&self) -> bool {
         !self.service.is_closed() && !self.service.peer().is_transport_closed()
     }
+
+    /// The server process, if connected over stdio.
+    pub(super) fn pid(&self) -> Option<u32> {
+        self.process.as_ref().map(ServerProcess::pid)
+    }
+
+    /// Whether this connection runs a server process.
+    pub(super) fn is_stdio(&self) -> bool {
+        self.process.is_some()
+    }
+
+    /// Ends the session and, for a stdio server, its whole process group: stdin closes,
+    /// then the group is stopped within `grace` per step. Calls still holding the
+    /// connection fail with `mcp_unavailable`.
+    pub(super) async fn close(self: Arc<Self>, server_id: &str, grace: Duration) {
+        match Arc::try_unwrap(self) {
+            Ok(conn) => {
+                // Waits for the session task to end, which closes the server's stdin.
+                if tokio::time::timeout(grace, conn.service.cancel())
+                    .await
+                    .is_err()
+                {
+                    tracing::debug!(server_id, "MCP session did not close in time");
+                }
+                if let Some(process) = &conn.process {
+                    process.stop(server_id, grace).await;
+                }
+            }
+            Err(shared) => {
+                shared.service.cancellation_token().cancel();
+                if let Some(process) = &shared.process {
+                    process.stop(server_id, grace).await;
+                }
+            }
+        }
+    }
 }
 
 /// Where a connection goes, for its errors and its log line.
 enum Peer<'a> {
-    Process { pid: Option<u32> },
+    Process(Box<ServerProcess>),
     Url(&'a str),
 }
 
@@ -97,7 +142,8 @@ impl Connector {
         }
     }
 
-    /// A new connection to `entry`'s server, numbered `serial`.
+    /// A new connection to `entry`'s server, numbered `serial`. Its errors carry none of
+    /// the launch's secrets.
     pub(super) async fn open(
         &self,
         entry: &ServerEntry,
@@ -107,20 +153,27 @@ impl Connector {
         let launch = entry.launch.as_ref().map_err(|reason| {
             unavailable(format!("server `{server_id}` is unavailable: {reason}"))
         })?;
-        match launch {
+        let secrets = launch.secrets();
+        let opened = match launch {
             Launch::Stdio {
                 command,
                 args,
                 env,
                 cwd,
-            } => {
-                let (transport, pid) = stdio::spawn(server_id, command, args, env, cwd.as_ref())?;
-                let peer = Peer::Process { pid };
-                self.establish(entry, serial, peer, async { Ok(transport) })
-                    .await
+                secrets,
+            } => match stdio::spawn(server_id, command, args, env, cwd.as_ref(), secrets) {
+                Ok((transport, process)) => {
+                    let peer = Peer::Process(Box::new(process));
+                    self.establish(entry, serial, peer, async { Ok(transport) })
+                        .await
+                }
+                Err(error) => Err(error),
+            },
+            Launch::Http { url, headers, .. } => {
+                self.open_remote(entry, url, headers, serial).await
             }
-            Launch::Http { url, headers } => self.open_remote(entry, url, headers, serial).await,
-        }
+        };
+        opened.map_err(|error| error.redacted(secrets))
     }
 
     /// What both transports share: opens the MCP session over the transport `transport`
@@ -141,8 +194,8 @@ impl Connector {
         E: std::error::Error + Send + Sync + 'static,
     {
         let server_id = entry.server_id();
-        let (pid, url) = match peer {
-            Peer::Process { pid } => (pid, None),
+        let (process, url) = match peer {
+            Peer::Process(process) => (Some(*process), None),
             Peer::Url(url) => (None, Some(url)),
         };
         let shown = match url {
@@ -159,6 +212,7 @@ impl Connector {
         let connection_span = tracing::info_span!(parent: None, "mcp_server", server_id);
         let lifecycle = entry.record.lifecycle;
         let connecting = async move { handshake(events, transport.await?, lifecycle).await };
+        // A failed handshake drops `process`, which kills the server's group.
         let service = tokio::time::timeout(self.timeout, connecting.instrument(connection_span))
             .await
             .map_err(|_| {
@@ -168,12 +222,15 @@ impl Connector {
                 ))
             })?
             .map_err(|e| unavailable(format!("{shown}: cannot connect: {}", error_chain(&e))))?;
+        let pid = process.as_ref().map(ServerProcess::pid);
+        let url = url.map(|url| entry.secrets().redact(url).into_owned());
         tracing::info!(server_id, pid, url, serial, "MCP server connected");
         Ok(Connection {
             service,
             serial,
-            pid,
+            process,
             tools_stale,
+            process_permit: None,
         })
     }
 }

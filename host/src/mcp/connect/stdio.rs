@@ -1,33 +1,40 @@
 //! Starting a stdio server: a child process confined the way a third-party program should be.
 //!
 //! It gets only a minimal environment plus what its record grants (so host secrets do not
-//! leak into it), runs in its own process group (so killing it kills its children too),
-//! dies with the host (`PR_SET_PDEATHSIG`, `KillOnDrop`), and its stderr goes to the host
-//! log under its server id.
+//! leak into it), runs as the leader of its own process group, which is always stopped as
+//! a whole and dies with the host ([`super::process`]), and its stderr goes to the host log
+//! under its server id, with the record's secrets cut out.
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 
-use rmcp::transport::TokioChildProcess;
+use rmcp::RoleClient;
+use rmcp::transport::async_rw::AsyncRwTransport;
 use tokio::io::AsyncBufReadExt;
+use tokio::process::{ChildStdin, ChildStdout};
 use tracing::Instrument;
 
+use super::process::{self, ServerProcess, Spawned};
 use super::unavailable;
 use crate::defaults;
 use crate::mcp::error::McpError;
+use crate::registry::Secrets;
 
 /// Host variables a server process inherits; everything else must be granted by its
 /// record's `env` / `env_from`, so host secrets do not leak into third-party servers.
 const SERVER_BASE_ENV: [&str; 6] = ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR"];
 
-/// Spawns `command` for `server_id`; returns its transport and its pid.
+/// The MCP byte stream of a stdio server: its stdout and stdin.
+pub(super) type StdioTransport = AsyncRwTransport<RoleClient, ChildStdout, ChildStdin>;
+
+/// Spawns `command` for `server_id`; returns its transport and its process group.
 pub(super) fn spawn(
     server_id: &str,
     command: &str,
     args: &[String],
     env: &BTreeMap<String, String>,
     cwd: Option<&String>,
-) -> Result<(TokioChildProcess, Option<u32>), McpError> {
+    secrets: &Secrets,
+) -> Result<(StdioTransport, ServerProcess), McpError> {
     let mut cmd = tokio::process::Command::new(command);
     cmd.args(args).env_clear();
     for name in SERVER_BASE_ENV {
@@ -39,40 +46,55 @@ pub(super) fn spawn(
     if let Some(cwd) = cwd {
         cmd.current_dir(cwd);
     }
-    #[cfg(target_os = "linux")]
-    // SAFETY: the closure only calls prctl, which is async-signal-safe.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    let mut wrapped = process_wrap::tokio::CommandWrap::from(cmd);
-    wrapped.wrap(process_wrap::tokio::ProcessGroup::leader());
-    wrapped.wrap(process_wrap::tokio::KillOnDrop);
-    let (transport, stderr) = TokioChildProcess::builder(wrapped)
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| {
-            unavailable(format!(
-                "server `{server_id}`: cannot start `{command}`: {e}"
-            ))
-        })?;
-    let pid = transport.id();
-    if let Some(stderr) = stderr {
-        tokio::spawn(forward_stderr(server_id.to_owned(), stderr));
-    }
-    Ok((transport, pid))
+    let Spawned {
+        process,
+        stdin,
+        stdout,
+        stderr,
+    } = process::spawn(cmd).map_err(|e| {
+        unavailable(format!(
+            "server `{server_id}`: cannot start `{command}`: {e}"
+        ))
+    })?;
+    tokio::spawn(forward_stderr(
+        server_id.to_owned(),
+        stderr,
+        secrets.clone(),
+    ));
+    Ok((AsyncRwTransport::new_client(stdout, stdin), process))
 }
 
-async fn forward_stderr(server_id: String, stderr: tokio::process::ChildStderr) {
+/// Logs the server's stderr line by line. A line is cut at
+/// [`defaults::MAX_SERVER_STDERR_LINE_BYTES`] and the rest of it skipped, so a server
+/// writing without newlines costs the host no more than one line.
+async fn forward_stderr(server_id: String, stderr: tokio::process::ChildStderr, secrets: Secrets) {
     let span = tracing::info_span!("mcp_server_stderr", server_id = %server_id);
     async move {
-        let mut lines = tokio::io::BufReader::new(stderr).split(b'\n');
-        while let Ok(Some(line)) = lines.next_segment().await {
-            let cut = line.len().min(defaults::MAX_SERVER_STDERR_LINE_BYTES);
-            let text = String::from_utf8_lossy(&line[..cut]);
-            tracing::info!(target: "quiver::mcp::server", server_id = %server_id, "{}", text.trim_end());
+        let log = |line: &[u8]| {
+            let text = String::from_utf8_lossy(line);
+            let text = secrets.redact(text.trim_end());
+            tracing::info!(target: "quiver::mcp::server", server_id = %server_id, "{text}");
+        };
+        let mut reader = tokio::io::BufReader::new(stderr);
+        let mut line = Vec::new();
+        loop {
+            let buf = match reader.fill_buf().await {
+                Ok(buf) if !buf.is_empty() => buf,
+                _ => break,
+            };
+            let newline = buf.iter().position(|&b| b == b'\n');
+            let chunk = &buf[..newline.unwrap_or(buf.len())];
+            let room = defaults::MAX_SERVER_STDERR_LINE_BYTES.saturating_sub(line.len());
+            line.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            let used = newline.map_or(buf.len(), |i| i + 1);
+            reader.consume(used);
+            if newline.is_some() {
+                log(&line);
+                line.clear();
+            }
+        }
+        if !line.is_empty() {
+            log(&line);
         }
     }
     .instrument(span)
