@@ -143,6 +143,7 @@ pub fn main() -> ExitCode {
 }
 
 async fn run(args: RunArgs) -> i32 {
+    let mut signals = Signals::listen();
     let task = match &args.task {
         Some(path) => match TaskSpec::from_file(path) {
             Ok(task) => task,
@@ -197,13 +198,13 @@ async fn run(args: RunArgs) -> i32 {
     };
     let outcome = tokio::select! {
         outcome = host.run_task(&module, &task) => outcome,
-        signal = interrupted() => {
+        signal = signals.next() => {
             eprintln!("quiver: {}; stopping the task and its MCP servers", signal.name);
-            stop(&host).await;
+            stop(&host, &mut signals).await;
             return signal.status;
         }
     };
-    stop(&host).await;
+    stop(&host, &mut signals).await;
     match outcome {
         Ok(outcome) => {
             if let Some(failure) = &outcome.failure {
@@ -218,10 +219,10 @@ async fn run(args: RunArgs) -> i32 {
 /// Stops every MCP server of `host` gracefully. A second Ctrl-C or SIGTERM cuts that
 /// short: the servers' process groups are then killed when the host is dropped, or by
 /// their watchdogs when this process exits.
-async fn stop(host: &Host) {
+async fn stop(host: &Host, signals: &mut Signals) {
     tokio::select! {
         () = host.shutdown() => {}
-        signal = interrupted() => {
+        signal = signals.next() => {
             eprintln!("quiver: {} again; killing the MCP servers", signal.name);
         }
     }
@@ -233,31 +234,55 @@ struct Interrupted {
     status: i32,
 }
 
-/// Resolves on Ctrl-C or SIGTERM, naming which.
-async fn interrupted() -> Interrupted {
-    const INT: Interrupted = Interrupted {
-        name: "interrupted",
-        status: 130,
-    };
+/// Ctrl-C and SIGTERM, listened for from the start of `run` so that neither can kill the
+/// process before it has stopped its servers.
+struct Signals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        let mut term = match signal(SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-                return INT;
-            }
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => INT,
-            _ = term.recv() => Interrupted { name: "terminated", status: 143 },
+    listening: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Signals {
+    fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let listening = match (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) {
+                (Ok(int), Ok(term)) => Some((int, term)),
+                (Err(e), _) | (_, Err(e)) => {
+                    eprintln!("quiver: cannot listen for Ctrl-C and SIGTERM: {e}");
+                    None
+                }
+            };
+            Self { listening }
         }
+        #[cfg(not(unix))]
+        Self {}
     }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-        INT
+
+    /// The next Ctrl-C or SIGTERM.
+    async fn next(&mut self) -> Interrupted {
+        const INT: Interrupted = Interrupted {
+            name: "interrupted",
+            status: 130,
+        };
+        #[cfg(unix)]
+        {
+            let Some((int, term)) = &mut self.listening else {
+                return std::future::pending().await;
+            };
+            tokio::select! {
+                _ = int.recv() => INT,
+                _ = term.recv() => Interrupted { name: "terminated", status: 143 },
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            INT
+        }
     }
 }
 

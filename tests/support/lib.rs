@@ -16,6 +16,7 @@ use tempfile::TempDir;
 
 pub mod c;
 pub mod chat_wat;
+pub mod group;
 pub mod llm;
 pub mod oauth;
 pub mod serve;

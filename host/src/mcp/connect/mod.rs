@@ -71,8 +71,15 @@ pub(super) struct Connection {
 }
 
 impl Connection {
+    /// Whether the session is open and, for a stdio server, its first process still runs:
+    /// a child holding the server's stdout open would hide the server's death otherwise.
     pub(super) fn is_alive(&self) -> bool {
-        !self.service.is_closed() && !self.service.peer().is_transport_closed()
+        !self.service.is_closed()
+            && !self.service.peer().is_transport_closed()
+            && self
+                .process
+                .as_ref()
+                .is_none_or(ServerProcess::leader_running)
     }
 
     /// The server process, if connected over stdio.
@@ -222,6 +229,19 @@ impl Connector {
                 ))
             })?
             .map_err(|e| unavailable(format!("{shown}: cannot connect: {}", error_chain(&e))))?;
+        if let Some(exited) = process.as_ref().and_then(ServerProcess::exit_watch) {
+            let token = service.cancellation_token();
+            let server_id = server_id.to_owned();
+            tokio::spawn(async move {
+                exited.await;
+                tracing::debug!(
+                    server_id,
+                    serial,
+                    "server process exited; closing its session"
+                );
+                token.cancel();
+            });
+        }
         let pid = process.as_ref().map(ServerProcess::pid);
         let url = url.map(|url| entry.secrets().redact(url).into_owned());
         tracing::info!(server_id, pid, url, serial, "MCP server connected");

@@ -122,6 +122,35 @@ impl ServerProcess {
         self.pgid.unsigned_abs()
     }
 
+    /// Whether the group's leader (the server itself) has not exited.
+    pub(super) fn leader_running(&self) -> bool {
+        !self.leader_exited()
+    }
+
+    /// Resolves when the leader exits, without reaping it; `None` where the kernel has
+    /// no pidfd (before Linux 5.3). Lets the connection fail its calls at once when the
+    /// server dies while a child of its keeps its stdout open (so no EOF comes).
+    #[cfg(target_os = "linux")]
+    pub(super) fn exit_watch(&self) -> Option<impl Future<Output = ()> + Send + 'static> {
+        use tokio::io::Interest;
+        use tokio::io::unix::AsyncFd;
+        // SAFETY: pidfd_open(2) on our own child's pid; it returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, self.pgid, 0) };
+        let fd = libc::c_int::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+        // SAFETY: the descriptor was just created and is owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: the OwnedFd moves into the AsyncFd and stays open until it is dropped.
+        let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.ok()?;
+        Some(async move {
+            let _ = fd.readable().await;
+        })
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    pub(super) fn exit_watch(&self) -> Option<std::future::Ready<()>> {
+        None
+    }
+
     /// Stops the whole group: waits `grace` for the leader to exit (its stdin is closed
     /// by then), sends SIGTERM to the group, waits `grace` for every member, then SIGKILL.
     /// Safe to call more than once and from several places; returns once the group is gone
