@@ -256,13 +256,13 @@ impl McpPool {
         }
     }
 
-    /// The same pool with host-wide `limits` (zero caps are raised to 1). Call it before
-    /// the pool is used.
+    /// The same pool with host-wide `limits` (caps are kept between 1 and what a
+    /// semaphore holds). Call it before the pool is used.
     #[must_use]
     pub fn with_limits(mut self, limits: PoolLimits) -> Self {
         let limits = PoolLimits {
-            max_concurrent_calls: limits.max_concurrent_calls.max(1),
-            max_server_processes: limits.max_server_processes.max(1),
+            max_concurrent_calls: limits.max_concurrent_calls.clamp(1, Semaphore::MAX_PERMITS),
+            max_server_processes: limits.max_server_processes.clamp(1, Semaphore::MAX_PERMITS),
             ..limits
         };
         self.shared = Arc::new(Self::shared(limits));
@@ -273,10 +273,8 @@ impl McpPool {
         Shared {
             slots: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
-            calls: Semaphore::new(limits.max_concurrent_calls.min(Semaphore::MAX_PERMITS)),
-            processes: Arc::new(Semaphore::new(
-                limits.max_server_processes.min(Semaphore::MAX_PERMITS),
-            )),
+            calls: Semaphore::new(limits.max_concurrent_calls),
+            processes: Arc::new(Semaphore::new(limits.max_server_processes)),
             limits,
             reaper_wake: Arc::new(Notify::new()),
             reaper_started: AtomicBool::new(false),
@@ -487,7 +485,7 @@ impl McpPool {
         };
         let listed = tokio::time::timeout(timeout, listing)
             .await
-            .map_err(|_| self.timed_out(server_id, "tools/list", timeout, &waited_for_host))?;
+            .map_err(|_| self.call_timed_out(server_id, "tools/list", timeout, &waited_for_host))?;
         let tools: Arc<[Tool]> = match listed {
             Ok(tools) => tools.into(),
             Err(error) => {
@@ -538,7 +536,7 @@ impl McpPool {
         };
         let outcome = match tokio::time::timeout(timeout, call).await {
             Ok(outcome) => outcome,
-            Err(_) => Err(self.timed_out(server_id, name, timeout, &waited_for_host)),
+            Err(_) => Err(self.call_timed_out(server_id, name, timeout, &waited_for_host)),
         };
         let result = match outcome {
             Ok(result) => result,
@@ -570,7 +568,7 @@ impl McpPool {
 
     /// A timeout while doing `what`; names the host's call cap if the call was still
     /// waiting for one of its permits.
-    fn timed_out(
+    fn call_timed_out(
         &self,
         server_id: &str,
         what: &str,
