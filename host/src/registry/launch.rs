@@ -46,9 +46,14 @@ impl Launch {
 impl fmt::Debug for Launch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Launch::Stdio { command, env, .. } => f
+            Launch::Stdio {
+                command,
+                env,
+                secrets,
+                ..
+            } => f
                 .debug_struct("Stdio")
-                .field("command", command)
+                .field("command", &secrets.redact(command))
                 .field("env", &env.keys().collect::<Vec<_>>())
                 .finish_non_exhaustive(),
             Launch::Http { headers, .. } => f
@@ -268,7 +273,7 @@ mod tests {
             _ => None,
         };
         let stdio = StdioConfig {
-            command: "srv".into(),
+            command: "srv-${ENV:TOKEN}".into(),
             args: vec![
                 "--t=${ENV:TOKEN}".into(),
                 "${ENV:UNSET:-default-arg}".into(),
@@ -279,6 +284,7 @@ mod tests {
             idle_timeout_ms: None,
         };
         let launch = resolve_launch(&record(stdio), &env).unwrap();
+        assert!(!format!("{launch:?}").contains("tok-value-1"), "{launch:?}");
         let secrets = launch.secrets();
         let text = "tok-value-1 passed-value-2 default-arg";
         assert_eq!(

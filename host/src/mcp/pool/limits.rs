@@ -63,7 +63,10 @@ impl McpHostConfig {
             .iter()
             .find(|id| !crate::registry::is_valid_server_id(id))
         {
-            return Err(("mcp.prewarm", format!("{bad:?} is not a server id")));
+            return Err((
+                "mcp.prewarm",
+                format!("{bad:?} is not a server id (letters, digits, `_` and `-`)"),
+            ));
         }
         Ok(())
     }
