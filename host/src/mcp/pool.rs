@@ -22,7 +22,7 @@ use tokio::sync::Semaphore;
 use super::auth::AuthConfig;
 use super::connect::{Connection, Connector};
 use super::egress::EgressPolicy;
-use super::error::{McpError, McpErrorCode};
+use super::error::{McpError, McpErrorCode, from_host_error};
 use super::{CallToolResult, Tool};
 use crate::defaults;
 use crate::registry::ServerEntry;
@@ -208,13 +208,13 @@ impl McpPool {
         let server_id = entry.server_id();
         conn.tools_stale.store(false, Ordering::SeqCst);
         let timeout = entry.record.budgets.tool_timeout;
-        let listed = tokio::time::timeout(timeout, list_all_pages(&conn))
+        let cap = entry.record.budgets.max_tool_list_bytes;
+        let listed = tokio::time::timeout(timeout, list_all_pages(&conn, server_id, cap))
             .await
             .map_err(|_| timed_out(server_id, "tools/list", timeout))?;
         let tools: Arc<[Tool]> = match listed {
             Ok(tools) => tools.into(),
-            Err(e) => {
-                let error = service_failed(server_id, "tools/list", e);
+            Err(error) => {
                 if error.code == McpErrorCode::Unavailable {
                     self.discard(&slot, &conn).await;
                 }
@@ -268,22 +268,21 @@ impl McpPool {
                 return Err(error);
             }
         };
-        let json = serde_json::to_vec(&result).map_err(|e| {
-            McpError::new(
-                McpErrorCode::ToolExecFailed,
-                format!("cannot encode the result: {e}"),
-            )
-        })?;
+        // The transport capped the answer as it was read; the guest gets it re-encoded,
+        // which is checked again while it is written, so no more than the cap is buffered.
         let cap = record.budgets.max_tool_output_bytes;
-        if json.len() as u64 > cap {
-            return Err(McpError::new(
+        let json = encode_capped(&result, cap).map_err(|error| match error {
+            Encode::TooLarge => McpError::new(
                 McpErrorCode::OutputTooLarge,
                 format!(
-                    "tool `{name}` on server `{server_id}` returned {} bytes; the limit (budgets.max_tool_output_bytes) is {cap}",
-                    json.len()
+                    "tool `{name}` on server `{server_id}` returned more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
                 ),
-            ));
-        }
+            ),
+            Encode::Failed(e) => McpError::new(
+                McpErrorCode::ToolExecFailed,
+                format!("cannot encode the result: {e}"),
+            ),
+        })?;
         Ok(ToolCallOutput { result, json })
     }
 
@@ -337,14 +336,35 @@ impl McpPool {
     }
 }
 
-async fn list_all_pages(conn: &Connection) -> Result<Vec<Tool>, ServiceError> {
+/// Every page of the server's `tools/list`, the tools' JSON at most `cap` bytes in all
+/// (each page was capped by the transport as it was read).
+async fn list_all_pages(
+    conn: &Connection,
+    server_id: &str,
+    cap: u64,
+) -> Result<Vec<Tool>, McpError> {
     let mut tools = Vec::new();
     let mut cursor = None;
+    let mut total: u64 = 0;
     for _ in 0..defaults::MAX_TOOL_LIST_PAGES {
         let page = conn
             .service
             .list_tools(Some(PaginatedRequestParams::default().with_cursor(cursor)))
-            .await?;
+            .await
+            .map_err(|e| service_failed(server_id, "tools/list", e))?;
+        let left = cap.saturating_sub(total);
+        total = match encoded_len(&page.tools, left) {
+            Some(len) => total.saturating_add(len),
+            None => {
+                return Err(McpError::new(
+                    McpErrorCode::OutputTooLarge,
+                    format!(
+                        "server `{server_id}` listed more than {cap} bytes of tools (after {} tools); the limit (budgets.max_tool_list_bytes) is {cap}",
+                        tools.len()
+                    ),
+                ));
+            }
+        };
         tools.extend(page.tools);
         cursor = page.next_cursor;
         if cursor.is_none() {
@@ -356,6 +376,73 @@ async fn list_all_pages(conn: &Connection) -> Result<Vec<Tool>, ServiceError> {
         "tools/list kept paging; using what was read"
     );
     Ok(tools)
+}
+
+/// Why [`encode_capped`] gave up.
+enum Encode {
+    TooLarge,
+    Failed(serde_json::Error),
+}
+
+/// `value` as JSON, unless that takes more than `cap` bytes (then it stops writing there).
+fn encode_capped(value: &impl serde::Serialize, cap: u64) -> Result<Vec<u8>, Encode> {
+    let mut out = Capped {
+        bytes: Vec::new(),
+        left: cap,
+    };
+    match serde_json::to_writer(&mut out, value) {
+        Ok(()) => Ok(out.bytes),
+        Err(error) if error.is_io() => Err(Encode::TooLarge),
+        Err(error) => Err(Encode::Failed(error)),
+    }
+}
+
+/// The length of `value` as JSON if at most `cap` bytes, counted without keeping them.
+fn encoded_len(value: &impl serde::Serialize, cap: u64) -> Option<u64> {
+    let mut counter = Counter { len: 0, cap };
+    serde_json::to_writer(&mut counter, value).ok()?;
+    Some(counter.len)
+}
+
+/// A writer that keeps at most `left` more bytes and fails past them.
+struct Capped {
+    bytes: Vec<u8>,
+    left: u64,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.left = self
+            .left
+            .checked_sub(buf.len() as u64)
+            .ok_or_else(|| std::io::Error::other("over the cap"))?;
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A writer that only counts, failing past `cap`.
+struct Counter {
+    len: u64,
+    cap: u64,
+}
+
+impl std::io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.len = self.len.saturating_add(buf.len() as u64);
+        if self.len > self.cap {
+            return Err(std::io::Error::other("over the cap"));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn timed_out(server_id: &str, what: &str, timeout: Duration) -> McpError {
@@ -370,6 +457,8 @@ fn timed_out(server_id: &str, what: &str, timeout: Duration) -> McpError {
 
 fn service_failed(server_id: &str, what: &str, error: ServiceError) -> McpError {
     match error {
+        // A transport failed this request itself and said why.
+        ServiceError::McpError(data) if let Some(error) = from_host_error(&data) => error,
         ServiceError::McpError(data) if data.code == ErrorCode::INVALID_PARAMS => McpError::new(
             McpErrorCode::InvalidArguments,
             format!("server `{server_id}` rejected {what}: {}", data.message),

@@ -8,7 +8,11 @@
 //! notification handler, a span detached from the caller, the timed handshake in the mode
 //! the record asks for, the error mapping, and the [`Connection`] handed to the pool.
 
+mod guard;
+mod lines;
 mod remote;
+mod scan;
+mod sse;
 mod stdio;
 
 use std::collections::BTreeMap;
@@ -28,6 +32,9 @@ use super::error::{McpError, McpErrorCode, error_chain};
 use super::http::SseConnectError;
 use super::outbound::{ClientBuildError, OutboundClient};
 use crate::registry::{Launch, Lifecycle, ServerEntry};
+pub(super) use guard::{Guard, Guarded, Incoming, Kind, Limits, Problem};
+pub(super) use scan::IdScan;
+pub(super) use sse::{SseEvent, SseReader};
 
 /// Receives server notifications for one connection.
 #[derive(Clone)]
@@ -114,7 +121,8 @@ impl Connector {
                 env,
                 cwd,
             } => {
-                let (transport, pid) = stdio::spawn(server_id, command, args, env, cwd.as_ref())?;
+                let limits = Limits::of(entry);
+                let (transport, pid) = stdio::spawn(limits, command, args, env, cwd.as_ref())?;
                 let peer = Peer::Process { pid };
                 self.establish(entry, serial, peer, async { Ok(transport) })
                     .await
@@ -159,12 +167,16 @@ impl Connector {
         let connection_span = tracing::info_span!(parent: None, "mcp_server", server_id);
         let lifecycle = entry.record.lifecycle;
         let connecting = async move { handshake(events, transport.await?, lifecycle).await };
-        let service = tokio::time::timeout(self.timeout, connecting.instrument(connection_span))
+        let (timeout, setting) = match entry.record.budgets.connect_timeout {
+            Some(timeout) => (timeout, "budgets.connect_timeout_ms"),
+            None => (self.timeout, "the host's connect timeout"),
+        };
+        let service = tokio::time::timeout(timeout, connecting.instrument(connection_span))
             .await
             .map_err(|_| {
                 unavailable(format!(
-                    "{shown} did not finish the MCP handshake within {} ms",
-                    self.timeout.as_millis()
+                    "{shown} did not finish the MCP handshake within {} ms ({setting})",
+                    timeout.as_millis()
                 ))
             })?
             .map_err(|e| unavailable(format!("{shown}: cannot connect: {}", error_chain(&e))))?;
