@@ -44,6 +44,11 @@ pub const MCP_SERVER_MESSAGES_PER_SEC: u32 = 1_000;
 /// closed, its pending calls fail with `mcp_unavailable`, and the next call restarts it.
 pub const MCP_MAX_DROPPED_MESSAGES: u32 = 1_000;
 
+/// Bytes of one over-cap message the host reads past, throwing them away, to reach the
+/// next message. Past this the server is stuck writing one endless message: the connection
+/// is closed, its pending calls fail with `mcp_unavailable`, and the next call restarts it.
+pub const MCP_MAX_DISCARD_BYTES: u64 = 64 * 1024 * 1024;
+
 /// How long a server's `tools/list` answer is reused before it is asked again (a
 /// `notifications/tools/list_changed` from the server drops it sooner).
 pub const TOOLS_CACHE_TTL: Duration = Duration::from_secs(300);

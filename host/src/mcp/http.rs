@@ -556,6 +556,7 @@ fn incoming_of(event: SseEvent) -> Option<Incoming> {
             answer,
             problem: Problem::TooLarge { seen },
         }),
+        SseEvent::Endless { seen } => Some(Incoming::Endless { seen }),
     }
 }
 

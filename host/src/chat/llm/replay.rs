@@ -138,6 +138,20 @@ impl ReplayBackend {
                 e.into_inner().to_string(),
             )
         })?;
+        // What a live backend could not send, a transcript cannot answer with either.
+        for (i, exchange) in transcript.exchanges.iter().enumerate() {
+            let len = serde_json::to_vec(&exchange.response).map_or(0, |bytes| bytes.len());
+            if len > crate::defaults::LLM_MAX_RESPONSE_BYTES {
+                return Err(ConfigError::new(
+                    &path,
+                    format!("exchanges[{i}].response"),
+                    format!(
+                        "{len} bytes; a response may be at most {} bytes",
+                        crate::defaults::LLM_MAX_RESPONSE_BYTES
+                    ),
+                ));
+            }
+        }
         if transcript.version != 1 {
             return Err(ConfigError::new(
                 &path,

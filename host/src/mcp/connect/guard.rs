@@ -188,6 +188,11 @@ pub(in crate::mcp) enum Incoming {
         answer: bool,
         problem: Problem,
     },
+    /// One message went on past [`defaults::MCP_MAX_DISCARD_BYTES`] over its cap: the
+    /// stream cannot reach another message, so the connection must close.
+    Endless {
+        seen: u64,
+    },
 }
 
 struct Pending {
@@ -350,6 +355,10 @@ impl Guard {
         }
         match incoming {
             Incoming::Message(message) => self.take_message(message),
+            Incoming::Endless { seen } => self.close(format!(
+                "server `{}` wrote one message of more than {seen} bytes, past every cap, so its connection was closed; the next call starts it again",
+                self.limits.server_id
+            )),
             Incoming::Unreadable {
                 id,
                 answer,
@@ -468,22 +477,19 @@ impl Guard {
             self.last_drop_log = Some(Instant::now());
         }
         if !self.drops.take() {
-            self.flooded();
-        }
-    }
-
-    /// Fails every pending request and closes the connection.
-    fn flooded(&mut self) {
-        let error = McpError::new(
-            McpErrorCode::Unavailable,
-            format!(
+            self.close(format!(
                 "server `{}` sent more messages the host had to drop than it allows ({} at once; {} dropped in all), so its connection was closed; the next call starts it again",
                 self.limits.server_id,
                 defaults::MCP_MAX_DROPPED_MESSAGES,
                 self.dropped
-            ),
-        );
-        tracing::warn!(server_id = %self.limits.server_id, %error, "closing a flooding MCP server");
+            ));
+        }
+    }
+
+    /// Fails every pending request with `mcp_unavailable` and closes the connection.
+    fn close(&mut self, message: String) {
+        let error = McpError::new(McpErrorCode::Unavailable, message);
+        tracing::warn!(server_id = %self.limits.server_id, %error, "closing the connection to an MCP server");
         for (_, pending) in std::mem::take(&mut self.pending) {
             self.ready.push_back(ServerJsonRpcMessage::error(
                 host_error(&error),

@@ -20,9 +20,13 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader
 
 use super::guard::{Guard, Incoming, Limits, Problem};
 use super::scan::IdScan;
+use crate::defaults;
 
 /// Line buffer capacity kept between lines; a larger one (after a big answer) is released.
 const KEEP_LINE_CAPACITY: usize = 64 * 1024;
+
+/// Bytes read from the pipe at once.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
 
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
 
@@ -32,6 +36,8 @@ struct Discard {
     seen: u64,
     /// Whether its request has been failed already (the id came early).
     reported: bool,
+    /// Whether it was found endless (the guard then closes the connection).
+    ended: bool,
 }
 
 /// What the last read step left.
@@ -60,7 +66,7 @@ where
 {
     pub(super) fn new(read: R, write: W, limits: Limits) -> Self {
         Self {
-            reader: BufReader::new(read),
+            reader: BufReader::with_capacity(READ_BUFFER_BYTES, read),
             line: Vec::new(),
             scan: None,
             discard: None,
@@ -92,7 +98,9 @@ where
                 let chunk = &available[..take];
                 let ends = newline.is_some();
                 let step = if let Some(discard) = &mut self.discard {
-                    discard.scan.feed(chunk);
+                    if !discard.reported {
+                        discard.scan.feed(chunk);
+                    }
                     discard.seen = discard.seen.saturating_add(take as u64);
                     if ends {
                         Step::Discarded
@@ -123,6 +131,7 @@ where
                             scan,
                             seen: len as u64,
                             reported: false,
+                            ended: false,
                         });
                         if ends {
                             Step::Discarded
@@ -149,8 +158,15 @@ where
                     }
                 }
                 Step::Discarding => {
-                    if let Some(discard) = &mut self.discard
-                        && !discard.reported
+                    let Some(discard) = &mut self.discard else {
+                        continue;
+                    };
+                    let over = discard.seen.saturating_sub(read_cap as u64);
+                    if over > defaults::MCP_MAX_DISCARD_BYTES && !discard.ended {
+                        discard.ended = true;
+                        return Some(Incoming::Endless { seen: discard.seen });
+                    }
+                    if !discard.reported
                         && discard.scan.is_answer()
                         && let Some(id) = discard.scan.id()
                     {

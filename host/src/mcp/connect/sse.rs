@@ -7,6 +7,7 @@
 //! it answers can fail at once (as on stdio). Lines end with LF or CRLF.
 
 use super::scan::IdScan;
+use crate::defaults;
 
 /// Longest field name looked at (`data`, `event`; others are skipped).
 const MAX_FIELD_BYTES: usize = 16;
@@ -28,6 +29,8 @@ pub(in crate::mcp) enum SseEvent {
         answer: bool,
         seen: u64,
     },
+    /// Its data went on past [`defaults::MCP_MAX_DISCARD_BYTES`] over the cap.
+    Endless { seen: u64 },
 }
 
 /// Where the reader is within the current line.
@@ -49,6 +52,7 @@ struct Oversize {
     scan: IdScan,
     seen: u64,
     reported: bool,
+    ended: bool,
 }
 
 #[derive(Debug)]
@@ -157,12 +161,22 @@ impl SseReader {
                 scan,
                 seen,
                 reported: false,
+                ended: false,
             });
         }
         match &mut self.oversize {
             Some(oversize) => {
-                oversize.scan.feed(bytes);
+                if !oversize.reported {
+                    oversize.scan.feed(bytes);
+                }
                 oversize.seen = oversize.seen.saturating_add(bytes.len() as u64);
+                let over = oversize.seen.saturating_sub(self.cap as u64);
+                if over > defaults::MCP_MAX_DISCARD_BYTES && !oversize.ended {
+                    oversize.ended = true;
+                    out.push(SseEvent::Endless {
+                        seen: oversize.seen,
+                    });
+                }
                 if !oversize.reported
                     && oversize.scan.is_answer()
                     && let Some(id) = oversize.scan.id()
