@@ -75,6 +75,10 @@ impl Called {
     }
 }
 
+/// A step of [`call_all`] that makes no call: the guest waits `{"ms": N}` (busy, on its
+/// clock) and records `{}`.
+const PAUSE: &str = "(pause)";
+
 /// Runs a guest that opens `server` and makes `calls` (tool, arguments) in order.
 async fn call_all(host: &Host, server: &str, calls: &[(&str, Value)]) -> Vec<Called> {
     let mut data: Vec<(u32, Vec<u8>)> = vec![(1024, server.as_bytes().to_vec())];
@@ -83,7 +87,19 @@ async fn call_all(host: &Host, server: &str, calls: &[(&str, Value)]) -> Vec<Cal
         server.len()
     );
     let mut at = 1100;
+    data.push((1090, b"{}".to_vec()));
     for (tool, args) in calls {
+        if *tool == PAUSE {
+            let ms = args["ms"].as_u64().expect("a pause needs ms");
+            body.push_str(&format!(
+                " (local.set $t (call $time_now_ms))
+                  (loop $wait (br_if $wait (i64.lt_u (i64.sub (call $time_now_ms) (local.get $t)) (i64.const {ms}))))
+                  (call $out (i32.const 0))
+                  (call $out (i32.wrap_i64 (i64.sub (call $time_now_ms) (local.get $t))))
+                  (call $emit (i32.const 1090) (i32.const 2))\n"
+            ));
+            continue;
+        }
         let args = args.to_string();
         let (name_at, args_at) = (at, at + tool.len() as u32);
         at = args_at + args.len() as u32;
@@ -355,6 +371,30 @@ async fn notification_and_request_floods_close_the_connection_and_the_next_call_
     assert_ne!(first, second, "a new process after the flood");
     assert_ne!(called[4].ok(), second);
     assert_eq!(connections(&host, &server), 3);
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_connection_closed_between_calls_is_never_handed_another_call() {
+    let registry = RegistryDir::new();
+    let server = hostile(&registry, "normal", 0, LONG);
+    let host = host(&registry);
+    // The flood comes after the answer, with no call pending; the server then blocks on
+    // its full stdout, so its connection takes the shutdown grace to close.
+    let called = call_all(
+        &host,
+        &server,
+        &[
+            ("notify_after", json!({"count": 50_000})),
+            (PAUSE, json!({"ms": 500})),
+            ("ok", json!({})),
+        ],
+    )
+    .await;
+    let first = called[0].ok();
+    assert!(called[2].ms < AT_ONCE_MS, "{:?}", called[2]);
+    assert_ne!(called[2].ok(), first, "a new process");
+    assert_eq!(connections(&host, &server), 2);
     host.shutdown().await;
 }
 

@@ -20,9 +20,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use rmcp::model::{ClientConfig, ProtocolVersion};
+use rmcp::model::{ClientConfig, ClientJsonRpcMessage, ProtocolVersion, ServerJsonRpcMessage};
 use rmcp::service::{NotificationContext, RunningService};
-use rmcp::transport::IntoTransport;
+use rmcp::transport::{IntoTransport, Transport};
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceExt};
 use tracing::Instrument;
 
@@ -66,11 +66,46 @@ pub(super) struct Connection {
     pub(super) pid: Option<u32>,
     /// Set by a `tools/list_changed` notification.
     pub(super) tools_stale: Arc<AtomicBool>,
+    /// Set when the transport stops delivering (the server went away, or the guard closed
+    /// the connection): rmcp's session stays open until its transport has closed, which
+    /// for a stdio server can take the shutdown grace, and no call may go to it meanwhile.
+    ended: Arc<AtomicBool>,
 }
 
 impl Connection {
     pub(super) fn is_alive(&self) -> bool {
-        !self.service.is_closed() && !self.service.peer().is_transport_closed()
+        !self.ended.load(Ordering::SeqCst)
+            && !self.service.is_closed()
+            && !self.service.peer().is_transport_closed()
+    }
+}
+
+/// A transport that notes when it stops delivering (see [`Connection::is_alive`]).
+struct Watched<T> {
+    inner: T,
+    ended: Arc<AtomicBool>,
+}
+
+impl<T: Transport<RoleClient>> Transport<RoleClient> for Watched<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: ClientJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
+        let message = self.inner.receive().await;
+        if message.is_none() {
+            self.ended.store(true, Ordering::SeqCst);
+        }
+        message
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
     }
 }
 
@@ -158,6 +193,8 @@ impl Connector {
             None => format!("server `{server_id}`"),
         };
         let tools_stale = Arc::new(AtomicBool::new(false));
+        let ended = Arc::new(AtomicBool::new(false));
+        let watched = ended.clone();
         let events = ClientEvents {
             server_id: server_id.into(),
             tools_stale: tools_stale.clone(),
@@ -166,7 +203,13 @@ impl Connector {
         // caller's span so its logs are not filed under that task.
         let connection_span = tracing::info_span!(parent: None, "mcp_server", server_id);
         let lifecycle = entry.record.lifecycle;
-        let connecting = async move { handshake(events, transport.await?, lifecycle).await };
+        let connecting = async move {
+            let transport = Watched {
+                inner: transport.await?.into_transport(),
+                ended: watched,
+            };
+            handshake(events, transport, lifecycle).await
+        };
         let (timeout, setting) = match entry.record.budgets.connect_timeout {
             Some(timeout) => (timeout, "budgets.connect_timeout_ms"),
             None => (self.timeout, "the host's connect timeout"),
@@ -186,6 +229,7 @@ impl Connector {
             serial,
             pid,
             tools_stale,
+            ended,
         })
     }
 }
