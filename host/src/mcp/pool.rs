@@ -4,8 +4,9 @@
 //! a server connects it, every fd of every task shares that connection, and a server that
 //! dies is started again by the next call. Each server's budgets live here: a semaphore for
 //! `max_concurrency`, a timeout for `tool_timeout_ms`, a cap for `max_tool_output_bytes`.
-//! `tools/list` is read in full and cached until the server says the list changed or the
-//! TTL passes, so listing is never on a hot path.
+//! `tools/list` is read in full (at most `max_tool_list_bytes` over all pages, refused whole
+//! past it) and cached until the server says the list changed or the TTL passes, so listing
+//! is never on a hot path.
 //!
 //! How a connection is made (spawning a process, reaching a URL, the handshake) is
 //! [`super::connect`]'s job; the pool only decides when, and what to do when it fails.
@@ -20,6 +21,7 @@ use rmcp::model::{CallToolRequestParams, ErrorCode, JsonObject, PaginatedRequest
 use tokio::sync::Semaphore;
 
 use super::auth::AuthConfig;
+use super::capped::{Encode, encode_capped, encoded_len};
 use super::connect::{Connection, Connector};
 use super::egress::EgressPolicy;
 use super::error::{McpError, McpErrorCode, from_host_error};
@@ -376,73 +378,6 @@ async fn list_all_pages(
         "tools/list kept paging; using what was read"
     );
     Ok(tools)
-}
-
-/// Why [`encode_capped`] gave up.
-enum Encode {
-    TooLarge,
-    Failed(serde_json::Error),
-}
-
-/// `value` as JSON, unless that takes more than `cap` bytes (then it stops writing there).
-fn encode_capped(value: &impl serde::Serialize, cap: u64) -> Result<Vec<u8>, Encode> {
-    let mut out = Capped {
-        bytes: Vec::new(),
-        left: cap,
-    };
-    match serde_json::to_writer(&mut out, value) {
-        Ok(()) => Ok(out.bytes),
-        Err(error) if error.is_io() => Err(Encode::TooLarge),
-        Err(error) => Err(Encode::Failed(error)),
-    }
-}
-
-/// The length of `value` as JSON if at most `cap` bytes, counted without keeping them.
-fn encoded_len(value: &impl serde::Serialize, cap: u64) -> Option<u64> {
-    let mut counter = Counter { len: 0, cap };
-    serde_json::to_writer(&mut counter, value).ok()?;
-    Some(counter.len)
-}
-
-/// A writer that keeps at most `left` more bytes and fails past them.
-struct Capped {
-    bytes: Vec<u8>,
-    left: u64,
-}
-
-impl std::io::Write for Capped {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.left = self
-            .left
-            .checked_sub(buf.len() as u64)
-            .ok_or_else(|| std::io::Error::other("over the cap"))?;
-        self.bytes.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// A writer that only counts, failing past `cap`.
-struct Counter {
-    len: u64,
-    cap: u64,
-}
-
-impl std::io::Write for Counter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.len = self.len.saturating_add(buf.len() as u64);
-        if self.len > self.cap {
-            return Err(std::io::Error::other("over the cap"));
-        }
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }
 
 fn timed_out(server_id: &str, what: &str, timeout: Duration) -> McpError {
