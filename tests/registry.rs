@@ -104,6 +104,12 @@ fn a_bad_file_is_named_with_its_field_and_the_others_still_load() {
             "greater than 0",
         ),
         (
+            "connect.toml",
+            "server_id = \"c\"\ntransport = \"stdio\"\n[stdio]\ncommand = \"x\"\n[budgets]\nconnect_timeout_ms = 0\n",
+            Some("budgets.connect_timeout_ms"),
+            "greater than 0",
+        ),
+        (
             "nested.json",
             r#"{"server_id":"n","transport":"stdio","stdio":{"command":"x","arg":[]}}"#,
             Some("stdio.arg"),
@@ -238,6 +244,11 @@ fn absent_budgets_and_fields_take_documented_defaults() {
     );
     assert_eq!(r.budgets.tool_timeout.as_millis(), 8000);
     assert!(r.budgets.max_concurrency > 0 && r.budgets.max_tool_output_bytes > 0);
+    assert_eq!(r.budgets.max_tool_list_bytes, 4 * 1024 * 1024);
+    assert_eq!(
+        r.budgets.connect_timeout, None,
+        "absent: the host's connect timeout"
+    );
     assert!(
         matches!(&web.launch, Ok(Launch::Http { headers, .. }) if headers["Authorization"] == "Bearer none")
     );

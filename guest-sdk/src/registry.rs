@@ -93,6 +93,13 @@ pub struct Budgets {
     /// The largest result, in bytes.
     #[serde(deserialize_with = "field")]
     pub max_tool_output_bytes: Option<u64>,
+    /// The largest tool list (all pages), in bytes.
+    #[serde(deserialize_with = "field")]
+    pub max_tool_list_bytes: Option<u64>,
+    /// Milliseconds to start and connect the server, when its record sets it (otherwise
+    /// the host's).
+    #[serde(deserialize_with = "field")]
+    pub connect_timeout_ms: Option<u64>,
     /// Every other field, as sent.
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -147,7 +154,8 @@ mod tests {
                  "tool_namespace": "mcp.fs", "allowed_tools": ["read_*"],
                  "approval_policy": "never", "tags": ["files"],
                  "budgets": {"tool_timeout_ms": 8000, "max_concurrency": 8,
-                             "max_tool_output_bytes": 1048576},
+                             "max_tool_output_bytes": 1048576, "max_tool_list_bytes": 4194304,
+                             "connect_timeout_ms": 500},
                  "available": true, "lifecycle": "auto"},
                 {"server_id": "gh", "available": false, "unavailable_reason": "GH_TOKEN unset",
                  "allowed_tools": ["a", 3, null, "b"], "budgets": "none"},
@@ -160,6 +168,8 @@ mod tests {
         };
         assert_eq!(fs.allowed_tools, ["read_*"]);
         assert_eq!(fs.budgets.tool_timeout_ms, Some(8000));
+        assert_eq!(fs.budgets.max_tool_list_bytes, Some(4194304));
+        assert_eq!(fs.budgets.connect_timeout_ms, Some(500));
         assert!(fs.available);
         assert_eq!(fs.extra["lifecycle"], "auto");
         assert_eq!(gh.allowed_tools, ["a", "b"]);

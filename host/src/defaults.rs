@@ -18,12 +18,45 @@ pub const MAX_CONCURRENCY: u32 = 8;
 /// `budgets.max_tool_output_bytes` overrides it per server.
 pub const MAX_TOOL_OUTPUT_BYTES: u64 = 1024 * 1024;
 
+/// Largest `tools/list` a server may give, counted over all its pages as the tools' JSON;
+/// more is `mcp_output_too_large` rather than a list that could fill the host. Generous:
+/// large servers list a few hundred tools of a few KiB each. Registry
+/// `budgets.max_tool_list_bytes` overrides it per server.
+pub const MAX_TOOL_LIST_BYTES: u64 = 4 * 1024 * 1024;
+
+/// Largest message a server may send that is not an answer to `tools/call` or `tools/list`
+/// (the `initialize` answer, notifications, requests to the host). Those carry no payload
+/// worth more; a larger one is dropped like an unparsable line.
+pub const MAX_MCP_MESSAGE_BYTES: u64 = 1024 * 1024;
+
+/// Bytes a server's message may carry on top of the payload cap that applies to it: the
+/// JSON-RPC envelope, and whitespace or escapes that re-encoding removes. The transports read
+/// at most cap + envelope bytes of one message into memory.
+pub const MCP_ENVELOPE_BYTES: u64 = 64 * 1024;
+
+/// Notifications and requests a server may send per second on one connection (also the
+/// burst allowed at once); more are dropped. Progress and log messages come far slower.
+pub const MCP_SERVER_MESSAGES_PER_SEC: u32 = 1_000;
+
+/// Messages from a server that the host drops (unparsable, oversized with no answerable id,
+/// answers to unknown ids, over the rate above) that a connection tolerates; the allowance
+/// refills at a tenth of this per second. Past it the server is flooding: the connection is
+/// closed, its pending calls fail with `mcp_unavailable`, and the next call restarts it.
+pub const MCP_MAX_DROPPED_MESSAGES: u32 = 1_000;
+
+/// Bytes of one over-cap message the host reads past, throwing them away, to reach the
+/// next message. Past this the server is stuck writing one endless message: the connection
+/// is closed, its pending calls fail with `mcp_unavailable`, and the next call restarts it.
+pub const MCP_MAX_DISCARD_BYTES: u64 = 64 * 1024 * 1024;
+
 /// How long a server's `tools/list` answer is reused before it is asked again (a
 /// `notifications/tools/list_changed` from the server drops it sooner).
 pub const TOOLS_CACHE_TTL: Duration = Duration::from_secs(300);
 
-/// Time to spawn a stdio server and finish the MCP `initialize` handshake. Generous because
-/// `npx`/`uvx` servers may download themselves on first use.
+/// Time to spawn a stdio server (or reach a remote one) and finish the MCP `initialize`
+/// handshake. Generous because `npx`/`uvx` servers may download themselves on first use.
+/// [`HostBuilder::with_connect_timeout`](crate::HostBuilder::with_connect_timeout) changes it
+/// for the host; registry `budgets.connect_timeout_ms` overrides that per server.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Pages of `tools/list` read before a server is considered to be paging forever.
@@ -107,7 +140,9 @@ pub const LLM_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Longest `Retry-After` honoured; a backend asking for more gets its error reported.
 pub const LLM_RETRY_AFTER_MAX: Duration = Duration::from_secs(30);
 
-/// Largest response body read from an LLM backend.
+/// Largest response body read from an LLM backend; a larger one is
+/// `llm_response_too_large`, read no further. Also the largest response a replay
+/// transcript may hold.
 pub const LLM_MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
 /// Model requests per `cchat_send` with AUTO_TOOL_CALL (session param `max_iterations`).

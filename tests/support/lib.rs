@@ -17,6 +17,7 @@ use tempfile::TempDir;
 pub mod c;
 pub mod chat_wat;
 pub mod group;
+pub mod hostile_http;
 pub mod llm;
 pub mod oauth;
 pub mod serve;
@@ -44,6 +45,11 @@ fn bin_dir() -> PathBuf {
 /// The fixture MCP server binary.
 pub fn fixture_server() -> PathBuf {
     bin_dir().join("fixture-mcp-server")
+}
+
+/// The hostile MCP server binary (`fixtures/hostile-mcp-server`), which misbehaves on purpose.
+pub fn hostile_server() -> PathBuf {
+    bin_dir().join("hostile-mcp-server")
 }
 
 /// The `quiver` command-line binary. `cargo test` at the workspace root builds it with the

@@ -69,6 +69,10 @@ pub enum Reply {
     /// Sleeps this long, then answers with the inner reply (for timeout tests). Cut short
     /// when the server is dropped.
     Delay(Duration, Box<Reply>),
+    /// Status 200, `application/json`: a `chat.completion` padded to `bytes` bytes (for
+    /// response-size caps). With `chunked`, it streams in 64 KiB pieces without a
+    /// `Content-Length`; otherwise it declares its length up front.
+    Huge { bytes: usize, chunked: bool },
 }
 
 impl Reply {
@@ -474,6 +478,7 @@ async fn handle(
             }
         }
         Reply::Garbage(body) => json_response(StatusCode::OK, body, None),
+        Reply::Huge { bytes, chunked } => huge(bytes, chunked),
         Reply::Delay(..) => unreachable!("delays were unwrapped above"),
     }
 }
@@ -508,6 +513,30 @@ fn completion(
             "total_tokens": total_tokens,
         },
     })
+}
+
+/// A `chat.completion` whose `pad` field makes it `bytes` long (see [`Reply::Huge`]).
+fn huge(bytes: usize, chunked: bool) -> Response<Body> {
+    const HEAD: &str = r#"{"object":"chat.completion","choices":[],"pad":""#;
+    const TAIL: &str = r#""}"#;
+    let pad = bytes.saturating_sub(HEAD.len() + TAIL.len());
+    let builder = Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/json");
+    let body = if chunked {
+        const PIECE: usize = 64 * 1024;
+        let pieces = std::iter::once(Bytes::from_static(HEAD.as_bytes()))
+            .chain(
+                (0..pad.div_ceil(PIECE))
+                    .map(move |i| Bytes::from(vec![b'x'; PIECE.min(pad - i * PIECE)])),
+            )
+            .chain(std::iter::once(Bytes::from_static(TAIL.as_bytes())))
+            .map(Ok::<_, std::convert::Infallible>);
+        Body::from_stream(futures::stream::iter(pieces))
+    } else {
+        Body::from(format!("{HEAD}{}{TAIL}", "x".repeat(pad)))
+    };
+    builder.body(body).expect("scripted LLM: build response")
 }
 
 fn plain(status: StatusCode, body: String) -> Response<Body> {

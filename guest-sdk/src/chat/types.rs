@@ -388,6 +388,8 @@ open_enum! {
         LlmHttpError = "llm_http_error",
         /// The backend's answer was not a chat completion.
         LlmInvalidResponse = "llm_invalid_response",
+        /// The backend's answer was larger than the host reads (16 MiB).
+        LlmResponseTooLarge = "llm_response_too_large",
         /// The session names a backend the host does not have.
         BackendUnknown = "backend_unknown",
         /// The model still wanted tools when a budget ran out.

@@ -118,6 +118,8 @@ impl HostBuilder {
         self
     }
 
+    /// Time to start (or reach) an MCP server and finish its handshake, default 60 s; a
+    /// registry record's `budgets.connect_timeout_ms` overrides it for that server.
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
         self.connect_timeout = timeout;
         self

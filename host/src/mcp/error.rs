@@ -1,5 +1,15 @@
-//! Tool-call failures as the structured error JSON guests and models see.
+//! Tool-call failures as the structured error JSON guests and models see, and the one way
+//! a transport fails a single request with one of them.
+//!
+//! A transport that cannot deliver an answer (too large, not JSON-RPC, a flooding server)
+//! still knows which request it answered. It fails that request alone by handing rmcp a
+//! JSON-RPC error for its id made by [`host_error`]; the pool turns it back into the
+//! [`McpError`] with [`from_host_error`]. The error carries a random per-process mark in
+//! its `data`, so a server cannot forge one: its own errors stay `tool_exec_failed`.
 
+use std::sync::OnceLock;
+
+use rmcp::model::{ErrorCode, ErrorData};
 use serde_json::{Value, json};
 
 /// The `error.code` of a failed MCP call.
@@ -20,6 +30,15 @@ pub enum McpErrorCode {
 }
 
 impl McpErrorCode {
+    const ALL: [Self; 6] = [
+        Self::Unavailable,
+        Self::Timeout,
+        Self::InvalidArguments,
+        Self::PolicyDenied,
+        Self::OutputTooLarge,
+        Self::ToolExecFailed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Unavailable => "mcp_unavailable",
@@ -72,6 +91,39 @@ impl McpError {
     }
 }
 
+/// The `data.quiver` mark of [`host_error`]: random per process, never sent anywhere.
+fn host_mark() -> u64 {
+    static MARK: OnceLock<u64> = OnceLock::new();
+    *MARK.get_or_init(|| {
+        use std::hash::{BuildHasher, Hasher};
+        // RandomState is seeded from the OS; that is all the randomness a mark needs.
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u64(u64::from(std::process::id()));
+        hasher.finish()
+    })
+}
+
+/// The JSON-RPC error a transport hands rmcp to fail one request with `error`.
+pub(crate) fn host_error(error: &McpError) -> ErrorData {
+    ErrorData::new(
+        ErrorCode::INTERNAL_ERROR,
+        error.message.clone(),
+        Some(json!({"quiver": host_mark(), "code": error.code.as_str()})),
+    )
+}
+
+/// The [`McpError`] a [`host_error`] carries; `None` for any error a server sent.
+pub(crate) fn from_host_error(data: &ErrorData) -> Option<McpError> {
+    let extra = data.data.as_ref()?;
+    if extra.get("quiver")?.as_u64()? != host_mark() {
+        return None;
+    }
+    let code = McpErrorCode::ALL
+        .into_iter()
+        .find(|code| Some(code.as_str()) == extra.get("code").and_then(Value::as_str))?;
+    Some(McpError::new(code, data.message.clone()))
+}
+
 /// An error and its causes, `a: b: c`. A cause whose text is already there (our typed
 /// errors show their cause and also return it as `source`) is not repeated.
 pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
@@ -86,4 +138,25 @@ pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_host_can_make_a_host_error() {
+        let error = McpError::new(McpErrorCode::OutputTooLarge, "too big");
+        let data = host_error(&error);
+        assert_eq!(from_host_error(&data), Some(error));
+
+        let mut forged = data.clone();
+        forged.data =
+            Some(json!({"quiver": host_mark().wrapping_add(1), "code": "mcp_output_too_large"}));
+        assert_eq!(from_host_error(&forged), None);
+        forged.data = Some(json!({"quiver": "x", "code": "mcp_timeout"}));
+        assert_eq!(from_host_error(&forged), None);
+        forged.data = None;
+        assert_eq!(from_host_error(&forged), None);
+    }
 }

@@ -222,11 +222,17 @@ async fn list_tools<T: McpView>(
         tracing::warn!(task_id = %task_id, server_id, %error, "tools/list failed");
         list_errno(&error)
     })?;
-    let visible: Vec<_> = tools
+    // Serialised straight from the pool's cached tools: no intermediate JSON value.
+    #[derive(serde::Serialize)]
+    struct Listing<'a> {
+        server_id: &'a str,
+        tools: Vec<&'a super::Tool>,
+    }
+    let tools = tools
         .iter()
         .filter(|tool| grant.filter.permits(&tool.name))
         .collect();
-    let body = encode(&json!({"server_id": server_id, "tools": visible}));
+    let body = encode(&Listing { server_id, tools });
     deliver_fresh(caller, fd, PendingKey::ListTools, out, body)
 }
 

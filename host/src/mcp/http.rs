@@ -1,6 +1,12 @@
 //! Remote MCP transports: Streamable HTTP (rmcp's reqwest client) and the legacy HTTP+SSE
 //! transport (our own rmcp `Transport`), with per-server headers and credentials. Both send
 //! through [`OutboundClient`], which applies the egress policy to every request.
+//!
+//! Both read with the server's byte caps. For Streamable HTTP, [`AuthedClient`] asks rmcp to
+//! cap each SSE event at the cap of the request it answers and turns an event or JSON body
+//! over it into that request's `mcp_output_too_large` (rmcp itself caps a JSON body at
+//! 16 MiB); the transport is behind a [`Guarded`] like every connection. The legacy SSE
+//! stream is parsed by our bounded [`SseReader`] and checked by a [`Guard`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -10,6 +16,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use http::{HeaderName, HeaderValue};
 use rmcp::RoleClient;
+use rmcp::model::RequestId;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::Transport;
@@ -17,11 +24,14 @@ use rmcp::transport::streamable_http_client::{
     StreamableHttpClient, StreamableHttpClientTransportConfig, StreamableHttpError,
     StreamableHttpPostResponse,
 };
-use sse_stream::{Error as SseError, Sse, SseStream};
+use sse_stream::{Error as SseError, Sse};
 use tokio::sync::mpsc;
 
 use super::auth::{AuthError, Credentials, OAuthClient};
-use super::error::error_chain;
+use super::connect::{
+    Guard, Guarded, IdScan, Incoming, Kind, Limits, Problem, SseEvent, SseReader,
+};
+use super::error::{error_chain, host_error};
 use super::outbound::{EgressRefused, OutboundClient, UrlParseError};
 
 /// A configured header that cannot be sent. The value may be a secret, so it is never
@@ -63,11 +73,11 @@ pub(crate) enum SseConnectError {
         url: String,
         status: reqwest::StatusCode,
     },
-    #[error("event stream of {url}: {source}")]
+    #[error("event stream of {url}: {}", error_chain(.source))]
     Stream {
         url: String,
         #[source]
-        source: SseError,
+        source: reqwest::Error,
     },
     #[error("{url} closed the event stream before announcing its endpoint")]
     ClosedEarly { url: String },
@@ -129,12 +139,13 @@ pub(crate) fn header_map(
     Ok(map)
 }
 
-/// rmcp's HTTP client with OAuth tokens: each request carries the current token; a 401
-/// triggers one refresh and one retry.
+/// rmcp's HTTP client with OAuth tokens and one server's byte caps: each request carries
+/// the current token; a 401 triggers one refresh and one retry.
 #[derive(Clone)]
 pub(crate) struct AuthedClient {
     pub(crate) inner: OutboundClient,
     pub(crate) oauth: Option<Arc<OAuthClient>>,
+    pub(crate) limits: Limits,
 }
 
 type HttpError = StreamableHttpError<reqwest::Error>;
@@ -199,17 +210,43 @@ impl StreamableHttpClient for AuthedClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
-        self.with_token(auth_header, |token| {
-            self.inner.post_message_with_max_sse_event_size(
-                uri.clone(),
-                message.clone(),
-                session_id.clone(),
-                token,
-                custom_headers.clone(),
-                max_sse_event_size,
-            )
-        })
-        .await
+        let request = match &message {
+            ClientJsonRpcMessage::Request(request) => {
+                Some((request.id.clone(), Kind::of(&request.request)))
+            }
+            _ => None,
+        };
+        let max = match &request {
+            Some((_, kind)) => self.limits.message_cap(kind).min(max_sse_event_size),
+            None => max_sse_event_size,
+        };
+        let response = self
+            .with_token(auth_header, |token| {
+                self.inner.post_message_with_max_sse_event_size(
+                    uri.clone(),
+                    message.clone(),
+                    session_id.clone(),
+                    token,
+                    custom_headers.clone(),
+                    max,
+                )
+            })
+            .await;
+        let Some((id, kind)) = request else {
+            return response;
+        };
+        match response {
+            Err(StreamableHttpError::ResponseBodyTooLarge { max_size }) => {
+                let seen = (max_size as u64).saturating_add(1);
+                let answer = too_large_answer(&self.limits, &kind, id, seen);
+                Ok(StreamableHttpPostResponse::Json(answer, None))
+            }
+            Ok(StreamableHttpPostResponse::Sse(events, session)) => {
+                let events = cap_events(events, self.limits.clone(), kind, id, max);
+                Ok(StreamableHttpPostResponse::Sse(events, session))
+            }
+            other => other,
+        }
     }
 
     async fn delete_session(
@@ -259,6 +296,7 @@ impl StreamableHttpClient for AuthedClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
+        let max = self.limits.largest_message().min(max_sse_event_size);
         self.with_token(auth_header, |token| {
             self.inner.get_stream_with_max_sse_event_size(
                 uri.clone(),
@@ -266,11 +304,49 @@ impl StreamableHttpClient for AuthedClient {
                 last_event_id.clone(),
                 token,
                 custom_headers.clone(),
-                max_sse_event_size,
+                max,
             )
         })
         .await
     }
+}
+
+/// The answer that fails request `id` (of `kind`) whose answer was at least `seen` bytes.
+fn too_large_answer(
+    limits: &Limits,
+    kind: &Kind,
+    id: RequestId,
+    seen: u64,
+) -> ServerJsonRpcMessage {
+    let error = limits.too_large(kind, seen);
+    tracing::warn!(server_id = %limits.server_id, %error, "failing one request");
+    ServerJsonRpcMessage::error(host_error(&error), Some(id))
+}
+
+/// The events answering request `id`, where an event over `max` (rmcp's cap ends the
+/// stream with an error) becomes that request's `mcp_output_too_large`.
+fn cap_events(
+    events: BoxStream<'static, Result<Sse, SseError>>,
+    limits: Limits,
+    kind: Kind,
+    id: RequestId,
+    max: usize,
+) -> BoxStream<'static, Result<Sse, SseError>> {
+    events
+        .map(move |event| match event {
+            Err(SseError::Body(error))
+                if error
+                    .to_string()
+                    .starts_with("SSE event exceeded the maximum size") =>
+            {
+                let seen = (max as u64).saturating_add(1);
+                let answer = too_large_answer(&limits, &kind, id.clone(), seen);
+                let data = serde_json::to_string(&answer).map_err(|e| SseError::Body(e.into()))?;
+                Ok(Sse::default().data(data))
+            }
+            other => other,
+        })
+        .boxed()
 }
 
 /// The Streamable HTTP transport of one server.
@@ -278,14 +354,19 @@ pub(crate) fn streamable_http(
     url: &str,
     client: AuthedClient,
     headers: HashMap<HeaderName, HeaderValue>,
-) -> StreamableHttpClientTransport<AuthedClient> {
+) -> Guarded<StreamableHttpClientTransport<AuthedClient>> {
     // A dropped response stream means the server went away mid-call: fail that call now
     // (`mcp_unavailable`) rather than resuming the stream until the tool timeout.
     let mut config = StreamableHttpClientTransportConfig::with_uri(url.to_owned())
         .custom_headers(headers)
         .reinit_on_expired_session(true);
     config.retry_config = Arc::new(NoStreamRetry);
-    StreamableHttpClientTransport::with_client(client, config)
+    config.max_sse_event_size = client.limits.largest_message();
+    let limits = client.limits.clone();
+    Guarded::new(
+        StreamableHttpClientTransport::with_client(client, config),
+        limits,
+    )
 }
 
 /// Never resume a broken response stream (see [`streamable_http`]).
@@ -305,7 +386,8 @@ pub(crate) struct LegacySse {
     post_url: Arc<str>,
     client: AuthedClient,
     headers: HashMap<HeaderName, HeaderValue>,
-    incoming: mpsc::Receiver<ServerJsonRpcMessage>,
+    incoming: mpsc::Receiver<Incoming>,
+    guard: Guard,
     reader: tokio::task::JoinHandle<()>,
 }
 
@@ -367,17 +449,25 @@ impl LegacySse {
                 status: response.status(),
             });
         }
-        let mut events = SseStream::from_bytes_stream(response.bytes_stream());
-        let endpoint = loop {
-            match events.next().await {
-                Some(Ok(event)) if event.event.as_deref() == Some("endpoint") => {
-                    let data = event.data.unwrap_or_default();
+        let mut body = response.bytes_stream();
+        let mut reader = SseReader::new(client.limits.largest_message());
+        let mut events = Vec::new();
+        let endpoint = 'endpoint: loop {
+            for event in events.drain(..) {
+                if let SseEvent::Complete {
+                    kind: Some(kind),
+                    data,
+                } = event
+                    && kind == "endpoint"
+                {
                     match base.join(data.trim()) {
-                        Ok(endpoint) => break endpoint,
+                        Ok(endpoint) => break 'endpoint endpoint,
                         Err(source) => return Err(SseConnectError::BadEndpoint { data, source }),
                     }
                 }
-                Some(Ok(_)) => continue,
+            }
+            match body.next().await {
+                Some(Ok(bytes)) => reader.push(&bytes, &mut events),
                 Some(Err(source)) => {
                     return Err(SseConnectError::Stream {
                         url: url.to_owned(),
@@ -409,31 +499,64 @@ impl LegacySse {
         }
         let (tx, incoming) = mpsc::channel(64);
         let reader = tokio::spawn(async move {
-            while let Some(event) = events.next().await {
-                let Ok(event) = event else { break };
-                if event.event.as_deref().is_some_and(|e| e != "message") {
-                    continue;
+            // Events that came with the endpoint's bytes are read first.
+            let mut events = events;
+            loop {
+                for event in events.drain(..) {
+                    if let Some(incoming) = incoming_of(event)
+                        && tx.send(incoming).await.is_err()
+                    {
+                        return;
+                    }
                 }
-                let Some(data) = event.data else { continue };
-                match serde_json::from_str::<ServerJsonRpcMessage>(&data) {
-                    Ok(message) => {
-                        if tx.send(message).await.is_err() {
-                            break;
-                        }
+                match body.next().await {
+                    Some(Ok(bytes)) => reader.push(&bytes, &mut events),
+                    Some(Err(error)) => {
+                        tracing::warn!(error = %error_chain(&error), "legacy SSE: the event stream failed");
+                        return;
                     }
-                    Err(error) => {
-                        tracing::warn!(%error, "legacy SSE: ignoring an event that is not a JSON-RPC message")
-                    }
+                    None => return,
                 }
             }
         });
+        let guard = Guard::new(client.limits.clone());
         Ok(Self {
             post_url: endpoint.as_str().into(),
             client,
             headers,
             incoming,
+            guard,
             reader,
         })
+    }
+}
+
+/// What a legacy SSE event carries for the guard; `None` for events of other types.
+fn incoming_of(event: SseEvent) -> Option<Incoming> {
+    match event {
+        SseEvent::Complete { kind, data } => {
+            if kind.as_deref().is_some_and(|kind| kind != "message") {
+                return None;
+            }
+            Some(match serde_json::from_str::<ServerJsonRpcMessage>(&data) {
+                Ok(message) => Incoming::Message(message),
+                Err(error) => {
+                    let mut scan = IdScan::default();
+                    scan.feed(data.as_bytes());
+                    Incoming::Unreadable {
+                        id: scan.id().cloned(),
+                        answer: scan.is_answer(),
+                        problem: Problem::Invalid(error.to_string()),
+                    }
+                }
+            })
+        }
+        SseEvent::TooLarge { id, answer, seen } => Some(Incoming::Unreadable {
+            id,
+            answer,
+            problem: Problem::TooLarge { seen },
+        }),
+        SseEvent::Endless { seen } => Some(Incoming::Endless { seen }),
     }
 }
 
@@ -444,6 +567,7 @@ impl Transport<RoleClient> for LegacySse {
         &mut self,
         item: ClientJsonRpcMessage,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.guard.on_send(&item);
         let (url, client, headers) = (
             self.post_url.clone(),
             self.client.clone(),
@@ -483,8 +607,17 @@ impl Transport<RoleClient> for LegacySse {
         }
     }
 
-    fn receive(&mut self) -> impl Future<Output = Option<ServerJsonRpcMessage>> + Send {
-        self.incoming.recv()
+    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
+        loop {
+            if let Some(message) = self.guard.pop() {
+                return Some(message);
+            }
+            if self.guard.is_closed() {
+                return None;
+            }
+            let incoming = self.incoming.recv().await?;
+            self.guard.take(incoming);
+        }
     }
 
     fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {

@@ -7,6 +7,7 @@
 //! by. Who may call what is decided by [`crate::policy`] (pure), asked once per hostcall.
 
 mod auth;
+mod capped;
 mod connect;
 mod egress;
 mod error;

@@ -4,8 +4,9 @@
 //! a server connects it, every fd of every task shares that connection, and a server that
 //! dies is started again by the next call. Each server's budgets live here: a semaphore for
 //! `max_concurrency`, a timeout for `tool_timeout_ms`, a cap for `max_tool_output_bytes`.
-//! `tools/list` is read in full and cached until the server says the list changed or the
-//! TTL passes, so listing is never on a hot path.
+//! `tools/list` is read in full (at most `max_tool_list_bytes` over all pages, refused whole
+//! past it) and cached until the server says the list changed or the TTL passes, so listing
+//! is never on a hot path.
 //!
 //! The host's own limits ([`PoolLimits`]) live here too. A call takes its server's permit,
 //! then one of the host's `max_concurrent_calls` permits, both within its
@@ -36,9 +37,10 @@ use rmcp::model::{CallToolRequestParams, ErrorCode, JsonObject, PaginatedRequest
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::auth::AuthConfig;
+use super::capped::{Encode, encode_capped, encoded_len};
 use super::connect::{Connection, Connector};
 use super::egress::EgressPolicy;
-use super::error::{McpError, McpErrorCode};
+use super::error::{McpError, McpErrorCode, from_host_error};
 use super::{CallToolResult, Tool};
 use crate::defaults;
 use crate::registry::{Launch, ServerEntry};
@@ -475,13 +477,12 @@ impl McpPool {
         let server_id = entry.server_id();
         conn.tools_stale.store(false, Ordering::SeqCst);
         let timeout = entry.record.budgets.tool_timeout;
+        let cap = entry.record.budgets.max_tool_list_bytes;
         let waited_for_host = AtomicBool::new(true);
         let listing = async {
             let _permit = self.call_permit().await?;
             waited_for_host.store(false, Ordering::SeqCst);
-            list_all_pages(&conn)
-                .await
-                .map_err(|e| service_failed(server_id, "tools/list", e))
+            list_all_pages(&conn, server_id, cap).await
         };
         let listed = tokio::time::timeout(timeout, listing)
             .await
@@ -547,22 +548,21 @@ impl McpPool {
                 return Err(error.redacted(entry.secrets()));
             }
         };
-        let json = serde_json::to_vec(&result).map_err(|e| {
-            McpError::new(
-                McpErrorCode::ToolExecFailed,
-                format!("cannot encode the result: {e}"),
-            )
-        })?;
+        // The transport capped the answer as it was read; the guest gets it re-encoded,
+        // which is checked again while it is written, so no more than the cap is buffered.
         let cap = record.budgets.max_tool_output_bytes;
-        if json.len() as u64 > cap {
-            return Err(McpError::new(
+        let json = encode_capped(&result, cap).map_err(|error| match error {
+            Encode::TooLarge => McpError::new(
                 McpErrorCode::OutputTooLarge,
                 format!(
-                    "tool `{name}` on server `{server_id}` returned {} bytes; the limit (budgets.max_tool_output_bytes) is {cap}",
-                    json.len()
+                    "tool `{name}` on server `{server_id}` returned more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
                 ),
-            ));
-        }
+            ),
+            Encode::Failed(e) => McpError::new(
+                McpErrorCode::ToolExecFailed,
+                format!("cannot encode the result: {e}"),
+            ),
+        })?;
         Ok(ToolCallOutput { result, json })
     }
 
@@ -661,14 +661,35 @@ impl Drop for McpPool {
     }
 }
 
-async fn list_all_pages(conn: &Connection) -> Result<Vec<Tool>, ServiceError> {
+/// Every page of the server's `tools/list`, the tools' JSON at most `cap` bytes in all
+/// (each page was capped by the transport as it was read).
+async fn list_all_pages(
+    conn: &Connection,
+    server_id: &str,
+    cap: u64,
+) -> Result<Vec<Tool>, McpError> {
     let mut tools = Vec::new();
     let mut cursor = None;
+    let mut total: u64 = 0;
     for _ in 0..defaults::MAX_TOOL_LIST_PAGES {
         let page = conn
             .service
             .list_tools(Some(PaginatedRequestParams::default().with_cursor(cursor)))
-            .await?;
+            .await
+            .map_err(|e| service_failed(server_id, "tools/list", e))?;
+        let left = cap.saturating_sub(total);
+        total = match encoded_len(&page.tools, left) {
+            Some(len) => total.saturating_add(len),
+            None => {
+                return Err(McpError::new(
+                    McpErrorCode::OutputTooLarge,
+                    format!(
+                        "server `{server_id}` listed more than {cap} bytes of tools (after {} tools); the limit (budgets.max_tool_list_bytes) is {cap}",
+                        tools.len()
+                    ),
+                ));
+            }
+        };
         tools.extend(page.tools);
         cursor = page.next_cursor;
         if cursor.is_none() {
@@ -694,6 +715,8 @@ fn timed_out(server_id: &str, what: &str, timeout: Duration) -> McpError {
 
 fn service_failed(server_id: &str, what: &str, error: ServiceError) -> McpError {
     match error {
+        // A transport failed this request itself and said why.
+        ServiceError::McpError(data) if let Some(error) = from_host_error(&data) => error,
         ServiceError::McpError(data) if data.code == ErrorCode::INVALID_PARAMS => McpError::new(
             McpErrorCode::InvalidArguments,
             format!("server `{server_id}` rejected {what}: {}", data.message),

@@ -29,6 +29,8 @@ fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEn
                 tool_timeout: crate::defaults::TOOL_TIMEOUT,
                 max_concurrency: 1,
                 max_tool_output_bytes: 1,
+                max_tool_list_bytes: 1,
+                connect_timeout: None,
             },
             tags: tags.iter().map(|s| s.to_string()).collect(),
             lifecycle: Default::default(),

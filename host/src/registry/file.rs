@@ -22,6 +22,8 @@ struct BudgetsFile {
     tool_timeout_ms: Option<u64>,
     max_concurrency: Option<u32>,
     max_tool_output_bytes: Option<u64>,
+    max_tool_list_bytes: Option<u64>,
+    connect_timeout_ms: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -251,6 +253,16 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
             file.budgets.max_tool_output_bytes,
         )?
         .unwrap_or(defaults::MAX_TOOL_OUTPUT_BYTES),
+        max_tool_list_bytes: positive(
+            "budgets.max_tool_list_bytes",
+            file.budgets.max_tool_list_bytes,
+        )?
+        .unwrap_or(defaults::MAX_TOOL_LIST_BYTES),
+        connect_timeout: positive(
+            "budgets.connect_timeout_ms",
+            file.budgets.connect_timeout_ms,
+        )?
+        .map(Duration::from_millis),
     };
     Ok(ServerRecord {
         display_name: file.display_name.unwrap_or_else(|| file.server_id.clone()),

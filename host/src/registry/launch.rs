@@ -223,6 +223,8 @@ mod tests {
                 tool_timeout: crate::defaults::TOOL_TIMEOUT,
                 max_concurrency: 1,
                 max_tool_output_bytes: 1,
+                max_tool_list_bytes: 1,
+                connect_timeout: None,
             },
             tags: vec![],
             lifecycle: Default::default(),

@@ -92,12 +92,18 @@ pub struct HttpConfig {
     pub auth_ref: Option<String>,
 }
 
-/// Per-server budgets with the [`defaults`] filled in; never zero.
+/// Per-server budgets with the [`defaults`](crate::defaults) filled in; never zero.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budgets {
     pub tool_timeout: Duration,
     pub max_concurrency: u32,
     pub max_tool_output_bytes: u64,
+    /// Total bytes of the tools' JSON over every `tools/list` page.
+    pub max_tool_list_bytes: u64,
+    /// Time to connect and finish the handshake; `None` means the host's connect timeout
+    /// ([`defaults::CONNECT_TIMEOUT`](crate::defaults::CONNECT_TIMEOUT) unless the host
+    /// sets another).
+    pub connect_timeout: Option<Duration>,
 }
 
 /// One server as written in its file, with defaults applied and references unresolved.
@@ -152,6 +158,8 @@ impl ServerEntry {
                 tool_timeout_ms: r.budgets.tool_timeout.as_millis() as u64,
                 max_concurrency: r.budgets.max_concurrency,
                 max_tool_output_bytes: r.budgets.max_tool_output_bytes,
+                max_tool_list_bytes: r.budgets.max_tool_list_bytes,
+                connect_timeout_ms: r.budgets.connect_timeout.map(|t| t.as_millis() as u64),
             },
             available: self.launch.is_ok(),
             unavailable_reason: self.launch.as_ref().err().map(ToString::to_string),
@@ -181,6 +189,10 @@ pub struct BudgetsView {
     pub tool_timeout_ms: u64,
     pub max_concurrency: u32,
     pub max_tool_output_bytes: u64,
+    pub max_tool_list_bytes: u64,
+    /// Only when the record sets it; otherwise the host's connect timeout applies.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connect_timeout_ms: Option<u64>,
 }
 
 /// A server id is 1..=64 of `[A-Za-z0-9_-]`: safe in file names, log fields and the

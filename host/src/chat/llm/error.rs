@@ -18,6 +18,10 @@ pub enum LlmError {
     },
     #[error("the LLM backend `{backend}` sent an invalid response: {message}")]
     InvalidResponse { backend: String, message: String },
+    #[error(
+        "the LLM backend `{backend}` sent a response larger than {limit} bytes, the most the host reads"
+    )]
+    ResponseTooLarge { backend: String, limit: usize },
     #[error("no LLM backend named `{name}` (configured: {})", known.join(", "))]
     BackendUnknown { name: String, known: Vec<String> },
 }
@@ -29,6 +33,7 @@ impl LlmError {
             LlmError::Timeout { .. } => "llm_timeout",
             LlmError::Http { .. } => "llm_http_error",
             LlmError::InvalidResponse { .. } => "llm_invalid_response",
+            LlmError::ResponseTooLarge { .. } => "llm_response_too_large",
             LlmError::BackendUnknown { .. } => "backend_unknown",
         }
     }

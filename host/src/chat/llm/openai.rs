@@ -4,6 +4,10 @@
 //! honouring `Retry-After`; everything else, including a body that is not a chat
 //! completion, is reported at once. The API key is read from the environment variable the
 //! config names, at request time, and never logged.
+//!
+//! A body is read only up to [`defaults::LLM_MAX_RESPONSE_BYTES`]: a larger one (by its
+//! `Content-Length` or as it streams in) is `llm_response_too_large`, not a cut-off JSON
+//! text reported as invalid. An error body is read only as far as its quoted start.
 
 use std::time::Duration;
 
@@ -133,9 +137,31 @@ impl OpenAiBackend {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
-        let bytes = read_capped(response)
-            .await
-            .map_err(|e| self.transport_error(e, timeout))?;
+        let cap = if status.is_success() {
+            defaults::LLM_MAX_RESPONSE_BYTES
+        } else {
+            ERROR_BODY_BYTES
+        };
+        let too_large = || {
+            Attempt::Final(LlmError::ResponseTooLarge {
+                backend: self.name.clone(),
+                limit: cap,
+            })
+        };
+        if status.is_success()
+            && response
+                .content_length()
+                .is_some_and(|len| len > cap as u64)
+        {
+            return Err(too_large());
+        }
+        let bytes = match read_capped(response, cap).await {
+            Ok(Body::Whole(bytes)) => bytes,
+            // The start of an error body is all its message quotes.
+            Ok(Body::Cut(bytes)) if !status.is_success() => bytes,
+            Ok(Body::Cut(_)) => return Err(too_large()),
+            Err(e) => return Err(self.transport_error(e, timeout)),
+        };
         if !status.is_success() {
             let error = LlmError::Http {
                 backend: self.name.clone(),
@@ -203,16 +229,28 @@ impl Attempt {
     }
 }
 
-async fn read_capped(mut response: reqwest::Response) -> Result<Vec<u8>, reqwest::Error> {
+/// Bytes of an error body read, for the start [`snippet`] quotes.
+const ERROR_BODY_BYTES: usize = 4 * 1024;
+
+/// A body read up to a cap.
+enum Body {
+    Whole(Vec<u8>),
+    /// The body was longer than the cap; these are its first `cap` bytes.
+    Cut(Vec<u8>),
+}
+
+/// Reads at most `cap` bytes of `response`, never buffering more.
+async fn read_capped(mut response: reqwest::Response, cap: usize) -> Result<Body, reqwest::Error> {
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await? {
-        if body.len() + chunk.len() > defaults::LLM_MAX_RESPONSE_BYTES {
-            body.extend_from_slice(&chunk[..defaults::LLM_MAX_RESPONSE_BYTES - body.len()]);
-            break;
+        let room = cap - body.len();
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok(Body::Cut(body));
         }
         body.extend_from_slice(&chunk);
     }
-    Ok(body)
+    Ok(Body::Whole(body))
 }
 
 /// The start of a body, for error messages.

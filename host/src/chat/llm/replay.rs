@@ -101,6 +101,18 @@ impl Matcher {
     }
 }
 
+/// The first exchange whose response takes more than `limit` bytes as JSON, and its size.
+fn oversized_response(transcript: &Transcript, limit: usize) -> Option<(usize, usize)> {
+    transcript
+        .exchanges
+        .iter()
+        .enumerate()
+        .find_map(|(i, exchange)| {
+            let len = serde_json::to_vec(&exchange.response).map_or(0, |bytes| bytes.len());
+            (len > limit).then_some((i, len))
+        })
+}
+
 pub(super) struct ReplayBackend {
     name: String,
     path: PathBuf,
@@ -138,6 +150,15 @@ impl ReplayBackend {
                 e.into_inner().to_string(),
             )
         })?;
+        // What a live backend could not send, a transcript cannot answer with either.
+        let limit = crate::defaults::LLM_MAX_RESPONSE_BYTES;
+        if let Some((i, len)) = oversized_response(&transcript, limit) {
+            return Err(ConfigError::new(
+                &path,
+                format!("exchanges[{i}].response"),
+                format!("{len} bytes; a response may be at most {limit} bytes"),
+            ));
+        }
         if transcript.version != 1 {
             return Err(ConfigError::new(
                 &path,
@@ -191,5 +212,29 @@ impl ReplayBackend {
                 })
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_response_over_the_limit_is_found_by_its_index() {
+        let transcript: Transcript = serde_json::from_value(serde_json::json!({
+            "version": 1,
+            "exchanges": [
+                {"response": {"object": "chat.completion", "choices": []}},
+                {"response": {"object": "chat.completion", "choices": [], "pad": "x".repeat(200)}},
+            ],
+        }))
+        .unwrap();
+        let first = serde_json::to_vec(&transcript.exchanges[0].response)
+            .unwrap()
+            .len();
+        assert_eq!(oversized_response(&transcript, 1000), None);
+        let (index, len) = oversized_response(&transcript, first).expect("the second is larger");
+        assert_eq!(index, 1);
+        assert!(len > 200);
     }
 }

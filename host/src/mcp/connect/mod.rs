@@ -13,8 +13,12 @@
 //! [`Secrets`](crate::registry::Secrets): URLs, commands and library errors may carry what
 //! a `${ENV:..}` reference resolved to.
 
+mod guard;
+mod lines;
 mod process;
 mod remote;
+mod scan;
+mod sse;
 mod stdio;
 
 use std::collections::BTreeMap;
@@ -22,9 +26,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use rmcp::model::{ClientConfig, ProtocolVersion};
+use rmcp::model::{ClientConfig, ClientJsonRpcMessage, ProtocolVersion, ServerJsonRpcMessage};
 use rmcp::service::{NotificationContext, RunningService};
-use rmcp::transport::IntoTransport;
+use rmcp::transport::{IntoTransport, Transport};
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceExt};
 use tracing::Instrument;
 
@@ -34,7 +38,10 @@ use super::error::{McpError, McpErrorCode, error_chain};
 use super::http::SseConnectError;
 use super::outbound::{ClientBuildError, OutboundClient};
 use crate::registry::{Launch, Lifecycle, ServerEntry};
+pub(super) use guard::{Guard, Guarded, Incoming, Kind, Limits, Problem};
 use process::ServerProcess;
+pub(super) use scan::IdScan;
+pub(super) use sse::{SseEvent, SseReader};
 
 /// Receives server notifications for one connection.
 #[derive(Clone)]
@@ -68,13 +75,18 @@ pub(super) struct Connection {
     pub(super) tools_stale: Arc<AtomicBool>,
     /// The pool's count of server processes, held as long as the process may live.
     pub(super) process_permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// Set when the transport stops delivering (the server went away, or the guard closed
+    /// the connection): rmcp's session stays open until its transport has closed, which
+    /// for a stdio server can take the shutdown grace, and no call may go to it meanwhile.
+    ended: Arc<AtomicBool>,
 }
 
 impl Connection {
     /// Whether the session is open and, for a stdio server, its first process still runs:
     /// a child holding the server's stdout open would hide the server's death otherwise.
     pub(super) fn is_alive(&self) -> bool {
-        !self.service.is_closed()
+        !self.ended.load(Ordering::SeqCst)
+            && !self.service.is_closed()
             && !self.service.peer().is_transport_closed()
             && self
                 .process
@@ -116,6 +128,35 @@ impl Connection {
                 }
             }
         }
+    }
+}
+
+/// A transport that notes when it stops delivering (see [`Connection::is_alive`]).
+struct Watched<T> {
+    inner: T,
+    ended: Arc<AtomicBool>,
+}
+
+impl<T: Transport<RoleClient>> Transport<RoleClient> for Watched<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: ClientJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
+        let message = self.inner.receive().await;
+        if message.is_none() {
+            self.ended.store(true, Ordering::SeqCst);
+        }
+        message
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
     }
 }
 
@@ -168,14 +209,17 @@ impl Connector {
                 env,
                 cwd,
                 secrets,
-            } => match stdio::spawn(server_id, command, args, env, cwd.as_ref(), secrets) {
-                Ok((transport, process)) => {
-                    let peer = Peer::Process(Box::new(process));
-                    self.establish(entry, serial, peer, async { Ok(transport) })
-                        .await
+            } => {
+                let limits = Limits::of(entry);
+                match stdio::spawn(limits, command, args, env, cwd.as_ref(), secrets) {
+                    Ok((transport, process)) => {
+                        let peer = Peer::Process(Box::new(process));
+                        self.establish(entry, serial, peer, async { Ok(transport) })
+                            .await
+                    }
+                    Err(error) => Err(error),
                 }
-                Err(error) => Err(error),
-            },
+            }
             Launch::Http { url, headers, .. } => {
                 self.open_remote(entry, url, headers, serial).await
             }
@@ -210,6 +254,8 @@ impl Connector {
             None => format!("server `{server_id}`"),
         };
         let tools_stale = Arc::new(AtomicBool::new(false));
+        let ended = Arc::new(AtomicBool::new(false));
+        let watched = ended.clone();
         let events = ClientEvents {
             server_id: server_id.into(),
             tools_stale: tools_stale.clone(),
@@ -218,14 +264,24 @@ impl Connector {
         // caller's span so its logs are not filed under that task.
         let connection_span = tracing::info_span!(parent: None, "mcp_server", server_id);
         let lifecycle = entry.record.lifecycle;
-        let connecting = async move { handshake(events, transport.await?, lifecycle).await };
         // A failed handshake drops `process`, which kills the server's group.
-        let service = tokio::time::timeout(self.timeout, connecting.instrument(connection_span))
+        let connecting = async move {
+            let transport = Watched {
+                inner: transport.await?.into_transport(),
+                ended: watched,
+            };
+            handshake(events, transport, lifecycle).await
+        };
+        let (timeout, setting) = match entry.record.budgets.connect_timeout {
+            Some(timeout) => (timeout, "budgets.connect_timeout_ms"),
+            None => (self.timeout, "the host's connect timeout"),
+        };
+        let service = tokio::time::timeout(timeout, connecting.instrument(connection_span))
             .await
             .map_err(|_| {
                 unavailable(format!(
-                    "{shown} did not finish the MCP handshake within {} ms",
-                    self.timeout.as_millis()
+                    "{shown} did not finish the MCP handshake within {} ms ({setting})",
+                    timeout.as_millis()
                 ))
             })?
             .map_err(|e| unavailable(format!("{shown}: cannot connect: {}", error_chain(&e))))?;
@@ -251,6 +307,7 @@ impl Connector {
             process,
             tools_stale,
             process_permit: None,
+            ended,
         })
     }
 }

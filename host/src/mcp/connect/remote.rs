@@ -55,7 +55,11 @@ impl Connector {
             Some(Credentials::OAuth(client)) => Some(client.clone()),
             _ => None,
         };
-        let client = AuthedClient { inner: http, oauth };
+        let client = AuthedClient {
+            inner: http,
+            oauth,
+            limits: super::Limits::of(entry),
+        };
         let peer = Peer::Url(url);
         match entry.record.transport {
             Transport::HttpSseLegacy => {

@@ -3,16 +3,18 @@
 //! It gets only a minimal environment plus what its record grants (so host secrets do not
 //! leak into it), runs as the leader of its own process group, which is always stopped as
 //! a whole and dies with the host ([`super::process`]), and its stderr goes to the host log
-//! under its server id, with the record's secrets cut out.
+//! under its server id, with the record's secrets cut out. Its stdin and stdout carry
+//! JSON-RPC through our bounded [`LineTransport`] (rmcp's own stdio transport drops a line
+//! it cannot read, so the request it answered waits for its timeout).
 
 use std::collections::BTreeMap;
 
-use rmcp::RoleClient;
-use rmcp::transport::async_rw::AsyncRwTransport;
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{ChildStdin, ChildStdout};
 use tracing::Instrument;
 
+use super::guard::Limits;
+use super::lines::LineTransport;
 use super::process::{self, ServerProcess, Spawned};
 use super::unavailable;
 use crate::defaults;
@@ -24,17 +26,19 @@ use crate::registry::Secrets;
 const SERVER_BASE_ENV: [&str; 6] = ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TMPDIR"];
 
 /// The MCP byte stream of a stdio server: its stdout and stdin.
-pub(super) type StdioTransport = AsyncRwTransport<RoleClient, ChildStdout, ChildStdin>;
+pub(super) type StdioTransport = LineTransport<ChildStdout, ChildStdin>;
 
-/// Spawns `command` for `server_id`; returns its transport and its process group.
+/// Spawns `command` for the server `limits` are for; returns its transport and its
+/// process group.
 pub(super) fn spawn(
-    server_id: &str,
+    limits: Limits,
     command: &str,
     args: &[String],
     env: &BTreeMap<String, String>,
     cwd: Option<&String>,
     secrets: &Secrets,
 ) -> Result<(StdioTransport, ServerProcess), McpError> {
+    let server_id = limits.server_id.clone();
     let mut cmd = tokio::process::Command::new(command);
     cmd.args(args).env_clear();
     for name in SERVER_BASE_ENV {
@@ -57,11 +61,11 @@ pub(super) fn spawn(
         ))
     })?;
     tokio::spawn(forward_stderr(
-        server_id.to_owned(),
+        server_id.to_string(),
         stderr,
         secrets.clone(),
     ));
-    Ok((AsyncRwTransport::new_client(stdout, stdin), process))
+    Ok((LineTransport::new(stdout, stdin, limits), process))
 }
 
 /// Logs the server's stderr line by line. A line is cut at

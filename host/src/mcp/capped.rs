@@ -1,0 +1,90 @@
+//! JSON encoding that stops at a byte cap, so checking a server's answer against its budget
+//! never buffers (or, when only the size matters, allocates) more than the budget.
+
+/// Why [`encode_capped`] gave up.
+pub(super) enum Encode {
+    TooLarge,
+    Failed(serde_json::Error),
+}
+
+/// `value` as JSON, unless that takes more than `cap` bytes (then it stops writing there).
+pub(super) fn encode_capped(value: &impl serde::Serialize, cap: u64) -> Result<Vec<u8>, Encode> {
+    let mut out = Capped {
+        bytes: Vec::new(),
+        left: cap,
+    };
+    match serde_json::to_writer(&mut out, value) {
+        Ok(()) => Ok(out.bytes),
+        Err(error) if error.is_io() => Err(Encode::TooLarge),
+        Err(error) => Err(Encode::Failed(error)),
+    }
+}
+
+/// The length of `value` as JSON if at most `cap` bytes, counted without keeping them.
+pub(super) fn encoded_len(value: &impl serde::Serialize, cap: u64) -> Option<u64> {
+    let mut counter = Counter { len: 0, cap };
+    serde_json::to_writer(&mut counter, value).ok()?;
+    Some(counter.len)
+}
+
+/// A writer that keeps at most `left` more bytes and fails past them.
+struct Capped {
+    bytes: Vec<u8>,
+    left: u64,
+}
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.left = self
+            .left
+            .checked_sub(buf.len() as u64)
+            .ok_or_else(|| std::io::Error::other("over the cap"))?;
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A writer that only counts, failing past `cap`.
+struct Counter {
+    len: u64,
+    cap: u64,
+}
+
+impl std::io::Write for Counter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.len = self.len.saturating_add(buf.len() as u64);
+        if self.len > self.cap {
+            return Err(std::io::Error::other("over the cap"));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn encoding_stops_at_the_cap() {
+        let value = json!({"text": "x".repeat(100)});
+        let exact = serde_json::to_vec(&value).unwrap();
+        let len = exact.len() as u64;
+        assert_eq!(encoded_len(&value, len), Some(len));
+        assert_eq!(encoded_len(&value, len - 1), None);
+        assert!(matches!(encode_capped(&value, len), Ok(bytes) if bytes == exact));
+        assert!(matches!(
+            encode_capped(&value, len - 1),
+            Err(Encode::TooLarge)
+        ));
+    }
+}

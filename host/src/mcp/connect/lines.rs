@@ -1,0 +1,474 @@
+//! The stdio wire: newline-delimited JSON-RPC, read with a cap and written with a timeout.
+//!
+//! rmcp's own stdio reader drops a line over 16 MiB or one it cannot parse, so the request
+//! it answered waits out its timeout. This reader never holds more than the [`Guard`]'s read
+//! cap (the largest answer pending plus an envelope). A longer line is not kept: the rest is
+//! read and thrown away while an [`IdScan`] looks for its id, and the request it answers
+//! fails with `mcp_output_too_large` as soon as the id is known. A line that does not parse
+//! is scanned the same way and fails its request with `tool_exec_failed`. Everything goes
+//! through the guard, which also drops what answers nothing and closes on a flood.
+//!
+//! Writes are whole lines behind one lock; a write that cannot finish within the server's
+//! `tool_timeout_ms` means the server stopped reading, and its stdin is closed.
+
+use std::sync::Arc;
+
+use rmcp::RoleClient;
+use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::transport::Transport;
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+
+use super::guard::{Guard, Incoming, Limits, Problem};
+use super::scan::IdScan;
+use crate::defaults;
+
+/// Line buffer capacity kept between lines; a larger one (after a big answer) is released.
+const KEEP_LINE_CAPACITY: usize = 64 * 1024;
+
+/// Bytes read from the pipe at once.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// A line being skipped because it is over the cap.
+struct Discard {
+    scan: IdScan,
+    seen: u64,
+    /// Whether its request has been failed already (the id came early).
+    reported: bool,
+    /// Whether it was found endless (the guard then closes the connection).
+    ended: bool,
+}
+
+/// What the last read step left.
+enum Step {
+    More,
+    Line,
+    Discarding,
+    Discarded,
+}
+
+/// A JSON-RPC transport over a byte stream pair (a server's stdout and stdin).
+pub(super) struct LineTransport<R, W> {
+    reader: BufReader<R>,
+    line: Vec<u8>,
+    /// The scan of `line`, once it is longer than the smallest cap.
+    scan: Option<IdScan>,
+    discard: Option<Discard>,
+    writer: Arc<tokio::sync::Mutex<Option<W>>>,
+    guard: Guard,
+}
+
+impl<R, W> LineTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    pub(super) fn new(read: R, write: W, limits: Limits) -> Self {
+        Self {
+            reader: BufReader::with_capacity(READ_BUFFER_BYTES, read),
+            line: Vec::new(),
+            scan: None,
+            discard: None,
+            writer: Arc::new(tokio::sync::Mutex::new(Some(write))),
+            guard: Guard::new(limits),
+        }
+    }
+
+    /// Reads until something for the guard: a message, an unreadable one, or `None` at the
+    /// end of the stream. Cancel-safe: all state lives in `self` and bytes are consumed
+    /// only after they were handled, so a cancelled read resumes where it was.
+    async fn read_incoming(&mut self) -> Option<Incoming> {
+        loop {
+            let read_cap = self.guard.read_cap();
+            let smallest = self.guard.limits().smallest_message();
+            let (consumed, step) = {
+                let available = match self.reader.fill_buf().await {
+                    Ok(available) => available,
+                    Err(error) => {
+                        tracing::warn!(server_id = %self.guard.limits().server_id, %error, "cannot read from the MCP server");
+                        return None;
+                    }
+                };
+                if available.is_empty() {
+                    return None;
+                }
+                let newline = available.iter().position(|&b| b == b'\n');
+                let take = newline.map_or(available.len(), |at| at + 1);
+                let chunk = &available[..take];
+                let ends = newline.is_some();
+                let step = if let Some(discard) = &mut self.discard {
+                    if !discard.reported {
+                        discard.scan.feed(chunk);
+                    }
+                    discard.seen = discard.seen.saturating_add(take as u64);
+                    if ends {
+                        Step::Discarded
+                    } else {
+                        Step::Discarding
+                    }
+                } else {
+                    let len = self.line.len().saturating_add(take);
+                    let mut limit = read_cap;
+                    if len > smallest {
+                        // Long enough that its own cap may be smaller than the read cap:
+                        // find out whose answer it is while reading.
+                        let scan = self.scan.get_or_insert_with(|| {
+                            let mut scan = IdScan::default();
+                            scan.feed(&self.line);
+                            scan
+                        });
+                        scan.feed(chunk);
+                        if scan.is_answer() && scan.id().is_some() {
+                            limit = limit.min(self.guard.cap_of(scan.id(), true));
+                        }
+                    }
+                    if len > limit {
+                        // `len > limit >= smallest`, so the line has been scanned.
+                        let scan = self.scan.take().unwrap_or_default();
+                        self.line = Vec::new();
+                        self.discard = Some(Discard {
+                            scan,
+                            seen: len as u64,
+                            reported: false,
+                            ended: false,
+                        });
+                        if ends {
+                            Step::Discarded
+                        } else {
+                            Step::Discarding
+                        }
+                    } else {
+                        self.line.extend_from_slice(chunk);
+                        if ends { Step::Line } else { Step::More }
+                    }
+                };
+                (take, step)
+            };
+            self.reader.consume(consumed);
+            match step {
+                Step::More => {}
+                Step::Line => {
+                    let incoming = self.parse_line();
+                    self.line.clear();
+                    self.line.shrink_to(KEEP_LINE_CAPACITY);
+                    self.scan = None;
+                    if let Some(incoming) = incoming {
+                        return Some(incoming);
+                    }
+                }
+                Step::Discarding => {
+                    let Some(discard) = &mut self.discard else {
+                        continue;
+                    };
+                    let over = discard.seen.saturating_sub(read_cap as u64);
+                    if over > defaults::MCP_MAX_DISCARD_BYTES && !discard.ended {
+                        discard.ended = true;
+                        return Some(Incoming::Endless { seen: discard.seen });
+                    }
+                    if !discard.reported
+                        && discard.scan.is_answer()
+                        && let Some(id) = discard.scan.id()
+                    {
+                        discard.reported = true;
+                        return Some(Incoming::Unreadable {
+                            id: Some(id.clone()),
+                            answer: true,
+                            problem: Problem::TooLarge { seen: discard.seen },
+                        });
+                    }
+                }
+                Step::Discarded => {
+                    if let Some(discard) = self.discard.take()
+                        && !discard.reported
+                    {
+                        return Some(Incoming::Unreadable {
+                            id: discard.scan.id().cloned(),
+                            answer: discard.scan.is_answer(),
+                            problem: Problem::TooLarge { seen: discard.seen },
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// The complete line in `self.line` (within the read cap, and scanned in `self.scan`
+    /// if longer than the smallest cap); `None` for a blank line.
+    fn parse_line(&self) -> Option<Incoming> {
+        let line = self.line.strip_suffix(b"\n").unwrap_or(&self.line);
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let line = line.strip_prefix(UTF8_BOM).unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            return None;
+        }
+        // A line over its own cap that the read cap let through: one that turned out not
+        // to be an answer (a notification may not be as large as a list).
+        if let Some(scan) = &self.scan
+            && line.len() > self.guard.cap_of(scan.id(), scan.is_answer())
+        {
+            return Some(Incoming::Unreadable {
+                id: scan.id().cloned(),
+                answer: scan.is_answer(),
+                problem: Problem::TooLarge {
+                    seen: line.len() as u64,
+                },
+            });
+        }
+        match serde_json::from_slice::<ServerJsonRpcMessage>(line) {
+            Ok(message) => Some(Incoming::Message(message)),
+            Err(error) => {
+                let fresh;
+                let scan = match &self.scan {
+                    Some(scan) => scan,
+                    None => {
+                        let mut scan = IdScan::default();
+                        scan.feed(line);
+                        fresh = scan;
+                        &fresh
+                    }
+                };
+                Some(Incoming::Unreadable {
+                    id: scan.id().cloned(),
+                    answer: scan.is_answer(),
+                    problem: Problem::Invalid(error.to_string()),
+                })
+            }
+        }
+    }
+
+    /// Closes the server's stdin (the MCP way to ask a stdio server to exit).
+    pub(super) async fn close_input(&mut self) {
+        self.writer.lock().await.take();
+    }
+}
+
+impl<R, W> Transport<RoleClient> for LineTransport<R, W>
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: ClientJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.guard.on_send(&item);
+        let encoded = serde_json::to_vec(&item).map(|mut bytes| {
+            bytes.push(b'\n');
+            bytes
+        });
+        let writer = self.writer.clone();
+        let timeout = self.guard.limits().write_timeout;
+        let server_id = self.guard.limits().server_id.clone();
+        async move {
+            let bytes = encoded.map_err(std::io::Error::other)?;
+            let mut writer = writer.lock().await;
+            let Some(stdin) = writer.as_mut() else {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotConnected,
+                    "the server's stdin is closed",
+                ));
+            };
+            let write = async {
+                stdin.write_all(&bytes).await?;
+                stdin.flush().await
+            };
+            match tokio::time::timeout(timeout, write).await {
+                Ok(written) => written,
+                Err(_) => {
+                    // A partial line is on the wire: nothing more can be sent after it.
+                    writer.take();
+                    tracing::warn!(server_id = %server_id, timeout_ms = timeout.as_millis() as u64, "the MCP server stopped reading its stdin; closed it");
+                    Err(std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!(
+                            "the server did not read its input within {} ms",
+                            timeout.as_millis()
+                        ),
+                    ))
+                }
+            }
+        }
+    }
+
+    async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
+        loop {
+            if let Some(message) = self.guard.pop() {
+                return Some(message);
+            }
+            if self.guard.is_closed() {
+                return None;
+            }
+            let incoming = self.read_incoming().await?;
+            self.guard.take(incoming);
+        }
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.close_input().await;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use rmcp::model::{CallToolRequest, CallToolRequestParams, ClientRequest, RequestId};
+    use tokio::io::{AsyncReadExt, DuplexStream, duplex};
+
+    use super::*;
+    use crate::mcp::error::{McpErrorCode, from_host_error};
+
+    const CAP: u64 = 1000;
+
+    fn limits() -> Limits {
+        Limits::for_tests(CAP, CAP, Duration::from_millis(300))
+    }
+
+    /// A transport whose server side is the returned pair (what the server writes, what it
+    /// reads).
+    fn transport() -> (
+        LineTransport<DuplexStream, DuplexStream>,
+        DuplexStream,
+        DuplexStream,
+    ) {
+        let (server_out, host_in) = duplex(1 << 16);
+        let (host_out, server_in) = duplex(1 << 16);
+        (
+            LineTransport::new(host_in, host_out, limits()),
+            server_out,
+            server_in,
+        )
+    }
+
+    fn call(id: i64) -> ClientJsonRpcMessage {
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(
+            CallToolRequestParams::new("t".to_owned()),
+        ));
+        ClientJsonRpcMessage::request(request, RequestId::Number(id))
+    }
+
+    fn host_error_of(message: ServerJsonRpcMessage) -> (RequestId, McpErrorCode, String) {
+        let (data, id) = message.into_error().expect("an error");
+        let error = from_host_error(&data).expect("made by the host");
+        (id.unwrap(), error.code, error.message)
+    }
+
+    #[tokio::test]
+    async fn an_endless_line_fails_its_call_at_once_and_the_next_line_is_read() {
+        let (mut transport, mut server_out, _server_in) = transport();
+        transport.send(call(1)).await.unwrap();
+        transport.send(call(2)).await.unwrap();
+        let (failed, wait_failed) = tokio::sync::oneshot::channel::<()>();
+        let writer = tokio::spawn(async move {
+            server_out
+                .write_all(
+                    br#"{"jsonrpc":"2.0","id":1,"result":{"content":[{"type":"text","text":""#,
+                )
+                .await
+                .unwrap();
+            // 100 times the cap, with no newline: the call fails before the line ends.
+            for _ in 0..100 {
+                server_out.write_all(&[b'x'; CAP as usize]).await.unwrap();
+            }
+            wait_failed.await.unwrap();
+            for _ in 0..100 {
+                server_out.write_all(&[b'x'; CAP as usize]).await.unwrap();
+            }
+            server_out
+                .write_all(b"\"}]}}\n{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{\"content\":[]}}\n")
+                .await
+                .unwrap();
+            server_out
+        });
+        let (id, code, message) = host_error_of(transport.receive().await.unwrap());
+        assert_eq!(
+            (id, code),
+            (RequestId::Number(1), McpErrorCode::OutputTooLarge)
+        );
+        assert!(
+            message.contains("budgets.max_tool_output_bytes") && message.contains("server `s`"),
+            "{message}"
+        );
+        assert!(
+            transport.line.capacity() <= CAP as usize + 65536 + 8192,
+            "never buffered the line"
+        );
+        failed.send(()).unwrap();
+        let next = transport.receive().await.unwrap();
+        assert!(
+            matches!(next, rmcp::model::JsonRpcMessage::Response(ref r) if r.id == RequestId::Number(2)),
+            "{next:?}"
+        );
+        drop(writer.await.unwrap());
+        assert!(transport.receive().await.is_none(), "end of stream");
+    }
+
+    #[tokio::test]
+    async fn a_late_id_a_garbage_line_and_a_line_for_a_smaller_cap_each_fail_their_call() {
+        let (mut transport, mut server_out, _server_in) = transport();
+        for id in 1..=3 {
+            transport.send(call(id)).await.unwrap();
+        }
+        let big = "y".repeat(70_000);
+        let text = format!(
+            "{{\"result\":{{\"text\":\"{big}\"}},\"jsonrpc\":\"2.0\",\"id\":1}}\n\
+             not json at all\n\
+             {{\"jsonrpc\":\"2.0\",\"id\":2,\"result\":{{\"content\":7}}, oops\n\
+             \n\
+             {{\"jsonrpc\":\"2.0\",\"id\":3,\"result\":{{\"content\":[]}}}}\n"
+        );
+        tokio::spawn(async move { server_out.write_all(text.as_bytes()).await });
+        let (id, code, _) = host_error_of(transport.receive().await.unwrap());
+        assert_eq!(
+            (id, code),
+            (RequestId::Number(1), McpErrorCode::OutputTooLarge)
+        );
+        let (id, code, message) = host_error_of(transport.receive().await.unwrap());
+        assert_eq!(
+            (id, code),
+            (RequestId::Number(2), McpErrorCode::ToolExecFailed),
+            "{message}"
+        );
+        assert!(message.contains("not valid JSON-RPC"), "{message}");
+        let last = transport.receive().await.unwrap();
+        assert!(
+            matches!(last, rmcp::model::JsonRpcMessage::Response(ref r) if r.id == RequestId::Number(3))
+        );
+        assert_eq!(
+            transport.guard_dropped(),
+            1,
+            "the garbage line answered nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_server_that_stops_reading_gets_its_input_closed() {
+        let (mut transport, _server_out, mut server_in) = transport();
+        let mut huge = call(1);
+        if let rmcp::model::JsonRpcMessage::Request(request) = &mut huge
+            && let ClientRequest::CallToolRequest(call) = &mut request.request
+        {
+            let mut args = rmcp::model::JsonObject::new();
+            args.insert("x".into(), "z".repeat(1 << 20).into());
+            call.params.arguments = Some(args);
+        }
+        let started = Instant::now();
+        let error = transport.send(huge).await.expect_err("the pipe is full");
+        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let error = transport.send(call(2)).await.expect_err("input closed");
+        assert_eq!(error.kind(), std::io::ErrorKind::NotConnected);
+        let mut sink = Vec::new();
+        server_in.read_to_end(&mut sink).await.unwrap();
+    }
+
+    impl<R, W> LineTransport<R, W> {
+        fn guard_dropped(&self) -> u64 {
+            self.guard.dropped()
+        }
+    }
+}
