@@ -59,8 +59,24 @@ pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
 /// Longest line of a server's stderr kept in the host log.
 pub const MAX_SERVER_STDERR_LINE_BYTES: usize = 4 * 1024;
 
-/// Guest instances the pooling allocator reserves room for, i.e. tasks running at once.
-pub const MAX_CONCURRENT_TASKS: u32 = 64;
+/// Tasks running at once: the pooling allocator reserves one instance, linear memory, table
+/// and fiber stack per running task, and admission control never starts more. 1024 lets a
+/// 2-core host keep 1000 tasks waiting on I/O (a waiting task costs about 80 KiB of resident
+/// memory, see BENCHMARKS.md); each slot reserves about 4 GiB of address space and no
+/// memory until used. `HostBuilder::with_max_concurrent_tasks`, `[tasks] max_concurrent`.
+pub const MAX_CONCURRENT_TASKS: u32 = 1024;
+
+/// Tasks that may wait for a running slot when all are taken; one more gets
+/// `HostError::Busy` at once. A waiting task holds no slot and no guest memory, only its
+/// caller's future, so the queue can be deep. `HostBuilder::with_task_queue_capacity`,
+/// `[tasks] queue_capacity`.
+pub const TASK_QUEUE_CAPACITY: u32 = 16 * 1024;
+
+/// Longest time a task waits in the queue for a running slot before it gets
+/// `HostError::Busy`; its own `limits.deadline_ms` bounds the wait too. Long enough for a
+/// full queue of I/O-bound tasks to drain, short enough that a scheduler learns of an
+/// overloaded host. `HostBuilder::with_task_queue_timeout`, `[tasks] queue_timeout_ms`.
+pub const TASK_QUEUE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Time one request to an LLM backend may take when neither the backend config nor the
 /// session's `timeout_ms` says otherwise. Generous: long completions are slow.

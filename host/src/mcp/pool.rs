@@ -28,7 +28,7 @@ use crate::defaults;
 use crate::registry::ServerEntry;
 
 /// Connection state of one server, for diagnostics.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ServerStatus {
     pub server_id: String,
     /// The live server process, if connected over stdio.

@@ -24,6 +24,11 @@
 //! [egress]                               # remote MCP servers the host may reach
 //! allow = ["https://*.example.com"]
 //! allow_private = ["127.0.0.0/8"]        # loopback/private/link-local need this
+//!
+//! [tasks]                                # admission control (HostBuilder overrides it)
+//! max_concurrent = 1024                  # tasks running at once
+//! queue_capacity = 16384                 # tasks waiting for a slot; more get "host busy"
+//! queue_timeout_ms = 60000               # longest wait for a slot
 //! ```
 
 use std::collections::BTreeMap;
@@ -68,6 +73,42 @@ pub struct HostConfig {
     /// What remote MCP servers the host may reach.
     #[serde(default)]
     pub egress: EgressConfig,
+    /// How many tasks run at once and how many may wait.
+    #[serde(default)]
+    pub tasks: TasksConfig,
+}
+
+/// `[tasks]`: admission control. Unset fields take their `defaults`; `HostBuilder` options
+/// override them.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TasksConfig {
+    /// Tasks running at once ([`crate::defaults::MAX_CONCURRENT_TASKS`]).
+    pub max_concurrent: Option<u32>,
+    /// Tasks that may wait for a running slot ([`crate::defaults::TASK_QUEUE_CAPACITY`]); 0 turns
+    /// the queue off.
+    pub queue_capacity: Option<u32>,
+    /// Longest wait for a running slot ([`crate::defaults::TASK_QUEUE_TIMEOUT`]).
+    pub queue_timeout_ms: Option<u64>,
+}
+
+impl TasksConfig {
+    /// The field at fault and the fix, for a value no host can use.
+    pub(crate) fn check(&self) -> Result<(), (&'static str, &'static str)> {
+        if self.max_concurrent == Some(0) {
+            return Err((
+                "tasks.max_concurrent",
+                "must be at least 1; omit it for the default",
+            ));
+        }
+        if self.queue_timeout_ms == Some(0) {
+            return Err((
+                "tasks.queue_timeout_ms",
+                "must be greater than 0; set tasks.queue_capacity = 0 to refuse at once instead of queueing",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Where a host config came from: errors name `file`, relative paths resolve against `dir`.
@@ -140,6 +181,10 @@ impl HostConfig {
         })?;
         EgressPolicy::from_config(&config.egress)
             .map_err(|e| ConfigError::new(path, "egress", e.to_string()))?;
+        config
+            .tasks
+            .check()
+            .map_err(|(field, message)| ConfigError::new(path, field, message))?;
         for (name, backend) in &config.backends {
             let field = |f: &str| format!("backends.{name}.{f}");
             if backend.request_timeout_ms == Some(0) {
