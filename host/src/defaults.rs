@@ -78,6 +78,18 @@ pub const TASK_QUEUE_CAPACITY: u32 = 16 * 1024;
 /// overloaded host. `HostBuilder::with_task_queue_timeout`, `[tasks] queue_timeout_ms`.
 pub const TASK_QUEUE_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Address space reserved per running task for its linear memory: all a 32-bit memory can
+/// address, so compiled guests need no bounds checks. Reserved, not committed.
+pub const TASK_MEMORY_RESERVATION: u64 = 4 * 1024 * 1024 * 1024;
+
+/// Unmapped guard after each task's memory reservation; accesses at a static offset below
+/// it need no bounds check.
+pub const TASK_MEMORY_GUARD: u64 = 32 * 1024 * 1024;
+
+/// Fiber stack of a running task: the guest's own stack (wasmtime's 512 KiB) plus room for
+/// the host code of async hostcalls, which runs on it. Only touched pages are resident.
+pub const TASK_STACK_BYTES: usize = 2 * 1024 * 1024;
+
 /// Time one request to an LLM backend may take when neither the backend config nor the
 /// session's `timeout_ms` says otherwise. Generous: long completions are slow.
 pub const LLM_REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
