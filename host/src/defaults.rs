@@ -61,7 +61,7 @@ pub const MAX_SERVER_STDERR_LINE_BYTES: usize = 4 * 1024;
 
 /// Tasks running at once: the pooling allocator reserves one instance, linear memory, table
 /// and fiber stack per running task, and admission control never starts more. 1024 lets a
-/// 2-core host keep 1000 tasks waiting on I/O (a waiting task costs about 80 KiB of resident
+/// 2-core host keep 1000 tasks waiting on I/O (a waiting task costs about 64 KiB of resident
 /// memory, see BENCHMARKS.md); each slot reserves about 4 GiB of address space and no
 /// memory until used. `HostBuilder::with_max_concurrent_tasks`, `[tasks] max_concurrent`.
 pub const MAX_CONCURRENT_TASKS: u32 = 1024;
