@@ -97,7 +97,13 @@ impl Admission {
     pub(super) fn new(capacity: u32, queue_capacity: u32, queue_timeout: Duration) -> Self {
         let capacity = capacity.max(1);
         Self {
-            slots: Semaphore::new(usize::try_from(capacity).unwrap_or(usize::MAX)),
+            // Never above tokio's limit (it panics there); the engine cannot reserve that
+            // many slots anyway and says so.
+            slots: Semaphore::new(
+                usize::try_from(capacity)
+                    .unwrap_or(usize::MAX)
+                    .min(Semaphore::MAX_PERMITS),
+            ),
             capacity,
             queue_capacity,
             queue_timeout,
