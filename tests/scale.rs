@@ -6,6 +6,7 @@
 //! stopped (SIGSTOP): every call stays in flight until the test continues the server, so
 //! "all of them are running now" is a state the test waits for, not a race it hopes to win.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use quiver::{BusyReason, GuestModule, Host, HostError, HostStatus, TaskOutcome, TaskSpec};
@@ -42,7 +43,11 @@ fn registry() -> RegistryDir {
 
 /// The fixture server's process, stopped: calls to it wait until [`Paused::resume`] (or
 /// the drop, so a failing test never leaves it stopped).
-struct Paused(libc::pid_t);
+struct Paused {
+    pid: libc::pid_t,
+    /// Set once continued, so the drop never signals a pid that may have been reused.
+    resumed: AtomicBool,
+}
 
 impl Paused {
     /// Connects the server with one call, then stops it.
@@ -56,12 +61,38 @@ impl Paused {
             .and_then(|s| s.pid)
             .expect("the fixture server is connected");
         let pid = libc::pid_t::try_from(pid).unwrap();
+        // SAFETY: kill has no memory-safety preconditions; the pid is our live child.
         assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
-        Paused(pid)
+        // A stop takes effect as each thread next enters the kernel, which on a loaded
+        // machine can be after a request arrived; wait until every thread has stopped.
+        let started = Instant::now();
+        while !stopped(pid) {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the fixture server {pid} did not stop"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Paused {
+            pid,
+            resumed: AtomicBool::new(false),
+        }
+    }
+
+    /// Panics if the server runs again before [`Paused::resume`].
+    fn assert_stopped(&self) {
+        assert!(
+            stopped(self.pid),
+            "the fixture server {} runs again",
+            self.pid
+        );
     }
 
     fn resume(&self) {
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
+        if !self.resumed.swap(true, Ordering::SeqCst) {
+            // SAFETY: as above; the child is still alive (the host has not shut down).
+            unsafe { libc::kill(self.pid, libc::SIGCONT) };
+        }
     }
 }
 
@@ -69,6 +100,19 @@ impl Drop for Paused {
     fn drop(&mut self) {
         self.resume();
     }
+}
+
+/// Whether every thread of `pid` is stopped (state `T` in `/proc/PID/task/*/stat`).
+fn stopped(pid: libc::pid_t) -> bool {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    threads.flatten().all(|thread| {
+        let stat = std::fs::read_to_string(thread.path().join("stat")).unwrap_or_default();
+        stat.rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('T'))
+    })
 }
 
 fn task(task_id: &str) -> TaskSpec {
@@ -126,13 +170,24 @@ async fn a_thousand_tasks_wait_on_mcp_calls_at_once_with_defaults() {
         .unwrap();
     let server = Paused::server(&host, &module).await;
 
-    let tasks: Vec<_> = (0..TASKS)
+    let mut tasks: Vec<_> = (0..TASKS)
         .map(|i| spawn(&host, &module, task(&format!("t{i}"))))
         .collect();
-    wait_for(&host, "every task to be running", |s| {
-        s.tasks.running == TASKS
-    })
-    .await;
+    let started = Instant::now();
+    while host.status().tasks.running < TASKS {
+        server.assert_stopped();
+        // No task can end while the server is stopped; one that did shows why.
+        if let Some(done) = tasks.iter().position(JoinHandle::is_finished) {
+            let outcome = tasks.swap_remove(done).await.unwrap();
+            panic!("a task ended while the server was stopped: {outcome:?}");
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "waited 300 s for every task to be running; status: {:?}",
+            host.status().tasks
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let status = host.status().tasks;
     assert_eq!((status.running, status.queued), (TASKS, 0), "{status:?}");
 
