@@ -121,8 +121,36 @@ pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
 /// Longest line of a server's stderr kept in the host log.
 pub const MAX_SERVER_STDERR_LINE_BYTES: usize = 4 * 1024;
 
-/// Guest instances the pooling allocator reserves room for, i.e. tasks running at once.
-pub const MAX_CONCURRENT_TASKS: u32 = 64;
+/// Tasks running at once: the pooling allocator reserves one instance, linear memory, table
+/// and fiber stack per running task, and admission control never starts more. 1024 lets a
+/// 2-core host keep 1000 tasks waiting on I/O (a waiting task costs about 64 KiB of resident
+/// memory, see BENCHMARKS.md); each slot reserves about 4 GiB of address space and no
+/// memory until used. `HostBuilder::with_max_concurrent_tasks`, `[tasks] max_concurrent`.
+pub const MAX_CONCURRENT_TASKS: u32 = 1024;
+
+/// Tasks that may wait for a running slot when all are taken; one more gets
+/// `HostError::Busy` at once. A waiting task holds no slot and no guest memory, only its
+/// caller's future, so the queue can be deep. `HostBuilder::with_task_queue_capacity`,
+/// `[tasks] queue_capacity`.
+pub const TASK_QUEUE_CAPACITY: u32 = 16 * 1024;
+
+/// Longest time a task waits in the queue for a running slot before it gets
+/// `HostError::Busy`; its own `limits.deadline_ms` bounds the wait too. Long enough for a
+/// full queue of I/O-bound tasks to drain, short enough that a scheduler learns of an
+/// overloaded host. `HostBuilder::with_task_queue_timeout`, `[tasks] queue_timeout_ms`.
+pub const TASK_QUEUE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Address space reserved per running task for its linear memory: all a 32-bit memory can
+/// address, so compiled guests need no bounds checks. Reserved, not committed.
+pub const TASK_MEMORY_RESERVATION: u64 = 4 * 1024 * 1024 * 1024;
+
+/// Unmapped guard after each task's memory reservation; accesses at a static offset below
+/// it need no bounds check.
+pub const TASK_MEMORY_GUARD: u64 = 32 * 1024 * 1024;
+
+/// Fiber stack of a running task: the guest's own stack (wasmtime's 512 KiB) plus room for
+/// the host code of async hostcalls, which runs on it. Only touched pages are resident.
+pub const TASK_STACK_BYTES: usize = 2 * 1024 * 1024;
 
 /// Time one request to an LLM backend may take when neither the backend config nor the
 /// session's `timeout_ms` says otherwise. Generous: long completions are slow.

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use super::admission::{Admission, BusyReason};
 use super::task_state::{self, TaskState};
 use super::{Host, HostInner};
 use crate::chat::llm::{Backends, ConfigError, ConfigOrigin, HostConfig, Recorder};
@@ -29,6 +30,18 @@ pub enum HostError {
     Module { path: String, message: String },
     #[error("task `{task_id}`: {message}")]
     TaskSetup { task_id: String, message: String },
+    /// The task was not started: every running slot was taken and the queue was full, or
+    /// its wait for a slot ran out. Nothing of the task ran; retrying later is safe.
+    #[error(
+        "task `{task_id}` cannot start, the host is busy: {reason} ({capacity} running slots, {queue_capacity} queue places); {}",
+        .reason.fix()
+    )]
+    Busy {
+        task_id: String,
+        capacity: u32,
+        queue_capacity: u32,
+        reason: BusyReason,
+    },
 }
 
 /// Builds a [`Host`]; every option has a sane default.
@@ -39,7 +52,9 @@ pub struct HostBuilder {
     registry: Option<Registry>,
     cache_dir: Option<PathBuf>,
     disk_cache: bool,
-    max_concurrent_tasks: u32,
+    max_concurrent_tasks: Option<u32>,
+    task_queue_capacity: Option<u32>,
+    task_queue_timeout: Option<Duration>,
     max_task_memory: u64,
     tools_cache_ttl: Duration,
     connect_timeout: Duration,
@@ -59,7 +74,9 @@ impl Default for HostBuilder {
             registry: None,
             cache_dir: None,
             disk_cache: true,
-            max_concurrent_tasks: defaults::MAX_CONCURRENT_TASKS,
+            max_concurrent_tasks: None,
+            task_queue_capacity: None,
+            task_queue_timeout: None,
             max_task_memory: defaults::TASK_MEMORY_BYTES,
             tools_cache_ttl: defaults::TOOLS_CACHE_TTL,
             connect_timeout: defaults::CONNECT_TIMEOUT,
@@ -101,9 +118,27 @@ impl HostBuilder {
         self
     }
 
-    /// Tasks that can run at once (instance slots reserved by the pooling allocator).
+    /// Tasks that can run at once (instance slots reserved by the pooling allocator); more
+    /// wait in the queue. Overrides `[tasks] max_concurrent` of the host config; default
+    /// [`defaults::MAX_CONCURRENT_TASKS`].
     pub fn with_max_concurrent_tasks(mut self, tasks: u32) -> Self {
-        self.max_concurrent_tasks = tasks.max(1);
+        self.max_concurrent_tasks = Some(tasks.max(1));
+        self
+    }
+
+    /// Tasks that may wait for a running slot; one more is refused with
+    /// [`HostError::Busy`], and 0 refuses every task that finds all slots taken. Overrides
+    /// `[tasks] queue_capacity`; default [`defaults::TASK_QUEUE_CAPACITY`].
+    pub fn with_task_queue_capacity(mut self, tasks: u32) -> Self {
+        self.task_queue_capacity = Some(tasks);
+        self
+    }
+
+    /// Longest wait in the queue before [`HostError::Busy`] (a task's own deadline bounds
+    /// it too; the deadline itself starts when the task starts running). Overrides
+    /// `[tasks] queue_timeout_ms`; default [`defaults::TASK_QUEUE_TIMEOUT`].
+    pub fn with_task_queue_timeout(mut self, timeout: Duration) -> Self {
+        self.task_queue_timeout = Some(timeout);
         self
     }
 
@@ -195,9 +230,27 @@ impl HostBuilder {
         } else {
             None
         };
+        let tasks = &self.config.tasks;
+        tasks.check().map_err(|(field, message)| {
+            ConfigError::new(&self.config_origin.file, field, message)
+        })?;
+        let max_concurrent_tasks = self
+            .max_concurrent_tasks
+            .or(tasks.max_concurrent)
+            .unwrap_or(defaults::MAX_CONCURRENT_TASKS);
+        let admission = Admission::new(
+            max_concurrent_tasks,
+            self.task_queue_capacity
+                .or(tasks.queue_capacity)
+                .unwrap_or(defaults::TASK_QUEUE_CAPACITY),
+            self.task_queue_timeout
+                .or(tasks.queue_timeout_ms.map(Duration::from_millis))
+                .unwrap_or(defaults::TASK_QUEUE_TIMEOUT)
+                .min(defaults::TASK_DEADLINE_MAX),
+        );
         let options = RuntimeOptions {
             cache_dir,
-            max_concurrent_tasks: self.max_concurrent_tasks,
+            max_concurrent_tasks,
             max_task_memory: self.max_task_memory,
         };
         let egress = EgressPolicy::from_config(&self.config.egress)
@@ -229,11 +282,16 @@ impl HostBuilder {
         start_prewarm(&pool, &registry, &prewarm);
         let recorder = self.record_to.map(|path| Arc::new(Recorder::new(path)));
         let backends = Backends::from_config(&self.config, &self.config_origin, recorder)?;
-        let runtime = Runtime::<TaskState>::new(options, task_state::add_to_linker)
-            .map_err(|e| HostError::Engine(format!("{e:#}")))?;
+        let runtime = Runtime::<TaskState>::new(options, task_state::add_to_linker).map_err(|e| {
+            HostError::Engine(format!(
+                "{e:#} (with {max_concurrent_tasks} task slots of up to {} bytes of linear memory each: HostBuilder::with_max_concurrent_tasks or [tasks] max_concurrent, and with_max_task_memory)",
+                self.max_task_memory
+            ))
+        })?;
         Ok(Host {
             inner: Arc::new(HostInner {
                 runtime,
+                admission,
                 registry: RwLock::new(Arc::new(registry)),
                 registry_dir: self.registry_dir,
                 pool,
@@ -309,6 +367,17 @@ mod tests {
                 "[backends.r]\nkind = \"openai\"\nbase_url = \"ftp://x\"\n",
                 "backends.r.base_url",
             ),
+            (
+                "node-d.toml",
+                "[tasks]\nmax_concurrent = 0\n",
+                "tasks.max_concurrent",
+            ),
+            (
+                "node-e.toml",
+                "[tasks]\nqueue_timeout_ms = 0\n",
+                "tasks.queue_timeout_ms",
+            ),
+            ("node-f.toml", "[tasks]\nqueue_size = 8\n", "queue_size"),
         ] {
             let path = dir.join(name);
             std::fs::write(&path, text).unwrap();
@@ -325,5 +394,46 @@ mod tests {
             );
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `[tasks]` of the host config sizes admission control; a `HostBuilder` option set in
+    /// code wins over the file, and what is set in neither takes its default.
+    #[test]
+    fn tasks_config_sizes_admission_and_builder_options_win() {
+        let text = "[tasks]\nmax_concurrent = 3\nqueue_capacity = 7\nqueue_timeout_ms = 1234\n";
+        let config: HostConfig = toml::from_str(text).unwrap();
+        let status =
+            |builder: HostBuilder| builder.without_disk_cache().build().unwrap().status().tasks;
+        let from_file = status(Host::builder().with_config(config.clone(), "."));
+        assert_eq!(
+            (
+                from_file.capacity,
+                from_file.queue_capacity,
+                from_file.queue_timeout_ms
+            ),
+            (3, 7, 1234)
+        );
+        let overridden = status(
+            Host::builder()
+                .with_config(config, ".")
+                .with_max_concurrent_tasks(5)
+                .with_task_queue_capacity(0),
+        );
+        assert_eq!(
+            (
+                overridden.capacity,
+                overridden.queue_capacity,
+                overridden.queue_timeout_ms
+            ),
+            (5, 0, 1234)
+        );
+        let defaults = status(Host::builder());
+        assert_eq!(defaults.capacity, defaults::MAX_CONCURRENT_TASKS);
+        assert_eq!(defaults.queue_capacity, defaults::TASK_QUEUE_CAPACITY);
+        assert_eq!(
+            u128::from(defaults.queue_timeout_ms),
+            defaults::TASK_QUEUE_TIMEOUT.as_millis()
+        );
+        assert_eq!((defaults.running, defaults.queued), (0, 0));
     }
 }

@@ -4,8 +4,10 @@
 //! snapshot, the MCP capability (its pool) and the chat capability (its backends). Tasks
 //! share those and nothing else: each gets a fresh store with its own sandbox (fd table,
 //! WASI context, memory limit, deadline) and its own capability state, so one task
-//! trapping, looping or timing out ends that task alone.
+//! trapping, looping or timing out ends that task alone. Admission control
+//! ([`admission`]) caps how many run at once; the rest wait in a bounded queue.
 
+mod admission;
 mod builder;
 mod task_state;
 
@@ -13,23 +15,27 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use wasmtime::InstancePre;
 
 use crate::chat::llm::Backends;
 use crate::chat::tools::ToolSet;
 use crate::chat::{ChatSession, ChatTask};
-use crate::mcp::{McpPool, McpTask};
+use crate::mcp::{McpPool, McpTask, ServerStatus};
 use crate::policy::{self, PolicyReport, SessionRequest};
 use crate::registry::Registry;
 pub use crate::sandbox::{ModuleOrigin, TaskFailure};
 use crate::sandbox::{Runtime, Sandbox};
 use crate::task::{TaskError, TaskSpec};
+use admission::Admission;
+pub use admission::{BusyReason, TaskStatus};
 use builder::log_problems;
 pub use builder::{HostBuilder, HostError};
 use task_state::TaskState;
 
 struct HostInner {
     runtime: Runtime<TaskState>,
+    admission: Admission,
     registry: RwLock<Arc<Registry>>,
     registry_dir: Option<PathBuf>,
     pool: Arc<McpPool>,
@@ -62,12 +68,23 @@ impl GuestModule {
     }
 }
 
+/// What a host is doing now; cheap to take (atomics and one lock over the MCP servers).
+#[derive(Clone, Debug, Serialize)]
+pub struct HostStatus {
+    pub tasks: TaskStatus,
+    /// Every MCP server used so far, by id.
+    pub mcp_servers: Vec<ServerStatus>,
+}
+
 /// How a task ended.
 #[derive(Clone, Debug)]
 pub struct TaskOutcome {
     /// The guest's exit status; 124 after a deadline and 134 after a trap, as shells do.
     pub exit_code: i32,
     pub failure: Option<TaskFailure>,
+    /// Time waited in the queue for a running slot; not part of the task's deadline.
+    pub queued: Duration,
+    /// Time from getting a running slot to the end.
     pub elapsed: Duration,
     /// Guest stdout/stderr when the task asked for capture, else empty.
     pub stdout: Vec<u8>,
@@ -123,6 +140,14 @@ impl Host {
         &self.inner.pool
     }
 
+    /// Task capacity and use, and the state of every MCP server.
+    pub fn status(&self) -> HostStatus {
+        HostStatus {
+            tasks: self.inner.admission.status(),
+            mcp_servers: self.inner.pool.status(),
+        }
+    }
+
     /// Compiles (or loads from cache) a module file.
     pub fn load_module_file(&self, path: impl AsRef<Path>) -> Result<GuestModule, HostError> {
         let path = path.as_ref();
@@ -160,12 +185,16 @@ impl Host {
 
     /// Runs one task to completion. A guest failure is reported in the outcome; an error
     /// here means the task could not start.
+    ///
+    /// When every running slot is taken the task waits in the queue, at most the queue
+    /// timeout and at most its own deadline, which starts only when it gets a slot; a full
+    /// queue or a wait that runs out is [`HostError::Busy`]. Dropping the future gives its
+    /// queue place or slot back.
     pub async fn run_task(
         &self,
         module: &GuestModule,
         task: &TaskSpec,
     ) -> Result<TaskOutcome, HostError> {
-        let started = Instant::now();
         let setup_error = |message: String| HostError::TaskSetup {
             task_id: task.task_id.clone(),
             message,
@@ -174,6 +203,19 @@ impl Host {
         for warning in mcp.policy.warnings() {
             tracing::warn!(task_id = %task.task_id, "{warning}");
         }
+        let arrived = Instant::now();
+        let admission = &self.inner.admission;
+        let _slot = admission.admit(task.deadline()).await.map_err(|reason| {
+            let status = admission.status();
+            tracing::warn!(task_id = %task.task_id, %reason, "host busy, task refused");
+            HostError::Busy {
+                task_id: task.task_id.clone(),
+                capacity: status.capacity,
+                queue_capacity: status.queue_capacity,
+                reason,
+            }
+        })?;
+        let started = Instant::now();
         let memory_limit = task.memory_limit().min(self.inner.runtime.max_task_memory);
         let (sandbox, captured) = Sandbox::for_task(task, &module.name, memory_limit)
             .map_err(|e| setup_error(e.to_string()))?;
@@ -196,6 +238,7 @@ impl Host {
         let outcome = TaskOutcome {
             exit_code: run.exit_code,
             failure: run.failure,
+            queued: started.duration_since(arrived),
             elapsed: started.elapsed(),
             stdout,
             stderr,

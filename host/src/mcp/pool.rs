@@ -47,7 +47,7 @@ use crate::registry::{Launch, ServerEntry};
 pub use limits::{McpHostConfig, PoolLimits};
 
 /// Connection state of one server, for diagnostics. New fields may be added.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ServerStatus {
     pub server_id: String,
     /// The live server process, if connected over stdio.

@@ -30,6 +30,10 @@
 //! max_server_processes = 64
 //! server_idle_timeout_ms = 600000        # 0: never stop an idle server
 //! prewarm = ["fs"]                       # servers started with the host
+//! [tasks]                                # admission control (HostBuilder overrides it)
+//! max_concurrent = 1024                  # tasks running at once
+//! queue_capacity = 16384                 # tasks waiting for a slot; more get "host busy"
+//! queue_timeout_ms = 60000               # longest wait for a slot
 //! ```
 
 use std::collections::BTreeMap;
@@ -77,6 +81,42 @@ pub struct HostConfig {
     /// The MCP pool's host-wide limits and the servers to start with the host.
     #[serde(default)]
     pub mcp: McpHostConfig,
+    /// How many tasks run at once and how many may wait.
+    #[serde(default)]
+    pub tasks: TasksConfig,
+}
+
+/// `[tasks]`: admission control. Unset fields take their `defaults`; `HostBuilder` options
+/// override them.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TasksConfig {
+    /// Tasks running at once ([`crate::defaults::MAX_CONCURRENT_TASKS`]).
+    pub max_concurrent: Option<u32>,
+    /// Tasks that may wait for a running slot ([`crate::defaults::TASK_QUEUE_CAPACITY`]); 0 turns
+    /// the queue off.
+    pub queue_capacity: Option<u32>,
+    /// Longest wait for a running slot ([`crate::defaults::TASK_QUEUE_TIMEOUT`]).
+    pub queue_timeout_ms: Option<u64>,
+}
+
+impl TasksConfig {
+    /// The field at fault and the fix, for a value no host can use.
+    pub(crate) fn check(&self) -> Result<(), (&'static str, &'static str)> {
+        if self.max_concurrent == Some(0) {
+            return Err((
+                "tasks.max_concurrent",
+                "must be at least 1; omit it for the default",
+            ));
+        }
+        if self.queue_timeout_ms == Some(0) {
+            return Err((
+                "tasks.queue_timeout_ms",
+                "must be greater than 0; set tasks.queue_capacity = 0 to refuse at once instead of queueing",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Where a host config came from: errors name `file`, relative paths resolve against `dir`.
@@ -151,6 +191,10 @@ impl HostConfig {
             .map_err(|e| ConfigError::new(path, "egress", e.to_string()))?;
         config
             .mcp
+            .check()
+            .map_err(|(field, message)| ConfigError::new(path, field, message))?;
+        config
+            .tasks
             .check()
             .map_err(|(field, message)| ConfigError::new(path, field, message))?;
         for (name, backend) in &config.backends {

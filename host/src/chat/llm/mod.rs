@@ -19,7 +19,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::wire::ChatCompletion;
-pub use config::{BackendConfig, BackendKind, ConfigError, ConfigOrigin, HostConfig};
+pub use config::{BackendConfig, BackendKind, ConfigError, ConfigOrigin, HostConfig, TasksConfig};
 pub use error::LlmError;
 pub use record::Recorder;
 
