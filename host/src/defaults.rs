@@ -45,6 +45,16 @@ pub const TASK_DEADLINE_MAX: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 /// Linear memory a task may grow to when its task file names no limit.
 pub const TASK_MEMORY_BYTES: u64 = 512 * 1024 * 1024;
 
+/// Host memory one task's guest may make the host hold for it: chat messages, params and
+/// tools, kept MCP outputs, response bodies, captured output and the copies a `cchat_send`
+/// makes while it runs. Past it hostcalls fail with `-ENOMEM` instead of growing the host.
+/// 64 MiB holds a long conversation with large tool results (a send briefly needs about
+/// twice its session) and a few inputs of [`MAX_GUEST_INPUT_BYTES`], while a flood from one
+/// guest stays an eighth of the linear memory ([`TASK_MEMORY_BYTES`]) a task may already
+/// use. `HostBuilder::with_task_host_memory` changes it per host; a task's
+/// `limits.host_memory_bytes` may only lower it.
+pub const TASK_HOST_MEMORY_BYTES: u64 = 64 * 1024 * 1024;
+
 /// Period of the engine's epoch clock. Guest code is checked against its deadline (and
 /// yields to other tasks) once per tick, so this bounds how late a deadline can fire.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);

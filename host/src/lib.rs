@@ -40,6 +40,9 @@ pub mod task;
 pub mod telemetry;
 
 pub use chat::llm;
-pub use host::{GuestModule, Host, HostBuilder, HostError, ModuleOrigin, TaskFailure, TaskOutcome};
+pub use host::{
+    GuestModule, Host, HostBuilder, HostError, HostMemoryUse, ModuleOrigin, TaskFailure,
+    TaskOutcome,
+};
 pub use quiver_abi::Errno;
 pub use task::{TaskError, TaskSpec};

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use wasmtime::{Caller, Func, Ref};
 
 use super::{ChatView, GuestTools};
-use crate::sandbox::guest;
+use crate::sandbox::{guest, heap};
 
 /// The guest's funcref table: `__indirect_function_table`, else `table`, else the first
 /// exported table (looked up once at instantiation).
@@ -130,15 +130,13 @@ pub(crate) fn is_valid_function_name(name: &str) -> bool {
 
 impl GuestTool {
     /// Checks an OpenAI tool definition from the guest.
-    pub(crate) fn parse(table_index: u32, definition: &str) -> Result<Self, String> {
-        let value: Value =
-            serde_json::from_str(definition).map_err(|e| format!("not JSON: {e}"))?;
+    pub(crate) fn from_json(table_index: u32, mut value: Value) -> Result<Self, String> {
         if value["type"] != "function" {
             return Err("`type` must be \"function\"".into());
         }
-        let function = value["function"]
-            .as_object()
-            .ok_or("`function` must be an object")?;
+        let Some(Value::Object(function)) = value.get_mut("function").map(Value::take) else {
+            return Err("`function` must be an object".into());
+        };
         let name = function
             .get("name")
             .and_then(Value::as_str)
@@ -163,6 +161,20 @@ impl GuestTool {
             definition: json!({"type": "function", "function": function}),
             table_index,
         })
+    }
+
+    /// What the tool holds in its session.
+    pub(crate) fn cost(&self) -> u64 {
+        heap::vec_slot::<GuestTool>()
+            .saturating_add(heap::string(self.name.len() as u64))
+            .saturating_add(heap::json(&self.definition))
+    }
+
+    /// [`from_json`](Self::from_json) of JSON text.
+    #[cfg(test)]
+    pub(crate) fn parse(table_index: u32, definition: &str) -> Result<Self, String> {
+        let value = serde_json::from_str(definition).map_err(|e| format!("not JSON: {e}"))?;
+        Self::from_json(table_index, value)
     }
 }
 

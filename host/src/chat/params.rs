@@ -3,8 +3,10 @@
 
 use serde_json::Value;
 
+use super::session::SessionContent;
 use crate::defaults;
 use crate::policy::{Pattern, TaskMcpPolicy};
+use crate::sandbox::heap;
 
 /// Host-consumed settings of a session.
 #[derive(Clone, Debug)]
@@ -106,9 +108,79 @@ fn strings(key: &str, value: &Value) -> Result<Vec<String>, ParamError> {
         .collect()
 }
 
-impl super::ChatSession {
+/// Where a param's value is kept, for what it costs.
+enum Slot {
+    Model,
+    Backend,
+    ServerIds,
+    Allowlist,
+    Denylist,
+    Upstream,
+    /// Kept in a fixed-size field, or not kept at all.
+    Inline,
+}
+
+fn slot(key: &str) -> Slot {
+    match key {
+        "model" => Slot::Model,
+        "backend" => Slot::Backend,
+        "mcp.server_ids" => Slot::ServerIds,
+        "mcp.tool_allowlist" => Slot::Allowlist,
+        "mcp.tool_denylist" => Slot::Denylist,
+        "timeout_ms"
+        | "tool_arena_ptr"
+        | "tool_arena_len"
+        | "max_iterations"
+        | "max_total_tool_calls"
+        | "max_tool_calls"
+        | "max_tool_output_bytes"
+        | "mcp.enabled"
+        | "messages"
+        | "tools"
+        | "functions"
+        | "stream" => Slot::Inline,
+        k if k.starts_with("mcp.") => Slot::Inline,
+        _ => Slot::Upstream,
+    }
+}
+
+/// At least what setting `key` to `value` makes the session hold (the exact cost is
+/// [`SessionContent::param_cost`] once it is set).
+pub(crate) fn new_param_cost(key: &str, value: &Value) -> u64 {
+    match slot(key) {
+        Slot::Inline => 0,
+        Slot::Upstream if value.is_null() => 0,
+        Slot::Upstream => heap::object_entry(key, value),
+        Slot::Model | Slot::Backend | Slot::ServerIds | Slot::Allowlist | Slot::Denylist => {
+            heap::json(value)
+        }
+    }
+}
+
+fn patterns_cost(patterns: &[Pattern]) -> u64 {
+    heap::strings(patterns.iter().map(Pattern::as_str))
+}
+
+impl SessionContent {
+    /// What the session holds for param `key` now.
+    pub(crate) fn param_cost(&self, key: &str) -> u64 {
+        let text = |s: &Option<String>| s.as_ref().map_or(0, |s| heap::string(s.len() as u64));
+        match slot(key) {
+            Slot::Model => text(&self.settings.model),
+            Slot::Backend => text(&self.settings.backend),
+            Slot::ServerIds => heap::strings(self.mcp.server_ids.iter().map(String::as_str)),
+            Slot::Allowlist => self.mcp.tool_allowlist.as_deref().map_or(0, patterns_cost),
+            Slot::Denylist => patterns_cost(&self.mcp.tool_denylist),
+            Slot::Upstream => self
+                .upstream
+                .get(key)
+                .map_or(0, |value| heap::object_entry(key, value)),
+            Slot::Inline => 0,
+        }
+    }
+
     /// Applies one SET_PARAM. `null` clears a forwarded key.
-    pub(crate) fn set_param(
+    pub(crate) fn apply_param(
         &mut self,
         key: &str,
         value: Value,
@@ -196,6 +268,20 @@ mod tests {
 
     use super::*;
     use crate::chat::ChatSession;
+    use crate::chat::session::SetParamError;
+    use crate::sandbox::MemoryBudget;
+
+    fn session() -> ChatSession {
+        ChatSession::new(&task(), &MemoryBudget::unlimited())
+    }
+
+    fn invalid(result: Result<(), SetParamError>) -> bool {
+        matches!(result, Err(SetParamError::Param(ParamError::Invalid(_))))
+    }
+
+    fn denied(result: Result<(), SetParamError>) -> bool {
+        matches!(result, Err(SetParamError::Param(ParamError::Denied(_))))
+    }
 
     fn task() -> TaskMcpPolicy {
         TaskMcpPolicy {
@@ -210,7 +296,7 @@ mod tests {
 
     #[test]
     fn consumed_keys_are_typed_and_others_forwarded() {
-        let mut session = ChatSession::new(&task());
+        let mut session = session();
         session.set_param("model", json!("m"), &task()).unwrap();
         session
             .set_param("max_tool_calls", json!(3), &task())
@@ -239,39 +325,36 @@ mod tests {
             ("stream", json!(true)),
             ("tools", json!([])),
         ] {
-            assert!(
-                matches!(
-                    session.set_param(key, value, &task()),
-                    Err(ParamError::Invalid(_))
-                ),
-                "{key}"
-            );
+            assert!(invalid(session.set_param(key, value, &task())), "{key}");
         }
     }
 
     #[test]
     fn mcp_keys_only_narrow() {
-        let mut session = ChatSession::new(&task());
+        let mut session = session();
         assert_eq!(session.mcp.server_ids, ["fs"]);
         session
             .set_param("mcp.server_ids", json!(["git"]), &task())
             .unwrap();
-        assert!(matches!(
-            session.set_param("mcp.server_ids", json!(["web"]), &task()),
-            Err(ParamError::Denied(_))
-        ));
-        assert!(matches!(
-            session.set_param("mcp.task_tool_allowlist", json!(["*"]), &task()),
-            Err(ParamError::Denied(_))
-        ));
+        assert!(denied(session.set_param(
+            "mcp.server_ids",
+            json!(["web"]),
+            &task()
+        )));
+        assert!(denied(session.set_param(
+            "mcp.task_tool_allowlist",
+            json!(["*"]),
+            &task()
+        )));
         let disabled = TaskMcpPolicy {
             enabled: false,
             ..task()
         };
-        assert!(matches!(
-            session.set_param("mcp.enabled", json!(true), &disabled),
-            Err(ParamError::Denied(_))
-        ));
+        assert!(denied(session.set_param(
+            "mcp.enabled",
+            json!(true),
+            &disabled
+        )));
         session
             .set_param("mcp.enabled", json!(false), &disabled)
             .unwrap();

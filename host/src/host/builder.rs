@@ -41,6 +41,7 @@ pub struct HostBuilder {
     disk_cache: bool,
     max_concurrent_tasks: u32,
     max_task_memory: u64,
+    task_host_memory: u64,
     tools_cache_ttl: Duration,
     connect_timeout: Duration,
     config: HostConfig,
@@ -57,6 +58,7 @@ impl Default for HostBuilder {
             disk_cache: true,
             max_concurrent_tasks: defaults::MAX_CONCURRENT_TASKS,
             max_task_memory: defaults::TASK_MEMORY_BYTES,
+            task_host_memory: defaults::TASK_HOST_MEMORY_BYTES,
             tools_cache_ttl: defaults::TOOLS_CACHE_TTL,
             connect_timeout: defaults::CONNECT_TIMEOUT,
             config: HostConfig::default(),
@@ -102,6 +104,14 @@ impl HostBuilder {
     /// The most linear memory any task may ask for; a task's own limit is capped by it.
     pub fn with_max_task_memory(mut self, bytes: u64) -> Self {
         self.max_task_memory = bytes;
+        self
+    }
+
+    /// The host memory budget of every task (default
+    /// [`TASK_HOST_MEMORY_BYTES`](defaults::TASK_HOST_MEMORY_BYTES)); a task's
+    /// `limits.host_memory_bytes` may only lower it.
+    pub fn with_task_host_memory(mut self, bytes: u64) -> Self {
+        self.task_host_memory = bytes;
         self
     }
 
@@ -169,6 +179,7 @@ impl HostBuilder {
                 runtime,
                 registry: RwLock::new(Arc::new(registry)),
                 registry_dir: self.registry_dir,
+                task_host_memory: self.task_host_memory,
                 pool: Arc::new(McpPool::with_remote(
                     self.tools_cache_ttl,
                     self.connect_timeout,
