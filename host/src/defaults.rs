@@ -55,6 +55,13 @@ pub const TASK_MEMORY_BYTES: u64 = 512 * 1024 * 1024;
 /// `limits.host_memory_bytes` may only lower it.
 pub const TASK_HOST_MEMORY_BYTES: u64 = 64 * 1024 * 1024;
 
+/// Guest tools that may run inside one another: a guest tool whose `cchat_send` makes the
+/// model call a guest tool again, and so on. Every level holds a fiber stack from the
+/// host's shared pool (the task itself holds one more), so without a bound one recursing
+/// guest takes the stacks every other task needs. A deeper call is a `tool_exec_failed`
+/// result the model sees; 4 leaves room for a tool that runs a sub-conversation of its own.
+pub const MAX_GUEST_TOOL_NESTING: u32 = 4;
+
 /// Period of the engine's epoch clock. Guest code is checked against its deadline (and
 /// yields to other tasks) once per tick, so this bounds how late a deadline can fire.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);

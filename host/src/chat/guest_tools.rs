@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use wasmtime::{Caller, Func, Ref};
 
 use super::{ChatView, GuestTools};
+use crate::defaults;
 use crate::sandbox::{guest, heap};
 
 /// The guest's funcref table: `__indirect_function_table`, else `table`, else the first
@@ -74,7 +75,17 @@ impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
                 out_ptr as i32,
                 len_ptr as i32,
             );
-            let rc = func.call_async(&mut *self.caller, params).await?;
+            let depth = self.caller.data_mut().sandbox().guest_tool_depth;
+            if depth >= defaults::MAX_GUEST_TOOL_NESTING {
+                return Ok(Err(format!(
+                    "guest tools may run inside one another at most {} deep (a guest tool's cchat_send called this one)",
+                    defaults::MAX_GUEST_TOOL_NESTING
+                )));
+            }
+            self.caller.data_mut().sandbox().guest_tool_depth = depth + 1;
+            let rc = func.call_async(&mut *self.caller, params).await;
+            self.caller.data_mut().sandbox().guest_tool_depth = depth;
+            let rc = rc?;
             let Ok((mem, _)) = guest(self.caller) else {
                 return Ok(Err("guest memory is gone".into()));
             };

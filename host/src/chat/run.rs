@@ -162,7 +162,7 @@ pub(crate) async fn send<G: GuestTools>(
         Err(error) => {
             let spear = json!({"backend": session.settings.backend, "iterations": 0});
             let body = json!({"error": error.to_json(), "_spear": spear});
-            let body = serde_json::to_vec(&body).unwrap_or_default();
+            let body = encode(&body);
             return Ok(finish(body, metrics, started, added, ctx.budget)?);
         }
     };
@@ -268,17 +268,21 @@ pub(crate) async fn send<G: GuestTools>(
         // The upstream completion as it came, plus `_spear` (replacing any upstream one).
         Ok(mut completion) => {
             completion.rest.insert("_spear".into(), spear);
-            serde_json::to_vec(&completion)
+            encode(&completion)
         }
-        Err(error) => serde_json::to_vec(&error.into_body(spear)),
+        Err(error) => encode(&error.into_body(spear)),
     };
-    Ok(finish(
-        body.unwrap_or_default(),
-        metrics,
-        started,
-        added,
-        ctx.budget,
-    )?)
+    Ok(finish(body, metrics, started, added, ctx.budget)?)
+}
+
+/// `value` as JSON in a buffer of exactly its length (a response body is kept, and charged,
+/// until the guest closes it; a grown buffer would hold up to twice that).
+fn encode(value: &impl serde::Serialize) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(usize::try_from(heap::json_len(value)).unwrap_or(0));
+    match serde_json::to_writer(&mut bytes, value) {
+        Ok(()) => bytes,
+        Err(_) => Vec::new(),
+    }
 }
 
 fn finish(
@@ -289,7 +293,7 @@ fn finish(
     budget: &MemoryBudget,
 ) -> Result<SendOutcome, Errno> {
     metrics.latency_ms.total = ms(started.elapsed());
-    let metrics = serde_json::to_vec(&metrics).unwrap_or_default();
+    let metrics = encode(&metrics);
     Ok(SendOutcome {
         response: ChatResponse::new(body, metrics, budget)?,
         added: added.messages,

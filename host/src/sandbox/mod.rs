@@ -48,6 +48,9 @@ pub struct Sandbox<K> {
     pub memory: Option<Memory>,
     /// The guest's funcref table (for guest tools), looked up once after instantiation.
     pub table: Option<Table>,
+    /// Guest tools running now, one inside another (each holds a fiber stack of the host's
+    /// shared pool); at most [`MAX_GUEST_TOOL_NESTING`](crate::defaults::MAX_GUEST_TOOL_NESTING).
+    pub guest_tool_depth: u32,
     wasi: WasiP1Ctx,
     limits: StoreLimits,
 }

@@ -87,6 +87,7 @@ impl<K> Sandbox<K> {
             budget,
             memory: None,
             table: None,
+            guest_tool_depth: 0,
             wasi: wasi.build_p1(),
             limits: StoreLimitsBuilder::new()
                 .memory_size(usize::try_from(memory_limit).unwrap_or(usize::MAX))
