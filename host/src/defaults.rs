@@ -62,6 +62,14 @@ pub const TASK_HOST_MEMORY_BYTES: u64 = 64 * 1024 * 1024;
 /// result the model sees; 4 leaves room for a tool that runs a sub-conversation of its own.
 pub const MAX_GUEST_TOOL_NESTING: u32 = 4;
 
+/// Tool patterns a chat session may set in `mcp.tool_allowlist` or `mcp.tool_denylist`.
+/// Every send matches each pattern against every offered MCP tool, in host time the
+/// deadline does not interrupt.
+pub const MAX_SESSION_PATTERNS: usize = 64;
+
+/// Longest session tool pattern; far longer than any tool name a model accepts (64).
+pub const MAX_PATTERN_BYTES: usize = 256;
+
 /// Period of the engine's epoch clock. Guest code is checked against its deadline (and
 /// yields to other tasks) once per tick, so this bounds how late a deadline can fire.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);

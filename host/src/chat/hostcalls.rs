@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use wasmtime::{Caller, Linker};
 
 use super::guest_tools::{CallerTools, tool_func};
+use super::params::shown;
 use super::session::{ChatResponse, ChatSession, ChatView, SetParamError, text_message_cost};
 use super::{GuestTool, ParamError, ROLES, SendContext, run};
 use crate::sandbox::{HostcallError, before_deadline, finish, guest, heap};
@@ -182,11 +183,11 @@ fn ctl<T: ChatView>(
             let set = session(state, fd)?.set_param(&key, value, &mcp.policy);
             set.map_err(|error| match error {
                 SetParamError::Param(ParamError::Invalid(reason)) => {
-                    tracing::info!(task_id = %task_id, fd, key, %reason, "SET_PARAM refused");
+                    tracing::info!(task_id = %task_id, fd, key = %shown(&key), %reason, "SET_PARAM refused");
                     Errno::EINVAL
                 }
                 SetParamError::Param(ParamError::Denied(reason)) => {
-                    tracing::info!(task_id = %task_id, fd, key, %reason, "SET_PARAM denied by policy");
+                    tracing::info!(task_id = %task_id, fd, key = %shown(&key), %reason, "SET_PARAM denied by policy");
                     Errno::EACCES
                 }
                 SetParamError::Budget(errno) => errno,

@@ -67,13 +67,57 @@ pub(crate) enum ParamError {
     Denied(String),
 }
 
+/// At most this much of a guest's key or value goes into a message (they may be megabytes).
+const SHOWN: usize = 80;
+
+/// The start of `text`, for a message.
+pub(crate) fn shown(text: &str) -> String {
+    if text.len() <= SHOWN {
+        return text.to_owned();
+    }
+    let mut end = SHOWN;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..end], text.len())
+}
+
+/// The start of `value` as JSON, for a message, without serialising all of it.
+fn shown_json(value: &Value) -> String {
+    struct Prefix(Vec<u8>);
+    impl std::io::Write for Prefix {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            let room = (SHOWN + 4).saturating_sub(self.0.len());
+            self.0.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            if bytes.len() > room {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut prefix = Prefix(Vec::new());
+    let whole = serde_json::to_writer(&mut prefix, value).is_ok();
+    let text = String::from_utf8_lossy(&prefix.0);
+    if whole {
+        text.into_owned()
+    } else {
+        shown(&format!("{text}…"))
+    }
+}
+
 fn positive(key: &str, value: &Value) -> Result<u32, ParamError> {
     value
         .as_u64()
         .filter(|&v| v > 0 && v <= u32::MAX as u64)
         .map(|v| v as u32)
         .ok_or_else(|| {
-            ParamError::Invalid(format!("{key} must be a positive integer, got {value}"))
+            ParamError::Invalid(format!(
+                "{key} must be a positive integer, got {}",
+                shown_json(value)
+            ))
         })
 }
 
@@ -83,29 +127,59 @@ fn non_negative(key: &str, value: &Value) -> Result<u32, ParamError> {
         .filter(|&v| v <= u32::MAX as u64)
         .map(|v| v as u32)
         .ok_or_else(|| {
-            ParamError::Invalid(format!("{key} must be a non-negative integer, got {value}"))
+            ParamError::Invalid(format!(
+                "{key} must be a non-negative integer, got {}",
+                shown_json(value)
+            ))
         })
 }
 
 fn string(key: &str, value: &Value) -> Result<String, ParamError> {
-    value
-        .as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| ParamError::Invalid(format!("{key} must be a string, got {value}")))
+    value.as_str().map(str::to_owned).ok_or_else(|| {
+        ParamError::Invalid(format!("{key} must be a string, got {}", shown_json(value)))
+    })
 }
 
 fn strings(key: &str, value: &Value) -> Result<Vec<String>, ParamError> {
     let items = value.as_array().ok_or_else(|| {
-        ParamError::Invalid(format!("{key} must be an array of strings, got {value}"))
+        ParamError::Invalid(format!(
+            "{key} must be an array of strings, got {}",
+            shown_json(value)
+        ))
     })?;
     items
         .iter()
         .map(|item| {
             item.as_str().map(str::to_owned).ok_or_else(|| {
-                ParamError::Invalid(format!("{key} must be an array of strings, found {item}"))
+                ParamError::Invalid(format!(
+                    "{key} must be an array of strings, found {}",
+                    shown_json(item)
+                ))
             })
         })
         .collect()
+}
+
+/// Session tool patterns: at most [`defaults::MAX_SESSION_PATTERNS`] of at most
+/// [`defaults::MAX_PATTERN_BYTES`] each, since every send matches each against every
+/// offered tool.
+fn patterns(key: &str, value: &Value) -> Result<Vec<Pattern>, ParamError> {
+    let items = strings(key, value)?;
+    if items.len() > defaults::MAX_SESSION_PATTERNS {
+        return Err(ParamError::Invalid(format!(
+            "{key} has {} patterns; at most {} are allowed",
+            items.len(),
+            defaults::MAX_SESSION_PATTERNS
+        )));
+    }
+    if let Some(long) = items.iter().find(|p| p.len() > defaults::MAX_PATTERN_BYTES) {
+        return Err(ParamError::Invalid(format!(
+            "{key}: pattern {} is longer than {} bytes",
+            shown(long),
+            defaults::MAX_PATTERN_BYTES
+        )));
+    }
+    Ok(items.into_iter().map(Pattern::new).collect())
 }
 
 /// Where a param's value is kept, for what it costs.
@@ -200,7 +274,10 @@ impl SessionContent {
             "max_tool_output_bytes" => s.max_tool_output_bytes = positive(key, &value)?,
             "mcp.enabled" => {
                 let enabled = value.as_bool().ok_or_else(|| {
-                    ParamError::Invalid(format!("mcp.enabled must be a boolean, got {value}"))
+                    ParamError::Invalid(format!(
+                        "mcp.enabled must be a boolean, got {}",
+                        shown_json(&value)
+                    ))
                 })?;
                 if enabled && !task.enabled {
                     return Err(ParamError::Denied(
@@ -210,35 +287,31 @@ impl SessionContent {
                 self.mcp.enabled = enabled;
             }
             "mcp.server_ids" => {
-                let ids = strings(key, &value)?;
+                let mut ids = strings(key, &value)?;
                 if let Some(outside) = ids.iter().find(|id| !task.allowed_server_ids.contains(id)) {
                     return Err(ParamError::Denied(format!(
-                        "server `{outside}` is not in the task's mcp.allowed_server_ids"
+                        "server `{}` is not in the task's mcp.allowed_server_ids",
+                        shown(outside)
                     )));
                 }
+                // Repeats add nothing but work for every send.
+                let mut seen = std::collections::HashSet::new();
+                ids.retain(|id| seen.insert(id.clone()));
                 self.mcp.server_ids = ids;
             }
-            "mcp.tool_allowlist" => {
-                self.mcp.tool_allowlist = Some(
-                    strings(key, &value)?
-                        .into_iter()
-                        .map(Pattern::new)
-                        .collect(),
-                )
-            }
-            "mcp.tool_denylist" => {
-                self.mcp.tool_denylist = strings(key, &value)?
-                    .into_iter()
-                    .map(Pattern::new)
-                    .collect()
-            }
+            "mcp.tool_allowlist" => self.mcp.tool_allowlist = Some(patterns(key, &value)?),
+            "mcp.tool_denylist" => self.mcp.tool_denylist = patterns(key, &value)?,
             k if k.starts_with("mcp.task_") => {
                 return Err(ParamError::Denied(format!(
-                    "{k} is set by the host from the task"
+                    "{} is set by the host from the task",
+                    shown(k)
                 )));
             }
             k if k.starts_with("mcp.") => {
-                return Err(ParamError::Invalid(format!("unknown MCP session key {k}")));
+                return Err(ParamError::Invalid(format!(
+                    "unknown MCP session key {}",
+                    shown(k)
+                )));
             }
             "messages" | "tools" | "functions" => {
                 return Err(ParamError::Invalid(format!(
@@ -324,9 +397,51 @@ mod tests {
             ("mcp.server_ids", json!("fs")),
             ("stream", json!(true)),
             ("tools", json!([])),
+            ("mcp.tool_allowlist", json!(vec!["a*"; 65])),
+            ("mcp.tool_denylist", json!(["x".repeat(257)])),
         ] {
             assert!(invalid(session.set_param(key, value, &task())), "{key}");
         }
+    }
+
+    #[test]
+    fn messages_show_only_the_start_of_a_huge_key_or_value() {
+        let mut session = session();
+        let huge = "\u{0}".repeat(1_000_000);
+        for (key, value) in [
+            ("max_iterations", json!([huge.clone()])),
+            ("model", json!({"a": huge.clone()})),
+            ("mcp.server_ids", json!([huge.clone()])),
+        ] {
+            let message = match session.set_param(key, value, &task()) {
+                Err(SetParamError::Param(ParamError::Invalid(m) | ParamError::Denied(m))) => m,
+                other => panic!("{key}: {other:?}"),
+            };
+            assert!(message.len() < 300, "{key}: {} bytes", message.len());
+        }
+        let key = format!("mcp.{huge}");
+        let Err(SetParamError::Param(ParamError::Invalid(message))) =
+            session.set_param(&key, json!(1), &task())
+        else {
+            panic!("an unknown mcp key is invalid");
+        };
+        assert!(
+            message.len() < 300 && message.contains("1000004 bytes"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn repeated_server_ids_are_kept_once() {
+        let mut session = session();
+        session
+            .set_param(
+                "mcp.server_ids",
+                json!(["git", "fs", "git"].repeat(1000)),
+                &task(),
+            )
+            .unwrap();
+        assert_eq!(session.mcp.server_ids, ["git", "fs"]);
     }
 
     #[test]

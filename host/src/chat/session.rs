@@ -308,13 +308,11 @@ mod tests {
     fn replacing_a_param_or_a_tool_does_not_add_up() {
         let budget = budget(1 << 20);
         let mut session = ChatSession::new(&task(), &budget);
-        let big = json!(["x".repeat(100_000), "y"]);
-        for key in ["stop", "mcp.tool_allowlist", "model"] {
-            let value = if key == "model" {
-                json!("z".repeat(100_000))
-            } else {
-                big.clone()
-            };
+        for (key, value) in [
+            ("stop", json!(["x".repeat(100_000), "y"])),
+            ("mcp.tool_allowlist", json!(vec!["p".repeat(256); 64])),
+            ("model", json!("z".repeat(100_000))),
+        ] {
             for _ in 0..50 {
                 session.set_param(key, value.clone(), &task()).unwrap();
             }
