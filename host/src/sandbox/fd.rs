@@ -18,7 +18,7 @@ use slab::Slab;
 use super::{Charge, MemoryBudget};
 
 /// Charged per open fd for the fixed-size state an entry owns on the heap (a chat
-/// session's boxed content, an MCP grant); each fd kind's size is checked against it.
+/// session's shared content, whose size a test holds to this, an MCP grant).
 pub const FD_STATE_BYTES: u64 = 1024;
 
 /// An fd kind that can hold a `V` (one capability's per-fd state).
