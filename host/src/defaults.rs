@@ -107,6 +107,31 @@ pub const TASK_DEADLINE_MAX: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 /// Linear memory a task may grow to when its task file names no limit.
 pub const TASK_MEMORY_BYTES: u64 = 512 * 1024 * 1024;
 
+/// Host memory one task's guest may make the host hold for it: chat messages, params and
+/// tools, kept MCP outputs, response bodies, captured output and the copies a `cchat_send`
+/// makes while it runs. Past it hostcalls fail with `-ENOMEM` instead of growing the host.
+/// 64 MiB holds a long conversation with large tool results (a send briefly needs about
+/// twice its session) and a few inputs of [`MAX_GUEST_INPUT_BYTES`], while a flood from one
+/// guest stays an eighth of the linear memory ([`TASK_MEMORY_BYTES`]) a task may already
+/// use. `HostBuilder::with_task_host_memory` changes it per host; a task's
+/// `limits.host_memory_bytes` may only lower it.
+pub const TASK_HOST_MEMORY_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Guest tools that may run inside one another: a guest tool whose `cchat_send` makes the
+/// model call a guest tool again, and so on. Every level holds a fiber stack from the
+/// host's shared pool (the task itself holds one more), so without a bound one recursing
+/// guest takes the stacks every other task needs. A deeper call is a `tool_exec_failed`
+/// result the model sees; 4 leaves room for a tool that runs a sub-conversation of its own.
+pub const MAX_GUEST_TOOL_NESTING: u32 = 4;
+
+/// Tool patterns a chat session may set in `mcp.tool_allowlist` or `mcp.tool_denylist`.
+/// Every send matches each pattern against every offered MCP tool, in host time the
+/// deadline does not interrupt.
+pub const MAX_SESSION_PATTERNS: usize = 64;
+
+/// Longest session tool pattern; far longer than any tool name a model accepts (64).
+pub const MAX_PATTERN_BYTES: usize = 256;
+
 /// Period of the engine's epoch clock. Guest code is checked against its deadline (and
 /// yields to other tasks) once per tick, so this bounds how late a deadline can fire.
 pub const EPOCH_TICK: Duration = Duration::from_millis(10);

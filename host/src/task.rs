@@ -59,6 +59,10 @@ pub struct Limits {
     pub memory_bytes: Option<u64>,
     /// Open fds the guest may hold at once.
     pub max_fds: Option<usize>,
+    /// Host memory the guest may make the host hold for it (chat sessions, kept outputs,
+    /// responses, captured output); past it hostcalls fail with `-ENOMEM`. May only lower
+    /// the host's own limit.
+    pub host_memory_bytes: Option<u64>,
 }
 
 /// What one guest run is given. See the crate README for a complete `task.json`.
@@ -178,6 +182,12 @@ impl TaskSpec {
                 message: "must be greater than 0; omit it for the default".into(),
             });
         }
+        if self.limits.host_memory_bytes == Some(0) {
+            return Err(TaskError::Field {
+                field: "limits.host_memory_bytes",
+                message: "must be greater than 0; omit it for the host's default".into(),
+            });
+        }
         self.mcp_config()?;
         Ok(())
     }
@@ -216,6 +226,13 @@ impl TaskSpec {
         self
     }
 
+    /// Lowers the host memory budget of the task (`limits.host_memory_bytes`).
+    #[must_use]
+    pub fn with_host_memory_limit(mut self, bytes: u64) -> Self {
+        self.limits.host_memory_bytes = Some(bytes);
+        self
+    }
+
     #[must_use]
     pub fn with_entry(mut self, export: impl Into<String>) -> Self {
         self.entry = Some(export.into());
@@ -244,6 +261,14 @@ impl TaskSpec {
 
     pub fn max_fds(&self) -> usize {
         self.limits.max_fds.unwrap_or(defaults::MAX_FDS_PER_TASK)
+    }
+
+    /// The task's host memory budget, given the host's: the task's own limit can only
+    /// lower it.
+    pub fn host_memory_limit(&self, host_limit: u64) -> u64 {
+        self.limits
+            .host_memory_bytes
+            .map_or(host_limit, |limit| limit.min(host_limit))
     }
 
     /// The task layer of the MCP policy as written (`mcp.*` keys); profiles are applied
@@ -460,5 +485,20 @@ mod tests {
         assert!(err.to_string().contains("deadline"), "{err}");
         let err = TaskSpec::from_json(r#"{"task_id":"t","limits":{"deadline_ms":0}}"#).unwrap_err();
         assert!(err.to_string().contains("limits.deadline_ms"), "{err}");
+        let err =
+            TaskSpec::from_json(r#"{"task_id":"t","limits":{"host_memory_bytes":0}}"#).unwrap_err();
+        assert!(
+            err.to_string().contains("limits.host_memory_bytes"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_task_can_only_lower_the_hosts_memory_budget() {
+        let spec =
+            TaskSpec::from_json(r#"{"task_id":"t","limits":{"host_memory_bytes":1000}}"#).unwrap();
+        assert_eq!(spec.host_memory_limit(5000), 1000);
+        assert_eq!(spec.host_memory_limit(500), 500);
+        assert_eq!(TaskSpec::new("t").host_memory_limit(5000), 5000);
     }
 }

@@ -283,6 +283,17 @@ impl ScriptedLlm {
         self.shared.lock().script.push_back(reply);
     }
 
+    /// Drops the replies not yet served.
+    pub fn clear_script(&self) {
+        self.shared.lock().script.clear();
+    }
+
+    /// Forgets the requests recorded so far (a long run would otherwise keep them all);
+    /// [`request_count`](Self::request_count) keeps counting.
+    pub fn clear_recorded(&self) {
+        self.shared.lock().recorded.clear();
+    }
+
     fn chat_recorded(&self) -> Vec<Recorded> {
         self.shared
             .lock()

@@ -12,6 +12,18 @@ use tokio::sync::watch;
 /// How long in-flight requests may take to finish after the server is dropped.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
 
+thread_local! {
+    static SERVER_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is one of these servers' own, so a test that counts the
+/// host's allocations can leave the servers' memory out. Allocation-free.
+pub fn on_server_thread() -> bool {
+    SERVER_THREAD
+        .try_with(std::cell::Cell::get)
+        .unwrap_or(false)
+}
+
 /// A bound listener, before the router exists (so state can know the address).
 pub struct Bound {
     listener: std::net::TcpListener,
@@ -61,6 +73,7 @@ impl Bound {
         let thread = std::thread::Builder::new()
             .name(name)
             .spawn(move || {
+                SERVER_THREAD.with(|flag| flag.set(true));
                 let runtime = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()

@@ -42,7 +42,7 @@ errnos! {
     EIO = 5, "malformed JSON argument, internal or upstream protocol failure";
     EBADF = 9, "not an open fd, or an fd of another kind";
     EAGAIN = 11, "try again";
-    ENOMEM = 12, "a host-side memory budget was hit (e.g. an input over 16 MiB)";
+    ENOMEM = 12, "the task's host memory budget is spent, or an input is over 16 MiB";
     EACCES = 13, "denied by policy (registry, task or session layer)";
     EFAULT = 14, "pointer or length outside guest memory";
     EINVAL = 22, "invalid argument: bad level, invalid UTF-8, unknown command";

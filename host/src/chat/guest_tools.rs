@@ -8,7 +8,8 @@ use serde_json::{Value, json};
 use wasmtime::{Caller, Func, Ref};
 
 use super::{ChatView, GuestTools};
-use crate::sandbox::guest;
+use crate::defaults;
+use crate::sandbox::{guest, heap};
 
 /// The guest's funcref table: `__indirect_function_table`, else `table`, else the first
 /// exported table (looked up once at instantiation).
@@ -74,7 +75,17 @@ impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
                 out_ptr as i32,
                 len_ptr as i32,
             );
-            let rc = func.call_async(&mut *self.caller, params).await?;
+            let depth = self.caller.data_mut().sandbox().guest_tool_depth;
+            if depth >= defaults::MAX_GUEST_TOOL_NESTING {
+                return Ok(Err(format!(
+                    "guest tools may run inside one another at most {} deep (a guest tool's cchat_send called this one)",
+                    defaults::MAX_GUEST_TOOL_NESTING
+                )));
+            }
+            self.caller.data_mut().sandbox().guest_tool_depth = depth + 1;
+            let rc = func.call_async(&mut *self.caller, params).await;
+            self.caller.data_mut().sandbox().guest_tool_depth = depth;
+            let rc = rc?;
             let Ok((mem, _)) = guest(self.caller) else {
                 return Ok(Err("guest memory is gone".into()));
             };
@@ -130,15 +141,13 @@ pub(crate) fn is_valid_function_name(name: &str) -> bool {
 
 impl GuestTool {
     /// Checks an OpenAI tool definition from the guest.
-    pub(crate) fn parse(table_index: u32, definition: &str) -> Result<Self, String> {
-        let value: Value =
-            serde_json::from_str(definition).map_err(|e| format!("not JSON: {e}"))?;
+    pub(crate) fn from_json(table_index: u32, mut value: Value) -> Result<Self, String> {
         if value["type"] != "function" {
             return Err("`type` must be \"function\"".into());
         }
-        let function = value["function"]
-            .as_object()
-            .ok_or("`function` must be an object")?;
+        let Some(Value::Object(function)) = value.get_mut("function").map(Value::take) else {
+            return Err("`function` must be an object".into());
+        };
         let name = function
             .get("name")
             .and_then(Value::as_str)
@@ -163,6 +172,20 @@ impl GuestTool {
             definition: json!({"type": "function", "function": function}),
             table_index,
         })
+    }
+
+    /// What the tool holds in its session.
+    pub(crate) fn cost(&self) -> u64 {
+        heap::vec_slot::<GuestTool>()
+            .saturating_add(heap::string(self.name.len() as u64))
+            .saturating_add(heap::json(&self.definition))
+    }
+
+    /// [`from_json`](Self::from_json) of JSON text.
+    #[cfg(test)]
+    pub(crate) fn parse(table_index: u32, definition: &str) -> Result<Self, String> {
+        let value = serde_json::from_str(definition).map_err(|e| format!("not JSON: {e}"))?;
+        Self::from_json(table_index, value)
     }
 }
 

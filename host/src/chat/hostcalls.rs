@@ -4,17 +4,21 @@
 //! Each hostcall opens a span named after itself. The session layer of policy is decided
 //! when a param is set ([`ChatSession::set_param`] only narrows the task's MCP settings);
 //! which tools a send may offer and run is decided by the loop through the policy module.
+//! Whatever a hostcall makes the host hold is charged to the task's memory budget first:
+//! guest JSON before it is parsed, copies before they are made; at the limit the call is
+//! `-ENOMEM` and the session is as it was.
 
 use quiver_abi::Errno;
 use quiver_abi::ctl::{ADD_MESSAGE, GET_MESSAGES, GET_METRICS, SET_PARAM};
 use quiver_abi::send_flags;
-use serde_json::Value;
+use serde_json::{Value, json};
 use wasmtime::{Caller, Linker};
 
 use super::guest_tools::{CallerTools, tool_func};
-use super::session::{ChatResponse, ChatSession, ChatView};
+use super::params::shown;
+use super::session::{ChatResponse, ChatSession, ChatView, SetParamError, text_message_cost};
 use super::{GuestTool, ParamError, ROLES, SendContext, run};
-use crate::sandbox::{HostcallError, before_deadline, finish, guest};
+use crate::sandbox::{HostcallError, before_deadline, finish, guest, heap};
 
 /// Registers the `cchat_*` imports.
 pub fn add_to_linker<T: ChatView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
@@ -84,7 +88,8 @@ fn response<T: ChatView>(state: &mut T, fd: i32) -> Result<&mut ChatResponse, Er
 
 fn create<T: ChatView>(caller: &mut Caller<'_, T>) -> Result<i32, HostcallError> {
     let state = caller.data_mut();
-    let session = ChatSession::new(&state.mcp().policy);
+    let budget = state.sandbox().budget.clone();
+    let session = ChatSession::new(&state.mcp().policy, &budget);
     let sandbox = state.sandbox();
     let _span = tracing::debug_span!("cchat_create", task_id = %sandbox.task_id).entered();
     Ok(sandbox.fds.insert_as(session)?)
@@ -101,13 +106,13 @@ fn write_msg<T: ChatView>(
         tracing::trace_span!("cchat_write_msg", task_id = %state.sandbox().task_id, fd).entered();
     let role = mem.str(role.0, role.1)?;
     let content = mem.str(content.0, content.1)?;
+    let budget = state.sandbox().budget.clone();
     let session = session(state, fd)?;
     if !ROLES.contains(&role) {
         return Err(Errno::EINVAL.into());
     }
-    session
-        .messages
-        .push(serde_json::json!({"role": role, "content": content}));
+    let charge = budget.charge("chat message", text_message_cost(role, content))?;
+    session.push_message(json!({"role": role, "content": content}), charge)?;
     Ok(0)
 }
 
@@ -120,13 +125,24 @@ fn write_fn<T: ChatView>(
 ) -> Result<i32, HostcallError> {
     let task_id = caller.data_mut().sandbox().task_id.clone();
     let _span = tracing::debug_span!("cchat_write_fn", task_id = %task_id, fd, fn_offset).entered();
-    let definition = {
+    let (definition, _input) = {
         let (mem, state) = guest(caller)?;
+        let budget = state.sandbox().budget.clone();
         session(state, fd)?;
-        mem.str(json_ptr, json_len)?.to_owned()
+        let text = mem.str(json_ptr, json_len)?;
+        budget
+            .parse_json("guest tool", text.as_bytes())
+            .map_err(|errno| match errno {
+                // A definition that is not JSON is a bad definition, as in SPEAR.
+                Errno::EIO => {
+                    tracing::info!("cchat_write_fn: the tool definition is not JSON");
+                    Errno::EINVAL
+                }
+                other => other,
+            })?
     };
     let table_index = u32::try_from(fn_offset).map_err(|_| Errno::EINVAL)?;
-    let tool = GuestTool::parse(table_index, &definition).map_err(|reason| {
+    let tool = GuestTool::from_json(table_index, definition).map_err(|reason| {
         tracing::info!(%reason, "cchat_write_fn: refused tool definition");
         Errno::EINVAL
     })?;
@@ -137,7 +153,7 @@ fn write_fn<T: ChatView>(
         );
         return Err(Errno::EINVAL.into());
     }
-    session(caller.data_mut(), fd)?.add_guest_tool(tool);
+    session(caller.data_mut(), fd)?.add_guest_tool(tool)?;
     Ok(0)
 }
 
@@ -150,39 +166,44 @@ fn ctl<T: ChatView>(
 ) -> Result<i32, HostcallError> {
     let (mut mem, state) = guest(caller)?;
     let task_id = state.sandbox().task_id.clone();
+    let budget = state.sandbox().budget.clone();
     let _span = tracing::debug_span!("cchat_ctl", task_id = %task_id, fd, cmd).entered();
     match cmd {
         SET_PARAM => {
-            let arg: Value = serde_json::from_slice(mem.bytes_at_len_ptr(arg_ptr, arg_len_ptr)?)
-                .map_err(|_| Errno::EIO)?;
-            let Some(key) = arg["key"].as_str() else {
+            let input = mem.bytes_at_len_ptr(arg_ptr, arg_len_ptr)?;
+            let (arg, _input) = budget.parse_json("SET_PARAM input", input)?;
+            let Value::Object(mut arg) = arg else {
                 return Err(Errno::EINVAL.into());
             };
-            let value = arg.get("value").cloned().unwrap_or(Value::Null);
+            let Some(Value::String(key)) = arg.remove("key") else {
+                return Err(Errno::EINVAL.into());
+            };
+            let value = arg.remove("value").unwrap_or(Value::Null);
             let mcp = state.mcp().clone();
-            session(state, fd)?.set_param(key, value, &mcp.policy).map_err(|error| match error {
-                ParamError::Invalid(reason) => {
-                    tracing::info!(task_id = %task_id, fd, key, %reason, "SET_PARAM refused");
+            let set = session(state, fd)?.set_param(&key, value, &mcp.policy);
+            set.map_err(|error| match error {
+                SetParamError::Param(ParamError::Invalid(reason)) => {
+                    tracing::info!(task_id = %task_id, fd, key = %shown(&key), %reason, "SET_PARAM refused");
                     Errno::EINVAL
                 }
-                ParamError::Denied(reason) => {
-                    tracing::info!(task_id = %task_id, fd, key, %reason, "SET_PARAM denied by policy");
+                SetParamError::Param(ParamError::Denied(reason)) => {
+                    tracing::info!(task_id = %task_id, fd, key = %shown(&key), %reason, "SET_PARAM denied by policy");
                     Errno::EACCES
                 }
+                SetParamError::Budget(errno) => errno,
             })?;
             Ok(0)
         }
         ADD_MESSAGE => {
-            let message: Value =
-                serde_json::from_slice(mem.bytes_at_len_ptr(arg_ptr, arg_len_ptr)?)
-                    .map_err(|_| Errno::EIO)?;
+            let input = mem.bytes_at_len_ptr(arg_ptr, arg_len_ptr)?;
+            let (message, charge) = budget.parse_json("chat message", input)?;
             let valid_role = message["role"]
                 .as_str()
                 .is_some_and(|role| ROLES.contains(&role));
             if !message.is_object() || !valid_role {
                 return Err(Errno::EINVAL.into());
             }
-            session(state, fd)?.messages.push(message);
+            session(state, fd)?.push_message(message, charge)?;
             Ok(0)
         }
         GET_METRICS => {
@@ -192,9 +213,12 @@ fn ctl<T: ChatView>(
         }
         GET_MESSAGES => {
             let out = mem.out_buf(arg_ptr, arg_len_ptr)?;
-            let messages =
-                serde_json::to_vec(&session(state, fd)?.messages).map_err(|_| Errno::EIO)?;
-            Ok(mem.deliver(out, &messages)?)
+            let messages = &session(state, fd)?.messages;
+            let len = heap::json_len(messages);
+            let _copy = budget.charge("GET_MESSAGES copy", heap::alloc(len))?;
+            let mut bytes = Vec::with_capacity(usize::try_from(len).map_err(|_| Errno::ENOMEM)?);
+            serde_json::to_writer(&mut bytes, messages).map_err(|_| Errno::EIO)?;
+            Ok(mem.deliver(out, &bytes)?)
         }
         _ => Err(Errno::EINVAL.into()),
     }
@@ -209,13 +233,15 @@ async fn send<T: ChatView>(
         return Err(Errno::EINVAL.into());
     }
     let state = caller.data_mut();
-    let snapshot = session(state, fd)?.clone();
+    // Shares the session's content: a guest tool may write or close the session meanwhile.
+    let snapshot = session(state, fd)?.snapshot();
     let (mcp, chat) = (state.mcp().clone(), state.chat().clone());
     let sandbox = state.sandbox();
     if sandbox.fds.is_full() {
         return Err(Errno::EMFILE.into());
     }
     let (task_id, deadline) = (sandbox.task_id.clone(), sandbox.deadline);
+    let budget = sandbox.budget.clone();
     let span = tracing::info_span!("cchat_send", task_id = %task_id, fd, flags);
     let send_ctx = SendContext {
         task_id: &task_id,
@@ -223,6 +249,7 @@ async fn send<T: ChatView>(
         mcp: &mcp,
         backends: &chat.backends,
         deadline,
+        budget: &budget,
     };
     let settings = &snapshot.settings;
     let mut tools = CallerTools {
@@ -235,14 +262,18 @@ async fn send<T: ChatView>(
         deadline,
         tracing::Instrument::instrument(run::send(&snapshot, &send_ctx, &mut tools, auto), span),
     )
-    .await?
-    .map_err(HostcallError::Trap)?;
-    let state = caller.data_mut();
+    .await??;
+    drop(snapshot);
+    let fds = &mut caller.data_mut().sandbox().fds;
+    let response_fd = fds.insert_as(outcome.response)?;
     // A guest tool may have closed the session meanwhile; then there is nothing to update.
-    if let Ok(session) = session(state, fd) {
-        session.messages = outcome.messages;
+    if let Ok(session) = fds.get_as::<ChatSession>(fd)
+        && let Err(errno) = session.append_messages(outcome.added, outcome.added_charge)
+    {
+        let _ = fds.remove(response_fd);
+        return Err(errno.into());
     }
-    Ok(state.sandbox().fds.insert_as(outcome.response)?)
+    Ok(response_fd)
 }
 
 fn recv<T: ChatView>(

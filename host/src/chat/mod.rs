@@ -27,4 +27,4 @@ pub(crate) use metrics::Metrics;
 pub(crate) use params::{ParamError, SessionMcp, Settings};
 pub(crate) use run::{GuestTools, SendContext};
 pub(crate) use session::ROLES;
-pub use session::{ChatResponse, ChatSession, ChatTask, ChatView};
+pub use session::{ChatResponse, ChatSession, ChatTask, ChatView, SessionContent};

@@ -3,8 +3,10 @@
 
 use serde_json::Value;
 
+use super::session::SessionContent;
 use crate::defaults;
 use crate::policy::{Pattern, TaskMcpPolicy};
+use crate::sandbox::heap;
 
 /// Host-consumed settings of a session.
 #[derive(Clone, Debug)]
@@ -65,13 +67,57 @@ pub(crate) enum ParamError {
     Denied(String),
 }
 
+/// At most this much of a guest's key or value goes into a message (they may be megabytes).
+const SHOWN: usize = 80;
+
+/// The start of `text`, for a message.
+pub(crate) fn shown(text: &str) -> String {
+    if text.len() <= SHOWN {
+        return text.to_owned();
+    }
+    let mut end = SHOWN;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..end], text.len())
+}
+
+/// The start of `value` as JSON, for a message, without serialising all of it.
+fn shown_json(value: &Value) -> String {
+    struct Prefix(Vec<u8>);
+    impl std::io::Write for Prefix {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            let room = (SHOWN + 4).saturating_sub(self.0.len());
+            self.0.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            if bytes.len() > room {
+                return Err(std::io::ErrorKind::WriteZero.into());
+            }
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut prefix = Prefix(Vec::new());
+    let whole = serde_json::to_writer(&mut prefix, value).is_ok();
+    let text = String::from_utf8_lossy(&prefix.0);
+    if whole {
+        text.into_owned()
+    } else {
+        shown(&format!("{text}…"))
+    }
+}
+
 fn positive(key: &str, value: &Value) -> Result<u32, ParamError> {
     value
         .as_u64()
         .filter(|&v| v > 0 && v <= u32::MAX as u64)
         .map(|v| v as u32)
         .ok_or_else(|| {
-            ParamError::Invalid(format!("{key} must be a positive integer, got {value}"))
+            ParamError::Invalid(format!(
+                "{key} must be a positive integer, got {}",
+                shown_json(value)
+            ))
         })
 }
 
@@ -81,34 +127,134 @@ fn non_negative(key: &str, value: &Value) -> Result<u32, ParamError> {
         .filter(|&v| v <= u32::MAX as u64)
         .map(|v| v as u32)
         .ok_or_else(|| {
-            ParamError::Invalid(format!("{key} must be a non-negative integer, got {value}"))
+            ParamError::Invalid(format!(
+                "{key} must be a non-negative integer, got {}",
+                shown_json(value)
+            ))
         })
 }
 
 fn string(key: &str, value: &Value) -> Result<String, ParamError> {
-    value
-        .as_str()
-        .map(str::to_owned)
-        .ok_or_else(|| ParamError::Invalid(format!("{key} must be a string, got {value}")))
+    value.as_str().map(str::to_owned).ok_or_else(|| {
+        ParamError::Invalid(format!("{key} must be a string, got {}", shown_json(value)))
+    })
 }
 
 fn strings(key: &str, value: &Value) -> Result<Vec<String>, ParamError> {
     let items = value.as_array().ok_or_else(|| {
-        ParamError::Invalid(format!("{key} must be an array of strings, got {value}"))
+        ParamError::Invalid(format!(
+            "{key} must be an array of strings, got {}",
+            shown_json(value)
+        ))
     })?;
     items
         .iter()
         .map(|item| {
             item.as_str().map(str::to_owned).ok_or_else(|| {
-                ParamError::Invalid(format!("{key} must be an array of strings, found {item}"))
+                ParamError::Invalid(format!(
+                    "{key} must be an array of strings, found {}",
+                    shown_json(item)
+                ))
             })
         })
         .collect()
 }
 
-impl super::ChatSession {
+/// Session tool patterns: at most [`defaults::MAX_SESSION_PATTERNS`] of at most
+/// [`defaults::MAX_PATTERN_BYTES`] each, since every send matches each against every
+/// offered tool.
+fn patterns(key: &str, value: &Value) -> Result<Vec<Pattern>, ParamError> {
+    let items = strings(key, value)?;
+    if items.len() > defaults::MAX_SESSION_PATTERNS {
+        return Err(ParamError::Invalid(format!(
+            "{key} has {} patterns; at most {} are allowed",
+            items.len(),
+            defaults::MAX_SESSION_PATTERNS
+        )));
+    }
+    if let Some(long) = items.iter().find(|p| p.len() > defaults::MAX_PATTERN_BYTES) {
+        return Err(ParamError::Invalid(format!(
+            "{key}: pattern {} is longer than {} bytes",
+            shown(long),
+            defaults::MAX_PATTERN_BYTES
+        )));
+    }
+    Ok(items.into_iter().map(Pattern::new).collect())
+}
+
+/// Where a param's value is kept, for what it costs.
+enum Slot {
+    Model,
+    Backend,
+    ServerIds,
+    Allowlist,
+    Denylist,
+    Upstream,
+    /// Kept in a fixed-size field, or not kept at all.
+    Inline,
+}
+
+fn slot(key: &str) -> Slot {
+    match key {
+        "model" => Slot::Model,
+        "backend" => Slot::Backend,
+        "mcp.server_ids" => Slot::ServerIds,
+        "mcp.tool_allowlist" => Slot::Allowlist,
+        "mcp.tool_denylist" => Slot::Denylist,
+        "timeout_ms"
+        | "tool_arena_ptr"
+        | "tool_arena_len"
+        | "max_iterations"
+        | "max_total_tool_calls"
+        | "max_tool_calls"
+        | "max_tool_output_bytes"
+        | "mcp.enabled"
+        | "messages"
+        | "tools"
+        | "functions"
+        | "stream" => Slot::Inline,
+        k if k.starts_with("mcp.") => Slot::Inline,
+        _ => Slot::Upstream,
+    }
+}
+
+/// At least what setting `key` to `value` makes the session hold (the exact cost is
+/// [`SessionContent::param_cost`] once it is set).
+pub(crate) fn new_param_cost(key: &str, value: &Value) -> u64 {
+    match slot(key) {
+        Slot::Inline => 0,
+        Slot::Upstream if value.is_null() => 0,
+        Slot::Upstream => heap::object_entry(key, value),
+        Slot::Model | Slot::Backend | Slot::ServerIds | Slot::Allowlist | Slot::Denylist => {
+            heap::json(value)
+        }
+    }
+}
+
+fn patterns_cost(patterns: &[Pattern]) -> u64 {
+    heap::strings(patterns.iter().map(Pattern::as_str))
+}
+
+impl SessionContent {
+    /// What the session holds for param `key` now.
+    pub(crate) fn param_cost(&self, key: &str) -> u64 {
+        let text = |s: &Option<String>| s.as_ref().map_or(0, |s| heap::string(s.len() as u64));
+        match slot(key) {
+            Slot::Model => text(&self.settings.model),
+            Slot::Backend => text(&self.settings.backend),
+            Slot::ServerIds => heap::strings(self.mcp.server_ids.iter().map(String::as_str)),
+            Slot::Allowlist => self.mcp.tool_allowlist.as_deref().map_or(0, patterns_cost),
+            Slot::Denylist => patterns_cost(&self.mcp.tool_denylist),
+            Slot::Upstream => self
+                .upstream
+                .get(key)
+                .map_or(0, |value| heap::object_entry(key, value)),
+            Slot::Inline => 0,
+        }
+    }
+
     /// Applies one SET_PARAM. `null` clears a forwarded key.
-    pub(crate) fn set_param(
+    pub(crate) fn apply_param(
         &mut self,
         key: &str,
         value: Value,
@@ -128,7 +274,10 @@ impl super::ChatSession {
             "max_tool_output_bytes" => s.max_tool_output_bytes = positive(key, &value)?,
             "mcp.enabled" => {
                 let enabled = value.as_bool().ok_or_else(|| {
-                    ParamError::Invalid(format!("mcp.enabled must be a boolean, got {value}"))
+                    ParamError::Invalid(format!(
+                        "mcp.enabled must be a boolean, got {}",
+                        shown_json(&value)
+                    ))
                 })?;
                 if enabled && !task.enabled {
                     return Err(ParamError::Denied(
@@ -138,35 +287,31 @@ impl super::ChatSession {
                 self.mcp.enabled = enabled;
             }
             "mcp.server_ids" => {
-                let ids = strings(key, &value)?;
+                let mut ids = strings(key, &value)?;
                 if let Some(outside) = ids.iter().find(|id| !task.allowed_server_ids.contains(id)) {
                     return Err(ParamError::Denied(format!(
-                        "server `{outside}` is not in the task's mcp.allowed_server_ids"
+                        "server `{}` is not in the task's mcp.allowed_server_ids",
+                        shown(outside)
                     )));
                 }
+                // Repeats add nothing but work for every send.
+                let mut seen = std::collections::HashSet::new();
+                ids.retain(|id| seen.insert(id.clone()));
                 self.mcp.server_ids = ids;
             }
-            "mcp.tool_allowlist" => {
-                self.mcp.tool_allowlist = Some(
-                    strings(key, &value)?
-                        .into_iter()
-                        .map(Pattern::new)
-                        .collect(),
-                )
-            }
-            "mcp.tool_denylist" => {
-                self.mcp.tool_denylist = strings(key, &value)?
-                    .into_iter()
-                    .map(Pattern::new)
-                    .collect()
-            }
+            "mcp.tool_allowlist" => self.mcp.tool_allowlist = Some(patterns(key, &value)?),
+            "mcp.tool_denylist" => self.mcp.tool_denylist = patterns(key, &value)?,
             k if k.starts_with("mcp.task_") => {
                 return Err(ParamError::Denied(format!(
-                    "{k} is set by the host from the task"
+                    "{} is set by the host from the task",
+                    shown(k)
                 )));
             }
             k if k.starts_with("mcp.") => {
-                return Err(ParamError::Invalid(format!("unknown MCP session key {k}")));
+                return Err(ParamError::Invalid(format!(
+                    "unknown MCP session key {}",
+                    shown(k)
+                )));
             }
             "messages" | "tools" | "functions" => {
                 return Err(ParamError::Invalid(format!(
@@ -196,6 +341,20 @@ mod tests {
 
     use super::*;
     use crate::chat::ChatSession;
+    use crate::chat::session::SetParamError;
+    use crate::sandbox::MemoryBudget;
+
+    fn session() -> ChatSession {
+        ChatSession::new(&task(), &MemoryBudget::unlimited())
+    }
+
+    fn invalid(result: Result<(), SetParamError>) -> bool {
+        matches!(result, Err(SetParamError::Param(ParamError::Invalid(_))))
+    }
+
+    fn denied(result: Result<(), SetParamError>) -> bool {
+        matches!(result, Err(SetParamError::Param(ParamError::Denied(_))))
+    }
 
     fn task() -> TaskMcpPolicy {
         TaskMcpPolicy {
@@ -210,7 +369,7 @@ mod tests {
 
     #[test]
     fn consumed_keys_are_typed_and_others_forwarded() {
-        let mut session = ChatSession::new(&task());
+        let mut session = session();
         session.set_param("model", json!("m"), &task()).unwrap();
         session
             .set_param("max_tool_calls", json!(3), &task())
@@ -238,40 +397,79 @@ mod tests {
             ("mcp.server_ids", json!("fs")),
             ("stream", json!(true)),
             ("tools", json!([])),
+            ("mcp.tool_allowlist", json!(vec!["a*"; 65])),
+            ("mcp.tool_denylist", json!(["x".repeat(257)])),
         ] {
-            assert!(
-                matches!(
-                    session.set_param(key, value, &task()),
-                    Err(ParamError::Invalid(_))
-                ),
-                "{key}"
-            );
+            assert!(invalid(session.set_param(key, value, &task())), "{key}");
         }
     }
 
     #[test]
+    fn messages_show_only_the_start_of_a_huge_key_or_value() {
+        let mut session = session();
+        let huge = "\u{0}".repeat(1_000_000);
+        for (key, value) in [
+            ("max_iterations", json!([huge.clone()])),
+            ("model", json!({"a": huge.clone()})),
+            ("mcp.server_ids", json!([huge.clone()])),
+        ] {
+            let message = match session.set_param(key, value, &task()) {
+                Err(SetParamError::Param(ParamError::Invalid(m) | ParamError::Denied(m))) => m,
+                other => panic!("{key}: {other:?}"),
+            };
+            assert!(message.len() < 300, "{key}: {} bytes", message.len());
+        }
+        let key = format!("mcp.{huge}");
+        let Err(SetParamError::Param(ParamError::Invalid(message))) =
+            session.set_param(&key, json!(1), &task())
+        else {
+            panic!("an unknown mcp key is invalid");
+        };
+        assert!(
+            message.len() < 300 && message.contains("1000004 bytes"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn repeated_server_ids_are_kept_once() {
+        let mut session = session();
+        session
+            .set_param(
+                "mcp.server_ids",
+                json!(["git", "fs", "git"].repeat(1000)),
+                &task(),
+            )
+            .unwrap();
+        assert_eq!(session.mcp.server_ids, ["git", "fs"]);
+    }
+
+    #[test]
     fn mcp_keys_only_narrow() {
-        let mut session = ChatSession::new(&task());
+        let mut session = session();
         assert_eq!(session.mcp.server_ids, ["fs"]);
         session
             .set_param("mcp.server_ids", json!(["git"]), &task())
             .unwrap();
-        assert!(matches!(
-            session.set_param("mcp.server_ids", json!(["web"]), &task()),
-            Err(ParamError::Denied(_))
-        ));
-        assert!(matches!(
-            session.set_param("mcp.task_tool_allowlist", json!(["*"]), &task()),
-            Err(ParamError::Denied(_))
-        ));
+        assert!(denied(session.set_param(
+            "mcp.server_ids",
+            json!(["web"]),
+            &task()
+        )));
+        assert!(denied(session.set_param(
+            "mcp.task_tool_allowlist",
+            json!(["*"]),
+            &task()
+        )));
         let disabled = TaskMcpPolicy {
             enabled: false,
             ..task()
         };
-        assert!(matches!(
-            session.set_param("mcp.enabled", json!(true), &disabled),
-            Err(ParamError::Denied(_))
-        ));
+        assert!(denied(session.set_param(
+            "mcp.enabled",
+            json!(true),
+            &disabled
+        )));
         session
             .set_param("mcp.enabled", json!(false), &disabled)
             .unwrap();

@@ -1,17 +1,25 @@
 //! One `cchat_send`: the request, and with AUTO_TOOL_CALL the tool-call loop.
+//!
+//! A send reads its session through a snapshot that shares it, and charges the task's memory
+//! budget for what it holds meanwhile: the messages it adds, its tool set, each request body
+//! (the copy and its serialised form) and the tool results of a turn. At the limit the send
+//! is `-ENOMEM` and adds nothing to the session.
 
 use std::future::Future;
 use std::time::{Duration, Instant};
 
 use serde_json::{Map, Value, json};
 
+use quiver_abi::Errno;
+
 use super::llm::{Backend, Backends, LlmError};
 use super::results::{ToolErrorCode, ToolFailure, mcp_result_text, truncate_output};
+use super::session::message_cost;
 use super::tools::{Resolution, Route, ToolSet};
 use super::wire::{AssistantMessage, ChatCompletion, ToolCall};
 use super::{ChatResponse, ChatSession, Metrics};
 use crate::mcp::{McpError, McpErrorCode, McpTask};
-use crate::sandbox::Deadline;
+use crate::sandbox::{Charge, Deadline, HostcallError, MemoryBudget, heap};
 
 /// Runs guest tools. The `cchat_*` glue implements it on the task's store; this module never
 /// touches wasm.
@@ -33,13 +41,33 @@ pub(crate) struct SendContext<'a> {
     pub(crate) mcp: &'a McpTask,
     pub(crate) backends: &'a Backends,
     pub(crate) deadline: Deadline,
+    pub(crate) budget: &'a MemoryBudget,
 }
 
-/// The response, and the session's messages after the send.
+/// The response, and the messages the send adds to its session (already charged).
 pub(crate) struct SendOutcome {
     pub(crate) response: ChatResponse,
-    pub(crate) messages: Vec<Value>,
+    pub(crate) added: Vec<Value>,
+    pub(crate) added_charge: Charge,
 }
+
+/// The messages a send adds, charged as they are added.
+struct Added {
+    messages: Vec<Value>,
+    charge: Charge,
+}
+
+impl Added {
+    fn push(&mut self, message: Value) -> Result<(), Errno> {
+        self.charge.grow(message_cost(&message))?;
+        self.messages.push(message);
+        Ok(())
+    }
+}
+
+/// A request body's fixed parts beyond what the session and the send already hold (its
+/// top-level object, the model name's copy, the messages array's spare room).
+const REQUEST_OVERHEAD: u64 = 4096;
 
 /// A tool call the model asked for, as planned before running.
 struct Planned<'a> {
@@ -114,25 +142,28 @@ fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
 }
 
-/// Sends `session`. Tool failures and upstream errors end up in the response; only a trap
-/// in a guest tool is an `Err`.
+/// Sends `session`. Tool failures and upstream errors end up in the response; an `Err` is
+/// a trap in a guest tool, or `-ENOMEM` when the budget cannot hold what the send needs.
 pub(crate) async fn send<G: GuestTools>(
     session: &ChatSession,
     ctx: &SendContext<'_>,
     guest: &mut G,
     auto_tool_call: bool,
-) -> Result<SendOutcome, wasmtime::Error> {
+) -> Result<SendOutcome, HostcallError> {
     let started = Instant::now();
     let mut metrics = Metrics::default();
-    let mut messages = session.messages.clone();
+    let mut added = Added {
+        messages: Vec::new(),
+        charge: ctx.budget.empty("cchat_send messages"),
+    };
     let mut summary = Vec::new();
     let backend = match ctx.backends.get(session.settings.backend.as_deref()) {
         Ok(backend) => backend,
         Err(error) => {
             let spear = json!({"backend": session.settings.backend, "iterations": 0});
             let body = json!({"error": error.to_json(), "_spear": spear});
-            let body = serde_json::to_vec(&body).unwrap_or_default();
-            return Ok(finish(body, metrics, started, messages));
+            let body = encode(&body);
+            return Ok(finish(body, metrics, started, added, ctx.budget)?);
         }
     };
     let model = session
@@ -140,7 +171,17 @@ pub(crate) async fn send<G: GuestTools>(
         .model
         .clone()
         .unwrap_or_else(|| backend.default_model().to_owned());
+    // The tool set copies the guest tools' definitions (and adds the MCP tools').
+    let mut tools_charge = ctx
+        .budget
+        .charge("cchat_send tool set", session.tools_bytes())?;
     let tools = ToolSet::build(session, ctx.mcp).await;
+    tools_charge.resize(
+        tools
+            .definitions
+            .iter()
+            .fold(0u64, |sum, d| sum.saturating_add(message_cost(d))),
+    )?;
     for decision in &tools.decisions {
         tracing::info!(task_id = ctx.task_id, session_fd = ctx.session_fd, server_id = %decision.server_id, tool = decision.tool.as_deref(), reason = ?decision.reason, detail = %decision.detail, "MCP policy decision");
     }
@@ -154,8 +195,21 @@ pub(crate) async fn send<G: GuestTools>(
     let mut total_calls = 0u32;
     let outcome: Result<ChatCompletion, SendError> = loop {
         metrics.iterations += 1;
-        let body = request_body(session, &model, &messages, &tools);
-        let completion = match request(&backend, &body, session, ctx, &mut metrics).await {
+        let copied = session
+            .charged_bytes()
+            .saturating_sub(session.tools_bytes())
+            .saturating_add(added.charge.bytes())
+            .saturating_add(tools_charge.bytes());
+        let mut request_charge = ctx.budget.charge(
+            "cchat_send request",
+            copied.saturating_add(REQUEST_OVERHEAD),
+        )?;
+        let body = request_body(session, &model, &added.messages, &tools);
+        // The backend serialises the body once more.
+        request_charge.grow(heap::alloc(heap::json_len(&body)))?;
+        let reply = request(&backend, &body, session, ctx, &mut metrics).await;
+        drop((body, request_charge));
+        let completion = match reply {
             Ok(completion) => completion,
             Err(error) => break Err(error.into()),
         };
@@ -168,7 +222,7 @@ pub(crate) async fn send<G: GuestTools>(
         };
         let calls = message.tool_calls();
         if calls.is_empty() {
-            messages.push(message_value(message));
+            added.push(message_value(message))?;
             break Ok(completion);
         }
         if !auto_tool_call {
@@ -185,20 +239,18 @@ pub(crate) async fn send<G: GuestTools>(
             break Err(SendError::limit("max_total_tool_calls", max, completion));
         }
         total_calls += wanted;
-        messages.push(message_value(message));
+        added.push(message_value(message))?;
         let tools_started = Instant::now();
-        let results = run_tool_calls(
-            calls,
-            &tools,
+        let turn = Turn {
+            tools: &tools,
             session,
             ctx,
-            guest,
-            &mut metrics,
-            &mut summary,
-        )
-        .await?;
+            metrics: &mut metrics,
+            summary: &mut summary,
+            added: &mut added,
+        };
+        run_tool_calls(calls, turn, guest).await?;
         metrics.latency_ms.tools += ms(tools_started.elapsed());
-        messages.extend(results);
     };
     let spear = json!({
         "backend": backend.name(),
@@ -216,25 +268,37 @@ pub(crate) async fn send<G: GuestTools>(
         // The upstream completion as it came, plus `_spear` (replacing any upstream one).
         Ok(mut completion) => {
             completion.rest.insert("_spear".into(), spear);
-            serde_json::to_vec(&completion)
+            encode(&completion)
         }
-        Err(error) => serde_json::to_vec(&error.into_body(spear)),
+        Err(error) => encode(&error.into_body(spear)),
     };
-    Ok(finish(body.unwrap_or_default(), metrics, started, messages))
+    Ok(finish(body, metrics, started, added, ctx.budget)?)
+}
+
+/// `value` as JSON in a buffer of exactly its length (a response body is kept, and charged,
+/// until the guest closes it; a grown buffer would hold up to twice that).
+fn encode(value: &impl serde::Serialize) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(usize::try_from(heap::json_len(value)).unwrap_or(0));
+    match serde_json::to_writer(&mut bytes, value) {
+        Ok(()) => bytes,
+        Err(_) => Vec::new(),
+    }
 }
 
 fn finish(
     body: Vec<u8>,
     mut metrics: Metrics,
     started: Instant,
-    messages: Vec<Value>,
-) -> SendOutcome {
+    added: Added,
+    budget: &MemoryBudget,
+) -> Result<SendOutcome, Errno> {
     metrics.latency_ms.total = ms(started.elapsed());
-    let response = ChatResponse {
-        body,
-        metrics: serde_json::to_vec(&metrics).unwrap_or_default(),
-    };
-    SendOutcome { response, messages }
+    let metrics = encode(&metrics);
+    Ok(SendOutcome {
+        response: ChatResponse::new(body, metrics, budget)?,
+        added: added.messages,
+        added_charge: added.charge,
+    })
 }
 
 /// The assistant message as it goes into the session, unknown fields and all.
@@ -242,11 +306,13 @@ fn message_value(message: &AssistantMessage) -> Value {
     serde_json::to_value(message).unwrap_or_default()
 }
 
-/// The upstream body: forwarded params, then what the host owns.
-fn request_body(session: &ChatSession, model: &str, messages: &[Value], tools: &ToolSet) -> Value {
+/// The upstream body: forwarded params, then what the host owns; the messages are the
+/// session's and those the send `added`.
+fn request_body(session: &ChatSession, model: &str, added: &[Value], tools: &ToolSet) -> Value {
     let mut body = session.upstream.clone();
     body.insert("model".into(), json!(model));
-    body.insert("messages".into(), json!(messages));
+    let messages = session.messages.iter().chain(added).cloned().collect();
+    body.insert("messages".into(), Value::Array(messages));
     if !tools.is_empty() {
         body.insert("tools".into(), json!(tools.definitions));
     }
@@ -311,18 +377,32 @@ fn mcp_arguments(raw: &str) -> Result<Map<String, Value>, McpError> {
     }
 }
 
+/// What one turn of tool calls works with, and where its results go.
+struct Turn<'a, 'c> {
+    tools: &'a ToolSet,
+    session: &'a ChatSession,
+    ctx: &'a SendContext<'c>,
+    metrics: &'a mut Metrics,
+    summary: &'a mut Vec<Value>,
+    added: &'a mut Added,
+}
+
 /// Runs one turn's tool calls: MCP calls concurrently (each server's `max_concurrency`
-/// bounds them), guest tools one at a time alongside; returns the `tool` messages in the
-/// model's order.
+/// bounds them), guest tools one at a time alongside; adds the `tool` messages in the
+/// model's order. Each guest tool's output is charged as soon as it is read.
 async fn run_tool_calls<G: GuestTools>(
     calls: &[ToolCall],
-    tools: &ToolSet,
-    session: &ChatSession,
-    ctx: &SendContext<'_>,
+    turn: Turn<'_, '_>,
     guest: &mut G,
-    metrics: &mut Metrics,
-    summary: &mut Vec<Value>,
-) -> Result<Vec<Value>, wasmtime::Error> {
+) -> Result<(), HostcallError> {
+    let Turn {
+        tools,
+        session,
+        ctx,
+        metrics,
+        summary,
+        added,
+    } = turn;
     let planned: Vec<Planned<'_>> = calls
         .iter()
         .enumerate()
@@ -386,27 +466,40 @@ async fn run_tool_calls<G: GuestTools>(
             }),
             _ => None,
         });
+    let mut outputs = ctx.budget.empty("cchat_send tool results");
+    let guest_outputs = &mut outputs;
     let guest_calls = async {
         let mut done = Vec::new();
         for (i, p) in planned.iter().enumerate() {
             if let Step::Guest { table_index, args } = &p.step {
                 let started = Instant::now();
-                let result = guest.call(*table_index, args).await?;
+                let result = guest
+                    .call(*table_index, args)
+                    .await
+                    .map_err(HostcallError::Trap)?;
+                if let Ok(text) = &result {
+                    guest_outputs.grow(heap::string(text.len() as u64))?;
+                }
                 let result = result.map_err(ToolFailure::exec);
                 done.push((i, result, started.elapsed()));
             }
         }
-        Ok::<_, wasmtime::Error>(done)
+        Ok::<_, HostcallError>(done)
     };
     let (mcp_done, guest_done) = tokio::join!(futures::future::join_all(mcp_calls), guest_calls);
+    let guest_done = guest_done?;
+    for (_, result, _) in &mcp_done {
+        if let Ok(text) = result {
+            outputs.grow(heap::string(text.len() as u64))?;
+        }
+    }
     let mut results: Vec<Option<(Result<String, ToolFailure>, Duration)>> =
         planned.iter().map(|_| None).collect();
-    for (i, result, elapsed) in mcp_done.into_iter().chain(guest_done?) {
+    for (i, result, elapsed) in mcp_done.into_iter().chain(guest_done) {
         results[i] = Some((result, elapsed));
     }
 
     let max = session.settings.max_tool_output_bytes as usize;
-    let mut messages = Vec::with_capacity(planned.len());
     for (p, result) in planned.iter().zip(results) {
         let mut entry = json!({"id": p.id, "name": p.name});
         let content = match (&p.step, result) {
@@ -451,9 +544,9 @@ async fn run_tool_calls<G: GuestTools>(
             (_, None) => unreachable!("every planned call ran"),
         };
         summary.push(entry);
-        messages.push(
+        added.push(
             json!({"role": "tool", "tool_call_id": p.id, "content": truncate_output(content, max)}),
-        );
+        )?;
     }
-    Ok(messages)
+    Ok(())
 }

@@ -1,14 +1,22 @@
 //! One task's chat state, and what the `cchat_*` fds hold.
+//!
+//! A session's content (messages, params, guest tools) is charged to the task's memory
+//! budget as it grows and given back when the session is closed. A send works on a
+//! snapshot that shares the content instead of copying it; should the session be written
+//! while a send runs (a guest tool may do that), the write copies the content first and the
+//! copy is charged too.
 
+use std::ops::Deref;
 use std::sync::Arc;
 
+use quiver_abi::Errno;
 use serde_json::{Map, Value};
 
 use super::llm::Backends;
-use super::{GuestTool, SessionMcp, Settings};
+use super::{GuestTool, ParamError, SessionMcp, Settings};
 use crate::mcp::McpView;
 use crate::policy::TaskMcpPolicy;
-use crate::sandbox::FdKindOf;
+use crate::sandbox::{Charge, FdKindOf, MemoryBudget, heap};
 
 /// Roles `cchat_write_msg` accepts.
 pub(crate) const ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
@@ -24,41 +32,363 @@ pub trait ChatView: McpView<Fd: FdKindOf<ChatSession> + FdKindOf<ChatResponse>> 
     fn chat(&self) -> &Arc<ChatTask>;
 }
 
-/// One chat session (`cchat_create`).
-#[derive(Clone, Debug)]
+/// One chat session (`cchat_create`); reads go to its [`SessionContent`].
 pub struct ChatSession {
+    content: Arc<SessionContent>,
+}
+
+/// What a session holds.
+pub struct SessionContent {
     pub(crate) messages: Vec<Value>,
     /// Params forwarded upstream as given.
     pub(crate) upstream: Map<String, Value>,
     pub(crate) settings: Settings,
     pub(crate) mcp: SessionMcp,
     pub(crate) guest_tools: Vec<GuestTool>,
+    /// The part of `charge` that is guest tools (a send copies them into its tool set).
+    tools_bytes: u64,
+    /// Everything above that a guest grew.
+    charge: Charge,
+}
+
+/// Why a SET_PARAM failed.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum SetParamError {
+    Param(ParamError),
+    /// The task's memory budget cannot hold the value.
+    Budget(Errno),
+}
+
+impl Deref for ChatSession {
+    type Target = SessionContent;
+    fn deref(&self) -> &SessionContent {
+        &self.content
+    }
+}
+
+/// What one message costs in a session: its value and its slot in the list.
+pub(crate) fn message_cost(message: &Value) -> u64 {
+    heap::json(message).saturating_add(heap::vec_slot::<Value>())
+}
+
+/// What `{"role": role, "content": content}` holds, before it is built.
+pub(crate) fn text_message_cost(role: &str, content: &str) -> u64 {
+    [4, role.len(), 7, content.len()]
+        .into_iter()
+        .fold(heap::object(2), |sum, len| {
+            sum.saturating_add(heap::string(len as u64))
+        })
+}
+
+impl SessionContent {
+    /// Bytes charged for the session: messages, params and guest tools.
+    pub(crate) fn charged_bytes(&self) -> u64 {
+        self.charge.bytes()
+    }
+
+    /// Bytes charged for the guest tools alone.
+    pub(crate) fn tools_bytes(&self) -> u64 {
+        self.tools_bytes
+    }
+
+    /// A copy, charged as much again.
+    fn try_clone(&self) -> Result<Self, Errno> {
+        Ok(Self {
+            charge: self.charge.try_clone()?,
+            messages: self.messages.clone(),
+            upstream: self.upstream.clone(),
+            settings: self.settings.clone(),
+            mcp: self.mcp.clone(),
+            guest_tools: self.guest_tools.clone(),
+            tools_bytes: self.tools_bytes,
+        })
+    }
 }
 
 impl ChatSession {
-    /// A session starting from the task's MCP defaults.
-    pub(crate) fn new(task: &TaskMcpPolicy) -> Self {
+    /// A session starting from the task's MCP defaults, charging `budget` as it grows.
+    pub(crate) fn new(task: &TaskMcpPolicy, budget: &MemoryBudget) -> Self {
         Self {
-            messages: Vec::new(),
-            upstream: Map::new(),
-            settings: Settings::default(),
-            mcp: SessionMcp::from_task(task),
-            guest_tools: Vec::new(),
+            content: Arc::new(SessionContent {
+                messages: Vec::new(),
+                upstream: Map::new(),
+                settings: Settings::default(),
+                mcp: SessionMcp::from_task(task),
+                guest_tools: Vec::new(),
+                tools_bytes: 0,
+                charge: budget.empty("chat session"),
+            }),
         }
     }
 
+    /// A read-only view of the session as it is now, for a send; it shares the content.
+    pub(crate) fn snapshot(&self) -> ChatSession {
+        Self {
+            content: self.content.clone(),
+        }
+    }
+
+    /// The content, copied first if a snapshot shares it.
+    fn content_mut(&mut self) -> Result<&mut SessionContent, Errno> {
+        if Arc::get_mut(&mut self.content).is_none() {
+            self.content = Arc::new(self.content.try_clone()?);
+        }
+        // Unshared now: the copy above has no other owner.
+        Arc::get_mut(&mut self.content).ok_or(Errno::ENOMEM)
+    }
+
+    /// Appends `message`, whose value is already charged by `charge`.
+    pub(crate) fn push_message(&mut self, message: Value, charge: Charge) -> Result<(), Errno> {
+        let content = self.content_mut()?;
+        content.charge.grow(heap::vec_slot::<Value>())?;
+        content.charge.absorb(charge);
+        content.messages.push(message);
+        Ok(())
+    }
+
+    /// Appends what a send added, already charged by `charge`.
+    pub(crate) fn append_messages(
+        &mut self,
+        messages: Vec<Value>,
+        charge: Charge,
+    ) -> Result<(), Errno> {
+        let content = self.content_mut()?;
+        content.charge.absorb(charge);
+        content.messages.extend(messages);
+        Ok(())
+    }
+
     /// Registers (or replaces) a guest tool.
-    pub(crate) fn add_guest_tool(&mut self, tool: GuestTool) {
-        match self.guest_tools.iter_mut().find(|t| t.name == tool.name) {
-            Some(existing) => *existing = tool,
-            None => self.guest_tools.push(tool),
+    pub(crate) fn add_guest_tool(&mut self, tool: GuestTool) -> Result<(), Errno> {
+        let content = self.content_mut()?;
+        let cost = tool.cost();
+        let replaced = content.guest_tools.iter().position(|t| t.name == tool.name);
+        let freed = replaced.map_or(0, |i| content.guest_tools[i].cost());
+        content.charge.grow(cost.saturating_sub(freed))?;
+        content.charge.shrink(freed.saturating_sub(cost));
+        content.tools_bytes = content
+            .tools_bytes
+            .saturating_sub(freed)
+            .saturating_add(cost);
+        match replaced {
+            Some(i) => content.guest_tools[i] = tool,
+            None => content.guest_tools.push(tool),
+        }
+        Ok(())
+    }
+
+    /// Applies one SET_PARAM, charging what the new value holds and giving back what the
+    /// one it replaces held.
+    pub(crate) fn set_param(
+        &mut self,
+        key: &str,
+        value: Value,
+        task: &TaskMcpPolicy,
+    ) -> Result<(), SetParamError> {
+        let content = self.content_mut().map_err(SetParamError::Budget)?;
+        let old = content.param_cost(key);
+        let bound = super::params::new_param_cost(key, &value);
+        let reserved = bound.saturating_sub(old);
+        content
+            .charge
+            .grow(reserved)
+            .map_err(SetParamError::Budget)?;
+        if let Err(error) = content.apply_param(key, value, task) {
+            content.charge.shrink(reserved);
+            return Err(SetParamError::Param(error));
+        }
+        let new = content.param_cost(key);
+        // `new <= bound`: the charge ends up the old total, less the old slot, plus the new.
+        content
+            .charge
+            .shrink(old.saturating_add(reserved).saturating_sub(new));
+        Ok(())
+    }
+
+    /// Test access to the session layer of MCP policy.
+    #[cfg(test)]
+    pub(crate) fn mcp_mut(&mut self) -> &mut SessionMcp {
+        match self.content_mut() {
+            Ok(content) => &mut content.mcp,
+            Err(errno) => panic!("an unlimited budget cannot be hit: {errno:?}"),
         }
     }
 }
 
 /// The answer to one `cchat_send` (a response fd).
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ChatResponse {
     pub(crate) body: Vec<u8>,
     pub(crate) metrics: Vec<u8>,
+    _charge: Charge,
+}
+
+impl ChatResponse {
+    /// A response whose bytes are charged to `budget`; `-ENOMEM` if it cannot hold them.
+    pub(crate) fn new(
+        body: Vec<u8>,
+        metrics: Vec<u8>,
+        budget: &MemoryBudget,
+    ) -> Result<Self, Errno> {
+        let bytes = heap::alloc(body.capacity() as u64)
+            .saturating_add(heap::alloc(metrics.capacity() as u64));
+        Ok(Self {
+            _charge: budget.charge("chat response", bytes)?,
+            body,
+            metrics,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn task() -> TaskMcpPolicy {
+        TaskMcpPolicy {
+            enabled: true,
+            default_server_ids: vec!["fs".into()],
+            allowed_server_ids: vec!["fs".into(), "git".into()],
+            tool_allowlist: None,
+            tool_denylist: vec![],
+            profile: None,
+        }
+    }
+
+    fn budget(limit: u64) -> MemoryBudget {
+        MemoryBudget::new(Arc::from("t"), limit)
+    }
+
+    fn charged(budget: &MemoryBudget, value: &Value) -> Charge {
+        budget.charge("test", heap::json(value)).unwrap()
+    }
+
+    #[test]
+    fn a_text_message_costs_what_it_holds_once_built() {
+        let (role, content) = ("assistant", "é".repeat(300));
+        let built = json!({"role": role, "content": content});
+        assert_eq!(text_message_cost(role, &content), heap::json(&built));
+    }
+
+    #[test]
+    fn the_fixed_state_of_a_session_fits_its_fd_charge() {
+        let arc_header = 2 * std::mem::size_of::<usize>();
+        let fixed = std::mem::size_of::<SessionContent>() + arc_header;
+        assert!(
+            heap::alloc(fixed as u64) <= crate::sandbox::FD_STATE_BYTES,
+            "{fixed}"
+        );
+    }
+
+    #[test]
+    fn content_is_charged_and_given_back_on_close() {
+        let budget = budget(1 << 20);
+        let mut session = ChatSession::new(&task(), &budget);
+        let message = json!({"role": "user", "content": "x".repeat(1000)});
+        session
+            .push_message(message.clone(), charged(&budget, &message))
+            .unwrap();
+        session
+            .set_param("temperature", json!(0.5), &task())
+            .unwrap();
+        session
+            .set_param("model", json!("m".repeat(500)), &task())
+            .unwrap();
+        let tool = GuestTool::parse(1, r#"{"type":"function","function":{"name":"t"}}"#).unwrap();
+        session.add_guest_tool(tool).unwrap();
+        assert_eq!(budget.used(), session.charged_bytes());
+        assert!(budget.used() > 1500, "{}", budget.used());
+        drop(session);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn replacing_a_param_or_a_tool_does_not_add_up() {
+        let budget = budget(1 << 20);
+        let mut session = ChatSession::new(&task(), &budget);
+        for (key, value) in [
+            ("stop", json!(["x".repeat(100_000), "y"])),
+            ("mcp.tool_allowlist", json!(vec!["p".repeat(256); 64])),
+            ("model", json!("z".repeat(100_000))),
+        ] {
+            for _ in 0..50 {
+                session.set_param(key, value.clone(), &task()).unwrap();
+            }
+            let held = budget.used();
+            assert!(held < 300_000, "{key}: {held}");
+            session.set_param(key, json!(null), &task()).ok();
+        }
+        session.set_param("stop", json!(null), &task()).unwrap();
+        session
+            .set_param("mcp.tool_allowlist", json!([]), &task())
+            .unwrap();
+        session.set_param("model", json!("m"), &task()).unwrap();
+        assert!(budget.used() < 1000, "{}", budget.used());
+        for _ in 0..50 {
+            let definition = format!(
+                r#"{{"type":"function","function":{{"name":"t","description":"{}"}}}}"#,
+                "d".repeat(50_000)
+            );
+            session
+                .add_guest_tool(GuestTool::parse(1, &definition).unwrap())
+                .unwrap();
+        }
+        assert!(budget.used() < 100_000, "{}", budget.used());
+        assert_eq!(session.tools_bytes(), session.guest_tools[0].cost());
+    }
+
+    #[test]
+    fn a_refused_or_failed_param_changes_nothing() {
+        let budget = budget(10_000);
+        let mut session = ChatSession::new(&task(), &budget);
+        assert_eq!(
+            session.set_param("stop", json!("x".repeat(20_000)), &task()),
+            Err(SetParamError::Budget(Errno::ENOMEM))
+        );
+        assert!(!session.upstream.contains_key("stop"));
+        assert!(matches!(
+            session.set_param("max_iterations", json!("many"), &task()),
+            Err(SetParamError::Param(ParamError::Invalid(_)))
+        ));
+        assert!(matches!(
+            session.set_param("mcp.server_ids", json!(["web", "x".repeat(100)]), &task()),
+            Err(SetParamError::Param(ParamError::Denied(_)))
+        ));
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn writing_while_a_snapshot_is_out_copies_and_charges_the_copy() {
+        let budget = budget(20_000);
+        let mut session = ChatSession::new(&task(), &budget);
+        let message = json!({"role": "user", "content": "x".repeat(6000)});
+        session
+            .push_message(message.clone(), charged(&budget, &message))
+            .unwrap();
+        let one = budget.used();
+        let snapshot = session.snapshot();
+        assert_eq!(budget.used(), one, "a snapshot shares, and costs nothing");
+        let small = json!({"role": "user", "content": "y"});
+        session
+            .push_message(small.clone(), charged(&budget, &small))
+            .unwrap();
+        assert!(budget.used() >= 2 * one, "the copy is charged");
+        assert_eq!(snapshot.messages.len(), 1, "the snapshot did not change");
+        assert_eq!(session.messages.len(), 2);
+        drop(snapshot);
+        assert_eq!(budget.used(), session.charged_bytes());
+        // A copy that does not fit is refused, and the session stays as it was.
+        let snapshot = session.snapshot();
+        let _filler = budget
+            .charge("filler", 20_000 - budget.used() - 100)
+            .unwrap();
+        assert_eq!(
+            session.push_message(small.clone(), budget.empty("none")),
+            Err(Errno::ENOMEM)
+        );
+        assert_eq!(session.messages.len(), 2);
+        drop(snapshot);
+    }
 }

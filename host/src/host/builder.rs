@@ -56,6 +56,7 @@ pub struct HostBuilder {
     task_queue_capacity: Option<u32>,
     task_queue_timeout: Option<Duration>,
     max_task_memory: u64,
+    task_host_memory: u64,
     tools_cache_ttl: Duration,
     connect_timeout: Duration,
     config: HostConfig,
@@ -78,6 +79,7 @@ impl Default for HostBuilder {
             task_queue_capacity: None,
             task_queue_timeout: None,
             max_task_memory: defaults::TASK_MEMORY_BYTES,
+            task_host_memory: defaults::TASK_HOST_MEMORY_BYTES,
             tools_cache_ttl: defaults::TOOLS_CACHE_TTL,
             connect_timeout: defaults::CONNECT_TIMEOUT,
             config: HostConfig::default(),
@@ -145,6 +147,14 @@ impl HostBuilder {
     /// The most linear memory any task may ask for; a task's own limit is capped by it.
     pub fn with_max_task_memory(mut self, bytes: u64) -> Self {
         self.max_task_memory = bytes;
+        self
+    }
+
+    /// The host memory budget of every task (default
+    /// [`TASK_HOST_MEMORY_BYTES`](defaults::TASK_HOST_MEMORY_BYTES)); a task's
+    /// `limits.host_memory_bytes` may only lower it.
+    pub fn with_task_host_memory(mut self, bytes: u64) -> Self {
+        self.task_host_memory = bytes;
         self
     }
 
@@ -294,6 +304,7 @@ impl HostBuilder {
                 admission,
                 registry: RwLock::new(Arc::new(registry)),
                 registry_dir: self.registry_dir,
+                task_host_memory: self.task_host_memory,
                 pool,
                 backends: Arc::new(backends),
             }),

@@ -24,8 +24,8 @@ use crate::chat::{ChatSession, ChatTask};
 use crate::mcp::{McpPool, McpTask, ServerStatus};
 use crate::policy::{self, PolicyReport, SessionRequest};
 use crate::registry::Registry;
-pub use crate::sandbox::{ModuleOrigin, TaskFailure};
-use crate::sandbox::{Runtime, Sandbox};
+pub use crate::sandbox::{HostMemoryUse, ModuleOrigin, TaskFailure};
+use crate::sandbox::{MemoryBudget, Runtime, Sandbox};
 use crate::task::{TaskError, TaskSpec};
 use admission::Admission;
 pub use admission::{BusyReason, TaskStatus};
@@ -38,6 +38,7 @@ struct HostInner {
     admission: Admission,
     registry: RwLock<Arc<Registry>>,
     registry_dir: Option<PathBuf>,
+    task_host_memory: u64,
     pool: Arc<McpPool>,
     backends: Arc<Backends>,
 }
@@ -89,6 +90,8 @@ pub struct TaskOutcome {
     /// Guest stdout/stderr when the task asked for capture, else empty.
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// The task's host memory budget and the most of it the task used.
+    pub host_memory: HostMemoryUse,
 }
 
 impl TaskOutcome {
@@ -217,8 +220,11 @@ impl Host {
         })?;
         let started = Instant::now();
         let memory_limit = task.memory_limit().min(self.inner.runtime.max_task_memory);
-        let (sandbox, captured) = Sandbox::for_task(task, &module.name, memory_limit)
-            .map_err(|e| setup_error(e.to_string()))?;
+        let host_memory_limit = task.host_memory_limit(self.inner.task_host_memory);
+        let (sandbox, captured) =
+            Sandbox::for_task(task, &module.name, memory_limit, host_memory_limit)
+                .map_err(|e| setup_error(e.to_string()))?;
+        let budget = sandbox.budget.clone();
         let state = TaskState {
             sandbox,
             mcp: Arc::new(mcp),
@@ -234,7 +240,7 @@ impl Host {
             .run(&module.pre, state, entry, span)
             .await
             .map_err(|e| setup_error(format!("{}: {e}", module.name)))?;
-        let (stdout, stderr) = captured.map(|c| c.contents()).unwrap_or_default();
+        let (stdout, stderr) = captured.map(|c| c.take()).unwrap_or_default();
         let outcome = TaskOutcome {
             exit_code: run.exit_code,
             failure: run.failure,
@@ -242,7 +248,11 @@ impl Host {
             elapsed: started.elapsed(),
             stdout,
             stderr,
+            host_memory: budget.usage(),
         };
+        if outcome.host_memory.unreleased_bytes > 0 {
+            tracing::error!(task_id = %task.task_id, unreleased = outcome.host_memory.unreleased_bytes, "host memory still charged after the task ended");
+        }
         let exit_code = outcome.exit_code;
         match &outcome.failure {
             None => {
@@ -260,7 +270,7 @@ impl Host {
     /// in the registry is left out.
     pub async fn explain_policy(&self, task: &TaskSpec) -> Result<PolicyReport, HostError> {
         let mcp = self.mcp_task(task)?;
-        let session = ChatSession::new(&mcp.policy);
+        let session = ChatSession::new(&mcp.policy, &MemoryBudget::unlimited());
         let tools = ToolSet::build(&session, &mcp).await;
         let McpTask {
             policy, registry, ..

@@ -13,7 +13,7 @@ use crate::sandbox::{FdKindOf, Sandbox, SandboxView};
 /// What an fd refers to.
 pub(crate) enum FdKind {
     McpSession(McpSession),
-    ChatSession(Box<ChatSession>),
+    ChatSession(ChatSession),
     ChatResponse(ChatResponse),
 }
 
@@ -31,7 +31,7 @@ impl FdKindOf<McpSession> for FdKind {
 
 impl FdKindOf<ChatSession> for FdKind {
     fn wrap(value: ChatSession) -> Self {
-        FdKind::ChatSession(Box::new(value))
+        FdKind::ChatSession(value)
     }
     fn peek(&mut self) -> Option<&mut ChatSession> {
         match self {

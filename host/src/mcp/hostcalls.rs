@@ -5,7 +5,9 @@
 //! call through the fd's [`Grant`](crate::policy::Grant) (its tool filter, and for calls
 //! [`Grant::check_call`](crate::policy::Grant::check_call), which adds the approval
 //! policy). A result that does not fit the guest's buffer stays on the fd and is handed
-//! back on the retry, so a retry never runs the tool twice.
+//! back on the retry, so a retry never runs the tool twice. Kept results and a call's
+//! arguments are charged to the task's memory budget; when it cannot hold them the call is
+//! `-ENOMEM`.
 
 use quiver_abi::Errno;
 use serde_json::{Value, json};
@@ -15,7 +17,9 @@ use wasmtime::{Caller, Linker};
 use super::session::{McpSession, McpView, PendingKey};
 use super::{McpError, McpErrorCode};
 use crate::policy::Denial;
-use crate::sandbox::{GuestMemory, HostcallError, OutBuf, before_deadline, finish, guest};
+use crate::sandbox::{
+    Charge, GuestMemory, HostcallError, MemoryBudget, OutBuf, before_deadline, finish, guest, heap,
+};
 
 /// Registers the `mcp_*` imports.
 pub fn add_to_linker<T: McpView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
@@ -152,22 +156,22 @@ fn encode(value: &impl serde::Serialize) -> Vec<u8> {
     serde_json::to_vec(value).expect("host-built JSON values always serialise")
 }
 
-/// Hands kept output back if this is the retry of the fd's last request.
-fn deliver_pending(
+/// Hands the fd's kept output back (for the retry of its last request); a retry needs no
+/// new memory, so it works even when the budget is spent.
+fn deliver_kept(
     mem: &mut GuestMemory<'_>,
     session: &mut McpSession,
-    key: &PendingKey,
     out: OutBuf,
-) -> Option<Result<i32, Errno>> {
-    let kept = session.pending_output(key)?;
-    let delivered = mem.deliver(out, kept);
+) -> Result<i32, Errno> {
+    let delivered = mem.deliver(out, session.kept_output());
     if delivered.is_ok() {
         session.clear_output();
     }
-    Some(delivered)
+    delivered
 }
 
-/// Delivers fresh output; if it does not fit, keeps it on the fd for the retry.
+/// Delivers fresh output; if it does not fit, keeps it on the fd for the retry, or is
+/// `-ENOMEM` when the task's budget cannot hold it (the needed length is still reported).
 fn deliver_fresh<T: McpView>(
     caller: &mut Caller<'_, T>,
     fd: i32,
@@ -178,9 +182,10 @@ fn deliver_fresh<T: McpView>(
     let (mut mem, state) = guest(caller)?;
     match mem.deliver(out, &bytes) {
         Err(Errno::ENOSPC) => {
+            let budget = state.sandbox().budget.clone();
             // The fd cannot have been closed meanwhile: the guest was waiting on us.
             if let Ok(session) = session(state, fd) {
-                session.keep_output(key, bytes);
+                session.keep_output(key, bytes, &budget)?;
             }
             Err(Errno::ENOSPC.into())
         }
@@ -208,8 +213,8 @@ async fn list_tools<T: McpView>(
         let mcp = state.mcp().clone();
         let (task_id, deadline) = (state.sandbox().task_id.clone(), state.sandbox().deadline);
         let session = session(state, fd)?;
-        if let Some(kept) = deliver_pending(&mut mem, session, &PendingKey::ListTools, out) {
-            return Ok(kept?);
+        if session.keeps_output_for(|key| *key == PendingKey::ListTools) {
+            return Ok(deliver_kept(&mut mem, session, out)?);
         }
         session.clear_output();
         (mcp, task_id, deadline, session.grant.clone(), out)
@@ -250,16 +255,18 @@ async fn call_tool<T: McpView>(
     caller: &mut Caller<'_, T>,
     call: CallArgs,
 ) -> Result<i32, HostcallError> {
-    let (mcp, task_id, deadline, entry, key, out, approval) = {
+    let (mcp, task_id, deadline, budget, entry, key, out, approval) = {
         let (mut mem, state) = guest(caller)?;
         let out = mem.out_buf(call.out_ptr, call.out_len_ptr)?;
-        let name = mem.str(call.name_ptr, call.name_len)?.to_owned();
-        let args = mem.bytes(call.args_ptr, call.args_len)?.to_vec();
+        let name = mem.str(call.name_ptr, call.name_len)?;
+        let args = mem.bytes(call.args_ptr, call.args_len)?;
         let mcp = state.mcp().clone();
-        let (task_id, deadline) = (state.sandbox().task_id.clone(), state.sandbox().deadline);
+        let sandbox = state.sandbox();
+        let (task_id, deadline) = (sandbox.task_id.clone(), sandbox.deadline);
+        let budget = sandbox.budget.clone();
         let session = session(state, call.fd)?;
         let server_id = session.grant.entry.server_id();
-        let approval = match session.grant.check_call(&name) {
+        let approval = match session.grant.check_call(name) {
             Ok(()) => Ok(()),
             Err(denial @ Denial::ApprovalRequired(_)) => Err(denial),
             Err(denial) => {
@@ -267,21 +274,33 @@ async fn call_tool<T: McpView>(
                 return Err(Errno::EACCES.into());
             }
         };
-        let key = PendingKey::CallTool { name, args };
-        if let Some(kept) = deliver_pending(&mut mem, session, &key, out) {
-            return Ok(kept?);
+        if session.keeps_output_for(|key| key.is_call(name, args)) {
+            return Ok(deliver_kept(&mut mem, session, out)?);
         }
+        // The key copies the name and arguments; the request to the server copies them again.
+        let copies = budget.charge(
+            "mcp_call_tool arguments",
+            heap::string(name.len() as u64)
+                .saturating_add(heap::alloc(args.len() as u64))
+                .saturating_mul(2),
+        )?;
+        let key = PendingKey::CallTool {
+            name: name.to_owned(),
+            args: args.to_vec(),
+        };
         session.clear_output();
         (
             mcp,
             task_id,
             deadline,
+            (budget, copies),
             session.grant.entry.clone(),
             key,
             out,
             approval,
         )
     };
+    let (budget, _copies) = budget;
     let PendingKey::CallTool { name, args } = &key else {
         unreachable!("built above")
     };
@@ -294,7 +313,7 @@ async fn call_tool<T: McpView>(
         );
         return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json()));
     }
-    let arguments = match parse_arguments(args)? {
+    let (arguments, _arguments_charge) = match parse_arguments(args, &budget)? {
         Ok(arguments) => arguments,
         Err(error) => return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json())),
     };
@@ -316,16 +335,26 @@ async fn call_tool<T: McpView>(
     deliver_fresh(caller, call.fd, key, out, bytes)
 }
 
+/// The parsed arguments of a call, with their charge.
+type Arguments = (serde_json::Map<String, Value>, Charge);
+
 /// Empty input means `{}`; text that is not JSON is `-EIO` (a malformed argument); JSON that
-/// is not an object is an `mcp_invalid_arguments` result, as a server would answer.
-fn parse_arguments(args: &[u8]) -> Result<Result<serde_json::Map<String, Value>, McpError>, Errno> {
+/// is not an object is an `mcp_invalid_arguments` result, as a server would answer. The
+/// parsed value is charged to `budget` before it is built (`-ENOMEM`).
+fn parse_arguments(
+    args: &[u8],
+    budget: &MemoryBudget,
+) -> Result<Result<Arguments, McpError>, Errno> {
     if args.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Ok(serde_json::Map::new()));
+        return Ok(Ok((
+            serde_json::Map::new(),
+            budget.empty("mcp_call_tool arguments"),
+        )));
     }
-    let text = std::str::from_utf8(args).map_err(|_| Errno::EINVAL)?;
-    match serde_json::from_str::<Value>(text).map_err(|_| Errno::EIO)? {
-        Value::Object(map) => Ok(Ok(map)),
-        other => Ok(Err(McpError::new(
+    std::str::from_utf8(args).map_err(|_| Errno::EINVAL)?;
+    match budget.parse_json("mcp_call_tool arguments", args)? {
+        (Value::Object(map), charge) => Ok(Ok((map, charge))),
+        (other, _) => Ok(Err(McpError::new(
             McpErrorCode::InvalidArguments,
             format!(
                 "tool arguments must be a JSON object, got {}",

@@ -7,7 +7,7 @@ use quiver_abi::Errno;
 use super::McpPool;
 use crate::policy::{self, Grant, Reason, SessionRequest, TaskMcpPolicy};
 use crate::registry::Registry;
-use crate::sandbox::{FdKindOf, SandboxView};
+use crate::sandbox::{Charge, FdKindOf, MemoryBudget, SandboxView, heap};
 
 /// The MCP side of one task: its policy layer, the registry snapshot it started with, and
 /// the host's pool. Fixed for the whole run.
@@ -61,11 +61,35 @@ pub(crate) enum PendingKey {
     CallTool { name: String, args: Vec<u8> },
 }
 
+impl PendingKey {
+    /// Whether this is the key of a call of `name` with `args`.
+    pub(crate) fn is_call(&self, name: &str, args: &[u8]) -> bool {
+        matches!(self, PendingKey::CallTool { name: n, args: a } if n == name && a == args)
+    }
+
+    /// What the key holds on the heap.
+    pub(crate) fn cost(&self) -> u64 {
+        match self {
+            PendingKey::ListTools => 0,
+            PendingKey::CallTool { name, args } => {
+                heap::string(name.len() as u64).saturating_add(heap::alloc(args.capacity() as u64))
+            }
+        }
+    }
+}
+
+/// Output kept for a retry, charged to the task's memory budget.
+struct Pending {
+    key: PendingKey,
+    bytes: Vec<u8>,
+    _charge: Charge,
+}
+
 /// One `mcp_open` fd: the server granted (registry ∩ task, fixed at open) and the output
 /// kept for a retry.
 pub struct McpSession {
     pub(crate) grant: Grant,
-    pending: Option<(PendingKey, Vec<u8>)>,
+    pending: Option<Pending>,
 }
 
 impl McpSession {
@@ -76,16 +100,37 @@ impl McpSession {
         }
     }
 
-    /// The kept output of `key`, if the last request on this fd was the same one.
-    pub(crate) fn pending_output(&self, key: &PendingKey) -> Option<&[u8]> {
-        match &self.pending {
-            Some((k, bytes)) if k == key => Some(bytes),
-            _ => None,
-        }
+    /// Whether output is kept for a request `is_key` recognises.
+    pub(crate) fn keeps_output_for(&self, is_key: impl FnOnce(&PendingKey) -> bool) -> bool {
+        self.pending
+            .as_ref()
+            .is_some_and(|pending| is_key(&pending.key))
     }
 
-    pub(crate) fn keep_output(&mut self, key: PendingKey, bytes: Vec<u8>) {
-        self.pending = Some((key, bytes));
+    /// The kept output (empty if there is none).
+    pub(crate) fn kept_output(&self) -> &[u8] {
+        self.pending.as_ref().map_or(&[], |pending| &pending.bytes)
+    }
+
+    /// Keeps `bytes` for the retry of `key`; `-ENOMEM` (and nothing kept) when the task's
+    /// budget cannot hold them.
+    pub(crate) fn keep_output(
+        &mut self,
+        key: PendingKey,
+        bytes: Vec<u8>,
+        budget: &MemoryBudget,
+    ) -> Result<(), Errno> {
+        self.pending = None;
+        let cost = key
+            .cost()
+            .saturating_add(heap::alloc(bytes.capacity() as u64));
+        let charge = budget.charge("kept MCP output", cost)?;
+        self.pending = Some(Pending {
+            key,
+            bytes,
+            _charge: charge,
+        });
+        Ok(())
     }
 
     pub(crate) fn clear_output(&mut self) {

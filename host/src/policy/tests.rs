@@ -13,6 +13,7 @@ use crate::registry::{
     ApprovalPolicy, Budgets, EnvRefError, Launch, LaunchUnavailable, ServerEntry, ServerRecord,
     Transport,
 };
+use crate::sandbox::MemoryBudget;
 
 fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEntry {
     ServerEntry {
@@ -407,11 +408,12 @@ impl Case {
     }
 
     fn session(&self, task: &TaskMcpPolicy) -> ChatSession {
-        let mut session = ChatSession::new(task);
-        session.mcp.enabled = self.session_enabled;
-        session.mcp.server_ids = self.session_servers.iter().map(|s| s.to_string()).collect();
-        session.mcp.tool_allowlist = self.session_allow.as_deref().map(patterns);
-        session.mcp.tool_denylist = patterns(&self.session_deny);
+        let mut session = ChatSession::new(task, &MemoryBudget::unlimited());
+        let mcp = session.mcp_mut();
+        mcp.enabled = self.session_enabled;
+        mcp.server_ids = self.session_servers.iter().map(|s| s.to_string()).collect();
+        mcp.tool_allowlist = self.session_allow.as_deref().map(patterns);
+        mcp.tool_denylist = patterns(&self.session_deny);
         session
     }
 }

@@ -7,9 +7,19 @@
 //! The table is generic over what an entry is (`K`, the host's `FdKind`), so the sandbox
 //! knows no capability; a capability reaches its own entries through [`FdKindOf`], and an
 //! fd of another kind is `-EBADF`.
+//!
+//! The table charges the task's memory budget for its slots and, per open fd,
+//! [`FD_STATE_BYTES`] for the fixed-size state behind it; what an entry grows beyond that
+//! (messages, kept output) is charged by the entry itself.
 
 use quiver_abi::Errno;
 use slab::Slab;
+
+use super::{Charge, MemoryBudget};
+
+/// Charged per open fd for the fixed-size state an entry owns on the heap (a chat
+/// session's shared content, whose size a test holds to this, an MCP grant).
+pub const FD_STATE_BYTES: u64 = 1024;
 
 /// An fd kind that can hold a `V` (one capability's per-fd state).
 pub trait FdKindOf<V>: Sized {
@@ -23,23 +33,35 @@ pub struct FdTable<K> {
     cap: usize,
     slot_bits: u32,
     next_serial: u32,
+    /// The slab's slots and [`FD_STATE_BYTES`] per open fd.
+    charge: Charge,
 }
 
 impl<K> FdTable<K> {
-    /// A table holding at most `cap` open fds (clamped to 1..=2^20).
-    pub fn new(cap: usize) -> Self {
+    /// A table holding at most `cap` open fds (clamped to 1..=2^20), charging `budget`.
+    pub fn new(cap: usize, budget: &MemoryBudget) -> Self {
         let cap = cap.clamp(1, 1 << 20);
         let slot_bits = usize::BITS - (cap - 1).leading_zeros();
         Self {
-            entries: Slab::with_capacity(cap.min(64)),
+            entries: Slab::new(),
             cap,
             slot_bits,
             next_serial: 1,
+            charge: budget.empty("fd table"),
         }
     }
 
+    /// What `len` open fds in a slab of `capacity` slots cost.
+    fn cost(capacity: usize, len: usize) -> u64 {
+        // A slab slot is an enum of the entry or a free-list link, with its tag.
+        let slot = (std::mem::size_of::<(i32, K)>().max(8) + 8) as u64;
+        super::heap::alloc(slot.saturating_mul(capacity as u64))
+            .saturating_add(FD_STATE_BYTES.saturating_mul(len as u64))
+    }
+
     /// Stores `kind` and returns its new fd, or `-EMFILE` when the table is full (or, after
-    /// billions of opens, when fresh numbers run out).
+    /// billions of opens, when fresh numbers run out), or `-ENOMEM` when the task's memory
+    /// budget cannot hold another fd.
     pub fn insert(&mut self, kind: K) -> Result<i32, Errno> {
         if self.entries.len() >= self.cap {
             return Err(Errno::EMFILE);
@@ -48,6 +70,13 @@ impl<K> FdTable<K> {
         if self.next_serial > max_serial {
             return Err(Errno::EMFILE);
         }
+        let len = self.entries.len() + 1;
+        let capacity = match self.entries.capacity() {
+            room if room >= len => room,
+            room => room.saturating_mul(2).max(4).min(self.cap).max(len),
+        };
+        self.charge.resize(Self::cost(capacity, len))?;
+        self.entries.reserve_exact(capacity - self.entries.len());
         let entry = self.entries.vacant_entry();
         let fd = ((self.next_serial << self.slot_bits) | entry.key() as u32) as i32;
         entry.insert((fd, kind));
@@ -75,7 +104,11 @@ impl<K> FdTable<K> {
     pub fn remove(&mut self, fd: i32) -> Result<K, Errno> {
         self.get_mut(fd)?;
         let slot = self.slot(fd).ok_or(Errno::EBADF)?;
-        Ok(self.entries.remove(slot).1)
+        let (_, kind) = self.entries.remove(slot);
+        let cost = Self::cost(self.entries.capacity(), self.entries.len());
+        // Shrinking never fails.
+        let _ = self.charge.resize(cost);
+        Ok(kind)
     }
 
     /// Stores one capability's state as a new fd.
@@ -102,7 +135,13 @@ impl<K> FdTable<K> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+
+    fn budget() -> MemoryBudget {
+        MemoryBudget::unlimited()
+    }
 
     #[derive(Debug)]
     enum Kind {
@@ -128,7 +167,7 @@ mod tests {
 
     #[test]
     fn an_fd_of_another_kind_is_ebadf() {
-        let mut table = FdTable::new(4);
+        let mut table = FdTable::new(4, &budget());
         let a = table.insert_as(7u8).unwrap();
         let b = table.insert(Kind::B).unwrap();
         assert_eq!(table.get_as::<u8>(a).copied(), Ok(7));
@@ -137,7 +176,7 @@ mod tests {
 
     #[test]
     fn fds_are_never_reused_and_closed_fds_are_ebadf() {
-        let mut table = FdTable::new(2);
+        let mut table = FdTable::new(2, &budget());
         let a = table.insert(session()).unwrap();
         table.remove(a).unwrap();
         let b = table.insert(session()).unwrap();
@@ -149,7 +188,7 @@ mod tests {
 
     #[test]
     fn the_cap_gives_emfile_and_closing_frees_room() {
-        let mut table = FdTable::new(3);
+        let mut table = FdTable::new(3, &budget());
         let fds: Vec<i32> = (0..3).map(|_| table.insert(session()).unwrap()).collect();
         assert_eq!(table.insert(session()).err(), Some(Errno::EMFILE));
         table.remove(fds[1]).unwrap();
@@ -159,10 +198,34 @@ mod tests {
 
     #[test]
     fn hostile_fd_numbers_are_ebadf() {
-        let mut table = FdTable::new(8);
+        let mut table = FdTable::new(8, &budget());
         table.insert(session()).unwrap();
         for fd in [-1, i32::MIN, 0, 1, 7, i32::MAX] {
             assert_eq!(table.get_mut(fd).err(), Some(Errno::EBADF), "fd {fd}");
         }
+    }
+
+    #[test]
+    fn open_fds_are_charged_and_a_full_budget_is_enomem() {
+        let budget = MemoryBudget::new(Arc::from("t"), 3 * FD_STATE_BYTES + 512);
+        let mut table = FdTable::new(100, &budget);
+        let a = table.insert(session()).unwrap();
+        let b = table.insert(session()).unwrap();
+        let charged = budget.used();
+        assert!(charged >= 2 * FD_STATE_BYTES, "{charged}");
+        let c = table.insert(session()).unwrap();
+        assert_eq!(table.insert(session()).err(), Some(Errno::ENOMEM));
+        assert_eq!(
+            table.len(),
+            3,
+            "a refused insert leaves the table as it was"
+        );
+        table.remove(c).unwrap();
+        assert!(table.insert(session()).is_ok(), "closing an fd makes room");
+        for fd in [a, b] {
+            table.remove(fd).unwrap();
+        }
+        drop(table);
+        assert_eq!(budget.used(), 0);
     }
 }

@@ -5,10 +5,16 @@
 //! [`SandboxView`], the way wasmtime-wasi's `WasiView` does: the host's store data
 //! implements it, so each capability borrows only what it needs and the borrow checker
 //! keeps guest memory and task state apart.
+//!
+//! Each task's [`MemoryBudget`] lives here too: capabilities charge it through the same view
+//! for the host state a guest grows, and [`heap`] says what that state costs.
 
+mod budget;
 mod cache;
+mod capture;
 mod deadline;
 mod fd;
+pub mod heap;
 mod hostcall;
 mod memory;
 mod misc;
@@ -21,23 +27,30 @@ use std::sync::Arc;
 use wasmtime::{Linker, Memory, StoreLimits, Table};
 use wasmtime_wasi::p1::WasiP1Ctx;
 
+pub use budget::{Charge, HostMemoryUse, MemoryBudget};
+pub use capture::CapturedOutput;
 pub use deadline::{Deadline, DeadlineExceeded};
-pub use fd::{FdKindOf, FdTable};
+pub use fd::{FD_STATE_BYTES, FdKindOf, FdTable};
 pub use hostcall::{HostcallError, before_deadline, finish};
 pub use memory::{GuestMemory, OutBuf, guest};
 pub use run::{TaskFailure, TaskRun};
 pub use runtime::{ModuleOrigin, Runtime, RuntimeOptions, default_cache_dir};
-pub use wasi::{CapturedOutput, SandboxSetupError};
+pub use wasi::SandboxSetupError;
 
 /// One task's sandbox: everything of a store that is not a capability's.
 pub struct Sandbox<K> {
     pub task_id: Arc<str>,
     pub deadline: Deadline,
+    /// The host memory this task's guest may make the host hold (`limits.host_memory_bytes`).
+    pub budget: MemoryBudget,
     pub fds: FdTable<K>,
     /// The guest's exported memory, looked up once after instantiation.
     pub memory: Option<Memory>,
     /// The guest's funcref table (for guest tools), looked up once after instantiation.
     pub table: Option<Table>,
+    /// Guest tools running now, one inside another (each holds a fiber stack of the host's
+    /// shared pool); at most [`MAX_GUEST_TOOL_NESTING`](crate::defaults::MAX_GUEST_TOOL_NESTING).
+    pub guest_tool_depth: u32,
     wasi: WasiP1Ctx,
     limits: StoreLimits,
 }

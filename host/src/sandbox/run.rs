@@ -13,7 +13,8 @@ use crate::defaults;
 /// Why a task ended without a normal exit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TaskFailure {
-    /// The guest trapped (including a memory-limit trap); the message has the backtrace.
+    /// The guest trapped (including a memory-limit trap); the message has the wasm
+    /// backtrace and the cause.
     Trap(String),
     /// The task's wall-clock deadline passed.
     Deadline(Duration),
@@ -117,5 +118,7 @@ fn classify(error: wasmtime::Error) -> (i32, Option<TaskFailure>) {
     if let Some(deadline) = error.downcast_ref::<DeadlineExceeded>() {
         return (124, Some(TaskFailure::Deadline(deadline.after)));
     }
-    (134, Some(TaskFailure::Trap(format!("{error:?}"))))
+    // `{:#}` is the wasm backtrace and the cause chain; `{:?}` would add the host's own Rust
+    // backtrace, whose symbolisation costs every trapping task tens of MB and much time.
+    (134, Some(TaskFailure::Trap(format!("{error:#}"))))
 }

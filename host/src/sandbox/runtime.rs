@@ -44,13 +44,17 @@ impl<T: SandboxView> Runtime<T> {
     ) -> wasmtime::Result<Self> {
         let slots = options.max_concurrent_tasks.max(1);
         let mut pooling = PoolingAllocationConfig::default();
-        // One instance, memory, table and fiber stack per running task. Admission control
-        // (crate::host) never runs more tasks than `slots`, so the pool cannot run out.
+        // One instance, memory and table per running task. Admission control (crate::host)
+        // never runs more tasks than `slots`, so the pool cannot run out. Fiber stacks are
+        // one per task plus one per nested guest-tool call it may make (each call back into
+        // the guest from an async hostcall runs on a fresh fiber); stacks are reserved
+        // address space, committed only when touched.
+        let stacks = slots.saturating_mul(1 + defaults::MAX_GUEST_TOOL_NESTING);
         pooling
             .total_core_instances(slots)
             .total_memories(slots)
             .total_tables(slots)
-            .total_stacks(slots)
+            .total_stacks(stacks)
             .max_memory_size(usize::try_from(options.max_task_memory).unwrap_or(usize::MAX))
             // A freed memory is given back to the kernel at once. Batching saved about 1 µs
             // per task here but keeps up to cores x (batch - 1) freed memories resident

@@ -4,29 +4,10 @@
 use std::sync::Arc;
 
 use wasmtime::StoreLimitsBuilder;
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
 
-use super::{Deadline, FdTable, Sandbox};
+use super::{CapturedOutput, Deadline, FdTable, MemoryBudget, Sandbox};
 use crate::task::TaskSpec;
-
-/// Guest output kept per stream when a task captures it.
-const CAPTURE_LIMIT: usize = 16 * 1024 * 1024;
-
-/// Guest stdout and stderr, when the task asked for capture.
-pub struct CapturedOutput {
-    stdout: MemoryOutputPipe,
-    stderr: MemoryOutputPipe,
-}
-
-impl CapturedOutput {
-    pub fn contents(&self) -> (Vec<u8>, Vec<u8>) {
-        (
-            self.stdout.contents().to_vec(),
-            self.stderr.contents().to_vec(),
-        )
-    }
-}
 
 /// A task whose sandbox cannot be set up as its spec asks; names the task field at fault.
 #[derive(Debug, thiserror::Error)]
@@ -54,13 +35,17 @@ pub enum SandboxSetupError {
 }
 
 impl<K> Sandbox<K> {
-    /// The sandbox `task` asks for; `argv0` is the module's name and `memory_limit` the
-    /// linear memory it may grow to. The error names the task field at fault.
+    /// The sandbox `task` asks for; `argv0` is the module's name, `memory_limit` the linear
+    /// memory it may grow to and `host_memory_limit` its host memory budget. The error
+    /// names the task field at fault.
     pub fn for_task(
         task: &TaskSpec,
         argv0: &str,
         memory_limit: u64,
+        host_memory_limit: u64,
     ) -> Result<(Self, Option<CapturedOutput>), SandboxSetupError> {
+        let task_id: Arc<str> = Arc::from(task.task_id.as_str());
+        let budget = MemoryBudget::new(task_id.clone(), host_memory_limit);
         let mut wasi = WasiCtxBuilder::new();
         let mut argv = vec![argv0.to_owned()];
         argv.extend(task.args.iter().cloned());
@@ -83,14 +68,12 @@ impl<K> Sandbox<K> {
         if task.inherit_stdin {
             wasi.inherit_stdin();
         }
-        let captured = task.capture_output.then(|| CapturedOutput {
-            stdout: MemoryOutputPipe::new(CAPTURE_LIMIT),
-            stderr: MemoryOutputPipe::new(CAPTURE_LIMIT),
-        });
+        let captured = task.capture_output.then(|| CapturedOutput::new(&budget));
         match &captured {
             Some(out) => {
-                wasi.stdout(out.stdout.clone());
-                wasi.stderr(out.stderr.clone());
+                let (stdout, stderr) = out.pipes();
+                wasi.stdout(stdout);
+                wasi.stderr(stderr);
             }
             None => {
                 wasi.inherit_stdout();
@@ -98,11 +81,13 @@ impl<K> Sandbox<K> {
             }
         }
         let sandbox = Sandbox {
-            task_id: Arc::from(task.task_id.as_str()),
+            task_id,
             deadline: Deadline::after(task.deadline()),
-            fds: FdTable::new(task.max_fds()),
+            fds: FdTable::new(task.max_fds(), &budget),
+            budget,
             memory: None,
             table: None,
+            guest_tool_depth: 0,
             wasi: wasi.build_p1(),
             limits: StoreLimitsBuilder::new()
                 .memory_size(usize::try_from(memory_limit).unwrap_or(usize::MAX))
@@ -128,7 +113,7 @@ mod tests {
             guest: "/data".into(),
             read_only: true,
         });
-        let Err(error) = Sandbox::<()>::for_task(&task, "guest.wasm", 1 << 20) else {
+        let Err(error) = Sandbox::<()>::for_task(&task, "guest.wasm", 1 << 20, 1 << 20) else {
             panic!("the preopen does not exist");
         };
         assert!(

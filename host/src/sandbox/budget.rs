@@ -1,0 +1,338 @@
+//! A task's host-side memory budget: every byte of host state a guest can grow is charged
+//! to it, and released when that state is freed.
+//!
+//! The linear-memory limit bounds what a guest holds in its own memory; this bounds what it
+//! makes the host hold for it (chat messages, params, tools, kept outputs, response bodies,
+//! captured output, the copies a send makes). A [`Charge`] is owned by the value it accounts
+//! for and gives its bytes back when dropped, so state freed by any path (a close, the end
+//! of the task, an error halfway) is released without anyone remembering to. Growing a
+//! charge past the limit fails with `-ENOMEM` before the state changes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use quiver_abi::Errno;
+use serde_json::Value;
+
+use super::heap;
+
+/// One task's budget; clones share it. The limit is `limits.host_memory_bytes`.
+#[derive(Clone, Debug)]
+pub struct MemoryBudget {
+    account: Arc<Account>,
+}
+
+#[derive(Debug)]
+struct Account {
+    task_id: Arc<str>,
+    limit: u64,
+    used: AtomicU64,
+    peak: AtomicU64,
+}
+
+/// What a task's budget saw, reported in its outcome.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostMemoryUse {
+    /// The budget (`limits.host_memory_bytes`, capped by the host's).
+    pub limit_bytes: u64,
+    /// The most host memory the task held at once.
+    pub peak_bytes: u64,
+    /// Bytes still charged when the task ended; always 0 unless the host has a bug.
+    pub unreleased_bytes: u64,
+}
+
+impl MemoryBudget {
+    /// A budget of `limit` bytes for `task_id` (named in the log when it is hit).
+    pub fn new(task_id: Arc<str>, limit: u64) -> Self {
+        Self {
+            account: Arc::new(Account {
+                task_id,
+                limit,
+                used: AtomicU64::new(0),
+                peak: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// A budget that is never hit, for state built outside a task (e.g. `--explain-policy`).
+    pub fn unlimited() -> Self {
+        Self::new(Arc::from(""), u64::MAX)
+    }
+
+    pub fn limit(&self) -> u64 {
+        self.account.limit
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> u64 {
+        self.account.used.load(Ordering::SeqCst)
+    }
+
+    pub fn usage(&self) -> HostMemoryUse {
+        HostMemoryUse {
+            limit_bytes: self.limit(),
+            peak_bytes: self.account.peak.load(Ordering::SeqCst),
+            unreleased_bytes: self.used(),
+        }
+    }
+
+    /// A charge of `bytes` for `what`, or `-ENOMEM` if the budget cannot hold it.
+    pub fn charge(&self, what: &'static str, bytes: u64) -> Result<Charge, Errno> {
+        let mut charge = self.empty(what);
+        charge.grow(bytes)?;
+        Ok(charge)
+    }
+
+    /// A charge of nothing yet, to be grown as `what` grows.
+    pub fn empty(&self, what: &'static str) -> Charge {
+        Charge {
+            budget: self.clone(),
+            what,
+            bytes: 0,
+        }
+    }
+
+    /// Parses guest JSON `text`, charging what the value will hold before it is built:
+    /// `-EIO` for text that is not JSON, `-ENOMEM` when the budget cannot hold the value.
+    /// The charge goes with the value; drop it when the value is gone.
+    pub fn parse_json(&self, what: &'static str, text: &[u8]) -> Result<(Value, Charge), Errno> {
+        let cost = heap::json_text(text).map_err(|_| Errno::EIO)?;
+        let charge = self.charge(what, cost)?;
+        let value = serde_json::from_slice(text).map_err(|_| Errno::EIO)?;
+        Ok((value, charge))
+    }
+
+    fn take(&self, what: &'static str, bytes: u64, quiet: bool) -> Result<(), Errno> {
+        let account = &self.account;
+        let reserved = account
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                used.checked_add(bytes)
+                    .filter(|&total| total <= account.limit)
+            });
+        match reserved {
+            Ok(before) => {
+                account.peak.fetch_max(before + bytes, Ordering::SeqCst);
+                Ok(())
+            }
+            Err(used) => {
+                if !quiet {
+                    tracing::debug!(
+                        task_id = %account.task_id,
+                        what,
+                        requested = bytes,
+                        used,
+                        limit = account.limit,
+                        "the task's host memory budget is exhausted (limits.host_memory_bytes); the hostcall fails with ENOMEM"
+                    );
+                }
+                Err(Errno::ENOMEM)
+            }
+        }
+    }
+
+    fn give_back(&self, bytes: u64) {
+        // Never below zero: a charge only gives back what it took.
+        let _ = self
+            .account
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                Some(used.saturating_sub(bytes))
+            });
+    }
+}
+
+/// Bytes of a budget held by one piece of state; given back when dropped.
+#[derive(Debug)]
+#[must_use = "a charge is given back as soon as it is dropped"]
+pub struct Charge {
+    budget: MemoryBudget,
+    what: &'static str,
+    bytes: u64,
+}
+
+impl Charge {
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Takes `more` bytes; `-ENOMEM` (and no change) if the budget cannot hold them.
+    pub fn grow(&mut self, more: u64) -> Result<(), Errno> {
+        if more == 0 {
+            return Ok(());
+        }
+        self.budget.take(self.what, more, false)?;
+        self.bytes = self.bytes.saturating_add(more);
+        Ok(())
+    }
+
+    /// Gives back up to `less` bytes.
+    pub fn shrink(&mut self, less: u64) {
+        let less = less.min(self.bytes);
+        self.budget.give_back(less);
+        self.bytes -= less;
+    }
+
+    /// Holds exactly `bytes`: shrinking always works, growing may be `-ENOMEM`.
+    pub fn resize(&mut self, bytes: u64) -> Result<(), Errno> {
+        match bytes.checked_sub(self.bytes) {
+            Some(more) => self.grow(more),
+            None => {
+                self.shrink(self.bytes - bytes);
+                Ok(())
+            }
+        }
+    }
+
+    /// Holds `wanted` bytes if the budget has room, else at least `needed` (for amortised
+    /// growth: room to spare when possible, never less than what is needed). Returns the
+    /// bytes now held.
+    pub fn resize_between(&mut self, needed: u64, wanted: u64) -> Result<u64, Errno> {
+        if wanted > self.bytes
+            && self
+                .budget
+                .take(self.what, wanted - self.bytes, true)
+                .is_ok()
+        {
+            self.bytes = wanted;
+            return Ok(wanted);
+        }
+        self.resize(needed)?;
+        Ok(self.bytes)
+    }
+
+    /// Takes over `other`'s bytes (a charge of the same budget), so they are given back
+    /// with this one.
+    pub fn absorb(&mut self, mut other: Charge) {
+        if Arc::ptr_eq(&self.budget.account, &other.budget.account) {
+            self.bytes = self.bytes.saturating_add(std::mem::take(&mut other.bytes));
+        }
+    }
+
+    /// A second charge of as many bytes, for a copy of what this one accounts for.
+    pub fn try_clone(&self) -> Result<Charge, Errno> {
+        self.budget.charge(self.what, self.bytes)
+    }
+
+    /// The budget this charge belongs to.
+    pub fn budget(&self) -> &MemoryBudget {
+        &self.budget
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        if self.bytes > 0 {
+            self.budget.give_back(self.bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn budget(limit: u64) -> MemoryBudget {
+        MemoryBudget::new(Arc::from("t"), limit)
+    }
+
+    #[test]
+    fn charges_are_given_back_when_dropped() {
+        let budget = budget(100);
+        let a = budget.charge("a", 60).unwrap();
+        assert_eq!(budget.used(), 60);
+        assert_eq!(budget.charge("b", 41).err(), Some(Errno::ENOMEM));
+        assert_eq!(budget.used(), 60, "a refused charge takes nothing");
+        let b = budget.charge("b", 40).unwrap();
+        assert_eq!(budget.used(), 100);
+        drop(a);
+        assert_eq!(budget.used(), 40);
+        drop(b);
+        assert_eq!(budget.usage().unreleased_bytes, 0);
+        assert_eq!(budget.usage().peak_bytes, 100);
+    }
+
+    #[test]
+    fn growing_past_the_limit_is_enomem_and_changes_nothing() {
+        let budget = budget(100);
+        let mut charge = budget.empty("x");
+        charge.grow(70).unwrap();
+        assert_eq!(charge.grow(31), Err(Errno::ENOMEM));
+        assert_eq!((charge.bytes(), budget.used()), (70, 70));
+        charge.resize(20).unwrap();
+        assert_eq!((charge.bytes(), budget.used()), (20, 20));
+        charge.resize(100).unwrap();
+        assert_eq!(charge.resize(101), Err(Errno::ENOMEM));
+        charge.shrink(u64::MAX);
+        assert_eq!((charge.bytes(), budget.used()), (0, 0));
+        assert_eq!(charge.grow(u64::MAX), Err(Errno::ENOMEM), "no overflow");
+    }
+
+    #[test]
+    fn resize_between_takes_spare_room_only_when_there_is_some() {
+        let budget = budget(100);
+        let mut charge = budget.empty("x");
+        assert_eq!(charge.resize_between(30, 60), Ok(60));
+        let _other = budget.charge("y", 30).unwrap();
+        assert_eq!(charge.resize_between(65, 120), Ok(65));
+        assert_eq!(charge.resize_between(80, 160), Err(Errno::ENOMEM));
+        assert_eq!(charge.bytes(), 65);
+        assert_eq!(budget.used(), 95);
+    }
+
+    #[test]
+    fn absorb_and_clone_keep_the_books_straight() {
+        let budget = budget(100);
+        let mut a = budget.charge("a", 10).unwrap();
+        a.absorb(budget.charge("b", 20).unwrap());
+        assert_eq!((a.bytes(), budget.used()), (30, 30));
+        let copy = a.try_clone().unwrap();
+        assert_eq!(budget.used(), 60);
+        let _big = budget.charge("c", 40).unwrap();
+        assert_eq!(a.try_clone().err(), Some(Errno::ENOMEM));
+        drop((a, copy));
+        assert_eq!(budget.used(), 40);
+        // A charge of another budget is not taken over: its bytes go back to their own.
+        let other = self::budget(10);
+        let mut c = budget.empty("c");
+        c.absorb(other.charge("o", 5).unwrap());
+        assert_eq!((c.bytes(), other.used()), (0, 0));
+    }
+
+    #[test]
+    fn guest_json_is_charged_before_it_is_parsed() {
+        let budget = budget(10_000);
+        let (value, charge) = budget.parse_json("t", br#"{"a":["b","c"]}"#).unwrap();
+        assert_eq!(charge.bytes(), heap::json(&value));
+        assert_eq!(budget.used(), charge.bytes());
+        drop(charge);
+        assert_eq!(budget.parse_json("t", b"{nope").err(), Some(Errno::EIO));
+        // 1 KB of text that would take far more than 10 KB once parsed.
+        let bomb = format!("[{}]", ["{}", r#"{"a":0}"#].repeat(60).join(","));
+        assert_eq!(
+            budget.parse_json("t", bomb.as_bytes()).err(),
+            Some(Errno::ENOMEM)
+        );
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn concurrent_charges_never_pass_the_limit() {
+        let budget = budget(1000);
+        std::thread::scope(|scope| {
+            for _ in 0..8 {
+                let budget = budget.clone();
+                scope.spawn(move || {
+                    for _ in 0..1000 {
+                        if let Ok(charge) = budget.charge("t", 7) {
+                            assert!(budget.used() <= 1000);
+                            drop(charge);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(budget.used(), 0);
+        assert!(budget.usage().peak_bytes <= 1000);
+    }
+}

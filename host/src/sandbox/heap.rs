@@ -1,0 +1,269 @@
+//! What host state costs: upper bounds on the heap a string or a JSON value takes, so a
+//! [`Charge`](super::Charge) can be taken before the state is built.
+//!
+//! Guest JSON is the input to be careful with: parsed into a `serde_json::Value`, text can
+//! take a hundred times its size (`[{"a":0},{"a":0},..]` gives one B-tree node of about 700
+//! bytes per 8 input bytes). [`json_text`] walks the text without building anything and
+//! returns the bound [`json`] gives for the value it parses to, so a 16 MiB input is charged
+//! (or refused) before it is parsed. The bounds count the allocator's bookkeeping and the
+//! spare room of growing vectors, so they stay above what the allocator really hands out.
+
+use std::mem::size_of;
+
+use serde::Serialize;
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::Value;
+
+/// The allocator's bookkeeping per block, with blocks rounded to 16 bytes (as glibc does).
+const ALLOC_OVERHEAD: u64 = 16;
+
+const VALUE: u64 = size_of::<Value>() as u64;
+
+/// One node of the B-tree behind a JSON object: 11 keys, 11 values, 12 child pointers and
+/// its header.
+const MAP_NODE: u64 = alloc((11 * (size_of::<String>() + size_of::<Value>()) + 12 * 8 + 16) as u64);
+
+/// One heap block holding `bytes`.
+pub const fn alloc(bytes: u64) -> u64 {
+    if bytes == 0 {
+        return 0;
+    }
+    match bytes
+        .saturating_add(ALLOC_OVERHEAD)
+        .checked_next_multiple_of(16)
+    {
+        Some(rounded) => rounded,
+        None => u64::MAX,
+    }
+}
+
+/// A `String` (or `Vec<u8>`) of `len` bytes.
+pub const fn string(len: u64) -> u64 {
+    alloc(len)
+}
+
+/// One element of a `Vec<T>` grown by pushing: the element and the spare room doubling
+/// leaves.
+pub const fn vec_slot<T>() -> u64 {
+    2 * size_of::<T>() as u64
+}
+
+/// The buffer of a JSON array of `len` elements as the parser grows it (4, 8, 16, ..).
+fn array(len: u64) -> u64 {
+    if len == 0 {
+        return 0;
+    }
+    let capacity = len.checked_next_power_of_two().unwrap_or(u64::MAX).max(4);
+    alloc(capacity.saturating_mul(VALUE))
+}
+
+/// The B-tree nodes of a JSON object of `len` entries: every node but the root holds at
+/// least 5 entries, so `1 + len / 4` nodes bound leaves and inner nodes together.
+pub fn object(len: u64) -> u64 {
+    if len == 0 {
+        return 0;
+    }
+    MAP_NODE.saturating_mul(1 + len / 4)
+}
+
+/// A list of strings, bounded as a JSON array of them is (so a list parsed from one costs
+/// no more than the value it came from).
+pub fn strings<'a>(items: impl ExactSizeIterator<Item = &'a str>) -> u64 {
+    let len = items.len() as u64;
+    items.fold(array(len), |sum, s| {
+        sum.saturating_add(string(s.len() as u64))
+    })
+}
+
+/// One entry added to a JSON object (`key` → `value`), beyond the object's first node.
+pub fn object_entry(key: &str, value: &Value) -> u64 {
+    (MAP_NODE / 4)
+        .saturating_add(string(key.len() as u64))
+        .saturating_add(json(value))
+}
+
+/// The heap a JSON value owns (its own slot lives in its parent).
+pub fn json(value: &Value) -> u64 {
+    match value {
+        Value::String(s) => string(s.len() as u64),
+        Value::Array(items) => items.iter().fold(array(items.len() as u64), |sum, v| {
+            sum.saturating_add(json(v))
+        }),
+        Value::Object(map) => map.iter().fold(object(map.len() as u64), |sum, (k, v)| {
+            sum.saturating_add(string(k.len() as u64))
+                .saturating_add(json(v))
+        }),
+        Value::Null | Value::Bool(_) | Value::Number(_) => 0,
+    }
+}
+
+/// [`json`] of the value `text` parses to, without parsing it into one; an error for text
+/// that is not JSON (the same texts `serde_json::from_slice` refuses).
+pub fn json_text(text: &[u8]) -> Result<u64, serde_json::Error> {
+    let mut de = serde_json::Deserializer::from_slice(text);
+    let cost = Cost.deserialize(&mut de)?;
+    de.end()?;
+    Ok(cost)
+}
+
+/// Bytes `value` serialises to as JSON, counted without writing them anywhere.
+pub fn json_len(value: &impl Serialize) -> u64 {
+    struct Count(u64);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(bytes.len() as u64);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        // Only a type that refuses to serialise; its callers fail on it too.
+        Err(_) => 0,
+    }
+}
+
+/// Walks one JSON value, summing [`json`]'s bound for it.
+struct Cost;
+
+impl<'de> DeserializeSeed<'de> for Cost {
+    type Value = u64;
+    fn deserialize<D: Deserializer<'de>>(self, de: D) -> Result<u64, D::Error> {
+        de.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Cost {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<u64, E> {
+        Ok(0)
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<u64, E> {
+        Ok(0)
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<u64, E> {
+        Ok(0)
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<u64, E> {
+        Ok(0)
+    }
+    fn visit_unit<E>(self) -> Result<u64, E> {
+        Ok(0)
+    }
+    fn visit_str<E>(self, s: &str) -> Result<u64, E> {
+        Ok(string(s.len() as u64))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<u64, A::Error> {
+        let (mut len, mut sum) = (0u64, 0u64);
+        while let Some(cost) = seq.next_element_seed(Cost)? {
+            len += 1;
+            sum = sum.saturating_add(cost);
+        }
+        Ok(sum.saturating_add(array(len)))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<u64, A::Error> {
+        let (mut len, mut sum) = (0u64, 0u64);
+        while let Some(key) = map.next_key_seed(Cost)? {
+            let value = map.next_value_seed(Cost)?;
+            len += 1;
+            sum = sum.saturating_add(key).saturating_add(value);
+        }
+        Ok(sum.saturating_add(object(len)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::*;
+
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            "\\PC{0,20}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(6, 200, 12, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..12).prop_map(Value::Array),
+                prop::collection::btree_map("[a-z\u{e9}\"\\\\]{0,6}", inner, 0..12)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// The text walk gives the value's bound, so charging before parsing charges what
+        /// the parsed value is then held to.
+        #[test]
+        fn the_text_walk_agrees_with_the_value(value in any_json()) {
+            let text = serde_json::to_vec(&value).unwrap();
+            prop_assert_eq!(json_text(&text).unwrap(), json(&value));
+            prop_assert_eq!(json_len(&value), text.len() as u64);
+        }
+
+        #[test]
+        fn a_list_of_strings_costs_what_its_json_array_does(items in prop::collection::vec("\\PC{0,30}", 0..40)) {
+            let array = Value::from(items.clone());
+            prop_assert_eq!(strings(items.iter().map(String::as_str)), json(&array));
+        }
+    }
+
+    #[test]
+    fn amplifying_json_is_charged_for_what_it_parses_to() {
+        let text = format!("[{}]", vec![r#"{"a":0}"#; 10_000].join(","));
+        let cost = json_text(text.as_bytes()).unwrap();
+        assert!(
+            cost > 50 * text.len() as u64,
+            "{cost} for {} bytes",
+            text.len()
+        );
+        let duplicate_keys = json_text(br#"{"a":"xxxx","a":"yyyy"}"#).unwrap();
+        assert!(duplicate_keys >= json(&json!({"a": "yyyy"})));
+    }
+
+    #[test]
+    fn what_is_not_json_is_an_error() {
+        for bad in [&b"{"[..], b"[1,]", b"{} {}", b"nul", b"\"\xff\"", b""] {
+            assert!(
+                json_text(bad).is_err(),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        let deep = "[".repeat(100_000);
+        assert!(
+            json_text(deep.as_bytes()).is_err(),
+            "the recursion limit holds"
+        );
+    }
+
+    #[test]
+    fn sizes_count_the_allocator_and_never_overflow() {
+        assert_eq!(string(0), 0);
+        assert_eq!(string(1), 32);
+        assert_eq!(string(16), 32);
+        assert_eq!(string(17), 48);
+        assert_eq!(string(u64::MAX), u64::MAX);
+        assert_eq!(array(1), alloc(4 * VALUE));
+        assert_eq!(array(5), alloc(8 * VALUE));
+        assert_eq!(array(u64::MAX), alloc(u64::MAX));
+        assert_eq!(object(u64::MAX), u64::MAX);
+    }
+}
