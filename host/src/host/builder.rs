@@ -56,7 +56,7 @@ pub struct HostBuilder {
     task_queue_capacity: Option<u32>,
     task_queue_timeout: Option<Duration>,
     max_task_memory: u64,
-    task_host_memory: u64,
+    task_host_memory: Option<u64>,
     tools_cache_ttl: Duration,
     connect_timeout: Duration,
     config: HostConfig,
@@ -79,7 +79,7 @@ impl Default for HostBuilder {
             task_queue_capacity: None,
             task_queue_timeout: None,
             max_task_memory: defaults::TASK_MEMORY_BYTES,
-            task_host_memory: defaults::TASK_HOST_MEMORY_BYTES,
+            task_host_memory: None,
             tools_cache_ttl: defaults::TOOLS_CACHE_TTL,
             connect_timeout: defaults::CONNECT_TIMEOUT,
             config: HostConfig::default(),
@@ -150,11 +150,11 @@ impl HostBuilder {
         self
     }
 
-    /// The host memory budget of every task (default
-    /// [`TASK_HOST_MEMORY_BYTES`](defaults::TASK_HOST_MEMORY_BYTES)); a task's
-    /// `limits.host_memory_bytes` may only lower it.
+    /// The host memory budget of every task; a task's `limits.host_memory_bytes` may only
+    /// lower it. Overrides `[tasks] host_memory_bytes`; default
+    /// [`TASK_HOST_MEMORY_BYTES`](defaults::TASK_HOST_MEMORY_BYTES).
     pub fn with_task_host_memory(mut self, bytes: u64) -> Self {
-        self.task_host_memory = bytes;
+        self.task_host_memory = Some(bytes);
         self
     }
 
@@ -304,7 +304,10 @@ impl HostBuilder {
                 admission,
                 registry: RwLock::new(Arc::new(registry)),
                 registry_dir: self.registry_dir,
-                task_host_memory: self.task_host_memory,
+                task_host_memory: self
+                    .task_host_memory
+                    .or(tasks.host_memory_bytes)
+                    .unwrap_or(defaults::TASK_HOST_MEMORY_BYTES),
                 pool,
                 backends: Arc::new(backends),
             }),
@@ -389,6 +392,11 @@ mod tests {
                 "tasks.queue_timeout_ms",
             ),
             ("node-f.toml", "[tasks]\nqueue_size = 8\n", "queue_size"),
+            (
+                "node-g.toml",
+                "[tasks]\nhost_memory_bytes = 0\n",
+                "tasks.host_memory_bytes",
+            ),
         ] {
             let path = dir.join(name);
             std::fs::write(&path, text).unwrap();
@@ -446,5 +454,31 @@ mod tests {
             defaults::TASK_QUEUE_TIMEOUT.as_millis()
         );
         assert_eq!((defaults.running, defaults.queued), (0, 0));
+    }
+
+    #[test]
+    fn tasks_config_sets_the_host_memory_budget_and_the_builder_wins() {
+        let config: HostConfig = toml::from_str("[tasks]\nhost_memory_bytes = 4096\n").unwrap();
+        let budget = |builder: HostBuilder| {
+            builder
+                .without_disk_cache()
+                .build()
+                .unwrap()
+                .inner
+                .task_host_memory
+        };
+        assert_eq!(
+            budget(Host::builder().with_config(config.clone(), ".")),
+            4096
+        );
+        assert_eq!(
+            budget(
+                Host::builder()
+                    .with_config(config, ".")
+                    .with_task_host_memory(8192)
+            ),
+            8192
+        );
+        assert_eq!(budget(Host::builder()), defaults::TASK_HOST_MEMORY_BYTES);
     }
 }

@@ -34,6 +34,7 @@
 //! max_concurrent = 1024                  # tasks running at once
 //! queue_capacity = 16384                 # tasks waiting for a slot; more get "host busy"
 //! queue_timeout_ms = 60000               # longest wait for a slot
+//! host_memory_bytes = 67108864           # each task's host memory budget
 //! ```
 
 use std::collections::BTreeMap;
@@ -98,6 +99,9 @@ pub struct TasksConfig {
     pub queue_capacity: Option<u32>,
     /// Longest wait for a running slot ([`crate::defaults::TASK_QUEUE_TIMEOUT`]).
     pub queue_timeout_ms: Option<u64>,
+    /// Each task's host memory budget ([`crate::defaults::TASK_HOST_MEMORY_BYTES`]); a
+    /// task's `limits.host_memory_bytes` may only lower it.
+    pub host_memory_bytes: Option<u64>,
 }
 
 impl TasksConfig {
@@ -107,6 +111,12 @@ impl TasksConfig {
             return Err((
                 "tasks.max_concurrent",
                 "must be at least 1; omit it for the default",
+            ));
+        }
+        if self.host_memory_bytes == Some(0) {
+            return Err((
+                "tasks.host_memory_bytes",
+                "must be greater than 0; omit it for the default",
             ));
         }
         if self.queue_timeout_ms == Some(0) {
