@@ -375,6 +375,35 @@ async fn notification_and_request_floods_close_the_connection_and_the_next_call_
 }
 
 #[tokio::test]
+async fn a_flood_of_blank_lines_closes_the_connection_and_the_next_call_restarts_it() {
+    let registry = RegistryDir::new();
+    let server = hostile(&registry, "normal", 0, LONG);
+    let host = host(&registry);
+    let called = call_all(
+        &host,
+        &server,
+        &[
+            ("ok", json!({})),
+            ("blank_flood", json!({})),
+            ("ok", json!({})),
+        ],
+    )
+    .await;
+    let first = called[0].ok();
+    called[1].failed_at_once("mcp_unavailable");
+    assert!(
+        called[1]
+            .message()
+            .contains("more messages the host had to drop than it allows"),
+        "{:?}",
+        called[1]
+    );
+    assert_ne!(called[2].ok(), first, "a new process after the flood");
+    assert_eq!(connections(&host, &server), 2);
+    host.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_connection_closed_between_calls_is_never_handed_another_call() {
     let registry = RegistryDir::new();
     let server = hostile(&registry, "normal", 0, LONG);

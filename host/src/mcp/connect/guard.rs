@@ -193,6 +193,9 @@ pub(in crate::mcp) enum Incoming {
     Endless {
         seen: u64,
     },
+    /// A line with nothing on it: harmless alone, but it costs a read like any message,
+    /// so it counts against the server's rate.
+    Blank,
 }
 
 struct Pending {
@@ -355,6 +358,11 @@ impl Guard {
         }
         match incoming {
             Incoming::Message(message) => self.take_message(message),
+            Incoming::Blank if self.rate.take() => {}
+            Incoming::Blank => self.drop_one(&format!(
+                "a blank line over the rate of {} messages per second",
+                defaults::MCP_SERVER_MESSAGES_PER_SEC
+            )),
             Incoming::Endless { seen } => self.close(format!(
                 "server `{}` wrote one message of more than {seen} bytes, past every cap, so its connection was closed; the next call starts it again",
                 self.limits.server_id
