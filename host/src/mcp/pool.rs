@@ -354,12 +354,16 @@ impl McpPool {
             Ok(Launch::Stdio { .. }) => Some(self.process_permit(slot).await?),
             _ => None,
         };
+        let stdio = process_permit.is_some();
         let serial = slot.connections.fetch_add(1, Ordering::SeqCst) + 1;
-        match self.connector.open(&slot.entry, serial).await {
-            Ok(mut fresh) => {
+        match self
+            .connector
+            .open(&slot.entry, serial, process_permit)
+            .await
+        {
+            Ok(fresh) => {
                 *slot.backoff.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                if process_permit.is_some() {
-                    fresh.process_permit = process_permit;
+                if stdio {
                     self.start_reaper();
                 }
                 let fresh = Arc::new(fresh);
@@ -383,12 +387,15 @@ impl McpPool {
     }
 
     /// A permit to run one more server process. At the cap, stops the least recently used
-    /// server no call is using; fails at once when every one is busy.
+    /// server no call is using. When none can be stopped but some permit is held by a
+    /// server that is not serving (it died or is being stopped), waits for it to be gone,
+    /// within `starting`'s `tool_timeout_ms`; fails at once when every one is busy.
     async fn process_permit(
         &self,
         starting: &ServerSlot,
     ) -> Result<OwnedSemaphorePermit, McpError> {
         let max = self.shared.limits.max_server_processes;
+        let wait = starting.entry.record.budgets.tool_timeout;
         // Each round either gets a permit or stops a server; a few rounds cover servers
         // that other starting calls take meanwhile.
         for _ in 0..=max {
@@ -397,7 +404,24 @@ impl McpPool {
             }
             let Some((victim, conn)) = reaper::least_recently_used_idle(&self.shared, starting)
             else {
-                break;
+                if reaper::serving_processes(&self.shared, starting) >= max {
+                    break;
+                }
+                let processes = self.shared.processes.clone();
+                match tokio::time::timeout(wait, processes.acquire_owned()).await {
+                    Ok(Ok(permit)) => return Ok(permit),
+                    Ok(Err(_)) => break,
+                    Err(_) => {
+                        return Err(McpError::new(
+                            McpErrorCode::Unavailable,
+                            format!(
+                                "cannot start server `{}`: the host's {max} MCP server processes (max_server_processes) were still stopping after {} ms (budgets.tool_timeout_ms)",
+                                starting.entry.server_id(),
+                                wait.as_millis()
+                            ),
+                        ));
+                    }
+                }
             };
             tracing::info!(
                 server_id = victim.entry.server_id(),

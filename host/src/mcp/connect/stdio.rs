@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{ChildStdin, ChildStdout};
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
 use super::guard::Limits;
@@ -37,6 +38,7 @@ pub(super) fn spawn(
     env: &BTreeMap<String, String>,
     cwd: Option<&String>,
     secrets: &Secrets,
+    permit: Option<OwnedSemaphorePermit>,
 ) -> Result<(StdioTransport, ServerProcess), McpError> {
     let server_id = limits.server_id.clone();
     let mut cmd = tokio::process::Command::new(command);
@@ -55,7 +57,7 @@ pub(super) fn spawn(
         stdin,
         stdout,
         stderr,
-    } = process::spawn(cmd).map_err(|e| {
+    } = process::spawn(cmd, permit).map_err(|e| {
         unavailable(format!(
             "server `{server_id}`: cannot start `{command}`: {e}"
         ))
