@@ -14,6 +14,7 @@ use wasmtime::{Caller, Linker};
 
 use super::session::{McpSession, McpView, PendingKey};
 use super::{McpError, McpErrorCode};
+use crate::defaults;
 use crate::policy::Denial;
 use crate::sandbox::{GuestMemory, HostcallError, OutBuf, before_deadline, finish, guest};
 
@@ -253,6 +254,9 @@ async fn call_tool<T: McpView>(
     let (mcp, task_id, deadline, entry, key, out, approval) = {
         let (mut mem, state) = guest(caller)?;
         let out = mem.out_buf(call.out_ptr, call.out_len_ptr)?;
+        if usize::try_from(call.name_len).is_ok_and(|len| len > defaults::MAX_TOOL_NAME_BYTES) {
+            return Err(Errno::EINVAL.into());
+        }
         let name = mem.str(call.name_ptr, call.name_len)?.to_owned();
         let args = mem.bytes(call.args_ptr, call.args_len)?.to_vec();
         let mcp = state.mcp().clone();

@@ -146,7 +146,7 @@ pub(in crate::mcp) enum Kind {
 impl Kind {
     pub(in crate::mcp) fn of(request: &ClientRequest) -> Self {
         match request {
-            ClientRequest::CallToolRequest(call) => Kind::Call(call.params.name.to_string()),
+            ClientRequest::CallToolRequest(call) => Kind::Call(bounded_name(&call.params.name)),
             ClientRequest::ListToolsRequest(_) => Kind::List,
             ClientRequest::InitializeRequest(_) => Kind::Other("initialize"),
             ClientRequest::DiscoverRequest(_) => Kind::Other("server/discover"),
@@ -162,6 +162,16 @@ impl Kind {
             Kind::Other(method) => (*method).into(),
         }
     }
+}
+
+/// At most [`defaults::MAX_TOOL_NAME_BYTES`] of a tool name (an LLM may ask for any), cut
+/// at a character boundary: enough to name it in an error, never a large copy per request.
+fn bounded_name(name: &str) -> String {
+    let mut end = name.len().min(defaults::MAX_TOOL_NAME_BYTES);
+    while !name.is_char_boundary(end) {
+        end = end.saturating_sub(1);
+    }
+    name[..end].to_owned()
 }
 
 /// Why a transport could not turn what it read into a message.
@@ -647,6 +657,37 @@ mod tests {
         )));
         assert!(matches!(guard.pop(), Some(JsonRpcMessage::Response(_))));
         assert_eq!(guard.dropped, 2);
+    }
+
+    #[test]
+    fn a_pending_call_keeps_a_bounded_tool_name() {
+        let mut guard = Guard::new(limits());
+        // 128 falls inside an `é`: the name is cut before it.
+        guard.on_send(&call(1, &format!("a{}", "é".repeat(1 << 19))));
+        let kept: Vec<usize> = guard
+            .pending
+            .values()
+            .map(|p| match &p.kind {
+                Kind::Call(name) => name.len(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(kept, [defaults::MAX_TOOL_NAME_BYTES - 1]);
+    }
+
+    #[test]
+    fn blank_lines_count_against_the_rate_and_a_flood_of_them_closes() {
+        let mut guard = Guard::new(limits());
+        guard.on_send(&call(1, "a"));
+        for _ in 0..4 * (defaults::MCP_SERVER_MESSAGES_PER_SEC + defaults::MCP_MAX_DROPPED_MESSAGES)
+        {
+            guard.take(Incoming::Blank);
+        }
+        assert!(guard.is_closed());
+        assert!(
+            guard.pop().and_then(|m| m.into_error()).is_some(),
+            "the pending call fails"
+        );
     }
 
     #[test]
