@@ -327,6 +327,55 @@ async fn a_record_can_keep_its_server_up_when_idle() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_fails_to_build_starts_no_prewarmed_server() {
+    init_logging();
+    let dir = tempfile::tempdir().unwrap();
+    let registry = RegistryDir::new();
+    // Each server leaves a mark when it starts, and then waits for its stdin to close.
+    for id in ["failed", "built"] {
+        let mark = dir.path().join(id);
+        registry.write(
+            &format!("{id}.toml"),
+            &format!(
+                "server_id = {id:?}\ntransport = \"stdio\"\nallowed_tools = [\"*\"]\n\n[stdio]\ncommand = \"/bin/sh\"\nargs = [\"-c\", \"touch \\\"$0\\\"; cat >/dev/null\", {:?}]\n",
+                mark.display().to_string()
+            ),
+        );
+    }
+    let config = dir.path().join("quiver.toml");
+    std::fs::write(&config, "default_backend = \"nope\"\n").unwrap();
+    let failed = host_builder(&registry)
+        .with_config_file(&config)
+        .unwrap()
+        .with_prewarm(["failed"])
+        .build();
+    assert!(failed.is_err(), "the config names no such backend");
+    // A host built afterwards pre-warms its own server; had the failed build started
+    // one, it would have started first.
+    let host = host_builder(&registry)
+        .with_prewarm(["built"])
+        .build()
+        .unwrap();
+    until("the built host's server started", || {
+        dir.path().join("built").exists()
+    })
+    .await;
+    assert!(
+        !dir.path().join("failed").exists(),
+        "a failed build started a server"
+    );
+    // The server never answers `initialize`; shutdown does not wait out the 60 s connect
+    // timeout of the pre-warm still connecting.
+    let start = Instant::now();
+    bounded(host.shutdown()).await;
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "shutdown waited for a connect: {:?}",
+        start.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prewarmed_servers_start_with_the_host() {
     init_logging();
     let (warm, cold) = (unique_id("warm"), unique_id("cold"));

@@ -210,6 +210,10 @@ struct Shared {
     /// retired slot's last call ended.
     reaper_wake: Arc<Notify>,
     reaper_started: AtomicBool,
+    /// Shutdowns so far, and their wake-up: a connect in progress gives up at one rather
+    /// than make shutdown wait for its connect timeout.
+    shutdowns: AtomicU64,
+    shutdown: Notify,
 }
 
 impl Shared {
@@ -280,6 +284,8 @@ impl McpPool {
             limits,
             reaper_wake: Arc::new(Notify::new()),
             reaper_started: AtomicBool::new(false),
+            shutdowns: AtomicU64::new(0),
+            shutdown: Notify::new(),
         }
     }
 
@@ -322,6 +328,7 @@ impl McpPool {
 
     /// The live connection of `slot`, connecting (or reconnecting) if needed.
     async fn connect(&self, slot: &ServerSlot) -> Result<Arc<Connection>, McpError> {
+        let shutdowns = self.shared.shutdowns.load(Ordering::SeqCst);
         let mut conn = slot.conn.lock().await;
         if let Some(live) = conn.as_ref().filter(|c| c.is_alive()) {
             return Ok(live.clone());
@@ -356,11 +363,24 @@ impl McpPool {
         };
         let stdio = process_permit.is_some();
         let serial = slot.connections.fetch_add(1, Ordering::SeqCst) + 1;
-        match self
-            .connector
-            .open(&slot.entry, serial, process_permit)
-            .await
-        {
+        let shut_down = self.shared.shutdown.notified();
+        tokio::pin!(shut_down);
+        shut_down.as_mut().enable();
+        let cancelled = || {
+            McpError::new(
+                McpErrorCode::Unavailable,
+                "the MCP pool was shut down while connecting",
+            )
+        };
+        // Not a failure of the server's: no backoff.
+        if self.shared.shutdowns.load(Ordering::SeqCst) != shutdowns {
+            return Err(cancelled());
+        }
+        let opened = tokio::select! {
+            opened = self.connector.open(&slot.entry, serial, process_permit) => opened,
+            () = shut_down => return Err(cancelled()),
+        };
+        match opened {
             Ok(fresh) => {
                 *slot.backoff.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 if stdio {
@@ -660,9 +680,11 @@ impl McpPool {
 
     /// Closes every connection and stops every server process group: stdin closed, then
     /// SIGTERM, then SIGKILL, with [`defaults::SHUTDOWN_GRACE`] per step. Calls still in
-    /// flight fail with `mcp_unavailable`. The pool stays usable: a later call starts its
+    /// flight fail with `mcp_unavailable`, connects in progress at once. The pool stays usable: a later call starts its
     /// server again.
     pub async fn shutdown(&self) {
+        self.shared.shutdowns.fetch_add(1, Ordering::SeqCst);
+        self.shared.shutdown.notify_waiters();
         let mut slots: Vec<Arc<ServerSlot>> = self.shared.slots().drain().map(|(_, s)| s).collect();
         slots.append(&mut self.shared.retired());
         let closing = slots.into_iter().map(|slot| async move {
