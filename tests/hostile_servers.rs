@@ -564,6 +564,26 @@ async fn remote_answers_over_their_caps_fail_at_once_and_the_server_stays_usable
         }
         called[calls.len() - 1].ok();
     }
+    // An HTTP error's JSON body over rmcp's 64 KiB (below the output cap) is the server's
+    // failure, not an oversized result.
+    let called = call_all(
+        &host,
+        &streamable,
+        &[
+            (Misbehaviour::HugeJsonError.tool(), json!({})),
+            ("ok", json!({})),
+        ],
+    )
+    .await;
+    called[0].failed_at_once("tool_exec_failed");
+    assert!(
+        called[0]
+            .message()
+            .contains("with an HTTP error whose body is over"),
+        "{:?}",
+        called[0]
+    );
+    called[1].ok();
     host.shutdown().await;
 }
 

@@ -4,9 +4,12 @@
 //!
 //! Both read with the server's byte caps. For Streamable HTTP, [`AuthedClient`] asks rmcp to
 //! cap each SSE event at the cap of the request it answers and turns an event or JSON body
-//! over it into that request's `mcp_output_too_large` (rmcp itself caps a JSON body at
-//! 16 MiB); the transport is behind a [`Guarded`] like every connection. The legacy SSE
-//! stream is parsed by our bounded [`SseReader`] and checked by a [`Guard`].
+//! over it into that request's `mcp_output_too_large`. A plain JSON body is read by rmcp
+//! itself, up to its fixed 16 MiB, before our cap applies; an HTTP error body over rmcp's
+//! 64 KiB is the server's failure (`tool_exec_failed`). The transport is behind a
+//! [`Guarded`] like every connection. The legacy SSE stream is parsed by our bounded
+//! [`SseReader`] (capped at the largest message any request may get) and checked by a
+//! [`Guard`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -236,9 +239,19 @@ impl StreamableHttpClient for AuthedClient {
             return response;
         };
         match response {
-            Err(StreamableHttpError::ResponseBodyTooLarge { max_size }) => {
+            // rmcp reads a JSON result up to 16 MiB, an HTTP error's body up to 64 KiB: only
+            // a limit at or past the request's own cap means the result was too large.
+            Err(StreamableHttpError::ResponseBodyTooLarge { max_size })
+                if max_size >= self.limits.message_cap(&kind) =>
+            {
                 let seen = (max_size as u64).saturating_add(1);
                 let answer = too_large_answer(&self.limits, &kind, id, seen);
+                Ok(StreamableHttpPostResponse::Json(answer, None))
+            }
+            Err(StreamableHttpError::ResponseBodyTooLarge { max_size }) => {
+                let error = self.limits.error_body_too_large(&kind, max_size);
+                tracing::warn!(server_id = %self.limits.server_id, %error, "failing one request");
+                let answer = ServerJsonRpcMessage::error(host_error(&error), Some(id));
                 Ok(StreamableHttpPostResponse::Json(answer, None))
             }
             Ok(StreamableHttpPostResponse::Sse(events, session)) => {

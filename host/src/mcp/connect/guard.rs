@@ -127,6 +127,19 @@ impl Limits {
             ),
         )
     }
+
+    /// An HTTP error answer to `kind` whose body was over `max` bytes, the most rmcp reads
+    /// of an error body: a failure of the server's, not an oversized result.
+    pub(in crate::mcp) fn error_body_too_large(&self, kind: &Kind, max: usize) -> McpError {
+        McpError::new(
+            McpErrorCode::ToolExecFailed,
+            format!(
+                "server `{}` answered {} with an HTTP error whose body is over {max} bytes",
+                self.server_id,
+                kind.what()
+            ),
+        )
+    }
 }
 
 fn bytes_usize(bytes: u64) -> usize {
