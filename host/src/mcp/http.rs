@@ -8,11 +8,12 @@
 //! itself, up to its fixed 16 MiB, before our cap applies; an HTTP error body over rmcp's
 //! 64 KiB is the server's failure (`tool_exec_failed`). The transport is behind a
 //! [`Guarded`] like every connection. The legacy SSE stream is parsed by our bounded
-//! [`SseReader`] (capped at the largest message any request may get) and checked by a
+//! [`SseReader`] (capped, like stdio lines, at the largest answer pending) and checked by a
 //! [`Guard`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -401,6 +402,9 @@ pub(crate) struct LegacySse {
     headers: HashMap<HeaderName, HeaderValue>,
     incoming: mpsc::Receiver<Incoming>,
     guard: Guard,
+    /// The guard's read cap (the largest answer pending), for the reader task: it changes
+    /// as requests are sent and answered.
+    read_cap: Arc<AtomicUsize>,
     reader: tokio::task::JoinHandle<()>,
 }
 
@@ -463,7 +467,9 @@ impl LegacySse {
             });
         }
         let mut body = response.bytes_stream();
-        let mut reader = SseReader::new(client.limits.largest_message());
+        let guard = Guard::new(client.limits.clone());
+        let read_cap = Arc::new(AtomicUsize::new(guard.read_cap()));
+        let mut reader = SseReader::new(guard.read_cap());
         let mut events = Vec::new();
         let endpoint = 'endpoint: loop {
             for event in events.drain(..) {
@@ -511,6 +517,7 @@ impl LegacySse {
             });
         }
         let (tx, incoming) = mpsc::channel(64);
+        let cap = read_cap.clone();
         let reader = tokio::spawn(async move {
             // Events that came with the endpoint's bytes are read first.
             let mut events = events;
@@ -523,7 +530,10 @@ impl LegacySse {
                     }
                 }
                 match body.next().await {
-                    Some(Ok(bytes)) => reader.push(&bytes, &mut events),
+                    Some(Ok(bytes)) => {
+                        reader.set_cap(cap.load(Ordering::SeqCst));
+                        reader.push(&bytes, &mut events);
+                    }
                     Some(Err(error)) => {
                         tracing::warn!(error = %error_chain(&error), "legacy SSE: the event stream failed");
                         return;
@@ -532,13 +542,13 @@ impl LegacySse {
                 }
             }
         });
-        let guard = Guard::new(client.limits.clone());
         Ok(Self {
             post_url: endpoint.as_str().into(),
             client,
             headers,
             incoming,
             guard,
+            read_cap,
             reader,
         })
     }
@@ -581,6 +591,7 @@ impl Transport<RoleClient> for LegacySse {
         item: ClientJsonRpcMessage,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         self.guard.on_send(&item);
+        self.read_cap.store(self.guard.read_cap(), Ordering::SeqCst);
         let (url, client, headers) = (
             self.post_url.clone(),
             self.client.clone(),
@@ -630,6 +641,7 @@ impl Transport<RoleClient> for LegacySse {
             }
             let incoming = self.incoming.recv().await?;
             self.guard.take(incoming);
+            self.read_cap.store(self.guard.read_cap(), Ordering::SeqCst);
         }
     }
 
