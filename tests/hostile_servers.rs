@@ -404,6 +404,25 @@ async fn a_flood_of_blank_lines_closes_the_connection_and_the_next_call_restarts
 }
 
 #[tokio::test]
+async fn a_call_that_times_out_is_cancelled_so_the_connection_forgets_it() {
+    let registry = RegistryDir::new();
+    let server = hostile(&registry, "normal", 0, "tool_timeout_ms = 300");
+    let host = host(&registry);
+    let called = call_all(
+        &host,
+        &server,
+        &[("hang", json!({})), ("cancelled", json!({}))],
+    )
+    .await;
+    assert_eq!(called[0].code(), "mcp_timeout", "{:?}", called[0]);
+    // The cancellation goes out when the timed-out call is dropped; the guard drops its
+    // pending entry on the same message.
+    let cancelled: Vec<Value> = serde_json::from_str(called[1].text()).unwrap();
+    assert_eq!(cancelled.len(), 1, "{:?}", called[1]);
+    host.shutdown().await;
+}
+
+#[tokio::test]
 async fn a_connection_closed_between_calls_is_never_handed_another_call() {
     let registry = RegistryDir::new();
     let server = hostile(&registry, "normal", 0, LONG);

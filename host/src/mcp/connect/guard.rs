@@ -673,6 +673,21 @@ mod tests {
     }
 
     #[test]
+    fn a_cancelled_request_is_forgotten() {
+        let mut guard = Guard::new(limits());
+        guard.on_send(&call(1, "a"));
+        let cancelled: ClientJsonRpcMessage = serde_json::from_value(json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": 1},
+        }))
+        .unwrap();
+        guard.on_send(&cancelled);
+        assert!(guard.pending.is_empty());
+        assert_eq!(guard.read_cap(), limits().message_cap(&Kind::Other("")));
+    }
+
+    #[test]
     fn a_pending_call_keeps_a_bounded_tool_name() {
         let mut guard = Guard::new(limits());
         // 128 falls inside an `é`: the name is cut before it.
