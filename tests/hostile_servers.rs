@@ -280,11 +280,13 @@ async fn an_endless_answer_fails_at_once_and_the_stuck_connection_is_replaced() 
     )
     .await;
     called[0].failed_at_once("mcp_output_too_large");
-    // The call made while the line still runs is failed when the host gives up on it,
-    // unless it was only sent after that; either way the next one works.
+    // The call made while the line still runs is failed when the host gives up on it (or,
+    // sent in the instant the connection ends, finds it gone), unless it was only sent
+    // after that; either way the next one works.
     match called[1].code() {
         "mcp_unavailable" => assert!(
-            called[1].message().contains("past every cap"),
+            called[1].message().contains("past every cap")
+                || called[1].message().contains("went away during ok"),
             "{:?}",
             called[1]
         ),

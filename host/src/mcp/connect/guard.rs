@@ -272,7 +272,8 @@ pub(in crate::mcp) struct Guard {
     calls: usize,
     lists: usize,
     ready: VecDeque<ServerJsonRpcMessage>,
-    closed: bool,
+    /// Why the connection was closed, once it was.
+    closed: Option<McpError>,
     rate: Bucket,
     drops: Bucket,
     dropped: u64,
@@ -288,7 +289,7 @@ impl Guard {
             calls: 0,
             lists: 0,
             ready: VecDeque::new(),
-            closed: false,
+            closed: None,
             rate: Bucket::new(
                 defaults::MCP_SERVER_MESSAGES_PER_SEC,
                 defaults::MCP_SERVER_MESSAGES_PER_SEC,
@@ -316,6 +317,15 @@ impl Guard {
     pub(in crate::mcp) fn on_send(&mut self, message: &ClientJsonRpcMessage) {
         match message {
             JsonRpcMessage::Request(request) => {
+                // Sent before rmcp saw the end: it gets the reason at once, not a
+                // vanished transport.
+                if let Some(error) = &self.closed {
+                    self.ready.push_back(ServerJsonRpcMessage::error(
+                        host_error(error),
+                        Some(request.id.clone()),
+                    ));
+                    return;
+                }
                 if self.pending.len() >= MAX_PENDING {
                     self.give_up_oldest();
                 }
@@ -370,13 +380,13 @@ impl Guard {
 
     /// Whether the connection must close once [`pop`](Self::pop) runs dry.
     pub(in crate::mcp) fn is_closed(&self) -> bool {
-        self.closed
+        self.closed.is_some()
     }
 
     /// Takes what the transport read: passes it on, turns it into the error of the request
     /// it answers, or drops it.
     pub(in crate::mcp) fn take(&mut self, incoming: Incoming) {
-        if self.closed {
+        if self.closed.is_some() {
             return;
         }
         match incoming {
@@ -529,7 +539,7 @@ impl Guard {
         }
         self.calls = 0;
         self.lists = 0;
-        self.closed = true;
+        self.closed = Some(error);
     }
 }
 
