@@ -246,13 +246,18 @@ async fn hostile_arguments_to_mcp_call_tool() {
       (call $emit (i32.const 16384) (call $len (i32.const 8192)))
       (call $out {huge})
       (call $out {bad_name})
-      (call $out {bad_args_utf8}))"#,
+      (call $out {bad_args_utf8})
+      (call $out {longest_name})
+      (call $out {too_long_name}))"#,
         open = open_fixture(),
         not_json = call("(local.get $fd)", ECHO, (1216, 8)),
         array = call("(local.get $fd)", ECHO, (1232, 3)),
         huge = call("(local.get $fd)", ECHO, (1120, 0x7fff_ffff)),
         bad_name = call("(local.get $fd)", (1056, 2), HI),
         bad_args_utf8 = call("(local.get $fd)", ECHO, (1056, 2)),
+        // Zero bytes are valid UTF-8: only the length can make these wrong.
+        longest_name = call("(local.get $fd)", (20000, 128), EMPTY_OBJ),
+        too_long_name = call("(local.get $fd)", (20000, 129), EMPTY_OBJ),
     );
     let run = run(&registry(), &mcp_task("args", &["fixture"]), &body).await;
     let r = &run.results;
@@ -264,6 +269,8 @@ async fn hostile_arguments_to_mcp_call_tool() {
     assert_eq!(r[2], EFAULT, "a length far past the end of memory");
     assert_eq!(r[3], EINVAL, "a tool name that is not UTF-8");
     assert_eq!(r[4], EINVAL, "arguments that are not UTF-8");
+    assert_ne!(r[5], EINVAL, "a tool name of 128 bytes is allowed");
+    assert_eq!(r[6], EINVAL, "a tool name over 128 bytes (the MCP limit)");
 }
 
 #[tokio::test]

@@ -280,11 +280,13 @@ async fn an_endless_answer_fails_at_once_and_the_stuck_connection_is_replaced() 
     )
     .await;
     called[0].failed_at_once("mcp_output_too_large");
-    // The call made while the line still runs is failed when the host gives up on it,
-    // unless it was only sent after that; either way the next one works.
+    // The call made while the line still runs is failed when the host gives up on it (or,
+    // sent in the instant the connection ends, finds it gone), unless it was only sent
+    // after that; either way the next one works.
     match called[1].code() {
         "mcp_unavailable" => assert!(
-            called[1].message().contains("past every cap"),
+            called[1].message().contains("past every cap")
+                || called[1].message().contains("went away during ok"),
             "{:?}",
             called[1]
         ),
@@ -371,6 +373,54 @@ async fn notification_and_request_floods_close_the_connection_and_the_next_call_
     assert_ne!(first, second, "a new process after the flood");
     assert_ne!(called[4].ok(), second);
     assert_eq!(connections(&host, &server), 3);
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_flood_of_blank_lines_closes_the_connection_and_the_next_call_restarts_it() {
+    let registry = RegistryDir::new();
+    let server = hostile(&registry, "normal", 0, LONG);
+    let host = host(&registry);
+    let called = call_all(
+        &host,
+        &server,
+        &[
+            ("ok", json!({})),
+            ("blank_flood", json!({})),
+            ("ok", json!({})),
+        ],
+    )
+    .await;
+    let first = called[0].ok();
+    called[1].failed_at_once("mcp_unavailable");
+    assert!(
+        called[1]
+            .message()
+            .contains("more messages the host had to drop than it allows"),
+        "{:?}",
+        called[1]
+    );
+    assert_ne!(called[2].ok(), first, "a new process after the flood");
+    assert_eq!(connections(&host, &server), 2);
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_call_that_times_out_is_cancelled_so_the_connection_forgets_it() {
+    let registry = RegistryDir::new();
+    let server = hostile(&registry, "normal", 0, "tool_timeout_ms = 300");
+    let host = host(&registry);
+    let called = call_all(
+        &host,
+        &server,
+        &[("hang", json!({})), ("cancelled", json!({}))],
+    )
+    .await;
+    assert_eq!(called[0].code(), "mcp_timeout", "{:?}", called[0]);
+    // The cancellation goes out when the timed-out call is dropped; the guard drops its
+    // pending entry on the same message.
+    let cancelled: Vec<Value> = serde_json::from_str(called[1].text()).unwrap();
+    assert_eq!(cancelled.len(), 1, "{:?}", called[1]);
     host.shutdown().await;
 }
 
@@ -535,6 +585,26 @@ async fn remote_answers_over_their_caps_fail_at_once_and_the_server_stays_usable
         }
         called[calls.len() - 1].ok();
     }
+    // An HTTP error's JSON body over rmcp's 64 KiB (below the output cap) is the server's
+    // failure, not an oversized result.
+    let called = call_all(
+        &host,
+        &streamable,
+        &[
+            (Misbehaviour::HugeJsonError.tool(), json!({})),
+            ("ok", json!({})),
+        ],
+    )
+    .await;
+    called[0].failed_at_once("tool_exec_failed");
+    assert!(
+        called[0]
+            .message()
+            .contains("with an HTTP error whose body is over"),
+        "{:?}",
+        called[0]
+    );
+    called[1].ok();
     host.shutdown().await;
 }
 

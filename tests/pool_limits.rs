@@ -228,6 +228,40 @@ async fn at_the_process_cap_with_every_server_busy_a_new_one_fails_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_process_cap_a_crashed_server_is_started_again() {
+    init_logging();
+    let crashy = unique_id("crashy");
+    let registry = RegistryDir::new();
+    registry.write(
+        &format!("{crashy}.toml"),
+        &format!(
+            "server_id = {crashy:?}\ntransport = \"stdio\"\nallowed_tools = [\"*\"]\n\n[stdio]\ncommand = {:?}\nargs = [\"--exit-after-calls\", \"1\"]\n",
+            quiver_tests::fixture_server().display().to_string()
+        ),
+    );
+    let host = host_builder(&registry)
+        .with_max_server_processes(1)
+        .build()
+        .unwrap();
+    // Each server exits after its first call. The next call comes as soon as the pool has
+    // seen the exit, while the dead server may still hold the only process permit: it must
+    // get one (at once, or once the dead group is gone), never "every one is busy".
+    for round in 1..=3 {
+        let text = bounded(call(&host, &crashy, "echo", json!({"text": "x"})))
+            .await
+            .unwrap_or_else(|e| panic!("call {round}: {e}"));
+        assert_eq!(text, "x");
+        assert_eq!(status(&host, &crashy).map(|s| s.connections), Some(round));
+        until("the server exited", || pid_of(&host, &crashy).is_none()).await;
+    }
+    until("the last server's permit is back", || {
+        host.pool().usage().server_processes == 0
+    })
+    .await;
+    host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_server_is_stopped_whole_but_never_during_a_call() {
     init_logging();
     let id = unique_id("idle");
@@ -290,6 +324,55 @@ async fn a_record_can_keep_its_server_up_when_idle() {
         "idle as long, yet still up: its record says never"
     );
     host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_fails_to_build_starts_no_prewarmed_server() {
+    init_logging();
+    let dir = tempfile::tempdir().unwrap();
+    let registry = RegistryDir::new();
+    // Each server leaves a mark when it starts, and then waits for its stdin to close.
+    for id in ["failed", "built"] {
+        let mark = dir.path().join(id);
+        registry.write(
+            &format!("{id}.toml"),
+            &format!(
+                "server_id = {id:?}\ntransport = \"stdio\"\nallowed_tools = [\"*\"]\n\n[stdio]\ncommand = \"/bin/sh\"\nargs = [\"-c\", \"touch \\\"$0\\\"; cat >/dev/null\", {:?}]\n",
+                mark.display().to_string()
+            ),
+        );
+    }
+    let config = dir.path().join("quiver.toml");
+    std::fs::write(&config, "default_backend = \"nope\"\n").unwrap();
+    let failed = host_builder(&registry)
+        .with_config_file(&config)
+        .unwrap()
+        .with_prewarm(["failed"])
+        .build();
+    assert!(failed.is_err(), "the config names no such backend");
+    // A host built afterwards pre-warms its own server; had the failed build started
+    // one, it would have started first.
+    let host = host_builder(&registry)
+        .with_prewarm(["built"])
+        .build()
+        .unwrap();
+    until("the built host's server started", || {
+        dir.path().join("built").exists()
+    })
+    .await;
+    assert!(
+        !dir.path().join("failed").exists(),
+        "a failed build started a server"
+    );
+    // The server never answers `initialize`; shutdown does not wait out the 60 s connect
+    // timeout of the pre-warm still connecting.
+    let start = Instant::now();
+    bounded(host.shutdown()).await;
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "shutdown waited for a connect: {:?}",
+        start.elapsed()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

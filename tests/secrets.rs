@@ -17,7 +17,7 @@ use quiver_tests::llm::{Reply, ScriptedLlm, tool_results};
 use quiver_tests::{FixtureHttp, RegistryDir, fixture_server, quiver_cli};
 use serde_json::{Value, json};
 
-const SERVERS: [&str; 5] = ["web", "denied", "broken", "absent", "echoing"];
+const SERVERS: [&str; 6] = ["web", "denied", "broken", "absent", "echoing", "hosted"];
 
 fn registry(secret_server: &FixtureHttp) -> RegistryDir {
     let registry = RegistryDir::new();
@@ -51,7 +51,7 @@ transport = "stdio"
 allowed_tools = ["*"]
 [stdio]
 command = "/bin/sh"
-args = ["-c", "echo \"cannot start with $1 and $TOKEN\" >&2; exit 3", "sh", "${ENV:QV_SECRET}"]
+args = ["-c", "echo \"cannot start with $1 and $TOKEN\" >&2; printf '%4082s%s\\n' pad \"$TOKEN\" >&2; exit 3", "sh", "${ENV:QV_SECRET}"]
 env = { TOKEN = "${ENV:QV_SECRET}" }
 "#,
     );
@@ -77,6 +77,16 @@ env = {{ API_TOKEN = "${{ENV:QV_SECRET}}" }}
 "#,
             fixture_server().display().to_string()
         ),
+    );
+    // The URL parser lowercases a host name, secret and all.
+    registry.write(
+        "hosted.toml",
+        r#"server_id = "hosted"
+transport = "streamable_http"
+allowed_tools = ["*"]
+[http]
+url = "http://${ENV:QV_SECRET}.invalid/mcp"
+"#,
     );
     registry
 }
@@ -161,12 +171,15 @@ fn no_resolved_secret_reaches_a_guest_a_model_or_a_log_line() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(output.status.success(), "{stderr}");
     let model_saw = serde_json::to_string(&llm.requests()).unwrap();
+    // Any 12 bytes of it count: a line cut at its length limit may carry only the start,
+    // and a URL host carries it lowercased (the start is lowercase).
+    let start = &secret[..12];
     for (channel, text) in [
         ("stdout", &*stdout),
         ("stderr", &*stderr),
         ("the model's requests", &model_saw),
     ] {
-        if let Some(at) = text.find(&secret) {
+        if let Some(at) = text.find(start) {
             let from = text[..at].rfind('\n').map_or(0, |i| i + 1);
             let to = text[at..].find('\n').map_or(text.len(), |i| at + i);
             panic!("the secret reached {channel}: {}", &text[from..to]);
@@ -190,7 +203,7 @@ fn no_resolved_secret_reaches_a_guest_a_model_or_a_log_line() {
         let message = answer["error"]["message"]
             .as_str()
             .unwrap_or_else(|| panic!("{server}: {answer}"));
-        if ["web", "absent", "echoing"].contains(server) {
+        if ["web", "absent", "echoing", "hosted"].contains(server) {
             assert!(message.contains("[redacted]"), "{server}: {message}");
         }
     }
@@ -202,8 +215,8 @@ fn no_resolved_secret_reaches_a_guest_a_model_or_a_log_line() {
         "{}",
         emitted[4]
     );
-    let decisions = &emitted[5]["_spear"]["mcp"]["decisions"];
-    for server in ["web", "denied", "broken", "absent"] {
+    let decisions = &emitted[SERVERS.len()]["_spear"]["mcp"]["decisions"];
+    for server in ["web", "denied", "broken", "absent", "hosted"] {
         assert!(
             decisions
                 .as_array()

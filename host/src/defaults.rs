@@ -140,6 +140,11 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// `-ENOMEM` rather than a host-side copy of arbitrary size.
 pub const MAX_GUEST_INPUT_BYTES: u32 = 16 * 1024 * 1024;
 
+/// Longest MCP tool name, in bytes: the MCP spec's limit (SEP-986: 1 to 128 characters of
+/// `A-Za-z0-9_-.`, so bytes and characters agree). A longer name from a guest is `-EINVAL`;
+/// the connection's table of pending requests keeps no more of any name.
+pub const MAX_TOOL_NAME_BYTES: usize = 128;
+
 /// Longest guest log line kept; the rest is cut with a marker.
 pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
 

@@ -31,6 +31,9 @@ pub enum Misbehaviour {
     EndlessEvent,
     /// A JSON body of 17 MiB, over rmcp's own 16 MiB cap (Streamable HTTP only).
     HugeJsonBody,
+    /// HTTP 400 with a JSON-RPC error body of about 100 KB, over rmcp's 64 KiB cap for an
+    /// error body (Streamable HTTP only).
+    HugeJsonError,
 }
 
 impl Misbehaviour {
@@ -40,6 +43,7 @@ impl Misbehaviour {
             Misbehaviour::HugeEvent => "huge_event",
             Misbehaviour::EndlessEvent => "endless_event",
             Misbehaviour::HugeJsonBody => "huge_json",
+            Misbehaviour::HugeJsonError => "huge_json_error",
         }
     }
 }
@@ -95,6 +99,7 @@ enum Answer {
     Event(Vec<u8>),
     Endless(Value),
     HugeJson(Value),
+    HugeJsonError(Value),
 }
 
 fn answer_to(request: &Value) -> Answer {
@@ -113,10 +118,16 @@ fn answer_to(request: &Value) -> Answer {
             "serverInfo": {"name": "hostile-http", "version": "0"},
         }))),
         "tools/list" => {
-            let tools: Vec<Value> = ["ok", "huge_event", "endless_event", "huge_json"]
-                .iter()
-                .map(|name| json!({"name": name, "inputSchema": {"type": "object"}}))
-                .collect();
+            let tools: Vec<Value> = [
+                "ok",
+                "huge_event",
+                "endless_event",
+                "huge_json",
+                "huge_json_error",
+            ]
+            .iter()
+            .map(|name| json!({"name": name, "inputSchema": {"type": "object"}}))
+            .collect();
             Answer::Json(result(json!({"tools": tools})))
         }
         "tools/call" => match request["params"]["name"].as_str().unwrap_or_default() {
@@ -126,6 +137,11 @@ fn answer_to(request: &Value) -> Answer {
             }
             "endless_event" => Answer::Endless(id.clone()),
             "huge_json" => Answer::HugeJson(result(text("x".repeat(17 << 20)))),
+            "huge_json_error" => Answer::HugeJsonError(json!({
+                "jsonrpc": "2.0",
+                "id": id,
+                "error": {"code": -32000, "message": "x".repeat(100_000)},
+            })),
             _ => Answer::Json(result(text("ok 1".into()))),
         },
         _ => Answer::Json(result(json!({}))),
@@ -162,6 +178,11 @@ async fn streamable(body: Bytes) -> Response<Body> {
             "application/json",
             Body::from(value.to_string()),
         ),
+        Answer::HugeJsonError(value) => response(
+            StatusCode::BAD_REQUEST,
+            "application/json",
+            Body::from(value.to_string()),
+        ),
         Answer::Event(bytes) => response(StatusCode::OK, "text/event-stream", Body::from(bytes)),
         Answer::Endless(id) => response(StatusCode::OK, "text/event-stream", endless(&id)),
     }
@@ -188,9 +209,10 @@ async fn legacy_post(State(shared): State<Arc<Shared>>, body: Bytes) -> StatusCo
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let event = match answer_to(&request) {
         Answer::None => return StatusCode::ACCEPTED,
-        Answer::Json(value) | Answer::HugeJson(value) | Answer::Endless(value) => {
-            format!("event: message\ndata: {value}\n\n").into_bytes()
-        }
+        Answer::Json(value)
+        | Answer::HugeJson(value)
+        | Answer::HugeJsonError(value)
+        | Answer::Endless(value) => format!("event: message\ndata: {value}\n\n").into_bytes(),
         Answer::Event(bytes) => bytes,
     };
     let tx = shared

@@ -11,7 +11,7 @@ use super::{Host, HostInner};
 use crate::chat::llm::{Backends, ConfigError, ConfigOrigin, HostConfig, Recorder};
 use crate::defaults;
 use crate::mcp::{EgressPolicy, McpPool, PoolLimits, RemoteOptions};
-use crate::registry::{Registry, RegistryDirError, Severity};
+use crate::registry::{Registry, RegistryDirError, ServerEntry, Severity};
 use crate::sandbox::{Runtime, RuntimeOptions, default_cache_dir};
 use crate::task::TaskError;
 
@@ -289,7 +289,7 @@ impl HostBuilder {
             McpPool::with_remote(self.tools_cache_ttl, self.connect_timeout, remote)
                 .with_limits(limits),
         );
-        start_prewarm(&pool, &registry, &prewarm);
+        let prewarm = prewarm_entries(&registry, &prewarm);
         let recorder = self.record_to.map(|path| Arc::new(Recorder::new(path)));
         let backends = Backends::from_config(&self.config, &self.config_origin, recorder)?;
         let runtime = Runtime::<TaskState>::new(options, task_state::add_to_linker).map_err(|e| {
@@ -298,7 +298,7 @@ impl HostBuilder {
                 self.max_task_memory
             ))
         })?;
-        Ok(Host {
+        let host = Host {
             inner: Arc::new(HostInner {
                 runtime,
                 admission,
@@ -311,15 +311,15 @@ impl HostBuilder {
                 pool,
                 backends: Arc::new(backends),
             }),
-        })
+        };
+        // Only once nothing can fail any more: a failed build starts no server.
+        start_prewarm(&host.inner.pool, prewarm);
+        Ok(host)
     }
 }
 
-/// Starts `server_ids` in the background; unknown ids and a missing runtime are logged.
-fn start_prewarm(pool: &Arc<McpPool>, registry: &Registry, server_ids: &[String]) {
-    if server_ids.is_empty() {
-        return;
-    }
+/// The registry entries of `server_ids` (unknown ids are logged).
+fn prewarm_entries(registry: &Registry, server_ids: &[String]) -> Vec<Arc<ServerEntry>> {
     let mut entries = Vec::new();
     for id in server_ids {
         match registry.get(id) {
@@ -329,13 +329,21 @@ fn start_prewarm(pool: &Arc<McpPool>, registry: &Registry, server_ids: &[String]
             }
         }
     }
+    entries
+}
+
+/// Starts `entries`' servers in the background; a missing runtime is logged.
+fn start_prewarm(pool: &Arc<McpPool>, entries: Vec<Arc<ServerEntry>>) {
+    if entries.is_empty() {
+        return;
+    }
     match tokio::runtime::Handle::try_current() {
         Ok(runtime) => {
             let pool = pool.clone();
             runtime.spawn(async move { pool.prewarm(&entries).await });
         }
         Err(_) => tracing::warn!(
-            servers = ?server_ids,
+            servers = ?entries.iter().map(|e| e.server_id()).collect::<Vec<_>>(),
             "cannot pre-warm MCP servers: the host was built outside a Tokio runtime"
         ),
     }

@@ -16,6 +16,7 @@ use wasmtime::{Caller, Linker};
 
 use super::session::{McpSession, McpView, PendingKey};
 use super::{McpError, McpErrorCode};
+use crate::defaults;
 use crate::policy::Denial;
 use crate::sandbox::{
     Charge, GuestMemory, HostcallError, MemoryBudget, OutBuf, before_deadline, finish, guest, heap,
@@ -258,6 +259,9 @@ async fn call_tool<T: McpView>(
     let (mcp, task_id, deadline, budget, entry, key, out, approval) = {
         let (mut mem, state) = guest(caller)?;
         let out = mem.out_buf(call.out_ptr, call.out_len_ptr)?;
+        if usize::try_from(call.name_len).is_ok_and(|len| len > defaults::MAX_TOOL_NAME_BYTES) {
+            return Err(Errno::EINVAL.into());
+        }
         let name = mem.str(call.name_ptr, call.name_len)?;
         let args = mem.bytes(call.args_ptr, call.args_len)?;
         let mcp = state.mcp().clone();

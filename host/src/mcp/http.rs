@@ -4,12 +4,16 @@
 //!
 //! Both read with the server's byte caps. For Streamable HTTP, [`AuthedClient`] asks rmcp to
 //! cap each SSE event at the cap of the request it answers and turns an event or JSON body
-//! over it into that request's `mcp_output_too_large` (rmcp itself caps a JSON body at
-//! 16 MiB); the transport is behind a [`Guarded`] like every connection. The legacy SSE
-//! stream is parsed by our bounded [`SseReader`] and checked by a [`Guard`].
+//! over it into that request's `mcp_output_too_large`. A plain JSON body is read by rmcp
+//! itself, up to its fixed 16 MiB, before our cap applies; an HTTP error body over rmcp's
+//! 64 KiB is the server's failure (`tool_exec_failed`). The transport is behind a
+//! [`Guarded`] like every connection. The legacy SSE stream is parsed by our bounded
+//! [`SseReader`] (capped, like stdio lines, at the largest answer pending) and checked by a
+//! [`Guard`].
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -236,9 +240,19 @@ impl StreamableHttpClient for AuthedClient {
             return response;
         };
         match response {
-            Err(StreamableHttpError::ResponseBodyTooLarge { max_size }) => {
+            // rmcp reads a JSON result up to 16 MiB, an HTTP error's body up to 64 KiB: only
+            // a limit at or past the request's own cap means the result was too large.
+            Err(StreamableHttpError::ResponseBodyTooLarge { max_size })
+                if max_size >= self.limits.message_cap(&kind) =>
+            {
                 let seen = (max_size as u64).saturating_add(1);
                 let answer = too_large_answer(&self.limits, &kind, id, seen);
+                Ok(StreamableHttpPostResponse::Json(answer, None))
+            }
+            Err(StreamableHttpError::ResponseBodyTooLarge { max_size }) => {
+                let error = self.limits.error_body_too_large(&kind, max_size);
+                tracing::warn!(server_id = %self.limits.server_id, %error, "failing one request");
+                let answer = ServerJsonRpcMessage::error(host_error(&error), Some(id));
                 Ok(StreamableHttpPostResponse::Json(answer, None))
             }
             Ok(StreamableHttpPostResponse::Sse(events, session)) => {
@@ -388,6 +402,9 @@ pub(crate) struct LegacySse {
     headers: HashMap<HeaderName, HeaderValue>,
     incoming: mpsc::Receiver<Incoming>,
     guard: Guard,
+    /// The guard's read cap (the largest answer pending), for the reader task: it changes
+    /// as requests are sent and answered.
+    read_cap: Arc<AtomicUsize>,
     reader: tokio::task::JoinHandle<()>,
 }
 
@@ -450,7 +467,9 @@ impl LegacySse {
             });
         }
         let mut body = response.bytes_stream();
-        let mut reader = SseReader::new(client.limits.largest_message());
+        let guard = Guard::new(client.limits.clone());
+        let read_cap = Arc::new(AtomicUsize::new(guard.read_cap()));
+        let mut reader = SseReader::new(guard.read_cap());
         let mut events = Vec::new();
         let endpoint = 'endpoint: loop {
             for event in events.drain(..) {
@@ -498,6 +517,7 @@ impl LegacySse {
             });
         }
         let (tx, incoming) = mpsc::channel(64);
+        let cap = read_cap.clone();
         let reader = tokio::spawn(async move {
             // Events that came with the endpoint's bytes are read first.
             let mut events = events;
@@ -510,7 +530,10 @@ impl LegacySse {
                     }
                 }
                 match body.next().await {
-                    Some(Ok(bytes)) => reader.push(&bytes, &mut events),
+                    Some(Ok(bytes)) => {
+                        reader.set_cap(cap.load(Ordering::SeqCst));
+                        reader.push(&bytes, &mut events);
+                    }
                     Some(Err(error)) => {
                         tracing::warn!(error = %error_chain(&error), "legacy SSE: the event stream failed");
                         return;
@@ -519,13 +542,13 @@ impl LegacySse {
                 }
             }
         });
-        let guard = Guard::new(client.limits.clone());
         Ok(Self {
             post_url: endpoint.as_str().into(),
             client,
             headers,
             incoming,
             guard,
+            read_cap,
             reader,
         })
     }
@@ -568,6 +591,7 @@ impl Transport<RoleClient> for LegacySse {
         item: ClientJsonRpcMessage,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         self.guard.on_send(&item);
+        self.read_cap.store(self.guard.read_cap(), Ordering::SeqCst);
         let (url, client, headers) = (
             self.post_url.clone(),
             self.client.clone(),
@@ -617,6 +641,7 @@ impl Transport<RoleClient> for LegacySse {
             }
             let incoming = self.incoming.recv().await?;
             self.guard.take(incoming);
+            self.read_cap.store(self.guard.read_cap(), Ordering::SeqCst);
         }
     }
 

@@ -210,6 +210,10 @@ struct Shared {
     /// retired slot's last call ended.
     reaper_wake: Arc<Notify>,
     reaper_started: AtomicBool,
+    /// Shutdowns so far, and their wake-up: a connect in progress gives up at one rather
+    /// than make shutdown wait for its connect timeout.
+    shutdowns: AtomicU64,
+    shutdown: Notify,
 }
 
 impl Shared {
@@ -280,6 +284,8 @@ impl McpPool {
             limits,
             reaper_wake: Arc::new(Notify::new()),
             reaper_started: AtomicBool::new(false),
+            shutdowns: AtomicU64::new(0),
+            shutdown: Notify::new(),
         }
     }
 
@@ -322,6 +328,7 @@ impl McpPool {
 
     /// The live connection of `slot`, connecting (or reconnecting) if needed.
     async fn connect(&self, slot: &ServerSlot) -> Result<Arc<Connection>, McpError> {
+        let shutdowns = self.shared.shutdowns.load(Ordering::SeqCst);
         let mut conn = slot.conn.lock().await;
         if let Some(live) = conn.as_ref().filter(|c| c.is_alive()) {
             return Ok(live.clone());
@@ -354,12 +361,29 @@ impl McpPool {
             Ok(Launch::Stdio { .. }) => Some(self.process_permit(slot).await?),
             _ => None,
         };
+        let stdio = process_permit.is_some();
         let serial = slot.connections.fetch_add(1, Ordering::SeqCst) + 1;
-        match self.connector.open(&slot.entry, serial).await {
-            Ok(mut fresh) => {
+        let shut_down = self.shared.shutdown.notified();
+        tokio::pin!(shut_down);
+        shut_down.as_mut().enable();
+        let cancelled = || {
+            McpError::new(
+                McpErrorCode::Unavailable,
+                "the MCP pool was shut down while connecting",
+            )
+        };
+        // Not a failure of the server's: no backoff.
+        if self.shared.shutdowns.load(Ordering::SeqCst) != shutdowns {
+            return Err(cancelled());
+        }
+        let opened = tokio::select! {
+            opened = self.connector.open(&slot.entry, serial, process_permit) => opened,
+            () = shut_down => return Err(cancelled()),
+        };
+        match opened {
+            Ok(fresh) => {
                 *slot.backoff.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                if process_permit.is_some() {
-                    fresh.process_permit = process_permit;
+                if stdio {
                     self.start_reaper();
                 }
                 let fresh = Arc::new(fresh);
@@ -383,12 +407,15 @@ impl McpPool {
     }
 
     /// A permit to run one more server process. At the cap, stops the least recently used
-    /// server no call is using; fails at once when every one is busy.
+    /// server no call is using. When none can be stopped but some permit is held by a
+    /// server that is not serving (it died or is being stopped), waits for it to be gone,
+    /// within `starting`'s `tool_timeout_ms`; fails at once when every one is busy.
     async fn process_permit(
         &self,
         starting: &ServerSlot,
     ) -> Result<OwnedSemaphorePermit, McpError> {
         let max = self.shared.limits.max_server_processes;
+        let wait = starting.entry.record.budgets.tool_timeout;
         // Each round either gets a permit or stops a server; a few rounds cover servers
         // that other starting calls take meanwhile.
         for _ in 0..=max {
@@ -397,7 +424,24 @@ impl McpPool {
             }
             let Some((victim, conn)) = reaper::least_recently_used_idle(&self.shared, starting)
             else {
-                break;
+                if reaper::serving_processes(&self.shared, starting) >= max {
+                    break;
+                }
+                let processes = self.shared.processes.clone();
+                match tokio::time::timeout(wait, processes.acquire_owned()).await {
+                    Ok(Ok(permit)) => return Ok(permit),
+                    Ok(Err(_)) => break,
+                    Err(_) => {
+                        return Err(McpError::new(
+                            McpErrorCode::Unavailable,
+                            format!(
+                                "cannot start server `{}`: the host's {max} MCP server processes (max_server_processes) were still stopping after {} ms (budgets.tool_timeout_ms)",
+                                starting.entry.server_id(),
+                                wait.as_millis()
+                            ),
+                        ));
+                    }
+                }
             };
             tracing::info!(
                 server_id = victim.entry.server_id(),
@@ -636,9 +680,11 @@ impl McpPool {
 
     /// Closes every connection and stops every server process group: stdin closed, then
     /// SIGTERM, then SIGKILL, with [`defaults::SHUTDOWN_GRACE`] per step. Calls still in
-    /// flight fail with `mcp_unavailable`. The pool stays usable: a later call starts its
+    /// flight fail with `mcp_unavailable`, connects in progress at once. The pool stays usable: a later call starts its
     /// server again.
     pub async fn shutdown(&self) {
+        self.shared.shutdowns.fetch_add(1, Ordering::SeqCst);
+        self.shared.shutdown.notify_waiters();
         let mut slots: Vec<Arc<ServerSlot>> = self.shared.slots().drain().map(|(_, s)| s).collect();
         slots.append(&mut self.shared.retired());
         let closing = slots.into_iter().map(|slot| async move {

@@ -13,7 +13,7 @@
 //!   ([`crate::telemetry::RedactingWriter`]) runs every line through it.
 //!
 //! Besides the raw value, the forms it takes inside a URL (percent-encoded as the URL
-//! parser writes path, query, fragment and user info), a JSON string and a Rust `Debug`
+//! parser writes path, query, fragment and user info, lowercased as in a host), a JSON string and a Rust `Debug`
 //! string are cut too. Values shorter than [`defaults::MIN_SECRET_BYTES`] are left alone:
 //! they are not credentials, and cutting them would garble every message.
 
@@ -66,6 +66,11 @@ impl Secrets {
         self.needles.is_empty()
     }
 
+    /// Bytes of the longest form of any secret; 0 without secrets.
+    pub fn longest(&self) -> usize {
+        self.needles.first().map_or(0, String::len)
+    }
+
     /// `text` with every secret replaced by [`REDACTED`]; borrowed when nothing matched.
     pub fn redact<'a>(&self, text: &'a str) -> Cow<'a, str> {
         redact_with(&self.needles, text)
@@ -82,6 +87,11 @@ fn forms(value: &str) -> Vec<String> {
     let quoted = |s: String| s.get(1..s.len().saturating_sub(1)).map(str::to_owned);
     out.extend(serde_json::to_string(value).ok().and_then(quoted));
     out.extend(quoted(format!("{value:?}")));
+    // The URL parser lowercases a host name.
+    let lower = value.to_lowercase();
+    if lower != value {
+        out.push(lower);
+    }
     if let Ok(mut url) = reqwest::Url::parse("http://h/") {
         url.set_query(Some(value));
         out.extend(url.query().map(str::to_owned));

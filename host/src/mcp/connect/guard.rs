@@ -127,6 +127,19 @@ impl Limits {
             ),
         )
     }
+
+    /// An HTTP error answer to `kind` whose body was over `max` bytes, the most rmcp reads
+    /// of an error body: a failure of the server's, not an oversized result.
+    pub(in crate::mcp) fn error_body_too_large(&self, kind: &Kind, max: usize) -> McpError {
+        McpError::new(
+            McpErrorCode::ToolExecFailed,
+            format!(
+                "server `{}` answered {} with an HTTP error whose body is over {max} bytes",
+                self.server_id,
+                kind.what()
+            ),
+        )
+    }
 }
 
 fn bytes_usize(bytes: u64) -> usize {
@@ -146,7 +159,7 @@ pub(in crate::mcp) enum Kind {
 impl Kind {
     pub(in crate::mcp) fn of(request: &ClientRequest) -> Self {
         match request {
-            ClientRequest::CallToolRequest(call) => Kind::Call(call.params.name.to_string()),
+            ClientRequest::CallToolRequest(call) => Kind::Call(bounded_name(&call.params.name)),
             ClientRequest::ListToolsRequest(_) => Kind::List,
             ClientRequest::InitializeRequest(_) => Kind::Other("initialize"),
             ClientRequest::DiscoverRequest(_) => Kind::Other("server/discover"),
@@ -162,6 +175,16 @@ impl Kind {
             Kind::Other(method) => (*method).into(),
         }
     }
+}
+
+/// At most [`defaults::MAX_TOOL_NAME_BYTES`] of a tool name (an LLM may ask for any), cut
+/// at a character boundary: enough to name it in an error, never a large copy per request.
+fn bounded_name(name: &str) -> String {
+    let mut end = name.len().min(defaults::MAX_TOOL_NAME_BYTES);
+    while !name.is_char_boundary(end) {
+        end = end.saturating_sub(1);
+    }
+    name[..end].to_owned()
 }
 
 /// Why a transport could not turn what it read into a message.
@@ -193,6 +216,9 @@ pub(in crate::mcp) enum Incoming {
     Endless {
         seen: u64,
     },
+    /// A line with nothing on it: harmless alone, but it costs a read like any message,
+    /// so it counts against the server's rate.
+    Blank,
 }
 
 struct Pending {
@@ -246,7 +272,8 @@ pub(in crate::mcp) struct Guard {
     calls: usize,
     lists: usize,
     ready: VecDeque<ServerJsonRpcMessage>,
-    closed: bool,
+    /// Why the connection was closed, once it was.
+    closed: Option<McpError>,
     rate: Bucket,
     drops: Bucket,
     dropped: u64,
@@ -262,7 +289,7 @@ impl Guard {
             calls: 0,
             lists: 0,
             ready: VecDeque::new(),
-            closed: false,
+            closed: None,
             rate: Bucket::new(
                 defaults::MCP_SERVER_MESSAGES_PER_SEC,
                 defaults::MCP_SERVER_MESSAGES_PER_SEC,
@@ -290,6 +317,15 @@ impl Guard {
     pub(in crate::mcp) fn on_send(&mut self, message: &ClientJsonRpcMessage) {
         match message {
             JsonRpcMessage::Request(request) => {
+                // Sent before rmcp saw the end: it gets the reason at once, not a
+                // vanished transport.
+                if let Some(error) = &self.closed {
+                    self.ready.push_back(ServerJsonRpcMessage::error(
+                        host_error(error),
+                        Some(request.id.clone()),
+                    ));
+                    return;
+                }
                 if self.pending.len() >= MAX_PENDING {
                     self.give_up_oldest();
                 }
@@ -344,17 +380,22 @@ impl Guard {
 
     /// Whether the connection must close once [`pop`](Self::pop) runs dry.
     pub(in crate::mcp) fn is_closed(&self) -> bool {
-        self.closed
+        self.closed.is_some()
     }
 
     /// Takes what the transport read: passes it on, turns it into the error of the request
     /// it answers, or drops it.
     pub(in crate::mcp) fn take(&mut self, incoming: Incoming) {
-        if self.closed {
+        if self.closed.is_some() {
             return;
         }
         match incoming {
             Incoming::Message(message) => self.take_message(message),
+            Incoming::Blank if self.rate.take() => {}
+            Incoming::Blank => self.drop_one(&format!(
+                "a blank line over the rate of {} messages per second",
+                defaults::MCP_SERVER_MESSAGES_PER_SEC
+            )),
             Incoming::Endless { seen } => self.close(format!(
                 "server `{}` wrote one message of more than {seen} bytes, past every cap, so its connection was closed; the next call starts it again",
                 self.limits.server_id
@@ -498,7 +539,7 @@ impl Guard {
         }
         self.calls = 0;
         self.lists = 0;
-        self.closed = true;
+        self.closed = Some(error);
     }
 }
 
@@ -639,6 +680,52 @@ mod tests {
         )));
         assert!(matches!(guard.pop(), Some(JsonRpcMessage::Response(_))));
         assert_eq!(guard.dropped, 2);
+    }
+
+    #[test]
+    fn a_cancelled_request_is_forgotten() {
+        let mut guard = Guard::new(limits());
+        guard.on_send(&call(1, "a"));
+        let cancelled: ClientJsonRpcMessage = serde_json::from_value(json!({
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": 1},
+        }))
+        .unwrap();
+        guard.on_send(&cancelled);
+        assert!(guard.pending.is_empty());
+        assert_eq!(guard.read_cap(), limits().message_cap(&Kind::Other("")));
+    }
+
+    #[test]
+    fn a_pending_call_keeps_a_bounded_tool_name() {
+        let mut guard = Guard::new(limits());
+        // 128 falls inside an `é`: the name is cut before it.
+        guard.on_send(&call(1, &format!("a{}", "é".repeat(1 << 19))));
+        let kept: Vec<usize> = guard
+            .pending
+            .values()
+            .map(|p| match &p.kind {
+                Kind::Call(name) => name.len(),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(kept, [defaults::MAX_TOOL_NAME_BYTES - 1]);
+    }
+
+    #[test]
+    fn blank_lines_count_against_the_rate_and_a_flood_of_them_closes() {
+        let mut guard = Guard::new(limits());
+        guard.on_send(&call(1, "a"));
+        for _ in 0..4 * (defaults::MCP_SERVER_MESSAGES_PER_SEC + defaults::MCP_MAX_DROPPED_MESSAGES)
+        {
+            guard.take(Incoming::Blank);
+        }
+        assert!(guard.is_closed());
+        assert!(
+            guard.pop().and_then(|m| m.into_error()).is_some(),
+            "the pending call fails"
+        );
     }
 
     #[test]

@@ -6,7 +6,8 @@
 //! read and thrown away while an [`IdScan`] looks for its id, and the request it answers
 //! fails with `mcp_output_too_large` as soon as the id is known. A line that does not parse
 //! is scanned the same way and fails its request with `tool_exec_failed`. Everything goes
-//! through the guard, which also drops what answers nothing and closes on a flood.
+//! through the guard, which also drops what answers nothing and closes on a flood (blank
+//! lines included: they count against the server's message rate like any other line).
 //!
 //! Writes are whole lines behind one lock; a write that cannot finish within the server's
 //! `tool_timeout_ms` means the server stopped reading, and its stdin is closed.
@@ -153,9 +154,7 @@ where
                     self.line.clear();
                     self.line.shrink_to(KEEP_LINE_CAPACITY);
                     self.scan = None;
-                    if let Some(incoming) = incoming {
-                        return Some(incoming);
-                    }
+                    return Some(incoming);
                 }
                 Step::Discarding => {
                     let Some(discard) = &mut self.discard else {
@@ -194,29 +193,29 @@ where
     }
 
     /// The complete line in `self.line` (within the read cap, and scanned in `self.scan`
-    /// if longer than the smallest cap); `None` for a blank line.
-    fn parse_line(&self) -> Option<Incoming> {
+    /// if longer than the smallest cap).
+    fn parse_line(&self) -> Incoming {
         let line = self.line.strip_suffix(b"\n").unwrap_or(&self.line);
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let line = line.strip_prefix(UTF8_BOM).unwrap_or(line);
         if line.iter().all(u8::is_ascii_whitespace) {
-            return None;
+            return Incoming::Blank;
         }
         // A line over its own cap that the read cap let through: one that turned out not
         // to be an answer (a notification may not be as large as a list).
         if let Some(scan) = &self.scan
             && line.len() > self.guard.cap_of(scan.id(), scan.is_answer())
         {
-            return Some(Incoming::Unreadable {
+            return Incoming::Unreadable {
                 id: scan.id().cloned(),
                 answer: scan.is_answer(),
                 problem: Problem::TooLarge {
                     seen: line.len() as u64,
                 },
-            });
+            };
         }
         match serde_json::from_slice::<ServerJsonRpcMessage>(line) {
-            Ok(message) => Some(Incoming::Message(message)),
+            Ok(message) => Incoming::Message(message),
             Err(error) => {
                 let fresh;
                 let scan = match &self.scan {
@@ -228,11 +227,11 @@ where
                         &fresh
                     }
                 };
-                Some(Incoming::Unreadable {
+                Incoming::Unreadable {
                     id: scan.id().cloned(),
                     answer: scan.is_answer(),
                     problem: Problem::Invalid(error.to_string()),
-                })
+                }
             }
         }
     }

@@ -22,14 +22,15 @@ mod sse;
 mod stdio;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use rmcp::model::{ClientConfig, ClientJsonRpcMessage, ProtocolVersion, ServerJsonRpcMessage};
-use rmcp::service::{NotificationContext, RunningService};
+use rmcp::service::{NotificationContext, RunningService, RunningServiceCancellationToken};
 use rmcp::transport::{IntoTransport, Transport};
 use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceExt};
+use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tracing::Instrument;
 
 use super::auth::AuthConfig;
@@ -37,6 +38,7 @@ use super::egress::EgressPolicy;
 use super::error::{McpError, McpErrorCode, error_chain};
 use super::http::SseConnectError;
 use super::outbound::{ClientBuildError, OutboundClient};
+use crate::defaults;
 use crate::registry::{Launch, Lifecycle, ServerEntry};
 pub(super) use guard::{Guard, Guarded, Incoming, Kind, Limits, Problem};
 use process::ServerProcess;
@@ -69,34 +71,52 @@ pub(super) struct Connection {
     pub(super) service: RunningService<RoleClient, ClientEvents>,
     /// Which connection of its slot this is (1 + restarts); the tools cache is keyed by it.
     pub(super) serial: u64,
-    /// The server's process group, for stdio servers. Dropping it kills the group.
-    process: Option<ServerProcess>,
+    /// The server's process group, for stdio servers; it holds the pool's process permit
+    /// until the group is gone. Dropping the last reference kills the group.
+    process: Option<Arc<ServerProcess>>,
     /// Set by a `tools/list_changed` notification.
     pub(super) tools_stale: Arc<AtomicBool>,
-    /// The pool's count of server processes, held as long as the process may live.
-    pub(super) process_permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// Set when the transport stops delivering (the server went away, or the guard closed
     /// the connection): rmcp's session stays open until its transport has closed, which
     /// for a stdio server can take the shutdown grace, and no call may go to it meanwhile.
-    ended: Arc<AtomicBool>,
+    ended: Arc<Ended>,
+}
+
+/// The end of a transport: a flag to read and a wake-up for whoever stops the server.
+#[derive(Default)]
+struct Ended {
+    flag: AtomicBool,
+    wake: Notify,
+}
+
+impl Ended {
+    fn set(&self) {
+        if !self.flag.swap(true, Ordering::SeqCst) {
+            self.wake.notify_one();
+        }
+    }
+
+    fn is_set(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
 }
 
 impl Connection {
     /// Whether the session is open and, for a stdio server, its first process still runs:
     /// a child holding the server's stdout open would hide the server's death otherwise.
     pub(super) fn is_alive(&self) -> bool {
-        !self.ended.load(Ordering::SeqCst)
+        !self.ended.is_set()
             && !self.service.is_closed()
             && !self.service.peer().is_transport_closed()
             && self
                 .process
-                .as_ref()
+                .as_deref()
                 .is_none_or(ServerProcess::leader_running)
     }
 
     /// The server process, if connected over stdio.
     pub(super) fn pid(&self) -> Option<u32> {
-        self.process.as_ref().map(ServerProcess::pid)
+        self.process.as_deref().map(ServerProcess::pid)
     }
 
     /// Whether this connection runs a server process.
@@ -134,7 +154,7 @@ impl Connection {
 /// A transport that notes when it stops delivering (see [`Connection::is_alive`]).
 struct Watched<T> {
     inner: T,
-    ended: Arc<AtomicBool>,
+    ended: Arc<Ended>,
 }
 
 impl<T: Transport<RoleClient>> Transport<RoleClient> for Watched<T> {
@@ -150,7 +170,7 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Watched<T> {
     async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
         let message = self.inner.receive().await;
         if message.is_none() {
-            self.ended.store(true, Ordering::SeqCst);
+            self.ended.set();
         }
         message
     }
@@ -190,12 +210,14 @@ impl Connector {
         }
     }
 
-    /// A new connection to `entry`'s server, numbered `serial`. Its errors carry none of
-    /// the launch's secrets.
+    /// A new connection to `entry`'s server, numbered `serial`. A stdio server's process
+    /// holds `permit` until its group is gone. Its errors carry none of the launch's
+    /// secrets.
     pub(super) async fn open(
         &self,
         entry: &ServerEntry,
         serial: u64,
+        permit: Option<OwnedSemaphorePermit>,
     ) -> Result<Connection, McpError> {
         let server_id = entry.server_id();
         let launch = entry.launch.as_ref().map_err(|reason| {
@@ -211,7 +233,7 @@ impl Connector {
                 secrets,
             } => {
                 let limits = Limits::of(entry);
-                match stdio::spawn(limits, command, args, env, cwd.as_ref(), secrets) {
+                match stdio::spawn(limits, command, args, env, cwd.as_ref(), secrets, permit) {
                     Ok((transport, process)) => {
                         let peer = Peer::Process(Box::new(process));
                         self.establish(entry, serial, peer, async { Ok(transport) })
@@ -246,7 +268,7 @@ impl Connector {
     {
         let server_id = entry.server_id();
         let (process, url) = match peer {
-            Peer::Process(process) => (Some(*process), None),
+            Peer::Process(process) => (Some(Arc::new(*process)), None),
             Peer::Url(url) => (None, Some(url)),
         };
         let shown = match url {
@@ -254,7 +276,7 @@ impl Connector {
             None => format!("server `{server_id}`"),
         };
         let tools_stale = Arc::new(AtomicBool::new(false));
-        let ended = Arc::new(AtomicBool::new(false));
+        let ended = Arc::new(Ended::default());
         let watched = ended.clone();
         let events = ClientEvents {
             server_id: server_id.into(),
@@ -285,20 +307,16 @@ impl Connector {
                 ))
             })?
             .map_err(|e| unavailable(format!("{shown}: cannot connect: {}", error_chain(&e))))?;
-        if let Some(exited) = process.as_ref().and_then(ServerProcess::exit_watch) {
-            let token = service.cancellation_token();
-            let server_id = server_id.to_owned();
-            tokio::spawn(async move {
-                exited.await;
-                tracing::debug!(
-                    server_id,
-                    serial,
-                    "server process exited; closing its session"
-                );
-                token.cancel();
-            });
+        if let Some(process) = &process {
+            tokio::spawn(stop_when_ended(
+                server_id.to_owned(),
+                serial,
+                Arc::downgrade(process),
+                ended.clone(),
+                service.cancellation_token(),
+            ));
         }
-        let pid = process.as_ref().map(ServerProcess::pid);
+        let pid = process.as_deref().map(ServerProcess::pid);
         let url = url.map(|url| entry.secrets().redact(url).into_owned());
         tracing::info!(server_id, pid, url, serial, "MCP server connected");
         Ok(Connection {
@@ -306,9 +324,42 @@ impl Connector {
             serial,
             process,
             tools_stale,
-            process_permit: None,
             ended,
         })
+    }
+}
+
+/// Stops a stdio server's whole group as soon as its session ends by itself: the leader
+/// exits (a child may keep its stdout open, so no EOF comes) or the transport stops (EOF,
+/// or the guard closed it). The group's permit goes back once it is gone, so a new server
+/// can start at once. Holds the process weakly: a dropped connection kills the group.
+async fn stop_when_ended(
+    server_id: String,
+    serial: u64,
+    process: Weak<ServerProcess>,
+    ended: Arc<Ended>,
+    session: RunningServiceCancellationToken,
+) {
+    let exited = process.upgrade().and_then(|p| p.exit_watch());
+    let why = match exited {
+        Some(exited) => tokio::select! {
+            () = exited => "its process exited",
+            () = ended.wake.notified() => "its transport ended",
+        },
+        None => {
+            ended.wake.notified().await;
+            "its transport ended"
+        }
+    };
+    ended.set();
+    tracing::debug!(
+        server_id,
+        serial,
+        "{why}; stopping the server's process group"
+    );
+    session.cancel();
+    if let Some(process) = process.upgrade() {
+        process.stop(&server_id, defaults::SHUTDOWN_GRACE).await;
     }
 }
 

@@ -19,9 +19,10 @@
 //! a watchdog killed on its own, or a host without `/bin/sh` (then only the leader dies
 //! with the host, and a warning says so).
 //!
-//! Group ids are safe to signal: the leader is reaped only here, after it exited, and the
-//! kernel does not reuse a pid while the zombie holds it, so the id cannot name another
-//! group before that. After it, the group is checked for members right before each signal.
+//! Group ids are safe to signal: the leader is reaped only by this module's own checks
+//! (every liveness check and each stop step try-waits it), after it exited, and the kernel
+//! does not reuse a pid while the zombie holds it, so the id cannot name another group
+//! before that. After it, the group is checked for members right before each signal.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -31,6 +32,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::defaults;
 
@@ -43,7 +45,8 @@ pub(super) struct Spawned {
 }
 
 /// Spawns `cmd` as the leader of a new process group, with piped stdio, dying with the host.
-pub(super) fn spawn(mut cmd: Command) -> io::Result<Spawned> {
+/// `permit` (the pool's count of server processes) is held until the group is gone.
+pub(super) fn spawn(mut cmd: Command, permit: Option<OwnedSemaphorePermit>) -> io::Result<Spawned> {
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -93,6 +96,7 @@ pub(super) fn spawn(mut cmd: Command) -> io::Result<Spawned> {
                 gone: false,
             }),
             watchdog: Mutex::new(watchdog),
+            permit: Mutex::new(permit),
         },
         stdin,
         stdout,
@@ -114,6 +118,9 @@ pub(super) struct ServerProcess {
     pgid: libc::pid_t,
     state: Mutex<State>,
     watchdog: Mutex<Option<Watchdog>>,
+    /// The pool's count of this process, given back as soon as the group is gone (or
+    /// SIGKILL was sent and waited for), not when the connection is dropped.
+    permit: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
 impl ServerProcess {
@@ -131,7 +138,7 @@ impl ServerProcess {
     /// no pidfd (before Linux 5.3). Lets the connection fail its calls at once when the
     /// server dies while a child of its keeps its stdout open (so no EOF comes).
     #[cfg(target_os = "linux")]
-    pub(super) fn exit_watch(&self) -> Option<impl Future<Output = ()> + Send + 'static> {
+    pub(super) fn exit_watch(&self) -> Option<impl Future<Output = ()> + Send + use<>> {
         use tokio::io::Interest;
         use tokio::io::unix::AsyncFd;
         // SAFETY: pidfd_open(2) on our own child's pid; it returns a new descriptor or -1.
@@ -174,6 +181,11 @@ impl ServerProcess {
             }
         }
         self.dismiss_watchdog();
+        self.release_permit();
+    }
+
+    fn release_permit(&self) {
+        self.permit.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
     /// Polls `done` until it holds or `limit` passes; whether it held.

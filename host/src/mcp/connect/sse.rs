@@ -84,6 +84,12 @@ impl SseReader {
         }
     }
 
+    /// Changes the cap for what is read from now on (an event already over the old cap
+    /// stays discarded).
+    pub(in crate::mcp) fn set_cap(&mut self, cap: usize) {
+        self.cap = cap;
+    }
+
     /// Reads `bytes`, appending every event they finish (and an over-cap event as soon as
     /// its id is known) to `out`.
     pub(in crate::mcp) fn push(&mut self, bytes: &[u8], out: &mut Vec<SseEvent>) {
@@ -248,6 +254,28 @@ mod tests {
             kind: kind.map(str::to_owned),
             data: data.to_owned(),
         }
+    }
+
+    #[test]
+    fn a_new_cap_applies_to_what_is_read_next() {
+        let mut reader = SseReader::new(1024);
+        let mut out = Vec::new();
+        let event = format!("data: {{\"id\":1,\"result\":\"{}\"}}\n\n", "x".repeat(100));
+        reader.push(event.as_bytes(), &mut out);
+        reader.set_cap(50);
+        reader.push(event.as_bytes(), &mut out);
+        assert!(matches!(out[0], SseEvent::Complete { .. }), "{:?}", out[0]);
+        assert!(
+            matches!(
+                &out[1],
+                SseEvent::TooLarge {
+                    id: Some(RequestId::Number(1)),
+                    ..
+                }
+            ),
+            "{:?}",
+            out[1]
+        );
     }
 
     #[test]

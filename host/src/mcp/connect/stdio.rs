@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use tokio::io::AsyncBufReadExt;
 use tokio::process::{ChildStdin, ChildStdout};
+use tokio::sync::OwnedSemaphorePermit;
 use tracing::Instrument;
 
 use super::guard::Limits;
@@ -37,6 +38,7 @@ pub(super) fn spawn(
     env: &BTreeMap<String, String>,
     cwd: Option<&String>,
     secrets: &Secrets,
+    permit: Option<OwnedSemaphorePermit>,
 ) -> Result<(StdioTransport, ServerProcess), McpError> {
     let server_id = limits.server_id.clone();
     let mut cmd = tokio::process::Command::new(command);
@@ -55,7 +57,7 @@ pub(super) fn spawn(
         stdin,
         stdout,
         stderr,
-    } = process::spawn(cmd).map_err(|e| {
+    } = process::spawn(cmd, permit).map_err(|e| {
         unavailable(format!(
             "server `{server_id}`: cannot start `{command}`: {e}"
         ))
@@ -70,13 +72,16 @@ pub(super) fn spawn(
 
 /// Logs the server's stderr line by line. A line is cut at
 /// [`defaults::MAX_SERVER_STDERR_LINE_BYTES`] and the rest of it skipped, so a server
-/// writing without newlines costs the host no more than one line.
+/// writing without newlines costs the host no more than one line. Secrets are cut out
+/// before the line is, so one straddling the cut is still found whole.
 async fn forward_stderr(server_id: String, stderr: tokio::process::ChildStderr, secrets: Secrets) {
     let span = tracing::info_span!("mcp_server_stderr", server_id = %server_id);
+    let keep = defaults::MAX_SERVER_STDERR_LINE_BYTES.saturating_add(secrets.longest());
     async move {
         let log = |line: &[u8]| {
             let text = String::from_utf8_lossy(line);
             let text = secrets.redact(text.trim_end());
+            let text = cut(&text, defaults::MAX_SERVER_STDERR_LINE_BYTES);
             tracing::info!(target: "quiver::mcp::server", server_id = %server_id, "{text}");
         };
         let mut reader = tokio::io::BufReader::new(stderr);
@@ -88,7 +93,7 @@ async fn forward_stderr(server_id: String, stderr: tokio::process::ChildStderr, 
             };
             let newline = buf.iter().position(|&b| b == b'\n');
             let chunk = &buf[..newline.unwrap_or(buf.len())];
-            let room = defaults::MAX_SERVER_STDERR_LINE_BYTES.saturating_sub(line.len());
+            let room = keep.saturating_sub(line.len());
             line.extend_from_slice(&chunk[..chunk.len().min(room)]);
             let used = newline.map_or(buf.len(), |i| i + 1);
             reader.consume(used);
@@ -103,4 +108,13 @@ async fn forward_stderr(server_id: String, stderr: tokio::process::ChildStderr, 
     }
     .instrument(span)
     .await
+}
+
+/// At most `max` bytes of `text`, cut at a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end = end.saturating_sub(1);
+    }
+    &text[..end]
 }

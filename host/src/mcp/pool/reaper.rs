@@ -115,3 +115,20 @@ pub(super) fn least_recently_used_idle(
             Some((slot, conn))
         })
 }
+
+/// Server processes serving a slot now: live stdio connections, plus slots busy
+/// connecting (which may hold a permit), other than `starting`. A held permit beyond these
+/// belongs to a server that died or is being stopped, and comes back soon.
+pub(super) fn serving_processes(shared: &Shared, starting: &ServerSlot) -> usize {
+    let retired: Vec<Arc<ServerSlot>> = shared.retired().clone();
+    let current: Vec<Arc<ServerSlot>> = shared.slots().values().cloned().collect();
+    retired
+        .iter()
+        .chain(&current)
+        .filter(|slot| !std::ptr::eq(slot.as_ref(), starting))
+        .filter(|slot| match slot.conn.try_lock() {
+            Ok(conn) => conn.as_ref().is_some_and(|c| c.is_stdio() && c.is_alive()),
+            Err(_) => true,
+        })
+        .count()
+}
