@@ -633,11 +633,8 @@ impl Transport<RoleClient> for LegacySse {
 
     async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
         loop {
-            if let Some(message) = self.guard.pop() {
-                return Some(message);
-            }
-            if self.guard.is_closed() {
-                return None;
+            if let Some(next) = self.guard.next_ready() {
+                return next;
             }
             let incoming = self.incoming.recv().await?;
             self.guard.take(incoming);

@@ -383,6 +383,17 @@ impl Guard {
         self.closed.is_some()
     }
 
+    /// What a transport's `receive` returns without reading: a message that is ready, or
+    /// the end once the guard has closed and nothing is left. `None` means: read more and
+    /// [`take`](Self::take) it. Every guarded transport's `receive` is this loop.
+    pub(in crate::mcp) fn next_ready(&mut self) -> Option<Option<ServerJsonRpcMessage>> {
+        match self.pop() {
+            Some(message) => Some(Some(message)),
+            None if self.is_closed() => Some(None),
+            None => None,
+        }
+    }
+
     /// Takes what the transport read: passes it on, turns it into the error of the request
     /// it answers, or drops it.
     pub(in crate::mcp) fn take(&mut self, incoming: Incoming) {
@@ -583,11 +594,8 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Guarded<T> {
 
     async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
         loop {
-            if let Some(message) = self.guard.pop() {
-                return Some(message);
-            }
-            if self.guard.is_closed() {
-                return None;
+            if let Some(next) = self.guard.next_ready() {
+                return next;
             }
             let message = self.inner.receive().await?;
             self.guard.take(Incoming::Message(message));

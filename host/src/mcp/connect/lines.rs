@@ -294,11 +294,8 @@ where
 
     async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
         loop {
-            if let Some(message) = self.guard.pop() {
-                return Some(message);
-            }
-            if self.guard.is_closed() {
-                return None;
+            if let Some(next) = self.guard.next_ready() {
+                return next;
             }
             let incoming = self.read_incoming().await?;
             self.guard.take(incoming);
