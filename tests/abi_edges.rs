@@ -503,3 +503,61 @@ async fn a_call_needing_approval_is_refused_before_it_reaches_the_server() {
     );
     host.shutdown().await;
 }
+
+/// A guest opening files in a loop through WASI is stopped after about `max_fds` of them
+/// instead of using up the host's descriptors: wasmtime-wasi ends the task with a trap
+/// naming its full table, and the next task on the host runs.
+#[tokio::test]
+async fn wasi_opens_are_bounded_like_the_task_fds() {
+    let files = tempfile::tempdir().unwrap();
+    std::fs::write(files.path().join("f"), b"x").unwrap();
+    let mut task = TaskSpec::new("wasi-open-flood");
+    task.limits.max_fds = Some(16);
+    task.preopens.push(quiver::task::Preopen {
+        host: files.path().to_owned(),
+        guest: "/data".into(),
+        read_only: true,
+    });
+    // Opens "f" under fd 3 (the preopen) `$limit` times (from argv length: none = 100 000),
+    // then writes how many opened to stdout.
+    let guest = |limit: u32| {
+        format!(
+            r#"(module
+      (import "wasi_snapshot_preview1" "path_open"
+        (func $path_open (param i32 i32 i32 i32 i32 i64 i64 i32 i32) (result i32)))
+      (import "wasi_snapshot_preview1" "fd_write"
+        (func $fd_write (param i32 i32 i32 i32) (result i32)))
+      (memory (export "memory") 1)
+      (data (i32.const 100) "f")
+      (func (export "_start") (local $n i32) (local $r i32)
+        (block $done (loop $again
+          (local.set $r (call $path_open (i32.const 3) (i32.const 0) (i32.const 100)
+            (i32.const 1) (i32.const 0) (i64.const 2) (i64.const 2) (i32.const 0) (i32.const 200)))
+          (br_if $done (i32.ne (local.get $r) (i32.const 0)))
+          (local.set $n (i32.add (local.get $n) (i32.const 1)))
+          (br_if $done (i32.ge_u (local.get $n) (i32.const {limit})))
+          (br $again)))
+        (i32.store (i32.const 0) (local.get $n))
+        (i32.store (i32.const 4) (local.get $r))
+        (i32.store (i32.const 16) (i32.const 0))
+        (i32.store (i32.const 20) (i32.const 8))
+        (drop (call $fd_write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 24)))))"#
+        )
+    };
+    let registry = RegistryDir::new();
+    let host = host(&registry);
+    let flood = wat::run(&host, &guest(100_000), &task).await;
+    match &flood.outcome.failure {
+        Some(TaskFailure::Trap(message)) => {
+            assert!(message.contains("resource table"), "{message}")
+        }
+        other => panic!(
+            "the flood must end the task, got {other:?} after {:?}",
+            flood.results
+        ),
+    }
+    // Within the bound, opening works and the host is fine.
+    let within = wat::run(&host, &guest(16), &task).await;
+    assert!(within.outcome.success(), "{:?}", within.outcome);
+    assert_eq!(within.results, [16, 0]);
+}

@@ -97,6 +97,11 @@ pub const MIN_SECRET_BYTES: usize = 4;
 /// Open fds one task may hold; one more is `-EMFILE`.
 pub const MAX_FDS_PER_TASK: usize = 1024;
 
+/// Entries of a task's WASI table (open files, directories, streams) beyond its `max_fds`
+/// and its preopens: room for the standard streams and the few a call holds for a moment.
+/// One more open is an error to the guest, not a host descriptor.
+pub const WASI_TABLE_SLACK: usize = 16;
+
 /// Wall-clock time a task may run when its task file names no deadline.
 pub const TASK_DEADLINE: Duration = Duration::from_secs(300);
 

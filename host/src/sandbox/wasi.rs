@@ -4,9 +4,10 @@
 use std::sync::Arc;
 
 use wasmtime::StoreLimitsBuilder;
-use wasmtime_wasi::{FsPerms, WasiCtxBuilder};
+use wasmtime_wasi::{FsPerms, WasiCtxBuilder, WasiView};
 
 use super::{CapturedOutput, Deadline, FdTable, MemoryBudget, Sandbox};
+use crate::defaults;
 use crate::task::TaskSpec;
 
 /// A task whose sandbox cannot be set up as its spec asks; names the task field at fault.
@@ -80,6 +81,15 @@ impl<K> Sandbox<K> {
                 wasi.inherit_stderr();
             }
         }
+        let mut wasi = wasi.build_p1();
+        // WASI's table holds every file, directory and stream the guest opens, each a real
+        // host descriptor: bounded like the task's own fds, so one guest opening files in a
+        // loop cannot use up the process's descriptors that every other task needs.
+        let wasi_cap = task
+            .max_fds()
+            .saturating_add(task.preopens.len())
+            .saturating_add(defaults::WASI_TABLE_SLACK);
+        wasi.ctx().table.set_max_capacity(wasi_cap);
         let sandbox = Sandbox {
             task_id,
             deadline: Deadline::after(task.deadline()),
@@ -88,7 +98,7 @@ impl<K> Sandbox<K> {
             memory: None,
             table: None,
             guest_tool_depth: 0,
-            wasi: wasi.build_p1(),
+            wasi,
             limits: StoreLimitsBuilder::new()
                 .memory_size(usize::try_from(memory_limit).unwrap_or(usize::MAX))
                 .instances(1)
