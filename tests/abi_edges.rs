@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use quiver::{TaskFailure, TaskSpec};
 use quiver_tests::wat::{self, WatRun};
-use quiver_tests::{RegistryDir, host, mcp_task};
+use quiver_tests::{RegistryDir, host, host_builder, mcp_task};
 use serde_json::Value;
 
 const OK: i32 = 0;
@@ -560,4 +560,49 @@ async fn wasi_opens_are_bounded_like_the_task_fds() {
     let within = wat::run(&host, &guest(16), &task).await;
     assert!(within.outcome.success(), "{:?}", within.outcome);
     assert_eq!(within.results, [16, 0]);
+}
+
+/// Every task's budget draws on the host's total: with a host total far below the task's
+/// own budget, the total is what stops a guest growing messages, and all of it comes back.
+#[tokio::test]
+async fn the_host_memory_total_bounds_every_task_together() {
+    let registry = RegistryDir::new();
+    let host = host_builder(&registry)
+        .with_host_memory_total(256 * 1024)
+        .build()
+        .expect("host");
+    let body = r#"
+  (func $main (local $fd i32) (local $n i32) (local $r i32)
+    (local.set $fd (call $cchat_create))
+    (block $done (loop $again
+      (local.set $r (call $cchat_write_msg (local.get $fd) (i32.const 1024) (i32.const 4)
+        (i32.const 65536) (i32.const 8192)))
+      (br_if $done (i32.ne (local.get $r) (i32.const 0)))
+      (local.set $n (i32.add (local.get $n) (i32.const 1)))
+      (br_if $done (i32.ge_u (local.get $n) (i32.const 10000)))
+      (br $again)))
+    (call $out (local.get $n))
+    (call $out (local.get $r)))"#;
+    let wat = wat::guest(&[(1024, b"user")], body);
+    let task = TaskSpec::new("host-total");
+    let run = wat::run(&host, &wat, &task).await;
+    assert!(run.outcome.success(), "{:?}", run.outcome);
+    let [written, errno] = run.results[..] else {
+        panic!("two results expected: {:?}", run.results);
+    };
+    assert_eq!(errno, -12, "ENOMEM once the host total is reached");
+    assert!(
+        (1..32).contains(&written),
+        "{written} messages of 8 KiB fit a 256 KiB host total"
+    );
+    assert!(
+        run.outcome.host_memory.limit_bytes > 1 << 20,
+        "the task's own budget had room"
+    );
+    let memory = host.status().host_memory;
+    assert_eq!(memory.used_bytes, 0, "everything is given back");
+    assert!(
+        memory.peak_bytes <= 256 * 1024 && memory.peak_bytes > 0,
+        "{memory:?}"
+    );
 }

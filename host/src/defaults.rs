@@ -122,6 +122,28 @@ pub const TASK_MEMORY_BYTES: u64 = 512 * 1024 * 1024;
 /// `limits.host_memory_bytes` may only lower it.
 pub const TASK_HOST_MEMORY_BYTES: u64 = 64 * 1024 * 1024;
 
+/// Host memory all tasks of a host may hold for their guests together, when
+/// `[tasks] host_memory_total_bytes` does not say: half of the machine's physical memory
+/// (the rest is for linear memories, servers and everything else), or
+/// [`HOST_MEMORY_TOTAL_FALLBACK`] where that cannot be read. Without it, per-task budgets
+/// times running tasks (1024 x 64 MiB) would be the only bound.
+pub fn host_memory_total() -> u64 {
+    // SAFETY: sysconf only reads system configuration.
+    let (pages, page_size) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    match (u64::try_from(pages), u64::try_from(page_size)) {
+        (Ok(pages), Ok(size)) if pages > 0 && size > 0 => pages.saturating_mul(size) / 2,
+        _ => HOST_MEMORY_TOTAL_FALLBACK,
+    }
+}
+
+/// [`host_memory_total`] where the machine's memory cannot be read.
+pub const HOST_MEMORY_TOTAL_FALLBACK: u64 = 4 * 1024 * 1024 * 1024;
+
 /// Guest tools that may run inside one another: a guest tool whose `cchat_send` makes the
 /// model call a guest tool again, and so on. Every level holds a fiber stack from the
 /// host's shared pool (the task itself holds one more), so without a bound one recursing

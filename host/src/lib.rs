@@ -41,8 +41,8 @@ pub mod telemetry;
 
 pub use chat::llm;
 pub use host::{
-    BusyReason, GuestModule, Host, HostBuilder, HostError, HostMemoryUse, HostStatus, ModuleOrigin,
-    TaskFailure, TaskOutcome, TaskStatus,
+    BusyReason, GuestModule, Host, HostBuilder, HostError, HostMemoryStatus, HostMemoryUse,
+    HostStatus, ModuleOrigin, TaskFailure, TaskOutcome, TaskStatus,
 };
 pub use quiver_abi::Errno;
 pub use task::{TaskError, TaskSpec};

@@ -12,7 +12,7 @@ use crate::chat::llm::{Backends, ConfigError, ConfigOrigin, HostConfig, Recorder
 use crate::defaults;
 use crate::mcp::{EgressPolicy, McpPool, PoolLimits, RemoteOptions};
 use crate::registry::{Registry, RegistryDirError, ServerEntry, Severity};
-use crate::sandbox::{Runtime, RuntimeOptions, default_cache_dir};
+use crate::sandbox::{HostMemory, Runtime, RuntimeOptions, default_cache_dir};
 use crate::task::TaskError;
 
 /// Something that stopped the host from starting or a task from starting.
@@ -57,6 +57,7 @@ pub struct HostBuilder {
     task_queue_timeout: Option<Duration>,
     max_task_memory: u64,
     task_host_memory: Option<u64>,
+    host_memory_total: Option<u64>,
     tools_cache_ttl: Duration,
     connect_timeout: Duration,
     config: HostConfig,
@@ -80,6 +81,7 @@ impl Default for HostBuilder {
             task_queue_timeout: None,
             max_task_memory: defaults::TASK_MEMORY_BYTES,
             task_host_memory: None,
+            host_memory_total: None,
             tools_cache_ttl: defaults::TOOLS_CACHE_TTL,
             connect_timeout: defaults::CONNECT_TIMEOUT,
             config: HostConfig::default(),
@@ -155,6 +157,15 @@ impl HostBuilder {
     /// [`TASK_HOST_MEMORY_BYTES`](defaults::TASK_HOST_MEMORY_BYTES).
     pub fn with_task_host_memory(mut self, bytes: u64) -> Self {
         self.task_host_memory = Some(bytes);
+        self
+    }
+
+    /// Host memory all tasks may hold for their guests together; a charge that would pass
+    /// it is `-ENOMEM` even when the task's own budget has room. Overrides
+    /// `[tasks] host_memory_total_bytes`; default [`defaults::host_memory_total`] (half of
+    /// the machine's memory).
+    pub fn with_host_memory_total(mut self, bytes: u64) -> Self {
+        self.host_memory_total = Some(bytes.max(1));
         self
     }
 
@@ -308,6 +319,11 @@ impl HostBuilder {
                     .task_host_memory
                     .or(tasks.host_memory_bytes)
                     .unwrap_or(defaults::TASK_HOST_MEMORY_BYTES),
+                host_memory: HostMemory::new(
+                    self.host_memory_total
+                        .or(tasks.host_memory_total_bytes)
+                        .unwrap_or_else(defaults::host_memory_total),
+                ),
                 pool,
                 backends: Arc::new(backends),
             }),
@@ -400,6 +416,11 @@ mod tests {
                 "tasks.queue_timeout_ms",
             ),
             ("node-f.toml", "[tasks]\nqueue_size = 8\n", "queue_size"),
+            (
+                "node-h.toml",
+                "[tasks]\nhost_memory_total_bytes = 0\n",
+                "tasks.host_memory_total_bytes",
+            ),
             (
                 "node-g.toml",
                 "[tasks]\nhost_memory_bytes = 0\n",

@@ -24,8 +24,8 @@ use crate::chat::{ChatSession, ChatTask};
 use crate::mcp::{McpPool, McpTask, ServerStatus};
 use crate::policy::{self, PolicyReport, SessionRequest};
 use crate::registry::Registry;
-pub use crate::sandbox::{HostMemoryUse, ModuleOrigin, TaskFailure};
-use crate::sandbox::{MemoryBudget, Runtime, Sandbox};
+use crate::sandbox::{HostMemory, MemoryBudget, Runtime, Sandbox};
+pub use crate::sandbox::{HostMemoryStatus, HostMemoryUse, ModuleOrigin, TaskFailure};
 use crate::task::{TaskError, TaskSpec};
 use admission::Admission;
 pub use admission::{BusyReason, TaskStatus};
@@ -39,6 +39,7 @@ struct HostInner {
     registry: RwLock<Arc<Registry>>,
     registry_dir: Option<PathBuf>,
     task_host_memory: u64,
+    host_memory: HostMemory,
     pool: Arc<McpPool>,
     backends: Arc<Backends>,
 }
@@ -73,6 +74,8 @@ impl GuestModule {
 #[derive(Clone, Debug, Serialize)]
 pub struct HostStatus {
     pub tasks: TaskStatus,
+    /// Host memory the running tasks hold for their guests, against the host's total.
+    pub host_memory: HostMemoryStatus,
     /// Every MCP server used so far, by id.
     pub mcp_servers: Vec<ServerStatus>,
 }
@@ -147,6 +150,7 @@ impl Host {
     pub fn status(&self) -> HostStatus {
         HostStatus {
             tasks: self.inner.admission.status(),
+            host_memory: self.inner.host_memory.status(),
             mcp_servers: self.inner.pool.status(),
         }
     }
@@ -221,10 +225,14 @@ impl Host {
         let started = Instant::now();
         let memory_limit = task.memory_limit().min(self.inner.runtime.max_task_memory);
         let host_memory_limit = task.host_memory_limit(self.inner.task_host_memory);
+        let budget = MemoryBudget::within(
+            Arc::from(task.task_id.as_str()),
+            host_memory_limit,
+            &self.inner.host_memory,
+        );
         let (sandbox, captured) =
-            Sandbox::for_task(task, &module.name, memory_limit, host_memory_limit)
+            Sandbox::for_task(task, &module.name, memory_limit, budget.clone())
                 .map_err(|e| setup_error(e.to_string()))?;
-        let budget = sandbox.budget.clone();
         let state = TaskState {
             sandbox,
             mcp: Arc::new(mcp),

@@ -7,6 +7,10 @@
 //! for and gives its bytes back when dropped, so state freed by any path (a close, the end
 //! of the task, an error halfway) is released without anyone remembering to. Growing a
 //! charge past the limit fails with `-ENOMEM` before the state changes.
+//!
+//! Every task's budget also draws on its host's [`HostMemory`]: per-task limits times
+//! running tasks would otherwise be the only bound (1024 tasks x 64 MiB), so a host full of
+//! hostile tenants could still grow past the machine. A charge needs room in both.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,6 +32,72 @@ struct Account {
     limit: u64,
     used: AtomicU64,
     peak: AtomicU64,
+    host: Option<HostMemory>,
+}
+
+/// The host memory all tasks of a host hold together; clones share it.
+#[derive(Clone, Debug)]
+pub struct HostMemory {
+    total: Arc<Total>,
+}
+
+#[derive(Debug)]
+struct Total {
+    limit: u64,
+    used: AtomicU64,
+    peak: AtomicU64,
+}
+
+/// What the tasks of a host hold now, for its status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct HostMemoryStatus {
+    /// The host's total (`[tasks] host_memory_total_bytes`).
+    pub limit_bytes: u64,
+    pub used_bytes: u64,
+    pub peak_bytes: u64,
+}
+
+impl HostMemory {
+    pub fn new(limit: u64) -> Self {
+        Self {
+            total: Arc::new(Total {
+                limit,
+                used: AtomicU64::new(0),
+                peak: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub fn status(&self) -> HostMemoryStatus {
+        HostMemoryStatus {
+            limit_bytes: self.total.limit,
+            used_bytes: self.total.used.load(Ordering::SeqCst),
+            peak_bytes: self.total.peak.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Takes `bytes`, or returns what is used if they do not fit.
+    fn take(&self, bytes: u64) -> Result<(), u64> {
+        let total = &self.total;
+        let before = total
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                used.checked_add(bytes).filter(|&sum| sum <= total.limit)
+            })?;
+        total.peak.fetch_max(before + bytes, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn give_back(&self, bytes: u64) {
+        give_back(&self.total.used, bytes);
+    }
+}
+
+/// Subtracts `bytes` from `used`, never below zero: a charge only gives back what it took.
+fn give_back(used: &AtomicU64, bytes: u64) {
+    let _ = used.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+        Some(used.saturating_sub(bytes))
+    });
 }
 
 /// What a task's budget saw, reported in its outcome.
@@ -42,14 +112,24 @@ pub struct HostMemoryUse {
 }
 
 impl MemoryBudget {
-    /// A budget of `limit` bytes for `task_id` (named in the log when it is hit).
+    /// A budget of `limit` bytes for `task_id` (named in the log when it is hit), on its own.
     pub fn new(task_id: Arc<str>, limit: u64) -> Self {
+        Self::with_host(task_id, limit, None)
+    }
+
+    /// A budget of `limit` bytes for `task_id` that also draws on `host`.
+    pub fn within(task_id: Arc<str>, limit: u64, host: &HostMemory) -> Self {
+        Self::with_host(task_id, limit, Some(host.clone()))
+    }
+
+    fn with_host(task_id: Arc<str>, limit: u64, host: Option<HostMemory>) -> Self {
         Self {
             account: Arc::new(Account {
                 task_id,
                 limit,
                 used: AtomicU64::new(0),
                 peak: AtomicU64::new(0),
+                host,
             }),
         }
     }
@@ -110,11 +190,8 @@ impl MemoryBudget {
                 used.checked_add(bytes)
                     .filter(|&total| total <= account.limit)
             });
-        match reserved {
-            Ok(before) => {
-                account.peak.fetch_max(before + bytes, Ordering::SeqCst);
-                Ok(())
-            }
+        let before = match reserved {
+            Ok(before) => before,
             Err(used) => {
                 if !quiet {
                     tracing::debug!(
@@ -126,19 +203,34 @@ impl MemoryBudget {
                         "the task's host memory budget is exhausted (limits.host_memory_bytes); the hostcall fails with ENOMEM"
                     );
                 }
-                Err(Errno::ENOMEM)
+                return Err(Errno::ENOMEM);
             }
+        };
+        if let Some(host) = &account.host
+            && let Err(used) = host.take(bytes)
+        {
+            give_back(&account.used, bytes);
+            if !quiet {
+                tracing::debug!(
+                    task_id = %account.task_id,
+                    what,
+                    requested = bytes,
+                    used,
+                    limit = host.total.limit,
+                    "the host memory all tasks share is exhausted ([tasks] host_memory_total_bytes); the hostcall fails with ENOMEM"
+                );
+            }
+            return Err(Errno::ENOMEM);
         }
+        account.peak.fetch_max(before + bytes, Ordering::SeqCst);
+        Ok(())
     }
 
     fn give_back(&self, bytes: u64) {
-        // Never below zero: a charge only gives back what it took.
-        let _ = self
-            .account
-            .used
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
-                Some(used.saturating_sub(bytes))
-            });
+        give_back(&self.account.used, bytes);
+        if let Some(host) = &self.account.host {
+            host.give_back(bytes);
+        }
     }
 }
 
@@ -314,6 +406,32 @@ mod tests {
             Some(Errno::ENOMEM)
         );
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn every_task_draws_on_the_host_total_too() {
+        let host = HostMemory::new(100);
+        let a = MemoryBudget::within(Arc::from("a"), 80, &host);
+        let b = MemoryBudget::within(Arc::from("b"), 80, &host);
+        let held = a.charge("x", 70).unwrap();
+        assert_eq!(
+            b.charge("y", 40).err(),
+            Some(Errno::ENOMEM),
+            "b's own budget has room, the host's has not"
+        );
+        assert_eq!(
+            (b.used(), host.status().used_bytes),
+            (0, 70),
+            "a refusal takes nothing"
+        );
+        let mut grown = b.charge("y", 30).unwrap();
+        assert_eq!(host.status().used_bytes, 100);
+        drop(held);
+        grown.grow(50).unwrap();
+        assert_eq!((b.used(), host.status().used_bytes), (80, 80));
+        drop(grown);
+        assert_eq!(host.status().used_bytes, 0);
+        assert_eq!(host.status().peak_bytes, 100);
     }
 
     #[test]

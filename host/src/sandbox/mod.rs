@@ -27,7 +27,7 @@ use std::sync::Arc;
 use wasmtime::{Linker, Memory, StoreLimits, Table};
 use wasmtime_wasi::p1::WasiP1Ctx;
 
-pub use budget::{Charge, HostMemoryUse, MemoryBudget};
+pub use budget::{Charge, HostMemory, HostMemoryStatus, HostMemoryUse, MemoryBudget};
 pub use capture::CapturedOutput;
 pub use deadline::{Deadline, DeadlineExceeded};
 pub use fd::{FD_STATE_BYTES, FdKindOf, FdTable};

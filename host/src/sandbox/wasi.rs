@@ -37,16 +37,15 @@ pub enum SandboxSetupError {
 
 impl<K> Sandbox<K> {
     /// The sandbox `task` asks for; `argv0` is the module's name, `memory_limit` the linear
-    /// memory it may grow to and `host_memory_limit` its host memory budget. The error
-    /// names the task field at fault.
+    /// memory it may grow to and `budget` its host memory budget. The error names the task
+    /// field at fault.
     pub fn for_task(
         task: &TaskSpec,
         argv0: &str,
         memory_limit: u64,
-        host_memory_limit: u64,
+        budget: MemoryBudget,
     ) -> Result<(Self, Option<CapturedOutput>), SandboxSetupError> {
         let task_id: Arc<str> = Arc::from(task.task_id.as_str());
-        let budget = MemoryBudget::new(task_id.clone(), host_memory_limit);
         let mut wasi = WasiCtxBuilder::new();
         let mut argv = vec![argv0.to_owned()];
         argv.extend(task.args.iter().cloned());
@@ -123,7 +122,12 @@ mod tests {
             guest: "/data".into(),
             read_only: true,
         });
-        let Err(error) = Sandbox::<()>::for_task(&task, "guest.wasm", 1 << 20, 1 << 20) else {
+        let Err(error) = Sandbox::<()>::for_task(
+            &task,
+            "guest.wasm",
+            1 << 20,
+            MemoryBudget::new(Arc::from("t"), 1 << 20),
+        ) else {
             panic!("the preopen does not exist");
         };
         assert!(

@@ -35,6 +35,7 @@
 //! queue_capacity = 16384                 # tasks waiting for a slot; more get "host busy"
 //! queue_timeout_ms = 60000               # longest wait for a slot
 //! host_memory_bytes = 67108864           # each task's host memory budget
+//! host_memory_total_bytes = 8589934592   # all tasks together (default: half the RAM)
 //! ```
 
 use std::collections::BTreeMap;
@@ -102,6 +103,8 @@ pub struct TasksConfig {
     /// Each task's host memory budget ([`crate::defaults::TASK_HOST_MEMORY_BYTES`]); a
     /// task's `limits.host_memory_bytes` may only lower it.
     pub host_memory_bytes: Option<u64>,
+    /// Host memory all tasks hold together ([`crate::defaults::host_memory_total`]).
+    pub host_memory_total_bytes: Option<u64>,
 }
 
 impl TasksConfig {
@@ -111,6 +114,12 @@ impl TasksConfig {
             return Err((
                 "tasks.max_concurrent",
                 "must be at least 1; omit it for the default",
+            ));
+        }
+        if self.host_memory_total_bytes == Some(0) {
+            return Err((
+                "tasks.host_memory_total_bytes",
+                "must be greater than 0; omit it for half of the machine's memory",
             ));
         }
         if self.host_memory_bytes == Some(0) {
