@@ -33,8 +33,8 @@ const BIG: u32 = 65_536;
 
 /// Guest tools every guest here carries, and `$s`, the session they act on.
 const TOOLS: &str = r#"
-  (table (export "__indirect_function_table") 8 funcref)
-  (elem (i32.const 1) $t_ok $t_send $t_close $t_deep $t_spin $t_grow $t_recurse)
+  (table (export "__indirect_function_table") 10 funcref)
+  (elem (i32.const 1) $t_ok $t_send $t_close $t_deep $t_spin $t_grow $t_recurse $t_14k $t_17m)
   (global $s (mut i32) (i32.const -1))
   ;; 1: answers with nothing
   (func $t_ok (param i32 i32 i32) (param $ol i32) (result i32)
@@ -59,6 +59,14 @@ const TOOLS: &str = r#"
   ;; 7: recurses without end
   (func $t_recurse (param i32 i32 i32 i32) (result i32) (call $bottomless) (i32.const 0))
   (func $bottomless (call $bottomless))
+  ;; 8: asks for 14 KiB with -ENOSPC, then answers with 14 KiB of whatever the buffer holds
+  (func $t_14k (param i32 i32 i32) (param $ol i32) (result i32)
+    (if (result i32) (i32.lt_u (i32.load (local.get $ol)) (i32.const 14336))
+      (then (i32.store (local.get $ol) (i32.const 14336)) (i32.const -28))
+      (else (i32.store (local.get $ol) (i32.const 14336)) (i32.const 0))))
+  ;; 9: answers with 17 MiB of whatever the buffer holds
+  (func $t_17m (param i32 i32 i32) (param $ol i32) (result i32)
+    (i32.store (local.get $ol) (i32.const 17825792)) (i32.const 0))
 "#;
 
 /// A guest's data segments, placed from 1024 up (small) or at [`BIG`] (one large payload).
@@ -903,5 +911,66 @@ async fn a_turn_past_the_host_cap_on_tool_calls_ends_the_send_whatever_the_sessi
         "no tool ran and nothing more was asked"
     );
     setup.llm.clear_script();
+    assert_accounted(&run.outcome, 4 * MIB);
+}
+
+#[tokio::test]
+async fn guest_tool_outputs_past_the_budget_fail_alone_and_are_never_copied() {
+    // A hundred 14 KiB outputs cannot all be held in 1 MiB; the ones that do not fit fail
+    // as tool results the model sees, and the send still answers.
+    let calls = (0..100).map(|i| (format!("g{i}"), "fourteen", json!({})));
+    let setup = setup(vec![Reply::tool_calls(calls), Reply::text("done")]).await;
+    let guest = chat_guest_with(
+        &[
+            ("max_tool_output_bytes", 512),
+            ("max_total_tool_calls", 200),
+        ],
+        &[("fourteen", 8)],
+        SEND_AND_RECV,
+    );
+    let limit = MIB;
+    let run = wat::run(&setup.host, &guest, &budgeted("guest-turn", limit)).await;
+    assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
+    let r = &run.results;
+    assert!(
+        r[r.len() - 2] > 0,
+        "the send answers rather than -ENOMEM: {r:?}"
+    );
+    let results = quiver_tests::llm::tool_results(&setup.llm.request(1));
+    assert_eq!(results.len(), 100);
+    let refused = results
+        .iter()
+        .filter(|(_, content)| {
+            content
+                .contains("host memory budget of the task is exhausted (limits.host_memory_bytes)")
+        })
+        .count();
+    assert!(refused > 0 && refused < 100, "{refused} of 100 refused");
+    assert_accounted(&run.outcome, limit);
+}
+
+#[tokio::test]
+async fn a_guest_tool_output_over_16_mib_is_reported_as_too_large() {
+    let setup = setup(vec![
+        Reply::tool_call("h", "huge", json!({})),
+        Reply::text("done"),
+    ])
+    .await;
+    let guest = chat_guest_with(
+        &[
+            ("tool_arena_len", 21 * MIB),
+            ("max_tool_output_bytes", 32 * MIB),
+        ],
+        &[("huge", 9)],
+        &format!("(drop (memory.grow (i32.const 400)))\n{SEND_AND_RECV}"),
+    );
+    let task = budgeted("huge", 4 * MIB).with_memory_limit(64 * MIB);
+    let run = run_ok(&setup, &guest, &task).await;
+    let results = quiver_tests::llm::tool_results(&setup.llm.request(1));
+    assert_eq!(results.len(), 1);
+    assert!(
+        results[0].1.contains("is larger than the host takes"),
+        "{results:?}"
+    );
     assert_accounted(&run.outcome, 4 * MIB);
 }

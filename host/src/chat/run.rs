@@ -26,13 +26,13 @@ use crate::sandbox::{Charge, Deadline, HostcallError, MemoryBudget, heap};
 /// touches wasm.
 pub(crate) trait GuestTools: Send {
     /// Calls the guest function at `table_index` with JSON `args`. `Ok(Ok(text))` is its
-    /// result, `Ok(Err(reason))` a failure the model is told about, `Err` a trap that ends
-    /// the task.
+    /// result with the charge for holding it (taken before it was copied), `Ok(Err(reason))`
+    /// a failure the model is told about, `Err` a trap that ends the task.
     fn call(
         &mut self,
         table_index: u32,
         args: &str,
-    ) -> impl Future<Output = Result<Result<String, String>, wasmtime::Error>> + Send;
+    ) -> impl Future<Output = Result<Result<(String, Charge), String>, wasmtime::Error>> + Send;
 }
 
 /// What a send may use besides the session.
@@ -522,10 +522,12 @@ async fn run_tool_calls<G: GuestTools>(
                     .call(*table_index, args)
                     .await
                     .map_err(HostcallError::Trap)?;
-                if let Ok(text) = &result {
-                    guest_outputs.grow(heap::string(text.len() as u64))?;
-                }
-                let result = result.map_err(ToolFailure::exec);
+                let result = result
+                    .map(|(text, charge)| {
+                        guest_outputs.absorb(charge);
+                        text
+                    })
+                    .map_err(ToolFailure::exec);
                 done.push((i, result, started.elapsed()));
             }
         }
@@ -549,7 +551,8 @@ async fn run_tool_calls<G: GuestTools>(
     let max = session.settings.max_tool_output_bytes as usize;
     for (p, result) in planned.iter().zip(results) {
         let mut entry = json!({"id": p.id, "name": p.name});
-        let content = match (&p.step, result) {
+        // `held`: what `outputs` holds for this result.
+        let (content, held) = match (&p.step, result) {
             (Step::Refused { kind, failure }, _) => {
                 match *kind {
                     "denied" => metrics.tool_calls.denied += 1,
@@ -557,7 +560,7 @@ async fn run_tool_calls<G: GuestTools>(
                 }
                 entry["kind"] = json!(kind);
                 entry["ok"] = json!(false);
-                failure.to_content()
+                (failure.to_content(), 0)
             }
             (step, Some((result, elapsed))) => {
                 match step {
@@ -580,20 +583,24 @@ async fn run_tool_calls<G: GuestTools>(
                 entry["ms"] = json!(ms(elapsed));
                 entry["ok"] = json!(result.is_ok());
                 match result {
-                    Ok(text) => text,
+                    Ok(text) => {
+                        let held = heap::string(text.len() as u64);
+                        (text, held)
+                    }
                     Err(failure) => {
                         metrics.tool_calls.failed += 1;
                         entry["error"] = json!(failure.code.as_str());
-                        failure.to_content()
+                        (failure.to_content(), 0)
                     }
                 }
             }
             (_, None) => unreachable!("every planned call ran"),
         };
         summary.push(entry);
-        added.push(
-            json!({"role": "tool", "tool_call_id": p.id, "content": truncate_output(content, max)}),
-        )?;
+        // The full result goes once cut; its message is charged on its own.
+        let content = truncate_output(content, max);
+        outputs.shrink(held);
+        added.push(json!({"role": "tool", "tool_call_id": p.id, "content": content}))?;
     }
     Ok(())
 }
