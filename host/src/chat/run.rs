@@ -416,7 +416,9 @@ struct Turn<'a, 'c> {
 
 /// Runs one turn's tool calls: MCP calls concurrently (each server's `max_concurrency`
 /// bounds them), guest tools one at a time alongside; adds the `tool` messages in the
-/// model's order. Each guest tool's output is charged as soon as it is read.
+/// model's order. Each result is charged as it arrives (a guest tool's before it is
+/// copied); one the budget cannot hold fails that call alone, and each is given back once
+/// cut for its message.
 async fn run_tool_calls<G: GuestTools>(
     calls: &[ToolCall],
     turn: Turn<'_, '_>,
