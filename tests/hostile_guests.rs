@@ -974,3 +974,29 @@ async fn a_guest_tool_output_over_16_mib_is_reported_as_too_large() {
     );
     assert_accounted(&run.outcome, 4 * MIB);
 }
+
+#[tokio::test]
+async fn tool_arguments_whose_parsed_form_passes_the_budget_fail_that_call_alone() {
+    // 450 KB of `[],` parse into far more than 3 MiB of values: charged before they are
+    // built, they fail the call, and the model hears why.
+    let pad = vec![json!([]); 150_000];
+    let setup = setup(vec![
+        Reply::tool_call("a", "mcp__fixture__echo", json!({"text": "x", "pad": pad})),
+        Reply::text("done"),
+    ])
+    .await;
+    let guest = chat_guest(&[], SEND_AND_RECV);
+    let limit = 3 * MIB;
+    let run = run_ok(&setup, &guest, &budgeted("args", limit)).await;
+    let r = &run.results;
+    assert!(r[r.len() - 2] > 0, "the send answers: {r:?}");
+    let results = quiver_tests::llm::tool_results(&setup.llm.request(1));
+    assert_eq!(results.len(), 1);
+    assert!(
+        results[0]
+            .1
+            .contains("host memory budget of the task is exhausted (limits.host_memory_bytes)"),
+        "{results:?}"
+    );
+    assert_accounted(&run.outcome, limit);
+}
