@@ -443,14 +443,14 @@ async fn run_tool_calls<G: GuestTools>(
                 .id()
                 .map_or_else(|| format!("call_{i}"), str::to_owned);
             let name = call.function.name.clone();
-            let raw = call.function.arguments.clone();
+            let raw = call.function.arguments.as_str();
             let step = match tools.resolve(&name) {
                 Resolution::Route(Route::Guest { table_index }) => Step::Guest {
                     table_index: *table_index,
-                    args: raw,
+                    args: raw.to_owned(),
                 },
                 Resolution::Route(route @ Route::Mcp { tool, .. }) => {
-                    mcp_args[i] = Some(mcp_arguments(&raw, ctx.budget));
+                    mcp_args[i] = Some(mcp_arguments(raw, ctx.budget));
                     Step::Mcp {
                         route,
                         tool: tool.clone(),
