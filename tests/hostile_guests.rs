@@ -33,8 +33,8 @@ const BIG: u32 = 65_536;
 
 /// Guest tools every guest here carries, and `$s`, the session they act on.
 const TOOLS: &str = r#"
-  (table (export "__indirect_function_table") 8 funcref)
-  (elem (i32.const 1) $t_ok $t_send $t_close $t_deep $t_spin $t_grow $t_recurse)
+  (table (export "__indirect_function_table") 10 funcref)
+  (elem (i32.const 1) $t_ok $t_send $t_close $t_deep $t_spin $t_grow $t_recurse $t_14k $t_17m)
   (global $s (mut i32) (i32.const -1))
   ;; 1: answers with nothing
   (func $t_ok (param i32 i32 i32) (param $ol i32) (result i32)
@@ -59,6 +59,14 @@ const TOOLS: &str = r#"
   ;; 7: recurses without end
   (func $t_recurse (param i32 i32 i32 i32) (result i32) (call $bottomless) (i32.const 0))
   (func $bottomless (call $bottomless))
+  ;; 8: asks for 14 KiB with -ENOSPC, then answers with 14 KiB of whatever the buffer holds
+  (func $t_14k (param i32 i32 i32) (param $ol i32) (result i32)
+    (if (result i32) (i32.lt_u (i32.load (local.get $ol)) (i32.const 14336))
+      (then (i32.store (local.get $ol) (i32.const 14336)) (i32.const -28))
+      (else (i32.store (local.get $ol) (i32.const 14336)) (i32.const 0))))
+  ;; 9: answers with 17 MiB of whatever the buffer holds
+  (func $t_17m (param i32 i32 i32) (param $ol i32) (result i32)
+    (i32.store (local.get $ol) (i32.const 17825792)) (i32.const 0))
 "#;
 
 /// A guest's data segments, placed from 1024 up (small) or at [`BIG`] (one large payload).
@@ -645,6 +653,11 @@ async fn inputs_past_every_bound_get_their_errno() {
 /// A chat guest: a session in `$s` with one user message, the tool arena, `max_iterations`
 /// 2, and the guest tools `tools` (name, table index) registered; then `rest`.
 fn chat_guest(tools: &[(&str, u32)], rest: &str) -> String {
+    chat_guest_with(&[], tools, rest)
+}
+
+/// [`chat_guest`] that also sets the session params `params`.
+fn chat_guest_with(params: &[(&str, u64)], tools: &[(&str, u32)], rest: &str) -> String {
     let mut data = Data::new();
     let (user, user_len) = data.put(b"user");
     let (hi, hi_len) = data.put(b"hi");
@@ -652,11 +665,12 @@ fn chat_guest(tools: &[(&str, u32)], rest: &str) -> String {
         r#"(global.set $s (call $cchat_create))
       (call $out (call $cchat_write_msg (global.get $s) (i32.const {user}) (i32.const {user_len}) (i32.const {hi}) (i32.const {hi_len})))"#
     );
-    for (key, value) in [
+    let arena = [
         ("tool_arena_ptr", 196_608),
         ("tool_arena_len", 16_384),
         ("max_iterations", 2),
-    ] {
+    ];
+    for &(key, value) in arena.iter().chain(params) {
         let (at, len) = data.put(json!({"key": key, "value": value}).to_string().as_bytes());
         setup.push_str(&format!(
             "\n(call $cap (i32.const 8192) (i32.const {len})) (call $out (call $cchat_ctl (global.get $s) (i32.const 1) (i32.const {at}) (i32.const 8192)))"
@@ -826,4 +840,163 @@ async fn a_stack_bomb_and_a_memory_bomb_in_the_guest_itself_end_only_their_task(
     );
     assert_accounted(&run.outcome, MIB);
     assert_host_usable(&setup).await;
+}
+
+/// Sends with AUTO_TOOL_CALL, then emits the response body.
+const SEND_AND_RECV: &str = r#"(local.set $r (call $cchat_send (global.get $s) (i32.const 2)))
+      (call $out (local.get $r))
+      (call $cap (i32.const 8192) (i32.const 65536))
+      (call $out (call $cchat_recv (local.get $r) (i32.const 16384) (i32.const 8192)))
+      (call $emit (i32.const 16384) (call $len (i32.const 8192)))"#;
+
+#[tokio::test]
+async fn each_mcp_result_of_a_turn_is_charged_as_it_arrives_and_one_past_the_budget_fails_alone() {
+    // Twelve parallel 256 KiB results cannot all be held in 2 MiB: the ones that do not
+    // fit fail as tool results the model sees; the send still answers.
+    let calls = (0..12).map(|i| {
+        (
+            format!("b{i}"),
+            "mcp__fixture__big",
+            json!({"bytes": 256 * KIB}),
+        )
+    });
+    let llm = ScriptedLlm::start(vec![Reply::tool_calls(calls), Reply::text("done")]).await;
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["big"], "");
+    let host = scripted_host(&registry, &llm);
+    let guest = chat_guest_with(&[("max_tool_output_bytes", 1024)], &[], SEND_AND_RECV);
+    let limit = 2 * MIB;
+    let run = wat::run(&host, &guest, &budgeted("turn", limit)).await;
+    assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
+    let r = &run.results;
+    assert!(
+        r[r.len() - 2] > 0,
+        "the send answers rather than -ENOMEM: {r:?}"
+    );
+    let answer: Value = serde_json::from_str(&run.emitted[0]).unwrap();
+    assert_eq!(
+        answer["choices"][0]["message"]["content"], "done",
+        "{answer}"
+    );
+    let results = quiver_tests::llm::tool_results(&llm.request(1));
+    assert_eq!(results.len(), 12);
+    let refused = results
+        .iter()
+        .filter(|(_, content)| {
+            content
+                .contains("host memory budget of the task is exhausted (limits.host_memory_bytes)")
+        })
+        .count();
+    assert!(refused > 0 && refused < 12, "{refused} of 12 refused");
+    assert_accounted(&run.outcome, limit);
+}
+
+#[tokio::test]
+async fn a_turn_past_the_host_cap_on_tool_calls_ends_the_send_whatever_the_session_allows() {
+    let calls = (0..129).map(|i| (format!("c{i}"), "nothing", json!({})));
+    let setup = setup(vec![Reply::tool_calls(calls), Reply::text("never asked")]).await;
+    let guest = chat_guest_with(
+        &[("max_total_tool_calls", 4_000_000_000)],
+        &[],
+        SEND_AND_RECV,
+    );
+    let run = run_ok(&setup, &guest, &budgeted("per-turn", 4 * MIB)).await;
+    let answer: Value = serde_json::from_str(&run.emitted[0]).unwrap();
+    assert_eq!(answer["error"]["code"], "tool_call_limit", "{answer}");
+    assert_eq!(answer["error"]["limit"], "max_tool_calls_per_turn");
+    assert_eq!(answer["error"]["value"], 128);
+    assert_eq!(
+        setup.llm.request_count(),
+        1,
+        "no tool ran and nothing more was asked"
+    );
+    setup.llm.clear_script();
+    assert_accounted(&run.outcome, 4 * MIB);
+}
+
+#[tokio::test]
+async fn guest_tool_outputs_past_the_budget_fail_alone_and_are_never_copied() {
+    // A hundred 14 KiB outputs cannot all be held in 1 MiB; the ones that do not fit fail
+    // as tool results the model sees, and the send still answers.
+    let calls = (0..100).map(|i| (format!("g{i}"), "fourteen", json!({})));
+    let setup = setup(vec![Reply::tool_calls(calls), Reply::text("done")]).await;
+    let guest = chat_guest_with(
+        &[
+            ("max_tool_output_bytes", 512),
+            ("max_total_tool_calls", 200),
+        ],
+        &[("fourteen", 8)],
+        SEND_AND_RECV,
+    );
+    let limit = MIB;
+    let run = wat::run(&setup.host, &guest, &budgeted("guest-turn", limit)).await;
+    assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
+    let r = &run.results;
+    assert!(
+        r[r.len() - 2] > 0,
+        "the send answers rather than -ENOMEM: {r:?}"
+    );
+    let results = quiver_tests::llm::tool_results(&setup.llm.request(1));
+    assert_eq!(results.len(), 100);
+    let refused = results
+        .iter()
+        .filter(|(_, content)| {
+            content
+                .contains("host memory budget of the task is exhausted (limits.host_memory_bytes)")
+        })
+        .count();
+    assert!(refused > 0 && refused < 100, "{refused} of 100 refused");
+    assert_accounted(&run.outcome, limit);
+}
+
+#[tokio::test]
+async fn a_guest_tool_output_over_16_mib_is_reported_as_too_large() {
+    let setup = setup(vec![
+        Reply::tool_call("h", "huge", json!({})),
+        Reply::text("done"),
+    ])
+    .await;
+    let guest = chat_guest_with(
+        &[
+            ("tool_arena_len", 21 * MIB),
+            ("max_tool_output_bytes", 32 * MIB),
+        ],
+        &[("huge", 9)],
+        &format!("(drop (memory.grow (i32.const 400)))\n{SEND_AND_RECV}"),
+    );
+    let task = budgeted("huge", 4 * MIB).with_memory_limit(64 * MIB);
+    let run = run_ok(&setup, &guest, &task).await;
+    let results = quiver_tests::llm::tool_results(&setup.llm.request(1));
+    assert_eq!(results.len(), 1);
+    assert!(
+        results[0].1.contains("is larger than the host takes"),
+        "{results:?}"
+    );
+    assert_accounted(&run.outcome, 4 * MIB);
+}
+
+#[tokio::test]
+async fn tool_arguments_whose_parsed_form_passes_the_budget_fail_that_call_alone() {
+    // 450 KB of `[],` parse into far more than 3 MiB of values: charged before they are
+    // built, they fail the call, and the model hears why.
+    let pad = vec![json!([]); 150_000];
+    let setup = setup(vec![
+        Reply::tool_call("a", "mcp__fixture__echo", json!({"text": "x", "pad": pad})),
+        Reply::text("done"),
+    ])
+    .await;
+    let guest = chat_guest(&[], SEND_AND_RECV);
+    let limit = 3 * MIB;
+    let run = run_ok(&setup, &guest, &budgeted("args", limit)).await;
+    let r = &run.results;
+    assert!(r[r.len() - 2] > 0, "the send answers: {r:?}");
+    let results = quiver_tests::llm::tool_results(&setup.llm.request(1));
+    assert_eq!(results.len(), 1);
+    assert!(
+        results[0]
+            .1
+            .contains("host memory budget of the task is exhausted (limits.host_memory_bytes)"),
+        "{results:?}"
+    );
+    assert_accounted(&run.outcome, limit);
 }

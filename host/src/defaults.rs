@@ -236,6 +236,16 @@ pub const CHAT_MAX_ITERATIONS: u32 = 8;
 /// Tool calls per `cchat_send` (session param `max_total_tool_calls`).
 pub const CHAT_MAX_TOTAL_TOOL_CALLS: u32 = 32;
 
+/// Largest `max_iterations` a session may set; a larger SET_PARAM is clamped to it.
+pub const CHAT_MAX_ITERATIONS_CAP: u32 = 64;
+
+/// Largest `max_total_tool_calls` a session may set; a larger SET_PARAM is clamped to it.
+pub const CHAT_MAX_TOTAL_TOOL_CALLS_CAP: u32 = 1024;
+
+/// Tool calls one model reply may ask for at once, whatever the session params say; more
+/// end the send like `max_total_tool_calls`. Bounds the results one turn holds at once.
+pub const MAX_TOOL_CALLS_PER_TURN: u32 = 128;
+
 /// Bytes of one tool result shown to the model (session param `max_tool_output_bytes`).
 pub const CHAT_MAX_TOOL_OUTPUT_BYTES: u32 = 64 * 1024;
 

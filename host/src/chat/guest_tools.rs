@@ -9,7 +9,7 @@ use wasmtime::{Caller, Func, Ref};
 
 use super::{ChatView, GuestTools};
 use crate::defaults;
-use crate::sandbox::{guest, heap};
+use crate::sandbox::{Charge, MemoryBudget, guest, heap};
 
 /// The guest's funcref table: `__indirect_function_table`, else `table`, else the first
 /// exported table (looked up once at instantiation).
@@ -29,6 +29,8 @@ pub(super) struct CallerTools<'a, 'b, T: 'static> {
     pub(super) caller: &'a mut Caller<'b, T>,
     pub(super) arena: Option<(u32, u32)>,
     pub(super) max_output: u32,
+    /// Charged for each output before it is copied out of guest memory.
+    pub(super) budget: MemoryBudget,
 }
 
 impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
@@ -36,7 +38,7 @@ impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
         &mut self,
         table_index: u32,
         args: &str,
-    ) -> Result<Result<String, String>, wasmtime::Error> {
+    ) -> Result<Result<(String, Charge), String>, wasmtime::Error> {
         let Some((arena_ptr, arena_len)) = self.arena else {
             return Ok(Err(
                 "the guest set no tool arena (session params tool_arena_ptr and tool_arena_len)"
@@ -92,14 +94,24 @@ impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
             let Ok(len) = mem.read_u32(len_ptr as u32) else {
                 return Ok(Err("the tool arena lies outside guest memory".into()));
             };
+            let too_large = || {
+                format!(
+                    "the tool's output ({len} bytes) is larger than the host takes ({} bytes)",
+                    defaults::MAX_GUEST_INPUT_BYTES
+                )
+            };
             return Ok(match rc {
                 rc if rc == Errno::ENOSPC.ret()
                     && attempt == 0
                     && len > capacity
-                    && len <= room =>
+                    && len <= room
+                    && len <= defaults::MAX_GUEST_INPUT_BYTES =>
                 {
                     capacity = len;
                     continue;
+                }
+                rc if rc == Errno::ENOSPC.ret() && len > defaults::MAX_GUEST_INPUT_BYTES => {
+                    Err(too_large())
                 }
                 rc if rc == Errno::ENOSPC.ret() => Err(format!(
                     "the tool's output ({len} bytes) does not fit the tool arena ({room} bytes for output)"
@@ -108,13 +120,26 @@ impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
                 _ if len > capacity => Err(format!(
                     "the guest tool reported {len} bytes in a {capacity}-byte buffer"
                 )),
-                _ => match mem
-                    .bytes(out_ptr as i32, len as i32)
-                    .map(|b| String::from_utf8(b.to_vec()))
-                {
-                    Ok(Ok(text)) => Ok(text),
-                    _ => Err("the guest tool's output is not UTF-8".into()),
-                },
+                _ if len > defaults::MAX_GUEST_INPUT_BYTES => Err(too_large()),
+                _ => {
+                    // Charged before the copy, so an output the budget cannot hold is never
+                    // copied.
+                    let Ok(charge) = self
+                        .budget
+                        .charge("cchat_send tool results", heap::string(u64::from(len)))
+                    else {
+                        return Ok(Err(format!(
+                            "the tool's output ({len} bytes) does not fit: the host memory budget of the task is exhausted (limits.host_memory_bytes)"
+                        )));
+                    };
+                    match mem.bytes(out_ptr as i32, len as i32) {
+                        Err(_) => Err("the tool's output lies outside guest memory".into()),
+                        Ok(bytes) => match std::str::from_utf8(bytes) {
+                            Ok(text) => Ok((text.to_owned(), charge)),
+                            Err(_) => Err("the guest tool's output is not UTF-8".into()),
+                        },
+                    }
+                }
             });
         }
         unreachable!("the second attempt always returns")

@@ -256,6 +256,7 @@ async fn send<T: ChatView>(
         caller: &mut *caller,
         arena: settings.tool_arena_ptr.zip(settings.tool_arena_len),
         max_output: settings.max_tool_output_bytes,
+        budget: budget.clone(),
     };
     let auto = flags & send_flags::AUTO_TOOL_CALL != 0;
     let outcome = before_deadline(

@@ -267,9 +267,12 @@ impl SessionContent {
             "timeout_ms" => s.timeout_ms = Some(positive(key, &value)? as u64),
             "tool_arena_ptr" => s.tool_arena_ptr = Some(non_negative(key, &value)?),
             "tool_arena_len" => s.tool_arena_len = Some(non_negative(key, &value)?),
-            "max_iterations" => s.max_iterations = positive(key, &value)?,
+            "max_iterations" => {
+                s.max_iterations = positive(key, &value)?.min(defaults::CHAT_MAX_ITERATIONS_CAP)
+            }
             "max_total_tool_calls" | "max_tool_calls" => {
-                s.max_total_tool_calls = positive(key, &value)?
+                s.max_total_tool_calls =
+                    positive(key, &value)?.min(defaults::CHAT_MAX_TOTAL_TOOL_CALLS_CAP)
             }
             "max_tool_output_bytes" => s.max_tool_output_bytes = positive(key, &value)?,
             "mcp.enabled" => {
@@ -402,6 +405,22 @@ mod tests {
         ] {
             assert!(invalid(session.set_param(key, value, &task())), "{key}");
         }
+    }
+
+    #[test]
+    fn loop_limits_are_clamped_to_the_host_caps() {
+        let mut session = session();
+        for key in ["max_iterations", "max_total_tool_calls"] {
+            session.set_param(key, json!(u32::MAX), &task()).unwrap();
+        }
+        assert_eq!(
+            session.settings.max_iterations,
+            defaults::CHAT_MAX_ITERATIONS_CAP
+        );
+        assert_eq!(
+            session.settings.max_total_tool_calls,
+            defaults::CHAT_MAX_TOTAL_TOOL_CALLS_CAP
+        );
     }
 
     #[test]

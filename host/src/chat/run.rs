@@ -18,6 +18,7 @@ use super::session::message_cost;
 use super::tools::{Resolution, Route, ToolSet};
 use super::wire::{AssistantMessage, ChatCompletion, ToolCall};
 use super::{ChatResponse, ChatSession, Metrics};
+use crate::defaults;
 use crate::mcp::{McpError, McpErrorCode, McpTask};
 use crate::sandbox::{Charge, Deadline, HostcallError, MemoryBudget, heap};
 
@@ -25,13 +26,13 @@ use crate::sandbox::{Charge, Deadline, HostcallError, MemoryBudget, heap};
 /// touches wasm.
 pub(crate) trait GuestTools: Send {
     /// Calls the guest function at `table_index` with JSON `args`. `Ok(Ok(text))` is its
-    /// result, `Ok(Err(reason))` a failure the model is told about, `Err` a trap that ends
-    /// the task.
+    /// result with the charge for holding it (taken before it was copied), `Ok(Err(reason))`
+    /// a failure the model is told about, `Err` a trap that ends the task.
     fn call(
         &mut self,
         table_index: u32,
         args: &str,
-    ) -> impl Future<Output = Result<Result<String, String>, wasmtime::Error>> + Send;
+    ) -> impl Future<Output = Result<Result<(String, Charge), String>, wasmtime::Error>> + Send;
 }
 
 /// What a send may use besides the session.
@@ -84,7 +85,6 @@ enum Step<'a> {
     Mcp {
         route: &'a Route,
         tool: String,
-        args: Result<Map<String, Value>, McpError>,
     },
     Refused {
         kind: &'static str,
@@ -97,7 +97,7 @@ enum Step<'a> {
 enum SendError {
     #[error(transparent)]
     Llm(#[from] LlmError),
-    #[error("the model still wanted tools when the session's {limit} ({value}) was reached")]
+    #[error("the model still wanted tools when the {limit} limit ({value}) was reached")]
     ToolCallLimit {
         limit: &'static str,
         value: u32,
@@ -234,6 +234,10 @@ pub(crate) async fn send<G: GuestTools>(
             break Err(SendError::limit("max_iterations", max, completion));
         }
         let wanted = u32::try_from(calls.len()).unwrap_or(u32::MAX);
+        if wanted > defaults::MAX_TOOL_CALLS_PER_TURN {
+            let max = defaults::MAX_TOOL_CALLS_PER_TURN;
+            break Err(SendError::limit("max_tool_calls_per_turn", max, completion));
+        }
         if total_calls.saturating_add(wanted) > session.settings.max_total_tool_calls {
             let max = session.settings.max_total_tool_calls;
             break Err(SendError::limit("max_total_tool_calls", max, completion));
@@ -360,21 +364,44 @@ async fn request(
     }
 }
 
-fn mcp_arguments(raw: &str) -> Result<Map<String, Value>, McpError> {
+/// Arguments for an MCP tool, with the charge for holding them.
+type McpArguments = (Map<String, Value>, Charge);
+
+/// The model's arguments for an MCP tool, parsed with their cost charged to the task.
+fn mcp_arguments(raw: &str, budget: &MemoryBudget) -> Result<McpArguments, ToolFailure> {
     if raw.trim().is_empty() {
-        return Ok(Map::new());
+        return Ok((Map::new(), budget.empty("cchat_send tool arguments")));
     }
-    match serde_json::from_str::<Value>(raw) {
-        Ok(Value::Object(map)) => Ok(map),
+    match budget.parse_json("cchat_send tool arguments", raw.as_bytes()) {
+        Ok((Value::Object(map), charge)) => Ok((map, charge)),
         Ok(_) => Err(McpError::new(
             McpErrorCode::InvalidArguments,
             "tool arguments must be a JSON object",
-        )),
-        Err(e) => Err(McpError::new(
-            McpErrorCode::InvalidArguments,
-            format!("tool arguments are not valid JSON: {e}"),
-        )),
+        )
+        .into()),
+        Err(Errno::ENOMEM) => Err(budget_exhausted("the tool arguments")),
+        Err(_) => {
+            // Why, without building anything: IgnoredAny holds no value.
+            let why = serde_json::from_str::<serde::de::IgnoredAny>(raw)
+                .err()
+                .map_or_else(String::new, |e| format!(": {e}"));
+            Err(McpError::new(
+                McpErrorCode::InvalidArguments,
+                format!("tool arguments are not valid JSON{why}"),
+            )
+            .into())
+        }
     }
+}
+
+/// The failure the model sees when the task's host memory budget cannot hold `what`.
+fn budget_exhausted(what: &str) -> ToolFailure {
+    ToolFailure::new(
+        ToolErrorCode::Mcp(McpErrorCode::OutputTooLarge),
+        format!(
+            "{what} do not fit: the host memory budget of the task is exhausted (limits.host_memory_bytes)"
+        ),
+    )
 }
 
 /// What one turn of tool calls works with, and where its results go.
@@ -389,7 +416,9 @@ struct Turn<'a, 'c> {
 
 /// Runs one turn's tool calls: MCP calls concurrently (each server's `max_concurrency`
 /// bounds them), guest tools one at a time alongside; adds the `tool` messages in the
-/// model's order. Each guest tool's output is charged as soon as it is read.
+/// model's order. Each result is charged as it arrives (a guest tool's before it is
+/// copied); one the budget cannot hold fails that call alone, and each is given back once
+/// cut for its message.
 async fn run_tool_calls<G: GuestTools>(
     calls: &[ToolCall],
     turn: Turn<'_, '_>,
@@ -403,6 +432,9 @@ async fn run_tool_calls<G: GuestTools>(
         summary,
         added,
     } = turn;
+    // MCP arguments, parsed and charged, by call index; each is moved into its call.
+    let mut mcp_args: Vec<Option<Result<McpArguments, ToolFailure>>> =
+        calls.iter().map(|_| None).collect();
     let planned: Vec<Planned<'_>> = calls
         .iter()
         .enumerate()
@@ -411,17 +443,19 @@ async fn run_tool_calls<G: GuestTools>(
                 .id()
                 .map_or_else(|| format!("call_{i}"), str::to_owned);
             let name = call.function.name.clone();
-            let raw = call.function.arguments.clone();
+            let raw = call.function.arguments.as_str();
             let step = match tools.resolve(&name) {
                 Resolution::Route(Route::Guest { table_index }) => Step::Guest {
                     table_index: *table_index,
-                    args: raw,
+                    args: raw.to_owned(),
                 },
-                Resolution::Route(route @ Route::Mcp { tool, .. }) => Step::Mcp {
-                    route,
-                    tool: tool.clone(),
-                    args: mcp_arguments(&raw),
-                },
+                Resolution::Route(route @ Route::Mcp { tool, .. }) => {
+                    mcp_args[i] = Some(mcp_arguments(raw, ctx.budget));
+                    Step::Mcp {
+                        route,
+                        tool: tool.clone(),
+                    }
+                }
                 Resolution::Denied { server_id, tool, why } => {
                     tracing::info!(task_id = ctx.task_id, session_fd = ctx.session_fd, server_id, tool, reason = %why, "model asked for an MCP tool this session does not allow");
                     let message = format!("tool `{tool}` of server `{server_id}` is not available in this chat session: {why}");
@@ -442,25 +476,38 @@ async fn run_tool_calls<G: GuestTools>(
         })
         .collect();
 
+    // Each result is charged as it arrives, so a turn's results never sit in the host
+    // uncharged while its other calls run; one the budget cannot hold fails that call.
     let mcp_calls = planned
         .iter()
+        .zip(mcp_args)
         .enumerate()
-        .filter_map(|(i, p)| match &p.step {
-            Step::Mcp {
-                route: Route::Mcp { entry, .. },
-                tool,
-                args,
-            } => Some(async move {
+        .filter_map(|(i, (p, args))| match (&p.step, args) {
+            (
+                Step::Mcp {
+                    route: Route::Mcp { entry, .. },
+                    tool,
+                },
+                Some(args),
+            ) => Some(async move {
                 let started = Instant::now();
                 let result = match args {
-                    Ok(args) => ctx
-                        .mcp
-                        .pool
-                        .call_tool(entry, tool, args.clone())
-                        .await
-                        .map_err(ToolFailure::from)
-                        .and_then(|out| mcp_result_text(&out.result)),
-                    Err(error) => Err(ToolFailure::from(error.clone())),
+                    Ok((args, args_charge)) => {
+                        let out = ctx.mcp.pool.call_tool(entry, tool, args).await;
+                        drop(args_charge);
+                        out.map_err(ToolFailure::from)
+                            .and_then(|out| mcp_result_text(&out.result))
+                            .and_then(|text| {
+                                match ctx.budget.charge(
+                                    "cchat_send tool results",
+                                    heap::string(text.len() as u64),
+                                ) {
+                                    Ok(charge) => Ok((text, charge)),
+                                    Err(_) => Err(budget_exhausted("the tool's result")),
+                                }
+                            })
+                    }
+                    Err(failure) => Err(failure),
                 };
                 (i, result, started.elapsed())
             }),
@@ -477,10 +524,12 @@ async fn run_tool_calls<G: GuestTools>(
                     .call(*table_index, args)
                     .await
                     .map_err(HostcallError::Trap)?;
-                if let Ok(text) = &result {
-                    guest_outputs.grow(heap::string(text.len() as u64))?;
-                }
-                let result = result.map_err(ToolFailure::exec);
+                let result = result
+                    .map(|(text, charge)| {
+                        guest_outputs.absorb(charge);
+                        text
+                    })
+                    .map_err(ToolFailure::exec);
                 done.push((i, result, started.elapsed()));
             }
         }
@@ -488,21 +537,24 @@ async fn run_tool_calls<G: GuestTools>(
     };
     let (mcp_done, guest_done) = tokio::join!(futures::future::join_all(mcp_calls), guest_calls);
     let guest_done = guest_done?;
-    for (_, result, _) in &mcp_done {
-        if let Ok(text) = result {
-            outputs.grow(heap::string(text.len() as u64))?;
-        }
-    }
     let mut results: Vec<Option<(Result<String, ToolFailure>, Duration)>> =
         planned.iter().map(|_| None).collect();
-    for (i, result, elapsed) in mcp_done.into_iter().chain(guest_done) {
+    for (i, result, elapsed) in mcp_done {
+        let result = result.map(|(text, charge)| {
+            outputs.absorb(charge);
+            text
+        });
+        results[i] = Some((result, elapsed));
+    }
+    for (i, result, elapsed) in guest_done {
         results[i] = Some((result, elapsed));
     }
 
     let max = session.settings.max_tool_output_bytes as usize;
     for (p, result) in planned.iter().zip(results) {
         let mut entry = json!({"id": p.id, "name": p.name});
-        let content = match (&p.step, result) {
+        // `held`: what `outputs` holds for this result.
+        let (content, held) = match (&p.step, result) {
             (Step::Refused { kind, failure }, _) => {
                 match *kind {
                     "denied" => metrics.tool_calls.denied += 1,
@@ -510,7 +562,7 @@ async fn run_tool_calls<G: GuestTools>(
                 }
                 entry["kind"] = json!(kind);
                 entry["ok"] = json!(false);
-                failure.to_content()
+                (failure.to_content(), 0)
             }
             (step, Some((result, elapsed))) => {
                 match step {
@@ -533,20 +585,24 @@ async fn run_tool_calls<G: GuestTools>(
                 entry["ms"] = json!(ms(elapsed));
                 entry["ok"] = json!(result.is_ok());
                 match result {
-                    Ok(text) => text,
+                    Ok(text) => {
+                        let held = heap::string(text.len() as u64);
+                        (text, held)
+                    }
                     Err(failure) => {
                         metrics.tool_calls.failed += 1;
                         entry["error"] = json!(failure.code.as_str());
-                        failure.to_content()
+                        (failure.to_content(), 0)
                     }
                 }
             }
             (_, None) => unreachable!("every planned call ran"),
         };
         summary.push(entry);
-        added.push(
-            json!({"role": "tool", "tool_call_id": p.id, "content": truncate_output(content, max)}),
-        )?;
+        // The full result goes once cut; its message is charged on its own.
+        let content = truncate_output(content, max);
+        outputs.shrink(held);
+        added.push(json!({"role": "tool", "tool_call_id": p.id, "content": content}))?;
     }
     Ok(())
 }

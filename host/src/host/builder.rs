@@ -154,9 +154,10 @@ impl HostBuilder {
 
     /// The host memory budget of every task; a task's `limits.host_memory_bytes` may only
     /// lower it. Overrides `[tasks] host_memory_bytes`; default
-    /// [`TASK_HOST_MEMORY_BYTES`](defaults::TASK_HOST_MEMORY_BYTES).
+    /// [`TASK_HOST_MEMORY_BYTES`](defaults::TASK_HOST_MEMORY_BYTES). 0 is taken as 1 (the
+    /// config file rejects 0; a budget of nothing would fail every task's first hostcall).
     pub fn with_task_host_memory(mut self, bytes: u64) -> Self {
-        self.task_host_memory = Some(bytes);
+        self.task_host_memory = Some(bytes.max(1));
         self
     }
 
@@ -509,5 +510,7 @@ mod tests {
             8192
         );
         assert_eq!(budget(Host::builder()), defaults::TASK_HOST_MEMORY_BYTES);
+        // The config file rejects 0; the builder takes it as the smallest budget.
+        assert_eq!(budget(Host::builder().with_task_host_memory(0)), 1);
     }
 }
