@@ -782,6 +782,46 @@ async fn bottomless_reentrant_sends_end_the_task_and_the_host_carries_on() {
     assert_host_usable(&setup).await;
 }
 
+/// Guest tool calls take their fiber stacks from the host's own share (one per running
+/// slot), so a task nesting them can never take the stack a newly admitted task needs: on
+/// a host with 2 slots, the third nested call fails alone and the model is told why.
+#[tokio::test]
+async fn guest_tools_draw_on_the_hosts_share_of_stacks_and_fail_alone_past_it() {
+    let script = (0..10)
+        .map(|i| Reply::tool_call(format!("d{i}"), "deeper", json!({})))
+        .collect();
+    let llm = ScriptedLlm::start(script).await;
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["echo", "count"], "");
+    let host = quiver_tests::chat_wat::scripted_host_builder(&registry, &llm)
+        .with_max_concurrent_tasks(2)
+        .build()
+        .expect("host");
+    let setup = Setup {
+        llm,
+        host,
+        _registry: registry,
+    };
+    let guest = chat_guest(
+        &[("deeper", 4)],
+        "(call $out (call $cchat_send (global.get $s) (i32.const 2)))",
+    );
+    let run = run_ok(&setup, &guest, &budgeted("stacks", MIB)).await;
+    assert!(
+        run.results.last().is_some_and(|&fd| fd > 0),
+        "{:?}",
+        run.results
+    );
+    let refused = setup.llm.requests().iter().any(|request| {
+        quiver_tests::llm::tool_results(request)
+            .iter()
+            .any(|(_, content)| content.contains("stacks for guest tool calls are all in use"))
+    });
+    assert!(refused, "the third nested call is refused with the reason");
+    setup.llm.clear_script();
+    assert_host_usable(&setup).await;
+}
+
 #[tokio::test]
 async fn loops_and_bombs_inside_a_guest_tool_end_only_their_task() {
     let setup = setup(vec![]).await;

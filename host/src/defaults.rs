@@ -151,6 +151,13 @@ pub const HOST_MEMORY_TOTAL_FALLBACK: u64 = 4 * 1024 * 1024 * 1024;
 /// result the model sees; 4 leaves room for a tool that runs a sub-conversation of its own.
 pub const MAX_GUEST_TOOL_NESTING: u32 = 4;
 
+/// Fiber stacks the engine reserves for guest tool calls, per running slot. Each guest tool
+/// call runs on a stack of its own; the host hands these out with a permit, so nested or
+/// parallel guest tools can never take the stack a newly admitted task needs (a call
+/// finding none left fails alone). More per slot multiplies the engine's mappings, which
+/// the kernel caps (`vm.max_map_count`).
+pub const GUEST_TOOL_STACKS_PER_SLOT: u32 = 1;
+
 /// Tool patterns a chat session may set in `mcp.tool_allowlist` or `mcp.tool_denylist`.
 /// Every send matches each pattern against every offered MCP tool, in host time the
 /// deadline does not interrupt.

@@ -148,6 +148,14 @@ impl ChatGuest {
 
 /// A host whose default LLM backend is `llm`.
 pub fn scripted_host(registry: &crate::RegistryDir, llm: &crate::llm::ScriptedLlm) -> quiver::Host {
+    scripted_host_builder(registry, llm).build().expect("host")
+}
+
+/// The builder behind [`scripted_host`], for tests that add options.
+pub fn scripted_host_builder(
+    registry: &crate::RegistryDir,
+    llm: &crate::llm::ScriptedLlm,
+) -> quiver::HostBuilder {
     let backend = quiver::llm::BackendConfig {
         base_url: Some(llm.base_url()),
         default_model: Some("scripted-default".into()),
@@ -158,8 +166,5 @@ pub fn scripted_host(registry: &crate::RegistryDir, llm: &crate::llm::ScriptedLl
         backends: std::collections::BTreeMap::from([("scripted".into(), backend)]),
         ..Default::default()
     };
-    crate::host_builder(registry)
-        .with_config(config, ".")
-        .build()
-        .expect("host")
+    crate::host_builder(registry).with_config(config, ".")
 }

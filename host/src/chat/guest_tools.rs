@@ -84,6 +84,13 @@ impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
                     defaults::MAX_GUEST_TOOL_NESTING
                 )));
             }
+            let stacks = self.caller.data().chat().guest_tool_stacks.clone();
+            let Ok(_stack) = stacks.try_acquire_owned() else {
+                return Ok(Err(
+                    "the host's stacks for guest tool calls are all in use by other tasks; try again later"
+                        .into(),
+                ));
+            };
             self.caller.data_mut().sandbox().guest_tool_depth = depth + 1;
             let rc = func.call_async(&mut *self.caller, params).await;
             self.caller.data_mut().sandbox().guest_tool_depth = depth;

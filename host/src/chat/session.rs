@@ -25,6 +25,8 @@ pub(crate) const ROLES: [&str; 5] = ["system", "developer", "user", "assistant",
 /// [`McpTask`](crate::mcp::McpTask), which chat asks for tools.)
 pub struct ChatTask {
     pub backends: Arc<Backends>,
+    /// The host's fiber stacks for guest tool calls, shared by all its tasks.
+    pub guest_tool_stacks: Arc<tokio::sync::Semaphore>,
 }
 
 /// Store data through which the `cchat_*` hostcalls reach their task state and fds.

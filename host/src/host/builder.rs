@@ -320,6 +320,10 @@ impl HostBuilder {
                     .task_host_memory
                     .or(tasks.host_memory_bytes)
                     .unwrap_or(defaults::TASK_HOST_MEMORY_BYTES),
+                guest_tool_stacks: Arc::new(tokio::sync::Semaphore::new(
+                    max_concurrent_tasks.saturating_mul(defaults::GUEST_TOOL_STACKS_PER_SLOT)
+                        as usize,
+                )),
                 host_memory: HostMemory::new(
                     self.host_memory_total
                         .or(tasks.host_memory_total_bytes)

@@ -40,6 +40,7 @@ struct HostInner {
     registry_dir: Option<PathBuf>,
     task_host_memory: u64,
     host_memory: HostMemory,
+    guest_tool_stacks: Arc<tokio::sync::Semaphore>,
     pool: Arc<McpPool>,
     backends: Arc<Backends>,
 }
@@ -238,6 +239,7 @@ impl Host {
             mcp: Arc::new(mcp),
             chat: Arc::new(ChatTask {
                 backends: self.inner.backends.clone(),
+                guest_tool_stacks: self.inner.guest_tool_stacks.clone(),
             }),
         };
         let span = tracing::info_span!("task", task_id = %task.task_id);

@@ -44,12 +44,11 @@ impl<T: SandboxView> Runtime<T> {
     ) -> wasmtime::Result<Self> {
         let slots = options.max_concurrent_tasks.max(1);
         let mut pooling = PoolingAllocationConfig::default();
-        // One instance, memory and table per running task. Admission control (crate::host)
-        // never runs more tasks than `slots`, so the pool cannot run out. Fiber stacks are
-        // one per task plus one per nested guest-tool call it may make (each call back into
-        // the guest from an async hostcall runs on a fresh fiber); stacks are reserved
-        // address space, committed only when touched.
-        let stacks = slots.saturating_mul(1 + defaults::MAX_GUEST_TOOL_NESTING);
+        // One instance, memory, table and fiber stack per running task. Admission control
+        // (crate::host) never runs more tasks than `slots`, so the pool cannot run out.
+        // Guest tool calls (a call back into the guest from an async hostcall runs on a
+        // fresh fiber) take from a separate share of stacks the host hands out by permit.
+        let stacks = slots.saturating_mul(1 + defaults::GUEST_TOOL_STACKS_PER_SLOT);
         pooling
             .total_core_instances(slots)
             .total_memories(slots)
