@@ -782,9 +782,10 @@ async fn bottomless_reentrant_sends_end_the_task_and_the_host_carries_on() {
     assert_host_usable(&setup).await;
 }
 
-/// Guest tool calls take their fiber stacks from the host's own share (one per running
-/// slot), so a task nesting them can never take the stack a newly admitted task needs: on
-/// a host with 2 slots, the third nested call fails alone and the model is told why.
+/// Guest tool calls take their fiber stacks from the host's own share (a quarter of the
+/// running slots), so a task nesting them can never take the stack a newly admitted task
+/// needs: on a host with 8 slots (2 such stacks), the third nested call fails alone and
+/// the model is told why.
 #[tokio::test]
 async fn guest_tools_draw_on_the_hosts_share_of_stacks_and_fail_alone_past_it() {
     let script = (0..10)
@@ -794,7 +795,7 @@ async fn guest_tools_draw_on_the_hosts_share_of_stacks_and_fail_alone_past_it() 
     let registry = RegistryDir::new();
     registry.fixture("fixture", &["echo", "count"], "");
     let host = quiver_tests::chat_wat::scripted_host_builder(&registry, &llm)
-        .with_max_concurrent_tasks(2)
+        .with_max_concurrent_tasks(8)
         .build()
         .expect("host");
     let setup = Setup {

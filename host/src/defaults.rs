@@ -151,12 +151,19 @@ pub const HOST_MEMORY_TOTAL_FALLBACK: u64 = 4 * 1024 * 1024 * 1024;
 /// result the model sees; 4 leaves room for a tool that runs a sub-conversation of its own.
 pub const MAX_GUEST_TOOL_NESTING: u32 = 4;
 
-/// Fiber stacks the engine reserves for guest tool calls, per running slot. Each guest tool
-/// call runs on a stack of its own; the host hands these out with a permit, so nested or
-/// parallel guest tools can never take the stack a newly admitted task needs (a call
-/// finding none left fails alone). More per slot multiplies the engine's mappings, which
-/// the kernel caps (`vm.max_map_count`).
-pub const GUEST_TOOL_STACKS_PER_SLOT: u32 = 1;
+/// Fiber stacks the engine reserves for guest tool calls, as a percentage of the running
+/// slots, at least one. Each
+/// guest tool call runs on a stack of its own; the host hands these out with a permit, so
+/// guest tools can never take the stack a newly admitted task needs (a call finding none
+/// left fails alone). Every stack is two kernel mappings and the kernel caps them
+/// (`vm.max_map_count`, 65530 by default): at 10 000 slots one extra stack per slot
+/// already made instantiation fail.
+pub const GUEST_TOOL_STACKS_PERCENT: u32 = 25;
+
+/// Stacks for guest tool calls on a host running `slots` tasks at once.
+pub fn guest_tool_stacks(slots: u32) -> u32 {
+    (slots.saturating_mul(GUEST_TOOL_STACKS_PERCENT) / 100).max(1)
+}
 
 /// Tool patterns a chat session may set in `mcp.tool_allowlist` or `mcp.tool_denylist`.
 /// Every send matches each pattern against every offered MCP tool, in host time the

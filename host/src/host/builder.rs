@@ -321,8 +321,7 @@ impl HostBuilder {
                     .or(tasks.host_memory_bytes)
                     .unwrap_or(defaults::TASK_HOST_MEMORY_BYTES),
                 guest_tool_stacks: Arc::new(tokio::sync::Semaphore::new(
-                    max_concurrent_tasks.saturating_mul(defaults::GUEST_TOOL_STACKS_PER_SLOT)
-                        as usize,
+                    defaults::guest_tool_stacks(max_concurrent_tasks) as usize,
                 )),
                 host_memory: HostMemory::new(
                     self.host_memory_total

@@ -48,7 +48,7 @@ impl<T: SandboxView> Runtime<T> {
         // (crate::host) never runs more tasks than `slots`, so the pool cannot run out.
         // Guest tool calls (a call back into the guest from an async hostcall runs on a
         // fresh fiber) take from a separate share of stacks the host hands out by permit.
-        let stacks = slots.saturating_mul(1 + defaults::GUEST_TOOL_STACKS_PER_SLOT);
+        let stacks = slots.saturating_add(defaults::guest_tool_stacks(slots));
         pooling
             .total_core_instances(slots)
             .total_memories(slots)
