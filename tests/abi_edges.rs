@@ -5,20 +5,14 @@
 use std::time::{Duration, Instant};
 
 use quiver::{TaskFailure, TaskSpec};
+use quiver_tests::errno::{
+    EACCES, EBADF, EFAULT, EINVAL, EIO, EMFILE, ENOENT, ENOMEM, ENOSPC, ENOTCONN,
+};
 use quiver_tests::wat::{self, WatRun};
 use quiver_tests::{RegistryDir, host, host_builder, mcp_task};
 use serde_json::Value;
 
 const OK: i32 = 0;
-const ENOENT: i32 = -2;
-const EIO: i32 = -5;
-const EBADF: i32 = -9;
-const EACCES: i32 = -13;
-const EFAULT: i32 = -14;
-const EINVAL: i32 = -22;
-const EMFILE: i32 = -24;
-const ENOSPC: i32 = -28;
-const ENOTCONN: i32 = -107;
 
 /// Test data, at fixed addresses the WAT bodies refer to.
 const DATA: &[(u32, &[u8])] = &[
@@ -590,7 +584,7 @@ async fn the_host_memory_total_bounds_every_task_together() {
     let [written, errno] = run.results[..] else {
         panic!("two results expected: {:?}", run.results);
     };
-    assert_eq!(errno, -12, "ENOMEM once the host total is reached");
+    assert_eq!(errno, ENOMEM, "ENOMEM once the host total is reached");
     assert!(
         (1..32).contains(&written),
         "{written} messages of 8 KiB fit a 256 KiB host total"

@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 
 use quiver::{GuestModule, Host, TaskFailure, TaskSpec};
 use quiver_tests::chat_wat::scripted_host;
+use quiver_tests::errno::{
+    EACCES, EBADF, EFAULT, EINVAL, EIO, EMFILE, ENOENT, ENOMEM, ENOSPC, ENOTCONN, EPERM, ETIMEDOUT,
+};
 use quiver_tests::llm::{Reply, ScriptedLlm};
 use quiver_tests::{RegistryDir, serve};
 use serde_json::{Value, json};
@@ -163,19 +166,6 @@ const OPS: [&str; 16] = [
     "cchat_recv",
     "cchat_close",
 ];
-
-const EPERM: i32 = -1;
-const ENOENT: i32 = -2;
-const EIO: i32 = -5;
-const EBADF: i32 = -9;
-const ENOMEM: i32 = -12;
-const EACCES: i32 = -13;
-const EFAULT: i32 = -14;
-const EINVAL: i32 = -22;
-const EMFILE: i32 = -24;
-const ENOSPC: i32 = -28;
-const ENOTCONN: i32 = -107;
-const ETIMEDOUT: i32 = -110;
 
 /// The errnos docs/abi.md gives each op (the index into [`OPS`]).
 fn documented(op: usize) -> &'static [i32] {

@@ -11,16 +11,11 @@ use std::time::Duration;
 
 use quiver::{Host, TaskFailure, TaskOutcome, TaskSpec};
 use quiver_tests::chat_wat::scripted_host;
+use quiver_tests::errno::{EBADF, EFAULT, EINVAL, ENOMEM, ENOSPC};
 use quiver_tests::llm::{Reply, ScriptedLlm};
 use quiver_tests::wat::{self, WatRun};
 use quiver_tests::{RegistryDir, mcp_task};
 use serde_json::{Value, json};
-
-const EBADF: i32 = -9;
-const ENOMEM: i32 = -12;
-const EFAULT: i32 = -14;
-const EINVAL: i32 = -22;
-const ENOSPC: i32 = -28;
 
 /// WASI's errno for "not enough memory" (fd_write on captured output past the budget).
 const WASI_ENOMEM: i32 = 48;
@@ -185,14 +180,7 @@ fn assert_accounted(outcome: &TaskOutcome, limit: u64) {
 }
 
 async fn run_ok(setup: &Setup, module: &str, task: &TaskSpec) -> WatRun {
-    let run = wat::run(&setup.host, module, task).await;
-    assert!(
-        run.outcome.failure.is_none(),
-        "{:?}\n{}",
-        run.outcome.failure,
-        run.outcome.stderr_text()
-    );
-    run
+    wat::run_ok(&setup.host, module, task).await
 }
 
 /// The host still runs a chat task to the end after whatever came before.
@@ -907,8 +895,7 @@ async fn each_mcp_result_of_a_turn_is_charged_as_it_arrives_and_one_past_the_bud
     let host = scripted_host(&registry, &llm);
     let guest = chat_guest_with(&[("max_tool_output_bytes", 1024)], &[], SEND_AND_RECV);
     let limit = 2 * MIB;
-    let run = wat::run(&host, &guest, &budgeted("turn", limit)).await;
-    assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
+    let run = wat::run_ok(&host, &guest, &budgeted("turn", limit)).await;
     let r = &run.results;
     assert!(
         r[r.len() - 2] > 0,
@@ -970,8 +957,7 @@ async fn guest_tool_outputs_past_the_budget_fail_alone_and_are_never_copied() {
         SEND_AND_RECV,
     );
     let limit = MIB;
-    let run = wat::run(&setup.host, &guest, &budgeted("guest-turn", limit)).await;
-    assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
+    let run = run_ok(&setup, &guest, &budgeted("guest-turn", limit)).await;
     let r = &run.results;
     assert!(
         r[r.len() - 2] > 0,

@@ -16,6 +16,7 @@ use tempfile::TempDir;
 
 pub mod c;
 pub mod chat_wat;
+pub mod errno;
 pub mod group;
 pub mod hostile_http;
 pub mod llm;

@@ -91,3 +91,16 @@ pub async fn run(host: &Host, wat: &str, task: &TaskSpec) -> WatRun {
         outcome,
     }
 }
+
+/// [`run`], asserting that the task ended without a failure (the failure and the guest's
+/// stderr are shown if not).
+pub async fn run_ok(host: &Host, wat: &str, task: &TaskSpec) -> WatRun {
+    let run = run(host, wat, task).await;
+    assert!(
+        run.outcome.failure.is_none(),
+        "{:?}\n{}",
+        run.outcome.failure,
+        run.outcome.stderr_text()
+    );
+    run
+}

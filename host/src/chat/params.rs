@@ -339,7 +339,7 @@ impl SessionContent {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use serde_json::json;
 
     use super::*;
@@ -359,7 +359,8 @@ mod tests {
         matches!(result, Err(SetParamError::Param(ParamError::Denied(_))))
     }
 
-    fn task() -> TaskMcpPolicy {
+    /// A task allowing `fs` (its default) and `git`; the chat tests' common policy.
+    pub(crate) fn task() -> TaskMcpPolicy {
         TaskMcpPolicy {
             enabled: true,
             default_server_ids: vec!["fs".into()],

@@ -247,17 +247,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-
-    fn task() -> TaskMcpPolicy {
-        TaskMcpPolicy {
-            enabled: true,
-            default_server_ids: vec!["fs".into()],
-            allowed_server_ids: vec!["fs".into(), "git".into()],
-            tool_allowlist: None,
-            tool_denylist: vec![],
-            profile: None,
-        }
-    }
+    use crate::chat::params::tests::task;
 
     fn budget(limit: u64) -> MemoryBudget {
         MemoryBudget::new(Arc::from("t"), limit)
