@@ -186,6 +186,14 @@ pub const MAX_GUEST_INPUT_BYTES: u32 = 16 * 1024 * 1024;
 /// the connection's table of pending requests keeps no more of any name.
 pub const MAX_TOOL_NAME_BYTES: usize = 128;
 
+/// At most this many top-level argument keys are kept in a tool call's summary for
+/// observers and the audit log; the rest are counted, not kept.
+pub const MAX_SUMMARY_KEYS: usize = 32;
+
+/// Each summarised argument key is cut to this many bytes (keys come from a guest or a
+/// model).
+pub const MAX_SUMMARY_KEY_BYTES: usize = 64;
+
 /// Longest guest log line kept; the rest is cut with a marker.
 pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
 

@@ -33,6 +33,7 @@ pub mod chat;
 pub mod defaults;
 mod host;
 pub mod mcp;
+pub mod observe;
 pub mod policy;
 pub mod registry;
 pub mod sandbox;

@@ -6,7 +6,7 @@
 //! is `-ENOMEM` and adds nothing to the session.
 
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value, json};
 
@@ -20,6 +20,7 @@ use super::wire::{AssistantMessage, ChatCompletion, ToolCall};
 use super::{ChatResponse, ChatSession, Metrics};
 use crate::defaults;
 use crate::mcp::{McpError, McpErrorCode, McpTask};
+use crate::observe::{self, ArgumentsSummary, PolicyDenial, ToolKind, ToolOutcome, Via};
 use crate::sandbox::{Charge, Deadline, HostcallError, MemoryBudget, heap};
 
 /// Runs guest tools. The `cchat_*` glue implements it on the task's store; this module never
@@ -74,6 +75,7 @@ const REQUEST_OVERHEAD: u64 = 4096;
 struct Planned<'a> {
     id: String,
     name: String,
+    arguments: ArgumentsSummary,
     step: Step<'a>,
 }
 
@@ -404,6 +406,24 @@ fn budget_exhausted(what: &str) -> ToolFailure {
     )
 }
 
+/// The event of `planned`'s call of `tool`, for the observers.
+fn observed_call(
+    ctx: &SendContext<'_>,
+    kind: ToolKind,
+    tool: &str,
+    planned: &Planned<'_>,
+) -> observe::ToolCall {
+    observe::ToolCall {
+        task_id: ctx.task_id.into(),
+        session_fd: ctx.session_fd,
+        via: Via::Chat,
+        kind,
+        tool: tool.to_owned(),
+        arguments: planned.arguments.clone(),
+        started_at: SystemTime::now(),
+    }
+}
+
 /// What one turn of tool calls works with, and where its results go.
 struct Turn<'a, 'c> {
     tools: &'a ToolSet,
@@ -456,8 +476,22 @@ async fn run_tool_calls<G: GuestTools>(
                         tool: tool.clone(),
                     }
                 }
-                Resolution::Denied { server_id, tool, why } => {
+                Resolution::Denied {
+                    server_id,
+                    tool,
+                    reason,
+                    why,
+                } => {
                     tracing::info!(task_id = ctx.task_id, session_fd = ctx.session_fd, server_id, tool, reason = %why, "model asked for an MCP tool this session does not allow");
+                    let event = PolicyDenial::of_tool(
+                        ctx.task_id.into(),
+                        ctx.session_fd,
+                        "cchat_send",
+                        (&server_id, &tool),
+                        reason,
+                        why.clone(),
+                    );
+                    ctx.mcp.observers.policy_denied(&event);
                     let message = format!("tool `{tool}` of server `{server_id}` is not available in this chat session: {why}");
                     Step::Refused {
                         kind: "denied",
@@ -472,7 +506,12 @@ async fn run_tool_calls<G: GuestTools>(
                     ),
                 },
             };
-            Planned { id, name, step }
+            Planned {
+                id,
+                name,
+                arguments: ArgumentsSummary::of_json_text(raw),
+                step,
+            }
         })
         .collect();
 
@@ -493,8 +532,18 @@ async fn run_tool_calls<G: GuestTools>(
                 let started = Instant::now();
                 let result = match args {
                     Ok((args, args_charge)) => {
+                        let server_id = entry.server_id().to_owned();
+                        let kind = ToolKind::Mcp { server_id };
+                        let observed = ctx.mcp.observers.start(observed_call(ctx, kind, tool, p));
                         let out = ctx.mcp.pool.call_tool(entry, tool, args).await;
                         drop(args_charge);
+                        match &out {
+                            Ok(out) if out.result.is_error == Some(true) => {
+                                observed.finish(ToolOutcome::ToolError, out.json.len() as u64)
+                            }
+                            Ok(out) => observed.finish(ToolOutcome::Ok, out.json.len() as u64),
+                            Err(error) => observed.finish(ToolOutcome::of_mcp_error(error.code), 0),
+                        }
                         out.map_err(ToolFailure::from)
                             .and_then(|out| mcp_result_text(&out.result))
                             .and_then(|text| {
@@ -520,10 +569,18 @@ async fn run_tool_calls<G: GuestTools>(
         for (i, p) in planned.iter().enumerate() {
             if let Step::Guest { table_index, args } = &p.step {
                 let started = Instant::now();
+                let observed =
+                    ctx.mcp
+                        .observers
+                        .start(observed_call(ctx, ToolKind::Guest, &p.name, p));
                 let result = guest
                     .call(*table_index, args)
                     .await
                     .map_err(HostcallError::Trap)?;
+                match &result {
+                    Ok((text, _)) => observed.finish(ToolOutcome::Ok, text.len() as u64),
+                    Err(_) => observed.finish(ToolOutcome::ToolError, 0),
+                }
                 let result = result
                     .map(|(text, charge)| {
                         guest_outputs.absorb(charge);

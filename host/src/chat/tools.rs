@@ -34,6 +34,7 @@ pub(crate) enum Resolution<'a> {
     Denied {
         server_id: String,
         tool: String,
+        reason: Reason,
         why: String,
     },
     Unknown,
@@ -256,17 +257,21 @@ impl ToolSet {
         if !self.registry_ids.contains(server_id) {
             return Resolution::Unknown;
         }
-        let why = self
+        let (reason, why) = self
             .decisions
             .iter()
             .find(|d| d.server_id == server_id && d.tool.as_deref().is_none_or(|t| t == tool))
             .map_or_else(
-                || "the session does not enable this server (mcp.server_ids)".to_owned(),
-                |d| d.to_string(),
+                || {
+                    let why = "the session does not enable this server (mcp.server_ids)";
+                    (Reason::NotInSession, why.to_owned())
+                },
+                |d| (d.reason, d.to_string()),
             );
         Resolution::Denied {
             server_id: server_id.to_owned(),
             tool: tool.to_owned(),
+            reason,
             why,
         }
     }

@@ -11,6 +11,7 @@ use super::{Host, HostInner};
 use crate::chat::llm::{Backends, ConfigError, ConfigOrigin, HostConfig, Recorder};
 use crate::defaults;
 use crate::mcp::{EgressPolicy, McpPool, PoolLimits, RemoteOptions};
+use crate::observe::{Observers, ToolObserver};
 use crate::registry::{Registry, RegistryDirError, ServerEntry, Severity};
 use crate::sandbox::{HostMemory, Runtime, RuntimeOptions, default_cache_dir};
 use crate::task::TaskError;
@@ -67,6 +68,7 @@ pub struct HostBuilder {
     max_server_processes: Option<usize>,
     server_idle_timeout: Option<Duration>,
     prewarm: Option<Vec<String>>,
+    observers: Observers,
 }
 
 impl Default for HostBuilder {
@@ -91,6 +93,7 @@ impl Default for HostBuilder {
             max_server_processes: None,
             server_idle_timeout: None,
             prewarm: None,
+            observers: Observers::default(),
         }
     }
 }
@@ -240,6 +243,13 @@ impl HostBuilder {
         self
     }
 
+    /// Adds an observer called around every tool call and on every policy denial of every
+    /// task (see [`crate::observe`]); observers are called in the order added.
+    pub fn with_tool_observer(mut self, observer: Arc<dyn ToolObserver>) -> Self {
+        self.observers = self.observers.with(observer);
+        self
+    }
+
     pub fn build(self) -> Result<Host, HostError> {
         let registry = match (self.registry, &self.registry_dir) {
             (Some(registry), _) => registry,
@@ -330,6 +340,7 @@ impl HostBuilder {
                 ),
                 pool,
                 backends: Arc::new(backends),
+                observers: self.observers,
             }),
         };
         // Only once nothing can fail any more: a failed build starts no server.

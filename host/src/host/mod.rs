@@ -22,6 +22,7 @@ use crate::chat::llm::Backends;
 use crate::chat::tools::ToolSet;
 use crate::chat::{ChatSession, ChatTask};
 use crate::mcp::{McpPool, McpTask, ServerStatus};
+use crate::observe::Observers;
 use crate::policy::{self, PolicyReport, SessionRequest};
 use crate::registry::Registry;
 use crate::sandbox::{HostMemory, MemoryBudget, Runtime, Sandbox};
@@ -43,6 +44,7 @@ struct HostInner {
     guest_tool_stacks: Arc<tokio::sync::Semaphore>,
     pool: Arc<McpPool>,
     backends: Arc<Backends>,
+    observers: Observers,
 }
 
 /// A runtime for many concurrent tasks. Clones share everything.
@@ -329,6 +331,7 @@ impl Host {
             policy,
             registry,
             pool: self.inner.pool.clone(),
+            observers: self.inner.observers.clone(),
         })
     }
 

@@ -9,6 +9,8 @@
 //! arguments are charged to the task's memory budget; when it cannot hold them the call is
 //! `-ENOMEM`.
 
+use std::time::SystemTime;
+
 use quiver_abi::Errno;
 use serde_json::{Value, json};
 use tracing::Instrument;
@@ -17,6 +19,7 @@ use wasmtime::{Caller, Linker};
 use super::session::{McpSession, McpView, PendingKey};
 use super::{McpError, McpErrorCode};
 use crate::defaults;
+use crate::observe::{ArgumentsSummary, PolicyDenial, ToolCall, ToolKind, ToolOutcome, Via};
 use crate::policy::Denial;
 use crate::sandbox::{
     Charge, GuestMemory, HostcallError, MemoryBudget, OutBuf, before_deadline, finish, guest, heap,
@@ -275,6 +278,15 @@ async fn call_tool<T: McpView>(
             Err(denial @ Denial::ApprovalRequired(_)) => Err(denial),
             Err(denial) => {
                 tracing::info!(task_id = %task_id, hostcall = "mcp_call_tool", server_id, tool = %name, reason = ?denial.reason(), detail = %denial, "denied by policy");
+                let event = PolicyDenial::of_tool(
+                    task_id.clone(),
+                    call.fd,
+                    "mcp_call_tool",
+                    (server_id, name),
+                    denial.reason(),
+                    denial.to_string(),
+                );
+                mcp.observers.policy_denied(&event);
                 return Err(Errno::EACCES.into());
             }
         };
@@ -311,6 +323,15 @@ async fn call_tool<T: McpView>(
     let server_id = entry.server_id();
     if let Err(denial) = approval {
         tracing::info!(task_id = %task_id, hostcall = "mcp_call_tool", server_id, tool = %name, detail = %denial, "denied by policy");
+        let event = PolicyDenial::of_tool(
+            task_id.clone(),
+            call.fd,
+            "mcp_call_tool",
+            (server_id, name),
+            denial.reason(),
+            denial.to_string(),
+        );
+        mcp.observers.policy_denied(&event);
         let error = McpError::new(
             McpErrorCode::PolicyDenied,
             format!("tool `{name}` on server `{server_id}`: {denial}"),
@@ -321,6 +342,17 @@ async fn call_tool<T: McpView>(
         Ok(arguments) => arguments,
         Err(error) => return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json())),
     };
+    let observed = mcp.observers.start(ToolCall {
+        task_id: task_id.clone(),
+        session_fd: call.fd,
+        via: Via::McpCall,
+        kind: ToolKind::Mcp {
+            server_id: server_id.to_owned(),
+        },
+        tool: name.clone(),
+        arguments: ArgumentsSummary::of_object(&arguments, args.len() as u64),
+        started_at: SystemTime::now(),
+    });
     let span = tracing::info_span!("mcp_call_tool", task_id = %task_id, fd = call.fd, server_id, tool = %name);
     // Boxed: the call's future is about 22 KB, and moved around on the task's fiber stack it
     // kept about 40 KiB more of every waiting task's stack resident (BENCHMARKS.md).
@@ -329,13 +361,24 @@ async fn call_tool<T: McpView>(
         Box::pin(mcp.pool.call_tool(&entry, name, arguments)).instrument(span),
     )
     .await?;
-    let bytes = match result {
-        Ok(output) => output.json,
+    let (bytes, outcome) = match result {
+        Ok(output) => {
+            let outcome = if output.result.is_error == Some(true) {
+                ToolOutcome::ToolError
+            } else {
+                ToolOutcome::Ok
+            };
+            (output.json, outcome)
+        }
         Err(error) => {
             tracing::info!(task_id = %task_id, server_id, tool = %name, %error, "tool call failed");
-            encode(&error.to_json())
+            (
+                encode(&error.to_json()),
+                ToolOutcome::of_mcp_error(error.code),
+            )
         }
     };
+    observed.finish(outcome, bytes.len() as u64);
     deliver_fresh(caller, call.fd, key, out, bytes)
 }
 

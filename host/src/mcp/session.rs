@@ -5,6 +5,7 @@ use std::sync::Arc;
 use quiver_abi::Errno;
 
 use super::McpPool;
+use crate::observe::{Observers, PolicyDenial};
 use crate::policy::{self, Grant, Reason, SessionRequest, TaskMcpPolicy};
 use crate::registry::Registry;
 use crate::sandbox::{Charge, FdKindOf, MemoryBudget, SandboxView, heap};
@@ -15,6 +16,8 @@ pub struct McpTask {
     pub policy: TaskMcpPolicy,
     pub registry: Arc<Registry>,
     pub pool: Arc<McpPool>,
+    /// Told about every tool call and policy denial of the task.
+    pub observers: Observers,
 }
 
 /// Store data through which the `mcp_*` hostcalls reach their task state and fds.
@@ -29,7 +32,7 @@ impl McpTask {
     pub fn decide_server(
         &self,
         task_id: &str,
-        hostcall: &str,
+        hostcall: &'static str,
         server_id: &str,
     ) -> Result<Grant, Errno> {
         let requested = [server_id.to_owned()];
@@ -45,11 +48,29 @@ impl McpTask {
             return Err(Errno::EACCES);
         };
         tracing::info!(task_id, hostcall, server_id, reason = ?decision.reason, detail = %decision.detail, "denied by policy");
-        Err(match decision.reason {
-            Reason::UnknownServer => Errno::ENOENT,
-            Reason::EnvMissing => Errno::ENOTCONN,
-            _ => Errno::EACCES,
-        })
+        // A registry listing filters what it shows; it refuses nothing the guest asked for.
+        if hostcall == "mcp_registry_list" {
+            return Err(errno_of(decision.reason));
+        }
+        self.observers.policy_denied(&PolicyDenial {
+            task_id: task_id.into(),
+            session_fd: None,
+            action: hostcall,
+            server_id: server_id.to_owned(),
+            tool: None,
+            reason: decision.reason,
+            detail: decision.detail.clone(),
+            at: std::time::SystemTime::now(),
+        });
+        Err(errno_of(decision.reason))
+    }
+}
+
+fn errno_of(reason: Reason) -> Errno {
+    match reason {
+        Reason::UnknownServer => Errno::ENOENT,
+        Reason::EnvMissing => Errno::ENOTCONN,
+        _ => Errno::EACCES,
     }
 }
 

@@ -330,6 +330,8 @@ pub enum Reason {
     NotAllowedByTask,
     /// MCP is disabled by the task or the session.
     Disabled,
+    /// The chat session does not enable the server (its `mcp.server_ids`).
+    NotInSession,
     /// The server's `allowed_tools` is empty.
     DenyAllServer,
     /// A required `${ENV:..}` of the server is not set.

@@ -1,0 +1,250 @@
+//! The events observers get. Everything in them is safe to log: no argument values, no
+//! secrets, no unbounded strings a guest or model chose.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
+
+use crate::defaults;
+use crate::mcp::McpErrorCode;
+use crate::policy::Reason;
+
+/// Which path a tool call took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Via {
+    /// The guest called `mcp_call_tool` on an MCP session fd.
+    McpCall,
+    /// The chat loop ran a tool the model asked for (`cchat_send` with AUTO_TOOL_CALL).
+    Chat,
+}
+
+/// What kind of tool was called.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ToolKind {
+    /// A tool of an MCP server in the registry.
+    Mcp { server_id: String },
+    /// A function the guest registered with its chat session.
+    Guest,
+}
+
+/// The shape of a call's arguments: their top-level keys and size, never their values.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ArgumentsSummary {
+    pub keys: Vec<String>,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub keys_omitted: usize,
+    pub bytes: u64,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+impl ArgumentsSummary {
+    /// The summary of a parsed JSON object of `bytes` bytes.
+    pub fn of_object(object: &serde_json::Map<String, serde_json::Value>, bytes: u64) -> Self {
+        let mut summary = Self {
+            bytes,
+            ..Self::default()
+        };
+        for key in object.keys() {
+            summary.add_key(key);
+        }
+        summary
+    }
+
+    /// The summary of JSON text: its top-level keys if it is an object, none otherwise.
+    /// Reads the text once without building it; values are skipped.
+    pub fn of_json_text(text: &str) -> Self {
+        let mut summary = Self {
+            bytes: text.len() as u64,
+            ..Self::default()
+        };
+        let mut de = serde_json::Deserializer::from_str(text);
+        if KeyCollector(&mut summary).deserialize(&mut de).is_err() {
+            summary.keys.clear();
+            summary.keys_omitted = 0;
+        }
+        summary
+    }
+
+    fn add_key(&mut self, key: &str) {
+        if self.keys.len() >= defaults::MAX_SUMMARY_KEYS {
+            self.keys_omitted = self.keys_omitted.saturating_add(1);
+            return;
+        }
+        self.keys
+            .push(cut(key, defaults::MAX_SUMMARY_KEY_BYTES).to_owned());
+    }
+}
+
+/// Collects the top-level keys of a JSON object into a summary, skipping values.
+struct KeyCollector<'a>(&'a mut ArgumentsSummary);
+
+impl<'de> DeserializeSeed<'de> for KeyCollector<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeyCollector<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            self.0.add_key(&key);
+            map.next_value::<IgnoredAny>()?;
+        }
+        Ok(())
+    }
+}
+
+/// One tool call, as reported before it runs and again with its end.
+#[derive(Clone, Debug, Serialize)]
+pub struct ToolCall {
+    pub task_id: Arc<str>,
+    /// The guest fd the call came through: the MCP session or the chat session.
+    pub session_fd: i32,
+    pub via: Via,
+    #[serde(flatten)]
+    pub kind: ToolKind,
+    /// The tool's name as its server or guest defines it (not the model-facing name).
+    pub tool: String,
+    pub arguments: ArgumentsSummary,
+    #[serde(serialize_with = "unix_seconds")]
+    pub started_at: SystemTime,
+}
+
+impl ToolCall {
+    pub fn server_id(&self) -> Option<&str> {
+        match &self.kind {
+            ToolKind::Mcp { server_id } => Some(server_id),
+            ToolKind::Guest => None,
+        }
+    }
+}
+
+/// How a tool call ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(tag = "outcome", content = "error", rename_all = "snake_case")]
+pub enum ToolOutcome {
+    /// A result, not marked as an error.
+    Ok,
+    /// The tool answered with an error result (MCP `isError`, a guest tool's failure).
+    ToolError,
+    /// The server or host failed the call (its `error.code`).
+    Failed(&'static str),
+    /// The call ran past its `tool_timeout_ms`.
+    Timeout,
+    /// The call never finished: the task ended (deadline, trap) or dropped it.
+    Cancelled,
+}
+
+impl ToolOutcome {
+    /// A short, fixed label (for metrics).
+    pub fn label(self) -> &'static str {
+        match self {
+            ToolOutcome::Ok => "ok",
+            ToolOutcome::ToolError => "tool_error",
+            ToolOutcome::Failed(_) => "error",
+            ToolOutcome::Timeout => "timeout",
+            ToolOutcome::Cancelled => "cancelled",
+        }
+    }
+
+    /// The outcome of a call the host or server failed with `code`.
+    pub fn of_mcp_error(code: McpErrorCode) -> Self {
+        match code {
+            McpErrorCode::Timeout => ToolOutcome::Timeout,
+            code => ToolOutcome::Failed(code.as_str()),
+        }
+    }
+
+    pub fn is_ok(self) -> bool {
+        self == ToolOutcome::Ok
+    }
+}
+
+/// The end of a tool call.
+#[derive(Clone, Debug, Serialize)]
+pub struct ToolCallEnd {
+    #[serde(flatten)]
+    pub outcome: ToolOutcome,
+    #[serde(serialize_with = "millis")]
+    pub duration: Duration,
+    /// Bytes of the result as the guest or model receives it (before any truncation).
+    pub output_bytes: u64,
+}
+
+/// Policy refused a server or a tool.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyDenial {
+    pub task_id: Arc<str>,
+    /// The guest fd involved, when there is one (`mcp_open` has none yet).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_fd: Option<i32>,
+    /// What was refused: `mcp_open`, `mcp_call_tool`, `cchat_send`, ...
+    pub action: &'static str,
+    pub server_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    pub reason: Reason,
+    pub detail: String,
+    #[serde(serialize_with = "unix_seconds")]
+    pub at: SystemTime,
+}
+
+impl PolicyDenial {
+    /// Policy refused `tool` of `server_id` to a call through `action`. A tool name longer
+    /// than any a server may list (it came from a model) is cut.
+    pub fn of_tool(
+        task_id: Arc<str>,
+        session_fd: i32,
+        action: &'static str,
+        (server_id, tool): (&str, &str),
+        reason: Reason,
+        detail: String,
+    ) -> Self {
+        Self {
+            task_id,
+            session_fd: Some(session_fd),
+            action,
+            server_id: server_id.to_owned(),
+            tool: Some(cut(tool, defaults::MAX_TOOL_NAME_BYTES).to_owned()),
+            reason,
+            detail,
+            at: SystemTime::now(),
+        }
+    }
+}
+
+/// `text` cut to at most `max` bytes at a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+fn unix_seconds<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    s.serialize_f64(secs)
+}
+
+fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1000.0)
+}

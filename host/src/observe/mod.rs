@@ -1,0 +1,111 @@
+//! Watching what tasks do with tools: one event before and one after every tool call (MCP
+//! tools called directly or by the chat loop, and guest tools), and one per policy denial.
+//!
+//! Metrics, the audit log and an embedder's own hooks all read the same events, so they
+//! cannot disagree about what happened. Observers are called inline on the task's path:
+//! they must be cheap and must not block (queue work elsewhere if it is slow). A call is
+//! reported as finished exactly once, whatever ends it: [`ObservedCall`] reports
+//! `cancelled` if it is dropped unfinished (a deadline, a trap, a dropped task).
+
+mod event;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub use event::{
+    ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
+};
+
+/// Called around every tool call and on every policy denial. Every method has an empty
+/// default, so an observer implements only what it needs.
+pub trait ToolObserver: Send + Sync + 'static {
+    /// Before the call is sent (after policy allowed it).
+    fn before_tool_call(&self, _call: &ToolCall) {}
+    /// After it ended, once, whatever the outcome.
+    fn after_tool_call(&self, _call: &ToolCall, _end: &ToolCallEnd) {}
+    /// Policy refused a server or a tool to a task.
+    fn policy_denied(&self, _denial: &PolicyDenial) {}
+}
+
+/// The observers of one host; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Observers(Arc<[Arc<dyn ToolObserver>]>);
+
+impl fmt::Debug for Observers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Observers({})", self.0.len())
+    }
+}
+
+impl Observers {
+    pub fn new(observers: Vec<Arc<dyn ToolObserver>>) -> Self {
+        Self(observers.into())
+    }
+
+    /// These observers and then `observer`.
+    #[must_use]
+    pub fn with(&self, observer: Arc<dyn ToolObserver>) -> Self {
+        let mut all = self.0.to_vec();
+        all.push(observer);
+        Self::new(all)
+    }
+
+    /// Reports `call` as started; the returned guard reports its end.
+    pub fn start(&self, call: ToolCall) -> ObservedCall {
+        for observer in self.0.iter() {
+            observer.before_tool_call(&call);
+        }
+        ObservedCall {
+            observers: self.clone(),
+            call,
+            started: Instant::now(),
+            finished: false,
+        }
+    }
+
+    pub fn policy_denied(&self, denial: &PolicyDenial) {
+        for observer in self.0.iter() {
+            observer.policy_denied(denial);
+        }
+    }
+}
+
+/// A tool call in progress. Finish it with its outcome; dropped unfinished it is reported
+/// as [`ToolOutcome::Cancelled`].
+#[must_use = "a call reports its end when finished or dropped"]
+pub struct ObservedCall {
+    observers: Observers,
+    call: ToolCall,
+    started: Instant,
+    finished: bool,
+}
+
+impl ObservedCall {
+    pub fn finish(mut self, outcome: ToolOutcome, output_bytes: u64) {
+        self.report(outcome, output_bytes);
+    }
+
+    fn report(&mut self, outcome: ToolOutcome, output_bytes: u64) {
+        self.finished = true;
+        let end = ToolCallEnd {
+            outcome,
+            duration: self.started.elapsed(),
+            output_bytes,
+        };
+        for observer in self.observers.0.iter() {
+            observer.after_tool_call(&self.call, &end);
+        }
+    }
+}
+
+impl Drop for ObservedCall {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.report(ToolOutcome::Cancelled, 0);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
