@@ -10,6 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use std::sync::Arc;
 
+use quiver::approval::{AllowAll, Approver, DenyAll, TerminalApprover};
 use quiver::policy::{TaskMcpPolicy, ToolFilter};
 use quiver::registry::{Registry, ServerEntry, Severity};
 use quiver::telemetry::{self, LogFormat};
@@ -70,9 +71,30 @@ struct RunArgs {
     /// Print the task's MCP policy decision log (to stderr) before running it.
     #[arg(long)]
     explain_policy: bool,
+    /// Tool calls needing approval (registry `approval_policy`): ask on the terminal
+    /// (/dev/tty), deny them, or allow them.
+    #[arg(long, value_enum, default_value = "deny")]
+    approve: ApproveMode,
     /// Guest arguments, replacing the task's `args`.
     #[arg(last = true)]
     args: Vec<String>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ApproveMode {
+    Prompt,
+    Deny,
+    Allow,
+}
+
+impl ApproveMode {
+    fn approver(self) -> Arc<dyn Approver> {
+        match self {
+            ApproveMode::Prompt => Arc::new(TerminalApprover::new()),
+            ApproveMode::Deny => Arc::new(DenyAll),
+            ApproveMode::Allow => Arc::new(AllowAll),
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -160,7 +182,7 @@ async fn run(args: RunArgs) -> i32 {
     } else {
         task.with_args(args.args)
     };
-    let mut builder = HostBuilder::default();
+    let mut builder = HostBuilder::default().with_approver(args.approve.approver());
     if let Some(dir) = args.registry {
         builder = builder.with_registry_dir(dir);
     }

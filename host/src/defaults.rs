@@ -288,3 +288,17 @@ pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Longest OAuth access-token lifetime believed; a token endpoint's larger `expires_in` is
 /// cut to it, so the token is fetched again at least daily and the clock cannot overflow.
 pub const OAUTH_TOKEN_MAX_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Longest a tool call waits for its approval (servers with `approval_policy` `always` or
+/// `policy`) before it is denied as timed out; the task's deadline bounds it too. Long
+/// enough for a person to read the request and answer. Registry `approval_timeout_ms`
+/// overrides it per server.
+pub const APPROVAL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Approvals an [`ApprovalQueue`](crate::approval::ApprovalQueue) holds waiting for a
+/// decision; one more is denied at once. Bounds the memory a flood of calls can pin and
+/// keeps the list a person reads short.
+pub const APPROVAL_QUEUE_CAPACITY: usize = 256;
+
+/// Bytes of an approver's reason kept (it may come from an HTTP client); the rest is cut.
+pub const MAX_APPROVAL_REASON_BYTES: usize = 512;

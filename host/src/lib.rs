@@ -29,6 +29,7 @@
 //! capability's glue, meets that capability's task state, its one policy decision, then its
 //! shared services, and its answer walks back the same way.
 
+pub mod approval;
 pub mod chat;
 pub mod defaults;
 mod host;

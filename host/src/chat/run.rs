@@ -18,9 +18,12 @@ use super::session::message_cost;
 use super::tools::{Resolution, Route, ToolSet};
 use super::wire::{AssistantMessage, ChatCompletion, ToolCall};
 use super::{ChatResponse, ChatSession, Metrics};
+use crate::approval::AskFor;
 use crate::defaults;
 use crate::mcp::{McpError, McpErrorCode, McpTask};
 use crate::observe::{self, ArgumentsSummary, PolicyDenial, ToolKind, ToolOutcome, Via};
+use crate::policy::Approval;
+use crate::registry::{ApprovalPolicy, ServerEntry};
 use crate::sandbox::{Charge, Deadline, HostcallError, MemoryBudget, heap};
 
 /// Runs guest tools. The `cchat_*` glue implements it on the task's store; this module never
@@ -406,6 +409,44 @@ fn budget_exhausted(what: &str) -> ToolFailure {
     )
 }
 
+/// Asks the host's approver about `planned`'s call of `tool`; a refusal is reported to the
+/// observers and becomes the call's `mcp_policy_denied` result. (The send's own deadline
+/// bounds the wait.)
+async fn approve(
+    ctx: &SendContext<'_>,
+    entry: &ServerEntry,
+    tool: &str,
+    planned: &Planned<'_>,
+    policy: ApprovalPolicy,
+) -> Result<(), ToolFailure> {
+    let asked = ctx.mcp.approvals.ask(AskFor {
+        task_id: ctx.task_id,
+        session_fd: ctx.session_fd,
+        via: Via::Chat,
+        entry,
+        tool,
+        arguments: planned.arguments.clone(),
+        policy,
+        task_deadline: ctx.deadline,
+    });
+    let Err(refusal) = asked.await else {
+        return Ok(());
+    };
+    let server_id = entry.server_id();
+    tracing::info!(task_id = ctx.task_id, session_fd = ctx.session_fd, server_id, tool, reason = ?refusal.reason, detail = %refusal.detail, "denied by policy");
+    let event = PolicyDenial::of_tool(
+        ctx.task_id.into(),
+        ctx.session_fd,
+        "cchat_send",
+        (server_id, tool),
+        refusal.reason,
+        refusal.detail.clone(),
+    );
+    ctx.mcp.observers.policy_denied(&event);
+    let message = format!("tool `{tool}` of server `{server_id}`: {}", refusal.detail);
+    Err(McpError::new(McpErrorCode::PolicyDenied, message).into())
+}
+
 /// The event of `planned`'s call of `tool`, for the observers.
 fn observed_call(
     ctx: &SendContext<'_>,
@@ -524,12 +565,21 @@ async fn run_tool_calls<G: GuestTools>(
         .filter_map(|(i, (p, args))| match (&p.step, args) {
             (
                 Step::Mcp {
-                    route: Route::Mcp { entry, .. },
+                    route:
+                        Route::Mcp {
+                            entry, approval, ..
+                        },
                     tool,
                 },
                 Some(args),
             ) => Some(async move {
                 let started = Instant::now();
+                let args = match (args, approval) {
+                    (Ok(args), Approval::Needed(policy)) => {
+                        approve(ctx, entry, tool, p, *policy).await.map(|()| args)
+                    }
+                    (args, _) => args,
+                };
                 let result = match args {
                     Ok((args, args_charge)) => {
                         let server_id = entry.server_id().to_owned();

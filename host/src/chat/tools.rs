@@ -1,6 +1,8 @@
 //! The tools of one send: guest tools and MCP tools under model-facing names, and the name
 //! map that routes the model's calls. Only tools whose [`Grant::check_call`] passes are
-//! offered; a name the map does not know runs nothing.
+//! offered; a name the map does not know runs nothing. A tool whose calls need approval is
+//! offered when the host has an approver (its route says so, and the decision log lists it
+//! as `needs_approval`), and left out as `approval_required` when it has none.
 //!
 //! [`Grant::check_call`]: crate::policy::Grant::check_call
 
@@ -11,8 +13,9 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::ChatSession;
+use crate::approval;
 use crate::mcp::{McpError, McpErrorCode, McpTask, Tool};
-use crate::policy::{self, Decision, Effective, Reason, SessionRequest};
+use crate::policy::{self, Approval, Decision, Denial, Effective, Reason, SessionRequest};
 use crate::registry::{Registry, ServerEntry};
 
 /// Where a model-facing tool name leads.
@@ -24,6 +27,7 @@ pub(crate) enum Route {
     Mcp {
         entry: Arc<ServerEntry>,
         tool: String,
+        approval: Approval,
     },
 }
 
@@ -108,16 +112,19 @@ impl ToolSet {
                 .map(|grant| mcp.pool.list_tools(&grant.entry)),
         )
         .await;
-        Self::assemble(session, &mcp.registry, effective, listings)
+        let approver = mcp.approvals.configured();
+        Self::assemble(session, &mcp.registry, effective, listings, approver)
     }
 
     /// The pure part of [`build`](Self::build): names, definitions and the decision log from
-    /// the effective policy and each granted server's listing (in grant order).
+    /// the effective policy and each granted server's listing (in grant order); `approver`:
+    /// whether the host can approve calls.
     pub(crate) fn assemble(
         session: &ChatSession,
         registry: &Registry,
         effective: Effective,
         listings: Vec<Result<Arc<[Tool]>, McpError>>,
+        approver: bool,
     ) -> Self {
         let mut set = ToolSet {
             definitions: session
@@ -170,15 +177,35 @@ impl ToolSet {
             let mut sorted: Vec<&Tool> = tools.iter().collect();
             sorted.sort_by(|a, b| a.name.cmp(&b.name));
             for tool in sorted {
-                if let Err(denial) = grant.check_call(&tool.name) {
-                    set.decisions.push(Decision {
-                        server_id: server_id.clone(),
-                        tool: Some(tool.name.to_string()),
-                        reason: denial.reason(),
-                        detail: denial.to_string(),
-                    });
-                    continue;
-                }
+                let decide = |reason, detail| Decision {
+                    server_id: server_id.clone(),
+                    tool: Some(tool.name.to_string()),
+                    reason,
+                    detail,
+                };
+                let approval = match grant.check_call(&tool.name) {
+                    Err(denial) => {
+                        set.decisions
+                            .push(decide(denial.reason(), denial.to_string()));
+                        continue;
+                    }
+                    Ok(Approval::Needed(policy)) if !approver => {
+                        let denial = Denial::ApprovalRequired(policy);
+                        set.decisions
+                            .push(decide(denial.reason(), denial.to_string()));
+                        continue;
+                    }
+                    Ok(approval @ Approval::Needed(policy)) => {
+                        let detail = format!(
+                            "offered; each call waits up to {} ms for the host's approver (approval_policy `{}`)",
+                            approval::timeout_of(&grant.entry).as_millis(),
+                            policy.as_str()
+                        );
+                        set.decisions.push(decide(Reason::NeedsApproval, detail));
+                        approval
+                    }
+                    Ok(approval) => approval,
+                };
                 let namespace = &grant.entry.record.tool_namespace;
                 let name = mcp_model_name(namespace, &server_id, &tool.name, &taken);
                 taken.insert(name.clone());
@@ -197,6 +224,7 @@ impl ToolSet {
                     Route::Mcp {
                         entry: grant.entry.clone(),
                         tool: tool.name.to_string(),
+                        approval,
                     },
                 );
             }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::admission::{Admission, BusyReason};
 use super::task_state::{self, TaskState};
 use super::{Host, HostInner};
+use crate::approval::{Approvals, Approver};
 use crate::chat::llm::{Backends, ConfigError, ConfigOrigin, HostConfig, Recorder};
 use crate::defaults;
 use crate::mcp::{EgressPolicy, McpPool, PoolLimits, RemoteOptions};
@@ -69,6 +70,7 @@ pub struct HostBuilder {
     server_idle_timeout: Option<Duration>,
     prewarm: Option<Vec<String>>,
     observers: Observers,
+    approvals: Approvals,
 }
 
 impl Default for HostBuilder {
@@ -94,6 +96,7 @@ impl Default for HostBuilder {
             server_idle_timeout: None,
             prewarm: None,
             observers: Observers::default(),
+            approvals: Approvals::default(),
         }
     }
 }
@@ -250,6 +253,14 @@ impl HostBuilder {
         self
     }
 
+    /// Decides tool calls of servers whose `approval_policy` asks for approval (see
+    /// [`crate::approval`]). Without one such calls are refused and their tools are not
+    /// offered to models.
+    pub fn with_approver(mut self, approver: Arc<dyn Approver>) -> Self {
+        self.approvals = Approvals::new(Some(approver));
+        self
+    }
+
     pub fn build(self) -> Result<Host, HostError> {
         let registry = match (self.registry, &self.registry_dir) {
             (Some(registry), _) => registry,
@@ -341,6 +352,7 @@ impl HostBuilder {
                 pool,
                 backends: Arc::new(backends),
                 observers: self.observers,
+                approvals: self.approvals,
             }),
         };
         // Only once nothing can fail any more: a failed build starts no server.

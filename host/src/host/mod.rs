@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use wasmtime::InstancePre;
 
+use crate::approval::Approvals;
 use crate::chat::llm::Backends;
 use crate::chat::tools::ToolSet;
 use crate::chat::{ChatSession, ChatTask};
@@ -45,6 +46,7 @@ struct HostInner {
     pool: Arc<McpPool>,
     backends: Arc<Backends>,
     observers: Observers,
+    approvals: Approvals,
 }
 
 /// A runtime for many concurrent tasks. Clones share everything.
@@ -332,6 +334,7 @@ impl Host {
             registry,
             pool: self.inner.pool.clone(),
             observers: self.inner.observers.clone(),
+            approvals: self.inner.approvals.clone(),
         })
     }
 

@@ -4,7 +4,7 @@
 //! `mcp_open` and the registry views through [`McpTask::decide_server`], every list and
 //! call through the fd's [`Grant`](crate::policy::Grant) (its tool filter, and for calls
 //! [`Grant::check_call`](crate::policy::Grant::check_call), which adds the approval
-//! policy). A result that does not fit the guest's buffer stays on the fd and is handed
+//! policy; a call needing approval waits for the host's [approver](crate::approval)). A result that does not fit the guest's buffer stays on the fd and is handed
 //! back on the retry, so a retry never runs the tool twice. Kept results and a call's
 //! arguments are charged to the task's memory budget; when it cannot hold them the call is
 //! `-ENOMEM`.
@@ -18,9 +18,10 @@ use wasmtime::{Caller, Linker};
 
 use super::session::{McpSession, McpView, PendingKey};
 use super::{McpError, McpErrorCode};
+use crate::approval::AskFor;
 use crate::defaults;
 use crate::observe::{ArgumentsSummary, PolicyDenial, ToolCall, ToolKind, ToolOutcome, Via};
-use crate::policy::Denial;
+use crate::policy::Approval;
 use crate::sandbox::{
     Charge, GuestMemory, HostcallError, MemoryBudget, OutBuf, before_deadline, finish, guest, heap,
 };
@@ -274,8 +275,7 @@ async fn call_tool<T: McpView>(
         let session = session(state, call.fd)?;
         let server_id = session.grant.entry.server_id();
         let approval = match session.grant.check_call(name) {
-            Ok(()) => Ok(()),
-            Err(denial @ Denial::ApprovalRequired(_)) => Err(denial),
+            Ok(approval) => approval,
             Err(denial) => {
                 tracing::info!(task_id = %task_id, hostcall = "mcp_call_tool", server_id, tool = %name, reason = ?denial.reason(), detail = %denial, "denied by policy");
                 let event = PolicyDenial::of_tool(
@@ -321,27 +321,40 @@ async fn call_tool<T: McpView>(
         unreachable!("built above")
     };
     let server_id = entry.server_id();
-    if let Err(denial) = approval {
-        tracing::info!(task_id = %task_id, hostcall = "mcp_call_tool", server_id, tool = %name, detail = %denial, "denied by policy");
-        let event = PolicyDenial::of_tool(
-            task_id.clone(),
-            call.fd,
-            "mcp_call_tool",
-            (server_id, name),
-            denial.reason(),
-            denial.to_string(),
-        );
-        mcp.observers.policy_denied(&event);
-        let error = McpError::new(
-            McpErrorCode::PolicyDenied,
-            format!("tool `{name}` on server `{server_id}`: {denial}"),
-        );
-        return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json()));
-    }
     let (arguments, _arguments_charge) = match parse_arguments(args, &budget)? {
         Ok(arguments) => arguments,
         Err(error) => return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json())),
     };
+    if let Approval::Needed(policy) = approval {
+        // The wait ends at the task's deadline like any other; the trap drops the request.
+        let asked = mcp.approvals.ask(AskFor {
+            task_id: &task_id,
+            session_fd: call.fd,
+            via: Via::McpCall,
+            entry: &entry,
+            tool: name,
+            arguments: ArgumentsSummary::of_object(&arguments, args.len() as u64),
+            policy,
+            task_deadline: deadline,
+        });
+        if let Err(refusal) = before_deadline(deadline, asked).await? {
+            tracing::info!(task_id = %task_id, hostcall = "mcp_call_tool", server_id, tool = %name, reason = ?refusal.reason, detail = %refusal.detail, "denied by policy");
+            let event = PolicyDenial::of_tool(
+                task_id.clone(),
+                call.fd,
+                "mcp_call_tool",
+                (server_id, name),
+                refusal.reason,
+                refusal.detail.clone(),
+            );
+            mcp.observers.policy_denied(&event);
+            let error = McpError::new(
+                McpErrorCode::PolicyDenied,
+                format!("tool `{name}` on server `{server_id}`: {}", refusal.detail),
+            );
+            return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json()));
+        }
+    }
     let observed = mcp.observers.start(ToolCall {
         task_id: task_id.clone(),
         session_fd: call.fd,

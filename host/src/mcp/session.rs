@@ -5,6 +5,7 @@ use std::sync::Arc;
 use quiver_abi::Errno;
 
 use super::McpPool;
+use crate::approval::Approvals;
 use crate::observe::{Observers, PolicyDenial};
 use crate::policy::{self, Grant, Reason, SessionRequest, TaskMcpPolicy};
 use crate::registry::Registry;
@@ -18,6 +19,8 @@ pub struct McpTask {
     pub pool: Arc<McpPool>,
     /// Told about every tool call and policy denial of the task.
     pub observers: Observers,
+    /// Asked about every call that needs approval.
+    pub approvals: Approvals,
 }
 
 /// Store data through which the `mcp_*` hostcalls reach their task state and fds.

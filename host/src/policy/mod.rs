@@ -204,6 +204,7 @@ pub enum Denial {
     /// A denylist pattern of the layer matches the tool.
     DeniedByPattern(Layer, Pattern),
     /// The server's `approval_policy` asks for an approval and this host has no approver.
+    /// (Policy never says this itself: the capability does, when it has no approver.)
     ApprovalRequired(ApprovalPolicy),
 }
 
@@ -229,7 +230,7 @@ impl fmt::Display for Denial {
             }
             Denial::ApprovalRequired(policy) => write!(
                 f,
-                "the registry's approval_policy for this server is `{}` and this host has no approver",
+                "the registry's approval_policy for this server is `{}` and this host has no approver (configure one: HostBuilder::with_approver, or `quiver run --approve prompt|allow`)",
                 policy.as_str()
             ),
         }
@@ -346,6 +347,13 @@ pub enum Reason {
     NotInAllowlist,
     /// Calls need an approval this host cannot give.
     ApprovalRequired,
+    /// Offered, but each call waits for the host's approver (the one entry that leaves
+    /// nothing out).
+    NeedsApproval,
+    /// The approver refused the call.
+    ApprovalDenied,
+    /// No decision came within the approval timeout.
+    ApprovalTimeout,
 }
 
 /// One entry of the decision log: something left out, and why.
@@ -378,15 +386,38 @@ pub struct Grant {
     pub filter: ToolFilter,
 }
 
+/// Whether a call policy permits must first wait for an approval. Policy only says so;
+/// the capability asks the host's approver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Approval {
+    NotNeeded,
+    /// The server's `approval_policy` (`always`, or `policy` with a matching
+    /// `approval_tools` pattern) makes the call wait.
+    Needed(ApprovalPolicy),
+}
+
 impl Grant {
     /// The one decision on calling (or offering) `tool`: the tool filter of every layer,
-    /// then the server's approval policy. Nothing else may run a tool without it.
-    pub fn check_call(&self, tool: &str) -> Result<(), Denial> {
+    /// then whether the server's approval policy makes the call wait. Nothing else may run
+    /// a tool without it.
+    pub fn check_call(&self, tool: &str) -> Result<Approval, Denial> {
         self.filter.check(tool)?;
-        match self.entry.record.approval_policy {
-            ApprovalPolicy::Never => Ok(()),
-            other => Err(Denial::ApprovalRequired(other)),
-        }
+        let record = &self.entry.record;
+        Ok(match record.approval_policy {
+            ApprovalPolicy::Never => Approval::NotNeeded,
+            ApprovalPolicy::Always => Approval::Needed(ApprovalPolicy::Always),
+            // No patterns: every tool waits (fail closed).
+            ApprovalPolicy::Policy
+                if record.approval_tools.is_empty()
+                    || record
+                        .approval_tools
+                        .iter()
+                        .any(|p| Pattern::new(p.as_str()).matches(tool)) =>
+            {
+                Approval::Needed(ApprovalPolicy::Policy)
+            }
+            ApprovalPolicy::Policy => Approval::NotNeeded,
+        })
     }
 }
 

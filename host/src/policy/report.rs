@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{Decision, TaskMcpPolicy};
+use super::{Decision, Reason, TaskMcpPolicy};
 
 /// What a task's chat sessions start with, and why everything else is left out.
 #[derive(Clone, Debug)]
@@ -15,7 +15,8 @@ pub struct PolicyReport {
     pub offered: Vec<(String, Vec<String>)>,
     /// Servers the task allows that are not defaults (a session may enable them).
     pub allowed_not_default: Vec<String>,
-    /// Every server and tool left out, with the reason.
+    /// Every server and tool left out, with the reason, and every offered tool whose calls
+    /// wait for an approval ([`Reason::NeedsApproval`]).
     pub decisions: Vec<Decision>,
 }
 
@@ -71,7 +72,11 @@ impl fmt::Display for PolicyReport {
             )?;
         }
         for decision in &self.decisions {
-            writeln!(f, "  excluded {decision}")?;
+            let label = match decision.reason {
+                Reason::NeedsApproval => "approval",
+                _ => "excluded",
+            };
+            writeln!(f, "  {label} {decision}")?;
         }
         Ok(())
     }

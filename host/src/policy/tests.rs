@@ -26,6 +26,8 @@ fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEn
             tool_namespace: format!("mcp.{id}"),
             allowed_tools: allowed.iter().map(|s| s.to_string()).collect(),
             approval_policy: ApprovalPolicy::Never,
+            approval_tools: vec![],
+            approval_timeout: None,
             budgets: Budgets {
                 tool_timeout: crate::defaults::TOOL_TIMEOUT,
                 max_concurrency: 1,
@@ -436,7 +438,7 @@ proptest! {
         let request = crate::chat::tools::session_request(&session);
         let effective = effective(&registry, &task, &request);
         let listings = effective.servers.iter().map(|_| Ok(listing())).collect();
-        let tools = ToolSet::assemble(&session, &registry, effective, listings);
+        let tools = ToolSet::assemble(&session, &registry, effective, listings, false);
 
         // Offered: exactly what every layer allows.
         let offered: Vec<String> = tools.definitions.iter().map(|d| d["function"]["name"].as_str().unwrap().to_owned()).collect();
@@ -448,7 +450,7 @@ proptest! {
         }
         // Executed: whatever the model asks for, a route leads only to an allowed tool.
         for name in &case.requested {
-            if let Resolution::Route(Route::Mcp { entry, tool }) = tools.resolve(name) {
+            if let Resolution::Route(Route::Mcp { entry, tool, .. }) = tools.resolve(name) {
                 prop_assert!(case.allowed(entry.server_id(), tool, true), "{} routed to {}/{}", name, entry.server_id(), tool);
             }
         }

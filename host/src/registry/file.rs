@@ -46,6 +46,10 @@ struct ServerFile {
     #[serde(default)]
     approval_policy: ApprovalPolicy,
     #[serde(default)]
+    approval_tools: Vec<String>,
+    #[serde(default)]
+    approval_timeout_ms: Option<u64>,
+    #[serde(default)]
     budgets: BudgetsFile,
     #[serde(default)]
     tags: Vec<String>,
@@ -222,6 +226,20 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
             "an empty pattern matches nothing; remove it",
         ));
     }
+    if !file.approval_tools.is_empty() && file.approval_policy != ApprovalPolicy::Policy {
+        return Err(field_err(
+            "approval_tools",
+            "applies only with approval_policy = \"policy\"; set that or remove approval_tools",
+        ));
+    }
+    if let Some(i) = file.approval_tools.iter().position(|p| p.trim().is_empty()) {
+        return Err(field_err(
+            format!("approval_tools[{i}]"),
+            "an empty pattern matches nothing; remove it",
+        ));
+    }
+    let approval_timeout =
+        positive("approval_timeout_ms", file.approval_timeout_ms)?.map(Duration::from_millis);
     let tool_namespace = file
         .tool_namespace
         .unwrap_or_else(|| format!("mcp.{}", file.server_id));
@@ -273,6 +291,8 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
         tool_namespace,
         allowed_tools: file.allowed_tools,
         approval_policy: file.approval_policy,
+        approval_tools: file.approval_tools,
+        approval_timeout,
         budgets,
         tags: file.tags,
         lifecycle: file.lifecycle,

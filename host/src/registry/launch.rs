@@ -219,6 +219,8 @@ mod tests {
             tool_namespace: "mcp.git".into(),
             allowed_tools: vec!["*".into()],
             approval_policy: crate::registry::ApprovalPolicy::Never,
+            approval_tools: vec![],
+            approval_timeout: None,
             budgets: crate::registry::record::Budgets {
                 tool_timeout: crate::defaults::TOOL_TIMEOUT,
                 max_concurrency: 1,

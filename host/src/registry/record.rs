@@ -42,11 +42,10 @@ pub enum ApprovalPolicy {
     /// Calls run without approval.
     #[default]
     Never,
-    /// Every call needs approval. No approver exists yet, so such calls are refused with
-    /// `mcp_policy_denied`.
+    /// Every call waits for the host's approver (refused when the host has none).
     Always,
-    /// Approval is decided by host policy; until approval hooks exist this refuses like
-    /// `always` (deny by default).
+    /// Calls of tools matching `approval_tools` wait for the approver; the rest run. With
+    /// no patterns every call waits (fail closed).
     Policy,
 }
 
@@ -117,6 +116,12 @@ pub struct ServerRecord {
     pub tool_namespace: String,
     pub allowed_tools: Vec<String>,
     pub approval_policy: ApprovalPolicy,
+    /// With `approval_policy = "policy"`: the tools (patterns as in `allowed_tools`) whose
+    /// calls wait for approval.
+    pub approval_tools: Vec<String>,
+    /// Longest wait for an approval; `None` means
+    /// [`defaults::APPROVAL_TIMEOUT`](crate::defaults::APPROVAL_TIMEOUT).
+    pub approval_timeout: Option<Duration>,
     pub budgets: Budgets,
     /// Labels profiles select servers by (e.g. `scm`, `search`).
     pub tags: Vec<String>,
@@ -153,6 +158,7 @@ impl ServerEntry {
             tool_namespace: r.tool_namespace.clone(),
             allowed_tools: r.allowed_tools.clone(),
             approval_policy: r.approval_policy,
+            approval_tools: r.approval_tools.clone(),
             tags: r.tags.clone(),
             budgets: BudgetsView {
                 tool_timeout_ms: r.budgets.tool_timeout.as_millis() as u64,
@@ -176,6 +182,8 @@ pub struct ServerView {
     pub tool_namespace: String,
     pub allowed_tools: Vec<String>,
     pub approval_policy: ApprovalPolicy,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub approval_tools: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tags: Vec<String>,
     pub budgets: BudgetsView,

@@ -1,0 +1,146 @@
+//! Asking the host's approver about one call, with its timeout, as both tool-call paths do.
+
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use super::{ApprovalRequest, Approver};
+use crate::defaults;
+use crate::observe::{ArgumentsSummary, Via};
+use crate::policy::{Denial, Reason};
+use crate::registry::{ApprovalPolicy, ServerEntry};
+use crate::sandbox::Deadline;
+
+/// The host's approver, if it has one; cheap to clone.
+#[derive(Clone, Default)]
+pub struct Approvals {
+    approver: Option<Arc<dyn Approver>>,
+}
+
+impl fmt::Debug for Approvals {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.approver {
+            Some(_) => "Approvals(approver)",
+            None => "Approvals(none)",
+        })
+    }
+}
+
+/// The call to ask about.
+pub(crate) struct AskFor<'a> {
+    pub(crate) task_id: &'a str,
+    pub(crate) session_fd: i32,
+    pub(crate) via: Via,
+    pub(crate) entry: &'a ServerEntry,
+    pub(crate) tool: &'a str,
+    pub(crate) arguments: ArgumentsSummary,
+    pub(crate) policy: ApprovalPolicy,
+    /// The task's deadline: the request shows it when it comes first. (The caller ends the
+    /// wait there; this module only times the approval.)
+    pub(crate) task_deadline: Deadline,
+}
+
+/// Why a call that needed approval may not run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Refusal {
+    pub(crate) reason: Reason,
+    pub(crate) detail: String,
+}
+
+/// Ids unique in this process; the random prefix keeps them apart across restarts.
+fn next_id() -> String {
+    static PREFIX: LazyLock<u64> =
+        LazyLock::new(|| std::collections::hash_map::RandomState::new().hash_one(0u8));
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{:08x}-{n:08x}", *PREFIX as u32)
+}
+
+/// `reason` cut to the cap at a character boundary, control characters made spaces (it
+/// ends up in logs, guest results and model prompts).
+pub(super) fn clean_reason(reason: &str) -> String {
+    let mut end = reason.len().min(defaults::MAX_APPROVAL_REASON_BYTES);
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    reason[..end]
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .trim()
+        .to_owned()
+}
+
+impl Approvals {
+    pub(crate) fn new(approver: Option<Arc<dyn Approver>>) -> Self {
+        Self { approver }
+    }
+
+    /// Whether the host has an approver (without one, calls needing approval are refused
+    /// and their tools not offered to models).
+    pub(crate) fn configured(&self) -> bool {
+        self.approver.is_some()
+    }
+
+    /// Asks the approver about `call`, waiting at most the server's approval timeout.
+    pub(crate) async fn ask(&self, call: AskFor<'_>) -> Result<(), Refusal> {
+        let Some(approver) = &self.approver else {
+            return Err(Refusal {
+                reason: Reason::ApprovalRequired,
+                detail: Denial::ApprovalRequired(call.policy).to_string(),
+            });
+        };
+        let timeout = timeout_of(call.entry);
+        let requested_at = SystemTime::now();
+        let shown = timeout.min(call.task_deadline.remaining());
+        let request = ApprovalRequest {
+            id: next_id(),
+            task_id: call.task_id.into(),
+            session_fd: call.session_fd,
+            via: call.via,
+            server_id: call.entry.server_id().to_owned(),
+            tool: call.tool.to_owned(),
+            arguments: call.arguments,
+            requested_at,
+            deadline: requested_at.checked_add(shown).unwrap_or(requested_at),
+        };
+        let id = request.id.clone();
+        tracing::info!(task_id = call.task_id, server_id = call.entry.server_id(), tool = call.tool, approval_id = %id, "waiting for approval");
+        let decision = match tokio::time::timeout(timeout, approver.ask(request)).await {
+            Ok(decision) => decision,
+            Err(_) => {
+                tracing::info!(approval_id = %id, "approval timed out");
+                return Err(Refusal {
+                    reason: Reason::ApprovalTimeout,
+                    detail: format!(
+                        "timed out after {} ms waiting for approval (approval_timeout_ms)",
+                        timeout.as_millis()
+                    ),
+                });
+            }
+        };
+        let reason = decision.reason.as_deref().map(clean_reason);
+        tracing::info!(approval_id = %id, approve = decision.approve, reason = reason.as_deref(), "approval decided");
+        if decision.approve {
+            return Ok(());
+        }
+        Err(Refusal {
+            reason: Reason::ApprovalDenied,
+            detail: match reason {
+                Some(reason) if !reason.is_empty() => format!("denied by the approver: {reason}"),
+                _ => "denied by the approver".to_owned(),
+            },
+        })
+    }
+}
+
+/// How long a call of `entry`'s tools waits for its approval.
+pub(crate) fn timeout_of(entry: &ServerEntry) -> Duration {
+    entry
+        .record
+        .approval_timeout
+        .unwrap_or(defaults::APPROVAL_TIMEOUT)
+}

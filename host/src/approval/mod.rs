@@ -1,0 +1,121 @@
+//! Approvals: a tool call of a server whose `approval_policy` asks for one waits for a
+//! decision from the [`Approver`] the embedder gave the host.
+//!
+//! Policy stays pure: [`Grant::check_call`](crate::policy::Grant::check_call) only says a
+//! call needs approval; the capability (`mcp_call_tool`, the chat loop) asks here. A call
+//! waits at most its server's `approval_timeout_ms` (default
+//! [`defaults::APPROVAL_TIMEOUT`](crate::defaults::APPROVAL_TIMEOUT)) and never past the task's deadline; the host drops the
+//! approver's future when either passes, or when the task ends, so an approver that holds
+//! state (like [`ApprovalQueue`]) must clean up on drop. The approver sees the shape of the
+//! arguments (keys and size), never their values; its reason is cut and cleaned, since it
+//! may come from an HTTP client.
+
+mod gate;
+mod queue;
+mod terminal;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+
+pub use gate::Approvals;
+pub(crate) use gate::{AskFor, timeout_of};
+pub use queue::{ApprovalError, ApprovalQueue, PendingApproval};
+pub use terminal::TerminalApprover;
+
+use crate::observe::{ArgumentsSummary, Via};
+
+/// One tool call waiting for a decision.
+#[derive(Clone, Debug, Serialize)]
+pub struct ApprovalRequest {
+    /// Unique within the process (and unlikely to repeat across restarts).
+    pub id: String,
+    pub task_id: Arc<str>,
+    /// The guest fd the call came through: the MCP session or the chat session.
+    pub session_fd: i32,
+    pub via: Via,
+    pub server_id: String,
+    /// The tool's MCP-native name.
+    pub tool: String,
+    /// The arguments' top-level keys and size; never their values.
+    pub arguments: ArgumentsSummary,
+    #[serde(serialize_with = "unix_seconds")]
+    pub requested_at: SystemTime,
+    /// When the call stops waiting and is denied as timed out.
+    #[serde(serialize_with = "unix_seconds")]
+    pub deadline: SystemTime,
+}
+
+/// An approver's answer. Deserialises from `{"approve": true|false, "reason": "..."}`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalDecision {
+    pub approve: bool,
+    /// Why; shown to the guest or model with a denial (cut to
+    /// [`defaults::MAX_APPROVAL_REASON_BYTES`](crate::defaults::MAX_APPROVAL_REASON_BYTES)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl ApprovalDecision {
+    pub fn approve() -> Self {
+        Self {
+            approve: true,
+            reason: None,
+        }
+    }
+
+    pub fn deny(reason: impl Into<String>) -> Self {
+        Self {
+            approve: false,
+            reason: Some(reason.into()),
+        }
+    }
+}
+
+/// The future of one decision; the host drops it when the call stops waiting.
+pub type ApprovalFuture<'a> = Pin<Box<dyn Future<Output = ApprovalDecision> + Send + 'a>>;
+
+/// Decides tool calls that need approval. Implemented by the embedder (or one of
+/// [`AllowAll`], [`DenyAll`], [`ApprovalQueue`], [`TerminalApprover`]) and given to
+/// [`HostBuilder::with_approver`](crate::HostBuilder::with_approver).
+pub trait Approver: Send + Sync + 'static {
+    /// Decides `request`. The host stops waiting at `request.deadline` (and when the task
+    /// ends) by dropping the future.
+    fn ask(&self, request: ApprovalRequest) -> ApprovalFuture<'_>;
+}
+
+/// Approves every call.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AllowAll;
+
+impl Approver for AllowAll {
+    fn ask(&self, _request: ApprovalRequest) -> ApprovalFuture<'_> {
+        Box::pin(std::future::ready(ApprovalDecision::approve()))
+    }
+}
+
+/// Denies every call, saying so.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DenyAll;
+
+impl Approver for DenyAll {
+    fn ask(&self, _request: ApprovalRequest) -> ApprovalFuture<'_> {
+        Box::pin(std::future::ready(ApprovalDecision::deny(
+            "this host denies every call that needs approval",
+        )))
+    }
+}
+
+fn unix_seconds<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    s.serialize_f64(secs)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,152 @@
+//! [`ApprovalQueue`]: an approver that holds requests until someone else decides them
+//! (an operator through `quiver serve`'s `/v1/approvals`, or an embedder's own UI).
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+
+use serde::Serialize;
+use tokio::sync::oneshot;
+
+use super::{ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver, unix_seconds};
+use crate::defaults;
+use crate::observe::{ArgumentsSummary, Via};
+
+/// A request waiting in an [`ApprovalQueue`], as listed for whoever decides.
+#[derive(Clone, Debug, Serialize)]
+pub struct PendingApproval {
+    pub id: String,
+    pub task_id: String,
+    pub session_fd: i32,
+    pub via: Via,
+    pub server_id: String,
+    pub tool: String,
+    /// The arguments' top-level keys and size; never their values.
+    pub arguments: ArgumentsSummary,
+    /// Unix seconds.
+    #[serde(serialize_with = "unix_seconds")]
+    pub requested_at: std::time::SystemTime,
+    /// Unix seconds; past it the call is denied as timed out and leaves the queue.
+    #[serde(serialize_with = "unix_seconds")]
+    pub expires_at: std::time::SystemTime,
+}
+
+/// A decision that could not be delivered.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ApprovalError {
+    #[error(
+        "no pending approval `{id}`: unknown, already decided, or its call stopped waiting (timed out, or its task ended)"
+    )]
+    NotPending { id: String },
+}
+
+struct Waiting {
+    pending: PendingApproval,
+    reply: oneshot::Sender<ApprovalDecision>,
+}
+
+/// Holds approval requests until [`decide`](Self::decide) answers them; at most a capacity
+/// wait at once, and one more is denied at once. A request leaves the queue when it is
+/// decided, when it times out, and when its task ends.
+///
+/// `quiver serve` (or an embedder) keeps one `Arc<ApprovalQueue>`, gives it to
+/// [`HostBuilder::with_approver`](crate::HostBuilder::with_approver), lists
+/// [`pending`](Self::pending) and calls [`decide`](Self::decide).
+pub struct ApprovalQueue {
+    capacity: usize,
+    /// By id; ids sort in the order they were made.
+    waiting: Mutex<BTreeMap<String, Waiting>>,
+}
+
+impl std::fmt::Debug for ApprovalQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApprovalQueue")
+            .field("capacity", &self.capacity)
+            .field("pending", &self.lock().len())
+            .finish()
+    }
+}
+
+impl Default for ApprovalQueue {
+    /// Holds up to [`defaults::APPROVAL_QUEUE_CAPACITY`] requests.
+    fn default() -> Self {
+        Self::with_capacity(defaults::APPROVAL_QUEUE_CAPACITY)
+    }
+}
+
+impl ApprovalQueue {
+    /// A queue holding at most `capacity` requests (0 denies every request).
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self {
+            capacity,
+            waiting: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Waiting>> {
+        self.waiting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The requests waiting now, oldest first.
+    pub fn pending(&self) -> Vec<PendingApproval> {
+        self.lock().values().map(|w| w.pending.clone()).collect()
+    }
+
+    /// Answers the request `id`; an id not waiting (unknown, decided, timed out, its task
+    /// gone) is an error.
+    pub fn decide(&self, id: &str, decision: ApprovalDecision) -> Result<(), ApprovalError> {
+        let not_pending = || ApprovalError::NotPending {
+            id: id.chars().take(64).collect(),
+        };
+        let waiting = self.lock().remove(id).ok_or_else(not_pending)?;
+        waiting.reply.send(decision).map_err(|_| not_pending())
+    }
+}
+
+/// Takes a request out of the queue when its wait ends for any reason.
+struct Leave<'a> {
+    queue: &'a ApprovalQueue,
+    id: String,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.queue.lock().remove(&self.id);
+    }
+}
+
+impl Approver for ApprovalQueue {
+    fn ask(&self, request: ApprovalRequest) -> ApprovalFuture<'_> {
+        let (reply, decided) = oneshot::channel();
+        let id = request.id.clone();
+        {
+            let mut waiting = self.lock();
+            if waiting.len() >= self.capacity {
+                tracing::warn!(capacity = self.capacity, server_id = %request.server_id, tool = %request.tool, "approval queue full");
+                let reason = format!(
+                    "the approval queue is full ({} requests waiting, its capacity)",
+                    self.capacity
+                );
+                return Box::pin(std::future::ready(ApprovalDecision::deny(reason)));
+            }
+            let pending = PendingApproval {
+                id: request.id,
+                task_id: request.task_id.to_string(),
+                session_fd: request.session_fd,
+                via: request.via,
+                server_id: request.server_id,
+                tool: request.tool,
+                arguments: request.arguments,
+                requested_at: request.requested_at,
+                expires_at: request.deadline,
+            };
+            waiting.insert(id.clone(), Waiting { pending, reply });
+        }
+        let leave = Leave { queue: self, id };
+        Box::pin(async move {
+            let _leave = leave;
+            decided.await.unwrap_or_else(|_| {
+                ApprovalDecision::deny("the approval queue dropped the request")
+            })
+        })
+    }
+}

@@ -1,0 +1,114 @@
+//! [`TerminalApprover`]: asks a person on the controlling terminal (`quiver run --approve
+//! prompt`).
+//!
+//! It opens `/dev/tty`, never the guest's stdin or stdout, so a guest cannot answer its own
+//! request or hide the question. Names from servers may carry terminal escapes and are
+//! shown with control characters removed. Reading is non-blocking (tokio's `AsyncFd`), so
+//! a request that times out or whose task ends stops waiting at once and leaves no thread
+//! blocked on the terminal.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+
+use tokio::io::unix::AsyncFd;
+use tokio::sync::Mutex;
+
+use super::{ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver};
+
+/// Longest answer line read; the rest is ignored.
+const MAX_ANSWER_BYTES: usize = 256;
+
+/// Asks on `/dev/tty`, one request at a time; `y` or `yes` approves, anything else
+/// denies. Without a terminal every request is denied, saying why.
+#[derive(Debug, Default)]
+pub struct TerminalApprover {
+    /// One question on the terminal at a time.
+    turn: Mutex<()>,
+}
+
+impl TerminalApprover {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl Approver for TerminalApprover {
+    fn ask(&self, request: ApprovalRequest) -> ApprovalFuture<'_> {
+        Box::pin(async move {
+            let _turn = self.turn.lock().await;
+            match prompt(&request).await {
+                Ok(answer) if is_yes(&answer) => ApprovalDecision::approve(),
+                Ok(_) => ApprovalDecision::deny("denied at the terminal"),
+                Err(e) => ApprovalDecision::deny(format!(
+                    "no terminal to ask on (/dev/tty: {e}); use --approve allow or deny"
+                )),
+            }
+        })
+    }
+}
+
+fn is_yes(answer: &str) -> bool {
+    matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes")
+}
+
+/// `text` without control characters (no escapes reach the terminal).
+fn printable(text: &str) -> String {
+    text.chars().filter(|c| !c.is_control()).collect()
+}
+
+fn question(request: &ApprovalRequest) -> String {
+    let seconds = request
+        .deadline
+        .duration_since(request.requested_at)
+        .map_or(0, |d| d.as_secs());
+    let keys: Vec<String> = request
+        .arguments
+        .keys
+        .iter()
+        .map(|k| printable(k))
+        .collect();
+    let more = match request.arguments.keys_omitted {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    format!(
+        "\nquiver: task `{}` wants to call tool `{}` of MCP server `{}`\n  arguments: keys [{}]{more}, {} bytes\nApprove? [y/N] (denied in {seconds} s) ",
+        printable(&request.task_id),
+        printable(&request.tool),
+        printable(&request.server_id),
+        keys.join(", "),
+        request.arguments.bytes,
+    )
+}
+
+/// Writes the question to the terminal and reads one answer line.
+async fn prompt(request: &ApprovalRequest) -> io::Result<String> {
+    let mut tty = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open("/dev/tty")?;
+    tty.write_all(question(request).as_bytes())?;
+    // SAFETY: the File owns its fd, open until the AsyncFd (which owns the File) drops.
+    let tty = unsafe { AsyncFd::register(tty) }.map_err(io::Error::from)?;
+    let mut line = Vec::new();
+    let mut buf = [0u8; 64];
+    loop {
+        let mut ready = tty.readable().await?;
+        match ready.try_io(|fd| (&*fd.get_ref() as &File).read(&mut buf)) {
+            Ok(Ok(0)) => break,
+            Ok(Ok(n)) => {
+                line.extend_from_slice(&buf[..n]);
+                if line.contains(&b'\n') || line.len() >= MAX_ANSWER_BYTES {
+                    break;
+                }
+            }
+            Ok(Err(e)) if e.kind() == io::ErrorKind::Interrupted => {}
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => {}
+        }
+    }
+    let end = line.iter().position(|&b| b == b'\n').unwrap_or(line.len());
+    Ok(String::from_utf8_lossy(&line[..end]).into_owned())
+}

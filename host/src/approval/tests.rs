@@ -1,0 +1,79 @@
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use super::gate::clean_reason;
+use super::*;
+
+fn request(id: &str) -> ApprovalRequest {
+    ApprovalRequest {
+        id: id.into(),
+        task_id: Arc::from("t1"),
+        session_fd: 3,
+        via: Via::McpCall,
+        server_id: "fs".into(),
+        tool: "delete_file".into(),
+        arguments: ArgumentsSummary::of_json_text(r#"{"path": "/secret/value"}"#),
+        requested_at: SystemTime::now(),
+        deadline: SystemTime::now() + Duration::from_secs(60),
+    }
+}
+
+#[tokio::test]
+async fn a_queue_lists_hands_over_and_forgets_decisions() {
+    let queue = ApprovalQueue::with_capacity(4);
+    let waiting = queue.ask(request("a"));
+    let listed = serde_json::to_value(queue.pending()).unwrap();
+    assert_eq!(listed[0]["id"], "a");
+    assert_eq!(listed[0]["arguments"]["keys"], serde_json::json!(["path"]));
+    assert!(
+        listed[0]["expires_at"].as_f64().unwrap() > listed[0]["requested_at"].as_f64().unwrap()
+    );
+    assert!(
+        !listed.to_string().contains("secret"),
+        "argument values never listed: {listed}"
+    );
+    let decision = ApprovalDecision::deny("no");
+    queue.decide("a", decision.clone()).unwrap();
+    assert_eq!(waiting.await, decision);
+    assert!(queue.pending().is_empty());
+    assert_eq!(
+        queue.decide("a", ApprovalDecision::approve()),
+        Err(ApprovalError::NotPending { id: "a".into() }),
+        "deciding twice"
+    );
+    assert!(queue.decide("nope", ApprovalDecision::approve()).is_err());
+}
+
+#[tokio::test]
+async fn a_full_queue_denies_at_once_and_a_dropped_wait_leaves_it() {
+    let queue = ApprovalQueue::with_capacity(1);
+    let first = queue.ask(request("a"));
+    let second = queue.ask(request("b")).await;
+    assert!(!second.approve);
+    assert!(second.reason.unwrap().contains("full (1"), "names the cap");
+    assert_eq!(queue.pending().len(), 1);
+    drop(first);
+    assert!(
+        queue.pending().is_empty(),
+        "a dropped wait leaves the queue"
+    );
+    assert!(queue.decide("a", ApprovalDecision::approve()).is_err());
+}
+
+#[test]
+fn decisions_read_the_serve_body_and_nothing_else() {
+    let d: ApprovalDecision =
+        serde_json::from_str(r#"{"approve": false, "reason": "risky"}"#).unwrap();
+    assert_eq!(d, ApprovalDecision::deny("risky"));
+    let d: ApprovalDecision = serde_json::from_str(r#"{"approve": true}"#).unwrap();
+    assert_eq!(d, ApprovalDecision::approve());
+    assert!(serde_json::from_str::<ApprovalDecision>(r#"{"approve": true, "x": 1}"#).is_err());
+}
+
+#[test]
+fn reasons_are_cut_and_cleaned() {
+    let long = "é".repeat(crate::defaults::MAX_APPROVAL_REASON_BYTES);
+    let cut = clean_reason(&long);
+    assert!(cut.len() <= crate::defaults::MAX_APPROVAL_REASON_BYTES && cut.starts_with('é'));
+    assert_eq!(clean_reason("no\u{1b}[2J\nway "), "no [2J way");
+}
