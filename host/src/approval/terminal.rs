@@ -96,7 +96,11 @@ async fn prompt(request: &ApprovalRequest) -> io::Result<String> {
     let mut buf = [0u8; 64];
     loop {
         let mut ready = tty.readable().await?;
-        match ready.try_io(|fd| (&*fd.get_ref() as &File).read(&mut buf)) {
+        let read = ready.try_io(|fd| {
+            let mut file: &File = fd.get_ref();
+            file.read(&mut buf)
+        });
+        match read {
             Ok(Ok(0)) => break,
             Ok(Ok(n)) => {
                 line.extend_from_slice(&buf[..n]);
@@ -111,4 +115,37 @@ async fn prompt(request: &ApprovalRequest) -> io::Result<String> {
     }
     let end = line.iter().position(|&b| b == b'\n').unwrap_or(line.len());
     Ok(String::from_utf8_lossy(&line[..end]).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use crate::observe::{ArgumentsSummary, Via};
+
+    #[test]
+    fn the_question_shows_names_without_escapes_and_keys_without_values() {
+        let now = SystemTime::now();
+        let request = ApprovalRequest {
+            id: "1".into(),
+            task_id: Arc::from("t"),
+            session_fd: 3,
+            via: Via::Chat,
+            server_id: "fs".into(),
+            tool: "del\u{1b}[31mete".into(),
+            arguments: ArgumentsSummary::of_json_text(r#"{"path": "/top/secret"}"#),
+            requested_at: now,
+            deadline: now + Duration::from_secs(30),
+        };
+        let q = question(&request);
+        assert!(q.contains("tool `del[31mete` of MCP server `fs`"), "{q}");
+        assert!(
+            q.contains("keys [path], 23 bytes") && q.contains("denied in 30 s"),
+            "{q}"
+        );
+        assert!(!q.contains('\u{1b}') && !q.contains("secret"), "{q}");
+        assert!(is_yes(" Yes\n") && is_yes("y") && !is_yes("") && !is_yes("no"));
+    }
 }
