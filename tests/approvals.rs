@@ -517,3 +517,32 @@ fn the_cli_allows_denies_and_cannot_prompt_without_a_terminal() {
         "{stderr}"
     );
 }
+
+#[test]
+fn approval_fields_are_checked_naming_the_field() {
+    for (top, field) in [
+        ("approval_tools = [\"delete_*\"]", "approval_tools"),
+        (
+            "approval_policy = \"policy\"\napproval_tools = [\" \"]",
+            "approval_tools[0]",
+        ),
+        (
+            "approval_policy = \"always\"\napproval_timeout_ms = 0",
+            "approval_timeout_ms",
+        ),
+    ] {
+        let registry = registry(top);
+        let loaded = quiver::registry::Registry::load_dir(registry.path()).unwrap();
+        assert!(loaded.get("fixture").is_none(), "{top}");
+        let problem = loaded.problems()[0].to_string();
+        assert!(problem.contains(field), "{top}: {problem}");
+    }
+    let registry = registry("approval_policy = \"policy\"\napproval_tools = [\"delete_*\"]");
+    let loaded = quiver::registry::Registry::load_dir(registry.path()).unwrap();
+    let view = serde_json::to_value(loaded.get("fixture").unwrap().view()).unwrap();
+    assert_eq!(
+        view["approval_tools"],
+        json!(["delete_*"]),
+        "guests see the patterns"
+    );
+}

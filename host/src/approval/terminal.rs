@@ -10,6 +10,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::io::AsRawFd;
 
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Mutex;
@@ -89,6 +90,9 @@ async fn prompt(request: &ApprovalRequest) -> io::Result<String> {
         .write(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
         .open("/dev/tty")?;
+    // An answer typed for an earlier question (one that timed out) must not answer this one.
+    // SAFETY: tcflush on an fd the File owns; an error (not a terminal) changes nothing.
+    unsafe { libc::tcflush(tty.as_raw_fd(), libc::TCIFLUSH) };
     tty.write_all(question(request).as_bytes())?;
     // SAFETY: the File owns its fd, open until the AsyncFd (which owns the File) drops.
     let tty = unsafe { AsyncFd::register(tty) }.map_err(io::Error::from)?;
