@@ -25,7 +25,8 @@
 //! `docs/architecture.md`): the [`sandbox`] (engine, store, limits, fd table, WASI), the
 //! [`mcp`] capability (pool, transports, `mcp_*` hostcalls) and the [`chat`] capability
 //! (sessions, the tool-call loop, LLM backends, `cchat_*` hostcalls). The [`registry`] and
-//! the pure [`policy`] are what the capabilities decide with. A hostcall enters at its
+//! the pure [`policy`] are what the capabilities decide with; a call policy marks as needing
+//! approval waits for the embedder's [`approval::Approver`]. A hostcall enters at its
 //! capability's glue, meets that capability's task state, its one policy decision, then its
 //! shared services, and its answer walks back the same way.
 
