@@ -11,7 +11,7 @@ use super::{Host, HostInner};
 use crate::chat::llm::{Backends, ConfigError, ConfigOrigin, HostConfig, Recorder};
 use crate::defaults;
 use crate::mcp::{EgressPolicy, McpPool, PoolLimits, RemoteOptions};
-use crate::observe::{Observers, ToolObserver};
+use crate::observe::{LiveStatus, Metrics, Observers, ToolObserver};
 use crate::registry::{Registry, RegistryDirError, ServerEntry, Severity};
 use crate::sandbox::{HostMemory, Runtime, RuntimeOptions, default_cache_dir};
 use crate::task::TaskError;
@@ -69,6 +69,7 @@ pub struct HostBuilder {
     server_idle_timeout: Option<Duration>,
     prewarm: Option<Vec<String>>,
     observers: Observers,
+    max_metric_tool_series: usize,
 }
 
 impl Default for HostBuilder {
@@ -94,6 +95,7 @@ impl Default for HostBuilder {
             server_idle_timeout: None,
             prewarm: None,
             observers: Observers::default(),
+            max_metric_tool_series: defaults::MAX_METRIC_TOOL_SERIES,
         }
     }
 }
@@ -250,6 +252,13 @@ impl HostBuilder {
         self
     }
 
+    /// Distinct `(server_id, tool)` pairs the tool-call metrics keep before counting the
+    /// rest as `tool="_other"` (default [`defaults::MAX_METRIC_TOOL_SERIES`]).
+    pub fn with_max_metric_tool_series(mut self, pairs: usize) -> Self {
+        self.max_metric_tool_series = pairs;
+        self
+    }
+
     pub fn build(self) -> Result<Host, HostError> {
         let registry = match (self.registry, &self.registry_dir) {
             (Some(registry), _) => registry,
@@ -314,6 +323,8 @@ impl HostBuilder {
         let prewarm = prewarm_entries(&registry, &prewarm);
         let recorder = self.record_to.map(|path| Arc::new(Recorder::new(path)));
         let backends = Backends::from_config(&self.config, &self.config_origin, recorder)?;
+        let metrics = Metrics::new(self.max_metric_tool_series);
+        metrics.registry_loaded(registry.revision());
         let runtime = Runtime::<TaskState>::new(options, task_state::add_to_linker).map_err(|e| {
             HostError::Engine(format!(
                 "{e:#} (with {max_concurrent_tasks} task slots of up to {} bytes of linear memory each: HostBuilder::with_max_concurrent_tasks or [tasks] max_concurrent, and with_max_task_memory)",
@@ -340,9 +351,21 @@ impl HostBuilder {
                 ),
                 pool,
                 backends: Arc::new(backends),
-                observers: self.observers,
+                // The metrics see every event first, whatever an embedder's observer does.
+                observers: self.observers.preceded_by(Arc::new(metrics.clone())),
+                metrics,
             }),
         };
+        let weak = Arc::downgrade(&host.inner);
+        host.inner.metrics.watch(Box::new(move || {
+            let host = Host {
+                inner: weak.upgrade()?,
+            };
+            Some(LiveStatus {
+                servers: host.mcp_servers(),
+                tasks: host.inner.admission.status(),
+            })
+        }));
         // Only once nothing can fail any more: a failed build starts no server.
         start_prewarm(&host.inner.pool, prewarm);
         Ok(host)
