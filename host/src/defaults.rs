@@ -320,3 +320,9 @@ pub const SERVER_DEGRADED_FOR: Duration = Duration::from_secs(60);
 /// Longest `last_error` kept in a server's health, in bytes (cut at a character boundary);
 /// errors can quote whatever a server wrote.
 pub const MAX_SERVER_ERROR_BYTES: usize = 512;
+
+/// Time `quiver mcp status --node` waits for the node's answer.
+pub const CLI_NODE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest answer `quiver mcp status --node` reads from a node.
+pub const CLI_NODE_MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
