@@ -653,3 +653,51 @@ fn mcp_status_asks_a_node_with_its_token() {
     assert_eq!(refused.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
 }
+
+/// Tasks are counted by how they end: a trap, a deadline, and one refused because the
+/// host was busy.
+#[tokio::test]
+async fn tasks_are_counted_by_outcome() {
+    let registry = RegistryDir::new();
+    let host = host_builder(&registry)
+        .with_max_concurrent_tasks(1)
+        .with_task_queue_capacity(0)
+        .build()
+        .expect("host");
+    let trap = wat::guest(&[], "(func $main unreachable)");
+    let spin = wat::guest(&[], "(func $main (loop $l (br $l)))");
+    let task = |id: &str, ms: u64| {
+        quiver::TaskSpec::new(id).with_deadline(std::time::Duration::from_millis(ms))
+    };
+    wat::run(&host, &trap, &task("trap", 60_000)).await;
+    let spinning = {
+        let (host, spin) = (host.clone(), spin.clone());
+        tokio::spawn(async move { wat::run(&host, &spin, &task("spin", 1_500)).await })
+    };
+    let waiting = std::time::Instant::now();
+    while host.status().tasks.running == 0 {
+        assert!(
+            waiting.elapsed().as_secs() < 30,
+            "the spinning task never ran"
+        );
+        assert!(!spinning.is_finished(), "the spinning task ended unseen");
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let module = host.load_module("busy.wat", trap.as_bytes()).unwrap();
+    let refused = host.run_task(&module, &task("busy", 60_000)).await;
+    assert!(matches!(refused, Err(quiver::HostError::Busy { .. })));
+    spinning.await.unwrap();
+
+    let samples = scrape(&host);
+    for outcome in ["trapped", "deadline", "busy"] {
+        assert_eq!(
+            get(&samples, "quiver_tasks_total", &[("outcome", outcome)]),
+            1.0,
+            "{outcome}"
+        );
+    }
+    assert_eq!(
+        find(&samples, "quiver_tasks_total", &[("outcome", "ok")]),
+        None
+    );
+}

@@ -739,7 +739,8 @@ impl McpPool {
     /// The status of `server_id`: that of its slot if it has one, else what its health
     /// remembers, else an `idle` server with nothing counted (never used).
     pub fn server_status(&self, server_id: &str) -> ServerStatus {
-        if let Some(slot) = self.shared.slots().get(server_id).cloned() {
+        let slot = self.shared.slots().get(server_id).cloned();
+        if let Some(slot) = slot {
             return slot.status();
         }
         let health = self.shared.health().get(server_id).cloned();
