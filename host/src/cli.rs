@@ -4,6 +4,8 @@
 //! trap, 130 on Ctrl-C, 143 on SIGTERM); 2 means the command itself could not start (bad flags, an
 //! unreadable task or module); other commands return 1 when they find a problem.
 
+mod status;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -115,6 +117,25 @@ enum McpCommand {
         #[command(flatten)]
         source: ServerSource,
     },
+    /// Connect to every server of a registry (listing its tools) and print each one's
+    /// health; with --node, print a running node's instead. Exits 1 if a server is down.
+    Status {
+        /// MCP registry directory.
+        #[arg(long, env = "QUIVER_REGISTRY", required_unless_present = "node")]
+        registry: Option<PathBuf>,
+        /// Host config (quiver.toml): credentials (`[auth.*]`) and the egress policy.
+        #[arg(long, env = "QUIVER_CONFIG")]
+        config: Option<PathBuf>,
+        /// Base URL of a running `quiver serve` node to ask (GET /v1/mcp/servers) instead.
+        #[arg(long)]
+        node: Option<String>,
+        /// Environment variable holding the node's API token (sent as a bearer token).
+        #[arg(long, requires = "node")]
+        token_env: Option<String>,
+        /// Print the JSON array of server statuses instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -158,6 +179,20 @@ pub fn main() -> ExitCode {
                 args,
                 source,
             }) => mcp_call(&server_id, &tool, &args, source).await,
+            Command::Mcp(McpCommand::Status {
+                registry,
+                config,
+                node,
+                token_env,
+                json,
+            }) => {
+                let source = match (node, registry) {
+                    (Some(url), _) => status::Source::Node { url, token_env },
+                    (None, Some(registry)) => status::Source::Local { registry, config },
+                    (None, None) => return fail("--registry or --node is required"),
+                };
+                status::status(source, json).await
+            }
             Command::Registry(RegistryCommand::Validate { dir }) => validate(dir),
         }
     });

@@ -302,3 +302,41 @@ pub const APPROVAL_QUEUE_CAPACITY: usize = 256;
 
 /// Bytes of an approver's reason kept (it may come from an HTTP client); the rest is cut.
 pub const MAX_APPROVAL_REASON_BYTES: usize = 512;
+
+/// Distinct `(server_id, tool)` label pairs the tool-call metrics keep; calls of any other
+/// tool are counted under `tool="_other"` of their server. Tool names come from servers,
+/// guests and models: without a cap a server listing thousands of tools (or a guest calling
+/// made-up names through an `allowed_tools = ["*"]` record) would grow every scrape without
+/// bound. 200 pairs cover the servers a node really runs; each pair costs a few KiB of
+/// histogram buckets.
+pub const MAX_METRIC_TOOL_SERIES: usize = 200;
+
+/// Upper bounds, in seconds, of the tool-call duration histogram's buckets: from a fast
+/// local call (5 ms) to the default `tool_timeout_ms` and beyond.
+pub const METRIC_DURATION_BUCKETS: [f64; 11] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// Upper bounds, in bytes, of the tool-output histogram's buckets: 64 B to the default
+/// `max_tool_output_bytes` (1 MiB), by factors of 4.
+pub const METRIC_OUTPUT_BUCKETS: [f64; 8] = [
+    64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0,
+];
+
+/// Recent answered calls per MCP server whose latencies give its health's p50/p95.
+/// 256 × 4 bytes per server; enough for a stable p95 and recent enough to follow change.
+pub const SERVER_LATENCY_WINDOW: usize = 256;
+
+/// How long a server-side failure (a lost connection, a timeout, a JSON-RPC error) keeps a
+/// connected server's health `degraded`.
+pub const SERVER_DEGRADED_FOR: Duration = Duration::from_secs(60);
+
+/// Longest `last_error` kept in a server's health, in bytes (cut at a character boundary);
+/// errors can quote whatever a server wrote.
+pub const MAX_SERVER_ERROR_BYTES: usize = 512;
+
+/// Time `quiver mcp status --node` waits for the node's answer.
+pub const CLI_NODE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest answer `quiver mcp status --node` reads from a node.
+pub const CLI_NODE_MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;

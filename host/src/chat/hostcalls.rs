@@ -248,6 +248,7 @@ async fn send<T: ChatView>(
         session_fd: fd,
         mcp: &mcp,
         backends: &chat.backends,
+        metrics: &chat.metrics,
         deadline,
         budget: &budget,
     };
@@ -263,7 +264,11 @@ async fn send<T: ChatView>(
         deadline,
         tracing::Instrument::instrument(run::send(&snapshot, &send_ctx, &mut tools, auto), span),
     )
-    .await??;
+    .await?;
+    if let Err(HostcallError::Errno(Errno::ENOMEM)) = &outcome {
+        chat.metrics.budget_hit("host_memory");
+    }
+    let outcome = outcome?;
     drop(snapshot);
     let fds = &mut caller.data_mut().sandbox().fds;
     let response_fd = fds.insert_as(outcome.response)?;

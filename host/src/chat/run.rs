@@ -21,7 +21,9 @@ use super::{ChatResponse, ChatSession, Metrics};
 use crate::approval::AskFor;
 use crate::defaults;
 use crate::mcp::{McpError, McpErrorCode, McpTask};
-use crate::observe::{self, ArgumentsSummary, PolicyDenial, ToolKind, ToolOutcome, Via};
+use crate::observe::{
+    self, ArgumentsSummary, Metrics as HostMetrics, PolicyDenial, ToolKind, ToolOutcome, Via,
+};
 use crate::policy::Approval;
 use crate::registry::{ApprovalPolicy, ServerEntry};
 use crate::sandbox::{Charge, Deadline, HostcallError, MemoryBudget, heap};
@@ -45,6 +47,8 @@ pub(crate) struct SendContext<'a> {
     pub(crate) session_fd: i32,
     pub(crate) mcp: &'a McpTask,
     pub(crate) backends: &'a Backends,
+    /// The host's Prometheus metrics (LLM requests, tokens, budget hits).
+    pub(crate) metrics: &'a HostMetrics,
     pub(crate) deadline: Deadline,
     pub(crate) budget: &'a MemoryBudget,
 }
@@ -234,18 +238,22 @@ pub(crate) async fn send<G: GuestTools>(
             // The guest runs the tools and appends this message itself (manual loop).
             break Ok(completion);
         }
-        if metrics.iterations >= session.settings.max_iterations {
-            let max = session.settings.max_iterations;
-            break Err(SendError::limit("max_iterations", max, completion));
-        }
         let wanted = u32::try_from(calls.len()).unwrap_or(u32::MAX);
-        if wanted > defaults::MAX_TOOL_CALLS_PER_TURN {
-            let max = defaults::MAX_TOOL_CALLS_PER_TURN;
-            break Err(SendError::limit("max_tool_calls_per_turn", max, completion));
-        }
-        if total_calls.saturating_add(wanted) > session.settings.max_total_tool_calls {
-            let max = session.settings.max_total_tool_calls;
-            break Err(SendError::limit("max_total_tool_calls", max, completion));
+        let limit = if metrics.iterations >= session.settings.max_iterations {
+            Some(("max_iterations", session.settings.max_iterations))
+        } else if wanted > defaults::MAX_TOOL_CALLS_PER_TURN {
+            Some(("max_tool_calls_per_turn", defaults::MAX_TOOL_CALLS_PER_TURN))
+        } else if total_calls.saturating_add(wanted) > session.settings.max_total_tool_calls {
+            Some((
+                "max_total_tool_calls",
+                session.settings.max_total_tool_calls,
+            ))
+        } else {
+            None
+        };
+        if let Some((limit, max)) = limit {
+            ctx.metrics.budget_hit(limit);
+            break Err(SendError::limit(limit, max, completion));
         }
         total_calls += wanted;
         added.push(message_value(message))?;
@@ -354,12 +362,21 @@ async fn request(
         Ok(reply) => {
             metrics.llm_requests += 1 + reply.retries;
             metrics.llm_retries += reply.retries;
+            ctx.metrics.llm_request(backend.name(), "ok");
             if let Some(usage) = reply.body.usage() {
                 metrics.add_usage(usage);
+                let tokens = |n: Option<u64>| n.unwrap_or(0);
+                ctx.metrics.llm_tokens(
+                    backend.name(),
+                    tokens(usage.prompt_tokens),
+                    tokens(usage.completion_tokens),
+                );
             }
             Ok(reply.body)
         }
         Err(failure) => {
+            ctx.metrics
+                .llm_request(backend.name(), failure.error.code());
             metrics.llm_requests += 1 + failure.retries;
             metrics.llm_retries += failure.retries;
             metrics.llm_errors += 1;

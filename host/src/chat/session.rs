@@ -27,6 +27,8 @@ pub struct ChatTask {
     pub backends: Arc<Backends>,
     /// The host's fiber stacks for guest tool calls, shared by all its tasks.
     pub guest_tool_stacks: Arc<tokio::sync::Semaphore>,
+    /// The host's metrics, which the chat loop adds LLM use and budget hits to.
+    pub metrics: crate::observe::Metrics,
 }
 
 /// Store data through which the `cchat_*` hostcalls reach their task state and fds.

@@ -12,7 +12,7 @@ use crate::approval::{Approvals, Approver};
 use crate::chat::llm::{Backends, ConfigError, ConfigOrigin, HostConfig, Recorder};
 use crate::defaults;
 use crate::mcp::{EgressPolicy, McpPool, PoolLimits, RemoteOptions};
-use crate::observe::{Observers, ToolObserver};
+use crate::observe::{LiveStatus, Metrics, Observers, ToolObserver};
 use crate::registry::{Registry, RegistryDirError, ServerEntry, Severity};
 use crate::sandbox::{HostMemory, Runtime, RuntimeOptions, default_cache_dir};
 use crate::task::TaskError;
@@ -71,6 +71,7 @@ pub struct HostBuilder {
     prewarm: Option<Vec<String>>,
     observers: Observers,
     approvals: Approvals,
+    max_metric_tool_series: usize,
 }
 
 impl Default for HostBuilder {
@@ -97,6 +98,7 @@ impl Default for HostBuilder {
             prewarm: None,
             observers: Observers::default(),
             approvals: Approvals::default(),
+            max_metric_tool_series: defaults::MAX_METRIC_TOOL_SERIES,
         }
     }
 }
@@ -261,6 +263,13 @@ impl HostBuilder {
         self
     }
 
+    /// Distinct `(server_id, tool)` pairs the tool-call metrics keep before counting the
+    /// rest as `tool="_other"` (default [`defaults::MAX_METRIC_TOOL_SERIES`]).
+    pub fn with_max_metric_tool_series(mut self, pairs: usize) -> Self {
+        self.max_metric_tool_series = pairs;
+        self
+    }
+
     pub fn build(self) -> Result<Host, HostError> {
         let registry = match (self.registry, &self.registry_dir) {
             (Some(registry), _) => registry,
@@ -325,6 +334,8 @@ impl HostBuilder {
         let prewarm = prewarm_entries(&registry, &prewarm);
         let recorder = self.record_to.map(|path| Arc::new(Recorder::new(path)));
         let backends = Backends::from_config(&self.config, &self.config_origin, recorder)?;
+        let metrics = Metrics::new(self.max_metric_tool_series);
+        metrics.registry_loaded(registry.revision());
         let runtime = Runtime::<TaskState>::new(options, task_state::add_to_linker).map_err(|e| {
             HostError::Engine(format!(
                 "{e:#} (with {max_concurrent_tasks} task slots of up to {} bytes of linear memory each: HostBuilder::with_max_concurrent_tasks or [tasks] max_concurrent, and with_max_task_memory)",
@@ -351,10 +362,22 @@ impl HostBuilder {
                 ),
                 pool,
                 backends: Arc::new(backends),
-                observers: self.observers,
                 approvals: self.approvals,
+                // The metrics see every event first, whatever an embedder's observer does.
+                observers: self.observers.preceded_by(Arc::new(metrics.clone())),
+                metrics,
             }),
         };
+        let weak = Arc::downgrade(&host.inner);
+        host.inner.metrics.watch(Box::new(move || {
+            let host = Host {
+                inner: weak.upgrade()?,
+            };
+            Some(LiveStatus {
+                servers: host.mcp_servers(),
+                tasks: host.inner.admission.status(),
+            })
+        }));
         // Only once nothing can fail any more: a failed build starts no server.
         start_prewarm(&host.inner.pool, prewarm);
         Ok(host)

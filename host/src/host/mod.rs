@@ -23,7 +23,7 @@ use crate::chat::llm::Backends;
 use crate::chat::tools::ToolSet;
 use crate::chat::{ChatSession, ChatTask};
 use crate::mcp::{McpPool, McpTask, ServerStatus};
-use crate::observe::Observers;
+use crate::observe::{Metrics, Observers};
 use crate::policy::{self, PolicyReport, SessionRequest};
 use crate::registry::Registry;
 use crate::sandbox::{HostMemory, MemoryBudget, Runtime, Sandbox};
@@ -47,6 +47,7 @@ struct HostInner {
     backends: Arc<Backends>,
     observers: Observers,
     approvals: Approvals,
+    metrics: Metrics,
 }
 
 /// A runtime for many concurrent tasks. Clones share everything.
@@ -83,6 +84,19 @@ pub struct HostStatus {
     pub host_memory: HostMemoryStatus,
     /// Every MCP server used so far, by id.
     pub mcp_servers: Vec<ServerStatus>,
+}
+
+/// Counts a task in `quiver_tasks_total` once it ends: with its outcome, or `cancelled`
+/// when its future is dropped first.
+struct TaskCounted<'a> {
+    metrics: &'a Metrics,
+    outcome: &'static str,
+}
+
+impl Drop for TaskCounted<'_> {
+    fn drop(&mut self) {
+        self.metrics.task_finished(self.outcome);
+    }
 }
 
 /// How a task ended.
@@ -138,6 +152,7 @@ impl Host {
         };
         let fresh = Arc::new(Registry::load_dir(dir)?);
         log_problems(&fresh);
+        self.inner.metrics.registry_loaded(fresh.revision());
         *self
             .inner
             .registry
@@ -149,6 +164,20 @@ impl Host {
     /// The MCP connection pool shared by all tasks.
     pub fn pool(&self) -> &Arc<McpPool> {
         &self.inner.pool
+    }
+
+    /// The host's Prometheus metrics (see [`crate::observe`]'s `Metrics`).
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The health of every server of the current registry, in id order; a server never
+    /// used is `idle` with nothing counted.
+    pub fn mcp_servers(&self) -> Vec<ServerStatus> {
+        self.registry()
+            .servers()
+            .map(|entry| self.inner.pool.server_status(entry.server_id()))
+            .collect()
     }
 
     /// Task capacity and use, and the state of every MCP server.
@@ -207,6 +236,29 @@ impl Host {
         module: &GuestModule,
         task: &TaskSpec,
     ) -> Result<TaskOutcome, HostError> {
+        let mut counted = TaskCounted {
+            metrics: &self.inner.metrics,
+            outcome: "cancelled",
+        };
+        let result = self.run_task_counted(module, task).await;
+        counted.outcome = match &result {
+            Ok(outcome) => match outcome.failure {
+                None if outcome.exit_code == 0 => "ok",
+                None => "exit_nonzero",
+                Some(TaskFailure::Trap(_)) => "trapped",
+                Some(TaskFailure::Deadline(_)) => "deadline",
+            },
+            Err(HostError::Busy { .. }) => "busy",
+            Err(_) => "setup_failed",
+        };
+        result
+    }
+
+    async fn run_task_counted(
+        &self,
+        module: &GuestModule,
+        task: &TaskSpec,
+    ) -> Result<TaskOutcome, HostError> {
         let setup_error = |message: String| HostError::TaskSetup {
             task_id: task.task_id.clone(),
             message,
@@ -244,6 +296,7 @@ impl Host {
             chat: Arc::new(ChatTask {
                 backends: self.inner.backends.clone(),
                 guest_tool_stacks: self.inner.guest_tool_stacks.clone(),
+                metrics: self.inner.metrics.clone(),
             }),
         };
         let span = tracing::info_span!("task", task_id = %task.task_id);

@@ -24,7 +24,9 @@ pub use egress::{
 pub use error::{McpError, McpErrorCode};
 pub use hostcalls::add_to_linker;
 pub use http::ensure_tls_provider;
-pub use pool::{McpHostConfig, McpPool, PoolLimits, PoolUsage, RemoteOptions, ServerStatus};
+pub use pool::{
+    McpHostConfig, McpPool, PoolLimits, PoolUsage, RemoteOptions, ServerState, ServerStatus,
+};
 pub use session::{McpSession, McpTask, McpView};
 
 /// A tool as a server lists it (rmcp's model type: `name`, `description`, `inputSchema`, ...).

@@ -24,6 +24,7 @@
 //! How a connection is made (spawning a process, reaching a URL, the handshake) is
 //! [`super::connect`]'s job; the pool only decides when, and what to do when it fails.
 
+mod health;
 mod limits;
 mod reaper;
 
@@ -44,16 +45,36 @@ use super::error::{McpError, McpErrorCode, from_host_error};
 use super::{CallToolResult, Tool};
 use crate::defaults;
 use crate::registry::{Launch, ServerEntry};
+use health::Health;
+pub use health::ServerState;
 pub use limits::{McpHostConfig, PoolLimits};
 
-/// Connection state of one server, for diagnostics. New fields may be added.
+/// Connection state and health of one server, for diagnostics and `quiver mcp status`.
+/// Counters cover the host's whole life, across restarts and registry changes. New fields
+/// may be added.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ServerStatus {
     pub server_id: String,
+    pub state: ServerState,
     /// The live server process, if connected over stdio.
     pub pid: Option<u32>,
-    /// Connections made so far (1 + restarts).
+    /// Connections made so far.
     pub connections: u64,
+    /// Connections made after the previous one was lost (the process died, the transport
+    /// broke); idle stops and evictions are not counted.
+    pub reconnects: u64,
+    /// The last server-side failure (connect, transport, timeout, JSON-RPC error), with the
+    /// server's secrets redacted and cut to [`defaults::MAX_SERVER_ERROR_BYTES`]. A tool's
+    /// own error result (`isError`) is an answer, not a failure.
+    pub last_error: Option<String>,
+    /// When the server last connected or answered (unix seconds).
+    pub last_success: Option<u64>,
+    /// Tools in its last `tools/list` (before any filter); `None` until listed.
+    pub tool_count: Option<u64>,
+    /// Latency percentiles of its last [`defaults::SERVER_LATENCY_WINDOW`] answered
+    /// `tools/call`s (time on the wire, not waiting for permits); `None` before any.
+    pub latency_p50_ms: Option<u64>,
+    pub latency_p95_ms: Option<u64>,
     /// Calls (`tools/call`, `tools/list`) using the server now, those still waiting for a
     /// connection or a permit included.
     pub calls_in_flight: u32,
@@ -91,6 +112,8 @@ struct ServerSlot {
     permits: Semaphore,
     tools: Mutex<Option<CachedTools>>,
     connections: AtomicU64,
+    /// Shared with every slot this server had and will have.
+    health: Arc<Health>,
     /// After failed connection attempts: when the next may start, and why the last failed.
     backoff: Mutex<Option<Backoff>>,
     activity: Mutex<Activity>,
@@ -155,27 +178,48 @@ impl ServerSlot {
         if activity.in_flight > 0 || !idle_enough {
             return None;
         }
+        self.health.stopped();
         conn.take()
     }
 
-    /// What `status()` shows of this slot.
+    /// What `status()` shows of this slot. The connection is looked at only if no connect
+    /// holds it; otherwise the health's own record stands.
     fn status(&self) -> ServerStatus {
+        let seen = self
+            .conn
+            .try_lock()
+            .ok()
+            .map(|c| c.as_ref().filter(|c| c.is_alive()).map(|c| c.pid()));
+        let alive = seen.map(|live| live.is_some());
+        let mut status = status_of(self.entry.server_id(), &self.health, alive);
+        status.pid = seen.flatten().flatten();
         let activity = self.activity();
-        ServerStatus {
-            server_id: self.entry.server_id().to_owned(),
-            pid: self
-                .conn
-                .try_lock()
-                .ok()
-                .and_then(|c| c.as_ref().filter(|c| c.is_alive()).and_then(|c| c.pid())),
-            connections: self.connections.load(Ordering::SeqCst),
-            calls_in_flight: activity.in_flight,
-            idle_ms: if activity.in_flight > 0 {
-                0
-            } else {
-                u64::try_from(activity.last_used.elapsed().as_millis()).unwrap_or(u64::MAX)
-            },
-        }
+        status.calls_in_flight = activity.in_flight;
+        status.idle_ms = if activity.in_flight > 0 {
+            0
+        } else {
+            u64::try_from(activity.last_used.elapsed().as_millis()).unwrap_or(u64::MAX)
+        };
+        status
+    }
+}
+
+/// The status of a server from its health alone (no slot: no pid, nothing in flight).
+fn status_of(server_id: &str, health: &Health, alive: Option<bool>) -> ServerStatus {
+    let health = health.snapshot(alive);
+    ServerStatus {
+        server_id: server_id.to_owned(),
+        state: health.state,
+        pid: None,
+        connections: health.connects,
+        reconnects: health.reconnects,
+        last_error: health.last_error,
+        last_success: health.last_success,
+        tool_count: health.tool_count,
+        latency_p50_ms: health.latency_p50_ms,
+        latency_p95_ms: health.latency_p95_ms,
+        calls_in_flight: 0,
+        idle_ms: 0,
     }
 }
 
@@ -201,6 +245,8 @@ struct Shared {
     slots: Mutex<HashMap<String, Arc<ServerSlot>>>,
     /// Slots replaced by a changed record whose server may still run.
     retired: Mutex<Vec<Arc<ServerSlot>>>,
+    /// Each server's health, by id, kept across slots (bounded by the registry's ids).
+    health: Mutex<HashMap<String, Arc<Health>>>,
     limits: PoolLimits,
     /// The host-wide call permits.
     calls: Semaphore,
@@ -223,6 +269,10 @@ impl Shared {
 
     fn retired(&self) -> MutexGuard<'_, Vec<Arc<ServerSlot>>> {
         self.retired.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn health(&self) -> MutexGuard<'_, HashMap<String, Arc<Health>>> {
+        self.health.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -279,6 +329,7 @@ impl McpPool {
         Shared {
             slots: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
+            health: Mutex::new(HashMap::new()),
             calls: Semaphore::new(limits.max_concurrent_calls),
             processes: Arc::new(Semaphore::new(limits.max_server_processes)),
             limits,
@@ -310,6 +361,12 @@ impl McpPool {
             permits: Semaphore::new(entry.record.budgets.max_concurrency as usize),
             tools: Mutex::new(None),
             connections: AtomicU64::new(0),
+            health: self
+                .shared
+                .health()
+                .entry(entry.server_id().to_owned())
+                .or_default()
+                .clone(),
             backoff: Mutex::new(None),
             activity: Mutex::new(Activity {
                 in_flight: 0,
@@ -338,6 +395,7 @@ impl McpPool {
                 server_id = slot.entry.server_id(),
                 "server connection lost; reconnecting"
             );
+            slot.health.lost();
             self.retire(slot, dead);
         }
         if let Some(backoff) = slot
@@ -383,6 +441,7 @@ impl McpPool {
         match opened {
             Ok(fresh) => {
                 *slot.backoff.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                slot.health.connected();
                 if stdio {
                     self.start_reaper();
                 }
@@ -396,6 +455,8 @@ impl McpPool {
                 let delay = (defaults::RECONNECT_BACKOFF_BASE * 2u32.saturating_pow(failures - 1))
                     .min(defaults::RECONNECT_BACKOFF_MAX);
                 tracing::warn!(server_id = slot.entry.server_id(), failures, retry_in_ms = delay.as_millis() as u64, %error, "cannot connect to MCP server");
+                slot.health
+                    .connect_failed(&slot.entry.secrets().redact(&error.message));
                 *backoff = Some(Backoff {
                     failures,
                     next_attempt: Instant::now() + delay,
@@ -489,6 +550,7 @@ impl McpPool {
         if current.as_ref().is_some_and(|c| c.serial == conn.serial)
             && let Some(gone) = current.take()
         {
+            slot.health.lost();
             self.retire(slot, gone);
         }
     }
@@ -528,18 +590,30 @@ impl McpPool {
             waited_for_host.store(false, Ordering::SeqCst);
             list_all_pages(&conn, server_id, cap).await
         };
-        let listed = tokio::time::timeout(timeout, listing)
-            .await
-            .map_err(|_| self.call_timed_out(server_id, "tools/list", timeout, &waited_for_host))?;
+        let listed = match tokio::time::timeout(timeout, listing).await {
+            Ok(listed) => listed,
+            Err(_) => {
+                let error = self.call_timed_out(server_id, "tools/list", timeout, &waited_for_host);
+                if !waited_for_host.load(Ordering::SeqCst) {
+                    slot.health.failed(&error.message);
+                }
+                return Err(error);
+            }
+        };
+        let listed = listed.map_err(|error| error.redacted(secrets));
         let tools: Arc<[Tool]> = match listed {
             Ok(tools) => tools.into(),
             Err(error) => {
                 if error.code == McpErrorCode::Unavailable {
                     self.discard(&slot, &conn).await;
                 }
-                return Err(error.redacted(secrets));
+                if server_failure(error.code) {
+                    slot.health.failed(&error.message);
+                }
+                return Err(error);
             }
         };
+        slot.health.listed(tools.len());
         *slot.tools.lock().unwrap_or_else(|e| e.into_inner()) = Some(CachedTools {
             fetched: Instant::now(),
             conn_serial: conn.serial,
@@ -574,22 +648,33 @@ impl McpPool {
             waited_for_host.store(true, Ordering::SeqCst);
             let _host_permit = self.call_permit().await?;
             waited_for_host.store(false, Ordering::SeqCst);
-            conn.service
+            let sent = Instant::now();
+            let result = conn
+                .service
                 .call_tool(params)
                 .await
-                .map_err(|e| service_failed(server_id, name, e))
+                .map_err(|e| service_failed(server_id, name, e))?;
+            Ok((result, sent.elapsed()))
         };
         let outcome = match tokio::time::timeout(timeout, call).await {
             Ok(outcome) => outcome,
             Err(_) => Err(self.call_timed_out(server_id, name, timeout, &waited_for_host)),
         };
         let result = match outcome {
-            Ok(result) => result,
+            Ok((result, latency)) => {
+                // An `isError` result is an answer too: the server is fine.
+                slot.health.answered(latency);
+                result
+            }
             Err(error) => {
+                let error = error.redacted(entry.secrets());
                 if error.code == McpErrorCode::Unavailable {
                     self.discard(&slot, &conn).await;
                 }
-                return Err(error.redacted(entry.secrets()));
+                if server_failure(error.code) && !waited_for_host.load(Ordering::SeqCst) {
+                    slot.health.failed(&error.message);
+                }
+                return Err(error);
             }
         };
         // The transport capped the answer as it was read; the guest gets it re-encoded,
@@ -651,6 +736,17 @@ impl McpPool {
         futures::future::join_all(warming).await;
     }
 
+    /// The status of `server_id`: that of its slot if it has one, else what its health
+    /// remembers, else an `idle` server with nothing counted (never used).
+    pub fn server_status(&self, server_id: &str) -> ServerStatus {
+        let slot = self.shared.slots().get(server_id).cloned();
+        if let Some(slot) = slot {
+            return slot.status();
+        }
+        let health = self.shared.health().get(server_id).cloned();
+        status_of(server_id, &health.unwrap_or_default(), None)
+    }
+
     /// Connection state of every server used so far.
     pub fn status(&self) -> Vec<ServerStatus> {
         let mut out: Vec<ServerStatus> = self
@@ -691,6 +787,7 @@ impl McpPool {
             let Some(conn) = slot.conn.lock().await.take() else {
                 return;
             };
+            slot.health.stopped();
             conn.close(slot.entry.server_id(), defaults::SHUTDOWN_GRACE)
                 .await;
         });
@@ -747,6 +844,15 @@ async fn list_all_pages(
         "tools/list kept paging; using what was read"
     );
     Ok(tools)
+}
+
+/// Whether an error of `code` is the server's (or its transport's) failure, as health
+/// counts it; bad arguments, a policy refusal or a result over the host's cap are not.
+fn server_failure(code: McpErrorCode) -> bool {
+    matches!(
+        code,
+        McpErrorCode::Unavailable | McpErrorCode::Timeout | McpErrorCode::ToolExecFailed
+    )
 }
 
 fn timed_out(server_id: &str, what: &str, timeout: Duration) -> McpError {

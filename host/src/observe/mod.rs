@@ -8,14 +8,18 @@
 //! `cancelled` if it is dropped unfinished (a deadline, a trap, a dropped task).
 
 mod event;
+mod metrics;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
+pub(crate) use event::cut;
 pub use event::{
     ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
 };
+pub(crate) use metrics::LiveStatus;
+pub use metrics::{Metrics, OTHER_TOOL};
 
 /// Called around every tool call and on every policy denial. Every method has an empty
 /// default, so an observer implements only what it needs.
@@ -41,6 +45,14 @@ impl fmt::Debug for Observers {
 impl Observers {
     pub fn new(observers: Vec<Arc<dyn ToolObserver>>) -> Self {
         Self(observers.into())
+    }
+
+    /// `observer` and then these observers.
+    #[must_use]
+    pub fn preceded_by(&self, observer: Arc<dyn ToolObserver>) -> Self {
+        let mut all = vec![observer];
+        all.extend(self.0.iter().cloned());
+        Self::new(all)
     }
 
     /// These observers and then `observer`.

@@ -1,0 +1,406 @@
+//! Prometheus metrics of a host, kept with the `prometheus-client` crate.
+//!
+//! Every [`Host`](crate::Host) owns one [`Metrics`], its first tool observer, so tool calls
+//! and policy denials are counted from the same events the audit log and an embedder's
+//! observers see. The host adds what no tool event carries: tasks ending, LLM requests and
+//! tokens, chat budget hits, registry loads. Server and task gauges are read when scraped
+//! (from the pool's health and admission control), so they can never drift.
+//!
+//! Every label set is bounded: server ids and backends come from the registry and the host
+//! config, outcomes and reasons are fixed lists, and tool names, which servers, guests and
+//! models choose, are capped at [`MAX_METRIC_TOOL_SERIES`](crate::defaults::MAX_METRIC_TOOL_SERIES)
+//! distinct `(server_id, tool)` pairs; calls of any other tool count under `tool="_other"`.
+//! Guest tools (functions a guest registered with its chat session) count with
+//! `server_id=""`.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use super::{PolicyDenial, ToolCall, ToolCallEnd, ToolObserver, cut};
+use crate::defaults;
+use crate::host::TaskStatus;
+use crate::mcp::{ServerState, ServerStatus};
+
+/// The tool label of calls past the series cap.
+pub const OTHER_TOOL: &str = "_other";
+
+type Labels<const N: usize> = [(&'static str, String); N];
+type Histograms = Family<Labels<2>, Histogram, fn() -> Histogram>;
+/// A per-server counter read at scrape time: name, help, value.
+type ServerCounter = (&'static str, &'static str, fn(&ServerStatus) -> u64);
+
+/// A host's metrics. Cheap to clone; clones share everything.
+///
+/// Serve [`encode`](Self::encode) with [`CONTENT_TYPE`](Self::CONTENT_TYPE), or hand
+/// [`registry`](Self::registry) to your own exporter, e.g.
+/// `prometheus_client::encoding::text::encode(&mut text, host.metrics().registry())`.
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    registry: Registry,
+    tool_calls: Family<Labels<3>, Counter>,
+    tool_duration: Histograms,
+    tool_output: Histograms,
+    tasks: Family<Labels<1>, Counter>,
+    llm_requests: Family<Labels<2>, Counter>,
+    llm_tokens: Family<Labels<2>, Counter>,
+    budget_hits: Family<Labels<1>, Counter>,
+    policy_denials: Family<Labels<1>, Counter>,
+    /// The `(server_id, tool)` pairs given their own series so far.
+    series: Mutex<HashSet<(String, String)>>,
+    max_series: usize,
+    live: Arc<Live>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+/// What the host reports at scrape time.
+pub(crate) struct LiveStatus {
+    pub(crate) servers: Vec<ServerStatus>,
+    pub(crate) tasks: TaskStatus,
+}
+
+type LiveSource = dyn Fn() -> Option<LiveStatus> + Send + Sync;
+
+/// The scrape-time part: a source set once the host exists, and the registry's load count.
+#[derive(Default)]
+struct Live {
+    source: OnceLock<Box<LiveSource>>,
+    /// Loads so far and the revision of the last.
+    registry: Mutex<(u64, String)>,
+}
+
+impl fmt::Debug for Live {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("quiver host status")
+    }
+}
+
+impl Metrics {
+    /// The content type of [`encode`](Self::encode)'s text (OpenMetrics 1.0).
+    pub const CONTENT_TYPE: &'static str =
+        "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+    /// Metrics keeping at most `max_tool_series` `(server_id, tool)` pairs.
+    pub(crate) fn new(max_tool_series: usize) -> Self {
+        let mut registry = Registry::default();
+        let tool_calls = Family::default();
+        registry.register(
+            "quiver_mcp_tool_calls",
+            "Tool calls by server (\"\" for guest tools), tool and outcome (ok, tool_error, error, timeout, cancelled)",
+            tool_calls.clone(),
+        );
+        let tool_duration: Histograms =
+            Family::new_with_constructor(|| Histogram::new(defaults::METRIC_DURATION_BUCKETS));
+        registry.register_with_unit(
+            "quiver_mcp_tool_call_duration",
+            "Time from sending a tool call to its end, whatever the outcome",
+            Unit::Seconds,
+            tool_duration.clone(),
+        );
+        // A histogram rather than a counter: its _sum is the byte counter, and its buckets
+        // also show which tools return large results (the budget to tune).
+        let tool_output: Histograms =
+            Family::new_with_constructor(|| Histogram::new(defaults::METRIC_OUTPUT_BUCKETS));
+        registry.register_with_unit(
+            "quiver_mcp_tool_output",
+            "Bytes of each tool result as the guest or model receives it (before truncation)",
+            Unit::Bytes,
+            tool_output.clone(),
+        );
+        let tasks = Family::default();
+        registry.register(
+            "quiver_tasks",
+            "Tasks ended, by outcome (ok, exit_nonzero, trapped, deadline, cancelled, busy, setup_failed)",
+            tasks.clone(),
+        );
+        let llm_requests = Family::default();
+        registry.register(
+            "quiver_llm_requests",
+            "LLM exchanges by backend and outcome (ok or the error code); retries inside one exchange are not counted apart",
+            llm_requests.clone(),
+        );
+        let llm_tokens = Family::default();
+        registry.register(
+            "quiver_llm_tokens",
+            "Tokens the LLM backends reported, by kind (prompt, completion)",
+            llm_tokens.clone(),
+        );
+        let budget_hits = Family::default();
+        registry.register(
+            "quiver_chat_budget_hits",
+            "Chat sends ended by a budget (max_iterations, max_total_tool_calls, max_tool_calls_per_turn, host_memory)",
+            budget_hits.clone(),
+        );
+        let policy_denials = Family::default();
+        registry.register(
+            "quiver_policy_denials",
+            "Servers or tools policy refused to a task, by reason",
+            policy_denials.clone(),
+        );
+        let live = Arc::new(Live::default());
+        registry.register_collector(Box::new(live.clone()));
+        Self {
+            inner: Arc::new(Inner {
+                registry,
+                tool_calls,
+                tool_duration,
+                tool_output,
+                tasks,
+                llm_requests,
+                llm_tokens,
+                budget_hits,
+                policy_denials,
+                series: Mutex::new(HashSet::new()),
+                max_series: max_tool_series,
+                live,
+            }),
+        }
+    }
+
+    /// Every metric as OpenMetrics text (ends with `# EOF`).
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        // Writing to a String cannot fail; a collector error would end the text early.
+        if let Err(error) = prometheus_client::encoding::text::encode(&mut text, self.registry()) {
+            tracing::error!(%error, "cannot encode the metrics");
+        }
+        text
+    }
+
+    /// The underlying registry, to encode or forward with `prometheus-client`.
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// Where server and task gauges come from at scrape time; set once, by the host.
+    pub(crate) fn watch(&self, source: Box<LiveSource>) {
+        let _ = self.inner.live.source.set(source);
+    }
+
+    /// A registry snapshot was loaded (at build time and on every reload).
+    pub(crate) fn registry_loaded(&self, revision: &str) {
+        let mut registry = self
+            .inner
+            .live
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        registry.0 = registry.0.saturating_add(1);
+        revision.clone_into(&mut registry.1);
+    }
+
+    /// A task ended (or was refused) with `outcome`, one of a fixed set.
+    pub(crate) fn task_finished(&self, outcome: &'static str) {
+        self.inner
+            .tasks
+            .get_or_create(&[("outcome", outcome.into())])
+            .inc();
+    }
+
+    /// One LLM exchange with `backend` ended with `outcome` (`ok` or an error code).
+    pub(crate) fn llm_request(&self, backend: &str, outcome: &'static str) {
+        let labels = [("backend", backend.to_owned()), ("outcome", outcome.into())];
+        self.inner.llm_requests.get_or_create(&labels).inc();
+    }
+
+    /// Tokens `backend` reported using.
+    pub(crate) fn llm_tokens(&self, backend: &str, prompt: u64, completion: u64) {
+        for (kind, n) in [("prompt", prompt), ("completion", completion)] {
+            let labels = [("backend", backend.to_owned()), ("kind", kind.into())];
+            self.inner.llm_tokens.get_or_create(&labels).inc_by(n);
+        }
+    }
+
+    /// A chat send stopped at `budget`.
+    pub(crate) fn budget_hit(&self, budget: &'static str) {
+        let labels = [("budget", budget.into())];
+        self.inner.budget_hits.get_or_create(&labels).inc();
+    }
+
+    /// The tool label for `tool` of `server_id`: itself while the series cap has room or it
+    /// already has a series, else [`OTHER_TOOL`].
+    fn tool_label(&self, server_id: &str, tool: &str) -> String {
+        let tool = cut(tool, defaults::MAX_TOOL_NAME_BYTES);
+        let mut series = self.inner.series.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (server_id.to_owned(), tool.to_owned());
+        if series.contains(&key) {
+            return key.1;
+        }
+        if series.len() < self.inner.max_series {
+            series.insert(key.clone());
+            return key.1;
+        }
+        OTHER_TOOL.to_owned()
+    }
+}
+
+impl ToolObserver for Metrics {
+    fn after_tool_call(&self, call: &ToolCall, end: &ToolCallEnd) {
+        let server_id = call.server_id().unwrap_or("");
+        let tool = self.tool_label(server_id, &call.tool);
+        let series = [("server_id", server_id.to_owned()), ("tool", tool)];
+        let [server, tool] = series.clone();
+        let counted = [server, tool, ("outcome", end.outcome.label().to_owned())];
+        self.inner.tool_calls.get_or_create(&counted).inc();
+        self.inner
+            .tool_duration
+            .get_or_create(&series)
+            .observe(end.duration.as_secs_f64());
+        self.inner
+            .tool_output
+            .get_or_create(&series)
+            .observe(end.output_bytes as f64);
+    }
+
+    fn policy_denied(&self, denial: &PolicyDenial) {
+        let reason = serde_json::to_value(denial.reason)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        self.inner
+            .policy_denials
+            .get_or_create(&[("reason", reason)])
+            .inc();
+    }
+}
+
+impl Collector for Live {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let (generation, revision) = self
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let mut gauge = encoder.encode_descriptor(
+            "quiver_registry_revision",
+            "Registry loads so far (changes on every reload); the label is the loaded revision",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(generation).encode(gauge.encode_family(&[("revision", revision)])?)?;
+        let Some(live) = self.source.get().and_then(|source| source()) else {
+            return Ok(());
+        };
+        for (name, help, value) in [
+            (
+                "quiver_tasks_running",
+                "Tasks holding a running slot",
+                live.tasks.running,
+            ),
+            (
+                "quiver_tasks_queued",
+                "Tasks waiting for a running slot",
+                live.tasks.queued,
+            ),
+        ] {
+            let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(i64::from(value)).encode(metric)?;
+        }
+        let mut up = encoder.encode_descriptor(
+            "quiver_mcp_server_up",
+            "1 while the server is connected (state connected or degraded), else 0",
+            None,
+            MetricType::Gauge,
+        )?;
+        for server in &live.servers {
+            let connected = matches!(server.state, ServerState::Connected | ServerState::Degraded);
+            let labels = [("server_id", server.server_id.as_str())];
+            ConstGauge::new(i64::from(connected)).encode(up.encode_family(&labels)?)?;
+        }
+        let counters: [ServerCounter; 2] = [
+            (
+                "quiver_mcp_server_connects",
+                "Connections made to the server",
+                |s| s.connections,
+            ),
+            (
+                "quiver_mcp_server_restarts",
+                "Connections made after the previous one was lost (crash, broken transport)",
+                |s| s.reconnects,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+            for server in &live.servers {
+                let labels = [("server_id", server.server_id.as_str())];
+                ConstCounter::new(value(server)).encode(metric.encode_family(&labels)?)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, SystemTime};
+
+    use super::*;
+    use crate::observe::{ArgumentsSummary, ToolKind, ToolOutcome, Via};
+
+    fn call(server_id: Option<&str>, tool: &str) -> ToolCall {
+        ToolCall {
+            task_id: "t".into(),
+            session_fd: 3,
+            via: Via::McpCall,
+            kind: server_id.map_or(ToolKind::Guest, |s| ToolKind::Mcp {
+                server_id: s.into(),
+            }),
+            tool: tool.into(),
+            arguments: ArgumentsSummary::default(),
+            started_at: SystemTime::now(),
+        }
+    }
+
+    fn end(outcome: ToolOutcome) -> ToolCallEnd {
+        ToolCallEnd {
+            outcome,
+            duration: Duration::from_millis(30),
+            output_bytes: 100,
+        }
+    }
+
+    /// Past the cap every new tool of a server counts as `_other`; tools already given a
+    /// series keep it, and guest tools count with an empty server id.
+    #[test]
+    fn tool_series_are_capped_and_named_as_documented() {
+        let metrics = Metrics::new(2);
+        for tool in ["a", "b", "c", "d", "a"] {
+            metrics.after_tool_call(&call(Some("s"), tool), &end(ToolOutcome::Ok));
+        }
+        metrics.after_tool_call(&call(None, "w"), &end(ToolOutcome::ToolError));
+        metrics.registry_loaded("abc");
+        metrics.registry_loaded("def");
+        let text = metrics.encode();
+        for line in [
+            r#"quiver_mcp_tool_calls_total{server_id="s",tool="a",outcome="ok"} 2"#,
+            r#"quiver_mcp_tool_calls_total{server_id="s",tool="b",outcome="ok"} 1"#,
+            r#"quiver_mcp_tool_calls_total{server_id="s",tool="_other",outcome="ok"} 2"#,
+            r#"quiver_mcp_tool_calls_total{server_id="",tool="_other",outcome="tool_error"} 1"#,
+            r#"quiver_mcp_tool_call_duration_seconds_bucket{le="0.05",server_id="s",tool="a"} 2"#,
+            r#"quiver_mcp_tool_output_bytes_sum{server_id="s",tool="b"} 100.0"#,
+            r#"quiver_registry_revision{revision="def"} 2"#,
+        ] {
+            assert!(text.contains(line), "no {line} in\n{text}");
+        }
+        assert!(!text.contains(r#"tool="c""#), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+    }
+}
