@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use super::admission::{Admission, BusyReason};
 use super::task_state::{self, TaskState};
-use super::{Host, HostInner};
+use super::{Host, HostInner, ReloadState};
 use crate::chat::llm::{Backends, ConfigError, ConfigOrigin, HostConfig, Recorder};
 use crate::defaults;
 use crate::mcp::{EgressPolicy, McpPool, PoolLimits, RemoteOptions};
-use crate::observe::{Observers, ToolObserver};
+use crate::observe::{AuditLog, Observers, ToolObserver};
 use crate::registry::{Registry, RegistryDirError, ServerEntry, Severity};
 use crate::sandbox::{HostMemory, Runtime, RuntimeOptions, default_cache_dir};
 use crate::task::TaskError;
@@ -31,6 +31,18 @@ pub enum HostError {
     Module { path: String, message: String },
     #[error("task `{task_id}`: {message}")]
     TaskSetup { task_id: String, message: String },
+    /// A registry reload found errors; the snapshot of `kept_revision` stays in force.
+    #[error(
+        "registry reload refused, revision {kept_revision} stays in force: {reason} (fix the file and reload again)"
+    )]
+    RegistryRejected {
+        kept_revision: String,
+        reason: String,
+    },
+    #[error("cannot watch the registry {dir}: {message}")]
+    RegistryWatch { dir: String, message: String },
+    #[error("cannot open the audit log {path}: {message} (pass a writable file to --audit-log)")]
+    AuditLog { path: String, message: String },
     /// The task was not started: every running slot was taken and the queue was full, or
     /// its wait for a slot ran out. Nothing of the task ran; retrying later is safe.
     #[error(
@@ -69,6 +81,7 @@ pub struct HostBuilder {
     server_idle_timeout: Option<Duration>,
     prewarm: Option<Vec<String>>,
     observers: Observers,
+    audit_log: Option<PathBuf>,
 }
 
 impl Default for HostBuilder {
@@ -94,6 +107,7 @@ impl Default for HostBuilder {
             server_idle_timeout: None,
             prewarm: None,
             observers: Observers::default(),
+            audit_log: None,
         }
     }
 }
@@ -250,6 +264,14 @@ impl HostBuilder {
         self
     }
 
+    /// Writes one JSON line per tool call and per policy denial to `path` (see
+    /// [`crate::observe::AuditLog`]): opened for appending at build, created with mode
+    /// 0600. Added after the other observers.
+    pub fn with_audit_log(mut self, path: impl Into<PathBuf>) -> Self {
+        self.audit_log = Some(path.into());
+        self
+    }
+
     pub fn build(self) -> Result<Host, HostError> {
         let registry = match (self.registry, &self.registry_dir) {
             (Some(registry), _) => registry,
@@ -320,10 +342,27 @@ impl HostBuilder {
                 self.max_task_memory
             ))
         })?;
+        let audit = self
+            .audit_log
+            .as_deref()
+            .map(|path| {
+                AuditLog::open(path)
+                    .map(Arc::new)
+                    .map_err(|e| HostError::AuditLog {
+                        path: path.display().to_string(),
+                        message: e.to_string(),
+                    })
+            })
+            .transpose()?;
+        let observers = match &audit {
+            Some(audit) => self.observers.with(audit.clone()),
+            None => self.observers,
+        };
         let host = Host {
             inner: Arc::new(HostInner {
                 runtime,
                 admission,
+                reload: ReloadState::new(&registry),
                 registry: RwLock::new(Arc::new(registry)),
                 registry_dir: self.registry_dir,
                 task_host_memory: self
@@ -340,7 +379,8 @@ impl HostBuilder {
                 ),
                 pool,
                 backends: Arc::new(backends),
-                observers: self.observers,
+                observers,
+                audit,
             }),
         };
         // Only once nothing can fail any more: a failed build starts no server.
@@ -380,7 +420,7 @@ fn start_prewarm(pool: &Arc<McpPool>, entries: Vec<Arc<ServerEntry>>) {
     }
 }
 
-pub(super) fn log_problems(registry: &Registry) {
+fn log_problems(registry: &Registry) {
     for problem in registry.problems() {
         match problem.severity {
             Severity::Error => tracing::error!("registry: {problem}"),

@@ -43,7 +43,7 @@ use super::egress::EgressPolicy;
 use super::error::{McpError, McpErrorCode, from_host_error};
 use super::{CallToolResult, Tool};
 use crate::defaults;
-use crate::registry::{Launch, ServerEntry};
+use crate::registry::{Launch, Registry, ServerEntry};
 pub use limits::{McpHostConfig, PoolLimits};
 
 /// Connection state of one server, for diagnostics. New fields may be added.
@@ -294,14 +294,20 @@ impl McpPool {
         &self.shared.limits
     }
 
-    /// The slot for `entry`; a changed record or launch config replaces the old slot, whose
-    /// server is stopped once its last in-flight call is done.
+    /// The slot for `entry`; a changed launch config replaces the old slot, whose server is
+    /// stopped once its last in-flight call is done. A task still on an older registry
+    /// snapshot keeps using its replaced slot while that runs, rather than replacing the
+    /// current one back.
     fn slot(&self, entry: &Arc<ServerEntry>) -> Arc<ServerSlot> {
         let mut slots = self.shared.slots();
         if let Some(slot) = slots.get(entry.server_id())
-            && (Arc::ptr_eq(&slot.entry, entry)
-                || (slot.entry.record == entry.record && slot.entry.launch == entry.launch))
+            && (Arc::ptr_eq(&slot.entry, entry) || slot.entry.connects_like(entry))
         {
+            return slot.clone();
+        }
+        if let Some(slot) = self.shared.retired().iter().find(|slot| {
+            slot.entry.server_id() == entry.server_id() && slot.entry.connects_like(entry)
+        }) {
             return slot.clone();
         }
         let slot = Arc::new(ServerSlot {
@@ -324,6 +330,42 @@ impl McpPool {
             self.shared.reaper_wake.notify_one();
         }
         slot
+    }
+
+    /// Follows a new registry snapshot: the servers `registry` no longer has, or now
+    /// launches differently, are retired (each stopped once no call uses it); the others
+    /// keep their connection. Returns the ids retired.
+    pub fn apply_registry(&self, registry: &Registry) -> Vec<String> {
+        let mut slots = self.shared.slots();
+        let stale: Vec<String> = slots
+            .iter()
+            .filter(|(id, slot)| {
+                registry
+                    .get(id)
+                    .is_none_or(|entry| !slot.entry.connects_like(entry))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut retired = self.shared.retired();
+        for id in &stale {
+            if let Some(old) = slots.remove(id) {
+                old.retired.store(true, Ordering::SeqCst);
+                // Only a server process needs stopping; a remote connection closes with
+                // its last user.
+                let idle_remote = old
+                    .conn
+                    .try_lock()
+                    .is_ok_and(|conn| !conn.as_ref().is_some_and(|c| c.is_stdio()));
+                if !idle_remote {
+                    retired.push(old);
+                }
+            }
+        }
+        drop((slots, retired));
+        if !stale.is_empty() {
+            self.shared.reaper_wake.notify_one();
+        }
+        stale
     }
 
     /// The live connection of `slot`, connecting (or reconnecting) if needed.

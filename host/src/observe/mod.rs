@@ -7,12 +7,14 @@
 //! reported as finished exactly once, whatever ends it: [`ObservedCall`] reports
 //! `cancelled` if it is dropped unfinished (a deadline, a trap, a dropped task).
 
+mod audit;
 mod event;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
+pub use audit::AuditLog;
 pub use event::{
     ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
 };

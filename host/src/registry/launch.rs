@@ -228,6 +228,7 @@ mod tests {
             },
             tags: vec![],
             lifecycle: Default::default(),
+            audit_arguments: false,
         }
     }
 
