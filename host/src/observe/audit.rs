@@ -80,13 +80,16 @@ struct DroppedLine {
 impl AuditLog {
     /// Opens `path` for appending (created with mode 0600) and starts its writer thread.
     pub fn open(path: impl AsRef<Path>) -> std::io::Result<Self> {
-        let path = path.as_ref();
+        Self::open_bounded(path.as_ref(), defaults::AUDIT_QUEUE_CAPACITY)
+    }
+
+    fn open_bounded(path: &Path, capacity: usize) -> std::io::Result<Self> {
         let file = OpenOptions::new()
             .append(true)
             .create(true)
             .mode(0o600)
             .open(path)?;
-        let (queue, lines) = sync_channel(defaults::AUDIT_QUEUE_CAPACITY);
+        let (queue, lines) = sync_channel(capacity);
         let pending_drops = Arc::new(AtomicU64::new(0));
         let writer = Writer {
             out: BufWriter::new(file),
@@ -272,5 +275,93 @@ impl Writer {
             }
             Err(_) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::observe::{ArgumentsSummary, ToolKind, ToolOutcome, Via};
+
+    fn call(i: usize) -> ToolCall {
+        ToolCall {
+            task_id: "flood".into(),
+            session_fd: 3,
+            via: Via::McpCall,
+            kind: ToolKind::Mcp {
+                server_id: "s".into(),
+            },
+            tool: format!("{i:0>120}"),
+            arguments: ArgumentsSummary::default(),
+            argument_values: None,
+            started_at: SystemTime::now(),
+        }
+    }
+
+    /// A writer stuck on a pipe nobody reads: offering never blocks, the overflow is
+    /// counted, and once the pipe is read every event is either a line or in a count.
+    #[test]
+    fn a_stuck_writer_drops_and_counts_instead_of_blocking() {
+        let dir = std::env::temp_dir().join(format!("quiver-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("audit.fifo");
+        let _ = std::fs::remove_file(&fifo);
+        let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+        let mut reader = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&fifo)
+            .unwrap();
+        let log = AuditLog::open_bounded(&fifo, 4).unwrap();
+        let end = ToolCallEnd {
+            outcome: ToolOutcome::Ok,
+            duration: Duration::from_millis(1),
+            output_bytes: 2,
+        };
+        const EVENTS: u64 = 2000;
+        for i in 0..EVENTS {
+            log.after_tool_call(&call(i as usize), &end);
+        }
+        assert!(
+            log.dropped() > 0,
+            "a 64 KiB pipe cannot hold {EVENTS} lines"
+        );
+        let dropped = log.dropped();
+        let reading = std::thread::spawn(move || {
+            let mut text = Vec::new();
+            let mut buf = [0u8; 65536];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) => return String::from_utf8(text).unwrap(),
+                    Ok(n) => text.extend_from_slice(&buf[..n]),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                        std::thread::sleep(Duration::from_millis(5))
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            }
+        });
+        assert!(log.flush(), "the flush finishes once the pipe is read");
+        drop(log);
+        let text = reading.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let written = lines.iter().filter(|l| l["event"] == "tool_call").count() as u64;
+        let counted: u64 = lines
+            .iter()
+            .filter(|l| l["event"] == "audit_dropped")
+            .map(|l| l["count"].as_u64().unwrap())
+            .sum();
+        assert_eq!(counted, dropped);
+        assert_eq!(written + counted, EVENTS);
     }
 }
