@@ -141,6 +141,12 @@ impl Host {
             return Err(refused(&mut health, reason));
         }
         let old = self.registry();
+        if health.degraded {
+            tracing::info!(
+                revision = fresh.revision(),
+                "registry reload succeeds again"
+            );
+        }
         health.degraded = false;
         health.last_reload_error = None;
         if fresh.revision() == old.revision() {
