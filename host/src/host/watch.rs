@@ -54,7 +54,7 @@ impl Host {
     pub fn watch_registry(&self) -> Result<RegistryWatcher, HostError> {
         let Some(dir) = self.inner.registry_dir.clone() else {
             return Err(HostError::RegistryWatch {
-                dir: String::new(),
+                dir: "(none)".into(),
                 message: "the host has no registry directory (HostBuilder::with_registry_dir)"
                     .into(),
             });
