@@ -70,6 +70,9 @@ struct RunArgs {
     /// Write every LLM exchange of the run to this replay transcript.
     #[arg(long)]
     record: Option<PathBuf>,
+    /// Append one JSON line per tool call and policy denial to this file (created 0600).
+    #[arg(long, value_name = "FILE")]
+    audit_log: Option<PathBuf>,
     /// Print the task's MCP policy decision log (to stderr) before running it.
     #[arg(long)]
     explain_policy: bool,
@@ -236,6 +239,10 @@ async fn run(args: RunArgs) -> i32 {
     if let Some(path) = args.record {
         builder = builder.with_recording(path);
     }
+    if let Some(path) = args.audit_log {
+        builder = builder.with_audit_log(path);
+    }
+    // One-shot: the registry is read once and not watched.
     let host = match builder.build() {
         Ok(host) => host,
         Err(e) => return fail(e),

@@ -194,6 +194,29 @@ pub const MAX_SUMMARY_KEYS: usize = 32;
 /// model).
 pub const MAX_SUMMARY_KEY_BYTES: usize = 64;
 
+/// Quiet time after a change in the registry directory before the watcher reloads it:
+/// an editor's save (write, rename, delete a backup) lands within it as one reload.
+pub const REGISTRY_RELOAD_DEBOUNCE: Duration = Duration::from_millis(300);
+
+/// Longest the watcher puts a reload off while the directory keeps changing.
+pub const REGISTRY_RELOAD_MAX_DELAY: Duration = Duration::from_secs(3);
+
+/// Errors of a refused reload named in `RegistryHealth::last_reload_error`; the rest are counted. Keeps a health answer small.
+pub const MAX_RELOAD_ERRORS_SHOWN: usize = 8;
+
+/// Audit log lines waiting for the writer thread. Observers are called on the task's path,
+/// so a full queue drops lines (counted, and reported as an `audit_dropped` line) rather
+/// than slow tasks down; at a few hundred bytes a line this is at most a few MiB.
+pub const AUDIT_QUEUE_CAPACITY: usize = 8192;
+
+/// Largest argument text whose values the audit log keeps for a server with
+/// `audit_arguments = true`; a larger call is logged with its keys and size only.
+pub const AUDIT_ARGUMENT_VALUES_MAX_BYTES: usize = 16 * 1024;
+
+/// Longest [`Host::shutdown`](crate::Host::shutdown) waits for the audit log to be written
+/// out; a disk that stalls longer must not hold the stop.
+pub const AUDIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Longest guest log line kept; the rest is cut with a marker.
 pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
 

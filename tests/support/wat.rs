@@ -104,3 +104,44 @@ pub async fn run_ok(host: &Host, wat: &str, task: &TaskSpec) -> WatRun {
     );
     run
 }
+
+/// A guest that, for each `(server_id, tool, arguments)`, opens the server, calls the tool
+/// (recording the fd and `mcp_call_tool`'s return with `$out`), emits the JSON result of
+/// each call that did not fail with an errno and closes the fd. `repeat` runs the whole list that many times.
+pub fn mcp_calls(steps: &[(&str, &str, &str)], repeat: u32) -> String {
+    let mut data: Vec<(u32, Vec<u8>)> = Vec::new();
+    let mut at = 1024u32;
+    let mut place = |bytes: &[u8]| {
+        let here = at;
+        data.push((here, bytes.to_vec()));
+        at += (bytes.len() as u32).next_multiple_of(8) + 8;
+        assert!(at < 4096, "mcp_calls: steps do not fit the test data area");
+        (here, bytes.len() as u32)
+    };
+    let mut body = String::new();
+    for (server, tool, args) in steps {
+        let (s, sl) = place(server.as_bytes());
+        let (t, tl) = place(tool.as_bytes());
+        let (a, al) = place(args.as_bytes());
+        body.push_str(&format!(
+            "(local.set $fd (call $mcp_open (i32.const {s}) (i32.const {sl}))) (call $out (local.get $fd))
+             (call $cap (i32.const 8192) (i32.const 65536))
+             (local.set $r (call $mcp_call_tool (local.get $fd) (i32.const {t}) (i32.const {tl}) (i32.const {a}) (i32.const {al}) (i32.const 16384) (i32.const 8192)))
+             (call $out (local.get $r))
+             (if (i32.ge_s (local.get $r) (i32.const 0)) (then (call $emit (i32.const 16384) (call $len (i32.const 8192)))))
+             (drop (call $mcp_close (local.get $fd)))\n"
+        ));
+    }
+    let data: Vec<(u32, &[u8])> = data.iter().map(|(a, b)| (*a, b.as_slice())).collect();
+    guest(
+        &data,
+        &format!(
+            "(func $main (local $fd i32) (local $r i32) (local $i i32)
+               (block $done (loop $again
+                 (br_if $done (i32.ge_u (local.get $i) (i32.const {repeat})))
+                 {body}
+                 (local.set $i (i32.add (local.get $i) (i32.const 1)))
+                 (br $again))))"
+        ),
+    )
+}

@@ -6,6 +6,7 @@
 //! is `-ENOMEM` and adds nothing to the session.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value, json};
@@ -470,6 +471,7 @@ fn observed_call(
     kind: ToolKind,
     tool: &str,
     planned: &Planned<'_>,
+    argument_values: Option<Arc<str>>,
 ) -> observe::ToolCall {
     observe::ToolCall {
         task_id: ctx.task_id.into(),
@@ -478,6 +480,7 @@ fn observed_call(
         kind,
         tool: tool.to_owned(),
         arguments: planned.arguments.clone(),
+        argument_values,
         started_at: SystemTime::now(),
     }
 }
@@ -601,7 +604,14 @@ async fn run_tool_calls<G: GuestTools>(
                     Ok((args, args_charge)) => {
                         let server_id = entry.server_id().to_owned();
                         let kind = ToolKind::Mcp { server_id };
-                        let observed = ctx.mcp.observers.start(observed_call(ctx, kind, tool, p));
+                        let values = observe::ToolCall::audited_arguments(
+                            entry,
+                            &calls[i].function.arguments,
+                        );
+                        let observed = ctx
+                            .mcp
+                            .observers
+                            .start(observed_call(ctx, kind, tool, p, values));
                         let out = ctx.mcp.pool.call_tool(entry, tool, args).await;
                         drop(args_charge);
                         match &out {
@@ -639,7 +649,7 @@ async fn run_tool_calls<G: GuestTools>(
                 let observed =
                     ctx.mcp
                         .observers
-                        .start(observed_call(ctx, ToolKind::Guest, &p.name, p));
+                        .start(observed_call(ctx, ToolKind::Guest, &p.name, p, None));
                 let result = guest
                     .call(*table_index, args)
                     .await

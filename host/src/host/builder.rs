@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use super::admission::{Admission, BusyReason};
 use super::task_state::{self, TaskState};
-use super::{Host, HostInner};
+use super::{Host, HostInner, ReloadState};
 use crate::approval::{Approvals, Approver};
 use crate::chat::llm::{Backends, ConfigError, ConfigOrigin, HostConfig, Recorder};
 use crate::defaults;
 use crate::mcp::{EgressPolicy, McpPool, PoolLimits, RemoteOptions};
-use crate::observe::{LiveStatus, Metrics, Observers, ToolObserver};
+use crate::observe::{AuditLog, LiveStatus, Metrics, Observers, ToolObserver};
 use crate::registry::{Registry, RegistryDirError, ServerEntry, Severity};
 use crate::sandbox::{HostMemory, Runtime, RuntimeOptions, default_cache_dir};
 use crate::task::TaskError;
@@ -32,6 +32,18 @@ pub enum HostError {
     Module { path: String, message: String },
     #[error("task `{task_id}`: {message}")]
     TaskSetup { task_id: String, message: String },
+    /// A registry reload found errors; the snapshot of `kept_revision` stays in force.
+    #[error(
+        "registry reload refused, revision {kept_revision} stays in force: {reason} (fix the file and reload again)"
+    )]
+    RegistryRejected {
+        kept_revision: String,
+        reason: String,
+    },
+    #[error("cannot watch the registry {dir}: {message}")]
+    RegistryWatch { dir: String, message: String },
+    #[error("cannot open the audit log {path}: {message} (pass a writable file to --audit-log)")]
+    AuditLog { path: String, message: String },
     /// The task was not started: every running slot was taken and the queue was full, or
     /// its wait for a slot ran out. Nothing of the task ran; retrying later is safe.
     #[error(
@@ -72,6 +84,7 @@ pub struct HostBuilder {
     observers: Observers,
     approvals: Approvals,
     max_metric_tool_series: usize,
+    audit_log: Option<PathBuf>,
 }
 
 impl Default for HostBuilder {
@@ -99,6 +112,7 @@ impl Default for HostBuilder {
             observers: Observers::default(),
             approvals: Approvals::default(),
             max_metric_tool_series: defaults::MAX_METRIC_TOOL_SERIES,
+            audit_log: None,
         }
     }
 }
@@ -270,6 +284,14 @@ impl HostBuilder {
         self
     }
 
+    /// Writes one JSON line per tool call and per policy denial to `path` (see
+    /// [`crate::observe::AuditLog`]): opened for appending at build, created with mode
+    /// 0600. Added after the other observers.
+    pub fn with_audit_log(mut self, path: impl Into<PathBuf>) -> Self {
+        self.audit_log = Some(path.into());
+        self
+    }
+
     pub fn build(self) -> Result<Host, HostError> {
         let registry = match (self.registry, &self.registry_dir) {
             (Some(registry), _) => registry,
@@ -342,10 +364,27 @@ impl HostBuilder {
                 self.max_task_memory
             ))
         })?;
+        let audit = self
+            .audit_log
+            .as_deref()
+            .map(|path| {
+                AuditLog::open(path)
+                    .map(Arc::new)
+                    .map_err(|e| HostError::AuditLog {
+                        path: path.display().to_string(),
+                        message: e.to_string(),
+                    })
+            })
+            .transpose()?;
+        let observers = match &audit {
+            Some(audit) => self.observers.with(audit.clone()),
+            None => self.observers,
+        };
         let host = Host {
             inner: Arc::new(HostInner {
                 runtime,
                 admission,
+                reload: ReloadState::new(&registry),
                 registry: RwLock::new(Arc::new(registry)),
                 registry_dir: self.registry_dir,
                 task_host_memory: self
@@ -364,8 +403,9 @@ impl HostBuilder {
                 backends: Arc::new(backends),
                 approvals: self.approvals,
                 // The metrics see every event first, whatever an embedder's observer does.
-                observers: self.observers.preceded_by(Arc::new(metrics.clone())),
+                observers: observers.preceded_by(Arc::new(metrics.clone())),
                 metrics,
+                audit,
             }),
         };
         let weak = Arc::downgrade(&host.inner);
@@ -415,7 +455,7 @@ fn start_prewarm(pool: &Arc<McpPool>, entries: Vec<Arc<ServerEntry>>) {
     }
 }
 
-pub(super) fn log_problems(registry: &Registry) {
+fn log_problems(registry: &Registry) {
     for problem in registry.problems() {
         match problem.severity {
             Severity::Error => tracing::error!("registry: {problem}"),

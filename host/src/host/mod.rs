@@ -9,7 +9,9 @@
 
 mod admission;
 mod builder;
+mod reload;
 mod task_state;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -23,7 +25,7 @@ use crate::chat::llm::Backends;
 use crate::chat::tools::ToolSet;
 use crate::chat::{ChatSession, ChatTask};
 use crate::mcp::{McpPool, McpTask, ServerStatus};
-use crate::observe::{Metrics, Observers};
+use crate::observe::{AuditLog, Metrics, Observers};
 use crate::policy::{self, PolicyReport, SessionRequest};
 use crate::registry::Registry;
 use crate::sandbox::{HostMemory, MemoryBudget, Runtime, Sandbox};
@@ -31,15 +33,18 @@ pub use crate::sandbox::{HostMemoryStatus, HostMemoryUse, ModuleOrigin, TaskFail
 use crate::task::{TaskError, TaskSpec};
 use admission::Admission;
 pub use admission::{BusyReason, TaskStatus};
-use builder::log_problems;
 pub use builder::{HostBuilder, HostError};
+pub use reload::RegistryHealth;
+use reload::ReloadState;
 use task_state::TaskState;
+pub use watch::RegistryWatcher;
 
 struct HostInner {
     runtime: Runtime<TaskState>,
     admission: Admission,
     registry: RwLock<Arc<Registry>>,
     registry_dir: Option<PathBuf>,
+    reload: ReloadState,
     task_host_memory: u64,
     host_memory: HostMemory,
     guest_tool_stacks: Arc<tokio::sync::Semaphore>,
@@ -48,6 +53,7 @@ struct HostInner {
     observers: Observers,
     approvals: Approvals,
     metrics: Metrics,
+    audit: Option<Arc<AuditLog>>,
 }
 
 /// A runtime for many concurrent tasks. Clones share everything.
@@ -142,23 +148,6 @@ impl Host {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-    }
-
-    /// Reads the registry directory again. Running tasks keep the snapshot they started
-    /// with; servers whose launch configuration changed get a new connection on next use.
-    pub fn reload_registry(&self) -> Result<Arc<Registry>, HostError> {
-        let Some(dir) = &self.inner.registry_dir else {
-            return Ok(self.registry());
-        };
-        let fresh = Arc::new(Registry::load_dir(dir)?);
-        log_problems(&fresh);
-        self.inner.metrics.registry_loaded(fresh.revision());
-        *self
-            .inner
-            .registry
-            .write()
-            .unwrap_or_else(|e| e.into_inner()) = fresh.clone();
-        Ok(fresh)
     }
 
     /// The MCP connection pool shared by all tasks.
@@ -391,8 +380,17 @@ impl Host {
         })
     }
 
-    /// Closes every MCP connection and ends every server process.
+    /// Closes every MCP connection, ends every server process and writes out the audit
+    /// log (within [`defaults::AUDIT_FLUSH_TIMEOUT`](crate::defaults::AUDIT_FLUSH_TIMEOUT)).
     pub async fn shutdown(&self) {
         self.inner.pool.shutdown().await;
+        if let Some(audit) = self.inner.audit.clone() {
+            // The writer thread does the writing; waiting for it must not hold a runtime
+            // worker.
+            let flushed = tokio::task::spawn_blocking(move || audit.flush()).await;
+            if !matches!(flushed, Ok(true)) {
+                tracing::warn!("the audit log was not written out in time at shutdown");
+            }
+        }
     }
 }

@@ -364,6 +364,9 @@ async fn call_tool<T: McpView>(
         },
         tool: name.clone(),
         arguments: ArgumentsSummary::of_object(&arguments, args.len() as u64),
+        argument_values: std::str::from_utf8(args)
+            .ok()
+            .and_then(|text| ToolCall::audited_arguments(&entry, text)),
         started_at: SystemTime::now(),
     });
     let span = tracing::info_span!("mcp_call_tool", task_id = %task_id, fd = call.fd, server_id, tool = %name);

@@ -44,7 +44,7 @@ use super::egress::EgressPolicy;
 use super::error::{McpError, McpErrorCode, from_host_error};
 use super::{CallToolResult, Tool};
 use crate::defaults;
-use crate::registry::{Launch, ServerEntry};
+use crate::registry::{Launch, Registry, ServerEntry};
 use health::Health;
 pub use health::ServerState;
 pub use limits::{McpHostConfig, PoolLimits};
@@ -247,6 +247,9 @@ struct Shared {
     retired: Mutex<Vec<Arc<ServerSlot>>>,
     /// Each server's health, by id, kept across slots (bounded by the registry's ids).
     health: Mutex<HashMap<String, Arc<Health>>>,
+    /// The registry snapshot the pool follows, once a reload set one: an entry it does not
+    /// match comes from an older snapshot.
+    registry: Mutex<Option<Arc<Registry>>>,
     limits: PoolLimits,
     /// The host-wide call permits.
     calls: Semaphore,
@@ -330,6 +333,7 @@ impl McpPool {
             slots: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
             health: Mutex::new(HashMap::new()),
+            registry: Mutex::new(None),
             calls: Semaphore::new(limits.max_concurrent_calls),
             processes: Arc::new(Semaphore::new(limits.max_server_processes)),
             limits,
@@ -345,15 +349,26 @@ impl McpPool {
         &self.shared.limits
     }
 
-    /// The slot for `entry`; a changed record or launch config replaces the old slot, whose
-    /// server is stopped once its last in-flight call is done.
-    fn slot(&self, entry: &Arc<ServerEntry>) -> Arc<ServerSlot> {
+    /// Enters the slot for `entry` (counted in flight until the guard drops). A changed
+    /// launch config replaces the old slot, whose server is stopped once its last call is
+    /// done. An entry from a registry snapshot older than the one the pool follows
+    /// ([`apply_registry`](Self::apply_registry)) never replaces the current slot: it reuses
+    /// a retired slot that launches the same way, or gets one of its own, retired from the
+    /// start, so a task still on that snapshot is served without stopping anyone's server.
+    fn enter(&self, entry: &Arc<ServerEntry>) -> InFlight {
         let mut slots = self.shared.slots();
-        if let Some(slot) = slots.get(entry.server_id())
-            && (Arc::ptr_eq(&slot.entry, entry)
-                || (slot.entry.record == entry.record && slot.entry.launch == entry.launch))
+        let server_id = entry.server_id();
+        if let Some(slot) = slots.get(server_id)
+            && (Arc::ptr_eq(&slot.entry, entry) || slot.entry.connects_like(entry))
         {
-            return slot.clone();
+            return slot.begin();
+        }
+        let mut retired = self.shared.retired();
+        if let Some(slot) = retired
+            .iter()
+            .find(|slot| slot.entry.server_id() == server_id && slot.entry.connects_like(entry))
+        {
+            return slot.begin();
         }
         let slot = Arc::new(ServerSlot {
             entry: entry.clone(),
@@ -364,7 +379,7 @@ impl McpPool {
             health: self
                 .shared
                 .health()
-                .entry(entry.server_id().to_owned())
+                .entry(server_id.to_owned())
                 .or_default()
                 .clone(),
             backoff: Mutex::new(None),
@@ -375,12 +390,73 @@ impl McpPool {
             retired: AtomicBool::new(false),
             reaper: self.shared.reaper_wake.clone(),
         });
-        if let Some(old) = slots.insert(entry.server_id().to_owned(), slot.clone()) {
+        // Begun before anyone else can see the slot, so the reaper never drops it unused.
+        let in_flight = slot.begin();
+        if self.is_outdated(entry) {
+            slot.retired.store(true, Ordering::SeqCst);
+            retired.push(slot);
+        } else if let Some(old) = slots.insert(server_id.to_owned(), slot) {
             old.retired.store(true, Ordering::SeqCst);
-            self.shared.retired().push(old);
+            retired.push(old);
             self.shared.reaper_wake.notify_one();
         }
-        slot
+        in_flight
+    }
+
+    /// Whether `entry` is from an older registry snapshot than the pool follows: the
+    /// current one lacks its server or launches it differently.
+    fn is_outdated(&self, entry: &ServerEntry) -> bool {
+        let registry = self
+            .shared
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        registry.as_ref().is_some_and(|registry| {
+            registry
+                .get(entry.server_id())
+                .is_none_or(|current| !current.connects_like(entry))
+        })
+    }
+
+    /// Follows a new registry snapshot: the servers `registry` no longer has, or now
+    /// launches differently, are retired (each stopped once no call uses it); the others
+    /// keep their connection. Returns the ids retired.
+    pub fn apply_registry(&self, registry: &Arc<Registry>) -> Vec<String> {
+        let mut slots = self.shared.slots();
+        *self
+            .shared
+            .registry
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(registry.clone());
+        let stale: Vec<String> = slots
+            .iter()
+            .filter(|(id, slot)| {
+                registry
+                    .get(id)
+                    .is_none_or(|entry| !slot.entry.connects_like(entry))
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        let mut retired = self.shared.retired();
+        for id in &stale {
+            if let Some(old) = slots.remove(id) {
+                old.retired.store(true, Ordering::SeqCst);
+                // Only a server process needs stopping; a remote connection closes with
+                // its last user.
+                let idle_remote = old
+                    .conn
+                    .try_lock()
+                    .is_ok_and(|conn| !conn.as_ref().is_some_and(|c| c.is_stdio()));
+                if !idle_remote {
+                    retired.push(old);
+                }
+            }
+        }
+        drop((slots, retired));
+        if !stale.is_empty() {
+            self.shared.reaper_wake.notify_one();
+        }
+        stale
     }
 
     /// The live connection of `slot`, connecting (or reconnecting) if needed.
@@ -566,10 +642,10 @@ impl McpPool {
 
     /// Every tool the server lists (all pages), from the cache when fresh.
     pub async fn list_tools(&self, entry: &Arc<ServerEntry>) -> Result<Arc<[Tool]>, McpError> {
-        let slot = self.slot(entry);
-        let _in_flight = slot.begin();
+        let in_flight = self.enter(entry);
+        let slot = &in_flight.slot;
         let secrets = entry.secrets();
-        let conn = self.connect(&slot).await?;
+        let conn = self.connect(slot).await?;
         {
             let cache = slot.tools.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(cached) = cache.as_ref()
@@ -605,7 +681,7 @@ impl McpPool {
             Ok(tools) => tools.into(),
             Err(error) => {
                 if error.code == McpErrorCode::Unavailable {
-                    self.discard(&slot, &conn).await;
+                    self.discard(slot, &conn).await;
                 }
                 if server_failure(error.code) {
                     slot.health.failed(&error.message);
@@ -632,9 +708,9 @@ impl McpPool {
     ) -> Result<ToolCallOutput, McpError> {
         let server_id = entry.server_id();
         let record = &entry.record;
-        let slot = self.slot(entry);
-        let _in_flight = slot.begin();
-        let conn = self.connect(&slot).await?;
+        let in_flight = self.enter(entry);
+        let slot = &in_flight.slot;
+        let conn = self.connect(slot).await?;
         let timeout = record.budgets.tool_timeout;
         let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
         let waited_for_host = AtomicBool::new(false);
@@ -669,7 +745,7 @@ impl McpPool {
             Err(error) => {
                 let error = error.redacted(entry.secrets());
                 if error.code == McpErrorCode::Unavailable {
-                    self.discard(&slot, &conn).await;
+                    self.discard(slot, &conn).await;
                 }
                 if server_failure(error.code) && !waited_for_host.load(Ordering::SeqCst) {
                     slot.health.failed(&error.message);

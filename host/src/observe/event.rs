@@ -1,5 +1,6 @@
-//! The events observers get. Everything in them is safe to log: no argument values, no
-//! secrets, no unbounded strings a guest or model chose.
+//! The events observers get. Everything in them is safe to log: no secrets, no unbounded
+//! strings a guest or model chose, and no argument values unless the server's record opts
+//! in (`audit_arguments`), and then redacted and capped.
 
 use std::fmt;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use crate::defaults;
 use crate::mcp::McpErrorCode;
 use crate::policy::Reason;
+use crate::registry::{ServerEntry, redact_known};
 
 /// Which path a tool call took.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -122,11 +124,27 @@ pub struct ToolCall {
     /// The tool's name as its server or guest defines it (not the model-facing name).
     pub tool: String,
     pub arguments: ArgumentsSummary,
+    /// The arguments' JSON text, only for a server whose record sets `audit_arguments`
+    /// (see [`ToolCall::audited_arguments`]); serialised as the JSON it holds.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "json_text")]
+    pub argument_values: Option<Arc<str>>,
     #[serde(serialize_with = "unix_seconds")]
     pub started_at: SystemTime,
 }
 
 impl ToolCall {
+    /// What [`ToolCall::argument_values`] holds for a call of `entry`'s tool with `text`:
+    /// nothing unless the record sets `audit_arguments` and the text is at most
+    /// [`defaults::AUDIT_ARGUMENT_VALUES_MAX_BYTES`]; the record's secrets, and every other
+    /// value a `${ENV:..}` reference resolved to in this process, cut out.
+    pub fn audited_arguments(entry: &ServerEntry, text: &str) -> Option<Arc<str>> {
+        if !entry.record.audit_arguments || text.len() > defaults::AUDIT_ARGUMENT_VALUES_MAX_BYTES {
+            return None;
+        }
+        let own = entry.secrets().redact(text);
+        Some(redact_known(&own).into())
+    }
+
     pub fn server_id(&self) -> Option<&str> {
         match &self.kind {
             ToolKind::Mcp { server_id } => Some(server_id),
@@ -238,7 +256,7 @@ pub(crate) fn cut(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
-fn unix_seconds<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+pub(super) fn unix_seconds<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
     let secs = t
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
@@ -247,4 +265,14 @@ fn unix_seconds<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::
 
 fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64() * 1000.0)
+}
+
+/// JSON text as the JSON it holds; as a string if it is not JSON (a cut secret can break
+/// it), so a line always parses.
+fn json_text<S: serde::Serializer>(text: &Option<Arc<str>>, s: S) -> Result<S::Ok, S::Error> {
+    let text = text.as_deref().unwrap_or("null");
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(value) => value.serialize(s),
+        Err(_) => s.serialize_str(text),
+    }
 }

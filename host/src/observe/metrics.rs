@@ -365,6 +365,7 @@ mod tests {
             }),
             tool: tool.into(),
             arguments: ArgumentsSummary::default(),
+            argument_values: None,
             started_at: SystemTime::now(),
         }
     }

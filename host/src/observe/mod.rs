@@ -7,6 +7,7 @@
 //! reported as finished exactly once, whatever ends it: [`ObservedCall`] reports
 //! `cancelled` if it is dropped unfinished (a deadline, a trap, a dropped task).
 
+mod audit;
 mod event;
 mod metrics;
 
@@ -14,6 +15,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
+pub use audit::AuditLog;
 pub(crate) use event::cut;
 pub use event::{
     ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,

@@ -29,6 +29,7 @@ fn call(tool: &str) -> ToolCall {
         },
         tool: tool.into(),
         arguments: ArgumentsSummary::default(),
+        argument_values: None,
         started_at: std::time::SystemTime::now(),
     }
 }

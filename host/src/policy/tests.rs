@@ -37,6 +37,7 @@ fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEn
             },
             tags: tags.iter().map(|s| s.to_string()).collect(),
             lifecycle: Default::default(),
+            audit_arguments: false,
         },
         source: format!("{id}.toml").into(),
         launch: if available {

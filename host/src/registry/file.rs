@@ -55,6 +55,8 @@ struct ServerFile {
     tags: Vec<String>,
     #[serde(default)]
     lifecycle: Lifecycle,
+    #[serde(default)]
+    audit_arguments: bool,
 }
 
 /// Parses and checks one file; any problem rejects the whole file.
@@ -296,5 +298,6 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
         budgets,
         tags: file.tags,
         lifecycle: file.lifecycle,
+        audit_arguments: file.audit_arguments,
     })
 }

@@ -230,6 +230,7 @@ mod tests {
             },
             tags: vec![],
             lifecycle: Default::default(),
+            audit_arguments: false,
         }
     }
 

@@ -119,8 +119,9 @@ pub(super) fn load_dir(dir: &Path, env: &EnvLookup<'_>) -> Result<Loaded, Regist
             });
         }
         if let Some(previous) = servers.get(entry.server_id()) {
+            // An error: the earlier file is left out.
             problems.push(Problem {
-                severity: Severity::Warning,
+                severity: Severity::Error,
                 path: path.clone(),
                 field: Some("server_id".into()),
                 message: format!(

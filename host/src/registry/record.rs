@@ -126,6 +126,9 @@ pub struct ServerRecord {
     /// Labels profiles select servers by (e.g. `scm`, `search`).
     pub tags: Vec<String>,
     pub lifecycle: Lifecycle,
+    /// Write the values of this server's call arguments to the audit log (redacted and
+    /// size-capped); otherwise only their top-level keys and size are logged.
+    pub audit_arguments: bool,
 }
 
 /// A loaded server: its record, where it came from, and how to launch it (or why not).
@@ -146,6 +149,20 @@ impl ServerEntry {
     pub fn secrets(&self) -> &Secrets {
         static NONE: std::sync::LazyLock<Secrets> = std::sync::LazyLock::new(Secrets::default);
         self.launch.as_ref().map_or(&NONE, Launch::secrets)
+    }
+
+    /// Whether `other` connects the same way: same resolved launch, transport settings,
+    /// handshake and concurrency. Only then may a reload keep this server's connection;
+    /// policy fields (allowed tools, namespace, tags, timeouts, caps) apply per call.
+    pub fn connects_like(&self, other: &ServerEntry) -> bool {
+        let (a, b) = (&self.record, &other.record);
+        self.launch == other.launch
+            && a.transport == b.transport
+            && a.stdio == b.stdio
+            && a.http == b.http
+            && a.lifecycle == b.lifecycle
+            && a.budgets.connect_timeout == b.budgets.connect_timeout
+            && a.budgets.max_concurrency == b.budgets.max_concurrency
     }
 
     /// What a guest may see of this server: no command line, env, URL or headers.

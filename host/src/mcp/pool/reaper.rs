@@ -72,7 +72,11 @@ async fn reap(shared: &Shared) -> Option<Instant> {
             stopping.push((slot.clone(), conn, "replaced"));
             return false;
         }
-        // Kept while its server may still run; its last call ending wakes the reaper.
+        // Kept while a call uses it or its server may still run; its last call ending
+        // wakes the reaper.
+        if slot.activity().in_flight > 0 {
+            return true;
+        }
         match slot.conn.try_lock() {
             Ok(conn) => conn.as_ref().is_some_and(|c| c.is_stdio()),
             Err(_) => true,

@@ -1,0 +1,194 @@
+//! Reloading the registry while tasks run: a new snapshot is swapped in whole, or not at all.
+//!
+//! A registry edit is made by hand, often in several saves; a half-written or mistyped file
+//! must not take servers away from running or new tasks. So a reload whose load reports any
+//! [`Severity::Error`] (bad TOML, a bad field, a duplicate server id) keeps the snapshot in
+//! force and marks the registry degraded with the reasons; the next clean reload clears it.
+//! After a swap the pool retires the servers that are gone or launch differently (each
+//! stopped once no call uses it); the others keep their connection. Tasks keep the snapshot
+//! they started with.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use super::{Host, HostError};
+use crate::defaults;
+use crate::registry::{Registry, Severity};
+
+/// The registry's state for health checks (`/readyz`, status pages).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RegistryHealth {
+    /// The revision of the snapshot in force.
+    pub revision: String,
+    /// Snapshots swapped in since the host was built (0: the one it was built with).
+    pub generation: u64,
+    /// When the snapshot in force was loaded, in Unix seconds.
+    #[serde(serialize_with = "unix_seconds")]
+    pub loaded_at: SystemTime,
+    /// Why the last reload was refused, naming each file and field; `None` once a reload
+    /// succeeds.
+    pub last_reload_error: Option<String>,
+    /// The last reload was refused: the registry in force is older than the directory.
+    pub degraded: bool,
+    /// Reloads attempted, refused ones included.
+    pub reloads: u64,
+    pub failed_reloads: u64,
+}
+
+/// The reload bookkeeping of a host; its lock also keeps two reloads from interleaving.
+pub(super) struct ReloadState(Mutex<RegistryHealth>);
+
+impl ReloadState {
+    pub(super) fn new(registry: &Registry) -> Self {
+        Self(Mutex::new(RegistryHealth {
+            revision: registry.revision().to_owned(),
+            generation: 0,
+            loaded_at: SystemTime::now(),
+            last_reload_error: None,
+            degraded: false,
+            reloads: 0,
+            failed_reloads: 0,
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RegistryHealth> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn health(&self) -> RegistryHealth {
+        self.lock().clone()
+    }
+}
+
+/// What a reload changed, by server id.
+#[derive(Debug, Default)]
+struct Changes {
+    added: Vec<String>,
+    changed: Vec<String>,
+    removed: Vec<String>,
+}
+
+impl Changes {
+    fn between(old: &Registry, new: &Registry) -> Self {
+        let mut changes = Self::default();
+        for entry in new.servers() {
+            match old.get(entry.server_id()) {
+                None => changes.added.push(entry.server_id().to_owned()),
+                Some(was) if was.record != entry.record || was.launch != entry.launch => {
+                    changes.changed.push(entry.server_id().to_owned())
+                }
+                Some(_) => {}
+            }
+        }
+        changes.removed = old
+            .servers()
+            .filter(|e| new.get(e.server_id()).is_none())
+            .map(|e| e.server_id().to_owned())
+            .collect();
+        changes
+    }
+}
+
+impl Host {
+    /// Reads the registry directory again and swaps the new snapshot in; running tasks
+    /// keep the snapshot they started with. A directory that cannot be read, or a load
+    /// with any error, keeps the snapshot in force, marks the registry degraded (see
+    /// [`Host::registry_health`]) and is [`HostError::RegistryRejected`]. Servers that are
+    /// gone or launch differently are stopped once idle; the others keep their connection.
+    /// Safe to call from several places at once (a watcher, SIGHUP).
+    pub fn reload_registry(&self) -> Result<Arc<Registry>, HostError> {
+        let Some(dir) = &self.inner.registry_dir else {
+            return Ok(self.registry());
+        };
+        let mut health = self.inner.reload.lock();
+        health.reloads = health.reloads.saturating_add(1);
+        let refused = |health: &mut RegistryHealth, reason: String| {
+            health.failed_reloads = health.failed_reloads.saturating_add(1);
+            health.degraded = true;
+            health.last_reload_error = Some(reason.clone());
+            tracing::error!(
+                kept_revision = %health.revision,
+                "registry reload refused; the previous snapshot stays in force: {reason}"
+            );
+            HostError::RegistryRejected {
+                kept_revision: health.revision.clone(),
+                reason,
+            }
+        };
+        let fresh = match Registry::load_dir(dir) {
+            Ok(fresh) => fresh,
+            Err(e) => return Err(refused(&mut health, e.to_string())),
+        };
+        let errors: Vec<String> = fresh
+            .problems()
+            .iter()
+            .filter(|p| p.severity == Severity::Error)
+            .take(defaults::MAX_RELOAD_ERRORS_SHOWN)
+            .map(ToString::to_string)
+            .collect();
+        if !errors.is_empty() {
+            let total = fresh
+                .problems()
+                .iter()
+                .filter(|p| p.severity == Severity::Error)
+                .count();
+            let mut reason = errors.join("; ");
+            if total > errors.len() {
+                reason.push_str(&format!("; and {} more", total - errors.len()));
+            }
+            return Err(refused(&mut health, reason));
+        }
+        let old = self.registry();
+        if health.degraded {
+            tracing::info!(
+                revision = fresh.revision(),
+                "registry reload succeeds again"
+            );
+        }
+        health.degraded = false;
+        health.last_reload_error = None;
+        if fresh.revision() == old.revision() {
+            tracing::debug!(revision = fresh.revision(), "registry unchanged");
+            return Ok(old);
+        }
+        for problem in fresh.problems() {
+            tracing::warn!("registry: {problem}");
+        }
+        let fresh = Arc::new(fresh);
+        *self
+            .inner
+            .registry
+            .write()
+            .unwrap_or_else(|e| e.into_inner()) = fresh.clone();
+        self.inner.metrics.registry_loaded(fresh.revision());
+        let stopping = self.inner.pool.apply_registry(&fresh);
+        let changes = Changes::between(&old, &fresh);
+        health.revision = fresh.revision().to_owned();
+        health.generation = health.generation.saturating_add(1);
+        health.loaded_at = SystemTime::now();
+        tracing::info!(
+            revision = fresh.revision(),
+            generation = health.generation,
+            added = ?changes.added,
+            changed = ?changes.changed,
+            removed = ?changes.removed,
+            stopping = ?stopping,
+            "registry reloaded"
+        );
+        Ok(fresh)
+    }
+
+    /// The registry's revision, reload counts and whether the last reload was refused.
+    pub fn registry_health(&self) -> RegistryHealth {
+        self.inner.reload.health()
+    }
+}
+
+fn unix_seconds<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    let secs = t
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64());
+    s.serialize_f64(secs)
+}

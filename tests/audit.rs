@@ -1,0 +1,200 @@
+//! The audit log after real calls: WAT guests calling the fixture MCP server directly and
+//! through the chat loop (the scripted LLM over HTTP). The file must hold exactly one line
+//! per call and per denial, argument values only for the record that opts in, never a
+//! secret; and a writer stuck on a pipe nobody reads must not hold up the task.
+
+use std::io::Read;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+use std::time::Duration;
+
+use quiver::registry::Registry;
+use quiver_tests::chat_wat::{ChatGuest, scripted_host_builder};
+use quiver_tests::errno::EACCES;
+use quiver_tests::llm::{Reply, ScriptedLlm};
+use quiver_tests::wat;
+use quiver_tests::{RegistryDir, fixture_toml, host_builder, init_logging, mcp_task};
+use serde_json::{Value, json};
+
+const SECRET: &str = "tok-5ecret-value-0042";
+
+/// `audited` opts in to argument values and launches with a secret from `${ENV:..}`;
+/// `plain` does neither and allows only `echo` and `read_text`.
+fn registry() -> (RegistryDir, Registry) {
+    let dir = RegistryDir::new();
+    dir.write(
+        "audited.toml",
+        &format!(
+            "audit_arguments = true\n{}",
+            fixture_toml(
+                "audited",
+                &["*"],
+                "env = { TOKEN = \"${ENV:QUIVER_AUDIT_TOKEN}\" }"
+            )
+        ),
+    );
+    dir.fixture("plain", &["echo", "read_text"], "");
+    let env = |name: &str| (name == "QUIVER_AUDIT_TOKEN").then(|| SECRET.to_owned());
+    let registry = Registry::load_dir_with_env(dir.path(), &env).unwrap();
+    assert!(registry.problems().is_empty(), "{:?}", registry.problems());
+    (dir, registry)
+}
+
+fn lines(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_holds_one_line_per_call_and_denial_with_values_only_where_opted_in() {
+    init_logging();
+    let (dir, registry) = registry();
+    let log_dir = tempfile::tempdir().unwrap();
+    let path = log_dir.path().join("audit.jsonl");
+    let llm = ScriptedLlm::start(vec![
+        Reply::tool_calls([
+            ("c1", "mcp__plain__delete_file", json!({"path": "/x"})),
+            ("c2", "mcp__plain__echo", json!({"text": "from the model"})),
+        ]),
+        Reply::text("done"),
+    ])
+    .await;
+    let host = scripted_host_builder(&dir, &llm)
+        .with_registry(registry)
+        .with_audit_log(&path)
+        .build()
+        .unwrap();
+    let secret_args = json!({"text": SECRET, "n": 1}).to_string();
+    let steps = [
+        ("audited", "echo", secret_args.as_str()),
+        ("plain", "echo", r#"{"text":"hello"}"#),
+        (
+            "plain",
+            "read_text",
+            r#"{"path":"/nonexistent/quiver-audit"}"#,
+        ),
+        ("plain", "delete_file", r#"{"path":"/x"}"#),
+    ];
+    let task = mcp_task("audit-direct", &["audited", "plain"]);
+    let run = wat::run_ok(&host, &wat::mcp_calls(&steps, 1), &task).await;
+    let fd = run.results[0];
+    let returned = [run.results[1], run.results[3], run.results[5]];
+    assert!(returned.iter().all(|&n| n > 0), "{:?}", run.results);
+    assert_eq!(run.results[7], EACCES, "{:?}", run.results);
+
+    let chat = ChatGuest::new().msg("user", "go").send(2).recv();
+    let run = wat::run_ok(&host, &chat.build(), &mcp_task("audit-chat", &["plain"])).await;
+    let chat_fd = run.results[0];
+    host.shutdown().await;
+
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(!text.contains(SECRET), "{text}");
+    let lines = lines(&path);
+    let shape: Vec<(String, String, String, String)> = lines
+        .iter()
+        .map(|l| {
+            let s = |k: &str| l[k].as_str().unwrap_or("-").to_owned();
+            (s("event"), s("task_id"), s("tool"), s("outcome"))
+        })
+        .collect();
+    let row = |e: &str, t: &str, tool: &str, o: &str| (e.into(), t.into(), tool.into(), o.into());
+    assert_eq!(
+        shape,
+        [
+            row("tool_call", "audit-direct", "echo", "ok"),
+            row("tool_call", "audit-direct", "echo", "ok"),
+            row("tool_call", "audit-direct", "read_text", "tool_error"),
+            row("policy_denied", "audit-direct", "delete_file", "-"),
+            row("policy_denied", "audit-chat", "delete_file", "-"),
+            row("tool_call", "audit-chat", "echo", "ok"),
+        ]
+    );
+    let (audited, plain, denied, chat_denied, via_chat) =
+        (&lines[0], &lines[1], &lines[3], &lines[4], &lines[5]);
+    assert_eq!(audited["server_id"], "audited");
+    assert_eq!(audited["via"], "mcp_call");
+    assert_eq!(audited["session_fd"], fd);
+    assert_eq!(audited["arguments"]["keys"], json!(["n", "text"]));
+    assert_eq!(audited["arguments"]["bytes"], secret_args.len());
+    assert_eq!(
+        audited["argument_values"],
+        json!({"text": quiver::registry::REDACTED, "n": 1})
+    );
+    assert!(audited["output_bytes"].as_u64().unwrap() > 0);
+    assert!(audited["duration"].as_f64().unwrap() >= 0.0);
+    assert!(audited["time"].as_f64().unwrap() >= audited["started_at"].as_f64().unwrap());
+    assert_eq!(plain["server_id"], "plain");
+    assert!(plain.get("argument_values").is_none(), "{plain}");
+    assert_eq!(plain["arguments"], json!({"keys": ["text"], "bytes": 16}));
+    assert_eq!(denied["action"], "mcp_call_tool");
+    assert_eq!(denied["server_id"], "plain");
+    assert_eq!(chat_denied["action"], "cchat_send");
+    assert_eq!(via_chat["via"], "chat");
+    assert_eq!(via_chat["session_fd"], chat_fd);
+    assert_eq!(via_chat["server_id"], "plain");
+    assert_eq!(via_chat["arguments"]["keys"], json!(["text"]));
+    assert!(via_chat.get("argument_values").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_stuck_on_a_full_pipe_does_not_hold_up_the_task() {
+    init_logging();
+    let (dir, registry) = registry();
+    let log_dir = tempfile::tempdir().unwrap();
+    let fifo = log_dir.path().join("audit.fifo");
+    let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
+    // Opened (not read) first, so the host's open for writing does not wait for a reader.
+    let mut reader = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&fifo)
+        .unwrap();
+    let host = host_builder(&dir)
+        .with_registry(registry)
+        .with_audit_log(&fifo)
+        .build()
+        .unwrap();
+    // 300 calls of about 700 bytes a line: far more than a pipe holds unread.
+    const CALLS: u32 = 300;
+    let args = json!({"text": "x".repeat(400)}).to_string();
+    let guest = wat::mcp_calls(&[("plain", "echo", &args)], CALLS);
+    let task = mcp_task("flood", &["plain"]).with_deadline(Duration::from_secs(120));
+    let run = tokio::time::timeout(Duration::from_secs(150), wat::run_ok(&host, &guest, &task))
+        .await
+        .expect("the task finishes while nobody reads the audit log");
+    assert_eq!(run.results.len(), 2 * CALLS as usize);
+
+    let reading = std::thread::spawn(move || {
+        let mut text = Vec::new();
+        let mut buf = [0u8; 65536];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) => return String::from_utf8(text).unwrap(),
+                Ok(n) => text.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+    host.shutdown().await;
+    drop(host);
+    let text = reading.join().unwrap();
+    let calls = text
+        .lines()
+        .filter(|l| l.contains(r#""event":"tool_call""#))
+        .count();
+    assert_eq!(
+        calls, CALLS as usize,
+        "every call is logged once the pipe is read"
+    );
+    assert!(!text.contains("audit_dropped"), "the queue held them all");
+}
