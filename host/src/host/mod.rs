@@ -205,6 +205,17 @@ impl Host {
         module: &GuestModule,
         task: &TaskSpec,
     ) -> Result<TaskOutcome, HostError> {
+        self.run_task_reporting(module, task, || {}).await
+    }
+
+    /// [`Host::run_task`], calling `admitted` once the task leaves the queue for a running
+    /// slot (the node reports `queued` and `running` apart).
+    pub(crate) async fn run_task_reporting(
+        &self,
+        module: &GuestModule,
+        task: &TaskSpec,
+        admitted: impl FnOnce(),
+    ) -> Result<TaskOutcome, HostError> {
         let setup_error = |message: String| HostError::TaskSetup {
             task_id: task.task_id.clone(),
             message,
@@ -225,6 +236,7 @@ impl Host {
                 reason,
             }
         })?;
+        admitted();
         let started = Instant::now();
         let memory_limit = task.memory_limit().min(self.inner.runtime.max_task_memory);
         let host_memory_limit = task.host_memory_limit(self.inner.task_host_memory);
