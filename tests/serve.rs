@@ -145,8 +145,7 @@ async fn cancel_ends_running_and_queued_tasks_at_once_and_frees_the_slot() {
 #[tokio::test]
 async fn bad_input_gets_a_4xx_naming_the_field() {
     let registry = RegistryDir::new();
-    let config =
-        "[serve]\nmax_request_bytes = 4096\nmax_module_bytes = 1024\nbody_timeout_ms = 500\n";
+    let config = "[serve]\nmax_request_bytes = 4096\nmax_module_bytes = 1024\nbody_timeout_ms = 500\nheader_timeout_ms = 500\n";
     let node = Node::start(&registry, Some(config), &[]);
     let hello = node.upload(HELLO.as_bytes()).await;
     let put = |sha: &str, body: Vec<u8>| {
@@ -303,6 +302,25 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
     .expect("slow client");
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
     assert!(answer.contains("body_timeout"), "{answer}");
+
+    // Headers that never finish, or a connection that never sends one, are closed after
+    // header_timeout_ms rather than held.
+    for opening in [&b"GET /healthz HTTP/1.1\r\nHo"[..], &b""[..]] {
+        let addr = node.base.trim_start_matches("http://").to_owned();
+        let started = Instant::now();
+        let closed = tokio::task::spawn_blocking(move || {
+            let mut tcp = std::net::TcpStream::connect(addr).expect("connect");
+            tcp.set_read_timeout(Some(Duration::from_secs(30)))
+                .expect("timeout");
+            tcp.write_all(opening).expect("write");
+            let mut answer = Vec::new();
+            tcp.read_to_end(&mut answer).is_ok()
+        })
+        .await
+        .expect("slow client");
+        assert!(closed, "the connection was held open");
+        assert!(started.elapsed() < Duration::from_secs(25));
+    }
 
     // The node is still fine.
     let id = node.submit_ok(&hello, task("still-fine")).await;

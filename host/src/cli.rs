@@ -294,13 +294,8 @@ async fn serve(args: ServeArgs) -> i32 {
         );
         control.stop_now();
     });
-    match node.run().await {
-        Ok(()) => 0,
-        Err(e) => {
-            eprintln!("quiver: {e}");
-            1
-        }
-    }
+    node.run().await;
+    0
 }
 
 /// Stops every MCP server of `host` gracefully. A second Ctrl-C or SIGTERM cuts that

@@ -333,6 +333,15 @@ pub const SERVE_MAX_WAIT: Duration = Duration::from_secs(60);
 /// `[serve] body_timeout_ms`.
 pub const SERVE_BODY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// `quiver serve`: time a client has to send a request's headers, and to send the next
+/// request on a kept-alive connection; then the connection is closed. Stops clients from
+/// holding connections by sending slowly. `[serve] header_timeout_ms`.
+pub const SERVE_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `quiver serve`: HTTP connections open at once; more wait in the kernel's backlog. Each
+/// costs a task and a few KiB; long-polls hold one each. `[serve] max_connections`.
+pub const SERVE_MAX_CONNECTIONS: usize = 1024;
+
 /// `quiver serve`: time in-flight HTTP requests get to finish once a drained node stops
 /// listening.
 pub const SERVE_HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);

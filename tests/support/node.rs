@@ -61,6 +61,9 @@ impl Node {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::builder()
             .timeout(Duration::from_secs(120))
+            // A fresh connection per request: a node may close idle ones after its header
+            // timeout, which a test sets short.
+            .pool_max_idle_per_host(0)
             .build()
             .expect("HTTP client");
         Node {

@@ -469,3 +469,61 @@ async fn read_body(
         .with_field("body")
     })?
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_paths_name_the_field_serde_reports_at_the_parent() {
+        assert_eq!(field_path("", ".", "missing field `task`"), "task");
+        assert_eq!(
+            field_path(
+                "task",
+                "limits.deadline",
+                "unknown field `deadline`, expected …"
+            ),
+            "task.limits.deadline"
+        );
+        assert_eq!(
+            field_path("task", "task_id", "invalid type"),
+            "task.task_id"
+        );
+        assert_eq!(field_path("", "?", "key must be a string"), "");
+    }
+
+    #[test]
+    fn wait_takes_seconds_and_nothing_else() {
+        assert_eq!(parse_wait(None).ok(), Some(Duration::ZERO));
+        assert_eq!(
+            parse_wait(Some("wait=1.5")).ok(),
+            Some(Duration::from_millis(1500))
+        );
+        for bad in [
+            "wait=-1",
+            "wait=NaN",
+            "wait=inf",
+            "wait=",
+            "wait=1e400",
+            "other=1",
+        ] {
+            assert!(parse_wait(Some(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tokens_compare_by_content_not_prefix() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"ab", b"abc"));
+        assert!(!same_secret(b"abd", b"abc"));
+        assert!(!same_secret(b"", b"abc"));
+    }
+
+    #[test]
+    fn ids_and_hashes_are_exact_hex() {
+        assert_eq!(normalise_hex("ABcd", 4).as_deref(), Some("abcd"));
+        assert_eq!(normalise_hex("abc", 4), None);
+        assert_eq!(normalise_hex("abcg", 4), None);
+        assert_eq!(normalise_hex("ab\u{e9}", 4), None);
+    }
+}

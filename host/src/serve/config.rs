@@ -38,12 +38,18 @@ pub struct ServeConfig {
     pub max_wait_ms: Option<u64>,
     /// [`defaults::SERVE_BODY_TIMEOUT`].
     pub body_timeout_ms: Option<u64>,
+    /// [`defaults::SERVE_HEADER_TIMEOUT`].
+    pub header_timeout_ms: Option<u64>,
+    /// [`defaults::SERVE_MAX_CONNECTIONS`].
+    pub max_connections: Option<u32>,
 }
 
 impl ServeConfig {
     /// The field at fault and the fix, for a value no node can use.
     pub(crate) fn check(&self) -> Result<(), (&'static str, &'static str)> {
-        let positive: [(&'static str, Option<u64>); 9] = [
+        let positive: [(&'static str, Option<u64>); 11] = [
+            ("serve.header_timeout_ms", self.header_timeout_ms),
+            ("serve.max_connections", self.max_connections.map(u64::from)),
             ("serve.max_module_bytes", self.max_module_bytes),
             ("serve.max_modules", self.max_modules.map(u64::from)),
             ("serve.max_module_store_bytes", self.max_module_store_bytes),
@@ -97,6 +103,8 @@ pub struct NodeConfig {
     pub(crate) finished_ttl: Duration,
     pub(crate) max_wait: Duration,
     pub(crate) body_timeout: Duration,
+    pub(crate) header_timeout: Duration,
+    pub(crate) max_connections: usize,
 }
 
 impl NodeConfig {
@@ -116,6 +124,8 @@ impl NodeConfig {
             finished_ttl: defaults::SERVE_FINISHED_TTL,
             max_wait: defaults::SERVE_MAX_WAIT,
             body_timeout: defaults::SERVE_BODY_TIMEOUT,
+            header_timeout: defaults::SERVE_HEADER_TIMEOUT,
+            max_connections: defaults::SERVE_MAX_CONNECTIONS,
         }
     }
 
@@ -153,6 +163,10 @@ impl NodeConfig {
         node.finished_ttl = config.finished_ttl_ms.map_or(node.finished_ttl, ms);
         node.max_wait = config.max_wait_ms.map_or(node.max_wait, ms);
         node.body_timeout = config.body_timeout_ms.map_or(node.body_timeout, ms);
+        node.header_timeout = config.header_timeout_ms.map_or(node.header_timeout, ms);
+        if let Some(max) = config.max_connections {
+            node.max_connections = usize::try_from(max).unwrap_or(usize::MAX);
+        }
         Ok(node)
     }
 
@@ -178,5 +192,31 @@ impl NodeConfig {
     pub fn with_max_output_bytes(mut self, bytes: u64) -> Self {
         self.max_output_bytes = bytes;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zero_limits_and_a_blank_token_variable_are_refused_by_name() {
+        let zero = ServeConfig {
+            max_tasks: Some(0),
+            ..ServeConfig::default()
+        };
+        assert_eq!(zero.check().map_err(|e| e.0), Err("serve.max_tasks"));
+        let blank = ServeConfig {
+            token_env: Some(" ".into()),
+            ..ServeConfig::default()
+        };
+        assert_eq!(blank.check().map_err(|e| e.0), Err("serve.token_env"));
+        assert!(ServeConfig::default().check().is_ok());
+    }
+
+    #[test]
+    fn the_token_never_prints() {
+        let config = NodeConfig::new("127.0.0.1:0".parse().expect("addr")).with_token("hunter2");
+        assert!(!format!("{config:?}").contains("hunter2"));
     }
 }

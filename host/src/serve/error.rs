@@ -28,8 +28,6 @@ pub enum ServeError {
         addr: SocketAddr,
         source: std::io::Error,
     },
-    #[error("the HTTP server failed: {0}")]
-    Serve(std::io::Error),
 }
 
 /// A request that failed; turned into its JSON answer in [`IntoResponse`].

@@ -23,13 +23,15 @@
 //!     let _ = tokio::signal::ctrl_c().await;
 //!     control.drain();
 //! });
-//! node.run().await
+//! node.run().await;
+//! # Ok(())
 //! # }
 //! ```
 
 mod api;
 mod config;
 mod error;
+mod listen;
 mod modules;
 mod tasks;
 
@@ -42,7 +44,7 @@ pub use config::{NodeConfig, ServeConfig};
 pub use error::ServeError;
 pub use tasks::{FailureView, HostMemoryView, TaskPhase, TaskSummary, TaskView};
 
-use crate::{Host, defaults};
+use crate::Host;
 use modules::ModuleStore;
 use tasks::TaskTable;
 
@@ -154,59 +156,42 @@ impl Node {
     }
 
     /// Serves until drained (see [`NodeControl`]), then stops the MCP servers.
-    pub async fn run(self) -> Result<(), ServeError> {
+    pub async fn run(self) {
         let Node {
             listener,
             addr,
             state,
         } = self;
         tracing::info!(%addr, token = state.config.token.is_some(), "node listening");
-        let (stop_http, http_stopped) = tokio::sync::oneshot::channel::<()>();
-        let mut server = tokio::spawn(
-            axum::serve(listener, api::router(state.clone()))
-                .with_graceful_shutdown(async move {
-                    let _ = http_stopped.await;
-                })
-                .into_future(),
-        );
+        let (stop_http, http_stopped) = tokio::sync::oneshot::channel();
+        let server = tokio::spawn(listen::serve(
+            listener,
+            api::router(state.clone()),
+            state.config.max_connections,
+            state.config.header_timeout,
+            http_stopped,
+        ));
         let mut phase = state.phase.subscribe();
-        let failed = tokio::select! {
-            _ = phase.wait_for(|p| *p != Phase::Serving) => None,
-            served = &mut server => Some(served),
-        };
-        if failed.is_none() {
-            let grace = state.config.drain_grace;
-            tracing::info!(
-                active = state.tasks.active(),
-                grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
-                "draining: taking no new tasks"
-            );
-            tokio::select! {
-                () = state.tasks.all_ended() => {}
-                () = tokio::time::sleep(grace) => {
-                    tracing::warn!("drain grace over; cancelling the tasks still running");
-                }
-                _ = phase.wait_for(|p| *p == Phase::Stopping) => {
-                    tracing::warn!("stopping now; cancelling the tasks still running");
-                }
+        let _ = phase.wait_for(|p| *p != Phase::Serving).await;
+        let grace = state.config.drain_grace;
+        tracing::info!(
+            active = state.tasks.active(),
+            grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+            "draining: taking no new tasks"
+        );
+        tokio::select! {
+            () = state.tasks.all_ended() => {}
+            () = tokio::time::sleep(grace) => {
+                tracing::warn!("drain grace over; cancelling the tasks still running");
+            }
+            _ = phase.wait_for(|p| *p == Phase::Stopping) => {
+                tracing::warn!("stopping now; cancelling the tasks still running");
             }
         }
         state.tasks.cancel_all("the node is shutting down");
         let _ = stop_http.send(());
-        let served = match failed {
-            Some(served) => served,
-            None => tokio::time::timeout(defaults::SERVE_HTTP_SHUTDOWN_GRACE, &mut server)
-                .await
-                .unwrap_or_else(|_| {
-                    server.abort();
-                    Ok(Ok(()))
-                }),
-        };
+        let _ = server.await;
         state.host.shutdown().await;
         tracing::info!("node stopped");
-        match served {
-            Ok(Ok(())) | Err(_) => Ok(()),
-            Ok(Err(e)) => Err(ServeError::Serve(e)),
-        }
     }
 }
