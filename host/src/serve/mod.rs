@@ -42,7 +42,6 @@ use tokio::sync::{Semaphore, watch};
 
 pub use config::{NodeConfig, ServeConfig};
 pub use error::ServeError;
-pub use tasks::{FailureView, HostMemoryView, TaskPhase, TaskSummary, TaskView};
 
 use crate::Host;
 use modules::ModuleStore;

@@ -19,7 +19,7 @@ use crate::{GuestModule, Host, HostError, TaskOutcome, TaskSpec};
 /// Where a task is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum TaskPhase {
+pub(crate) enum TaskPhase {
     Queued,
     Running,
     /// The guest ran to its end (any exit code).
@@ -37,50 +37,50 @@ impl TaskPhase {
 
 /// What `GET /v1/tasks/{id}` shows.
 #[derive(Clone, Debug, Serialize)]
-pub struct TaskView {
-    pub id: String,
-    pub task_id: String,
-    pub module: String,
-    pub status: TaskPhase,
+pub(crate) struct TaskView {
+    pub(crate) id: String,
+    pub(crate) task_id: String,
+    pub(crate) module: String,
+    pub(crate) status: TaskPhase,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub exit_code: Option<i32>,
+    pub(crate) exit_code: Option<i32>,
     /// Guest stdout, lossy UTF-8, cut to `[serve] max_output_bytes`.
-    pub stdout: String,
-    pub stderr: String,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    pub(crate) stdout_truncated: bool,
+    pub(crate) stderr_truncated: bool,
     #[serde(rename = "_spear")]
-    pub spear: TaskSummary,
+    pub(crate) spear: TaskSummary,
 }
 
 /// How the run went, like the `_spear` object of a chat response.
 #[derive(Clone, Debug, Default, Serialize)]
-pub struct TaskSummary {
+pub(crate) struct TaskSummary {
     /// Unix time of the submission, in milliseconds.
-    pub submitted_at_ms: u64,
+    pub(crate) submitted_at_ms: u64,
     /// Time waited for a running slot.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub queued_ms: Option<u64>,
+    pub(crate) queued_ms: Option<u64>,
     /// Time from getting a slot to the end.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub elapsed_ms: Option<u64>,
+    pub(crate) elapsed_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub host_memory: Option<HostMemoryView>,
+    pub(crate) host_memory: Option<HostMemoryView>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub failure: Option<FailureView>,
+    pub(crate) failure: Option<FailureView>,
 }
 
 #[derive(Clone, Copy, Debug, Serialize)]
-pub struct HostMemoryView {
-    pub limit_bytes: u64,
-    pub peak_bytes: u64,
+pub(crate) struct HostMemoryView {
+    pub(crate) limit_bytes: u64,
+    pub(crate) peak_bytes: u64,
 }
 
 #[derive(Clone, Debug, Serialize)]
-pub struct FailureView {
+pub(crate) struct FailureView {
     /// `trap`, `deadline`, `busy`, `setup` or `cancelled`.
-    pub kind: &'static str,
-    pub message: String,
+    pub(crate) kind: &'static str,
+    pub(crate) message: String,
 }
 
 struct Record {
