@@ -1,6 +1,6 @@
 //! The `quiver` commands, each a thin call into the library.
 //!
-//! Exit statuses: `run` returns the guest's own status (124 after a deadline, 134 after a
+//! Exit statuses: `serve` returns 0 after a drain; `run` returns the guest's own status (124 after a deadline, 134 after a
 //! trap, 130 on Ctrl-C, 143 on SIGTERM); 2 means the command itself could not start (bad flags, an
 //! unreadable task or module); other commands return 1 when they find a problem.
 
@@ -13,8 +13,10 @@ use clap::{Parser, Subcommand};
 use std::sync::Arc;
 
 use quiver::approval::{AllowAll, Approver, DenyAll, TerminalApprover};
+use quiver::llm::HostConfig;
 use quiver::policy::{TaskMcpPolicy, ToolFilter};
 use quiver::registry::{Registry, ServerEntry, Severity};
+use quiver::serve::{Node, NodeConfig};
 use quiver::telemetry::{self, LogFormat};
 use quiver::{Host, HostBuilder, TaskSpec};
 
@@ -25,9 +27,10 @@ use quiver::{Host, HostBuilder, TaskSpec};
     about = "Run sandboxed WebAssembly workloads with MCP tools"
 )]
 struct Cli {
-    /// Log filter: a level (error, warn, info, debug, trace) or a tracing filter.
-    #[arg(long, global = true, default_value = "warn", env = "QUIVER_LOG")]
-    log_level: String,
+    /// Log filter: a level (error, warn, info, debug, trace) or a tracing filter. Default:
+    /// `info` for `serve`, `warn` otherwise.
+    #[arg(long, global = true, env = "QUIVER_LOG")]
+    log_level: Option<String>,
     /// Log line format on stderr.
     #[arg(long, global = true, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -45,6 +48,25 @@ enum Command {
     /// Work with registry directories.
     #[command(subcommand)]
     Registry(RegistryCommand),
+    /// Run a node that takes modules and tasks over HTTP until SIGTERM or Ctrl-C.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Address to listen on, e.g. 127.0.0.1:8080 (port 0 picks a free one). Anything but
+    /// loopback needs `[serve] token_env` in the host config.
+    #[arg(long)]
+    listen: std::net::SocketAddr,
+    /// MCP registry directory (one file per server).
+    #[arg(long, env = "QUIVER_REGISTRY")]
+    registry: PathBuf,
+    /// Host config (quiver.toml): backends, credentials, limits and `[serve]`.
+    #[arg(long, env = "QUIVER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Directory for precompiled modules (default ~/.cache/quiver/modules).
+    #[arg(long, env = "QUIVER_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -159,7 +181,14 @@ enum RegistryCommand {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    telemetry::init(&cli.log_level, cli.log_format);
+    let default_level = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    telemetry::init(
+        cli.log_level.as_deref().unwrap_or(default_level),
+        cli.log_format,
+    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -197,6 +226,7 @@ pub fn main() -> ExitCode {
                 status::status(source, json).await
             }
             Command::Registry(RegistryCommand::Validate { dir }) => validate(dir),
+            Command::Serve(args) => serve(args).await,
         }
     });
     ExitCode::from(status.clamp(0, 255) as u8)
@@ -278,6 +308,58 @@ async fn run(args: RunArgs) -> i32 {
         }
         Err(e) => fail(e),
     }
+}
+
+/// `quiver serve`: the first Ctrl-C or SIGTERM drains the node, a second cancels what
+/// still runs; either way the exit status is 0 once the node has stopped.
+async fn serve(args: ServeArgs) -> i32 {
+    let mut signals = Signals::listen();
+    let mut builder = HostBuilder::default().with_registry_dir(&args.registry);
+    if let Some(dir) = args.cache_dir {
+        builder = builder.with_cache_dir(dir);
+    }
+    let mut node_config = NodeConfig::new(args.listen);
+    if let Some(path) = &args.config {
+        let serve = match HostConfig::load(path) {
+            Ok(config) => config.serve,
+            Err(e) => return fail(e),
+        };
+        node_config = match NodeConfig::from_serve_config(args.listen, &serve, path) {
+            Ok(config) => config,
+            Err(e) => return fail(e),
+        };
+        builder = match builder.with_config_file(path) {
+            Ok(builder) => builder,
+            Err(e) => return fail(e),
+        };
+    }
+    let host = match builder.build() {
+        Ok(host) => host,
+        Err(e) => return fail(e),
+    };
+    let node = match Node::bind(host.clone(), node_config).await {
+        Ok(node) => node,
+        Err(e) => {
+            host.shutdown().await;
+            return fail(e);
+        }
+    };
+    // Scripts and tests read the address (the real port after `:0`) from this line.
+    println!("listening on http://{}", node.local_addr());
+    let control = node.control();
+    tokio::spawn(async move {
+        let signal = signals.next().await;
+        eprintln!("quiver: {}; draining the node", signal.name);
+        control.drain();
+        let signal = signals.next().await;
+        eprintln!(
+            "quiver: {} again; cancelling the running tasks",
+            signal.name
+        );
+        control.stop_now();
+    });
+    node.run().await;
+    0
 }
 
 /// Stops every MCP server of `host` gracefully. A second Ctrl-C or SIGTERM cuts that

@@ -363,3 +363,63 @@ pub const CLI_NODE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Largest answer `quiver mcp status --node` reads from a node.
 pub const CLI_NODE_MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
+/// `quiver serve`: time running tasks get to finish after SIGTERM or SIGINT before the
+/// rest are cancelled. Long enough for a short tool-using task, short enough for a
+/// rolling restart. `[serve] drain_grace_ms`.
+pub const SERVE_DRAIN_GRACE: Duration = Duration::from_secs(30);
+
+/// `quiver serve`: largest module upload (`PUT /v1/modules/{sha256}`); a larger body is
+/// `413` and read no further. Real guests are a few MiB. `[serve] max_module_bytes`.
+pub const SERVE_MAX_MODULE_BYTES: u64 = 64 * 1024 * 1024;
+
+/// `quiver serve`: compiled modules kept at once; one more evicts the least recently used
+/// (tasks already holding it keep running). `[serve] max_modules`.
+pub const SERVE_MAX_MODULES: u32 = 64;
+
+/// `quiver serve`: uploaded module bytes kept at once, over all modules; compiled code is
+/// a few times larger, so this bounds the store to a few GiB at most. One more module
+/// evicts the least recently used. `[serve] max_module_store_bytes`.
+pub const SERVE_MAX_MODULE_STORE_BYTES: u64 = 512 * 1024 * 1024;
+
+/// `quiver serve`: largest `POST /v1/tasks` body. A task is a few KiB of JSON.
+/// `[serve] max_request_bytes`.
+pub const SERVE_MAX_REQUEST_BYTES: u64 = 1024 * 1024;
+
+/// `quiver serve`: tasks the node holds at once, queued, running and finished together;
+/// a submission past it (with no finished task left to forget) is `429`. With
+/// [`SERVE_MAX_OUTPUT_BYTES`] this bounds kept output to 1024 x 2 x 64 KiB = 128 MiB.
+/// `[serve] max_tasks`.
+pub const SERVE_MAX_TASKS: u32 = 1024;
+
+/// `quiver serve`: bytes of each of a task's stdout and stderr the node keeps for
+/// `GET /v1/tasks/{id}`; the rest is cut and flagged. `[serve] max_output_bytes`.
+pub const SERVE_MAX_OUTPUT_BYTES: u64 = 64 * 1024;
+
+/// `quiver serve`: how long a finished task's result stays readable. `[serve]
+/// finished_ttl_ms`.
+pub const SERVE_FINISHED_TTL: Duration = Duration::from_secs(15 * 60);
+
+/// `quiver serve`: longest `?wait=SECONDS` long-poll; a larger wait is cut to it so no
+/// request holds a connection for long. `[serve] max_wait_ms`.
+pub const SERVE_MAX_WAIT: Duration = Duration::from_secs(60);
+
+/// `quiver serve`: time a client has to send a request body; a slower one gets `408`.
+/// `[serve] body_timeout_ms`.
+pub const SERVE_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `quiver serve`: time a client has to send a request's headers, and to send the next
+/// request on a kept-alive connection; then the connection is closed. Stops clients from
+/// holding connections by sending slowly. `[serve] header_timeout_ms`.
+pub const SERVE_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `quiver serve`: HTTP connections open at once; more wait in the kernel's backlog. Each
+/// costs a task and a few KiB; long-polls hold one each. `[serve] max_connections`.
+pub const SERVE_MAX_CONNECTIONS: usize = 1024;
+
+/// `quiver serve`: time in-flight HTTP requests get to finish once a drained node stops
+/// listening.
+pub const SERVE_HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// `quiver serve`: `Retry-After` (seconds) sent with `429` and `503` answers.
+pub const SERVE_RETRY_AFTER_SECS: u64 = 1;

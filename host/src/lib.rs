@@ -39,6 +39,7 @@ pub mod observe;
 pub mod policy;
 pub mod registry;
 pub mod sandbox;
+pub mod serve;
 pub mod task;
 pub mod telemetry;
 

@@ -163,7 +163,8 @@ impl TaskSpec {
         Ok(spec)
     }
 
-    fn validate(&self) -> Result<(), TaskError> {
+    /// Checks a task built from JSON by other means (the node's API) as [`TaskSpec::from_json`] does.
+    pub(crate) fn validate(&self) -> Result<(), TaskError> {
         if self.task_id.trim().is_empty() {
             return Err(TaskError::Field {
                 field: "task_id",

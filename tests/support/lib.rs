@@ -20,6 +20,7 @@ pub mod errno;
 pub mod group;
 pub mod hostile_http;
 pub mod llm;
+pub mod node;
 pub mod oauth;
 pub mod serve;
 pub mod wat;

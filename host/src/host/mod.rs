@@ -225,11 +225,23 @@ impl Host {
         module: &GuestModule,
         task: &TaskSpec,
     ) -> Result<TaskOutcome, HostError> {
+        self.run_task_reporting(module, task, || {}).await
+    }
+
+    /// [`Host::run_task`], calling `admitted` once the task leaves the queue for a running
+    /// slot (the node reports `queued` and `running` apart). Every task is counted in the
+    /// metrics here, by how it ended.
+    pub(crate) async fn run_task_reporting(
+        &self,
+        module: &GuestModule,
+        task: &TaskSpec,
+        admitted: impl FnOnce(),
+    ) -> Result<TaskOutcome, HostError> {
         let mut counted = TaskCounted {
             metrics: &self.inner.metrics,
             outcome: "cancelled",
         };
-        let result = self.run_task_counted(module, task).await;
+        let result = self.run_admitted(module, task, admitted).await;
         counted.outcome = match &result {
             Ok(outcome) => match outcome.failure {
                 None if outcome.exit_code == 0 => "ok",
@@ -243,10 +255,11 @@ impl Host {
         result
     }
 
-    async fn run_task_counted(
+    async fn run_admitted(
         &self,
         module: &GuestModule,
         task: &TaskSpec,
+        admitted: impl FnOnce(),
     ) -> Result<TaskOutcome, HostError> {
         let setup_error = |message: String| HostError::TaskSetup {
             task_id: task.task_id.clone(),
@@ -268,6 +281,7 @@ impl Host {
                 reason,
             }
         })?;
+        admitted();
         let started = Instant::now();
         let memory_limit = task.memory_limit().min(self.inner.runtime.max_task_memory);
         let host_memory_limit = task.host_memory_limit(self.inner.task_host_memory);

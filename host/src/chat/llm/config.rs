@@ -36,6 +36,9 @@
 //! queue_timeout_ms = 60000               # longest wait for a slot
 //! host_memory_bytes = 67108864           # each task's host memory budget
 //! host_memory_total_bytes = 8589934592   # all tasks together (default: half the RAM)
+//! [serve]                                # `quiver serve` (see crate::serve::ServeConfig)
+//! token_env = "QUIVER_TOKEN"             # the *name* of the variable holding the API token
+//! drain_grace_ms = 30000                 # running tasks' time to finish on SIGTERM
 //! ```
 
 use std::collections::BTreeMap;
@@ -44,6 +47,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::mcp::{AuthConfig, EgressConfig, EgressPolicy, McpHostConfig};
+use crate::serve::ServeConfig;
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -86,6 +90,9 @@ pub struct HostConfig {
     /// How many tasks run at once and how many may wait.
     #[serde(default)]
     pub tasks: TasksConfig,
+    /// `quiver serve`: the node's API token and limits.
+    #[serde(default)]
+    pub serve: ServeConfig,
 }
 
 /// `[tasks]`: admission control. Unset fields take their `defaults`; `HostBuilder` options
@@ -214,6 +221,10 @@ impl HostConfig {
             .map_err(|(field, message)| ConfigError::new(path, field, message))?;
         config
             .tasks
+            .check()
+            .map_err(|(field, message)| ConfigError::new(path, field, message))?;
+        config
+            .serve
             .check()
             .map_err(|(field, message)| ConfigError::new(path, field, message))?;
         for (name, backend) in &config.backends {

@@ -1,0 +1,196 @@
+//! `quiver serve`: a long-running node that keeps one [`Host`] and takes work over HTTP.
+//!
+//! Clients upload modules by hash (`PUT /v1/modules/{sha256}`), submit tasks that name one
+//! (`POST /v1/tasks`), then read (`GET /v1/tasks/{id}?wait=SECONDS`) or cancel
+//! (`DELETE /v1/tasks/{id}`) them; `/healthz` and `/readyz` serve orchestrators. The node
+//! is a thin layer: handlers ([`api`]) parse and check, the library runs. Everything a
+//! client sends is bounded (body size and time, modules, tasks, kept output) and every
+//! failure is one JSON error shape ([`error`]). A token guards all but the health checks,
+//! and a node without one only listens on loopback.
+//!
+//! Shutdown is a drain ([`NodeControl::drain`]): new work is refused and `/readyz` fails,
+//! running tasks get `drain_grace` to finish, the rest are cancelled, then the HTTP server
+//! and the MCP servers stop.
+//!
+//! ```no_run
+//! # async fn demo(host: quiver::Host) -> Result<(), quiver::serve::ServeError> {
+//! use quiver::serve::{Node, NodeConfig};
+//!
+//! let node = Node::bind(host, NodeConfig::new("127.0.0.1:0".parse().unwrap())).await?;
+//! println!("listening on http://{}", node.local_addr());
+//! let control = node.control();
+//! tokio::spawn(async move {
+//!     let _ = tokio::signal::ctrl_c().await;
+//!     control.drain();
+//! });
+//! node.run().await;
+//! # Ok(())
+//! # }
+//! ```
+
+mod api;
+mod config;
+mod error;
+mod listen;
+mod modules;
+mod tasks;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, watch};
+
+pub use config::{NodeConfig, ServeConfig};
+pub use error::ServeError;
+
+use crate::Host;
+use modules::ModuleStore;
+use tasks::TaskTable;
+
+/// Module uploads read and compiled at once; more get `429` rather than holding up to
+/// `max_module_bytes` each in memory.
+const CONCURRENT_UPLOADS: usize = 2;
+
+/// Where the node is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Serving,
+    /// Refusing new work, letting running tasks finish.
+    Draining,
+    /// Cancelling whatever still runs, now.
+    Stopping,
+}
+
+pub(crate) struct NodeState {
+    host: Host,
+    config: NodeConfig,
+    modules: ModuleStore,
+    tasks: Arc<TaskTable>,
+    uploads: Semaphore,
+    phase: watch::Sender<Phase>,
+}
+
+impl NodeState {
+    fn is_draining(&self) -> bool {
+        *self.phase.borrow() != Phase::Serving
+    }
+}
+
+/// A node bound to its address, not yet serving.
+pub struct Node {
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    state: Arc<NodeState>,
+}
+
+/// Starts the end of a running [`Node`]; cheap to clone.
+#[derive(Clone)]
+pub struct NodeControl {
+    state: Arc<NodeState>,
+}
+
+impl NodeControl {
+    /// Stops taking work and lets running tasks finish within the drain grace.
+    pub fn drain(&self) {
+        self.state.phase.send_if_modified(|phase| {
+            let serving = *phase == Phase::Serving;
+            if serving {
+                *phase = Phase::Draining;
+            }
+            serving
+        });
+    }
+
+    /// Cancels every task now (a second signal during a drain).
+    pub fn stop_now(&self) {
+        self.state.phase.send_replace(Phase::Stopping);
+    }
+}
+
+impl Node {
+    /// Binds `config.listen` for `host`. A non-loopback address needs a token.
+    pub async fn bind(host: Host, config: NodeConfig) -> Result<Self, ServeError> {
+        if config.token.is_none() && !config.listen.ip().is_loopback() {
+            return Err(ServeError::NoToken {
+                addr: config.listen,
+            });
+        }
+        let bind_error = |source| ServeError::Bind {
+            addr: config.listen,
+            source,
+        };
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(bind_error)?;
+        let addr = listener.local_addr().map_err(bind_error)?;
+        let state = Arc::new(NodeState {
+            modules: ModuleStore::new(config.max_modules, config.max_module_store_bytes),
+            tasks: Arc::new(TaskTable::new(
+                config.max_tasks,
+                config.max_output_bytes,
+                config.finished_ttl,
+            )),
+            uploads: Semaphore::new(CONCURRENT_UPLOADS),
+            phase: watch::channel(Phase::Serving).0,
+            host,
+            config,
+        });
+        Ok(Self {
+            listener,
+            addr,
+            state,
+        })
+    }
+
+    /// The address the node listens on (the real port when bound to port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The handle that drains or stops the node.
+    pub fn control(&self) -> NodeControl {
+        NodeControl {
+            state: self.state.clone(),
+        }
+    }
+
+    /// Serves until drained (see [`NodeControl`]), then stops the MCP servers.
+    pub async fn run(self) {
+        let Node {
+            listener,
+            addr,
+            state,
+        } = self;
+        tracing::info!(%addr, token = state.config.token.is_some(), "node listening");
+        let (stop_http, http_stopped) = tokio::sync::oneshot::channel();
+        let server = tokio::spawn(listen::serve(
+            listener,
+            api::router(state.clone()),
+            state.config.max_connections,
+            state.config.header_timeout,
+            http_stopped,
+        ));
+        let mut phase = state.phase.subscribe();
+        let _ = phase.wait_for(|p| *p != Phase::Serving).await;
+        let grace = state.config.drain_grace;
+        tracing::info!(
+            active = state.tasks.active(),
+            grace_ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX),
+            "draining: taking no new tasks"
+        );
+        tokio::select! {
+            () = state.tasks.all_ended() => {}
+            () = tokio::time::sleep(grace) => {
+                tracing::warn!("drain grace over; cancelling the tasks still running");
+            }
+            _ = phase.wait_for(|p| *p == Phase::Stopping) => {
+                tracing::warn!("stopping now; cancelling the tasks still running");
+            }
+        }
+        state.tasks.cancel_all("the node is shutting down");
+        let _ = stop_http.send(());
+        let _ = server.await;
+        state.host.shutdown().await;
+        tracing::info!("node stopped");
+    }
+}

@@ -1,0 +1,281 @@
+//! A real `quiver serve` process for the node's tests: started on `127.0.0.1:0`, its
+//! address read from the `listening on` line it prints, its stderr kept, and an HTTP
+//! client (with or without the token) to talk to it. The process is killed when dropped.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use tempfile::TempDir;
+
+use crate::{RegistryDir, quiver_cli, workspace};
+
+/// A running `quiver serve`.
+pub struct Node {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    pub base: String,
+    stderr: Arc<Mutex<String>>,
+    client: reqwest::Client,
+    token: Option<String>,
+    _config_dir: TempDir,
+}
+
+/// An answer: status, headers and the body as JSON (`Null` when it is not JSON).
+#[derive(Debug)]
+pub struct Answer {
+    pub status: u16,
+    pub headers: reqwest::header::HeaderMap,
+    pub json: Value,
+}
+
+impl Answer {
+    /// `error.field` of an error answer.
+    pub fn field(&self) -> &str {
+        self.json["error"]["field"].as_str().unwrap_or("")
+    }
+
+    /// `error.code` of an error answer.
+    pub fn code(&self) -> &str {
+        self.json["error"]["code"].as_str().unwrap_or("")
+    }
+}
+
+impl Node {
+    /// Starts `quiver serve --listen 127.0.0.1:0 --registry <registry>` with `config` (a
+    /// quiver.toml body, written next to nothing else) and `env` set, and waits up to 30 s
+    /// for its address.
+    pub fn start(registry: &RegistryDir, config: Option<&str>, env: &[(&str, &str)]) -> Node {
+        let config_dir = tempfile::tempdir().expect("tempdir");
+        let (child, base, stderr) = Self::spawn("127.0.0.1:0", registry, config, &config_dir, env)
+            .unwrap_or_else(|(status, err)| {
+                panic!("quiver serve did not start ({status:?}); stderr:\n{err}")
+            });
+        let token = env
+            .iter()
+            .find(|(k, _)| *k == "QUIVER_TEST_TOKEN")
+            .map(|(_, v)| (*v).to_owned());
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(120))
+            // A fresh connection per request: a node may close idle ones after its header
+            // timeout, which a test sets short.
+            .pool_max_idle_per_host(0)
+            .build()
+            .expect("HTTP client");
+        Node {
+            child,
+            base,
+            stderr,
+            client,
+            token,
+            _config_dir: config_dir,
+        }
+    }
+
+    /// Starts `quiver serve --listen <listen>` (its quiver.toml written to `config_dir`)
+    /// and, when it exits before announcing an address, returns its exit status and stderr.
+    #[allow(clippy::type_complexity)]
+    pub fn spawn(
+        listen: &str,
+        registry: &RegistryDir,
+        config: Option<&str>,
+        config_dir: &TempDir,
+        env: &[(&str, &str)],
+    ) -> Result<(Child, String, Arc<Mutex<String>>), (Option<ExitStatus>, String)> {
+        let mut cmd = Command::new(quiver_cli());
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg(listen)
+            .arg("--registry")
+            .arg(registry.path())
+            .arg("--cache-dir")
+            .arg(workspace().join("target").join("test-module-cache"))
+            .env_remove("QUIVER_CONFIG")
+            .env_remove("QUIVER_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(config) = config {
+            let file = config_dir.path().join("quiver.toml");
+            std::fs::write(&file, config).expect("write quiver.toml");
+            cmd.arg("--config").arg(file);
+        }
+        for (key, value) in env {
+            cmd.env(key, value);
+        }
+        let mut child = cmd.spawn().expect("start quiver serve");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().expect("piped stderr");
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let echo = std::env::var_os("RUST_LOG").is_some();
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let text = String::from_utf8_lossy(&buf[..n]);
+                if echo {
+                    eprint!("{text}");
+                }
+                sink.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push_str(&text);
+            }
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().expect("piped stdout");
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let _ = tx.send(lines.next());
+            for _ in lines {}
+        });
+        let line = rx.recv_timeout(Duration::from_secs(30));
+        let base = match line {
+            Ok(Some(Ok(line))) => line.trim().strip_prefix("listening on ").map(str::to_owned),
+            _ => None,
+        };
+        match base {
+            Some(base) => Ok((child, base, stderr)),
+            None => {
+                let _ = child.kill();
+                let status = child.wait().ok();
+                // Let the stderr thread take the last lines.
+                std::thread::sleep(Duration::from_millis(100));
+                let err = stderr.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                Err((status, err))
+            }
+        }
+    }
+
+    /// Everything the node wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `signal` to the node.
+    pub fn signal(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        let pid = i32::try_from(self.child.id()).expect("pid");
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "kill");
+    }
+
+    /// Waits up to `within` for the node to exit.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let start = Instant::now();
+        while start.elapsed() < within {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// A request with the node's token (if it has one).
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let request = self.client.request(method, format!("{}{path}", self.base));
+        match &self.token {
+            Some(token) => request.bearer_auth(token),
+            None => request,
+        }
+    }
+
+    /// A request without any token.
+    pub fn anonymous(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.client.request(method, format!("{}{path}", self.base))
+    }
+
+    /// Sends `request` and reads the answer.
+    pub async fn send(request: reqwest::RequestBuilder) -> Answer {
+        let response = request.send().await.expect("request to the node");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let bytes = response.bytes().await.expect("answer body");
+        let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Answer {
+            status,
+            headers,
+            json,
+        }
+    }
+
+    /// Uploads `bytes` as a module; its SHA-256.
+    pub async fn upload(&self, bytes: &[u8]) -> String {
+        let sha = sha256_hex(bytes);
+        let answer = Self::send(
+            self.request(reqwest::Method::PUT, &format!("/v1/modules/{sha}"))
+                .body(bytes.to_vec()),
+        )
+        .await;
+        assert!(
+            answer.status == 201 || answer.status == 200,
+            "upload: {answer:?}"
+        );
+        assert_eq!(answer.json["module"], sha.as_str());
+        sha
+    }
+
+    /// Submits `task` for `module`; the answer.
+    pub async fn submit(&self, module: &str, task: Value) -> Answer {
+        Self::send(
+            self.request(reqwest::Method::POST, "/v1/tasks")
+                .json(&serde_json::json!({"module": module, "task": task})),
+        )
+        .await
+    }
+
+    /// Submits and expects `202`; the task's id.
+    pub async fn submit_ok(&self, module: &str, task: Value) -> String {
+        let answer = self.submit(module, task).await;
+        assert_eq!(answer.status, 202, "submit: {answer:?}");
+        answer.json["id"].as_str().expect("id").to_owned()
+    }
+
+    /// `GET /v1/tasks/{id}?wait=<wait_secs>`.
+    pub async fn task(&self, id: &str, wait_secs: u32) -> Answer {
+        Self::send(self.request(
+            reqwest::Method::GET,
+            &format!("/v1/tasks/{id}?wait={wait_secs}"),
+        ))
+        .await
+    }
+
+    /// Polls the task until its status is `status`, for up to `within`.
+    pub async fn wait_status(&self, id: &str, status: &str, within: Duration) -> Answer {
+        let start = Instant::now();
+        loop {
+            let answer = self.task(id, 0).await;
+            if answer.json["status"] == status || start.elapsed() > within {
+                return answer;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Lowercase hex SHA-256 of `bytes`, as the node names modules.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
