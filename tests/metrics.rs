@@ -3,7 +3,7 @@
 //! `quiver` CLI. Each test makes real calls, then parses the host's OpenMetrics text and
 //! asserts exact values and label sets.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use quiver::Host;
 use quiver::mcp::{ServerState, ServerStatus};
@@ -11,70 +11,14 @@ use quiver::registry::Registry;
 use quiver_tests::chat_wat::{ChatGuest, WEATHER, scripted_host};
 use quiver_tests::errno::EACCES;
 use quiver_tests::llm::{Reply, ScriptedLlm, expected_usage};
+use quiver_tests::openmetrics::{Sample, find, get, parse};
 use quiver_tests::wat::{self, WatRun};
 use quiver_tests::{RegistryDir, fixture_server, host, host_builder, mcp_task, quiver_cli};
 use serde_json::{Value, json};
 
-/// One sample of the text exposition.
-#[derive(Debug)]
-struct Sample {
-    name: String,
-    labels: BTreeMap<String, String>,
-    value: f64,
-}
-
-/// Parses OpenMetrics text: `name{k="v",...} value` lines; comments skipped. Label values
-/// here never hold quotes or commas, so no unescaping is needed.
-fn parse(text: &str) -> Vec<Sample> {
-    assert!(text.ends_with("# EOF\n"), "not OpenMetrics text:\n{text}");
-    text.lines()
-        .filter(|line| !line.starts_with('#') && !line.is_empty())
-        .map(|line| {
-            let (series, value) = line.rsplit_once(' ').expect("a value");
-            let (name, labels) = match series.split_once('{') {
-                Some((name, rest)) => (name, rest.strip_suffix('}').expect("closing brace")),
-                None => (series, ""),
-            };
-            let labels = labels
-                .split(',')
-                .filter(|pair| !pair.is_empty())
-                .map(|pair| {
-                    let (key, value) = pair.split_once('=').expect("key=value");
-                    (key.to_owned(), value.trim_matches('"').to_owned())
-                })
-                .collect();
-            Sample {
-                name: name.to_owned(),
-                labels,
-                value: value.parse().expect("a number"),
-            }
-        })
-        .collect()
-}
-
 /// The samples of `host`'s metrics now.
 fn scrape(host: &Host) -> Vec<Sample> {
     parse(&host.metrics().encode())
-}
-
-/// The value of `name` with exactly `labels`, or `None`.
-fn find(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    let want: BTreeMap<String, String> = labels
-        .iter()
-        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-        .collect();
-    samples
-        .iter()
-        .find(|s| s.name == name && s.labels == want)
-        .map(|s| s.value)
-}
-
-/// [`find`], failing with every sample of `name` when it is missing.
-fn get(samples: &[Sample], name: &str, labels: &[(&str, &str)]) -> f64 {
-    find(samples, name, labels).unwrap_or_else(|| {
-        let of_name: Vec<_> = samples.iter().filter(|s| s.name == name).collect();
-        panic!("no {name}{labels:?}; have {of_name:#?}")
-    })
 }
 
 /// A WAT guest that opens servers and calls tools, emitting each result to stderr.

@@ -1,11 +1,12 @@
 //! `quiver serve` end to end: the real binary on an ephemeral port, real HTTP, real WAT
-//! guests, and a real fixture MCP server for the drain.
+//! guests, and real fixture MCP servers for the drain, metrics, server health, the audit
+//! log, approvals and registry reloads.
 
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use quiver_tests::node::{Node, sha256_hex};
-use quiver_tests::{RegistryDir, fixture_pids, unique_id};
+use quiver_tests::node::{Answer, Node, sha256_hex};
+use quiver_tests::{RegistryDir, fixture_pids, fixture_toml, openmetrics, unique_id, wat};
 use reqwest::Method;
 use serde_json::json;
 
@@ -342,6 +343,11 @@ async fn the_token_guards_everything_but_the_health_checks() {
             Method::DELETE,
             "/v1/tasks/0123456789abcdef01234567".to_owned(),
         ),
+        (Method::GET, "/metrics".to_owned()),
+        (Method::GET, "/v1/mcp/servers".to_owned()),
+        (Method::GET, "/v1/registry".to_owned()),
+        (Method::GET, "/v1/approvals".to_owned()),
+        (Method::POST, "/v1/approvals/0000abcd-00000001".to_owned()),
     ] {
         let none = Node::send(node.anonymous(method.clone(), &path)).await;
         assert_eq!(none.status, 401, "{method} {path}: {none:?}");
@@ -378,14 +384,14 @@ async fn the_token_guards_everything_but_the_health_checks() {
 fn a_node_refuses_to_start_unguarded_off_loopback_or_with_its_token_missing() {
     let registry = RegistryDir::new();
     let dir = tempfile::tempdir().expect("tempdir");
-    let Err((status, stderr)) = Node::spawn("0.0.0.0:0", &registry, None, &dir, &[]) else {
+    let Err((status, stderr)) = Node::spawn("0.0.0.0:0", &registry, None, &dir, &[], &[]) else {
         panic!("a node without a token listened on 0.0.0.0");
     };
     assert_eq!(status.and_then(|s| s.code()), Some(2), "{stderr}");
     assert!(stderr.contains("[serve] token_env"), "{stderr}");
 
     let config = "[serve]\ntoken_env = \"QUIVER_TEST_UNSET_TOKEN\"\n";
-    let Err((status, stderr)) = Node::spawn("127.0.0.1:0", &registry, Some(config), &dir, &[])
+    let Err((status, stderr)) = Node::spawn("127.0.0.1:0", &registry, Some(config), &dir, &[], &[])
     else {
         panic!("a node whose token variable is unset started");
     };
@@ -394,7 +400,8 @@ fn a_node_refuses_to_start_unguarded_off_loopback_or_with_its_token_missing() {
     assert!(stderr.contains("QUIVER_TEST_UNSET_TOKEN"), "{stderr}");
 
     let config = "[serve]\ndrain_grace = 5\n";
-    let Err((_, stderr)) = Node::spawn("127.0.0.1:0", &registry, Some(config), &dir, &[]) else {
+    let Err((_, stderr)) = Node::spawn("127.0.0.1:0", &registry, Some(config), &dir, &[], &[])
+    else {
         panic!("a node with an unknown [serve] field started");
     };
     assert!(stderr.contains("serve.drain_grace"), "{stderr}");
@@ -479,4 +486,469 @@ async fn a_task_past_the_drain_grace_is_cancelled_and_the_node_still_exits_0() {
         .wait_exit(Duration::from_secs(30))
         .expect("the node exits");
     assert_eq!(status.code(), Some(0), "{}", node.stderr());
+}
+
+/// A task.json enabling MCP with `servers` as its defaults.
+fn mcp_task(id: &str, servers: &[&str]) -> serde_json::Value {
+    json!({
+        "task_id": id,
+        "config": {"mcp.enabled": "true", "mcp.default_server_ids": json!(servers).to_string()},
+        "limits": {"deadline_ms": 120000},
+    })
+}
+
+/// A guest that opens `server` and writes its tool list to stderr.
+fn list_tools_guest(server: &str) -> String {
+    wat::guest(
+        &[(1024, server.as_bytes())],
+        &format!(
+            "(func $main (local $fd i32)
+               (local.set $fd (call $mcp_open (i32.const 1024) (i32.const {})))
+               (call $cap (i32.const 8192) (i32.const 65536))
+               (call $out (call $mcp_list_tools (local.get $fd) (i32.const 16384) (i32.const 8192)))
+               (call $emit (i32.const 16384) (call $len (i32.const 8192))))",
+            server.len()
+        ),
+    )
+}
+
+/// The tool results a [`wat::mcp_calls`] guest emitted to its stderr, parsed.
+fn results(task: &Answer) -> Vec<serde_json::Value> {
+    task.json["stderr"]
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect()
+}
+
+fn text(result: &serde_json::Value) -> &str {
+    result["content"][0]["text"].as_str().unwrap_or_default()
+}
+
+/// An ok call and an `isError` one, seen by `GET /metrics` (parsed, exact values),
+/// `GET /v1/mcp/servers` and the `--audit-log` file.
+#[tokio::test]
+async fn real_calls_show_in_metrics_server_health_and_the_audit_log() {
+    let server = unique_id("observed");
+    let registry = RegistryDir::new();
+    registry.fixture(&server, &["echo", "read_text"], "");
+    let logs = tempfile::tempdir().expect("tempdir");
+    let audit = logs.path().join("audit.jsonl");
+    let token = "metrics-node-token-0042";
+    let node = Node::start_with_args(
+        &registry,
+        Some("[serve]\ntoken_env = \"QUIVER_TEST_TOKEN\"\n"),
+        &[("QUIVER_TEST_TOKEN", token)],
+        &["--audit-log".as_ref(), audit.as_os_str()],
+    );
+    let secret_value = "value-never-logged-7731";
+    let echo_args = json!({"text": secret_value}).to_string();
+    let guest = wat::mcp_calls(
+        &[
+            (&server, "echo", &echo_args),
+            (
+                &server,
+                "read_text",
+                r#"{"path":"/nonexistent/serve-metrics"}"#,
+            ),
+        ],
+        1,
+    );
+    let module = node.upload(guest.as_bytes()).await;
+    let id = node
+        .submit_ok(&module, mcp_task("observed", &[&server]))
+        .await;
+    let done = node.task(&id, 60).await;
+    assert_eq!(done.json["status"], "finished", "{done:?}");
+    let results = results(&done);
+    assert_eq!(text(&results[0]), secret_value, "{results:?}");
+    assert_eq!(results[1]["isError"], true, "{results:?}");
+
+    // The server's tool count is known once a task has listed its tools.
+    let lister = node.upload(list_tools_guest(&server).as_bytes()).await;
+    let id = node
+        .submit_ok(&lister, mcp_task("lister", &[&server]))
+        .await;
+    let listed = node.task(&id, 60).await;
+    assert_eq!(listed.json["status"], "finished", "{listed:?}");
+    assert!(
+        listed.json["stderr"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("\"echo\""),
+        "{listed:?}"
+    );
+
+    let anonymous = Node::send(node.anonymous(Method::GET, "/metrics")).await;
+    assert_eq!(anonymous.status, 401, "{anonymous:?}");
+    let response = node
+        .request(Method::GET, "/metrics")
+        .send()
+        .await
+        .expect("scrape");
+    assert_eq!(response.status(), 200);
+    assert_eq!(
+        response.headers()["content-type"],
+        quiver::observe::Metrics::CONTENT_TYPE
+    );
+    let samples = openmetrics::parse(&response.text().await.expect("metrics text"));
+    let calls = "quiver_mcp_tool_calls_total";
+    let labels = |tool, outcome| {
+        [
+            ("server_id", server.as_str()),
+            ("tool", tool),
+            ("outcome", outcome),
+        ]
+    };
+    assert_eq!(
+        openmetrics::get(&samples, calls, &labels("echo", "ok")),
+        1.0
+    );
+    assert_eq!(
+        openmetrics::get(&samples, calls, &labels("read_text", "tool_error")),
+        1.0
+    );
+    assert_eq!(samples.iter().filter(|s| s.name == calls).count(), 2);
+    assert_eq!(
+        openmetrics::get(&samples, "quiver_tasks_total", &[("outcome", "ok")]),
+        2.0
+    );
+
+    let servers = node.get_json("/v1/mcp/servers").await;
+    let listed = servers["servers"].as_array().expect("servers array");
+    assert_eq!(listed.len(), 1, "{servers}");
+    let shown = &listed[0];
+    assert_eq!(shown["server_id"], server.as_str());
+    assert_eq!(shown["state"], "connected", "{shown}");
+    assert!(shown["tool_count"].as_u64() >= Some(2), "{shown}");
+    assert_eq!(shown["last_error"], serde_json::Value::Null, "{shown}");
+    assert_eq!(shown["connections"], 1, "{shown}");
+    for key in [
+        "reconnects",
+        "last_error",
+        "last_success",
+        "latency_p50_ms",
+        "calls_in_flight",
+    ] {
+        assert!(shown.get(key).is_some(), "no {key}: {shown}");
+    }
+    assert!(shown.get("pid").is_none(), "a node shows no pids: {shown}");
+
+    // The audit writer runs off the task path: wait for its two lines.
+    let start = Instant::now();
+    let lines = loop {
+        let text = std::fs::read_to_string(&audit).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        if lines.len() >= 2 || start.elapsed() > Duration::from_secs(30) {
+            assert!(
+                !text.contains(secret_value),
+                "an argument value was logged: {text}"
+            );
+            break lines;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let seen: Vec<(&str, &str, &str, &str, &str)> = lines
+        .iter()
+        .map(|l| {
+            let field = |k: &str| l[k].as_str().unwrap_or_default();
+            (
+                field("event"),
+                field("task_id"),
+                field("server_id"),
+                field("tool"),
+                field("outcome"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("tool_call", "observed", server.as_str(), "echo", "ok"),
+            (
+                "tool_call",
+                "observed",
+                server.as_str(),
+                "read_text",
+                "tool_error"
+            ),
+        ]
+    );
+    assert_eq!(lines[0]["arguments"]["keys"], json!(["text"]));
+}
+
+/// The calls of an `approval_policy = "always"` server wait for `POST /v1/approvals/{id}`:
+/// approved, the guest gets the tool's result; denied, `mcp_policy_denied` with the reason.
+#[tokio::test]
+async fn approvals_are_listed_and_decided_over_http() {
+    let server = unique_id("guarded");
+    let registry = RegistryDir::new();
+    registry.write(
+        &format!("{server}.toml"),
+        &format!(
+            "approval_policy = \"always\"\n{}",
+            fixture_toml(&server, &["*"], "")
+        ),
+    );
+    let token = "approvals-node-token-0042";
+    let node = Node::start(
+        &registry,
+        Some("[serve]\ntoken_env = \"QUIVER_TEST_TOKEN\"\n"),
+        &[("QUIVER_TEST_TOKEN", token)],
+    );
+    let value = "value-the-approver-never-sees";
+    let args = json!({"text": value}).to_string();
+    let module = node
+        .upload(wat::mcp_calls(&[(&server, "echo", &args)], 1).as_bytes())
+        .await;
+    let wait_pending = || {
+        node.poll_json("/v1/approvals", Duration::from_secs(60), |body| {
+            body["approvals"].as_array().is_some_and(|a| !a.is_empty())
+        })
+    };
+    let decide = |id: &str, body: serde_json::Value| {
+        Node::send(
+            node.request(Method::POST, &format!("/v1/approvals/{id}"))
+                .json(&body),
+        )
+    };
+
+    // Approved.
+    let task = node
+        .submit_ok(&module, mcp_task("approve-me", &[&server]))
+        .await;
+    let listed = wait_pending().await;
+    let pending = &listed["approvals"][0];
+    assert_eq!(pending["task_id"], "approve-me", "{listed}");
+    assert_eq!(pending["server_id"], server.as_str());
+    assert_eq!(pending["tool"], "echo");
+    assert_eq!(pending["arguments"]["keys"], json!(["text"]));
+    assert!(
+        !listed.to_string().contains(value),
+        "a value was shown: {listed}"
+    );
+    let approval = pending["id"].as_str().expect("id").to_owned();
+    assert_eq!(node.task(&task, 0).await.json["status"], "running");
+    let answer = decide(&approval, json!({"approve": true})).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.json, json!({"id": approval, "approved": true}));
+    let done = node.task(&task, 60).await;
+    assert_eq!(done.json["status"], "finished", "{done:?}");
+    assert_eq!(text(&results(&done)[0]), value);
+    // Decided once only.
+    let again = decide(&approval, json!({"approve": true})).await;
+    assert_eq!((again.status, again.field()), (404, "id"), "{again:?}");
+
+    // Denied, with a reason.
+    let task = node
+        .submit_ok(&module, mcp_task("deny-me", &[&server]))
+        .await;
+    let listed = wait_pending().await;
+    let approval = listed["approvals"][0]["id"]
+        .as_str()
+        .expect("id")
+        .to_owned();
+    assert_eq!(listed["approvals"][0]["task_id"], "deny-me");
+    let answer = decide(
+        &approval,
+        json!({"approve": false, "reason": "not on a Friday"}),
+    )
+    .await;
+    assert_eq!(
+        answer.json,
+        json!({"id": approval, "approved": false}),
+        "{answer:?}"
+    );
+    let done = node.task(&task, 60).await;
+    assert_eq!(done.json["status"], "finished", "{done:?}");
+    let error = &results(&done)[0]["error"];
+    assert_eq!(error["code"], "mcp_policy_denied", "{done:?}");
+    assert!(
+        error["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not on a Friday"),
+        "{error}"
+    );
+    assert_eq!(
+        node.get_json("/v1/approvals").await,
+        json!({"approvals": []})
+    );
+
+    // Unknown ids, malformed ids and bad bodies.
+    let unknown = decide("0000abcd-00000001", json!({"approve": true})).await;
+    assert_eq!(
+        (unknown.status, unknown.field()),
+        (404, "id"),
+        "{unknown:?}"
+    );
+    let malformed = decide("not%20an%20id", json!({"approve": true})).await;
+    assert_eq!(
+        (malformed.status, malformed.field()),
+        (400, "id"),
+        "{malformed:?}"
+    );
+    for (body, field) in [
+        (json!({"approve": "yes"}), "approve"),
+        (json!({}), "approve"),
+        (json!({"approve": true, "because": "x"}), "because"),
+        (json!({"approve": false, "reason": 7}), "reason"),
+        (json!([true]), "body"),
+    ] {
+        let answer = decide("0000abcd-00000001", body.clone()).await;
+        assert_eq!(
+            (answer.status, answer.field()),
+            (400, field),
+            "{body}: {answer:?}"
+        );
+    }
+    let huge = json!({"approve": false, "reason": "x".repeat(64 * 1024)});
+    let answer = decide("0000abcd-00000001", huge).await;
+    assert_eq!(
+        (answer.status, answer.code()),
+        (413, "body_too_large"),
+        "{answer:?}"
+    );
+    let anonymous = Node::send(node.anonymous(Method::GET, "/v1/approvals")).await;
+    assert_eq!(anonymous.status, 401);
+}
+
+/// With `--no-watch`, each SIGHUP is one reload: a changed and a removed record while a
+/// task runs on the old snapshot, then a broken file (degraded, the old snapshot kept,
+/// the node still ready), then the fix.
+#[tokio::test]
+async fn sighup_reloads_the_registry_while_a_task_runs() {
+    let (changed, removed) = (unique_id("changed"), unique_id("removed"));
+    let registry = RegistryDir::new();
+    registry
+        .fixture(&changed, &["*"], "")
+        .fixture(&removed, &["*"], "");
+    let mut node = Node::start_with_args(&registry, None, &[], &["--no-watch".as_ref()]);
+    let initial = node.get_json("/v1/registry").await;
+    assert_eq!(
+        (
+            &initial["generation"],
+            &initial["reloads"],
+            &initial["degraded"]
+        ),
+        (&json!(0), &json!(0), &json!(false)),
+        "{initial}"
+    );
+    let module = node
+        .upload(
+            wat::mcp_calls(
+                &[
+                    (&changed, "slow", r#"{"ms":4000}"#),
+                    (&changed, "echo", r#"{"text":"still here"}"#),
+                ],
+                1,
+            )
+            .as_bytes(),
+        )
+        .await;
+    let task = node.submit_ok(&module, mcp_task("old", &[&changed])).await;
+    node.poll_json("/v1/mcp/servers", Duration::from_secs(60), |body| {
+        body["servers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["server_id"] == changed.as_str() && s["calls_in_flight"] == 1)
+    })
+    .await;
+
+    let reloads = |n: u64| move |body: &serde_json::Value| body["reloads"] == n;
+    registry.fixture(&changed, &["*"], "env = { RELOADED = \"1\" }");
+    std::fs::remove_file(registry.path().join(format!("{removed}.toml"))).expect("remove");
+    node.signal(libc::SIGHUP);
+    let health = node
+        .poll_json("/v1/registry", Duration::from_secs(30), reloads(1))
+        .await;
+    assert_eq!(health["generation"], 1, "{health}");
+    assert_eq!(health["degraded"], false, "{health}");
+    assert_ne!(health["revision"], initial["revision"], "{health}");
+    let revision = health["revision"].clone();
+    let servers = node.get_json("/v1/mcp/servers").await;
+    let ids: Vec<&str> = servers["servers"]
+        .as_array()
+        .expect("servers")
+        .iter()
+        .filter_map(|s| s["server_id"].as_str())
+        .collect();
+    assert_eq!(ids, [changed.as_str()], "{servers}");
+
+    registry.write("broken.toml", "server_id = [");
+    node.signal(libc::SIGHUP);
+    let health = node
+        .poll_json("/v1/registry", Duration::from_secs(30), reloads(2))
+        .await;
+    assert_eq!(health["degraded"], true, "{health}");
+    assert_eq!(health["failed_reloads"], 1, "{health}");
+    assert_eq!(
+        health["revision"], revision,
+        "the old snapshot stays: {health}"
+    );
+    assert!(
+        health["last_reload_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("broken.toml"),
+        "{health}"
+    );
+    let ready = Node::send(node.anonymous(Method::GET, "/readyz")).await;
+    assert_eq!(
+        ready.status, 200,
+        "a degraded registry still serves: {ready:?}"
+    );
+    assert_eq!(ready.json["registry"]["degraded"], true, "{ready:?}");
+    assert_eq!(ready.json["registry_revision"], revision);
+
+    let done = node.task(&task, 60).await;
+    assert_eq!(done.json["status"], "finished", "{done:?}");
+    let results = results(&done);
+    assert_eq!(
+        results.iter().map(text).collect::<Vec<_>>(),
+        ["slept 4000ms", "still here"],
+        "{done:?}"
+    );
+
+    std::fs::remove_file(registry.path().join("broken.toml")).expect("remove");
+    node.signal(libc::SIGHUP);
+    let health = node
+        .poll_json("/v1/registry", Duration::from_secs(30), reloads(3))
+        .await;
+    assert_eq!(
+        (&health["degraded"], &health["last_reload_error"]),
+        (&json!(false), &serde_json::Value::Null),
+        "{health}"
+    );
+    assert!(node.stderr().contains("SIGHUP"), "{}", node.stderr());
+    node.signal(libc::SIGTERM);
+    let status = node
+        .wait_exit(Duration::from_secs(60))
+        .expect("the node exits");
+    assert_eq!(status.code(), Some(0), "{}", node.stderr());
+}
+
+/// By default the node watches its registry: a new file is served without a signal.
+#[tokio::test]
+async fn the_node_follows_registry_edits_on_its_own() {
+    let (first, added) = (unique_id("first"), unique_id("added"));
+    let registry = RegistryDir::new();
+    registry.fixture(&first, &["*"], "");
+    let node = Node::start(&registry, None, &[]);
+    registry.fixture(&added, &["*"], "");
+    node.poll_json("/v1/mcp/servers", Duration::from_secs(30), |body| {
+        body["servers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|s| s["server_id"] == added.as_str())
+    })
+    .await;
+    let health = node.get_json("/v1/registry").await;
+    assert!(health["generation"].as_u64() >= Some(1), "{health}");
 }

@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use std::sync::Arc;
 
-use quiver::approval::{AllowAll, Approver, DenyAll, TerminalApprover};
+use quiver::approval::{AllowAll, ApprovalQueue, Approver, DenyAll, TerminalApprover};
 use quiver::llm::HostConfig;
 use quiver::policy::{TaskMcpPolicy, ToolFilter};
 use quiver::registry::{Registry, ServerEntry, Severity};
@@ -67,6 +67,12 @@ struct ServeArgs {
     /// Directory for precompiled modules (default ~/.cache/quiver/modules).
     #[arg(long, env = "QUIVER_CACHE_DIR")]
     cache_dir: Option<PathBuf>,
+    /// Append one JSON line per tool call and policy denial to this file (created 0600).
+    #[arg(long, value_name = "FILE")]
+    audit_log: Option<PathBuf>,
+    /// Do not reload the registry when its files change; SIGHUP still reloads it.
+    #[arg(long)]
+    no_watch: bool,
 }
 
 #[derive(clap::Args)]
@@ -311,12 +317,22 @@ async fn run(args: RunArgs) -> i32 {
 }
 
 /// `quiver serve`: the first Ctrl-C or SIGTERM drains the node, a second cancels what
-/// still runs; either way the exit status is 0 once the node has stopped.
+/// still runs; either way the exit status is 0 once the node has stopped. SIGHUP, and
+/// unless `--no-watch` any change in the registry directory, reloads the registry; a
+/// refused reload keeps the old snapshot serving.
 async fn serve(args: ServeArgs) -> i32 {
     let mut signals = Signals::listen();
-    let mut builder = HostBuilder::default().with_registry_dir(&args.registry);
+    // Listened for before anything else: SIGHUP's default action would end the node.
+    let hangups = Hangups::listen();
+    let approvals = Arc::new(ApprovalQueue::default());
+    let mut builder = HostBuilder::default()
+        .with_registry_dir(&args.registry)
+        .with_approver(approvals.clone());
     if let Some(dir) = args.cache_dir {
         builder = builder.with_cache_dir(dir);
+    }
+    if let Some(path) = args.audit_log {
+        builder = builder.with_audit_log(path);
     }
     let mut node_config = NodeConfig::new(args.listen);
     if let Some(path) = &args.config {
@@ -337,7 +353,20 @@ async fn serve(args: ServeArgs) -> i32 {
         Ok(host) => host,
         Err(e) => return fail(e),
     };
-    let node = match Node::bind(host.clone(), node_config).await {
+    let watcher = if args.no_watch {
+        None
+    } else {
+        match host.watch_registry() {
+            Ok(watcher) => Some(watcher),
+            Err(e) => {
+                host.shutdown().await;
+                return fail(format!(
+                    "{e}; pass --no-watch to serve without watching (SIGHUP still reloads)"
+                ));
+            }
+        }
+    };
+    let node = match Node::bind(host.clone(), node_config.with_approval_queue(approvals)).await {
         Ok(node) => node,
         Err(e) => {
             host.shutdown().await;
@@ -358,8 +387,57 @@ async fn serve(args: ServeArgs) -> i32 {
         );
         control.stop_now();
     });
+    let reloader = tokio::spawn(hangups.reload_on_each(host.clone()));
     node.run().await;
+    reloader.abort();
+    drop(watcher);
     0
+}
+
+/// SIGHUP, listened for from the start of `serve`.
+struct Hangups {
+    #[cfg(unix)]
+    signal: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangups {
+    fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let signal = signal(SignalKind::hangup())
+                .inspect_err(|e| eprintln!("quiver: cannot listen for SIGHUP: {e}"))
+                .ok();
+            Self { signal }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// Reloads `host`'s registry on every SIGHUP, logging the outcome.
+    async fn reload_on_each(self, host: Host) {
+        #[cfg(unix)]
+        {
+            let Some(mut signal) = self.signal else {
+                return;
+            };
+            while signal.recv().await.is_some() {
+                tracing::info!("SIGHUP: reloading the registry");
+                let host = host.clone();
+                // Reading the directory is blocking file I/O.
+                match tokio::task::spawn_blocking(move || host.reload_registry()).await {
+                    Ok(Ok(registry)) => {
+                        tracing::info!(revision = registry.revision(), "registry reload done");
+                    }
+                    // reload_registry logged why; the old snapshot serves on.
+                    Ok(Err(_)) => {}
+                    Err(e) => tracing::error!(error = %e, "the registry reload failed"),
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = host;
+    }
 }
 
 /// Stops every MCP server of `host` gracefully. A second Ctrl-C or SIGTERM cuts that

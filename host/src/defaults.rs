@@ -423,3 +423,8 @@ pub const SERVE_HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// `quiver serve`: `Retry-After` (seconds) sent with `429` and `503` answers.
 pub const SERVE_RETRY_AFTER_SECS: u64 = 1;
+
+/// `quiver serve`: largest `POST /v1/approvals/{id}` body, in bytes. A decision is a bool
+/// and a reason cut to [`MAX_APPROVAL_REASON_BYTES`]; this leaves room for JSON escapes
+/// (`\uXXXX` is 6 bytes per character) and refuses anything bigger unread.
+pub const SERVE_MAX_DECISION_BYTES: u64 = 16 * 1024;

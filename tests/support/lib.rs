@@ -22,6 +22,7 @@ pub mod hostile_http;
 pub mod llm;
 pub mod node;
 pub mod oauth;
+pub mod openmetrics;
 pub mod serve;
 pub mod wat;
 

@@ -49,11 +49,21 @@ impl Node {
     /// quiver.toml body, written next to nothing else) and `env` set, and waits up to 30 s
     /// for its address.
     pub fn start(registry: &RegistryDir, config: Option<&str>, env: &[(&str, &str)]) -> Node {
+        Self::start_with_args(registry, config, env, &[])
+    }
+
+    /// [`Node::start`] with more command-line arguments (e.g. `--audit-log FILE`).
+    pub fn start_with_args(
+        registry: &RegistryDir,
+        config: Option<&str>,
+        env: &[(&str, &str)],
+        args: &[&std::ffi::OsStr],
+    ) -> Node {
         let config_dir = tempfile::tempdir().expect("tempdir");
-        let (child, base, stderr) = Self::spawn("127.0.0.1:0", registry, config, &config_dir, env)
-            .unwrap_or_else(|(status, err)| {
-                panic!("quiver serve did not start ({status:?}); stderr:\n{err}")
-            });
+        let (child, base, stderr) =
+            Self::spawn("127.0.0.1:0", registry, config, &config_dir, env, args).unwrap_or_else(
+                |(status, err)| panic!("quiver serve did not start ({status:?}); stderr:\n{err}"),
+            );
         let token = env
             .iter()
             .find(|(k, _)| *k == "QUIVER_TEST_TOKEN")
@@ -76,8 +86,9 @@ impl Node {
         }
     }
 
-    /// Starts `quiver serve --listen <listen>` (its quiver.toml written to `config_dir`)
-    /// and, when it exits before announcing an address, returns its exit status and stderr.
+    /// Starts `quiver serve --listen <listen> <args>` (its quiver.toml written to
+    /// `config_dir`) and, when it exits before announcing an address, returns its exit
+    /// status and stderr.
     #[allow(clippy::type_complexity)]
     pub fn spawn(
         listen: &str,
@@ -85,6 +96,7 @@ impl Node {
         config: Option<&str>,
         config_dir: &TempDir,
         env: &[(&str, &str)],
+        args: &[&std::ffi::OsStr],
     ) -> Result<(Child, String, Arc<Mutex<String>>), (Option<ExitStatus>, String)> {
         let mut cmd = Command::new(quiver_cli());
         cmd.arg("serve")
@@ -94,6 +106,7 @@ impl Node {
             .arg(registry.path())
             .arg("--cache-dir")
             .arg(workspace().join("target").join("test-module-cache"))
+            .args(args)
             .env_remove("QUIVER_CONFIG")
             .env_remove("QUIVER_LOG")
             .stdin(Stdio::null())
@@ -250,6 +263,36 @@ impl Node {
             &format!("/v1/tasks/{id}?wait={wait_secs}"),
         ))
         .await
+    }
+
+    /// `GET path` with the token, expecting `200`; the JSON body.
+    pub async fn get_json(&self, path: &str) -> Value {
+        let answer = Self::send(self.request(reqwest::Method::GET, path)).await;
+        assert_eq!(answer.status, 200, "GET {path}: {answer:?}");
+        answer.json
+    }
+
+    /// Polls `GET path` until `done` holds for its JSON body, for up to `within`; the
+    /// last body.
+    pub async fn poll_json(
+        &self,
+        path: &str,
+        within: Duration,
+        mut done: impl FnMut(&Value) -> bool,
+    ) -> Value {
+        let start = Instant::now();
+        loop {
+            let body = self.get_json(path).await;
+            if done(&body) {
+                return body;
+            }
+            assert!(
+                start.elapsed() < within,
+                "GET {path} never became what the test waits for; last: {body}\nnode stderr:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Polls the task until its status is `status`, for up to `within`.

@@ -23,6 +23,9 @@ use super::NodeState;
 use super::error::ApiError;
 use super::tasks::Refused;
 use crate::TaskSpec;
+use crate::approval::{ApprovalDecision, ApprovalQueue};
+use crate::defaults;
+use crate::observe::Metrics;
 use crate::task::TaskError;
 
 pub(crate) fn router(state: Arc<NodeState>) -> Router {
@@ -30,6 +33,11 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
         .route("/v1/modules/{sha256}", put(put_module))
         .route("/v1/tasks", axum::routing::post(submit_task))
         .route("/v1/tasks/{id}", get(get_task).delete(cancel_task))
+        .route("/v1/approvals", get(list_approvals))
+        .route("/v1/approvals/{id}", axum::routing::post(decide_approval))
+        .route("/v1/mcp/servers", get(mcp_servers))
+        .route("/v1/registry", get(registry_health))
+        .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
     Router::new()
         .route("/healthz", get(healthz))
@@ -92,6 +100,8 @@ struct Readiness {
     /// Why not, when not ready.
     reasons: Vec<&'static str>,
     registry_revision: String,
+    /// A degraded registry keeps the node ready: the last good snapshot still serves.
+    registry: crate::RegistryHealth,
     tasks_active: usize,
     host: crate::TaskStatus,
 }
@@ -112,6 +122,7 @@ async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
         ready: reasons.is_empty(),
         reasons,
         registry_revision: state.host.registry().revision().to_owned(),
+        registry: state.host.registry_health(),
         tasks_active: state.tasks.active(),
         host,
     };
@@ -341,6 +352,103 @@ async fn cancel_task(
         .cancel(&id, "cancelled by DELETE /v1/tasks/{id}")
         .ok_or_else(|| ApiError::not_found("task", "id"))?;
     Ok(axum::Json(view).into_response())
+}
+
+/// `GET /metrics`: the host's metrics as OpenMetrics text.
+async fn metrics(State(state): State<Arc<NodeState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)],
+        state.host.metrics().encode(),
+    )
+        .into_response()
+}
+
+/// `GET /v1/mcp/servers`: every registry server's health, without process ids (a remote
+/// client has no use for the node's pids).
+async fn mcp_servers(State(state): State<Arc<NodeState>>) -> Response {
+    let servers: Vec<Value> = state
+        .host
+        .mcp_servers()
+        .iter()
+        .filter_map(|status| {
+            let mut value = serde_json::to_value(status).ok()?;
+            if let Some(fields) = value.as_object_mut() {
+                fields.remove("pid");
+            }
+            Some(value)
+        })
+        .collect();
+    axum::Json(json!({"servers": servers})).into_response()
+}
+
+/// `GET /v1/registry`: the registry's revision, reload counts and whether the last
+/// reload was refused.
+async fn registry_health(State(state): State<Arc<NodeState>>) -> Response {
+    axum::Json(state.host.registry_health()).into_response()
+}
+
+fn approval_queue(state: &NodeState) -> Result<&ApprovalQueue, ApiError> {
+    state.config.approvals.as_deref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "approvals_disabled",
+            "this node has no approval queue (NodeConfig::with_approval_queue)",
+        )
+        .with_field("path")
+    })
+}
+
+/// `GET /v1/approvals`: the tool calls waiting for a decision, oldest first.
+async fn list_approvals(State(state): State<Arc<NodeState>>) -> Result<Response, ApiError> {
+    let pending = approval_queue(&state)?.pending();
+    Ok(axum::Json(json!({"approvals": pending})).into_response())
+}
+
+/// `POST /v1/approvals/{id}` with `{"approve": bool, "reason": "..."}`: decides a waiting
+/// call. Taken while draining too: running tasks may wait on it.
+async fn decide_approval(
+    State(state): State<Arc<NodeState>>,
+    id: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let queue = approval_queue(&state)?;
+    let id = match id {
+        Ok(Path(id)) if is_approval_id(&id) => id,
+        _ => {
+            return Err(ApiError::bad(
+                "id",
+                "expected an approval id as GET /v1/approvals lists it",
+            ));
+        }
+    };
+    let bytes = read_body(
+        &headers,
+        body,
+        defaults::SERVE_MAX_DECISION_BYTES,
+        state.config.body_timeout,
+    )
+    .await?;
+    // serde would take `[true]` for the struct too.
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        return Err(ApiError::bad(
+            "body",
+            "expected a JSON object: {\"approve\": true|false, \"reason\": \"...\"}",
+        ));
+    }
+    let decision: ApprovalDecision = parse_json(&bytes, "")?;
+    let approved = decision.approve;
+    queue.decide(&id, decision).map_err(|e| {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string()).with_field("id")
+    })?;
+    tracing::info!(approval = %id, approved, "approval decided");
+    Ok(axum::Json(json!({"id": id, "approved": approved})).into_response())
+}
+
+/// Approval ids are short and made of letters, digits and `-` ([`ApprovalQueue`] makes
+/// them); anything else is a malformed request, not an unknown id.
+fn is_approval_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
 /// `wait=SECONDS` (a non-negative number) and nothing else.

@@ -4,11 +4,13 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use super::ServeError;
+use crate::approval::ApprovalQueue;
 use crate::defaults;
 
 /// `[serve]` in `quiver.toml`: the node's API token and limits. Unset fields take their
@@ -105,6 +107,8 @@ pub struct NodeConfig {
     pub(crate) body_timeout: Duration,
     pub(crate) header_timeout: Duration,
     pub(crate) max_connections: usize,
+    /// Listed at `GET /v1/approvals` and decided by `POST /v1/approvals/{id}`.
+    pub(crate) approvals: Option<Arc<ApprovalQueue>>,
 }
 
 impl NodeConfig {
@@ -126,6 +130,7 @@ impl NodeConfig {
             body_timeout: defaults::SERVE_BODY_TIMEOUT,
             header_timeout: defaults::SERVE_HEADER_TIMEOUT,
             max_connections: defaults::SERVE_MAX_CONNECTIONS,
+            approvals: None,
         }
     }
 
@@ -185,6 +190,14 @@ impl NodeConfig {
     /// Tasks held at once, queued, running and finished together (at least 1).
     pub fn with_max_tasks(mut self, tasks: u32) -> Self {
         self.max_tasks = tasks.max(1);
+        self
+    }
+
+    /// Serves `queue`'s pending approvals at `/v1/approvals`; give the same queue to
+    /// [`HostBuilder::with_approver`](crate::HostBuilder::with_approver). Without one those
+    /// endpoints answer `404 approvals_disabled`.
+    pub fn with_approval_queue(mut self, queue: Arc<ApprovalQueue>) -> Self {
+        self.approvals = Some(queue);
         self
     }
 
