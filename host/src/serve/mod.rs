@@ -2,8 +2,12 @@
 //!
 //! Clients upload modules by hash (`PUT /v1/modules/{sha256}`), submit tasks that name one
 //! (`POST /v1/tasks`), then read (`GET /v1/tasks/{id}?wait=SECONDS`) or cancel
-//! (`DELETE /v1/tasks/{id}`) them; `/healthz` and `/readyz` serve orchestrators. The node
-//! is a thin layer: handlers ([`api`]) parse and check, the library runs. Everything a
+//! (`DELETE /v1/tasks/{id}`) them; `/healthz` and `/readyz` serve orchestrators.
+//! Operators watch it through `/metrics`, `/v1/mcp/servers` and `/v1/registry`, and decide
+//! the tool calls waiting for approval at `/v1/approvals` (when the node was given the
+//! host's [`ApprovalQueue`](crate::approval::ApprovalQueue), see
+//! [`NodeConfig::with_approval_queue`]). The node is a thin layer: handlers ([`api`])
+//! parse and check, the library runs. Everything a
 //! client sends is bounded (body size and time, modules, tasks, kept output) and every
 //! failure is one JSON error shape ([`error`]). A token guards all but the health checks,
 //! and a node without one only listens on loopback.
