@@ -634,6 +634,32 @@ async fn real_calls_show_in_metrics_server_health_and_the_audit_log() {
         assert!(shown.get(key).is_some(), "no {key}: {shown}");
     }
     assert!(shown.get("pid").is_none(), "a node shows no pids: {shown}");
+    // `quiver mcp status --node` reads the same endpoint.
+    let status = std::process::Command::new(quiver_tests::quiver_cli())
+        .args([
+            "mcp",
+            "status",
+            "--json",
+            "--token-env",
+            "QUIVER_TEST_TOKEN",
+            "--node",
+        ])
+        .arg(&node.base)
+        .env("QUIVER_TEST_TOKEN", token)
+        .output()
+        .expect("quiver mcp status");
+    assert!(status.status.success(), "{status:?}");
+    let printed: serde_json::Value = serde_json::from_slice(&status.stdout).expect("JSON");
+    let printed = &printed[0];
+    for key in [
+        "server_id",
+        "state",
+        "tool_count",
+        "connections",
+        "reconnects",
+    ] {
+        assert_eq!(printed[key], shown[key], "{key}: {printed}");
+    }
 
     // The audit writer runs off the task path: wait for its two lines.
     let start = Instant::now();

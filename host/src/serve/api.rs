@@ -438,9 +438,7 @@ async fn decide_approval(
     }
     let decision: ApprovalDecision = parse_json(&bytes, "")?;
     let approved = decision.approve;
-    queue.decide(&id, decision).map_err(|e| {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", e.to_string()).with_field("id")
-    })?;
+    queue.decide(&id, decision)?;
     tracing::info!(approval = %id, approved, "approval decided");
     Ok(axum::Json(json!({"id": id, "approved": approved})).into_response())
 }
@@ -625,6 +623,14 @@ mod tests {
         assert!(!same_secret(b"ab", b"abc"));
         assert!(!same_secret(b"abd", b"abc"));
         assert!(!same_secret(b"", b"abc"));
+    }
+
+    #[test]
+    fn approval_ids_are_short_and_plain() {
+        assert!(is_approval_id("1a2b3c4d-00000007"));
+        for bad in ["", "a b", "../x", "ü", &"a".repeat(65)] {
+            assert!(!is_approval_id(bad), "{bad:?}");
+        }
     }
 
     #[test]

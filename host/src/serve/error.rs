@@ -9,6 +9,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
+use crate::approval::ApprovalError;
 use crate::defaults;
 
 /// Why a node could not start.
@@ -102,6 +103,13 @@ impl ApiError {
     pub(crate) fn with_code(mut self, code: &'static str) -> Self {
         self.code = code;
         self
+    }
+}
+
+/// An approval that is not waiting is not found, by the `id` in the path.
+impl From<ApprovalError> for ApiError {
+    fn from(error: ApprovalError) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found", error.to_string()).with_field("id")
     }
 }
 
