@@ -417,6 +417,15 @@ pub const SERVE_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// costs a task and a few KiB; long-polls hold one each. `[serve] max_connections`.
 pub const SERVE_MAX_CONNECTIONS: usize = 1024;
 
+/// `quiver serve`: module uploads read and compiled at once; one more gets `429` rather
+/// than holding another up to [`SERVE_MAX_MODULE_BYTES`] in memory and another core busy
+/// compiling. Two keep one slow upload from blocking every other.
+pub const SERVE_CONCURRENT_UPLOADS: usize = 2;
+
+/// `quiver serve`: wait after an accept error that is not the client's (out of fds, out of
+/// memory) before accepting again, so the loop does not spin while the cause lasts.
+pub const SERVE_ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
 /// `quiver serve`: time in-flight HTTP requests get to finish once a drained node stops
 /// listening.
 pub const SERVE_HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);

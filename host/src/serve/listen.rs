@@ -17,9 +17,6 @@ use tokio::sync::{Semaphore, oneshot};
 
 use crate::defaults;
 
-/// Wait after an accept error that is not the client's (e.g. out of fds) before the next.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
-
 /// Serves `router` on `listener` until `stop` fires (or its sender is dropped).
 pub(crate) async fn serve(
     listener: TcpListener,
@@ -43,7 +40,7 @@ pub(crate) async fn serve(
                 Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::debug!("accept failed: {e}");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    tokio::time::sleep(defaults::SERVE_ACCEPT_BACKOFF).await;
                     continue;
                 }
             },

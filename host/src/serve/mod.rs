@@ -43,13 +43,9 @@ use tokio::sync::{Semaphore, watch};
 pub use config::{NodeConfig, ServeConfig};
 pub use error::ServeError;
 
-use crate::Host;
+use crate::{Host, defaults};
 use modules::ModuleStore;
 use tasks::TaskTable;
-
-/// Module uploads read and compiled at once; more get `429` rather than holding up to
-/// `max_module_bytes` each in memory.
-const CONCURRENT_UPLOADS: usize = 2;
 
 /// Where the node is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,7 +126,7 @@ impl Node {
                 config.max_output_bytes,
                 config.finished_ttl,
             )),
-            uploads: Semaphore::new(CONCURRENT_UPLOADS),
+            uploads: Semaphore::new(defaults::SERVE_CONCURRENT_UPLOADS),
             phase: watch::channel(Phase::Serving).0,
             host,
             config,
