@@ -62,7 +62,9 @@ async fn require_token(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.split_once(' '))
+        // RFC 7235: the scheme is case-insensitive.
+        .and_then(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer").then_some(token));
     match given {
         None => ApiError::unauthorized("send `Authorization: Bearer <token>`").into_response(),
         Some(given) if !same_secret(given.trim().as_bytes(), token.0.as_bytes()) => {

@@ -81,6 +81,16 @@ impl ServeConfig {
 #[derive(Clone)]
 pub(crate) struct Token(pub(crate) String);
 
+impl Token {
+    /// `token` without surrounding whitespace, which no client can send (a header value
+    /// is trimmed), so a token read from a file keeps working with its newline; `None`
+    /// when nothing is left.
+    fn trimmed(token: &str) -> Option<Self> {
+        let token = token.trim();
+        (!token.is_empty()).then(|| Self(token.to_owned()))
+    }
+}
+
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Token(<redacted>)")
@@ -143,13 +153,10 @@ impl NodeConfig {
                 file: file.to_owned(),
                 var: var.clone(),
             })?;
-            if token.trim().is_empty() {
-                return Err(ServeError::TokenEnv {
-                    file: file.to_owned(),
-                    var: var.clone(),
-                });
-            }
-            node.token = Some(Token(token));
+            node.token = Some(Token::trimmed(&token).ok_or_else(|| ServeError::TokenEnv {
+                file: file.to_owned(),
+                var: var.clone(),
+            })?);
         }
         node.drain_grace = config.drain_grace_ms.map_or(node.drain_grace, ms);
         node.max_module_bytes = config.max_module_bytes.unwrap_or(node.max_module_bytes);
@@ -171,8 +178,10 @@ impl NodeConfig {
     }
 
     /// Requires `Authorization: Bearer <token>` on every endpoint but the health checks.
+    /// Surrounding whitespace is dropped, as clients cannot send it; a blank token makes
+    /// [`Node::bind`](super::Node::bind) fail.
     pub fn with_token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(Token(token.into()));
+        self.token = Some(Token::trimmed(&token.into()).unwrap_or(Token(String::new())));
         self
     }
 
@@ -212,6 +221,15 @@ mod tests {
         };
         assert_eq!(blank.check().map_err(|e| e.0), Err("serve.token_env"));
         assert!(ServeConfig::default().check().is_ok());
+    }
+
+    #[test]
+    fn a_token_from_a_file_loses_its_newline_and_a_blank_one_is_none() {
+        assert_eq!(
+            Token::trimmed("s3cret\n").map(|t| t.0).as_deref(),
+            Some("s3cret")
+        );
+        assert!(Token::trimmed(" \r\n").is_none());
     }
 
     #[test]

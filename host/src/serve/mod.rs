@@ -106,6 +106,9 @@ impl NodeControl {
 impl Node {
     /// Binds `config.listen` for `host`. A non-loopback address needs a token.
     pub async fn bind(host: Host, config: NodeConfig) -> Result<Self, ServeError> {
+        if config.token.as_ref().is_some_and(|t| t.0.is_empty()) {
+            return Err(ServeError::BlankToken);
+        }
         if config.token.is_none() && !config.listen.ip().is_loopback() {
             return Err(ServeError::NoToken {
                 addr: config.listen,
