@@ -132,13 +132,17 @@ fn host_full(status: &crate::TaskStatus) -> bool {
 
 fn refuse_if_draining(state: &NodeState) -> Result<(), ApiError> {
     if state.is_draining() {
-        return Err(ApiError::busy(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "draining",
-            "the node is shutting down and takes no new work; send it to another node",
-        ));
+        return Err(draining());
     }
     Ok(())
+}
+
+fn draining() -> ApiError {
+    ApiError::busy(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "draining",
+        "the node is shutting down and takes no new work; send it to another node",
+    )
 }
 
 /// `PUT /v1/modules/{sha256}`: stores a module (wasm or WAT bytes) under the SHA-256 of
@@ -252,14 +256,16 @@ async fn submit_task(
     let id = state
         .tasks
         .submit(&state.host, &sha256, module, task)
-        .map_err(|Refused::Full { max }| {
-            ApiError::busy(
+        .map_err(|refused| match refused {
+            Refused::Full { max } => ApiError::busy(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too_many_tasks",
                 format!(
                     "the node holds {max} tasks still queued or running ([serve] max_tasks); retry later"
                 ),
-            )
+            ),
+            // The drain began while the body was read.
+            Refused::Closed => draining(),
         })?;
     tracing::info!(id, task_id, module = %sha256, "task accepted");
     let mut response = (

@@ -9,8 +9,8 @@
 //! and a node without one only listens on loopback.
 //!
 //! Shutdown is a drain ([`NodeControl::drain`]): new work is refused and `/readyz` fails,
-//! running tasks get `drain_grace` to finish, the rest are cancelled, then the HTTP server
-//! and the MCP servers stop.
+//! queued tasks are cancelled, running tasks get `drain_grace` to finish, the rest are
+//! cancelled, then the HTTP server stops (no handler outlives it) and the MCP servers stop.
 //!
 //! ```no_run
 //! # async fn demo(host: quiver::Host) -> Result<(), quiver::serve::ServeError> {
@@ -86,20 +86,29 @@ pub struct NodeControl {
 }
 
 impl NodeControl {
-    /// Stops taking work and lets running tasks finish within the drain grace.
+    /// Stops taking work, cancels the tasks still queued, and lets running tasks finish
+    /// within the drain grace.
     pub fn drain(&self) {
-        self.state.phase.send_if_modified(|phase| {
+        let began = self.state.phase.send_if_modified(|phase| {
             let serving = *phase == Phase::Serving;
             if serving {
                 *phase = Phase::Draining;
             }
             serving
         });
+        if began {
+            let cancelled = self
+                .state
+                .tasks
+                .close("the node is draining; queued tasks do not start");
+            tracing::info!(cancelled, "draining: queued tasks cancelled");
+        }
     }
 
     /// Cancels every task now (a second signal during a drain).
     pub fn stop_now(&self) {
         self.state.phase.send_replace(Phase::Stopping);
+        self.state.tasks.cancel_all("the node is stopping now");
     }
 }
 
