@@ -2,7 +2,9 @@
 //! client could hold connections open forever by sending headers slowly, or open them
 //! without end. Here each connection needs a permit (past the cap the kernel's backlog
 //! waits), its headers must arrive within the header timeout, and a stop lets requests in
-//! flight finish for a moment before the rest are cut.
+//! flight finish for a moment before the rest are cut. Connections are tasks of a
+//! [`JoinSet`] that the stop aborts and awaits, so no handler outlives [`serve`] (and so
+//! none runs after the node has shut its host down).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,6 +16,7 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot};
+use tokio::task::JoinSet;
 
 use crate::defaults;
 
@@ -27,7 +30,10 @@ pub(crate) async fn serve(
 ) {
     let graceful = GracefulShutdown::new();
     let permits = Arc::new(Semaphore::new(max_connections.max(1)));
+    let mut connections = JoinSet::new();
     loop {
+        // Reap ended connections so the set stays as small as the open ones.
+        while connections.try_join_next().is_some() {}
         let permit = tokio::select! {
             permit = permits.clone().acquire_owned() => match permit {
                 Ok(permit) => permit,
@@ -53,7 +59,7 @@ pub(crate) async fn serve(
             .header_read_timeout(header_timeout)
             .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router.clone()));
         let connection = graceful.watch(connection);
-        tokio::spawn(async move {
+        connections.spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!("connection ended: {e}");
             }
@@ -65,6 +71,11 @@ pub(crate) async fn serve(
         .await
         .is_err()
     {
-        tracing::debug!("requests still open after the shutdown grace were cut");
+        tracing::debug!(
+            open = connections.len(),
+            "requests still open after the shutdown grace were cut"
+        );
     }
+    connections.abort_all();
+    while connections.join_next().await.is_some() {}
 }
