@@ -426,6 +426,19 @@ pub const SERVE_CONCURRENT_UPLOADS: usize = 2;
 /// memory) before accepting again, so the loop does not spin while the cause lasts.
 pub const SERVE_ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// `quiver serve`: HTTP connections one client address holds at once (IPv6 counted per
+/// /64, the block one host gets); one more is closed at once. Without it one client could
+/// take all [`SERVE_MAX_CONNECTIONS`] with idle keep-alives to `/healthz`, which needs no
+/// token. Behind a proxy every client is the proxy's address: raise it there.
+/// `[serve] max_connections_per_ip`.
+pub const SERVE_MAX_CONNECTIONS_PER_IP: usize = 64;
+
+/// `quiver serve`: largest read buffer of one HTTP connection, which bounds the request
+/// line and headers (hyper's default is about 400 KiB, times [`SERVE_MAX_CONNECTIONS`]
+/// 400 MiB). 16 KiB fits any real request head (nginx allows 8 KiB by default); bodies
+/// stream through it. Hyper's floor is 8 KiB.
+pub const SERVE_MAX_BUF_BYTES: usize = 16 * 1024;
+
 /// `quiver serve`: time in-flight HTTP requests get to finish once a drained node stops
 /// listening.
 pub const SERVE_HTTP_SHUTDOWN_GRACE: Duration = Duration::from_secs(2);

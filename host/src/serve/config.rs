@@ -42,14 +42,20 @@ pub struct ServeConfig {
     pub header_timeout_ms: Option<u64>,
     /// [`defaults::SERVE_MAX_CONNECTIONS`].
     pub max_connections: Option<u32>,
+    /// [`defaults::SERVE_MAX_CONNECTIONS_PER_IP`].
+    pub max_connections_per_ip: Option<u32>,
 }
 
 impl ServeConfig {
     /// The field at fault and the fix, for a value no node can use.
     pub(crate) fn check(&self) -> Result<(), (&'static str, &'static str)> {
-        let positive: [(&'static str, Option<u64>); 11] = [
+        let positive: [(&'static str, Option<u64>); 12] = [
             ("serve.header_timeout_ms", self.header_timeout_ms),
             ("serve.max_connections", self.max_connections.map(u64::from)),
+            (
+                "serve.max_connections_per_ip",
+                self.max_connections_per_ip.map(u64::from),
+            ),
             ("serve.max_module_bytes", self.max_module_bytes),
             ("serve.max_modules", self.max_modules.map(u64::from)),
             ("serve.max_module_store_bytes", self.max_module_store_bytes),
@@ -115,6 +121,7 @@ pub struct NodeConfig {
     pub(crate) body_timeout: Duration,
     pub(crate) header_timeout: Duration,
     pub(crate) max_connections: usize,
+    pub(crate) max_connections_per_ip: usize,
 }
 
 impl NodeConfig {
@@ -136,6 +143,7 @@ impl NodeConfig {
             body_timeout: defaults::SERVE_BODY_TIMEOUT,
             header_timeout: defaults::SERVE_HEADER_TIMEOUT,
             max_connections: defaults::SERVE_MAX_CONNECTIONS,
+            max_connections_per_ip: defaults::SERVE_MAX_CONNECTIONS_PER_IP,
         }
     }
 
@@ -173,6 +181,9 @@ impl NodeConfig {
         node.header_timeout = config.header_timeout_ms.map_or(node.header_timeout, ms);
         if let Some(max) = config.max_connections {
             node.max_connections = usize::try_from(max).unwrap_or(usize::MAX);
+        }
+        if let Some(max) = config.max_connections_per_ip {
+            node.max_connections_per_ip = usize::try_from(max).unwrap_or(usize::MAX);
         }
         Ok(node)
     }

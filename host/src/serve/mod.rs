@@ -171,11 +171,15 @@ impl Node {
         } = self;
         tracing::info!(%addr, token = state.config.token.is_some(), "node listening");
         let (stop_http, http_stopped) = tokio::sync::oneshot::channel();
+        let limits = listen::Limits {
+            max_connections: state.config.max_connections,
+            max_per_ip: state.config.max_connections_per_ip,
+            header_timeout: state.config.header_timeout,
+        };
         let server = tokio::spawn(listen::serve(
             listener,
             api::router(state.clone()),
-            state.config.max_connections,
-            state.config.header_timeout,
+            limits,
             http_stopped,
         ));
         let mut phase = state.phase.subscribe();
