@@ -377,9 +377,11 @@ pub const SERVE_MAX_MODULE_BYTES: u64 = 64 * 1024 * 1024;
 /// (tasks already holding it keep running). `[serve] max_modules`.
 pub const SERVE_MAX_MODULES: u32 = 64;
 
-/// `quiver serve`: uploaded module bytes kept at once, over all modules; compiled code is
-/// a few times larger, so this bounds the store to a few GiB at most. One more module
-/// evicts the least recently used. `[serve] max_module_store_bytes`.
+/// `quiver serve`: memory the stored modules may take together, each counted as its
+/// compiled image plus its upload size; one more module evicts the least recently used,
+/// and a module larger than this alone is refused (`413 module_too_large`). Uploads are
+/// kept nowhere else (not in the host's module cache, not on disk), so this is the
+/// store's real bound. `[serve] max_module_store_bytes`.
 pub const SERVE_MAX_MODULE_STORE_BYTES: u64 = 512 * 1024 * 1024;
 
 /// `quiver serve`: largest `POST /v1/tasks` body. A task is a few KiB of JSON.

@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::NodeState;
 use super::error::ApiError;
+use super::modules::TooLarge;
 use super::tasks::Refused;
 use crate::TaskSpec;
 use crate::task::TaskError;
@@ -96,6 +97,7 @@ struct Readiness {
     registry_revision: String,
     tasks_active: usize,
     host: crate::TaskStatus,
+    modules: super::ModulesStatus,
 }
 
 async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
@@ -116,6 +118,7 @@ async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
         registry_revision: state.host.registry().revision().to_owned(),
         tasks_active: state.tasks.active(),
         host,
+        modules: state.modules_status(),
     };
     let status = if body.ready {
         StatusCode::OK
@@ -186,7 +189,7 @@ async fn put_module(
     let host = state.host.clone();
     let name = format!("{sha256}.wasm");
     let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-    let compiled = tokio::task::spawn_blocking(move || host.load_module(&name, &bytes))
+    let compiled = tokio::task::spawn_blocking(move || host.load_module_uncached(&name, &bytes))
         .await
         .map_err(|_| {
             ApiError::new(
@@ -203,11 +206,20 @@ async fn put_module(
             )
             .with_field("body")
         })?;
-    let status = if state.modules.insert(&sha256, compiled, size) {
-        tracing::info!(module = %sha256, bytes = size, "module stored");
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
+    let status = match state.modules.insert(&sha256, compiled, size) {
+        Ok(true) => {
+            tracing::info!(module = %sha256, bytes = size, "module stored");
+            StatusCode::CREATED
+        }
+        Ok(false) => StatusCode::OK,
+        Err(TooLarge(counted)) => {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "module_too_large",
+                format!("compiled, this module takes {counted} bytes, more than the node's module store holds ([serve] max_module_store_bytes)"),
+            )
+            .with_field("body"));
+        }
     };
     Ok((status, axum::Json(json!({"module": sha256}))).into_response())
 }

@@ -70,6 +70,22 @@ impl NodeState {
     fn is_draining(&self) -> bool {
         *self.phase.borrow() != Phase::Serving
     }
+
+    fn modules_status(&self) -> ModulesStatus {
+        ModulesStatus {
+            store: self.modules.status(),
+            host_cached: self.host.cached_modules(),
+        }
+    }
+}
+
+/// The node's modules in `/readyz`: its store, and the host's own cache, which uploads
+/// never enter (so it stays at what the host loaded itself).
+#[derive(serde::Serialize)]
+struct ModulesStatus {
+    #[serde(flatten)]
+    store: modules::StoreStatus,
+    host_cached: usize,
 }
 
 /// A node bound to its address, not yet serving.
