@@ -377,9 +377,11 @@ pub const SERVE_MAX_MODULE_BYTES: u64 = 64 * 1024 * 1024;
 /// (tasks already holding it keep running). `[serve] max_modules`.
 pub const SERVE_MAX_MODULES: u32 = 64;
 
-/// `quiver serve`: uploaded module bytes kept at once, over all modules; compiled code is
-/// a few times larger, so this bounds the store to a few GiB at most. One more module
-/// evicts the least recently used. `[serve] max_module_store_bytes`.
+/// `quiver serve`: memory the stored modules may take together, each counted as its
+/// compiled image plus its upload size; one more module evicts the least recently used,
+/// and a module larger than this alone is refused (`413 module_too_large`). Uploads are
+/// kept nowhere else (not in the host's module cache, not on disk), so this is the
+/// store's real bound. `[serve] max_module_store_bytes`.
 pub const SERVE_MAX_MODULE_STORE_BYTES: u64 = 512 * 1024 * 1024;
 
 /// `quiver serve`: largest `POST /v1/tasks` body. A task is a few KiB of JSON.
@@ -416,6 +418,28 @@ pub const SERVE_HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// `quiver serve`: HTTP connections open at once; more wait in the kernel's backlog. Each
 /// costs a task and a few KiB; long-polls hold one each. `[serve] max_connections`.
 pub const SERVE_MAX_CONNECTIONS: usize = 1024;
+
+/// `quiver serve`: module uploads read and compiled at once; one more gets `429` rather
+/// than holding another up to [`SERVE_MAX_MODULE_BYTES`] in memory and another core busy
+/// compiling. Two keep one slow upload from blocking every other.
+pub const SERVE_CONCURRENT_UPLOADS: usize = 2;
+
+/// `quiver serve`: wait after an accept error that is not the client's (out of fds, out of
+/// memory) before accepting again, so the loop does not spin while the cause lasts.
+pub const SERVE_ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// `quiver serve`: HTTP connections one client address holds at once (IPv6 counted per
+/// /64, the block one host gets); one more is closed at once. Without it one client could
+/// take all [`SERVE_MAX_CONNECTIONS`] with idle keep-alives to `/healthz`, which needs no
+/// token. Behind a proxy every client is the proxy's address: raise it there.
+/// `[serve] max_connections_per_ip`.
+pub const SERVE_MAX_CONNECTIONS_PER_IP: usize = 64;
+
+/// `quiver serve`: largest read buffer of one HTTP connection, which bounds the request
+/// line and headers (hyper's default is about 400 KiB, times [`SERVE_MAX_CONNECTIONS`]
+/// 400 MiB). 16 KiB fits any real request head (nginx allows 8 KiB by default); bodies
+/// stream through it. Hyper's floor is 8 KiB.
+pub const SERVE_MAX_BUF_BYTES: usize = 16 * 1024;
 
 /// `quiver serve`: time in-flight HTTP requests get to finish once a drained node stops
 /// listening.

@@ -80,6 +80,12 @@ impl GuestModule {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// Bytes of compiled code and data this module keeps mapped (its wasmtime image).
+    pub(crate) fn compiled_bytes(&self) -> u64 {
+        let image = self.pre.module().image_range();
+        u64::try_from(image.end.addr().saturating_sub(image.start.addr())).unwrap_or(u64::MAX)
+    }
 }
 
 /// What a host is doing now; cheap to take (atomics and one lock over the MCP servers).
@@ -196,15 +202,38 @@ impl Host {
     }
 
     /// Compiles (or loads from cache) module bytes, wasm or WAT; `name` becomes argv[0].
+    /// The host keeps it for its life and writes it to the disk cache.
     pub fn load_module(&self, name: &str, bytes: &[u8]) -> Result<GuestModule, HostError> {
-        let (pre, origin) = self
-            .inner
-            .runtime
-            .prepare(bytes)
-            .map_err(|e| HostError::Module {
-                path: name.to_owned(),
-                message: format!("{e:#}"),
-            })?;
+        self.load(name, bytes, true)
+    }
+
+    /// [`Host::load_module`] for a module from a client: the host neither keeps it nor
+    /// writes it to the disk cache, so it is gone once the caller (the node's bounded
+    /// module store) and its tasks drop it.
+    pub(crate) fn load_module_uncached(
+        &self,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<GuestModule, HostError> {
+        self.load(name, bytes, false)
+    }
+
+    /// Modules the host keeps compiled in memory (what [`Host::load_module`] loaded).
+    pub(crate) fn cached_modules(&self) -> usize {
+        self.inner.runtime.cached_modules()
+    }
+
+    fn load(&self, name: &str, bytes: &[u8], cache: bool) -> Result<GuestModule, HostError> {
+        let runtime = &self.inner.runtime;
+        let prepared = if cache {
+            runtime.prepare(bytes)
+        } else {
+            runtime.prepare_uncached(bytes)
+        };
+        let (pre, origin) = prepared.map_err(|e| HostError::Module {
+            path: name.to_owned(),
+            message: format!("{e:#}"),
+        })?;
         tracing::debug!(module = name, ?origin, "module ready");
         Ok(GuestModule {
             pre,

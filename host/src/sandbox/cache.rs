@@ -1,5 +1,10 @@
 //! Compiled modules, kept in memory for the host's life and on disk across runs.
 //!
+//! That suits modules a host's operator chose. Modules from clients (`quiver serve`
+//! uploads) go through [`ModuleCache::prepare_uncached`] instead, which neither keeps
+//! them nor writes them out: their owner bounds and evicts them, and an upload cannot
+//! fill memory or the disk.
+//!
 //! A precompiled artifact is native code that wasmtime maps and runs without re-checking
 //! it, so loading one is only as safe as the directory it came from. The cache therefore
 //! trusts a directory only if this user owns it and nobody else can write to it, and an
@@ -54,10 +59,31 @@ impl<T: 'static> ModuleCache<T> {
         if let Some(pre) = self.lock().get(&digest) {
             return Ok((pre.clone(), ModuleOrigin::MemoryCache));
         }
-        let (module, origin) = self.load_or_compile(engine, &digest, bytes)?;
+        let (module, origin) = self.load_or_compile(engine, &digest, bytes, true)?;
         let pre = link(&module)?;
         self.lock().insert(digest, pre.clone());
         Ok((pre, origin))
+    }
+
+    /// The linked module for `bytes`, reused from memory or read from disk if there, else
+    /// compiled now; neither kept in memory nor written to disk.
+    pub(super) fn prepare_uncached(
+        &self,
+        engine: &Engine,
+        bytes: &[u8],
+        link: impl FnOnce(&Module) -> wasmtime::Result<InstancePre<T>>,
+    ) -> wasmtime::Result<(InstancePre<T>, ModuleOrigin)> {
+        let digest: [u8; 32] = Sha256::digest(bytes).into();
+        if let Some(pre) = self.lock().get(&digest) {
+            return Ok((pre.clone(), ModuleOrigin::MemoryCache));
+        }
+        let (module, origin) = self.load_or_compile(engine, &digest, bytes, false)?;
+        Ok((link(&module)?, origin))
+    }
+
+    /// Modules kept in memory.
+    pub(super) fn len(&self) -> usize {
+        self.lock().len()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], InstancePre<T>>> {
@@ -73,11 +99,14 @@ impl<T: 'static> ModuleCache<T> {
         )
     }
 
+    /// `bytes` compiled, or read from the disk cache; a compiled one is written there
+    /// when `write`.
     fn load_or_compile(
         &self,
         engine: &Engine,
         digest: &[u8; 32],
         bytes: &[u8],
+        write: bool,
     ) -> wasmtime::Result<(Module, ModuleOrigin)> {
         let artifact = self.artifact_path(digest);
         if let Some(path) = artifact.as_deref().filter(|p| p.is_file()) {
@@ -107,7 +136,7 @@ impl<T: 'static> ModuleCache<T> {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "compiled guest module"
         );
-        if let Some(path) = artifact
+        if let Some(path) = artifact.filter(|_| write)
             && let Err(error) = write_artifact(&path, &module)
         {
             tracing::warn!(path = %path.display(), %error, "cannot cache the compiled module");
@@ -268,6 +297,22 @@ mod tests {
         std::fs::read_dir(dir)
             .map(|d| d.flatten().map(|e| e.path()).collect())
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn uncached_modules_are_neither_kept_nor_written() {
+        let root =
+            std::env::temp_dir().join(format!("quiver-cache-uncached-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (engine, cache) = cache(&root);
+        let linker = wasmtime::Linker::<()>::new(&engine);
+        let (_, origin) = cache
+            .prepare_uncached(&engine, WAT.as_bytes(), |m| linker.instantiate_pre(m))
+            .unwrap();
+        assert_eq!(origin, ModuleOrigin::Compiled);
+        assert_eq!(cache.len(), 0, "nothing kept in memory");
+        assert!(artifacts(&root).is_empty(), "nothing written to disk");
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     /// The safety argument of the `deserialize_file` above: only artifacts in a private

@@ -111,6 +111,24 @@ impl<T: SandboxView> Runtime<T> {
     }
 }
 
+impl<T: SandboxView> Runtime<T> {
+    /// [`Runtime::prepare`] for modules whose caller keeps and drops them (a node's
+    /// uploads): not kept in memory by the runtime, not written to the disk cache.
+    pub fn prepare_uncached(
+        &self,
+        bytes: &[u8],
+    ) -> wasmtime::Result<(InstancePre<T>, ModuleOrigin)> {
+        self.cache.prepare_uncached(&self.engine, bytes, |module| {
+            self.linker.instantiate_pre(module)
+        })
+    }
+
+    /// Modules the runtime keeps in memory.
+    pub fn cached_modules(&self) -> usize {
+        self.cache.len()
+    }
+}
+
 impl<T> Drop for Runtime<T> {
     fn drop(&mut self) {
         self.ticker_stop.store(true, Ordering::SeqCst);

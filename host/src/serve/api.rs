@@ -21,6 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::NodeState;
 use super::error::ApiError;
+use super::modules::TooLarge;
 use super::tasks::Refused;
 use crate::TaskSpec;
 use crate::approval::{ApprovalDecision, ApprovalQueue};
@@ -70,7 +71,9 @@ async fn require_token(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.split_once(' '))
+        // RFC 7235: the scheme is case-insensitive.
+        .and_then(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer").then_some(token));
     match given {
         None => ApiError::unauthorized("send `Authorization: Bearer <token>`").into_response(),
         Some(given) if !same_secret(given.trim().as_bytes(), token.0.as_bytes()) => {
@@ -104,6 +107,7 @@ struct Readiness {
     registry: crate::RegistryHealth,
     tasks_active: usize,
     host: crate::TaskStatus,
+    modules: super::ModulesStatus,
 }
 
 async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
@@ -125,6 +129,7 @@ async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
         registry: state.host.registry_health(),
         tasks_active: state.tasks.active(),
         host,
+        modules: state.modules_status(),
     };
     let status = if body.ready {
         StatusCode::OK
@@ -141,13 +146,17 @@ fn host_full(status: &crate::TaskStatus) -> bool {
 
 fn refuse_if_draining(state: &NodeState) -> Result<(), ApiError> {
     if state.is_draining() {
-        return Err(ApiError::busy(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "draining",
-            "the node is shutting down and takes no new work; send it to another node",
-        ));
+        return Err(draining());
     }
     Ok(())
+}
+
+fn draining() -> ApiError {
+    ApiError::busy(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "draining",
+        "the node is shutting down and takes no new work; send it to another node",
+    )
 }
 
 /// `PUT /v1/modules/{sha256}`: stores a module (wasm or WAT bytes) under the SHA-256 of
@@ -191,7 +200,7 @@ async fn put_module(
     let host = state.host.clone();
     let name = format!("{sha256}.wasm");
     let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-    let compiled = tokio::task::spawn_blocking(move || host.load_module(&name, &bytes))
+    let compiled = tokio::task::spawn_blocking(move || host.load_module_uncached(&name, &bytes))
         .await
         .map_err(|_| {
             ApiError::new(
@@ -208,11 +217,20 @@ async fn put_module(
             )
             .with_field("body")
         })?;
-    let status = if state.modules.insert(&sha256, compiled, size) {
-        tracing::info!(module = %sha256, bytes = size, "module stored");
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
+    let status = match state.modules.insert(&sha256, compiled, size) {
+        Ok(true) => {
+            tracing::info!(module = %sha256, bytes = size, "module stored");
+            StatusCode::CREATED
+        }
+        Ok(false) => StatusCode::OK,
+        Err(TooLarge(counted)) => {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "module_too_large",
+                format!("compiled, this module takes {counted} bytes, more than the node's module store holds ([serve] max_module_store_bytes)"),
+            )
+            .with_field("body"));
+        }
     };
     Ok((status, axum::Json(json!({"module": sha256}))).into_response())
 }
@@ -261,14 +279,16 @@ async fn submit_task(
     let id = state
         .tasks
         .submit(&state.host, &sha256, module, task)
-        .map_err(|Refused::Full { max }| {
-            ApiError::busy(
+        .map_err(|refused| match refused {
+            Refused::Full { max } => ApiError::busy(
                 StatusCode::TOO_MANY_REQUESTS,
                 "too_many_tasks",
                 format!(
                     "the node holds {max} tasks still queued or running ([serve] max_tasks); retry later"
                 ),
-            )
+            ),
+            // The drain began while the body was read.
+            Refused::Closed => draining(),
         })?;
     tracing::info!(id, task_id, module = %sha256, "task accepted");
     let mut response = (

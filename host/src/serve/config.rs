@@ -44,14 +44,20 @@ pub struct ServeConfig {
     pub header_timeout_ms: Option<u64>,
     /// [`defaults::SERVE_MAX_CONNECTIONS`].
     pub max_connections: Option<u32>,
+    /// [`defaults::SERVE_MAX_CONNECTIONS_PER_IP`].
+    pub max_connections_per_ip: Option<u32>,
 }
 
 impl ServeConfig {
     /// The field at fault and the fix, for a value no node can use.
     pub(crate) fn check(&self) -> Result<(), (&'static str, &'static str)> {
-        let positive: [(&'static str, Option<u64>); 11] = [
+        let positive: [(&'static str, Option<u64>); 12] = [
             ("serve.header_timeout_ms", self.header_timeout_ms),
             ("serve.max_connections", self.max_connections.map(u64::from)),
+            (
+                "serve.max_connections_per_ip",
+                self.max_connections_per_ip.map(u64::from),
+            ),
             ("serve.max_module_bytes", self.max_module_bytes),
             ("serve.max_modules", self.max_modules.map(u64::from)),
             ("serve.max_module_store_bytes", self.max_module_store_bytes),
@@ -83,6 +89,16 @@ impl ServeConfig {
 #[derive(Clone)]
 pub(crate) struct Token(pub(crate) String);
 
+impl Token {
+    /// `token` without surrounding whitespace, which no client can send (a header value
+    /// is trimmed), so a token read from a file keeps working with its newline; `None`
+    /// when nothing is left.
+    fn trimmed(token: &str) -> Option<Self> {
+        let token = token.trim();
+        (!token.is_empty()).then(|| Self(token.to_owned()))
+    }
+}
+
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Token(<redacted>)")
@@ -109,6 +125,7 @@ pub struct NodeConfig {
     pub(crate) max_connections: usize,
     /// Listed at `GET /v1/approvals` and decided by `POST /v1/approvals/{id}`.
     pub(crate) approvals: Option<Arc<ApprovalQueue>>,
+    pub(crate) max_connections_per_ip: usize,
 }
 
 impl NodeConfig {
@@ -131,6 +148,7 @@ impl NodeConfig {
             header_timeout: defaults::SERVE_HEADER_TIMEOUT,
             max_connections: defaults::SERVE_MAX_CONNECTIONS,
             approvals: None,
+            max_connections_per_ip: defaults::SERVE_MAX_CONNECTIONS_PER_IP,
         }
     }
 
@@ -148,13 +166,10 @@ impl NodeConfig {
                 file: file.to_owned(),
                 var: var.clone(),
             })?;
-            if token.trim().is_empty() {
-                return Err(ServeError::TokenEnv {
-                    file: file.to_owned(),
-                    var: var.clone(),
-                });
-            }
-            node.token = Some(Token(token));
+            node.token = Some(Token::trimmed(&token).ok_or_else(|| ServeError::TokenEnv {
+                file: file.to_owned(),
+                var: var.clone(),
+            })?);
         }
         node.drain_grace = config.drain_grace_ms.map_or(node.drain_grace, ms);
         node.max_module_bytes = config.max_module_bytes.unwrap_or(node.max_module_bytes);
@@ -172,12 +187,17 @@ impl NodeConfig {
         if let Some(max) = config.max_connections {
             node.max_connections = usize::try_from(max).unwrap_or(usize::MAX);
         }
+        if let Some(max) = config.max_connections_per_ip {
+            node.max_connections_per_ip = usize::try_from(max).unwrap_or(usize::MAX);
+        }
         Ok(node)
     }
 
     /// Requires `Authorization: Bearer <token>` on every endpoint but the health checks.
+    /// Surrounding whitespace is dropped, as clients cannot send it; a blank token makes
+    /// [`Node::bind`](super::Node::bind) fail.
     pub fn with_token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(Token(token.into()));
+        self.token = Some(Token::trimmed(&token.into()).unwrap_or(Token(String::new())));
         self
     }
 
@@ -225,6 +245,15 @@ mod tests {
         };
         assert_eq!(blank.check().map_err(|e| e.0), Err("serve.token_env"));
         assert!(ServeConfig::default().check().is_ok());
+    }
+
+    #[test]
+    fn a_token_from_a_file_loses_its_newline_and_a_blank_one_is_none() {
+        assert_eq!(
+            Token::trimmed("s3cret\n").map(|t| t.0).as_deref(),
+            Some("s3cret")
+        );
+        assert!(Token::trimmed(" \r\n").is_none());
     }
 
     #[test]

@@ -20,10 +20,12 @@ pub enum ServeError {
     )]
     NoToken { addr: SocketAddr },
     #[error(
-        "{}: serve.token_env: the variable `{var}` is not set or empty; export the API token in it",
+        "{}: serve.token_env: the variable `{var}` is not set or blank; export the API token in it",
         file.display()
     )]
     TokenEnv { file: PathBuf, var: String },
+    #[error("the API token is empty; give `NodeConfig::with_token` a non-blank token")]
+    BlankToken,
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,

@@ -1,10 +1,16 @@
 //! The node's accept loop. `axum::serve` has no header timeout and no connection cap, so a
 //! client could hold connections open forever by sending headers slowly, or open them
 //! without end. Here each connection needs a permit (past the cap the kernel's backlog
-//! waits), its headers must arrive within the header timeout, and a stop lets requests in
-//! flight finish for a moment before the rest are cut.
+//! waits), one client address may hold only a share of them (past it the connection is
+//! closed at once), its headers (and, on a kept-alive connection, the next request's) must
+//! arrive within the header timeout, its read buffer is small, and a stop lets requests in
+//! flight finish for a moment before the rest are cut. Connections are tasks of a
+//! [`JoinSet`] that the stop aborts and awaits, so no handler outlives [`serve`] (and so
+//! none runs after the node has shut its host down).
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -14,23 +20,31 @@ use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot};
+use tokio::task::JoinSet;
 
 use crate::defaults;
 
-/// Wait after an accept error that is not the client's (e.g. out of fds) before the next.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// What one connection, and one client, may hold.
+pub(crate) struct Limits {
+    pub(crate) max_connections: usize,
+    pub(crate) max_per_ip: usize,
+    pub(crate) header_timeout: Duration,
+}
 
 /// Serves `router` on `listener` until `stop` fires (or its sender is dropped).
 pub(crate) async fn serve(
     listener: TcpListener,
     router: Router,
-    max_connections: usize,
-    header_timeout: Duration,
+    limits: Limits,
     mut stop: oneshot::Receiver<()>,
 ) {
     let graceful = GracefulShutdown::new();
-    let permits = Arc::new(Semaphore::new(max_connections.max(1)));
+    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let peers = Peers::new(limits.max_per_ip);
+    let mut connections = JoinSet::new();
     loop {
+        // Reap ended connections so the set stays as small as the open ones.
+        while connections.try_join_next().is_some() {}
         let permit = tokio::select! {
             permit = permits.clone().acquire_owned() => match permit {
                 Ok(permit) => permit,
@@ -38,29 +52,34 @@ pub(crate) async fn serve(
             },
             _ = &mut stop => break,
         };
-        let (tcp, _) = tokio::select! {
+        let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(e) => {
                     tracing::debug!("accept failed: {e}");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    tokio::time::sleep(defaults::SERVE_ACCEPT_BACKOFF).await;
                     continue;
                 }
             },
             _ = &mut stop => break,
         };
+        let Some(peer_slot) = peers.admit(peer.ip()) else {
+            tracing::debug!(peer = %peer.ip(), "connection closed: too many from this address");
+            continue;
+        };
         // Small JSON answers must not wait for delayed ACKs.
         let _ = tcp.set_nodelay(true);
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
-            .header_read_timeout(header_timeout)
+            .header_read_timeout(limits.header_timeout)
+            .max_buf_size(defaults::SERVE_MAX_BUF_BYTES)
             .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router.clone()));
         let connection = graceful.watch(connection);
-        tokio::spawn(async move {
+        connections.spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!("connection ended: {e}");
             }
-            drop(permit);
+            drop((permit, peer_slot));
         });
     }
     drop(listener);
@@ -68,6 +87,111 @@ pub(crate) async fn serve(
         .await
         .is_err()
     {
-        tracing::debug!("requests still open after the shutdown grace were cut");
+        tracing::debug!(
+            open = connections.len(),
+            "requests still open after the shutdown grace were cut"
+        );
+    }
+    connections.abort_all();
+    while connections.join_next().await.is_some() {}
+}
+
+/// Open connections per client address.
+#[derive(Clone)]
+struct Peers {
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    max: usize,
+}
+
+/// One open connection of a client; dropping it gives the place back.
+struct PeerSlot {
+    peers: Peers,
+    key: IpAddr,
+}
+
+impl Peers {
+    fn new(max: usize) -> Self {
+        Self {
+            open: Arc::default(),
+            max: max.max(1),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.open.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A place for one more connection from `ip`, unless it holds its share already.
+    fn admit(&self, ip: IpAddr) -> Option<PeerSlot> {
+        let key = client_key(ip);
+        let mut open = self.lock();
+        let count = open.entry(key).or_insert(0);
+        if *count >= self.max {
+            return None;
+        }
+        *count = count.saturating_add(1);
+        Some(PeerSlot {
+            peers: self.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.peers.lock();
+        if let Some(count) = open.get_mut(&self.key) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// The client `ip` counts as: itself for IPv4 (also when mapped into IPv6), its /64 for
+/// IPv6, since one host usually holds a whole /64.
+fn client_key(ip: IpAddr) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V6(v6) => {
+            let [a, b, c, d, ..] = v6.segments();
+            IpAddr::V6(Ipv6Addr::new(a, b, c, d, 0, 0, 0, 0))
+        }
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_address_gets_its_share_and_a_place_comes_back_when_closed() {
+        let peers = Peers::new(2);
+        let me: IpAddr = "10.0.0.1".parse().expect("ip");
+        let first = peers.admit(me).expect("first");
+        let _second = peers.admit(me).expect("second");
+        assert!(peers.admit(me).is_none(), "a third is over the share");
+        assert!(peers.admit("10.0.0.2".parse().expect("ip")).is_some());
+        drop(first);
+        assert!(
+            peers.admit(me).is_some(),
+            "a closed connection frees its place"
+        );
+    }
+
+    #[test]
+    fn ipv6_counts_per_64_and_mapped_ipv4_as_ipv4() {
+        let a: IpAddr = "2001:db8:1:2::1".parse().expect("ip");
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().expect("ip");
+        assert_eq!(client_key(a), client_key(b));
+        assert_ne!(
+            client_key(a),
+            client_key("2001:db8:1:3::1".parse().expect("ip"))
+        );
+        assert_eq!(
+            client_key("::ffff:10.0.0.1".parse().expect("ip")),
+            client_key("10.0.0.1".parse().expect("ip"))
+        );
     }
 }

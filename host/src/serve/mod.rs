@@ -13,8 +13,8 @@
 //! and a node without one only listens on loopback.
 //!
 //! Shutdown is a drain ([`NodeControl::drain`]): new work is refused and `/readyz` fails,
-//! running tasks get `drain_grace` to finish, the rest are cancelled, then the HTTP server
-//! and the MCP servers stop.
+//! queued tasks are cancelled, running tasks get `drain_grace` to finish, the rest are
+//! cancelled, then the HTTP server stops (no handler outlives it) and the MCP servers stop.
 //!
 //! ```no_run
 //! # async fn demo(host: quiver::Host) -> Result<(), quiver::serve::ServeError> {
@@ -47,13 +47,9 @@ use tokio::sync::{Semaphore, watch};
 pub use config::{NodeConfig, ServeConfig};
 pub use error::ServeError;
 
-use crate::Host;
+use crate::{Host, defaults};
 use modules::ModuleStore;
 use tasks::TaskTable;
-
-/// Module uploads read and compiled at once; more get `429` rather than holding up to
-/// `max_module_bytes` each in memory.
-const CONCURRENT_UPLOADS: usize = 2;
 
 /// Where the node is in its life.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,6 +74,22 @@ impl NodeState {
     fn is_draining(&self) -> bool {
         *self.phase.borrow() != Phase::Serving
     }
+
+    fn modules_status(&self) -> ModulesStatus {
+        ModulesStatus {
+            store: self.modules.status(),
+            host_cached: self.host.cached_modules(),
+        }
+    }
+}
+
+/// The node's modules in `/readyz`: its store, and the host's own cache, which uploads
+/// never enter (so it stays at what the host loaded itself).
+#[derive(serde::Serialize)]
+struct ModulesStatus {
+    #[serde(flatten)]
+    store: modules::StoreStatus,
+    host_cached: usize,
 }
 
 /// A node bound to its address, not yet serving.
@@ -94,26 +106,38 @@ pub struct NodeControl {
 }
 
 impl NodeControl {
-    /// Stops taking work and lets running tasks finish within the drain grace.
+    /// Stops taking work, cancels the tasks still queued, and lets running tasks finish
+    /// within the drain grace.
     pub fn drain(&self) {
-        self.state.phase.send_if_modified(|phase| {
+        let began = self.state.phase.send_if_modified(|phase| {
             let serving = *phase == Phase::Serving;
             if serving {
                 *phase = Phase::Draining;
             }
             serving
         });
+        if began {
+            let cancelled = self
+                .state
+                .tasks
+                .close("the node is draining; queued tasks do not start");
+            tracing::info!(cancelled, "draining: queued tasks cancelled");
+        }
     }
 
     /// Cancels every task now (a second signal during a drain).
     pub fn stop_now(&self) {
         self.state.phase.send_replace(Phase::Stopping);
+        self.state.tasks.cancel_all("the node is stopping now");
     }
 }
 
 impl Node {
     /// Binds `config.listen` for `host`. A non-loopback address needs a token.
     pub async fn bind(host: Host, config: NodeConfig) -> Result<Self, ServeError> {
+        if config.token.as_ref().is_some_and(|t| t.0.is_empty()) {
+            return Err(ServeError::BlankToken);
+        }
         if config.token.is_none() && !config.listen.ip().is_loopback() {
             return Err(ServeError::NoToken {
                 addr: config.listen,
@@ -134,7 +158,7 @@ impl Node {
                 config.max_output_bytes,
                 config.finished_ttl,
             )),
-            uploads: Semaphore::new(CONCURRENT_UPLOADS),
+            uploads: Semaphore::new(defaults::SERVE_CONCURRENT_UPLOADS),
             phase: watch::channel(Phase::Serving).0,
             host,
             config,
@@ -167,11 +191,15 @@ impl Node {
         } = self;
         tracing::info!(%addr, token = state.config.token.is_some(), "node listening");
         let (stop_http, http_stopped) = tokio::sync::oneshot::channel();
+        let limits = listen::Limits {
+            max_connections: state.config.max_connections,
+            max_per_ip: state.config.max_connections_per_ip,
+            header_timeout: state.config.header_timeout,
+        };
         let server = tokio::spawn(listen::serve(
             listener,
             api::router(state.clone()),
-            state.config.max_connections,
-            state.config.header_timeout,
+            limits,
             http_stopped,
         ));
         let mut phase = state.phase.subscribe();

@@ -1,9 +1,17 @@
 //! The node's compiled modules, by the SHA-256 of their bytes, bounded in count and in
 //! bytes. A module past either bound pushes out the least recently used one; tasks that
 //! already hold a module keep it (a [`GuestModule`] is reference-counted).
+//!
+//! The store is a module's only owner: the node loads uploads with
+//! [`Host::load_module_uncached`](crate::Host::load_module_uncached), which keeps nothing
+//! in the host's cache nor on disk, so an eviction really frees the module. A module
+//! counts as its compiled image plus its upload size (which covers the copy-on-write image
+//! of its data and its metadata), the memory it really holds rather than the bytes sent.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+
+use serde::Serialize;
 
 use crate::GuestModule;
 
@@ -19,6 +27,19 @@ struct Inner {
     bytes: u64,
     clock: u64,
 }
+
+/// What the store holds, for `/readyz`.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub(crate) struct StoreStatus {
+    pub(crate) stored: usize,
+    /// Counted as described in the module docs.
+    pub(crate) bytes: u64,
+    pub(crate) max_modules: usize,
+    pub(crate) max_bytes: u64,
+}
+
+/// A module that alone takes more than the store may hold; its counted size.
+pub(crate) struct TooLarge(pub(crate) u64);
 
 /// Compiled modules by hash (lowercase hex).
 pub(crate) struct ModuleStore {
@@ -55,12 +76,32 @@ impl ModuleStore {
         Some(stored.module.clone())
     }
 
-    /// Stores `module` (`bytes` long) as `sha256`, evicting the least recently used ones
-    /// past the bounds. False when it was already stored.
-    pub(crate) fn insert(&self, sha256: &str, module: GuestModule, bytes: u64) -> bool {
+    /// What the store holds now.
+    pub(crate) fn status(&self) -> StoreStatus {
+        let inner = self.lock();
+        StoreStatus {
+            stored: inner.modules.len(),
+            bytes: inner.bytes,
+            max_modules: self.max_modules,
+            max_bytes: self.max_bytes,
+        }
+    }
+
+    /// Stores `module` (uploaded as `upload_bytes`) as `sha256`, evicting the least
+    /// recently used ones past the bounds. False when it was already stored.
+    pub(crate) fn insert(
+        &self,
+        sha256: &str,
+        module: GuestModule,
+        upload_bytes: u64,
+    ) -> Result<bool, TooLarge> {
+        let bytes = upload_bytes.saturating_add(module.compiled_bytes());
+        if bytes > self.max_bytes {
+            return Err(TooLarge(bytes));
+        }
         let mut inner = self.lock();
         if inner.modules.contains_key(sha256) {
-            return false;
+            return Ok(false);
         }
         while !inner.modules.is_empty()
             && (inner.modules.len() >= self.max_modules
@@ -90,6 +131,6 @@ impl ModuleStore {
                 last_used,
             },
         );
-        true
+        Ok(true)
     }
 }

@@ -3,6 +3,11 @@
 //! are forgotten after a TTL, or sooner, oldest first, to make room), their kept output is
 //! cut to a bound, and cancelling aborts the Tokio task, which drops the run's future and
 //! so gives its queue place or running slot back at once.
+//!
+//! A drain closes the table ([`TaskTable::close`]): the check and the insert of a
+//! submission happen under the same lock as the close, so a request that was let in before
+//! the drain but submits after it is refused, never started behind the drain's back. A
+//! record holds its abort handle from the moment it is visible, so no cancel can miss it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -97,11 +102,20 @@ struct Record {
 pub(crate) enum Refused {
     /// Every record is a task still queued or running.
     Full { max: u32 },
+    /// The node is draining.
+    Closed,
+}
+
+#[derive(Default)]
+struct Records {
+    by_id: HashMap<String, Record>,
+    /// Set by a drain: no submission is taken after it.
+    closed: bool,
 }
 
 /// Every task of the node.
 pub(crate) struct TaskTable {
-    records: Mutex<HashMap<String, Record>>,
+    records: Mutex<Records>,
     next: AtomicU64,
     /// Woken whenever a task ends, for a drain waiting on the last one.
     ended: Notify,
@@ -131,7 +145,7 @@ impl TaskTable {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Record>> {
+    fn lock(&self) -> MutexGuard<'_, Records> {
         self.records.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -154,54 +168,54 @@ impl TaskTable {
         task: TaskSpec,
     ) -> Result<String, Refused> {
         let id = self.new_id();
-        {
-            let mut records = self.lock();
-            self.make_room(&mut records)?;
-            let seq = self.next.load(Ordering::Relaxed);
-            let submitted_at_ms = SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis()
-                .try_into()
-                .unwrap_or(u64::MAX);
-            let view = TaskView {
-                id: id.clone(),
-                task_id: task.task_id.clone(),
-                module: module_sha.to_owned(),
-                status: TaskPhase::Queued,
-                exit_code: None,
-                stdout: String::new(),
-                stderr: String::new(),
-                stdout_truncated: false,
-                stderr_truncated: false,
-                spear: TaskSummary {
-                    submitted_at_ms,
-                    ..TaskSummary::default()
-                },
-            };
-            let (phase, _) = watch::channel(TaskPhase::Queued);
-            records.insert(
-                id.clone(),
-                Record {
-                    view,
-                    phase,
-                    abort: None,
-                    ended: None,
-                    seq,
-                },
-            );
+        let mut records = self.lock();
+        if records.closed {
+            return Err(Refused::Closed);
         }
+        self.make_room(&mut records.by_id)?;
+        let seq = self.next.load(Ordering::Relaxed);
+        let submitted_at_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_millis()
+            .try_into()
+            .unwrap_or(u64::MAX);
+        let view = TaskView {
+            id: id.clone(),
+            task_id: task.task_id.clone(),
+            module: module_sha.to_owned(),
+            status: TaskPhase::Queued,
+            exit_code: None,
+            stdout: String::new(),
+            stderr: String::new(),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            spear: TaskSummary {
+                submitted_at_ms,
+                ..TaskSummary::default()
+            },
+        };
+        let (phase, _) = watch::channel(TaskPhase::Queued);
         let table = self.clone();
         let host = host.clone();
         let run_id = id.clone();
+        // Spawned under the lock: the run reports back through the same lock, so it
+        // cannot touch its record before the record (with its abort handle) exists.
         let handle = tokio::spawn(async move {
             let admitted = || table.set_phase(&run_id, TaskPhase::Running);
             let result = host.run_task_reporting(&module, &task, admitted).await;
             table.finish(&run_id, result);
         });
-        if let Some(record) = self.lock().get_mut(&id) {
-            record.abort = Some(handle.abort_handle());
-        }
+        records.by_id.insert(
+            id.clone(),
+            Record {
+                view,
+                phase,
+                abort: Some(handle.abort_handle()),
+                ended: None,
+                seq,
+            },
+        );
         Ok(id)
     }
 
@@ -226,7 +240,7 @@ impl TaskTable {
     }
 
     fn set_phase(&self, id: &str, phase: TaskPhase) {
-        if let Some(record) = self.lock().get_mut(id)
+        if let Some(record) = self.lock().by_id.get_mut(id)
             && !record.view.status.is_done()
         {
             record.view.status = phase;
@@ -236,7 +250,7 @@ impl TaskTable {
 
     fn finish(&self, id: &str, result: Result<TaskOutcome, HostError>) {
         let mut records = self.lock();
-        let Some(record) = records.get_mut(id) else {
+        let Some(record) = records.by_id.get_mut(id) else {
             return;
         };
         if record.view.status.is_done() {
@@ -299,20 +313,21 @@ impl TaskTable {
     /// The task's view and a receiver of its phase changes, if it exists.
     pub(crate) fn watch(&self, id: &str) -> Option<(TaskView, watch::Receiver<TaskPhase>)> {
         self.lock()
+            .by_id
             .get(id)
             .map(|r| (r.view.clone(), r.phase.subscribe()))
     }
 
     /// The task's view, if it exists.
     pub(crate) fn view(&self, id: &str) -> Option<TaskView> {
-        self.lock().get(id).map(|r| r.view.clone())
+        self.lock().by_id.get(id).map(|r| r.view.clone())
     }
 
     /// Cancels a queued or running task at once; a task already done is left as it is.
     /// Its view after, if it exists.
     pub(crate) fn cancel(&self, id: &str, why: &str) -> Option<TaskView> {
         let mut records = self.lock();
-        let record = records.get_mut(id)?;
+        let record = records.by_id.get_mut(id)?;
         if !record.view.status.is_done() {
             Self::cancel_record(id, record, why);
             self.ended.notify_waiters();
@@ -345,9 +360,28 @@ impl TaskTable {
         }
     }
 
-    /// Cancels every task still queued or running.
+    /// Takes no more submissions and cancels the tasks still queued: a drain's grace is
+    /// for tasks already running, and a queued one starting in it would only be cut off
+    /// at its end. How many were cancelled.
+    pub(crate) fn close(&self, why: &str) -> usize {
+        let mut records = self.lock();
+        records.closed = true;
+        let mut cancelled = 0usize;
+        for (id, record) in &mut records.by_id {
+            if record.view.status == TaskPhase::Queued {
+                Self::cancel_record(id, record, why);
+                cancelled = cancelled.saturating_add(1);
+            }
+        }
+        self.ended.notify_waiters();
+        cancelled
+    }
+
+    /// Takes no more submissions and cancels every task still queued or running.
     pub(crate) fn cancel_all(&self, why: &str) {
-        for (id, record) in self.lock().iter_mut() {
+        let mut records = self.lock();
+        records.closed = true;
+        for (id, record) in &mut records.by_id {
             if !record.view.status.is_done() {
                 Self::cancel_record(id, record, why);
             }
@@ -358,6 +392,7 @@ impl TaskTable {
     /// Tasks queued or running.
     pub(crate) fn active(&self) -> usize {
         self.lock()
+            .by_id
             .values()
             .filter(|r| !r.view.status.is_done())
             .count()
@@ -366,7 +401,7 @@ impl TaskTable {
     /// Whether one more task could be held now.
     pub(crate) fn has_room(&self) -> bool {
         let records = self.lock();
-        records.len() < self.max_tasks || records.values().any(|r| r.ended.is_some())
+        records.by_id.len() < self.max_tasks || records.by_id.values().any(|r| r.ended.is_some())
     }
 }
 

@@ -1,0 +1,349 @@
+//! `quiver serve` against hostile and unlucky clients: the real binary, real HTTP (raw TCP
+//! where the client must misbehave), real WAT guests. Drains racing slow requests, queued
+//! tasks at drain start, tokens from files, one client hogging connections, and a flood
+//! of distinct module uploads.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use quiver_tests::node::{Node, sha256_hex};
+use quiver_tests::{RegistryDir, workspace};
+use reqwest::Method;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+/// Spins forever (only a deadline or a cancel ends it).
+const LOOP: &str = r#"(module
+  (memory (export "memory") 1)
+  (func (export "_start") (loop $l (br $l))))"#;
+
+/// Writes `hello` to stdout and exits 0.
+const HELLO: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "hello\n")
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 6))
+    (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
+
+/// A module of its own for each `n` (its data differs), so each has its own hash.
+fn distinct_module(n: usize) -> String {
+    format!(
+        r#"(module (memory (export "memory") 1) (data (i32.const 0) "module {n}") (func (export "_start")))"#
+    )
+}
+
+fn task(id: &str) -> serde_json::Value {
+    json!({"task_id": id, "limits": {"deadline_ms": 120000}})
+}
+
+fn addr(node: &Node) -> SocketAddr {
+    node.base
+        .trim_start_matches("http://")
+        .parse()
+        .expect("node address")
+}
+
+/// A connection to `to` from the loopback address `from`, so a test's raw connections
+/// are counted apart from its HTTP client's (which come from 127.0.0.1).
+async fn connect_from(from: &str, to: SocketAddr) -> TcpStream {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket
+        .bind(format!("{from}:0").parse().expect("from"))
+        .expect("bind");
+    socket.connect(to).await.expect("connect")
+}
+
+/// Polls `/readyz` until it names `draining`.
+async fn wait_draining(node: &Node) {
+    let started = Instant::now();
+    loop {
+        let ready = Node::send(node.anonymous(Method::GET, "/readyz")).await;
+        if ready.json["reasons"][0] == "draining" {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the node did not start draining: {ready:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_submission_whose_body_ends_after_sigterm_is_refused_and_starts_nothing() {
+    let registry = RegistryDir::new();
+    let mut node = Node::start(&registry, Some("[serve]\ndrain_grace_ms = 60000\n"), &[]);
+    let looping = node.upload(LOOP.as_bytes()).await;
+    let hello = node.upload(HELLO.as_bytes()).await;
+    // A running task keeps the node draining (and listening) while the slow body ends.
+    let running = node.submit_ok(&looping, task("keeps-draining")).await;
+    let seen = node
+        .wait_status(&running, "running", Duration::from_secs(60))
+        .await;
+    assert_eq!(seen.json["status"], "running", "{seen:?}");
+
+    let body = json!({"module": hello, "task": task("too-late")}).to_string();
+    let (first, rest) = body.as_bytes().split_at(body.len() / 2);
+    let mut slow = TcpStream::connect(addr(&node)).await.expect("connect");
+    let head = format!(
+        "POST /v1/tasks HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    slow.write_all(head.as_bytes()).await.expect("headers");
+    slow.write_all(first).await.expect("half a body");
+    // Let the handler pass its draining check and start reading the body.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    node.signal(libc::SIGTERM);
+    wait_draining(&node).await;
+    slow.write_all(rest).await.expect("the rest of the body");
+    let mut answer = Vec::new();
+    slow.read_to_end(&mut answer).await.expect("answer");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("\"draining\""), "{answer}");
+
+    // Only the running task was ever accepted.
+    assert_eq!(
+        node.stderr().matches("task accepted").count(),
+        1,
+        "{}",
+        node.stderr()
+    );
+    let cancelled = Node::send(node.request(Method::DELETE, &format!("/v1/tasks/{running}"))).await;
+    assert_eq!(cancelled.json["status"], "cancelled", "{cancelled:?}");
+    let status = node
+        .wait_exit(Duration::from_secs(60))
+        .expect("the node exits");
+    assert_eq!(status.code(), Some(0), "{}", node.stderr());
+    assert!(!node.stderr().contains("too-late"), "{}", node.stderr());
+}
+
+#[tokio::test]
+async fn queued_tasks_are_cancelled_when_the_drain_begins_and_running_ones_keep_going() {
+    let registry = RegistryDir::new();
+    let config = "[tasks]\nmax_concurrent = 1\n[serve]\ndrain_grace_ms = 60000\n";
+    let mut node = Node::start(&registry, Some(config), &[]);
+    let looping = node.upload(LOOP.as_bytes()).await;
+    let hello = node.upload(HELLO.as_bytes()).await;
+    let running = node.submit_ok(&looping, task("running")).await;
+    let seen = node
+        .wait_status(&running, "running", Duration::from_secs(60))
+        .await;
+    assert_eq!(seen.json["status"], "running", "{seen:?}");
+    let queued = node.submit_ok(&hello, task("queued")).await;
+    assert_eq!(node.task(&queued, 0).await.json["status"], "queued");
+
+    node.signal(libc::SIGTERM);
+    // Well inside the 60 s grace: the queued task ends now, not at the grace's end.
+    let ended = node.task(&queued, 30).await;
+    assert_eq!(ended.json["status"], "cancelled", "{ended:?}");
+    assert_eq!(ended.json["_spear"]["failure"]["kind"], "cancelled");
+    assert!(
+        ended.json["_spear"]["failure"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("draining"),
+        "{ended:?}"
+    );
+    assert_eq!(ended.json["stdout"], "", "the queued task never ran");
+    let still = node.task(&running, 0).await;
+    assert_eq!(still.json["status"], "running", "{still:?}");
+
+    let cancelled = Node::send(node.request(Method::DELETE, &format!("/v1/tasks/{running}"))).await;
+    assert_eq!(cancelled.json["status"], "cancelled", "{cancelled:?}");
+    let status = node
+        .wait_exit(Duration::from_secs(60))
+        .expect("the node exits");
+    assert_eq!(status.code(), Some(0), "{}", node.stderr());
+}
+
+#[tokio::test]
+async fn a_token_with_a_trailing_newline_works_and_the_scheme_is_case_insensitive() {
+    let registry = RegistryDir::new();
+    let config = "[serve]\ntoken_env = \"QUIVER_TEST_TOKEN\"\n";
+    // As `export QUIVER_TEST_TOKEN=$(cat token-file)` would not, but `read -r` or an
+    // env file might: the newline stays.
+    let node = Node::start(
+        &registry,
+        Some(config),
+        &[("QUIVER_TEST_TOKEN", "n0de-token-42\n")],
+    );
+    let path = "/v1/tasks/0123456789abcdef01234567";
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let answer = Node::send(
+            node.anonymous(Method::GET, path)
+                .header("authorization", format!("{scheme} n0de-token-42")),
+        )
+        .await;
+        // Past the guard: the task does not exist.
+        assert_eq!(answer.status, 404, "{scheme}: {answer:?}");
+    }
+    for wrong in [
+        "Bearer n0de-token-43",
+        "Basic n0de-token-42",
+        "Bearern0de-token-42",
+    ] {
+        let answer = Node::send(
+            node.anonymous(Method::GET, path)
+                .header("authorization", wrong),
+        )
+        .await;
+        assert_eq!(answer.status, 401, "{wrong}: {answer:?}");
+    }
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let Err((status, stderr)) = Node::spawn(
+        "127.0.0.1:0",
+        &registry,
+        Some(config),
+        &dir,
+        &[("QUIVER_TEST_TOKEN", " \n")],
+        &[],
+    ) else {
+        panic!("a node whose token is only whitespace started");
+    };
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{stderr}");
+    assert!(stderr.contains("serve.token_env"), "{stderr}");
+}
+
+#[tokio::test]
+async fn one_address_holds_at_most_its_share_of_connections_and_idle_ones_close() {
+    let registry = RegistryDir::new();
+    let config = "[serve]\nmax_connections_per_ip = 3\nheader_timeout_ms = 2000\n";
+    let node = Node::start(&registry, Some(config), &[]);
+    let looping = node.upload(LOOP.as_bytes()).await;
+    let id = node.submit_ok(&looping, task("held")).await;
+    let to = addr(&node);
+
+    // Three long polls from 127.0.0.2 take its whole share (the test's HTTP client
+    // connects from 127.0.0.1, counted apart).
+    let poll = format!("GET /v1/tasks/{id}?wait=20 HTTP/1.1\r\nHost: node\r\n\r\n");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        let mut tcp = connect_from("127.0.0.2", to).await;
+        tcp.write_all(poll.as_bytes()).await.expect("long poll");
+        held.push(tcp);
+    }
+    let started = Instant::now();
+
+    // A fourth from the same address is closed without an answer.
+    let mut extra = connect_from("127.0.0.2", to).await;
+    let _ = extra
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\n\r\n")
+        .await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(30), extra.read_to_end(&mut answer))
+        .await
+        .expect("the extra connection was held open");
+    assert!(
+        read.is_err() || answer.is_empty(),
+        "the extra connection was served: {}",
+        String::from_utf8_lossy(&answer)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "too slow to test while the long polls hold their connections"
+    );
+    // Other addresses are not held up by it.
+    let ok = Node::send(node.anonymous(Method::GET, "/healthz")).await;
+    assert_eq!(ok.status, 200, "{ok:?}");
+
+    // After its answer each long poll's connection idles, kept alive, and is closed after
+    // header_timeout_ms: the read ends instead of hanging.
+    for mut tcp in held {
+        let mut answer = Vec::new();
+        tokio::time::timeout(Duration::from_secs(60), tcp.read_to_end(&mut answer))
+            .await
+            .expect("an idle kept-alive connection was not closed")
+            .expect("read");
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.contains("\"running\""), "{answer}");
+    }
+
+    // With those closed, the address gets connections again.
+    let mut again = connect_from("127.0.0.2", to).await;
+    again
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: node\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("write");
+    let mut answer = Vec::new();
+    again.read_to_end(&mut answer).await.expect("read");
+    assert!(
+        String::from_utf8_lossy(&answer).starts_with("HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+}
+
+#[tokio::test]
+async fn module_uploads_stay_within_the_store_and_never_reach_the_host_cache_or_disk() {
+    let registry = RegistryDir::new();
+    let node = Node::start(&registry, Some("[serve]\nmax_modules = 3\n"), &[]);
+    let disk = workspace().join("target").join("test-module-cache");
+    let mut uploaded = Vec::new();
+    for n in 0..8 {
+        let module = distinct_module(n);
+        let sha = node.upload(module.as_bytes()).await;
+        uploaded.push((sha, module.len()));
+        let ready = Node::send(node.anonymous(Method::GET, "/readyz")).await;
+        let modules = &ready.json["modules"];
+        let stored = modules["stored"].as_u64().expect("modules.stored");
+        assert_eq!(stored, (n as u64 + 1).min(3), "{ready:?}");
+        assert_eq!(modules["host_cached"], 0, "{ready:?}");
+        // Counted as compiled code, not just the bytes sent.
+        let sent: usize = uploaded.iter().rev().take(3).map(|(_, len)| len).sum();
+        assert!(modules["bytes"].as_u64() > Some(sent as u64), "{ready:?}");
+    }
+    let on_disk: Vec<String> = std::fs::read_dir(&disk)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    for (sha, _) in &uploaded {
+        assert!(
+            !on_disk.iter().any(|name| name.starts_with(sha.as_str())),
+            "upload {sha} was written to the disk cache"
+        );
+    }
+
+    // The oldest were evicted: a task naming one is refused, the newest still runs.
+    let evicted = node.submit(&uploaded[0].0, task("evicted")).await;
+    assert_eq!(
+        (evicted.status, evicted.code()),
+        (422, "unknown_module"),
+        "{evicted:?}"
+    );
+    let newest = &uploaded[7].0;
+    let id = node.submit_ok(newest, task("newest")).await;
+    assert_eq!(node.task(&id, 60).await.json["status"], "finished");
+
+    // A module that alone takes more than the store holds is refused, not stored.
+    let tiny = Node::start(
+        &registry,
+        Some("[serve]\nmax_module_store_bytes = 64\n"),
+        &[],
+    );
+    let module = distinct_module(100);
+    let answer = Node::send(
+        tiny.request(
+            Method::PUT,
+            &format!("/v1/modules/{}", sha256_hex(module.as_bytes())),
+        )
+        .body(module.into_bytes()),
+    )
+    .await;
+    assert_eq!(
+        (answer.status, answer.code(), answer.field()),
+        (413, "module_too_large", "body"),
+        "{answer:?}"
+    );
+    let ready = Node::send(tiny.anonymous(Method::GET, "/readyz")).await;
+    assert_eq!(ready.json["modules"]["stored"], 0, "{ready:?}");
+}
