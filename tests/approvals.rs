@@ -289,10 +289,8 @@ async fn with_policy_only_matching_tools_wait_for_approval() {
 async fn the_task_deadline_ends_the_wait_and_removes_the_pending_request() {
     let registry = registry("approval_policy = \"always\"");
     let queue = Arc::new(ApprovalQueue::default());
-    let host = host_builder(&registry)
-        .with_approver(queue.clone())
-        .build()
-        .unwrap();
+    let denials = Arc::new(Denials::default());
+    let host = with_queue(host_builder(&registry), &queue, &denials);
     let watcher = {
         let queue = queue.clone();
         tokio::spawn(async move {
@@ -332,6 +330,14 @@ async fn the_task_deadline_ends_the_wait_and_removes_the_pending_request() {
         "the ended task left nothing pending"
     );
     assert_eq!(calls_served(&host).await, 0);
+    let denied = denials.0.lock().unwrap().clone();
+    assert_eq!(denied.len(), 1, "observers saw the denial: {denied:?}");
+    assert_eq!(denied[0].reason, Reason::ApprovalTimeout);
+    assert!(
+        denied[0].detail.contains("task's deadline ended the wait"),
+        "{}",
+        denied[0].detail
+    );
     host.shutdown().await;
 }
 

@@ -326,7 +326,8 @@ async fn call_tool<T: McpView>(
         Err(error) => return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json())),
     };
     if let Approval::Needed(policy) = approval {
-        // The wait ends at the task's deadline like any other; the trap drops the request.
+        // The gate ends the wait at the task's deadline itself, so the refusal is reported
+        // below before the deadline traps the task.
         let asked = mcp.approvals.ask(AskFor {
             task_id: &task_id,
             session_fd: call.fd,
@@ -348,6 +349,11 @@ async fn call_tool<T: McpView>(
                 refusal.detail.clone(),
             );
             mcp.observers.policy_denied(&event);
+            if deadline.remaining().is_zero() {
+                return Err(HostcallError::Trap(wasmtime::Error::new(
+                    deadline.exceeded(),
+                )));
+            }
             let error = McpError::new(
                 McpErrorCode::PolicyDenied,
                 format!("tool `{name}` on server `{server_id}`: {}", refusal.detail),
