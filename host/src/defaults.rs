@@ -326,6 +326,11 @@ pub const APPROVAL_QUEUE_CAPACITY: usize = 256;
 /// Bytes of an approver's reason kept (it may come from an HTTP client); the rest is cut.
 pub const MAX_APPROVAL_REASON_BYTES: usize = 512;
 
+/// Bytes of an answer line [`TerminalApprover`](crate::approval::TerminalApprover) reads
+/// (`y`, `yes`, anything else denies); the rest of a longer line is ignored, so a stuck key
+/// cannot grow the buffer.
+pub const MAX_TERMINAL_ANSWER_BYTES: usize = 256;
+
 /// Distinct `(server_id, tool)` label pairs the tool-call metrics keep; calls of any other
 /// tool are counted under `tool="_other"` of their server. Tool names come from servers,
 /// guests and models: without a cap a server listing thousands of tools (or a guest calling

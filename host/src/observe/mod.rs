@@ -18,7 +18,7 @@ use std::time::Instant;
 pub use audit::AuditLog;
 pub(crate) use event::cut;
 pub use event::{
-    ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
+    ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via, printable,
 };
 pub(crate) use metrics::LiveStatus;
 pub use metrics::{Metrics, OTHER_TOOL};
