@@ -331,13 +331,14 @@ pub const MAX_APPROVAL_REASON_BYTES: usize = 512;
 /// cannot grow the buffer.
 pub const MAX_TERMINAL_ANSWER_BYTES: usize = 256;
 
-/// Distinct `(server_id, tool)` label pairs the tool-call metrics keep; calls of any other
-/// tool are counted under `tool="_other"` of their server. Tool names come from servers,
-/// guests and models: without a cap a server listing thousands of tools (or a guest calling
-/// made-up names through an `allowed_tools = ["*"]` record) would grow every scrape without
-/// bound. 200 pairs cover the servers a node really runs; each pair costs a few KiB of
-/// histogram buckets.
-pub const MAX_METRIC_TOOL_SERIES: usize = 200;
+/// Distinct tool labels the tool-call metrics keep per server id (guest tools, with
+/// `server_id=""`, have their own bucket); calls of any other tool are counted under
+/// `tool="_other"` of their server. Tool names come from servers, guests and models: without
+/// a cap a server listing thousands of tools (or a guest calling made-up names through an
+/// `allowed_tools = ["*"]` record) would grow every scrape without bound. Per server, so one
+/// guest or server cannot use up the others' series; the registry bounds the server ids.
+/// 100 covers the tools of real servers; each series costs a few KiB of histogram buckets.
+pub const MAX_METRIC_TOOL_SERIES: usize = 100;
 
 /// Upper bounds, in seconds, of the tool-call duration histogram's buckets: from a fast
 /// local call (5 ms) to the default `tool_timeout_ms` and beyond.
