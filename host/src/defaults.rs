@@ -370,6 +370,10 @@ pub const CLI_NODE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest answer `quiver mcp status --node` reads from a node.
 pub const CLI_NODE_MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
 
+/// Characters of a node's error body `quiver mcp status --node` quotes (controls removed):
+/// enough for a JSON error naming its field, not a whole page of HTML.
+pub const CLI_NODE_MAX_ERROR_CHARS: usize = 500;
+
 /// `quiver serve`: time running tasks get to finish after SIGTERM or SIGINT before the
 /// rest are cancelled. Long enough for a short tool-using task, short enough for a
 /// rolling restart. `[serve] drain_grace_ms`.

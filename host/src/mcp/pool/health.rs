@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 
 use crate::defaults;
-use crate::observe::cut;
+use crate::observe::{cut, printable};
 
 /// A server's state, as health reports show it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -176,7 +176,8 @@ impl Health {
 impl State {
     fn fail(&mut self, error: &str) {
         self.last_failure = Some(Instant::now());
-        self.last_error = Some(cut(error, defaults::MAX_SERVER_ERROR_BYTES).to_owned());
+        // Shown on terminals (`quiver mcp status`): no escapes from what a server wrote.
+        self.last_error = Some(printable(cut(error, defaults::MAX_SERVER_ERROR_BYTES)));
     }
 }
 
@@ -265,5 +266,11 @@ mod tests {
         health.failed(&"é".repeat(defaults::MAX_SERVER_ERROR_BYTES));
         let error = health.snapshot(None).last_error.unwrap();
         assert!(error.len() <= defaults::MAX_SERVER_ERROR_BYTES && error.starts_with('é'));
+        health.failed("boom\u{1b}[2J\nagain\u{202e}");
+        assert_eq!(
+            health.snapshot(None).last_error.as_deref(),
+            Some("boom[2J again"),
+            "no terminal escapes kept"
+        );
     }
 }
