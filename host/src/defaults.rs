@@ -323,6 +323,16 @@ pub const APPROVAL_TIMEOUT: Duration = Duration::from_secs(300);
 /// keeps the list a person reads short.
 pub const APPROVAL_QUEUE_CAPACITY: usize = 256;
 
+/// One task may hold at most this fraction (1/N, at least one request) of an
+/// [`ApprovalQueue`](crate::approval::ApprovalQueue)'s capacity; its next request is denied
+/// at once. A guest looping over calls that need approval then cannot fill the queue and
+/// starve every other task of approvals.
+pub const APPROVAL_QUEUE_TASK_SHARE_DIVISOR: usize = 4;
+
+/// Characters of an unknown approval id quoted back in an error (the id may come from an
+/// HTTP client; real ids are 17).
+pub const MAX_APPROVAL_ID_CHARS_SHOWN: usize = 64;
+
 /// Bytes of an approver's reason kept (it may come from an HTTP client); the rest is cut.
 pub const MAX_APPROVAL_REASON_BYTES: usize = 512;
 
