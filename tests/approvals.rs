@@ -509,10 +509,15 @@ fn the_cli_allows_denies_and_cannot_prompt_without_a_terminal() {
         "{stderr}"
     );
 
-    let (ok, stderr) = cli_run("deny", &[]);
+    // `deny` (the default) is no approver: nothing needing approval is offered to a model.
+    let (ok, stderr) = cli_run("deny", &["--explain-policy"]);
     assert!(ok, "{stderr}");
     assert!(
-        stderr.contains("mcp_policy_denied") && stderr.contains("denies every call"),
+        !stderr.contains("needs_approval") && stderr.contains("approval_required"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("mcp_policy_denied") && stderr.contains("has no approver"),
         "{stderr}"
     );
 
