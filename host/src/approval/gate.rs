@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use super::{ApprovalRequest, Approver};
 use crate::defaults;
-use crate::observe::{ArgumentsSummary, Via};
+use crate::observe::{ArgumentsSummary, Via, cut};
 use crate::policy::{Denial, Reason};
 use crate::registry::{ApprovalPolicy, ServerEntry};
 use crate::sandbox::Deadline;
@@ -62,11 +62,7 @@ fn next_id() -> String {
 /// `reason` cut to the cap at a character boundary, control characters made spaces (it
 /// ends up in logs, guest results and model prompts).
 pub(super) fn clean_reason(reason: &str) -> String {
-    let mut end = reason.len().min(defaults::MAX_APPROVAL_REASON_BYTES);
-    while !reason.is_char_boundary(end) {
-        end -= 1;
-    }
-    reason[..end]
+    cut(reason, defaults::MAX_APPROVAL_REASON_BYTES)
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect::<String>()

@@ -7,9 +7,9 @@ use std::sync::{Mutex, MutexGuard};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-use super::{ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver, unix_seconds};
+use super::{ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver};
 use crate::defaults;
-use crate::observe::{ArgumentsSummary, Via};
+use crate::observe::{ArgumentsSummary, Via, unix_seconds};
 
 /// A request waiting in an [`ApprovalQueue`], as listed for whoever decides.
 #[derive(Clone, Debug, Serialize)]

@@ -325,6 +325,7 @@ async fn call_tool<T: McpView>(
         Ok(arguments) => arguments,
         Err(error) => return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json())),
     };
+    let summary = ArgumentsSummary::of_object(&arguments, args.len() as u64);
     if let Approval::Needed(policy) = approval {
         // The gate ends the wait at the task's deadline itself, so the refusal is reported
         // below before the deadline traps the task.
@@ -334,7 +335,7 @@ async fn call_tool<T: McpView>(
             via: Via::McpCall,
             entry: &entry,
             tool: name,
-            arguments: ArgumentsSummary::of_object(&arguments, args.len() as u64),
+            arguments: summary.clone(),
             policy,
             task_deadline: deadline,
         });
@@ -369,7 +370,7 @@ async fn call_tool<T: McpView>(
             server_id: server_id.to_owned(),
         },
         tool: name.clone(),
-        arguments: ArgumentsSummary::of_object(&arguments, args.len() as u64),
+        arguments: summary,
         argument_values: std::str::from_utf8(args)
             .ok()
             .and_then(|text| ToolCall::audited_arguments(&entry, text)),

@@ -188,10 +188,6 @@ impl ToolOutcome {
             code => ToolOutcome::Failed(code.as_str()),
         }
     }
-
-    pub fn is_ok(self) -> bool {
-        self == ToolOutcome::Ok
-    }
 }
 
 /// The end of a tool call.
@@ -298,7 +294,9 @@ fn is_format(c: char) -> bool {
     )
 }
 
-pub(super) fn unix_seconds<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+/// Serialises a time as unix seconds (a float; 0 before 1970), the one time format of
+/// every JSON the host writes.
+pub(crate) fn unix_seconds<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
     let secs = t
         .duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64());
