@@ -4,6 +4,7 @@
 //! and never reaches the server (the fixture's `count` tool tells how many calls did).
 
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use quiver::observe::{PolicyDenial, ToolObserver};
 use quiver::policy::Reason;
 use quiver::{Host, HostBuilder, TaskFailure};
 use quiver_tests::chat_wat::{ChatGuest, scripted_host_builder};
+use quiver_tests::errno::ENOSPC;
 use quiver_tests::llm::{Reply, ScriptedLlm, tool_names, tool_results};
 use quiver_tests::wat::{self, WatRun};
 use quiver_tests::{RegistryDir, fixture_toml, host_builder, mcp_task, quiver_cli};
@@ -201,6 +203,60 @@ async fn an_approved_call_runs_and_a_denied_one_never_reaches_the_server() {
         denials.reasons(),
         [("echo".to_owned(), Reason::ApprovalDenied)]
     );
+    host.shutdown().await;
+}
+
+/// A result too large for the guest's buffer stays on the fd: the retry with a big enough
+/// buffer gets it without asking the approver again or calling the tool again.
+#[tokio::test]
+async fn a_retry_after_a_too_small_buffer_is_neither_asked_nor_run_again() {
+    /// Approves every request, counting them.
+    #[derive(Default)]
+    struct Counting(AtomicUsize);
+    impl Approver for Counting {
+        fn ask(&self, _request: ApprovalRequest) -> ApprovalFuture<'_> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(std::future::ready(ApprovalDecision::approve()))
+        }
+    }
+    let registry = registry("approval_policy = \"always\"");
+    let approver = Arc::new(Counting::default());
+    let host = host_builder(&registry)
+        .with_approver(approver.clone())
+        .build()
+        .unwrap();
+    let call = |cap: u32| {
+        format!(
+            "(call $cap (i32.const 8192) (i32.const {cap}))
+             (call $out (call $mcp_call_tool (local.get $fd) (i32.const {}) (i32.const {}) (i32.const {}) (i32.const {}) (i32.const 16384) (i32.const 8192)))
+             (call $out (call $len (i32.const 8192)))\n",
+            ECHO.0, ECHO.1, HI.0, HI.1
+        )
+    };
+    let guest = wat::guest(
+        DATA,
+        &format!(
+            "(func $main (local $fd i32)
+               (local.set $fd (call $mcp_open (i32.const 1024) (i32.const 7)))
+               {}{}
+               (call $emit (i32.const 16384) (call $len (i32.const 8192))))",
+            call(4),
+            call(8192)
+        ),
+    );
+    let run = wat::run_ok(&host, &guest, &mcp_task("small-buffer", &["fixture"])).await;
+    assert_eq!(run.results[0], ENOSPC, "{:?}", run.results);
+    let needed = run.results[1];
+    assert!(
+        needed > 4,
+        "the length needed is reported: {:?}",
+        run.results
+    );
+    assert_eq!(run.results[2..], [needed, needed], "{:?}", run.results);
+    let result: Value = serde_json::from_str(&run.emitted[0]).unwrap();
+    assert_eq!(result["content"][0]["text"], "hi", "{result}");
+    assert_eq!(approver.0.load(Ordering::SeqCst), 1, "asked once");
+    assert_eq!(calls_served(&host).await, 1, "the tool ran once");
     host.shutdown().await;
 }
 
