@@ -63,9 +63,10 @@ pub struct ServerStatus {
     /// Connections made after the previous one was lost (the process died, the transport
     /// broke); idle stops and evictions are not counted.
     pub reconnects: u64,
-    /// The last server-side failure (connect, transport, timeout, JSON-RPC error), with the
-    /// server's secrets redacted and cut to [`defaults::MAX_SERVER_ERROR_BYTES`]. A tool's
-    /// own error result (`isError`) is an answer, not a failure.
+    /// The last server-side failure (connect, transport, timeout on the wire, JSON-RPC
+    /// error other than "method not found"), with the server's secrets redacted, control
+    /// characters removed and cut to [`defaults::MAX_SERVER_ERROR_BYTES`]. A tool's own
+    /// error result (`isError`) is an answer, not a failure.
     pub last_error: Option<String>,
     /// When the server last connected or answered (unix seconds).
     pub last_success: Option<u64>,

@@ -26,8 +26,8 @@ pub enum ServerState {
     /// Connected, and no server-side failure in the last
     /// [`SERVER_DEGRADED_FOR`](defaults::SERVER_DEGRADED_FOR).
     Connected,
-    /// Connected, but a server-side failure (a lost connection, a timeout, a JSON-RPC error)
-    /// happened within the last [`SERVER_DEGRADED_FOR`](defaults::SERVER_DEGRADED_FOR).
+    /// Connected, but a server-side failure (a lost connection, a timeout on the wire, a
+    /// JSON-RPC error) happened within the last [`SERVER_DEGRADED_FOR`](defaults::SERVER_DEGRADED_FOR).
     Degraded,
     /// Not connected because something failed: the last connection attempt failed (calls
     /// fail fast during the reconnect backoff), or the connection was lost (the process
