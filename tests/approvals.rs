@@ -4,6 +4,7 @@
 //! and never reaches the server (the fixture's `count` tool tells how many calls did).
 
 use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,6 +16,7 @@ use quiver::observe::{PolicyDenial, ToolObserver};
 use quiver::policy::Reason;
 use quiver::{Host, HostBuilder, TaskFailure};
 use quiver_tests::chat_wat::{ChatGuest, scripted_host_builder};
+use quiver_tests::errno::ENOSPC;
 use quiver_tests::llm::{Reply, ScriptedLlm, tool_names, tool_results};
 use quiver_tests::wat::{self, WatRun};
 use quiver_tests::{RegistryDir, fixture_toml, host_builder, mcp_task, quiver_cli};
@@ -204,6 +206,60 @@ async fn an_approved_call_runs_and_a_denied_one_never_reaches_the_server() {
     host.shutdown().await;
 }
 
+/// A result too large for the guest's buffer stays on the fd: the retry with a big enough
+/// buffer gets it without asking the approver again or calling the tool again.
+#[tokio::test]
+async fn a_retry_after_a_too_small_buffer_is_neither_asked_nor_run_again() {
+    /// Approves every request, counting them.
+    #[derive(Default)]
+    struct Counting(AtomicUsize);
+    impl Approver for Counting {
+        fn ask(&self, _request: ApprovalRequest) -> ApprovalFuture<'_> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Box::pin(std::future::ready(ApprovalDecision::approve()))
+        }
+    }
+    let registry = registry("approval_policy = \"always\"");
+    let approver = Arc::new(Counting::default());
+    let host = host_builder(&registry)
+        .with_approver(approver.clone())
+        .build()
+        .unwrap();
+    let call = |cap: u32| {
+        format!(
+            "(call $cap (i32.const 8192) (i32.const {cap}))
+             (call $out (call $mcp_call_tool (local.get $fd) (i32.const {}) (i32.const {}) (i32.const {}) (i32.const {}) (i32.const 16384) (i32.const 8192)))
+             (call $out (call $len (i32.const 8192)))\n",
+            ECHO.0, ECHO.1, HI.0, HI.1
+        )
+    };
+    let guest = wat::guest(
+        DATA,
+        &format!(
+            "(func $main (local $fd i32)
+               (local.set $fd (call $mcp_open (i32.const 1024) (i32.const 7)))
+               {}{}
+               (call $emit (i32.const 16384) (call $len (i32.const 8192))))",
+            call(4),
+            call(8192)
+        ),
+    );
+    let run = wat::run_ok(&host, &guest, &mcp_task("small-buffer", &["fixture"])).await;
+    assert_eq!(run.results[0], ENOSPC, "{:?}", run.results);
+    let needed = run.results[1];
+    assert!(
+        needed > 4,
+        "the length needed is reported: {:?}",
+        run.results
+    );
+    assert_eq!(run.results[2..], [needed, needed], "{:?}", run.results);
+    let result: Value = serde_json::from_str(&run.emitted[0]).unwrap();
+    assert_eq!(result["content"][0]["text"], "hi", "{result}");
+    assert_eq!(approver.0.load(Ordering::SeqCst), 1, "asked once");
+    assert_eq!(calls_served(&host).await, 1, "the tool ran once");
+    host.shutdown().await;
+}
+
 #[tokio::test]
 async fn an_undecided_call_is_denied_after_its_approval_timeout() {
     let registry = registry("approval_policy = \"always\"\napproval_timeout_ms = 300");
@@ -289,10 +345,8 @@ async fn with_policy_only_matching_tools_wait_for_approval() {
 async fn the_task_deadline_ends_the_wait_and_removes_the_pending_request() {
     let registry = registry("approval_policy = \"always\"");
     let queue = Arc::new(ApprovalQueue::default());
-    let host = host_builder(&registry)
-        .with_approver(queue.clone())
-        .build()
-        .unwrap();
+    let denials = Arc::new(Denials::default());
+    let host = with_queue(host_builder(&registry), &queue, &denials);
     let watcher = {
         let queue = queue.clone();
         tokio::spawn(async move {
@@ -332,6 +386,14 @@ async fn the_task_deadline_ends_the_wait_and_removes_the_pending_request() {
         "the ended task left nothing pending"
     );
     assert_eq!(calls_served(&host).await, 0);
+    let denied = denials.0.lock().unwrap().clone();
+    assert_eq!(denied.len(), 1, "observers saw the denial: {denied:?}");
+    assert_eq!(denied[0].reason, Reason::ApprovalTimeout);
+    assert!(
+        denied[0].detail.contains("task's deadline ended the wait"),
+        "{}",
+        denied[0].detail
+    );
     host.shutdown().await;
 }
 
@@ -503,10 +565,15 @@ fn the_cli_allows_denies_and_cannot_prompt_without_a_terminal() {
         "{stderr}"
     );
 
-    let (ok, stderr) = cli_run("deny", &[]);
+    // `deny` (the default) is no approver: nothing needing approval is offered to a model.
+    let (ok, stderr) = cli_run("deny", &["--explain-policy"]);
     assert!(ok, "{stderr}");
     assert!(
-        stderr.contains("mcp_policy_denied") && stderr.contains("denies every call"),
+        !stderr.contains("needs_approval") && stderr.contains("approval_required"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("mcp_policy_denied") && stderr.contains("has no approver"),
         "{stderr}"
     );
 

@@ -537,7 +537,8 @@ fn mcp_status_prints_every_servers_health() {
 }
 
 /// `quiver mcp status --node URL --token-env VAR` prints what a node's
-/// `GET /v1/mcp/servers` answers, sending the token; a wrong token is an error.
+/// `GET /v1/mcp/servers` answers, sending the token, with no terminal escapes from the
+/// (untrusted) answer in the table or an error; a wrong token is an error.
 #[test]
 fn mcp_status_asks_a_node_with_its_token() {
     use axum::http::{HeaderMap, StatusCode};
@@ -552,11 +553,15 @@ fn mcp_status_asks_a_node_with_its_token() {
                     .get("authorization")
                     .is_some_and(|v| v == "Bearer node-token-42");
                 if !authorized {
-                    return (StatusCode::UNAUTHORIZED, "{\"error\":\"token\"}".to_owned());
+                    return (
+                        StatusCode::UNAUTHORIZED,
+                        "{\"error\":\"token\u{1b}]0;owned\u{7}\"}".to_owned(),
+                    );
                 }
                 let servers = json!({"servers": [{"server_id": "remote-one", "state": "degraded",
                     "tool_count": 7, "connections": 3, "reconnects": 2, "latency_p50_ms": 12,
-                    "latency_p95_ms": 80, "last_error": "boom"}]});
+                    "latency_p95_ms": 80, "last_error": "boom\u{1b}[2J\u{202e}gnp.exe"},
+                    {"server_id": "evil\u{1b}[31m", "state": {"x": "\u{1b}[5m"}}]});
                 (StatusCode::OK, servers.to_string())
             }),
         ),
@@ -593,9 +598,22 @@ fn mcp_status_asks_a_node_with_its_token() {
             .any(|l| l.starts_with("remote-one") && l.contains("degraded") && l.contains("80ms")),
         "{table}"
     );
+    assert!(
+        table.contains("boom[2Jgnp.exe") && table.contains("evil[31m"),
+        "{table}"
+    );
+    assert!(
+        !table.contains('\u{1b}') && !table.contains('\u{202e}'),
+        "no escapes reach the terminal: {table:?}"
+    );
     let refused = status("wrong", true);
     assert_eq!(refused.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("401"));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("401"), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}') && !stderr.contains('\u{7}'),
+        "{stderr:?}"
+    );
 }
 
 /// Tasks are counted by how they end: a trap, a deadline, and one refused because the

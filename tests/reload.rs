@@ -8,6 +8,7 @@
 
 use std::time::{Duration, Instant};
 
+use quiver::mcp::ServerState;
 use quiver::{Host, HostError, RegistryHealth};
 use quiver_tests::wat::{self, WatRun};
 use quiver_tests::{
@@ -125,6 +126,12 @@ async fn a_reload_restarts_changed_servers_keeps_unchanged_ones_and_stops_remove
         wait_gone(before[0], Duration::from_secs(30)),
         "the changed server's old process {} is still running",
         before[0]
+    );
+    let status = host.pool().server_status(&changed);
+    assert_eq!(
+        (status.state, status.pid),
+        (ServerState::Connected, Some(after[1])),
+        "stopping the replaced process leaves the new connection's health up: {status:?}"
     );
     assert!(
         pid_alive(after[0]) && pid_alive(after[1]),

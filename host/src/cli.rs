@@ -12,7 +12,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use std::sync::Arc;
 
-use quiver::approval::{AllowAll, ApprovalQueue, Approver, DenyAll, TerminalApprover};
+use quiver::approval::{AllowAll, ApprovalQueue, Approver, TerminalApprover};
 use quiver::llm::HostConfig;
 use quiver::policy::{TaskMcpPolicy, ToolFilter};
 use quiver::registry::{Registry, ServerEntry, Severity};
@@ -105,7 +105,7 @@ struct RunArgs {
     #[arg(long)]
     explain_policy: bool,
     /// Tool calls needing approval (registry `approval_policy`): ask on the terminal
-    /// (/dev/tty), deny them, or allow them.
+    /// (/dev/tty), deny them (and offer no such tool to a model), or allow them.
     #[arg(long, value_enum, default_value = "deny")]
     approve: ApproveMode,
     /// Guest arguments, replacing the task's `args`.
@@ -121,11 +121,14 @@ enum ApproveMode {
 }
 
 impl ApproveMode {
-    fn approver(self) -> Arc<dyn Approver> {
+    /// `deny` is no approver at all, not `DenyAll`: a host without one offers models no
+    /// tool needing approval (an approver that refuses everything would have them offered
+    /// and every call refused), and refuses calls as `approval_required`.
+    fn approver(self) -> Option<Arc<dyn Approver>> {
         match self {
-            ApproveMode::Prompt => Arc::new(TerminalApprover::new()),
-            ApproveMode::Deny => Arc::new(DenyAll),
-            ApproveMode::Allow => Arc::new(AllowAll),
+            ApproveMode::Prompt => Some(Arc::new(TerminalApprover::new())),
+            ApproveMode::Deny => None,
+            ApproveMode::Allow => Some(Arc::new(AllowAll)),
         }
     }
 }
@@ -256,7 +259,10 @@ async fn run(args: RunArgs) -> i32 {
     } else {
         task.with_args(args.args)
     };
-    let mut builder = HostBuilder::default().with_approver(args.approve.approver());
+    let mut builder = HostBuilder::default();
+    if let Some(approver) = args.approve.approver() {
+        builder = builder.with_approver(approver);
+    }
     if let Some(dir) = args.registry {
         builder = builder.with_registry_dir(dir);
     }

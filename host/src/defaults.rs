@@ -323,16 +323,32 @@ pub const APPROVAL_TIMEOUT: Duration = Duration::from_secs(300);
 /// keeps the list a person reads short.
 pub const APPROVAL_QUEUE_CAPACITY: usize = 256;
 
+/// One task may hold at most this fraction (1/N, at least one request) of an
+/// [`ApprovalQueue`](crate::approval::ApprovalQueue)'s capacity; its next request is denied
+/// at once. A guest looping over calls that need approval then cannot fill the queue and
+/// starve every other task of approvals.
+pub const APPROVAL_QUEUE_TASK_SHARE_DIVISOR: usize = 4;
+
+/// Characters of an unknown approval id quoted back in an error (the id may come from an
+/// HTTP client; real ids are 17).
+pub const MAX_APPROVAL_ID_CHARS_SHOWN: usize = 64;
+
 /// Bytes of an approver's reason kept (it may come from an HTTP client); the rest is cut.
 pub const MAX_APPROVAL_REASON_BYTES: usize = 512;
 
-/// Distinct `(server_id, tool)` label pairs the tool-call metrics keep; calls of any other
-/// tool are counted under `tool="_other"` of their server. Tool names come from servers,
-/// guests and models: without a cap a server listing thousands of tools (or a guest calling
-/// made-up names through an `allowed_tools = ["*"]` record) would grow every scrape without
-/// bound. 200 pairs cover the servers a node really runs; each pair costs a few KiB of
-/// histogram buckets.
-pub const MAX_METRIC_TOOL_SERIES: usize = 200;
+/// Bytes of an answer line [`TerminalApprover`](crate::approval::TerminalApprover) reads
+/// (`y`, `yes`, anything else denies); the rest of a longer line is ignored, so a stuck key
+/// cannot grow the buffer.
+pub const MAX_TERMINAL_ANSWER_BYTES: usize = 256;
+
+/// Distinct tool labels the tool-call metrics keep per server id (guest tools, with
+/// `server_id=""`, have their own bucket); calls of any other tool are counted under
+/// `tool="_other"` of their server. Tool names come from servers, guests and models: without
+/// a cap a server listing thousands of tools (or a guest calling made-up names through an
+/// `allowed_tools = ["*"]` record) would grow every scrape without bound. Per server, so one
+/// guest or server cannot use up the others' series; the registry bounds the server ids.
+/// 100 covers the tools of real servers; each series costs a few KiB of histogram buckets.
+pub const MAX_METRIC_TOOL_SERIES: usize = 100;
 
 /// Upper bounds, in seconds, of the tool-call duration histogram's buckets: from a fast
 /// local call (5 ms) to the default `tool_timeout_ms` and beyond.
@@ -363,6 +379,10 @@ pub const CLI_NODE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Largest answer `quiver mcp status --node` reads from a node.
 pub const CLI_NODE_MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+
+/// Characters of a node's error body `quiver mcp status --node` quotes (controls removed):
+/// enough for a JSON error naming its field, not a whole page of HTML.
+pub const CLI_NODE_MAX_ERROR_CHARS: usize = 500;
 
 /// `quiver serve`: time running tasks get to finish after SIGTERM or SIGINT before the
 /// rest are cancelled. Long enough for a short tool-using task, short enough for a

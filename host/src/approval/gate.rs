@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use super::{ApprovalRequest, Approver};
 use crate::defaults;
-use crate::observe::{ArgumentsSummary, Via};
+use crate::observe::{ArgumentsSummary, Via, cut};
 use crate::policy::{Denial, Reason};
 use crate::registry::{ApprovalPolicy, ServerEntry};
 use crate::sandbox::Deadline;
@@ -38,8 +38,8 @@ pub(crate) struct AskFor<'a> {
     pub(crate) tool: &'a str,
     pub(crate) arguments: ArgumentsSummary,
     pub(crate) policy: ApprovalPolicy,
-    /// The task's deadline: the request shows it when it comes first. (The caller ends the
-    /// wait there; this module only times the approval.)
+    /// The task's deadline: the wait ends there too, as a refusal the caller can report
+    /// before the deadline traps the task.
     pub(crate) task_deadline: Deadline,
 }
 
@@ -62,11 +62,7 @@ fn next_id() -> String {
 /// `reason` cut to the cap at a character boundary, control characters made spaces (it
 /// ends up in logs, guest results and model prompts).
 pub(super) fn clean_reason(reason: &str) -> String {
-    let mut end = reason.len().min(defaults::MAX_APPROVAL_REASON_BYTES);
-    while !reason.is_char_boundary(end) {
-        end -= 1;
-    }
-    reason[..end]
+    cut(reason, defaults::MAX_APPROVAL_REASON_BYTES)
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect::<String>()
@@ -85,7 +81,8 @@ impl Approvals {
         self.approver.is_some()
     }
 
-    /// Asks the approver about `call`, waiting at most the server's approval timeout.
+    /// Asks the approver about `call`, waiting at most the server's approval timeout and
+    /// never past the task's deadline (either ends the wait as `approval_timeout`).
     pub(crate) async fn ask(&self, call: AskFor<'_>) -> Result<(), Refusal> {
         let Some(approver) = &self.approver else {
             return Err(Refusal {
@@ -109,16 +106,32 @@ impl Approvals {
         };
         let id = request.id.clone();
         tracing::info!(task_id = call.task_id, server_id = call.entry.server_id(), tool = call.tool, approval_id = %id, "waiting for approval");
-        let decision = match tokio::time::timeout(timeout, approver.ask(request)).await {
+        let task_ends_first = shown < timeout;
+        // The deadline's own instant, so this wait ends no later than the caller's
+        // `before_deadline` around it, which polls it first and so sees the refusal.
+        let until = if task_ends_first {
+            call.task_deadline.instant()
+        } else {
+            tokio::time::Instant::now() + timeout
+        };
+        let decision = match tokio::time::timeout_at(until, approver.ask(request)).await {
             Ok(decision) => decision,
             Err(_) => {
-                tracing::info!(approval_id = %id, "approval timed out");
-                return Err(Refusal {
-                    reason: Reason::ApprovalTimeout,
-                    detail: format!(
+                tracing::info!(approval_id = %id, task_ends_first, "approval timed out");
+                let detail = if task_ends_first {
+                    format!(
+                        "the task's deadline ended the wait for approval after {} ms (limits.deadline_ms)",
+                        shown.as_millis()
+                    )
+                } else {
+                    format!(
                         "timed out after {} ms waiting for approval (approval_timeout_ms)",
                         timeout.as_millis()
-                    ),
+                    )
+                };
+                return Err(Refusal {
+                    reason: Reason::ApprovalTimeout,
+                    detail,
                 });
             }
         };

@@ -26,7 +26,7 @@ pub(crate) use gate::{AskFor, timeout_of};
 pub use queue::{ApprovalError, ApprovalQueue, PendingApproval};
 pub use terminal::TerminalApprover;
 
-use crate::observe::{ArgumentsSummary, Via};
+use crate::observe::{ArgumentsSummary, Via, unix_seconds};
 
 /// One tool call waiting for a decision.
 #[derive(Clone, Debug, Serialize)]
@@ -108,13 +108,6 @@ impl Approver for DenyAll {
             "this host denies every call that needs approval",
         )))
     }
-}
-
-fn unix_seconds<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
-    s.serialize_f64(secs)
 }
 
 #[cfg(test)]

@@ -7,9 +7,9 @@ use std::sync::{Mutex, MutexGuard};
 use serde::Serialize;
 use tokio::sync::oneshot;
 
-use super::{ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver, unix_seconds};
+use super::{ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver};
 use crate::defaults;
-use crate::observe::{ArgumentsSummary, Via};
+use crate::observe::{ArgumentsSummary, Via, unix_seconds};
 
 /// A request waiting in an [`ApprovalQueue`], as listed for whoever decides.
 #[derive(Clone, Debug, Serialize)]
@@ -45,7 +45,9 @@ struct Waiting {
 }
 
 /// Holds approval requests until [`decide`](Self::decide) answers them; at most a capacity
-/// wait at once, and one more is denied at once. A request leaves the queue when it is
+/// wait at once, and one more is denied at once, as is one more of a task already holding
+/// its share (a [`defaults::APPROVAL_QUEUE_TASK_SHARE_DIVISOR`]th of the capacity, at least
+/// one) and a request whose id is already waiting. A request leaves the queue when it is
 /// decided, when it times out, and when its task ends.
 ///
 /// `quiver serve` (or an embedder) keeps one `Arc<ApprovalQueue>`, gives it to
@@ -95,10 +97,46 @@ impl ApprovalQueue {
     /// gone) is an error.
     pub fn decide(&self, id: &str, decision: ApprovalDecision) -> Result<(), ApprovalError> {
         let not_pending = || ApprovalError::NotPending {
-            id: id.chars().take(64).collect(),
+            id: id
+                .chars()
+                .take(defaults::MAX_APPROVAL_ID_CHARS_SHOWN)
+                .collect(),
         };
         let waiting = self.lock().remove(id).ok_or_else(not_pending)?;
         waiting.reply.send(decision).map_err(|_| not_pending())
+    }
+}
+
+impl ApprovalQueue {
+    /// Why `request` may not wait in the queue, if it may not.
+    fn refusal(
+        &self,
+        waiting: &BTreeMap<String, Waiting>,
+        request: &ApprovalRequest,
+    ) -> Option<String> {
+        if waiting.len() >= self.capacity {
+            return Some(format!(
+                "the approval queue is full ({} requests waiting, its capacity)",
+                self.capacity
+            ));
+        }
+        if waiting.contains_key(&request.id) {
+            // Replacing it would leave the first call waiting for a decision it can never get.
+            return Some("a request with this id is already waiting".to_owned());
+        }
+        let share = (self.capacity / defaults::APPROVAL_QUEUE_TASK_SHARE_DIVISOR).max(1);
+        let task = request.task_id.as_ref();
+        let held = waiting
+            .values()
+            .filter(|w| w.pending.task_id == task)
+            .count();
+        (held >= share).then(|| {
+            format!(
+                "task `{task}` already has {held} requests waiting, its share of the approval queue (capacity {} / {})",
+                self.capacity,
+                defaults::APPROVAL_QUEUE_TASK_SHARE_DIVISOR
+            )
+        })
     }
 }
 
@@ -120,12 +158,8 @@ impl Approver for ApprovalQueue {
         let id = request.id.clone();
         {
             let mut waiting = self.lock();
-            if waiting.len() >= self.capacity {
-                tracing::warn!(capacity = self.capacity, server_id = %request.server_id, tool = %request.tool, "approval queue full");
-                let reason = format!(
-                    "the approval queue is full ({} requests waiting, its capacity)",
-                    self.capacity
-                );
+            if let Some(reason) = self.refusal(&waiting, &request) {
+                tracing::warn!(capacity = self.capacity, task_id = %request.task_id, server_id = %request.server_id, tool = %request.tool, %reason, "approval request refused by the queue");
                 return Box::pin(std::future::ready(ApprovalDecision::deny(reason)));
             }
             let pending = PendingApproval {

@@ -2,10 +2,14 @@
 //! prompt`).
 //!
 //! It opens `/dev/tty`, never the guest's stdin or stdout, so a guest cannot answer its own
-//! request or hide the question. Names from servers may carry terminal escapes and are
-//! shown with control characters removed. Reading is non-blocking (tokio's `AsyncFd`), so
-//! a request that times out or whose task ends stops waiting at once and leaves no thread
-//! blocked on the terminal.
+//! request through them. Every name shown (task, server, tool, argument keys) may come from
+//! a guest or a server: it is shown with control and Unicode format characters (escapes,
+//! bidi overrides) removed, and the question starts by resetting the terminal's colours and
+//! attributes on a new line. That is all it can do: a guest whose stdout shares the terminal
+//! can still print text that looks like a question, or scroll the real one away between
+//! its lines, so prompt mode is for guests the person watching trusts to that extent.
+//! Reading is non-blocking (tokio's `AsyncFd`), so a request that times out or whose task
+//! ends stops waiting at once and leaves no thread blocked on the terminal.
 
 use std::fs::File;
 use std::io::{self, Read, Write};
@@ -16,9 +20,12 @@ use tokio::io::unix::AsyncFd;
 use tokio::sync::Mutex;
 
 use super::{ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver};
+use crate::defaults::MAX_TERMINAL_ANSWER_BYTES;
+use crate::observe::printable;
 
-/// Longest answer line read; the rest is ignored.
-const MAX_ANSWER_BYTES: usize = 256;
+/// Ends whatever a guest's output left set: attributes and colours (SGR 0), a scroll
+/// region (DECSTBM), a hidden cursor, and a charset switch (SI: back to G0).
+const RESET: &str = "\x1b[0m\x1b[r\x1b[?25h\x0f";
 
 /// Asks on `/dev/tty`, one request at a time; `y` or `yes` approves, anything else
 /// denies. Without a terminal every request is denied, saying why.
@@ -53,11 +60,6 @@ fn is_yes(answer: &str) -> bool {
     matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes")
 }
 
-/// `text` without control characters (no escapes reach the terminal).
-fn printable(text: &str) -> String {
-    text.chars().filter(|c| !c.is_control()).collect()
-}
-
 fn question(request: &ApprovalRequest) -> String {
     let seconds = request
         .deadline
@@ -74,7 +76,7 @@ fn question(request: &ApprovalRequest) -> String {
         n => format!(" and {n} more"),
     };
     format!(
-        "\nquiver: task `{}` wants to call tool `{}` of MCP server `{}`\n  arguments: keys [{}]{more}, {} bytes\nApprove? [y/N] (denied in {seconds} s) ",
+        "{RESET}\nquiver: task `{}` wants to call tool `{}` of MCP server `{}`\n  arguments: keys [{}]{more}, {} bytes\nApprove? [y/N] (denied in {seconds} s) ",
         printable(&request.task_id),
         printable(&request.tool),
         printable(&request.server_id),
@@ -108,7 +110,7 @@ async fn prompt(request: &ApprovalRequest) -> io::Result<String> {
             Ok(Ok(0)) => break,
             Ok(Ok(n)) => {
                 line.extend_from_slice(&buf[..n]);
-                if line.contains(&b'\n') || line.len() >= MAX_ANSWER_BYTES {
+                if line.contains(&b'\n') || line.len() >= MAX_TERMINAL_ANSWER_BYTES {
                     break;
                 }
             }
@@ -138,18 +140,27 @@ mod tests {
             session_fd: 3,
             via: Via::Chat,
             server_id: "fs".into(),
-            tool: "del\u{1b}[31mete".into(),
+            tool: "del\u{1b}[31mete\u{202e}txt.exe".into(),
             arguments: ArgumentsSummary::of_json_text(r#"{"path": "/top/secret"}"#),
             requested_at: now,
             deadline: now + Duration::from_secs(30),
         };
         let q = question(&request);
-        assert!(q.contains("tool `del[31mete` of MCP server `fs`"), "{q}");
+        assert!(q.starts_with("\x1b[0m"), "resets the terminal first: {q:?}");
+        let shown = q.strip_prefix(RESET).unwrap();
+        assert!(shown.starts_with('\n'), "{q:?}");
+        assert!(
+            shown.contains("tool `del[31metetxt.exe` of MCP server `fs`"),
+            "{q}"
+        );
         assert!(
             q.contains("keys [path], 23 bytes") && q.contains("denied in 30 s"),
             "{q}"
         );
-        assert!(!q.contains('\u{1b}') && !q.contains("secret"), "{q}");
+        assert!(
+            !shown.contains('\u{1b}') && !shown.contains('\u{202e}') && !q.contains("secret"),
+            "{q}"
+        );
         assert!(is_yes(" Yes\n") && is_yes("y") && !is_yes("") && !is_yes("no"));
     }
 }

@@ -5,9 +5,13 @@ use super::gate::clean_reason;
 use super::*;
 
 fn request(id: &str) -> ApprovalRequest {
+    request_of("t1", id)
+}
+
+fn request_of(task_id: &str, id: &str) -> ApprovalRequest {
     ApprovalRequest {
         id: id.into(),
-        task_id: Arc::from("t1"),
+        task_id: Arc::from(task_id),
         session_fd: 3,
         via: Via::McpCall,
         server_id: "fs".into(),
@@ -76,4 +80,39 @@ fn reasons_are_cut_and_cleaned() {
     let cut = clean_reason(&long);
     assert!(cut.len() <= crate::defaults::MAX_APPROVAL_REASON_BYTES && cut.starts_with('é'));
     assert_eq!(clean_reason("no\u{1b}[2J\nway "), "no [2J way");
+}
+
+#[tokio::test]
+async fn a_duplicate_id_is_denied_and_the_first_request_keeps_waiting() {
+    let queue = ApprovalQueue::with_capacity(8);
+    let first = queue.ask(request("a"));
+    let second = queue.ask(request("a")).await;
+    assert!(!second.approve);
+    assert!(second.reason.unwrap().contains("already waiting"));
+    queue.decide("a", ApprovalDecision::approve()).unwrap();
+    assert!(first.await.approve, "the first request got its decision");
+}
+
+#[tokio::test]
+async fn one_task_holds_at_most_its_share_of_the_queue() {
+    let queue = ApprovalQueue::with_capacity(8);
+    let share = 8 / crate::defaults::APPROVAL_QUEUE_TASK_SHARE_DIVISOR;
+    let held: Vec<_> = (0..share)
+        .map(|i| queue.ask(request_of("greedy", &format!("g{i}"))))
+        .collect();
+    let over = queue.ask(request_of("greedy", "g-over")).await;
+    assert!(!over.approve);
+    let reason = over.reason.unwrap();
+    assert!(
+        reason.contains("task `greedy`") && reason.contains("share"),
+        "{reason}"
+    );
+    let other = queue.ask(request_of("modest", "m"));
+    assert_eq!(
+        queue.pending().len(),
+        share + 1,
+        "another task still gets in"
+    );
+    drop((held, other));
+    assert!(queue.pending().is_empty());
 }

@@ -428,8 +428,8 @@ fn budget_exhausted(what: &str) -> ToolFailure {
 }
 
 /// Asks the host's approver about `planned`'s call of `tool`; a refusal is reported to the
-/// observers and becomes the call's `mcp_policy_denied` result. (The send's own deadline
-/// bounds the wait.)
+/// observers and becomes the call's `mcp_policy_denied` result. The wait ends at the task's
+/// deadline at the latest, as a refusal reported before the send's deadline traps.
 async fn approve(
     ctx: &SendContext<'_>,
     entry: &ServerEntry,

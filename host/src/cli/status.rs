@@ -2,15 +2,52 @@
 //! each one now, or that of a running node (`GET /v1/mcp/servers`).
 //!
 //! Both print the same [`ServerStatus`](quiver::mcp::ServerStatus) JSON, as a table or
-//! (`--json`) as the array itself, so scripts read one shape whichever source they ask.
+//! (`--json`) as the array itself, so scripts read one shape whichever source they ask. A
+//! node's answer is untrusted: every table cell, and any error body quoted, is shown with
+//! control and format characters removed, so nothing in it can drive the terminal.
 
 use std::path::PathBuf;
 
 use futures::StreamExt;
 use serde_json::Value;
 
-use quiver::registry::Registry;
-use quiver::{Host, defaults};
+use quiver::observe::printable;
+use quiver::registry::{Registry, RegistryDirError};
+use quiver::{Host, HostError, defaults};
+
+/// Why no health could be read.
+#[derive(Debug, thiserror::Error)]
+enum StatusError {
+    #[error(transparent)]
+    Registry(#[from] RegistryDirError),
+    #[error(transparent)]
+    Host(#[from] HostError),
+    #[error("--token-env {0}: the environment variable {0} is not set")]
+    TokenEnv(String),
+    #[error("cannot build an HTTP client: {0}")]
+    Client(reqwest::Error),
+    #[error("cannot reach {endpoint}: {source}")]
+    Unreachable {
+        endpoint: String,
+        source: reqwest::Error,
+    },
+    #[error("{endpoint} answered more than {max} bytes")]
+    TooLarge { endpoint: String, max: usize },
+    #[error("{endpoint} answered HTTP {status}: {body}")]
+    Refused {
+        endpoint: String,
+        status: reqwest::StatusCode,
+        /// Cut and made printable.
+        body: String,
+    },
+    #[error("{endpoint} did not answer JSON: {source}")]
+    NotJson {
+        endpoint: String,
+        source: serde_json::Error,
+    },
+    #[error("{endpoint} answered no `servers` array (is it a quiver node?)")]
+    NoServers { endpoint: String },
+}
 
 /// Where the health comes from.
 pub(super) enum Source {
@@ -51,15 +88,13 @@ pub(super) async fn status(source: Source, json: bool) -> i32 {
 async fn local(
     registry: &std::path::Path,
     config: Option<&std::path::Path>,
-) -> Result<Vec<Value>, String> {
-    let loaded = Registry::load_dir(registry).map_err(|e| e.to_string())?;
+) -> Result<Vec<Value>, StatusError> {
+    let loaded = Registry::load_dir(registry)?;
     let mut builder = Host::builder().with_registry(loaded).without_disk_cache();
     if let Some(config) = config {
-        builder = builder
-            .with_config_file(config)
-            .map_err(|e| e.to_string())?;
+        builder = builder.with_config_file(config)?;
     }
-    let host = builder.build().map_err(|e| e.to_string())?;
+    let host = builder.build()?;
     let registry = host.registry();
     // Failures show in each server's health; the listing itself is not printed.
     let listing = registry
@@ -75,52 +110,57 @@ async fn local(
 }
 
 /// The `servers` of the node's `GET /v1/mcp/servers`.
-async fn node(url: &str, token_env: Option<&str>) -> Result<Vec<Value>, String> {
+async fn node(url: &str, token_env: Option<&str>) -> Result<Vec<Value>, StatusError> {
     let token = match token_env {
-        Some(var) => Some(std::env::var(var).map_err(|_| {
-            format!("--token-env {var}: the environment variable {var} is not set")
-        })?),
+        Some(var) => Some(std::env::var(var).map_err(|_| StatusError::TokenEnv(var.to_owned()))?),
         None => None,
     };
     quiver::mcp::ensure_tls_provider();
     let client = reqwest::Client::builder()
         .timeout(defaults::CLI_NODE_TIMEOUT)
         .build()
-        .map_err(|e| format!("cannot build an HTTP client: {e}"))?;
+        .map_err(StatusError::Client)?;
     let endpoint = format!("{}/v1/mcp/servers", url.trim_end_matches('/'));
     let mut request = client.get(&endpoint);
     if let Some(token) = token {
         request = request.bearer_auth(token);
     }
-    let response = request
-        .send()
-        .await
-        .map_err(|e| format!("cannot reach {endpoint}: {e}"))?;
+    let unreachable = |source| StatusError::Unreachable {
+        endpoint: endpoint.clone(),
+        source,
+    };
+    let response = request.send().await.map_err(unreachable)?;
     let status = response.status();
     let mut body = Vec::new();
     let mut chunks = response.bytes_stream();
     while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(|e| format!("{endpoint}: {e}"))?;
+        let chunk = chunk.map_err(unreachable)?;
         if body.len().saturating_add(chunk.len()) > defaults::CLI_NODE_MAX_RESPONSE_BYTES {
-            return Err(format!(
-                "{endpoint} answered more than {} bytes",
-                defaults::CLI_NODE_MAX_RESPONSE_BYTES
-            ));
+            return Err(StatusError::TooLarge {
+                endpoint,
+                max: defaults::CLI_NODE_MAX_RESPONSE_BYTES,
+            });
         }
         body.extend_from_slice(&chunk);
     }
     if !status.is_success() {
-        let text = String::from_utf8_lossy(&body);
-        let text: String = text.chars().take(500).collect();
-        return Err(format!("{endpoint} answered HTTP {status}: {text}"));
+        let text: String = String::from_utf8_lossy(&body)
+            .chars()
+            .take(defaults::CLI_NODE_MAX_ERROR_CHARS)
+            .collect();
+        return Err(StatusError::Refused {
+            endpoint,
+            status,
+            body: printable(&text),
+        });
     }
-    let mut answer: Value = serde_json::from_slice(&body)
-        .map_err(|e| format!("{endpoint} did not answer JSON: {e}"))?;
+    let mut answer: Value = match serde_json::from_slice(&body) {
+        Ok(answer) => answer,
+        Err(source) => return Err(StatusError::NotJson { endpoint, source }),
+    };
     match answer.get_mut("servers").map(Value::take) {
         Some(Value::Array(servers)) => Ok(servers),
-        _ => Err(format!(
-            "{endpoint} answered no `servers` array (is it a quiver node?)"
-        )),
+        _ => Err(StatusError::NoServers { endpoint }),
     }
 }
 
@@ -130,8 +170,8 @@ fn print_table(servers: &[Value]) {
         .map(|s| {
             let text = |field: &str| match &s[field] {
                 Value::Null => "-".to_owned(),
-                Value::String(text) => text.clone(),
-                other => other.to_string(),
+                Value::String(text) => printable(text),
+                other => printable(&other.to_string()),
             };
             let ms = |field: &str| match s[field].as_u64() {
                 Some(ms) => format!("{ms}ms"),
@@ -145,7 +185,7 @@ fn print_table(servers: &[Value]) {
                 text("reconnects"),
                 ms("latency_p50_ms"),
                 ms("latency_p95_ms"),
-                text("last_error").replace('\n', " "),
+                text("last_error"),
             ]
         })
         .collect();

@@ -277,8 +277,9 @@ impl HostBuilder {
         self
     }
 
-    /// Distinct `(server_id, tool)` pairs the tool-call metrics keep before counting the
-    /// rest as `tool="_other"` (default [`defaults::MAX_METRIC_TOOL_SERIES`]).
+    /// Distinct tools per server id (guest tools counting as one more server) the
+    /// tool-call metrics keep before counting the rest as `tool="_other"` (default
+    /// [`defaults::MAX_METRIC_TOOL_SERIES`]).
     pub fn with_max_metric_tool_series(mut self, pairs: usize) -> Self {
         self.max_metric_tool_series = pairs;
         self

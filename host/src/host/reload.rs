@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use super::{Host, HostError};
 use crate::defaults;
+use crate::observe::unix_seconds;
 use crate::registry::{Registry, Severity};
 
 /// The registry's state for health checks (`/readyz`, status pages).
@@ -184,11 +185,4 @@ impl Host {
     pub fn registry_health(&self) -> RegistryHealth {
         self.inner.reload.health()
     }
-}
-
-fn unix_seconds<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-    let secs = t
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64());
-    s.serialize_f64(secs)
 }

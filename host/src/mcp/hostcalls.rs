@@ -325,15 +325,17 @@ async fn call_tool<T: McpView>(
         Ok(arguments) => arguments,
         Err(error) => return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json())),
     };
+    let summary = ArgumentsSummary::of_object(&arguments, args.len() as u64);
     if let Approval::Needed(policy) = approval {
-        // The wait ends at the task's deadline like any other; the trap drops the request.
+        // The gate ends the wait at the task's deadline itself, so the refusal is reported
+        // below before the deadline traps the task.
         let asked = mcp.approvals.ask(AskFor {
             task_id: &task_id,
             session_fd: call.fd,
             via: Via::McpCall,
             entry: &entry,
             tool: name,
-            arguments: ArgumentsSummary::of_object(&arguments, args.len() as u64),
+            arguments: summary.clone(),
             policy,
             task_deadline: deadline,
         });
@@ -348,6 +350,11 @@ async fn call_tool<T: McpView>(
                 refusal.detail.clone(),
             );
             mcp.observers.policy_denied(&event);
+            if deadline.remaining().is_zero() {
+                return Err(HostcallError::Trap(wasmtime::Error::new(
+                    deadline.exceeded(),
+                )));
+            }
             let error = McpError::new(
                 McpErrorCode::PolicyDenied,
                 format!("tool `{name}` on server `{server_id}`: {}", refusal.detail),
@@ -363,7 +370,7 @@ async fn call_tool<T: McpView>(
             server_id: server_id.to_owned(),
         },
         tool: name.clone(),
-        arguments: ArgumentsSummary::of_object(&arguments, args.len() as u64),
+        arguments: summary,
         argument_values: std::str::from_utf8(args)
             .ok()
             .and_then(|text| ToolCall::audited_arguments(&entry, text)),

@@ -29,7 +29,7 @@ mod limits;
 mod reaper;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -63,9 +63,10 @@ pub struct ServerStatus {
     /// Connections made after the previous one was lost (the process died, the transport
     /// broke); idle stops and evictions are not counted.
     pub reconnects: u64,
-    /// The last server-side failure (connect, transport, timeout, JSON-RPC error), with the
-    /// server's secrets redacted and cut to [`defaults::MAX_SERVER_ERROR_BYTES`]. A tool's
-    /// own error result (`isError`) is an answer, not a failure.
+    /// The last server-side failure (connect, transport, timeout on the wire, JSON-RPC
+    /// error other than "method not found"), with the server's secrets redacted, control
+    /// characters removed and cut to [`defaults::MAX_SERVER_ERROR_BYTES`]. A tool's own
+    /// error result (`isError`) is an answer, not a failure.
     pub last_error: Option<String>,
     /// When the server last connected or answered (unix seconds).
     pub last_success: Option<u64>,
@@ -114,6 +115,8 @@ struct ServerSlot {
     connections: AtomicU64,
     /// Shared with every slot this server had and will have.
     health: Arc<Health>,
+    /// The health token of the slot's connection (see [`Health::connected`]).
+    health_token: AtomicU64,
     /// After failed connection attempts: when the next may start, and why the last failed.
     backoff: Mutex<Option<Backoff>>,
     activity: Mutex<Activity>,
@@ -178,7 +181,8 @@ impl ServerSlot {
         if activity.in_flight > 0 || !idle_enough {
             return None;
         }
-        self.health.stopped();
+        self.health
+            .stopped(self.health_token.load(Ordering::SeqCst));
         conn.take()
     }
 
@@ -382,6 +386,7 @@ impl McpPool {
                 .entry(server_id.to_owned())
                 .or_default()
                 .clone(),
+            health_token: AtomicU64::new(0),
             backoff: Mutex::new(None),
             activity: Mutex::new(Activity {
                 in_flight: 0,
@@ -471,7 +476,7 @@ impl McpPool {
                 server_id = slot.entry.server_id(),
                 "server connection lost; reconnecting"
             );
-            slot.health.lost();
+            slot.health.lost(slot.health_token.load(Ordering::SeqCst));
             self.retire(slot, dead);
         }
         if let Some(backoff) = slot
@@ -517,7 +522,8 @@ impl McpPool {
         match opened {
             Ok(fresh) => {
                 *slot.backoff.lock().unwrap_or_else(|e| e.into_inner()) = None;
-                slot.health.connected();
+                let token = slot.health.connected(slot.retired.load(Ordering::SeqCst));
+                slot.health_token.store(token, Ordering::SeqCst);
                 if stdio {
                     self.start_reaper();
                 }
@@ -626,7 +632,7 @@ impl McpPool {
         if current.as_ref().is_some_and(|c| c.serial == conn.serial)
             && let Some(gone) = current.take()
         {
-            slot.health.lost();
+            slot.health.lost(slot.health_token.load(Ordering::SeqCst));
             self.retire(slot, gone);
         }
     }
@@ -660,17 +666,17 @@ impl McpPool {
         conn.tools_stale.store(false, Ordering::SeqCst);
         let timeout = entry.record.budgets.tool_timeout;
         let cap = entry.record.budgets.max_tool_list_bytes;
-        let waited_for_host = AtomicBool::new(true);
+        let phase = CallPhase::new(CallPhase::WAITING_FOR_HOST);
         let listing = async {
             let _permit = self.call_permit().await?;
-            waited_for_host.store(false, Ordering::SeqCst);
-            list_all_pages(&conn, server_id, cap).await
+            phase.set(CallPhase::ON_WIRE);
+            list_all_pages(&conn, server_id, cap, &phase).await
         };
         let listed = match tokio::time::timeout(timeout, listing).await {
             Ok(listed) => listed,
             Err(_) => {
-                let error = self.call_timed_out(server_id, "tools/list", timeout, &waited_for_host);
-                if !waited_for_host.load(Ordering::SeqCst) {
+                let error = self.call_timed_out(slot, "tools/list", timeout, &phase);
+                if phase.on_wire() {
                     slot.health.failed(&error.message);
                 }
                 return Err(error);
@@ -683,7 +689,7 @@ impl McpPool {
                 if error.code == McpErrorCode::Unavailable {
                     self.discard(slot, &conn).await;
                 }
-                if server_failure(error.code) {
+                if server_failure(error.code) && phase.on_wire() {
                     slot.health.failed(&error.message);
                 }
                 return Err(error);
@@ -713,7 +719,7 @@ impl McpPool {
         let conn = self.connect(slot).await?;
         let timeout = record.budgets.tool_timeout;
         let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
-        let waited_for_host = AtomicBool::new(false);
+        let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
         let call = async {
             let _permit = slot.permits.acquire().await.map_err(|_| {
                 McpError::new(
@@ -721,20 +727,20 @@ impl McpPool {
                     format!("server `{server_id}` is shutting down"),
                 )
             })?;
-            waited_for_host.store(true, Ordering::SeqCst);
+            phase.set(CallPhase::WAITING_FOR_HOST);
             let _host_permit = self.call_permit().await?;
-            waited_for_host.store(false, Ordering::SeqCst);
+            phase.set(CallPhase::ON_WIRE);
             let sent = Instant::now();
             let result = conn
                 .service
                 .call_tool(params)
                 .await
-                .map_err(|e| service_failed(server_id, name, e))?;
+                .map_err(|e| service_failed(server_id, name, e, &phase))?;
             Ok((result, sent.elapsed()))
         };
         let outcome = match tokio::time::timeout(timeout, call).await {
             Ok(outcome) => outcome,
-            Err(_) => Err(self.call_timed_out(server_id, name, timeout, &waited_for_host)),
+            Err(_) => Err(self.call_timed_out(slot, name, timeout, &phase)),
         };
         let result = match outcome {
             Ok((result, latency)) => {
@@ -747,7 +753,7 @@ impl McpPool {
                 if error.code == McpErrorCode::Unavailable {
                     self.discard(slot, &conn).await;
                 }
-                if server_failure(error.code) && !waited_for_host.load(Ordering::SeqCst) {
+                if server_failure(error.code) && phase.on_wire() {
                     slot.health.failed(&error.message);
                 }
                 return Err(error);
@@ -771,24 +777,32 @@ impl McpPool {
         Ok(ToolCallOutput { result, json })
     }
 
-    /// A timeout while doing `what`; names the host's call cap if the call was still
-    /// waiting for one of its permits.
+    /// A timeout while doing `what` on `slot`'s server; names the cap whose permit the
+    /// call was still waiting for, if it was.
     fn call_timed_out(
         &self,
-        server_id: &str,
+        slot: &ServerSlot,
         what: &str,
         timeout: Duration,
-        waited_for_host: &AtomicBool,
+        phase: &CallPhase,
     ) -> McpError {
-        if !waited_for_host.load(Ordering::SeqCst) {
-            return timed_out(server_id, what, timeout);
-        }
+        let server_id = slot.entry.server_id();
+        let waited_for = match phase.get() {
+            CallPhase::WAITING_FOR_SERVER => format!(
+                "the server's {} call permits (budgets.max_concurrency)",
+                slot.entry.record.budgets.max_concurrency
+            ),
+            CallPhase::WAITING_FOR_HOST => format!(
+                "the host's {} MCP call permits (max_concurrent_calls)",
+                self.shared.limits.max_concurrent_calls
+            ),
+            _ => return timed_out(server_id, what, timeout),
+        };
         McpError::new(
             McpErrorCode::Timeout,
             format!(
-                "{what} on server `{server_id}` waited {} ms (budgets.tool_timeout_ms) for one of the host's {} MCP call permits (max_concurrent_calls) without getting one",
+                "{what} on server `{server_id}` waited {} ms (budgets.tool_timeout_ms) for one of {waited_for} without getting one",
                 timeout.as_millis(),
-                self.shared.limits.max_concurrent_calls
             ),
         )
     }
@@ -863,7 +877,8 @@ impl McpPool {
             let Some(conn) = slot.conn.lock().await.take() else {
                 return;
             };
-            slot.health.stopped();
+            slot.health
+                .stopped(slot.health_token.load(Ordering::SeqCst));
             conn.close(slot.entry.server_id(), defaults::SHUTDOWN_GRACE)
                 .await;
         });
@@ -886,6 +901,7 @@ async fn list_all_pages(
     conn: &Connection,
     server_id: &str,
     cap: u64,
+    phase: &CallPhase,
 ) -> Result<Vec<Tool>, McpError> {
     let mut tools = Vec::new();
     let mut cursor = None;
@@ -895,7 +911,7 @@ async fn list_all_pages(
             .service
             .list_tools(Some(PaginatedRequestParams::default().with_cursor(cursor)))
             .await
-            .map_err(|e| service_failed(server_id, "tools/list", e))?;
+            .map_err(|e| service_failed(server_id, "tools/list", e, phase))?;
         let left = cap.saturating_sub(total);
         total = match encoded_len(&page.tools, left) {
             Some(len) => total.saturating_add(len),
@@ -922,6 +938,35 @@ async fn list_all_pages(
     Ok(tools)
 }
 
+/// Where a call is, so a failure counts against the server's health only when it happened
+/// on the wire: not while waiting for a permit, and not when the server answered that it
+/// has no such tool or method.
+struct CallPhase(AtomicU8);
+
+impl CallPhase {
+    const WAITING_FOR_SERVER: u8 = 0;
+    const WAITING_FOR_HOST: u8 = 1;
+    const ON_WIRE: u8 = 2;
+    /// The server answered with an error that says nothing of its health.
+    const ANSWERED: u8 = 3;
+
+    fn new(phase: u8) -> Self {
+        Self(AtomicU8::new(phase))
+    }
+
+    fn set(&self, phase: u8) {
+        self.0.store(phase, Ordering::SeqCst);
+    }
+
+    fn get(&self) -> u8 {
+        self.0.load(Ordering::SeqCst)
+    }
+
+    fn on_wire(&self) -> bool {
+        self.get() == Self::ON_WIRE
+    }
+}
+
 /// Whether an error of `code` is the server's (or its transport's) failure, as health
 /// counts it; bad arguments, a policy refusal or a result over the host's cap are not.
 fn server_failure(code: McpErrorCode) -> bool {
@@ -941,7 +986,14 @@ fn timed_out(server_id: &str, what: &str, timeout: Duration) -> McpError {
     )
 }
 
-fn service_failed(server_id: &str, what: &str, error: ServiceError) -> McpError {
+/// `error` as the guest sees it; a JSON-RPC "method not found" (an unknown tool, on some
+/// servers) marks `phase` answered, as no failure of the server's.
+fn service_failed(server_id: &str, what: &str, error: ServiceError, phase: &CallPhase) -> McpError {
+    if let ServiceError::McpError(data) = &error
+        && data.code == ErrorCode::METHOD_NOT_FOUND
+    {
+        phase.set(CallPhase::ANSWERED);
+    }
     match error {
         // A transport failed this request itself and said why.
         ServiceError::McpError(data) if let Some(error) = from_host_error(&data) => error,
@@ -965,5 +1017,36 @@ fn service_failed(server_id: &str, what: &str, error: ServiceError) -> McpError 
             McpErrorCode::ToolExecFailed,
             format!("server `{server_id}` failed {what}: {other}"),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::ErrorData;
+
+    use super::*;
+
+    #[test]
+    fn only_errors_on_the_wire_count_against_a_servers_health() {
+        let answered = |code| {
+            let phase = CallPhase::new(CallPhase::ON_WIRE);
+            let error = service_failed(
+                "fs",
+                "nope",
+                ServiceError::McpError(ErrorData::new(code, "no such tool", None)),
+                &phase,
+            );
+            (error.code, phase.on_wire())
+        };
+        assert_eq!(
+            answered(ErrorCode::METHOD_NOT_FOUND),
+            (McpErrorCode::ToolExecFailed, false),
+            "an unknown tool says nothing of the server's health"
+        );
+        assert_eq!(
+            answered(ErrorCode::INTERNAL_ERROR),
+            (McpErrorCode::ToolExecFailed, true)
+        );
+        assert!(!CallPhase::new(CallPhase::WAITING_FOR_SERVER).on_wire());
     }
 }

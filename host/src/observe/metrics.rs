@@ -9,11 +9,13 @@
 //! Every label set is bounded: server ids and backends come from the registry and the host
 //! config, outcomes and reasons are fixed lists, and tool names, which servers, guests and
 //! models choose, are capped at [`MAX_METRIC_TOOL_SERIES`](crate::defaults::MAX_METRIC_TOOL_SERIES)
-//! distinct `(server_id, tool)` pairs; calls of any other tool count under `tool="_other"`.
-//! Guest tools (functions a guest registered with its chat session) count with
-//! `server_id=""`.
+//! distinct tools per server id; calls of any other tool count under `tool="_other"` of that
+//! server. The cap is per server so that one guest calling made-up names cannot take the
+//! series of every other server (the registry bounds the server ids). Guest tools (functions
+//! a guest registered with its chat session) count with `server_id=""`, a bucket of their
+//! own under the same cap.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -59,8 +61,9 @@ struct Inner {
     llm_tokens: Family<Labels<2>, Counter>,
     budget_hits: Family<Labels<1>, Counter>,
     policy_denials: Family<Labels<1>, Counter>,
-    /// The `(server_id, tool)` pairs given their own series so far.
-    series: Mutex<HashSet<(String, String)>>,
+    /// The tools given their own series so far, by server id (`""`: guest tools).
+    series: Mutex<HashMap<String, HashSet<String>>>,
+    /// Tools with their own series per server id.
     max_series: usize,
     live: Arc<Live>,
 }
@@ -98,7 +101,7 @@ impl Metrics {
     pub const CONTENT_TYPE: &'static str =
         "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-    /// Metrics keeping at most `max_tool_series` `(server_id, tool)` pairs.
+    /// Metrics keeping at most `max_tool_series` tool series per server id.
     pub(crate) fn new(max_tool_series: usize) -> Self {
         let mut registry = Registry::default();
         let tool_calls = Family::default();
@@ -168,7 +171,7 @@ impl Metrics {
                 llm_tokens,
                 budget_hits,
                 policy_denials,
-                series: Mutex::new(HashSet::new()),
+                series: Mutex::new(HashMap::new()),
                 max_series: max_tool_series,
                 live,
             }),
@@ -235,18 +238,21 @@ impl Metrics {
         self.inner.budget_hits.get_or_create(&labels).inc();
     }
 
-    /// The tool label for `tool` of `server_id`: itself while the series cap has room or it
-    /// already has a series, else [`OTHER_TOOL`].
+    /// The tool label for `tool` of `server_id`: itself while that server's series cap has
+    /// room or it already has a series, else [`OTHER_TOOL`].
     fn tool_label(&self, server_id: &str, tool: &str) -> String {
         let tool = cut(tool, defaults::MAX_TOOL_NAME_BYTES);
         let mut series = self.inner.series.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (server_id.to_owned(), tool.to_owned());
-        if series.contains(&key) {
-            return key.1;
+        let tools = match series.get_mut(server_id) {
+            Some(tools) => tools,
+            None => series.entry(server_id.to_owned()).or_default(),
+        };
+        if tools.contains(tool) {
+            return tool.to_owned();
         }
-        if series.len() < self.inner.max_series {
-            series.insert(key.clone());
-            return key.1;
+        if tools.len() < self.inner.max_series {
+            tools.insert(tool.to_owned());
+            return tool.to_owned();
         }
         OTHER_TOOL.to_owned()
     }
@@ -394,7 +400,7 @@ mod tests {
             r#"quiver_mcp_tool_calls_total{server_id="s",tool="a",outcome="ok"} 2"#,
             r#"quiver_mcp_tool_calls_total{server_id="s",tool="b",outcome="ok"} 1"#,
             r#"quiver_mcp_tool_calls_total{server_id="s",tool="_other",outcome="ok"} 2"#,
-            r#"quiver_mcp_tool_calls_total{server_id="",tool="_other",outcome="tool_error"} 1"#,
+            r#"quiver_mcp_tool_calls_total{server_id="",tool="w",outcome="tool_error"} 1"#,
             r#"quiver_mcp_tool_call_duration_seconds_bucket{le="0.05",server_id="s",tool="a"} 2"#,
             r#"quiver_mcp_tool_output_bytes_sum{server_id="s",tool="b"} 100.0"#,
             r#"quiver_registry_revision{revision="def"} 2"#,
@@ -403,5 +409,26 @@ mod tests {
         }
         assert!(!text.contains(r#"tool="c""#), "{text}");
         assert!(text.ends_with("# EOF\n"));
+    }
+
+    /// A guest calling made-up names fills only its own bucket (and a busy server only its
+    /// own): another server's tools still get their series.
+    #[test]
+    fn the_series_cap_is_per_server() {
+        let metrics = Metrics::new(2);
+        for tool in ["made", "up", "names", "galore"] {
+            metrics.after_tool_call(&call(None, tool), &end(ToolOutcome::Ok));
+            metrics.after_tool_call(&call(Some("s"), tool), &end(ToolOutcome::Ok));
+        }
+        metrics.after_tool_call(&call(Some("t"), "read"), &end(ToolOutcome::Ok));
+        let text = metrics.encode();
+        for line in [
+            r#"quiver_mcp_tool_calls_total{server_id="t",tool="read",outcome="ok"} 1"#,
+            r#"quiver_mcp_tool_calls_total{server_id="",tool="up",outcome="ok"} 1"#,
+            r#"quiver_mcp_tool_calls_total{server_id="",tool="_other",outcome="ok"} 2"#,
+            r#"quiver_mcp_tool_calls_total{server_id="s",tool="_other",outcome="ok"} 2"#,
+        ] {
+            assert!(text.contains(line), "no {line} in\n{text}");
+        }
     }
 }

@@ -1,11 +1,14 @@
 //! Watching what tasks do with tools: one event before and one after every tool call (MCP
 //! tools called directly or by the chat loop, and guest tools), and one per policy denial.
 //!
-//! Metrics, the audit log and an embedder's own hooks all read the same events, so they
-//! cannot disagree about what happened. Observers are called inline on the task's path:
-//! they must be cheap and must not block (queue work elsewhere if it is slow). A call is
-//! reported as finished exactly once, whatever ends it: [`ObservedCall`] reports
-//! `cancelled` if it is dropped unfinished (a deadline, a trap, a dropped task).
+//! The host's [`Metrics`] (always its first observer), the [`AuditLog`] (`--audit-log` or
+//! [`HostBuilder::with_audit_log`](crate::HostBuilder::with_audit_log): one JSON line per
+//! finished call and per denial, written by its own thread) and an embedder's own hooks
+//! all read the same events, so they cannot disagree about what happened. Observers are
+//! called inline on the task's path: they must be cheap and must not block (queue work
+//! elsewhere if it is slow, as the audit log does). A call is reported as finished exactly
+//! once, whatever ends it: dropped unfinished (a deadline, a trap, a dropped task) it is
+//! reported as `cancelled`.
 
 mod audit;
 mod event;
@@ -16,10 +19,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use audit::AuditLog;
-pub(crate) use event::cut;
 pub use event::{
-    ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
+    ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via, printable,
 };
+pub(crate) use event::{cut, unix_seconds};
 pub(crate) use metrics::LiveStatus;
 pub use metrics::{Metrics, OTHER_TOOL};
 
@@ -66,7 +69,7 @@ impl Observers {
     }
 
     /// Reports `call` as started; the returned guard reports its end.
-    pub fn start(&self, call: ToolCall) -> ObservedCall {
+    pub(crate) fn start(&self, call: ToolCall) -> ObservedCall {
         for observer in self.0.iter() {
             observer.before_tool_call(&call);
         }
@@ -88,7 +91,7 @@ impl Observers {
 /// A tool call in progress. Finish it with its outcome; dropped unfinished it is reported
 /// as [`ToolOutcome::Cancelled`].
 #[must_use = "a call reports its end when finished or dropped"]
-pub struct ObservedCall {
+pub(crate) struct ObservedCall {
     observers: Observers,
     call: ToolCall,
     started: Instant,
@@ -96,7 +99,7 @@ pub struct ObservedCall {
 }
 
 impl ObservedCall {
-    pub fn finish(mut self, outcome: ToolOutcome, output_bytes: u64) {
+    pub(crate) fn finish(mut self, outcome: ToolOutcome, output_bytes: u64) {
         self.report(outcome, output_bytes);
     }
 

@@ -2,10 +2,13 @@
 //! and success, the tool count, and the latencies of recent calls.
 //!
 //! It is kept per server id, not per connection or slot, so counters only grow (metrics
-//! read them as Prometheus counters) across restarts, registry changes and shutdowns. A
-//! tool's own error result (`isError`) is an answer, not a server failure: it counts as a
-//! success here, and only failures of the server or its transport (it could not be started
-//! or reached, went away, timed out, answered a JSON-RPC error) are failures.
+//! read them as Prometheus counters) across restarts, registry changes and shutdowns. Whether
+//! the server is up follows only its newest connection: each connection gets a token when
+//! made, and a stop or loss of an older one (a slot replaced by a registry change, stopped
+//! once its last call ends) leaves the newer one up. A tool's own error result (`isError`)
+//! is an answer, not a server failure: it counts as a success here, and only failures of
+//! the server or its transport (it could not be started or reached, went away, timed out on
+//! the wire, answered a JSON-RPC error other than "method not found") are failures.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
@@ -14,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 
 use crate::defaults;
-use crate::observe::cut;
+use crate::observe::{cut, printable};
 
 /// A server's state, as health reports show it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -23,8 +26,8 @@ pub enum ServerState {
     /// Connected, and no server-side failure in the last
     /// [`SERVER_DEGRADED_FOR`](defaults::SERVER_DEGRADED_FOR).
     Connected,
-    /// Connected, but a server-side failure (a lost connection, a timeout, a JSON-RPC error)
-    /// happened within the last [`SERVER_DEGRADED_FOR`](defaults::SERVER_DEGRADED_FOR).
+    /// Connected, but a server-side failure (a lost connection, a timeout on the wire, a
+    /// JSON-RPC error) happened within the last [`SERVER_DEGRADED_FOR`](defaults::SERVER_DEGRADED_FOR).
     Degraded,
     /// Not connected because something failed: the last connection attempt failed (calls
     /// fail fast during the reconnect backoff), or the connection was lost (the process
@@ -43,8 +46,8 @@ pub(super) struct Health(Mutex<State>);
 struct State {
     connects: u64,
     reconnects: u64,
-    /// A connection is up (made and not since lost, stopped or failed).
-    up: bool,
+    /// The token of the connection that is up (made and not since lost or stopped).
+    up: Option<u64>,
     /// The last connection attempt failed.
     connect_failed: bool,
     /// The last connection was lost: the next connect is a reconnect.
@@ -74,40 +77,51 @@ impl Health {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A connection was made.
-    pub(super) fn connected(&self) {
+    /// A connection was made; returns its token, for [`lost`](Self::lost) and
+    /// [`stopped`](Self::stopped). It is now the server's connection, unless it serves a
+    /// retired slot (a task on an older registry snapshot): that one is counted, but its
+    /// stop or loss says nothing of the current connection (its token is 0, never up).
+    pub(super) fn connected(&self, retired: bool) -> u64 {
         let mut state = self.state();
         state.connects = state.connects.saturating_add(1);
+        if retired {
+            return 0;
+        }
         if state.lost {
             state.reconnects = state.reconnects.saturating_add(1);
         }
         state.lost = false;
         state.connect_failed = false;
-        state.up = true;
+        state.up = Some(state.connects);
         state.last_success = Some(SystemTime::now());
+        state.connects
     }
 
-    /// A connection attempt failed with `error` (already redacted).
+    /// A connection attempt failed with `error` (already redacted). A connection made
+    /// since (by another slot) stays up.
     pub(super) fn connect_failed(&self, error: &str) {
         let mut state = self.state();
         state.connect_failed = true;
-        state.up = false;
         state.fail(error);
     }
 
-    /// The connection was lost (found dead, or its transport failed a call).
-    pub(super) fn lost(&self) {
+    /// The connection `token` was lost (found dead, or its transport failed a call). An
+    /// older connection's loss changes nothing: the server's state is its newest one's.
+    pub(super) fn lost(&self, token: u64) {
         let mut state = self.state();
-        if state.up || state.connects > 0 {
+        if state.up == Some(token) {
             state.lost = true;
+            state.up = None;
+            state.last_failure = Some(Instant::now());
         }
-        state.up = false;
-        state.last_failure = Some(Instant::now());
     }
 
-    /// The connection was stopped on purpose (idle, evicted, shut down).
-    pub(super) fn stopped(&self) {
-        self.state().up = false;
+    /// The connection `token` was stopped on purpose (idle, evicted, replaced, shut down).
+    pub(super) fn stopped(&self, token: u64) {
+        let mut state = self.state();
+        if state.up == Some(token) {
+            state.up = None;
+        }
     }
 
     /// The server answered a call (a tool error included) after `latency`.
@@ -136,11 +150,11 @@ impl Health {
     /// The health now; `alive` is what the slot sees of its connection, when it can look.
     pub(super) fn snapshot(&self, alive: Option<bool>) -> Snapshot {
         let state = self.state();
-        let up = state.up && alive.unwrap_or(true);
+        let up = state.up.is_some() && alive.unwrap_or(true);
         let recently_failed = state
             .last_failure
             .is_some_and(|at| at.elapsed() < defaults::SERVER_DEGRADED_FOR);
-        let state_now = match (up, state.connect_failed || state.lost || state.up) {
+        let state_now = match (up, state.connect_failed || state.lost || state.up.is_some()) {
             (true, _) if recently_failed => ServerState::Degraded,
             (true, _) => ServerState::Connected,
             // `up` but no longer alive: the process died unnoticed so far.
@@ -167,7 +181,8 @@ impl Health {
 impl State {
     fn fail(&mut self, error: &str) {
         self.last_failure = Some(Instant::now());
-        self.last_error = Some(cut(error, defaults::MAX_SERVER_ERROR_BYTES).to_owned());
+        // Shown on terminals (`quiver mcp status`): no escapes from what a server wrote.
+        self.last_error = Some(printable(cut(error, defaults::MAX_SERVER_ERROR_BYTES)));
     }
 }
 
@@ -194,24 +209,42 @@ mod tests {
     fn a_lost_connection_makes_the_next_connect_a_reconnect_and_idle_stops_do_not() {
         let health = Health::default();
         assert_eq!(health.snapshot(None).state, ServerState::Idle);
-        health.connected();
+        let first = health.connected(false);
         assert_eq!(health.snapshot(Some(true)).state, ServerState::Connected);
         assert_eq!(
             health.snapshot(Some(false)).state,
             ServerState::Down,
             "a dead process is down before anyone notices"
         );
-        health.stopped();
+        health.stopped(first);
         assert_eq!(health.snapshot(None).state, ServerState::Idle);
-        health.connected();
-        health.lost();
+        let second = health.connected(false);
+        health.lost(second);
         assert_eq!(health.snapshot(None).state, ServerState::Down);
         health.connect_failed("spawn failed");
-        health.connected();
+        health.connected(false);
         let snapshot = health.snapshot(Some(true));
         assert_eq!((snapshot.connects, snapshot.reconnects), (3, 1));
         assert_eq!(snapshot.state, ServerState::Degraded, "failed a moment ago");
         assert_eq!(snapshot.last_error.as_deref(), Some("spawn failed"));
+    }
+
+    #[test]
+    fn stopping_or_losing_an_older_connection_leaves_the_newer_one_up() {
+        let health = Health::default();
+        let old = health.connected(false);
+        // A registry change: a new slot connects while a call still runs on the old one.
+        let new = health.connected(false);
+        health.stopped(old);
+        assert_eq!(health.snapshot(Some(true)).state, ServerState::Connected);
+        health.lost(old);
+        let snapshot = health.snapshot(Some(true));
+        assert_eq!(snapshot.state, ServerState::Connected);
+        assert_eq!(snapshot.reconnects, 0, "the old one's loss is no reconnect");
+        health.connect_failed("an old snapshot's slot could not start");
+        assert_eq!(health.snapshot(Some(true)).state, ServerState::Degraded);
+        health.stopped(new);
+        assert_eq!(health.snapshot(None).state, ServerState::Down);
     }
 
     #[test]
@@ -238,5 +271,11 @@ mod tests {
         health.failed(&"é".repeat(defaults::MAX_SERVER_ERROR_BYTES));
         let error = health.snapshot(None).last_error.unwrap();
         assert!(error.len() <= defaults::MAX_SERVER_ERROR_BYTES && error.starts_with('é'));
+        health.failed("boom\u{1b}[2J\nagain\u{202e}");
+        assert_eq!(
+            health.snapshot(None).last_error.as_deref(),
+            Some("boom[2J again"),
+            "no terminal escapes kept"
+        );
     }
 }
