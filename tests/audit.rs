@@ -198,3 +198,33 @@ async fn a_writer_stuck_on_a_full_pipe_does_not_hold_up_the_task() {
     );
     assert!(!text.contains("audit_dropped"), "the queue held them all");
 }
+
+/// Empty or blank argument text is sent as `{}`, and logged as the `{}` it is, not as a
+/// string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blank_arguments_are_logged_as_the_empty_object_sent() {
+    init_logging();
+    let (dir, registry) = registry();
+    let log_dir = tempfile::tempdir().unwrap();
+    let path = log_dir.path().join("audit.jsonl");
+    let host = host_builder(&dir)
+        .with_registry(registry)
+        .with_audit_log(&path)
+        .build()
+        .unwrap();
+    let steps = [("audited", "echo", ""), ("audited", "echo", " \n ")];
+    let run = wat::run_ok(
+        &host,
+        &wat::mcp_calls(&steps, 1),
+        &mcp_task("blank", &["audited"]),
+    )
+    .await;
+    assert!(run.results.iter().all(|&r| r >= 0), "{:?}", run.results);
+    host.shutdown().await;
+    let lines = lines(&path);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for line in &lines {
+        assert_eq!(line["argument_values"], json!({}), "{line}");
+        assert_eq!(line["arguments"]["keys"], json!([]), "{line}");
+    }
+}

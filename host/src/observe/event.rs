@@ -136,10 +136,14 @@ impl ToolCall {
     /// What [`ToolCall::argument_values`] holds for a call of `entry`'s tool with `text`:
     /// nothing unless the record sets `audit_arguments` and the text is at most
     /// [`defaults::AUDIT_ARGUMENT_VALUES_MAX_BYTES`]; the record's secrets, and every other
-    /// value a `${ENV:..}` reference resolved to in this process, cut out.
+    /// value a `${ENV:..}` reference resolved to in this process, cut out. Empty (or
+    /// blank) text is what the call sends: `{}`.
     pub fn audited_arguments(entry: &ServerEntry, text: &str) -> Option<Arc<str>> {
         if !entry.record.audit_arguments || text.len() > defaults::AUDIT_ARGUMENT_VALUES_MAX_BYTES {
             return None;
+        }
+        if text.bytes().all(|b| b.is_ascii_whitespace()) {
+            return Some("{}".into());
         }
         let own = entry.secrets().redact(text);
         Some(redact_known(&own).into())
