@@ -181,6 +181,14 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// `-ENOMEM` rather than a host-side copy of arbitrary size.
 pub const MAX_GUEST_INPUT_BYTES: u32 = 16 * 1024 * 1024;
 
+/// Longest server id, in bytes (ids are `[A-Za-z0-9_-]`, so bytes and characters agree):
+/// safe in file names, log fields and model-facing tool names. A longer id from a guest is
+/// `-EINVAL` before it is copied anywhere.
+pub const MAX_SERVER_ID_BYTES: usize = 64;
+
+/// Longest `task_id`, in bytes: it is in every log and audit line of the task.
+pub const MAX_TASK_ID_BYTES: usize = 128;
+
 /// Longest MCP tool name, in bytes: the MCP spec's limit (SEP-986: 1 to 128 characters of
 /// `A-Za-z0-9_-.`, so bytes and characters agree). A longer name from a guest is `-EINVAL`;
 /// the connection's table of pending requests keeps no more of any name.

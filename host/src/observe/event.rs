@@ -228,8 +228,8 @@ pub struct PolicyDenial {
 }
 
 impl PolicyDenial {
-    /// Policy refused `tool` of `server_id` to a call through `action`. A tool name longer
-    /// than any a server may list (it came from a model) is cut.
+    /// Policy refused `tool` of `server_id` to a call through `action`. A tool name or
+    /// server id longer than any the registry may hold (it came from a model) is cut.
     pub fn of_tool(
         task_id: Arc<str>,
         session_fd: i32,
@@ -242,7 +242,7 @@ impl PolicyDenial {
             task_id,
             session_fd: Some(session_fd),
             action,
-            server_id: server_id.to_owned(),
+            server_id: cut(server_id, defaults::MAX_SERVER_ID_BYTES).to_owned(),
             tool: Some(cut(tool, defaults::MAX_TOOL_NAME_BYTES).to_owned()),
             reason,
             detail,
