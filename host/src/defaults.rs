@@ -221,8 +221,13 @@ pub const AUDIT_QUEUE_CAPACITY: usize = 8192;
 /// `audit_arguments = true`; a larger call is logged with its keys and size only.
 pub const AUDIT_ARGUMENT_VALUES_MAX_BYTES: usize = 16 * 1024;
 
+/// Most audit log bytes held for a file that refuses writes (a full disk) before further
+/// lines are dropped and counted.
+pub const AUDIT_BUFFER_BYTES: usize = 1024 * 1024;
+
 /// Longest [`Host::shutdown`](crate::Host::shutdown) waits for the audit log to be written
-/// out; a disk that stalls longer must not hold the stop.
+/// out, and dropping the log waits for its writer; a disk that stalls longer must not hold
+/// the stop.
 pub const AUDIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest guest log line kept; the rest is cut with a marker.
