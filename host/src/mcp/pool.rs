@@ -27,6 +27,8 @@
 mod health;
 mod limits;
 mod reaper;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -442,12 +444,13 @@ impl McpPool {
             if let Some(old) = slots.remove(id) {
                 old.retired.store(true, Ordering::SeqCst);
                 // Only a server process needs stopping; a remote connection closes with
-                // its last user.
-                let idle_remote = old
-                    .conn
-                    .try_lock()
-                    .is_ok_and(|conn| !conn.as_ref().is_some_and(|c| c.is_stdio()));
-                if !idle_remote {
+                // its last user. A stdio slot with a call in flight is kept even without
+                // a connection: that call may be about to start its process. What it
+                // launches is the entry's, whatever it holds now.
+                let stdio = matches!(old.entry.launch, Ok(Launch::Stdio { .. }));
+                let unused = old.activity().in_flight == 0
+                    && old.conn.try_lock().is_ok_and(|conn| conn.is_none());
+                if stdio && !unused {
                     retired.push(old);
                 }
             }
