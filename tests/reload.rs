@@ -270,3 +270,53 @@ async fn the_watcher_follows_edits_without_a_reload_call() {
     assert!(host.registry().get(&second).is_some());
     host.shutdown().await;
 }
+
+/// The registry changes and changes back while a task on the first snapshot holds its
+/// server: a task on the current snapshot gets a server of its own (not the retired one,
+/// which stops when the old task is done), and that server keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_changed_back_gives_current_tasks_their_own_server() {
+    init_logging();
+    let server = unique_id("flip");
+    let registry = RegistryDir::new();
+    registry.fixture(&server, &["*"], "");
+    let host = host(&registry);
+    let old_pid = pids(&host, &[&server]).await[0];
+    let old_task = {
+        let (host, server) = (host.clone(), server.clone());
+        tokio::spawn(async move {
+            let steps = [(server.as_str(), "slow", r#"{"ms":5000}"#)];
+            wat::run(
+                &host,
+                &wat::mcp_calls(&steps, 1),
+                &mcp_task("old", &[&server]),
+            )
+            .await
+        })
+    };
+    until("the old task's call is in flight", || {
+        calls_in_flight(&host, &server) == 1
+    })
+    .await;
+
+    registry.fixture(&server, &["*"], "env = { RELOADED = \"1\" }");
+    host.reload_registry().expect("reload");
+    registry.fixture(&server, &["*"], "");
+    host.reload_registry().expect("reload back");
+    let new_pid = pids(&host, &[&server]).await[0];
+    assert_ne!(new_pid, old_pid, "a current task ran on the retired server");
+
+    let old = old_task.await.unwrap();
+    assert!(old.outcome.failure.is_none(), "{:?}", old.outcome.failure);
+    assert_eq!(text(&old, 0), "slept 5000ms");
+    assert!(
+        wait_gone(old_pid, Duration::from_secs(30)),
+        "the retired server {old_pid} is still running"
+    );
+    assert_eq!(
+        pids(&host, &[&server]).await,
+        [new_pid],
+        "the current server outlives the retired one"
+    );
+    host.shutdown().await;
+}

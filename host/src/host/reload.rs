@@ -4,8 +4,8 @@
 //! must not take servers away from running or new tasks. So a reload whose load reports any
 //! [`Severity::Error`] (bad TOML, a bad field, a duplicate server id) keeps the snapshot in
 //! force and marks the registry degraded with the reasons; the next clean reload clears it.
-//! After a swap the pool retires the servers that are gone or launch differently (each
-//! stopped once no call uses it); the others keep their connection. Tasks keep the snapshot
+//! Just before the swap the pool retires the servers that are gone or launch differently
+//! (each stopped once no call uses it); the others keep their connection. Tasks keep the snapshot
 //! they started with.
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -157,13 +157,15 @@ impl Host {
             tracing::warn!("registry: {problem}");
         }
         let fresh = Arc::new(fresh);
+        // The pool first: a task that starts before the swap is on the old snapshot, which
+        // the pool then knows to be outdated; one that starts after finds the pool ready.
+        let stopping = self.inner.pool.apply_registry(&fresh);
         *self
             .inner
             .registry
             .write()
             .unwrap_or_else(|e| e.into_inner()) = fresh.clone();
         self.inner.metrics.registry_loaded(fresh.revision());
-        let stopping = self.inner.pool.apply_registry(&fresh);
         let changes = Changes::between(&old, &fresh);
         health.revision = fresh.revision().to_owned();
         health.generation = health.generation.saturating_add(1);

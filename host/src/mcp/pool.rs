@@ -357,6 +357,8 @@ impl McpPool {
     /// ([`apply_registry`](Self::apply_registry)) never replaces the current slot: it reuses
     /// a retired slot that launches the same way, or gets one of its own, retired from the
     /// start, so a task still on that snapshot is served without stopping anyone's server.
+    /// A current entry never uses a retired slot (the registry may have changed back to
+    /// it): its server would be stopped under the current snapshot's calls.
     fn enter(&self, entry: &Arc<ServerEntry>) -> InFlight {
         let mut slots = self.shared.slots();
         let server_id = entry.server_id();
@@ -365,10 +367,12 @@ impl McpPool {
         {
             return slot.begin();
         }
+        let outdated = self.is_outdated(entry);
         let mut retired = self.shared.retired();
-        if let Some(slot) = retired
-            .iter()
-            .find(|slot| slot.entry.server_id() == server_id && slot.entry.connects_like(entry))
+        if outdated
+            && let Some(slot) = retired
+                .iter()
+                .find(|slot| slot.entry.server_id() == server_id && slot.entry.connects_like(entry))
         {
             return slot.begin();
         }
@@ -394,7 +398,7 @@ impl McpPool {
         });
         // Begun before anyone else can see the slot, so the reaper never drops it unused.
         let in_flight = slot.begin();
-        if self.is_outdated(entry) {
+        if outdated {
             slot.retired.store(true, Ordering::SeqCst);
             retired.push(slot);
         } else if let Some(old) = slots.insert(server_id.to_owned(), slot) {

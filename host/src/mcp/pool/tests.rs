@@ -52,6 +52,28 @@ fn current(pool: &McpPool) -> Option<Arc<ServerSlot>> {
     pool.shared.slots().get("s").cloned()
 }
 
+/// The registry goes from `a` to `b` and back to `a` while a task on the first snapshot
+/// holds its (now retired) slot: a task on the current snapshot gets a current slot of
+/// its own, not the retired one the reaper will stop.
+#[test]
+fn a_current_entry_never_lands_in_a_retired_slot() {
+    let pool = McpPool::default();
+    let (first, old_entry) = snapshot("a");
+    pool.apply_registry(&first);
+    let old_call = pool.enter(&old_entry);
+    pool.apply_registry(&snapshot("b").0);
+    assert_eq!(pool.shared.retired().len(), 1);
+    let (again, entry) = snapshot("a");
+    pool.apply_registry(&again);
+
+    let call = pool.enter(&entry);
+    assert!(!Arc::ptr_eq(&call.slot, &old_call.slot), "a retired slot");
+    assert!(!call.slot.retired.load(Ordering::SeqCst));
+    assert!(current(&pool).is_some_and(|slot| Arc::ptr_eq(&slot, &call.slot)));
+    // The first snapshot's entry launches as the current one does: it is current again.
+    assert!(Arc::ptr_eq(&pool.enter(&old_entry).slot, &call.slot));
+}
+
 /// A slot whose server changes while a call is in it, before that call connected: the
 /// slot is retired (its process, once started, is stopped when the call ends), not
 /// forgotten with a process nobody tracks.
