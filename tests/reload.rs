@@ -320,3 +320,38 @@ async fn a_registry_changed_back_gives_current_tasks_their_own_server() {
     );
     host.shutdown().await;
 }
+
+/// A host started on a directory with a broken file is degraded from the start, naming the
+/// file, as a reload of the same directory says; fixing the file clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_startup_registry_with_errors_starts_degraded() {
+    init_logging();
+    let (good, broken) = (unique_id("good"), unique_id("broken"));
+    let registry = RegistryDir::new();
+    registry.fixture(&good, &["*"], "");
+    registry.write(&format!("{broken}.toml"), "server_id = [");
+    let host = host(&registry);
+    let health = host.registry_health();
+    let reason = health.last_reload_error.clone().unwrap_or_default();
+    assert!(
+        health.degraded && reason.contains(&format!("{broken}.toml")),
+        "{health:?}"
+    );
+    assert!(host.registry().get(&good).is_some());
+
+    host.reload_registry()
+        .expect_err("a reload of the same directory is refused");
+    let again = host.registry_health();
+    assert!(again.degraded, "{again:?}");
+    assert_eq!(again.last_reload_error, health.last_reload_error);
+
+    registry.fixture(&broken, &["*"], "");
+    host.reload_registry().expect("the fixed registry loads");
+    let health = host.registry_health();
+    assert!(
+        !health.degraded && health.last_reload_error.is_none(),
+        "{health:?}"
+    );
+    assert!(host.registry().get(&broken).is_some());
+    host.shutdown().await;
+}

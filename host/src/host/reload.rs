@@ -27,10 +27,11 @@ pub struct RegistryHealth {
     /// When the snapshot in force was loaded, in Unix seconds.
     #[serde(serialize_with = "unix_seconds")]
     pub loaded_at: SystemTime,
-    /// Why the last reload was refused, naming each file and field; `None` once a reload
-    /// succeeds.
+    /// Why the last reload was refused (or, before any reload, which files the startup
+    /// load left out), naming each file and field; `None` once a reload succeeds.
     pub last_reload_error: Option<String>,
-    /// The last reload was refused: the registry in force is older than the directory.
+    /// The last reload was refused, or the startup load had errors: the registry in force
+    /// lacks what the directory asks for.
     pub degraded: bool,
     /// Reloads attempted, refused ones included.
     pub reloads: u64,
@@ -41,13 +42,16 @@ pub struct RegistryHealth {
 pub(super) struct ReloadState(Mutex<RegistryHealth>);
 
 impl ReloadState {
+    /// The state of a host built with `registry`: degraded if its load had errors, as a
+    /// reload of the same directory would be refused.
     pub(super) fn new(registry: &Registry) -> Self {
+        let errors = load_errors(registry);
         Self(Mutex::new(RegistryHealth {
             revision: registry.revision().to_owned(),
             generation: 0,
             loaded_at: SystemTime::now(),
-            last_reload_error: None,
-            degraded: false,
+            degraded: errors.is_some(),
+            last_reload_error: errors,
             reloads: 0,
             failed_reloads: 0,
         }))
@@ -91,6 +95,30 @@ impl Changes {
     }
 }
 
+/// The errors of `registry`'s load, the first [`defaults::MAX_RELOAD_ERRORS_SHOWN`] named
+/// and the rest counted; `None` if it had none.
+fn load_errors(registry: &Registry) -> Option<String> {
+    let errors = || {
+        registry
+            .problems()
+            .iter()
+            .filter(|p| p.severity == Severity::Error)
+    };
+    let shown: Vec<String> = errors()
+        .take(defaults::MAX_RELOAD_ERRORS_SHOWN)
+        .map(ToString::to_string)
+        .collect();
+    if shown.is_empty() {
+        return None;
+    }
+    let mut reason = shown.join("; ");
+    let more = errors().count().saturating_sub(shown.len());
+    if more > 0 {
+        reason.push_str(&format!("; and {more} more"));
+    }
+    Some(reason)
+}
+
 impl Host {
     /// Reads the registry directory again and swaps the new snapshot in; running tasks
     /// keep the snapshot they started with. A directory that cannot be read, or a load
@@ -121,23 +149,7 @@ impl Host {
             Ok(fresh) => fresh,
             Err(e) => return Err(refused(&mut health, e.to_string())),
         };
-        let errors: Vec<String> = fresh
-            .problems()
-            .iter()
-            .filter(|p| p.severity == Severity::Error)
-            .take(defaults::MAX_RELOAD_ERRORS_SHOWN)
-            .map(ToString::to_string)
-            .collect();
-        if !errors.is_empty() {
-            let total = fresh
-                .problems()
-                .iter()
-                .filter(|p| p.severity == Severity::Error)
-                .count();
-            let mut reason = errors.join("; ");
-            if total > errors.len() {
-                reason.push_str(&format!("; and {} more", total - errors.len()));
-            }
+        if let Some(reason) = load_errors(&fresh) {
             return Err(refused(&mut health, reason));
         }
         let old = self.registry();
