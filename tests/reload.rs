@@ -355,3 +355,37 @@ async fn a_startup_registry_with_errors_starts_degraded() {
     assert!(host.registry().get(&broken).is_some());
     host.shutdown().await;
 }
+
+/// The registry directory replaced whole (`rm -rf reg && mkdir reg && cp ...`): the watcher
+/// reloads the new directory and follows later edits in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watcher_follows_a_replaced_directory() {
+    init_logging();
+    let (first, second, third) = (
+        unique_id("before"),
+        unique_id("replaced"),
+        unique_id("later"),
+    );
+    let registry = RegistryDir::new();
+    registry.fixture(&first, &["*"], "");
+    let host = host(&registry);
+    let watcher = host.watch_registry().expect("watch");
+
+    std::fs::remove_dir_all(registry.path()).unwrap();
+    std::fs::create_dir(registry.path()).unwrap();
+    registry.fixture(&second, &["*"], "");
+    until("the watcher reloads the replaced directory", || {
+        let now = host.registry();
+        now.get(&second).is_some() && now.get(&first).is_none()
+    })
+    .await;
+
+    registry.fixture(&third, &["*"], "");
+    until("the watcher follows an edit in the new directory", || {
+        host.registry().get(&third).is_some()
+    })
+    .await;
+    assert!(!host.registry_health().degraded);
+    drop(watcher);
+    host.shutdown().await;
+}
