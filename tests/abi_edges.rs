@@ -84,7 +84,7 @@ async fn mcp_open_errors() {
       (call $out (call $mcp_open (i32.const 1040) (i32.const 4)))
       (call $out (call $mcp_open (i32.const 1248) (i32.const 5)))
       (call $out (call $mcp_open (i32.const 1056) (i32.const 2)))
-      (call $out (call $mcp_open (i32.const 262140) (i32.const 100)))
+      (call $out (call $mcp_open (i32.const 262140) (i32.const 60)))
       (call $out (call $mcp_open (i32.const 1024) (i32.const -1)))
       (call $out (call $mcp_open (i32.const -8) (i32.const 7)))
       (call $out (call $mcp_open (i32.const 1024) (i32.const 7))))"#;

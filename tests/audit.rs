@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use quiver::registry::Registry;
 use quiver_tests::chat_wat::{ChatGuest, scripted_host_builder};
-use quiver_tests::errno::EACCES;
+use quiver_tests::errno::{EACCES, EINVAL, ENOENT};
 use quiver_tests::llm::{Reply, ScriptedLlm};
 use quiver_tests::wat;
 use quiver_tests::{RegistryDir, fixture_toml, host_builder, init_logging, mcp_task};
@@ -197,4 +197,68 @@ async fn a_writer_stuck_on_a_full_pipe_does_not_hold_up_the_task() {
         "every call is logged once the pipe is read"
     );
     assert!(!text.contains("audit_dropped"), "the queue held them all");
+}
+
+/// Empty or blank argument text is sent as `{}`, and logged as the `{}` it is, not as a
+/// string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blank_arguments_are_logged_as_the_empty_object_sent() {
+    init_logging();
+    let (dir, registry) = registry();
+    let log_dir = tempfile::tempdir().unwrap();
+    let path = log_dir.path().join("audit.jsonl");
+    let host = host_builder(&dir)
+        .with_registry(registry)
+        .with_audit_log(&path)
+        .build()
+        .unwrap();
+    let steps = [("audited", "echo", ""), ("audited", "echo", " \n ")];
+    let run = wat::run_ok(
+        &host,
+        &wat::mcp_calls(&steps, 1),
+        &mcp_task("blank", &["audited"]),
+    )
+    .await;
+    assert!(run.results.iter().all(|&r| r >= 0), "{:?}", run.results);
+    host.shutdown().await;
+    let lines = lines(&path);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for line in &lines {
+        assert_eq!(line["argument_values"], json!({}), "{line}");
+        assert_eq!(line["arguments"]["keys"], json!([]), "{line}");
+    }
+}
+
+/// A server id longer than any the registry allows is `-EINVAL` before it is read, so a
+/// guest cannot push guest-sized strings into denials; a 64-byte unknown id is an ordinary
+/// `-ENOENT` denial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overlong_server_id_is_refused_before_it_reaches_a_denial() {
+    init_logging();
+    let (dir, registry) = registry();
+    let log_dir = tempfile::tempdir().unwrap();
+    let path = log_dir.path().join("audit.jsonl");
+    let host = host_builder(&dir)
+        .with_registry(registry)
+        .with_audit_log(&path)
+        .build()
+        .unwrap();
+    let id = "a".repeat(65);
+    let guest = wat::guest(
+        &[(1024, id.as_bytes())],
+        "(func $main
+           (call $out (call $mcp_open (i32.const 1024) (i32.const 65)))
+           (call $out (call $mcp_open (i32.const 16384) (i32.const 200000)))
+           (call $cap (i32.const 8192) (i32.const 4096))
+           (call $out (call $mcp_registry_get (i32.const 1024) (i32.const 65) (i32.const 20000) (i32.const 8192)))
+           (call $out (call $mcp_open (i32.const 1024) (i32.const 64))))",
+    );
+    let run = wat::run_ok(&host, &guest, &mcp_task("long-id", &["plain"])).await;
+    assert_eq!(run.results, [EINVAL, EINVAL, EINVAL, ENOENT]);
+    host.shutdown().await;
+    let lines = lines(&path);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["event"], "policy_denied");
+    assert_eq!(lines[0]["action"], "mcp_open");
+    assert_eq!(lines[0]["server_id"], id[..64]);
 }

@@ -277,3 +277,122 @@ async fn the_watcher_follows_edits_without_a_reload_call() {
     assert!(host.registry().get(&second).is_some());
     host.shutdown().await;
 }
+
+/// The registry changes and changes back while a task on the first snapshot holds its
+/// server: a task on the current snapshot gets a server of its own (not the retired one,
+/// which stops when the old task is done), and that server keeps running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_registry_changed_back_gives_current_tasks_their_own_server() {
+    init_logging();
+    let server = unique_id("flip");
+    let registry = RegistryDir::new();
+    registry.fixture(&server, &["*"], "");
+    let host = host(&registry);
+    let old_pid = pids(&host, &[&server]).await[0];
+    let old_task = {
+        let (host, server) = (host.clone(), server.clone());
+        tokio::spawn(async move {
+            let steps = [(server.as_str(), "slow", r#"{"ms":5000}"#)];
+            wat::run(
+                &host,
+                &wat::mcp_calls(&steps, 1),
+                &mcp_task("old", &[&server]),
+            )
+            .await
+        })
+    };
+    until("the old task's call is in flight", || {
+        calls_in_flight(&host, &server) == 1
+    })
+    .await;
+
+    registry.fixture(&server, &["*"], "env = { RELOADED = \"1\" }");
+    host.reload_registry().expect("reload");
+    registry.fixture(&server, &["*"], "");
+    host.reload_registry().expect("reload back");
+    let new_pid = pids(&host, &[&server]).await[0];
+    assert_ne!(new_pid, old_pid, "a current task ran on the retired server");
+
+    let old = old_task.await.unwrap();
+    assert!(old.outcome.failure.is_none(), "{:?}", old.outcome.failure);
+    assert_eq!(text(&old, 0), "slept 5000ms");
+    assert!(
+        wait_gone(old_pid, Duration::from_secs(30)),
+        "the retired server {old_pid} is still running"
+    );
+    assert_eq!(
+        pids(&host, &[&server]).await,
+        [new_pid],
+        "the current server outlives the retired one"
+    );
+    host.shutdown().await;
+}
+
+/// A host started on a directory with a broken file is degraded from the start, naming the
+/// file, as a reload of the same directory says; fixing the file clears it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_startup_registry_with_errors_starts_degraded() {
+    init_logging();
+    let (good, broken) = (unique_id("good"), unique_id("broken"));
+    let registry = RegistryDir::new();
+    registry.fixture(&good, &["*"], "");
+    registry.write(&format!("{broken}.toml"), "server_id = [");
+    let host = host(&registry);
+    let health = host.registry_health();
+    let reason = health.last_reload_error.clone().unwrap_or_default();
+    assert!(
+        health.degraded && reason.contains(&format!("{broken}.toml")),
+        "{health:?}"
+    );
+    assert!(host.registry().get(&good).is_some());
+
+    host.reload_registry()
+        .expect_err("a reload of the same directory is refused");
+    let again = host.registry_health();
+    assert!(again.degraded, "{again:?}");
+    assert_eq!(again.last_reload_error, health.last_reload_error);
+
+    registry.fixture(&broken, &["*"], "");
+    host.reload_registry().expect("the fixed registry loads");
+    let health = host.registry_health();
+    assert!(
+        !health.degraded && health.last_reload_error.is_none(),
+        "{health:?}"
+    );
+    assert!(host.registry().get(&broken).is_some());
+    host.shutdown().await;
+}
+
+/// The registry directory replaced whole (`rm -rf reg && mkdir reg && cp ...`): the watcher
+/// reloads the new directory and follows later edits in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watcher_follows_a_replaced_directory() {
+    init_logging();
+    let (first, second, third) = (
+        unique_id("before"),
+        unique_id("replaced"),
+        unique_id("later"),
+    );
+    let registry = RegistryDir::new();
+    registry.fixture(&first, &["*"], "");
+    let host = host(&registry);
+    let watcher = host.watch_registry().expect("watch");
+
+    std::fs::remove_dir_all(registry.path()).unwrap();
+    std::fs::create_dir(registry.path()).unwrap();
+    registry.fixture(&second, &["*"], "");
+    until("the watcher reloads the replaced directory", || {
+        let now = host.registry();
+        now.get(&second).is_some() && now.get(&first).is_none()
+    })
+    .await;
+
+    registry.fixture(&third, &["*"], "");
+    until("the watcher follows an edit in the new directory", || {
+        host.registry().get(&third).is_some()
+    })
+    .await;
+    assert!(!host.registry_health().degraded);
+    drop(watcher);
+    host.shutdown().await;
+}

@@ -181,6 +181,14 @@ pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// `-ENOMEM` rather than a host-side copy of arbitrary size.
 pub const MAX_GUEST_INPUT_BYTES: u32 = 16 * 1024 * 1024;
 
+/// Longest server id, in bytes (ids are `[A-Za-z0-9_-]`, so bytes and characters agree):
+/// safe in file names, log fields and model-facing tool names. A longer id from a guest is
+/// `-EINVAL` before it is copied anywhere.
+pub const MAX_SERVER_ID_BYTES: usize = 64;
+
+/// Longest `task_id`, in bytes: it is in every log and audit line of the task.
+pub const MAX_TASK_ID_BYTES: usize = 128;
+
 /// Longest MCP tool name, in bytes: the MCP spec's limit (SEP-986: 1 to 128 characters of
 /// `A-Za-z0-9_-.`, so bytes and characters agree). A longer name from a guest is `-EINVAL`;
 /// the connection's table of pending requests keeps no more of any name.
@@ -213,8 +221,13 @@ pub const AUDIT_QUEUE_CAPACITY: usize = 8192;
 /// `audit_arguments = true`; a larger call is logged with its keys and size only.
 pub const AUDIT_ARGUMENT_VALUES_MAX_BYTES: usize = 16 * 1024;
 
+/// Most audit log bytes held for a file that refuses writes (a full disk) before further
+/// lines are dropped and counted.
+pub const AUDIT_BUFFER_BYTES: usize = 1024 * 1024;
+
 /// Longest [`Host::shutdown`](crate::Host::shutdown) waits for the audit log to be written
-/// out; a disk that stalls longer must not hold the stop.
+/// out, and dropping the log waits for its writer; a disk that stalls longer must not hold
+/// the stop.
 pub const AUDIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest guest log line kept; the rest is cut with a marker.

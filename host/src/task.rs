@@ -171,6 +171,23 @@ impl TaskSpec {
                 message: "must not be empty".into(),
             });
         }
+        // It is in every log and audit line of the task.
+        if self.task_id.len() > defaults::MAX_TASK_ID_BYTES {
+            return Err(TaskError::Field {
+                field: "task_id",
+                message: format!(
+                    "is {} bytes; at most {} are allowed",
+                    self.task_id.len(),
+                    defaults::MAX_TASK_ID_BYTES
+                ),
+            });
+        }
+        if self.task_id.chars().any(char::is_control) {
+            return Err(TaskError::Field {
+                field: "task_id",
+                message: "must not hold control characters (newlines, tabs, escapes)".into(),
+            });
+        }
         if self.limits.deadline_ms == Some(0) {
             return Err(TaskError::Field {
                 field: "limits.deadline_ms",
@@ -501,5 +518,16 @@ mod tests {
         assert_eq!(spec.host_memory_limit(5000), 1000);
         assert_eq!(spec.host_memory_limit(500), 500);
         assert_eq!(TaskSpec::new("t").host_memory_limit(5000), 5000);
+    }
+
+    #[test]
+    fn a_long_task_id_or_one_with_control_characters_is_refused() {
+        let json = |id: &str| json!({ "task_id": id }).to_string();
+        let longest = "t".repeat(defaults::MAX_TASK_ID_BYTES);
+        assert!(TaskSpec::from_json(&json(&longest)).is_ok());
+        for bad in [format!("{longest}t"), "a\nb".into(), "a\u{1b}[31mb".into()] {
+            let err = TaskSpec::from_json(&json(&bad)).unwrap_err();
+            assert!(err.to_string().contains("task_id"), "{err}");
+        }
     }
 }

@@ -4,8 +4,8 @@
 //! must not take servers away from running or new tasks. So a reload whose load reports any
 //! [`Severity::Error`] (bad TOML, a bad field, a duplicate server id) keeps the snapshot in
 //! force and marks the registry degraded with the reasons; the next clean reload clears it.
-//! After a swap the pool retires the servers that are gone or launch differently (each
-//! stopped once no call uses it); the others keep their connection. Tasks keep the snapshot
+//! Just before the swap the pool retires the servers that are gone or launch differently
+//! (each stopped once no call uses it); the others keep their connection. Tasks keep the snapshot
 //! they started with.
 
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -28,10 +28,11 @@ pub struct RegistryHealth {
     /// When the snapshot in force was loaded, in Unix seconds.
     #[serde(serialize_with = "unix_seconds")]
     pub loaded_at: SystemTime,
-    /// Why the last reload was refused, naming each file and field; `None` once a reload
-    /// succeeds.
+    /// Why the last reload was refused (or, before any reload, which files the startup
+    /// load left out), naming each file and field; `None` once a reload succeeds.
     pub last_reload_error: Option<String>,
-    /// The last reload was refused: the registry in force is older than the directory.
+    /// The last reload was refused, or the startup load had errors: the registry in force
+    /// lacks what the directory asks for.
     pub degraded: bool,
     /// Reloads attempted, refused ones included.
     pub reloads: u64,
@@ -42,13 +43,16 @@ pub struct RegistryHealth {
 pub(super) struct ReloadState(Mutex<RegistryHealth>);
 
 impl ReloadState {
+    /// The state of a host built with `registry`: degraded if its load had errors, as a
+    /// reload of the same directory would be refused.
     pub(super) fn new(registry: &Registry) -> Self {
+        let errors = load_errors(registry);
         Self(Mutex::new(RegistryHealth {
             revision: registry.revision().to_owned(),
             generation: 0,
             loaded_at: SystemTime::now(),
-            last_reload_error: None,
-            degraded: false,
+            degraded: errors.is_some(),
+            last_reload_error: errors,
             reloads: 0,
             failed_reloads: 0,
         }))
@@ -92,6 +96,30 @@ impl Changes {
     }
 }
 
+/// The errors of `registry`'s load, the first [`defaults::MAX_RELOAD_ERRORS_SHOWN`] named
+/// and the rest counted; `None` if it had none.
+fn load_errors(registry: &Registry) -> Option<String> {
+    let errors = || {
+        registry
+            .problems()
+            .iter()
+            .filter(|p| p.severity == Severity::Error)
+    };
+    let shown: Vec<String> = errors()
+        .take(defaults::MAX_RELOAD_ERRORS_SHOWN)
+        .map(ToString::to_string)
+        .collect();
+    if shown.is_empty() {
+        return None;
+    }
+    let mut reason = shown.join("; ");
+    let more = errors().count().saturating_sub(shown.len());
+    if more > 0 {
+        reason.push_str(&format!("; and {more} more"));
+    }
+    Some(reason)
+}
+
 impl Host {
     /// Reads the registry directory again and swaps the new snapshot in; running tasks
     /// keep the snapshot they started with. A directory that cannot be read, or a load
@@ -122,23 +150,7 @@ impl Host {
             Ok(fresh) => fresh,
             Err(e) => return Err(refused(&mut health, e.to_string())),
         };
-        let errors: Vec<String> = fresh
-            .problems()
-            .iter()
-            .filter(|p| p.severity == Severity::Error)
-            .take(defaults::MAX_RELOAD_ERRORS_SHOWN)
-            .map(ToString::to_string)
-            .collect();
-        if !errors.is_empty() {
-            let total = fresh
-                .problems()
-                .iter()
-                .filter(|p| p.severity == Severity::Error)
-                .count();
-            let mut reason = errors.join("; ");
-            if total > errors.len() {
-                reason.push_str(&format!("; and {} more", total - errors.len()));
-            }
+        if let Some(reason) = load_errors(&fresh) {
             return Err(refused(&mut health, reason));
         }
         let old = self.registry();
@@ -158,13 +170,15 @@ impl Host {
             tracing::warn!("registry: {problem}");
         }
         let fresh = Arc::new(fresh);
+        // The pool first: a task that starts before the swap is on the old snapshot, which
+        // the pool then knows to be outdated; one that starts after finds the pool ready.
+        let stopping = self.inner.pool.apply_registry(&fresh);
         *self
             .inner
             .registry
             .write()
             .unwrap_or_else(|e| e.into_inner()) = fresh.clone();
         self.inner.metrics.registry_loaded(fresh.revision());
-        let stopping = self.inner.pool.apply_registry(&fresh);
         let changes = Changes::between(&old, &fresh);
         health.revision = fresh.revision().to_owned();
         health.generation = health.generation.saturating_add(1);

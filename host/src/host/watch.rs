@@ -9,11 +9,18 @@
 //! of a broken edit keeps the old snapshot ([`super::reload`]), so even a reload in the
 //! middle of an edit does no harm; the next event reloads again.
 //!
+//! The directory itself may be replaced (`rm -rf reg && cp -r new reg`, a deploy that
+//! renames a fresh copy into place); its watch dies with it. So the parent directory is
+//! watched too, for the registry directory's own entry only, and any event on that entry
+//! re-arms the watch on whatever directory now has the path. If the watch ends on its own
+//! (notify's thread died), that is logged as an error: the registry is no longer followed.
+//!
 //! The watch runs on its own thread (reloads read files and are brief) and ends when the
 //! [`RegistryWatcher`] is dropped.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -22,11 +29,18 @@ use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 use super::{Host, HostError};
 use crate::defaults;
 
+/// The notify watcher, shared with the thread that re-arms it; `None` once stopped.
+type Shared = Mutex<Option<RecommendedWatcher>>;
+
+fn lock(shared: &Shared) -> MutexGuard<'_, Option<RecommendedWatcher>> {
+    shared.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Reloads the host's registry whenever its directory changes, until dropped.
 #[must_use = "the registry is watched only while this lives"]
 pub struct RegistryWatcher {
-    /// Dropped first: that closes the channel and ends the thread.
-    watcher: Option<RecommendedWatcher>,
+    /// Taken and dropped first: that closes the channel and ends the thread.
+    watcher: Arc<Shared>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -38,13 +52,22 @@ impl std::fmt::Debug for RegistryWatcher {
 
 impl Drop for RegistryWatcher {
     fn drop(&mut self) {
-        drop(self.watcher.take());
+        drop(lock(&self.watcher).take());
         if let Some(thread) = self.thread.take()
             && thread.join().is_err()
         {
             tracing::error!("the registry watcher thread panicked");
         }
     }
+}
+
+/// What an event means for the watch.
+enum Signal {
+    /// Something under the registry directory changed.
+    Changed,
+    /// The registry directory's own entry changed (removed, created, renamed over): its
+    /// watch must be set up again.
+    Replaced,
 }
 
 impl Host {
@@ -59,55 +82,127 @@ impl Host {
                     .into(),
             });
         };
-        let watch_error = |e: notify::Error| HostError::RegistryWatch {
+        let watch_error = |e: String| HostError::RegistryWatch {
             dir: dir.display().to_string(),
-            message: e.to_string(),
+            message: e,
         };
-        let (events, changes) = channel();
+        // Absolute, so the parent is known and event paths compare equal.
+        let root = std::fs::canonicalize(&dir).map_err(|e| watch_error(e.to_string()))?;
+        let (events, signals) = channel();
+        let watched = root.clone();
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 // Only the settled state matters; an event's details do not.
                 match event {
                     Ok(event) if event.kind.is_access() => {}
-                    Ok(_) => {
-                        let _ = events.send(());
+                    Ok(event) => {
+                        let signal = if event.paths.contains(&watched) {
+                            Signal::Replaced
+                        } else if event.need_rescan()
+                            || event.paths.iter().any(|p| p.starts_with(&watched))
+                        {
+                            Signal::Changed
+                        } else {
+                            // Another entry of the parent directory.
+                            return;
+                        };
+                        let _ = events.send(signal);
                     }
                     Err(e) => tracing::warn!(error = %e, "registry watch error"),
                 }
             })
-            .map_err(watch_error)?;
+            .map_err(|e| watch_error(e.to_string()))?;
         watcher
-            .watch(Path::new(&dir), RecursiveMode::Recursive)
-            .map_err(watch_error)?;
+            .watch(&root, RecursiveMode::Recursive)
+            .map_err(|e| watch_error(e.to_string()))?;
+        if let Some(parent) = root.parent() {
+            watcher
+                .watch(parent, RecursiveMode::NonRecursive)
+                .map_err(|e| watch_error(format!("cannot watch its parent directory: {e}")))?;
+        }
+        let watcher = Arc::new(Mutex::new(Some(watcher)));
         let host = self.clone();
+        let shared = Arc::downgrade(&watcher);
         let thread = std::thread::Builder::new()
             .name("quiver-registry-watch".into())
-            .spawn(move || follow(&host, &changes))
-            .map_err(|e| HostError::RegistryWatch {
-                dir: dir.display().to_string(),
-                message: format!("cannot start the watcher thread: {e}"),
-            })?;
+            .spawn(move || follow(&host, &signals, &Rearm { shared, root }))
+            .map_err(|e| watch_error(format!("cannot start the watcher thread: {e}")))?;
         tracing::info!(dir = %dir.display(), "watching the registry for changes");
         Ok(RegistryWatcher {
-            watcher: Some(watcher),
+            watcher,
             thread: Some(thread),
         })
     }
 }
 
+/// What the thread needs to set the watch up again.
+struct Rearm {
+    shared: Weak<Shared>,
+    root: PathBuf,
+}
+
+impl Rearm {
+    /// Watches whatever directory has the registry's path now. One that is not there yet
+    /// is watched when its entry appears (the parent's event).
+    fn rearm(&self) {
+        let Some(shared) = self.shared.upgrade() else {
+            return;
+        };
+        let mut watcher = lock(&shared);
+        let Some(watcher) = watcher.as_mut() else {
+            return;
+        };
+        // The old directory's watch may be gone already.
+        let _ = watcher.unwatch(&self.root);
+        match watcher.watch(&self.root, RecursiveMode::Recursive) {
+            Ok(()) => {
+                tracing::info!(dir = %self.root.display(), "the registry directory was replaced; watching the new one")
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.root.display(), error = %e, "the registry directory is gone; watching for it to come back")
+            }
+        }
+    }
+
+    /// Whether the watch was stopped on purpose (the [`RegistryWatcher`] dropped).
+    fn stopped(&self) -> bool {
+        self.shared
+            .upgrade()
+            .is_none_or(|shared| lock(&shared).is_none())
+    }
+
+    fn on(&self, signal: &Signal) {
+        if let Signal::Replaced = signal {
+            self.rearm();
+        }
+    }
+}
+
 /// Reloads after each settled burst of changes until the channel closes.
-fn follow(host: &Host, changes: &Receiver<()>) {
-    while changes.recv().is_ok() {
+fn follow(host: &Host, signals: &Receiver<Signal>, rearm: &Rearm) {
+    'bursts: while let Ok(signal) = signals.recv() {
+        rearm.on(&signal);
         let first = Instant::now();
         loop {
             let left = defaults::REGISTRY_RELOAD_MAX_DELAY.saturating_sub(first.elapsed());
-            match changes.recv_timeout(defaults::REGISTRY_RELOAD_DEBOUNCE.min(left)) {
-                Ok(()) if !left.is_zero() => continue,
-                Ok(()) | Err(RecvTimeoutError::Timeout) => break,
-                Err(RecvTimeoutError::Disconnected) => return,
+            match signals.recv_timeout(defaults::REGISTRY_RELOAD_DEBOUNCE.min(left)) {
+                Ok(signal) => {
+                    rearm.on(&signal);
+                    if left.is_zero() {
+                        break;
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => break,
+                Err(RecvTimeoutError::Disconnected) => break 'bursts,
             }
         }
         // A refused reload is logged and recorded in the registry's health.
         let _ = host.reload_registry();
+    }
+    if !rearm.stopped() {
+        tracing::error!(
+            dir = %rearm.root.display(),
+            "the registry watch ended on its own; registry changes are no longer followed (reload by hand or restart)"
+        );
     }
 }

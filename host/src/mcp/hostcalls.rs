@@ -14,6 +14,7 @@ use std::time::SystemTime;
 use quiver_abi::Errno;
 use serde_json::{Value, json};
 use tracing::Instrument;
+use tracing::field::Empty;
 use wasmtime::{Caller, Linker};
 
 use super::session::{McpSession, McpView, PendingKey};
@@ -95,9 +96,10 @@ fn session<T: McpView>(state: &mut T, fd: i32) -> Result<&mut McpSession, Errno>
 
 fn open<T: McpView>(caller: &mut Caller<'_, T>, ptr: i32, len: i32) -> Result<i32, HostcallError> {
     let (mem, state) = guest(caller)?;
-    let server_id = mem.str(ptr, len)?;
     let task_id = state.sandbox().task_id.clone();
-    let _span = tracing::debug_span!("mcp_open", task_id = %task_id, server_id).entered();
+    let span = tracing::debug_span!("mcp_open", task_id = %task_id, server_id = Empty).entered();
+    let server_id = server_id_arg(&mem, ptr, len)?;
+    span.record("server_id", server_id);
     let grant = state.mcp().decide_server(&task_id, "mcp_open", server_id)?;
     let fd = state.sandbox().fds.insert_as(McpSession::new(grant))?;
     tracing::debug!(fd, "opened");
@@ -146,8 +148,10 @@ fn registry_get<T: McpView>(
 ) -> Result<i32, HostcallError> {
     let (mut mem, state) = guest(caller)?;
     let task_id = state.sandbox().task_id.clone();
-    let server_id = mem.str(ptr, len)?;
-    let _span = tracing::debug_span!("mcp_registry_get", task_id = %task_id, server_id).entered();
+    let span =
+        tracing::debug_span!("mcp_registry_get", task_id = %task_id, server_id = Empty).entered();
+    let server_id = server_id_arg(&mem, ptr, len)?;
+    span.record("server_id", server_id);
     let out = mem.out_buf(out_ptr, out_len_ptr)?;
     let mcp = state.mcp();
     let entry = mcp.registry.get(server_id).ok_or(Errno::ENOENT)?;
@@ -155,6 +159,15 @@ fn registry_get<T: McpView>(
         Ok(_) | Err(Errno::ENOTCONN) => Ok(mem.deliver(out, &encode(&entry.view()))?),
         Err(errno) => Err(errno.into()),
     }
+}
+
+/// A server id from the guest: longer than any registry id is `-EINVAL`, before it is read,
+/// so no guest-sized string reaches a log line or an observer.
+fn server_id_arg<'a>(mem: &'a GuestMemory<'_>, ptr: i32, len: i32) -> Result<&'a str, Errno> {
+    if usize::try_from(len).is_ok_and(|len| len > defaults::MAX_SERVER_ID_BYTES) {
+        return Err(Errno::EINVAL);
+    }
+    mem.str(ptr, len)
 }
 
 fn encode(value: &impl serde::Serialize) -> Vec<u8> {

@@ -27,6 +27,8 @@
 mod health;
 mod limits;
 mod reaper;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
@@ -359,6 +361,8 @@ impl McpPool {
     /// ([`apply_registry`](Self::apply_registry)) never replaces the current slot: it reuses
     /// a retired slot that launches the same way, or gets one of its own, retired from the
     /// start, so a task still on that snapshot is served without stopping anyone's server.
+    /// A current entry never uses a retired slot (the registry may have changed back to
+    /// it): its server would be stopped under the current snapshot's calls.
     fn enter(&self, entry: &Arc<ServerEntry>) -> InFlight {
         let mut slots = self.shared.slots();
         let server_id = entry.server_id();
@@ -367,10 +371,12 @@ impl McpPool {
         {
             return slot.begin();
         }
+        let outdated = self.is_outdated(entry);
         let mut retired = self.shared.retired();
-        if let Some(slot) = retired
-            .iter()
-            .find(|slot| slot.entry.server_id() == server_id && slot.entry.connects_like(entry))
+        if outdated
+            && let Some(slot) = retired
+                .iter()
+                .find(|slot| slot.entry.server_id() == server_id && slot.entry.connects_like(entry))
         {
             return slot.begin();
         }
@@ -397,7 +403,7 @@ impl McpPool {
         });
         // Begun before anyone else can see the slot, so the reaper never drops it unused.
         let in_flight = slot.begin();
-        if self.is_outdated(entry) {
+        if outdated {
             slot.retired.store(true, Ordering::SeqCst);
             retired.push(slot);
         } else if let Some(old) = slots.insert(server_id.to_owned(), slot) {
@@ -447,12 +453,13 @@ impl McpPool {
             if let Some(old) = slots.remove(id) {
                 old.retired.store(true, Ordering::SeqCst);
                 // Only a server process needs stopping; a remote connection closes with
-                // its last user.
-                let idle_remote = old
-                    .conn
-                    .try_lock()
-                    .is_ok_and(|conn| !conn.as_ref().is_some_and(|c| c.is_stdio()));
-                if !idle_remote {
+                // its last user. A stdio slot with a call in flight is kept even without
+                // a connection: that call may be about to start its process. What it
+                // launches is the entry's, whatever it holds now.
+                let stdio = matches!(old.entry.launch, Ok(Launch::Stdio { .. }));
+                let unused = old.activity().in_flight == 0
+                    && old.conn.try_lock().is_ok_and(|conn| conn.is_none());
+                if stdio && !unused {
                     retired.push(old);
                 }
             }

@@ -59,7 +59,9 @@ impl McpTask {
             task_id: task_id.into(),
             session_fd: None,
             action: hostcall,
-            server_id: server_id.to_owned(),
+            // Hostcalls refuse longer ids first; cut anyway, it goes into every observer.
+            server_id: crate::observe::cut(server_id, crate::defaults::MAX_SERVER_ID_BYTES)
+                .to_owned(),
             tool: None,
             reason: decision.reason,
             detail: decision.detail.clone(),

@@ -136,10 +136,14 @@ impl ToolCall {
     /// What [`ToolCall::argument_values`] holds for a call of `entry`'s tool with `text`:
     /// nothing unless the record sets `audit_arguments` and the text is at most
     /// [`defaults::AUDIT_ARGUMENT_VALUES_MAX_BYTES`]; the record's secrets, and every other
-    /// value a `${ENV:..}` reference resolved to in this process, cut out.
+    /// value a `${ENV:..}` reference resolved to in this process, cut out. Empty (or
+    /// blank) text is what the call sends: `{}`.
     pub fn audited_arguments(entry: &ServerEntry, text: &str) -> Option<Arc<str>> {
         if !entry.record.audit_arguments || text.len() > defaults::AUDIT_ARGUMENT_VALUES_MAX_BYTES {
             return None;
+        }
+        if text.bytes().all(|b| b.is_ascii_whitespace()) {
+            return Some("{}".into());
         }
         let own = entry.secrets().redact(text);
         Some(redact_known(&own).into())
@@ -220,8 +224,8 @@ pub struct PolicyDenial {
 }
 
 impl PolicyDenial {
-    /// Policy refused `tool` of `server_id` to a call through `action`. A tool name longer
-    /// than any a server may list (it came from a model) is cut.
+    /// Policy refused `tool` of `server_id` to a call through `action`. A tool name or
+    /// server id longer than any the registry may hold (it came from a model) is cut.
     pub fn of_tool(
         task_id: Arc<str>,
         session_fd: i32,
@@ -234,7 +238,7 @@ impl PolicyDenial {
             task_id,
             session_fd: Some(session_fd),
             action,
-            server_id: server_id.to_owned(),
+            server_id: cut(server_id, defaults::MAX_SERVER_ID_BYTES).to_owned(),
             tool: Some(cut(tool, defaults::MAX_TOOL_NAME_BYTES).to_owned()),
             reason,
             detail,

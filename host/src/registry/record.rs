@@ -220,10 +220,10 @@ pub struct BudgetsView {
     pub connect_timeout_ms: Option<u64>,
 }
 
-/// A server id is 1..=64 of `[A-Za-z0-9_-]`: safe in file names, log fields and the
-/// model-facing names `mcp__<id>__<tool>` / `mcp.<id>.<tool>`.
+/// A server id is 1..=[`defaults::MAX_SERVER_ID_BYTES`] of `[A-Za-z0-9_-]`: safe in file
+/// names, log fields and the model-facing names `mcp__<id>__<tool>` / `mcp.<id>.<tool>`.
 pub fn is_valid_server_id(id: &str) -> bool {
-    (1..=64).contains(&id.len())
+    (1..=crate::defaults::MAX_SERVER_ID_BYTES).contains(&id.len())
         && id
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
