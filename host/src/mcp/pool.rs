@@ -1026,34 +1026,3 @@ fn service_failed(server_id: &str, what: &str, error: ServiceError, phase: &Call
         ),
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use rmcp::model::ErrorData;
-
-    use super::*;
-
-    #[test]
-    fn only_errors_on_the_wire_count_against_a_servers_health() {
-        let answered = |code| {
-            let phase = CallPhase::new(CallPhase::ON_WIRE);
-            let error = service_failed(
-                "fs",
-                "nope",
-                ServiceError::McpError(ErrorData::new(code, "no such tool", None)),
-                &phase,
-            );
-            (error.code, phase.on_wire())
-        };
-        assert_eq!(
-            answered(ErrorCode::METHOD_NOT_FOUND),
-            (McpErrorCode::ToolExecFailed, false),
-            "an unknown tool says nothing of the server's health"
-        );
-        assert_eq!(
-            answered(ErrorCode::INTERNAL_ERROR),
-            (McpErrorCode::ToolExecFailed, true)
-        );
-        assert!(!CallPhase::new(CallPhase::WAITING_FOR_SERVER).on_wire());
-    }
-}

@@ -1,7 +1,10 @@
-//! Which slot a call lands in across registry changes. No server is started: entering a
-//! slot and applying a registry never connect.
+//! Which slot a call lands in across registry changes (no server is started: entering a
+//! slot and applying a registry never connect), and which failures count against a
+//! server's health.
 
 use std::collections::BTreeMap;
+
+use rmcp::model::ErrorData;
 
 use super::*;
 use crate::registry::{ApprovalPolicy, Budgets, ServerRecord, Transport};
@@ -99,4 +102,28 @@ fn a_changed_slot_with_a_call_in_flight_is_retired_even_before_it_connects() {
     drop(pool.enter(&entry));
     pool.apply_registry(&Arc::new(Registry::empty()));
     assert_eq!(pool.shared.retired().len(), 1, "only the slot with a call");
+}
+
+#[test]
+fn only_errors_on_the_wire_count_against_a_servers_health() {
+    let answered = |code| {
+        let phase = CallPhase::new(CallPhase::ON_WIRE);
+        let error = service_failed(
+            "fs",
+            "nope",
+            ServiceError::McpError(ErrorData::new(code, "no such tool", None)),
+            &phase,
+        );
+        (error.code, phase.on_wire())
+    };
+    assert_eq!(
+        answered(ErrorCode::METHOD_NOT_FOUND),
+        (McpErrorCode::ToolExecFailed, false),
+        "an unknown tool says nothing of the server's health"
+    );
+    assert_eq!(
+        answered(ErrorCode::INTERNAL_ERROR),
+        (McpErrorCode::ToolExecFailed, true)
+    );
+    assert!(!CallPhase::new(CallPhase::WAITING_FOR_SERVER).on_wire());
 }
