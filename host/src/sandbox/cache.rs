@@ -55,14 +55,7 @@ impl<T: 'static> ModuleCache<T> {
         bytes: &[u8],
         link: impl FnOnce(&Module) -> wasmtime::Result<InstancePre<T>>,
     ) -> wasmtime::Result<(InstancePre<T>, ModuleOrigin)> {
-        let digest: [u8; 32] = Sha256::digest(bytes).into();
-        if let Some(pre) = self.lock().get(&digest) {
-            return Ok((pre.clone(), ModuleOrigin::MemoryCache));
-        }
-        let (module, origin) = self.load_or_compile(engine, &digest, bytes, true)?;
-        let pre = link(&module)?;
-        self.lock().insert(digest, pre.clone());
-        Ok((pre, origin))
+        self.prepare(engine, bytes, link, true)
     }
 
     /// The linked module for `bytes`, reused from memory or read from disk if there, else
@@ -73,12 +66,28 @@ impl<T: 'static> ModuleCache<T> {
         bytes: &[u8],
         link: impl FnOnce(&Module) -> wasmtime::Result<InstancePre<T>>,
     ) -> wasmtime::Result<(InstancePre<T>, ModuleOrigin)> {
+        self.prepare(engine, bytes, link, false)
+    }
+
+    /// The linked module for `bytes`; a newly prepared one is kept in memory and on disk
+    /// only when `keep`.
+    fn prepare(
+        &self,
+        engine: &Engine,
+        bytes: &[u8],
+        link: impl FnOnce(&Module) -> wasmtime::Result<InstancePre<T>>,
+        keep: bool,
+    ) -> wasmtime::Result<(InstancePre<T>, ModuleOrigin)> {
         let digest: [u8; 32] = Sha256::digest(bytes).into();
         if let Some(pre) = self.lock().get(&digest) {
             return Ok((pre.clone(), ModuleOrigin::MemoryCache));
         }
-        let (module, origin) = self.load_or_compile(engine, &digest, bytes, false)?;
-        Ok((link(&module)?, origin))
+        let (module, origin) = self.load_or_compile(engine, &digest, bytes, keep)?;
+        let pre = link(&module)?;
+        if keep {
+            self.lock().insert(digest, pre.clone());
+        }
+        Ok((pre, origin))
     }
 
     /// Modules kept in memory.
