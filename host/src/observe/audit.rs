@@ -472,42 +472,33 @@ mod tests {
         }
     }
 
-    /// A writer stuck on a pipe nobody reads: offering never blocks, the overflow is
-    /// counted, and once the pipe is read every event is either a line or in a count.
-    #[test]
-    fn a_stuck_writer_drops_and_counts_instead_of_blocking() {
-        let dir = std::env::temp_dir().join(format!("quiver-audit-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+    /// A successful call's end, the same for every event a test offers.
+    const OK_END: ToolCallEnd = ToolCallEnd {
+        outcome: ToolOutcome::Ok,
+        duration: Duration::from_millis(1),
+        output_bytes: 2,
+    };
+
+    /// A fresh fifo in `dir`, and its read end opened (not read) first so that the log's
+    /// open for writing does not wait for a reader.
+    fn unread_fifo(dir: &Path) -> (PathBuf, std::fs::File) {
+        std::fs::create_dir_all(dir).unwrap();
         let fifo = dir.join("audit.fifo");
         let _ = std::fs::remove_file(&fifo);
         let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
         // SAFETY: a valid NUL-terminated path.
         assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
-        let mut reader = std::fs::OpenOptions::new()
+        let reader = std::fs::OpenOptions::new()
             .read(true)
             .custom_flags(libc::O_NONBLOCK)
             .open(&fifo)
             .unwrap();
-        let tuning = Tuning {
-            queue_capacity: 4,
-            ..Tuning::default()
-        };
-        let log = AuditLog::open_tuned(&fifo, tuning).unwrap();
-        let end = ToolCallEnd {
-            outcome: ToolOutcome::Ok,
-            duration: Duration::from_millis(1),
-            output_bytes: 2,
-        };
-        const EVENTS: u64 = 2000;
-        for i in 0..EVENTS {
-            log.after_tool_call(&call(i as usize), &end);
-        }
-        assert!(
-            log.dropped() > 0,
-            "a 64 KiB pipe cannot hold {EVENTS} lines"
-        );
-        let dropped = log.dropped();
-        let reading = std::thread::spawn(move || {
+        (fifo, reader)
+    }
+
+    /// Everything written to the non-blocking `reader` until the last writer closes it.
+    fn read_until_closed(mut reader: std::fs::File) -> std::thread::JoinHandle<String> {
+        std::thread::spawn(move || {
             let mut text = Vec::new();
             let mut buf = [0u8; 65536];
             loop {
@@ -520,21 +511,51 @@ mod tests {
                     Err(e) => panic!("{e}"),
                 }
             }
-        });
-        assert!(log.flush(), "the flush finishes once the pipe is read");
-        drop(log);
-        let text = reading.join().unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
+        })
+    }
+
+    /// The `tool_call` lines in `text`, and the events its `audit_dropped` lines count;
+    /// every line must be whole JSON.
+    fn written_and_dropped(text: &str) -> (u64, u64) {
         let lines: Vec<serde_json::Value> = text
             .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
             .collect();
         let written = lines.iter().filter(|l| l["event"] == "tool_call").count() as u64;
-        let counted: u64 = lines
+        let counted = lines
             .iter()
             .filter(|l| l["event"] == "audit_dropped")
             .map(|l| l["count"].as_u64().unwrap())
             .sum();
+        (written, counted)
+    }
+
+    /// A writer stuck on a pipe nobody reads: offering never blocks, the overflow is
+    /// counted, and once the pipe is read every event is either a line or in a count.
+    #[test]
+    fn a_stuck_writer_drops_and_counts_instead_of_blocking() {
+        let dir = std::env::temp_dir().join(format!("quiver-audit-{}", std::process::id()));
+        let (fifo, reader) = unread_fifo(&dir);
+        let tuning = Tuning {
+            queue_capacity: 4,
+            ..Tuning::default()
+        };
+        let log = AuditLog::open_tuned(&fifo, tuning).unwrap();
+        const EVENTS: u64 = 2000;
+        for i in 0..EVENTS {
+            log.after_tool_call(&call(i as usize), &OK_END);
+        }
+        assert!(
+            log.dropped() > 0,
+            "a 64 KiB pipe cannot hold {EVENTS} lines"
+        );
+        let dropped = log.dropped();
+        let reading = read_until_closed(reader);
+        assert!(log.flush(), "the flush finishes once the pipe is read");
+        drop(log);
+        let text = reading.join().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let (written, counted) = written_and_dropped(&text);
         assert_eq!(counted, dropped);
         assert_eq!(written + counted, EVENTS);
     }
@@ -584,13 +605,8 @@ mod tests {
             ..Tuning::default()
         };
         let log = AuditLog::start(file, Path::new("flaky"), tuning).unwrap();
-        let end = ToolCallEnd {
-            outcome: ToolOutcome::Ok,
-            duration: Duration::from_millis(1),
-            output_bytes: 2,
-        };
         for i in 0..100 {
-            log.after_tool_call(&call(i), &end);
+            log.after_tool_call(&call(i), &OK_END);
         }
         assert!(log.flush());
         assert!(
@@ -599,21 +615,12 @@ mod tests {
         );
         budget.store(u64::MAX, Ordering::SeqCst);
         for i in 100..150 {
-            log.after_tool_call(&call(i), &end);
+            log.after_tool_call(&call(i), &OK_END);
         }
         let dropped = log.dropped();
         assert_eq!(log.close(), None, "the writer finishes");
         let text = String::from_utf8(out.lock().unwrap().clone()).unwrap();
-        let lines: Vec<serde_json::Value> = text
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
-            .collect();
-        let written = lines.iter().filter(|l| l["event"] == "tool_call").count() as u64;
-        let counted: u64 = lines
-            .iter()
-            .filter(|l| l["event"] == "audit_dropped")
-            .map(|l| l["count"].as_u64().unwrap())
-            .sum();
+        let (written, counted) = written_and_dropped(&text);
         assert_eq!(counted, dropped);
         assert_eq!(written + counted, 150);
         assert_eq!(log.counts.unwritten.load(Ordering::Relaxed), 0);
@@ -624,31 +631,16 @@ mod tests {
     #[test]
     fn closing_a_log_stuck_on_a_pipe_gives_up_after_the_timeout() {
         let dir = std::env::temp_dir().join(format!("quiver-audit-stuck-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let fifo = dir.join("audit.fifo");
-        let _ = std::fs::remove_file(&fifo);
-        let c_path = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-        // SAFETY: a valid NUL-terminated path.
-        assert_eq!(unsafe { libc::mkfifo(c_path.as_ptr(), 0o600) }, 0);
-        let reader = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(&fifo)
-            .unwrap();
+        let (fifo, reader) = unread_fifo(&dir);
         let tuning = Tuning {
             flush_timeout: Duration::from_millis(200),
             ..Tuning::default()
         };
         let log = AuditLog::open_tuned(&fifo, tuning).unwrap();
-        let end = ToolCallEnd {
-            outcome: ToolOutcome::Ok,
-            duration: Duration::from_millis(1),
-            output_bytes: 2,
-        };
         // About 300 bytes a line: far more than a 64 KiB pipe holds.
         const EVENTS: u64 = 1000;
         for i in 0..EVENTS {
-            log.after_tool_call(&call(i as usize), &end);
+            log.after_tool_call(&call(i as usize), &OK_END);
         }
         let started = std::time::Instant::now();
         let unwritten = log.close().expect("the writer cannot finish");
