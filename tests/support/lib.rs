@@ -279,12 +279,76 @@ pub fn fixture_pids(name: &str) -> Vec<u32> {
     pids
 }
 
+/// `server_id`'s entry in the host's pool status, if the pool has one.
+pub fn server_status(host: &Host, server_id: &str) -> Option<quiver::mcp::ServerStatus> {
+    host.pool()
+        .status()
+        .into_iter()
+        .find(|s| s.server_id == server_id)
+}
+
+/// Polls `done` every 20 ms for up to 30 s, failing the test with `what` after that.
+pub async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "timed out waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A server id unique to this test process and call, so concurrent tests can find their
 /// own fixture processes.
 pub fn unique_id(prefix: &str) -> String {
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     format!("{prefix}-{}-{n}", std::process::id())
+}
+
+/// Everything `child` writes to its piped stderr, collected as it comes (and echoed when
+/// `RUST_LOG` is set) for failure messages.
+pub fn collect_stderr(child: &mut Child) -> Arc<Mutex<String>> {
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let mut pipe = child.stderr.take().expect("piped stderr");
+    let sink = stderr.clone();
+    std::thread::spawn(move || {
+        let echo = std::env::var_os("RUST_LOG").is_some();
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = pipe.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let text = String::from_utf8_lossy(&buf[..n]);
+            if echo {
+                eprint!("{text}");
+            }
+            sink.lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push_str(&text);
+        }
+    });
+    stderr
+}
+
+/// The first line `child` prints on its piped stdout (where servers announce their
+/// address), waited for up to `within`; the rest of stdout is drained so the child never
+/// blocks on a full pipe. Says what went wrong when there is no line.
+pub fn first_stdout_line(child: &mut Child, within: Duration) -> Result<String, String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().expect("piped stdout");
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        let _ = tx.send(lines.next());
+        for _ in lines {}
+    });
+    match rx.recv_timeout(within) {
+        Ok(Some(Ok(line))) => Ok(line),
+        Ok(Some(Err(e))) => Err(format!("reading stdout: {e}")),
+        Ok(None) => Err("stdout closed".to_owned()),
+        Err(_) => Err(format!("no line within {within:?}")),
+    }
 }
 
 /// The fixture server serving MCP over HTTP on `127.0.0.1:<random port>`: Streamable HTTP
@@ -319,44 +383,15 @@ impl FixtureHttp {
             .spawn()
             .unwrap_or_else(|e| panic!("start {}: {e}", fixture_server().display()));
 
-        // Collect stderr (echoed when RUST_LOG is set) for `stderr()` and failure messages.
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("piped stderr");
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            let echo = std::env::var_os("RUST_LOG").is_some();
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                let text = String::from_utf8_lossy(&buf[..n]);
-                if echo {
-                    eprint!("{text}");
-                }
-                sink.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push_str(&text);
-            }
-        });
-
-        // The first stdout line announces the address; keep draining stdout afterwards.
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stdout = child.stdout.take().expect("piped stdout");
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let first = lines.next();
-            let _ = tx.send(first);
-            for _ in lines {}
-        });
-        let line = match rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(Some(Ok(line))) => line,
-            other => {
+        let stderr = collect_stderr(&mut child);
+        let line = match first_stdout_line(&mut child, Duration::from_secs(10)) {
+            Ok(line) => line,
+            Err(why) => {
                 let _ = child.kill();
                 let _ = child.wait();
                 std::thread::sleep(Duration::from_millis(50));
                 panic!(
-                    "fixture server ({mode}) did not announce its address: {other:?}; stderr:\n{}",
+                    "fixture server ({mode}) did not announce its address: {why}; stderr:\n{}",
                     stderr.lock().unwrap_or_else(|e| e.into_inner())
                 );
             }

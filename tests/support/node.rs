@@ -2,7 +2,6 @@
 //! address read from the `listening on` line it prints, its stderr kept, and an HTTP
 //! client (with or without the token) to talk to it. The process is killed when dropped.
 
-use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -11,7 +10,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use tempfile::TempDir;
 
-use crate::{RegistryDir, quiver_cli, workspace};
+use crate::{RegistryDir, collect_stderr, first_stdout_line, quiver_cli, workspace};
 
 /// A running `quiver serve`.
 pub struct Node {
@@ -121,37 +120,10 @@ impl Node {
             cmd.env(key, value);
         }
         let mut child = cmd.spawn().expect("start quiver serve");
-        let stderr = Arc::new(Mutex::new(String::new()));
-        let mut pipe = child.stderr.take().expect("piped stderr");
-        let sink = stderr.clone();
-        std::thread::spawn(move || {
-            let echo = std::env::var_os("RUST_LOG").is_some();
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = pipe.read(&mut buf) {
-                if n == 0 {
-                    break;
-                }
-                let text = String::from_utf8_lossy(&buf[..n]);
-                if echo {
-                    eprint!("{text}");
-                }
-                sink.lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push_str(&text);
-            }
-        });
-        let (tx, rx) = std::sync::mpsc::channel();
-        let stdout = child.stdout.take().expect("piped stdout");
-        std::thread::spawn(move || {
-            let mut lines = BufReader::new(stdout).lines();
-            let _ = tx.send(lines.next());
-            for _ in lines {}
-        });
-        let line = rx.recv_timeout(Duration::from_secs(30));
-        let base = match line {
-            Ok(Some(Ok(line))) => line.trim().strip_prefix("listening on ").map(str::to_owned),
-            _ => None,
-        };
+        let stderr = collect_stderr(&mut child);
+        let base = first_stdout_line(&mut child, Duration::from_secs(30))
+            .ok()
+            .and_then(|line| line.trim().strip_prefix("listening on ").map(str::to_owned));
         match base {
             Some(base) => Ok((child, base, stderr)),
             None => {
