@@ -9,9 +9,9 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use quiver::Host;
-use quiver::mcp::{McpError, McpErrorCode, PoolLimits, ServerStatus};
+use quiver::mcp::{McpError, McpErrorCode, PoolLimits};
 use quiver_tests::group::{ServerWithChild, group_gone, left_of};
-use quiver_tests::{RegistryDir, host_builder, init_logging, unique_id};
+use quiver_tests::{RegistryDir, host_builder, init_logging, server_status, unique_id, until};
 use serde_json::{Value, json};
 
 /// Calls `tool` of `server_id` through the host's pool; the result's first text block.
@@ -32,25 +32,6 @@ fn slow_call(
     tokio::spawn(async move { call(&host, &server_id, "slow", json!({"ms": ms})).await })
 }
 
-fn status(host: &Host, server_id: &str) -> Option<ServerStatus> {
-    host.pool()
-        .status()
-        .into_iter()
-        .find(|s| s.server_id == server_id)
-}
-
-/// Waits up to 30 s for `done`, failing the test with `what` after that.
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Awaits `f`, which must finish within 60 s.
 async fn bounded<T>(f: impl Future<Output = T>) -> T {
     tokio::time::timeout(Duration::from_secs(60), f)
@@ -59,7 +40,7 @@ async fn bounded<T>(f: impl Future<Output = T>) -> T {
 }
 
 fn pid_of(host: &Host, server_id: &str) -> Option<u32> {
-    status(host, server_id).and_then(|s| s.pid)
+    server_status(host, server_id).and_then(|s| s.pid)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -83,7 +64,7 @@ async fn a_call_beyond_the_host_cap_waits_within_its_tool_timeout_and_names_the_
     let held = slow_call(&host, &busy, 3000);
     until("the slow call holds the host's only permit", || {
         host.pool().usage().calls_in_flight == 1
-            && status(&host, &busy).is_some_and(|s| s.calls_in_flight == 1 && s.idle_ms == 0)
+            && server_status(&host, &busy).is_some_and(|s| s.calls_in_flight == 1 && s.idle_ms == 0)
     })
     .await;
     let error = call(&host, &quick, "echo", json!({"text": "b"}))
@@ -123,7 +104,7 @@ async fn calls_queued_behind_a_busy_server_hold_no_host_permit() {
     .await;
     let second = slow_call(&host, &narrow, 10);
     until("the second call waits for the server", || {
-        status(&host, &narrow).is_some_and(|s| s.calls_in_flight == 2)
+        server_status(&host, &narrow).is_some_and(|s| s.calls_in_flight == 2)
     })
     .await;
     assert_eq!(
@@ -191,7 +172,7 @@ async fn at_the_process_cap_the_least_recently_used_idle_server_is_stopped_whole
         .parse()
         .unwrap();
     assert_ne!(again, a);
-    assert_eq!(status(&host, &ids[0]).unwrap().connections, 2);
+    assert_eq!(server_status(&host, &ids[0]).unwrap().connections, 2);
     assert_eq!(pid_of(&host, &ids[1]), None);
     host.shutdown().await;
 }
@@ -209,7 +190,7 @@ async fn at_the_process_cap_with_every_server_busy_a_new_one_fails_at_once() {
         .unwrap();
     let held = slow_call(&host, &busy, 3000);
     until("the busy server runs a call", || {
-        status(&host, &busy).is_some_and(|s| s.pid.is_some() && s.calls_in_flight == 1)
+        server_status(&host, &busy).is_some_and(|s| s.pid.is_some() && s.calls_in_flight == 1)
     })
     .await;
     let error = call(&host, &late, "echo", json!({"text": "x"}))
@@ -251,7 +232,10 @@ async fn at_the_process_cap_a_crashed_server_is_started_again() {
             .await
             .unwrap_or_else(|e| panic!("call {round}: {e}"));
         assert_eq!(text, "x");
-        assert_eq!(status(&host, &crashy).map(|s| s.connections), Some(round));
+        assert_eq!(
+            server_status(&host, &crashy).map(|s| s.connections),
+            Some(round)
+        );
         until("the server exited", || pid_of(&host, &crashy).is_none()).await;
     }
     until("the last server's permit is back", || {
@@ -276,7 +260,7 @@ async fn an_idle_server_is_stopped_whole_but_never_during_a_call() {
         "slept 1500ms",
         "a call longer than the idle timeout is not cut short"
     );
-    let first = status(&host, &id).unwrap();
+    let first = server_status(&host, &id).unwrap();
     assert_eq!(first.connections, 1);
     let pid = first.pid.unwrap();
     let child = server.child_pid();
@@ -296,7 +280,7 @@ async fn an_idle_server_is_stopped_whole_but_never_during_a_call() {
         .parse()
         .unwrap();
     assert_ne!(again, pid, "the next call started it again");
-    assert_eq!(status(&host, &id).unwrap().connections, 2);
+    assert_eq!(server_status(&host, &id).unwrap().connections, 2);
     host.shutdown().await;
 }
 
@@ -390,11 +374,14 @@ async fn prewarmed_servers_start_with_the_host() {
         pid_of(&host, &warm).is_some()
     })
     .await;
-    assert!(status(&host, &cold).is_none(), "only named servers start");
+    assert!(
+        server_status(&host, &cold).is_none(),
+        "only named servers start"
+    );
     let entry = host.registry().get(&warm).unwrap().clone();
     host.pool().list_tools(&entry).await.unwrap();
     assert_eq!(
-        status(&host, &warm).unwrap().connections,
+        server_status(&host, &warm).unwrap().connections,
         1,
         "the first use finds it connected"
     );

@@ -6,13 +6,14 @@
 //! Nothing waits a fixed time for something to happen: every wait polls for the state it
 //! needs, with a generous bound.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use quiver::mcp::ServerState;
 use quiver::{Host, HostError, RegistryHealth};
 use quiver_tests::wat::{self, WatRun};
 use quiver_tests::{
-    RegistryDir, fixture_toml, host, init_logging, mcp_task, pid_alive, unique_id, wait_gone,
+    RegistryDir, fixture_toml, host, init_logging, mcp_task, pid_alive, server_status, unique_id,
+    until, wait_gone,
 };
 use serde_json::Value;
 
@@ -37,23 +38,7 @@ async fn pids(host: &Host, servers: &[&str]) -> Vec<u32> {
 }
 
 fn calls_in_flight(host: &Host, server_id: &str) -> u32 {
-    host.pool()
-        .status()
-        .into_iter()
-        .find(|s| s.server_id == server_id)
-        .map_or(0, |s| s.calls_in_flight)
-}
-
-/// Polls `done` every 20 ms for up to 30 s.
-async fn until(what: &str, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "timed out waiting until {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    server_status(host, server_id).map_or(0, |s| s.calls_in_flight)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
