@@ -5,31 +5,16 @@
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use quiver_tests::node::{Answer, Node, sha256_hex};
+use quiver_tests::node::{Answer, HELLO, LOOP, Node, sha256_hex, task_json};
 use quiver_tests::{RegistryDir, fixture_pids, fixture_toml, openmetrics, unique_id, wat};
 use reqwest::Method;
 use serde_json::json;
-
-/// Writes `hello` to stdout and exits 0.
-const HELLO: &str = r#"(module
-  (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
-  (memory (export "memory") 1)
-  (data (i32.const 16) "hello\n")
-  (func (export "_start")
-    (i32.store (i32.const 0) (i32.const 16))
-    (i32.store (i32.const 4) (i32.const 6))
-    (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
 
 /// Exits with status 3.
 const EXIT3: &str = r#"(module
   (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
   (memory (export "memory") 1)
   (func (export "_start") (call $exit (i32.const 3))))"#;
-
-/// Spins forever (only a deadline or a cancel ends it).
-const LOOP: &str = r#"(module
-  (memory (export "memory") 1)
-  (func (export "_start") (loop $l (br $l))))"#;
 
 /// Spins for 3 s of wall time, then writes `done` to stdout.
 const SLEEPER: &str = r#"(module
@@ -43,10 +28,6 @@ const SLEEPER: &str = r#"(module
     (i32.store (i32.const 0) (i32.const 16))
     (i32.store (i32.const 4) (i32.const 5))
     (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
-
-fn task(id: &str) -> serde_json::Value {
-    json!({"task_id": id, "limits": {"deadline_ms": 120000}})
-}
 
 #[tokio::test]
 async fn a_task_is_uploaded_submitted_and_read_back() {
@@ -62,7 +43,7 @@ async fn a_task_is_uploaded_submitted_and_read_back() {
     .await;
     assert_eq!(again.status, 200, "{again:?}");
 
-    let id = node.submit_ok(&hello, task("greet")).await;
+    let id = node.submit_ok(&hello, task_json("greet")).await;
     let done = node.task(&id, 60).await;
     assert_eq!(done.status, 200, "{done:?}");
     assert_eq!(done.json["status"], "finished", "{done:?}");
@@ -75,7 +56,7 @@ async fn a_task_is_uploaded_submitted_and_read_back() {
 
     // A guest's own exit status is a finished task, not a failed one.
     let exit3 = node.upload(EXIT3.as_bytes()).await;
-    let id = node.submit_ok(&exit3, task("exit3")).await;
+    let id = node.submit_ok(&exit3, task_json("exit3")).await;
     let done = node.task(&id, 60).await;
     assert_eq!(done.json["status"], "finished", "{done:?}");
     assert_eq!(done.json["exit_code"], 3);
@@ -107,25 +88,21 @@ async fn cancel_ends_running_and_queued_tasks_at_once_and_frees_the_slot() {
     let looping = node.upload(LOOP.as_bytes()).await;
     let hello = node.upload(HELLO.as_bytes()).await;
 
-    let running = node.submit_ok(&looping, task("running")).await;
-    let seen = node
-        .wait_status(&running, "running", Duration::from_secs(60))
-        .await;
-    assert_eq!(seen.json["status"], "running", "{seen:?}");
+    let running = node.submit_running(&looping, task_json("running")).await;
     // The only slot is taken: these two wait.
-    let queued = node.submit_ok(&looping, task("queued")).await;
-    let third = node.submit_ok(&looping, task("third")).await;
+    let queued = node.submit_ok(&looping, task_json("queued")).await;
+    let third = node.submit_ok(&looping, task_json("third")).await;
     assert_eq!(node.task(&queued, 0).await.json["status"], "queued");
 
     // The node holds max_tasks = 3 tasks, none finished: one more is refused, retryably.
-    let refused = node.submit(&hello, task("one-too-many")).await;
+    let refused = node.submit(&hello, task_json("one-too-many")).await;
     assert_eq!(refused.status, 429, "{refused:?}");
     assert_eq!(refused.code(), "too_many_tasks");
     assert!(refused.headers.contains_key("retry-after"));
 
     for id in [&queued, &third, &running] {
         let started = Instant::now();
-        let cancelled = Node::send(node.request(Method::DELETE, &format!("/v1/tasks/{id}"))).await;
+        let cancelled = node.cancel(id).await;
         assert_eq!(cancelled.status, 200, "{cancelled:?}");
         assert_eq!(cancelled.json["status"], "cancelled", "{cancelled:?}");
         assert!(started.elapsed() < Duration::from_secs(10));
@@ -137,7 +114,7 @@ async fn cancel_ends_running_and_queued_tasks_at_once_and_frees_the_slot() {
 
     // The slot is free again: with max_concurrent = 1 this task can only run if the
     // cancelled one gave its slot back. Finished tasks make room in the table.
-    let id = node.submit_ok(&hello, task("after-cancel")).await;
+    let id = node.submit_ok(&hello, task_json("after-cancel")).await;
     let done = node.task(&id, 60).await;
     assert_eq!(done.json["status"], "finished", "{done:?}");
     assert_eq!(done.json["stdout"], "hello\n");
@@ -186,10 +163,18 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
 
     // Tasks.
     let cases: Vec<(serde_json::Value, u16, &str)> = vec![
-        (json!({"module": other, "task": task("t")}), 422, "module"),
-        (json!({"module": "abc", "task": task("t")}), 400, "module"),
         (
-            json!({"module": hello, "task": task("t"), "priority": 1}),
+            json!({"module": other, "task": task_json("t")}),
+            422,
+            "module",
+        ),
+        (
+            json!({"module": "abc", "task": task_json("t")}),
+            400,
+            "module",
+        ),
+        (
+            json!({"module": hello, "task": task_json("t"), "priority": 1}),
             400,
             "priority",
         ),
@@ -324,7 +309,7 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
     }
 
     // The node is still fine.
-    let id = node.submit_ok(&hello, task("still-fine")).await;
+    let id = node.submit_ok(&hello, task_json("still-fine")).await;
     assert_eq!(node.task(&id, 60).await.json["status"], "finished");
 }
 
@@ -375,7 +360,7 @@ async fn the_token_guards_everything_but_the_health_checks() {
         assert_eq!(answer.status, 200, "{path}: {answer:?}");
     }
     let hello = node.upload(HELLO.as_bytes()).await;
-    let id = node.submit_ok(&hello, task("authorised")).await;
+    let id = node.submit_ok(&hello, task_json("authorised")).await;
     assert_eq!(node.task(&id, 60).await.json["stdout"], "hello\n");
     assert!(!node.stderr().contains(token), "{}", node.stderr());
 }
@@ -426,14 +411,8 @@ async fn sigterm_drains_running_tasks_refuses_new_ones_and_stops_the_mcp_servers
 
     let sleeper = node.upload(SLEEPER.as_bytes()).await;
     let hello = node.upload(HELLO.as_bytes()).await;
-    let id = node.submit_ok(&sleeper, task("sleeper")).await;
-    let seen = node
-        .wait_status(&id, "running", Duration::from_secs(60))
-        .await;
-    assert_eq!(seen.json["status"], "running", "{seen:?}");
-    let long_poll = tokio::spawn(Node::send(
-        node.request(Method::GET, &format!("/v1/tasks/{id}?wait=60")),
-    ));
+    let id = node.submit_running(&sleeper, task_json("sleeper")).await;
+    let long_poll = node.long_poll(&id);
 
     node.signal(libc::SIGTERM);
     let mut ready = Node::send(node.anonymous(Method::GET, "/readyz")).await;
@@ -444,7 +423,7 @@ async fn sigterm_drains_running_tasks_refuses_new_ones_and_stops_the_mcp_servers
     }
     assert_eq!(ready.status, 503, "{ready:?}");
     assert_eq!(ready.json["reasons"][0], "draining");
-    let refused = node.submit(&hello, task("too-late")).await;
+    let refused = node.submit(&hello, task_json("too-late")).await;
     assert_eq!(
         (refused.status, refused.code()),
         (503, "draining"),
@@ -455,10 +434,7 @@ async fn sigterm_drains_running_tasks_refuses_new_ones_and_stops_the_mcp_servers
     let done = long_poll.await.expect("long poll");
     assert_eq!(done.json["status"], "finished", "{done:?}");
     assert_eq!(done.json["stdout"], "done\n");
-    let status = node
-        .wait_exit(Duration::from_secs(60))
-        .expect("the node exits");
-    assert_eq!(status.code(), Some(0), "{}", node.stderr());
+    node.assert_exits_0(Duration::from_secs(60));
     let left: Vec<u32> = servers
         .into_iter()
         .filter(|pid| !quiver_tests::wait_gone(*pid, Duration::from_secs(10)))
@@ -471,21 +447,12 @@ async fn a_task_past_the_drain_grace_is_cancelled_and_the_node_still_exits_0() {
     let registry = RegistryDir::new();
     let mut node = Node::start(&registry, Some("[serve]\ndrain_grace_ms = 300\n"), &[]);
     let looping = node.upload(LOOP.as_bytes()).await;
-    let id = node.submit_ok(&looping, task("forever")).await;
-    let seen = node
-        .wait_status(&id, "running", Duration::from_secs(60))
-        .await;
-    assert_eq!(seen.json["status"], "running", "{seen:?}");
-    let long_poll = tokio::spawn(Node::send(
-        node.request(Method::GET, &format!("/v1/tasks/{id}?wait=60")),
-    ));
+    let id = node.submit_running(&looping, task_json("forever")).await;
+    let long_poll = node.long_poll(&id);
     node.signal(libc::SIGTERM);
     let done = long_poll.await.expect("long poll");
     assert_eq!(done.json["status"], "cancelled", "{done:?}");
-    let status = node
-        .wait_exit(Duration::from_secs(30))
-        .expect("the node exits");
-    assert_eq!(status.code(), Some(0), "{}", node.stderr());
+    node.assert_exits_0(Duration::from_secs(30));
 }
 
 /// A task.json enabling MCP with `servers` as its defaults.
@@ -953,10 +920,7 @@ async fn sighup_reloads_the_registry_while_a_task_runs() {
     );
     assert!(node.stderr().contains("SIGHUP"), "{}", node.stderr());
     node.signal(libc::SIGTERM);
-    let status = node
-        .wait_exit(Duration::from_secs(60))
-        .expect("the node exits");
-    assert_eq!(status.code(), Some(0), "{}", node.stderr());
+    node.assert_exits_0(Duration::from_secs(60));
 }
 
 /// By default the node watches its registry: a new file is served without a signal.

@@ -6,37 +6,18 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use quiver_tests::node::{Node, sha256_hex};
+use quiver_tests::node::{HELLO, LOOP, Node, sha256_hex, task_json};
 use quiver_tests::{RegistryDir, workspace};
 use reqwest::Method;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
-/// Spins forever (only a deadline or a cancel ends it).
-const LOOP: &str = r#"(module
-  (memory (export "memory") 1)
-  (func (export "_start") (loop $l (br $l))))"#;
-
-/// Writes `hello` to stdout and exits 0.
-const HELLO: &str = r#"(module
-  (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
-  (memory (export "memory") 1)
-  (data (i32.const 16) "hello\n")
-  (func (export "_start")
-    (i32.store (i32.const 0) (i32.const 16))
-    (i32.store (i32.const 4) (i32.const 6))
-    (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
-
 /// A module of its own for each `n` (its data differs), so each has its own hash.
 fn distinct_module(n: usize) -> String {
     format!(
         r#"(module (memory (export "memory") 1) (data (i32.const 0) "module {n}") (func (export "_start")))"#
     )
-}
-
-fn task(id: &str) -> serde_json::Value {
-    json!({"task_id": id, "limits": {"deadline_ms": 120000}})
 }
 
 fn addr(node: &Node) -> SocketAddr {
@@ -79,13 +60,11 @@ async fn a_submission_whose_body_ends_after_sigterm_is_refused_and_starts_nothin
     let looping = node.upload(LOOP.as_bytes()).await;
     let hello = node.upload(HELLO.as_bytes()).await;
     // A running task keeps the node draining (and listening) while the slow body ends.
-    let running = node.submit_ok(&looping, task("keeps-draining")).await;
-    let seen = node
-        .wait_status(&running, "running", Duration::from_secs(60))
+    let running = node
+        .submit_running(&looping, task_json("keeps-draining"))
         .await;
-    assert_eq!(seen.json["status"], "running", "{seen:?}");
 
-    let body = json!({"module": hello, "task": task("too-late")}).to_string();
+    let body = json!({"module": hello, "task": task_json("too-late")}).to_string();
     let (first, rest) = body.as_bytes().split_at(body.len() / 2);
     let mut slow = TcpStream::connect(addr(&node)).await.expect("connect");
     let head = format!(
@@ -113,12 +92,9 @@ async fn a_submission_whose_body_ends_after_sigterm_is_refused_and_starts_nothin
         "{}",
         node.stderr()
     );
-    let cancelled = Node::send(node.request(Method::DELETE, &format!("/v1/tasks/{running}"))).await;
+    let cancelled = node.cancel(&running).await;
     assert_eq!(cancelled.json["status"], "cancelled", "{cancelled:?}");
-    let status = node
-        .wait_exit(Duration::from_secs(60))
-        .expect("the node exits");
-    assert_eq!(status.code(), Some(0), "{}", node.stderr());
+    node.assert_exits_0(Duration::from_secs(60));
     assert!(!node.stderr().contains("too-late"), "{}", node.stderr());
 }
 
@@ -129,12 +105,8 @@ async fn queued_tasks_are_cancelled_when_the_drain_begins_and_running_ones_keep_
     let mut node = Node::start(&registry, Some(config), &[]);
     let looping = node.upload(LOOP.as_bytes()).await;
     let hello = node.upload(HELLO.as_bytes()).await;
-    let running = node.submit_ok(&looping, task("running")).await;
-    let seen = node
-        .wait_status(&running, "running", Duration::from_secs(60))
-        .await;
-    assert_eq!(seen.json["status"], "running", "{seen:?}");
-    let queued = node.submit_ok(&hello, task("queued")).await;
+    let running = node.submit_running(&looping, task_json("running")).await;
+    let queued = node.submit_ok(&hello, task_json("queued")).await;
     assert_eq!(node.task(&queued, 0).await.json["status"], "queued");
 
     node.signal(libc::SIGTERM);
@@ -153,12 +125,9 @@ async fn queued_tasks_are_cancelled_when_the_drain_begins_and_running_ones_keep_
     let still = node.task(&running, 0).await;
     assert_eq!(still.json["status"], "running", "{still:?}");
 
-    let cancelled = Node::send(node.request(Method::DELETE, &format!("/v1/tasks/{running}"))).await;
+    let cancelled = node.cancel(&running).await;
     assert_eq!(cancelled.json["status"], "cancelled", "{cancelled:?}");
-    let status = node
-        .wait_exit(Duration::from_secs(60))
-        .expect("the node exits");
-    assert_eq!(status.code(), Some(0), "{}", node.stderr());
+    node.assert_exits_0(Duration::from_secs(60));
 }
 
 #[tokio::test]
@@ -216,7 +185,7 @@ async fn one_address_holds_at_most_its_share_of_connections_and_idle_ones_close(
     let config = "[serve]\nmax_connections_per_ip = 3\nheader_timeout_ms = 2000\n";
     let node = Node::start(&registry, Some(config), &[]);
     let looping = node.upload(LOOP.as_bytes()).await;
-    let id = node.submit_ok(&looping, task("held")).await;
+    let id = node.submit_ok(&looping, task_json("held")).await;
     let to = addr(&node);
 
     // Three long polls from 127.0.0.2 take its whole share (the test's HTTP client
@@ -314,14 +283,14 @@ async fn module_uploads_stay_within_the_store_and_never_reach_the_host_cache_or_
     }
 
     // The oldest were evicted: a task naming one is refused, the newest still runs.
-    let evicted = node.submit(&uploaded[0].0, task("evicted")).await;
+    let evicted = node.submit(&uploaded[0].0, task_json("evicted")).await;
     assert_eq!(
         (evicted.status, evicted.code()),
         (422, "unknown_module"),
         "{evicted:?}"
     );
     let newest = &uploaded[7].0;
-    let id = node.submit_ok(newest, task("newest")).await;
+    let id = node.submit_ok(newest, task_json("newest")).await;
     assert_eq!(node.task(&id, 60).await.json["status"], "finished");
 
     // A module that alone takes more than the store holds is refused, not stored.

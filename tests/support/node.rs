@@ -12,6 +12,26 @@ use tempfile::TempDir;
 
 use crate::{RegistryDir, collect_stderr, first_stdout_line, quiver_cli, workspace};
 
+/// A guest that writes `hello` to stdout and exits 0.
+pub const HELLO: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "hello\n")
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 16))
+    (i32.store (i32.const 4) (i32.const 6))
+    (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
+
+/// A guest that spins forever (only a deadline or a cancel ends it).
+pub const LOOP: &str = r#"(module
+  (memory (export "memory") 1)
+  (func (export "_start") (loop $l (br $l))))"#;
+
+/// A plain task.json for the node: id `id`, a deadline far beyond any test's.
+pub fn task_json(id: &str) -> Value {
+    serde_json::json!({"task_id": id, "limits": {"deadline_ms": 120000}})
+}
+
 /// A running `quiver serve`.
 pub struct Node {
     child: Child,
@@ -226,6 +246,34 @@ impl Node {
         let answer = self.submit(module, task).await;
         assert_eq!(answer.status, 202, "submit: {answer:?}");
         answer.json["id"].as_str().expect("id").to_owned()
+    }
+
+    /// Submits `task` for `module` and waits up to 60 s for it to run; its id.
+    pub async fn submit_running(&self, module: &str, task: Value) -> String {
+        let id = self.submit_ok(module, task).await;
+        let seen = self
+            .wait_status(&id, "running", Duration::from_secs(60))
+            .await;
+        assert_eq!(seen.json["status"], "running", "{seen:?}");
+        id
+    }
+
+    /// `GET /v1/tasks/{id}?wait=60` in the background, for a test that acts meanwhile.
+    pub fn long_poll(&self, id: &str) -> tokio::task::JoinHandle<Answer> {
+        tokio::spawn(Self::send(
+            self.request(reqwest::Method::GET, &format!("/v1/tasks/{id}?wait=60")),
+        ))
+    }
+
+    /// `DELETE /v1/tasks/{id}`.
+    pub async fn cancel(&self, id: &str) -> Answer {
+        Self::send(self.request(reqwest::Method::DELETE, &format!("/v1/tasks/{id}"))).await
+    }
+
+    /// Waits up to `within` for the node to exit, which it must, with status 0.
+    pub fn assert_exits_0(&mut self, within: Duration) {
+        let status = self.wait_exit(within).expect("the node exits");
+        assert_eq!(status.code(), Some(0), "{}", self.stderr());
     }
 
     /// `GET /v1/tasks/{id}?wait=<wait_secs>`.
