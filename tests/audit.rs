@@ -5,16 +5,18 @@
 
 use std::io::Read;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use quiver::registry::Registry;
+use quiver::{Host, HostBuilder};
 use quiver_tests::chat_wat::{ChatGuest, scripted_host_builder};
 use quiver_tests::errno::{EACCES, EINVAL, ENOENT};
 use quiver_tests::llm::{Reply, ScriptedLlm};
 use quiver_tests::wat;
 use quiver_tests::{RegistryDir, fixture_toml, host_builder, init_logging, mcp_task};
 use serde_json::{Value, json};
+use tempfile::TempDir;
 
 const SECRET: &str = "tok-5ecret-value-0042";
 
@@ -40,6 +42,23 @@ fn registry() -> (RegistryDir, Registry) {
     (dir, registry)
 }
 
+/// A host from `builder` (given the registry directory) on [`registry`], writing its
+/// audit log to a fresh file: the host, the file, and the directories to keep until the
+/// test ends.
+fn audited_host(
+    builder: impl FnOnce(&RegistryDir) -> HostBuilder,
+) -> (Host, PathBuf, (RegistryDir, TempDir)) {
+    let (dir, registry) = registry();
+    let log_dir = tempfile::tempdir().unwrap();
+    let log = log_dir.path().join("audit.jsonl");
+    let host = builder(&dir)
+        .with_registry(registry)
+        .with_audit_log(&log)
+        .build()
+        .unwrap();
+    (host, log, (dir, log_dir))
+}
+
 fn lines(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)
         .unwrap()
@@ -51,9 +70,6 @@ fn lines(path: &Path) -> Vec<Value> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_log_holds_one_line_per_call_and_denial_with_values_only_where_opted_in() {
     init_logging();
-    let (dir, registry) = registry();
-    let log_dir = tempfile::tempdir().unwrap();
-    let path = log_dir.path().join("audit.jsonl");
     let llm = ScriptedLlm::start(vec![
         Reply::tool_calls([
             ("c1", "mcp__plain__delete_file", json!({"path": "/x"})),
@@ -62,11 +78,7 @@ async fn the_log_holds_one_line_per_call_and_denial_with_values_only_where_opted
         Reply::text("done"),
     ])
     .await;
-    let host = scripted_host_builder(&dir, &llm)
-        .with_registry(registry)
-        .with_audit_log(&path)
-        .build()
-        .unwrap();
+    let (host, path, _dirs) = audited_host(|dir| scripted_host_builder(dir, &llm));
     let secret_args = json!({"text": SECRET, "n": 1}).to_string();
     let steps = [
         ("audited", "echo", secret_args.as_str()),
@@ -204,14 +216,7 @@ async fn a_writer_stuck_on_a_full_pipe_does_not_hold_up_the_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn blank_arguments_are_logged_as_the_empty_object_sent() {
     init_logging();
-    let (dir, registry) = registry();
-    let log_dir = tempfile::tempdir().unwrap();
-    let path = log_dir.path().join("audit.jsonl");
-    let host = host_builder(&dir)
-        .with_registry(registry)
-        .with_audit_log(&path)
-        .build()
-        .unwrap();
+    let (host, path, _dirs) = audited_host(host_builder);
     let steps = [("audited", "echo", ""), ("audited", "echo", " \n ")];
     let run = wat::run_ok(
         &host,
@@ -235,14 +240,7 @@ async fn blank_arguments_are_logged_as_the_empty_object_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overlong_server_id_is_refused_before_it_reaches_a_denial() {
     init_logging();
-    let (dir, registry) = registry();
-    let log_dir = tempfile::tempdir().unwrap();
-    let path = log_dir.path().join("audit.jsonl");
-    let host = host_builder(&dir)
-        .with_registry(registry)
-        .with_audit_log(&path)
-        .build()
-        .unwrap();
+    let (host, path, _dirs) = audited_host(host_builder);
     let id = "a".repeat(65);
     let guest = wat::guest(
         &[(1024, id.as_bytes())],
