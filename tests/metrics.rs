@@ -13,7 +13,7 @@ use quiver_tests::errno::EACCES;
 use quiver_tests::llm::{Reply, ScriptedLlm, expected_usage};
 use quiver_tests::openmetrics::{Sample, find, get, parse};
 use quiver_tests::wat::{self, WatRun};
-use quiver_tests::{RegistryDir, fixture_server, host, host_builder, mcp_task, quiver_cli};
+use quiver_tests::{RegistryDir, host, host_builder, mcp_task, quiver_cli};
 use serde_json::{Value, json};
 
 /// The samples of `host`'s metrics now.
@@ -399,18 +399,14 @@ const SECRET: &str = "qv-metrics-secret-3141";
 async fn server_health_after_a_crash_and_a_restart_and_redacted_errors() {
     let registry = RegistryDir::new();
     registry.fixture("crashy", &["pid", "crash"], "");
-    registry.write(
-        "echoing.toml",
-        &format!(
-            r#"server_id = "echoing"
-transport = "stdio"
-allowed_tools = ["*"]
-[stdio]
-command = {:?}
-args = ["--name", "echoing", "--fail-calls-with", "upstream refused token ${{ENV:QV_METRICS_SECRET}}"]
-"#,
-            fixture_server().display().to_string()
-        ),
+    registry.fixture_with_args(
+        "echoing",
+        &["*"],
+        &[
+            "--fail-calls-with",
+            "upstream refused token ${ENV:QV_METRICS_SECRET}",
+        ],
+        "",
     );
     let env = |name: &str| (name == "QV_METRICS_SECRET").then(|| SECRET.to_owned());
     let loaded = Registry::load_dir_with_env(registry.path(), &env).expect("registry");

@@ -213,13 +213,7 @@ async fn at_the_process_cap_a_crashed_server_is_started_again() {
     init_logging();
     let crashy = unique_id("crashy");
     let registry = RegistryDir::new();
-    registry.write(
-        &format!("{crashy}.toml"),
-        &format!(
-            "server_id = {crashy:?}\ntransport = \"stdio\"\nallowed_tools = [\"*\"]\n\n[stdio]\ncommand = {:?}\nargs = [\"--exit-after-calls\", \"1\"]\n",
-            quiver_tests::fixture_server().display().to_string()
-        ),
-    );
+    registry.fixture_with_args(&crashy, &["*"], &["--exit-after-calls", "1"], "");
     let host = host_builder(&registry)
         .with_max_server_processes(1)
         .build()

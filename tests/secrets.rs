@@ -14,7 +14,7 @@ use std::process::Command;
 
 use quiver_tests::chat_wat::ChatGuest;
 use quiver_tests::llm::{Reply, ScriptedLlm, tool_results};
-use quiver_tests::{FixtureHttp, RegistryDir, fixture_server, quiver_cli};
+use quiver_tests::{FixtureHttp, RegistryDir, quiver_cli};
 use serde_json::{Value, json};
 
 const SERVERS: [&str; 6] = ["web", "denied", "broken", "absent", "echoing", "hosted"];
@@ -64,19 +64,14 @@ allowed_tools = ["*"]
 command = "/nonexistent/${ENV:QV_SECRET}/server"
 "#,
     );
-    registry.write(
-        "echoing.toml",
-        &format!(
-            r#"server_id = "echoing"
-transport = "stdio"
-allowed_tools = ["*"]
-[stdio]
-command = {:?}
-args = ["--name", "echoing", "--fail-calls-with", "upstream refused token ${{ENV:QV_SECRET}}"]
-env = {{ API_TOKEN = "${{ENV:QV_SECRET}}" }}
-"#,
-            fixture_server().display().to_string()
-        ),
+    registry.fixture_with_args(
+        "echoing",
+        &["*"],
+        &[
+            "--fail-calls-with",
+            "upstream refused token ${ENV:QV_SECRET}",
+        ],
+        r#"env = { API_TOKEN = "${ENV:QV_SECRET}" }"#,
     );
     // The URL parser lowercases a host name, secret and all.
     registry.write(

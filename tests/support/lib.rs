@@ -166,6 +166,20 @@ impl RegistryDir {
             &fixture_toml(server_id, allowed_tools, extra),
         )
     }
+
+    /// [`RegistryDir::fixture`] with more arguments for the fixture server.
+    pub fn fixture_with_args(
+        &self,
+        server_id: &str,
+        allowed_tools: &[&str],
+        args: &[&str],
+        extra: &str,
+    ) -> &Self {
+        self.write(
+            &format!("{server_id}.toml"),
+            &fixture_toml_with_args(server_id, allowed_tools, args, extra),
+        )
+    }
 }
 
 impl RegistryDir {
@@ -183,11 +197,23 @@ impl RegistryDir {
 
 /// A registry record for the fixture server.
 pub fn fixture_toml(server_id: &str, allowed_tools: &[&str], extra: &str) -> String {
-    let allowed: Vec<String> = allowed_tools.iter().map(|t| format!("{t:?}")).collect();
+    fixture_toml_with_args(server_id, allowed_tools, &[], extra)
+}
+
+/// [`fixture_toml`] with more arguments for the fixture server (e.g.
+/// `["--fail-calls-with", "message"]`).
+pub fn fixture_toml_with_args(
+    server_id: &str,
+    allowed_tools: &[&str],
+    args: &[&str],
+    extra: &str,
+) -> String {
+    let quoted = |items: &[&str]| items.iter().map(|t| format!(", {t:?}")).collect::<String>();
     format!(
-        "server_id = {server_id:?}\ntransport = \"stdio\"\nallowed_tools = [{}]\n\n[stdio]\ncommand = {:?}\nargs = [\"--name\", {server_id:?}]\n\n{extra}\n",
-        allowed.join(", "),
-        fixture_server().display().to_string()
+        "server_id = {server_id:?}\ntransport = \"stdio\"\nallowed_tools = [{}]\n\n[stdio]\ncommand = {:?}\nargs = [\"--name\", {server_id:?}{}]\n\n{extra}\n",
+        quoted(allowed_tools).trim_start_matches(", "),
+        fixture_server().display().to_string(),
+        quoted(args),
     )
 }
 
