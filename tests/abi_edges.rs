@@ -9,7 +9,7 @@ use quiver_tests::errno::{
     EACCES, EBADF, EFAULT, EINVAL, EIO, EMFILE, ENOENT, ENOMEM, ENOSPC, ENOTCONN,
 };
 use quiver_tests::wat::{self, WatRun};
-use quiver_tests::{RegistryDir, host, host_builder, mcp_task};
+use quiver_tests::{RegistryDir, call_tool_text, host, host_builder, mcp_task};
 use serde_json::Value;
 
 const OK: i32 = 0;
@@ -484,17 +484,10 @@ async fn a_call_needing_approval_is_refused_before_it_reaches_the_server() {
             .all(|s| s.server_id != "fixture" || s.connections <= 1),
         "{status:?}"
     );
-    let entry = host.registry().get("fixture").unwrap().clone();
-    let count = host
-        .pool()
-        .call_tool(&entry, "count", Default::default())
+    let count = call_tool_text(&host, "fixture", "count", serde_json::json!({}))
         .await
         .unwrap();
-    assert_eq!(
-        count.result.content[0].as_text().unwrap().text,
-        "1",
-        "the refused call never reached the server"
-    );
+    assert_eq!(count, "1", "the refused call never reached the server");
     host.shutdown().await;
 }
 

@@ -19,7 +19,7 @@ use quiver_tests::chat_wat::{ChatGuest, scripted_host_builder};
 use quiver_tests::errno::ENOSPC;
 use quiver_tests::llm::{Reply, ScriptedLlm, tool_names, tool_results};
 use quiver_tests::wat::{self, WatRun};
-use quiver_tests::{RegistryDir, fixture_toml, host_builder, mcp_task, quiver_cli};
+use quiver_tests::{RegistryDir, call_tool_text, fixture_toml, host_builder, mcp_task, quiver_cli};
 use serde_json::{Value, json};
 
 const DATA: &[(u32, &[u8])] = &[
@@ -114,18 +114,10 @@ fn decider(
 
 /// How many calls reached the fixture: its `count` tool answers with its call number.
 async fn calls_served(host: &Host) -> u64 {
-    let entry = host.registry().get("fixture").unwrap().clone();
-    let count = host
-        .pool()
-        .call_tool(&entry, "count", Default::default())
+    let count = call_tool_text(host, "fixture", "count", json!({}))
         .await
         .unwrap();
-    let served: u64 = count.result.content[0]
-        .as_text()
-        .unwrap()
-        .text
-        .parse()
-        .unwrap();
+    let served: u64 = count.parse().unwrap();
     served - 1
 }
 

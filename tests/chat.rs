@@ -8,7 +8,7 @@ use quiver_tests::chat_wat::{
 };
 use quiver_tests::llm::{Reply, ScriptedLlm, roles, tool_names, tool_results};
 use quiver_tests::wat::{self, WatRun};
-use quiver_tests::{RegistryDir, mcp_task};
+use quiver_tests::{RegistryDir, call_tool_text, mcp_task};
 use serde_json::{Value, json};
 
 struct Setup {
@@ -646,13 +646,10 @@ async fn tools_that_need_approval_are_never_offered_and_never_run() {
         .collect();
     assert_eq!(gated, ["add", "count"]);
     // Nothing reached the server: its call counter is still at zero.
-    let entry = host.registry().get("fixture").unwrap().clone();
-    let count = host
-        .pool()
-        .call_tool(&entry, "count", Default::default())
+    let count = call_tool_text(&host, "fixture", "count", json!({}))
         .await
         .unwrap();
-    assert_eq!(count.result.content[0].as_text().unwrap().text, "1");
+    assert_eq!(count, "1");
     host.shutdown().await;
 }
 

@@ -11,16 +11,10 @@ use std::time::{Duration, Instant};
 use quiver::Host;
 use quiver::mcp::{McpError, McpErrorCode, PoolLimits};
 use quiver_tests::group::{ServerWithChild, group_gone, left_of};
-use quiver_tests::{RegistryDir, host_builder, init_logging, server_status, unique_id, until};
-use serde_json::{Value, json};
-
-/// Calls `tool` of `server_id` through the host's pool; the result's first text block.
-async fn call(host: &Host, server_id: &str, tool: &str, args: Value) -> Result<String, McpError> {
-    let entry = host.registry().get(server_id).unwrap().clone();
-    let args = args.as_object().cloned().unwrap_or_default();
-    let out = host.pool().call_tool(&entry, tool, args).await?;
-    Ok(out.result.content[0].as_text().unwrap().text.clone())
-}
+use quiver_tests::{
+    RegistryDir, call_tool_text, host_builder, init_logging, server_status, unique_id, until,
+};
+use serde_json::json;
 
 /// Starts a call of `slow` for `ms` in the background.
 fn slow_call(
@@ -29,7 +23,7 @@ fn slow_call(
     ms: u64,
 ) -> tokio::task::JoinHandle<Result<String, McpError>> {
     let (host, server_id) = (host.clone(), server_id.to_owned());
-    tokio::spawn(async move { call(&host, &server_id, "slow", json!({"ms": ms})).await })
+    tokio::spawn(async move { call_tool_text(&host, &server_id, "slow", json!({"ms": ms})).await })
 }
 
 /// Awaits `f`, which must finish within 60 s.
@@ -56,7 +50,7 @@ async fn a_call_beyond_the_host_cap_waits_within_its_tool_timeout_and_names_the_
         .unwrap();
     // Connected first: listing takes a host permit too.
     assert_eq!(
-        call(&host, &quick, "echo", json!({"text": "a"}))
+        call_tool_text(&host, &quick, "echo", json!({"text": "a"}))
             .await
             .unwrap(),
         "a"
@@ -67,7 +61,7 @@ async fn a_call_beyond_the_host_cap_waits_within_its_tool_timeout_and_names_the_
             && server_status(&host, &busy).is_some_and(|s| s.calls_in_flight == 1 && s.idle_ms == 0)
     })
     .await;
-    let error = call(&host, &quick, "echo", json!({"text": "b"}))
+    let error = call_tool_text(&host, &quick, "echo", json!({"text": "b"}))
         .await
         .unwrap_err();
     assert_eq!(error.code, McpErrorCode::Timeout, "{error}");
@@ -77,7 +71,7 @@ async fn a_call_beyond_the_host_cap_waits_within_its_tool_timeout_and_names_the_
     );
     assert_eq!(bounded(held).await.unwrap().unwrap(), "slept 3000ms");
     assert_eq!(
-        call(&host, &quick, "echo", json!({"text": "c"}))
+        call_tool_text(&host, &quick, "echo", json!({"text": "c"}))
             .await
             .unwrap(),
         "c"
@@ -113,7 +107,7 @@ async fn calls_queued_behind_a_busy_server_hold_no_host_permit() {
         "a call waiting for its server holds no host permit"
     );
     assert_eq!(
-        call(&host, &other, "echo", json!({"text": "through"}))
+        call_tool_text(&host, &other, "echo", json!({"text": "through"}))
             .await
             .unwrap(),
         "through",
@@ -137,21 +131,23 @@ async fn at_the_process_cap_the_least_recently_used_idle_server_is_stopped_whole
         .with_max_server_processes(2)
         .build()
         .unwrap();
-    let a: u32 = call(&host, &ids[0], "pid", json!({}))
+    let a: u32 = call_tool_text(&host, &ids[0], "pid", json!({}))
         .await
         .unwrap()
         .parse()
         .unwrap();
     let a_child = servers[0].child_pid();
-    let b: u32 = call(&host, &ids[1], "pid", json!({}))
+    let b: u32 = call_tool_text(&host, &ids[1], "pid", json!({}))
         .await
         .unwrap()
         .parse()
         .unwrap();
     // `a` is now the least recently used; using `b` again keeps it that way.
-    call(&host, &ids[1], "pid", json!({})).await.unwrap();
+    call_tool_text(&host, &ids[1], "pid", json!({}))
+        .await
+        .unwrap();
     assert_eq!(host.pool().usage().server_processes, 2);
-    let c: u32 = call(&host, &ids[2], "pid", json!({}))
+    let c: u32 = call_tool_text(&host, &ids[2], "pid", json!({}))
         .await
         .unwrap()
         .parse()
@@ -166,7 +162,7 @@ async fn at_the_process_cap_the_least_recently_used_idle_server_is_stopped_whole
     assert_eq!(pid_of(&host, &ids[2]), Some(c));
     assert_eq!(host.pool().usage().server_processes, 2);
     // The evicted server starts again on its next call (evicting `b` now).
-    let again: u32 = call(&host, &ids[0], "pid", json!({}))
+    let again: u32 = call_tool_text(&host, &ids[0], "pid", json!({}))
         .await
         .unwrap()
         .parse()
@@ -193,7 +189,7 @@ async fn at_the_process_cap_with_every_server_busy_a_new_one_fails_at_once() {
         server_status(&host, &busy).is_some_and(|s| s.pid.is_some() && s.calls_in_flight == 1)
     })
     .await;
-    let error = call(&host, &late, "echo", json!({"text": "x"}))
+    let error = call_tool_text(&host, &late, "echo", json!({"text": "x"}))
         .await
         .unwrap_err();
     assert_eq!(error.code, McpErrorCode::Unavailable, "{error}");
@@ -222,7 +218,7 @@ async fn at_the_process_cap_a_crashed_server_is_started_again() {
     // seen the exit, while the dead server may still hold the only process permit: it must
     // get one (at once, or once the dead group is gone), never "every one is busy".
     for round in 1..=3 {
-        let text = bounded(call(&host, &crashy, "echo", json!({"text": "x"})))
+        let text = bounded(call_tool_text(&host, &crashy, "echo", json!({"text": "x"})))
             .await
             .unwrap_or_else(|e| panic!("call {round}: {e}"));
         assert_eq!(text, "x");
@@ -250,7 +246,9 @@ async fn an_idle_server_is_stopped_whole_but_never_during_a_call() {
         .build()
         .unwrap();
     assert_eq!(
-        call(&host, &id, "slow", json!({"ms": 1500})).await.unwrap(),
+        call_tool_text(&host, &id, "slow", json!({"ms": 1500}))
+            .await
+            .unwrap(),
         "slept 1500ms",
         "a call longer than the idle timeout is not cut short"
     );
@@ -268,7 +266,7 @@ async fn an_idle_server_is_stopped_whole_but_never_during_a_call() {
         "no process of the idle server's group is left"
     );
     server.forget_child();
-    let again: u32 = call(&host, &id, "pid", json!({}))
+    let again: u32 = call_tool_text(&host, &id, "pid", json!({}))
         .await
         .unwrap()
         .parse()
@@ -289,9 +287,13 @@ async fn a_record_can_keep_its_server_up_when_idle() {
         .with_server_idle_timeout(Duration::from_millis(100))
         .build()
         .unwrap();
-    call(&host, &kept, "pid", json!({})).await.unwrap();
+    call_tool_text(&host, &kept, "pid", json!({}))
+        .await
+        .unwrap();
     let kept_pid = pid_of(&host, &kept).unwrap();
-    call(&host, &reaped, "pid", json!({})).await.unwrap();
+    call_tool_text(&host, &reaped, "pid", json!({}))
+        .await
+        .unwrap();
     until("the other server is stopped", || {
         pid_of(&host, &reaped).is_none()
     })

@@ -305,6 +305,27 @@ pub fn fixture_pids(name: &str) -> Vec<u32> {
     pids
 }
 
+/// Calls `tool` of `server_id` through the host's pool; the result's first text block.
+pub async fn call_tool_text(
+    host: &Host,
+    server_id: &str,
+    tool: &str,
+    args: serde_json::Value,
+) -> Result<String, quiver::mcp::McpError> {
+    let entry = host
+        .registry()
+        .get(server_id)
+        .expect("a registered server")
+        .clone();
+    let args = args.as_object().cloned().unwrap_or_default();
+    let out = host.pool().call_tool(&entry, tool, args).await?;
+    Ok(out.result.content[0]
+        .as_text()
+        .expect("a text block")
+        .text
+        .clone())
+}
+
 /// `server_id`'s entry in the host's pool status, if the pool has one.
 pub fn server_status(host: &Host, server_id: &str) -> Option<quiver::mcp::ServerStatus> {
     host.pool()
