@@ -9,35 +9,15 @@ use crate::chat::{
     tools::{Resolution, Route, ToolSet},
 };
 use crate::mcp::Tool;
-use crate::registry::{
-    ApprovalPolicy, Budgets, EnvRefError, Launch, LaunchUnavailable, ServerEntry, ServerRecord,
-    Transport,
-};
+use crate::registry::{EnvRefError, Launch, LaunchUnavailable, ServerEntry, ServerRecord};
 use crate::sandbox::MemoryBudget;
 
 fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEntry {
     ServerEntry {
         record: ServerRecord {
-            server_id: id.into(),
-            display_name: id.into(),
-            transport: Transport::Stdio,
-            stdio: None,
-            http: None,
-            tool_namespace: format!("mcp.{id}"),
             allowed_tools: allowed.iter().map(|s| s.to_string()).collect(),
-            approval_policy: ApprovalPolicy::Never,
-            approval_tools: vec![],
-            approval_timeout: None,
-            budgets: Budgets {
-                tool_timeout: crate::defaults::TOOL_TIMEOUT,
-                max_concurrency: 1,
-                max_tool_output_bytes: 1,
-                max_tool_list_bytes: 1,
-                connect_timeout: None,
-            },
             tags: tags.iter().map(|s| s.to_string()).collect(),
-            lifecycle: Default::default(),
-            audit_arguments: false,
+            ..ServerRecord::for_tests(id)
         },
         source: format!("{id}.toml").into(),
         launch: if available {

@@ -207,30 +207,12 @@ pub(super) fn launch_fingerprint(launch: &Result<Launch, LaunchUnavailable>) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::record::{StdioConfig, Transport};
+    use crate::registry::record::StdioConfig;
 
     fn record(stdio: StdioConfig) -> ServerRecord {
         ServerRecord {
-            server_id: "git".into(),
-            display_name: "git".into(),
-            transport: Transport::Stdio,
             stdio: Some(stdio),
-            http: None,
-            tool_namespace: "mcp.git".into(),
-            allowed_tools: vec!["*".into()],
-            approval_policy: crate::registry::ApprovalPolicy::Never,
-            approval_tools: vec![],
-            approval_timeout: None,
-            budgets: crate::registry::record::Budgets {
-                tool_timeout: crate::defaults::TOOL_TIMEOUT,
-                max_concurrency: 1,
-                max_tool_output_bytes: 1,
-                max_tool_list_bytes: 1,
-                connect_timeout: None,
-            },
-            tags: vec![],
-            lifecycle: Default::default(),
-            audit_arguments: false,
+            ..ServerRecord::for_tests("git")
         }
     }
 

@@ -131,6 +131,36 @@ pub struct ServerRecord {
     pub audit_arguments: bool,
 }
 
+#[cfg(test)]
+impl ServerRecord {
+    /// A stdio record for unit tests: named `id` throughout, every tool allowed, no
+    /// approval, one-byte output caps, no launch settings.
+    pub(crate) fn for_tests(id: &str) -> Self {
+        ServerRecord {
+            server_id: id.into(),
+            display_name: id.into(),
+            transport: Transport::Stdio,
+            stdio: None,
+            http: None,
+            tool_namespace: format!("mcp.{id}"),
+            allowed_tools: vec!["*".into()],
+            approval_policy: ApprovalPolicy::Never,
+            approval_tools: vec![],
+            approval_timeout: None,
+            budgets: Budgets {
+                tool_timeout: crate::defaults::TOOL_TIMEOUT,
+                max_concurrency: 1,
+                max_tool_output_bytes: 1,
+                max_tool_list_bytes: 1,
+                connect_timeout: None,
+            },
+            tags: vec![],
+            lifecycle: Default::default(),
+            audit_arguments: false,
+        }
+    }
+}
+
 /// A loaded server: its record, where it came from, and how to launch it (or why not).
 #[derive(Debug)]
 pub struct ServerEntry {

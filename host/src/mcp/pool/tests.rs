@@ -7,32 +7,11 @@ use std::collections::BTreeMap;
 use rmcp::model::ErrorData;
 
 use super::*;
-use crate::registry::{ApprovalPolicy, Budgets, ServerRecord, Transport};
+use crate::registry::ServerRecord;
 
 fn entry(command: &str) -> ServerEntry {
     ServerEntry {
-        record: ServerRecord {
-            server_id: "s".into(),
-            display_name: "s".into(),
-            transport: Transport::Stdio,
-            stdio: None,
-            http: None,
-            tool_namespace: "mcp.s".into(),
-            allowed_tools: vec!["*".into()],
-            approval_policy: ApprovalPolicy::Never,
-            approval_tools: vec![],
-            approval_timeout: None,
-            budgets: Budgets {
-                tool_timeout: defaults::TOOL_TIMEOUT,
-                max_concurrency: 1,
-                max_tool_output_bytes: 1,
-                max_tool_list_bytes: 1,
-                connect_timeout: None,
-            },
-            tags: vec![],
-            lifecycle: Default::default(),
-            audit_arguments: false,
-        },
+        record: ServerRecord::for_tests("s"),
         source: "s.toml".into(),
         launch: Ok(Launch::Stdio {
             command: command.into(),
