@@ -37,8 +37,24 @@ async fn pids(host: &Host, servers: &[&str]) -> Vec<u32> {
         .collect()
 }
 
-fn calls_in_flight(host: &Host, server_id: &str) -> u32 {
-    server_status(host, server_id).map_or(0, |s| s.calls_in_flight)
+/// Starts a task `old` that makes the calls in `steps` on `server`, and waits until its
+/// first call is in flight there.
+async fn start_old_task(
+    host: &Host,
+    server: &str,
+    steps: &[(&str, &str, &str)],
+) -> tokio::task::JoinHandle<WatRun> {
+    let guest = wat::mcp_calls(steps, 1);
+    let task = mcp_task("old", &[server]);
+    let running = {
+        let host = host.clone();
+        tokio::spawn(async move { wat::run(&host, &guest, &task).await })
+    };
+    until("the old task's call is in flight", || {
+        server_status(host, server).is_some_and(|s| s.calls_in_flight == 1)
+    })
+    .await;
+    running
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -60,24 +76,14 @@ async fn a_reload_restarts_changed_servers_keeps_unchanged_ones_and_stops_remove
 
     // A task on the current snapshot holds a call to `changed` across the reload, then calls
     // it again.
-    let old_task = {
-        let (host, changed) = (host.clone(), changed.clone());
-        tokio::spawn(async move {
-            let steps = [
-                (changed.as_str(), "slow", r#"{"ms":3000}"#),
-                (changed.as_str(), "echo", r#"{"text":"still here"}"#),
-            ];
-            wat::run(
-                &host,
-                &wat::mcp_calls(&steps, 1),
-                &mcp_task("old", &[&changed]),
-            )
-            .await
-        })
-    };
-    until("the old task's call is in flight", || {
-        calls_in_flight(&host, &changed) == 1
-    })
+    let old_task = start_old_task(
+        &host,
+        &changed,
+        &[
+            (&changed, "slow", r#"{"ms":3000}"#),
+            (&changed, "echo", r#"{"text":"still here"}"#),
+        ],
+    )
     .await;
 
     registry.fixture(&changed, &["*"], "env = { RELOADED = \"1\" }");
@@ -274,22 +280,7 @@ async fn a_registry_changed_back_gives_current_tasks_their_own_server() {
     registry.fixture(&server, &["*"], "");
     let host = host(&registry);
     let old_pid = pids(&host, &[&server]).await[0];
-    let old_task = {
-        let (host, server) = (host.clone(), server.clone());
-        tokio::spawn(async move {
-            let steps = [(server.as_str(), "slow", r#"{"ms":5000}"#)];
-            wat::run(
-                &host,
-                &wat::mcp_calls(&steps, 1),
-                &mcp_task("old", &[&server]),
-            )
-            .await
-        })
-    };
-    until("the old task's call is in flight", || {
-        calls_in_flight(&host, &server) == 1
-    })
-    .await;
+    let old_task = start_old_task(&host, &server, &[(&server, "slow", r#"{"ms":5000}"#)]).await;
 
     registry.fixture(&server, &["*"], "env = { RELOADED = \"1\" }");
     host.reload_registry().expect("reload");
