@@ -1,6 +1,8 @@
 //! A real `quiver serve` process for the node's tests: started on `127.0.0.1:0`, its
 //! address read from the `listening on` line it prints, its stderr kept, and an HTTP
 //! client (with or without the token) to talk to it. The process is killed when dropped.
+//! Also the guests and task.json the node's tests share, and the steps they repeat
+//! (submit until running, cancel, long-poll, a clean exit).
 
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
