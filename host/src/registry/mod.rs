@@ -24,6 +24,7 @@ mod load;
 mod profile;
 mod record;
 mod secrets;
+mod store;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -37,6 +38,9 @@ pub use record::{
     ServerView, StdioConfig, Transport, is_valid_server_id,
 };
 pub use secrets::{REDACTED, Secrets, redact_known};
+pub use store::{
+    DocFormat, DocKind, Listing, RegistryStore, StoreError, StoreEvent, StoreFuture, StoredDoc,
+};
 
 /// A snapshot of the registry. Cheap to share; reloading makes a new one.
 #[derive(Debug, Default)]
