@@ -14,6 +14,7 @@ use super::record::{
     ApprovalPolicy, Budgets, HttpConfig, Lifecycle, ServerEntry, ServerRecord, StdioConfig,
     Transport, is_valid_server_id,
 };
+use super::store::DocFormat;
 use crate::defaults;
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -62,17 +63,17 @@ struct ServerFile {
 /// Parses and checks one file; any problem rejects the whole file.
 pub(super) fn parse_server_file(
     path: &Path,
+    format: DocFormat,
     bytes: &[u8],
     env: &EnvLookup<'_>,
 ) -> Result<ServerEntry, Problem> {
     let text = std::str::from_utf8(bytes)
         .map_err(|e| file_problem(path, None, format!("not UTF-8: {e}")))?;
-    let value: Value = if path.extension().is_some_and(|e| e == "toml") {
-        toml::from_str(text)
-            .map_err(|e| file_problem(path, None, format!("invalid TOML: {}", e.message())))?
-    } else {
-        serde_json::from_str(text)
-            .map_err(|e| file_problem(path, None, format!("invalid JSON: {e}")))?
+    let value: Value = match format {
+        DocFormat::Toml => toml::from_str(text)
+            .map_err(|e| file_problem(path, None, format!("invalid TOML: {}", e.message())))?,
+        DocFormat::Json => serde_json::from_str(text)
+            .map_err(|e| file_problem(path, None, format!("invalid JSON: {e}")))?,
     };
     let file: ServerFile = serde_path_to_error::deserialize(value).map_err(|e| {
         let field = e.path().to_string();

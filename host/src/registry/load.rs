@@ -1,5 +1,7 @@
-//! Reading a registry directory into a snapshot: which files count, problems named by
-//! file and field, duplicates, and the revision that changes with any content.
+//! Building a snapshot from registry documents: which files of a directory count, problems
+//! named by file (or store document) and field, duplicates, and the revision that changes
+//! with any content. A directory is read into documents first, so a directory and a store
+//! go through one builder ([`build`]) and follow the same rules.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -11,8 +13,9 @@ use sha2::{Digest, Sha256};
 use super::env::EnvLookup;
 use super::file::parse_server_file;
 use super::launch::launch_fingerprint;
-use super::profile::{Profile, load_profiles};
+use super::profile::{Profile, build_profiles};
 use super::record::ServerEntry;
+use super::store::{DocFormat, DocKind, StoredDoc};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Severity {
@@ -54,7 +57,7 @@ pub struct RegistryDirError {
     pub source: std::io::Error,
 }
 
-/// What a directory holds.
+/// What a set of documents builds into.
 pub(super) struct Loaded {
     pub(super) servers: BTreeMap<String, Arc<ServerEntry>>,
     pub(super) profiles: BTreeMap<String, Profile>,
@@ -62,7 +65,50 @@ pub(super) struct Loaded {
     pub(super) revision: String,
 }
 
-pub(super) fn load_dir(dir: &Path, env: &EnvLookup<'_>) -> Result<Loaded, RegistryDirError> {
+/// One document to build a registry from, with the name its problems carry.
+pub(super) struct SourcedDoc {
+    pub(super) kind: DocKind,
+    pub(super) format: DocFormat,
+    pub(super) body: Vec<u8>,
+    /// What problems name: the file, or `<store>/<servers|profiles>/<name>`.
+    pub(super) source: PathBuf,
+    /// What the revision hashes the document under (stable wherever the registry lives).
+    pub(super) key: String,
+}
+
+/// A registry document read from a directory, named by its file's stem.
+pub(crate) struct FileDoc {
+    pub(crate) kind: DocKind,
+    pub(crate) name: String,
+    pub(crate) format: DocFormat,
+    pub(crate) body: Vec<u8>,
+    pub(crate) path: PathBuf,
+}
+
+impl FileDoc {
+    fn sourced(self) -> SourcedDoc {
+        let file = self
+            .path
+            .file_name()
+            .map_or_else(|| self.name.clone(), |f| f.to_string_lossy().into_owned());
+        let key = match self.kind {
+            DocKind::Server => file,
+            DocKind::Profile => format!("profiles/{file}"),
+        };
+        SourcedDoc {
+            kind: self.kind,
+            format: self.format,
+            body: self.body,
+            source: self.path,
+            key,
+        }
+    }
+}
+
+/// The documents of a registry directory: server files at its top, profiles under
+/// `profiles/` (TOML only, as ever), each sorted by file name; and the problems of files
+/// left out (symbolic links, unreadable files).
+pub(crate) fn read_dir_docs(dir: &Path) -> Result<(Vec<FileDoc>, Vec<Problem>), RegistryDirError> {
     let io_err = |source| RegistryDirError {
         dir: dir.to_owned(),
         source,
@@ -91,19 +137,108 @@ pub(super) fn load_dir(dir: &Path, env: &EnvLookup<'_>) -> Result<Loaded, Regist
         }
     }
     files.sort();
+    let mut docs = read_files(DocKind::Server, files, &mut problems);
+    // A registry without profiles has no such directory.
+    if let Ok(entries) = std::fs::read_dir(dir.join("profiles")) {
+        let mut files: Vec<(String, PathBuf)> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+            .filter(|(name, _)| !is_ignored_name(name) && name.ends_with(".toml"))
+            .collect();
+        files.sort();
+        docs.extend(read_files(DocKind::Profile, files, &mut problems));
+    }
+    Ok((docs, problems))
+}
 
+fn read_files(
+    kind: DocKind,
+    files: Vec<(String, PathBuf)>,
+    problems: &mut Vec<Problem>,
+) -> Vec<FileDoc> {
+    let mut docs = Vec::new();
+    for (name, path) in files {
+        let Some((stem, format)) = split_doc_name(&name) else {
+            continue;
+        };
+        match std::fs::read(&path) {
+            Ok(body) => docs.push(FileDoc {
+                kind,
+                name: stem.to_owned(),
+                format,
+                body,
+                path,
+            }),
+            Err(e) => problems.push(file_problem(&path, None, format!("cannot read: {e}"))),
+        }
+    }
+    docs
+}
+
+/// A registry file name's stem and format (`None`: not a `.toml` or `.json` file).
+pub(crate) fn split_doc_name(file_name: &str) -> Option<(&str, DocFormat)> {
+    if let Some(stem) = file_name.strip_suffix(".toml") {
+        Some((stem, DocFormat::Toml))
+    } else {
+        file_name
+            .strip_suffix(".json")
+            .map(|stem| (stem, DocFormat::Json))
+    }
+}
+
+pub(super) fn load_dir(dir: &Path, env: &EnvLookup<'_>) -> Result<Loaded, RegistryDirError> {
+    let (docs, problems) = read_dir_docs(dir)?;
+    Ok(build(
+        docs.into_iter().map(FileDoc::sourced).collect(),
+        problems,
+        env,
+    ))
+}
+
+/// A registry from documents a store holds; problems name `<label>/<servers|profiles>/<name>`.
+pub(super) fn load_docs(docs: Vec<StoredDoc>, label: &str, env: &EnvLookup<'_>) -> Loaded {
+    let mut docs: Vec<SourcedDoc> = docs
+        .into_iter()
+        .map(|doc| {
+            let dir = match doc.kind {
+                DocKind::Server => "servers",
+                DocKind::Profile => "profiles",
+            };
+            let ext = match doc.format {
+                DocFormat::Toml => "toml",
+                DocFormat::Json => "json",
+            };
+            SourcedDoc {
+                kind: doc.kind,
+                format: doc.format,
+                source: PathBuf::from(format!("{label}/{dir}/{}", doc.name)),
+                key: format!("{dir}/{}.{ext}", doc.name),
+                body: doc.body,
+            }
+        })
+        .collect();
+    // The same order a directory gives: later names win duplicates, as later files do.
+    docs.sort_by(|a, b| (a.kind, &a.key).cmp(&(b.kind, &b.key)));
+    build(docs, Vec::new(), env)
+}
+
+/// The one way documents become a registry: every server parsed and checked alone (a bad
+/// one is left out with its problem), duplicates and shared namespaces resolved, profiles
+/// checked against the servers, and a revision over every body and resolved launch.
+pub(super) fn build(
+    docs: Vec<SourcedDoc>,
+    mut problems: Vec<Problem>,
+    env: &EnvLookup<'_>,
+) -> Loaded {
     let mut hashed = Vec::new();
     let mut servers: BTreeMap<String, Arc<ServerEntry>> = BTreeMap::new();
-    for (name, path) in files {
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                problems.push(file_problem(&path, None, format!("cannot read: {e}")));
-                continue;
-            }
-        };
-        hashed.push((name, bytes.clone()));
-        let entry = match parse_server_file(&path, &bytes, env) {
+    let (server_docs, profile_docs): (Vec<_>, Vec<_>) =
+        docs.into_iter().partition(|d| d.kind == DocKind::Server);
+    for doc in server_docs {
+        hashed.push((doc.key.clone(), doc.body.clone()));
+        let path = doc.source;
+        let entry = match parse_server_file(&path, doc.format, &doc.body, env) {
             Ok(entry) => entry,
             Err(problem) => {
                 problems.push(problem);
@@ -134,18 +269,18 @@ pub(super) fn load_dir(dir: &Path, env: &EnvLookup<'_>) -> Result<Loaded, Regist
         servers.insert(entry.server_id().to_owned(), Arc::new(entry));
     }
     drop_shared_namespaces(&mut servers, &mut problems);
-    let profiles = load_profiles(&dir.join("profiles"), &servers, &mut problems, &mut hashed);
+    let profiles = build_profiles(profile_docs, &servers, &mut problems, &mut hashed);
     let mut launches: Vec<(String, Vec<u8>)> = servers
         .values()
         .map(|s| (s.server_id().to_owned(), launch_fingerprint(&s.launch)))
         .collect();
     hashed.append(&mut launches);
-    Ok(Loaded {
+    Loaded {
         servers,
         profiles,
         problems,
         revision: revision_of(&hashed),
-    })
+    }
 }
 
 pub(super) fn is_ignored_name(name: &str) -> bool {

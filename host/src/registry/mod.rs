@@ -70,13 +70,22 @@ impl Registry {
         dir: impl AsRef<std::path::Path>,
         env: &EnvLookup<'_>,
     ) -> Result<Self, RegistryDirError> {
-        let loaded = load::load_dir(dir.as_ref(), env)?;
-        Ok(Self {
+        Ok(Self::from_loaded(load::load_dir(dir.as_ref(), env)?))
+    }
+
+    /// Builds a registry from a store's documents with the directory's parser and rules;
+    /// problems name each document `<source_label>/<servers|profiles>/<name>`.
+    pub fn from_docs(docs: Vec<StoredDoc>, source_label: &str, env: &EnvLookup<'_>) -> Self {
+        Self::from_loaded(load::load_docs(docs, source_label, env))
+    }
+
+    fn from_loaded(loaded: load::Loaded) -> Self {
+        Self {
             servers: loaded.servers,
             profiles: loaded.profiles,
             problems: loaded.problems,
             revision: loaded.revision,
-        })
+        }
     }
 
     pub fn get(&self, server_id: &str) -> Option<&Arc<ServerEntry>> {

@@ -1,15 +1,15 @@
 //! Profiles: named selections of servers (by id and tag) with tool lists, from
-//! `<registry>/profiles/*.toml`.
+//! `<registry>/profiles/*.toml` or a store's profile documents.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
 
 use super::Registry;
-use super::load::{Problem, Severity, file_problem, is_ignored_name};
+use super::load::{Problem, Severity, SourcedDoc, file_problem};
 use super::record::ServerEntry;
+use super::store::DocFormat;
 
 /// A named selection of servers (by id and/or tag) with tool lists, from
 /// `<registry>/profiles/*.toml`. A task names one with `mcp.profile`.
@@ -43,48 +43,35 @@ impl Profile {
     }
 }
 
-/// Reads `profiles/*.toml` (same file rules as server records). A profile naming an
+/// Builds the profile documents (same rules as server records). A profile naming an
 /// unknown server is an error and is left out; a tag no server carries is a warning.
-pub(super) fn load_profiles(
-    dir: &Path,
+pub(super) fn build_profiles(
+    docs: Vec<SourcedDoc>,
     servers: &BTreeMap<String, Arc<ServerEntry>>,
     problems: &mut Vec<Problem>,
     hashed: &mut Vec<(String, Vec<u8>)>,
 ) -> BTreeMap<String, Profile> {
     let mut profiles = BTreeMap::new();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return profiles;
-    };
-    let mut files: Vec<PathBuf> = entries
-        .flatten()
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-        .filter(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
-            !is_ignored_name(&name) && name.ends_with(".toml")
-        })
-        .map(|e| e.path())
-        .collect();
-    files.sort();
-    for path in files {
-        let text = match std::fs::read_to_string(&path) {
+    for doc in docs {
+        let path = doc.source;
+        hashed.push((doc.key, doc.body.clone()));
+        let text = match std::str::from_utf8(&doc.body) {
             Ok(text) => text,
             Err(e) => {
-                problems.push(file_problem(&path, None, format!("cannot read: {e}")));
+                problems.push(file_problem(&path, None, format!("not UTF-8: {e}")));
                 continue;
             }
         };
-        hashed.push((
-            format!("profiles/{}", path.display()),
-            text.clone().into_bytes(),
-        ));
-        let value: toml::Value = match toml::from_str(&text) {
+        let value: Result<serde_json::Value, String> = match doc.format {
+            DocFormat::Toml => {
+                toml::from_str(text).map_err(|e| format!("invalid TOML: {}", e.message()))
+            }
+            DocFormat::Json => serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}")),
+        };
+        let value = match value {
             Ok(value) => value,
-            Err(e) => {
-                problems.push(file_problem(
-                    &path,
-                    None,
-                    format!("invalid TOML: {}", e.message()),
-                ));
+            Err(message) => {
+                problems.push(file_problem(&path, None, message));
                 continue;
             }
         };
