@@ -8,11 +8,17 @@
 //! the embedded default; etcd v3 is the store a fleet of nodes shares (its revision is
 //! etcd's).
 
+mod dir;
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 
 use futures::stream::BoxStream;
+
+pub use dir::DirStore;
+
+use super::{Registry, Severity, is_valid_server_id};
 
 /// A boxed future of a store call (the trait stays dyn-compatible).
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -118,4 +124,79 @@ pub trait RegistryStore: Send + Sync + fmt::Debug {
         &self,
         since: u64,
     ) -> StoreFuture<'_, BoxStream<'static, Result<StoreEvent, StoreError>>>;
+}
+
+/// Checks a write before a store makes it: the name is a plain name (1 to 64 letters,
+/// digits, `_`, `-`: it becomes a file name or a key), and the registry built from
+/// `current` with the change applied has no error the current one lacks (a bad field, a
+/// profile naming an unknown server, a taken namespace). `change` is the new document, or
+/// `None` for a delete. The error names the field and the fix.
+pub fn check_change(
+    current: &[StoredDoc],
+    store: &str,
+    kind: DocKind,
+    name: &str,
+    change: Option<(DocFormat, &[u8])>,
+) -> Result<(), StoreError> {
+    let what = match kind {
+        DocKind::Server => "server",
+        DocKind::Profile => "profile",
+    };
+    if !is_valid_server_id(name) {
+        return Err(StoreError::Invalid(format!(
+            "{what} name {name:?}: use 1 to 64 letters, digits, `_` and `-`"
+        )));
+    }
+    // `${ENV:..}` references are checked for form only; a missing variable makes a
+    // server unavailable, not invalid.
+    let no_env = |_: &str| None;
+    let build = |docs: Vec<StoredDoc>| Registry::from_docs(docs, store, &no_env);
+    let errors = |registry: &Registry| -> Vec<String> {
+        registry
+            .problems()
+            .iter()
+            .filter(|p| p.severity == Severity::Error)
+            .map(ToString::to_string)
+            .collect()
+    };
+    let before = errors(&build(current.to_vec()));
+    let mut docs: Vec<StoredDoc> = current
+        .iter()
+        .filter(|d| !(d.kind == kind && d.name == name))
+        .cloned()
+        .collect();
+    if let Some((format, body)) = change {
+        docs.push(StoredDoc {
+            kind,
+            name: name.to_owned(),
+            format,
+            body: body.to_vec(),
+            revision: 0,
+        });
+    }
+    let after = build(docs);
+    let new: Vec<String> = errors(&after)
+        .into_iter()
+        .filter(|e| !before.contains(e))
+        .collect();
+    if !new.is_empty() {
+        return Err(StoreError::Invalid(new.join("; ")));
+    }
+    if change.is_none() {
+        return Ok(());
+    }
+    let stored_as_named = match kind {
+        DocKind::Server => after.get(name).is_some(),
+        DocKind::Profile => after.profile(name).is_some(),
+    };
+    if !stored_as_named {
+        let field = match kind {
+            DocKind::Server => "server_id",
+            DocKind::Profile => "name",
+        };
+        return Err(StoreError::Invalid(format!(
+            "{store}/{what}s/{name}: {field}: the document is stored as `{name}` but its {field} differs; make them equal"
+        )));
+    }
+    Ok(())
 }

@@ -1,0 +1,546 @@
+//! [`DirStore`]: a registry directory behind the [`RegistryStore`] trait, the embedded
+//! default.
+//!
+//! The files stay the source of truth: a person may edit them by hand while the store
+//! writes them, so every call reads the directory again. A directory has no revision of
+//! its own, so the store keeps one: a counter that moves forward whenever a listing's
+//! content hash differs from the previous one. It is monotonic for the life of the store
+//! (what a follower needs to tell a newer listing from an older one) and starts over in a
+//! new process, where followers start over too. Documents carry the revision of the
+//! listing they were read in (a directory does not say which file changed when).
+//!
+//! Writes are checked with the same parser as a load (nothing invalid is written), then
+//! land atomically: a temporary file in the same directory (ignored by loads: hidden,
+//! `.tmp`) renamed over `<name>.toml|json`, so a reader sees the old file or the new one,
+//! never half of one. The watch is notify on the directory; if the directory itself is
+//! replaced its watch dies and the follower's poll picks the change up.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use notify::{RecursiveMode, Watcher};
+use sha2::{Digest, Sha256};
+
+use super::{
+    DocFormat, DocKind, Listing, RegistryStore, StoreError, StoreEvent, StoreFuture, StoredDoc,
+    check_change,
+};
+use crate::defaults;
+use crate::registry::load::{FileDoc, read_dir_docs};
+
+/// A registry directory as a store. Cheap to clone (clones share the revision).
+#[derive(Clone, Debug)]
+pub struct DirStore {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    dir: PathBuf,
+    /// The last listing's content hash and the revision it was given.
+    seen: Mutex<([u8; 32], u64)>,
+    /// Writes one at a time, so each is checked against the files it replaces.
+    writes: tokio::sync::Mutex<()>,
+    /// Names temporary files apart.
+    temp_seq: AtomicU64,
+}
+
+impl DirStore {
+    /// A store over `dir`, which must exist (it is not created: a mistyped path should
+    /// fail, not start an empty registry).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                dir: dir.into(),
+                seen: Mutex::new(([0; 32], 0)),
+                writes: tokio::sync::Mutex::new(()),
+                temp_seq: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+}
+
+impl Inner {
+    fn seen(&self) -> MutexGuard<'_, ([u8; 32], u64)> {
+        self.seen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn describe(&self) -> String {
+        format!("dir:{}", self.dir.display())
+    }
+
+    fn unreachable(&self, message: impl ToString) -> StoreError {
+        StoreError::Unreachable {
+            store: self.describe(),
+            message: message.to_string(),
+        }
+    }
+
+    /// Reads every document; the revision moves on if the content changed since the
+    /// last listing.
+    fn list(&self) -> Result<Listing, StoreError> {
+        let (files, _problems) = read_dir_docs(&self.dir).map_err(|e| self.unreachable(e))?;
+        let mut hasher = Sha256::new();
+        for doc in &files {
+            let kind: &[u8] = match doc.kind {
+                DocKind::Server => b"s",
+                DocKind::Profile => b"p",
+            };
+            hasher.update(kind);
+            for part in [
+                doc.name.as_bytes(),
+                format_ext(doc.format).as_bytes(),
+                &doc.body,
+            ] {
+                hasher.update((part.len() as u64).to_le_bytes());
+                hasher.update(part);
+            }
+        }
+        let hash: [u8; 32] = hasher.finalize().into();
+        let revision = {
+            let mut seen = self.seen();
+            if seen.0 != hash || seen.1 == 0 {
+                *seen = (hash, seen.1.saturating_add(1));
+            }
+            seen.1
+        };
+        let docs = files
+            .into_iter()
+            .map(
+                |FileDoc {
+                     kind,
+                     name,
+                     format,
+                     body,
+                     ..
+                 }| StoredDoc {
+                    kind,
+                    name,
+                    format,
+                    body,
+                    revision,
+                },
+            )
+            .collect();
+        Ok(Listing { revision, docs })
+    }
+
+    /// Where a document lives (`name` is checked to be a plain name first).
+    fn path(&self, kind: DocKind, name: &str, format: DocFormat) -> PathBuf {
+        let dir = match kind {
+            DocKind::Server => self.dir.clone(),
+            DocKind::Profile => self.dir.join("profiles"),
+        };
+        dir.join(format!("{name}.{}", format_ext(format)))
+    }
+
+    /// Writes `body` to a temporary file beside `path` and renames it over `path`.
+    fn write_atomically(&self, path: &Path, body: &[u8]) -> std::io::Result<()> {
+        let dir = path.parent().unwrap_or(&self.dir);
+        std::fs::create_dir_all(dir)?;
+        let seq = self.temp_seq.fetch_add(1, Ordering::Relaxed);
+        let temp = dir.join(format!(".quiver-write-{}-{seq}.tmp", std::process::id()));
+        let written = (|| {
+            let mut file = std::fs::File::create(&temp)?;
+            file.write_all(body)?;
+            file.sync_all()?;
+            std::fs::rename(&temp, path)
+        })();
+        if written.is_err() {
+            let _ = std::fs::remove_file(&temp);
+        }
+        written
+    }
+
+    /// Removes the document in either format; whether there was one.
+    fn remove(&self, kind: DocKind, name: &str) -> std::io::Result<bool> {
+        let mut removed = false;
+        for format in [DocFormat::Toml, DocFormat::Json] {
+            match std::fs::remove_file(self.path(kind, name, format)) {
+                Ok(()) => removed = true,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(removed)
+    }
+}
+
+fn format_ext(format: DocFormat) -> &'static str {
+    match format {
+        DocFormat::Toml => "toml",
+        DocFormat::Json => "json",
+    }
+}
+
+/// Runs blocking file work off the async workers.
+async fn blocking<T: Send + 'static>(
+    inner: &Arc<Inner>,
+    work: impl FnOnce(&Inner) -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    let moved = inner.clone();
+    tokio::task::spawn_blocking(move || work(&moved))
+        .await
+        .map_err(|e| inner.unreachable(format!("the file worker failed: {e}")))?
+}
+
+/// What changed from `old` to `new`, as watch events.
+fn diff(old: &Listing, new: &Listing) -> Vec<StoreEvent> {
+    let key = |d: &StoredDoc| (d.kind, d.name.clone(), d.format as u8);
+    let before: BTreeMap<_, &StoredDoc> = old.docs.iter().map(|d| (key(d), d)).collect();
+    let after: BTreeMap<_, &StoredDoc> = new.docs.iter().map(|d| (key(d), d)).collect();
+    let mut events: Vec<StoreEvent> = after
+        .iter()
+        .filter(|(k, d)| before.get(*k).is_none_or(|was| was.body != d.body))
+        .map(|(_, d)| StoreEvent::Put((*d).clone()))
+        .collect();
+    events.extend(
+        before
+            .iter()
+            .filter(|(k, _)| !after.contains_key(*k))
+            .map(|(_, d)| StoreEvent::Deleted {
+                kind: d.kind,
+                name: d.name.clone(),
+                revision: new.revision,
+            }),
+    );
+    events
+}
+
+impl RegistryStore for DirStore {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn list(&self) -> StoreFuture<'_, Listing> {
+        Box::pin(blocking(&self.inner, Inner::list))
+    }
+
+    fn get(&self, kind: DocKind, name: &str) -> StoreFuture<'_, Option<StoredDoc>> {
+        let name = name.to_owned();
+        Box::pin(async move {
+            let listing = self.list().await?;
+            Ok(listing
+                .docs
+                .into_iter()
+                .find(|d| d.kind == kind && d.name == name))
+        })
+    }
+
+    fn upsert(
+        &self,
+        kind: DocKind,
+        name: &str,
+        format: DocFormat,
+        body: Vec<u8>,
+    ) -> StoreFuture<'_, u64> {
+        let name = name.to_owned();
+        Box::pin(async move {
+            let _one_writer = self.inner.writes.lock().await;
+            let current = self.list().await?;
+            check_change(
+                &current.docs,
+                &self.describe(),
+                kind,
+                &name,
+                Some((format, &body)),
+            )?;
+            blocking(&self.inner, move |inner| {
+                let path = inner.path(kind, &name, format);
+                inner.write_atomically(&path, &body).map_err(|e| {
+                    inner.unreachable(format!("cannot write {}: {e}", path.display()))
+                })?;
+                // One document per name: the other format's file would be a duplicate.
+                let other = match format {
+                    DocFormat::Toml => DocFormat::Json,
+                    DocFormat::Json => DocFormat::Toml,
+                };
+                match std::fs::remove_file(inner.path(kind, &name, other)) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(inner.unreachable(e)),
+                }
+                Ok(inner.list()?.revision)
+            })
+            .await
+        })
+    }
+
+    fn delete(&self, kind: DocKind, name: &str) -> StoreFuture<'_, Option<u64>> {
+        let name = name.to_owned();
+        Box::pin(async move {
+            if !crate::registry::is_valid_server_id(&name) {
+                return Ok(None);
+            }
+            let _one_writer = self.inner.writes.lock().await;
+            let current = self.list().await?;
+            if !current
+                .docs
+                .iter()
+                .any(|d| d.kind == kind && d.name == name)
+            {
+                return Ok(None);
+            }
+            check_change(&current.docs, &self.describe(), kind, &name, None)?;
+            blocking(&self.inner, move |inner| {
+                if !inner
+                    .remove(kind, &name)
+                    .map_err(|e| inner.unreachable(e))?
+                {
+                    return Ok(None);
+                }
+                Ok(Some(inner.list()?.revision))
+            })
+            .await
+        })
+    }
+
+    fn watch(
+        &self,
+        since: u64,
+    ) -> StoreFuture<'_, BoxStream<'static, Result<StoreEvent, StoreError>>> {
+        Box::pin(async move {
+            let (signal, signals) = tokio::sync::mpsc::channel::<()>(1);
+            let mut watcher =
+                notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                    if event.is_ok_and(|e| !e.kind.is_access()) {
+                        // A full channel already holds a wake-up: that one covers this.
+                        let _ = signal.try_send(());
+                    }
+                })
+                .map_err(|e| self.inner.unreachable(format!("cannot watch: {e}")))?;
+            watcher
+                .watch(&self.inner.dir, RecursiveMode::Recursive)
+                .map_err(|e| self.inner.unreachable(format!("cannot watch: {e}")))?;
+            let baseline = self.list().await?;
+            // The directory keeps no history: a change between `since` and now shows as
+            // every document put again.
+            let first: Vec<StoreEvent> = if baseline.revision > since {
+                baseline.docs.iter().cloned().map(StoreEvent::Put).collect()
+            } else {
+                Vec::new()
+            };
+            let state = (watcher, signals, baseline, self.inner.clone());
+            let later =
+                futures::stream::unfold(state, |(watcher, mut signals, last, inner)| async move {
+                    loop {
+                        signals.recv().await?;
+                        // Let an editor's save (write, rename, delete a backup) settle.
+                        tokio::time::sleep(defaults::REGISTRY_RELOAD_DEBOUNCE).await;
+                        while signals.try_recv().is_ok() {}
+                        let now = match blocking(&inner, Inner::list).await {
+                            Ok(now) => now,
+                            Err(e) => return Some((vec![Err(e)], (watcher, signals, last, inner))),
+                        };
+                        let events = diff(&last, &now);
+                        if !events.is_empty() {
+                            return Some((
+                                events.into_iter().map(Ok).collect(),
+                                (watcher, signals, now, inner),
+                            ));
+                        }
+                    }
+                })
+                .flat_map(futures::stream::iter);
+            let stream = futures::stream::iter(first.into_iter().map(Ok)).chain(later);
+            Ok(stream.boxed())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A fresh directory under the system's temp dir, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> Self {
+            static SEQ: AtomicU64 = AtomicU64::new(0);
+            let seq = SEQ.fetch_add(1, Ordering::Relaxed);
+            let dir = std::env::temp_dir().join(format!(
+                "quiver-dirstore-{tag}-{}-{seq}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn server(id: &str) -> Vec<u8> {
+        format!(
+            "server_id = \"{id}\"\ntransport = \"stdio\"\nallowed_tools = [\"*\"]\n[stdio]\ncommand = \"true\"\n"
+        )
+        .into_bytes()
+    }
+
+    fn files(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[tokio::test]
+    async fn upsert_get_list_delete_move_the_revision_only_on_change() {
+        let dir = TempDir::new("crud");
+        let store = DirStore::new(&dir.0);
+        let empty = store.list().await.unwrap();
+        assert_eq!(store.list().await.unwrap().revision, empty.revision);
+
+        let put = store
+            .upsert(DocKind::Server, "alpha", DocFormat::Toml, server("alpha"))
+            .await
+            .unwrap();
+        assert!(put > empty.revision);
+        assert_eq!(files(&dir.0), ["alpha.toml"], "no temporary file is left");
+        let doc = store.get(DocKind::Server, "alpha").await.unwrap().unwrap();
+        assert_eq!((doc.body, doc.format), (server("alpha"), DocFormat::Toml));
+        assert_eq!(store.list().await.unwrap().revision, put, "unchanged");
+
+        let profile = b"name = \"team\"\nserver_ids = [\"alpha\"]\n".to_vec();
+        let with_profile = store
+            .upsert(DocKind::Profile, "team", DocFormat::Toml, profile)
+            .await
+            .unwrap();
+        assert!(with_profile > put);
+        assert!(dir.0.join("profiles/team.toml").is_file());
+        let registry = crate::registry::Registry::load_dir(&dir.0).unwrap();
+        assert!(registry.get("alpha").is_some() && registry.profile("team").is_some());
+
+        // The same id in JSON replaces the TOML file rather than duplicating it.
+        let json = br#"{"server_id":"alpha","transport":"stdio","stdio":{"command":"false"}}"#;
+        store
+            .upsert(DocKind::Server, "alpha", DocFormat::Json, json.to_vec())
+            .await
+            .unwrap();
+        assert_eq!(files(&dir.0), ["alpha.json", "profiles"]);
+
+        assert_eq!(store.delete(DocKind::Server, "nope").await.unwrap(), None);
+        assert_eq!(store.delete(DocKind::Server, "../x").await.unwrap(), None);
+        let err = store.delete(DocKind::Server, "alpha").await.unwrap_err();
+        assert!(
+            err.to_string().contains("team") && err.to_string().contains("alpha"),
+            "{err}"
+        );
+        store
+            .delete(DocKind::Profile, "team")
+            .await
+            .unwrap()
+            .unwrap();
+        let deleted = store
+            .delete(DocKind::Server, "alpha")
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(deleted > with_profile);
+        assert!(store.get(DocKind::Server, "alpha").await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn an_invalid_upsert_names_the_field_and_writes_nothing() {
+        let dir = TempDir::new("invalid");
+        let store = DirStore::new(&dir.0);
+        let bad = b"server_id = \"beta\"\ntransport = \"stdio\"\n[stdio]\ncommand = \"\"\n";
+        let err = store
+            .upsert(DocKind::Server, "beta", DocFormat::Toml, bad.to_vec())
+            .await
+            .unwrap_err();
+        let StoreError::Invalid(message) = &err else {
+            panic!("{err:?}")
+        };
+        assert!(
+            message.contains("stdio.command") && message.contains("must not be empty"),
+            "{message}"
+        );
+        let err = store
+            .upsert(DocKind::Server, "gamma", DocFormat::Toml, server("beta"))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("server_id"), "{err}");
+        let err = store
+            .upsert(DocKind::Server, "../etc", DocFormat::Toml, server("etc"))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Invalid(_)), "{err:?}");
+        let err = store
+            .upsert(
+                DocKind::Profile,
+                "p",
+                DocFormat::Toml,
+                b"name = \"p\"\nserver_ids = [\"ghost\"]\n".to_vec(),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("server_ids") && err.to_string().contains("ghost"),
+            "{err}"
+        );
+        assert!(files(&dir.0).is_empty(), "{:?}", files(&dir.0));
+    }
+
+    #[tokio::test]
+    async fn from_docs_names_the_store_document_in_problems() {
+        let docs = vec![StoredDoc {
+            kind: DocKind::Server,
+            name: "broken".into(),
+            format: DocFormat::Toml,
+            body: b"server_id = 3".to_vec(),
+            revision: 1,
+        }];
+        let registry = crate::registry::Registry::from_docs(docs, "etcd://h:1/p", &|_: &str| None);
+        let problem = &registry.problems()[0];
+        assert_eq!(problem.path, PathBuf::from("etcd://h:1/p/servers/broken"));
+        assert_eq!(problem.field.as_deref(), Some("server_id"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watch_yields_changes_made_after_its_revision() {
+        let dir = TempDir::new("watch");
+        let store = DirStore::new(&dir.0);
+        let since = store.list().await.unwrap().revision;
+        let mut events = store.watch(since).await.unwrap();
+        std::fs::write(dir.0.join("hand.toml"), server("hand")).unwrap();
+        let event = tokio::time::timeout(Duration::from_secs(30), events.next())
+            .await
+            .expect("an event within 30 s")
+            .expect("the stream goes on")
+            .unwrap();
+        let StoreEvent::Put(doc) = event else {
+            panic!("{event:?}")
+        };
+        assert_eq!((doc.kind, doc.name.as_str()), (DocKind::Server, "hand"));
+        assert!(doc.revision > since);
+
+        // A watch from an old revision first replays what is there now.
+        let mut replay = store.watch(since).await.unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(30), replay.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert!(
+            matches!(first, StoreEvent::Put(ref d) if d.name == "hand"),
+            "{first:?}"
+        );
+    }
+}
