@@ -209,6 +209,23 @@ pub const REGISTRY_RELOAD_DEBOUNCE: Duration = Duration::from_millis(300);
 /// Longest the watcher puts a reload off while the directory keeps changing.
 pub const REGISTRY_RELOAD_MAX_DELAY: Duration = Duration::from_secs(3);
 
+/// How often a node following a registry store lists it even without a watch event: the
+/// fallback for a watch that silently stopped delivering (a replaced directory, a proxy
+/// that drops idle streams). Rare, since a listing of a large store is not free.
+pub const REGISTRY_POLL_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Each poll interval is moved by up to this many percent either way, so the nodes of a
+/// fleet started together do not list the store in lockstep.
+pub const REGISTRY_POLL_JITTER_PERCENT: u32 = 20;
+
+/// Longest one store call (list, opening a watch) may take before the store counts as
+/// unreachable for this attempt; keeps a hung store from holding the follower.
+pub const REGISTRY_STORE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Wait before listing an unreachable store (or reopening a broken watch) again: short,
+/// so a node is back within about a second of its store answering.
+pub const REGISTRY_STORE_RETRY: Duration = Duration::from_secs(1);
+
 /// Errors of a refused reload named in `RegistryHealth::last_reload_error`; the rest are counted. Keeps a health answer small.
 pub const MAX_RELOAD_ERRORS_SHOWN: usize = 8;
 

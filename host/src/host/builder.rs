@@ -13,7 +13,7 @@ use crate::chat::llm::{Backends, ConfigError, ConfigOrigin, HostConfig, Recorder
 use crate::defaults;
 use crate::mcp::{EgressPolicy, McpPool, PoolLimits, RemoteOptions};
 use crate::observe::{AuditLog, LiveStatus, Metrics, Observers, ToolObserver};
-use crate::registry::{Registry, RegistryDirError, ServerEntry, Severity};
+use crate::registry::{Registry, RegistryDirError, RegistryStore, ServerEntry, Severity};
 use crate::sandbox::{HostMemory, Runtime, RuntimeOptions, default_cache_dir};
 use crate::task::TaskError;
 
@@ -64,6 +64,7 @@ pub enum HostError {
 pub struct HostBuilder {
     registry_dir: Option<PathBuf>,
     registry: Option<Registry>,
+    registry_store: Option<Arc<dyn RegistryStore>>,
     cache_dir: Option<PathBuf>,
     disk_cache: bool,
     max_concurrent_tasks: Option<u32>,
@@ -92,6 +93,7 @@ impl Default for HostBuilder {
         Self {
             registry_dir: None,
             registry: None,
+            registry_store: None,
             cache_dir: None,
             disk_cache: true,
             max_concurrent_tasks: None,
@@ -128,6 +130,14 @@ impl HostBuilder {
     /// Uses an already loaded registry (e.g. one built with a custom env lookup).
     pub fn with_registry(mut self, registry: Registry) -> Self {
         self.registry = Some(registry);
+        self
+    }
+
+    /// Follows `store` for the registry: the host starts with no servers, degraded until
+    /// [`Host::follow_store`] (called with [`Host::registry_store`]) has applied the
+    /// store's first listing. Takes precedence over [`with_registry_dir`](Self::with_registry_dir).
+    pub fn with_registry_store(mut self, store: Arc<dyn RegistryStore>) -> Self {
+        self.registry_store = Some(store);
         self
     }
 
@@ -294,11 +304,24 @@ impl HostBuilder {
     }
 
     pub fn build(self) -> Result<Host, HostError> {
-        let registry = match (self.registry, &self.registry_dir) {
-            (Some(registry), _) => registry,
-            (None, Some(dir)) => Registry::load_dir(dir)?,
-            (None, None) => Registry::empty(),
-        };
+        let (registry, source, waiting) =
+            match (&self.registry_store, self.registry, &self.registry_dir) {
+                (Some(store), _, _) => (
+                    Registry::empty(),
+                    store.describe(),
+                    Some(format!(
+                        "waiting for the first listing of {}",
+                        store.describe()
+                    )),
+                ),
+                (None, Some(registry), _) => (registry, "(in code)".to_owned(), None),
+                (None, None, Some(dir)) => (
+                    Registry::load_dir(dir)?,
+                    format!("dir:{}", dir.display()),
+                    None,
+                ),
+                (None, None, None) => (Registry::empty(), "(in code)".to_owned(), None),
+            };
         log_problems(&registry);
         let cache_dir = if self.disk_cache {
             self.cache_dir.or_else(default_cache_dir)
@@ -385,9 +408,14 @@ impl HostBuilder {
             inner: Arc::new(HostInner {
                 runtime,
                 admission,
-                reload: ReloadState::new(&registry),
+                reload: ReloadState::new(&registry, source, waiting),
                 registry: RwLock::new(Arc::new(registry)),
-                registry_dir: self.registry_dir,
+                registry_dir: self
+                    .registry_store
+                    .is_none()
+                    .then_some(self.registry_dir)
+                    .flatten(),
+                registry_store: self.registry_store,
                 task_host_memory: self
                     .task_host_memory
                     .or(tasks.host_memory_bytes)

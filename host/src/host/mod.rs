@@ -10,6 +10,7 @@
 mod admission;
 mod builder;
 mod reload;
+mod sync;
 mod task_state;
 mod watch;
 
@@ -27,7 +28,7 @@ use crate::chat::{ChatSession, ChatTask};
 use crate::mcp::{McpPool, McpTask, ServerStatus};
 use crate::observe::{AuditLog, Metrics, Observers};
 use crate::policy::{self, PolicyReport, SessionRequest};
-use crate::registry::Registry;
+use crate::registry::{Registry, RegistryStore};
 use crate::sandbox::{HostMemory, MemoryBudget, Runtime, Sandbox};
 pub use crate::sandbox::{HostMemoryStatus, HostMemoryUse, ModuleOrigin, TaskFailure};
 use crate::task::{TaskError, TaskSpec};
@@ -36,6 +37,7 @@ pub use admission::{BusyReason, TaskStatus};
 pub use builder::{HostBuilder, HostError};
 pub use reload::RegistryHealth;
 use reload::ReloadState;
+pub use sync::StoreFollower;
 use task_state::TaskState;
 pub use watch::RegistryWatcher;
 
@@ -44,6 +46,7 @@ struct HostInner {
     admission: Admission,
     registry: RwLock<Arc<Registry>>,
     registry_dir: Option<PathBuf>,
+    registry_store: Option<Arc<dyn RegistryStore>>,
     reload: ReloadState,
     task_host_memory: u64,
     host_memory: HostMemory,
@@ -154,6 +157,11 @@ impl Host {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The store the host was built to follow ([`HostBuilder::with_registry_store`]).
+    pub fn registry_store(&self) -> Option<Arc<dyn RegistryStore>> {
+        self.inner.registry_store.clone()
     }
 
     /// The MCP connection pool shared by all tasks.

@@ -21,6 +21,10 @@ use crate::registry::{Registry, Severity};
 /// The registry's state for health checks (`/readyz`, status pages).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RegistryHealth {
+    /// Where the registry comes from: `dir:PATH`, a store's description
+    /// ([`RegistryStore::describe`](crate::registry::RegistryStore::describe)), or
+    /// `(in code)`.
+    pub source: String,
     /// The revision of the snapshot in force.
     pub revision: String,
     /// Snapshots swapped in since the host was built (0: the one it was built with).
@@ -28,11 +32,12 @@ pub struct RegistryHealth {
     /// When the snapshot in force was loaded, in Unix seconds.
     #[serde(serialize_with = "unix_seconds")]
     pub loaded_at: SystemTime,
-    /// Why the last reload was refused (or, before any reload, which files the startup
-    /// load left out), naming each file and field; `None` once a reload succeeds.
+    /// Why the last reload was refused or the store could not be read (or, before any
+    /// reload, which files the startup load left out), naming each file and field; `None`
+    /// once a reload succeeds.
     pub last_reload_error: Option<String>,
-    /// The last reload was refused, or the startup load had errors: the registry in force
-    /// lacks what the directory asks for.
+    /// The last reload was refused, the store is unreachable, or the startup load had
+    /// errors: the registry in force may lack what the source asks for.
     pub degraded: bool,
     /// Reloads attempted, refused ones included.
     pub reloads: u64,
@@ -43,11 +48,13 @@ pub struct RegistryHealth {
 pub(super) struct ReloadState(Mutex<RegistryHealth>);
 
 impl ReloadState {
-    /// The state of a host built with `registry`: degraded if its load had errors, as a
-    /// reload of the same directory would be refused.
-    pub(super) fn new(registry: &Registry) -> Self {
-        let errors = load_errors(registry);
+    /// The state of a host built with `registry` from `source`: degraded if its load had
+    /// errors, as a reload of the same directory would be refused, or while `waiting` for
+    /// a store's first listing.
+    pub(super) fn new(registry: &Registry, source: String, waiting: Option<String>) -> Self {
+        let errors = waiting.or_else(|| load_errors(registry));
         Self(Mutex::new(RegistryHealth {
+            source,
             revision: registry.revision().to_owned(),
             generation: 0,
             loaded_at: SystemTime::now(),
@@ -131,7 +138,21 @@ impl Host {
         let Some(dir) = &self.inner.registry_dir else {
             return Ok(self.registry());
         };
+        let fresh = Registry::load_dir(dir).map_err(|e| e.to_string());
+        self.install(fresh, None)
+    }
+
+    /// Swaps `fresh` in, or refuses it (an `Err` is why it could not be read): the one
+    /// path every reload and store sync takes. `source` replaces the health's source.
+    pub(super) fn install(
+        &self,
+        fresh: Result<Registry, String>,
+        source: Option<&str>,
+    ) -> Result<Arc<Registry>, HostError> {
         let mut health = self.inner.reload.lock();
+        if let Some(source) = source {
+            source.clone_into(&mut health.source);
+        }
         health.reloads = health.reloads.saturating_add(1);
         let refused = |health: &mut RegistryHealth, reason: String| {
             health.failed_reloads = health.failed_reloads.saturating_add(1);
@@ -139,6 +160,7 @@ impl Host {
             health.last_reload_error = Some(reason.clone());
             tracing::error!(
                 kept_revision = %health.revision,
+                source = %health.source,
                 "registry reload refused; the previous snapshot stays in force: {reason}"
             );
             HostError::RegistryRejected {
@@ -146,9 +168,9 @@ impl Host {
                 reason,
             }
         };
-        let fresh = match Registry::load_dir(dir) {
+        let fresh = match fresh {
             Ok(fresh) => fresh,
-            Err(e) => return Err(refused(&mut health, e.to_string())),
+            Err(reason) => return Err(refused(&mut health, reason)),
         };
         if let Some(reason) = load_errors(&fresh) {
             return Err(refused(&mut health, reason));
