@@ -15,10 +15,10 @@ use std::sync::Arc;
 use quiver::approval::{AllowAll, ApprovalQueue, Approver, TerminalApprover};
 use quiver::llm::HostConfig;
 use quiver::policy::{TaskMcpPolicy, ToolFilter};
-use quiver::registry::{Registry, ServerEntry, Severity};
+use quiver::registry::{Registry, RegistrySource, ServerEntry, Severity};
 use quiver::serve::{Node, NodeConfig};
 use quiver::telemetry::{self, LogFormat};
-use quiver::{Host, HostBuilder, TaskSpec};
+use quiver::{Host, HostBuilder, StoreFollower, TaskSpec, defaults};
 
 #[derive(Parser)]
 #[command(
@@ -58,9 +58,10 @@ struct ServeArgs {
     /// loopback needs `[serve] token_env` in the host config.
     #[arg(long)]
     listen: std::net::SocketAddr,
-    /// MCP registry directory (one file per server).
-    #[arg(long, env = "QUIVER_REGISTRY")]
-    registry: PathBuf,
+    /// MCP registry: a directory (one file per server), or a store shared by a fleet,
+    /// `etcd://HOST:PORT/PREFIX`.
+    #[arg(long, env = "QUIVER_REGISTRY", value_parser = RegistrySource::parse)]
+    registry: RegistrySource,
     /// Host config (quiver.toml): backends, credentials, limits and `[serve]`.
     #[arg(long, env = "QUIVER_CONFIG")]
     config: Option<PathBuf>,
@@ -70,7 +71,8 @@ struct ServeArgs {
     /// Append one JSON line per tool call and policy denial to this file (created 0600).
     #[arg(long, value_name = "FILE")]
     audit_log: Option<PathBuf>,
-    /// Do not reload the registry when its files change; SIGHUP still reloads it.
+    /// Do not reload a registry directory when its files change; SIGHUP still reloads it.
+    /// (A store is always followed.)
     #[arg(long)]
     no_watch: bool,
 }
@@ -325,15 +327,21 @@ async fn run(args: RunArgs) -> i32 {
 /// `quiver serve`: the first Ctrl-C or SIGTERM drains the node, a second cancels what
 /// still runs; either way the exit status is 0 once the node has stopped. SIGHUP, and
 /// unless `--no-watch` any change in the registry directory, reloads the registry; a
-/// refused reload keeps the old snapshot serving.
+/// refused reload keeps the old snapshot serving. A registry store is followed instead
+/// (see `host::sync`); SIGHUP then lists it again.
 async fn serve(args: ServeArgs) -> i32 {
     let mut signals = Signals::listen();
     // Listened for before anything else: SIGHUP's default action would end the node.
     let hangups = Hangups::listen();
     let approvals = Arc::new(ApprovalQueue::default());
-    let mut builder = HostBuilder::default()
-        .with_registry_dir(&args.registry)
-        .with_approver(approvals.clone());
+    let mut builder = HostBuilder::default().with_approver(approvals.clone());
+    builder = match &args.registry {
+        RegistrySource::Dir(dir) => builder.with_registry_dir(dir),
+        store => match store.open() {
+            Ok(store) => builder.with_registry_store(store),
+            Err(e) => return fail(e),
+        },
+    };
     if let Some(dir) = args.cache_dir {
         builder = builder.with_cache_dir(dir);
     }
@@ -359,7 +367,22 @@ async fn serve(args: ServeArgs) -> i32 {
         Ok(host) => host,
         Err(e) => return fail(e),
     };
-    let watcher = if args.no_watch {
+    let follower = match host.registry_store() {
+        Some(store) => match host.follow_store(store) {
+            Ok(follower) => Some(Arc::new(follower)),
+            Err(e) => {
+                host.shutdown().await;
+                return fail(e);
+            }
+        },
+        None => None,
+    };
+    if let Some(follower) = &follower
+        && !follower.first_sync(defaults::REGISTRY_STORE_TIMEOUT).await
+    {
+        tracing::warn!("the registry store has not answered yet; serving degraded until it does");
+    }
+    let watcher = if args.no_watch || follower.is_some() {
         None
     } else {
         match host.watch_registry() {
@@ -393,10 +416,11 @@ async fn serve(args: ServeArgs) -> i32 {
         );
         control.stop_now();
     });
-    let reloader = tokio::spawn(hangups.reload_on_each(host.clone()));
+    let reloader = tokio::spawn(hangups.reload_on_each(host.clone(), follower.clone()));
     node.run().await;
     reloader.abort();
     drop(watcher);
+    drop(follower);
     0
 }
 
@@ -420,8 +444,9 @@ impl Hangups {
         Self {}
     }
 
-    /// Reloads `host`'s registry on every SIGHUP, logging the outcome.
-    async fn reload_on_each(self, host: Host) {
+    /// Reloads `host`'s registry on every SIGHUP (lists the store again when following
+    /// one), logging the outcome.
+    async fn reload_on_each(self, host: Host, follower: Option<Arc<StoreFollower>>) {
         #[cfg(unix)]
         {
             let Some(mut signal) = self.signal else {
@@ -429,6 +454,10 @@ impl Hangups {
             };
             while signal.recv().await.is_some() {
                 tracing::info!("SIGHUP: reloading the registry");
+                if let Some(follower) = &follower {
+                    follower.resync();
+                    continue;
+                }
                 let host = host.clone();
                 // Reading the directory is blocking file I/O.
                 match tokio::task::spawn_blocking(move || host.reload_registry()).await {
@@ -442,7 +471,7 @@ impl Hangups {
             }
         }
         #[cfg(not(unix))]
-        let _ = host;
+        let _ = (host, follower);
     }
 }
 
