@@ -157,12 +157,17 @@ impl Host {
         let refused = |health: &mut RegistryHealth, reason: String| {
             health.failed_reloads = health.failed_reloads.saturating_add(1);
             health.degraded = true;
+            // A store that stays away is retried every second: say so once, not each time.
+            if health.last_reload_error.as_ref() == Some(&reason) {
+                tracing::debug!(source = %health.source, "registry reload refused again: {reason}");
+            } else {
+                tracing::error!(
+                    kept_revision = %health.revision,
+                    source = %health.source,
+                    "registry reload refused; the previous snapshot stays in force: {reason}"
+                );
+            }
             health.last_reload_error = Some(reason.clone());
-            tracing::error!(
-                kept_revision = %health.revision,
-                source = %health.source,
-                "registry reload refused; the previous snapshot stays in force: {reason}"
-            );
             HostError::RegistryRejected {
                 kept_revision: health.revision.clone(),
                 reason,

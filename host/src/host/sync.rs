@@ -147,7 +147,9 @@ async fn follow(
     let source = store.describe();
     loop {
         let listed = host.sync_from(&*store, &source).await;
-        synced.send_modify(|n| *n = n.saturating_add(1));
+        if listed.is_some() {
+            synced.send_modify(|n| *n = n.saturating_add(1));
+        }
         let Some(since) = listed else {
             pause(defaults::REGISTRY_STORE_RETRY, &resync).await;
             continue;
