@@ -13,9 +13,14 @@
 //! the references resolved to also travels as [`Secrets`], which cut those values out of
 //! errors and log lines ([`redact_known`] for log sinks).
 //!
+//! The same documents can live in a [`RegistryStore`] (a [`DirStore`] over a directory,
+//! etcd for a fleet); [`Registry::from_docs`] builds a snapshot from them with the same
+//! rules, and [`check_change`] refuses a write a load would reject.
+//!
 //! The module is split by job: [`record`](self) holds the types a record is made of,
 //! `file` parses and checks one file, `launch` resolves references into what the pool
-//! needs, `load` reads a directory into a snapshot, `profile` reads the named selections.
+//! needs, `load` builds a snapshot from documents (a directory's files or a store's), `profile`
+//! reads the named selections, `store` holds the stores.
 
 mod env;
 mod file;
