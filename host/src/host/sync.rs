@@ -67,7 +67,8 @@ impl StoreFollower {
 
 impl Host {
     /// Follows `store` from now on: its first listing replaces the snapshot, then every
-    /// change in it does (see the [module docs](self)); until the follower is dropped.
+    /// change in it does (docs/registry.md: watch, full resync, poll, degraded while
+    /// unreachable); until the follower is dropped.
     /// Needs a Tokio runtime.
     pub fn follow_store(&self, store: Arc<dyn RegistryStore>) -> Result<StoreFollower, HostError> {
         let runtime =
