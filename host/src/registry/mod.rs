@@ -39,7 +39,8 @@ pub use record::{
 };
 pub use secrets::{REDACTED, Secrets, redact_known};
 pub use store::{
-    DocFormat, DocKind, Listing, RegistryStore, StoreError, StoreEvent, StoreFuture, StoredDoc,
+    DocFormat, DocKind, DocValidator, EtcdStore, Listing, RegistryStore, StoreError, StoreEvent,
+    StoreFuture, StoredDoc,
 };
 
 /// A snapshot of the registry. Cheap to share; reloading makes a new one.

@@ -8,6 +8,10 @@
 //! the embedded default; etcd v3 is the store a fleet of nodes shares (its revision is
 //! etcd's).
 
+mod etcd;
+
+pub use etcd::{DocValidator, EtcdStore};
+
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
