@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use quiver::defaults::{ETCD_KEEPALIVE_INTERVAL, ETCD_KEEPALIVE_TIMEOUT};
 use quiver::registry::{
     DocFormat, DocKind, EtcdStore, RegistryStore, StoreError, StoreEvent, StoredDoc,
 };
@@ -269,43 +270,32 @@ async fn etcd_down_means_unreachable_in_time_and_back_means_working() {
 
     // Each call fails as unreachable within its deadline (plus scheduling slack).
     let slack = timeout + Duration::from_secs(5);
-    let started = Instant::now();
-    let err = store.list().await.unwrap_err();
-    assert!(
-        matches!(err, StoreError::Unreachable { .. }),
-        "list: {err:?}"
-    );
-    let err = store.get(DocKind::Server, "kept").await.unwrap_err();
-    assert!(
-        matches!(err, StoreError::Unreachable { .. }),
-        "get: {err:?}"
-    );
-    let err = store
-        .upsert(DocKind::Server, "new", DocFormat::Toml, server("new", "n"))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, StoreError::Unreachable { .. }),
-        "upsert: {err:?}"
-    );
-    let err = store.delete(DocKind::Server, "kept").await.unwrap_err();
-    assert!(
-        matches!(err, StoreError::Unreachable { .. }),
-        "delete: {err:?}"
-    );
-    let Err(err) = store.watch(r).await else {
-        panic!("a watch opened with etcd down");
+    let timed = |what: &str, started: Instant, err: Option<StoreError>| {
+        let err = err.unwrap_or_else(|| panic!("{what} worked with etcd down"));
+        assert!(
+            matches!(err, StoreError::Unreachable { .. }),
+            "{what}: {err:?}"
+        );
+        let took = started.elapsed();
+        assert!(took < slack, "{what} took {took:?} with etcd down");
+        eprintln!("{what}: {err} ({took:?})");
     };
-    assert!(
-        matches!(err, StoreError::Unreachable { .. }),
-        "watch: {err:?}"
+    let t = Instant::now();
+    timed("list", t, store.list().await.err());
+    let t = Instant::now();
+    timed("get", t, store.get(DocKind::Server, "kept").await.err());
+    let t = Instant::now();
+    let body = server("new", "n");
+    let upsert = store.upsert(DocKind::Server, "new", DocFormat::Toml, body);
+    timed("upsert", t, upsert.await.err());
+    let t = Instant::now();
+    timed(
+        "delete",
+        t,
+        store.delete(DocKind::Server, "kept").await.err(),
     );
-    assert!(
-        started.elapsed() < slack * 5,
-        "five calls took {:?}",
-        started.elapsed()
-    );
-    assert!(!err.to_string().is_empty());
+    let t = Instant::now();
+    timed("watch", t, store.watch(r).await.err());
 
     // Same data, same ports: the same store object works again once etcd is back.
     etcd.restart();
@@ -328,4 +318,51 @@ async fn etcd_down_means_unreachable_in_time_and_back_means_working() {
         .await
         .unwrap();
     assert_eq!(put_of(next(&mut watch).await).revision, r2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_etcd_times_out_instead_of_hanging() {
+    let etcd = Etcd::start();
+    let timeout = Duration::from_secs(1);
+    let store = store(&etcd).await.with_timeout(timeout);
+    let r = store
+        .upsert(
+            DocKind::Server,
+            "kept",
+            DocFormat::Toml,
+            server("kept", "k"),
+        )
+        .await
+        .unwrap();
+    let mut watch = store.watch(r).await.unwrap();
+
+    // The port stays open but nothing answers: only the deadline ends the call.
+    etcd.freeze();
+    let started = Instant::now();
+    let err = store.list().await.unwrap_err();
+    let took = started.elapsed();
+    assert!(matches!(err, StoreError::Unreachable { .. }), "{err:?}");
+    assert!(
+        took >= timeout && took < timeout + Duration::from_secs(5),
+        "list took {took:?} against a frozen etcd"
+    );
+    // The open watch ends once its keepalive pings go unanswered.
+    let within = ETCD_KEEPALIVE_INTERVAL + ETCD_KEEPALIVE_TIMEOUT + Duration::from_secs(10);
+    let ended = tokio::time::timeout(within, watch.next())
+        .await
+        .expect("the watch on a frozen etcd ended by keepalive");
+    assert!(
+        matches!(ended, Some(Err(StoreError::Unreachable { .. }))),
+        "{ended:?}"
+    );
+
+    etcd.thaw();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(e) = store.get(DocKind::Server, "kept").await {
+        assert!(
+            Instant::now() < deadline,
+            "etcd thawed but calls still fail: {e:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

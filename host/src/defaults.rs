@@ -214,12 +214,14 @@ pub const REGISTRY_RELOAD_MAX_DELAY: Duration = Duration::from_secs(3);
 /// etcd keeps serving its last snapshot instead of hanging.
 pub const ETCD_CALL_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// etcd registry store: HTTP/2 ping interval on the connection, idle or not, so a watch on
-/// a silently dead peer (no FIN, no RST) ends instead of waiting forever.
-pub const ETCD_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// etcd registry store: HTTP/2 ping interval while a watch is open, so a watch on a
+/// silently dead peer (no FIN, no RST) ends instead of waiting forever. etcd answers pings
+/// more often than its `--grpc-keepalive-min-time` (5 s), or pings with no stream open,
+/// by closing the connection; so this is above it and idle connections are not pinged.
+pub const ETCD_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 
 /// etcd registry store: an unanswered ping after this long closes the connection.
-pub const ETCD_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(3);
+pub const ETCD_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Registry store: largest stored document (a server record or profile), in bytes. A real
 /// record is a few KiB; this refuses a runaway value without reading it into a snapshot.

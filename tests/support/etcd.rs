@@ -61,6 +61,23 @@ impl Etcd {
         }
     }
 
+    /// Freezes etcd (SIGSTOP): its port stays open and nothing answers, like a hung peer.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Lets a frozen etcd run again (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        let child = self.child.as_ref().expect("etcd is running");
+        let pid = libc::pid_t::try_from(child.id()).expect("pid fits pid_t");
+        // SAFETY: kill(2) on our own, not yet reaped child.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0, "signal etcd");
+    }
+
     /// Starts etcd again on the same data directory and ports, and waits until healthy.
     pub fn restart(&mut self) {
         self.stop();

@@ -131,8 +131,7 @@ impl EtcdStore {
             .with_keep_alive(
                 defaults::ETCD_KEEPALIVE_INTERVAL,
                 defaults::ETCD_KEEPALIVE_TIMEOUT,
-            )
-            .with_keep_alive_while_idle(true);
+            );
         let client = tokio::time::timeout(timeout, Client::connect(&endpoints, Some(options)))
             .await
             .map_err(|_| unreachable(&describe, timeout_message(timeout)))?
