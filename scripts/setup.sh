@@ -3,7 +3,9 @@
 # - the wasm32-wasip1 Rust target (guests are built for it);
 # - the public reference MCP servers of fixtures/npm (Node.js), pinned by its lock file;
 # - clang, wasm-ld, wasi-libc and the wasm32 compiler-rt builtins, from the system's
-#   package manager (Debian/Ubuntu apt), for building C guests against guest-sdk/c/spear.h.
+#   package manager (Debian/Ubuntu apt), for building C guests against guest-sdk/c/spear.h;
+# - protoc (the etcd-client crate compiles etcd's protos at build time) and the etcd server
+#   (tests/etcd_store.rs starts a real one), from the system's package manager.
 # Safe to run again; each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +38,22 @@ if ! c_guest_toolchain_present; then
   else
     echo "setup: apt-get not found; install clang, wasm-ld, wasi-libc and compiler-rt" \
       "for wasm32 (or wasi-sdk, with WASI_SYSROOT set) to build C guests" >&2
+  fi
+fi
+# protoc builds etcd-client's protos; `etcd` (Debian's etcd-server, v3.4) runs in tests.
+missing=()
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+if [ "${#missing[@]}" -gt 0 ]; then
+  if command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing ${missing[*]} (etcd registry store: build and tests)" >&2
+    sudo=""
+    if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+    $sudo apt-get update -qq
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "setup: apt-get not found; install protoc and the etcd server (v3.4+)" \
+      "for the etcd registry store" >&2
   fi
 fi
 if command -v npm >/dev/null 2>&1; then

@@ -337,7 +337,7 @@ async fn serve(args: ServeArgs) -> i32 {
     let mut builder = HostBuilder::default().with_approver(approvals.clone());
     builder = match &args.registry {
         RegistrySource::Dir(dir) => builder.with_registry_dir(dir),
-        store => match store.open() {
+        store => match store.open().await {
             Ok(store) => builder.with_registry_store(store),
             Err(e) => return fail(e),
         },

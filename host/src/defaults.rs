@@ -226,6 +226,32 @@ pub const REGISTRY_STORE_TIMEOUT: Duration = Duration::from_secs(5);
 /// so a node is back within about a second of its store answering.
 pub const REGISTRY_STORE_RETRY: Duration = Duration::from_secs(1);
 
+/// etcd registry store: longest any one call (list, get, put, delete, opening a watch)
+/// waits for etcd, connecting included; then it fails as unreachable, so a node that lost
+/// etcd keeps serving its last snapshot instead of hanging.
+pub const ETCD_CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// etcd registry store: HTTP/2 ping interval while a watch is open, so a watch on a
+/// silently dead peer (no FIN, no RST) ends instead of waiting forever. etcd answers pings
+/// more often than its `--grpc-keepalive-min-time` (5 s), or pings with no stream open,
+/// by closing the connection; so this is above it and idle connections are not pinged.
+pub const ETCD_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+
+/// etcd registry store: an unanswered ping after this long closes the connection.
+pub const ETCD_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Registry store: largest stored document (a server record or profile), in bytes. A real
+/// record is a few KiB; this refuses a runaway value without reading it into a snapshot.
+pub const REGISTRY_STORE_MAX_DOC_BYTES: usize = 256 * 1024;
+
+/// Registry store: most documents one listing returns; more is refused with an error rather
+/// than building a snapshot of unbounded size.
+pub const REGISTRY_STORE_MAX_DOCS: usize = 10_000;
+
+/// Registry store: largest answer (one listing, one batch of watch events) read from the
+/// store, in bytes. Bounds the memory of a node following a store someone flooded.
+pub const REGISTRY_STORE_MAX_LIST_BYTES: usize = 64 * 1024 * 1024;
+
 /// Errors of a refused reload named in `RegistryHealth::last_reload_error`; the rest are counted. Keeps a health answer small.
 pub const MAX_RELOAD_ERRORS_SHOWN: usize = 8;
 

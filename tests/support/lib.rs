@@ -17,6 +17,7 @@ use tempfile::TempDir;
 pub mod c;
 pub mod chat_wat;
 pub mod errno;
+pub mod etcd;
 pub mod group;
 pub mod hostile_http;
 pub mod llm;

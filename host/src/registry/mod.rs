@@ -44,8 +44,8 @@ pub use record::{
 };
 pub use secrets::{REDACTED, Secrets, redact_known};
 pub use store::{
-    DirStore, DocFormat, DocKind, Listing, RegistrySource, RegistryStore, StoreError, StoreEvent,
-    StoreFuture, StoredDoc, check_change,
+    DirStore, DocFormat, DocKind, DocValidator, EtcdStore, Listing, RegistrySource, RegistryStore,
+    StoreError, StoreEvent, StoreFuture, StoredDoc, check_change,
 };
 
 /// A snapshot of the registry. Cheap to share; reloading makes a new one.

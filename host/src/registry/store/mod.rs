@@ -9,6 +9,9 @@
 //! etcd's).
 
 mod dir;
+mod etcd;
+
+pub use etcd::{DocValidator, EtcdStore};
 
 use std::fmt;
 use std::future::Future;
@@ -244,8 +247,9 @@ impl RegistrySource {
         })
     }
 
-    /// The store this source names. A directory must exist.
-    pub fn open(&self) -> Result<Arc<dyn RegistryStore>, StoreError> {
+    /// The store this source names. A directory must exist; etcd is not contacted yet
+    /// (a node may start while it is down).
+    pub async fn open(&self) -> Result<Arc<dyn RegistryStore>, StoreError> {
         match self {
             Self::Dir(dir) => {
                 if !dir.is_dir() {
@@ -257,12 +261,9 @@ impl RegistrySource {
                 }
                 Ok(Arc::new(DirStore::new(dir)))
             }
-            Self::Etcd { endpoints, prefix } => Err(StoreError::Other {
-                store: format!("etcd://{}{prefix}", endpoints.join(",")),
-                message:
-                    "the etcd store is not built into this quiver yet; use a registry directory"
-                        .into(),
-            }),
+            Self::Etcd { endpoints, prefix } => Ok(Arc::new(
+                EtcdStore::connect(endpoints.clone(), prefix.clone()).await?,
+            )),
         }
     }
 }
