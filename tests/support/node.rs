@@ -80,9 +80,20 @@ impl Node {
         env: &[(&str, &str)],
         args: &[&std::ffi::OsStr],
     ) -> Node {
+        Self::start_on(registry.path().as_os_str(), config, env, args)
+    }
+
+    /// [`Node::start_with_args`] with `--registry <registry>` as given: a directory or a
+    /// store URL such as `etcd://127.0.0.1:2379/quiver`.
+    pub fn start_on(
+        registry: &std::ffi::OsStr,
+        config: Option<&str>,
+        env: &[(&str, &str)],
+        args: &[&std::ffi::OsStr],
+    ) -> Node {
         let config_dir = tempfile::tempdir().expect("tempdir");
         let (child, base, stderr) =
-            Self::spawn("127.0.0.1:0", registry, config, &config_dir, env, args).unwrap_or_else(
+            Self::spawn_on("127.0.0.1:0", registry, config, &config_dir, env, args).unwrap_or_else(
                 |(status, err)| panic!("quiver serve did not start ({status:?}); stderr:\n{err}"),
             );
         let token = env
@@ -119,12 +130,32 @@ impl Node {
         env: &[(&str, &str)],
         args: &[&std::ffi::OsStr],
     ) -> Result<(Child, String, Arc<Mutex<String>>), (Option<ExitStatus>, String)> {
+        Self::spawn_on(
+            listen,
+            registry.path().as_os_str(),
+            config,
+            config_dir,
+            env,
+            args,
+        )
+    }
+
+    /// [`Node::spawn`] with `--registry <registry>` as given.
+    #[allow(clippy::type_complexity)]
+    fn spawn_on(
+        listen: &str,
+        registry: &std::ffi::OsStr,
+        config: Option<&str>,
+        config_dir: &TempDir,
+        env: &[(&str, &str)],
+        args: &[&std::ffi::OsStr],
+    ) -> Result<(Child, String, Arc<Mutex<String>>), (Option<ExitStatus>, String)> {
         let mut cmd = Command::new(quiver_cli());
         cmd.arg("serve")
             .arg("--listen")
             .arg(listen)
             .arg("--registry")
-            .arg(registry.path())
+            .arg(registry)
             .arg("--cache-dir")
             .arg(workspace().join("target").join("test-module-cache"))
             .args(args)

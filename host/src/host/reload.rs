@@ -25,8 +25,12 @@ pub struct RegistryHealth {
     /// ([`RegistryStore::describe`](crate::registry::RegistryStore::describe)), or
     /// `(in code)`.
     pub source: String,
-    /// The revision of the snapshot in force.
+    /// The revision of the snapshot in force (a digest of its records).
     pub revision: String,
+    /// For a host following a store: the store's revision (etcd's revision) of the last
+    /// listing taken in force, unchanged ones included; `None` before one, or for a
+    /// directory given to the host.
+    pub store_revision: Option<u64>,
     /// Snapshots swapped in since the host was built (0: the one it was built with).
     pub generation: u64,
     /// When the snapshot in force was loaded, in Unix seconds.
@@ -56,6 +60,7 @@ impl ReloadState {
         Self(Mutex::new(RegistryHealth {
             source,
             revision: registry.revision().to_owned(),
+            store_revision: None,
             generation: 0,
             loaded_at: SystemTime::now(),
             degraded: errors.is_some(),
@@ -139,15 +144,17 @@ impl Host {
             return Ok(self.registry());
         };
         let fresh = Registry::load_dir(dir).map_err(|e| e.to_string());
-        self.install(fresh, None)
+        self.install(fresh, None, None)
     }
 
     /// Swaps `fresh` in, or refuses it (an `Err` is why it could not be read): the one
-    /// path every reload and store sync takes. `source` replaces the health's source.
+    /// path every reload and store sync takes. `source` replaces the health's source;
+    /// `store_revision` is the store revision `fresh` was listed at.
     pub(super) fn install(
         &self,
         fresh: Result<Registry, String>,
         source: Option<&str>,
+        store_revision: Option<u64>,
     ) -> Result<Arc<Registry>, HostError> {
         let mut health = self.inner.reload.lock();
         if let Some(source) = source {
@@ -189,6 +196,7 @@ impl Host {
         }
         health.degraded = false;
         health.last_reload_error = None;
+        health.store_revision = store_revision;
         if fresh.revision() == old.revision() {
             tracing::debug!(revision = fresh.revision(), "registry unchanged");
             return Ok(old);

@@ -110,11 +110,11 @@ impl Host {
                 let env = |name: &str| std::env::var(name).ok();
                 let fresh = Registry::from_docs(listing.docs, source, &env);
                 // A refused snapshot is logged and recorded in the health.
-                let _ = self.install(Ok(fresh), Some(source));
+                let _ = self.install(Ok(fresh), Some(source), Some(listing.revision));
                 Some(listing.revision)
             }
             Err(e) => {
-                let _ = self.install(Err(e.to_string()), Some(source));
+                let _ = self.install(Err(e.to_string()), Some(source), None);
                 None
             }
         }

@@ -1,0 +1,186 @@
+//! A fleet: real `quiver serve` nodes following one real etcd (`--registry
+//! etcd://HOST:PORT/PREFIX`). Records are written with `EtcdStore` directly, as an
+//! operator's script would. A record written to etcd reaches a task on another node within
+//! seconds, its deletion stops the server there, and with etcd stopped the nodes keep
+//! serving their last snapshot, degraded, until it comes back.
+
+use std::time::Duration;
+
+use quiver::registry::{DocFormat, DocKind, EtcdStore, RegistryStore};
+use quiver_tests::etcd::Etcd;
+use quiver_tests::node::{Answer, Node};
+use quiver_tests::{errno, fixture_pids, fixture_toml, unique_id, wait_gone, wat};
+use serde_json::{Value, json};
+
+/// Generous: several engineers build on two cores. Polls end as soon as the state is seen.
+const WITHIN: Duration = Duration::from_secs(30);
+
+/// The `--registry` URL of `etcd` under `prefix`, as the node describes its store.
+fn url(etcd: &Etcd, prefix: &str) -> String {
+    let endpoint = etcd.endpoint();
+    let host = endpoint.trim_start_matches("http://");
+    format!("etcd://{host}/{prefix}")
+}
+
+async fn store(etcd: &Etcd, prefix: &str) -> EtcdStore {
+    EtcdStore::connect(vec![etcd.endpoint()], prefix.into())
+        .await
+        .expect("connect to etcd")
+}
+
+/// Writes the fixture server as `server_id`; etcd's revision after the write.
+async fn put_fixture(store: &EtcdStore, server_id: &str) -> u64 {
+    store
+        .upsert(
+            DocKind::Server,
+            server_id,
+            DocFormat::Toml,
+            fixture_toml(server_id, &["echo"], "").into_bytes(),
+        )
+        .await
+        .expect("upsert the fixture record")
+}
+
+fn node(registry: &str) -> Node {
+    Node::start_on(registry.as_ref(), None, &[], &[])
+}
+
+fn mcp_task(id: &str, servers: &[&str]) -> Value {
+    json!({
+        "task_id": id,
+        "config": {"mcp.enabled": "true", "mcp.default_server_ids": json!(servers).to_string()},
+        "limits": {"deadline_ms": 120000},
+    })
+}
+
+/// Waits until `node`'s registry is in force at etcd revision `revision` and not degraded.
+async fn wait_synced(node: &Node, revision: u64) -> Value {
+    node.poll_json("/v1/registry", WITHIN, |h| {
+        h["store_revision"] == revision && h["degraded"] == false
+    })
+    .await
+}
+
+/// Runs a task on `node` that calls `server`'s `echo` with `text`; the finished task.
+async fn echo_on(node: &Node, server: &str, text: &str) -> Answer {
+    let args = json!({ "text": text }).to_string();
+    let module = node
+        .upload(wat::mcp_calls(&[(server, "echo", &args)], 1).as_bytes())
+        .await;
+    let id = node
+        .submit_ok(&module, mcp_task(&unique_id("fleet"), &[server]))
+        .await;
+    let done = node.task(&id, 60).await;
+    assert_eq!(
+        done.json["status"],
+        "finished",
+        "{done:?}\n{}",
+        node.stderr()
+    );
+    done
+}
+
+/// Asserts that a task on `node` reached `server`'s `echo` tool and got `text` back.
+async fn assert_echoes(node: &Node, server: &str, text: &str) {
+    let done = echo_on(node, server, text).await;
+    let stderr = done.json["stderr"].as_str().unwrap_or_default();
+    let result: Value = serde_json::from_str(stderr.lines().next().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("{e}: {done:?}"));
+    assert_eq!(result["content"][0]["text"], text, "{done:?}");
+}
+
+/// A guest that opens `server` and writes `ENOENT` to stderr if `mcp_open` says so,
+/// `OPENED` if it gave an fd, `OTHER` otherwise.
+fn open_guest(server: &str) -> String {
+    wat::guest(
+        &[
+            (1024, server.as_bytes()),
+            (2048, b"ENOENT"),
+            (2056, b"OPENED"),
+            (2064, b"OTHER"),
+        ],
+        &format!(
+            "(func $main (local $fd i32)
+               (local.set $fd (call $mcp_open (i32.const 1024) (i32.const {})))
+               (if (i32.eq (local.get $fd) (i32.const {}))
+                 (then (call $emit (i32.const 2048) (i32.const 6)))
+                 (else (if (i32.ge_s (local.get $fd) (i32.const 0))
+                   (then (call $emit (i32.const 2056) (i32.const 6)))
+                   (else (call $emit (i32.const 2064) (i32.const 5)))))))",
+            server.len(),
+            errno::ENOENT
+        ),
+    )
+}
+
+/// What `mcp_open(server)` gives a new task on `node`: `ENOENT`, `OPENED` or `OTHER`
+/// (or why the task was refused).
+async fn open_on(node: &Node, server: &str) -> String {
+    let module = node.upload(open_guest(server).as_bytes()).await;
+    let submitted = node
+        .submit(&module, mcp_task(&unique_id("open"), &[server]))
+        .await;
+    if submitted.status != 202 {
+        return format!("refused {}: {}", submitted.status, submitted.json);
+    }
+    let id = submitted.json["id"].as_str().expect("id");
+    let done = node.task(id, 60).await;
+    assert_eq!(done.json["status"], "finished", "{done:?}");
+    done.json["stderr"]
+        .as_str()
+        .unwrap_or_default()
+        .trim()
+        .to_owned()
+}
+
+async fn server_ids(node: &Node) -> Vec<String> {
+    let servers = node.get_json("/v1/mcp/servers").await;
+    servers["servers"]
+        .as_array()
+        .expect("servers array")
+        .iter()
+        .filter_map(|s| s["server_id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_in_etcd_reaches_another_node_and_its_deletion_stops_it_there() {
+    let etcd = Etcd::start();
+    let prefix = unique_id("fleet");
+    let url = url(&etcd, &prefix);
+    let store = store(&etcd, &prefix).await;
+    let empty = store.list().await.expect("list").revision;
+    let (a, b) = (node(&url), node(&url));
+    for node in [&a, &b] {
+        let health = wait_synced(node, empty).await;
+        assert_eq!(health["source"], url.as_str(), "{health}");
+    }
+
+    let server = unique_id("fleetecho");
+    let put = put_fixture(&store, &server).await;
+    for node in [&a, &b] {
+        wait_synced(node, put).await;
+    }
+    assert_echoes(&b, &server, "from etcd to node B").await;
+    assert_eq!(server_ids(&b).await, [server.as_str()]);
+    let pids = fixture_pids(&server);
+    assert_eq!(pids.len(), 1, "B runs the server once: {pids:?}");
+
+    let deleted = store
+        .delete(DocKind::Server, &server)
+        .await
+        .expect("delete")
+        .expect("the record existed");
+    for node in [&a, &b] {
+        wait_synced(node, deleted).await;
+    }
+    assert!(server_ids(&b).await.is_empty());
+    assert!(
+        wait_gone(pids[0], WITHIN),
+        "B still runs the deleted server (pid {})",
+        pids[0]
+    );
+    // A new task naming it: the registry has no such server (docs/abi.md, mcp_open).
+    assert_eq!(open_on(&b, &server).await, "ENOENT");
+    assert!(fixture_pids(&server).is_empty());
+}
