@@ -9,7 +9,8 @@ use std::time::Duration;
 use quiver::registry::{DocFormat, DocKind, EtcdStore, RegistryStore};
 use quiver_tests::etcd::Etcd;
 use quiver_tests::node::{Answer, Node};
-use quiver_tests::{errno, fixture_pids, fixture_toml, unique_id, wait_gone, wat};
+use quiver_tests::{errno, fixture_pids, fixture_toml, openmetrics, unique_id, wait_gone, wat};
+use reqwest::Method;
 use serde_json::{Value, json};
 
 /// Generous: several engineers build on two cores. Polls end as soon as the state is seen.
@@ -51,6 +52,23 @@ fn mcp_task(id: &str, servers: &[&str]) -> Value {
         "config": {"mcp.enabled": "true", "mcp.default_server_ids": json!(servers).to_string()},
         "limits": {"deadline_ms": 120000},
     })
+}
+
+/// A change must reach a node by its watch within this; the poll alone would take at least
+/// 24 s (`REGISTRY_POLL_INTERVAL` 30 s less its 20 % jitter), so this tells them apart.
+const CHANGE_WITHIN: Duration = Duration::from_secs(15);
+
+/// Waits until every node has the change at etcd revision `revision`, by its watch.
+async fn wait_change(nodes: &[&Node], revision: u64) {
+    let start = std::time::Instant::now();
+    for node in nodes {
+        wait_synced(node, revision).await;
+    }
+    let took = start.elapsed();
+    assert!(
+        took < CHANGE_WITHIN,
+        "revision {revision} took {took:?} to reach the nodes"
+    );
 }
 
 /// Waits until `node`'s registry is in force at etcd revision `revision` and not degraded.
@@ -158,9 +176,7 @@ async fn a_record_in_etcd_reaches_another_node_and_its_deletion_stops_it_there()
 
     let server = unique_id("fleetecho");
     let put = put_fixture(&store, &server).await;
-    for node in [&a, &b] {
-        wait_synced(node, put).await;
-    }
+    wait_change(&[&a, &b], put).await;
     assert_echoes(&b, &server, "from etcd to node B").await;
     assert_eq!(server_ids(&b).await, [server.as_str()]);
     let pids = fixture_pids(&server);
@@ -171,9 +187,7 @@ async fn a_record_in_etcd_reaches_another_node_and_its_deletion_stops_it_there()
         .await
         .expect("delete")
         .expect("the record existed");
-    for node in [&a, &b] {
-        wait_synced(node, deleted).await;
-    }
+    wait_change(&[&a, &b], deleted).await;
     assert!(server_ids(&b).await.is_empty());
     assert!(
         wait_gone(pids[0], WITHIN),
@@ -183,4 +197,115 @@ async fn a_record_in_etcd_reaches_another_node_and_its_deletion_stops_it_there()
     // A new task naming it: the registry has no such server (docs/abi.md, mcp_open).
     assert_eq!(open_on(&b, &server).await, "ENOENT");
     assert!(fixture_pids(&server).is_empty());
+}
+
+/// Waits until `node` reports its registry degraded; the health.
+async fn wait_degraded(node: &Node) -> Value {
+    node.poll_json("/v1/registry", WITHIN, |h| h["degraded"] == true)
+        .await
+}
+
+/// `quiver_registry_degraded` scraped from `node`.
+async fn degraded_gauge(node: &Node) -> f64 {
+    let response = node
+        .request(Method::GET, "/metrics")
+        .send()
+        .await
+        .expect("scrape");
+    assert_eq!(response.status(), 200);
+    let samples = openmetrics::parse(&response.text().await.expect("metrics text"));
+    openmetrics::get(&samples, "quiver_registry_degraded", &[])
+}
+
+/// Asserts the degraded state: the reason names the store, `/readyz` still says 200 (the
+/// last snapshot serves) and reports it, and the gauge is 1.
+async fn assert_degraded_on(node: &Node, url: &str, kept: &Value) {
+    let health = wait_degraded(node).await;
+    let reason = health["last_reload_error"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains(url) && reason.contains("unreachable"),
+        "{health}"
+    );
+    assert_eq!(health["source"], url, "{health}");
+    assert_eq!(
+        health["revision"], kept["revision"],
+        "the last snapshot stays"
+    );
+    let ready = Node::send(node.anonymous(Method::GET, "/readyz")).await;
+    assert_eq!(
+        ready.status, 200,
+        "a degraded registry still serves: {ready:?}"
+    );
+    assert_eq!(ready.json["registry"]["degraded"], true, "{ready:?}");
+    assert_eq!(degraded_gauge(node).await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_etcd_stopped_nodes_serve_degraded_and_recover_when_it_returns() {
+    let mut etcd = Etcd::start();
+    let prefix = unique_id("fleet");
+    let url = url(&etcd, &prefix);
+    let store = store(&etcd, &prefix).await;
+    let server = unique_id("kept");
+    let put = put_fixture(&store, &server).await;
+    let (a, b) = (node(&url), node(&url));
+    let mut kept = Vec::new();
+    for node in [&a, &b] {
+        kept.push(wait_synced(node, put).await);
+        assert_eq!(degraded_gauge(node).await, 0.0);
+    }
+
+    etcd.stop();
+    for (node, kept) in [&a, &b].into_iter().zip(&kept) {
+        assert_degraded_on(node, &url, kept).await;
+        assert_echoes(node, &server, "served from the last snapshot").await;
+    }
+
+    // Same data and port: both list again, clear degraded and follow new changes.
+    etcd.restart();
+    for node in [&a, &b] {
+        wait_synced(node, put).await;
+        assert_eq!(degraded_gauge(node).await, 0.0);
+    }
+    let added = unique_id("added");
+    let later = put_fixture(&store, &added).await;
+    wait_change(&[&a, &b], later).await;
+    for node in [&a, &b] {
+        assert_echoes(node, &added, "added after the restart").await;
+    }
+}
+
+/// `quiver serve` started while etcd is down must not exit after its first-sync wait: it
+/// serves an empty registry, degraded, and catches up once etcd answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_while_etcd_is_down_serves_degraded_and_catches_up() {
+    let mut etcd = Etcd::start();
+    let prefix = unique_id("fleet");
+    let url = url(&etcd, &prefix);
+    let store = store(&etcd, &prefix).await;
+    let server = unique_id("waiting");
+    let put = put_fixture(&store, &server).await;
+    etcd.stop();
+
+    let mut late = node(&url);
+    let health = wait_degraded(&late).await;
+    assert_eq!(health["store_revision"], Value::Null, "{health}");
+    assert!(server_ids(&late).await.is_empty());
+    let ready = Node::send(late.anonymous(Method::GET, "/readyz")).await;
+    assert_eq!(ready.status, 200, "{ready:?}");
+    assert_eq!(ready.json["registry"]["degraded"], true, "{ready:?}");
+    assert_eq!(degraded_gauge(&late).await, 1.0);
+    assert_eq!(open_on(&late, &server).await, "ENOENT");
+    // Past the CLI's first-sync wait (REGISTRY_STORE_TIMEOUT) the node is still there.
+    assert_eq!(
+        late.wait_exit(quiver::defaults::REGISTRY_STORE_TIMEOUT + Duration::from_secs(1)),
+        None,
+        "the node exited with etcd down:\n{}",
+        late.stderr()
+    );
+
+    etcd.restart();
+    wait_synced(&late, put).await;
+    assert_eq!(degraded_gauge(&late).await, 0.0);
+    assert_echoes(&late, &server, "caught up").await;
 }

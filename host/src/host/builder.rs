@@ -445,6 +445,7 @@ impl HostBuilder {
             Some(LiveStatus {
                 servers: host.mcp_servers(),
                 tasks: host.inner.admission.status(),
+                registry_degraded: host.registry_health().degraded,
             })
         }));
         // Only once nothing can fail any more: a failed build starts no server.

@@ -78,6 +78,8 @@ impl fmt::Debug for Metrics {
 pub(crate) struct LiveStatus {
     pub(crate) servers: Vec<ServerStatus>,
     pub(crate) tasks: TaskStatus,
+    /// The registry serves its last snapshot because the newest could not be read or built.
+    pub(crate) registry_degraded: bool,
 }
 
 type LiveSource = dyn Fn() -> Option<LiveStatus> + Send + Sync;
@@ -305,6 +307,13 @@ impl Collector for Live {
         let Some(live) = self.source.get().and_then(|source| source()) else {
             return Ok(());
         };
+        let degraded = encoder.encode_descriptor(
+            "quiver_registry_degraded",
+            "1 while the registry serves its last snapshot because the store is unreachable or its newest listing was refused (see /v1/registry), else 0",
+            None,
+            MetricType::Gauge,
+        )?;
+        ConstGauge::new(i64::from(live.registry_degraded)).encode(degraded)?;
         for (name, help, value) in [
             (
                 "quiver_tasks_running",
