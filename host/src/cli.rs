@@ -350,11 +350,13 @@ async fn serve(args: ServeArgs) -> i32 {
     }
     let mut node_config = NodeConfig::new(args.listen);
     if let Some(path) = &args.config {
-        let serve = match HostConfig::load(path) {
-            Ok(config) => config.serve,
+        let config = match HostConfig::load(path) {
+            Ok(config) => config,
             Err(e) => return fail(e),
         };
-        node_config = match NodeConfig::from_serve_config(args.listen, &serve, path) {
+        node_config = match NodeConfig::from_serve_config(args.listen, &config.serve, path)
+            .and_then(|node| node.with_admin_config(&config.admin, path))
+        {
             Ok(config) => config,
             Err(e) => return fail(e),
         };

@@ -26,7 +26,7 @@ use tokio::sync::{Notify, watch};
 
 use super::{Host, HostError};
 use crate::defaults;
-use crate::registry::{Registry, RegistryStore, StoreError};
+use crate::registry::{DirStore, Registry, RegistryStore, StoreError};
 
 /// Keeps a host following a store until dropped.
 #[must_use = "the store is followed only while this lives"]
@@ -90,6 +90,27 @@ impl Host {
             resync,
             synced,
         })
+    }
+
+    /// Where registry writes go: the store the host follows, or else its registry
+    /// directory as a [`DirStore`]; `None` for a registry given in memory.
+    pub fn writable_store(&self) -> Option<Arc<dyn RegistryStore>> {
+        if let Some(store) = self.registry_store() {
+            return Some(store);
+        }
+        let dir = self.inner.registry_dir.clone()?;
+        Some(Arc::new(DirStore::new(dir)))
+    }
+
+    /// Brings the snapshot up to `store` now, after a write to it, so the next request
+    /// sees the write without waiting for a watch or the poll.
+    pub async fn sync_after_write(&self, store: &dyn RegistryStore) {
+        if self.registry_store().is_some() {
+            let _ = self.sync_from(store, &store.describe()).await;
+        } else {
+            // A refused reload is recorded in the registry health.
+            let _ = self.reload_registry();
+        }
     }
 
     /// Lists `store` and installs the snapshot (or records why not); the revision listed.

@@ -19,10 +19,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::NodeState;
 use super::error::ApiError;
 use super::modules::TooLarge;
 use super::tasks::Refused;
+use super::{NodeState, admin};
 use crate::TaskSpec;
 use crate::approval::{ApprovalDecision, ApprovalQueue};
 use crate::defaults;
@@ -40,8 +40,22 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
         .route("/v1/registry", get(registry_health))
         .route("/metrics", get(metrics))
         .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    let admin = Router::new()
+        .route(
+            "/admin/api/mcp/servers",
+            get(admin::list).post(admin::create),
+        )
+        .route(
+            "/admin/api/mcp/servers/{id}",
+            get(admin::get).put(admin::replace).delete(admin::remove),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_admin_token,
+        ));
     Router::new()
         .route("/healthz", get(healthz))
+        .merge(admin)
         .route("/readyz", get(readyz))
         .merge(guarded)
         .fallback(|| async {
@@ -67,6 +81,36 @@ async fn require_token(
     let Some(token) = &state.config.token else {
         return next.run(request).await;
     };
+    match check_bearer(&request, token) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The admin token guards `/admin/api/...`; the task token does not open it, and without
+/// an admin token those routes do not exist (`404 admin_disabled`).
+async fn require_admin_token(
+    State(state): State<Arc<NodeState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(token) = &state.config.admin_token else {
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            "admin_disabled",
+            "the admin API is off; set `[admin] token_env` in quiver.toml to turn it on",
+        )
+        .with_field("path")
+        .into_response();
+    };
+    match check_bearer(&request, token) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `Authorization: Bearer <token>` matches `token`.
+fn check_bearer(request: &Request, token: &super::config::Token) -> Result<(), ApiError> {
     let given = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -75,11 +119,13 @@ async fn require_token(
         // RFC 7235: the scheme is case-insensitive.
         .and_then(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer").then_some(token));
     match given {
-        None => ApiError::unauthorized("send `Authorization: Bearer <token>`").into_response(),
+        None => Err(ApiError::unauthorized(
+            "send `Authorization: Bearer <token>`",
+        )),
         Some(given) if !same_secret(given.trim().as_bytes(), token.0.as_bytes()) => {
-            ApiError::unauthorized("the token is wrong").into_response()
+            Err(ApiError::unauthorized("the token is wrong"))
         }
-        Some(_) => next.run(request).await,
+        Some(_) => Ok(()),
     }
 }
 
@@ -517,7 +563,10 @@ fn normalise_hex(value: &str, len: usize) -> Option<String> {
 }
 
 /// JSON of type `T`; an error names the field at fault, below `prefix`.
-fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], prefix: &str) -> Result<T, ApiError> {
+pub(super) fn parse_json<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    prefix: &str,
+) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let message = e.inner().to_string();
@@ -551,7 +600,7 @@ fn field_path(prefix: &str, path: &str, message: &str) -> String {
 }
 
 /// The request body, at most `limit` bytes and within `timeout`.
-async fn read_body(
+pub(super) async fn read_body(
     headers: &HeaderMap,
     body: Body,
     limit: u64,

@@ -85,6 +85,33 @@ impl ServeConfig {
     }
 }
 
+/// `[admin]` in `quiver.toml`: the token of the admin API (`/admin/api/...`), separate
+/// from the task API token so a client that may run tasks cannot change the registry.
+/// Without it the admin routes answer `404 admin_disabled`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Name of the environment variable holding the admin token (never the token itself).
+    pub token_env: Option<String>,
+}
+
+impl AdminConfig {
+    /// The field at fault and the fix, for a value no node can use.
+    pub(crate) fn check(&self) -> Result<(), (&'static str, &'static str)> {
+        if self
+            .token_env
+            .as_deref()
+            .is_some_and(|name| name.trim().is_empty())
+        {
+            return Err((
+                "admin.token_env",
+                "must name an environment variable, e.g. \"QUIVER_ADMIN_TOKEN\"; omit it to turn the admin API off",
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The API token, kept out of `Debug` output and logs.
 #[derive(Clone)]
 pub(crate) struct Token(pub(crate) String);
@@ -111,6 +138,8 @@ impl std::fmt::Debug for Token {
 pub struct NodeConfig {
     pub(crate) listen: SocketAddr,
     pub(crate) token: Option<Token>,
+    /// Guards `/admin/api/...`; `None` turns those routes off.
+    pub(crate) admin_token: Option<Token>,
     pub(crate) drain_grace: Duration,
     pub(crate) max_module_bytes: u64,
     pub(crate) max_modules: u32,
@@ -135,6 +164,7 @@ impl NodeConfig {
         Self {
             listen,
             token: None,
+            admin_token: None,
             drain_grace: defaults::SERVE_DRAIN_GRACE,
             max_module_bytes: defaults::SERVE_MAX_MODULE_BYTES,
             max_modules: defaults::SERVE_MAX_MODULES,
@@ -198,6 +228,33 @@ impl NodeConfig {
     /// [`Node::bind`](super::Node::bind) fail.
     pub fn with_token(mut self, token: impl Into<String>) -> Self {
         self.token = Some(Token::trimmed(&token.into()).unwrap_or(Token(String::new())));
+        self
+    }
+
+    /// Turns the admin API on, guarded by the token read now from the variable
+    /// `[admin] token_env` of the host config at `file` names.
+    pub fn with_admin_config(
+        mut self,
+        config: &AdminConfig,
+        file: &Path,
+    ) -> Result<Self, ServeError> {
+        if let Some(var) = &config.token_env {
+            let token = std::env::var(var).ok();
+            self.admin_token =
+                Some(token.as_deref().and_then(Token::trimmed).ok_or_else(|| {
+                    ServeError::AdminTokenEnv {
+                        file: file.to_owned(),
+                        var: var.clone(),
+                    }
+                })?);
+        }
+        Ok(self)
+    }
+
+    /// Turns the admin API on, guarded by `token` (surrounding whitespace dropped); a
+    /// blank token makes [`Node::bind`](super::Node::bind) fail.
+    pub fn with_admin_token(mut self, token: impl Into<String>) -> Self {
+        self.admin_token = Some(Token::trimmed(&token.into()).unwrap_or(Token(String::new())));
         self
     }
 

@@ -24,7 +24,14 @@ pub enum ServeError {
         file.display()
     )]
     TokenEnv { file: PathBuf, var: String },
-    #[error("the API token is empty; give `NodeConfig::with_token` a non-blank token")]
+    #[error(
+        "{}: admin.token_env: the variable `{var}` is not set or blank; export the admin token in it, or remove `[admin]` to turn the admin API off",
+        file.display()
+    )]
+    AdminTokenEnv { file: PathBuf, var: String },
+    #[error(
+        "the API or admin token is empty; give `NodeConfig::with_token` and `with_admin_token` a non-blank token"
+    )]
     BlankToken,
     #[error("cannot listen on {addr}: {source}")]
     Bind {

@@ -32,6 +32,7 @@
 //! # }
 //! ```
 
+mod admin;
 mod api;
 mod config;
 mod error;
@@ -44,7 +45,7 @@ use std::sync::Arc;
 
 use tokio::sync::{Semaphore, watch};
 
-pub use config::{NodeConfig, ServeConfig};
+pub use config::{AdminConfig, NodeConfig, ServeConfig};
 pub use error::ServeError;
 
 use crate::{Host, defaults};
@@ -68,6 +69,8 @@ pub(crate) struct NodeState {
     tasks: Arc<TaskTable>,
     uploads: Semaphore,
     phase: watch::Sender<Phase>,
+    /// Where the admin API reads and writes records; `None` without an admin token.
+    admin_store: Option<Arc<dyn crate::registry::RegistryStore>>,
 }
 
 impl NodeState {
@@ -135,7 +138,8 @@ impl NodeControl {
 impl Node {
     /// Binds `config.listen` for `host`. A non-loopback address needs a token.
     pub async fn bind(host: Host, config: NodeConfig) -> Result<Self, ServeError> {
-        if config.token.as_ref().is_some_and(|t| t.0.is_empty()) {
+        let blank = |t: &Option<config::Token>| t.as_ref().is_some_and(|t| t.0.is_empty());
+        if blank(&config.token) || blank(&config.admin_token) {
             return Err(ServeError::BlankToken);
         }
         if config.token.is_none() && !config.listen.ip().is_loopback() {
@@ -160,6 +164,11 @@ impl Node {
             )),
             uploads: Semaphore::new(defaults::SERVE_CONCURRENT_UPLOADS),
             phase: watch::channel(Phase::Serving).0,
+            admin_store: config
+                .admin_token
+                .is_some()
+                .then(|| host.writable_store())
+                .flatten(),
             host,
             config,
         });

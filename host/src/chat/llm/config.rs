@@ -39,6 +39,8 @@
 //! [serve]                                # `quiver serve` (see crate::serve::ServeConfig)
 //! token_env = "QUIVER_TOKEN"             # the *name* of the variable holding the API token
 //! drain_grace_ms = 30000                 # running tasks' time to finish on SIGTERM
+//! [admin]                                # `quiver serve` admin API (off without it)
+//! token_env = "QUIVER_ADMIN_TOKEN"       # the *name* of the variable holding the admin token
 //! ```
 
 use std::collections::BTreeMap;
@@ -47,7 +49,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::mcp::{AuthConfig, EgressConfig, EgressPolicy, McpHostConfig};
-use crate::serve::ServeConfig;
+use crate::serve::{AdminConfig, ServeConfig};
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
@@ -93,6 +95,9 @@ pub struct HostConfig {
     /// `quiver serve`: the node's API token and limits.
     #[serde(default)]
     pub serve: ServeConfig,
+    /// `quiver serve`: the admin API's token; without it the admin API is off.
+    #[serde(default)]
+    pub admin: AdminConfig,
 }
 
 /// `[tasks]`: admission control. Unset fields take their `defaults`; `HostBuilder` options
@@ -225,6 +230,10 @@ impl HostConfig {
             .map_err(|(field, message)| ConfigError::new(path, field, message))?;
         config
             .serve
+            .check()
+            .map_err(|(field, message)| ConfigError::new(path, field, message))?;
+        config
+            .admin
             .check()
             .map_err(|(field, message)| ConfigError::new(path, field, message))?;
         for (name, backend) in &config.backends {
