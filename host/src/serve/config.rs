@@ -290,6 +290,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_admin_table_names_its_field_and_refuses_unknown_ones() {
+        let blank = AdminConfig {
+            token_env: Some(" ".into()),
+        };
+        assert_eq!(blank.check().map_err(|e| e.0), Err("admin.token_env"));
+        let typo = toml::from_str::<AdminConfig>("token = \"X\"").unwrap_err();
+        assert!(typo.to_string().contains("unknown field `token`"), "{typo}");
+        let unset = NodeConfig::new("127.0.0.1:0".parse().expect("addr")).with_admin_config(
+            &AdminConfig {
+                token_env: Some("QUIVER_TEST_SURELY_UNSET_ADMIN".into()),
+            },
+            Path::new("quiver.toml"),
+        );
+        let err = unset.expect_err("an unset variable is refused").to_string();
+        assert!(
+            err.contains("admin.token_env") && err.contains("quiver.toml"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn zero_limits_and_a_blank_token_variable_are_refused_by_name() {
         let zero = ServeConfig {
             max_tasks: Some(0),
