@@ -96,6 +96,9 @@ async fn records_written_over_the_admin_api_reach_the_next_task() {
     let changed =
         Node::send(admin(&node, Method::PUT, "/servers/fx").json(&record("fx", &["add"]))).await;
     assert_eq!(changed.status, 200, "{changed:?}");
+    let fx = Node::send(admin(&node, Method::GET, "/servers/fx")).await;
+    let body = fx.json["body"].as_str().unwrap_or_default();
+    assert!(body.contains("allowed_tools = [\"add\"]"), "{fx:?}");
     assert!(
         !echo(&node, "fx", "second-hello")
             .await
