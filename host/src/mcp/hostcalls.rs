@@ -1,10 +1,12 @@
 //! The `mcp_*` hostcalls: registry views and sessions on pooled MCP connections.
 //!
 //! Each hostcall opens a span named after itself and decides policy before any work:
-//! `mcp_open` and the registry views through [`McpTask::decide_server`], every list and
-//! call through the fd's [`Grant`](crate::policy::Grant) (its tool filter, and for calls
-//! [`Grant::check_call`](crate::policy::Grant::check_call), which adds the approval
-//! policy; a call needing approval waits for the host's [approver](crate::approval)). A result that does not fit the guest's buffer stays on the fd and is handed
+//! `mcp_open` and `mcp_registry_get` through [`McpTask::decide_server`] (the listing through
+//! [`McpTask::lists`]), every list and call through the fd's
+//! [`Grant`](crate::policy::Grant) (its tool filter, and for calls
+//! [`Grant::check_call`](crate::policy::Grant::check_call), which adds the approval policy;
+//! a call needing approval waits for the host's [approver](crate::approval)). A result that
+//! does not fit the guest's buffer stays on the fd and is handed
 //! back on the retry, so a retry never runs the tool twice. Kept results and a call's
 //! arguments are charged to the task's memory budget; when it cannot hold them the call is
 //! `-ENOMEM`.
@@ -127,12 +129,7 @@ fn registry_list<T: McpView>(
     let servers: Vec<_> = mcp
         .registry
         .servers()
-        .filter(|entry| {
-            matches!(
-                mcp.decide_server(&task_id, "mcp_registry_list", entry.server_id()),
-                Ok(_) | Err(Errno::ENOTCONN)
-            )
-        })
+        .filter(|entry| mcp.lists(entry.server_id()))
         .map(|entry| entry.view())
         .collect();
     let body = json!({"revision": mcp.registry.revision(), "servers": servers});

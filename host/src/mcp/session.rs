@@ -7,7 +7,7 @@ use quiver_abi::Errno;
 use super::McpPool;
 use crate::approval::Approvals;
 use crate::observe::{Observers, PolicyDenial};
-use crate::policy::{self, Grant, Reason, SessionRequest, TaskMcpPolicy};
+use crate::policy::{self, Decision, Grant, Reason, SessionRequest, TaskMcpPolicy};
 use crate::registry::Registry;
 use crate::sandbox::{Charge, FdKindOf, MemoryBudget, SandboxView, heap};
 
@@ -29,32 +29,22 @@ pub trait McpView: SandboxView<Fd: FdKindOf<McpSession>> {
 }
 
 impl McpTask {
-    /// The one decision of `mcp_open` and the registry views: may this task use
+    /// The one decision of `mcp_open` and `mcp_registry_get`: may this task use
     /// `server_id`, and with which tool filter? Unknown `-ENOENT`, a required env variable
-    /// missing `-ENOTCONN`, anything else `-EACCES`; every denial is logged with its reason.
+    /// missing `-ENOTCONN`, anything else `-EACCES`; every denial is logged with its reason
+    /// and reported to the observers.
     pub fn decide_server(
         &self,
         task_id: &str,
         hostcall: &'static str,
         server_id: &str,
     ) -> Result<Grant, Errno> {
-        let requested = [server_id.to_owned()];
-        let effective = policy::effective(
-            &self.registry,
-            &self.policy,
-            &SessionRequest::single(&requested),
-        );
-        if let Some(grant) = effective.grant(server_id) {
-            return Ok(grant.clone());
-        }
-        let Some(decision) = effective.decision(server_id) else {
-            return Err(Errno::EACCES);
+        let decision = match self.decide(server_id) {
+            Ok(grant) => return Ok(grant),
+            Err(None) => return Err(Errno::EACCES),
+            Err(Some(decision)) => decision,
         };
         tracing::info!(task_id, hostcall, server_id, reason = ?decision.reason, detail = %decision.detail, "denied by policy");
-        // A registry listing filters what it shows; it refuses nothing the guest asked for.
-        if hostcall == "mcp_registry_list" {
-            return Err(errno_of(decision.reason));
-        }
         self.observers.policy_denied(&PolicyDenial {
             task_id: task_id.into(),
             session_fd: None,
@@ -64,10 +54,34 @@ impl McpTask {
                 .to_owned(),
             tool: None,
             reason: decision.reason,
-            detail: decision.detail.clone(),
+            detail: decision.detail,
             at: std::time::SystemTime::now(),
         });
         Err(errno_of(decision.reason))
+    }
+
+    /// Whether `mcp_registry_list` shows `server_id` to this task: the servers it may use,
+    /// and those only missing a required env variable. A listing filters; it refuses
+    /// nothing the guest asked for, so nothing is logged or reported.
+    pub fn lists(&self, server_id: &str) -> bool {
+        match self.decide(server_id) {
+            Ok(_) => true,
+            Err(decision) => decision.is_some_and(|d| errno_of(d.reason) == Errno::ENOTCONN),
+        }
+    }
+
+    /// The grant, or the decision that denies it (`None`: denied without one).
+    fn decide(&self, server_id: &str) -> Result<Grant, Option<Decision>> {
+        let requested = [server_id.to_owned()];
+        let effective = policy::effective(
+            &self.registry,
+            &self.policy,
+            &SessionRequest::single(&requested),
+        );
+        if let Some(grant) = effective.grant(server_id) {
+            return Ok(grant.clone());
+        }
+        Err(effective.decision(server_id).cloned())
     }
 }
 
