@@ -215,3 +215,42 @@ async fn records_come_back_with_env_references_never_their_values() {
         assert!(!text.contains(SECRET), "{text}");
     }
 }
+
+/// Hostile bodies and ids get a 4xx naming what is wrong, nothing is written, and the node
+/// keeps serving.
+#[tokio::test]
+async fn hostile_admin_requests_are_refused_and_write_nothing() {
+    let registry = RegistryDir::new();
+    let node = node(&registry);
+    let post = |body: reqwest::Body| {
+        admin(&node, Method::POST, "/servers")
+            .header("content-type", "application/json")
+            .body(body)
+    };
+    // Past max_request_bytes (1 MiB by default).
+    let huge = json!({"format": "toml", "body": "x".repeat(2 * 1024 * 1024)}).to_string();
+    let answer = Node::send(post(huge.into())).await;
+    assert_eq!(answer.status, 413, "{answer:?}");
+    for body in [
+        b"{not json".to_vec(),
+        vec![0xff, 0xfe, 0x7b],
+        b"[]".to_vec(),
+        br#"{"format":"toml","body":"server_id = 'x'","extra":1}"#.to_vec(),
+        br#"{"format":"yaml","body":"server_id: x"}"#.to_vec(),
+    ] {
+        let shown = String::from_utf8_lossy(&body).into_owned();
+        let answer = Node::send(post(body.into())).await;
+        assert!(
+            (400..500).contains(&answer.status) && answer.json["error"]["code"].is_string(),
+            "{shown}: {answer:?}"
+        );
+    }
+    for id in ["..%2Fetc", &"a".repeat(65), "%00"] {
+        let answer = Node::send(admin(&node, Method::DELETE, &format!("/servers/{id}"))).await;
+        assert!((400..500).contains(&answer.status), "{id}: {answer:?}");
+    }
+    let files: Vec<_> = std::fs::read_dir(registry.path()).unwrap().collect();
+    assert!(files.is_empty(), "nothing written: {files:?}");
+    let listed = Node::send(admin(&node, Method::GET, "/servers")).await;
+    assert_eq!(listed.status, 200, "{listed:?}");
+}
