@@ -44,8 +44,9 @@ pub use record::{
 };
 pub use secrets::{REDACTED, Secrets, redact_known};
 pub use store::{
-    DirStore, DocFormat, DocKind, DocValidator, EtcdStore, Listing, RegistrySource, RegistryStore,
-    StoreError, StoreEvent, StoreFuture, StoredDoc, check_change,
+    Change, DirStore, DocChange, DocFormat, DocKind, DocValidator, EtcdStore, Listing,
+    RegistrySource, RegistryStore, StoreError, StoreEvent, StoreFuture, StoredDoc, Write,
+    check_change, check_changes, diff_docs, parse_bundle,
 };
 
 /// A snapshot of the registry. Cheap to share; reloading makes a new one.

@@ -8,6 +8,7 @@
 //! the embedded default; etcd v3 is the store a fleet of nodes shares (its revision is
 //! etcd's).
 
+mod bundle;
 mod dir;
 mod etcd;
 
@@ -19,6 +20,7 @@ use std::pin::Pin;
 
 use futures::stream::BoxStream;
 
+pub use bundle::{Change, DocChange, diff_docs, parse_bundle};
 pub use dir::DirStore;
 
 use std::path::PathBuf;
@@ -144,14 +146,53 @@ pub fn check_change(
     name: &str,
     change: Option<(DocFormat, &[u8])>,
 ) -> Result<(), StoreError> {
-    let what = match kind {
-        DocKind::Server => "server",
-        DocKind::Profile => "profile",
+    let change = match change {
+        Some((format, body)) => Write::Put(StoredDoc {
+            kind,
+            name: name.to_owned(),
+            format,
+            body: body.to_vec(),
+            revision: 0,
+        }),
+        None => Write::Delete {
+            kind,
+            name: name.to_owned(),
+        },
     };
-    if !is_valid_server_id(name) {
-        return Err(StoreError::Invalid(format!(
-            "{what} name {name:?}: use 1 to 64 letters, digits, `_` and `-`"
-        )));
+    check_changes(current, store, &[change])
+}
+
+/// One write of a batch checked by [`check_changes`].
+#[derive(Clone, Debug)]
+pub enum Write {
+    Put(StoredDoc),
+    Delete { kind: DocKind, name: String },
+}
+
+impl Write {
+    fn key(&self) -> (DocKind, &str) {
+        match self {
+            Self::Put(doc) => (doc.kind, &doc.name),
+            Self::Delete { kind, name } => (*kind, name),
+        }
+    }
+}
+
+/// [`check_change`] for several writes made together (an import): the registry with all of
+/// them applied must have no error the current one lacks.
+pub fn check_changes(
+    current: &[StoredDoc],
+    store: &str,
+    writes: &[Write],
+) -> Result<(), StoreError> {
+    for write in writes {
+        let (kind, name) = write.key();
+        if !is_valid_server_id(name) {
+            return Err(StoreError::Invalid(format!(
+                "{} name {name:?}: use 1 to 64 letters, digits, `_` and `-`",
+                kind_name(kind)
+            )));
+        }
     }
     // `${ENV:..}` references are checked for form only; a missing variable makes a
     // server unavailable, not invalid.
@@ -166,20 +207,12 @@ pub fn check_change(
             .collect()
     };
     let before = errors(&build(current.to_vec()));
-    let mut docs: Vec<StoredDoc> = current
-        .iter()
-        .filter(|d| !(d.kind == kind && d.name == name))
-        .cloned()
-        .collect();
-    if let Some((format, body)) = change {
-        docs.push(StoredDoc {
-            kind,
-            name: name.to_owned(),
-            format,
-            body: body.to_vec(),
-            revision: 0,
-        });
-    }
+    let written = |doc: &StoredDoc| writes.iter().any(|w| w.key() == (doc.kind, &doc.name));
+    let mut docs: Vec<StoredDoc> = current.iter().filter(|d| !written(d)).cloned().collect();
+    docs.extend(writes.iter().filter_map(|w| match w {
+        Write::Put(doc) => Some(doc.clone()),
+        Write::Delete { .. } => None,
+    }));
     let after = build(docs);
     let new: Vec<String> = errors(&after)
         .into_iter()
@@ -188,23 +221,33 @@ pub fn check_change(
     if !new.is_empty() {
         return Err(StoreError::Invalid(new.join("; ")));
     }
-    if change.is_none() {
-        return Ok(());
-    }
-    let stored_as_named = match kind {
-        DocKind::Server => after.get(name).is_some(),
-        DocKind::Profile => after.profile(name).is_some(),
-    };
-    if !stored_as_named {
-        let field = match kind {
-            DocKind::Server => "server_id",
-            DocKind::Profile => "name",
+    for write in writes {
+        let Write::Put(StoredDoc { kind, name, .. }) = write else {
+            continue;
         };
-        return Err(StoreError::Invalid(format!(
-            "{store}/{what}s/{name}: {field}: the document is stored as `{name}` but its {field} differs; make them equal"
-        )));
+        let stored_as_named = match kind {
+            DocKind::Server => after.get(name).is_some(),
+            DocKind::Profile => after.profile(name).is_some(),
+        };
+        if !stored_as_named {
+            let field = match kind {
+                DocKind::Server => "server_id",
+                DocKind::Profile => "name",
+            };
+            return Err(StoreError::Invalid(format!(
+                "{store}/{}s/{name}: {field}: the document is stored as `{name}` but its {field} differs; make them equal",
+                kind_name(*kind)
+            )));
+        }
     }
     Ok(())
+}
+
+fn kind_name(kind: DocKind) -> &'static str {
+    match kind {
+        DocKind::Server => "server",
+        DocKind::Profile => "profile",
+    }
 }
 
 /// Where `--registry` points: a directory, or an etcd v3 store shared by a fleet.
