@@ -160,6 +160,29 @@ async fn an_invalid_record_is_refused_naming_the_field() {
         (422, "server_id"),
         "{no_id:?}"
     );
+
+    // `servers/import` is the import route: a server by that name could never be read.
+    let reserved = fixture_toml("import", &["echo"], "");
+    let refused = Node::send(
+        admin(&node, Method::POST, "/servers").json(&json!({"format": "toml", "body": reserved})),
+    )
+    .await;
+    assert_eq!(
+        (refused.status, refused.code(), refused.field()),
+        (422, "reserved_name", "server_id"),
+        "{refused:?}"
+    );
+    let imported = Node::send(
+        admin(&node, Method::POST, "/servers/import")
+            .json(&json!({"format": "toml", "body": fixture_toml("import", &["echo"], "")})),
+    )
+    .await;
+    assert_eq!(
+        (imported.status, imported.code()),
+        (422, "reserved_name"),
+        "{imported:?}"
+    );
+    assert!(!registry.path().join("import.toml").exists());
 }
 
 #[tokio::test]

@@ -13,6 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
+use super::records::refuse_reserved;
 use super::{NodeState, query_pairs, read_record, store, store_error};
 use crate::defaults;
 use crate::registry::{
@@ -46,6 +47,9 @@ pub(in crate::serve) async fn import(
             ),
         )
         .with_field("body"));
+    }
+    for doc in &docs {
+        refuse_reserved(doc.kind, &doc.name)?;
     }
     let store = store(&state)?;
     let listing = store.list().await.map_err(store_error)?;

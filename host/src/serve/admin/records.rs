@@ -113,6 +113,7 @@ async fn create(
     no_query(query)?;
     let record = read_record(state, headers, body).await?;
     let name = document_name(kind, &record)?;
+    refuse_reserved(kind, &name)?;
     let store = store(state)?;
     if store.get(kind, &name).await.map_err(store_error)?.is_some() {
         let plural = format!("{}s", noun(kind));
@@ -208,6 +209,20 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 async fn check(store: &Arc<dyn RegistryStore>, writes: &[Write]) -> Result<(), ApiError> {
     let listing = store.list().await.map_err(store_error)?;
     check_changes(&listing.docs, &store.describe(), writes).map_err(store_error)
+}
+
+/// Refuses a server id the admin routes could not address: `servers/import` is the import
+/// endpoint, so a server named `import` could be created but never read or deleted there.
+pub(super) fn refuse_reserved(kind: DocKind, name: &str) -> Result<(), ApiError> {
+    if kind == DocKind::Server && name == "import" {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "reserved_name",
+            "`import` is reserved (POST /admin/api/mcp/servers/import); pick another server_id",
+        )
+        .with_field("server_id"));
+    }
+    Ok(())
 }
 
 /// The document's name field (`server_id` or `name`).
