@@ -512,6 +512,24 @@ fn against_etcd_put_list_and_diff_use_the_store_directly() {
         (Some(1), "- server beta\n"),
         "{differ:?}"
     );
+
+    // etcd itself checks only syntax; the CLI makes the node's check before deleting.
+    let refused = registry(&["delete", "alpha", "--registry", &url], &[]);
+    assert_eq!(refused.code, Some(1), "{refused:?}");
+    assert!(refused.stderr.contains("server_ids"), "{refused:?}");
+    for args in [&["delete", "dev", "--profile"][..], &["delete", "alpha"]] {
+        let mut args = args.to_vec();
+        args.extend(["--registry", &url]);
+        let deleted = registry(&args, &[]);
+        assert_eq!(deleted.code, Some(0), "{deleted:?}");
+    }
+    let listed = registry(&["list", "--json", "--registry", &url], &[]);
+    let listed: Value = serde_json::from_str(&listed.stdout).expect("JSON");
+    assert_eq!(
+        listed["records"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
 }
 
 /// A fake node on a loopback port: each connection's request head is read, then `answer`

@@ -266,7 +266,7 @@ impl Target {
     async fn delete(&self, kind: DocKind, name: &str) -> Result<Option<u64>, CliError> {
         Ok(match self {
             Self::Node(node) => node.delete(kind, name).await?,
-            Self::Store(store) => store.delete(kind, name).await?,
+            Self::Store(store) => store::delete(&**store, kind, name).await?,
         })
     }
 }

@@ -1,9 +1,11 @@
 //! The store side of a [`Target`](super::Target): a registry directory or etcd used
-//! directly. `put` makes the node's import checks: the whole set first, with
-//! `check_changes`, then each write again as the store makes it.
+//! directly, with the checks a node makes: `put` checks the whole set first
+//! (`check_changes`), `delete` checks that nothing still needs the document. A store may
+//! check each write again itself (a directory does; etcd checks only the syntax).
 
 use quiver::registry::{
-    Change, DocChange, RegistryStore, StoreError, StoredDoc, Write, check_changes, diff_docs,
+    Change, DocChange, DocKind, RegistryStore, StoreError, StoredDoc, Write, check_change,
+    check_changes, diff_docs,
 };
 
 use super::{Listed, Record, Written};
@@ -64,4 +66,23 @@ pub(super) async fn put(
         }
     }
     Ok(Written { revision, changes })
+}
+
+/// Deletes a document unless the registry without it would have a new error (a profile
+/// still naming the server); `None` if there is no such document.
+pub(super) async fn delete(
+    store: &dyn RegistryStore,
+    kind: DocKind,
+    name: &str,
+) -> Result<Option<u64>, StoreError> {
+    let current = store.list().await?;
+    if !current
+        .docs
+        .iter()
+        .any(|d| d.kind == kind && d.name == name)
+    {
+        return Ok(None);
+    }
+    check_change(&current.docs, &store.describe(), kind, name, None)?;
+    store.delete(kind, name).await
 }
