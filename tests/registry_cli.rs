@@ -186,6 +186,15 @@ fn a_bundle_put_into_a_directory_is_listed_read_diffed_and_deleted() {
     ]
     .map(|(k, n)| (k.to_owned(), n.to_owned()));
     assert_eq!(records, expected);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    let written = listed["records"][0]["updated_at"].as_u64();
+    assert!(
+        written.is_some_and(|t| t.abs_diff(now) < 3600),
+        "a file's mtime: {listed}"
+    );
 
     // As written: the reference, not the value of the variable set for the CLI.
     let alpha = on_dir(&["get", "alpha"], reg.path(), &[("QV_CLI_SECRET", SECRET)]);
@@ -481,6 +490,10 @@ fn against_etcd_put_list_and_diff_use_the_store_directly() {
         .iter()
         .map(|r| {
             assert!(r["revision"].as_u64().is_some_and(|r| r <= revision), "{r}");
+            assert!(
+                r["updated_at"].as_u64().is_some(),
+                "etcd keeps the time: {r}"
+            );
             r["name"].as_str().unwrap_or_default()
         })
         .collect();

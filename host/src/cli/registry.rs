@@ -147,7 +147,7 @@ impl CliError {
     }
 }
 
-/// One record as `list` shows it. A store knows no `updated_at`, state or tool count.
+/// One record as `list` shows it. Only a node knows a server's state and tool count.
 #[derive(Serialize)]
 struct Record {
     kind: DocKind,

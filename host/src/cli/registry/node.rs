@@ -352,6 +352,7 @@ impl Item {
             format: self.format.into(),
             body: self.body.into_bytes(),
             revision: self.revision,
+            updated_at: self.updated_at,
         }
     }
 }

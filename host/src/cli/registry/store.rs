@@ -20,7 +20,7 @@ pub(super) async fn list(store: &dyn RegistryStore) -> Result<Listed, StoreError
             name: doc.name,
             format: doc.format,
             revision: doc.revision,
-            updated_at: None,
+            updated_at: doc.updated_at,
             state: None,
             tool_count: None,
         })
