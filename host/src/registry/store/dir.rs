@@ -506,6 +506,50 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_conditional_write_on_a_stale_revision_conflicts_and_docs_carry_their_mtime() {
+        let dir = TempDir::new("ifmatch");
+        let store = DirStore::new(&dir.0);
+        let first = store
+            .upsert(DocKind::Server, "a", DocFormat::Toml, server("a"))
+            .await
+            .unwrap();
+        let doc = store.get(DocKind::Server, "a").await.unwrap().unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(
+            doc.updated_at.is_some_and(|t| t.abs_diff(now) < 120),
+            "{doc:?}"
+        );
+        let changed = b"server_id = \"a\"\ntransport = \"stdio\"\nallowed_tools = [\"x\"]\n[stdio]\ncommand = \"true\"\n";
+        let second = store
+            .upsert_if(
+                DocKind::Server,
+                "a",
+                DocFormat::Toml,
+                changed.to_vec(),
+                first,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("at revision {first}: {e}"));
+        assert!(second > first);
+        let stale = store
+            .upsert_if(DocKind::Server, "a", DocFormat::Toml, server("a"), first)
+            .await;
+        assert_eq!(
+            stale,
+            Err(StoreError::Conflict {
+                kind: DocKind::Server,
+                name: "a".into(),
+                current: second
+            })
+        );
+        let kept = store.get(DocKind::Server, "a").await.unwrap().unwrap();
+        assert_eq!(kept.body, changed, "the stale write changed nothing");
+    }
+
+    #[tokio::test]
     async fn an_invalid_upsert_names_the_field_and_writes_nothing() {
         let dir = TempDir::new("invalid");
         let store = DirStore::new(&dir.0);
