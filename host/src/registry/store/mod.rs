@@ -237,7 +237,9 @@ pub fn check_changes(
             .collect()
     };
     let before = errors(&build(current.to_vec()));
-    let written = |doc: &StoredDoc| writes.iter().any(|w| w.key() == (doc.kind, &doc.name));
+    // A set, so a large import costs one lookup per current document.
+    let keys: std::collections::HashSet<(DocKind, &str)> = writes.iter().map(Write::key).collect();
+    let written = |doc: &StoredDoc| keys.contains(&(doc.kind, doc.name.as_str()));
     let mut docs: Vec<StoredDoc> = current.iter().filter(|d| !written(d)).cloned().collect();
     docs.extend(writes.iter().filter_map(|w| match w {
         Write::Put(doc) => Some(doc.clone()),

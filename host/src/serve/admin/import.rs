@@ -13,8 +13,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::records::check;
 use super::{NodeState, query_pairs, read_record, store, store_error};
+use crate::defaults;
 use crate::registry::{
     Change, DocKind, RegistryStore, StoreError, StoredDoc, Write, check_changes, diff_docs,
     parse_bundle,
@@ -35,16 +35,41 @@ pub(in crate::serve) async fn import(
             let field = entry_field(&e.to_string());
             store_error(e).with_field(field)
         })?;
+    if docs.len() > defaults::ADMIN_IMPORT_MAX_DOCS {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "too_many_records",
+            format!(
+                "the bundle holds {} records, more than the {} one import takes; split it",
+                docs.len(),
+                defaults::ADMIN_IMPORT_MAX_DOCS
+            ),
+        )
+        .with_field("body"));
+    }
     let store = store(&state)?;
     let listing = store.list().await.map_err(store_error)?;
     let changes: Vec<_> = diff_docs(&listing.docs, &docs)
         .into_iter()
         .filter(|c| c.change != Change::Remove)
         .collect();
-    let writes: Vec<Write> = docs.iter().cloned().map(Write::Put).collect();
-    if let Err(error) = check_changes(&listing.docs, &store.describe(), &writes) {
-        return Err(blame(&listing.docs, &store.describe(), &docs, error));
-    }
+    // Building registries is CPU work: off the async workers.
+    let (current, describe) = (listing.docs, store.describe());
+    let docs = tokio::task::spawn_blocking(move || {
+        let writes: Vec<Write> = docs.iter().cloned().map(Write::Put).collect();
+        match check_changes(&current, &describe, &writes) {
+            Ok(()) => Ok(docs),
+            Err(error) => Err(blame(&current, &describe, &docs, error)),
+        }
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("checking the bundle failed: {e}"),
+        )
+    })??;
     let shown: Vec<_> = changes
         .iter()
         .map(|c| json!({"kind": c.kind, "name": c.name, "change": c.change}))
@@ -93,7 +118,7 @@ fn dry_run(query: Option<&str>) -> Result<bool, ApiError> {
 
 /// Writes the added and updated documents, servers first (the order of `docs`), so a
 /// profile is written after the servers it names. The last revision, `None` if nothing
-/// was written. Each write is checked again by the store against what it holds then.
+/// was written. The set was checked whole; each store still checks what it writes.
 async fn apply(
     store: &Arc<dyn RegistryStore>,
     docs: &[StoredDoc],
@@ -107,7 +132,6 @@ async fn apply(
         if !changed {
             continue;
         }
-        check(store, &[Write::Put(doc.clone())]).await?;
         let written = store
             .upsert(doc.kind, &doc.name, doc.format, doc.body.clone())
             .await

@@ -205,10 +205,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 }
 
 /// Checks `writes` against everything the store holds now (the rules of a load).
-pub(super) async fn check(
-    store: &Arc<dyn RegistryStore>,
-    writes: &[Write],
-) -> Result<(), ApiError> {
+async fn check(store: &Arc<dyn RegistryStore>, writes: &[Write]) -> Result<(), ApiError> {
     let listing = store.list().await.map_err(store_error)?;
     check_changes(&listing.docs, &store.describe(), writes).map_err(store_error)
 }
