@@ -1,6 +1,6 @@
 //! A fleet: real `quiver serve` nodes following one real etcd (`--registry
 //! etcd://HOST:PORT/PREFIX`). Records are written with `EtcdStore` directly, as an
-//! operator's script would. A record written to etcd reaches a task on another node within
+//! operator's script would, or through one node's admin API. A record written to etcd reaches a task on another node within
 //! seconds, its deletion stops the server there, and with etcd stopped the nodes keep
 //! serving their last snapshot, degraded, until it comes back.
 
@@ -308,4 +308,102 @@ async fn a_node_started_while_etcd_is_down_serves_degraded_and_catches_up() {
     wait_synced(&late, put).await;
     assert_eq!(degraded_gauge(&late).await, 0.0);
     assert_echoes(&late, &server, "caught up").await;
+}
+
+const ADMIN_TOKEN: &str = "fleet-admin-token";
+
+/// A node on `registry` with the admin API on (`[admin]`, token [`ADMIN_TOKEN`]).
+fn admin_node(registry: &str) -> Node {
+    Node::start_on(
+        registry.as_ref(),
+        Some("[admin]\ntoken_env = \"QUIVER_TEST_ADMIN\"\n"),
+        &[("QUIVER_TEST_ADMIN", ADMIN_TOKEN)],
+        &[],
+    )
+}
+
+/// `method /admin/api/mcp/servers{path}` on `node` with the admin token.
+async fn admin(node: &Node, method: Method, path: &str, body: Option<Value>) -> Answer {
+    let mut request = node
+        .anonymous(method, &format!("/admin/api/mcp/servers{path}"))
+        .bearer_auth(ADMIN_TOKEN);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    Node::send(request).await
+}
+
+/// Adds the fixture server as `server_id` through `node`'s admin API; the etcd revision.
+async fn add_through(node: &Node, server_id: &str) -> u64 {
+    let record = json!({"format": "toml", "body": fixture_toml(server_id, &["echo"], "")});
+    let created = admin(node, Method::POST, "", Some(record)).await;
+    assert_eq!(created.status, 201, "{created:?}\n{}", node.stderr());
+    created.json["revision"].as_u64().expect("revision")
+}
+
+/// Deletes `server_id` through `node`'s admin API; the etcd revision.
+async fn delete_through(node: &Node, server_id: &str) -> u64 {
+    let deleted = admin(node, Method::DELETE, &format!("/{server_id}"), None).await;
+    assert_eq!(deleted.status, 200, "{deleted:?}\n{}", node.stderr());
+    deleted.json["revision"].as_u64().expect("revision")
+}
+
+/// The operator's path: every write goes to node A's admin API, node B only runs tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_added_through_node_a_admin_api_serves_on_node_b_through_an_etcd_outage() {
+    let mut etcd = Etcd::start();
+    let prefix = unique_id("fleet");
+    let url = url(&etcd, &prefix);
+    let empty = store(&etcd, &prefix)
+        .await
+        .list()
+        .await
+        .expect("list")
+        .revision;
+    let (a, b) = (admin_node(&url), admin_node(&url));
+    for node in [&a, &b] {
+        wait_synced(node, empty).await;
+    }
+
+    let first = unique_id("viaadmin");
+    let added = add_through(&a, &first).await;
+    wait_change(&[&a, &b], added).await;
+    assert_echoes(&b, &first, "written on A, called on B").await;
+
+    let deleted = delete_through(&a, &first).await;
+    wait_change(&[&a, &b], deleted).await;
+    assert!(server_ids(&b).await.is_empty());
+    assert_eq!(open_on(&b, &first).await, "ENOENT");
+
+    let kept_server = unique_id("kept");
+    let added = add_through(&a, &kept_server).await;
+    wait_change(&[&a, &b], added).await;
+    let mut kept = Vec::new();
+    for node in [&a, &b] {
+        kept.push(wait_synced(node, added).await);
+    }
+
+    etcd.stop();
+    for (node, kept) in [&a, &b].into_iter().zip(&kept) {
+        assert_degraded_on(node, &url, kept).await;
+    }
+    assert_echoes(&b, &kept_server, "B serves its last snapshot").await;
+    // A write has nowhere to go: refused as retryable, and nothing changes on B.
+    let record = json!({"format": "toml", "body": fixture_toml("lost", &["echo"], "")});
+    let refused = admin(&a, Method::POST, "", Some(record)).await;
+    assert_eq!(
+        (refused.status, refused.code()),
+        (503, "store_unavailable"),
+        "{refused:?}"
+    );
+    assert_eq!(server_ids(&b).await, [kept_server.as_str()]);
+
+    etcd.restart();
+    for node in [&a, &b] {
+        wait_synced(node, added).await;
+        assert_eq!(degraded_gauge(node).await, 0.0);
+    }
+    let removed = delete_through(&a, &kept_server).await;
+    wait_change(&[&a, &b], removed).await;
+    assert!(server_ids(&b).await.is_empty());
 }

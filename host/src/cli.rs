@@ -4,7 +4,9 @@
 //! trap, 130 on Ctrl-C, 143 on SIGTERM); 2 means the command itself could not start (bad flags, an
 //! unreadable task or module); other commands return 1 when they find a problem.
 
+mod registry;
 mod status;
+mod table;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,7 +17,7 @@ use std::sync::Arc;
 use quiver::approval::{AllowAll, ApprovalQueue, Approver, TerminalApprover};
 use quiver::llm::HostConfig;
 use quiver::policy::{TaskMcpPolicy, ToolFilter};
-use quiver::registry::{Registry, RegistrySource, ServerEntry, Severity};
+use quiver::registry::{Registry, RegistrySource, ServerEntry};
 use quiver::serve::{Node, NodeConfig};
 use quiver::telemetry::{self, LogFormat};
 use quiver::{Host, HostBuilder, StoreFollower, TaskSpec, defaults};
@@ -45,9 +47,10 @@ enum Command {
     /// Work with MCP servers of a registry.
     #[command(subcommand)]
     Mcp(McpCommand),
-    /// Work with registry directories.
+    /// Check a registry directory; list, read, write, delete and diff the records of a
+    /// node (its admin API) or a store.
     #[command(subcommand)]
-    Registry(RegistryCommand),
+    Registry(registry::RegistryCommand),
     /// Run a node that takes modules and tasks over HTTP until SIGTERM or Ctrl-C.
     Serve(ServeArgs),
 }
@@ -184,12 +187,6 @@ struct ServerSource {
     config: Option<PathBuf>,
 }
 
-#[derive(Subcommand)]
-enum RegistryCommand {
-    /// Check every file of a registry directory; exits 1 if any file has an error.
-    Validate { dir: PathBuf },
-}
-
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let default_level = match cli.command {
@@ -236,7 +233,7 @@ pub fn main() -> ExitCode {
                 };
                 status::status(source, json).await
             }
-            Command::Registry(RegistryCommand::Validate { dir }) => validate(dir),
+            Command::Registry(command) => registry::run(command).await,
             Command::Serve(args) => serve(args).await,
         }
     });
@@ -646,35 +643,4 @@ async fn mcp_call(server_id: &str, tool: &str, args: &str, source: ServerSource)
             1
         }
     }
-}
-
-fn validate(dir: PathBuf) -> i32 {
-    let registry = match Registry::load_dir(&dir) {
-        Ok(registry) => registry,
-        Err(e) => {
-            eprintln!("quiver: {e}");
-            return 1;
-        }
-    };
-    for problem in registry.problems() {
-        println!("{problem}");
-    }
-    let ids: Vec<_> = registry
-        .servers()
-        .map(|s| s.server_id().to_owned())
-        .collect();
-    let errors = registry
-        .problems()
-        .iter()
-        .filter(|p| p.severity == Severity::Error)
-        .count();
-    let warnings = registry.problems().len() - errors;
-    println!(
-        "{}: {} servers ({}), {errors} errors, {warnings} warnings, revision {}",
-        dir.display(),
-        ids.len(),
-        ids.join(", "),
-        registry.revision()
-    );
-    i32::from(errors > 0)
 }

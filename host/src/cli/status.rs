@@ -189,35 +189,17 @@ fn print_table(servers: &[Value]) {
             ]
         })
         .collect();
-    let header = [
-        "SERVER",
-        "STATE",
-        "TOOLS",
-        "CONNECTS",
-        "RECONNECTS",
-        "P50",
-        "P95",
-        "LAST ERROR",
-    ];
-    let mut widths = header.map(str::len);
-    for row in &rows {
-        for (width, cell) in widths.iter_mut().zip(row) {
-            *width = (*width).max(cell.chars().count());
-        }
-    }
-    let line = |cells: Vec<&str>| {
-        let mut out = String::new();
-        for (i, cell) in cells.iter().enumerate() {
-            if i + 1 == cells.len() {
-                out.push_str(cell);
-            } else {
-                out.push_str(&format!("{cell:<w$}  ", w = widths[i]));
-            }
-        }
-        println!("{}", out.trim_end());
-    };
-    line(header.to_vec());
-    for row in &rows {
-        line(row.iter().map(String::as_str).collect());
-    }
+    super::table::print(
+        [
+            "SERVER",
+            "STATE",
+            "TOOLS",
+            "CONNECTS",
+            "RECONNECTS",
+            "P50",
+            "P95",
+            "LAST ERROR",
+        ],
+        &rows,
+    );
 }
