@@ -4,7 +4,9 @@
 //! `${ENV:..}` references and never their values.
 
 use quiver_tests::node::{Answer, Node};
-use quiver_tests::{RegistryDir, fixture_toml, unique_id, wat};
+use quiver_tests::{
+    RegistryDir, fixture_pids, fixture_toml, hostile_server, pid_alive, unique_id, until, wat,
+};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -253,4 +255,172 @@ async fn hostile_admin_requests_are_refused_and_write_nothing() {
     assert!(files.is_empty(), "nothing written: {files:?}");
     let listed = Node::send(admin(&node, Method::GET, "/servers")).await;
     assert_eq!(listed.status, 200, "{listed:?}");
+}
+
+/// Pids of hostile servers started with `--bytes <marker>` (a number unique to one test).
+fn hostile_pids(marker: &str) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+            args.first()
+                .is_some_and(|a| a.ends_with(b"hostile-mcp-server"))
+                && args
+                    .windows(2)
+                    .any(|w| w[0] == b"--bytes" && w[1] == marker.as_bytes())
+                && pid_alive(*pid)
+        })
+        .collect()
+}
+
+/// The fixture's whole listing, read by a host of the library on the same record.
+async fn fixture_tool_count(registry: &RegistryDir, server: &str) -> usize {
+    let host = quiver_tests::host(registry);
+    let entry = host.registry().get(server).cloned().expect("the record");
+    let tools = host
+        .pool()
+        .list_tools(&entry)
+        .await
+        .expect("the fixture lists");
+    host.shutdown().await;
+    tools.len()
+}
+
+#[tokio::test]
+async fn a_connection_test_lists_the_tools_then_stops_the_server_and_leaves_the_pool_alone() {
+    let registry = RegistryDir::new();
+    let id = unique_id("probe");
+    registry.fixture(&id, &["echo"], "");
+    let node = node(&registry);
+    let expected = fixture_tool_count(&registry, &id).await;
+    assert!(
+        fixture_pids(&id).is_empty(),
+        "the library host stopped its server"
+    );
+
+    let tested = Node::send(admin(&node, Method::POST, &format!("/servers/{id}/test"))).await;
+    assert_eq!(tested.status, 200, "{tested:?}");
+    let report = &tested.json;
+    assert_eq!(report["server_id"], id.as_str(), "{report}");
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["error"], Value::Null, "{report}");
+    assert_eq!(report["tool_count"], expected, "{report}");
+    let names = report["tools"].as_array().expect("tools");
+    assert_eq!(names.len(), expected.min(20), "{report}");
+    assert!(names.contains(&json!("echo")), "{report}");
+    assert!(report["elapsed_ms"].is_u64(), "{report}");
+    // The test's own process is stopped; the pool never connected.
+    until("the tested server is gone", || fixture_pids(&id).is_empty()).await;
+    let listed = Node::send(admin(&node, Method::GET, "/servers")).await;
+    assert_eq!(listed.json["servers"][0]["state"], "idle", "{listed:?}");
+
+    let unknown = Node::send(admin(&node, Method::POST, "/servers/nope/test")).await;
+    assert_eq!(
+        (unknown.status, unknown.code()),
+        (404, "not_found"),
+        "{unknown:?}"
+    );
+    let query = Node::send(admin(
+        &node,
+        Method::POST,
+        &format!("/servers/{id}/test?x=1"),
+    ))
+    .await;
+    assert_eq!((query.status, query.field()), (400, "x"), "{query:?}");
+}
+
+#[tokio::test]
+async fn a_failing_connection_test_answers_ok_false_within_its_bound_and_leaves_no_process() {
+    let registry = RegistryDir::new();
+    registry.write(
+        "missing.toml",
+        "server_id = \"missing\"\ntransport = \"stdio\"\nallowed_tools = [\"*\"]\n[stdio]\ncommand = \"/nonexistent/quiver-no-such-server\"\n",
+    );
+    // A server that starts but never answers `initialize`, marked by a unique `--bytes`.
+    let marker = format!("{}{}", std::process::id(), 7_001);
+    registry.write(
+        "hangs.toml",
+        &format!(
+            "server_id = \"hangs\"\ntransport = \"stdio\"\nallowed_tools = [\"*\"]\n[stdio]\ncommand = {:?}\nargs = [\"--mode\", \"hang-initialize\", \"--bytes\", \"{marker}\"]\n[budgets]\nconnect_timeout_ms = 800\n",
+            hostile_server().display().to_string()
+        ),
+    );
+    let node = node(&registry);
+
+    let missing = Node::send(admin(&node, Method::POST, "/servers/missing/test")).await;
+    assert_eq!(missing.status, 200, "{missing:?}");
+    assert_eq!(missing.json["ok"], false, "{missing:?}");
+    assert_eq!(missing.json["tool_count"], Value::Null, "{missing:?}");
+    let reason = missing.json["error"].as_str().unwrap_or_default();
+    assert!(reason.contains("quiver-no-such-server"), "{reason}");
+
+    let started = std::time::Instant::now();
+    let hangs = Node::send(admin(&node, Method::POST, "/servers/hangs/test")).await;
+    assert_eq!(hangs.status, 200, "{hangs:?}");
+    assert_eq!(hangs.json["ok"], false, "{hangs:?}");
+    let reason = hangs.json["error"].as_str().unwrap_or_default();
+    assert!(reason.contains("800 ms"), "names its bound: {reason}");
+    assert!(hangs.json["elapsed_ms"].as_u64() >= Some(700), "{hangs:?}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "bounded by the connect timeout, not a test-wide one"
+    );
+    until("the hanging server is gone", || {
+        hostile_pids(&marker).is_empty()
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn the_tool_preview_shows_only_allowed_tools_under_their_model_names() {
+    let registry = RegistryDir::new();
+    registry.fixture("fx", &["echo", "add"], "");
+    registry.write(
+        "down.toml",
+        "server_id = \"down\"\ntransport = \"stdio\"\nallowed_tools = [\"*\"]\n[stdio]\ncommand = \"/nonexistent/quiver-no-such-server\"\n",
+    );
+    let node = node(&registry);
+
+    let preview = Node::send(admin(&node, Method::GET, "/servers/fx/tools")).await;
+    assert_eq!(preview.status, 200, "{preview:?}");
+    assert_eq!(preview.json["server_id"], "fx");
+    let tools = preview.json["tools"].as_array().expect("tools");
+    let shown: Vec<(&str, &str)> = tools
+        .iter()
+        .map(|t| {
+            (
+                t["name"].as_str().unwrap_or_default(),
+                t["model_name"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [("add", "mcp__fx__add"), ("echo", "mcp__fx__echo")],
+        "{preview:?}"
+    );
+    assert!(
+        tools[1]["description"]
+            .as_str()
+            .is_some_and(|d| !d.is_empty())
+    );
+
+    let down = Node::send(admin(&node, Method::GET, "/servers/down/tools")).await;
+    assert_eq!(
+        (down.status, down.code()),
+        (502, "server_unavailable"),
+        "{down:?}"
+    );
+    assert!(
+        down.json["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("quiver-no-such-server"))
+    );
+    let unknown = Node::send(admin(&node, Method::GET, "/servers/nope/tools")).await;
+    assert_eq!(unknown.status, 404, "{unknown:?}");
 }

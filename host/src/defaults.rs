@@ -528,3 +528,8 @@ pub const SERVE_RETRY_AFTER_SECS: u64 = 1;
 /// and a reason cut to [`MAX_APPROVAL_REASON_BYTES`]; this leaves room for JSON escapes
 /// (`\uXXXX` is 6 bytes per character) and refuses anything bigger unread.
 pub const SERVE_MAX_DECISION_BYTES: u64 = 16 * 1024;
+
+/// Tool names a connection test ([`Host::probe_server`](crate::Host::probe_server)) shows:
+/// a summary for a person, not the listing (`GET .../tools` gives all of them). Keeps the
+/// answer small whatever the server lists.
+pub const PROBE_TOOL_NAMES: usize = 20;

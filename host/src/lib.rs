@@ -46,8 +46,8 @@ pub mod telemetry;
 pub use chat::llm;
 pub use host::{
     BusyReason, GuestModule, Host, HostBuilder, HostError, HostMemoryStatus, HostMemoryUse,
-    HostStatus, ModuleOrigin, RegistryHealth, RegistryWatcher, StoreFollower, TaskFailure,
-    TaskOutcome, TaskStatus,
+    HostStatus, ModuleOrigin, PreviewError, ProbeReport, RegistryHealth, RegistryWatcher,
+    StoreFollower, TaskFailure, TaskOutcome, TaskStatus, ToolPreview,
 };
 pub use quiver_abi::Errno;
 pub use task::{TaskError, TaskSpec};

@@ -9,6 +9,7 @@
 
 mod admission;
 mod builder;
+mod probe;
 mod reload;
 mod sync;
 mod task_state;
@@ -35,6 +36,7 @@ use crate::task::{TaskError, TaskSpec};
 use admission::Admission;
 pub use admission::{BusyReason, TaskStatus};
 pub use builder::{HostBuilder, HostError};
+pub use probe::{PreviewError, ProbeReport, ToolPreview};
 pub use reload::RegistryHealth;
 use reload::ReloadState;
 pub use sync::StoreFollower;

@@ -814,6 +814,43 @@ impl McpPool {
         )
     }
 
+    /// Connects to `entry`'s server afresh, beside its pooled connection (whose health,
+    /// tools cache and process are untouched), lists every tool, and closes it again,
+    /// stopping a stdio server's process group. The connect is bounded by the connect
+    /// timeout, the listing by `tool_timeout_ms`. A stdio probe takes one of the host's
+    /// `max_server_processes` permits without stopping another server for it: at the cap
+    /// it fails at once. Errors carry none of the launch's secrets.
+    pub async fn probe(&self, entry: &ServerEntry) -> Result<Vec<Tool>, McpError> {
+        let server_id = entry.server_id();
+        let permit = match entry.launch {
+            Ok(Launch::Stdio { .. }) => Some(
+                self.shared
+                    .processes
+                    .clone()
+                    .try_acquire_owned()
+                    .map_err(|_| {
+                        McpError::new(
+                            McpErrorCode::Unavailable,
+                            format!(
+                                "cannot start server `{server_id}` for a test: the host already runs {} MCP server processes (max_server_processes); try again when one is idle",
+                                self.shared.limits.max_server_processes
+                            ),
+                        )
+                    })?,
+            ),
+            _ => None,
+        };
+        let conn = Arc::new(self.connector.open(entry, 0, permit).await?);
+        let timeout = entry.record.budgets.tool_timeout;
+        let cap = entry.record.budgets.max_tool_list_bytes;
+        let phase = CallPhase::new(CallPhase::ON_WIRE);
+        let listed = tokio::time::timeout(timeout, list_all_pages(&conn, server_id, cap, &phase))
+            .await
+            .unwrap_or_else(|_| Err(timed_out(server_id, "tools/list", timeout)));
+        conn.close(server_id, defaults::SHUTDOWN_GRACE).await;
+        listed.map_err(|error| error.redacted(entry.secrets()))
+    }
+
     /// Starts `entries`' servers now (connecting and listing their tools), so the first
     /// call does not wait for them. Failures are logged, not returned.
     pub async fn prewarm(&self, entries: &[Arc<ServerEntry>]) {

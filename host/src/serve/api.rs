@@ -49,6 +49,11 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
             "/admin/api/mcp/servers/{id}",
             get(admin::get).put(admin::replace).delete(admin::remove),
         )
+        .route(
+            "/admin/api/mcp/servers/{id}/test",
+            axum::routing::post(admin::test),
+        )
+        .route("/admin/api/mcp/servers/{id}/tools", get(admin::tools))
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_admin_token,

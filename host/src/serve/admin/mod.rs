@@ -5,6 +5,8 @@
 //! every write with the directory loader's rules; after a write the node lists the store
 //! again at once, so the next request or task sees it.
 
+mod probe;
+
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -14,6 +16,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::{Value, json};
+
+pub(super) use probe::{test, tools};
 
 use super::NodeState;
 use super::api::{parse_json, read_body};
@@ -98,6 +102,35 @@ fn id_param(id: Result<Path<String>, PathRejection>) -> Result<String, ApiError>
     if !crate::registry::is_valid_server_id(&id) {
         return Err(ApiError::not_found("server", "id"));
     }
+    Ok(id)
+}
+
+/// Refuses any query parameter: these endpoints take none.
+fn no_query(query: Option<&str>) -> Result<(), ApiError> {
+    match query.and_then(|q| q.split('&').find(|p| !p.is_empty())) {
+        Some(pair) => {
+            let key = pair.split_once('=').map_or(pair, |(key, _)| key);
+            Err(ApiError::bad(
+                key.chars().take(64).collect::<String>(),
+                "unknown query parameter; this endpoint takes none",
+            ))
+        }
+        None => Ok(()),
+    }
+}
+
+/// The id in the path, when the store holds a document of `kind` under it (404 if not).
+async fn existing_id(
+    state: &NodeState,
+    kind: DocKind,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<String, ApiError> {
+    let id = id_param(id)?;
+    store(state)?
+        .get(kind, &id)
+        .await
+        .map_err(store_error)?
+        .ok_or_else(|| ApiError::not_found("server", "id"))?;
     Ok(id)
 }
 

@@ -1,0 +1,139 @@
+//! Looking at one registry server from outside a task: a connection test
+//! ([`Host::probe_server`]) and the tool list a model would be offered
+//! ([`Host::preview_tools`]). The admin API and the CLI use these; they are here, not in
+//! a handler, so every embedder gets the same answers.
+//!
+//! A test connects afresh (beside the pooled connection, so it neither disturbs calls in
+//! flight nor is fooled by a connection made under an older record) and always gives a
+//! report: a failure is `ok: false` with the reason, redacted like every server error. The
+//! preview goes through the pool (its cache and its connection), then applies the
+//! registry's `allowed_tools` and names each tool as the chat capability does.
+
+use std::collections::HashSet;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::Host;
+use crate::chat::tools::mcp_model_name;
+use crate::defaults;
+use crate::mcp::McpError;
+use crate::observe::{cut, printable};
+use crate::policy::{TaskMcpPolicy, ToolFilter};
+
+/// What a connection test found. New fields may be added.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ProbeReport {
+    pub server_id: String,
+    /// Whether the server started (or was reached), shook hands and listed its tools.
+    pub ok: bool,
+    pub elapsed_ms: u64,
+    /// Tools listed (before the `allowed_tools` filter); `None` when the test failed.
+    pub tool_count: Option<u64>,
+    /// The first [`defaults::PROBE_TOOL_NAMES`] tool names, sorted.
+    pub tools: Vec<String>,
+    /// Why the test failed: redacted, printable, cut to
+    /// [`defaults::MAX_SERVER_ERROR_BYTES`].
+    pub error: Option<String>,
+}
+
+/// One tool a model would be offered, as [`Host::preview_tools`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct ToolPreview {
+    /// The MCP-native name.
+    pub name: String,
+    /// The name a model sees in a chat session (`mcp__<id>__<tool>` by default).
+    pub model_name: String,
+    pub description: Option<String>,
+}
+
+/// Why a preview has no list.
+#[derive(Debug, thiserror::Error)]
+pub enum PreviewError {
+    #[error("no server `{0}` in the registry snapshot")]
+    UnknownServer(String),
+    /// The server could not be reached or did not list its tools.
+    #[error("{0}")]
+    Unavailable(McpError),
+}
+
+impl Host {
+    /// Tests `server_id`'s record as the current snapshot has it: connects afresh, lists
+    /// its tools, disconnects (a stdio server's process group is stopped). `None` if the
+    /// snapshot has no such server. Bounded by the record's connect timeout (or the
+    /// host's) plus its `tool_timeout_ms`.
+    pub async fn probe_server(&self, server_id: &str) -> Option<ProbeReport> {
+        let registry = self.registry();
+        let entry = registry.get(server_id)?;
+        let started = Instant::now();
+        let probed = self.inner.pool.probe(entry).await;
+        let elapsed_ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let report = match probed {
+            Ok(tools) => {
+                let mut names: Vec<String> = tools.iter().map(|t| t.name.to_string()).collect();
+                names.sort();
+                names.truncate(defaults::PROBE_TOOL_NAMES);
+                ProbeReport {
+                    server_id: server_id.to_owned(),
+                    ok: true,
+                    elapsed_ms,
+                    tool_count: Some(u64::try_from(tools.len()).unwrap_or(u64::MAX)),
+                    tools: names,
+                    error: None,
+                }
+            }
+            Err(error) => ProbeReport {
+                server_id: server_id.to_owned(),
+                ok: false,
+                elapsed_ms,
+                tool_count: None,
+                tools: Vec::new(),
+                error: Some(printable(cut(
+                    &error.message,
+                    defaults::MAX_SERVER_ERROR_BYTES,
+                ))),
+            },
+        };
+        tracing::info!(
+            server_id,
+            ok = report.ok,
+            elapsed_ms,
+            "tested an MCP server"
+        );
+        Some(report)
+    }
+
+    /// The tools of `server_id` a task could be offered: its listing (through the pool)
+    /// after the registry's `allowed_tools`, sorted, each with its model-facing name.
+    /// Profiles, task and session filters narrow this further per task.
+    pub async fn preview_tools(&self, server_id: &str) -> Result<Vec<ToolPreview>, PreviewError> {
+        let registry = self.registry();
+        let entry = registry
+            .get(server_id)
+            .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
+        let tools = self
+            .inner
+            .pool
+            .list_tools(entry)
+            .await
+            .map_err(PreviewError::Unavailable)?;
+        let filter = ToolFilter::new(&entry.record.allowed_tools, &TaskMcpPolicy::default());
+        let mut allowed: Vec<_> = tools.iter().filter(|t| filter.permits(&t.name)).collect();
+        // Named in the order a chat session names them, so collisions resolve alike.
+        allowed.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut taken = HashSet::new();
+        let namespace = &entry.record.tool_namespace;
+        Ok(allowed
+            .into_iter()
+            .map(|tool| {
+                let model_name = mcp_model_name(namespace, server_id, &tool.name, &taken);
+                taken.insert(model_name.clone());
+                ToolPreview {
+                    name: tool.name.to_string(),
+                    model_name,
+                    description: tool.description.as_deref().map(str::to_owned),
+                }
+            })
+            .collect())
+    }
+}

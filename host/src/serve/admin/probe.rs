@@ -1,0 +1,63 @@
+//! `POST servers/{id}/test` and `GET servers/{id}/tools`: thin wrappers over
+//! [`Host::probe_server`](crate::Host::probe_server) and
+//! [`Host::preview_tools`](crate::Host::preview_tools). The id must name a record in the
+//! store (404 otherwise); what is tested or listed is that record as the node's current
+//! snapshot has it, which every write refreshes.
+
+use std::sync::Arc;
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use super::{NodeState, existing_id, no_query};
+use crate::host::PreviewError;
+use crate::registry::DocKind;
+use crate::serve::error::ApiError;
+
+/// `POST /admin/api/mcp/servers/{id}/test`: a failed test is `ok: false`, not an error.
+pub(in crate::serve) async fn test(
+    State(state): State<Arc<NodeState>>,
+    id: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    no_query(query.as_deref())?;
+    let id = existing_id(&state, DocKind::Server, id).await?;
+    let report = match state.host.probe_server(&id).await {
+        Some(report) => json!(report),
+        // In the store but refused by the snapshot (its problems are in /v1/registry).
+        None => json!({
+            "server_id": id,
+            "ok": false,
+            "elapsed_ms": 0,
+            "tool_count": null,
+            "tools": [],
+            "error": "the node's registry snapshot does not hold this record; GET /v1/registry says why",
+        }),
+    };
+    Ok(axum::Json(report).into_response())
+}
+
+/// `GET /admin/api/mcp/servers/{id}/tools`: the tools after `allowed_tools`, with the
+/// names a model sees.
+pub(in crate::serve) async fn tools(
+    State(state): State<Arc<NodeState>>,
+    id: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    no_query(query.as_deref())?;
+    let id = existing_id(&state, DocKind::Server, id).await?;
+    let tools = state.host.preview_tools(&id).await.map_err(|e| match e {
+        PreviewError::UnknownServer(_) => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "server_unavailable",
+            format!("{e}; GET /v1/registry says why"),
+        ),
+        PreviewError::Unavailable(_) => {
+            ApiError::new(StatusCode::BAD_GATEWAY, "server_unavailable", e.to_string())
+        }
+    })?;
+    Ok(axum::Json(json!({"server_id": id, "tools": tools})).into_response())
+}
