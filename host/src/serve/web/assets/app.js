@@ -143,6 +143,7 @@
   function signOut(failure) {
     sessionStorage.removeItem(TOKEN_KEY);
     $('servers-view').hidden = true;
+    $('profiles-view').hidden = true;
     $('tabs').hidden = true;
     $('logout').hidden = true;
     $('login').hidden = false;
@@ -152,10 +153,9 @@
 
   async function signIn() {
     $('login').hidden = true;
-    $('servers-view').hidden = false;
     $('tabs').hidden = false;
     $('logout').hidden = false;
-    await loadServers();
+    await showTab('servers');
   }
 
   // ---- the server list ----------------------------------------------------------------
@@ -175,17 +175,19 @@
     $('servers-empty').hidden = rows.length > 0;
   }
 
+  /** A row's button running `action` as a user action. */
+  function actionButton(label, className, action) {
+    const button = el('button', { type: 'button', text: label, className });
+    button.addEventListener('click', () => act(action));
+    return button;
+  }
+
   function serverRow(server) {
     const id = text(server.server_id);
     const state = typeof server.state === 'string' ? server.state : null;
     const stateCell = el('td', { text: state || 'not started', className: 'state' });
     if (state && STATES.includes(state)) stateCell.classList.add('state-' + state);
     const count = typeof server.tool_count === 'number' ? server.tool_count : '—';
-    const button = (label, className, action) => {
-      const b = el('button', { type: 'button', text: label, className });
-      b.addEventListener('click', () => act(action));
-      return b;
-    };
     return el(
       'tr',
       { attrs: { 'data-server-id': id } },
@@ -198,10 +200,10 @@
       el(
         'td',
         { className: 'actions' },
-        button('Edit', 'edit', () => editServer(id)),
-        button('Test', 'test', () => testServer(id)),
-        button('Tools', 'tools', () => showTools(id)),
-        button('Delete', 'delete danger', () => deleteServer(id)),
+        actionButton('Edit', 'edit', () => editServer(id)),
+        actionButton('Test', 'test', () => testServer(id)),
+        actionButton('Tools', 'tools', () => showTools(id)),
+        actionButton('Delete', 'delete danger', () => deleteServer(id)),
       ),
     );
   }
@@ -526,6 +528,88 @@
     return out.join('\n').replace(/^\n+/, '') + '\n';
   }
 
+  // ---- profiles (edited as documents) -------------------------------------------------
+
+  // The profile being edited ({name, format, revision}), or null for a new one.
+  let profileEditing = null;
+
+  const PROFILE_TEMPLATES = {
+    toml: 'name = "my-profile"\ndescription = ""\nserver_ids = []\ntags = []\n',
+    json: '{\n  "name": "my-profile",\n  "description": "",\n  "server_ids": [],\n  "tags": []\n}\n',
+  };
+
+  function showTab(name) {
+    const servers = name === 'servers';
+    $('servers-view').hidden = !servers;
+    $('profiles-view').hidden = servers;
+    $('tab-servers').setAttribute('aria-pressed', String(servers));
+    $('tab-profiles').setAttribute('aria-pressed', String(!servers));
+    return servers ? loadServers() : loadProfiles();
+  }
+
+  async function loadProfiles() {
+    const answer = await api('GET', 'profiles');
+    const profiles = Array.isArray(answer.profiles) ? answer.profiles.filter(isObject) : [];
+    $('profiles-revision').textContent = `revision ${text(answer.revision)}`;
+    const rows = profiles.map((profile) => {
+      const name = text(profile.name);
+      return el(
+        'tr',
+        { attrs: { 'data-profile-name': name } },
+        el('td', { text: name, className: 'profile-name' }),
+        el('td', { text: profile.format, className: 'format' }),
+        el('td', { text: formatTime(profile.updated_at), className: 'updated' }),
+        el(
+          'td',
+          { className: 'actions' },
+          actionButton('Edit', 'edit', () => editProfile(name)),
+          actionButton('Delete', 'delete danger', () => deleteProfile(name)),
+        ),
+      );
+    });
+    $('profiles-body').replaceChildren(...rows);
+    $('profiles-empty').hidden = rows.length > 0;
+  }
+
+  function openProfileEditor(record, body) {
+    profileEditing = record;
+    $('profile-editor-title').textContent = record ? `Edit profile ${record.name}` : 'Add a profile';
+    $('profile-format').value = record ? record.format : 'toml';
+    $('profile-format').disabled = Boolean(record);
+    $('profile-body').value = body;
+    $('profile-editor').hidden = false;
+    $('profile-body').focus();
+  }
+
+  async function editProfile(name) {
+    const answer = await api('GET', `profiles/${enc(name)}`);
+    const format = answer.format === 'json' ? 'json' : 'toml';
+    openProfileEditor({ name, format, revision: answer.revision }, typeof answer.body === 'string' ? answer.body : '');
+  }
+
+  async function saveProfile() {
+    const record = { format: $('profile-format').value, body: $('profile-body').value };
+    if (profileEditing) {
+      const ifMatch = profileEditing.revision !== undefined ? { 'If-Match': text(profileEditing.revision) } : {};
+      await api('PUT', `profiles/${enc(profileEditing.name)}`, record, ifMatch);
+      notice(`Saved profile ${profileEditing.name}.`);
+    } else {
+      const answer = await api('POST', 'profiles', record);
+      notice(`Added profile ${text(answer.name)}.`);
+    }
+    profileEditing = null;
+    $('profile-editor').hidden = true;
+    await loadProfiles();
+  }
+
+  async function deleteProfile(name) {
+    if (!window.confirm(`Delete the profile "${name}"? Tasks naming it fail from now on.`)) return;
+    await api('DELETE', `profiles/${enc(name)}`);
+    $('profile-editor').hidden = true;
+    notice(`Deleted profile ${name}.`);
+    await loadProfiles();
+  }
+
   // ---- wiring -------------------------------------------------------------------------
 
   function wire() {
@@ -543,6 +627,25 @@
     });
     $('error-close').addEventListener('click', clearError);
     $('refresh').addEventListener('click', () => act(loadServers));
+    $('tab-servers').addEventListener('click', () => act(() => showTab('servers')));
+    $('tab-profiles').addEventListener('click', () => act(() => showTab('profiles')));
+    $('profiles-refresh').addEventListener('click', () => act(loadProfiles));
+    $('new-profile').addEventListener('click', () => openProfileEditor(null, PROFILE_TEMPLATES.toml));
+    $('profile-format').addEventListener('change', () => {
+      // Swap the template for the other format's while it is untouched.
+      const body = $('profile-body').value;
+      if (!profileEditing && Object.values(PROFILE_TEMPLATES).includes(body)) {
+        $('profile-body').value = PROFILE_TEMPLATES[$('profile-format').value];
+      }
+    });
+    $('profile-form').addEventListener('submit', (event) => {
+      event.preventDefault();
+      act(saveProfile);
+    });
+    $('profile-cancel').addEventListener('click', () => {
+      profileEditing = null;
+      $('profile-editor').hidden = true;
+    });
     $('new-server').addEventListener('click', () => openEditor(null));
     $('f-transport').addEventListener('change', showTransport);
     $('server-form').addEventListener('submit', (event) => {
