@@ -424,3 +424,270 @@ async fn the_tool_preview_shows_only_allowed_tools_under_their_model_names() {
     let unknown = Node::send(admin(&node, Method::GET, "/servers/nope/tools")).await;
     assert_eq!(unknown.status, 404, "{unknown:?}");
 }
+
+fn profile(name: &str, servers: &[&str]) -> Value {
+    json!({"format": "toml", "body": format!("name = {name:?}\nserver_ids = {}\n", json!(servers))})
+}
+
+#[tokio::test]
+async fn profiles_are_managed_like_servers_and_may_only_name_servers_that_exist() {
+    let registry = RegistryDir::new();
+    registry.fixture("fx", &["echo"], "");
+    let node = node(&registry);
+
+    let ghost =
+        Node::send(admin(&node, Method::POST, "/profiles").json(&profile("ops", &["ghost"]))).await;
+    assert_eq!(
+        (ghost.status, ghost.code()),
+        (422, "invalid_record"),
+        "{ghost:?}"
+    );
+    let message = ghost.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("ghost"), "{message}");
+    assert!(!registry.path().join("profiles/ops.toml").exists());
+
+    let created =
+        Node::send(admin(&node, Method::POST, "/profiles").json(&profile("ops", &["fx"]))).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    assert_eq!(created.json["name"], "ops", "{created:?}");
+    assert!(registry.path().join("profiles/ops.toml").is_file());
+    let again =
+        Node::send(admin(&node, Method::POST, "/profiles").json(&profile("ops", &["fx"]))).await;
+    assert_eq!(
+        (again.status, again.code()),
+        (409, "already_exists"),
+        "{again:?}"
+    );
+
+    let listed = Node::send(admin(&node, Method::GET, "/profiles")).await;
+    assert_eq!(listed.status, 200, "{listed:?}");
+    let ops = &listed.json["profiles"][0];
+    assert_eq!(
+        (&ops["name"], &ops["format"]),
+        (&json!("ops"), &json!("toml")),
+        "{listed:?}"
+    );
+    assert!(
+        ops["updated_at"].is_u64() && ops["revision"].is_u64(),
+        "{ops}"
+    );
+    let one = Node::send(admin(&node, Method::GET, "/profiles/ops")).await;
+    assert_eq!(one.json["fields"]["server_ids"], json!(["fx"]), "{one:?}");
+
+    // The profile still names `fx`: deleting it would break the profile.
+    let named = Node::send(admin(&node, Method::DELETE, "/servers/fx")).await;
+    assert_eq!(
+        (named.status, named.code()),
+        (422, "invalid_record"),
+        "{named:?}"
+    );
+    assert!(registry.path().join("fx.toml").is_file());
+
+    let mismatch =
+        Node::send(admin(&node, Method::PUT, "/profiles/ops").json(&profile("dev", &["fx"]))).await;
+    assert_eq!(
+        (mismatch.status, mismatch.field()),
+        (409, "name"),
+        "{mismatch:?}"
+    );
+    let missing =
+        Node::send(admin(&node, Method::PUT, "/profiles/dev").json(&profile("dev", &["fx"]))).await;
+    assert_eq!(missing.status, 404, "{missing:?}");
+    let replaced =
+        Node::send(admin(&node, Method::PUT, "/profiles/ops").json(&profile("ops", &[]))).await;
+    assert_eq!(replaced.status, 200, "{replaced:?}");
+
+    let deleted = Node::send(admin(&node, Method::DELETE, "/profiles/ops")).await;
+    assert_eq!(deleted.status, 200, "{deleted:?}");
+    assert!(!registry.path().join("profiles/ops.toml").exists());
+    let gone = Node::send(admin(&node, Method::GET, "/profiles/ops")).await;
+    assert_eq!(gone.status, 404, "{gone:?}");
+    let server_now = Node::send(admin(&node, Method::DELETE, "/servers/fx")).await;
+    assert_eq!(server_now.status, 200, "{server_now:?}");
+}
+
+#[tokio::test]
+async fn a_put_on_a_stale_revision_is_refused_and_records_show_their_write_time() {
+    let registry = RegistryDir::new();
+    let node = node(&registry);
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let created =
+        Node::send(admin(&node, Method::POST, "/servers").json(&record("fx", &["echo"]))).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let read = Node::send(admin(&node, Method::GET, "/servers/fx")).await;
+    let revision = read.json["revision"].as_u64().expect("revision");
+    let updated_at = read.json["updated_at"].as_u64().expect("updated_at");
+    assert!(
+        updated_at + 1 >= before && updated_at <= before + 120,
+        "{read:?}"
+    );
+    assert_eq!(read.json["transport"], "stdio", "{read:?}");
+    assert_eq!(
+        read.json["fields"]["allowed_tools"],
+        json!(["echo"]),
+        "{read:?}"
+    );
+
+    let current = Node::send(
+        admin(&node, Method::PUT, "/servers/fx")
+            .header("If-Match", revision.to_string())
+            .json(&record("fx", &["add"])),
+    )
+    .await;
+    assert_eq!(current.status, 200, "{current:?}");
+    let stale = Node::send(
+        admin(&node, Method::PUT, "/servers/fx")
+            .header("If-Match", format!("\"{revision}\""))
+            .json(&record("fx", &["echo", "add"])),
+    )
+    .await;
+    assert_eq!(
+        (stale.status, stale.code()),
+        (412, "revision_mismatch"),
+        "{stale:?}"
+    );
+    let kept = Node::send(admin(&node, Method::GET, "/servers/fx")).await;
+    assert_eq!(
+        kept.json["fields"]["allowed_tools"],
+        json!(["add"]),
+        "{kept:?}"
+    );
+    let garbage = Node::send(
+        admin(&node, Method::PUT, "/servers/fx")
+            .header("If-Match", "yesterday")
+            .json(&record("fx", &["echo"])),
+    )
+    .await;
+    assert_eq!(
+        (garbage.status, garbage.field()),
+        (400, "If-Match"),
+        "{garbage:?}"
+    );
+}
+
+/// A TOML bundle of `fx` (changed), `fy` (new) and a profile naming both.
+fn bundle(fx_tools: &[&str], fy_command_ok: bool) -> String {
+    let fx = fixture_toml("fx", fx_tools, "");
+    let mut fy = fixture_toml("fy", &["echo"], "");
+    if !fy_command_ok {
+        fy = fy.replace("transport = \"stdio\"", "transport = \"carrier-pigeon\"");
+    }
+    let entry = |record: &str| {
+        // Each record's own tables become sub-tables of its `[[servers]]` entry.
+        record
+            .replace("[stdio]", "[servers.stdio]")
+            .replace("[budgets]", "[servers.budgets]")
+    };
+    format!(
+        "[[servers]]\n{}\n[[servers]]\n{}\n[[profiles]]\nname = \"both\"\nserver_ids = [\"fx\", \"fy\"]\n",
+        entry(&fx),
+        entry(&fy)
+    )
+}
+
+#[tokio::test]
+async fn an_import_previews_then_applies_and_one_bad_entry_writes_nothing() {
+    let registry = RegistryDir::new();
+    registry.fixture("fx", &["echo"], "");
+    registry.fixture("kept", &["echo"], "");
+    let node = node(&registry);
+    let import = |query: &str, body: String| {
+        admin(&node, Method::POST, &format!("/servers/import{query}"))
+            .json(&json!({"format": "toml", "body": body}))
+    };
+    let changes = |answer: &Answer| -> Vec<(String, String, String)> {
+        answer.json["changes"]
+            .as_array()
+            .map(|all| {
+                all.iter()
+                    .map(|c| {
+                        let s = |k: &str| c[k].as_str().unwrap_or_default().to_owned();
+                        (s("kind"), s("name"), s("change"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let expected = |fx: &str| {
+        vec![
+            ("server".to_owned(), "fx".to_owned(), fx.to_owned()),
+            ("server".to_owned(), "fy".to_owned(), "add".to_owned()),
+            ("profile".to_owned(), "both".to_owned(), "add".to_owned()),
+        ]
+    };
+
+    let bad = Node::send(import("", bundle(&["echo", "add"], false))).await;
+    assert_eq!((bad.status, bad.code()), (422, "invalid_record"), "{bad:?}");
+    assert_eq!(bad.field(), "servers[1]", "{bad:?}");
+    let message = bad.json["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("transport"), "{message}");
+
+    let preview = Node::send(import("?dry_run=true", bundle(&["echo", "add"], true))).await;
+    assert_eq!(preview.status, 200, "{preview:?}");
+    assert_eq!(preview.json["dry_run"], true);
+    assert_eq!(changes(&preview), expected("update"), "{preview:?}");
+    for path in ["/servers/fy", "/profiles/both"] {
+        let absent = Node::send(admin(&node, Method::GET, path)).await;
+        assert_eq!(absent.status, 404, "a dry run writes nothing: {absent:?}");
+    }
+    let fx = Node::send(admin(&node, Method::GET, "/servers/fx")).await;
+    assert_eq!(
+        fx.json["fields"]["allowed_tools"],
+        json!(["echo"]),
+        "{fx:?}"
+    );
+
+    let applied = Node::send(import("", bundle(&["echo", "add"], true))).await;
+    assert_eq!(applied.status, 200, "{applied:?}");
+    assert_eq!(applied.json["dry_run"], false);
+    assert_eq!(changes(&applied), expected("update"), "{applied:?}");
+    let fx = Node::send(admin(&node, Method::GET, "/servers/fx")).await;
+    assert_eq!(
+        fx.json["fields"]["allowed_tools"],
+        json!(["echo", "add"]),
+        "{fx:?}"
+    );
+    assert!(
+        echo(&node, "fy", "imported-hello")
+            .await
+            .contains("imported-hello")
+    );
+    // Import never removes.
+    let kept = Node::send(admin(&node, Method::GET, "/servers/kept")).await;
+    assert_eq!(kept.status, 200, "{kept:?}");
+
+    let again = Node::send(import("?dry_run", bundle(&["echo", "add"], true))).await;
+    let unchanged: Vec<_> = changes(&again).into_iter().map(|c| c.2).collect();
+    assert_eq!(unchanged, ["unchanged"; 3], "{again:?}");
+
+    let unknown = Node::send(import("?force=1", bundle(&["echo"], true))).await;
+    assert_eq!(
+        (unknown.status, unknown.field()),
+        (400, "force"),
+        "{unknown:?}"
+    );
+    let broken = Node::send(import("", "[[servers]]\ndisplay_name = \"x\"\n".into())).await;
+    assert_eq!(
+        (broken.status, broken.field()),
+        (422, "servers[0].server_id"),
+        "{broken:?}"
+    );
+    let huge = Node::send(import("", "#".repeat(2 * 1024 * 1024))).await;
+    assert_eq!(huge.status, 413, "{huge:?}");
+    let many: String = (0..=quiver::defaults::ADMIN_IMPORT_MAX_DOCS)
+        .map(|i| format!("[[profiles]]\nname = \"p{i}\"\nserver_ids = []\n"))
+        .collect();
+    let too_many = Node::send(import("", many)).await;
+    assert_eq!(
+        (too_many.status, too_many.code()),
+        (422, "too_many_records"),
+        "{too_many:?}"
+    );
+    let files: Vec<_> = std::fs::read_dir(registry.path().join("profiles"))
+        .unwrap()
+        .collect();
+    assert_eq!(files.len(), 1, "only `both`: {files:?}");
+}

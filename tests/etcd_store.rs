@@ -366,3 +366,65 @@ async fn a_frozen_etcd_times_out_instead_of_hanging() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// `If-Match` for the admin API: a write on the revision last read goes through in one
+/// transaction; one on a stale revision conflicts, names the current one and changes
+/// nothing. Every write records when it was made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conditional_write_on_a_stale_revision_conflicts() {
+    let etcd = Etcd::start();
+    let store = store(&etcd).await;
+    let absent = store
+        .upsert_if(
+            DocKind::Server,
+            "alpha",
+            DocFormat::Toml,
+            server("alpha", "a"),
+            7,
+        )
+        .await;
+    assert!(
+        matches!(absent, Err(StoreError::Conflict { current: 0, .. })),
+        "{absent:?}"
+    );
+    let r1 = store
+        .upsert(
+            DocKind::Server,
+            "alpha",
+            DocFormat::Toml,
+            server("alpha", "a"),
+        )
+        .await
+        .expect("upsert");
+    let doc = store.get(DocKind::Server, "alpha").await.unwrap().unwrap();
+    assert!(doc.updated_at.is_some(), "{doc:?}");
+    let r2 = store
+        .upsert_if(
+            DocKind::Server,
+            "alpha",
+            DocFormat::Toml,
+            server("alpha", "b"),
+            r1,
+        )
+        .await
+        .expect("a write on the current revision");
+    let stale = store
+        .upsert_if(
+            DocKind::Server,
+            "alpha",
+            DocFormat::Toml,
+            server("alpha", "c"),
+            r1,
+        )
+        .await;
+    assert_eq!(
+        stale,
+        Err(StoreError::Conflict {
+            kind: DocKind::Server,
+            name: "alpha".into(),
+            current: r2
+        })
+    );
+    let kept = store.get(DocKind::Server, "alpha").await.unwrap().unwrap();
+    assert_eq!(kept.body, server("alpha", "b"));
+}

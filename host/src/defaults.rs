@@ -529,6 +529,11 @@ pub const SERVE_RETRY_AFTER_SECS: u64 = 1;
 /// (`\uXXXX` is 6 bytes per character) and refuses anything bigger unread.
 pub const SERVE_MAX_DECISION_BYTES: u64 = 16 * 1024;
 
+/// Admin API: most records one `POST servers/import` may hold. Each is written (and, in a
+/// directory store, checked against a fresh listing) one at a time, so this bounds an
+/// import's time; a bigger registry is imported in parts.
+pub const ADMIN_IMPORT_MAX_DOCS: usize = 500;
+
 /// Tool names a connection test ([`Host::probe_server`](crate::Host::probe_server)) shows:
 /// a summary for a person, not the listing (`GET .../tools` gives all of them). Keeps the
 /// answer small whatever the server lists.

@@ -13,6 +13,7 @@ use std::collections::HashSet;
 use std::time::Instant;
 
 use serde::Serialize;
+use tracing::Instrument;
 
 use super::Host;
 use crate::chat::tools::mcp_model_name;
@@ -63,6 +64,11 @@ impl Host {
     /// snapshot has no such server. Bounded by the record's connect timeout (or the
     /// host's) plus its `tool_timeout_ms`.
     pub async fn probe_server(&self, server_id: &str) -> Option<ProbeReport> {
+        let span = tracing::info_span!("probe_server", server_id);
+        self.probe_server_inner(server_id).instrument(span).await
+    }
+
+    async fn probe_server_inner(&self, server_id: &str) -> Option<ProbeReport> {
         let registry = self.registry();
         let entry = registry.get(server_id)?;
         let started = Instant::now();
@@ -107,6 +113,11 @@ impl Host {
     /// after the registry's `allowed_tools`, sorted, each with its model-facing name.
     /// Profiles, task and session filters narrow this further per task.
     pub async fn preview_tools(&self, server_id: &str) -> Result<Vec<ToolPreview>, PreviewError> {
+        let span = tracing::info_span!("preview_tools", server_id);
+        self.preview_tools_inner(server_id).instrument(span).await
+    }
+
+    async fn preview_tools_inner(&self, server_id: &str) -> Result<Vec<ToolPreview>, PreviewError> {
         let registry = self.registry();
         let entry = registry
             .get(server_id)

@@ -43,17 +43,33 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
     let admin = Router::new()
         .route(
             "/admin/api/mcp/servers",
-            get(admin::list).post(admin::create),
+            get(admin::list_servers).post(admin::create_server),
+        )
+        .route(
+            "/admin/api/mcp/servers/import",
+            axum::routing::post(admin::import),
         )
         .route(
             "/admin/api/mcp/servers/{id}",
-            get(admin::get).put(admin::replace).delete(admin::remove),
+            get(admin::get_server)
+                .put(admin::replace_server)
+                .delete(admin::delete_server),
         )
         .route(
             "/admin/api/mcp/servers/{id}/test",
             axum::routing::post(admin::test),
         )
         .route("/admin/api/mcp/servers/{id}/tools", get(admin::tools))
+        .route(
+            "/admin/api/mcp/profiles",
+            get(admin::list_profiles).post(admin::create_profile),
+        )
+        .route(
+            "/admin/api/mcp/profiles/{id}",
+            get(admin::get_profile)
+                .put(admin::replace_profile)
+                .delete(admin::delete_profile),
+        )
         .route_layer(middleware::from_fn_with_state(
             state.clone(),
             require_admin_token,

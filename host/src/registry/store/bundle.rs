@@ -48,6 +48,7 @@ pub fn parse_bundle(
             })?,
             format,
             body: text.as_bytes().to_vec(),
+            updated_at: None,
             revision: 0,
         }]);
     }
@@ -109,6 +110,7 @@ pub fn parse_bundle(
                 format,
                 body,
                 revision: 0,
+                updated_at: None,
             });
         }
     }
@@ -202,6 +204,7 @@ mod tests {
             format,
             body: body.as_bytes().to_vec(),
             revision: 0,
+            updated_at: None,
         }
     }
 

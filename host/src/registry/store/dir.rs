@@ -67,6 +67,59 @@ impl DirStore {
     pub fn dir(&self) -> &Path {
         &self.inner.dir
     }
+
+    /// Checks and writes one document under the write lock; with `expected`, only while
+    /// the listing is still at that revision.
+    async fn put(
+        &self,
+        kind: DocKind,
+        name: String,
+        format: DocFormat,
+        body: Vec<u8>,
+        expected: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        let _one_writer = self.inner.writes.lock().await;
+        let current = self.list().await?;
+        if let Some(expected) = expected {
+            let at = current
+                .docs
+                .iter()
+                .find(|d| d.kind == kind && d.name == name)
+                .map_or(0, |d| d.revision);
+            if at != expected {
+                return Err(StoreError::Conflict {
+                    kind,
+                    name,
+                    current: at,
+                });
+            }
+        }
+        check_change(
+            &current.docs,
+            &self.describe(),
+            kind,
+            &name,
+            Some((format, &body)),
+        )?;
+        blocking(&self.inner, move |inner| {
+            let path = inner.path(kind, &name, format);
+            inner
+                .write_atomically(&path, &body)
+                .map_err(|e| inner.unreachable(format!("cannot write {}: {e}", path.display())))?;
+            // One document per name: the other format's file would be a duplicate.
+            let other = match format {
+                DocFormat::Toml => DocFormat::Json,
+                DocFormat::Json => DocFormat::Toml,
+            };
+            match std::fs::remove_file(inner.path(kind, &name, other)) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(inner.unreachable(e)),
+            }
+            Ok(inner.list()?.revision)
+        })
+        .await
+    }
 }
 
 impl Inner {
@@ -121,13 +174,14 @@ impl Inner {
                      name,
                      format,
                      body,
-                     ..
+                     path,
                  }| StoredDoc {
                     kind,
                     name,
                     format,
                     body,
                     revision,
+                    updated_at: modified_secs(&path),
                 },
             )
             .collect();
@@ -173,6 +227,17 @@ impl Inner {
         }
         Ok(removed)
     }
+}
+
+/// A file's modification time in unix seconds; `None` where the filesystem keeps none.
+fn modified_secs(path: &Path) -> Option<u64> {
+    let modified = std::fs::metadata(path).ok()?.modified().ok()?;
+    Some(
+        modified
+            .duration_since(std::time::UNIX_EPOCH)
+            .ok()?
+            .as_secs(),
+    )
 }
 
 fn format_ext(format: DocFormat) -> &'static str {
@@ -243,36 +308,20 @@ impl RegistryStore for DirStore {
         format: DocFormat,
         body: Vec<u8>,
     ) -> StoreFuture<'_, u64> {
-        let name = name.to_owned();
-        Box::pin(async move {
-            let _one_writer = self.inner.writes.lock().await;
-            let current = self.list().await?;
-            check_change(
-                &current.docs,
-                &self.describe(),
-                kind,
-                &name,
-                Some((format, &body)),
-            )?;
-            blocking(&self.inner, move |inner| {
-                let path = inner.path(kind, &name, format);
-                inner.write_atomically(&path, &body).map_err(|e| {
-                    inner.unreachable(format!("cannot write {}: {e}", path.display()))
-                })?;
-                // One document per name: the other format's file would be a duplicate.
-                let other = match format {
-                    DocFormat::Toml => DocFormat::Json,
-                    DocFormat::Json => DocFormat::Toml,
-                };
-                match std::fs::remove_file(inner.path(kind, &name, other)) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(inner.unreachable(e)),
-                }
-                Ok(inner.list()?.revision)
-            })
-            .await
-        })
+        Box::pin(self.put(kind, name.to_owned(), format, body, None))
+    }
+
+    /// A document's revision is its listing's here, so a write on a stale read fails
+    /// when any file changed since, not only this one.
+    fn upsert_if(
+        &self,
+        kind: DocKind,
+        name: &str,
+        format: DocFormat,
+        body: Vec<u8>,
+        expected: u64,
+    ) -> StoreFuture<'_, u64> {
+        Box::pin(self.put(kind, name.to_owned(), format, body, Some(expected)))
     }
 
     fn delete(&self, kind: DocKind, name: &str) -> StoreFuture<'_, Option<u64>> {
@@ -457,6 +506,50 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_conditional_write_on_a_stale_revision_conflicts_and_docs_carry_their_mtime() {
+        let dir = TempDir::new("ifmatch");
+        let store = DirStore::new(&dir.0);
+        let first = store
+            .upsert(DocKind::Server, "a", DocFormat::Toml, server("a"))
+            .await
+            .unwrap();
+        let doc = store.get(DocKind::Server, "a").await.unwrap().unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(
+            doc.updated_at.is_some_and(|t| t.abs_diff(now) < 120),
+            "{doc:?}"
+        );
+        let changed = b"server_id = \"a\"\ntransport = \"stdio\"\nallowed_tools = [\"x\"]\n[stdio]\ncommand = \"true\"\n";
+        let second = store
+            .upsert_if(
+                DocKind::Server,
+                "a",
+                DocFormat::Toml,
+                changed.to_vec(),
+                first,
+            )
+            .await
+            .unwrap_or_else(|e| panic!("at revision {first}: {e}"));
+        assert!(second > first);
+        let stale = store
+            .upsert_if(DocKind::Server, "a", DocFormat::Toml, server("a"), first)
+            .await;
+        assert_eq!(
+            stale,
+            Err(StoreError::Conflict {
+                kind: DocKind::Server,
+                name: "a".into(),
+                current: second
+            })
+        );
+        let kept = store.get(DocKind::Server, "a").await.unwrap().unwrap();
+        assert_eq!(kept.body, changed, "the stale write changed nothing");
+    }
+
+    #[tokio::test]
     async fn an_invalid_upsert_names_the_field_and_writes_nothing() {
         let dir = TempDir::new("invalid");
         let store = DirStore::new(&dir.0);
@@ -506,6 +599,7 @@ mod tests {
             format: DocFormat::Toml,
             body: b"server_id = 3".to_vec(),
             revision: 1,
+            updated_at: None,
         }];
         let registry = crate::registry::Registry::from_docs(docs, "etcd://h:1/p", &|_: &str| None);
         let problem = &registry.problems()[0];

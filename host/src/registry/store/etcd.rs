@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, ConnectOptions, DeleteOptions, GetOptions, KeyValue, KvClient, WatchClient,
-    WatchOptions, WatchResponse,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, KvClient, Txn,
+    TxnOp, WatchClient, WatchOptions, WatchResponse,
 };
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
@@ -68,6 +68,9 @@ impl fmt::Debug for EtcdStore {
 struct Envelope {
     format: String,
     body: String,
+    /// When the write was made (unix seconds); absent in envelopes written before it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    updated_at: Option<u64>,
 }
 
 impl EtcdStore {
@@ -183,12 +186,13 @@ impl EtcdStore {
         };
         let revision = revision(&self.describe, kv.mod_revision())?;
         match decode_value(kv.value()) {
-            Ok((format, body)) => Ok(Some(StoredDoc {
+            Ok((format, body, updated_at)) => Ok(Some(StoredDoc {
                 kind,
                 name: name.to_owned(),
                 format,
                 body,
                 revision,
+                updated_at,
             })),
             Err(why) => {
                 tracing::warn!(store = %self.describe, ?kind, name, "skipping document: {why}");
@@ -250,6 +254,7 @@ impl EtcdStore {
         name: &str,
         format: DocFormat,
         body: Vec<u8>,
+        expected: Option<u64>,
     ) -> Result<u64, StoreError> {
         check_name(kind, name)?;
         if body.len() > defaults::REGISTRY_STORE_MAX_DOC_BYTES {
@@ -262,13 +267,34 @@ impl EtcdStore {
         (self.validate)(kind, name, format, &body).map_err(StoreError::Invalid)?;
         let body = String::from_utf8(body)
             .map_err(|e| StoreError::Invalid(format!("{kind:?} `{name}` is not UTF-8: {e}")))?;
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
         let value = serde_json::to_vec(&Envelope {
             format: format_name(format).to_owned(),
             body,
+            updated_at: now.ok().map(|d| d.as_secs()),
         })
         .map_err(|e| self.other(format!("cannot encode the document: {e}")))?;
         let mut kv = self.kv.clone();
-        let resp = self.call(kv.put(self.key(kind, name), value, None)).await?;
+        let Some(expected) = expected else {
+            let resp = self.call(kv.put(self.key(kind, name), value, None)).await?;
+            return header_revision(&self.describe, resp.header());
+        };
+        // A missing key has mod_revision 0, so `expected` 0 means "still absent".
+        let at = i64::try_from(expected)
+            .map_err(|_| self.other(format!("revision {expected} is out of etcd's range")))?;
+        let key = self.key(kind, name);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, at)])
+            .and_then([TxnOp::put(key, value, None)]);
+        let resp = self.call(kv.txn(txn)).await?;
+        if !resp.succeeded() {
+            let current = self.get_inner(kind, name).await?.map_or(0, |d| d.revision);
+            return Err(StoreError::Conflict {
+                kind,
+                name: name.to_owned(),
+                current,
+            });
+        }
         header_revision(&self.describe, resp.header())
     }
 
@@ -400,7 +426,30 @@ impl RegistryStore for EtcdStore {
     ) -> StoreFuture<'_, u64> {
         let name = name.to_owned();
         let span = tracing::debug_span!("etcd_upsert", store = %self.describe, ?kind, name);
-        Box::pin(async move { self.upsert_inner(kind, &name, format, body).await }.instrument(span))
+        Box::pin(
+            async move { self.upsert_inner(kind, &name, format, body, None).await }
+                .instrument(span),
+        )
+    }
+
+    fn upsert_if(
+        &self,
+        kind: DocKind,
+        name: &str,
+        format: DocFormat,
+        body: Vec<u8>,
+        expected: u64,
+    ) -> StoreFuture<'_, u64> {
+        let name = name.to_owned();
+        let span =
+            tracing::debug_span!("etcd_upsert_if", store = %self.describe, ?kind, name, expected);
+        Box::pin(
+            async move {
+                self.upsert_inner(kind, &name, format, body, Some(expected))
+                    .await
+            }
+            .instrument(span),
+        )
     }
 
     fn delete(&self, kind: DocKind, name: &str) -> StoreFuture<'_, Option<u64>> {
@@ -443,7 +492,7 @@ fn check_name(kind: DocKind, name: &str) -> Result<(), StoreError> {
     )))
 }
 
-fn decode_value(value: &[u8]) -> Result<(DocFormat, Vec<u8>), String> {
+fn decode_value(value: &[u8]) -> Result<(DocFormat, Vec<u8>, Option<u64>), String> {
     if value.len() > defaults::REGISTRY_STORE_MAX_DOC_BYTES {
         return Err(format!(
             "value is {} bytes, more than {}",
@@ -458,7 +507,7 @@ fn decode_value(value: &[u8]) -> Result<(DocFormat, Vec<u8>), String> {
         "json" => DocFormat::Json,
         _ => return Err("`format` is neither `toml` nor `json`".into()),
     };
-    Ok((format, envelope.body.into_bytes()))
+    Ok((format, envelope.body.into_bytes(), envelope.updated_at))
 }
 
 /// The default check before a write: the text parses in its format and a server record's
@@ -599,11 +648,17 @@ mod tests {
         let value = serde_json::to_vec(&Envelope {
             format: "json".into(),
             body: "{}".into(),
+            updated_at: Some(1_700_000_000),
         })
         .unwrap();
         assert_eq!(
             decode_value(&value).unwrap(),
-            (DocFormat::Json, b"{}".to_vec())
+            (DocFormat::Json, b"{}".to_vec(), Some(1_700_000_000))
+        );
+        // Written before `updated_at` existed: still read, the time unknown.
+        assert_eq!(
+            decode_value(br#"{"format":"toml","body":""}"#).unwrap(),
+            (DocFormat::Toml, Vec::new(), None)
         );
         assert!(decode_value(br#"{"format":"yaml","body":""}"#).is_err());
         assert!(decode_value(br#"{"format":"toml","body":"","extra":1}"#).is_err());

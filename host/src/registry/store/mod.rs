@@ -58,6 +58,9 @@ pub struct StoredDoc {
     pub body: Vec<u8>,
     /// The store revision of the document's last change.
     pub revision: u64,
+    /// When the document was last written (unix seconds), if the store knows: a file's
+    /// modification time, or the time an etcd write recorded.
+    pub updated_at: Option<u64>,
 }
 
 /// Every document at one store revision.
@@ -124,6 +127,32 @@ pub trait RegistryStore: Send + Sync + fmt::Debug {
         body: Vec<u8>,
     ) -> StoreFuture<'_, u64>;
 
+    /// [`upsert`](Self::upsert) only while the document is still at `expected` (the
+    /// revision it was read at), else [`StoreError::Conflict`]: a write made on a stale
+    /// read fails instead of undoing another. The default reads then writes; the
+    /// directory and etcd stores check and write in one step.
+    fn upsert_if(
+        &self,
+        kind: DocKind,
+        name: &str,
+        format: DocFormat,
+        body: Vec<u8>,
+        expected: u64,
+    ) -> StoreFuture<'_, u64> {
+        let name = name.to_owned();
+        Box::pin(async move {
+            let current = self.get(kind, &name).await?.map_or(0, |d| d.revision);
+            if current != expected {
+                return Err(StoreError::Conflict {
+                    kind,
+                    name,
+                    current,
+                });
+            }
+            self.upsert(kind, &name, format, body).await
+        })
+    }
+
     /// Removes a document; the new revision, or `None` if there was no such document.
     fn delete(&self, kind: DocKind, name: &str) -> StoreFuture<'_, Option<u64>>;
 
@@ -153,6 +182,7 @@ pub fn check_change(
             format,
             body: body.to_vec(),
             revision: 0,
+            updated_at: None,
         }),
         None => Write::Delete {
             kind,
@@ -207,7 +237,9 @@ pub fn check_changes(
             .collect()
     };
     let before = errors(&build(current.to_vec()));
-    let written = |doc: &StoredDoc| writes.iter().any(|w| w.key() == (doc.kind, &doc.name));
+    // A set, so a large import costs one lookup per current document.
+    let keys: std::collections::HashSet<(DocKind, &str)> = writes.iter().map(Write::key).collect();
+    let written = |doc: &StoredDoc| keys.contains(&(doc.kind, doc.name.as_str()));
     let mut docs: Vec<StoredDoc> = current.iter().filter(|d| !written(d)).cloned().collect();
     docs.extend(writes.iter().filter_map(|w| match w {
         Write::Put(doc) => Some(doc.clone()),

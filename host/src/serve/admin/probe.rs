@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::{NodeState, existing_id, no_query};
-use crate::host::PreviewError;
+use crate::host::{PreviewError, ProbeReport};
 use crate::registry::DocKind;
 use crate::serve::error::ApiError;
 
@@ -25,18 +25,22 @@ pub(in crate::serve) async fn test(
 ) -> Result<Response, ApiError> {
     no_query(query.as_deref())?;
     let id = existing_id(&state, DocKind::Server, id).await?;
-    let report = match state.host.probe_server(&id).await {
-        Some(report) => json!(report),
-        // In the store but refused by the snapshot (its problems are in /v1/registry).
-        None => json!({
-            "server_id": id,
-            "ok": false,
-            "elapsed_ms": 0,
-            "tool_count": null,
-            "tools": [],
-            "error": "the node's registry snapshot does not hold this record; GET /v1/registry says why",
-        }),
-    };
+    // In the store but not in the snapshot: the snapshot refused it (see /v1/registry).
+    let report = state
+        .host
+        .probe_server(&id)
+        .await
+        .unwrap_or_else(|| ProbeReport {
+            server_id: id,
+            ok: false,
+            elapsed_ms: 0,
+            tool_count: None,
+            tools: Vec::new(),
+            error: Some(
+                "the node's registry snapshot does not hold this record; GET /v1/registry says why"
+                    .into(),
+            ),
+        });
     Ok(axum::Json(report).into_response())
 }
 
