@@ -188,8 +188,10 @@ async fn a_person_manages_servers_from_the_admin_page() {
         .env("HOSTILE_ID", "hostile")
         .env("HOSTILE_MARKUP", MARKUP)
         .env("IMPORT_FILE", &bundle)
-        // Chromium's profile and crash files stay in the scratch directory.
+        // Chromium's profile and crash files stay in the scratch directory, even when
+        // the run is killed.
         .env("HOME", scratch.path())
+        .env("TMPDIR", scratch.path())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -128,6 +128,8 @@ async function main() {
     executablePath: CHROMIUM,
     headless: true,
     args: ['--no-sandbox', '--disable-dev-shm-usage', '--disable-gpu', '--no-first-run'],
+    // Over a pipe, Chromium exits with this process, even one killed by the test.
+    pipe: true,
     timeout: STEP_MS,
     protocolTimeout: STEP_MS,
   });
