@@ -101,6 +101,7 @@ async fn check(node: &Node, checkpoint: &str, data: &Value) -> Result<(), String
                 && body.contains(&fixture_server().display().to_string())
                 && fields["allowed_tools"] == json!(["echo", "add"])
                 && fields["stdio"]["args"] == json!(["--name", "fx"])
+                && fields["stdio"]["env"] == json!({"QV_NOTE": r#"say "hi" \ ${ENV:HOME}"#})
                 && fields["budgets"]["max_concurrency"] == 2
                 && fields["budgets"]["tool_timeout_ms"] == 30000;
             ok.then_some(()).ok_or(format!("the form wrote {fx:?}"))

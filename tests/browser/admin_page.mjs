@@ -181,6 +181,8 @@ async function main() {
   await type('#f-display_name', 'Fixture server');
   await type('#f-command', FIXTURE);
   await type('#f-args', '--name\nfx');
+  // Quotes, a backslash and a reference must survive the page's TOML writer as written.
+  await type('#f-env', 'QV_NOTE=say "hi" \\ ${ENV:HOME}');
   await type('#f-allowed_tools', 'echo\nadd');
   await type('#f-tool_timeout_ms', '30000');
   await type('#f-max_concurrency', '2');

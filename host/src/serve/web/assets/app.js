@@ -53,7 +53,6 @@
     const opts = options || {};
     if (opts.className) node.className = opts.className;
     if (opts.text !== undefined) node.textContent = text(opts.text);
-    if (opts.title !== undefined) node.title = text(opts.title);
     if (opts.type) node.type = opts.type;
     for (const [name, value] of Object.entries(opts.attrs || {})) {
       node.setAttribute(name, text(value));
@@ -301,9 +300,6 @@
 
   // The record being edited ({id, format, revision, fields, body}), or null for a new one.
   let editing = null;
-
-  const FORM_TEXT = ['server_id', 'display_name', 'command', 'cwd', 'url', 'auth_ref'];
-  const FORM_LISTS = ['args', 'allowed_tools', 'tags', 'approval_tools'];
 
   function openEditor(record) {
     editing = record;
