@@ -174,9 +174,10 @@
     $('servers-empty').hidden = rows.length > 0;
   }
 
-  /** A row's button running `action` as a user action. */
-  function actionButton(label, className, action) {
-    const button = el('button', { type: 'button', text: label, className });
+  /** A row's button running `action` as a user action; `name` is the row's server or profile. */
+  function actionButton(label, name, className, action) {
+    const attrs = { 'aria-label': `${label} ${name}` };
+    const button = el('button', { type: 'button', text: label, className, attrs });
     button.addEventListener('click', () => act(action));
     return button;
   }
@@ -199,10 +200,10 @@
       el(
         'td',
         { className: 'actions' },
-        actionButton('Edit', 'edit', () => editServer(id)),
-        actionButton('Test', 'test', () => testServer(id)),
-        actionButton('Tools', 'tools', () => showTools(id)),
-        actionButton('Delete', 'delete danger', () => deleteServer(id)),
+        actionButton('Edit', id, 'edit', () => editServer(id)),
+        actionButton('Test', id, 'test', () => testServer(id)),
+        actionButton('Tools', id, 'tools', () => showTools(id)),
+        actionButton('Delete', id, 'delete danger', () => deleteServer(id)),
       ),
     );
   }
@@ -558,8 +559,8 @@
         el(
           'td',
           { className: 'actions' },
-          actionButton('Edit', 'edit', () => editProfile(name)),
-          actionButton('Delete', 'delete danger', () => deleteProfile(name)),
+          actionButton('Edit', name, 'edit', () => editProfile(name)),
+          actionButton('Delete', name, 'delete danger', () => deleteProfile(name)),
         ),
       );
     });
