@@ -163,7 +163,7 @@ fn blame(current: &[StoredDoc], store: &str, docs: &[StoredDoc], error: StoreErr
     };
     let servers = docs.iter().filter(|d| d.kind == DocKind::Server).count();
     let at = match doc.kind {
-        DocKind::Server => format!("servers[{}]", bad - 1),
+        DocKind::Server => format!("servers[{}]", bad.saturating_sub(1)),
         DocKind::Profile => format!("profiles[{}]", bad.saturating_sub(1 + servers)),
     };
     ApiError::new(
