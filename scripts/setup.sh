@@ -5,7 +5,9 @@
 # - clang, wasm-ld, wasi-libc and the wasm32 compiler-rt builtins, from the system's
 #   package manager (Debian/Ubuntu apt), for building C guests against guest-sdk/c/spear.h;
 # - protoc (the etcd-client crate compiles etcd's protos at build time) and the etcd server
-#   (tests/etcd_store.rs starts a real one), from the system's package manager.
+#   (tests/etcd_store.rs starts a real one), from the system's package manager;
+# - Chromium, which tests/admin_web.rs drives headless (through fixtures/npm's
+#   puppeteer-core, which downloads no browser of its own), from the system's packages.
 # Safe to run again; each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,22 +46,24 @@ fi
 missing=()
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 if [ "${#missing[@]}" -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1; then
-    echo "setup: installing ${missing[*]} (etcd registry store: build and tests)" >&2
+    echo "setup: installing ${missing[*]} (etcd registry store, admin page tests)" >&2
     sudo=""
     if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
     $sudo apt-get update -qq
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
     echo "setup: apt-get not found; install protoc and the etcd server (v3.4+)" \
-      "for the etcd registry store" >&2
+      "for the etcd registry store, and chromium for the admin page test" >&2
   fi
 fi
 if command -v npm >/dev/null 2>&1; then
   if [ ! -x fixtures/npm/node_modules/.bin/mcp-server-filesystem ] \
+     || [ ! -f fixtures/npm/node_modules/puppeteer-core/package.json ] \
      || [ fixtures/npm/package-lock.json -nt fixtures/npm/node_modules/.package-lock.json ]; then
-    echo "setup: installing the reference MCP servers (fixtures/npm)" >&2
+    echo "setup: installing the reference MCP servers and puppeteer-core (fixtures/npm)" >&2
     (cd fixtures/npm && npm ci --no-audit --no-fund --loglevel=error)
   fi
 else

@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use super::error::ApiError;
 use super::modules::TooLarge;
 use super::tasks::Refused;
-use super::{NodeState, admin};
+use super::{NodeState, admin, web};
 use crate::TaskSpec;
 use crate::approval::{ApprovalDecision, ApprovalQueue};
 use crate::defaults;
@@ -74,8 +74,14 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
             state.clone(),
             require_admin_token,
         ));
+    // The page holds no data, so it is outside the token layers; it calls the admin API.
+    let page = Router::new()
+        .route("/admin", get(web::redirect))
+        .route("/admin/", get(web::index))
+        .route("/admin/assets/{file}", get(web::asset));
     Router::new()
         .route("/healthz", get(healthz))
+        .merge(page)
         .merge(admin)
         .route("/readyz", get(readyz))
         .merge(guarded)

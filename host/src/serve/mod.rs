@@ -12,7 +12,8 @@
 //! failure is one JSON error shape ([`error`]). A token guards all but the health checks,
 //! and a node without one only listens on loopback. A separate admin token (`[admin]`)
 //! opens the admin API ([`admin`]), which edits the registry's server records and
-//! profiles, tests servers and previews their tools.
+//! profiles, tests servers and previews their tools; the web admin page at `/admin/`
+//! ([`web`]) is a browser front end to it.
 //!
 //! Shutdown is a drain ([`NodeControl::drain`]): new work is refused and `/readyz` fails,
 //! queued tasks are cancelled, running tasks get `drain_grace` to finish, the rest are
@@ -41,6 +42,7 @@ mod error;
 mod listen;
 mod modules;
 mod tasks;
+mod web;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,0 +1,374 @@
+//! The web admin page in a real headless Chromium, driven as a person would by
+//! tests/browser/admin_page.mjs (puppeteer-core from fixtures/npm): sign in with the admin
+//! token, add a stdio server with the form, see it listed, test it, see its tools with
+//! their model-facing names, edit it, see a refused record's error, delete it after the
+//! confirmation, see a record full of markup rendered as text, import a file (dry run,
+//! then apply), and add and delete a profile. At each checkpoint this
+//! test checks through the admin API that the page did what it showed.
+//!
+//! Also, over plain HTTP: the page's routes, content types and security headers.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use quiver_tests::node::{Answer, Node};
+use quiver_tests::{RegistryDir, fixture_server, hostile_server, workspace};
+use reqwest::Method;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+const ADMIN: &str = "admin-web-token";
+const CONFIG: &str = "[admin]\ntoken_env = \"QUIVER_TEST_ADMIN\"\n";
+/// Would set a flag if the page ever parsed API data as HTML.
+const MARKUP: &str = "<img src=x onerror=\"window.__quiverPwned=1\">";
+/// The whole browser run, on a loaded machine.
+const RUN: Duration = Duration::from_secs(300);
+
+fn node(registry: &RegistryDir) -> Node {
+    Node::start(registry, Some(CONFIG), &[("QUIVER_TEST_ADMIN", ADMIN)])
+}
+
+fn admin(node: &Node, method: Method, path: &str) -> reqwest::RequestBuilder {
+    node.anonymous(method, &format!("/admin/api/mcp{path}"))
+        .bearer_auth(ADMIN)
+}
+
+/// `name` from `$env` if set, else the first `name` on `PATH`.
+fn program(env: &str, name: &str) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(env) {
+        return Some(PathBuf::from(path));
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+}
+
+/// What the browser test needs, or a panic saying how to get it: a machine without
+/// Chromium must not pass this test by skipping it.
+fn browser_tools() -> (PathBuf, PathBuf, PathBuf) {
+    let setup = "run scripts/setup.sh (it installs chromium and fixtures/npm's puppeteer-core)";
+    let node = program("QUIVER_NODE", "node")
+        .unwrap_or_else(|| panic!("node (Node.js) is not on PATH; install it, then {setup}"));
+    let chromium = program("QUIVER_CHROMIUM", "chromium")
+        .unwrap_or_else(|| panic!("chromium is not on PATH (or QUIVER_CHROMIUM); {setup}"));
+    let npm = workspace().join("fixtures/npm");
+    assert!(
+        npm.join("node_modules/puppeteer-core/package.json")
+            .is_file(),
+        "fixtures/npm/node_modules/puppeteer-core is missing; {setup}"
+    );
+    (node, chromium, npm)
+}
+
+/// A stdio record of the hostile fixture server whose display name and tool
+/// descriptions are `MARKUP`.
+fn hostile_record(id: &str) -> Value {
+    let body = json!({
+        "server_id": id,
+        "display_name": MARKUP,
+        "transport": "stdio",
+        "allowed_tools": ["*"],
+        "stdio": {
+            "command": hostile_server().display().to_string(),
+            "args": ["--description", MARKUP],
+        },
+    });
+    json!({"format": "json", "body": serde_json::to_string_pretty(&body).expect("json")})
+}
+
+/// The driver's process, killed (with its Chromium, which exits with its pipe) when the
+/// test ends early.
+struct Driver {
+    child: tokio::process::Child,
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+/// Checks, through the API, what the page claims at `checkpoint`; `Err` says what is off.
+async fn check(node: &Node, checkpoint: &str, data: &Value) -> Result<(), String> {
+    let fx = Node::send(admin(node, Method::GET, "/servers/fx")).await;
+    match checkpoint {
+        "created" => {
+            let body = fx.json["body"].as_str().unwrap_or_default();
+            let fields = &fx.json["fields"];
+            let ok = fx.status == 200
+                && fx.json["format"] == "toml"
+                && body.contains(&fixture_server().display().to_string())
+                && fields["allowed_tools"] == json!(["echo", "add"])
+                && fields["stdio"]["args"] == json!(["--name", "fx"])
+                && fields["stdio"]["env"] == json!({"QV_NOTE": r#"say "hi" \ ${ENV:HOME}"#})
+                && fields["budgets"]["max_concurrency"] == 2
+                && fields["budgets"]["tool_timeout_ms"] == 30000;
+            ok.then_some(()).ok_or(format!("the form wrote {fx:?}"))
+        }
+        "tested" => {
+            let test = Node::send(admin(node, Method::POST, "/servers/fx/test")).await;
+            let same = test.json["ok"] == true && data["tool_count"] == test.json["tool_count"];
+            same.then_some(())
+                .ok_or(format!("the page showed {data}, the API says {test:?}"))
+        }
+        "tools" => {
+            let tools = Node::send(admin(node, Method::GET, "/servers/fx/tools")).await;
+            let names: Vec<Value> = tools.json["tools"]
+                .as_array()
+                .map(|t| t.iter().map(|t| t["model_name"].clone()).collect())
+                .unwrap_or_default();
+            (tools.status == 200 && names.len() == 2 && data["model_names"] == json!(names))
+                .then_some(())
+                .ok_or(format!("the page showed {data}, the API says {tools:?}"))
+        }
+        "edited" => {
+            let body = fx.json["body"].as_str().unwrap_or_default();
+            // The form keeps a TOML record TOML.
+            let ok = fx.json["format"] == "toml"
+                && body.contains("allowed_tools = [\"echo\", \"add\", \"sleep\"]")
+                && fx.json["fields"]["display_name"] == "Fixture server";
+            ok.then_some(())
+                .ok_or(format!("after the edit the record is {fx:?}"))
+        }
+        "import-preview" | "imported" => {
+            let imported = Node::send(admin(node, Method::GET, "/servers/imported")).await;
+            let expected = if checkpoint == "imported" { 200 } else { 404 };
+            (imported.status == expected)
+                .then_some(())
+                .ok_or(format!("at {checkpoint} the record is {imported:?}"))
+        }
+        "profile" => {
+            let web = Node::send(admin(node, Method::GET, "/profiles/web")).await;
+            let body = web.json["body"].as_str().unwrap_or_default();
+            (web.status == 200 && web.json["format"] == "toml" && body.contains("hostile"))
+                .then_some(())
+                .ok_or(format!("the page's profile is {web:?}"))
+        }
+        "profile-deleted" => {
+            let web = Node::send(admin(node, Method::GET, "/profiles/web")).await;
+            (web.status == 404)
+                .then_some(())
+                .ok_or(format!("after the delete the profile is {web:?}"))
+        }
+        "deleted" => (fx.status == 404)
+            .then_some(())
+            .ok_or(format!("after the delete the record is {fx:?}")),
+        other => Err(format!("unknown checkpoint {other}")),
+    }
+}
+
+#[tokio::test]
+async fn a_person_manages_servers_from_the_admin_page() {
+    let (node_js, chromium, npm) = browser_tools();
+    let registry = RegistryDir::new();
+    let node = node(&registry);
+    let created =
+        Node::send(admin(&node, Method::POST, "/servers").json(&hostile_record("hostile"))).await;
+    assert_eq!(created.status, 201, "{created:?}");
+
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let screenshot = scratch.path().join("admin_page_failure.png");
+    let bundle = scratch.path().join("imported.toml");
+    let fixture = fixture_server().display().to_string();
+    std::fs::write(
+        &bundle,
+        format!(
+            "[[servers]]\nserver_id = \"imported\"\ntransport = \"stdio\"\nallowed_tools = [\"echo\"]\n\n[servers.stdio]\ncommand = {fixture:?}\nargs = [\"--name\", \"imported\"]\n"
+        ),
+    )
+    .expect("write the bundle");
+    let mut child = tokio::process::Command::new(&node_js)
+        .arg(workspace().join("tests/browser/admin_page.mjs"))
+        .env("QUIVER_URL", &node.base)
+        .env("QUIVER_ADMIN_TOKEN", ADMIN)
+        .env("FIXTURE_SERVER", fixture_server())
+        .env("CHROMIUM", &chromium)
+        .env("NPM_DIR", &npm)
+        .env("SCREENSHOT", &screenshot)
+        .env("HOSTILE_ID", "hostile")
+        .env("HOSTILE_MARKUP", MARKUP)
+        .env("IMPORT_FILE", &bundle)
+        // Chromium's profile and crash files stay in the scratch directory, even when
+        // the run is killed.
+        .env("HOME", scratch.path())
+        .env("TMPDIR", scratch.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start node");
+    let mut to_driver = child.stdin.take().expect("stdin");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let stderr = child.stderr.take().expect("stderr");
+    let progress = tokio::spawn(async move {
+        let mut all = String::new();
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            eprintln!("{line}");
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let mut driver = Driver { child };
+    let start = Instant::now();
+    let mut passed = Vec::new();
+    let outcome: Result<(), String> = loop {
+        let left = RUN.saturating_sub(start.elapsed());
+        let line = match tokio::time::timeout(left, lines.next_line()).await {
+            Err(_) => break Err(format!("the driver took longer than {RUN:?}")),
+            Ok(Err(e)) => break Err(format!("reading the driver: {e}")),
+            Ok(Ok(None)) => break Err("the driver ended without `done`".into()),
+            Ok(Ok(Some(line))) => line,
+        };
+        if line == "done" {
+            break Ok(());
+        }
+        let Some(rest) = line.strip_prefix("checkpoint ") else {
+            continue;
+        };
+        let (name, data) = rest.split_once(' ').unwrap_or((rest, "null"));
+        let data: Value = serde_json::from_str(data).unwrap_or(Value::Null);
+        let reply = match check(&node, name, &data).await {
+            Ok(()) => {
+                passed.push(name.to_owned());
+                "continue\n".to_owned()
+            }
+            Err(why) => {
+                let _ = to_driver.write_all(b"fail api check\n").await;
+                break Err(format!("checkpoint {name}: {why}"));
+            }
+        };
+        if let Err(e) = to_driver.write_all(reply.as_bytes()).await {
+            break Err(format!("writing to the driver: {e}"));
+        }
+    };
+    let status = tokio::time::timeout(Duration::from_secs(30), driver.child.wait()).await;
+    let log = tokio::time::timeout(Duration::from_secs(5), progress)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    if let Err(why) = outcome {
+        // Keep the screenshot where the failure message points.
+        let kept = workspace().join("target/admin_page_failure.png");
+        let shot = std::fs::copy(&screenshot, &kept)
+            .map(|_| kept.display().to_string())
+            .unwrap_or_else(|_| "(none)".into());
+        panic!(
+            "{why}\npassed: {passed:?}\nscreenshot: {shot}\ndriver:\n{log}\nnode stderr:\n{}",
+            node.stderr()
+        );
+    }
+    let status = status
+        .expect("the driver exits after `done`")
+        .expect("wait");
+    assert!(status.success(), "driver: {status:?}\n{log}");
+    assert_eq!(
+        passed,
+        [
+            "created",
+            "tested",
+            "tools",
+            "edited",
+            "deleted",
+            "import-preview",
+            "imported",
+            "profile",
+            "profile-deleted"
+        ],
+        "{log}"
+    );
+    // The record the page made is gone from the directory too.
+    assert!(!registry.path().join("fx.toml").exists());
+}
+
+async fn get(node: &Node, path: &str) -> (Answer, String) {
+    let response = node
+        .anonymous(Method::GET, path)
+        .send()
+        .await
+        .expect("request");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let text = response.text().await.expect("body");
+    let json = serde_json::from_str(&text).unwrap_or(Value::Null);
+    (
+        Answer {
+            status,
+            headers,
+            json,
+        },
+        text,
+    )
+}
+
+fn header<'a>(answer: &'a Answer, name: &str) -> &'a str {
+    answer
+        .headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+#[tokio::test]
+async fn the_page_is_served_without_a_token_with_strict_headers() {
+    let registry = RegistryDir::new();
+    let node = node(&registry);
+
+    let (index, html) = get(&node, "/admin/").await;
+    assert_eq!(index.status, 200, "{index:?}");
+    assert!(header(&index, "content-type").starts_with("text/html"));
+    assert!(html.contains("assets/app.js"), "{html}");
+    let csp = header(&index, "content-security-policy");
+    for directive in [
+        "default-src 'self'",
+        "script-src 'self'",
+        "frame-ancestors 'none'",
+    ] {
+        assert!(csp.contains(directive), "{csp}");
+    }
+    assert!(!csp.contains("unsafe-inline"), "{csp}");
+    assert_eq!(header(&index, "x-frame-options"), "DENY");
+    assert_eq!(header(&index, "x-content-type-options"), "nosniff");
+    assert_eq!(header(&index, "cache-control"), "no-store");
+
+    for (file, kind) in [("app.js", "text/javascript"), ("app.css", "text/css")] {
+        let (asset, body) = get(&node, &format!("/admin/assets/{file}")).await;
+        assert_eq!(asset.status, 200, "{file}: {asset:?}");
+        assert!(
+            header(&asset, "content-type").starts_with(kind),
+            "{asset:?}"
+        );
+        assert_eq!(header(&asset, "x-content-type-options"), "nosniff");
+        assert!(!body.is_empty());
+    }
+    for missing in [
+        "/admin/assets/nope.js",
+        "/admin/assets/..%2Fmod.rs",
+        "/admin/assets/",
+        "/admin/index.html",
+    ] {
+        let (answer, _) = get(&node, missing).await;
+        assert_eq!(answer.status, 404, "{missing}: {answer:?}");
+    }
+
+    // `/admin` leads to `/admin/` (the client here does not follow redirects itself).
+    let no_follow = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let redirect = no_follow
+        .get(format!("{}/admin", node.base))
+        .send()
+        .await
+        .expect("GET /admin");
+    assert!(redirect.status().is_redirection(), "{redirect:?}");
+    assert_eq!(redirect.headers()["location"], "/admin/");
+
+    // The page is open; the data is not.
+    let (listing, _) = get(&node, "/admin/api/mcp/servers").await;
+    assert_eq!(listing.status, 401, "{listing:?}");
+}
