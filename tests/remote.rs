@@ -659,6 +659,8 @@ async fn metadata_named_by_the_401_challenge_and_only_at_the_path_based_uri_is_f
             "--protected-resource",
             &tokens.issuer(),
             "--challenge-resource-metadata",
+            "--require-scope",
+            "mcp:tools",
         ],
     );
     let registry = secure_registry(server.url());
@@ -685,8 +687,9 @@ async fn metadata_named_by_the_401_challenge_and_only_at_the_path_based_uri_is_f
     assert_eq!(requests[0].auth_method, "client_secret_basic");
     assert_eq!(requests[0].resource.as_deref(), Some(server.url()));
     assert_eq!(
-        requests[0].scope, None,
-        "nothing named scopes, so none asked"
+        requests[0].scope.as_deref(),
+        Some("mcp:tools"),
+        "the scope the 401 challenge named"
     );
     host.shutdown().await;
 }

@@ -373,6 +373,64 @@ mod tests {
         }
     }
 
+    fn load(table: &str) -> Result<AuthSet, AuthConfigError> {
+        let text = format!("kind = \"oauth_client_credentials\"\nclient_id = \"q\"\n{table}");
+        let config: AuthConfig = toml::from_str(&text).map_err(|e| AuthConfigError {
+            field: String::new(),
+            message: e.message().to_owned(),
+        })?;
+        AuthSet::load(
+            &BTreeMap::from([("corp".to_owned(), config)]),
+            Path::new("."),
+        )
+    }
+
+    #[test]
+    fn auth_tables_name_the_field_and_the_fix() {
+        assert!(load("client_secret_env = \"S\"\n").is_ok());
+        let cases = [
+            ("", "auth.corp.client_secret_env", "private_key_jwt"),
+            (
+                "token_endpoint_auth = \"private_key_jwt\"\n",
+                "auth.corp.private_key_file",
+                "PKCS#8",
+            ),
+            (
+                "client_secret_env = \"S\"\ntoken_endpoint_auth = \"client_secret_post\"\nprivate_key_file = \"k.pem\"\n",
+                "auth.corp.private_key_file",
+                "only used with",
+            ),
+            (
+                "client_secret_env = \"S\"\nsigning_alg = \"ES256\"\n",
+                "auth.corp.signing_alg",
+                "private_key_file",
+            ),
+            (
+                "private_key_file = \"/nonexistent/quiver-key.pem\"\n",
+                "auth.corp.private_key_file",
+                "cannot read /nonexistent/quiver-key.pem",
+            ),
+        ];
+        for (table, field, fix) in cases {
+            let error = load(table).expect_err(table);
+            assert_eq!(error.field, field, "{table}");
+            assert!(error.message.contains(fix), "{table}: {}", error.message);
+        }
+        let unknown = load("client_secret_env = \"S\"\nclient_secret = \"x\"\n").unwrap_err();
+        assert!(
+            unknown.message.contains("unknown field `client_secret`"),
+            "{}",
+            unknown.message
+        );
+        let bad_method =
+            load("client_secret_env = \"S\"\ntoken_endpoint_auth = \"none\"\n").unwrap_err();
+        assert!(
+            bad_method.message.contains("unknown variant `none`"),
+            "{}",
+            bad_method.message
+        );
+    }
+
     #[test]
     fn auth_errors_keep_their_text_and_never_show_a_secret() {
         let configs = BTreeMap::from([(
