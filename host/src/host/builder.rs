@@ -415,6 +415,7 @@ impl HostBuilder {
                     .then_some(self.registry_dir)
                     .flatten(),
                 registry_store: self.registry_store,
+                store_sync: tokio::sync::Mutex::new(()),
                 task_host_memory: self
                     .task_host_memory
                     .or(tasks.host_memory_bytes)

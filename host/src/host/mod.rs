@@ -49,6 +49,9 @@ struct HostInner {
     registry: RwLock<Arc<Registry>>,
     registry_dir: Option<PathBuf>,
     registry_store: Option<Arc<dyn RegistryStore>>,
+    /// One store listing-and-install at a time: a slow listing must not be installed over
+    /// a newer one (a write's resync racing the follow loop).
+    store_sync: tokio::sync::Mutex<()>,
     reload: ReloadState,
     task_host_memory: u64,
     host_memory: HostMemory,

@@ -114,7 +114,10 @@ impl Host {
     }
 
     /// Lists `store` and installs the snapshot (or records why not); the revision listed.
+    /// Listings are installed in the order they were taken: the next one starts only after
+    /// this one is in.
     async fn sync_from(&self, store: &dyn RegistryStore, source: &str) -> Option<u64> {
+        let _in_order = self.inner.store_sync.lock().await;
         let listed = tokio::time::timeout(defaults::REGISTRY_STORE_TIMEOUT, store.list())
             .await
             .unwrap_or_else(|_| {
@@ -212,7 +215,91 @@ async fn follow(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use futures::stream::BoxStream;
+
     use super::*;
+    use crate::registry::{DocFormat, DocKind, Listing, StoreEvent, StoreFuture, StoredDoc};
+
+    /// A store whose first listing is slow and old, and whose later ones are quick and new:
+    /// a write's resync racing an earlier, slower listing.
+    #[derive(Debug, Default)]
+    struct RacingStore {
+        lists: AtomicUsize,
+    }
+
+    fn server(id: &str) -> StoredDoc {
+        StoredDoc {
+            kind: DocKind::Server,
+            name: id.into(),
+            format: DocFormat::Toml,
+            body: format!(
+                "server_id = \"{id}\"\ntransport = \"stdio\"\nstdio = {{ command = \"x\" }}\n"
+            )
+            .into_bytes(),
+            revision: 1,
+            updated_at: None,
+        }
+    }
+
+    impl RegistryStore for RacingStore {
+        fn describe(&self) -> String {
+            "racing".into()
+        }
+        fn list(&self) -> StoreFuture<'_, Listing> {
+            let first = self.lists.fetch_add(1, Ordering::SeqCst) == 0;
+            Box::pin(async move {
+                if first {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    return Ok(Listing {
+                        revision: 1,
+                        docs: vec![server("a")],
+                    });
+                }
+                Ok(Listing {
+                    revision: 2,
+                    docs: vec![server("a"), server("b")],
+                })
+            })
+        }
+        fn get(&self, _: DocKind, _: &str) -> StoreFuture<'_, Option<StoredDoc>> {
+            Box::pin(async { Ok(None) })
+        }
+        fn upsert(&self, _: DocKind, _: &str, _: DocFormat, _: Vec<u8>) -> StoreFuture<'_, u64> {
+            Box::pin(async { Ok(2) })
+        }
+        fn delete(&self, _: DocKind, _: &str) -> StoreFuture<'_, Option<u64>> {
+            Box::pin(async { Ok(None) })
+        }
+        fn watch(
+            &self,
+            _: u64,
+        ) -> StoreFuture<'_, BoxStream<'static, Result<StoreEvent, StoreError>>> {
+            Box::pin(async { Ok(futures::stream::pending().boxed()) })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_slow_old_listing_is_never_installed_over_a_newer_one() {
+        let store: Arc<dyn RegistryStore> = Arc::new(RacingStore::default());
+        let host = Host::builder()
+            .with_registry_store(store.clone())
+            .build()
+            .unwrap();
+        let slow = tokio::spawn({
+            let (host, store) = (host.clone(), store.clone());
+            async move { host.sync_after_write(&*store).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        host.sync_after_write(&*store).await;
+        slow.await.unwrap();
+        assert!(
+            host.registry().get("b").is_some(),
+            "the newer listing (revision 2) must be the one in force"
+        );
+        assert_eq!(host.registry_health().store_revision, Some(2));
+    }
 
     #[test]
     fn the_poll_interval_stays_within_its_jitter() {
