@@ -279,6 +279,123 @@ async fn log_and_time() {
     assert_eq!(run.results, [EINVAL, EINVAL, 0, EFAULT, 1]);
 }
 
+/// A guest that logs "first\n", writes "emitted\n" to stderr, then logs a line with control
+/// characters and a tab.
+fn logging_guest() -> String {
+    let data: &[(u32, &[u8])] = &[
+        (2000, b"first\n"),
+        (2016, b"bell\x07\x1b[2Jx\tt"),
+        (2048, b"emitted"),
+    ];
+    wat::guest(
+        data,
+        r#"(func $main
+      (call $out (call $log (i32.const 2) (i32.const 2000) (i32.const 6)))
+      (call $emit (i32.const 2048) (i32.const 7))
+      (call $out (call $log (i32.const 4) (i32.const 2016) (i32.const 12))))"#,
+    )
+}
+
+#[tokio::test]
+async fn log_lines_are_the_guests_own_stderr_unless_an_embedder_says_otherwise() {
+    let host = host(&RegistryDir::new());
+    let task = mcp_task("log-out", &[]);
+    let run = wat::run_ok(&host, &logging_guest(), &task).await;
+    assert_eq!(run.results, [OK, OK]);
+    assert_eq!(
+        run.outcome.stderr_text(),
+        "first\nemitted\nbell\\x07\\x1b[2Jx\tt\n",
+        "in order with the guest's stderr writes, one newline each, controls escaped"
+    );
+    assert!(run.outcome.stdout.len() == 8, "only the results on stdout");
+
+    let task = task.with_guest_logs(quiver::GuestLogs::Tracing);
+    let run = wat::run_ok(&host, &logging_guest(), &task).await;
+    assert_eq!(run.results, [OK, OK]);
+    assert_eq!(run.outcome.stderr_text(), "emitted\n");
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn captured_log_lines_are_charged_and_refused_past_the_budget() {
+    const LIMIT: u64 = 128 * 1024;
+    let body = r#"(func $main (local $i i32)
+      (memory.fill (i32.const 16384) (i32.const 65) (i32.const 16384))
+      (loop $l
+        (call $out (call $log (i32.const 2) (i32.const 16384) (i32.const 16384)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br_if $l (i32.lt_u (local.get $i) (i32.const 16))))
+      (call $out (call $log (i32.const 2) (i32.const 16384) (i32.const 10))))"#;
+    let task = mcp_task("log-flood", &[]).with_host_memory_limit(LIMIT);
+    let host = host(&RegistryDir::new());
+    let run = wat::run_ok(&host, &wat::guest(&[], body), &task).await;
+    host.shutdown().await;
+    let r = &run.results;
+    assert_eq!(r.len(), 17);
+    assert_eq!(r[0], OK);
+    let refused = r[..16].iter().filter(|&&e| e == ENOMEM).count();
+    assert!(
+        refused >= 8,
+        "16 lines of 16 KiB cannot fit in 128 KiB: {r:?}"
+    );
+    assert!(r[..16].iter().all(|&e| e == OK || e == ENOMEM), "{r:?}");
+    let stderr = run.outcome.stderr_text();
+    assert!(stderr.len() as u64 <= LIMIT, "{} bytes kept", stderr.len());
+    assert_eq!(
+        stderr.lines().count(),
+        16 - refused + usize::from(r[16] == OK)
+    );
+    assert!(
+        stderr
+            .lines()
+            .all(|l| l.len() == 16384 || l == "AAAAAAAAAA")
+    );
+}
+
+/// A guest flooding its log while nobody reads the host's stderr still ends, and so does
+/// `quiver run`: lines wait in a bounded queue and are dropped past it, never waited for.
+#[test]
+fn a_stuck_stderr_does_not_hold_the_guest_or_the_run() {
+    let body = r#"(func $main (local $i i32)
+      (memory.fill (i32.const 16384) (i32.const 66) (i32.const 16384))
+      (loop $l
+        (drop (call $log (i32.const 2) (i32.const 16384) (i32.const 16384)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br_if $l (i32.lt_u (local.get $i) (i32.const 256))))
+      (call $out (i32.const 7)))"#;
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("flood.wat");
+    std::fs::write(&module, wat::guest(&[], body)).unwrap();
+    let mut child = std::process::Command::new(quiver_tests::quiver_cli())
+        .env_remove("QUIVER_LOG")
+        .args(["run", "--no-cache"])
+        .arg(&module)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // 4 MiB of lines against a pipe nobody reads (64 KiB) and a 1 MiB queue.
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            child.kill().unwrap();
+            panic!("quiver run waited on its stderr");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let output = child.wait_with_output().unwrap();
+    assert!(status.success(), "{status}");
+    assert_eq!(
+        wat::results(&output.stdout),
+        [7],
+        "the guest ran to its end"
+    );
+    assert!(output.stderr.len() < 4 * 1024 * 1024, "lines were dropped");
+}
+
 #[tokio::test]
 async fn registry_views_show_only_permitted_servers_and_no_secrets() {
     let registry = registry();

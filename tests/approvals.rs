@@ -413,7 +413,11 @@ async fn chat(script: Vec<Reply>, queue: ApprovalQueue) -> Chat {
 }
 
 async fn run_chat(chat: &Chat) -> WatRun {
-    let guest = ChatGuest::new().msg("user", "go").send(2).recv();
+    let guest = ChatGuest::new()
+        .param("mcp.decision_log", json!(true))
+        .msg("user", "go")
+        .send(2)
+        .recv();
     wat::run_ok(&chat.host, &guest.build(), &mcp_task("chat", &["fixture"])).await
 }
 

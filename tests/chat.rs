@@ -131,6 +131,19 @@ async fn a_guest_tool_and_an_mcp_tool_in_one_turn() {
     assert_eq!(spear["backend"], "scripted");
     assert_eq!(spear["model"], "m-test");
     assert_eq!(spear["iterations"], 2);
+    assert_eq!(spear["tool_call_count"], 2);
+    assert_eq!(spear["tool_calls_ok"], 2);
+    assert_eq!(
+        spear["mcp"],
+        json!({"servers": ["fixture"]}),
+        "no decision log unasked"
+    );
+    // As written: `choices` first, then `_spear` opening with SPEAR's own keys, so a guest
+    // printing the start of the body sees the answer and the backend.
+    let raw = &run.emitted[0];
+    let choices = raw.find(r#""choices""#).unwrap();
+    let spear_at = raw.find(r#""_spear":{"backend":"scripted","model":"m-test","iterations":2,"#);
+    assert!(spear_at.is_some_and(|at| choices < at), "{raw}");
     let kinds: Vec<&str> = spear["tool_calls"]
         .as_array()
         .unwrap()
@@ -216,6 +229,11 @@ async fn budgets_end_the_loop_with_tool_call_limit() {
     assert_eq!(response["error"]["code"], "tool_call_limit");
     assert_eq!(response["error"]["limit"], "max_iterations");
     assert!(response["last_response"]["choices"].is_array());
+    // The last answer's `choices` come before `_spear` on error bodies too.
+    let raw = &run.emitted[0];
+    let choices = raw.find(r#""choices""#).unwrap();
+    let spear = raw.find(r#""_spear":{"backend":"scripted","model":"scripted-default","#);
+    assert!(spear.is_some_and(|at| choices < at), "{raw}");
     assert_eq!(
         setup.llm.request_count(),
         2,
@@ -626,7 +644,11 @@ async fn tools_that_need_approval_are_never_offered_and_never_run() {
     .await;
     let registry = registry_with("fixture", &["add", "count"], "approval_policy = \"always\"");
     let host = scripted_host(&registry, &llm);
-    let guest = ChatGuest::new().msg("user", "go").send(2).recv();
+    let guest = ChatGuest::new()
+        .param("mcp.decision_log", json!(true))
+        .msg("user", "go")
+        .send(2)
+        .recv();
     let run = wat::run(&host, &guest.build(), &mcp_task("chat", &["fixture"])).await;
     assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
     assert!(

@@ -66,7 +66,11 @@ async fn seed_defaults_offer_gitlab_and_fs_without_delete_tools() {
     let host = scripted_host(&registry, &llm);
     let run = run(
         &host,
-        &ChatGuest::new().msg("user", "hi").send(2).recv(),
+        &ChatGuest::new()
+            .param("mcp.decision_log", json!(true))
+            .msg("user", "hi")
+            .send(2)
+            .recv(),
         &seed_task(),
     )
     .await;
@@ -174,7 +178,11 @@ async fn failing_servers_drop_out_alone_with_their_reason() {
         .with_captured_output();
     let run = run(
         &host,
-        &ChatGuest::new().msg("user", "hi").send(2).recv(),
+        &ChatGuest::new()
+            .param("mcp.decision_log", json!(true))
+            .msg("user", "hi")
+            .send(2)
+            .recv(),
         &task,
     )
     .await;

@@ -102,7 +102,12 @@ fn guest() -> String {
              (call $emit (i32.const 16384) (call $len (i32.const 8192)))"
         ));
     }
-    guest.msg("user", "use the tools").send(2).recv().build()
+    guest
+        .param("mcp.decision_log", json!(true))
+        .msg("user", "use the tools")
+        .send(2)
+        .recv()
+        .build()
 }
 
 #[test]

@@ -29,6 +29,19 @@ const SLEEPER: &str = r#"(module
     (i32.store (i32.const 4) (i32.const 5))
     (drop (call $w (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
 
+/// Logs a line, then writes one to stderr.
+const LOGGER: &str = r#"(module
+  (import "spear" "log" (func $log (param i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $w (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 16) "logged-7c1e\n")
+  (data (i32.const 32) "written\n")
+  (func (export "_start")
+    (drop (call $log (i32.const 2) (i32.const 16) (i32.const 12)))
+    (i32.store (i32.const 0) (i32.const 32))
+    (i32.store (i32.const 4) (i32.const 8))
+    (drop (call $w (i32.const 2) (i32.const 0) (i32.const 1) (i32.const 8)))))"#;
+
 #[tokio::test]
 async fn a_task_is_uploaded_submitted_and_read_back() {
     let registry = RegistryDir::new();
@@ -74,10 +87,17 @@ async fn a_task_is_uploaded_submitted_and_read_back() {
     assert_eq!(done.json["exit_code"], 124);
     assert_eq!(done.json["_spear"]["failure"]["kind"], "deadline");
 
+    // Log lines are the task's captured stderr, not the node's log.
+    let logger = node.upload(LOGGER.as_bytes()).await;
+    let id = node.submit_ok(&logger, task_json("logger")).await;
+    let done = node.task(&id, 60).await;
+    assert_eq!(done.json["stderr"], "logged-7c1e\nwritten\n", "{done:?}");
+
     let ready = Node::send(node.anonymous(Method::GET, "/readyz")).await;
     assert_eq!(ready.status, 200, "{ready:?}");
     assert_eq!(ready.json["ready"], true);
     assert!(node.stderr().contains("task accepted"), "{}", node.stderr());
+    assert!(!node.stderr().contains("logged-7c1e"), "{}", node.stderr());
 }
 
 #[tokio::test]

@@ -27,7 +27,7 @@
  * fetched again without running the tool again. Errors go to stderr and exit status 1.
  */
 
-/* This guest prints its results; its diagnostics go to the host log with sp_*f. */
+/* This guest prints its results; its diagnostics are log lines (sp_*f), shown on stderr. */
 #define SPEAR_DISABLE_STDIO_REDIRECT_TO_LOG
 #include "spear.h"
 

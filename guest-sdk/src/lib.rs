@@ -13,7 +13,7 @@
 //!   ([`mcp::ToolList`]) and call them, getting a [`ToolResult`] back, with typed content
 //!   parts and the host's typed errors ([`mcp`] has the types);
 //! - [`registry`]: read-only views of the MCP server registry;
-//! - [`log`]: log lines routed into the host's structured logs, and [`time_now_ms`];
+//! - [`log`]: log lines, shown as the guest's own stderr output, and [`time_now_ms`];
 //! - [`sys`]: the raw hostcall imports, for anything the wrappers do not cover.
 //!
 //! Every fallible call returns [`Result`], whose [`Error`] names the operation and the

@@ -1,6 +1,7 @@
-//! Guest logging into the host's structured logs.
+//! Guest log lines: the guest's own output.
 //!
-//! Lines are tagged by the host with the task id. The level functions ([`info`], ..)
+//! The host shows each line as written on the guest's stderr (its captured stderr when the
+//! task's output is captured), and notes it in its own log with the task id and level. The level functions ([`info`], ..)
 //! ignore failures, so that logging never changes a guest's control flow; use [`write()`]
 //! to see them.
 //!

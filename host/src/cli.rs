@@ -29,8 +29,9 @@ use quiver::{Host, HostBuilder, StoreFollower, TaskSpec, defaults};
     about = "Run sandboxed WebAssembly workloads with MCP tools"
 )]
 struct Cli {
-    /// Log filter: a level (error, warn, info, debug, trace) or a tracing filter. Default:
-    /// `info` for `serve`, `warn` otherwise.
+    /// Host log filter: a level (error, warn, info, debug, trace) or a tracing filter.
+    /// Default: `info` for `serve`, `warn` otherwise. A guest's `log` lines are its own
+    /// output, shown on stderr whatever this says.
     #[arg(long, global = true, env = "QUIVER_LOG")]
     log_level: Option<String>,
     /// Log line format on stderr.
@@ -306,10 +307,12 @@ async fn run(args: RunArgs) -> i32 {
         signal = signals.next() => {
             eprintln!("quiver: {}; stopping the task and its MCP servers", signal.name);
             stop(&host, &mut signals).await;
+            flush_guest_logs().await;
             return signal.status;
         }
     };
     stop(&host, &mut signals).await;
+    flush_guest_logs().await;
     match outcome {
         Ok(outcome) => {
             if let Some(failure) = &outcome.failure {
@@ -319,6 +322,13 @@ async fn run(args: RunArgs) -> i32 {
         }
         Err(e) => fail(e),
     }
+}
+
+/// Lets the guest's last `log` lines reach stderr before the host says more and exits; a
+/// stderr stuck longer loses them (saying so would block on the same stderr).
+async fn flush_guest_logs() {
+    let timeout = defaults::GUEST_STDERR_FLUSH_TIMEOUT;
+    let _ = tokio::task::spawn_blocking(move || quiver::sandbox::flush_guest_stderr(timeout)).await;
 }
 
 /// `quiver serve`: the first Ctrl-C or SIGTERM drains the node, a second cancels what

@@ -50,4 +50,4 @@ pub use host::{
     StoreFollower, TaskFailure, TaskOutcome, TaskStatus, ToolPreview,
 };
 pub use quiver_abi::Errno;
-pub use task::{TaskError, TaskSpec};
+pub use task::{GuestLogs, TaskError, TaskSpec};

@@ -91,6 +91,23 @@ pub struct TaskSpec {
     /// Keeps guest stdout/stderr in the outcome instead of passing them through.
     #[serde(skip)]
     pub capture_output: bool,
+    /// Where the guest's `log` lines go.
+    #[serde(skip)]
+    pub guest_logs: GuestLogs,
+}
+
+/// Where a task's `log` lines go. Guests use `log` as their `printf`, so by default a line is
+/// the guest's own output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GuestLogs {
+    /// The guest's stderr, one line per call as written (control characters escaped): the
+    /// task's captured stderr when output is captured, else the host's stderr. The host's
+    /// own log gets a `debug`/`trace` event (target `quiver::guest`) for each line.
+    #[default]
+    Stderr,
+    /// Only host log events at the guest's level (target `quiver::guest`, with the task id),
+    /// for embedders that collect guest lines with their own logs.
+    Tracing,
 }
 
 const MCP_KEYS: [&str; 6] = [
@@ -115,6 +132,7 @@ impl TaskSpec {
             entry: None,
             inherit_stdin: false,
             capture_output: false,
+            guest_logs: GuestLogs::Stderr,
         }
     }
 
@@ -261,6 +279,13 @@ impl TaskSpec {
     #[must_use]
     pub fn with_captured_output(mut self) -> Self {
         self.capture_output = true;
+        self
+    }
+
+    /// Sends the guest's `log` lines to `logs` instead of its stderr.
+    #[must_use]
+    pub fn with_guest_logs(mut self, logs: GuestLogs) -> Self {
+        self.guest_logs = logs;
         self
     }
 

@@ -43,6 +43,9 @@ pub(crate) struct SessionMcp {
     pub(crate) server_ids: Vec<String>,
     pub(crate) tool_allowlist: Option<Vec<Pattern>>,
     pub(crate) tool_denylist: Vec<Pattern>,
+    /// `mcp.decision_log`: copy the decision log into `_spear.mcp` (off: it can be large,
+    /// and guests printing a response through a small buffer would lose the answer).
+    pub(crate) decision_log: bool,
 }
 
 impl SessionMcp {
@@ -52,6 +55,7 @@ impl SessionMcp {
             server_ids: task.default_server_ids.clone(),
             tool_allowlist: None,
             tool_denylist: Vec::new(),
+            decision_log: false,
         }
     }
 }
@@ -302,6 +306,14 @@ impl SessionContent {
                 ids.retain(|id| seen.insert(id.clone()));
                 self.mcp.server_ids = ids;
             }
+            "mcp.decision_log" => {
+                self.mcp.decision_log = value.as_bool().ok_or_else(|| {
+                    ParamError::Invalid(format!(
+                        "mcp.decision_log must be a boolean, got {}",
+                        shown_json(&value)
+                    ))
+                })?;
+            }
             "mcp.tool_allowlist" => self.mcp.tool_allowlist = Some(patterns(key, &value)?),
             "mcp.tool_denylist" => self.mcp.tool_denylist = patterns(key, &value)?,
             k if k.starts_with("mcp.task_") => {
@@ -386,6 +398,11 @@ pub(super) mod tests {
             .unwrap();
         assert_eq!(session.settings.model.as_deref(), Some("m"));
         assert_eq!(session.settings.max_total_tool_calls, 3);
+        assert!(!session.mcp.decision_log, "the decision log is opt-in");
+        session
+            .set_param("mcp.decision_log", json!(true), &task())
+            .unwrap();
+        assert!(session.mcp.decision_log);
         assert_eq!(
             session.upstream.keys().collect::<Vec<_>>(),
             ["temperature", "tool_choice"]
@@ -403,6 +420,7 @@ pub(super) mod tests {
             ("tools", json!([])),
             ("mcp.tool_allowlist", json!(vec!["a*"; 65])),
             ("mcp.tool_denylist", json!(["x".repeat(257)])),
+            ("mcp.decision_log", json!("yes")),
         ] {
             assert!(invalid(session.set_param(key, value, &task())), "{key}");
         }

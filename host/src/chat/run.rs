@@ -124,10 +124,15 @@ impl SendError {
         }
     }
 
-    /// `{"error": {...}, "_spear": spear}`, plus `last_response` for a limit.
-    fn into_body(self, spear: Value) -> Value {
+    /// `{"error": {...}, "last_response"?: {...}, "_spear": spear}`: `last_response` (a limit's
+    /// last model answer, with its `choices`) before `_spear`, as in an answer.
+    fn into_body(self, spear: &Spear<'_>) -> Vec<u8> {
         match self {
-            SendError::Llm(error) => json!({"error": error.to_json(), "_spear": spear}),
+            SendError::Llm(error) => encode(&FailureBody {
+                error: error.to_json(),
+                last_response: None,
+                spear,
+            }),
             SendError::ToolCallLimit {
                 limit,
                 value,
@@ -139,13 +144,70 @@ impl SendError {
                     "limit": limit,
                     "value": value,
                 });
-                json!({"error": error, "_spear": spear, "last_response": last_response})
+                encode(&FailureBody {
+                    error,
+                    last_response: Some(last_response),
+                    spear,
+                })
             }
         }
     }
 }
 
-/// Decision-log entries copied into `_spear` (the rest are counted, and logged).
+/// `_spear`, written in this order: SPEAR's own keys (`backend`, `model`) first, then a short
+/// summary. SPEAR's C samples print a response through a 1 KiB buffer and look for
+/// `"_spear"` then `"backend":"`, so it stays small and after `choices`.
+#[derive(serde::Serialize)]
+struct Spear<'a> {
+    backend: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<&'a str>,
+    iterations: u32,
+    /// Absent when no backend was found.
+    #[serde(flatten)]
+    summary: Option<Summary<'a>>,
+}
+
+/// What a send did, after `_spear`'s SPEAR keys.
+#[derive(serde::Serialize)]
+struct Summary<'a> {
+    usage: SpearUsage,
+    tool_call_count: usize,
+    tool_calls_ok: usize,
+    tool_calls: &'a [Value],
+    /// `servers`, and the decision log when the session asked for it.
+    mcp: Value,
+}
+
+/// Usage summed over a send's requests.
+#[derive(serde::Serialize)]
+struct SpearUsage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+}
+
+/// A successful response: the upstream completion (`choices` first), then `_spear`.
+#[derive(serde::Serialize)]
+struct AnswerBody<'a> {
+    #[serde(flatten)]
+    completion: &'a ChatCompletion,
+    #[serde(rename = "_spear")]
+    spear: &'a Spear<'a>,
+}
+
+/// A failed response, in this key order.
+#[derive(serde::Serialize)]
+struct FailureBody<'a> {
+    error: Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    last_response: Option<&'a ChatCompletion>,
+    #[serde(rename = "_spear")]
+    spear: &'a Spear<'a>,
+}
+
+/// Decision-log entries copied into `_spear` with `mcp.decision_log` (the rest are
+/// counted; all are logged).
 const MAX_DECISIONS_SHOWN: usize = 100;
 
 fn ms(d: Duration) -> u64 {
@@ -170,9 +232,17 @@ pub(crate) async fn send<G: GuestTools>(
     let backend = match ctx.backends.get(session.settings.backend.as_deref()) {
         Ok(backend) => backend,
         Err(error) => {
-            let spear = json!({"backend": session.settings.backend, "iterations": 0});
-            let body = json!({"error": error.to_json(), "_spear": spear});
-            let body = encode(&body);
+            let spear = Spear {
+                backend: session.settings.backend.as_deref(),
+                model: None,
+                iterations: 0,
+                summary: None,
+            };
+            let body = encode(&FailureBody {
+                error: error.to_json(),
+                last_response: None,
+                spear: &spear,
+            });
             return Ok(finish(body, metrics, started, added, ctx.budget)?);
         }
     };
@@ -270,25 +340,43 @@ pub(crate) async fn send<G: GuestTools>(
         run_tool_calls(calls, turn, guest).await?;
         metrics.latency_ms.tools += ms(tools_started.elapsed());
     };
-    let spear = json!({
-        "backend": backend.name(),
-        "model": model,
-        "iterations": metrics.iterations,
-        "usage": {"prompt_tokens": metrics.prompt_tokens, "completion_tokens": metrics.completion_tokens, "total_tokens": metrics.total_tokens},
-        "tool_calls": summary,
-        "mcp": {
-            "servers": tools.servers,
-            "decisions": tools.decisions.iter().take(MAX_DECISIONS_SHOWN).collect::<Vec<_>>(),
-            "decisions_omitted": tools.decisions.len().saturating_sub(MAX_DECISIONS_SHOWN),
-        },
-    });
+    let mut mcp = json!({"servers": tools.servers});
+    if session.mcp.decision_log {
+        mcp["decisions"] = json!(
+            tools
+                .decisions
+                .iter()
+                .take(MAX_DECISIONS_SHOWN)
+                .collect::<Vec<_>>()
+        );
+        mcp["decisions_omitted"] = json!(tools.decisions.len().saturating_sub(MAX_DECISIONS_SHOWN));
+    }
+    let spear = Spear {
+        backend: Some(backend.name()),
+        model: Some(&model),
+        iterations: metrics.iterations,
+        summary: Some(Summary {
+            usage: SpearUsage {
+                prompt_tokens: metrics.prompt_tokens,
+                completion_tokens: metrics.completion_tokens,
+                total_tokens: metrics.total_tokens,
+            },
+            tool_call_count: summary.len(),
+            tool_calls_ok: summary.iter().filter(|e| e["ok"] == json!(true)).count(),
+            tool_calls: &summary,
+            mcp,
+        }),
+    };
     let body = match outcome {
         // The upstream completion as it came, plus `_spear` (replacing any upstream one).
         Ok(mut completion) => {
-            completion.rest.insert("_spear".into(), spear);
-            encode(&completion)
+            completion.rest.remove("_spear");
+            encode(&AnswerBody {
+                completion: &completion,
+                spear: &spear,
+            })
         }
-        Err(error) => encode(&error.into_body(spear)),
+        Err(error) => error.into_body(&spear),
     };
     Ok(finish(body, metrics, started, added, ctx.budget)?)
 }

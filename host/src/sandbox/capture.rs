@@ -29,6 +29,7 @@ impl CapturedOutput {
         }
     }
 
+    /// The stdout and stderr pipes; clones share what they hold.
     pub(super) fn pipes(&self) -> (CapturePipe, CapturePipe) {
         (self.stdout.clone(), self.stderr.clone())
     }
@@ -69,7 +70,7 @@ impl CapturePipe {
     }
 
     /// Appends `data`, growing the buffer only as far as the budget allows.
-    fn append(&self, data: &[u8]) -> io::Result<()> {
+    pub(super) fn append(&self, data: &[u8]) -> io::Result<()> {
         let mut kept = self.lock();
         let Kept { bytes, charge } = &mut *kept;
         let needed = bytes

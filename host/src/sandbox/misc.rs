@@ -1,10 +1,11 @@
-//! `log` and `time_now_ms`.
+//! `log` and `time_now_ms`. Where a `log` line goes is [`super::guest_log`]'s business.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use quiver_abi::{Errno, log_level};
 use wasmtime::{Caller, Linker};
 
+use super::guest_log::GuestLogSink;
 use super::{HostcallError, SandboxView, finish, guest};
 use crate::defaults;
 
@@ -24,7 +25,8 @@ pub(super) fn add_to_linker<T: SandboxView>(linker: &mut Linker<T>) -> wasmtime:
     Ok(())
 }
 
-/// A guest log line, at level 0 trace .. 4 error, into the host log with the task id.
+/// A guest log line, at level 0 trace .. 4 error: the guest's own output where its
+/// [`GuestLogSink`] says, and a host log event with the task id.
 fn log<T: SandboxView>(
     caller: &mut Caller<'_, T>,
     level: i32,
@@ -46,13 +48,29 @@ fn log<T: SandboxView>(
         text
     };
     let marker = if cut.len() < text.len() { " [cut]" } else { "" };
-    let task_id = &*state.sandbox().task_id;
-    match level {
-        log_level::TRACE => tracing::trace!(target: "quiver::guest", task_id, "{cut}{marker}"),
-        log_level::DEBUG => tracing::debug!(target: "quiver::guest", task_id, "{cut}{marker}"),
-        log_level::INFO => tracing::info!(target: "quiver::guest", task_id, "{cut}{marker}"),
-        log_level::WARN => tracing::warn!(target: "quiver::guest", task_id, "{cut}{marker}"),
-        _ => tracing::error!(target: "quiver::guest", task_id, "{cut}{marker}"),
+    let sandbox = state.sandbox();
+    let task_id = &*sandbox.task_id;
+    if let GuestLogSink::Tracing = sandbox.guest_log {
+        match level {
+            log_level::TRACE => tracing::trace!(target: "quiver::guest", task_id, "{cut}{marker}"),
+            log_level::DEBUG => tracing::debug!(target: "quiver::guest", task_id, "{cut}{marker}"),
+            log_level::INFO => tracing::info!(target: "quiver::guest", task_id, "{cut}{marker}"),
+            log_level::WARN => tracing::warn!(target: "quiver::guest", task_id, "{cut}{marker}"),
+            _ => tracing::error!(target: "quiver::guest", task_id, "{cut}{marker}"),
+        }
+        return Ok(0);
     }
+    // Shown on stderr already: the host log keeps it below the levels it shows by default.
+    if level == log_level::TRACE {
+        tracing::trace!(target: "quiver::guest", task_id, level, "{cut}{marker}");
+    } else {
+        tracing::debug!(target: "quiver::guest", task_id, level, "{cut}{marker}");
+    }
+    let line = if marker.is_empty() {
+        std::borrow::Cow::Borrowed(cut)
+    } else {
+        std::borrow::Cow::Owned(format!("{cut}{marker}"))
+    };
+    sandbox.guest_log.write(&line).map_err(|_| Errno::ENOMEM)?;
     Ok(0)
 }

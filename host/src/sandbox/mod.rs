@@ -14,6 +14,7 @@ mod cache;
 mod capture;
 mod deadline;
 mod fd;
+mod guest_log;
 pub mod heap;
 mod hostcall;
 mod memory;
@@ -27,10 +28,13 @@ use std::sync::Arc;
 use wasmtime::{Linker, Memory, StoreLimits, Table};
 use wasmtime_wasi::p1::WasiP1Ctx;
 
+use guest_log::GuestLogSink;
+
 pub use budget::{Charge, HostMemory, HostMemoryStatus, HostMemoryUse, MemoryBudget};
 pub use capture::CapturedOutput;
 pub use deadline::{Deadline, DeadlineExceeded};
 pub use fd::{FD_STATE_BYTES, FdKindOf, FdTable};
+pub use guest_log::flush_guest_stderr;
 pub use hostcall::{HostcallError, before_deadline, finish};
 pub use memory::{GuestMemory, OutBuf, guest};
 pub use run::{TaskFailure, TaskRun};
@@ -51,6 +55,8 @@ pub struct Sandbox<K> {
     /// Guest tools running now, one inside another (each holds a fiber stack of the host's
     /// shared pool); at most [`MAX_GUEST_TOOL_NESTING`](crate::defaults::MAX_GUEST_TOOL_NESTING).
     pub guest_tool_depth: u32,
+    /// Where the guest's `log` lines go.
+    guest_log: GuestLogSink,
     wasi: WasiP1Ctx,
     limits: StoreLimits,
 }

@@ -1,14 +1,15 @@
-//! The WASI grants of a task: args, env, preopens, stdin and where output goes. Everything
-//! not granted by the task spec is denied.
+//! The WASI grants of a task: args, env, preopens, stdin and where output goes (the guest's
+//! `log` lines with its stderr). Everything not granted by the task spec is denied.
 
 use std::sync::Arc;
 
 use wasmtime::StoreLimitsBuilder;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder, WasiView};
 
+use super::guest_log::GuestLogSink;
 use super::{CapturedOutput, Deadline, FdTable, MemoryBudget, Sandbox};
 use crate::defaults;
-use crate::task::TaskSpec;
+use crate::task::{GuestLogs, TaskSpec};
 
 /// A task whose sandbox cannot be set up as its spec asks; names the task field at fault.
 #[derive(Debug, thiserror::Error)]
@@ -69,17 +70,23 @@ impl<K> Sandbox<K> {
             wasi.inherit_stdin();
         }
         let captured = task.capture_output.then(|| CapturedOutput::new(&budget));
-        match &captured {
+        let guest_log = match &captured {
             Some(out) => {
                 let (stdout, stderr) = out.pipes();
                 wasi.stdout(stdout);
-                wasi.stderr(stderr);
+                wasi.stderr(stderr.clone());
+                GuestLogSink::Captured(stderr)
             }
             None => {
                 wasi.inherit_stdout();
                 wasi.inherit_stderr();
+                GuestLogSink::Stderr
             }
-        }
+        };
+        let guest_log = match task.guest_logs {
+            GuestLogs::Stderr => guest_log,
+            GuestLogs::Tracing => GuestLogSink::Tracing,
+        };
         let mut wasi = wasi.build_p1();
         // WASI's table holds every file, directory and stream the guest opens, each a real
         // host descriptor: bounded like the task's own fds, so one guest opening files in a
@@ -97,6 +104,7 @@ impl<K> Sandbox<K> {
             memory: None,
             table: None,
             guest_tool_depth: 0,
+            guest_log,
             wasi,
             limits: StoreLimitsBuilder::new()
                 .memory_size(usize::try_from(memory_limit).unwrap_or(usize::MAX))
