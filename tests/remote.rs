@@ -13,7 +13,7 @@ use futures::StreamExt;
 use quiver::Host;
 use quiver::llm::HostConfig;
 use quiver::mcp::{AuthConfig, EgressConfig, McpErrorCode};
-use quiver_tests::oauth::TokenServer;
+use quiver_tests::oauth::{AsOptions, TokenServer};
 use quiver_tests::{
     FixtureHttp, RegistryDir, example_guest, host_builder, mcp_task, quiver_cli, run,
 };
@@ -629,4 +629,418 @@ async fn a_token_endpoint_from_metadata_outside_the_egress_rules_never_gets_the_
     );
     assert_eq!(tokens.token_request_count(), 1);
     host.shutdown().await;
+}
+
+// ---- MCP authorization by the spec: discovery, client authentication, step-up ----
+
+/// An `[auth.corp]` table from TOML lines.
+fn auth_table(lines: &str) -> BTreeMap<String, AuthConfig> {
+    let text = format!("kind = \"oauth_client_credentials\"\nclient_id = \"quiver\"\n{lines}");
+    BTreeMap::from([("corp".to_owned(), toml::from_str(&text).unwrap())])
+}
+
+fn secure_registry(url: &str) -> RegistryDir {
+    let registry = RegistryDir::new();
+    registry.write(
+        "secure.toml",
+        &remote_record("secure", "streamable_http", url, "auth_ref = \"corp\""),
+    );
+    registry
+}
+
+#[tokio::test]
+async fn metadata_named_by_the_401_challenge_and_only_at_the_path_based_uri_is_found() {
+    let tokens = TokenServer::start("quiver", "challenge-s3cret", Duration::from_secs(60)).await;
+    let server = FixtureHttp::spawn(
+        "http",
+        &[
+            "--bearer-introspect",
+            &tokens.introspect_url(),
+            "--protected-resource",
+            &tokens.issuer(),
+            "--challenge-resource-metadata",
+            "--require-scope",
+            "mcp:tools",
+        ],
+    );
+    let registry = secure_registry(server.url());
+    // SAFETY: tests in this binary use distinct variable names.
+    unsafe { std::env::set_var("QUIVER_TEST_CHALLENGE_SECRET", "challenge-s3cret") };
+    let host = remote_host(
+        &registry,
+        auth_table("client_secret_env = \"QUIVER_TEST_CHALLENGE_SECRET\"\n"),
+        loopback_egress(),
+    );
+    assert_eq!(
+        call_text(
+            &host,
+            "secure",
+            "echo",
+            serde_json::json!({"text": "found"})
+        )
+        .await
+        .unwrap(),
+        "found"
+    );
+    let requests = tokens.token_requests();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0].auth_method, "client_secret_basic");
+    assert_eq!(requests[0].resource.as_deref(), Some(server.url()));
+    assert_eq!(
+        requests[0].scope.as_deref(),
+        Some("mcp:tools"),
+        "the scope the 401 challenge named"
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn metadata_only_at_the_path_based_uri_without_a_challenge_url_and_openid_only_as() {
+    let tokens = TokenServer::start_with(
+        "quiver",
+        "openid-s3cret",
+        Duration::from_secs(60),
+        AsOptions {
+            openid_only: true,
+            ..AsOptions::default()
+        },
+    );
+    let server = FixtureHttp::spawn(
+        "http",
+        &[
+            "--bearer-introspect",
+            &tokens.introspect_url(),
+            "--protected-resource",
+            &tokens.issuer(),
+        ],
+    );
+    let registry = secure_registry(server.url());
+    unsafe { std::env::set_var("QUIVER_TEST_OPENID_SECRET", "openid-s3cret") };
+    let host = remote_host(
+        &registry,
+        auth_table("client_secret_env = \"QUIVER_TEST_OPENID_SECRET\"\nscopes = [\"mcp:tools\"]\n"),
+        loopback_egress(),
+    );
+    assert_eq!(
+        call_text(&host, "secure", "echo", serde_json::json!({"text": "oidc"}))
+            .await
+            .unwrap(),
+        "oidc"
+    );
+    let requests = tokens.token_requests();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0].scope.as_deref(), Some("mcp:tools"));
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_server_accepting_only_client_secret_post_gets_the_secret_in_the_form() {
+    let tokens = TokenServer::start_with(
+        "quiver",
+        "post-s3cret",
+        Duration::from_secs(60),
+        AsOptions {
+            auth_methods: vec!["client_secret_post".into()],
+            ..AsOptions::default()
+        },
+    );
+    let server = FixtureHttp::spawn("http", &["--bearer-introspect", &tokens.introspect_url()]);
+    let registry = secure_registry(server.url());
+    unsafe { std::env::set_var("QUIVER_TEST_POST_SECRET", "post-s3cret") };
+    let host = remote_host(
+        &registry,
+        auth_table(&format!(
+            "client_secret_env = \"QUIVER_TEST_POST_SECRET\"\nissuer = {:?}\n",
+            tokens.issuer()
+        )),
+        loopback_egress(),
+    );
+    assert_eq!(
+        call_text(&host, "secure", "echo", serde_json::json!({"text": "post"}))
+            .await
+            .unwrap(),
+        "post"
+    );
+    let requests = tokens.token_requests();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0].auth_method, "client_secret_post");
+    host.shutdown().await;
+}
+
+/// A new EC P-256 key: (PKCS#8 PEM, public key as an uncompressed point).
+fn p256_key() -> (String, Vec<u8>) {
+    use ring::signature::{ECDSA_P256_SHA256_FIXED_SIGNING, EcdsaKeyPair, KeyPair};
+    let rng = ring::rand::SystemRandom::new();
+    let pkcs8 = EcdsaKeyPair::generate_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, &rng).unwrap();
+    let public = EcdsaKeyPair::from_pkcs8(&ECDSA_P256_SHA256_FIXED_SIGNING, pkcs8.as_ref(), &rng)
+        .unwrap()
+        .public_key()
+        .as_ref()
+        .to_vec();
+    let body = base64_standard(pkcs8.as_ref());
+    let lines: Vec<&str> = body
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    let pem = format!(
+        "-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----\n",
+        lines.join("\n")
+    );
+    (pem, public)
+}
+
+fn base64_standard(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn private_key_jwt_authenticates_with_a_signed_assertion_and_a_bad_key_file_fails_the_host() {
+    let (pem, public) = p256_key();
+    let tokens = TokenServer::start_with(
+        "quiver",
+        "unused-secret",
+        Duration::from_secs(60),
+        AsOptions {
+            auth_methods: vec!["private_key_jwt".into()],
+            jwt_public_key: Some(public),
+            ..AsOptions::default()
+        },
+    );
+    let server = FixtureHttp::spawn(
+        "http",
+        &[
+            "--bearer-introspect",
+            &tokens.introspect_url(),
+            "--protected-resource",
+            &tokens.issuer(),
+            "--challenge-resource-metadata",
+        ],
+    );
+    let registry = secure_registry(server.url());
+    let keys = tempfile::tempdir().unwrap();
+    std::fs::write(keys.path().join("client.pem"), &pem).unwrap();
+    let config = |file: &str| HostConfig {
+        auth: auth_table(&format!("private_key_file = {file:?}\n")),
+        egress: loopback_egress(),
+        ..HostConfig::default()
+    };
+    // Relative to the config's directory.
+    let host = host_builder(&registry)
+        .with_config(config("client.pem"), keys.path())
+        .build()
+        .unwrap();
+    assert_eq!(
+        call_text(
+            &host,
+            "secure",
+            "echo",
+            serde_json::json!({"text": "signed"})
+        )
+        .await
+        .unwrap(),
+        "signed"
+    );
+    let requests = tokens.token_requests();
+    assert_eq!(requests.len(), 1, "{requests:?}");
+    assert_eq!(requests[0].auth_method, "private_key_jwt");
+    assert_eq!(requests[0].client_id.as_deref(), Some("quiver"));
+    assert!(requests[0].issued.is_some(), "the assertion verified");
+    host.shutdown().await;
+
+    // A key file that is not a PKCS#8 key fails the host at build time, naming the
+    // field, the file and the fix, and showing none of the file.
+    std::fs::write(
+        keys.path().join("bad.pem"),
+        pem.replace("PRIVATE KEY", "EC PRIVATE KEY"),
+    )
+    .unwrap();
+    let error = host_builder(&registry)
+        .with_config(config("bad.pem"), keys.path())
+        .build()
+        .err()
+        .expect("a bad key file is refused")
+        .to_string();
+    assert!(
+        error.contains("auth.corp.private_key_file")
+            && error.contains("bad.pem")
+            && error.contains("openssl pkcs8"),
+        "{error}"
+    );
+    let secret_line = pem.lines().nth(1).unwrap();
+    assert!(!error.contains(secret_line), "{error}");
+    let missing = host_builder(&registry)
+        .with_config(config("missing.pem"), keys.path())
+        .build()
+        .err()
+        .expect("a missing key file is refused")
+        .to_string();
+    assert!(
+        missing.contains("cannot read") && missing.contains("missing.pem"),
+        "{missing}"
+    );
+}
+
+#[tokio::test]
+async fn a_403_insufficient_scope_gets_a_token_for_the_union_and_the_call_succeeds() {
+    let tokens = TokenServer::start("quiver", "scope-s3cret", Duration::from_secs(60)).await;
+    let server = FixtureHttp::spawn(
+        "http",
+        &[
+            "--bearer-introspect",
+            &tokens.introspect_url(),
+            "--require-scope",
+            "mcp:write",
+        ],
+    );
+    let registry = secure_registry(server.url());
+    unsafe { std::env::set_var("QUIVER_TEST_SCOPE_SECRET", "scope-s3cret") };
+    let host = remote_host(
+        &registry,
+        auth_table(&format!(
+            "client_secret_env = \"QUIVER_TEST_SCOPE_SECRET\"\nissuer = {:?}\nscopes = [\"mcp:tools\"]\n",
+            tokens.issuer()
+        )),
+        loopback_egress(),
+    );
+    assert_eq!(
+        call_text(&host, "secure", "echo", serde_json::json!({"text": "more"}))
+            .await
+            .unwrap(),
+        "more"
+    );
+    let scopes: Vec<Option<String>> = tokens
+        .token_requests()
+        .into_iter()
+        .map(|r| r.scope)
+        .collect();
+    assert_eq!(
+        scopes,
+        [
+            Some("mcp:tools".to_owned()),
+            Some("mcp:tools mcp:write".to_owned())
+        ]
+    );
+    // The stepped-up token is kept: the next call needs no new one.
+    call_text(
+        &host,
+        "secure",
+        "echo",
+        serde_json::json!({"text": "again"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(tokens.token_request_count(), 2);
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_challenge_naming_metadata_outside_the_egress_rules_is_refused_unasked() {
+    let elsewhere = Counting::start();
+    let metadata_url = format!(
+        "http://{}/.well-known/oauth-protected-resource",
+        elsewhere.addr
+    );
+    let (base, _server) = serve("challenging-mcp", move |_| {
+        axum::Router::new().fallback(move || {
+            let challenge = format!("Bearer resource_metadata=\"{metadata_url}\"");
+            async move {
+                axum::response::Response::builder()
+                    .status(401)
+                    .header("www-authenticate", challenge)
+                    .body(axum::body::Body::empty())
+                    .unwrap()
+            }
+        })
+    });
+    let registry = secure_registry(&format!("{base}/mcp"));
+    unsafe { std::env::set_var("QUIVER_TEST_UNASKED_SECRET", "unasked-s3cret") };
+    let host = remote_host(
+        &registry,
+        auth_table("client_secret_env = \"QUIVER_TEST_UNASKED_SECRET\"\n"),
+        egress_allowing(&[&base]),
+    );
+    let error = call_text(&host, "secure", "echo", serde_json::json!({"text": "x"}))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, McpErrorCode::Unavailable, "{error}");
+    let message = &error.message;
+    assert!(
+        message.contains("metadata discovery")
+            && message.contains("egress policy")
+            && message.contains(&elsewhere.addr.to_string()),
+        "{message}"
+    );
+    assert!(!message.contains("unasked-s3cret"), "{message}");
+    assert_eq!(elsewhere.hits(), 0, "the metadata host got nothing");
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn hostile_authorization_server_metadata_fails_clearly_and_bounded() {
+    let tokens = TokenServer::start("quiver", "hostile-s3cret", Duration::from_secs(60)).await;
+    let server = FixtureHttp::spawn("http", &["--bearer-introspect", &tokens.introspect_url()]);
+    let token_url = tokens.token_url();
+    let (issuer, _hostile) = serve("hostile-as", move |base| {
+        let huge = format!("{{\"pad\":\"{}\"}}", "x".repeat(3 * 1024 * 1024));
+        let wrong = serde_json::json!({
+            "issuer": "http://evil.example",
+            "token_endpoint": token_url,
+        });
+        let _ = base;
+        axum::Router::new()
+            .route(
+                "/.well-known/oauth-authorization-server/huge",
+                axum::routing::get(move || async move { huge }),
+            )
+            .route(
+                "/.well-known/oauth-authorization-server/wrong",
+                axum::routing::get(move || async move { axum::Json(wrong) }),
+            )
+    });
+    let registry = secure_registry(server.url());
+    unsafe { std::env::set_var("QUIVER_TEST_HOSTILE_SECRET", "hostile-s3cret") };
+    for (path, expected) in [
+        ("huge", "larger than 1048576 bytes"),
+        ("wrong", "issuer mismatch"),
+    ] {
+        let host = remote_host(
+            &registry,
+            auth_table(&format!(
+                "client_secret_env = \"QUIVER_TEST_HOSTILE_SECRET\"\nissuer = \"{issuer}/{path}\"\n"
+            )),
+            loopback_egress(),
+        );
+        let started = Instant::now();
+        let error = call_text(&host, "secure", "echo", serde_json::json!({"text": "x"}))
+            .await
+            .unwrap_err();
+        assert_eq!(error.code, McpErrorCode::Unavailable, "{error}");
+        assert!(
+            error.message.contains("metadata discovery") && error.message.contains(expected),
+            "{path}: {}",
+            error.message
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{path}: bounded"
+        );
+        host.shutdown().await;
+    }
+    assert_eq!(tokens.token_request_count(), 0, "no credential was sent");
 }

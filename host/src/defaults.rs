@@ -374,6 +374,27 @@ pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// cut to it, so the token is fetched again at least daily and the clock cannot overflow.
 pub const OAUTH_TOKEN_MAX_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// Longest one OAuth request (protected-resource or authorization-server metadata, token
+/// endpoint) may take, body included: a metadata server that trickles bytes cannot hold a
+/// connect past it. rmcp suggests the same 30 s.
+pub const OAUTH_HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest OAuth response body read (metadata documents, token responses); a larger one
+/// fails discovery or the token request. Real documents are a few KiB; rmcp caps at 1 MiB.
+pub const OAUTH_MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+
+/// Lifetime of a `private_key_jwt` client assertion (its `exp` minus `iat`): one token
+/// request, with room for clock skew; 300 s as rmcp and most authorization servers use.
+pub const OAUTH_CLIENT_ASSERTION_LIFETIME: Duration = Duration::from_secs(300);
+
+/// Times one request is retried with a new token after a 403 `insufficient_scope` asks for
+/// more scopes (client credentials: a new token with the union of scopes). One is what
+/// the spec's step-up needs; more would let a server make the host loop.
+pub const OAUTH_STEP_UP_ATTEMPTS: u32 = 1;
+
+/// Largest `private_key_file` read (a PKCS#8 PEM key is under 4 KiB even for RSA-4096).
+pub const OAUTH_PRIVATE_KEY_MAX_BYTES: u64 = 64 * 1024;
+
 /// Longest a tool call waits for its approval (servers with `approval_policy` `always` or
 /// `policy`) before it is denied as timed out; the task's deadline bounds it too. Long
 /// enough for a person to read the request and answer. Registry `approval_timeout_ms`

@@ -1,11 +1,14 @@
 //! A small OAuth 2.0 authorization server for tests: the client-credentials grant, RFC 7662
-//! token introspection and RFC 8414 metadata.
+//! token introspection and RFC 8414 or OpenID metadata.
 //!
 //! [`TokenServer`] is a real HTTP server on `127.0.0.1:<random port>`:
 //!
 //! - `POST /token` (form-encoded): `grant_type=client_credentials`, the client authenticated by
 //!   HTTP Basic (`client_secret_basic`) or by `client_id` / `client_secret` form fields
-//!   (`client_secret_post`); optional `scope` and `resource`. Success is
+//!   (`client_secret_post`), or by a `private_key_jwt` client assertion (ES256, verified
+//!   against [`AsOptions::jwt_public_key`]: signature, `iss` = `sub` = the client,
+//!   `aud` = the issuer, `exp` in the future); only the methods in
+//!   [`AsOptions::auth_methods`] are accepted; optional `scope` and `resource`. Success is
 //!   `{"access_token": "tok-<n>-<random>", "token_type": "Bearer", "expires_in": secs,
 //!   "scope": ...}` (`scope` only when one was requested). A wrong client is
 //!   `401 {"error": "invalid_client"}`, another grant type `400 {"error":
@@ -14,7 +17,9 @@
 //! - `POST /introspect` (form `token=...`): `{"active": true, "client_id", "exp", "scope"?,
 //!   "token_type": "Bearer"}` while the token is issued, not revoked and not expired (by the
 //!   real clock), else `{"active": false}`.
-//! - `GET /.well-known/oauth-authorization-server`: the server's metadata.
+//! - `GET /.well-known/oauth-authorization-server` (RFC 8414) or, with
+//!   [`AsOptions::openid_only`], only `GET /.well-known/openid-configuration`: the server's
+//!   metadata, listing `auth_methods`.
 //!
 //! A token is active for exactly the `ttl` given to [`TokenServer::start`]; `expires_in` reports
 //! it in whole seconds (rounded down, at least 1), so a sub-second `ttl` makes tokens expire
@@ -84,7 +89,31 @@ struct Shared {
     client_secret: String,
     ttl: Duration,
     issuer: String,
+    auth_methods: Vec<String>,
+    jwt_public_key: Option<Vec<u8>>,
     inner: Mutex<Inner>,
+}
+
+/// How a [`TokenServer`] differs from the default one.
+#[derive(Debug, Clone)]
+pub struct AsOptions {
+    /// The client authentication methods accepted and listed in the metadata (default
+    /// Basic and post).
+    pub auth_methods: Vec<String>,
+    /// The client's EC P-256 public key (uncompressed point) for `private_key_jwt`.
+    pub jwt_public_key: Option<Vec<u8>>,
+    /// Metadata only at `/.well-known/openid-configuration`, none at the RFC 8414 URI.
+    pub openid_only: bool,
+}
+
+impl Default for AsOptions {
+    fn default() -> Self {
+        Self {
+            auth_methods: vec!["client_secret_basic".into(), "client_secret_post".into()],
+            jwt_public_key: None,
+            openid_only: false,
+        }
+    }
 }
 
 impl Shared {
@@ -116,6 +145,16 @@ impl TokenServer {
         client_secret: impl Into<String>,
         ttl: Duration,
     ) -> TokenServer {
+        Self::start_with(client_id, client_secret, ttl, AsOptions::default())
+    }
+
+    /// A server differing from the default as `options` say.
+    pub fn start_with(
+        client_id: impl Into<String>,
+        client_secret: impl Into<String>,
+        ttl: Duration,
+        options: AsOptions,
+    ) -> TokenServer {
         let bound = Bound::new("token server");
         let addr = bound.addr;
 
@@ -124,12 +163,19 @@ impl TokenServer {
             client_secret: client_secret.into(),
             ttl,
             issuer: format!("http://{addr}"),
+            auth_methods: options.auth_methods,
+            jwt_public_key: options.jwt_public_key,
             inner: Mutex::new(Inner::default()),
         });
+        let metadata_path = if options.openid_only {
+            "/.well-known/openid-configuration"
+        } else {
+            "/.well-known/oauth-authorization-server"
+        };
         let router = Router::new()
             .route("/token", post(token))
             .route("/introspect", post(introspect))
-            .route("/.well-known/oauth-authorization-server", get(metadata))
+            .route(metadata_path, get(metadata))
             .with_state(shared.clone());
 
         let server = bound.serve("token-server", router);
@@ -227,14 +273,30 @@ async fn token(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(parse_basic);
-    let (auth_method, client_id, client_secret) = match basic {
-        Some((id, secret)) => ("client_secret_basic", Some(id), Some(secret)),
-        None if form.contains_key("client_id") => (
+    let assertion = field("client_assertion").filter(|_| {
+        field("client_assertion_type").as_deref()
+            == Some("urn:ietf:params:oauth:client-assertion-type:jwt-bearer")
+    });
+    // A verified assertion stands in for the secret.
+    let (auth_method, client_id, client_secret) = match (basic, assertion) {
+        (Some((id, secret)), _) => ("client_secret_basic", Some(id), Some(secret)),
+        (None, Some(jwt)) => match verify_assertion(&shared, &jwt) {
+            Ok(id) => (
+                "private_key_jwt",
+                Some(id),
+                Some(shared.client_secret.clone()),
+            ),
+            Err(why) => {
+                eprintln!("token server: client assertion refused: {why}");
+                ("private_key_jwt", None, None)
+            }
+        },
+        (None, None) if form.contains_key("client_id") => (
             "client_secret_post",
             field("client_id"),
             field("client_secret"),
         ),
-        None => ("none", None, None),
+        (None, None) => ("none", None, None),
     };
     let mut request = TokenRequest {
         grant_type: field("grant_type").unwrap_or_default(),
@@ -252,6 +314,7 @@ async fn token(
         Some((StatusCode::BAD_REQUEST, "unsupported_grant_type"))
     } else if client_id.as_deref() != Some(shared.client_id.as_str())
         || client_secret.as_deref() != Some(shared.client_secret.as_str())
+        || !shared.auth_methods.iter().any(|m| m == auth_method)
     {
         Some((StatusCode::UNAUTHORIZED, "invalid_client"))
     } else {
@@ -332,7 +395,8 @@ async fn metadata(State(shared): State<Arc<Shared>>) -> Response<Body> {
             "token_endpoint": format!("{}/token", shared.issuer),
             "introspection_endpoint": format!("{}/introspect", shared.issuer),
             "grant_types_supported": ["client_credentials"],
-            "token_endpoint_auth_methods_supported": ["client_secret_basic", "client_secret_post"],
+            "token_endpoint_auth_methods_supported": shared.auth_methods,
+            "token_endpoint_auth_signing_alg_values_supported": ["ES256"],
             "response_types_supported": [],
         }),
     )
@@ -356,6 +420,44 @@ fn random_hex() -> String {
             .map_or(0, |d| d.as_nanos()),
     );
     format!("{:016x}", hasher.finish())
+}
+
+/// The client id of a valid ES256 client assertion: signature by the configured key,
+/// `iss` = `sub` = the client, `aud` = the issuer, `exp` in the future, `iat` not ahead.
+fn verify_assertion(shared: &Shared, jwt: &str) -> Result<String, String> {
+    let key = shared
+        .jwt_public_key
+        .as_ref()
+        .ok_or("no public key configured")?;
+    let parts: Vec<&str> = jwt.split('.').collect();
+    let [header, claims, signature] = parts[..] else {
+        return Err("not three parts".into());
+    };
+    let decode = |part: &str| base64_decode(&part.replace('-', "+").replace('_', "/"));
+    let header: Value = serde_json::from_slice(&decode(header).ok_or("header base64")?)
+        .map_err(|e| format!("header: {e}"))?;
+    if header["alg"] != "ES256" {
+        return Err(format!("alg {}", header["alg"]));
+    }
+    let signature = decode(signature).ok_or("signature base64")?;
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_FIXED, key)
+        .verify(&jwt.as_bytes()[..jwt.rfind('.').unwrap_or(0)], &signature)
+        .map_err(|_| "bad signature")?;
+    let claims: Value = serde_json::from_slice(&decode(claims).ok_or("claims base64")?)
+        .map_err(|e| format!("claims: {e}"))?;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let client = claims["iss"].as_str().unwrap_or_default();
+    if claims["sub"] != client || claims["aud"] != shared.issuer.as_str() {
+        return Err(format!("claims {claims}"));
+    }
+    if claims["exp"].as_u64().unwrap_or(0) <= now
+        || claims["iat"].as_u64().unwrap_or(u64::MAX) > now + 30
+    {
+        return Err(format!("times {claims}"));
+    }
+    Ok(client.to_owned())
 }
 
 /// Parses an `application/x-www-form-urlencoded` body; the first value of a name wins.

@@ -11,7 +11,7 @@ use super::{Host, HostInner, ReloadState};
 use crate::approval::{Approvals, Approver};
 use crate::chat::llm::{Backends, ConfigError, ConfigOrigin, HostConfig, Recorder};
 use crate::defaults;
-use crate::mcp::{EgressPolicy, McpPool, PoolLimits, RemoteOptions};
+use crate::mcp::{AuthSet, EgressPolicy, McpPool, PoolLimits, RemoteOptions};
 use crate::observe::{AuditLog, LiveStatus, Metrics, Observers, ToolObserver};
 use crate::registry::{Registry, RegistryDirError, RegistryStore, ServerEntry, Severity};
 use crate::sandbox::{HostMemory, Runtime, RuntimeOptions, default_cache_dir};
@@ -353,10 +353,9 @@ impl HostBuilder {
         };
         let egress = EgressPolicy::from_config(&self.config.egress)
             .map_err(|e| ConfigError::new(&self.config_origin.file, "egress", e.to_string()))?;
-        let remote = RemoteOptions {
-            auth: self.config.auth.clone(),
-            egress,
-        };
+        let auth = AuthSet::load(&self.config.auth, &self.config_origin.dir)
+            .map_err(|e| ConfigError::new(&self.config_origin.file, e.field, e.message))?;
+        let remote = RemoteOptions { auth, egress };
         let mcp = &self.config.mcp;
         let limits = PoolLimits {
             max_concurrent_calls: self

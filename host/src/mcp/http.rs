@@ -40,6 +40,7 @@ use super::connect::{
 };
 use super::error::{error_chain, host_error};
 use super::outbound::{EgressRefused, OutboundClient, UrlParseError};
+use crate::defaults;
 
 /// A configured header that cannot be sent. The value may be a secret, so it is never
 /// shown, and neither is the parse error of a value.
@@ -146,8 +147,10 @@ pub(crate) fn header_map(
     Ok(map)
 }
 
-/// rmcp's HTTP client with OAuth tokens and one server's byte caps: each request carries
-/// the current token; a 401 triggers one refresh and one retry.
+/// rmcp's HTTP client with OAuth tokens and one server's byte caps. Each request carries
+/// the current token (none yet when only the server's 401 can say where to get one); a
+/// 401 triggers one new token and one retry, a 403 `insufficient_scope` a token with more
+/// scopes and [`defaults::OAUTH_STEP_UP_ATTEMPTS`] retries.
 #[derive(Clone)]
 pub(crate) struct AuthedClient {
     pub(crate) inner: OutboundClient,
@@ -156,6 +159,10 @@ pub(crate) struct AuthedClient {
 }
 
 type HttpError = StreamableHttpError<reqwest::Error>;
+
+fn auth_failed(error: AuthError) -> HttpError {
+    StreamableHttpError::UnexpectedServerResponse(error.to_string().into())
+}
 
 impl AuthedClient {
     async fn with_token<T, F, Fut>(&self, given: Option<String>, call: F) -> Result<T, HttpError>
@@ -166,21 +173,38 @@ impl AuthedClient {
         let Some(oauth) = &self.oauth else {
             return call(given).await;
         };
-        let token = oauth
-            .token()
-            .await
-            .map_err(|e| StreamableHttpError::UnexpectedServerResponse(e.to_string().into()))?;
-        match call(Some(token.clone())).await {
-            Err(StreamableHttpError::AuthRequired(_)) => {
-                tracing::info!(
-                    "MCP server rejected the access token; fetching a new one and retrying once"
-                );
-                let fresh = oauth.refresh(&token).await.map_err(|e| {
-                    StreamableHttpError::UnexpectedServerResponse(e.to_string().into())
-                })?;
-                call(Some(fresh)).await
+        let mut token = oauth.token_if_known().await.map_err(auth_failed)?;
+        let (mut renewed, mut step_ups) = (false, 0);
+        loop {
+            match call(token.clone()).await {
+                Err(StreamableHttpError::AuthRequired(challenge)) if !renewed => {
+                    renewed = true;
+                    if token.is_some() {
+                        tracing::info!(
+                            "MCP server rejected the access token; fetching a new one and retrying once"
+                        );
+                    }
+                    let fresh = oauth
+                        .unauthorized(token.as_deref(), Some(&challenge.www_authenticate_header))
+                        .await
+                        .map_err(auth_failed)?;
+                    token = Some(fresh);
+                }
+                Err(StreamableHttpError::InsufficientScope(challenge))
+                    if step_ups < defaults::OAUTH_STEP_UP_ATTEMPTS =>
+                {
+                    step_ups += 1;
+                    match oauth
+                        .step_up(token.as_deref(), &challenge.www_authenticate_header)
+                        .await
+                        .map_err(auth_failed)?
+                    {
+                        Some(fresh) => token = Some(fresh),
+                        None => return Err(StreamableHttpError::InsufficientScope(challenge)),
+                    }
+                }
+                other => return other,
             }
-            other => other,
         }
     }
 }
@@ -644,7 +668,14 @@ impl Transport<RoleClient> for LegacySse {
             if response.status() == reqwest::StatusCode::UNAUTHORIZED
                 && let (Some(oauth), Some(token)) = (&client.oauth, token)
             {
-                let fresh = oauth.refresh(&token).await.map_err(LegacySseError::Auth)?;
+                let challenge = response
+                    .headers()
+                    .get(http::header::WWW_AUTHENTICATE)
+                    .and_then(|v| v.to_str().ok());
+                let fresh = oauth
+                    .unauthorized(Some(&token), challenge)
+                    .await
+                    .map_err(LegacySseError::Auth)?;
                 response = post(Some(fresh))?.await.map_err(LegacySseError::Send)?;
             }
             if !response.status().is_success() {

@@ -17,7 +17,10 @@ mod outbound;
 mod pool;
 mod session;
 
-pub use auth::{ApiKeyConfig, AuthConfig, OAuthClientCredentialsConfig};
+pub use auth::{
+    ApiKeyConfig, AuthConfig, AuthConfigError, AuthSet, OAuthClientCredentialsConfig, SigningAlg,
+    TokenEndpointAuth,
+};
 pub use egress::{
     EgressConfig, EgressDenied, EgressPolicy, EgressResolveError, EgressRuleError, RuleProblem,
 };

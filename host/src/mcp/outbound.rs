@@ -9,7 +9,8 @@
 //! (checked when it is made, and its URL cannot change afterwards), or goes through
 //! [`OutboundClient`]'s own [`StreamableHttpClient`] impl (checked per call). Redirects are
 //! not followed, since a hop would skip the check, and the client's resolver
-//! ([`EgressResolver`]) checks every address a name resolves to.
+//! ([`EgressResolver`]) checks every address a name resolves to. rmcp's OAuth discovery
+//! uses the same client through its `OAuthHttpClient` trait, with bounded bodies and time.
 //!
 //! A refusal ([`EgressRefused`]) names the scheme, host and port and the rule that refused
 //! them; never the path or query, which may carry session ids or tokens.
@@ -21,6 +22,7 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use http::{HeaderName, HeaderValue, Method};
 use rmcp::model::ClientJsonRpcMessage;
+use rmcp::transport::auth::{OAuthHttpClient, OAuthHttpClientFuture, OAuthHttpRequest};
 use rmcp::transport::streamable_http_client::{
     StreamableHttpClient, StreamableHttpError, StreamableHttpPostResponse,
 };
@@ -28,6 +30,7 @@ use sse_stream::{Error as SseError, Sse};
 
 use super::egress::{EgressDenied, EgressPolicy, EgressResolveError, EgressResolver};
 use super::http::ensure_tls_provider;
+use crate::defaults;
 
 /// The error of parsing a URL (`url::ParseError`, named through reqwest's re-export).
 pub(crate) type UrlParseError = <reqwest::Url as std::str::FromStr>::Err;
@@ -154,6 +157,11 @@ impl Outbound {
         Self(self.0.basic_auth(user, password))
     }
 
+    /// The whole exchange, body included, ends by `timeout`.
+    pub(crate) fn timeout(self, timeout: Duration) -> Self {
+        Self(self.0.timeout(timeout))
+    }
+
     pub(crate) fn form<T: serde::Serialize + ?Sized>(self, form: &T) -> Self {
         Self(self.0.form(form))
     }
@@ -164,6 +172,68 @@ impl Outbound {
 
     pub(crate) async fn send(self) -> Result<reqwest::Response, reqwest::Error> {
         self.0.send().await
+    }
+}
+
+/// A response body over the cap a caller set; reading stopped there.
+#[derive(Debug, thiserror::Error)]
+#[error("the response body is larger than {max} bytes")]
+pub(crate) struct BodyTooLarge {
+    pub(crate) max: usize,
+}
+
+/// Why a capped body could not be read.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ReadBodyError {
+    #[error(transparent)]
+    TooLarge(BodyTooLarge),
+    #[error("reading the response body: {0}")]
+    Read(#[source] reqwest::Error),
+}
+
+/// `response`'s body, at most `max` bytes: a hostile server cannot make the host buffer
+/// more (`Content-Length` is not trusted; chunks are counted as they arrive).
+pub(crate) async fn read_capped(
+    mut response: reqwest::Response,
+    max: usize,
+) -> Result<Vec<u8>, ReadBodyError> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(ReadBodyError::Read)? {
+        if chunk.len() > max.saturating_sub(body.len()) {
+            return Err(ReadBodyError::TooLarge(BodyTooLarge { max }));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// rmcp's OAuth discovery (protected-resource and authorization-server metadata) goes
+/// through here: each request's URL is checked, redirects come back unfollowed (rmcp
+/// follows same-origin ones by sending a new request, checked again), and the time and
+/// body size are capped.
+impl OAuthHttpClient for OutboundClient {
+    fn execute(&self, request: OAuthHttpRequest) -> OAuthHttpClientFuture<'_> {
+        Box::pin(async move {
+            let timeout = request.timeout.map_or(defaults::OAUTH_HTTP_TIMEOUT, |t| {
+                t.min(defaults::OAUTH_HTTP_TIMEOUT)
+            });
+            let (parts, body) = request.request.into_parts();
+            let url = self.checked(&parts.uri.to_string())?;
+            let response = self
+                .http
+                .request(parts.method, url)
+                .headers(parts.headers)
+                .body(body)
+                .timeout(timeout)
+                .send()
+                .await?;
+            let mut answer = http::Response::builder().status(response.status());
+            if let Some(headers) = answer.headers_mut() {
+                headers.extend(response.headers().clone());
+            }
+            let body = read_capped(response, defaults::OAUTH_MAX_RESPONSE_BYTES).await?;
+            Ok(answer.body(body)?)
+        })
     }
 }
 

@@ -39,7 +39,7 @@ use rmcp::ServiceError;
 use rmcp::model::{CallToolRequestParams, ErrorCode, JsonObject, PaginatedRequestParams};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use super::auth::AuthConfig;
+use super::auth::AuthSet;
 use super::capped::{Encode, encode_capped, encoded_len};
 use super::connect::{Connection, Connector};
 use super::egress::EgressPolicy;
@@ -242,7 +242,7 @@ impl Drop for InFlight {
 
 /// What the pool needs for remote servers: credentials and the egress policy.
 pub struct RemoteOptions {
-    pub auth: std::collections::BTreeMap<String, AuthConfig>,
+    pub auth: AuthSet,
     pub egress: EgressPolicy,
 }
 

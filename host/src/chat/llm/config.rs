@@ -19,7 +19,7 @@
 //! kind = "oauth_client_credentials"      # or "api_key" (value_env, header, prefix)
 //! client_id = "quiver"
 //! client_secret_env = "CORP_MCP_SECRET"
-//! token_url = "https://auth.example.com/oauth/token"
+//! token_url = "https://auth.example.com/oauth/token"  # optional: discovered (docs/auth.md)
 //!
 //! [egress]                               # remote MCP servers the host may reach
 //! allow = ["https://*.example.com"]

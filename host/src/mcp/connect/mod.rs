@@ -21,7 +21,6 @@ mod scan;
 mod sse;
 mod stdio;
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -33,7 +32,7 @@ use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, Ser
 use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tracing::Instrument;
 
-use super::auth::AuthConfig;
+use super::auth::AuthSet;
 use super::egress::EgressPolicy;
 use super::error::{McpError, McpErrorCode, error_chain};
 use super::http::SseConnectError;
@@ -195,18 +194,14 @@ enum Peer<'a> {
 /// one HTTP client (which applies the egress policy to every request).
 pub(super) struct Connector {
     timeout: Duration,
-    auth: BTreeMap<String, AuthConfig>,
+    auth: AuthSet,
     /// One client for every remote server (sharing connections); it checks every request
     /// against the egress policy.
     http: Result<OutboundClient, ClientBuildError>,
 }
 
 impl Connector {
-    pub(super) fn new(
-        timeout: Duration,
-        auth: BTreeMap<String, AuthConfig>,
-        egress: EgressPolicy,
-    ) -> Self {
+    pub(super) fn new(timeout: Duration, auth: AuthSet, egress: EgressPolicy) -> Self {
         let http = OutboundClient::new(Arc::new(egress), timeout);
         Self {
             timeout,

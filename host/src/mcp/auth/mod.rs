@@ -1,0 +1,499 @@
+//! Credentials for remote MCP servers, referenced by a registry record's `http.auth_ref` and
+//! defined only in host config (`[auth.NAME]` of `quiver.toml`), never in a guest's reach.
+//!
+//! - `api_key`: a static key from an environment variable, sent in a header.
+//! - `oauth_client_credentials`: OAuth 2.0 client credentials, by the MCP authorization
+//!   spec for a client without a browser ([`oauth`]): the token endpoint is configured,
+//!   or discovered from the server's 401 challenge and protected-resource metadata, then
+//!   the authorization server's metadata; the client authenticates with a secret (Basic
+//!   or form) or a signed JWT ([`jwt`]).
+//!
+//! Config is checked and private keys are read once, when the host is built
+//! ([`AuthSet::load`]); secrets are read from the environment when used. Neither appears
+//! in logs or errors. Every discovery and token request goes through the egress-checked
+//! client, so a token endpoint named by metadata gets a credential only if the `[egress]`
+//! allow rules cover it.
+
+mod jwt;
+mod oauth;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::Deserialize;
+
+use super::outbound::{EgressRefused, OutboundClient, ReadBodyError, UrlParseError};
+pub use jwt::SigningAlg;
+use jwt::{ClientKey, SignError};
+pub(crate) use oauth::OAuthClient;
+
+/// Credentials that cannot be resolved or a token that cannot be had. It names the server,
+/// the `auth_ref`, the variable and the endpoint; never a key, secret or token.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AuthError {
+    #[error(
+        "server `{server_id}`: http.auth_ref `{auth_ref}` is not defined in the host config ([auth.{auth_ref}])"
+    )]
+    Undefined { server_id: String, auth_ref: String },
+    #[error(
+        "server `{server_id}`: api_key auth `{auth_ref}`: environment variable `{var}` is not set"
+    )]
+    ApiKeyEnvMissing {
+        server_id: String,
+        auth_ref: String,
+        var: String,
+    },
+    #[error("server `{server_id}`: oauth_client_credentials auth `{auth_ref}`: {problem}")]
+    OAuth {
+        server_id: String,
+        auth_ref: String,
+        #[source]
+        problem: OAuthProblem,
+    },
+}
+
+/// What went wrong getting an OAuth client-credentials token.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OAuthProblem {
+    /// Discovery failed: rmcp's error with its causes (URLs and statuses, no credentials).
+    #[error("metadata discovery: {0}")]
+    Discovery(String),
+    /// Nothing published metadata: rmcp would guess `/token` on the server's origin.
+    #[error(
+        "no protected-resource or authorization-server metadata found for {url}; set issuer or token_url"
+    )]
+    NoMetadata { url: String },
+    #[error("the metadata of {issuer} has no token_endpoint; set token_url")]
+    NoTokenEndpoint { issuer: String },
+    /// The authorization server offers no client authentication this config can do.
+    #[error(
+        "the authorization server accepts {offered:?} at its token endpoint; set token_endpoint_auth, private_key_file or client_secret_env to match"
+    )]
+    NoUsableAuthMethod { offered: Vec<String> },
+    #[error(
+        "the authorization server accepts client assertions signed with {offered:?}, not {alg}; set signing_alg and a matching key"
+    )]
+    SigningAlgRefused {
+        alg: &'static str,
+        offered: Vec<String>,
+    },
+    /// Discovery named a token endpoint outside the egress rules (or none that parses);
+    /// checked before a credential is read.
+    #[error("token endpoint: {0}")]
+    TokenEndpointDenied(#[source] EgressRefused),
+    /// The variable holding the client secret is not set.
+    #[error("environment variable `{var}` is not set")]
+    SecretEnvMissing { var: String },
+    #[error(transparent)]
+    Sign(SignError),
+    #[error("token endpoint {url} unreachable: {source}")]
+    TokenUnreachable {
+        url: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("token endpoint {url}: {source}")]
+    TokenBody {
+        url: String,
+        #[source]
+        source: ReadBodyError,
+    },
+    /// The token endpoint said no; `error` is its OAuth error code.
+    #[error(
+        "token endpoint {url} answered HTTP {status} ({error}); check client_id and the secret or key"
+    )]
+    TokenRefused {
+        url: String,
+        status: reqwest::StatusCode,
+        error: String,
+    },
+    #[error("the token response has no access_token")]
+    NoAccessToken,
+    /// The MCP server's URL, needed for discovery, does not parse.
+    #[error("{0}")]
+    ServerUrl(#[source] UrlParseError),
+}
+
+/// `[auth.NAME]` of the host config.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum AuthConfig {
+    ApiKey(ApiKeyConfig),
+    OauthClientCredentials(OAuthClientCredentialsConfig),
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// Environment variable holding the key.
+    pub value_env: String,
+    /// Header carrying it (default `Authorization`).
+    #[serde(default = "authorization")]
+    pub header: String,
+    /// Text before the key (default `Bearer ` for `Authorization`, else none).
+    #[serde(default)]
+    pub prefix: Option<String>,
+}
+
+fn authorization() -> String {
+    "Authorization".into()
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthClientCredentialsConfig {
+    pub client_id: String,
+    /// Environment variable holding the client secret; required unless the client
+    /// authenticates with `private_key_jwt`.
+    #[serde(default)]
+    pub client_secret_env: Option<String>,
+    /// The token endpoint; without it, discovered from `issuer` or the server's metadata.
+    #[serde(default)]
+    pub token_url: Option<String>,
+    /// The authorization server, for metadata discovery (skips the server's own metadata).
+    #[serde(default)]
+    pub issuer: Option<String>,
+    /// Scopes asked for; without them, the server's challenge or metadata decides.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// The RFC 8707 `resource` parameter (default: the MCP server's URL).
+    #[serde(default)]
+    pub resource: Option<String>,
+    /// How the client authenticates at the token endpoint (default: `private_key_jwt`
+    /// with a `private_key_file`, else what the server's metadata lists, Basic first).
+    #[serde(default)]
+    pub token_endpoint_auth: Option<TokenEndpointAuth>,
+    /// PKCS#8 PEM private key for `private_key_jwt`; relative to the config file.
+    #[serde(default)]
+    pub private_key_file: Option<PathBuf>,
+    /// `ES256` or `RS256` (default: from the key).
+    #[serde(default)]
+    pub signing_alg: Option<SigningAlg>,
+    /// The client assertion's `aud` (default: the authorization server's issuer).
+    #[serde(default)]
+    pub assertion_audience: Option<String>,
+}
+
+/// Client authentication at the token endpoint (RFC 7591 names).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenEndpointAuth {
+    ClientSecretBasic,
+    ClientSecretPost,
+    PrivateKeyJwt,
+}
+
+impl TokenEndpointAuth {
+    fn name(self) -> &'static str {
+        match self {
+            TokenEndpointAuth::ClientSecretBasic => "client_secret_basic",
+            TokenEndpointAuth::ClientSecretPost => "client_secret_post",
+            TokenEndpointAuth::PrivateKeyJwt => "private_key_jwt",
+        }
+    }
+}
+
+/// An `[auth.NAME]` table that cannot be used: the field (`auth.NAME.FIELD`) and the fix.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct AuthConfigError {
+    pub field: String,
+    pub message: String,
+}
+
+/// The host's `[auth.*]` tables, checked, with their private keys read.
+#[derive(Clone, Debug, Default)]
+pub struct AuthSet {
+    configs: BTreeMap<String, AuthConfig>,
+    keys: BTreeMap<String, Arc<ClientKey>>,
+}
+
+impl AuthSet {
+    /// Checks every table and reads its `private_key_file` (relative to `dir`, the config
+    /// file's directory).
+    pub fn load(
+        configs: &BTreeMap<String, AuthConfig>,
+        dir: &Path,
+    ) -> Result<Self, AuthConfigError> {
+        let mut keys = BTreeMap::new();
+        for (name, config) in configs {
+            let AuthConfig::OauthClientCredentials(oauth) = config else {
+                continue;
+            };
+            let error = |field: &str, message: String| AuthConfigError {
+                field: format!("auth.{name}.{field}"),
+                message,
+            };
+            let jwt = match oauth.token_endpoint_auth {
+                Some(method) => method == TokenEndpointAuth::PrivateKeyJwt,
+                None => oauth.private_key_file.is_some(),
+            };
+            match (&oauth.private_key_file, jwt) {
+                (None, true) => {
+                    return Err(error(
+                        "private_key_file",
+                        "private_key_jwt needs a private_key_file (a PKCS#8 PEM key)".into(),
+                    ));
+                }
+                (Some(_), false) => {
+                    return Err(error(
+                        "private_key_file",
+                        "a private key is only used with token_endpoint_auth = \"private_key_jwt\""
+                            .into(),
+                    ));
+                }
+                (Some(file), true) => {
+                    let key = ClientKey::load(&dir.join(file), oauth.signing_alg)
+                        .map_err(|e| error("private_key_file", e.to_string()))?;
+                    keys.insert(name.clone(), Arc::new(key));
+                }
+                (None, false) => {
+                    if oauth.signing_alg.is_some() {
+                        return Err(error(
+                            "signing_alg",
+                            "signing_alg is only used with a private_key_file".into(),
+                        ));
+                    }
+                    if oauth.client_secret_env.is_none() {
+                        return Err(error(
+                            "client_secret_env",
+                            "set the name of the variable holding the client secret, or use \
+                             private_key_jwt with a private_key_file"
+                                .into(),
+                        ));
+                    }
+                }
+            }
+        }
+        Ok(Self {
+            configs: configs.clone(),
+            keys,
+        })
+    }
+}
+
+/// Credentials of one server, ready to use.
+#[derive(Clone)]
+pub(crate) enum Credentials {
+    ApiKey { header: String, value: String },
+    OAuth(Arc<OAuthClient>),
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Credentials::ApiKey { header, .. } => write!(f, "ApiKey({header}: <redacted>)"),
+            Credentials::OAuth(_) => f.write_str("OAuth(<client credentials>)"),
+        }
+    }
+}
+
+impl Credentials {
+    /// Resolves `auth_ref` for `server_id` (at connect time, so a rotated key is picked up).
+    pub(crate) fn resolve(
+        server_id: &str,
+        auth_ref: &str,
+        auth: &AuthSet,
+        server_url: &str,
+        http: OutboundClient,
+    ) -> Result<Self, AuthError> {
+        let config = auth
+            .configs
+            .get(auth_ref)
+            .ok_or_else(|| AuthError::Undefined {
+                server_id: server_id.to_owned(),
+                auth_ref: auth_ref.to_owned(),
+            })?;
+        match config {
+            AuthConfig::ApiKey(key) => {
+                let value =
+                    std::env::var(&key.value_env).map_err(|_| AuthError::ApiKeyEnvMissing {
+                        server_id: server_id.to_owned(),
+                        auth_ref: auth_ref.to_owned(),
+                        var: key.value_env.clone(),
+                    })?;
+                let prefix = key.prefix.clone().unwrap_or_else(|| {
+                    if key.header.eq_ignore_ascii_case("authorization") {
+                        "Bearer ".into()
+                    } else {
+                        String::new()
+                    }
+                });
+                Ok(Credentials::ApiKey {
+                    header: key.header.clone(),
+                    value: format!("{prefix}{value}"),
+                })
+            }
+            AuthConfig::OauthClientCredentials(oauth) => {
+                Ok(Credentials::OAuth(Arc::new(OAuthClient::new(
+                    oauth::Identity {
+                        server_id: server_id.to_owned(),
+                        auth_ref: auth_ref.to_owned(),
+                    },
+                    oauth.clone(),
+                    auth.keys.get(auth_ref).cloned(),
+                    server_url.to_owned(),
+                    http,
+                ))))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::mcp::egress::{EgressConfig, EgressPolicy};
+
+    const SECRET: &str = "s3cret-value";
+
+    fn shows_no_secret(error: &AuthError) {
+        let (shown, debug) = (error.to_string(), format!("{error:?}"));
+        assert!(!shown.contains(SECRET), "{shown}");
+        assert!(!debug.contains(SECRET), "{debug}");
+    }
+
+    fn client(allow: &[&str]) -> OutboundClient {
+        let policy = EgressPolicy::from_config(&EgressConfig {
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+            allow_private: vec![],
+        })
+        .unwrap();
+        OutboundClient::new(Arc::new(policy), Duration::from_secs(1)).unwrap()
+    }
+
+    fn oauth(problem: OAuthProblem) -> AuthError {
+        AuthError::OAuth {
+            server_id: "web".into(),
+            auth_ref: "corp".into(),
+            problem,
+        }
+    }
+
+    fn load(table: &str) -> Result<AuthSet, AuthConfigError> {
+        let text = format!("kind = \"oauth_client_credentials\"\nclient_id = \"q\"\n{table}");
+        let config: AuthConfig = toml::from_str(&text).map_err(|e| AuthConfigError {
+            field: String::new(),
+            message: e.message().to_owned(),
+        })?;
+        AuthSet::load(
+            &BTreeMap::from([("corp".to_owned(), config)]),
+            Path::new("."),
+        )
+    }
+
+    #[test]
+    fn auth_tables_name_the_field_and_the_fix() {
+        assert!(load("client_secret_env = \"S\"\n").is_ok());
+        let cases = [
+            ("", "auth.corp.client_secret_env", "private_key_jwt"),
+            (
+                "token_endpoint_auth = \"private_key_jwt\"\n",
+                "auth.corp.private_key_file",
+                "PKCS#8",
+            ),
+            (
+                "client_secret_env = \"S\"\ntoken_endpoint_auth = \"client_secret_post\"\nprivate_key_file = \"k.pem\"\n",
+                "auth.corp.private_key_file",
+                "only used with",
+            ),
+            (
+                "client_secret_env = \"S\"\nsigning_alg = \"ES256\"\n",
+                "auth.corp.signing_alg",
+                "private_key_file",
+            ),
+            (
+                "private_key_file = \"/nonexistent/quiver-key.pem\"\n",
+                "auth.corp.private_key_file",
+                "cannot read /nonexistent/quiver-key.pem",
+            ),
+        ];
+        for (table, field, fix) in cases {
+            let error = load(table).expect_err(table);
+            assert_eq!(error.field, field, "{table}");
+            assert!(error.message.contains(fix), "{table}: {}", error.message);
+        }
+        let unknown = load("client_secret_env = \"S\"\nclient_secret = \"x\"\n").unwrap_err();
+        assert!(
+            unknown.message.contains("unknown field `client_secret`"),
+            "{}",
+            unknown.message
+        );
+        let bad_method =
+            load("client_secret_env = \"S\"\ntoken_endpoint_auth = \"none\"\n").unwrap_err();
+        assert!(
+            bad_method.message.contains("unknown variant `none`"),
+            "{}",
+            bad_method.message
+        );
+    }
+
+    #[test]
+    fn auth_errors_keep_their_text_and_never_show_a_secret() {
+        let configs = BTreeMap::from([(
+            "key".to_owned(),
+            AuthConfig::ApiKey(ApiKeyConfig {
+                value_env: "QUIVER_UNIT_TEST_UNSET_KEY".into(),
+                header: authorization(),
+                prefix: None,
+            }),
+        )]);
+        let configs = AuthSet::load(&configs, Path::new(".")).unwrap();
+        let http = client(&["https://*:*"]);
+        let undefined = Credentials::resolve("web", "nope", &configs, "https://x", http.clone())
+            .expect_err("undefined");
+        assert_eq!(
+            undefined.to_string(),
+            "server `web`: http.auth_ref `nope` is not defined in the host config ([auth.nope])"
+        );
+        let missing = Credentials::resolve("web", "key", &configs, "https://x", http.clone())
+            .expect_err("unset");
+        assert_eq!(
+            missing.to_string(),
+            "server `web`: api_key auth `key`: environment variable `QUIVER_UNIT_TEST_UNSET_KEY` is not set"
+        );
+
+        // A token endpoint whose query carries the secret, outside the egress rules.
+        let denied = http
+            .post(&format!("http://tokens.example/t?client_secret={SECRET}"))
+            .err()
+            .expect("refused");
+        let errors = [
+            undefined,
+            missing,
+            oauth(OAuthProblem::TokenEndpointDenied(denied)),
+            oauth(OAuthProblem::SecretEnvMissing {
+                var: "CLIENT_SECRET".into(),
+            }),
+            oauth(OAuthProblem::TokenRefused {
+                url: "https://tokens.example/t".into(),
+                status: reqwest::StatusCode::UNAUTHORIZED,
+                error: "invalid_client".into(),
+            }),
+            oauth(OAuthProblem::NoAccessToken),
+        ];
+        for error in &errors {
+            shows_no_secret(error);
+        }
+        assert_eq!(
+            errors[2].to_string(),
+            "server `web`: oauth_client_credentials auth `corp`: token endpoint: egress policy: \
+             http://tokens.example:80 is not in the egress allowlist ([egress] allow)"
+        );
+        assert_eq!(
+            errors[4].to_string(),
+            "server `web`: oauth_client_credentials auth `corp`: token endpoint \
+             https://tokens.example/t answered HTTP 401 Unauthorized (invalid_client); check \
+             client_id and the secret or key"
+        );
+        let source = std::error::Error::source(&errors[2]).expect("the problem");
+        assert!(
+            source
+                .to_string()
+                .starts_with("token endpoint: egress policy")
+        );
+    }
+}

@@ -1,0 +1,492 @@
+//! OAuth 2.0 client credentials for one remote server, as the MCP authorization spec has
+//! a client without a browser do it.
+//!
+//! Where the token endpoint is: `token_url` if configured; else the metadata of `issuer`;
+//! else discovered from the server itself, with rmcp's `AuthorizationManager`: the
+//! `resource_metadata` URL of the server's 401 challenge, then the path-based and root
+//! `/.well-known/oauth-protected-resource` URIs (RFC 9728), then the authorization server's
+//! RFC 8414 or OpenID metadata (path insertion, issuer checked). Every one of those
+//! requests goes through [`OutboundClient`], so the egress rules apply to each.
+//!
+//! Without a known endpoint the first request goes out without a token: the spec's flow
+//! starts from the server's 401, whose challenge also names the scopes. Scopes are the
+//! configured ones, else the challenge's, else the protected-resource metadata's
+//! `scopes_supported`. A 403 `insufficient_scope` gets a new token for the union of the
+//! scopes held and those asked for ([`OAuthClient::step_up`]).
+//!
+//! The token request itself is ours, not rmcp's: rmcp picks the client authentication
+//! from metadata with no override, and its `private_key_jwt` needs aws-lc ([`super::jwt`]
+//! signs with ring). Tokens are cached until shortly before they expire.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rmcp::transport::auth::{
+    AuthorizationManager, OAuthHttpClient, OAuthHttpClientFuture, OAuthHttpRequest,
+    WWWAuthenticateParams,
+};
+use serde_json::Value;
+
+use super::{AuthError, ClientKey, OAuthClientCredentialsConfig, OAuthProblem, TokenEndpointAuth};
+use crate::defaults;
+use crate::mcp::error::error_chain;
+use crate::mcp::outbound::{OutboundClient, read_capped};
+
+const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
+
+/// How long before expiry a cached token is replaced: 30 s, or a tenth of a short-lived
+/// token's lifetime.
+const REFRESH_MARGIN: Duration = Duration::from_secs(30);
+
+/// When to fetch a token again. `lifetime` comes from the token endpoint: it is capped at
+/// [`defaults::OAUTH_TOKEN_MAX_LIFETIME`] so a huge `expires_in` cannot overflow the clock.
+fn refresh_at(fetched: Instant, lifetime: Duration) -> Instant {
+    let lifetime = lifetime.min(defaults::OAUTH_TOKEN_MAX_LIFETIME);
+    fetched + lifetime - REFRESH_MARGIN.min(lifetime / 10)
+}
+
+/// Which server and `auth_ref` a client serves, for its errors.
+pub(crate) struct Identity {
+    pub(crate) server_id: String,
+    pub(crate) auth_ref: String,
+}
+
+/// Where and how tokens are requested, once known.
+#[derive(Clone)]
+struct Endpoint {
+    token_url: String,
+    /// The authorization server's issuer: the default audience of a client assertion.
+    issuer: Option<String>,
+    method: TokenEndpointAuth,
+}
+
+#[derive(Default)]
+struct State {
+    endpoint: Option<Endpoint>,
+    /// The scopes of the last token request; step-up only adds to them.
+    scopes: Vec<String>,
+    /// The cached token and when to replace it.
+    token: Option<(String, Instant)>,
+}
+
+impl State {
+    fn fresh_token(&self) -> Option<String> {
+        match &self.token {
+            Some((token, refresh_at)) if Instant::now() < *refresh_at => Some(token.clone()),
+            _ => None,
+        }
+    }
+
+    /// The cached token unless it is the one the server just rejected.
+    fn other_than(&self, rejected: Option<&str>) -> Option<String> {
+        match &self.token {
+            Some((token, _)) if Some(token.as_str()) != rejected => Some(token.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// An OAuth client-credentials token source for one server.
+pub(crate) struct OAuthClient {
+    who: Identity,
+    config: OAuthClientCredentialsConfig,
+    key: Option<Arc<ClientKey>>,
+    server_url: String,
+    /// Discovery and token requests, each checked against the egress policy.
+    http: OutboundClient,
+    state: tokio::sync::Mutex<State>,
+}
+
+impl OAuthClient {
+    pub(super) fn new(
+        who: Identity,
+        config: OAuthClientCredentialsConfig,
+        key: Option<Arc<ClientKey>>,
+        server_url: String,
+        http: OutboundClient,
+    ) -> Self {
+        Self {
+            who,
+            config,
+            key,
+            server_url,
+            http,
+            state: tokio::sync::Mutex::new(State::default()),
+        }
+    }
+
+    fn fail(&self, problem: OAuthProblem) -> AuthError {
+        AuthError::OAuth {
+            server_id: self.who.server_id.clone(),
+            auth_ref: self.who.auth_ref.clone(),
+            problem,
+        }
+    }
+
+    /// A valid token, discovering the endpoint without a challenge if need be (rmcp
+    /// probes the server for one).
+    pub(crate) async fn token(&self) -> Result<String, AuthError> {
+        let mut state = self.state.lock().await;
+        if let Some(token) = state.fresh_token() {
+            return Ok(token);
+        }
+        if state.endpoint.is_none() {
+            self.discover(&mut state, None).await?;
+        }
+        self.fetch(&mut state).await
+    }
+
+    /// The token for a first attempt: cached, or fetched when the endpoint is known
+    /// without asking the server. `None` when only the server's 401 can say where to go.
+    pub(crate) async fn token_if_known(&self) -> Result<Option<String>, AuthError> {
+        let mut state = self.state.lock().await;
+        if let Some(token) = state.fresh_token() {
+            return Ok(Some(token));
+        }
+        if state.endpoint.is_none() {
+            if self.config.token_url.is_none() && self.config.issuer.is_none() {
+                return Ok(None);
+            }
+            self.discover(&mut state, None).await?;
+        }
+        self.fetch(&mut state).await.map(Some)
+    }
+
+    /// A token after the server answered 401 to `rejected` (no token, or an expired or
+    /// revoked one) with `challenge` (its `WWW-Authenticate`): another caller's newer
+    /// token, or a new one, discovering the endpoint from the challenge if need be.
+    pub(crate) async fn unauthorized(
+        &self,
+        rejected: Option<&str>,
+        challenge: Option<&str>,
+    ) -> Result<String, AuthError> {
+        let mut state = self.state.lock().await;
+        if let Some(token) = state.other_than(rejected) {
+            return Ok(token);
+        }
+        if state.endpoint.is_none() {
+            self.discover(&mut state, challenge).await?;
+        }
+        self.fetch(&mut state).await
+    }
+
+    /// A token for more scopes after a 403 `insufficient_scope` `challenge` to `rejected`:
+    /// the union of the scopes held and those challenged. `None` when the challenge is
+    /// not a step-up or asks for nothing new (the 403 stands).
+    pub(crate) async fn step_up(
+        &self,
+        rejected: Option<&str>,
+        challenge: &str,
+    ) -> Result<Option<String>, AuthError> {
+        let base = reqwest::Url::parse(&self.server_url)
+            .map_err(|e| self.fail(OAuthProblem::ServerUrl(e)))?;
+        let params = WWWAuthenticateParams::parse(challenge, &base);
+        if !params.is_insufficient_scope() {
+            return Ok(None);
+        }
+        let wanted: Vec<String> = params
+            .scope
+            .as_deref()
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
+        let mut state = self.state.lock().await;
+        if wanted.iter().all(|scope| state.scopes.contains(scope)) {
+            // Another call stepped up already, or the server wants what this token has.
+            return Ok(state.other_than(rejected));
+        }
+        if state.endpoint.is_none() {
+            self.discover(&mut state, Some(challenge)).await?;
+        }
+        for scope in wanted {
+            if !state.scopes.contains(&scope) {
+                state.scopes.push(scope);
+            }
+        }
+        tracing::info!(
+            server_id = %self.who.server_id,
+            scopes = %state.scopes.join(" "),
+            "MCP server asked for more scopes; requesting a new token"
+        );
+        self.fetch(&mut state).await.map(Some)
+    }
+
+    /// Finds the token endpoint, how to authenticate there, and the scopes to ask for.
+    async fn discover(&self, state: &mut State, challenge: Option<&str>) -> Result<(), AuthError> {
+        if let Some(token_url) = &self.config.token_url {
+            state.endpoint = Some(Endpoint {
+                token_url: token_url.clone(),
+                issuer: self.config.issuer.clone(),
+                method: self.method(None)?,
+            });
+            state.scopes = self.config.scopes.clone();
+            return Ok(());
+        }
+        // A configured issuer is asked directly; the server's challenge does not apply.
+        let (base, challenge) = match &self.config.issuer {
+            Some(issuer) => (issuer.as_str(), None),
+            None => (self.server_url.as_str(), challenge),
+        };
+        let discovery = |e: rmcp::transport::auth::AuthError| {
+            self.fail(OAuthProblem::Discovery(error_chain(&e)))
+        };
+        let manager = AuthorizationManager::new_with_oauth_http_client(
+            base,
+            Arc::new(Discovery(self.http.clone())),
+        )
+        .await
+        .map_err(discovery)?;
+        let resolution = manager
+            .resolve_metadata_from_challenge(challenge)
+            .await
+            .map_err(discovery)?;
+        if !resolution.source.is_discovered() {
+            return Err(self.fail(OAuthProblem::NoMetadata {
+                url: base.to_owned(),
+            }));
+        }
+        let metadata = resolution.metadata;
+        let issuer = metadata.issuer.clone().or(self.config.issuer.clone());
+        if metadata.token_endpoint.is_empty() {
+            return Err(self.fail(OAuthProblem::NoTokenEndpoint {
+                issuer: issuer.unwrap_or_else(|| base.to_owned()),
+            }));
+        }
+        let listed = |field: &str| -> Option<Vec<String>> {
+            let values = metadata.additional_fields.get(field)?.as_array()?;
+            Some(
+                values
+                    .iter()
+                    .filter_map(|v| v.as_str().map(str::to_owned))
+                    .collect(),
+            )
+        };
+        let method = self.method(listed("token_endpoint_auth_methods_supported"))?;
+        if method == TokenEndpointAuth::PrivateKeyJwt
+            && let (Some(key), Some(algs)) = (
+                &self.key,
+                listed("token_endpoint_auth_signing_alg_values_supported"),
+            )
+            && !algs.iter().any(|alg| alg == key.alg().name())
+        {
+            return Err(self.fail(OAuthProblem::SigningAlgRefused {
+                alg: key.alg().name(),
+                offered: algs,
+            }));
+        }
+        state.scopes = if self.config.scopes.is_empty() {
+            // Client credentials get no refresh token: offline_access would be noise.
+            let mut scopes = manager.select_initial_scopes(&[]).await;
+            scopes.retain(|scope| scope != "offline_access");
+            scopes
+        } else {
+            self.config.scopes.clone()
+        };
+        tracing::debug!(
+            server_id = %self.who.server_id,
+            token_endpoint = %metadata.token_endpoint,
+            method = method.name(),
+            "discovered the OAuth token endpoint"
+        );
+        state.endpoint = Some(Endpoint {
+            token_url: metadata.token_endpoint,
+            issuer,
+            method,
+        });
+        Ok(())
+    }
+
+    /// The client authentication to use: the configured one; `private_key_jwt` with a
+    /// key; else from the methods the server lists (`offered`), Basic first, as RFC 8414
+    /// defaults to it.
+    fn method(&self, offered: Option<Vec<String>>) -> Result<TokenEndpointAuth, AuthError> {
+        if let Some(method) = self.config.token_endpoint_auth {
+            return Ok(method);
+        }
+        let candidates: &[TokenEndpointAuth] = if self.key.is_some() {
+            &[TokenEndpointAuth::PrivateKeyJwt]
+        } else {
+            &[
+                TokenEndpointAuth::ClientSecretBasic,
+                TokenEndpointAuth::ClientSecretPost,
+            ]
+        };
+        let Some(offered) = offered else {
+            return Ok(candidates[0]);
+        };
+        candidates
+            .iter()
+            .copied()
+            .find(|method| offered.iter().any(|o| o == method.name()))
+            .ok_or_else(|| self.fail(OAuthProblem::NoUsableAuthMethod { offered }))
+    }
+
+    fn secret(&self) -> Result<String, AuthError> {
+        let var = self.config.client_secret_env.as_deref().unwrap_or_default();
+        std::env::var(var).map_err(|_| {
+            self.fail(OAuthProblem::SecretEnvMissing {
+                var: var.to_owned(),
+            })
+        })
+    }
+
+    async fn fetch(&self, state: &mut State) -> Result<String, AuthError> {
+        let Some(endpoint) = state.endpoint.clone() else {
+            return Err(self.fail(OAuthProblem::NoTokenEndpoint {
+                issuer: self.server_url.clone(),
+            }));
+        };
+        let token_url = endpoint.token_url;
+        // Checked before a credential is even read: a token endpoint named by metadata
+        // may point anywhere, and it is what receives the credential.
+        let mut request = self
+            .http
+            .post(&token_url)
+            .map_err(|denied| self.fail(OAuthProblem::TokenEndpointDenied(denied)))?
+            .header(http::header::ACCEPT, "application/json")
+            .timeout(defaults::OAUTH_HTTP_TIMEOUT);
+        let mut form = vec![("grant_type", "client_credentials".to_owned())];
+        if !state.scopes.is_empty() {
+            form.push(("scope", state.scopes.join(" ")));
+        }
+        form.push((
+            "resource",
+            self.config
+                .resource
+                .clone()
+                .unwrap_or_else(|| self.server_url.clone()),
+        ));
+        let client_id = &self.config.client_id;
+        match endpoint.method {
+            TokenEndpointAuth::ClientSecretBasic => {
+                // RFC 6749 §2.3.1: both parts form-encoded before Basic.
+                let secret = self.secret()?;
+                request = request.basic_auth(form_encode(client_id), Some(form_encode(&secret)));
+            }
+            TokenEndpointAuth::ClientSecretPost => {
+                form.push(("client_id", client_id.clone()));
+                form.push(("client_secret", self.secret()?));
+            }
+            TokenEndpointAuth::PrivateKeyJwt => {
+                let key = self.key.as_ref().ok_or_else(|| {
+                    self.fail(OAuthProblem::NoUsableAuthMethod {
+                        offered: vec!["private_key_jwt (no private_key_file)".into()],
+                    })
+                })?;
+                let audience = self
+                    .config
+                    .assertion_audience
+                    .as_deref()
+                    .or(endpoint.issuer.as_deref())
+                    .unwrap_or(&token_url);
+                let assertion = key
+                    .assertion(client_id, audience)
+                    .map_err(|e| self.fail(OAuthProblem::Sign(e)))?;
+                form.push(("client_assertion_type", JWT_BEARER.to_owned()));
+                form.push(("client_assertion", assertion));
+            }
+        }
+        let response = request.form(&form).send().await.map_err(|source| {
+            self.fail(OAuthProblem::TokenUnreachable {
+                url: token_url.clone(),
+                source,
+            })
+        })?;
+        let status = response.status();
+        let body = read_capped(response, defaults::OAUTH_MAX_RESPONSE_BYTES)
+            .await
+            .map_err(|source| {
+                self.fail(OAuthProblem::TokenBody {
+                    url: token_url.clone(),
+                    source,
+                })
+            })?;
+        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        if !status.is_success() {
+            let error = body["error"].as_str().unwrap_or("no error code");
+            return Err(self.fail(OAuthProblem::TokenRefused {
+                url: token_url,
+                status,
+                error: error.chars().take(100).collect(),
+            }));
+        }
+        let token = body["access_token"]
+            .as_str()
+            .filter(|token| !token.is_empty())
+            .ok_or_else(|| self.fail(OAuthProblem::NoAccessToken))?;
+        let lifetime = Duration::from_secs(body["expires_in"].as_u64().unwrap_or(3600));
+        tracing::debug!(
+            server_id = %self.who.server_id,
+            method = endpoint.method.name(),
+            expires_in_s = lifetime.as_secs(),
+            "fetched an OAuth access token"
+        );
+        state.token = Some((token.to_owned(), refresh_at(Instant::now(), lifetime)));
+        Ok(token.to_owned())
+    }
+}
+
+/// rmcp's discovery, through the egress-checked client. rmcp 3.9 reads authorization-server
+/// metadata only with an `authorization_endpoint`, which RFC 8414 lets a server without
+/// the code grant leave out (client-credentials-only servers do): such a document gets an
+/// empty one, never used here.
+struct Discovery(OutboundClient);
+
+impl OAuthHttpClient for Discovery {
+    fn execute(&self, request: OAuthHttpRequest) -> OAuthHttpClientFuture<'_> {
+        Box::pin(async move {
+            let response = self.0.execute(request).await?;
+            let (parts, body) = response.into_parts();
+            let patched = match serde_json::from_slice::<Value>(&body) {
+                Ok(Value::Object(mut document))
+                    if document.get("token_endpoint").is_some_and(Value::is_string)
+                        && !document.contains_key("authorization_endpoint") =>
+                {
+                    document.insert(
+                        "authorization_endpoint".into(),
+                        Value::String(String::new()),
+                    );
+                    serde_json::to_vec(&document).ok()
+                }
+                _ => None,
+            };
+            Ok(http::Response::from_parts(parts, patched.unwrap_or(body)))
+        })
+    }
+}
+
+/// `application/x-www-form-urlencoded` encoding of one value.
+fn form_encode(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for b in value.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'*' => {
+                out.push(char::from(b))
+            }
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_huge_expires_in_does_not_overflow_the_clock() {
+        let now = Instant::now();
+        let at = refresh_at(now, Duration::from_secs(u64::MAX));
+        assert!(at > now && at <= now + defaults::OAUTH_TOKEN_MAX_LIFETIME);
+        let short = refresh_at(now, Duration::from_secs(60));
+        assert_eq!(short, now + Duration::from_secs(54));
+    }
+
+    #[test]
+    fn basic_credentials_are_form_encoded() {
+        assert_eq!(form_encode("a:b c/é"), "a%3Ab+c%2F%C3%A9");
+        assert_eq!(form_encode("client-1.x_y*"), "client-1.x_y*");
+    }
+}
