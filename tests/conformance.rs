@@ -5,7 +5,8 @@
 //!
 //! The suite exits 0 for a client that never connected (a scenario with no checks
 //! passes), so each scenario also names the checks that must be in its `checks.json` as
-//! `SUCCESS`. Scenarios run one at a time: `sse-retry` measures the client's reconnect
+//! `SUCCESS`. The `auth/*` scenarios not run here need a browser (authorization code
+//! flow); docs/conformance.md lists them. Scenarios run one at a time: `sse-retry` measures the client's reconnect
 //! delay and must not share the CPU with another scenario.
 
 use std::path::{Path, PathBuf};
@@ -18,20 +19,10 @@ use serde_json::Value;
 
 /// Scenarios Quiver does not pass yet, and why. They still run, and each must still fail:
 /// one that starts passing fails its test until it is taken off this list.
-const EXPECTED_FAILURES: &[(&str, &str)] = &[
-    (
-        "auth/client-credentials-basic",
-        "OAuth discovery asks only the root protected-resource metadata, not the 401's resource_metadata or the path-based URI",
-    ),
-    (
-        "auth/client-credentials-jwt",
-        "private_key_jwt client authentication is not supported",
-    ),
-    (
-        "auth/pre-registration",
-        "OAuth discovery asks only the root protected-resource metadata, not the 401's resource_metadata or the path-based URI",
-    ),
-];
+const EXPECTED_FAILURES: &[(&str, &str)] = &[(
+    "elicitation-sep1034-client-defaults",
+    "Quiver's MCP client declares no elicitation capability: nothing could answer a server's question",
+)];
 
 /// One scenario at a time (see the module docs).
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -221,4 +212,29 @@ fn auth_client_credentials_jwt() {
 #[test]
 fn auth_pre_registration() {
     scenario("auth/pre-registration", &["pre-registration-auth"]);
+}
+
+/// A browser-client scenario a headless client passes too: the driver gives Quiver made-up
+/// client credentials, and it must refuse protected-resource metadata naming another
+/// resource before asking any authorization server.
+#[test]
+fn auth_resource_mismatch() {
+    scenario(
+        "auth/resource-mismatch",
+        &["prm-pathbased-requested", "resource-mismatch-rejected"],
+    );
+}
+
+#[test]
+fn elicitation_client_defaults() {
+    scenario(
+        "elicitation-sep1034-client-defaults",
+        &[
+            "client-elicitation-sep1034-string-default",
+            "client-elicitation-sep1034-integer-default",
+            "client-elicitation-sep1034-number-default",
+            "client-elicitation-sep1034-enum-default",
+            "client-elicitation-sep1034-boolean-default",
+        ],
+    );
 }
