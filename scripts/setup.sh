@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what a fresh machine lacks for building, testing and benchmarking Quiver:
 # - the wasm32-wasip1 Rust target (guests are built for it);
-# - the public reference MCP servers of fixtures/npm (Node.js), pinned by its lock file;
+# - the npm packages of fixtures/npm (Node.js), pinned by its lock file: the public
+#   reference MCP servers and the official MCP conformance suite
+#   (@modelcontextprotocol/conformance 0.1.13, the last release that runs on Node 20);
 # - clang, wasm-ld, wasi-libc and the wasm32 compiler-rt builtins, from the system's
 #   package manager (Debian/Ubuntu apt), for building C guests against guest-sdk/c/spear.h;
 # - protoc (the etcd-client crate compiles etcd's protos at build time) and the etcd server
@@ -62,10 +64,12 @@ fi
 if command -v npm >/dev/null 2>&1; then
   if [ ! -x fixtures/npm/node_modules/.bin/mcp-server-filesystem ] \
      || [ ! -f fixtures/npm/node_modules/puppeteer-core/package.json ] \
+     || [ ! -x fixtures/npm/node_modules/.bin/conformance ] \
      || [ fixtures/npm/package-lock.json -nt fixtures/npm/node_modules/.package-lock.json ]; then
-    echo "setup: installing the reference MCP servers and puppeteer-core (fixtures/npm)" >&2
+    echo "setup: installing the reference MCP servers, the conformance suite and puppeteer-core (fixtures/npm)" >&2
     (cd fixtures/npm && npm ci --no-audit --no-fund --loglevel=error)
   fi
 else
-  echo "setup: npm not found; tests that use the Node.js reference MCP servers will fail" >&2
+  echo "setup: npm not found; tests that use the Node.js reference MCP servers or the" \
+    "conformance suite will fail" >&2
 fi

@@ -6,10 +6,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use quiver::mcp::McpErrorCode;
 use quiver::{Host, ModuleOrigin, TaskFailure};
 use quiver_tests::{
-    RegistryDir, example_guest, fixture_pids, host, mcp_task, quiver_cli, run, unique_id,
-    wait_gone, wat,
+    RegistryDir, call_tool_text, example_guest, fixture_pids, fixture_toml_with_args, host,
+    mcp_task, quiver_cli, run, unique_id, wait_gone, wat,
 };
 use serde_json::Value;
 
@@ -583,4 +584,39 @@ async fn tools_list_reads_every_page_and_is_cached_until_the_server_says_it_chan
         "the TTL expired the cache"
     );
     short_ttl.shutdown().await;
+}
+
+/// `initialize` asks for 2025-11-25 by default (a server that speaks only that accepts it),
+/// and a record's `protocol_version` reaches a server that refuses everything but an older
+/// version, which the default cannot.
+#[tokio::test]
+async fn protocol_version_reaches_a_server_that_speaks_only_an_older_version() {
+    let registry = RegistryDir::new();
+    let only = |server_id: &str, version: &str, record_field: &str| {
+        let record =
+            fixture_toml_with_args(server_id, &["add"], &["--protocol-version", version], "");
+        registry.write(
+            &format!("{server_id}.toml"),
+            &format!("{record_field}\n{record}"),
+        );
+    };
+    only("current", "2025-11-25", "");
+    only("old", "2025-03-26", "protocol_version = \"2025-03-26\"");
+    only("old-default", "2025-03-26", "");
+    let host = host(&registry);
+    let args = || serde_json::json!({"a": 2, "b": 3});
+    for server_id in ["current", "old"] {
+        let sum = call_tool_text(&host, server_id, "add", args()).await;
+        assert_eq!(sum.as_deref().ok(), Some("5"), "{server_id}: {sum:?}");
+    }
+    let refused = call_tool_text(&host, "old-default", "add", args())
+        .await
+        .expect_err("an older server refuses the default version");
+    assert_eq!(refused.code, McpErrorCode::Unavailable, "{refused}");
+    assert!(
+        refused.to_string().contains(
+            "unsupported protocol version 2025-11-25; this server speaks only 2025-03-26"
+        ),
+        "{refused}"
+    );
 }

@@ -139,6 +139,24 @@ fn a_bad_file_is_named_with_its_field_and_the_others_still_load() {
             Some("stdio.command"),
             "closing",
         ),
+        (
+            "version.toml",
+            "server_id = \"v\"\ntransport = \"stdio\"\nprotocol_version = \"2025-13-01\"\n[stdio]\ncommand = \"x\"\n",
+            Some("protocol_version"),
+            "use one of \"2024-11-05\", \"2025-03-26\", \"2025-06-18\", \"2025-11-25\"",
+        ),
+        (
+            "modern.toml",
+            "server_id = \"m\"\ntransport = \"stdio\"\nprotocol_version = \"2026-07-28\"\n[stdio]\ncommand = \"x\"\n",
+            Some("protocol_version"),
+            "no initialize handshake",
+        ),
+        (
+            "discover.toml",
+            "server_id = \"d\"\ntransport = \"stdio\"\nlifecycle = \"discover\"\nprotocol_version = \"2025-03-26\"\n[stdio]\ncommand = \"x\"\n",
+            Some("protocol_version"),
+            "lifecycle = \"discover\" never sends",
+        ),
         ("syntax.toml", "server_id = \n", None, "invalid TOML"),
     ];
     for (file, contents, _, _) in &cases {
@@ -248,6 +266,10 @@ fn absent_budgets_and_fields_take_documented_defaults() {
     assert_eq!(
         r.budgets.connect_timeout, None,
         "absent: the host's connect timeout"
+    );
+    assert_eq!(
+        r.protocol_version, None,
+        "absent: initialize asks for rmcp's newest version with a handshake"
     );
     assert!(
         matches!(&web.launch, Ok(Launch::Http { headers, .. }) if headers["Authorization"] == "Bearer none")

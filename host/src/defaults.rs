@@ -49,6 +49,12 @@ pub const MCP_MAX_DROPPED_MESSAGES: u32 = 1_000;
 /// is closed, its pending calls fail with `mcp_unavailable`, and the next call restarts it.
 pub const MCP_MAX_DISCARD_BYTES: u64 = 64 * 1024 * 1024;
 
+/// Longest wait before resuming a Streamable HTTP event stream that the server closed. The
+/// server's SSE `retry:` field sets the wait (the spec says to honour it; the conformance
+/// suite wants 500 ms kept to within 200 ms); a larger value is cut to this, so a server
+/// cannot park a reconnect for days. Calls are bounded by their tool timeout anyway.
+pub const MAX_SSE_RETRY: Duration = Duration::from_secs(10);
+
 /// How long a server's `tools/list` answer is reused before it is asked again (a
 /// `notifications/tools/list_changed` from the server drops it sooner).
 pub const TOOLS_CACHE_TTL: Duration = Duration::from_secs(300);

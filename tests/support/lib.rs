@@ -51,6 +51,11 @@ pub fn fixture_server() -> PathBuf {
     bin_dir().join("fixture-mcp-server")
 }
 
+/// The client the official MCP conformance suite runs (`fixtures/conformance-driver`).
+pub fn conformance_driver() -> PathBuf {
+    bin_dir().join("conformance-driver")
+}
+
 /// The hostile MCP server binary (`fixtures/hostile-mcp-server`), which misbehaves on purpose.
 pub fn hostile_server() -> PathBuf {
     bin_dir().join("hostile-mcp-server")

@@ -7,7 +7,10 @@
 //! over it into that request's `mcp_output_too_large`. A plain JSON body is read by rmcp
 //! itself, up to its fixed 16 MiB, before our cap applies; an HTTP error body over rmcp's
 //! 64 KiB is the server's failure (`tool_exec_failed`). The transport is behind a
-//! [`Guarded`] like every connection. The legacy SSE stream is parsed by our bounded
+//! [`Guarded`] like every connection. A stream the server closes is resumed (GET with
+//! `Last-Event-ID`) after the server's `retry:` field, cut to
+//! [`defaults::MAX_SSE_RETRY`](crate::defaults::MAX_SSE_RETRY); without `retry:` a closed
+//! stream fails its call. The legacy SSE stream is parsed by our bounded
 //! [`SseReader`] (capped, like stdio lines, at the largest answer pending) and checked by a
 //! [`Guard`].
 
@@ -346,6 +349,7 @@ impl StreamableHttpClient for AuthedClient {
             )
         })
         .await
+        .map(bound_retry)
     }
 }
 
@@ -384,7 +388,29 @@ fn cap_events(
             }
             other => other,
         })
+        .map(bounded_retry)
         .boxed()
+}
+
+/// `event` with its `retry:` cut to [`crate::defaults::MAX_SSE_RETRY`]: rmcp waits that
+/// long before resuming a stream the server closed.
+fn bounded_retry(event: Result<Sse, SseError>) -> Result<Sse, SseError> {
+    event.map(|mut sse| {
+        let most = crate::defaults::MAX_SSE_RETRY.as_millis();
+        if let Some(retry) = &mut sse.retry
+            && u128::from(*retry) > most
+        {
+            *retry = u64::try_from(most).unwrap_or(u64::MAX);
+        }
+        sse
+    })
+}
+
+/// [`bounded_retry`] for every event of a stream.
+fn bound_retry(
+    events: BoxStream<'static, Result<Sse, SseError>>,
+) -> BoxStream<'static, Result<Sse, SseError>> {
+    events.map(bounded_retry).boxed()
 }
 
 /// The Streamable HTTP transport of one server.
@@ -717,5 +743,25 @@ mod tests {
         for text in [error.to_string(), format!("{error:?}")] {
             assert!(!text.contains("s3cret"), "{text}");
         }
+    }
+
+    #[test]
+    fn a_server_retry_is_kept_up_to_the_cap_and_cut_past_it() {
+        let retry = |ms: Option<u64>| {
+            let event = Sse {
+                retry: ms,
+                ..Sse::default()
+            };
+            bounded_retry(Ok(event)).map(|e| e.retry).ok().flatten()
+        };
+        let most = u64::try_from(crate::defaults::MAX_SSE_RETRY.as_millis()).unwrap();
+        assert_eq!(
+            retry(Some(500)),
+            Some(500),
+            "the conformance suite's 500 ms"
+        );
+        assert_eq!(retry(Some(most)), Some(most));
+        assert_eq!(retry(Some(u64::MAX)), Some(most));
+        assert_eq!(retry(None), None, "no retry field: nothing is resumed");
     }
 }

@@ -4,6 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use rmcp::model::ProtocolVersion;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -56,6 +57,8 @@ struct ServerFile {
     tags: Vec<String>,
     #[serde(default)]
     lifecycle: Lifecycle,
+    #[serde(default)]
+    protocol_version: Option<String>,
     #[serde(default)]
     audit_arguments: bool,
 }
@@ -119,6 +122,50 @@ fn is_valid_namespace(namespace: &str) -> bool {
                     .bytes()
                     .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
         })
+}
+
+/// `protocol_version`: one of the versions rmcp knows that still has an `initialize`
+/// handshake, since that is the only handshake it applies to; `discover` has none.
+fn check_protocol_version(
+    version: &str,
+    lifecycle: Lifecycle,
+) -> Result<ProtocolVersion, FieldError> {
+    let with_initialize = || {
+        ProtocolVersion::KNOWN_VERSIONS
+            .iter()
+            .filter(|v| v.has_initialize())
+            .map(|v| format!("\"{v}\""))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let known = ProtocolVersion::KNOWN_VERSIONS
+        .iter()
+        .find(|v| v.as_str() == version)
+        .ok_or_else(|| {
+            field_err(
+                "protocol_version",
+                format!(
+                    "{version:?} is not a protocol version this host knows; use one of {}",
+                    with_initialize()
+                ),
+            )
+        })?;
+    if !known.has_initialize() {
+        return Err(field_err(
+            "protocol_version",
+            format!(
+                "{version:?} has no initialize handshake, and protocol_version only sets the version `initialize` asks for; remove it and use lifecycle = \"discover\" or \"auto\", or use one of {}",
+                with_initialize()
+            ),
+        ));
+    }
+    if lifecycle == Lifecycle::Discover {
+        return Err(field_err(
+            "protocol_version",
+            "applies to the initialize handshake, which lifecycle = \"discover\" never sends; remove it, or use lifecycle = \"initialize\" for a server that only speaks an older version",
+        ));
+    }
+    Ok(known.clone())
 }
 
 fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
@@ -263,6 +310,11 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
             ),
         ));
     }
+    let protocol_version = file
+        .protocol_version
+        .as_deref()
+        .map(|v| check_protocol_version(v, file.lifecycle))
+        .transpose()?;
     let budgets = Budgets {
         tool_timeout: positive("budgets.tool_timeout_ms", file.budgets.tool_timeout_ms)?
             .map(Duration::from_millis)
@@ -299,6 +351,7 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
         budgets,
         tags: file.tags,
         lifecycle: file.lifecycle,
+        protocol_version,
         audit_arguments: file.audit_arguments,
     })
 }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use rmcp::model::ProtocolVersion;
 use serde::{Deserialize, Serialize};
 
 use super::launch::{Launch, LaunchUnavailable};
@@ -23,8 +24,9 @@ pub enum Transport {
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Lifecycle {
-    /// The `initialize` handshake (protocol 2025-11-25 and earlier; servers speaking
-    /// 2026-07-28 accept it too). One round trip; the default.
+    /// The `initialize` handshake (protocol 2025-11-25 and earlier, or the record's
+    /// `protocol_version`; servers speaking 2026-07-28 accept it too). One round trip; the
+    /// default.
     #[default]
     Initialize,
     /// `server/discover` with protocol 2026-07-28 only, for servers that dropped
@@ -126,6 +128,11 @@ pub struct ServerRecord {
     /// Labels profiles select servers by (e.g. `scm`, `search`).
     pub tags: Vec<String>,
     pub lifecycle: Lifecycle,
+    /// The protocol version the `initialize` handshake asks for (with `lifecycle =
+    /// "initialize"` and in `"auto"`'s fallback); `None` means
+    /// [`ProtocolVersion::LATEST_WITH_INITIALIZE`]. For servers that accept only an older
+    /// version. Always one of rmcp's known versions that has an `initialize` handshake.
+    pub protocol_version: Option<ProtocolVersion>,
     /// Write the values of this server's call arguments to the audit log (redacted and
     /// size-capped); otherwise only their top-level keys and size are logged.
     pub audit_arguments: bool,
@@ -156,6 +163,7 @@ impl ServerRecord {
             },
             tags: vec![],
             lifecycle: Default::default(),
+            protocol_version: None,
             audit_arguments: false,
         }
     }
@@ -191,6 +199,7 @@ impl ServerEntry {
             && a.stdio == b.stdio
             && a.http == b.http
             && a.lifecycle == b.lifecycle
+            && a.protocol_version == b.protocol_version
             && a.budgets.connect_timeout == b.budgets.connect_timeout
             && a.budgets.max_concurrency == b.budgets.max_concurrency
     }

@@ -44,11 +44,15 @@ use process::ServerProcess;
 pub(super) use scan::IdScan;
 pub(super) use sse::{SseEvent, SseReader};
 
-/// Receives server notifications for one connection.
+/// Receives server notifications for one connection, and says who the client is.
 #[derive(Clone)]
 pub(super) struct ClientEvents {
     server_id: Arc<str>,
     tools_stale: Arc<AtomicBool>,
+    /// What `initialize` asks for: the record's `protocol_version`, else rmcp's newest
+    /// version that has that handshake (rmcp's own default is its newest version, which
+    /// has none, and the spec's `initialize` must name one that does).
+    protocol_version: ProtocolVersion,
 }
 
 impl ClientHandler for ClientEvents {
@@ -61,6 +65,7 @@ impl ClientHandler for ClientEvents {
         let mut config = ClientConfig::default();
         config.client_info.name = "quiver".into();
         config.client_info.version = env!("CARGO_PKG_VERSION").into();
+        config.protocol_version = self.protocol_version.clone();
         config
     }
 }
@@ -276,6 +281,11 @@ impl Connector {
         let events = ClientEvents {
             server_id: server_id.into(),
             tools_stale: tools_stale.clone(),
+            protocol_version: entry
+                .record
+                .protocol_version
+                .clone()
+                .unwrap_or(ProtocolVersion::LATEST_WITH_INITIALIZE),
         };
         // A connection outlives the task that happened to open it: detach it from the
         // caller's span so its logs are not filed under that task.
@@ -372,7 +382,8 @@ pub(super) enum ConnectError {
     Handshake(#[source] Box<rmcp::service::ClientInitializeError>),
 }
 
-/// Opens the MCP session over `transport` the way the record asks.
+/// Opens the MCP session over `transport` the way the record asks. `initialize` (also as
+/// `auto`'s fallback) asks for the version `events` names.
 async fn handshake<T, E, A>(
     events: ClientEvents,
     transport: T,
@@ -390,7 +401,7 @@ where
         },
         Lifecycle::Auto => ClientLifecycleMode::Auto {
             preferred_versions: vec![ProtocolVersion::V_2026_07_28],
-            legacy_version: Some(ProtocolVersion::V_2025_11_25),
+            legacy_version: Some(events.protocol_version.clone()),
         },
     };
     events
