@@ -65,6 +65,10 @@ async fn wait_change(nodes: &[&Node], revision: u64) {
         wait_synced(node, revision).await;
     }
     let took = start.elapsed();
+    eprintln!(
+        "revision {revision} reached {} node(s) in {took:?}",
+        nodes.len()
+    );
     assert!(
         took < CHANGE_WITHIN,
         "revision {revision} took {took:?} to reach the nodes"
