@@ -1,8 +1,10 @@
 //! The web admin page in a real headless Chromium, driven as a person would by
 //! tests/browser/admin_page.mjs (puppeteer-core from fixtures/npm): sign in with the admin
 //! token, add a stdio server with the form, see it listed, test it, see its tools with
-//! their model-facing names, edit it, see a refused record's error, delete it after the
-//! confirmation, see a record full of markup rendered as text, import a file (dry run,
+//! their model-facing names, edit it, edit a record whose arguments and environment the
+//! form cannot show exactly (they stay read-only and come back byte-identical; a save
+//! after another write is refused with a 412 the page explains), see a refused record's
+//! error, delete it after the confirmation, see a record full of markup rendered as text, import a file (dry run,
 //! then apply), and add and delete a profile. At each checkpoint this
 //! test checks through the admin API that the page did what it showed.
 //!
@@ -77,6 +79,22 @@ fn hostile_record(id: &str) -> Value {
     json!({"format": "json", "body": serde_json::to_string_pretty(&body).expect("json")})
 }
 
+/// Launch values the form's line editor cannot show exactly: an empty argument, one with
+/// spaces around it, one with a line break, and an environment value with a trailing space.
+const SPACED_ARGS: [&str; 3] = ["", " spaced ", "two\nlines"];
+
+/// A TOML record of server `spaced` with [`SPACED_ARGS`], named `display_name`.
+fn spaced_record(display_name: &str) -> Value {
+    let fixture = fixture_server().display().to_string();
+    let args = serde_json::to_string(&SPACED_ARGS).expect("json");
+    let body = format!(
+        "server_id = \"spaced\"\ndisplay_name = {display_name:?}\ntransport = \"stdio\"\n\
+         allowed_tools = [\"echo\"]\n\n[stdio]\ncommand = {fixture:?}\nargs = {args}\n\
+         env = {{ QV_PAD = \"trail \", QV_OK = \"plain\" }}\n"
+    );
+    json!({"format": "toml", "body": body})
+}
+
 /// The driver's process, killed (with its Chromium, which exits with its pipe) when the
 /// test ends early.
 struct Driver {
@@ -131,6 +149,29 @@ async fn check(node: &Node, checkpoint: &str, data: &Value) -> Result<(), String
             ok.then_some(())
                 .ok_or(format!("after the edit the record is {fx:?}"))
         }
+        "spaced-open" => {
+            // Another writer moves the registry on while the page's editor is open.
+            let put = admin(node, Method::PUT, "/servers/spaced").json(&spaced_record("Elsewhere"));
+            let put = Node::send(put).await;
+            (put.status == 200)
+                .then_some(())
+                .ok_or(format!("the other write answered {put:?}"))
+        }
+        "spaced-saved" => {
+            let spaced = Node::send(admin(node, Method::GET, "/servers/spaced")).await;
+            let fields = &spaced.json["fields"];
+            let ok = spaced.status == 200
+                && spaced.json["format"] == "toml"
+                && fields["display_name"] == "Renamed"
+                && fields["budgets"]["tool_timeout_ms"] == 45000
+                && fields["stdio"]["args"] == json!(SPACED_ARGS)
+                && fields["stdio"]["env"] == json!({"QV_PAD": "trail ", "QV_OK": "plain"})
+                && fields["stdio"]["command"] == fixture_server().display().to_string()
+                && fields["allowed_tools"] == json!(["echo"])
+                && fields.get("approval_policy").is_none();
+            ok.then_some(())
+                .ok_or(format!("after the page's edit the record is {spaced:?}"))
+        }
         "import-preview" | "imported" => {
             let imported = Node::send(admin(node, Method::GET, "/servers/imported")).await;
             let expected = if checkpoint == "imported" { 200 } else { 404 };
@@ -166,6 +207,9 @@ async fn a_person_manages_servers_from_the_admin_page() {
     let created =
         Node::send(admin(&node, Method::POST, "/servers").json(&hostile_record("hostile"))).await;
     assert_eq!(created.status, 201, "{created:?}");
+    let spaced =
+        Node::send(admin(&node, Method::POST, "/servers").json(&spaced_record("Spaced"))).await;
+    assert_eq!(spaced.status, 201, "{spaced:?}");
 
     let scratch = tempfile::tempdir().expect("tempdir");
     let screenshot = scratch.path().join("admin_page_failure.png");
@@ -273,6 +317,8 @@ async fn a_person_manages_servers_from_the_admin_page() {
             "tested",
             "tools",
             "edited",
+            "spaced-open",
+            "spaced-saved",
             "deleted",
             "import-preview",
             "imported",

@@ -88,6 +88,15 @@ const gone = (selector) => page.waitForSelector(selector, { hidden: true, timeou
 const textOf = (selector) => page.$eval(selector, (e) => e.textContent);
 const row = (id) => `#servers-body tr[data-server-id="${id}"]`;
 
+/** Control `name` is read-only and its note says how to change `field`. */
+async function expectLocked(name, field) {
+  const readOnly = await page.$eval(`#f-${name}`, (e) => e.readOnly);
+  expect(readOnly, `#f-${name} is not read-only`);
+  const note = await textOf(`#f-${name}-locked`);
+  const says = `Edit this record as a document to change ${field}.`;
+  expect(note.includes(says), `the note by #f-${name} says: ${note}`);
+}
+
 async function type(selector, value) {
   await page.$eval(selector, (e) => {
     e.value = '';
@@ -227,9 +236,45 @@ async function main() {
   await noErrorShown();
   await checkpoint('edited');
 
+  step = 'edit a record the form cannot show exactly';
+  await page.click(`${row('spaced')} button.edit`);
+  await visible('#server-form');
+  await expectLocked('args', 'stdio.args');
+  await expectLocked('env', 'stdio.env');
+  expect(!(await page.$eval('#f-allowed_tools', (e) => e.readOnly)), 'allowed_tools is read-only');
+  await checkpoint('spaced-open');
+  await type('#f-display_name', 'Renamed');
+  await page.click('#form-save');
+  await visible('#error');
+  const conflict = await textOf('#error');
+  expect(
+    conflict.includes('412') && conflict.includes('changed since this editor was opened'),
+    `a save after another write shows: ${conflict}`,
+  );
+  await page.click('#form-cancel');
+  await page.click(`${row('spaced')} button.edit`);
+  await visible('#server-form');
+  const reread = await page.$eval('#f-display_name', (e) => e.value);
+  expect(reread === 'Elsewhere', `the reopened form shows display_name ${reread}`);
+  await expectLocked('args', 'stdio.args');
+  await type('#f-display_name', 'Renamed');
+  await type('#f-tool_timeout_ms', '45000');
+  await page.click('#form-save');
+  await page.waitForFunction(
+    () => document.getElementById('notice').textContent.includes('Saved spaced'),
+    { timeout: STEP_MS },
+  );
+  await noErrorShown();
+  log('spaced kept its arguments and environment');
+  await checkpoint('spaced-saved');
+
   step = 'a refused record shows its error';
   await page.click(`${row('fx')} button.edit`);
   await visible('#server-form');
+  // The last record's read-only fields are not carried over to this one.
+  const locks = await page.$$eval('#server-form .locked, #server-form .locked-note', (e) => e.length);
+  const argsLocked = await page.$eval('#f-args', (e) => e.readOnly);
+  expect(locks === 0 && !argsLocked, `fx's form has ${locks} locked parts (args: ${argsLocked})`);
   await type('#f-max_concurrency', '0');
   await page.click('#form-save');
   await visible('#error');

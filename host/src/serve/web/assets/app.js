@@ -301,6 +301,9 @@
 
   // The record being edited ({id, format, revision, fields, body}), or null for a new one.
   let editing = null;
+  // Each form control's value as fillForm left it (read back, as the browser keeps it): a
+  // control still holding it is written back as the record had it, not re-parsed.
+  let filled = {};
 
   function openEditor(record) {
     editing = record;
@@ -309,8 +312,12 @@
     $('f-server_id').readOnly = Boolean(record);
     $('f-format').disabled = Boolean(record);
     $('editor').hidden = false;
-    if (record && !isObject(record.fields)) {
-      // The document does not parse: only the raw editor can mend it.
+    if (record && (!isObject(record.fields) || hasInexactNumber(record.fields))) {
+      // The document does not parse, or holds an integer JavaScript cannot keep exactly:
+      // only the raw editor can mend it, or save it without changing it.
+      if (isObject(record.fields)) {
+        notice(`${record.id} holds a number larger than this form can keep exactly: edit it as a document.`);
+      }
       showRaw(record.body, record.format);
       return;
     }
@@ -334,7 +341,56 @@
   const asPairs = (value, sep) =>
     isObject(value) ? Object.entries(value).map(([k, v]) => `${k}${sep}${asLine(v)}`).join('\n') : '';
 
+  /** Whether `v` holds an integer beyond 2^53, which JSON.parse has already rounded. */
+  function hasInexactNumber(v) {
+    if (typeof v === 'number') return Number.isInteger(v) && !Number.isSafeInteger(v);
+    if (Array.isArray(v)) return v.some(hasInexactNumber);
+    return isObject(v) && Object.values(v).some(hasInexactNumber);
+  }
+
+  // What a form line gives back exactly: lines() and pairs() trim and split on line breaks.
+  const exactLine = (s) => typeof s === 'string' && s === s.trim() && !/[\r\n]/.test(s);
+  const absent = (v) => v === undefined || v === null;
+  // Per kind of control, whether it can show a record's value so that saving keeps it.
+  const SHOWS_EXACTLY = {
+    line: (v) => absent(v) || exactLine(v),
+    lines: (v) => absent(v) || (Array.isArray(v) && v.every((x) => exactLine(x) && x !== '')),
+    number: (v) => absent(v) || (Number.isSafeInteger(v) && v >= 0),
+    env: (v) => absent(v) || pairsExact(v, '='),
+    headers: (v) => absent(v) || pairsExact(v, ':'),
+  };
+  function pairsExact(v, sep) {
+    if (!isObject(v)) return false;
+    return Object.entries(v).every(
+      ([k, x]) => k !== '' && exactLine(k) && !k.includes(sep) && exactLine(x),
+    );
+  }
+
+  /**
+   * Makes control `name` read-only with a note when it cannot show `v` (field `field`)
+   * exactly, so a save keeps the record's value instead of a trimmed or split one.
+   */
+  function lockIfInexact(name, field, kind, v) {
+    if (SHOWS_EXACTLY[kind](v)) return;
+    const control = $('f-' + name);
+    control.readOnly = true;
+    control.classList.add('locked');
+    const noteId = `f-${name}-locked`;
+    control.setAttribute('aria-describedby', noteId);
+    const why =
+      `${field} holds a value this form cannot show exactly (an empty value, a line break, ` +
+      `leading or trailing spaces, or not text), so saving keeps it as it is. ` +
+      `Edit this record as a document to change ${field}.`;
+    control.after(el('p', { className: 'locked-note', text: why, attrs: { id: noteId } }));
+  }
+
   function fillForm(fields, format) {
+    for (const note of document.querySelectorAll('#server-form .locked-note')) note.remove();
+    for (const control of document.querySelectorAll('#server-form .locked')) {
+      control.readOnly = false;
+      control.classList.remove('locked');
+      control.removeAttribute('aria-describedby');
+    }
     const stdio = isObject(fields.stdio) ? fields.stdio : {};
     const http = isObject(fields.http) ? fields.http : {};
     const budgets = isObject(fields.budgets) ? fields.budgets : {};
@@ -356,6 +412,24 @@
     set('approval_policy', ['never', 'always', 'policy'].includes(fields.approval_policy) ? fields.approval_policy : 'never');
     set('approval_timeout_ms', asLine(fields.approval_timeout_ms));
     for (const name of BUDGETS) set(name, asLine(budgets[name]));
+    if (editing) {
+      const lock = lockIfInexact;
+      lock('display_name', 'display_name', 'line', fields.display_name);
+      lock('command', 'stdio.command', 'line', stdio.command);
+      lock('args', 'stdio.args', 'lines', stdio.args);
+      lock('env', 'stdio.env', 'env', stdio.env);
+      lock('cwd', 'stdio.cwd', 'line', stdio.cwd);
+      lock('url', 'http.url', 'line', http.url);
+      lock('headers', 'http.headers', 'headers', http.headers);
+      lock('auth_ref', 'http.auth_ref', 'line', http.auth_ref);
+      for (const name of ['allowed_tools', 'tags', 'approval_tools']) lock(name, name, 'lines', fields[name]);
+      lock('approval_timeout_ms', 'approval_timeout_ms', 'number', fields.approval_timeout_ms);
+      for (const name of BUDGETS) lock(name, 'budgets.' + name, 'number', budgets[name]);
+    }
+    filled = {};
+    for (const control of document.querySelectorAll('#server-form [id^="f-"]')) {
+      filled[control.id] = control.value;
+    }
     showTransport();
   }
 
@@ -399,47 +473,71 @@
     else target[key] = v;
   }
 
-  /** The record the form describes, over the fields it does not show (kept as they were). */
+  /** Whether the person changed control `name` (every control of a new record counts). */
+  const changed = (name) => !editing || $('f-' + name).value !== filled['f-' + name];
+
+  /**
+   * The record the form describes, over the fields it does not show. A field whose control
+   * the person did not change keeps the record's value exactly; only changed ones are read.
+   */
   function formDocument() {
     const doc = editing && isObject(editing.fields) ? structuredClone(editing.fields) : {};
-    put(doc, 'server_id', value('server_id'));
-    put(doc, 'display_name', value('display_name'));
+    /** Sets what `read` gives into `target` for each changed control; true if any was. */
+    const update = (target, names, read) => {
+      const touched = names.filter(changed);
+      for (const name of touched) put(target, name, read(name));
+      return touched.length > 0;
+    };
+    update(doc, ['server_id', 'display_name'], value);
     const transport = $('f-transport').value;
-    doc.transport = transport;
-    if (transport === 'stdio') {
-      const stdio = isObject(doc.stdio) ? doc.stdio : {};
-      put(stdio, 'command', value('command'));
-      put(stdio, 'args', lines('args'));
-      put(stdio, 'env', pairs('env', '=', 'stdio.env'));
-      put(stdio, 'cwd', value('cwd'));
-      doc.stdio = stdio;
-      delete doc.http;
-    } else {
-      const http = isObject(doc.http) ? doc.http : {};
-      put(http, 'url', value('url'));
-      put(http, 'headers', pairs('headers', ':', 'http.headers'));
-      put(http, 'auth_ref', value('auth_ref'));
-      doc.http = http;
-      delete doc.stdio;
+    if (changed('transport')) {
+      doc.transport = transport;
+      delete doc[transport === 'stdio' ? 'http' : 'stdio'];
     }
-    for (const name of ['allowed_tools', 'tags', 'approval_tools']) put(doc, name, lines(name));
-    doc.approval_policy = $('f-approval_policy').value;
-    put(doc, 'approval_timeout_ms', number('approval_timeout_ms', 'approval_timeout_ms'));
+    const block = transport === 'stdio' ? 'stdio' : 'http';
+    const own = isObject(doc[block]) ? doc[block] : {};
+    const read = (name) => {
+      if (name === 'env') return pairs('env', '=', 'stdio.env');
+      if (name === 'headers') return pairs('headers', ':', 'http.headers');
+      return name === 'args' ? lines(name) : value(name);
+    };
+    const names = block === 'stdio' ? ['command', 'args', 'env', 'cwd'] : ['url', 'headers', 'auth_ref'];
+    if (update(own, names, read) || changed('transport')) doc[block] = own;
+    update(doc, ['allowed_tools', 'tags', 'approval_tools'], lines);
+    if (changed('approval_policy')) doc.approval_policy = $('f-approval_policy').value;
+    update(doc, ['approval_timeout_ms'], (name) => number(name, name));
     const budgets = isObject(doc.budgets) ? doc.budgets : {};
-    for (const name of BUDGETS) put(budgets, name, number(name, 'budgets.' + name));
-    put(doc, 'budgets', budgets);
+    if (update(budgets, BUDGETS, (name) => number(name, 'budgets.' + name))) put(doc, 'budgets', budgets);
     return doc;
+  }
+
+  /** The form's record; an unchanged one keeps its text as written (comments included). */
+  function formBody(format) {
+    const doc = formDocument();
+    const same = editing && JSON.stringify(doc) === JSON.stringify(editing.fields);
+    return same ? editing.body : render(doc, format);
   }
 
   function render(doc, format) {
     return format === 'json' ? JSON.stringify(doc, null, 2) + '\n' : toToml(doc);
   }
 
+  /** A 412 on a save: the record moved on since it was read; say what to do. */
+  function explainConflict(e) {
+    if (e instanceof Failure && e.status === 412) {
+      e.message = `${e.message.replace(/\.$/, '')}. The registry changed since this editor was opened; ` +
+        'your edits are still here: copy what you need, Cancel, open it again and save.';
+    }
+    return e;
+  }
+
   async function saveRecord(format, body) {
     const record = { format, body };
     if (editing) {
       const ifMatch = editing.revision !== undefined ? { 'If-Match': text(editing.revision) } : {};
-      await api('PUT', `servers/${enc(editing.id)}`, record, ifMatch);
+      await api('PUT', `servers/${enc(editing.id)}`, record, ifMatch).catch((e) => {
+        throw explainConflict(e);
+      });
       notice(`Saved ${editing.id}.`);
     } else {
       const answer = await api('POST', 'servers', record);
@@ -451,7 +549,7 @@
 
   async function saveForm() {
     const format = editing ? editing.format : $('f-format').value;
-    await saveRecord(format, render(formDocument(), format));
+    await saveRecord(format, formBody(format));
   }
 
   async function editServer(id) {
@@ -476,13 +574,8 @@
 
   function rawFromForm() {
     const format = editing ? editing.format : $('f-format').value;
-    // An unchanged record keeps its text as written (comments included).
-    let body = editing ? editing.body : '';
-    if (!editing || isObject(editing.fields)) {
-      const doc = formDocument();
-      if (!editing || JSON.stringify(doc) !== JSON.stringify(editing.fields)) body = render(doc, format);
-    }
-    showRaw(body, format);
+    const parsed = !editing || (isObject(editing.fields) && !hasInexactNumber(editing.fields));
+    showRaw(parsed ? formBody(format) : editing.body, format);
   }
 
   // ---- TOML out (the form keeps a TOML record TOML) -------------------------------------
@@ -588,7 +681,9 @@
     const record = { format: $('profile-format').value, body: $('profile-body').value };
     if (profileEditing) {
       const ifMatch = profileEditing.revision !== undefined ? { 'If-Match': text(profileEditing.revision) } : {};
-      await api('PUT', `profiles/${enc(profileEditing.name)}`, record, ifMatch);
+      await api('PUT', `profiles/${enc(profileEditing.name)}`, record, ifMatch).catch((e) => {
+        throw explainConflict(e);
+      });
       notice(`Saved profile ${profileEditing.name}.`);
     } else {
       const answer = await api('POST', 'profiles', record);
@@ -657,7 +752,7 @@
     });
     $('raw-cancel').addEventListener('click', closeEditor);
     $('show-form').addEventListener('click', () => {
-      if (editing && !isObject(editing.fields)) return;
+      if (editing && (!isObject(editing.fields) || hasInexactNumber(editing.fields))) return;
       $('raw-form').hidden = true;
       $('server-form').hidden = false;
     });
