@@ -7,7 +7,7 @@
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use quiver_tests::etcd::Etcd;
@@ -31,6 +31,13 @@ const HUNG: Duration = Duration::from_secs(120);
 /// Runs `quiver registry <args>` with `env` set; panics if it does not exit within
 /// [`HUNG`].
 fn registry(args: &[&str], env: &[(&str, &str)]) -> Out {
+    let start = Instant::now();
+    let child = start_registry(args, env);
+    finish(child, args, start)
+}
+
+/// Starts `quiver registry <args>` with `env` set, output piped.
+fn start_registry(args: &[&str], env: &[(&str, &str)]) -> Child {
     let mut command = Command::new(quiver_cli());
     command
         .arg("registry")
@@ -43,8 +50,11 @@ fn registry(args: &[&str], env: &[(&str, &str)]) -> Out {
     for (key, value) in env {
         command.env(key, value);
     }
-    let start = Instant::now();
-    let child = command.spawn().expect("start quiver");
+    command.spawn().expect("start quiver")
+}
+
+/// Waits for a started command; panics if it does not exit within [`HUNG`].
+fn finish(child: Child, args: &[&str], start: Instant) -> Out {
     let pid = child.id();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -72,10 +82,15 @@ fn on_dir(args: &[&str], dir: &Path, env: &[(&str, &str)]) -> Out {
     registry(&all, env)
 }
 
+/// The file every writer to a registry directory locks (docs/registry.md).
+const WRITE_LOCK: &str = ".quiver-write.lock";
+
+/// The names in `dir`, but the write lock's file, which a write leaves behind.
 fn file_names(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
         .expect("read dir")
         .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name != WRITE_LOCK)
         .collect();
     names.sort();
     names
@@ -283,6 +298,70 @@ fn a_bundle_put_into_a_directory_is_listed_read_diffed_and_deleted() {
     assert!(file_names(&reg.path().join("profiles")).is_empty());
     let gone = on_dir(&["delete", "alpha"], reg.path(), &[]);
     assert_eq!(gone.code, Some(1), "{gone:?}");
+}
+
+/// Each command is its own process with its own store over the directory: revisions still
+/// only grow from one run to the next, and a write waits for the lock another process
+/// holds, then goes on, or gives up naming the lock.
+#[test]
+fn directory_revisions_grow_across_runs_and_a_put_waits_for_another_writers_lock() {
+    let reg = RegistryDir::new();
+    let files = tempfile::tempdir().expect("tempdir");
+    let record = |id: &str| {
+        let path = files.path().join(format!("{id}.json"));
+        std::fs::write(&path, GAMMA.replace("gamma", id)).expect("write");
+        path.to_str().expect("UTF-8").to_owned()
+    };
+    let revision = || {
+        let out = on_dir(&["list", "--json"], reg.path(), &[]);
+        assert_eq!(out.code, Some(0), "{out:?}");
+        let listed: Value = serde_json::from_str(&out.stdout).expect("JSON");
+        listed["revision"].as_u64().expect("revision")
+    };
+    let first = revision();
+    let put = on_dir(&["put", &record("gamma")], reg.path(), &[]);
+    assert_eq!(put.code, Some(0), "{put:?}");
+    let second = revision();
+    assert!(second > first, "{first} then {second}");
+
+    // Another process's writer, through the real file.
+    let holder = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(reg.path().join(WRITE_LOCK))
+        .expect("open the lock");
+    holder.lock().expect("lock");
+    let delta = record("delta");
+    let args = [
+        "put",
+        &delta,
+        "--registry",
+        reg.path().to_str().expect("UTF-8"),
+    ];
+    let start = Instant::now();
+    let mut waiting = start_registry(&args, &[]);
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(
+        waiting.try_wait().expect("try_wait").is_none(),
+        "the put waits for the lock"
+    );
+    assert!(!reg.path().join("delta.json").exists());
+    drop(holder);
+    let put = finish(waiting, &args, start);
+    assert_eq!(put.code, Some(0), "{put:?}");
+    assert!(reg.path().join("delta.json").is_file());
+    assert!(revision() > second);
+
+    let holder = std::fs::File::open(reg.path().join(WRITE_LOCK)).expect("open the lock");
+    holder.lock().expect("lock");
+    let stuck = on_dir(&["put", &record("epsilon")], reg.path(), &[]);
+    assert_ne!(stuck.code, Some(0), "{stuck:?}");
+    assert!(
+        stuck.stderr.contains(WRITE_LOCK) && stuck.stderr.contains("try again"),
+        "{stuck:?}"
+    );
+    assert!(!reg.path().join("epsilon.json").exists());
 }
 
 #[test]

@@ -339,6 +339,44 @@ async fn a_startup_registry_with_errors_starts_degraded() {
     host.shutdown().await;
 }
 
+/// A store writing the directory (a node's admin API, `quiver registry put`) takes its
+/// write lock, `.quiver-write.lock`: events on that file are no edit, so the watcher does
+/// not reload for them, and still follows the edits that come after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watcher_does_not_reload_for_the_write_lock_file() {
+    init_logging();
+    let (first, second) = (unique_id("locked"), unique_id("after-lock"));
+    let registry = RegistryDir::new();
+    registry.fixture(&first, &["*"], "");
+    let host = host(&registry);
+    let watcher = host.watch_registry().expect("watch");
+
+    let lock = registry.path().join(".quiver-write.lock");
+    for _ in 0..2 {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&lock)
+            .unwrap();
+        file.lock().unwrap();
+        drop(file);
+        std::fs::remove_file(&lock).unwrap();
+    }
+    // Well past the watcher's quiet period (300 ms), so a reload would have run.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let health = host.registry_health();
+    assert_eq!((health.reloads, health.generation), (0, 0), "{health:?}");
+
+    registry.fixture(&second, &["*"], "");
+    until("the watcher follows the next edit", || {
+        host.registry().get(&second).is_some()
+    })
+    .await;
+    drop(watcher);
+    host.shutdown().await;
+}
+
 /// The registry directory replaced whole (`rm -rf reg && mkdir reg && cp ...`): the watcher
 /// reloads the new directory and follows later edits in it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

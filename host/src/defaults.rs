@@ -228,6 +228,16 @@ pub const REGISTRY_POLL_JITTER_PERCENT: u32 = 20;
 /// unreachable for this attempt; keeps a hung store from holding the follower.
 pub const REGISTRY_STORE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Directory registry store: longest a write waits for the directory's write lock
+/// (`.quiver-write.lock`, held by another node or a `quiver registry` command writing the
+/// same directory) before it fails as unreachable. A write holds it for milliseconds, so
+/// this only runs out when a writer is stuck; below `REGISTRY_STORE_TIMEOUT`.
+pub const REGISTRY_DIR_LOCK_WAIT: Duration = Duration::from_secs(4);
+
+/// Directory registry store: pause between two tries of a write lock another process
+/// holds (the lock cannot be waited on with a deadline, so it is polled).
+pub const REGISTRY_DIR_LOCK_RETRY: Duration = Duration::from_millis(20);
+
 /// Wait before listing an unreachable store (or reopening a broken watch) again: short,
 /// so a node is back within about a second of its store answering.
 pub const REGISTRY_STORE_RETRY: Duration = Duration::from_secs(1);

@@ -28,6 +28,7 @@ use notify::{RecommendedWatcher, RecursiveMode, Watcher};
 
 use super::{Host, HostError};
 use crate::defaults;
+use crate::registry::DirStore;
 
 /// The notify watcher, shared with the thread that re-arms it; `None` once stopped.
 type Shared = Mutex<Option<RecommendedWatcher>>;
@@ -94,7 +95,9 @@ impl Host {
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 // Only the settled state matters; an event's details do not.
                 match event {
-                    Ok(event) if event.kind.is_access() => {}
+                    // Taking the write lock of a store writing the directory changes no
+                    // record.
+                    Ok(event) if !DirStore::is_registry_event(&event) => {}
                     Ok(event) => {
                         let signal = if event.paths.contains(&watched) {
                             Signal::Replaced

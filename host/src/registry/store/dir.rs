@@ -3,23 +3,30 @@
 //!
 //! The files stay the source of truth: a person may edit them by hand while the store
 //! writes them, so every call reads the directory again. A directory has no revision of
-//! its own, so the store keeps one: a counter that moves forward whenever a listing's
-//! content hash differs from the previous one. It is monotonic for the life of the store
-//! (what a follower needs to tell a newer listing from an older one) and starts over in a
-//! new process, where followers start over too. Documents carry the revision of the
-//! listing they were read in (a directory does not say which file changed when).
+//! its own, so the store keeps one: a number that moves forward whenever a listing's
+//! content hash differs from the previous one. It starts at the clock (Unix milliseconds,
+//! or the newest modification time in the directory if that is later) and then moves to
+//! the clock again, or by 1 if that is not more. So it only grows, also across restarts:
+//! an `If-Match` revision read before a restart, or from another process's store over the
+//! same directory, does not come back and match different content. Each store counts on
+//! its own, so revisions of two stores are not comparable. Documents carry the revision
+//! of the listing they were read in (a directory does not say which file changed when).
 //!
 //! Writes are checked with the same parser as a load (nothing invalid is written), then
 //! land atomically: a temporary file in the same directory (ignored by loads: hidden,
 //! `.tmp`) renamed over `<name>.toml|json`, so a reader sees the old file or the new one,
-//! never half of one. The watch is notify on the directory; if the directory itself is
-//! replaced its watch dies and the follower's poll picks the change up.
+//! never half of one. The check and the write hold the directory's write lock
+//! ([`WRITE_LOCK_FILE`], an advisory `flock` that every writing node and `quiver registry`
+//! command takes), so no other store writes between them; hand edits do not take it.
+//! The watch is notify on the directory; if the directory itself is replaced its watch
+//! dies and the follower's poll picks the change up.
 
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -33,6 +40,10 @@ use super::{
 use crate::defaults;
 use crate::registry::load::{FileDoc, read_dir_docs};
 
+/// The write lock's file in a registry directory. Hidden, so loads skip it, and watches
+/// ignore its events: taking the lock changes no record.
+const WRITE_LOCK_FILE: &str = ".quiver-write.lock";
+
 /// A registry directory as a store. Cheap to clone (clones share the revision).
 #[derive(Clone, Debug)]
 pub struct DirStore {
@@ -44,8 +55,11 @@ struct Inner {
     dir: PathBuf,
     /// The last listing's content hash and the revision it was given.
     seen: Mutex<([u8; 32], u64)>,
-    /// Writes one at a time, so each is checked against the files it replaces.
+    /// This process's writes queue here first, so only one at a time polls the
+    /// cross-process write lock.
     writes: tokio::sync::Mutex<()>,
+    /// Longest a write waits for another process's write lock.
+    lock_wait: Duration,
     /// Names temporary files apart.
     temp_seq: AtomicU64,
 }
@@ -59,13 +73,37 @@ impl DirStore {
                 dir: dir.into(),
                 seen: Mutex::new(([0; 32], 0)),
                 writes: tokio::sync::Mutex::new(()),
+                lock_wait: defaults::REGISTRY_DIR_LOCK_WAIT,
                 temp_seq: AtomicU64::new(0),
             }),
         }
     }
 
+    /// A fresh store over the same directory whose writes wait at most `wait` for the
+    /// write lock.
+    #[cfg(test)]
+    #[must_use]
+    fn with_lock_wait(self, wait: Duration) -> Self {
+        let mut store = Self::new(self.inner.dir.clone());
+        Arc::get_mut(&mut store.inner)
+            .expect("a new store is not shared yet")
+            .lock_wait = wait;
+        store
+    }
+
     pub fn dir(&self) -> &Path {
         &self.inner.dir
+    }
+
+    /// Whether a watch event on a registry directory can change what it holds: one only
+    /// about the write lock's file (created by the first write, opened by each) cannot.
+    pub(crate) fn is_registry_event(event: &notify::Event) -> bool {
+        let only_lock = !event.paths.is_empty()
+            && event
+                .paths
+                .iter()
+                .all(|p| p.file_name().is_some_and(|n| n == WRITE_LOCK_FILE));
+        !event.kind.is_access() && !only_lock
     }
 
     /// Checks and writes one document under the write lock; with `expected`, only while
@@ -78,30 +116,31 @@ impl DirStore {
         body: Vec<u8>,
         expected: Option<u64>,
     ) -> Result<u64, StoreError> {
-        let _one_writer = self.inner.writes.lock().await;
-        let current = self.list().await?;
-        if let Some(expected) = expected {
-            let at = current
-                .docs
-                .iter()
-                .find(|d| d.kind == kind && d.name == name)
-                .map_or(0, |d| d.revision);
-            if at != expected {
-                return Err(StoreError::Conflict {
-                    kind,
-                    name,
-                    current: at,
-                });
-            }
-        }
-        check_change(
-            &current.docs,
-            &self.describe(),
-            kind,
-            &name,
-            Some((format, &body)),
-        )?;
+        let _queued = self.inner.writes.lock().await;
         blocking(&self.inner, move |inner| {
+            let _locked = inner.write_lock()?;
+            let current = inner.list()?;
+            if let Some(expected) = expected {
+                let at = current
+                    .docs
+                    .iter()
+                    .find(|d| d.kind == kind && d.name == name)
+                    .map_or(0, |d| d.revision);
+                if at != expected {
+                    return Err(StoreError::Conflict {
+                        kind,
+                        name,
+                        current: at,
+                    });
+                }
+            }
+            check_change(
+                &current.docs,
+                &inner.describe(),
+                kind,
+                &name,
+                Some((format, &body)),
+            )?;
             let path = inner.path(kind, &name, format);
             inner
                 .write_atomically(&path, &body)
@@ -138,6 +177,46 @@ impl Inner {
         }
     }
 
+    /// Takes the directory's write lock, waiting up to `lock_wait` for another process to
+    /// let go; held until the file is dropped. The kernel releases it if the holder dies,
+    /// so a leftover lock file never blocks anyone.
+    fn write_lock(&self) -> Result<std::fs::File, StoreError> {
+        let path = self.dir.join(WRITE_LOCK_FILE);
+        let mut options = std::fs::OpenOptions::new();
+        options.read(true).write(true).create(true).truncate(false);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        let file = options.open(&path).map_err(|e| {
+            self.unreachable(format!(
+                "cannot open the write lock {}: {e}; the directory must be writable by this user",
+                path.display()
+            ))
+        })?;
+        let started = Instant::now();
+        loop {
+            match file.try_lock() {
+                Ok(()) => return Ok(file),
+                Err(std::fs::TryLockError::WouldBlock) => {}
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(self.unreachable(format!(
+                        "cannot lock {}: {e}; the filesystem must support file locks",
+                        path.display()
+                    )));
+                }
+            }
+            if started.elapsed() >= self.lock_wait {
+                return Err(self.unreachable(format!(
+                    "another writer (a node or `quiver registry` on this directory) held the \
+                     write lock {} for over {:?}; try again, and if it stays held, look for a \
+                     stuck process that has the file open",
+                    path.display(),
+                    self.lock_wait
+                )));
+            }
+            std::thread::sleep(defaults::REGISTRY_DIR_LOCK_RETRY);
+        }
+    }
+
     /// Reads every document; the revision moves on if the content changed since the
     /// last listing.
     fn list(&self) -> Result<Listing, StoreError> {
@@ -159,29 +238,44 @@ impl Inner {
             }
         }
         let hash: [u8; 32] = hasher.finalize().into();
+        let modified: Vec<Option<u64>> = files.iter().map(|d| modified_ms(&d.path)).collect();
         let revision = {
             let mut seen = self.seen();
-            if seen.0 != hash || seen.1 == 0 {
-                *seen = (hash, seen.1.saturating_add(1));
+            if seen.1 == 0 {
+                // A deletion leaves no file behind, but moves its directory's mtime.
+                let dirs = [self.dir.clone(), self.dir.join("profiles")];
+                let newest = modified
+                    .iter()
+                    .copied()
+                    .chain(dirs.iter().map(|d| modified_ms(d)))
+                    .flatten()
+                    .max();
+                *seen = (hash, now_ms().max(newest.unwrap_or(0)).max(1));
+            } else if seen.0 != hash {
+                *seen = (hash, now_ms().max(seen.1.saturating_add(1)));
             }
             seen.1
         };
         let docs = files
             .into_iter()
+            .zip(modified)
             .map(
-                |FileDoc {
-                     kind,
-                     name,
-                     format,
-                     body,
-                     path,
-                 }| StoredDoc {
+                |(
+                    FileDoc {
+                        kind,
+                        name,
+                        format,
+                        body,
+                        path: _,
+                    },
+                    modified,
+                )| StoredDoc {
                     kind,
                     name,
                     format,
                     body,
                     revision,
-                    updated_at: modified_secs(&path),
+                    updated_at: modified.map(|ms| ms / 1000),
                 },
             )
             .collect();
@@ -229,15 +323,19 @@ impl Inner {
     }
 }
 
-/// A file's modification time in unix seconds; `None` where the filesystem keeps none.
-fn modified_secs(path: &Path) -> Option<u64> {
+/// A file's modification time in Unix milliseconds; `None` where the filesystem keeps
+/// none (or the file is gone).
+fn modified_ms(path: &Path) -> Option<u64> {
     let modified = std::fs::metadata(path).ok()?.modified().ok()?;
-    Some(
-        modified
-            .duration_since(std::time::UNIX_EPOCH)
-            .ok()?
-            .as_secs(),
-    )
+    unix_ms(modified)
+}
+
+fn now_ms() -> u64 {
+    unix_ms(SystemTime::now()).unwrap_or(0)
+}
+
+fn unix_ms(time: SystemTime) -> Option<u64> {
+    u64::try_from(time.duration_since(UNIX_EPOCH).ok()?.as_millis()).ok()
 }
 
 fn format_ext(format: DocFormat) -> &'static str {
@@ -330,17 +428,18 @@ impl RegistryStore for DirStore {
             if !crate::registry::is_valid_server_id(&name) {
                 return Ok(None);
             }
-            let _one_writer = self.inner.writes.lock().await;
-            let current = self.list().await?;
-            if !current
-                .docs
-                .iter()
-                .any(|d| d.kind == kind && d.name == name)
-            {
-                return Ok(None);
-            }
-            check_change(&current.docs, &self.describe(), kind, &name, None)?;
+            let _queued = self.inner.writes.lock().await;
             blocking(&self.inner, move |inner| {
+                let _locked = inner.write_lock()?;
+                let current = inner.list()?;
+                if !current
+                    .docs
+                    .iter()
+                    .any(|d| d.kind == kind && d.name == name)
+                {
+                    return Ok(None);
+                }
+                check_change(&current.docs, &inner.describe(), kind, &name, None)?;
                 if !inner
                     .remove(kind, &name)
                     .map_err(|e| inner.unreachable(e))?
@@ -361,7 +460,7 @@ impl RegistryStore for DirStore {
             let (signal, signals) = tokio::sync::mpsc::channel::<()>(1);
             let mut watcher =
                 notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                    if event.is_ok_and(|e| !e.kind.is_access()) {
+                    if event.is_ok_and(|e| Self::is_registry_event(&e)) {
                         // A full channel already holds a wake-up: that one covers this.
                         let _ = signal.try_send(());
                     }
@@ -461,7 +560,11 @@ mod tests {
             .await
             .unwrap();
         assert!(put > empty.revision);
-        assert_eq!(files(&dir.0), ["alpha.toml"], "no temporary file is left");
+        assert_eq!(
+            files(&dir.0),
+            [WRITE_LOCK_FILE, "alpha.toml"],
+            "no temporary file is left"
+        );
         let doc = store.get(DocKind::Server, "alpha").await.unwrap().unwrap();
         assert_eq!((doc.body, doc.format), (server("alpha"), DocFormat::Toml));
         assert_eq!(store.list().await.unwrap().revision, put, "unchanged");
@@ -482,7 +585,7 @@ mod tests {
             .upsert(DocKind::Server, "alpha", DocFormat::Json, json.to_vec())
             .await
             .unwrap();
-        assert_eq!(files(&dir.0), ["alpha.json", "profiles"]);
+        assert_eq!(files(&dir.0), [WRITE_LOCK_FILE, "alpha.json", "profiles"]);
 
         assert_eq!(store.delete(DocKind::Server, "nope").await.unwrap(), None);
         assert_eq!(store.delete(DocKind::Server, "../x").await.unwrap(), None);
@@ -549,6 +652,173 @@ mod tests {
         assert_eq!(kept.body, changed, "the stale write changed nothing");
     }
 
+    /// A restart (or a `quiver registry` run, each its own process) makes a new store
+    /// over the same directory: its revisions go on above the old ones, so an `If-Match`
+    /// revision read before cannot match again after a few writes.
+    #[tokio::test]
+    async fn revisions_keep_growing_in_a_new_store_so_an_old_one_never_matches() {
+        let dir = TempDir::new("restart");
+        let before = now_ms();
+        let first = DirStore::new(&dir.0);
+        let mut old = vec![first.list().await.unwrap().revision];
+        for id in ["a", "b"] {
+            old.push(
+                first
+                    .upsert(DocKind::Server, id, DocFormat::Toml, server(id))
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert!(old[0] >= before, "starts at the clock: {old:?} vs {before}");
+        // Several changes within one millisecond may run ahead of the clock; a restart
+        // takes longer than that.
+        std::thread::sleep(Duration::from_millis(20));
+
+        let second = DirStore::new(&dir.0);
+        let mut new = vec![second.list().await.unwrap().revision];
+        for id in ["c", "d", "e"] {
+            new.push(
+                second
+                    .upsert(DocKind::Server, id, DocFormat::Toml, server(id))
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert!(new.windows(2).all(|w| w[0] < w[1]), "{new:?}");
+        assert!(new[0] > old[2], "{old:?} then {new:?}");
+        let changed = b"server_id = \"a\"\ntransport = \"stdio\"\nallowed_tools = [\"x\"]\n[stdio]\ncommand = \"true\"\n";
+        for stale in old {
+            let write = second
+                .upsert_if(
+                    DocKind::Server,
+                    "a",
+                    DocFormat::Toml,
+                    changed.to_vec(),
+                    stale,
+                )
+                .await;
+            assert!(
+                matches!(write, Err(StoreError::Conflict { current, .. }) if current == new[3]),
+                "If-Match {stale}: {write:?}"
+            );
+        }
+        let kept = second.get(DocKind::Server, "a").await.unwrap().unwrap();
+        assert_eq!(kept.body, server("a"));
+
+        // A deletion alone also starts a later store above the last revision.
+        let gone = second.delete(DocKind::Server, "e").await.unwrap().unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let third = DirStore::new(&dir.0).list().await.unwrap().revision;
+        assert!(third > gone, "{gone} then {third}");
+    }
+
+    /// Another writer holding the lock through the real file (a second open file
+    /// description conflicts exactly as another process's does).
+    fn hold_lock(dir: &Path) -> std::fs::File {
+        let holder = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(dir.join(WRITE_LOCK_FILE))
+            .unwrap();
+        holder.lock().unwrap();
+        holder
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_waits_for_another_writers_lock_or_gives_up_naming_it() {
+        let dir = TempDir::new("lock");
+        let store = DirStore::new(&dir.0);
+        store
+            .upsert(DocKind::Server, "a", DocFormat::Toml, server("a"))
+            .await
+            .unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(dir.0.join(WRITE_LOCK_FILE))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+        }
+        let listed = store.list().await.unwrap();
+        assert_eq!(listed.docs.len(), 1, "loads skip the lock file");
+        let loaded = crate::registry::Registry::load_dir(&dir.0).unwrap();
+        assert!(loaded.problems().is_empty(), "{:?}", loaded.problems());
+
+        let holder = hold_lock(&dir.0);
+        let patient = DirStore::new(&dir.0).with_lock_wait(Duration::from_secs(120));
+        let waiting = tokio::spawn(async move {
+            patient
+                .upsert(DocKind::Server, "b", DocFormat::Toml, server("b"))
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!waiting.is_finished(), "the write waits for the lock");
+        assert!(!dir.0.join("b.toml").exists());
+        drop(holder);
+        let written = tokio::time::timeout(Duration::from_secs(60), waiting)
+            .await
+            .expect("the write goes on once the lock is free")
+            .unwrap();
+        assert!(
+            written.as_ref().is_ok_and(|r| *r > listed.revision),
+            "{written:?}"
+        );
+        assert!(dir.0.join("b.toml").is_file());
+
+        let _holder = hold_lock(&dir.0);
+        let impatient = DirStore::new(&dir.0).with_lock_wait(Duration::from_millis(200));
+        let put = impatient
+            .upsert(DocKind::Server, "c", DocFormat::Toml, server("c"))
+            .await;
+        let deleted = impatient.delete(DocKind::Server, "a").await;
+        for result in [put.map(Some), deleted] {
+            let Err(StoreError::Unreachable { message, .. }) = &result else {
+                panic!("{result:?}")
+            };
+            assert!(
+                message.contains(WRITE_LOCK_FILE) && message.contains("try again"),
+                "{message}"
+            );
+        }
+        assert!(!dir.0.join("c.toml").exists() && dir.0.join("a.toml").is_file());
+    }
+
+    #[test]
+    fn watch_events_about_the_lock_file_alone_change_nothing() {
+        use notify::event::{AccessKind, CreateKind, EventKind, ModifyKind, RenameMode};
+        let dir = Path::new("/reg");
+        let event = |kind, paths: &[&str]| {
+            paths
+                .iter()
+                .fold(notify::Event::new(kind), |e, p| e.add_path(dir.join(p)))
+        };
+        let create = EventKind::Create(CreateKind::File);
+        let renamed = EventKind::Modify(ModifyKind::Name(RenameMode::Both));
+        for (event, counts) in [
+            (event(create, &[WRITE_LOCK_FILE]), false),
+            (
+                event(
+                    EventKind::Remove(notify::event::RemoveKind::File),
+                    &[WRITE_LOCK_FILE],
+                ),
+                false,
+            ),
+            (event(create, &["a.toml"]), true),
+            (event(renamed, &[".quiver-write-1-0.tmp", "a.toml"]), true),
+            (event(renamed, &[WRITE_LOCK_FILE, "a.toml"]), true),
+            (
+                event(EventKind::Access(AccessKind::Any), &["a.toml"]),
+                false,
+            ),
+            (event(EventKind::Other, &[]), true),
+        ] {
+            assert_eq!(DirStore::is_registry_event(&event), counts, "{event:?}");
+        }
+    }
+
     #[tokio::test]
     async fn an_invalid_upsert_names_the_field_and_writes_nothing() {
         let dir = TempDir::new("invalid");
@@ -588,7 +858,7 @@ mod tests {
             err.to_string().contains("server_ids") && err.to_string().contains("ghost"),
             "{err}"
         );
-        assert!(files(&dir.0).is_empty(), "{:?}", files(&dir.0));
+        assert_eq!(files(&dir.0), [WRITE_LOCK_FILE], "only the lock was taken");
     }
 
     #[tokio::test]
