@@ -103,13 +103,15 @@ impl Host {
     }
 
     /// Brings the snapshot up to `store` now, after a write to it, so the next request
-    /// sees the write without waiting for a watch or the poll.
+    /// sees the write without waiting for a watch or the poll. Reading files and building
+    /// the registry run off the async workers.
     pub async fn sync_after_write(&self, store: &dyn RegistryStore) {
         if self.registry_store().is_some() {
             let _ = self.sync_from(store, &store.describe()).await;
         } else {
+            let host = self.clone();
             // A refused reload is recorded in the registry health.
-            let _ = self.reload_registry();
+            let _ = tokio::task::spawn_blocking(move || host.reload_registry()).await;
         }
     }
 
@@ -128,11 +130,18 @@ impl Host {
             });
         match listed {
             Ok(listing) => {
-                let env = |name: &str| std::env::var(name).ok();
-                let fresh = Registry::from_docs(listing.docs, source, &env);
+                let revision = listing.revision;
+                let named = source.to_owned();
+                // Building a registry of up to REGISTRY_STORE_MAX_DOCS documents is CPU work.
+                let fresh = tokio::task::spawn_blocking(move || {
+                    let env = |name: &str| std::env::var(name).ok();
+                    Registry::from_docs(listing.docs, &named, &env)
+                })
+                .await
+                .map_err(|e| format!("building the registry failed: {e}"));
                 // A refused snapshot is logged and recorded in the health.
-                let _ = self.install(Ok(fresh), Some(source), Some(listing.revision));
-                Some(listing.revision)
+                let _ = self.install(fresh, Some(source), Some(revision));
+                Some(revision)
             }
             Err(e) => {
                 let _ = self.install(Err(e.to_string()), Some(source), None);

@@ -12,7 +12,9 @@
 //! Writes are checked with the same parser as a load (nothing invalid is written), then
 //! land atomically: a temporary file in the same directory (ignored by loads: hidden,
 //! `.tmp`) renamed over `<name>.toml|json`, so a reader sees the old file or the new one,
-//! never half of one. The watch is notify on the directory; if the directory itself is
+//! never half of one. A checked write ([`RegistryStore::apply`]) compares the revision
+//! under the write lock; its files land one by one (a directory has no transaction), so
+//! an error part-way names what was written. The watch is notify on the directory; if the directory itself is
 //! replaced its watch dies and the follower's poll picks the change up.
 
 use std::collections::BTreeMap;
