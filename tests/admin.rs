@@ -719,3 +719,35 @@ async fn an_import_previews_then_applies_and_one_bad_entry_writes_nothing() {
         .collect();
     assert_eq!(files.len(), 1, "only `both`: {files:?}");
 }
+
+/// Parallel creates of one id: the create is a write made only while the store is as
+/// listed, so exactly one wins and the others are told the record exists (none is lost
+/// silently behind a `201`).
+#[tokio::test]
+async fn parallel_creates_of_one_id_give_one_201_and_the_rest_409() {
+    let registry = RegistryDir::new();
+    let node = node(&registry);
+    let tries = 6;
+    let sends = (0..tries).map(|i| {
+        let tool = format!("tool{i}");
+        Node::send(admin(&node, Method::POST, "/servers").json(&record("fx", &[&tool])))
+    });
+    let answers = futures::future::join_all(sends).await;
+    let created: Vec<usize> = (0..tries).filter(|&i| answers[i].status == 201).collect();
+    assert_eq!(created.len(), 1, "{answers:?}");
+    for lost in answers.iter().filter(|a| a.status != 201) {
+        assert_eq!(
+            (lost.status, lost.code()),
+            (409, "already_exists"),
+            "{lost:?}"
+        );
+    }
+    // The stored record is the winner's.
+    let read = Node::send(admin(&node, Method::GET, "/servers/fx")).await;
+    let winner = format!("tool{}", created[0]);
+    assert_eq!(
+        read.json["fields"]["allowed_tools"],
+        json!([winner]),
+        "{read:?}"
+    );
+}

@@ -8,7 +8,8 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use quiver::defaults::{ETCD_KEEPALIVE_INTERVAL, ETCD_KEEPALIVE_TIMEOUT};
 use quiver::registry::{
-    DocFormat, DocKind, EtcdStore, RegistryStore, StoreError, StoreEvent, StoredDoc,
+    DocFormat, DocKind, EtcdStore, Registry, RegistryStore, Severity, StoreError, StoreEvent,
+    StoredDoc, Write, check_changes,
 };
 use quiver_tests::etcd::Etcd;
 
@@ -427,4 +428,165 @@ async fn a_conditional_write_on_a_stale_revision_conflicts() {
     );
     let kept = store.get(DocKind::Server, "alpha").await.unwrap().unwrap();
     assert_eq!(kept.body, server("alpha", "b"));
+}
+
+fn put(kind: DocKind, name: &str, body: Vec<u8>) -> Write {
+    Write::Put(StoredDoc {
+        kind,
+        name: name.into(),
+        format: DocFormat::Toml,
+        body,
+        revision: 0,
+        updated_at: None,
+    })
+}
+
+/// The load errors of the registry the store holds now (what makes a node refuse it).
+async fn load_errors(store: &EtcdStore) -> Vec<String> {
+    let docs = store.list().await.expect("list").docs;
+    Registry::from_docs(docs, "etcd", &|_: &str| None)
+        .problems()
+        .iter()
+        .filter(|p| p.severity == Severity::Error)
+        .map(ToString::to_string)
+        .collect()
+}
+
+/// Two nodes each check a write against their own listing: A deletes server `s`, B adds a
+/// profile naming `s`. Each is valid alone; made together they would leave a profile
+/// naming an unknown server, a load error that freezes every node. The checked write
+/// lets exactly one land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_checked_writes_cannot_interleave_into_a_bad_registry() {
+    let etcd = Etcd::start();
+    let (a, b) = (store(&etcd).await, store(&etcd).await);
+    a.upsert(DocKind::Server, "s", DocFormat::Toml, server("s", "x"))
+        .await
+        .unwrap();
+    let seen_by_a = a.list().await.unwrap();
+    let seen_by_b = b.list().await.unwrap();
+    let delete = Write::Delete {
+        kind: DocKind::Server,
+        name: "s".into(),
+    };
+    let add = put(
+        DocKind::Profile,
+        "p",
+        b"name = \"p\"\nserver_ids = [\"s\"]\n".to_vec(),
+    );
+    check_changes(&seen_by_a.docs, "etcd", std::slice::from_ref(&delete)).unwrap();
+    check_changes(&seen_by_b.docs, "etcd", std::slice::from_ref(&add)).unwrap();
+
+    let deleted = a.apply(vec![delete], seen_by_a.revision).await.unwrap();
+    assert!(deleted > seen_by_a.revision);
+    let lost = b.apply(vec![add.clone()], seen_by_b.revision).await;
+    assert!(matches!(lost, Err(StoreError::Changed { .. })), "{lost:?}");
+    assert!(load_errors(&a).await.is_empty());
+    assert!(
+        a.list().await.unwrap().docs.is_empty(),
+        "nothing of B's landed"
+    );
+
+    // B lists again: its check now fails, and the store stays good.
+    let again = b.list().await.unwrap();
+    let err = check_changes(&again.docs, "etcd", std::slice::from_ref(&add)).unwrap_err();
+    assert!(err.to_string().contains("server_ids"), "{err}");
+
+    // A plain write moves the guard too, so it also stales a listing.
+    let listed = b.list().await.unwrap();
+    a.upsert(DocKind::Server, "t", DocFormat::Toml, server("t", "x"))
+        .await
+        .unwrap();
+    let stale = b
+        .apply(
+            vec![put(DocKind::Server, "u", server("u", "x"))],
+            listed.revision,
+        )
+        .await;
+    assert!(
+        matches!(stale, Err(StoreError::Changed { .. })),
+        "{stale:?}"
+    );
+    // A write on a fresh listing lands; the guard key is never a document.
+    let fresh = b.list().await.unwrap();
+    b.apply(
+        vec![put(DocKind::Server, "u", server("u", "x"))],
+        fresh.revision,
+    )
+    .await
+    .unwrap();
+    let mut names: Vec<_> = b
+        .list()
+        .await
+        .unwrap()
+        .docs
+        .into_iter()
+        .map(|d| d.name)
+        .collect();
+    names.sort();
+    assert_eq!(names, ["t", "u"]);
+}
+
+/// One checked write is one etcd transaction: more documents than etcd's default
+/// `--max-txn-ops` allows (with the guard) are refused before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checked_write_is_one_transaction_within_etcds_op_limit() {
+    let etcd = Etcd::start();
+    let store = store(&etcd).await;
+    let listed = store.list().await.unwrap();
+    let max = quiver::defaults::ETCD_MAX_TXN_WRITES;
+    let writes = |n: usize| -> Vec<Write> {
+        (0..n)
+            .map(|i| {
+                let id = format!("s{i}");
+                put(DocKind::Server, &id, server(&id, "x"))
+            })
+            .collect()
+    };
+    let err = store
+        .apply(writes(max + 1), listed.revision)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Invalid(m) if m.contains("split")),
+        "{err:?}"
+    );
+    assert!(store.list().await.unwrap().docs.is_empty());
+    // The largest allowed set is accepted by a real etcd, all at one revision.
+    let revision = store.apply(writes(max), listed.revision).await.unwrap();
+    let docs = store.list().await.unwrap().docs;
+    assert_eq!(docs.len(), max);
+    assert!(docs.iter().all(|d| d.revision == revision));
+}
+
+/// A newer node may add envelope fields; an older node still reads the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_envelope_with_a_field_this_node_does_not_know_is_still_read() {
+    let etcd = Etcd::start();
+    let store = store(&etcd).await;
+    let mut raw = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    let body = String::from_utf8(server("newer", "x")).unwrap();
+    let value = serde_json::json!({"format": "toml", "body": body, "schema": 2, "updated_at": 5});
+    raw.put("/quiver/servers/newer", value.to_string(), None)
+        .await
+        .unwrap();
+    let doc = store
+        .get(DocKind::Server, "newer")
+        .await
+        .unwrap()
+        .expect("read");
+    assert_eq!((doc.body, doc.updated_at), (server("newer", "x"), Some(5)));
+    // Without a body it is still no document.
+    raw.put("/quiver/servers/bodiless", r#"{"format":"toml"}"#, None)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .get(DocKind::Server, "bodiless")
+            .await
+            .unwrap()
+            .is_none()
+    );
 }

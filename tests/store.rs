@@ -13,7 +13,7 @@ use std::time::Duration;
 use futures::stream::BoxStream;
 use quiver::registry::{
     DirStore, DocFormat, DocKind, Listing, RegistryStore, StoreError, StoreEvent, StoreFuture,
-    StoredDoc,
+    StoredDoc, Write,
 };
 use quiver::{Host, StoreFollower};
 use quiver_tests::wat::{self, WatRun};
@@ -177,6 +177,10 @@ impl RegistryStore for Flaky {
         body: Vec<u8>,
     ) -> StoreFuture<'_, u64> {
         self.inner.upsert(kind, name, format, body)
+    }
+
+    fn apply(&self, writes: Vec<Write>, listed_at: u64) -> StoreFuture<'_, u64> {
+        self.inner.apply(writes, listed_at)
     }
 
     fn delete(&self, kind: DocKind, name: &str) -> StoreFuture<'_, Option<u64>> {

@@ -256,6 +256,14 @@ pub const ETCD_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// etcd registry store: an unanswered ping after this long closes the connection.
 pub const ETCD_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// etcd registry store: most documents one checked write ([`RegistryStore::apply`], e.g.
+/// an import) makes. They go in one transaction with the write guard, and etcd refuses a
+/// transaction of more than `--max-txn-ops` operations (128 by default): 127 documents plus
+/// the guard. A larger set is refused before it is sent (split the import).
+///
+/// [`RegistryStore::apply`]: crate::registry::RegistryStore::apply
+pub const ETCD_MAX_TXN_WRITES: usize = 127;
+
 /// Registry store: largest stored document (a server record or profile), in bytes. A real
 /// record is a few KiB; this refuses a runaway value without reading it into a snapshot.
 pub const REGISTRY_STORE_MAX_DOC_BYTES: usize = 256 * 1024;
@@ -581,9 +589,9 @@ pub const SERVE_RETRY_AFTER_SECS: u64 = 1;
 /// (`\uXXXX` is 6 bytes per character) and refuses anything bigger unread.
 pub const SERVE_MAX_DECISION_BYTES: u64 = 16 * 1024;
 
-/// Admin API: most records one `POST servers/import` may hold. Each is written (and, in a
-/// directory store, checked against a fresh listing) one at a time, so this bounds an
-/// import's time; a bigger registry is imported in parts.
+/// Admin API: most records one `POST servers/import` may hold. The set is checked and
+/// written as one, so this bounds an import's time; a bigger registry is imported in parts
+/// (on etcd, an import changes at most [`ETCD_MAX_TXN_WRITES`] records).
 pub const ADMIN_IMPORT_MAX_DOCS: usize = 500;
 
 /// Tool names a connection test ([`Host::probe_server`](crate::Host::probe_server)) shows:

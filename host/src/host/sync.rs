@@ -103,13 +103,15 @@ impl Host {
     }
 
     /// Brings the snapshot up to `store` now, after a write to it, so the next request
-    /// sees the write without waiting for a watch or the poll.
+    /// sees the write without waiting for a watch or the poll. Reading files and building
+    /// the registry run off the async workers.
     pub async fn sync_after_write(&self, store: &dyn RegistryStore) {
         if self.registry_store().is_some() {
             let _ = self.sync_from(store, &store.describe()).await;
         } else {
+            let host = self.clone();
             // A refused reload is recorded in the registry health.
-            let _ = self.reload_registry();
+            let _ = tokio::task::spawn_blocking(move || host.reload_registry()).await;
         }
     }
 
@@ -131,11 +133,18 @@ impl Host {
             });
         match listed {
             Ok(listing) => {
-                let env = |name: &str| std::env::var(name).ok();
-                let fresh = Registry::from_docs(listing.docs, source, &env);
+                let revision = listing.revision;
+                let named = source.to_owned();
+                // Building a registry of up to REGISTRY_STORE_MAX_DOCS documents is CPU work.
+                let fresh = tokio::task::spawn_blocking(move || {
+                    let env = |name: &str| std::env::var(name).ok();
+                    Registry::from_docs(listing.docs, &named, &env)
+                })
+                .await
+                .map_err(|e| format!("building the registry failed: {e}"));
                 // A refused snapshot is logged and recorded in the health.
-                let _ = self.install(Ok(fresh), Some(source), Some(listing.revision));
-                Some(listing.revision)
+                let _ = self.install(fresh, Some(source), Some(revision));
+                Some(revision)
             }
             Err(e) => {
                 let _ = self.install(Err(e.to_string()), Some(source), None);
@@ -220,7 +229,7 @@ mod tests {
     use futures::stream::BoxStream;
 
     use super::*;
-    use crate::registry::{DocFormat, DocKind, Listing, StoreEvent, StoreFuture, StoredDoc};
+    use crate::registry::{DocFormat, DocKind, Listing, StoreEvent, StoreFuture, StoredDoc, Write};
 
     /// A store whose first listing is slow and old, and whose later ones are quick and new:
     /// a write's resync racing an earlier, slower listing.
@@ -267,6 +276,9 @@ mod tests {
             Box::pin(async { Ok(None) })
         }
         fn upsert(&self, _: DocKind, _: &str, _: DocFormat, _: Vec<u8>) -> StoreFuture<'_, u64> {
+            Box::pin(async { Ok(2) })
+        }
+        fn apply(&self, _: Vec<Write>, _: u64) -> StoreFuture<'_, u64> {
             Box::pin(async { Ok(2) })
         }
         fn delete(&self, _: DocKind, _: &str) -> StoreFuture<'_, Option<u64>> {

@@ -1,11 +1,12 @@
 //! The store side of a [`Target`](super::Target): a registry directory or etcd used
 //! directly, with the checks a node makes: `put` checks the whole set first
-//! (`check_changes`), `delete` checks that nothing still needs the document. A store may
-//! check each write again itself (a directory does; etcd checks only the syntax).
+//! (`check_changes`), `delete` checks that nothing still needs the document. The write is
+//! then a checked write ([`RegistryStore::apply`]): it fails (`Changed`) if anything was
+//! written after the listing the check was made on.
 
 use quiver::registry::{
-    Change, DocChange, DocKind, RegistryStore, StoreError, StoredDoc, Write, check_change,
-    check_changes, diff_docs,
+    Change, DocChange, DocKind, RegistryStore, StoreError, StoredDoc, Write, check_changes,
+    diff_docs,
 };
 
 use super::{Listed, Record, Written};
@@ -32,9 +33,8 @@ pub(super) async fn list(store: &dyn RegistryStore) -> Result<Listed, StoreError
 }
 
 /// Writes each document of `docs` that adds a record or changes one, servers first (a
-/// profile may name a server of the same file). A store has no transaction over many
-/// documents: the set is checked as a whole before the first write, and a writer racing
-/// this one can still make a later write fail its own check.
+/// profile may name a server of the same file), as one checked write: on etcd one
+/// transaction; in a directory file by file under the store's lock.
 pub(super) async fn put(
     store: &dyn RegistryStore,
     docs: &[StoredDoc],
@@ -59,10 +59,9 @@ pub(super) async fn put(
             })
             .collect();
         pending.sort_by_key(|doc| doc.kind);
-        for doc in pending {
-            revision = store
-                .upsert(doc.kind, &doc.name, doc.format, doc.body.clone())
-                .await?;
+        if !pending.is_empty() {
+            let writes = pending.into_iter().cloned().map(Write::Put).collect();
+            revision = store.apply(writes, current.revision).await?;
         }
     }
     Ok(Written { revision, changes })
@@ -83,6 +82,14 @@ pub(super) async fn delete(
     {
         return Ok(None);
     }
-    check_change(&current.docs, &store.describe(), kind, name, None)?;
-    store.delete(kind, name).await
+    let delete = Write::Delete {
+        kind,
+        name: name.to_owned(),
+    };
+    check_changes(
+        &current.docs,
+        &store.describe(),
+        std::slice::from_ref(&delete),
+    )?;
+    store.apply(vec![delete], current.revision).await.map(Some)
 }

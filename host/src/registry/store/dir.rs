@@ -17,12 +17,14 @@
 //! `.tmp`) renamed over `<name>.toml|json`, so a reader sees the old file or the new one,
 //! never half of one. The check and the write hold the directory's write lock
 //! ([`WRITE_LOCK_FILE`], an advisory `flock` that every writing node and `quiver registry`
-//! command takes), so no other store writes between them; hand edits do not take it.
-//! The watch is notify on the directory; if the directory itself is replaced its watch
-//! dies and the follower's poll picks the change up.
+//! command takes), so no other store writes between them; hand edits do not take it. A
+//! checked write ([`RegistryStore::apply`]) also compares the revision under that lock;
+//! its files land one by one (a directory has no transaction), so an error part-way names
+//! what was written. The watch is notify on the directory; if the directory itself is
+//! replaced its watch dies and the follower's poll picks the change up.
 
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -35,7 +37,7 @@ use sha2::{Digest, Sha256};
 
 use super::{
     DocFormat, DocKind, Listing, RegistryStore, StoreError, StoreEvent, StoreFuture, StoredDoc,
-    check_change,
+    Write, check_change, check_changes,
 };
 use crate::defaults;
 use crate::registry::load::{FileDoc, read_dir_docs};
@@ -141,23 +143,74 @@ impl DirStore {
                 &name,
                 Some((format, &body)),
             )?;
-            let path = inner.path(kind, &name, format);
-            inner
-                .write_atomically(&path, &body)
-                .map_err(|e| inner.unreachable(format!("cannot write {}: {e}", path.display())))?;
-            // One document per name: the other format's file would be a duplicate.
-            let other = match format {
-                DocFormat::Toml => DocFormat::Json,
-                DocFormat::Json => DocFormat::Toml,
-            };
-            match std::fs::remove_file(inner.path(kind, &name, other)) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(inner.unreachable(e)),
+            inner.write_doc(kind, &name, format, &body)?;
+            Ok(inner.list()?.revision)
+        })
+        .await
+    }
+
+    /// [`RegistryStore::apply`]: under the write lock, the listing must still be at
+    /// `listed_at` (the revision moves with any change of content, hand edits included);
+    /// the set is checked again, then written file by file.
+    async fn apply_writes(&self, writes: Vec<Write>, listed_at: u64) -> Result<u64, StoreError> {
+        let _one_writer = self.inner.writes.lock().await;
+        blocking(&self.inner, move |inner| {
+            let _locked = inner.write_lock()?;
+            let current = inner.list()?;
+            if current.revision != listed_at {
+                return Err(StoreError::Changed {
+                    store: inner.describe(),
+                });
+            }
+            check_changes(&current.docs, &inner.describe(), &writes)?;
+            let (puts, deletes): (Vec<_>, Vec<_>) =
+                writes.iter().partition(|w| matches!(w, Write::Put(_)));
+            let mut done: Vec<String> = Vec::new();
+            for write in puts.into_iter().chain(deletes) {
+                let written = match write {
+                    Write::Put(doc) => inner.write_doc(doc.kind, &doc.name, doc.format, &doc.body),
+                    Write::Delete { kind, name } => inner
+                        .remove(*kind, name)
+                        .map(|_| ())
+                        .map_err(|e| inner.unreachable(e)),
+                };
+                if let Err(error) = written {
+                    return Err(partly_written(error, &done));
+                }
+                let (kind, name) = write.key();
+                done.push(format!("{}/{name}", kind_dir(kind)));
             }
             Ok(inner.list()?.revision)
         })
         .await
+    }
+}
+
+/// `error` for a write that failed after `done` were written: the message names them, so
+/// an operator knows what landed (a directory has no transaction to undo them).
+fn partly_written(error: StoreError, done: &[String]) -> StoreError {
+    if done.is_empty() {
+        return error;
+    }
+    let written = format!("; written before the failure: {}", done.join(", "));
+    match error {
+        StoreError::Unreachable { store, message } => StoreError::Unreachable {
+            store,
+            message: message + &written,
+        },
+        StoreError::Other { store, message } => StoreError::Other {
+            store,
+            message: message + &written,
+        },
+        StoreError::Invalid(message) => StoreError::Invalid(message + &written),
+        other => other,
+    }
+}
+
+fn kind_dir(kind: DocKind) -> &'static str {
+    match kind {
+        DocKind::Server => "servers",
+        DocKind::Profile => "profiles",
     }
 }
 
@@ -291,6 +344,29 @@ impl Inner {
         dir.join(format!("{name}.{}", format_ext(format)))
     }
 
+    /// Writes one document atomically and removes its file in the other format (one
+    /// document per name: that file would be a duplicate).
+    fn write_doc(
+        &self,
+        kind: DocKind,
+        name: &str,
+        format: DocFormat,
+        body: &[u8],
+    ) -> Result<(), StoreError> {
+        let path = self.path(kind, name, format);
+        self.write_atomically(&path, body)
+            .map_err(|e| self.unreachable(format!("cannot write {}: {e}", path.display())))?;
+        let other = match format {
+            DocFormat::Toml => DocFormat::Json,
+            DocFormat::Json => DocFormat::Toml,
+        };
+        match std::fs::remove_file(self.path(kind, name, other)) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(self.unreachable(e)),
+        }
+    }
+
     /// Writes `body` to a temporary file beside `path` and renames it over `path`.
     fn write_atomically(&self, path: &Path, body: &[u8]) -> std::io::Result<()> {
         let dir = path.parent().unwrap_or(&self.dir);
@@ -420,6 +496,10 @@ impl RegistryStore for DirStore {
         expected: u64,
     ) -> StoreFuture<'_, u64> {
         Box::pin(self.put(kind, name.to_owned(), format, body, Some(expected)))
+    }
+
+    fn apply(&self, writes: Vec<Write>, listed_at: u64) -> StoreFuture<'_, u64> {
+        Box::pin(self.apply_writes(writes, listed_at))
     }
 
     fn delete(&self, kind: DocKind, name: &str) -> StoreFuture<'_, Option<u64>> {
@@ -817,6 +897,78 @@ mod tests {
         ] {
             assert_eq!(DirStore::is_registry_event(&event), counts, "{event:?}");
         }
+    }
+
+    fn put(kind: DocKind, name: &str, body: Vec<u8>) -> Write {
+        Write::Put(StoredDoc {
+            kind,
+            name: name.into(),
+            format: DocFormat::Toml,
+            body,
+            revision: 0,
+            updated_at: None,
+        })
+    }
+
+    #[tokio::test]
+    async fn a_checked_write_lands_only_on_the_listing_it_was_checked_against() {
+        let dir = TempDir::new("apply");
+        let store = DirStore::new(&dir.0);
+        let listed = store.list().await.unwrap();
+        // A hand edit after the listing: the write made on it is refused, nothing written.
+        std::fs::write(dir.0.join("s.toml"), server("s")).unwrap();
+        let err = store
+            .apply(
+                vec![put(DocKind::Server, "a", server("a"))],
+                listed.revision,
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Changed { .. }), "{err:?}");
+        assert_eq!(files(&dir.0), [WRITE_LOCK_FILE, "s.toml"]);
+
+        // Two writers check against one listing: one deletes `s`, the other adds a
+        // profile naming it. Each is valid alone; only the first lands.
+        let both = store.list().await.unwrap();
+        let profile = b"name = \"p\"\nserver_ids = [\"s\"]\n".to_vec();
+        let delete = Write::Delete {
+            kind: DocKind::Server,
+            name: "s".into(),
+        };
+        let add = put(DocKind::Profile, "p", profile);
+        for write in [&delete, &add] {
+            check_changes(&both.docs, "dir", std::slice::from_ref(write)).unwrap();
+        }
+        let deleted = store.apply(vec![delete], both.revision).await.unwrap();
+        assert!(deleted > both.revision);
+        let err = store.apply(vec![add], both.revision).await.unwrap_err();
+        assert!(err.to_string().contains("changed meanwhile"), "{err}");
+        assert!(store.list().await.unwrap().docs.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_checked_write_that_fails_part_way_names_what_it_wrote() {
+        let dir = TempDir::new("partial");
+        let store = DirStore::new(&dir.0);
+        // `profiles` is a file, so the profile cannot be written after the server was.
+        std::fs::write(dir.0.join("profiles"), "not a directory").unwrap();
+        let listed = store.list().await.unwrap();
+        let writes = vec![
+            put(DocKind::Server, "a", server("a")),
+            put(
+                DocKind::Profile,
+                "p",
+                b"name = \"p\"\nserver_ids = [\"a\"]\n".to_vec(),
+            ),
+        ];
+        let err = store.apply(writes, listed.revision).await.unwrap_err();
+        assert!(matches!(err, StoreError::Unreachable { .. }), "{err:?}");
+        assert!(
+            err.to_string()
+                .contains("written before the failure: servers/a"),
+            "{err}"
+        );
+        assert_eq!(files(&dir.0), [WRITE_LOCK_FILE, "a.toml", "profiles"]);
     }
 
     #[tokio::test]

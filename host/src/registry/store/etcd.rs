@@ -7,6 +7,13 @@
 //! is etcd's header revision and a document's revision is its `mod_revision`, so a follower
 //! lists at one revision and watches from the next one without a gap.
 //!
+//! Every write puts a guard key, `<prefix>/_meta/guard` (not a document: listings and
+//! watches pass over it), in the same transaction, so the guard's `mod_revision` is the
+//! revision of the last write. A checked write ([`RegistryStore::apply`]) compares it with
+//! the listing its check was made on and makes all its documents in one transaction, so a
+//! check and its write cannot be split by another node's write. A writer outside Quiver
+//! (`etcdctl put`) does not move the guard and is not caught.
+//!
 //! etcd is outside the node, so its answers are bounded like any other input: every call
 //! has a deadline ([`defaults::ETCD_CALL_TIMEOUT`]) after which it fails as unreachable; a
 //! listing is capped in keys and bytes; a value larger than
@@ -21,8 +28,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, KvClient, Txn,
-    TxnOp, WatchClient, WatchOptions, WatchResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, KvClient, Txn, TxnOp,
+    WatchClient, WatchOptions, WatchResponse,
 };
 use futures::StreamExt;
 use futures::stream::{self, BoxStream};
@@ -31,6 +38,7 @@ use tracing::Instrument;
 
 use super::{
     DocFormat, DocKind, Listing, RegistryStore, StoreError, StoreEvent, StoreFuture, StoredDoc,
+    Write,
 };
 use crate::defaults;
 use crate::registry::is_valid_server_id;
@@ -62,9 +70,10 @@ impl fmt::Debug for EtcdStore {
     }
 }
 
-/// What a key holds.
+/// What a key holds. Read leniently: a key unknown here is ignored, so a record written by
+/// a newer node with a new envelope field stays readable on an older one in a rolling
+/// upgrade (the document inside is still checked strictly).
 #[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 struct Envelope {
     format: String,
     body: String,
@@ -164,6 +173,13 @@ impl EtcdStore {
         format!("{}/{}/{name}", self.root, dir_of(kind))
     }
 
+    /// The write guard: every write of this store puts it in the same transaction, so its
+    /// `mod_revision` is the revision of the last write, and a checked write compares it
+    /// with the listing it was checked against.
+    fn guard(&self) -> String {
+        format!("{}/_meta/guard", self.root)
+    }
+
     /// The kind and name a key under the prefix stands for, if it is a document key.
     fn parse_key<'k>(&self, key: &'k [u8]) -> Option<(DocKind, &'k str)> {
         let rest = key.strip_prefix(self.root.as_bytes())?.strip_prefix(b"/")?;
@@ -180,6 +196,9 @@ impl EtcdStore {
     /// A stored key-value as a document; `None` (with a warning) when it is not one.
     fn decode(&self, kv: &KeyValue) -> Result<Option<StoredDoc>, StoreError> {
         let Some((kind, name)) = self.parse_key(kv.key()) else {
+            if kv.key() == self.guard().as_bytes() {
+                return Ok(None);
+            }
             tracing::warn!(store = %self.describe, key = %String::from_utf8_lossy(kv.key()),
                 "skipping a key under the registry prefix that is not a document key");
             return Ok(None);
@@ -248,14 +267,14 @@ impl EtcdStore {
         }
     }
 
-    async fn upsert_inner(
+    /// A document as the value its key holds, after the size, name and validator checks.
+    fn encode(
         &self,
         kind: DocKind,
         name: &str,
         format: DocFormat,
         body: Vec<u8>,
-        expected: Option<u64>,
-    ) -> Result<u64, StoreError> {
+    ) -> Result<Vec<u8>, StoreError> {
         check_name(kind, name)?;
         if body.len() > defaults::REGISTRY_STORE_MAX_DOC_BYTES {
             return Err(StoreError::Invalid(format!(
@@ -268,26 +287,53 @@ impl EtcdStore {
         let body = String::from_utf8(body)
             .map_err(|e| StoreError::Invalid(format!("{kind:?} `{name}` is not UTF-8: {e}")))?;
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-        let value = serde_json::to_vec(&Envelope {
+        serde_json::to_vec(&Envelope {
             format: format_name(format).to_owned(),
             body,
             updated_at: now.ok().map(|d| d.as_secs()),
         })
-        .map_err(|e| self.other(format!("cannot encode the document: {e}")))?;
+        .map_err(|e| self.other(format!("cannot encode the document: {e}")))
+    }
+
+    /// `ops` and a put of the guard in one transaction, made only if every compare holds;
+    /// whether it was, and the revision etcd answered at.
+    async fn txn(
+        &self,
+        when: Vec<Compare>,
+        mut ops: Vec<TxnOp>,
+    ) -> Result<(bool, u64), StoreError> {
+        ops.push(TxnOp::put(self.guard(), Vec::new(), None));
         let mut kv = self.kv.clone();
-        let Some(expected) = expected else {
-            let resp = self.call(kv.put(self.key(kind, name), value, None)).await?;
-            return header_revision(&self.describe, resp.header());
-        };
-        // A missing key has mod_revision 0, so `expected` 0 means "still absent".
-        let at = i64::try_from(expected)
-            .map_err(|_| self.other(format!("revision {expected} is out of etcd's range")))?;
+        let resp = self
+            .call(kv.txn(Txn::new().when(when).and_then(ops)))
+            .await?;
+        Ok((
+            resp.succeeded(),
+            header_revision(&self.describe, resp.header())?,
+        ))
+    }
+
+    async fn upsert_inner(
+        &self,
+        kind: DocKind,
+        name: &str,
+        format: DocFormat,
+        body: Vec<u8>,
+        expected: Option<u64>,
+    ) -> Result<u64, StoreError> {
+        let value = self.encode(kind, name, format, body)?;
         let key = self.key(kind, name);
-        let txn = Txn::new()
-            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, at)])
-            .and_then([TxnOp::put(key, value, None)]);
-        let resp = self.call(kv.txn(txn)).await?;
-        if !resp.succeeded() {
+        // A missing key has mod_revision 0, so `expected` 0 means "still absent".
+        let when = match expected {
+            Some(expected) => vec![Compare::mod_revision(
+                key.clone(),
+                CompareOp::Equal,
+                self.etcd_revision(expected)?,
+            )],
+            None => Vec::new(),
+        };
+        let (succeeded, revision) = self.txn(when, vec![TxnOp::put(key, value, None)]).await?;
+        if !succeeded {
             let current = self.get_inner(kind, name).await?.map_or(0, |d| d.revision);
             return Err(StoreError::Conflict {
                 kind,
@@ -295,21 +341,66 @@ impl EtcdStore {
                 current,
             });
         }
-        header_revision(&self.describe, resp.header())
+        Ok(revision)
     }
 
     async fn delete_inner(&self, kind: DocKind, name: &str) -> Result<Option<u64>, StoreError> {
         if !is_valid_server_id(name) {
             return Ok(None);
         }
-        let mut kv = self.kv.clone();
-        let resp = self
-            .call(kv.delete(self.key(kind, name), None::<DeleteOptions>))
-            .await?;
-        if resp.deleted() == 0 {
-            return Ok(None);
+        let key = self.key(kind, name);
+        // Only while the key exists (version > 0), so a delete of nothing writes nothing.
+        let when = vec![Compare::version(key.clone(), CompareOp::Greater, 0)];
+        let ops = vec![TxnOp::delete(key, None)];
+        let (deleted, revision) = self.txn(when, ops).await?;
+        Ok(deleted.then_some(revision))
+    }
+
+    async fn apply_inner(&self, writes: Vec<Write>, listed_at: u64) -> Result<u64, StoreError> {
+        let max = defaults::ETCD_MAX_TXN_WRITES;
+        if writes.len() > max {
+            return Err(StoreError::Invalid(format!(
+                "{} documents in one write, more than the {max} one etcd transaction takes \
+                 (its --max-txn-ops); split it (an import: into bundles of at most {max})",
+                writes.len()
+            )));
         }
-        header_revision(&self.describe, resp.header()).map(Some)
+        let mut puts = Vec::new();
+        let mut deletes = Vec::new();
+        for write in writes {
+            match write {
+                Write::Put(doc) => {
+                    let key = self.key(doc.kind, &doc.name);
+                    let value = self.encode(doc.kind, &doc.name, doc.format, doc.body)?;
+                    puts.push(TxnOp::put(key, value, None));
+                }
+                Write::Delete { kind, name } => {
+                    check_name(kind, &name)?;
+                    deletes.push(TxnOp::delete(self.key(kind, &name), None));
+                }
+            }
+        }
+        puts.extend(deletes);
+        // The guard moved past the listing iff a write came after it.
+        let after = listed_at
+            .checked_add(1)
+            .ok_or_else(|| self.other(format!("revision {listed_at} is out of etcd's range")))?;
+        let when = vec![Compare::mod_revision(
+            self.guard(),
+            CompareOp::Less,
+            self.etcd_revision(after)?,
+        )];
+        match self.txn(when, puts).await? {
+            (true, revision) => Ok(revision),
+            (false, _) => Err(StoreError::Changed {
+                store: self.describe.clone(),
+            }),
+        }
+    }
+
+    fn etcd_revision(&self, revision: u64) -> Result<i64, StoreError> {
+        i64::try_from(revision)
+            .map_err(|_| self.other(format!("revision {revision} is out of etcd's range")))
     }
 
     async fn watch_inner(
@@ -450,6 +541,11 @@ impl RegistryStore for EtcdStore {
             }
             .instrument(span),
         )
+    }
+
+    fn apply(&self, writes: Vec<Write>, listed_at: u64) -> StoreFuture<'_, u64> {
+        let span = tracing::debug_span!("etcd_apply", store = %self.describe, writes = writes.len(), listed_at);
+        Box::pin(self.apply_inner(writes, listed_at).instrument(span))
     }
 
     fn delete(&self, kind: DocKind, name: &str) -> StoreFuture<'_, Option<u64>> {
@@ -661,7 +757,14 @@ mod tests {
             (DocFormat::Toml, Vec::new(), None)
         );
         assert!(decode_value(br#"{"format":"yaml","body":""}"#).is_err());
-        assert!(decode_value(br#"{"format":"toml","body":"","extra":1}"#).is_err());
+        // A field a newer node adds is ignored; the format and body stay required.
+        assert_eq!(
+            decode_value(br#"{"format":"toml","body":"x","extra":{"a":1}}"#).unwrap(),
+            (DocFormat::Toml, b"x".to_vec(), None)
+        );
+        assert!(decode_value(br#"{"format":"toml"}"#).is_err());
+        assert!(decode_value(br#"{"body":""}"#).is_err());
+        assert!(decode_value(br#"{"format":"toml","body":3}"#).is_err());
         assert!(decode_value(b"server_id = 'x'").is_err());
         let huge = vec![b' '; defaults::REGISTRY_STORE_MAX_DOC_BYTES + 1];
         assert!(decode_value(&huge).unwrap_err().contains("bytes"));

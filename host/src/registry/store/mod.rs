@@ -101,6 +101,12 @@ pub enum StoreError {
         name: String,
         current: u64,
     },
+    /// A checked write ([`RegistryStore::apply`]) found that another write reached the
+    /// store after the listing it was checked against: list, check and write again.
+    #[error(
+        "registry store {store} changed meanwhile (another write came after the listing this one was checked against); retry"
+    )]
+    Changed { store: String },
     /// Anything else the store reported.
     #[error("registry store {store}: {message}")]
     Other { store: String, message: String },
@@ -153,6 +159,15 @@ pub trait RegistryStore: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Makes `writes` (puts first, in order, then deletes) only while no write has reached
+    /// the store since the listing at revision `listed_at`, the one the caller checked them
+    /// against with [`check_changes`]; else [`StoreError::Changed`]. This ties a check to
+    /// its write: two writers each valid alone (one deletes a server, one adds a profile
+    /// naming it) cannot both land. etcd makes all writes in one transaction; the
+    /// directory checks and writes under its write lock, file by file (an error part-way
+    /// names the documents already written). Returns the new store revision.
+    fn apply(&self, writes: Vec<Write>, listed_at: u64) -> StoreFuture<'_, u64>;
+
     /// Removes a document; the new revision, or `None` if there was no such document.
     fn delete(&self, kind: DocKind, name: &str) -> StoreFuture<'_, Option<u64>>;
 
@@ -192,7 +207,7 @@ pub fn check_change(
     check_changes(current, store, &[change])
 }
 
-/// One write of a batch checked by [`check_changes`].
+/// One write of a batch checked by [`check_changes`] and made by [`RegistryStore::apply`].
 #[derive(Clone, Debug)]
 pub enum Write {
     Put(StoredDoc),
@@ -200,7 +215,8 @@ pub enum Write {
 }
 
 impl Write {
-    fn key(&self) -> (DocKind, &str) {
+    /// The document written: its kind and name.
+    pub fn key(&self) -> (DocKind, &str) {
         match self {
             Self::Put(doc) => (doc.kind, &doc.name),
             Self::Delete { kind, name } => (*kind, name),

@@ -2,8 +2,12 @@
 //! ([`parse_bundle`]: TOML `[[servers]]`/`[[profiles]]`, a JSON object with those lists,
 //! or a single server record). The whole set is checked against the store before anything
 //! is written, so a bundle with one bad entry writes nothing and the `422` names that entry
-//! (`servers[i]`/`profiles[i]`). An import adds and updates; it never removes. Unchanged
-//! documents (same fields and values, whatever the formatting) are not written.
+//! (`servers[i]`/`profiles[i]`). The changed documents are then one checked write
+//! ([`RegistryStore::apply`]): on etcd one transaction (so at most
+//! [`ETCD_MAX_TXN_WRITES`](defaults::ETCD_MAX_TXN_WRITES) changed records, else `422`); in
+//! a directory file by file under the store's lock, an error part-way naming what was
+//! written. An import adds and updates; it never removes. Unchanged documents (same fields
+//! and values, whatever the formatting) are not written.
 
 use std::sync::Arc;
 
@@ -48,8 +52,9 @@ pub(in crate::serve) async fn import(
         )
         .with_field("body"));
     }
-    for doc in &docs {
-        refuse_reserved(doc.kind, &doc.name)?;
+    for (i, doc) in docs.iter().enumerate() {
+        // Servers come first in a bundle, so a server's index is its place in `docs`.
+        refuse_reserved(doc.kind, &doc.name).map_err(|e| e.with_field(format!("servers[{i}]")))?;
     }
     let store = store(&state)?;
     let listing = store.list().await.map_err(store_error)?;
@@ -81,11 +86,12 @@ pub(in crate::serve) async fn import(
     if dry_run {
         return Ok(answer(true, listing.revision, shown));
     }
-    let revision = apply(store, &docs, &changes).await?;
-    if revision.is_some() {
+    let written = apply(store, &docs, &changes, listing.revision).await;
+    // Also after a failure: a directory may hold part of the import (the error names it).
+    if !matches!(written, Ok(None)) {
         state.host.sync_after_write(&**store).await;
     }
-    Ok(answer(false, revision.unwrap_or(listing.revision), shown))
+    Ok(answer(false, written?.unwrap_or(listing.revision), shown))
 }
 
 /// The entry a bundle error names (`servers[2].server_id`), else `body`.
@@ -120,29 +126,34 @@ fn dry_run(query: Option<&str>) -> Result<bool, ApiError> {
     Ok(dry_run)
 }
 
-/// Writes the added and updated documents, servers first (the order of `docs`), so a
-/// profile is written after the servers it names. The last revision, `None` if nothing
-/// was written. The set was checked whole; each store still checks what it writes.
+/// Writes the added and updated documents as one checked write made against the listing
+/// at `listed_at` (the one the set was checked on), servers first (the order of `docs`), so
+/// in a directory a profile is written after the servers it names. The new revision,
+/// `None` if nothing changed.
 async fn apply(
     store: &Arc<dyn RegistryStore>,
     docs: &[StoredDoc],
     changes: &[crate::registry::DocChange],
+    listed_at: u64,
 ) -> Result<Option<u64>, ApiError> {
-    let mut revision = None;
-    for doc in docs {
-        let changed = changes
-            .iter()
-            .any(|c| c.kind == doc.kind && c.name == doc.name && c.change != Change::Unchanged);
-        if !changed {
-            continue;
-        }
-        let written = store
-            .upsert(doc.kind, &doc.name, doc.format, doc.body.clone())
-            .await
-            .map_err(store_error)?;
-        revision = Some(written);
+    let writes: Vec<Write> = docs
+        .iter()
+        .filter(|doc| {
+            changes
+                .iter()
+                .any(|c| c.kind == doc.kind && c.name == doc.name && c.change != Change::Unchanged)
+        })
+        .cloned()
+        .map(Write::Put)
+        .collect();
+    if writes.is_empty() {
+        return Ok(None);
     }
-    Ok(revision)
+    store
+        .apply(writes, listed_at)
+        .await
+        .map(Some)
+        .map_err(store_error)
 }
 
 /// The `422` for a bundle that does not check: the first entry whose addition brings a

@@ -4,11 +4,13 @@
 //!
 //! Records are read and written as documents in the node's registry store (or its
 //! registry directory): the text as written, with `${ENV:..}` references unresolved, so no
-//! answer ever carries a secret. Every write is checked against the whole store first
-//! ([`check_changes`](crate::registry::check_changes): a bad field, a profile naming an
-//! unknown server, a server a profile still names), whatever the store checks itself;
-//! after a write the node lists the store again at once, so the next request or task sees
-//! it. This module holds what the handlers share: the request shapes, the store and its
+//! answer ever carries a secret. Every write is checked against a listing of the whole
+//! store first ([`check_changes`](crate::registry::check_changes): a bad field, a profile
+//! naming an unknown server, a server a profile still names), off the async workers, and
+//! then made as a checked write ([`RegistryStore::apply`]) that fails with `409
+//! changed_meanwhile` if another write reached the store after that listing: a check and
+//! its write cannot be split by another node's write. After a write the node lists the
+//! store again at once, so the next request or task sees it. This module holds what the handlers share: the request shapes, the store and its
 //! errors, and the checks of ids and query strings.
 
 mod import;
@@ -97,6 +99,9 @@ fn store_error(error: StoreError) -> ApiError {
             format!("{error}; send its current revision in If-Match"),
         )
         .with_field("If-Match"),
+        StoreError::Changed { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "changed_meanwhile", error.to_string())
+        }
         StoreError::Unreachable { .. } | StoreError::Compacted { .. } => ApiError::busy(
             StatusCode::SERVICE_UNAVAILABLE,
             "store_unavailable",

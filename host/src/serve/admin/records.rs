@@ -12,11 +12,11 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::{Map, Value, json};
 
-use super::{
-    NodeState, RecordBody, existing_id, name_field, no_query, noun, read_record, store, store_error,
-};
+use super::{NodeState, RecordBody, name_field, no_query, noun, read_record, store, store_error};
 use crate::mcp::ServerStatus;
-use crate::registry::{DocFormat, DocKind, RegistryStore, StoredDoc, Write, check_changes};
+use crate::registry::{
+    DocFormat, DocKind, Listing, RegistryStore, StoreError, StoredDoc, Write, check_changes,
+};
 use crate::serve::error::ApiError;
 
 /// A document's text parsed into a JSON object, values as written; `None` if it does not
@@ -115,19 +115,33 @@ async fn create(
     let name = document_name(kind, &record)?;
     refuse_reserved(kind, &name)?;
     let store = store(state)?;
-    if store.get(kind, &name).await.map_err(store_error)?.is_some() {
-        let plural = format!("{}s", noun(kind));
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "already_exists",
-            format!(
-                "{} `{name}` exists; change it with PUT /admin/api/mcp/{plural}/{name}",
-                noun(kind)
-            ),
-        )
-        .with_field(name_field(kind)));
+    let listing = store.list().await.map_err(store_error)?;
+    if find(&listing, kind, &name).is_some() {
+        return Err(already_exists(kind, &name));
     }
-    write(state, store, kind, &name, record, None, StatusCode::CREATED).await
+    let (put, listed_at) = check(store, listing, put_of(kind, &name, record)).await?;
+    let revision = match store.apply(vec![put], listed_at).await {
+        Ok(revision) => revision,
+        // A create that lost a race to another create of the same name is told so.
+        Err(StoreError::Changed { .. }) if matches!(store.get(kind, &name).await, Ok(Some(_))) => {
+            return Err(already_exists(kind, &name));
+        }
+        Err(error) => return Err(store_error(error)),
+    };
+    answer(state, store, kind, &name, revision, StatusCode::CREATED).await
+}
+
+fn already_exists(kind: DocKind, name: &str) -> ApiError {
+    let plural = format!("{}s", noun(kind));
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "already_exists",
+        format!(
+            "{} `{name}` exists; change it with PUT /admin/api/mcp/{plural}/{name}",
+            noun(kind)
+        ),
+    )
+    .with_field(name_field(kind))
 }
 
 async fn replace(
@@ -155,10 +169,26 @@ async fn replace(
         .with_field(field));
     }
     let store = store(state)?;
-    if store.get(kind, &id).await.map_err(store_error)?.is_none() {
-        return Err(ApiError::not_found(noun(kind), "id"));
+    let listing = store.list().await.map_err(store_error)?;
+    // The write is made only while the store is as listed, so checking the record's
+    // existence and revision here holds for the write too (a PUT cannot bring back a
+    // record a racing DELETE removed).
+    let current = find(&listing, kind, &id).ok_or_else(|| ApiError::not_found(noun(kind), "id"))?;
+    if let Some(expected) = expected
+        && current.revision != expected
+    {
+        return Err(store_error(StoreError::Conflict {
+            kind,
+            name: id,
+            current: current.revision,
+        }));
     }
-    write(state, store, kind, &id, record, expected, StatusCode::OK).await
+    let (put, listed_at) = check(store, listing, put_of(kind, &id, record)).await?;
+    let revision = store
+        .apply(vec![put], listed_at)
+        .await
+        .map_err(store_error)?;
+    answer(state, store, kind, &id, revision, StatusCode::OK).await
 }
 
 async fn remove(
@@ -168,22 +198,43 @@ async fn remove(
     query: Option<&str>,
 ) -> Result<Response, ApiError> {
     no_query(query)?;
-    let id = existing_id(state, kind, id).await?;
+    let id = super::id_param(kind, id)?;
     let store = store(state)?;
+    let listing = store.list().await.map_err(store_error)?;
+    if find(&listing, kind, &id).is_none() {
+        return Err(ApiError::not_found(noun(kind), "id"));
+    }
     let delete = Write::Delete {
         kind,
         name: id.clone(),
     };
-    check(store, &[delete])
+    let (delete, listed_at) = check(store, listing, delete)
         .await
         .map_err(|e| e.with_field("id"))?;
     let revision = store
-        .delete(kind, &id)
+        .apply(vec![delete], listed_at)
         .await
-        .map_err(store_error)?
-        .ok_or_else(|| ApiError::not_found(noun(kind), "id"))?;
+        .map_err(store_error)?;
     state.host.sync_after_write(&**store).await;
     Ok(axum::Json(json!({name_field(kind): id, "revision": revision})).into_response())
+}
+
+fn find<'l>(listing: &'l Listing, kind: DocKind, name: &str) -> Option<&'l StoredDoc> {
+    listing
+        .docs
+        .iter()
+        .find(|d| d.kind == kind && d.name == name)
+}
+
+fn put_of(kind: DocKind, name: &str, record: RecordBody) -> Write {
+    Write::Put(StoredDoc {
+        kind,
+        name: name.to_owned(),
+        format: DocFormat::from(record.format),
+        body: record.body.into_bytes(),
+        revision: 0,
+        updated_at: None,
+    })
 }
 
 /// `If-Match: <revision>` (quotes allowed, as for an ETag); `None` without the header.
@@ -205,10 +256,29 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
         })
 }
 
-/// Checks `writes` against everything the store holds now (the rules of a load).
-async fn check(store: &Arc<dyn RegistryStore>, writes: &[Write]) -> Result<(), ApiError> {
-    let listing = store.list().await.map_err(store_error)?;
-    check_changes(&listing.docs, &store.describe(), writes).map_err(store_error)
+/// Checks `write` against `listing` (the rules of a load; building registries is CPU work,
+/// so off the async workers). The write and the listing's revision, for a checked write
+/// ([`RegistryStore::apply`]) made only while the store is still as listed.
+async fn check(
+    store: &Arc<dyn RegistryStore>,
+    listing: Listing,
+    write: Write,
+) -> Result<(Write, u64), ApiError> {
+    let describe = store.describe();
+    let listed_at = listing.revision;
+    let write = tokio::task::spawn_blocking(move || {
+        check_changes(&listing.docs, &describe, std::slice::from_ref(&write)).map(|()| write)
+    })
+    .await
+    .map_err(|e| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            format!("checking the record failed: {e}"),
+        )
+    })?
+    .map_err(store_error)?;
+    Ok((write, listed_at))
 }
 
 /// Refuses a server id the admin routes could not address: `servers/import` is the import
@@ -251,31 +321,15 @@ fn document_name(kind: DocKind, record: &RecordBody) -> Result<String, ApiError>
         })
 }
 
-async fn write(
+/// After a write: the node follows it at once, and the client learns the new revision.
+async fn answer(
     state: &NodeState,
     store: &Arc<dyn RegistryStore>,
     kind: DocKind,
     name: &str,
-    record: RecordBody,
-    expected: Option<u64>,
+    revision: u64,
     status: StatusCode,
 ) -> Result<Response, ApiError> {
-    let format = DocFormat::from(record.format);
-    let body = record.body.into_bytes();
-    let put = Write::Put(StoredDoc {
-        kind,
-        name: name.to_owned(),
-        format,
-        body: body.clone(),
-        revision: 0,
-        updated_at: None,
-    });
-    check(store, &[put]).await?;
-    let written = match expected {
-        Some(expected) => store.upsert_if(kind, name, format, body, expected).await,
-        None => store.upsert(kind, name, format, body).await,
-    };
-    let revision = written.map_err(store_error)?;
     state.host.sync_after_write(&**store).await;
     Ok((
         status,
