@@ -345,3 +345,43 @@ impl HostConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<HostConfig, ConfigError> {
+        let dir = std::env::temp_dir().join(format!("quiver-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| ConfigError::new(&dir, "", e.to_string()))?;
+        let file = dir.join("quiver.toml");
+        std::fs::write(&file, text).map_err(|e| ConfigError::new(&file, "", e.to_string()))?;
+        let loaded = HostConfig::load(&file);
+        let _ = std::fs::remove_dir_all(&dir);
+        loaded
+    }
+
+    #[test]
+    fn anthropic_fields_belong_to_anthropic_backends_only() {
+        let config = load(
+            "[backends.c]\nkind = \"anthropic\"\nanthropic_version = \"2023-06-01\"\nmax_tokens = 10\n",
+        )
+        .expect("an anthropic backend");
+        assert_eq!(config.backends["c"].kind, BackendKind::Anthropic);
+        assert_eq!(config.backends["c"].max_tokens, Some(10));
+
+        let error =
+            load("[backends.o]\nmax_tokens = 10\n").expect_err("openai takes no max_tokens");
+        assert!(
+            error
+                .to_string()
+                .contains("backends.o.max_tokens: only anthropic"),
+            "{error}"
+        );
+        let error = load("[backends.c]\nkind = \"anthropic\"\nmax_tokens = 0\n")
+            .expect_err("zero max_tokens");
+        assert!(
+            error.to_string().contains("backends.c.max_tokens"),
+            "{error}"
+        );
+    }
+}
