@@ -835,3 +835,148 @@ async fn a_tool_result_marked_is_error_counts_as_a_failed_call() {
     assert_eq!(emitted_json(&run, 1)["tool_calls"]["failed"], 1);
     host.shutdown().await;
 }
+
+/// The fixture server's `image` tool's picture.
+const RED_PIXEL_PNG_BASE64: &str =
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC";
+
+async fn anthropic_setup(script: Vec<Reply>) -> Setup {
+    let llm = ScriptedLlm::start_anthropic(script).await;
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["echo", "image"], "");
+    let host = scripted_host(&registry, &llm);
+    Setup {
+        llm,
+        host,
+        _registry: registry,
+    }
+}
+
+#[tokio::test]
+async fn an_anthropic_backend_round_trips_a_plain_chat() {
+    let setup = anthropic_setup(vec![Reply::text("bonjour")]).await;
+    let guest = ChatGuest::new()
+        .msg("system", "be brief")
+        .msg("user", "hi")
+        .send(0)
+        .recv();
+    let run = run(&setup, &guest).await;
+    let response = emitted_json(&run, 0);
+    assert_eq!(response["choices"][0]["message"]["content"], "bonjour");
+    assert_eq!(response["choices"][0]["finish_reason"], "stop");
+    assert_eq!(response["usage"]["prompt_tokens"], 10, "{response}");
+    assert_eq!(response["usage"]["total_tokens"], 15);
+    assert_eq!(response["_spear"]["backend"], "scripted");
+
+    let recorded = &setup.llm.recorded()[0];
+    assert_eq!(recorded.path, "/v1/messages");
+    assert_eq!(recorded.header("anthropic-version"), Some("2023-06-01"));
+    assert_eq!(recorded.body["system"], "be brief");
+    assert_eq!(recorded.body["max_tokens"], 4096);
+    assert_eq!(recorded.body["model"], "scripted-default");
+    assert_eq!(roles(&recorded.body), ["user"]);
+}
+
+#[tokio::test]
+async fn an_mcp_image_reaches_an_anthropic_model_as_an_image_and_openai_as_a_note() {
+    let script = || {
+        vec![
+            Reply::tool_calls([
+                ("e", "mcp__fixture__echo", json!({"text": "hey"})),
+                ("i", "mcp__fixture__image", json!({})),
+            ]),
+            Reply::text("a red pixel"),
+        ]
+    };
+    let guest = ChatGuest::new().msg("user", "look").send(2).recv();
+
+    let setup = anthropic_setup(script()).await;
+    let run = run(&setup, &guest).await;
+    let response = emitted_json(&run, 0);
+    assert_eq!(
+        response["choices"][0]["message"]["content"], "a red pixel",
+        "{response}"
+    );
+    let second = setup.llm.request(1);
+    assert_eq!(roles(&second), ["user", "assistant", "user"]);
+    assert_eq!(second["messages"][1]["content"][1]["type"], "tool_use");
+    assert_eq!(second["messages"][1]["content"][1]["input"], json!({}));
+    let results = second["messages"][2]["content"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "both results in one user turn: {second}");
+    assert_eq!(results[0]["tool_use_id"], "e");
+    assert_eq!(results[0]["content"][0]["text"], "hey");
+    assert_eq!(results[1]["type"], "tool_result");
+    assert_eq!(results[1]["tool_use_id"], "i");
+    let image = &results[1]["content"][1];
+    assert_eq!(image["type"], "image");
+    assert_eq!(image["source"]["type"], "base64");
+    assert_eq!(image["source"]["media_type"], "image/png");
+    assert_eq!(image["source"]["data"], RED_PIXEL_PNG_BASE64);
+
+    let llm = ScriptedLlm::start(script()).await;
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["echo", "image"], "");
+    let openai = Setup {
+        host: scripted_host(&registry, &llm),
+        llm,
+        _registry: registry,
+    };
+    self::run(&openai, &guest).await;
+    let second = openai.llm.request(1);
+    assert_eq!(
+        tool_results(&second)[1].1,
+        "a 1x1 red pixel\n[image: image/png, 69 B]"
+    );
+    assert!(
+        !second.to_string().contains(RED_PIXEL_PNG_BASE64),
+        "no image data goes over the OpenAI wire: {second}"
+    );
+}
+
+#[tokio::test]
+async fn anthropic_errors_are_retried_or_reported() {
+    let setup = anthropic_setup(vec![
+        Reply::anthropic_error(529, "Overloaded"),
+        Reply::text("fine"),
+    ])
+    .await;
+    let run = run(
+        &setup,
+        &ChatGuest::new().msg("user", "hi").send(0).recv().metrics(),
+    )
+    .await;
+    assert_eq!(
+        emitted_json(&run, 0)["choices"][0]["message"]["content"],
+        "fine"
+    );
+    assert_eq!(emitted_json(&run, 1)["llm_retries"], 1);
+
+    let setup = anthropic_setup(vec![
+        Reply::anthropic_error(400, "max_tokens: too large"),
+        Reply::text("unused"),
+    ])
+    .await;
+    let run = self::run(&setup, &ChatGuest::new().msg("user", "hi").send(0).recv()).await;
+    let error = &emitted_json(&run, 0)["error"];
+    assert_eq!(error["code"], "llm_http_error");
+    assert_eq!(error["status"], 400);
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("invalid_request_error") && message.contains("max_tokens: too large"),
+        "{message}"
+    );
+    assert_eq!(setup.llm.request_count(), 1, "a 400 is not retried");
+
+    for bad in [
+        Reply::Garbage("<html>not json</html>".into()),
+        Reply::Json(json!({"type": "message", "content": "not blocks"})),
+    ] {
+        let setup = anthropic_setup(vec![bad]).await;
+        let run = self::run(&setup, &ChatGuest::new().msg("user", "hi").send(0).recv()).await;
+        let response = emitted_json(&run, 0);
+        assert_eq!(
+            response["error"]["code"], "llm_invalid_response",
+            "{response}"
+        );
+    }
+}

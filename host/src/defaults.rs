@@ -364,6 +364,24 @@ pub const LLM_RETRY_AFTER_MAX: Duration = Duration::from_secs(30);
 /// transcript may hold.
 pub const LLM_MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
 
+/// Base URL of `kind = "anthropic"` backends that set none (`/messages` is appended).
+pub const ANTHROPIC_DEFAULT_BASE_URL: &str = "https://api.anthropic.com/v1";
+
+/// Model of `kind = "anthropic"` backends that set neither `default_model` nor
+/// `ANTHROPIC_MODEL`.
+pub const ANTHROPIC_DEFAULT_MODEL: &str = "claude-sonnet-4-5";
+
+/// The `anthropic-version` header: the API version whose wire format the translation speaks.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
+/// `max_tokens` of an Anthropic request whose session set none: the API requires one, and
+/// this fits every current model's output limit.
+pub const ANTHROPIC_MAX_TOKENS: u32 = 4096;
+
+/// Largest decoded image (bytes) an MCP tool result may send to a model as an image block;
+/// a larger one reaches it as the text note only. Anthropic's per-image limit is 5 MB.
+pub const LLM_TOOL_IMAGE_MAX_BYTES: usize = 5 * 1024 * 1024;
+
 /// Model requests per `cchat_send` with AUTO_TOOL_CALL (session param `max_iterations`).
 pub const CHAT_MAX_ITERATIONS: u32 = 8;
 

@@ -25,6 +25,13 @@
 //! `scripted LLM: no reply left for request N`. Requests to any other method or path are
 //! recorded too (so a wrong URL shows up in [`ScriptedLlm::recorded`]) and answered 404 without
 //! consuming a reply.
+//!
+//! [`ScriptedLlm::start_anthropic`] serves the same script as the Anthropic Messages API
+//! (`POST /v1/messages`): text and tool calls become `text` and `tool_use` blocks, errors
+//! [`Reply::anthropic_error`] bodies. It checks each request has the shape that API requires
+//! (the `anthropic-version` header, `model`, `max_tokens`, only `user`/`assistant` turns that
+//! alternate and start with `user`, each `tool_result` answering a `tool_use` of the turn
+//! before) and answers a 400 naming the fault otherwise.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -130,10 +137,26 @@ impl Reply {
         Reply::status(code, openai_error(message, kind).to_string())
     }
 
+    /// A status with an Anthropic error body (`{"type":"error","error":{...}}`).
+    pub fn anthropic_error(code: u16, message: &str) -> Self {
+        Reply::status(code, anthropic_error(code, message).to_string())
+    }
+
     /// [`Reply::Delay`]: `reply`, after `delay`.
     pub fn delayed(delay: Duration, reply: Reply) -> Self {
         Reply::Delay(delay, Box::new(reply))
     }
+}
+
+fn anthropic_error(code: u16, message: &str) -> Value {
+    let kind = match code {
+        400 => "invalid_request_error",
+        401 => "authentication_error",
+        429 => "rate_limit_error",
+        529 => "overloaded_error",
+        _ => "api_error",
+    };
+    json!({"type": "error", "error": {"type": kind, "message": message}})
 }
 
 fn openai_error(message: &str, kind: &str) -> Value {
@@ -174,6 +197,8 @@ struct Inner {
 }
 
 struct Shared {
+    /// Speaks the Anthropic Messages API instead of OpenAI chat completions.
+    anthropic: bool,
     inner: Mutex<Inner>,
     shutdown: watch::Receiver<bool>,
 }
@@ -199,9 +224,24 @@ impl ScriptedLlm {
 
     /// [`ScriptedLlm::start`] for synchronous tests; needs no Tokio runtime.
     pub fn start_blocking(script: Vec<Reply>) -> ScriptedLlm {
+        Self::start_wire(script, false)
+    }
+
+    /// A scripted Anthropic Messages server (`POST /v1/messages`); see the module docs.
+    pub async fn start_anthropic(script: Vec<Reply>) -> ScriptedLlm {
+        Self::start_wire(script, true)
+    }
+
+    /// Whether this server speaks the Anthropic Messages API.
+    pub fn is_anthropic(&self) -> bool {
+        self.shared.anthropic
+    }
+
+    fn start_wire(script: Vec<Reply>, anthropic: bool) -> ScriptedLlm {
         let bound = Bound::new("scripted LLM");
         let addr = bound.addr;
         let shared = Arc::new(Shared {
+            anthropic,
             inner: Mutex::new(Inner {
                 script: script.into(),
                 ..Inner::default()
@@ -299,7 +339,7 @@ impl ScriptedLlm {
             .lock()
             .recorded
             .iter()
-            .filter(|r| is_chat(&r.method, &r.path))
+            .filter(|r| is_chat(&r.method, &r.path, self.shared.anthropic))
             .cloned()
             .collect()
     }
@@ -386,8 +426,13 @@ pub fn expected_usage(message_count: usize) -> (u64, u64, u64) {
     (prompt, COMPLETION_TOKENS, prompt + COMPLETION_TOKENS)
 }
 
-fn is_chat(method: &str, path: &str) -> bool {
-    method == "POST" && path.trim_end_matches('/') == "/v1/chat/completions"
+fn is_chat(method: &str, path: &str, anthropic: bool) -> bool {
+    let route = if anthropic {
+        "/v1/messages"
+    } else {
+        "/v1/chat/completions"
+    };
+    method == "POST" && path.trim_end_matches('/') == route
 }
 
 async fn handle(
@@ -417,7 +462,10 @@ async fn handle(
             .collect(),
         body,
     };
-    let chat = is_chat(&recorded.method, &recorded.path);
+    let chat = is_chat(&recorded.method, &recorded.path, shared.anthropic);
+    let fault = (chat && shared.anthropic)
+        .then(|| anthropic_fault(&recorded))
+        .flatten();
     let request = recorded.body.clone();
 
     let (number, reply) = {
@@ -431,8 +479,45 @@ async fn handle(
             );
         }
         inner.chat_requests += 1;
+        if let Some(fault) = fault {
+            drop(inner);
+            return json_response(
+                StatusCode::BAD_REQUEST,
+                anthropic_error(400, &fault).to_string(),
+                None,
+            );
+        }
         (inner.chat_requests, inner.script.pop_front())
     };
+    if shared.anthropic {
+        match reply {
+            Some(Reply::Text(text)) => {
+                let blocks = json!([{"type": "text", "text": text}]);
+                return json_response(
+                    StatusCode::OK,
+                    anthropic_message(number, &request, blocks, "end_turn").to_string(),
+                    None,
+                );
+            }
+            Some(Reply::ToolCalls(calls)) => {
+                let blocks: Vec<Value> = calls
+                    .into_iter()
+                    .map(|(id, name, arguments)| {
+                        let input: Value = serde_json::from_str(&arguments)
+                            .expect("scripted LLM: tool call arguments must be JSON");
+                        json!({"type": "tool_use", "id": id, "name": name, "input": input})
+                    })
+                    .collect();
+                return json_response(
+                    StatusCode::OK,
+                    anthropic_message(number, &request, Value::Array(blocks), "tool_use")
+                        .to_string(),
+                    None,
+                );
+            }
+            _ => {}
+        }
+    }
     let Some(mut reply) = reply else {
         return plain(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -524,6 +609,62 @@ fn completion(
             "total_tokens": total_tokens,
         },
     })
+}
+
+/// An Anthropic `message` with these content blocks; usage as [`expected_usage`] (by the
+/// request's message count).
+fn anthropic_message(number: usize, request: &Value, content: Value, stop: &str) -> Value {
+    let message_count = request["messages"].as_array().map_or(0, Vec::len);
+    let (input_tokens, output_tokens, _) = expected_usage(message_count);
+    json!({
+        "id": format!("msg_scripted_{number}"),
+        "type": "message",
+        "role": "assistant",
+        "model": request["model"],
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": null,
+        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+    })
+}
+
+/// What is wrong with a Messages request, by the rules in the module docs.
+fn anthropic_fault(request: &Recorded) -> Option<String> {
+    let body = &request.body;
+    if request.header("anthropic-version").is_none() {
+        return Some("missing anthropic-version header".into());
+    }
+    if !body["model"].is_string() || !body["max_tokens"].is_u64() {
+        return Some("model and max_tokens are required".into());
+    }
+    let Some(messages) = body["messages"].as_array() else {
+        return Some("messages: Field required".into());
+    };
+    let mut tool_uses: Vec<&Value> = Vec::new();
+    for (i, message) in messages.iter().enumerate() {
+        let want = if i % 2 == 0 { "user" } else { "assistant" };
+        if message["role"] != want {
+            return Some(format!("messages.{i}.role: expected `{want}`"));
+        }
+        let blocks = message["content"].as_array();
+        for block in blocks.into_iter().flatten() {
+            if block["type"] == "tool_result"
+                && !tool_uses.iter().any(|id| **id == block["tool_use_id"])
+            {
+                return Some(format!(
+                    "messages.{i}: tool_result {} answers no tool_use of the turn before",
+                    block["tool_use_id"]
+                ));
+            }
+        }
+        tool_uses = blocks
+            .into_iter()
+            .flatten()
+            .filter(|b| b["type"] == "tool_use")
+            .map(|b| &b["id"])
+            .collect();
+    }
+    None
 }
 
 /// A `chat.completion` whose `pad` field makes it `bytes` long (see [`Reply::Huge`]).

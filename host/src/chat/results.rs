@@ -120,6 +120,39 @@ pub(crate) fn mcp_result_text(result: &CallToolResult) -> Result<String, ToolFai
     }
 }
 
+/// The image parts of an MCP result as Anthropic `image` blocks, for backends that send
+/// them: only JPEG, PNG, GIF and WebP, each valid base64 of at most
+/// [`defaults::LLM_TOOL_IMAGE_MAX_BYTES`]; any other reaches the model as its text note.
+pub(crate) fn mcp_result_images(result: &CallToolResult) -> Vec<Value> {
+    use base64::Engine as _;
+    const TYPES: [&str; 4] = ["image/jpeg", "image/png", "image/gif", "image/webp"];
+    let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
+    let mut images = Vec::new();
+    for part in content.as_array().into_iter().flatten() {
+        let (Some("image"), Some(mime), Some(data)) = (
+            part["type"].as_str(),
+            part["mimeType"].as_str(),
+            part["data"].as_str(),
+        ) else {
+            continue;
+        };
+        let fits = data.len() / 4 * 3 <= crate::defaults::LLM_TOOL_IMAGE_MAX_BYTES;
+        if !TYPES.contains(&mime)
+            || !fits
+            || base64::engine::general_purpose::STANDARD
+                .decode(data)
+                .is_err()
+        {
+            continue;
+        }
+        images.push(json!({
+            "type": "image",
+            "source": {"type": "base64", "media_type": mime, "data": data},
+        }));
+    }
+    images
+}
+
 fn human_size(bytes: usize) -> String {
     if bytes < 1024 {
         format!("{bytes} B")

@@ -13,8 +13,10 @@ use serde_json::{Map, Value, json};
 
 use quiver_abi::Errno;
 
-use super::llm::{Backend, Backends, LlmError};
-use super::results::{ToolErrorCode, ToolFailure, mcp_result_text, truncate_output};
+use super::llm::{Backend, Backends, LlmError, RICH_CONTENT_FIELD};
+use super::results::{
+    ToolErrorCode, ToolFailure, mcp_result_images, mcp_result_text, truncate_output,
+};
 use super::session::message_cost;
 use super::tools::{Resolution, Route, ToolSet};
 use super::wire::{AssistantMessage, ChatCompletion, ToolCall};
@@ -330,6 +332,7 @@ pub(crate) async fn send<G: GuestTools>(
         added.push(message_value(message))?;
         let tools_started = Instant::now();
         let turn = Turn {
+            rich_results: backend.takes_rich_results(),
             tools: &tools,
             session,
             ctx,
@@ -573,8 +576,13 @@ fn observed_call(
     }
 }
 
+/// Each planned call's result (its text and the image blocks kept for the model) and time.
+type ToolResults = Vec<Option<(Result<(String, Vec<Value>), ToolFailure>, Duration)>>;
+
 /// What one turn of tool calls works with, and where its results go.
 struct Turn<'a, 'c> {
+    /// The backend sends images of MCP results to the model, so tool messages keep them.
+    rich_results: bool,
     tools: &'a ToolSet,
     session: &'a ChatSession,
     ctx: &'a SendContext<'c>,
@@ -594,6 +602,7 @@ async fn run_tool_calls<G: GuestTools>(
     guest: &mut G,
 ) -> Result<(), HostcallError> {
     let Turn {
+        rich_results,
         tools,
         session,
         ctx,
@@ -710,13 +719,25 @@ async fn run_tool_calls<G: GuestTools>(
                             Err(error) => observed.finish(ToolOutcome::of_mcp_error(error.code), 0),
                         }
                         out.map_err(ToolFailure::from)
-                            .and_then(|out| mcp_result_text(&out.result))
-                            .and_then(|text| {
-                                match ctx.budget.charge(
-                                    "cchat_send tool results",
-                                    heap::string(text.len() as u64),
-                                ) {
-                                    Ok(charge) => Ok((text, charge)),
+                            .and_then(|out| {
+                                let text = mcp_result_text(&out.result)?;
+                                let images = if rich_results {
+                                    mcp_result_images(&out.result)
+                                } else {
+                                    Vec::new()
+                                };
+                                Ok((text, images))
+                            })
+                            .and_then(|(text, images)| {
+                                let bytes = images
+                                    .iter()
+                                    .map(heap::json_len)
+                                    .fold(text.len() as u64, u64::saturating_add);
+                                match ctx
+                                    .budget
+                                    .charge("cchat_send tool results", heap::string(bytes))
+                                {
+                                    Ok(charge) => Ok(((text, images), charge)),
                                     Err(_) => Err(budget_exhausted("the tool's result")),
                                 }
                             })
@@ -749,7 +770,7 @@ async fn run_tool_calls<G: GuestTools>(
                 let result = result
                     .map(|(text, charge)| {
                         guest_outputs.absorb(charge);
-                        text
+                        (text, Vec::new())
                     })
                     .map_err(ToolFailure::exec);
                 done.push((i, result, started.elapsed()));
@@ -759,8 +780,7 @@ async fn run_tool_calls<G: GuestTools>(
     };
     let (mcp_done, guest_done) = tokio::join!(futures::future::join_all(mcp_calls), guest_calls);
     let guest_done = guest_done?;
-    let mut results: Vec<Option<(Result<String, ToolFailure>, Duration)>> =
-        planned.iter().map(|_| None).collect();
+    let mut results: ToolResults = planned.iter().map(|_| None).collect();
     for (i, result, elapsed) in mcp_done {
         let result = result.map(|(text, charge)| {
             outputs.absorb(charge);
@@ -775,6 +795,7 @@ async fn run_tool_calls<G: GuestTools>(
     let max = session.settings.max_tool_output_bytes as usize;
     for (p, result) in planned.iter().zip(results) {
         let mut entry = json!({"id": p.id, "name": p.name});
+        let mut images = Vec::new();
         // `held`: what `outputs` holds for this result.
         let (content, held) = match (&p.step, result) {
             (Step::Refused { kind, failure }, _) => {
@@ -807,8 +828,9 @@ async fn run_tool_calls<G: GuestTools>(
                 entry["ms"] = json!(ms(elapsed));
                 entry["ok"] = json!(result.is_ok());
                 match result {
-                    Ok(text) => {
+                    Ok((text, found)) => {
                         let held = heap::string(text.len() as u64);
+                        images = found;
                         (text, held)
                     }
                     Err(failure) => {
@@ -824,7 +846,11 @@ async fn run_tool_calls<G: GuestTools>(
         // The full result goes once cut; its message is charged on its own.
         let content = truncate_output(content, max);
         outputs.shrink(held);
-        added.push(json!({"role": "tool", "tool_call_id": p.id, "content": content}))?;
+        let mut message = json!({"role": "tool", "tool_call_id": p.id, "content": content});
+        if !images.is_empty() {
+            message[RICH_CONTENT_FIELD] = Value::Array(images);
+        }
+        added.push(message)?;
     }
     Ok(())
 }

@@ -11,6 +11,14 @@
 //! request_timeout_ms = 120000
 //! headers = { "OpenAI-Organization" = "org-..." }
 //!
+//! [backends.claude]
+//! kind = "anthropic"                     # Anthropic Messages API (images in tool results)
+//! base_url = "https://api.anthropic.com/v1"
+//! api_key_env = "ANTHROPIC_API_KEY"      # sent as `x-api-key`
+//! default_model = "claude-sonnet-4-5"
+//! anthropic_version = "2023-06-01"       # the `anthropic-version` header
+//! max_tokens = 4096                      # for requests that set none
+//!
 //! [backends.demo]
 //! kind = "replay"
 //! transcript = "transcripts/chat-demo.json"   # relative to this file
@@ -56,6 +64,7 @@ use crate::serve::{AdminConfig, ServeConfig};
 pub enum BackendKind {
     #[default]
     Openai,
+    Anthropic,
     Replay,
 }
 
@@ -72,6 +81,12 @@ pub struct BackendConfig {
     pub headers: BTreeMap<String, String>,
     /// Replay backends: the transcript file.
     pub transcript: Option<PathBuf>,
+    /// Anthropic backends: the `anthropic-version` header
+    /// ([`crate::defaults::ANTHROPIC_VERSION`]).
+    pub anthropic_version: Option<String>,
+    /// Anthropic backends: `max_tokens` for requests that set none
+    /// ([`crate::defaults::ANTHROPIC_MAX_TOKENS`]).
+    pub max_tokens: Option<u32>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -253,7 +268,7 @@ impl HostConfig {
                         "a replay backend needs a transcript file",
                     ));
                 }
-                BackendKind::Openai if backend.transcript.is_some() => {
+                BackendKind::Openai | BackendKind::Anthropic if backend.transcript.is_some() => {
                     return Err(ConfigError::new(
                         path,
                         field("transcript"),
@@ -261,6 +276,27 @@ impl HostConfig {
                     ));
                 }
                 _ => {}
+            }
+            if backend.kind != BackendKind::Anthropic {
+                for (set, name) in [
+                    (backend.anthropic_version.is_some(), "anthropic_version"),
+                    (backend.max_tokens.is_some(), "max_tokens"),
+                ] {
+                    if set {
+                        return Err(ConfigError::new(
+                            path,
+                            field(name),
+                            "only anthropic backends take it",
+                        ));
+                    }
+                }
+            }
+            if backend.max_tokens == Some(0) {
+                return Err(ConfigError::new(
+                    path,
+                    field("max_tokens"),
+                    "must be greater than 0; omit it for the default",
+                ));
             }
         }
         Ok(config)
@@ -307,5 +343,45 @@ impl HostConfig {
                 "several backends are configured; name the default one",
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<HostConfig, ConfigError> {
+        let dir = std::env::temp_dir().join(format!("quiver-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).map_err(|e| ConfigError::new(&dir, "", e.to_string()))?;
+        let file = dir.join("quiver.toml");
+        std::fs::write(&file, text).map_err(|e| ConfigError::new(&file, "", e.to_string()))?;
+        let loaded = HostConfig::load(&file);
+        let _ = std::fs::remove_dir_all(&dir);
+        loaded
+    }
+
+    #[test]
+    fn anthropic_fields_belong_to_anthropic_backends_only() {
+        let config = load(
+            "[backends.c]\nkind = \"anthropic\"\nanthropic_version = \"2023-06-01\"\nmax_tokens = 10\n",
+        )
+        .expect("an anthropic backend");
+        assert_eq!(config.backends["c"].kind, BackendKind::Anthropic);
+        assert_eq!(config.backends["c"].max_tokens, Some(10));
+
+        let error =
+            load("[backends.o]\nmax_tokens = 10\n").expect_err("openai takes no max_tokens");
+        assert!(
+            error
+                .to_string()
+                .contains("backends.o.max_tokens: only anthropic"),
+            "{error}"
+        );
+        let error = load("[backends.c]\nkind = \"anthropic\"\nmax_tokens = 0\n")
+            .expect_err("zero max_tokens");
+        assert!(
+            error.to_string().contains("backends.c.max_tokens"),
+            "{error}"
+        );
     }
 }

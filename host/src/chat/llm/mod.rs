@@ -2,10 +2,11 @@
 //!
 //! A backend takes a complete OpenAI chat-completions request body and returns the response
 //! body, read as a [`ChatCompletion`] (unknown fields kept), or a structured [`LlmError`]. It does not know where tools come from; the chat loop
-//! does. Two kinds exist: [`openai`] speaks the OpenAI wire format over HTTP (any compatible
-//! server), and [`replay`] answers from a transcript file, for offline demos and tests. A
+//! does. Three kinds exist: [`openai`] speaks the OpenAI wire format over HTTP (any compatible
+//! server), [`anthropic`] the Anthropic Messages API (translated, over the same client), and [`replay`] answers from a transcript file, for offline demos and tests. A
 //! [`Recorder`] can wrap either to write such a transcript from a real conversation.
 
+mod anthropic;
 mod config;
 mod error;
 mod openai;
@@ -22,6 +23,8 @@ use super::wire::ChatCompletion;
 pub use config::{BackendConfig, BackendKind, ConfigError, ConfigOrigin, HostConfig, TasksConfig};
 pub use error::LlmError;
 pub use record::Recorder;
+
+pub(crate) use anthropic::RICH_CONTENT_FIELD;
 
 /// A successful exchange.
 #[derive(Clone, Debug)]
@@ -62,6 +65,11 @@ impl Backend {
         &self.default_model
     }
 
+    /// Whether tool messages should keep MCP image parts (`anthropic` sends them as images).
+    pub fn takes_rich_results(&self) -> bool {
+        matches!(&self.kind, BackendImpl::OpenAi(backend) if backend.takes_rich_results())
+    }
+
     /// The backend's request timeout (a session's `timeout_ms` overrides it).
     pub fn timeout(&self) -> Duration {
         self.timeout
@@ -100,7 +108,7 @@ impl Backends {
         let mut backends = BTreeMap::new();
         for (name, backend) in &configs {
             let kind = match backend.kind {
-                BackendKind::Openai => {
+                BackendKind::Openai | BackendKind::Anthropic => {
                     BackendImpl::OpenAi(openai::OpenAiBackend::new(name, backend, &origin.file)?)
                 }
                 BackendKind::Replay => {
@@ -151,6 +159,8 @@ fn default_model(kind: BackendKind) -> String {
     match kind {
         BackendKind::Openai => std::env::var("OPENAI_MODEL")
             .unwrap_or_else(|_| crate::defaults::OPENAI_DEFAULT_MODEL.into()),
+        BackendKind::Anthropic => std::env::var("ANTHROPIC_MODEL")
+            .unwrap_or_else(|_| crate::defaults::ANTHROPIC_DEFAULT_MODEL.into()),
         BackendKind::Replay => "replay".into(),
     }
 }

@@ -1,4 +1,5 @@
-//! OpenAI-compatible chat completions over HTTP.
+//! LLM backends over HTTP: OpenAI-compatible chat completions, and the Anthropic Messages
+//! API through [`super::anthropic`]'s translation (the same client, retries and caps).
 //!
 //! 429 and 5xx answers and network errors are retried with bounded exponential backoff,
 //! honouring `Retry-After`; everything else, including a body that is not a chat
@@ -9,13 +10,15 @@
 //! `Content-Length` or as it streams in) is `llm_response_too_large`, not a cut-off JSON
 //! text reported as invalid. An error body is read only as far as its quoted start.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use reqwest::StatusCode;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use serde_json::Value;
 
-use super::config::{BackendConfig, ConfigError};
+use super::anthropic;
+use super::config::{BackendConfig, BackendKind, ConfigError};
 use super::{LlmError, LlmFailure, LlmReply};
 use crate::chat::wire::ChatCompletion;
 use crate::defaults;
@@ -26,6 +29,16 @@ pub(super) struct OpenAiBackend {
     api_key_env: Option<String>,
     headers: HeaderMap,
     client: reqwest::Client,
+    wire: Wire,
+}
+
+/// The wire format a backend speaks.
+enum Wire {
+    OpenAi,
+    /// Anthropic Messages; `max_tokens` for requests that set none (the API requires it).
+    Anthropic {
+        max_tokens: u32,
+    },
 }
 
 impl OpenAiBackend {
@@ -36,10 +49,14 @@ impl OpenAiBackend {
     ) -> Result<Self, ConfigError> {
         crate::mcp::ensure_tls_provider();
         let at = |field: &str| format!("backends.{name}.{field}");
-        let base = config
-            .base_url
-            .clone()
-            .unwrap_or_else(|| defaults::OPENAI_DEFAULT_BASE_URL.into());
+        let anthropic = config.kind == BackendKind::Anthropic;
+        let base = config.base_url.clone().unwrap_or_else(|| {
+            if anthropic {
+                defaults::ANTHROPIC_DEFAULT_BASE_URL.into()
+            } else {
+                defaults::OPENAI_DEFAULT_BASE_URL.into()
+            }
+        });
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(ConfigError::new(
                 config_path,
@@ -48,6 +65,16 @@ impl OpenAiBackend {
             ));
         }
         let mut headers = HeaderMap::new();
+        if anthropic {
+            let version = config
+                .anthropic_version
+                .as_deref()
+                .unwrap_or(defaults::ANTHROPIC_VERSION);
+            let version = HeaderValue::try_from(version).map_err(|e| {
+                ConfigError::new(config_path, at("anthropic_version"), e.to_string())
+            })?;
+            headers.insert("anthropic-version", version);
+        }
         for (key, value) in &config.headers {
             let name = HeaderName::try_from(key.as_str()).map_err(|e| {
                 ConfigError::new(config_path, at(&format!("headers.{key}")), e.to_string())
@@ -64,12 +91,19 @@ impl OpenAiBackend {
                 format!("cannot build an HTTP client: {e}"),
             )
         })?;
+        let (path, wire) = if anthropic {
+            let max_tokens = config.max_tokens.unwrap_or(defaults::ANTHROPIC_MAX_TOKENS);
+            ("messages", Wire::Anthropic { max_tokens })
+        } else {
+            ("chat/completions", Wire::OpenAi)
+        };
         Ok(Self {
             name: name.to_owned(),
-            url: format!("{}/chat/completions", base.trim_end_matches('/')),
+            url: format!("{}/{path}", base.trim_end_matches('/')),
             api_key_env: config.api_key_env.clone(),
             headers,
             client,
+            wire,
         })
     }
 
@@ -112,19 +146,34 @@ impl OpenAiBackend {
         }
     }
 
+    pub(super) fn takes_rich_results(&self) -> bool {
+        matches!(self.wire, Wire::Anthropic { .. })
+    }
+
+    /// `body` as this backend's wire format sends it.
+    fn request_body<'a>(&self, body: &'a Value) -> Cow<'a, Value> {
+        match self.wire {
+            Wire::OpenAi => without_rich_content(body),
+            Wire::Anthropic { max_tokens } => Cow::Owned(anthropic::to_messages(body, max_tokens)),
+        }
+    }
+
     async fn attempt(&self, body: &Value, timeout: Duration) -> Result<ChatCompletion, Attempt> {
         let mut request = self
             .client
             .post(&self.url)
             .headers(self.headers.clone())
             .timeout(timeout)
-            .json(body);
+            .json(&*self.request_body(body));
         if let Some(key) = self
             .api_key_env
             .as_deref()
             .and_then(|var| std::env::var(var).ok())
         {
-            request = request.bearer_auth(key);
+            request = match self.wire {
+                Wire::OpenAi => request.bearer_auth(key),
+                Wire::Anthropic { .. } => request.header("x-api-key", key),
+            };
         }
         let response = request
             .send()
@@ -175,12 +224,21 @@ impl OpenAiBackend {
                 Attempt::Final(error)
             });
         }
-        ChatCompletion::from_slice(&bytes).map_err(|error| {
+        let invalid = |message: String| {
             Attempt::Final(LlmError::InvalidResponse {
                 backend: self.name.clone(),
-                message: format!("{error}: {}", snippet(&bytes)),
+                message: format!("{message}: {}", snippet(&bytes)),
             })
-        })
+        };
+        match self.wire {
+            Wire::OpenAi => ChatCompletion::from_slice(&bytes).map_err(|e| invalid(e.to_string())),
+            Wire::Anthropic { .. } => {
+                let response: Value =
+                    serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
+                let completion = anthropic::from_messages(&response).map_err(invalid)?;
+                serde_json::from_value(completion).map_err(|e| invalid(e.to_string()))
+            }
+        }
     }
 
     fn transport_error(&self, error: reqwest::Error, timeout: Duration) -> Attempt {
@@ -227,6 +285,27 @@ impl Attempt {
             Attempt::Retryable { error, .. } | Attempt::Final(error) => error,
         }
     }
+}
+
+/// `body` without the rich tool-result parts OpenAI's tool messages cannot carry (and its
+/// API would refuse as unknown fields); copies only when there are some.
+fn without_rich_content(body: &Value) -> Cow<'_, Value> {
+    let field = anthropic::RICH_CONTENT_FIELD;
+    let has_rich = body["messages"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|m| m.get(field).is_some()));
+    if !has_rich {
+        return Cow::Borrowed(body);
+    }
+    let mut body = body.clone();
+    if let Some(messages) = body["messages"].as_array_mut() {
+        for message in messages {
+            if let Some(message) = message.as_object_mut() {
+                message.remove(field);
+            }
+        }
+    }
+    Cow::Owned(body)
 }
 
 /// Bytes of an error body read, for the start [`snippet`] quotes.
