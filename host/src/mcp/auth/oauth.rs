@@ -199,6 +199,9 @@ impl OAuthClient {
         if state.endpoint.is_none() {
             self.discover(&mut state, Some(challenge)).await?;
         }
+        // The wider scopes are kept only once a token was issued for them: a server naming
+        // a scope the authorization server refuses must not break later token requests.
+        let granted = state.scopes.clone();
         for scope in wanted {
             if !state.scopes.contains(&scope) {
                 state.scopes.push(scope);
@@ -209,7 +212,11 @@ impl OAuthClient {
             scopes = %state.scopes.join(" "),
             "MCP server asked for more scopes; requesting a new token"
         );
-        self.fetch(&mut state).await.map(Some)
+        let token = self.fetch(&mut state).await;
+        if token.is_err() {
+            state.scopes = granted;
+        }
+        token.map(Some)
     }
 
     /// Finds the token endpoint, how to authenticate there, and the scopes to ask for.
