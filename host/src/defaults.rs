@@ -300,8 +300,8 @@ pub const AUDIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest guest log line kept; the rest is cut with a marker.
 pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
 
-/// Guest log lines waiting for the host's stderr, in bytes, across all tasks of the
-/// process. Lines are written by one thread so no hostcall waits on a slow stderr; past
+/// Guest log lines waiting for the host's stderr, in bytes of memory (each line's text
+/// plus its bookkeeping, so empty lines count too), across all tasks of the process. Lines are written by one thread so no hostcall waits on a slow stderr; past
 /// this, lines are dropped and the count is reported on stderr instead.
 pub const GUEST_STDERR_QUEUE_BYTES: usize = 1024 * 1024;
 

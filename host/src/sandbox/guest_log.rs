@@ -124,7 +124,7 @@ struct StderrQueue {
 #[derive(Default)]
 struct Queued {
     lines: VecDeque<Vec<u8>>,
-    /// Bytes queued or being written.
+    /// Memory held by the lines queued or being written ([`queued_cost`]).
     bytes: usize,
     /// Lines dropped since the last report.
     dropped: u64,
@@ -147,12 +147,13 @@ impl StderrQueue {
     /// Queues `line`, or counts it dropped when the queue is full or nothing writes it.
     fn push(&self, line: Vec<u8>) {
         let mut state = self.lock();
+        let cost = queued_cost(&line);
         let fits = state
             .bytes
-            .checked_add(line.len())
+            .checked_add(cost)
             .is_some_and(|total| total <= defaults::GUEST_STDERR_QUEUE_BYTES);
         if fits && state.writer_running {
-            state.bytes += line.len();
+            state.bytes += cost;
             state.lines.push_back(line);
         } else {
             state.dropped = state.dropped.saturating_add(1);
@@ -160,6 +161,13 @@ impl StderrQueue {
         drop(state);
         self.ready.notify_one();
     }
+}
+
+/// What a queued line holds in memory: its buffer and the queue's slot and allocation
+/// around it, so a flood of empty lines is bounded like one of long lines.
+fn queued_cost(line: &Vec<u8>) -> usize {
+    const PER_LINE: usize = std::mem::size_of::<Vec<u8>>() + 32;
+    line.capacity().saturating_add(PER_LINE)
 }
 
 /// The writer thread: takes every queued line at once and writes it out, then says so.
@@ -183,7 +191,7 @@ fn write_out(queue: &StderrQueue) {
             let text = String::from_utf8_lossy(line);
             // Nothing to do about a closed stderr but go on dropping.
             let _ = stderr.write_all(redact_known(&text).as_bytes());
-            written += line.len();
+            written += queued_cost(line);
         }
         if dropped > 0 {
             let _ = writeln!(
@@ -204,6 +212,31 @@ fn write_out(queue: &StderrQueue) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_flood_of_empty_lines_is_bounded_by_memory_not_text() {
+        let queue = StderrQueue {
+            state: Mutex::new(Queued {
+                writer_running: true,
+                ..Queued::default()
+            }),
+            ready: Condvar::new(),
+            drained: Condvar::new(),
+        };
+        // Nothing writes: the queue only fills.
+        for _ in 0..1_000_000 {
+            queue.push(b"\n".to_vec());
+        }
+        let state = queue.lock();
+        assert!(state.bytes <= defaults::GUEST_STDERR_QUEUE_BYTES);
+        let most = defaults::GUEST_STDERR_QUEUE_BYTES / std::mem::size_of::<Vec<u8>>();
+        assert!(
+            state.lines.len() < most,
+            "{} lines queued",
+            state.lines.len()
+        );
+        assert!(state.dropped > 0);
+    }
 
     #[test]
     fn lines_are_shown_as_written_with_controls_made_visible() {
