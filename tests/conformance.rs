@@ -147,10 +147,21 @@ fn scenario(scenario: &str, required: &[&str]) {
     }
     let checks = serde_json::to_string_pretty(&outcome.checks).unwrap_or_default();
     match EXPECTED_FAILURES.iter().find(|(name, _)| *name == scenario) {
-        Some((_, why)) => assert!(
-            !outcome.passed(required),
-            "{scenario} now passes: take it off EXPECTED_FAILURES (it was failing because {why})\n{checks}"
-        ),
+        Some((_, why)) => {
+            assert!(
+                !outcome.passed(required),
+                "{scenario} now passes: take it off EXPECTED_FAILURES (it was failing because {why})\n{checks}"
+            );
+            // It must still fail for its reason, judged by the suite: not because the
+            // driver or the suite broke before any check ran.
+            assert!(
+                required
+                    .iter()
+                    .any(|id| outcome.check_status(id) == Some("FAILURE")),
+                "{scenario}: expected a required check to report FAILURE:\n{checks}\n{}",
+                outcome.log
+            );
+        }
         None => {
             assert!(
                 outcome.status.success(),
