@@ -99,6 +99,9 @@ fn errno_of(reason: Reason) -> Errno {
 pub(crate) enum PendingKey {
     ListTools,
     CallTool { name: String, args: Vec<u8> },
+    ListResources,
+    ListResourceTemplates,
+    ReadResource { uri: String },
 }
 
 impl PendingKey {
@@ -110,7 +113,10 @@ impl PendingKey {
     /// What the key holds on the heap.
     pub(crate) fn cost(&self) -> u64 {
         match self {
-            PendingKey::ListTools => 0,
+            PendingKey::ListTools
+            | PendingKey::ListResources
+            | PendingKey::ListResourceTemplates => 0,
+            PendingKey::ReadResource { uri } => heap::string(uri.len() as u64),
             PendingKey::CallTool { name, args } => {
                 heap::string(name.len() as u64).saturating_add(heap::alloc(args.capacity() as u64))
             }

@@ -16,6 +16,7 @@ fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEn
     ServerEntry {
         record: ServerRecord {
             allowed_tools: allowed.iter().map(|s| s.to_string()).collect(),
+            allowed_resources: vec![],
             tags: tags.iter().map(|s| s.to_string()).collect(),
             ..ServerRecord::for_tests(id)
         },
