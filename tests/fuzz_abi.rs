@@ -148,7 +148,7 @@ const RESULTS: u32 = 155_648;
 const ARENA: u32 = 196_608;
 const RECORD: u32 = 36;
 
-const OPS: [&str; 19] = [
+const OPS: [&str; 21] = [
     "poke",
     "log",
     "time_now_ms",
@@ -161,6 +161,8 @@ const OPS: [&str; 19] = [
     "mcp_list_resources",
     "mcp_list_resource_templates",
     "mcp_read_resource",
+    "mcp_list_prompts",
+    "mcp_get_prompt",
     "cchat_create",
     "cchat_write_msg",
     "cchat_write_fn",
@@ -186,6 +188,8 @@ fn documented(op: usize) -> &'static [i32] {
             &[EBADF, EFAULT, ENOSPC, ENOTCONN, ETIMEDOUT, EIO, ENOMEM]
         }
         "mcp_read_resource" => &[EACCES, EINVAL, EBADF, EFAULT, ENOMEM, ENOSPC],
+        "mcp_list_prompts" => &[EBADF, EFAULT, ENOSPC, ENOTCONN, ETIMEDOUT, EIO, ENOMEM],
+        "mcp_get_prompt" => &[EACCES, EIO, EINVAL, EBADF, EFAULT, ENOMEM, ENOSPC],
         "cchat_create" => &[EMFILE, ENOMEM],
         "cchat_write_msg" => &[EBADF, EINVAL, EFAULT, ENOMEM],
         "cchat_write_fn" => &[EINVAL, EBADF, EFAULT, ENOMEM],
@@ -216,6 +220,8 @@ fn interpreter() -> String {
         ("mcp_list_resources", 3, "i32"),
         ("mcp_list_resource_templates", 3, "i32"),
         ("mcp_read_resource", 5, "i32"),
+        ("mcp_list_prompts", 3, "i32"),
+        ("mcp_get_prompt", 7, "i32"),
         ("cchat_create", 0, "i32"),
         ("cchat_write_msg", 5, "i32"),
         ("cchat_write_fn", 4, "i32"),
@@ -246,13 +252,14 @@ fn interpreter() -> String {
             ),
             _ => {
                 let params = match *name {
-                    "mcp_call_tool" => 7,
+                    "mcp_call_tool" | "mcp_get_prompt" => 7,
                     "cchat_write_msg" | "mcp_read_resource" => 5,
                     "mcp_registry_get" | "cchat_write_fn" | "cchat_ctl" => 4,
                     "log"
                     | "mcp_list_tools"
                     | "mcp_list_resources"
                     | "mcp_list_resource_templates"
+                    | "mcp_list_prompts"
                     | "cchat_recv" => 3,
                     "mcp_open" | "mcp_registry_list" => 2,
                     "mcp_close" | "cchat_close" => 1,
@@ -719,13 +726,16 @@ impl Fuzzer<'_> {
                     args[3] = ol;
                 }
             }
-            "mcp_list_tools" | "mcp_list_resources" | "mcp_list_resource_templates" => {
+            "mcp_list_tools"
+            | "mcp_list_resources"
+            | "mcp_list_resource_templates"
+            | "mcp_list_prompts" => {
                 args[0] = self.mcp_fd();
                 let (o, ol) = self.output();
                 args[1] = o;
                 args[2] = ol;
             }
-            "mcp_call_tool" => {
+            "mcp_call_tool" | "mcp_get_prompt" => {
                 args[0] = self.mcp_fd();
                 let names: [&[u8]; 6] = [b"echo", b"echo", b"add", b"count", b"crash", b"nope"];
                 let name = *self.rng.pick(&names);

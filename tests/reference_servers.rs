@@ -257,3 +257,75 @@ async fn a_guest_lists_and_reads_the_everything_servers_resources_within_allowed
     assert!(e[4].len() < 1000);
     host.shutdown().await;
 }
+
+/// Prompts of the everything server under a registry `allowed_prompts`: the list is
+/// filtered, `args-prompt` gets the guest's city, an unlisted prompt is `-EACCES`, a small
+/// buffer gets the kept answer on retry, and non-string arguments are an error object.
+#[tokio::test]
+async fn a_guest_lists_and_gets_the_everything_servers_prompts_within_allowed_prompts() {
+    let registry = RegistryDir::new();
+    registry.write(
+        "everything.toml",
+        &format!(
+            "allowed_prompts = [\"simple-prompt\", \"args-*\"]\n{}",
+            stdio_record(
+                "everything",
+                &npm_bin("mcp-server-everything"),
+                &[],
+                &["echo"]
+            )
+        ),
+    );
+    let host = host(&registry);
+    let args = br#"{"city": "Lisbon"}"#;
+    let bad_args = br#"{"city": 5}"#;
+    let body = format!(
+        r#"(func $main (local $fd i32)
+      (local.set $fd (call $mcp_open (i32.const 1024) (i32.const 10)))
+      (call $cap (i32.const 8192) (i32.const 200000))
+      (call $out (call $mcp_list_prompts (local.get $fd) (i32.const 16384) (i32.const 8192)))
+      (call $emit (i32.const 16384) (call $len (i32.const 8192)))
+      (call $cap (i32.const 8192) (i32.const 8))
+      (call $out (call $mcp_get_prompt (local.get $fd) (i32.const 1100) (i32.const 11) (i32.const 1200) (i32.const {args_len}) (i32.const 16384) (i32.const 8192)))
+      (call $out (call $len (i32.const 8192)))
+      (call $cap (i32.const 8192) (i32.const 200000))
+      (call $out (call $mcp_get_prompt (local.get $fd) (i32.const 1100) (i32.const 11) (i32.const 1200) (i32.const {args_len}) (i32.const 16384) (i32.const 8192)))
+      (call $emit (i32.const 16384) (call $len (i32.const 8192)))
+      (call $out (call $mcp_get_prompt (local.get $fd) (i32.const 1300) (i32.const 18) (i32.const 0) (i32.const 0) (i32.const 16384) (i32.const 8192)))
+      (call $cap (i32.const 8192) (i32.const 200000))
+      (call $out (call $mcp_get_prompt (local.get $fd) (i32.const 1100) (i32.const 11) (i32.const 1400) (i32.const {bad_len}) (i32.const 16384) (i32.const 8192)))
+      (call $emit (i32.const 16384) (call $len (i32.const 8192))))"#,
+        args_len = args.len(),
+        bad_len = bad_args.len(),
+    );
+    let guest = wat::guest(
+        &[
+            (1024, b"everything"),
+            (1100, b"args-prompt"),
+            (1200, args),
+            (1300, b"completable-prompt"),
+            (1400, bad_args),
+        ],
+        &body,
+    );
+    let run = wat::run(&host, &guest, &mcp_task("prompts", &["everything"])).await;
+    let (r, e) = (&run.results, &run.emitted);
+    let json = |i: usize| -> Value { serde_json::from_str(&e[i]).expect(&e[i]) };
+    let names: Vec<_> = json(0)["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(names, ["simple-prompt", "args-prompt"], "{r:?} {e:?}");
+
+    assert_eq!(r[1], quiver_tests::errno::ENOSPC, "{r:?}");
+    assert_eq!(r[3], r[2], "the retry gets the needed length: {r:?}");
+    let prompt = json(1);
+    let text = prompt["messages"][0]["content"]["text"].as_str().unwrap();
+    assert!(text.contains("Lisbon"), "{prompt}");
+
+    assert_eq!(r[4], quiver_tests::errno::EACCES, "{r:?}");
+    assert_eq!(json(2)["error"]["code"], "mcp_invalid_arguments", "{e:?}");
+    host.shutdown().await;
+}

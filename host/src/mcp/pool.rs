@@ -37,8 +37,8 @@ use std::time::{Duration, Instant};
 
 use rmcp::ServiceError;
 use rmcp::model::{
-    CallToolRequestParams, ErrorCode, JsonObject, PaginatedRequestParams,
-    ReadResourceRequestParams, Resource, ResourceTemplate,
+    CallToolRequestParams, ErrorCode, GetPromptRequestParams, JsonObject, PaginatedRequestParams,
+    Prompt, ReadResourceRequestParams, Resource, ResourceTemplate,
 };
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
@@ -856,6 +856,58 @@ impl McpPool {
                 Encode::Failed(e) => McpError::new(
                     McpErrorCode::ToolExecFailed,
                     format!("cannot encode the resource: {e}"),
+                ),
+            })
+        })
+        .await
+    }
+
+    /// Every prompt the server lists, bounded like [`Self::list_resources`].
+    pub async fn list_prompts(&self, entry: &Arc<ServerEntry>) -> Result<Vec<Prompt>, McpError> {
+        let server_id = entry.server_id();
+        let cap = entry.record.budgets.max_tool_list_bytes;
+        self.request(entry, "prompts/list", |conn, phase| async move {
+            list_pages(server_id, "prompts/list", cap, &phase, |cursor| {
+                let conn = conn.clone();
+                async move {
+                    let params = PaginatedRequestParams::default().with_cursor(cursor);
+                    let page = conn.service.list_prompts(Some(params)).await?;
+                    Ok((page.prompts, page.next_cursor))
+                }
+            })
+            .await
+        })
+        .await
+    }
+
+    /// Gets the prompt `name` with `arguments`; the result's JSON, at most
+    /// `budgets.max_tool_output_bytes`. The caller has decided policy
+    /// ([`Grant::check_prompt`](crate::policy::Grant::check_prompt)).
+    pub async fn get_prompt(
+        &self,
+        entry: &Arc<ServerEntry>,
+        name: &str,
+        arguments: JsonObject,
+    ) -> Result<Vec<u8>, McpError> {
+        let server_id = entry.server_id();
+        let cap = entry.record.budgets.max_tool_output_bytes;
+        let params = GetPromptRequestParams::new(name).with_arguments(arguments);
+        self.request(entry, "prompts/get", |conn, phase| async move {
+            let result = conn
+                .service
+                .get_prompt(params)
+                .await
+                .map_err(|e| service_failed(server_id, "prompts/get", e, &phase))?;
+            encode_capped(&result, cap).map_err(|error| match error {
+                Encode::TooLarge => McpError::new(
+                    McpErrorCode::OutputTooLarge,
+                    format!(
+                        "prompt `{name}` on server `{server_id}` is more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
+                    ),
+                ),
+                Encode::Failed(e) => McpError::new(
+                    McpErrorCode::ToolExecFailed,
+                    format!("cannot encode the prompt: {e}"),
                 ),
             })
         })

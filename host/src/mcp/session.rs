@@ -102,6 +102,8 @@ pub(crate) enum PendingKey {
     ListResources,
     ListResourceTemplates,
     ReadResource { uri: String },
+    ListPrompts,
+    GetPrompt { name: String, args: Vec<u8> },
 }
 
 impl PendingKey {
@@ -115,9 +117,10 @@ impl PendingKey {
         match self {
             PendingKey::ListTools
             | PendingKey::ListResources
-            | PendingKey::ListResourceTemplates => 0,
+            | PendingKey::ListResourceTemplates
+            | PendingKey::ListPrompts => 0,
             PendingKey::ReadResource { uri } => heap::string(uri.len() as u64),
-            PendingKey::CallTool { name, args } => {
+            PendingKey::CallTool { name, args } | PendingKey::GetPrompt { name, args } => {
                 heap::string(name.len() as u64).saturating_add(heap::alloc(args.capacity() as u64))
             }
         }

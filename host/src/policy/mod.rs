@@ -208,12 +208,16 @@ pub enum Denial {
     ApprovalRequired(ApprovalPolicy),
     /// The registry's `allowed_resources` does not match the resource URI (or is empty).
     ResourceNotAllowed,
+    /// The registry's `allowed_prompts` does not match the prompt name (or is empty).
+    PromptNotAllowed,
 }
 
 impl Denial {
     pub fn reason(&self) -> Reason {
         match self {
-            Denial::NotInAllowlist(_) | Denial::ResourceNotAllowed => Reason::NotInAllowlist,
+            Denial::NotInAllowlist(_) | Denial::ResourceNotAllowed | Denial::PromptNotAllowed => {
+                Reason::NotInAllowlist
+            }
             Denial::DeniedByPattern(..) => Reason::DeniedByPattern,
             Denial::ApprovalRequired(_) => Reason::ApprovalRequired,
         }
@@ -232,6 +236,9 @@ impl fmt::Display for Denial {
             }
             Denial::ResourceNotAllowed => {
                 f.write_str("not in the registry's allowed_resources for this server")
+            }
+            Denial::PromptNotAllowed => {
+                f.write_str("not in the registry's allowed_prompts for this server")
             }
             Denial::ApprovalRequired(policy) => write!(
                 f,
@@ -428,8 +435,8 @@ impl Grant {
 
 impl Grant {
     /// Whether a guest may see or read the resource at `uri`: the registry's
-    /// `allowed_resources` (URI patterns; empty allows none). Resources are read-only and
-    /// registry-level only: no task, profile or session layer narrows them yet.
+    /// `allowed_resources` (URI patterns; empty allows none). Registry-level only: no task,
+    /// profile or session layer narrows resources or prompts yet.
     pub fn check_resource(&self, uri: &str) -> Result<(), Denial> {
         let allowed = &self.entry.record.allowed_resources;
         any_match_str(allowed, uri).ok_or(Denial::ResourceNotAllowed)
@@ -440,6 +447,13 @@ impl Grant {
     /// matches `demo://x/{id}`); reads of its URIs are still checked one by one.
     pub fn permits_template(&self, uri_template: &str) -> bool {
         self.check_resource(uri_template).is_ok()
+    }
+
+    /// Whether a guest may see or get the prompt `name`: the registry's `allowed_prompts`
+    /// (name patterns; empty allows none), registry-level only like resources.
+    pub fn check_prompt(&self, name: &str) -> Result<(), Denial> {
+        let allowed = &self.entry.record.allowed_prompts;
+        any_match_str(allowed, name).ok_or(Denial::PromptNotAllowed)
     }
 }
 

@@ -17,6 +17,7 @@ fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEn
         record: ServerRecord {
             allowed_tools: allowed.iter().map(|s| s.to_string()).collect(),
             allowed_resources: vec![],
+            allowed_prompts: vec![],
             tags: tags.iter().map(|s| s.to_string()).collect(),
             ..ServerRecord::for_tests(id)
         },

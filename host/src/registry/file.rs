@@ -48,6 +48,8 @@ struct ServerFile {
     #[serde(default)]
     allowed_resources: Vec<String>,
     #[serde(default)]
+    allowed_prompts: Vec<String>,
+    #[serde(default)]
     approval_policy: ApprovalPolicy,
     #[serde(default)]
     approval_tools: Vec<String>,
@@ -288,6 +290,16 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
             "an empty pattern matches nothing; remove it",
         ));
     }
+    if let Some(i) = file
+        .allowed_prompts
+        .iter()
+        .position(|p| p.trim().is_empty())
+    {
+        return Err(field_err(
+            format!("allowed_prompts[{i}]"),
+            "an empty pattern matches nothing; remove it",
+        ));
+    }
     if !file.approval_tools.is_empty() && file.approval_policy != ApprovalPolicy::Policy {
         return Err(field_err(
             "approval_tools",
@@ -358,6 +370,7 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
         tool_namespace,
         allowed_tools: file.allowed_tools,
         allowed_resources: file.allowed_resources,
+        allowed_prompts: file.allowed_prompts,
         approval_policy: file.approval_policy,
         approval_tools: file.approval_tools,
         approval_timeout,

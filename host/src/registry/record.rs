@@ -120,6 +120,9 @@ pub struct ServerRecord {
     /// The resource URIs (patterns as in `allowed_tools`) guests may list and read; empty
     /// means none.
     pub allowed_resources: Vec<String>,
+    /// The prompt names (patterns as in `allowed_tools`) guests may list and get; empty
+    /// means none.
+    pub allowed_prompts: Vec<String>,
     pub approval_policy: ApprovalPolicy,
     /// With `approval_policy = "policy"`: the tools (patterns as in `allowed_tools`) whose
     /// calls wait for approval.
@@ -155,6 +158,7 @@ impl ServerRecord {
             tool_namespace: format!("mcp.{id}"),
             allowed_tools: vec!["*".into()],
             allowed_resources: vec![],
+            allowed_prompts: vec![],
             approval_policy: ApprovalPolicy::Never,
             approval_tools: vec![],
             approval_timeout: None,
@@ -218,6 +222,7 @@ impl ServerEntry {
             tool_namespace: r.tool_namespace.clone(),
             allowed_tools: r.allowed_tools.clone(),
             allowed_resources: r.allowed_resources.clone(),
+            allowed_prompts: r.allowed_prompts.clone(),
             approval_policy: r.approval_policy,
             approval_tools: r.approval_tools.clone(),
             tags: r.tags.clone(),
@@ -244,6 +249,8 @@ pub struct ServerView {
     pub allowed_tools: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub allowed_resources: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_prompts: Vec<String>,
     pub approval_policy: ApprovalPolicy,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub approval_tools: Vec<String>,
