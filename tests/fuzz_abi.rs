@@ -148,7 +148,7 @@ const RESULTS: u32 = 155_648;
 const ARENA: u32 = 196_608;
 const RECORD: u32 = 36;
 
-const OPS: [&str; 16] = [
+const OPS: [&str; 21] = [
     "poke",
     "log",
     "time_now_ms",
@@ -158,6 +158,11 @@ const OPS: [&str; 16] = [
     "mcp_close",
     "mcp_registry_list",
     "mcp_registry_get",
+    "mcp_list_resources",
+    "mcp_list_resource_templates",
+    "mcp_read_resource",
+    "mcp_list_prompts",
+    "mcp_get_prompt",
     "cchat_create",
     "cchat_write_msg",
     "cchat_write_fn",
@@ -179,6 +184,12 @@ fn documented(op: usize) -> &'static [i32] {
         "mcp_close" => &[EBADF],
         "mcp_registry_list" => &[EFAULT, ENOSPC],
         "mcp_registry_get" => &[ENOENT, EACCES, EINVAL, EFAULT, ENOSPC, ENOMEM],
+        "mcp_list_resources" | "mcp_list_resource_templates" => {
+            &[EBADF, EFAULT, ENOSPC, ENOTCONN, ETIMEDOUT, EIO, ENOMEM]
+        }
+        "mcp_read_resource" => &[EACCES, EINVAL, EBADF, EFAULT, ENOMEM, ENOSPC],
+        "mcp_list_prompts" => &[EBADF, EFAULT, ENOSPC, ENOTCONN, ETIMEDOUT, EIO, ENOMEM],
+        "mcp_get_prompt" => &[EACCES, EIO, EINVAL, EBADF, EFAULT, ENOMEM, ENOSPC],
         "cchat_create" => &[EMFILE, ENOMEM],
         "cchat_write_msg" => &[EBADF, EINVAL, EFAULT, ENOMEM],
         "cchat_write_fn" => &[EINVAL, EBADF, EFAULT, ENOMEM],
@@ -206,6 +217,11 @@ fn interpreter() -> String {
         ("mcp_close", 1, "i32"),
         ("mcp_registry_list", 2, "i32"),
         ("mcp_registry_get", 4, "i32"),
+        ("mcp_list_resources", 3, "i32"),
+        ("mcp_list_resource_templates", 3, "i32"),
+        ("mcp_read_resource", 5, "i32"),
+        ("mcp_list_prompts", 3, "i32"),
+        ("mcp_get_prompt", 7, "i32"),
         ("cchat_create", 0, "i32"),
         ("cchat_write_msg", 5, "i32"),
         ("cchat_write_fn", 4, "i32"),
@@ -236,10 +252,15 @@ fn interpreter() -> String {
             ),
             _ => {
                 let params = match *name {
-                    "mcp_call_tool" => 7,
-                    "cchat_write_msg" => 5,
+                    "mcp_call_tool" | "mcp_get_prompt" => 7,
+                    "cchat_write_msg" | "mcp_read_resource" => 5,
                     "mcp_registry_get" | "cchat_write_fn" | "cchat_ctl" => 4,
-                    "log" | "mcp_list_tools" | "cchat_recv" => 3,
+                    "log"
+                    | "mcp_list_tools"
+                    | "mcp_list_resources"
+                    | "mcp_list_resource_templates"
+                    | "mcp_list_prompts"
+                    | "cchat_recv" => 3,
                     "mcp_open" | "mcp_registry_list" => 2,
                     "mcp_close" | "cchat_close" => 1,
                     _ => 0,
@@ -671,7 +692,7 @@ impl Fuzzer<'_> {
 
     /// One hostcall (with the pokes it needs).
     fn step(&mut self) {
-        let op = 1 + self.rng.below(15) as usize;
+        let op = 1 + self.rng.below(OPS.len() as u64 - 1) as usize;
         let lit = Arg::Lit(0);
         let mut args = [lit; 7];
         let mut kind = Kind::Other;
@@ -705,13 +726,16 @@ impl Fuzzer<'_> {
                     args[3] = ol;
                 }
             }
-            "mcp_list_tools" => {
+            "mcp_list_tools"
+            | "mcp_list_resources"
+            | "mcp_list_resource_templates"
+            | "mcp_list_prompts" => {
                 args[0] = self.mcp_fd();
                 let (o, ol) = self.output();
                 args[1] = o;
                 args[2] = ol;
             }
-            "mcp_call_tool" => {
+            "mcp_call_tool" | "mcp_get_prompt" => {
                 args[0] = self.mcp_fd();
                 let names: [&[u8]; 6] = [b"echo", b"echo", b"add", b"count", b"crash", b"nope"];
                 let name = *self.rng.pick(&names);
@@ -725,6 +749,14 @@ impl Fuzzer<'_> {
                 let (ap, al) = self.input(&arguments);
                 let (o, ol) = self.output();
                 args = [args[0], np, nl, ap, al, o, ol];
+            }
+            "mcp_read_resource" => {
+                args[0] = self.mcp_fd();
+                let uris: [&[u8]; 4] = [b"fixture://a", b"", &[0xff], b"*"];
+                let uri = *self.rng.pick(&uris);
+                let (up, ul) = self.input(uri);
+                let (o, ol) = self.output();
+                args = [args[0], up, ul, o, ol, lit, lit];
             }
             "mcp_close" => args[0] = self.fd(Kind::McpFd),
             "mcp_registry_list" => {

@@ -660,3 +660,35 @@ async fn an_llm_answer_over_the_cap_is_llm_response_too_large_never_cut_json() {
     );
     assert_eq!(llm.request_count(), 3, "an oversized answer is not retried");
 }
+
+/// A server answering `resources/read` with 8 MiB: the guest gets a small
+/// `mcp_output_too_large` error object, not a cut document, and the fd keeps working.
+#[tokio::test]
+async fn a_giant_resource_is_a_bounded_error_and_the_session_goes_on() {
+    let registry = RegistryDir::new();
+    registry.write(
+        "fixture.toml",
+        &format!(
+            "allowed_resources = [\"fixture://*\"]\n{}",
+            quiver_tests::fixture_toml("fixture", &["echo"], "")
+        ),
+    );
+    let host = host(&registry);
+    let body = r#"(func $main (local $fd i32)
+      (local.set $fd (call $mcp_open (i32.const 1024) (i32.const 7)))
+      (call $cap (i32.const 8192) (i32.const 200000))
+      (call $out (call $mcp_read_resource (local.get $fd) (i32.const 1100) (i32.const 15) (i32.const 16384) (i32.const 8192)))
+      (call $emit (i32.const 16384) (call $len (i32.const 8192)))
+      (call $cap (i32.const 8192) (i32.const 200000))
+      (call $out (call $mcp_list_resources (local.get $fd) (i32.const 16384) (i32.const 8192)))
+      (call $emit (i32.const 16384) (call $len (i32.const 8192))))"#;
+    let guest = wat::guest(&[(1024, b"fixture"), (1100, b"fixture://giant")], body);
+    let run = wat::run(&host, &guest, &mcp_task("giant", &["fixture"])).await;
+    assert!(run.results[0] > 0, "{:?} {:?}", run.results, run.emitted);
+    assert!(run.emitted[0].len() < 2000, "{}", run.emitted[0].len());
+    let error: Value = serde_json::from_str(&run.emitted[0]).unwrap();
+    assert_eq!(error["error"]["code"], "mcp_output_too_large", "{error}");
+    let listed: Value = serde_json::from_str(&run.emitted[1]).unwrap();
+    assert_eq!(listed["resources"][0]["uri"], "fixture://giant", "{listed}");
+    host.shutdown().await;
+}

@@ -94,6 +94,84 @@ impl Mcp {
         })
     }
 
+    /// The server's resources within the registry's `allowed_resources`, as the host
+    /// returns them: `{"server_id": .., "resources": [{"uri", "name", "mimeType", ..}]}`.
+    pub fn list_resources_json(&self) -> Result<Value> {
+        let op = format!("mcp_list_resources({:?})", self.server_id);
+        call_json(&op, |out, out_len| {
+            // SAFETY: `call_json` passes a writable buffer of `*out_len` bytes.
+            unsafe { sys::mcp_list_resources(self.fd, addr(out), addr(out_len)) }
+        })
+    }
+
+    /// The server's resource templates whose `uriTemplate` is within `allowed_resources`:
+    /// `{"server_id": .., "resourceTemplates": [{"uriTemplate", "name", ..}]}`.
+    pub fn list_resource_templates_json(&self) -> Result<Value> {
+        let op = format!("mcp_list_resource_templates({:?})", self.server_id);
+        call_json(&op, |out, out_len| {
+            // SAFETY: `call_json` passes a writable buffer of `*out_len` bytes.
+            unsafe { sys::mcp_list_resource_templates(self.fd, addr(out), addr(out_len)) }
+        })
+    }
+
+    /// Reads the resource at `uri`: the MCP `ReadResourceResult` (`{"contents": [..]}`), or
+    /// the host's `{"error": ..}` when the server failed.
+    ///
+    /// # Errors
+    ///
+    /// [`Errno::EACCES`] if `uri` is outside `allowed_resources`, [`Errno::EINVAL`] if it is
+    /// longer than 4096 bytes, [`Errno::EBADF`] if the session is closed.
+    pub fn read_resource_json(&self, uri: &str) -> Result<Value> {
+        let op = format!("mcp_read_resource({:?}, {uri:?})", self.server_id);
+        let (uri_ptr, uri_len) = arg(&op, uri.as_bytes())?;
+        call_json(&op, |out, out_len| {
+            // SAFETY: `uri` is readable for its length, and `call_json` passes a writable
+            // buffer of `*out_len` bytes; a retry gets the answer the host kept on the fd.
+            unsafe { sys::mcp_read_resource(self.fd, uri_ptr, uri_len, addr(out), addr(out_len)) }
+        })
+    }
+
+    /// The server's prompts within the registry's `allowed_prompts`:
+    /// `{"server_id": .., "prompts": [{"name", "description", "arguments", ..}]}`.
+    pub fn list_prompts_json(&self) -> Result<Value> {
+        let op = format!("mcp_list_prompts({:?})", self.server_id);
+        call_json(&op, |out, out_len| {
+            // SAFETY: `call_json` passes a writable buffer of `*out_len` bytes.
+            unsafe { sys::mcp_list_prompts(self.fd, addr(out), addr(out_len)) }
+        })
+    }
+
+    /// Gets the prompt `name` with `args` (a JSON object of strings, e.g.
+    /// `{"city": "Lisbon"}`): the MCP `GetPromptResult` (`{"description", "messages"}`), or
+    /// the host's `{"error": ..}` when the server failed or `args` is not an object of
+    /// strings.
+    ///
+    /// # Errors
+    ///
+    /// [`Errno::EACCES`] if `name` is outside `allowed_prompts`, [`Errno::EINVAL`] if it
+    /// is longer than 128 bytes, [`Errno::EBADF`] if the session is closed.
+    pub fn get_prompt_json(&self, name: &str, args: &Value) -> Result<Value> {
+        let op = format!("mcp_get_prompt({:?}, {name:?})", self.server_id);
+        let args = args.to_string();
+        let (name_ptr, name_len) = arg(&op, name.as_bytes())?;
+        let (args_ptr, args_len) = arg(&op, args.as_bytes())?;
+        call_json(&op, |out, out_len| {
+            // SAFETY: `name` and `args` are readable for their lengths, and `call_json`
+            // passes a writable buffer of `*out_len` bytes; a retry gets the kept answer.
+            unsafe {
+                sys::mcp_get_prompt(
+                    self.fd,
+                    name_ptr,
+                    name_len,
+                    args_ptr,
+                    args_len,
+                    addr(out),
+                    addr(out_len),
+                )
+            }
+        })
+    }
+
     /// The names of the server's tools, in the order the host lists them.
     pub fn list_tool_names(&self) -> Result<Vec<String>> {
         let listing = self.list_tools()?;

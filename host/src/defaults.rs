@@ -200,6 +200,10 @@ pub const MAX_TASK_ID_BYTES: usize = 128;
 /// the connection's table of pending requests keeps no more of any name.
 pub const MAX_TOOL_NAME_BYTES: usize = 128;
 
+/// Longest resource URI a guest may pass to `mcp_read_resource`, in bytes (longer is
+/// `-EINVAL`): generous for real URIs, and it bounds the policy match and the log lines.
+pub const MAX_RESOURCE_URI_BYTES: usize = 4096;
+
 /// At most this many top-level argument keys are kept in a tool call's summary for
 /// observers and the audit log; the rest are counted, not kept.
 pub const MAX_SUMMARY_KEYS: usize = 32;

@@ -161,6 +161,11 @@ macro_rules! spear_imports {
             fn mcp_close(fd) -> i32;
             fn mcp_registry_list(out_ptr, out_len_ptr) -> i32;
             fn mcp_registry_get(server_id_ptr, server_id_len, out_ptr, out_len_ptr) -> i32;
+            fn mcp_list_resources(fd, out_ptr, out_len_ptr) -> i32;
+            fn mcp_list_resource_templates(fd, out_ptr, out_len_ptr) -> i32;
+            fn mcp_read_resource(fd, uri_ptr, uri_len, out_ptr, out_len_ptr) -> i32;
+            fn mcp_list_prompts(fd, out_ptr, out_len_ptr) -> i32;
+            fn mcp_get_prompt(fd, name_ptr, name_len, args_ptr, args_len, out_ptr, out_len_ptr) -> i32;
             fn cchat_create() -> i32;
             fn cchat_write_msg(fd, role_ptr, role_len, content_ptr, content_len) -> i32;
             fn cchat_write_fn(fd, fn_offset, fn_json_ptr, fn_json_len) -> i32;

@@ -89,6 +89,78 @@ pub fn add_to_linker<T: McpView>(linker: &mut Linker<T>) -> wasmtime::Result<()>
             })
         },
     )?;
+    linker.func_wrap_async(
+        "spear",
+        "mcp_list_resources",
+        |mut caller: Caller<'_, T>, (fd, out_ptr, out_len_ptr): (i32, i32, i32)| {
+            Box::new(async move {
+                finish(
+                    list_resources(&mut caller, fd, Listing::Resources, out_ptr, out_len_ptr).await,
+                )
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        "spear",
+        "mcp_list_resource_templates",
+        |mut caller: Caller<'_, T>, (fd, out_ptr, out_len_ptr): (i32, i32, i32)| {
+            Box::new(async move {
+                finish(
+                    list_resources(&mut caller, fd, Listing::Templates, out_ptr, out_len_ptr).await,
+                )
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        "spear",
+        "mcp_read_resource",
+        |mut caller: Caller<'_, T>,
+         (fd, uri_ptr, uri_len, out_ptr, out_len_ptr): (i32, i32, i32, i32, i32)| {
+            Box::new(async move {
+                finish(
+                    read_resource(&mut caller, fd, (uri_ptr, uri_len), out_ptr, out_len_ptr).await,
+                )
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        "spear",
+        "mcp_list_prompts",
+        |mut caller: Caller<'_, T>, (fd, out_ptr, out_len_ptr): (i32, i32, i32)| {
+            Box::new(async move {
+                finish(
+                    list_resources(&mut caller, fd, Listing::Prompts, out_ptr, out_len_ptr).await,
+                )
+            })
+        },
+    )?;
+    linker.func_wrap_async(
+        "spear",
+        "mcp_get_prompt",
+        |mut caller: Caller<'_, T>,
+         (fd, name_ptr, name_len, args_ptr, args_len, out_ptr, out_len_ptr): (
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+        )| {
+            Box::new(async move {
+                let call = CallArgs {
+                    fd,
+                    name_ptr,
+                    name_len,
+                    args_ptr,
+                    args_len,
+                    out_ptr,
+                    out_len_ptr,
+                };
+                finish(get_prompt(&mut caller, call).await)
+            })
+        },
+    )?;
     Ok(())
 }
 
@@ -254,6 +326,251 @@ async fn list_tools<T: McpView>(
         .collect();
     let body = encode(&Listing { server_id, tools });
     deliver_fresh(caller, fd, PendingKey::ListTools, out, body)
+}
+
+/// Which listing `mcp_list_resources`, `mcp_list_resource_templates` or `mcp_list_prompts`
+/// asks for.
+#[derive(Clone, Copy)]
+enum Listing {
+    Resources,
+    Templates,
+    Prompts,
+}
+
+/// A listing of resources or templates, filtered by the registry's `allowed_resources`
+/// (a template by its `uriTemplate` text), or of prompts, filtered by `allowed_prompts`;
+/// errors are errnos as for `mcp_list_tools`.
+async fn list_resources<T: McpView>(
+    caller: &mut Caller<'_, T>,
+    fd: i32,
+    listing: Listing,
+    out_ptr: i32,
+    out_len_ptr: i32,
+) -> Result<i32, HostcallError> {
+    let key = match listing {
+        Listing::Resources => PendingKey::ListResources,
+        Listing::Templates => PendingKey::ListResourceTemplates,
+        Listing::Prompts => PendingKey::ListPrompts,
+    };
+    let (mcp, task_id, deadline, grant, out) = {
+        let (mut mem, state) = guest(caller)?;
+        let out = mem.out_buf(out_ptr, out_len_ptr)?;
+        let mcp = state.mcp().clone();
+        let (task_id, deadline) = (state.sandbox().task_id.clone(), state.sandbox().deadline);
+        let session = session(state, fd)?;
+        if session.keeps_output_for(|kept| *kept == key) {
+            return Ok(deliver_kept(&mut mem, session, out)?);
+        }
+        session.clear_output();
+        (mcp, task_id, deadline, session.grant.clone(), out)
+    };
+    let server_id = grant.entry.server_id();
+    let body = match listing {
+        Listing::Resources => {
+            let span =
+                tracing::debug_span!("mcp_list_resources", task_id = %task_id, fd, server_id);
+            let listed = before_deadline(deadline, mcp.pool.list_resources(&grant.entry))
+                .instrument(span)
+                .await?;
+            let resources = listed.map_err(|error| {
+                tracing::warn!(task_id = %task_id, server_id, %error, "resources/list failed");
+                list_errno(&error)
+            })?;
+            let resources: Vec<_> = resources
+                .iter()
+                .filter(|resource| grant.check_resource(&resource.uri).is_ok())
+                .collect();
+            encode(&json!({"server_id": server_id, "resources": resources}))
+        }
+        Listing::Templates => {
+            let span = tracing::debug_span!("mcp_list_resource_templates", task_id = %task_id, fd, server_id);
+            let listed = before_deadline(deadline, mcp.pool.list_resource_templates(&grant.entry))
+                .instrument(span)
+                .await?;
+            let templates = listed.map_err(|error| {
+                tracing::warn!(task_id = %task_id, server_id, %error, "resources/templates/list failed");
+                list_errno(&error)
+            })?;
+            let templates: Vec<_> = templates
+                .iter()
+                .filter(|template| grant.permits_template(&template.uri_template))
+                .collect();
+            encode(&json!({"server_id": server_id, "resourceTemplates": templates}))
+        }
+        Listing::Prompts => {
+            let span = tracing::debug_span!("mcp_list_prompts", task_id = %task_id, fd, server_id);
+            let listed = before_deadline(deadline, mcp.pool.list_prompts(&grant.entry))
+                .instrument(span)
+                .await?;
+            let prompts = listed.map_err(|error| {
+                tracing::warn!(task_id = %task_id, server_id, %error, "prompts/list failed");
+                list_errno(&error)
+            })?;
+            let prompts: Vec<_> = prompts
+                .iter()
+                .filter(|prompt| grant.check_prompt(&prompt.name).is_ok())
+                .collect();
+            encode(&json!({"server_id": server_id, "prompts": prompts}))
+        }
+    };
+    deliver_fresh(caller, fd, key, out, body)
+}
+
+/// Reads one resource: a URI outside `allowed_resources` is `-EACCES` and a policy denial
+/// to observers, as a denied tool call; the server's errors are MCP error objects, as for
+/// `mcp_call_tool`.
+async fn read_resource<T: McpView>(
+    caller: &mut Caller<'_, T>,
+    fd: i32,
+    (uri_ptr, uri_len): (i32, i32),
+    out_ptr: i32,
+    out_len_ptr: i32,
+) -> Result<i32, HostcallError> {
+    let (mcp, task_id, deadline, entry, key, out) = {
+        let (mut mem, state) = guest(caller)?;
+        let out = mem.out_buf(out_ptr, out_len_ptr)?;
+        if usize::try_from(uri_len).is_ok_and(|len| len > defaults::MAX_RESOURCE_URI_BYTES) {
+            return Err(Errno::EINVAL.into());
+        }
+        let uri = mem.str(uri_ptr, uri_len)?;
+        let mcp = state.mcp().clone();
+        let sandbox = state.sandbox();
+        let (task_id, deadline) = (sandbox.task_id.clone(), sandbox.deadline);
+        let session = session(state, fd)?;
+        let server_id = session.grant.entry.server_id();
+        if let Err(denial) = session.grant.check_resource(uri) {
+            tracing::info!(task_id = %task_id, hostcall = "mcp_read_resource", server_id, uri, reason = ?denial.reason(), detail = %denial, "denied by policy");
+            let event = PolicyDenial::of_tool(
+                task_id.clone(),
+                fd,
+                "mcp_read_resource",
+                (server_id, uri),
+                denial.reason(),
+                denial.to_string(),
+            );
+            mcp.observers.policy_denied(&event);
+            return Err(Errno::EACCES.into());
+        }
+        if session
+            .keeps_output_for(|key| matches!(key, PendingKey::ReadResource { uri: u } if u == uri))
+        {
+            return Ok(deliver_kept(&mut mem, session, out)?);
+        }
+        let key = PendingKey::ReadResource {
+            uri: uri.to_owned(),
+        };
+        session.clear_output();
+        (
+            mcp,
+            task_id,
+            deadline,
+            session.grant.entry.clone(),
+            key,
+            out,
+        )
+    };
+    let PendingKey::ReadResource { uri } = &key else {
+        unreachable!("built above")
+    };
+    let server_id = entry.server_id();
+    let span =
+        tracing::info_span!("mcp_read_resource", task_id = %task_id, fd, server_id, uri = %uri);
+    let read = before_deadline(deadline, mcp.pool.read_resource(&entry, uri))
+        .instrument(span)
+        .await?;
+    let bytes = read.unwrap_or_else(|error| {
+        tracing::info!(task_id = %task_id, server_id, %error, "resources/read failed");
+        encode(&error.to_json())
+    });
+    deliver_fresh(caller, fd, key, out, bytes)
+}
+
+/// Gets a prompt: a name outside `allowed_prompts` is `-EACCES` and a policy denial, as
+/// for a tool; `args` is a JSON object of strings (empty means `{}`); the server's errors
+/// and arguments that are not an object of strings are MCP error objects.
+async fn get_prompt<T: McpView>(
+    caller: &mut Caller<'_, T>,
+    call: CallArgs,
+) -> Result<i32, HostcallError> {
+    let (mcp, task_id, deadline, budget, entry, key, out) = {
+        let (mut mem, state) = guest(caller)?;
+        let out = mem.out_buf(call.out_ptr, call.out_len_ptr)?;
+        if usize::try_from(call.name_len).is_ok_and(|len| len > defaults::MAX_TOOL_NAME_BYTES) {
+            return Err(Errno::EINVAL.into());
+        }
+        let name = mem.str(call.name_ptr, call.name_len)?;
+        let args = mem.bytes(call.args_ptr, call.args_len)?;
+        let mcp = state.mcp().clone();
+        let sandbox = state.sandbox();
+        let (task_id, deadline) = (sandbox.task_id.clone(), sandbox.deadline);
+        let budget = sandbox.budget.clone();
+        let session = session(state, call.fd)?;
+        let server_id = session.grant.entry.server_id();
+        if let Err(denial) = session.grant.check_prompt(name) {
+            tracing::info!(task_id = %task_id, hostcall = "mcp_get_prompt", server_id, prompt = %name, reason = ?denial.reason(), detail = %denial, "denied by policy");
+            let event = PolicyDenial::of_tool(
+                task_id.clone(),
+                call.fd,
+                "mcp_get_prompt",
+                (server_id, name),
+                denial.reason(),
+                denial.to_string(),
+            );
+            mcp.observers.policy_denied(&event);
+            return Err(Errno::EACCES.into());
+        }
+        if session.keeps_output_for(|key| {
+            matches!(key, PendingKey::GetPrompt { name: n, args: a } if n == name && a == args)
+        }) {
+            return Ok(deliver_kept(&mut mem, session, out)?);
+        }
+        // As for a tool call: the key and the request each copy the name and arguments.
+        let copies = budget.charge(
+            "mcp_get_prompt arguments",
+            heap::string(name.len() as u64)
+                .saturating_add(heap::alloc(args.len() as u64))
+                .saturating_mul(2),
+        )?;
+        let key = PendingKey::GetPrompt {
+            name: name.to_owned(),
+            args: args.to_vec(),
+        };
+        session.clear_output();
+        (
+            mcp,
+            task_id,
+            deadline,
+            (budget, copies),
+            session.grant.entry.clone(),
+            key,
+            out,
+        )
+    };
+    let (budget, _copies) = budget;
+    let PendingKey::GetPrompt { name, args } = &key else {
+        unreachable!("built above")
+    };
+    let server_id = entry.server_id();
+    let (arguments, _arguments_charge) = match parse_arguments(args, &budget)? {
+        Ok((arguments, _)) if arguments.values().any(|v| !v.is_string()) => {
+            let error = McpError::new(
+                McpErrorCode::InvalidArguments,
+                "prompt arguments must be a JSON object of strings",
+            );
+            return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json()));
+        }
+        Ok(arguments) => arguments,
+        Err(error) => return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json())),
+    };
+    let span = tracing::info_span!("mcp_get_prompt", task_id = %task_id, fd = call.fd, server_id, prompt = %name);
+    let got = before_deadline(deadline, mcp.pool.get_prompt(&entry, name, arguments))
+        .instrument(span)
+        .await?;
+    let bytes = got.unwrap_or_else(|error| {
+        tracing::info!(task_id = %task_id, server_id, prompt = %name, %error, "prompts/get failed");
+        encode(&error.to_json())
+    });
+    deliver_fresh(caller, call.fd, key, out, bytes)
 }
 
 struct CallArgs {

@@ -36,7 +36,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rmcp::ServiceError;
-use rmcp::model::{CallToolRequestParams, ErrorCode, JsonObject, PaginatedRequestParams};
+use rmcp::model::{
+    CallToolRequestParams, ErrorCode, GetPromptRequestParams, JsonObject, PaginatedRequestParams,
+    Prompt, ReadResourceRequestParams, Resource, ResourceTemplate,
+};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::auth::AuthSet;
@@ -784,6 +787,171 @@ impl McpPool {
         Ok(ToolCallOutput { result, json })
     }
 
+    /// Every resource the server lists (all pages, at most `budgets.max_tool_list_bytes`).
+    /// Not cached: resource lists change more often than tools and are read rarely.
+    pub async fn list_resources(
+        &self,
+        entry: &Arc<ServerEntry>,
+    ) -> Result<Vec<Resource>, McpError> {
+        let server_id = entry.server_id();
+        let cap = entry.record.budgets.max_tool_list_bytes;
+        self.request(entry, "resources/list", |conn, phase| async move {
+            list_pages(server_id, "resources/list", cap, &phase, |cursor| {
+                let conn = conn.clone();
+                async move {
+                    let params = PaginatedRequestParams::default().with_cursor(cursor);
+                    let page = conn.service.list_resources(Some(params)).await?;
+                    Ok((page.resources, page.next_cursor))
+                }
+            })
+            .await
+        })
+        .await
+    }
+
+    /// Every resource template the server lists, bounded like [`Self::list_resources`].
+    pub async fn list_resource_templates(
+        &self,
+        entry: &Arc<ServerEntry>,
+    ) -> Result<Vec<ResourceTemplate>, McpError> {
+        let server_id = entry.server_id();
+        let cap = entry.record.budgets.max_tool_list_bytes;
+        let what = "resources/templates/list";
+        self.request(entry, what, |conn, phase| async move {
+            list_pages(server_id, what, cap, &phase, |cursor| {
+                let conn = conn.clone();
+                async move {
+                    let params = PaginatedRequestParams::default().with_cursor(cursor);
+                    let page = conn.service.list_resource_templates(Some(params)).await?;
+                    Ok((page.resource_templates, page.next_cursor))
+                }
+            })
+            .await
+        })
+        .await
+    }
+
+    /// Reads `uri`; the result's JSON, at most `budgets.max_tool_output_bytes`. The caller
+    /// has decided policy ([`Grant::check_resource`](crate::policy::Grant::check_resource)).
+    pub async fn read_resource(
+        &self,
+        entry: &Arc<ServerEntry>,
+        uri: &str,
+    ) -> Result<Vec<u8>, McpError> {
+        let server_id = entry.server_id();
+        let cap = entry.record.budgets.max_tool_output_bytes;
+        self.request(entry, "resources/read", |conn, phase| async move {
+            let result = conn
+                .service
+                .read_resource(ReadResourceRequestParams::new(uri))
+                .await
+                .map_err(|e| service_failed(server_id, "resources/read", e, &phase))?;
+            encode_capped(&result, cap).map_err(|error| match error {
+                Encode::TooLarge => McpError::new(
+                    McpErrorCode::OutputTooLarge,
+                    format!(
+                        "resource `{uri}` on server `{server_id}` is more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
+                    ),
+                ),
+                Encode::Failed(e) => McpError::new(
+                    McpErrorCode::ToolExecFailed,
+                    format!("cannot encode the resource: {e}"),
+                ),
+            })
+        })
+        .await
+    }
+
+    /// Every prompt the server lists, bounded like [`Self::list_resources`].
+    pub async fn list_prompts(&self, entry: &Arc<ServerEntry>) -> Result<Vec<Prompt>, McpError> {
+        let server_id = entry.server_id();
+        let cap = entry.record.budgets.max_tool_list_bytes;
+        self.request(entry, "prompts/list", |conn, phase| async move {
+            list_pages(server_id, "prompts/list", cap, &phase, |cursor| {
+                let conn = conn.clone();
+                async move {
+                    let params = PaginatedRequestParams::default().with_cursor(cursor);
+                    let page = conn.service.list_prompts(Some(params)).await?;
+                    Ok((page.prompts, page.next_cursor))
+                }
+            })
+            .await
+        })
+        .await
+    }
+
+    /// Gets the prompt `name` with `arguments`; the result's JSON, at most
+    /// `budgets.max_tool_output_bytes`. The caller has decided policy
+    /// ([`Grant::check_prompt`](crate::policy::Grant::check_prompt)).
+    pub async fn get_prompt(
+        &self,
+        entry: &Arc<ServerEntry>,
+        name: &str,
+        arguments: JsonObject,
+    ) -> Result<Vec<u8>, McpError> {
+        let server_id = entry.server_id();
+        let cap = entry.record.budgets.max_tool_output_bytes;
+        let params = GetPromptRequestParams::new(name).with_arguments(arguments);
+        self.request(entry, "prompts/get", |conn, phase| async move {
+            let result = conn
+                .service
+                .get_prompt(params)
+                .await
+                .map_err(|e| service_failed(server_id, "prompts/get", e, &phase))?;
+            encode_capped(&result, cap).map_err(|error| match error {
+                Encode::TooLarge => McpError::new(
+                    McpErrorCode::OutputTooLarge,
+                    format!(
+                        "prompt `{name}` on server `{server_id}` is more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
+                    ),
+                ),
+                Encode::Failed(e) => McpError::new(
+                    McpErrorCode::ToolExecFailed,
+                    format!("cannot encode the prompt: {e}"),
+                ),
+            })
+        })
+        .await
+    }
+
+    /// Runs one request other than a tool call on `entry`'s server: within its
+    /// `tool_timeout` and a host call permit, its failures counted to the server's health
+    /// and redacted as `tools/list`'s are.
+    async fn request<'a, T, F, Fut>(
+        &self,
+        entry: &'a Arc<ServerEntry>,
+        what: &str,
+        request: F,
+    ) -> Result<T, McpError>
+    where
+        F: FnOnce(Arc<Connection>, Arc<CallPhase>) -> Fut,
+        Fut: Future<Output = Result<T, McpError>> + 'a,
+    {
+        let in_flight = self.enter(entry);
+        let slot = &in_flight.slot;
+        let conn = self.connect(slot).await?;
+        let timeout = entry.record.budgets.tool_timeout;
+        let phase = Arc::new(CallPhase::new(CallPhase::WAITING_FOR_HOST));
+        let run = async {
+            let _permit = self.call_permit().await?;
+            phase.set(CallPhase::ON_WIRE);
+            request(conn.clone(), phase.clone()).await
+        };
+        let result = match tokio::time::timeout(timeout, run).await {
+            Ok(result) => result.map_err(|error| error.redacted(entry.secrets())),
+            Err(_) => Err(self.call_timed_out(slot, what, timeout, &phase)),
+        };
+        if let Err(error) = &result {
+            if error.code == McpErrorCode::Unavailable {
+                self.discard(slot, &conn).await;
+            }
+            if server_failure(error.code) && phase.on_wire() {
+                slot.health.failed(&error.message);
+            }
+        }
+        result
+    }
+
     /// A timeout while doing `what` on `slot`'s server; names the cap whose permit the
     /// call was still waiting for, if it was.
     fn call_timed_out(
@@ -980,6 +1148,53 @@ async fn list_all_pages(
         "tools/list kept paging; using what was read"
     );
     Ok(tools)
+}
+
+/// Reads every page of a `what` listing, at most `cap` bytes of items (encoded) and
+/// [`defaults::MAX_TOOL_LIST_PAGES`] pages; a server paging past that gets what was read.
+async fn list_pages<T, F, Fut>(
+    server_id: &str,
+    what: &str,
+    cap: u64,
+    phase: &CallPhase,
+    mut page: F,
+) -> Result<Vec<T>, McpError>
+where
+    T: serde::Serialize,
+    F: FnMut(Option<String>) -> Fut,
+    Fut: Future<Output = Result<(Vec<T>, Option<String>), ServiceError>>,
+{
+    let mut items = Vec::new();
+    let mut cursor = None;
+    let mut total: u64 = 0;
+    for _ in 0..defaults::MAX_TOOL_LIST_PAGES {
+        let (listed, next) = page(cursor)
+            .await
+            .map_err(|e| service_failed(server_id, what, e, phase))?;
+        total = match encoded_len(&listed, cap.saturating_sub(total)) {
+            Some(len) => total.saturating_add(len),
+            None => {
+                return Err(McpError::new(
+                    McpErrorCode::OutputTooLarge,
+                    format!(
+                        "server `{server_id}` answered {what} with more than {cap} bytes (after {} items); the limit (budgets.max_tool_list_bytes) is {cap}",
+                        items.len()
+                    ),
+                ));
+            }
+        };
+        items.extend(listed);
+        cursor = next;
+        if cursor.is_none() {
+            return Ok(items);
+        }
+    }
+    tracing::warn!(
+        pages = defaults::MAX_TOOL_LIST_PAGES,
+        what,
+        "kept paging; using what was read"
+    );
+    Ok(items)
 }
 
 /// Where a call is, so a failure counts against the server's health only when it happened

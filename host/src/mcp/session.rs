@@ -99,6 +99,11 @@ fn errno_of(reason: Reason) -> Errno {
 pub(crate) enum PendingKey {
     ListTools,
     CallTool { name: String, args: Vec<u8> },
+    ListResources,
+    ListResourceTemplates,
+    ReadResource { uri: String },
+    ListPrompts,
+    GetPrompt { name: String, args: Vec<u8> },
 }
 
 impl PendingKey {
@@ -110,8 +115,12 @@ impl PendingKey {
     /// What the key holds on the heap.
     pub(crate) fn cost(&self) -> u64 {
         match self {
-            PendingKey::ListTools => 0,
-            PendingKey::CallTool { name, args } => {
+            PendingKey::ListTools
+            | PendingKey::ListResources
+            | PendingKey::ListResourceTemplates
+            | PendingKey::ListPrompts => 0,
+            PendingKey::ReadResource { uri } => heap::string(uri.len() as u64),
+            PendingKey::CallTool { name, args } | PendingKey::GetPrompt { name, args } => {
                 heap::string(name.len() as u64).saturating_add(heap::alloc(args.capacity() as u64))
             }
         }

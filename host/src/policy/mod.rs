@@ -206,12 +206,18 @@ pub enum Denial {
     /// The server's `approval_policy` asks for an approval and this host has no approver.
     /// (Policy never says this itself: the capability does, when it has no approver.)
     ApprovalRequired(ApprovalPolicy),
+    /// The registry's `allowed_resources` does not match the resource URI (or is empty).
+    ResourceNotAllowed,
+    /// The registry's `allowed_prompts` does not match the prompt name (or is empty).
+    PromptNotAllowed,
 }
 
 impl Denial {
     pub fn reason(&self) -> Reason {
         match self {
-            Denial::NotInAllowlist(_) => Reason::NotInAllowlist,
+            Denial::NotInAllowlist(_) | Denial::ResourceNotAllowed | Denial::PromptNotAllowed => {
+                Reason::NotInAllowlist
+            }
             Denial::DeniedByPattern(..) => Reason::DeniedByPattern,
             Denial::ApprovalRequired(_) => Reason::ApprovalRequired,
         }
@@ -227,6 +233,12 @@ impl fmt::Display for Denial {
             Denial::NotInAllowlist(layer) => write!(f, "not in the {layer}'s tool allowlist"),
             Denial::DeniedByPattern(layer, p) => {
                 write!(f, "matches the {layer}'s deny pattern `{p}`")
+            }
+            Denial::ResourceNotAllowed => {
+                f.write_str("not in the registry's allowed_resources for this server")
+            }
+            Denial::PromptNotAllowed => {
+                f.write_str("not in the registry's allowed_prompts for this server")
             }
             Denial::ApprovalRequired(policy) => write!(
                 f,
@@ -419,6 +431,37 @@ impl Grant {
             ApprovalPolicy::Policy => Approval::NotNeeded,
         })
     }
+}
+
+impl Grant {
+    /// Whether a guest may see or read the resource at `uri`: the registry's
+    /// `allowed_resources` (URI patterns; empty allows none). Registry-level only: no task,
+    /// profile or session layer narrows resources or prompts yet.
+    pub fn check_resource(&self, uri: &str) -> Result<(), Denial> {
+        let allowed = &self.entry.record.allowed_resources;
+        any_match_str(allowed, uri).ok_or(Denial::ResourceNotAllowed)
+    }
+
+    /// Whether a resource template's `uri_template` is listed: a template is shown when an
+    /// `allowed_resources` pattern matches the template text itself (e.g. `demo://x/*`
+    /// matches `demo://x/{id}`); reads of its URIs are still checked one by one.
+    pub fn permits_template(&self, uri_template: &str) -> bool {
+        self.check_resource(uri_template).is_ok()
+    }
+
+    /// Whether a guest may see or get the prompt `name`: the registry's `allowed_prompts`
+    /// (name patterns; empty allows none), registry-level only like resources.
+    pub fn check_prompt(&self, name: &str) -> Result<(), Denial> {
+        let allowed = &self.entry.record.allowed_prompts;
+        any_match_str(allowed, name).ok_or(Denial::PromptNotAllowed)
+    }
+}
+
+fn any_match_str(patterns: &[String], text: &str) -> Option<()> {
+    patterns
+        .iter()
+        .any(|p| Pattern::new(p.as_str()).matches(text))
+        .then_some(())
 }
 
 /// What the layers grant a session, and the decision log of what they do not.

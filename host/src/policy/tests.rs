@@ -450,3 +450,40 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn resources_and_prompts_are_denied_unless_the_registry_lists_them() {
+    let mut grant = Grant {
+        entry: Arc::new(entry("docs", &["*"], &[], true)),
+        filter: ToolFilter::new(&["*".to_owned()], &TaskMcpPolicy::default()),
+    };
+    // Empty lists (the default) allow nothing, even with every tool allowed.
+    assert_eq!(
+        grant.check_resource("file:///a"),
+        Err(Denial::ResourceNotAllowed)
+    );
+    assert_eq!(grant.check_prompt("p"), Err(Denial::PromptNotAllowed));
+    let mut record = grant.entry.record.clone();
+    record.allowed_resources = vec!["demo://text/*".into()];
+    record.allowed_prompts = vec!["args-?rompt".into()];
+    grant.entry = Arc::new(ServerEntry {
+        record,
+        ..entry("docs", &["*"], &[], true)
+    });
+    assert_eq!(grant.check_resource("demo://text/7"), Ok(()));
+    assert!(grant.permits_template("demo://text/{id}"));
+    assert_eq!(
+        grant.check_resource("demo://blob/7"),
+        Err(Denial::ResourceNotAllowed)
+    );
+    assert_eq!(grant.check_prompt("args-prompt"), Ok(()));
+    assert_eq!(
+        grant.check_prompt("simple-prompt"),
+        Err(Denial::PromptNotAllowed)
+    );
+    assert_eq!(
+        Denial::PromptNotAllowed.to_string(),
+        "not in the registry's allowed_prompts for this server"
+    );
+    assert_eq!(Denial::ResourceNotAllowed.reason(), Reason::NotInAllowlist);
+}

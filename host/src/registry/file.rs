@@ -46,6 +46,10 @@ struct ServerFile {
     #[serde(default)]
     allowed_tools: Vec<String>,
     #[serde(default)]
+    allowed_resources: Vec<String>,
+    #[serde(default)]
+    allowed_prompts: Vec<String>,
+    #[serde(default)]
     approval_policy: ApprovalPolicy,
     #[serde(default)]
     approval_tools: Vec<String>,
@@ -276,6 +280,26 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
             "an empty pattern matches nothing; remove it",
         ));
     }
+    if let Some(i) = file
+        .allowed_resources
+        .iter()
+        .position(|p| p.trim().is_empty())
+    {
+        return Err(field_err(
+            format!("allowed_resources[{i}]"),
+            "an empty pattern matches nothing; remove it",
+        ));
+    }
+    if let Some(i) = file
+        .allowed_prompts
+        .iter()
+        .position(|p| p.trim().is_empty())
+    {
+        return Err(field_err(
+            format!("allowed_prompts[{i}]"),
+            "an empty pattern matches nothing; remove it",
+        ));
+    }
     if !file.approval_tools.is_empty() && file.approval_policy != ApprovalPolicy::Policy {
         return Err(field_err(
             "approval_tools",
@@ -345,6 +369,8 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
         http: file.http,
         tool_namespace,
         allowed_tools: file.allowed_tools,
+        allowed_resources: file.allowed_resources,
+        allowed_prompts: file.allowed_prompts,
         approval_policy: file.approval_policy,
         approval_tools: file.approval_tools,
         approval_timeout,

@@ -117,6 +117,12 @@ pub struct ServerRecord {
     pub http: Option<HttpConfig>,
     pub tool_namespace: String,
     pub allowed_tools: Vec<String>,
+    /// The resource URIs (patterns as in `allowed_tools`) guests may list and read; empty
+    /// means none.
+    pub allowed_resources: Vec<String>,
+    /// The prompt names (patterns as in `allowed_tools`) guests may list and get; empty
+    /// means none.
+    pub allowed_prompts: Vec<String>,
     pub approval_policy: ApprovalPolicy,
     /// With `approval_policy = "policy"`: the tools (patterns as in `allowed_tools`) whose
     /// calls wait for approval.
@@ -151,6 +157,8 @@ impl ServerRecord {
             http: None,
             tool_namespace: format!("mcp.{id}"),
             allowed_tools: vec!["*".into()],
+            allowed_resources: vec![],
+            allowed_prompts: vec![],
             approval_policy: ApprovalPolicy::Never,
             approval_tools: vec![],
             approval_timeout: None,
@@ -213,6 +221,8 @@ impl ServerEntry {
             transport: r.transport,
             tool_namespace: r.tool_namespace.clone(),
             allowed_tools: r.allowed_tools.clone(),
+            allowed_resources: r.allowed_resources.clone(),
+            allowed_prompts: r.allowed_prompts.clone(),
             approval_policy: r.approval_policy,
             approval_tools: r.approval_tools.clone(),
             tags: r.tags.clone(),
@@ -237,6 +247,10 @@ pub struct ServerView {
     pub transport: Transport,
     pub tool_namespace: String,
     pub allowed_tools: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_resources: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allowed_prompts: Vec<String>,
     pub approval_policy: ApprovalPolicy,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub approval_tools: Vec<String>,
