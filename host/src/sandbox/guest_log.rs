@@ -44,7 +44,8 @@ impl GuestLogSink {
 }
 
 /// `line` as shown: one trailing line end dropped (the host ends every line), newlines and
-/// tabs inside kept, every other control character escaped (`\x1b`, `\u{9b}`).
+/// tabs inside kept, every other control character escaped (`\x1b`, `\u{9b}`), and so are
+/// the invisible characters that reorder or hide text on a terminal (`\u{202e}`).
 pub(crate) fn printable(line: &str) -> Vec<u8> {
     let line = line.strip_suffix('\n').unwrap_or(line);
     let line = line.strip_suffix('\r').unwrap_or(line);
@@ -55,7 +56,7 @@ pub(crate) fn printable(line: &str) -> Vec<u8> {
             c if c.is_ascii_control() => {
                 let _ = write!(out, "\\x{:02x}", u32::from(c));
             }
-            c if c.is_control() => {
+            c if c.is_control() || reorders_text(c) => {
                 let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
             }
             c => out.push(c),
@@ -63,6 +64,12 @@ pub(crate) fn printable(line: &str) -> Vec<u8> {
     }
     out.push('\n');
     out.into_bytes()
+}
+
+/// Bidirectional overrides, isolates and marks, zero-width characters and the BOM: they
+/// would let a guest make its line read differently from what it holds.
+fn reorders_text(c: char) -> bool {
+    matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}' | '\u{061c}')
 }
 
 /// Waits until the guest lines queued for the host's stderr so far are written, at most
@@ -254,5 +261,10 @@ mod tests {
             "\\x1b[2J\\x07bell\\x0d\\u{9b}31m\\x00\n"
         );
         assert_eq!(shown("Ω ünïcode"), "Ω ünïcode\n");
+        assert_eq!(
+            shown("ok\u{202e}txt.exe\u{200b}\u{2066}x\u{feff}"),
+            "ok\\u{202e}txt.exe\\u{200b}\\u{2066}x\\u{feff}\n",
+            "characters that reorder or hide text are shown escaped"
+        );
     }
 }
