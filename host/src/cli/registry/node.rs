@@ -179,7 +179,7 @@ impl NodeClient {
             .map(|(kind, item)| Record {
                 kind,
                 name: item.name,
-                format: item.format.into(),
+                format: item.format,
                 revision: item.revision,
                 updated_at: item.updated_at,
                 state: item.state,
@@ -235,7 +235,7 @@ impl NodeClient {
                 .changes
                 .into_iter()
                 .map(|c| DocChange {
-                    kind: c.kind.into(),
+                    kind: c.kind,
                     name: c.name,
                     change: c.change.into(),
                 })
@@ -333,7 +333,7 @@ struct Profiles {
 struct Item {
     #[serde(alias = "server_id")]
     name: String,
-    format: Format,
+    format: DocFormat,
     body: String,
     revision: u64,
     #[serde(default)]
@@ -349,7 +349,7 @@ impl Item {
         StoredDoc {
             kind,
             name: self.name,
-            format: self.format.into(),
+            format: self.format,
             body: self.body.into_bytes(),
             revision: self.revision,
             updated_at: self.updated_at,
@@ -371,43 +371,9 @@ struct Imported {
 
 #[derive(Deserialize)]
 struct ImportChange {
-    kind: Kind,
+    kind: DocKind,
     name: String,
     change: ChangeName,
-}
-
-// The library's enums only serialize; these read the same names.
-
-#[derive(Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Format {
-    Toml,
-    Json,
-}
-
-impl From<Format> for DocFormat {
-    fn from(format: Format) -> Self {
-        match format {
-            Format::Toml => Self::Toml,
-            Format::Json => Self::Json,
-        }
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Kind {
-    Server,
-    Profile,
-}
-
-impl From<Kind> for DocKind {
-    fn from(kind: Kind) -> Self {
-        match kind {
-            Kind::Server => Self::Server,
-            Kind::Profile => Self::Profile,
-        }
-    }
 }
 
 /// An import never removes, so `remove` is not an answer.

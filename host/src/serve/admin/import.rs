@@ -35,11 +35,10 @@ pub(in crate::serve) async fn import(
 ) -> Result<Response, ApiError> {
     let dry_run = dry_run(query.as_deref())?;
     let record = read_record(&state, &headers, body).await?;
-    let docs =
-        parse_bundle(record.format.into(), record.body.as_bytes(), "bundle").map_err(|e| {
-            let field = entry_field(&e.to_string());
-            store_error(e).with_field(field)
-        })?;
+    let docs = parse_bundle(record.format, record.body.as_bytes(), "bundle").map_err(|e| {
+        let field = entry_field(&e.to_string());
+        store_error(e).with_field(field)
+    })?;
     if docs.len() > defaults::ADMIN_IMPORT_MAX_DOCS {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,

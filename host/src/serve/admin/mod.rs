@@ -41,24 +41,8 @@ use crate::registry::{DocFormat, DocKind, RegistryStore, StoreError};
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RecordBody {
-    format: Format,
+    format: DocFormat,
     body: String,
-}
-
-#[derive(Clone, Copy, Deserialize)]
-#[serde(rename_all = "snake_case")]
-enum Format {
-    Toml,
-    Json,
-}
-
-impl From<Format> for DocFormat {
-    fn from(format: Format) -> Self {
-        match format {
-            Format::Toml => Self::Toml,
-            Format::Json => Self::Json,
-        }
-    }
 }
 
 /// What the API calls each kind of document, and the field naming it.

@@ -230,7 +230,7 @@ fn put_of(kind: DocKind, name: &str, record: RecordBody) -> Write {
     Write::Put(StoredDoc {
         kind,
         name: name.to_owned(),
-        format: DocFormat::from(record.format),
+        format: record.format,
         body: record.body.into_bytes(),
         revision: 0,
         updated_at: None,
@@ -300,7 +300,7 @@ fn document_name(kind: DocKind, record: &RecordBody) -> Result<String, ApiError>
     let invalid = |message: String| {
         ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_record", message)
     };
-    let format = DocFormat::from(record.format);
+    let format = record.format;
     let fields = parse_fields(format, record.body.as_bytes()).ok_or_else(|| {
         let written = match format {
             DocFormat::Toml => "a TOML table",
