@@ -235,9 +235,20 @@ impl Node {
         self.client.request(method, format!("{}{path}", self.base))
     }
 
-    /// Sends `request` and reads the answer.
+    /// Sends `request` and reads the answer. A large body goes the way curl sends one,
+    /// with `Expect: 100-continue`: a node that refuses it early answers before any of it
+    /// is written, where reqwest would race the node's close and see a broken pipe.
     pub async fn send(request: reqwest::RequestBuilder) -> Answer {
-        let response = request.send().await.expect("request to the node");
+        let (client, request) = request.build_split();
+        let request = request.expect("a well-formed request");
+        let large = request
+            .body()
+            .and_then(|body| body.as_bytes())
+            .is_some_and(|bytes| bytes.len() > EXPECT_CONTINUE_FROM);
+        if large {
+            return send_expecting_continue(request).await;
+        }
+        let response = client.execute(request).await.expect("request to the node");
         let status = response.status().as_u16();
         let headers = response.headers().clone();
         let bytes = response.bytes().await.expect("answer body");
@@ -374,4 +385,107 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
+}
+
+/// Bodies larger than this are sent with `Expect: 100-continue`.
+const EXPECT_CONTINUE_FROM: usize = 64 * 1024;
+
+/// One HTTP/1.1 exchange over a fresh connection: the head with `Expect: 100-continue`,
+/// the body only after `100 Continue`, then the final answer (read to its
+/// `Content-Length`, or to the close).
+async fn send_expecting_continue(request: reqwest::Request) -> Answer {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let url = request.url();
+    let body = request
+        .body()
+        .and_then(|b| b.as_bytes())
+        .unwrap_or_default();
+    let address = format!(
+        "{}:{}",
+        url.host_str().expect("a host"),
+        url.port_or_known_default().expect("a port")
+    );
+    let mut head = format!(
+        "{} {} HTTP/1.1\r\nhost: {address}\r\ncontent-length: {}\r\nexpect: 100-continue\r\nconnection: close\r\n",
+        request.method(),
+        match url.query() {
+            Some(query) => format!("{}?{query}", url.path()),
+            None => url.path().to_owned(),
+        },
+        body.len()
+    );
+    for (name, value) in request.headers() {
+        head.push_str(&format!(
+            "{name}: {}\r\n",
+            value.to_str().expect("ASCII header")
+        ));
+    }
+    head.push_str("\r\n");
+    let mut stream = tokio::net::TcpStream::connect(&address)
+        .await
+        .expect("connect to the node");
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .expect("send the head");
+    let mut received = Vec::new();
+    loop {
+        let (status, headers, body_at) = read_head(&mut stream, &mut received).await;
+        if status == 100 {
+            received.drain(..body_at);
+            stream.write_all(body).await.expect("send the body");
+            continue;
+        }
+        let length = headers
+            .get(reqwest::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+        while length.is_none_or(|n| received.len() - body_at < n) {
+            let mut chunk = [0u8; 8192];
+            match stream.read(&mut chunk).await.expect("read the answer") {
+                0 => break,
+                n => received.extend_from_slice(&chunk[..n]),
+            }
+        }
+        let json = serde_json::from_slice(&received[body_at..]).unwrap_or(Value::Null);
+        return Answer {
+            status,
+            headers,
+            json,
+        };
+    }
+}
+
+/// Reads until `received` holds a whole response head: its status, headers and where the
+/// body starts.
+async fn read_head(
+    stream: &mut tokio::net::TcpStream,
+    received: &mut Vec<u8>,
+) -> (u16, reqwest::header::HeaderMap, usize) {
+    use tokio::io::AsyncReadExt;
+
+    let end = loop {
+        if let Some(at) = received.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let mut chunk = [0u8; 8192];
+        let n = stream.read(&mut chunk).await.expect("read the answer");
+        assert!(n > 0, "the node closed the connection before answering");
+        received.extend_from_slice(&chunk[..n]);
+    };
+    let text = std::str::from_utf8(&received[..end]).expect("an ASCII head");
+    let mut lines = text.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|line| line.split(' ').nth(1)?.parse().ok())
+        .expect("a status line");
+    let mut headers = reqwest::header::HeaderMap::new();
+    for line in lines.filter(|l| !l.is_empty()) {
+        let (name, value) = line.split_once(':').expect("a header line");
+        headers.append(
+            reqwest::header::HeaderName::from_bytes(name.trim().as_bytes()).expect("a header name"),
+            value.trim().parse().expect("a header value"),
+        );
+    }
+    (status, headers, end)
 }
