@@ -423,6 +423,24 @@ pub const RECONNECT_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// cut to it, so the token is fetched again at least daily and the clock cannot overflow.
 pub const OAUTH_TOKEN_MAX_LIFETIME: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// Shortest time an OAuth access token is cached, whatever `expires_in` says: an
+/// `expires_in` of 0 or 1 would otherwise make every MCP request fetch a new token. A token
+/// that really expires sooner is replaced once the server answers 401.
+pub const OAUTH_TOKEN_MIN_LIFETIME: Duration = Duration::from_secs(10);
+
+/// Token lifetime assumed when the token response has no `expires_in` (RFC 6749 makes it
+/// optional): an hour, the common default of authorization servers; a token revoked
+/// earlier is replaced on the server's 401.
+pub const OAUTH_TOKEN_DEFAULT_LIFETIME: Duration = Duration::from_secs(60 * 60);
+
+/// How long before its expiry a cached token is replaced, so a request does not leave with
+/// a token that expires on the way: 30 s, or a tenth of a shorter token's lifetime.
+pub const OAUTH_TOKEN_REFRESH_MARGIN: Duration = Duration::from_secs(30);
+
+/// Characters of a token endpoint's `error` code kept in an error message. Real codes
+/// (`invalid_client`, `invalid_scope`) are under 30; a hostile server's long text is cut.
+pub const OAUTH_ERROR_CODE_MAX_CHARS: usize = 100;
+
 /// Longest one OAuth request (protected-resource or authorization-server metadata, token
 /// endpoint) may take, body included: a metadata server that trickles bytes cannot hold a
 /// connect past it. rmcp suggests the same 30 s.

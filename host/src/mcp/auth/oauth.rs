@@ -34,15 +34,16 @@ use crate::mcp::outbound::{OutboundClient, read_capped};
 
 const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
 
-/// How long before expiry a cached token is replaced: 30 s, or a tenth of a short-lived
-/// token's lifetime.
-const REFRESH_MARGIN: Duration = Duration::from_secs(30);
-
-/// When to fetch a token again. `lifetime` comes from the token endpoint: it is capped at
-/// [`defaults::OAUTH_TOKEN_MAX_LIFETIME`] so a huge `expires_in` cannot overflow the clock.
+/// When to fetch a token again. `lifetime` comes from the token endpoint: it is kept within
+/// [`defaults::OAUTH_TOKEN_MIN_LIFETIME`] (so `expires_in: 0` cannot make every request
+/// fetch a token) and [`defaults::OAUTH_TOKEN_MAX_LIFETIME`] (so a huge one cannot
+/// overflow the clock).
 fn refresh_at(fetched: Instant, lifetime: Duration) -> Instant {
-    let lifetime = lifetime.min(defaults::OAUTH_TOKEN_MAX_LIFETIME);
-    fetched + lifetime - REFRESH_MARGIN.min(lifetime / 10)
+    let lifetime = lifetime.clamp(
+        defaults::OAUTH_TOKEN_MIN_LIFETIME,
+        defaults::OAUTH_TOKEN_MAX_LIFETIME,
+    );
+    fetched + lifetime - defaults::OAUTH_TOKEN_REFRESH_MARGIN.min(lifetime / 10)
 }
 
 /// Which server and `auth_ref` a client serves, for its errors.
@@ -411,18 +412,19 @@ impl OAuthClient {
             })?;
         let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         if !status.is_success() {
-            let error = body["error"].as_str().unwrap_or("no error code");
             return Err(self.fail(OAuthProblem::TokenRefused {
                 url: token_url,
                 status,
-                error: error.chars().take(100).collect(),
+                error: error_code(&body),
             }));
         }
         let token = body["access_token"]
             .as_str()
             .filter(|token| !token.is_empty())
             .ok_or_else(|| self.fail(OAuthProblem::NoAccessToken))?;
-        let lifetime = Duration::from_secs(body["expires_in"].as_u64().unwrap_or(3600));
+        let lifetime = body["expires_in"]
+            .as_u64()
+            .map_or(defaults::OAUTH_TOKEN_DEFAULT_LIFETIME, Duration::from_secs);
         tracing::debug!(
             server_id = %self.who.server_id,
             method = endpoint.method.name(),
@@ -463,6 +465,19 @@ impl OAuthHttpClient for Discovery {
     }
 }
 
+/// The `error` code of a refused token request, as shown in errors and logs: printable
+/// ASCII only (RFC 6749 codes are), cut to [`defaults::OAUTH_ERROR_CODE_MAX_CHARS`], so a
+/// hostile server cannot flood or forge log lines.
+fn error_code(body: &Value) -> String {
+    let Some(code) = body["error"].as_str() else {
+        return "no error code".into();
+    };
+    code.chars()
+        .filter(|c| c.is_ascii_graphic() || *c == ' ')
+        .take(defaults::OAUTH_ERROR_CODE_MAX_CHARS)
+        .collect()
+}
+
 /// `application/x-www-form-urlencoded` encoding of one value.
 fn form_encode(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
@@ -489,6 +504,33 @@ mod tests {
         assert!(at > now && at <= now + defaults::OAUTH_TOKEN_MAX_LIFETIME);
         let short = refresh_at(now, Duration::from_secs(60));
         assert_eq!(short, now + Duration::from_secs(54));
+    }
+
+    #[test]
+    fn a_zero_or_tiny_expires_in_still_caches_the_token_a_while() {
+        let now = Instant::now();
+        let min = defaults::OAUTH_TOKEN_MIN_LIFETIME;
+        for secs in [0, 1] {
+            let at = refresh_at(now, Duration::from_secs(secs));
+            assert_eq!(at, now + min - min / 10, "expires_in {secs}");
+            assert!(at > now + Duration::from_secs(5), "expires_in {secs}");
+        }
+    }
+
+    #[test]
+    fn error_codes_are_printable_and_short() {
+        assert_eq!(
+            error_code(&serde_json::json!({"error": "invalid_scope"})),
+            "invalid_scope"
+        );
+        assert_eq!(error_code(&serde_json::json!({})), "no error code");
+        let hostile = format!("bad\n2026-01-01 INFO forged\u{1b}[31m{}", "x".repeat(500));
+        let shown = error_code(&serde_json::json!({ "error": hostile }));
+        assert_eq!(shown.chars().count(), defaults::OAUTH_ERROR_CODE_MAX_CHARS);
+        assert!(
+            shown.starts_with("bad2026-01-01 INFO forged[31mxx"),
+            "{shown}"
+        );
     }
 
     #[test]
