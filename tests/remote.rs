@@ -649,6 +649,49 @@ fn secure_registry(url: &str) -> RegistryDir {
 }
 
 #[tokio::test]
+async fn a_plain_http_token_endpoint_for_an_https_server_never_gets_the_secret() {
+    let tokens = TokenServer::start("quiver", "clear-s3cret", Duration::from_secs(60)).await;
+    // SAFETY: tests in this binary use distinct variable names.
+    unsafe { std::env::set_var("QUIVER_TEST_CLEAR_SECRET", "clear-s3cret") };
+    let auth = || {
+        auth_table(&format!(
+            "client_secret_env = \"QUIVER_TEST_CLEAR_SECRET\"\ntoken_url = {:?}\n",
+            tokens.token_url()
+        ))
+    };
+    // The default egress rules allow plain http anywhere; the https server is what counts.
+    let https_url = "https://127.0.0.1:9/mcp";
+    let host = remote_host(&secure_registry(https_url), auth(), loopback_egress());
+    let error = call_text(&host, "secure", "echo", serde_json::json!({"text": "x"}))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, McpErrorCode::Unavailable, "{error}");
+    let message = &error.message;
+    assert!(
+        message.contains(&format!(
+            "token endpoint {} is plain http while {https_url} is https",
+            tokens.token_url()
+        )) && message.contains("use an https token endpoint"),
+        "{message}"
+    );
+    assert!(!message.contains("clear-s3cret"), "{message}");
+    assert_eq!(tokens.token_request_count(), 0, "the secret was never sent");
+    host.shutdown().await;
+
+    // The same token endpoint for a plain-http server is used: the https server decided.
+    let server = FixtureHttp::spawn("http", &["--bearer-introspect", &tokens.introspect_url()]);
+    let host = remote_host(&secure_registry(server.url()), auth(), loopback_egress());
+    assert_eq!(
+        call_text(&host, "secure", "echo", serde_json::json!({"text": "x"}))
+            .await
+            .unwrap(),
+        "x"
+    );
+    assert_eq!(tokens.token_request_count(), 1);
+    host.shutdown().await;
+}
+
+#[tokio::test]
 async fn metadata_named_by_the_401_challenge_and_only_at_the_path_based_uri_is_found() {
     let tokens = TokenServer::start("quiver", "challenge-s3cret", Duration::from_secs(60)).await;
     let server = FixtureHttp::spawn(

@@ -82,6 +82,12 @@ pub(crate) enum OAuthProblem {
     /// checked before a credential is read.
     #[error("token endpoint: {0}")]
     TokenEndpointDenied(#[source] EgressRefused),
+    /// A plain-http token endpoint while the authorization server or the MCP server is
+    /// https: the credential would travel in clear.
+    #[error(
+        "token endpoint {url} is plain http while {https} is https, so the client secret or assertion would travel in clear; use an https token endpoint (token_url, or the authorization server's metadata)"
+    )]
+    TokenEndpointInClear { url: String, https: String },
     /// The variable holding the client secret is not set.
     #[error("environment variable `{var}` is not set")]
     SecretEnvMissing { var: String },

@@ -223,6 +223,7 @@ impl OAuthClient {
     /// Finds the token endpoint, how to authenticate there, and the scopes to ask for.
     async fn discover(&self, state: &mut State, challenge: Option<&str>) -> Result<(), AuthError> {
         if let Some(token_url) = &self.config.token_url {
+            self.check_in_clear(token_url, self.config.issuer.as_deref())?;
             state.endpoint = Some(Endpoint {
                 token_url: token_url.clone(),
                 issuer: self.config.issuer.clone(),
@@ -270,6 +271,7 @@ impl OAuthClient {
                     .collect(),
             )
         };
+        self.check_in_clear(&metadata.token_endpoint, issuer.as_deref())?;
         let method = self.method(listed("token_endpoint_auth_methods_supported"))?;
         if method == TokenEndpointAuth::PrivateKeyJwt
             && let (Some(key), Some(algs)) = (
@@ -302,6 +304,26 @@ impl OAuthClient {
             issuer,
             method,
         });
+        Ok(())
+    }
+
+    /// Refuses a plain-http `token_url` when the authorization server (`issuer`) or the MCP
+    /// server is reached over https: the egress rules may allow plain http (for local
+    /// servers), but the secret or assertion must not cross the network in clear where
+    /// everything around it is encrypted.
+    fn check_in_clear(&self, token_url: &str, issuer: Option<&str>) -> Result<(), AuthError> {
+        let scheme = |url: &str| reqwest::Url::parse(url).map(|u| u.scheme().to_owned());
+        if scheme(token_url).is_ok_and(|s| s == "http")
+            && let Some(https) = [issuer, Some(self.server_url.as_str())]
+                .into_iter()
+                .flatten()
+                .find(|url| scheme(url).is_ok_and(|s| s == "https"))
+        {
+            return Err(self.fail(OAuthProblem::TokenEndpointInClear {
+                url: token_url.to_owned(),
+                https: https.to_owned(),
+            }));
+        }
         Ok(())
     }
 
@@ -496,6 +518,82 @@ fn form_encode(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mcp::egress::{EgressConfig, EgressPolicy};
+
+    /// A client for `server_url` with the `[auth.corp]` lines of `table`; every loopback
+    /// and public http(s) URL is allowed.
+    fn oauth_client(table: &str, server_url: &str) -> OAuthClient {
+        let config: OAuthClientCredentialsConfig = toml::from_str(&format!(
+            "client_id = \"q\"\nclient_secret_env = \"QUIVER_UNIT_UNSET_SECRET\"\n{table}"
+        ))
+        .unwrap();
+        let policy = EgressPolicy::from_config(&EgressConfig {
+            allow_private: vec!["127.0.0.0/8".into()],
+            ..EgressConfig::default()
+        })
+        .unwrap();
+        let http = OutboundClient::new(Arc::new(policy), Duration::from_secs(5)).unwrap();
+        let who = Identity {
+            server_id: "web".into(),
+            auth_ref: "corp".into(),
+        };
+        OAuthClient::new(who, config, None, server_url.to_owned(), http)
+    }
+
+    #[test]
+    fn a_plain_http_token_endpoint_is_refused_next_to_https() {
+        let cases = [
+            (
+                "http://as.example/t",
+                Some("https://as.example"),
+                "http://mcp.example/mcp",
+                Some("https://as.example"),
+            ),
+            (
+                "http://as.example/t",
+                None,
+                "https://mcp.example/mcp",
+                Some("https://mcp.example/mcp"),
+            ),
+            (
+                "http://as.example/t",
+                Some("http://as.example"),
+                "http://mcp.example/mcp",
+                None,
+            ),
+            (
+                "https://as.example/t",
+                Some("https://as.example"),
+                "https://mcp.example/mcp",
+                None,
+            ),
+            (
+                "https://as.example/t",
+                Some("http://as.example"),
+                "http://mcp.example/mcp",
+                None,
+            ),
+        ];
+        for (token_url, issuer, server_url, refused_for) in cases {
+            let client = oauth_client("", server_url);
+            let checked = client.check_in_clear(token_url, issuer);
+            match (refused_for, checked) {
+                (None, Ok(())) => {}
+                (Some(https), Err(error)) => {
+                    let text = error.to_string();
+                    assert!(
+                        text.contains(&format!(
+                            "token endpoint {token_url} is plain http while {https} is https"
+                        )) && text.contains("use an https token endpoint"),
+                        "{text}"
+                    );
+                }
+                (expected, got) => panic!(
+                    "{token_url} {issuer:?} {server_url}: expected {expected:?}, got {got:?}"
+                ),
+            }
+        }
+    }
 
     #[test]
     fn a_huge_expires_in_does_not_overflow_the_clock() {
