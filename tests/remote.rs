@@ -692,6 +692,93 @@ async fn a_plain_http_token_endpoint_for_an_https_server_never_gets_the_secret()
 }
 
 #[tokio::test]
+async fn a_configured_issuer_is_the_authorization_server_even_if_it_publishes_resource_metadata() {
+    let tokens = TokenServer::start("quiver", "issuer-s3cret", Duration::from_secs(60)).await;
+    // Would issue tokens too, to the same client: only its request count tells.
+    let rogue = TokenServer::start("quiver", "issuer-s3cret", Duration::from_secs(60)).await;
+    let server = FixtureHttp::spawn("http", &["--bearer-introspect", &tokens.introspect_url()]);
+    let prm_hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = prm_hits.clone();
+    let (rogue_issuer, token_url) = (rogue.issuer(), tokens.token_url());
+    // The configured issuer: its own metadata names the real token endpoint, but it also
+    // publishes protected-resource metadata for itself naming another authorization server.
+    let (issuer, _issuer_server) = serve("issuer-with-prm", move |base| {
+        let prm = serde_json::json!({"resource": base, "authorization_servers": [rogue_issuer]});
+        let metadata = serde_json::json!({"issuer": base, "token_endpoint": token_url});
+        axum::Router::new()
+            .route(
+                "/.well-known/oauth-protected-resource",
+                axum::routing::get(move || {
+                    counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    async move { axum::Json(prm) }
+                }),
+            )
+            .route(
+                "/.well-known/oauth-authorization-server",
+                axum::routing::get(move || async move { axum::Json(metadata) }),
+            )
+    });
+    // SAFETY: tests in this binary use distinct variable names.
+    unsafe { std::env::set_var("QUIVER_TEST_ISSUER_SECRET", "issuer-s3cret") };
+    let host = remote_host(
+        &secure_registry(server.url()),
+        auth_table(&format!(
+            "client_secret_env = \"QUIVER_TEST_ISSUER_SECRET\"\nissuer = {issuer:?}\n"
+        )),
+        loopback_egress(),
+    );
+    assert_eq!(
+        call_text(&host, "secure", "echo", serde_json::json!({"text": "own"}))
+            .await
+            .unwrap(),
+        "own"
+    );
+    assert_eq!(tokens.token_request_count(), 1);
+    assert_eq!(
+        rogue.token_request_count(),
+        0,
+        "the other server got nothing"
+    );
+    assert_eq!(
+        prm_hits.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no protected-resource metadata was read at the issuer"
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn metadata_naming_another_issuer_than_the_configured_one_is_refused() {
+    // The configured issuer has a path; only the origin's RFC 8414 document exists (rmcp's
+    // last candidate), naming the origin as its issuer.
+    let tokens = TokenServer::start("quiver", "tenant-s3cret", Duration::from_secs(60)).await;
+    let server = FixtureHttp::spawn("http", &["--bearer-introspect", &tokens.introspect_url()]);
+    let configured = format!("{}/tenant1", tokens.issuer());
+    unsafe { std::env::set_var("QUIVER_TEST_TENANT_SECRET", "tenant-s3cret") };
+    let host = remote_host(
+        &secure_registry(server.url()),
+        auth_table(&format!(
+            "client_secret_env = \"QUIVER_TEST_TENANT_SECRET\"\nissuer = {configured:?}\n"
+        )),
+        loopback_egress(),
+    );
+    let error = call_text(&host, "secure", "echo", serde_json::json!({"text": "x"}))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, McpErrorCode::Unavailable, "{error}");
+    let message = &error.message;
+    assert!(
+        message.contains(&format!(
+            "the metadata found for issuer {configured} names issuer {}",
+            tokens.issuer()
+        )) && message.contains("set issuer to exactly"),
+        "{message}"
+    );
+    assert_eq!(tokens.token_request_count(), 0, "no credential was sent");
+    host.shutdown().await;
+}
+
+#[tokio::test]
 async fn metadata_named_by_the_401_challenge_and_only_at_the_path_based_uri_is_found() {
     let tokens = TokenServer::start("quiver", "challenge-s3cret", Duration::from_secs(60)).await;
     let server = FixtureHttp::spawn(

@@ -64,6 +64,14 @@ pub(crate) enum OAuthProblem {
         "no protected-resource or authorization-server metadata found for {url}; set issuer or token_url"
     )]
     NoMetadata { url: String },
+    /// The configured `issuer` is not the one the authorization server's metadata names.
+    #[error(
+        "the metadata found for issuer {configured} names issuer {received}; set issuer to exactly the authorization server's issuer identifier"
+    )]
+    IssuerMismatch {
+        configured: String,
+        received: String,
+    },
     #[error("the metadata of {issuer} has no token_endpoint; set token_url")]
     NoTokenEndpoint { issuer: String },
     /// The authorization server offers no client authentication this config can do.
@@ -157,7 +165,8 @@ pub struct OAuthClientCredentialsConfig {
     /// The token endpoint; without it, discovered from `issuer` or the server's metadata.
     #[serde(default)]
     pub token_url: Option<String>,
-    /// The authorization server, for metadata discovery (skips the server's own metadata).
+    /// The authorization server: only its own metadata is read (not the MCP server's, nor
+    /// protected-resource metadata at the issuer), and it must name this issuer.
     #[serde(default)]
     pub issuer: Option<String>,
     /// Scopes asked for; without them, the server's challenge or metadata decides.

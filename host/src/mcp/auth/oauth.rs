@@ -1,8 +1,8 @@
 //! OAuth 2.0 client credentials for one remote server, as the MCP authorization spec has
 //! a client without a browser do it.
 //!
-//! Where the token endpoint is: `token_url` if configured; else the metadata of `issuer`;
-//! else discovered from the server itself, with rmcp's `AuthorizationManager`: the
+//! Where the token endpoint is: `token_url` if configured; else the metadata of `issuer`
+//! (only its authorization-server metadata, which must name that issuer); else discovered from the server itself, with rmcp's `AuthorizationManager`: the
 //! `resource_metadata` URL of the server's 401 challenge, then the path-based and root
 //! `/.well-known/oauth-protected-resource` URIs (RFC 9728), then the authorization server's
 //! RFC 8414 or OpenID metadata (path insertion, issuer checked). Every one of those
@@ -232,7 +232,9 @@ impl OAuthClient {
             state.scopes = self.config.scopes.clone();
             return Ok(());
         }
-        // A configured issuer is asked directly; the server's challenge does not apply.
+        // A configured issuer is asked directly, for its own metadata only: the server's
+        // challenge does not apply, and a protected-resource document at the issuer must
+        // not send the credential to another authorization server.
         let (base, challenge) = match &self.config.issuer {
             Some(issuer) => (issuer.as_str(), None),
             None => (self.server_url.as_str(), challenge),
@@ -240,12 +242,13 @@ impl OAuthClient {
         let discovery = |e: rmcp::transport::auth::AuthError| {
             self.fail(OAuthProblem::Discovery(error_chain(&e)))
         };
-        let manager = AuthorizationManager::new_with_oauth_http_client(
-            base,
-            Arc::new(Discovery(self.http.clone())),
-        )
-        .await
-        .map_err(discovery)?;
+        let client = Discovery {
+            http: self.http.clone(),
+            authorization_server_only: self.config.issuer.is_some(),
+        };
+        let manager = AuthorizationManager::new_with_oauth_http_client(base, Arc::new(client))
+            .await
+            .map_err(discovery)?;
         let resolution = manager
             .resolve_metadata_from_challenge(challenge)
             .await
@@ -256,6 +259,19 @@ impl OAuthClient {
             }));
         }
         let metadata = resolution.metadata;
+        // rmcp checks the issuer against the URL the metadata came from; its last candidate
+        // for an issuer with a path is the origin's, so the configured one is checked here.
+        if let Some(configured) = &self.config.issuer
+            && !metadata
+                .issuer
+                .as_deref()
+                .is_some_and(|received| same_issuer(received, configured))
+        {
+            return Err(self.fail(OAuthProblem::IssuerMismatch {
+                configured: configured.clone(),
+                received: metadata.issuer.unwrap_or_else(|| "none".into()),
+            }));
+        }
         let issuer = metadata.issuer.clone().or(self.config.issuer.clone());
         if metadata.token_endpoint.is_empty() {
             return Err(self.fail(OAuthProblem::NoTokenEndpoint {
@@ -458,16 +474,55 @@ impl OAuthClient {
     }
 }
 
+/// Whether two issuer identifiers are the same, by rmcp's rule (RFC 8414 §3.3 compares them
+/// exactly; a trailing slash is ignored only on an issuer without a path).
+fn same_issuer(received: &str, expected: &str) -> bool {
+    let trim_root_slash = |issuer: &'_ str| -> String {
+        issuer
+            .strip_suffix('/')
+            .filter(|bare| {
+                reqwest::Url::parse(bare).is_ok_and(|url| matches!(url.path(), "" | "/"))
+            })
+            .unwrap_or(issuer)
+            .to_owned()
+    };
+    received == expected || trim_root_slash(received) == trim_root_slash(expected)
+}
+
+/// Whether `path` is one of the RFC 8414 or OpenID authorization-server metadata URIs rmcp
+/// tries (root, path-inserted or path-appended).
+fn is_authorization_server_metadata(path: &str) -> bool {
+    path.starts_with("/.well-known/oauth-authorization-server")
+        || path.starts_with("/.well-known/openid-configuration")
+        || path.ends_with("/.well-known/openid-configuration")
+}
+
 /// rmcp's discovery, through the egress-checked client. rmcp 3.9 reads authorization-server
 /// metadata only with an `authorization_endpoint`, which RFC 8414 lets a server without
 /// the code grant leave out (client-credentials-only servers do): such a document gets an
 /// empty one, never used here.
-struct Discovery(OutboundClient);
+struct Discovery {
+    http: OutboundClient,
+    /// For a configured issuer. rmcp 3.9 has no public discovery of authorization-server
+    /// metadata alone: its general one first probes the URL and reads protected-resource
+    /// metadata there. Those requests get a 404 here, unsent, so only the issuer's own
+    /// metadata is read.
+    authorization_server_only: bool,
+}
 
 impl OAuthHttpClient for Discovery {
     fn execute(&self, request: OAuthHttpRequest) -> OAuthHttpClientFuture<'_> {
         Box::pin(async move {
-            let response = self.0.execute(request).await?;
+            if self.authorization_server_only
+                && !is_authorization_server_metadata(request.request.uri().path())
+            {
+                tracing::debug!(url = %request.request.uri(), "not read: issuer is configured");
+                let not_found = http::Response::builder()
+                    .status(http::StatusCode::NOT_FOUND)
+                    .body(Vec::new())?;
+                return Ok(not_found);
+            }
+            let response = self.http.execute(request).await?;
             let (parts, body) = response.into_parts();
             let patched = match serde_json::from_slice::<Value>(&body) {
                 Ok(Value::Object(mut document))
@@ -629,6 +684,43 @@ mod tests {
             shown.starts_with("bad2026-01-01 INFO forged[31mxx"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn issuers_match_exactly_but_for_a_root_trailing_slash() {
+        assert!(same_issuer("https://as.example/", "https://as.example"));
+        assert!(same_issuer("https://as.example", "https://as.example/"));
+        assert!(same_issuer(
+            "https://as.example/t1",
+            "https://as.example/t1"
+        ));
+        assert!(!same_issuer(
+            "https://as.example/t1/",
+            "https://as.example/t1"
+        ));
+        assert!(!same_issuer("https://as.example", "https://as.example/t1"));
+        assert!(!same_issuer("https://evil.example/", "https://as.example/"));
+    }
+
+    #[test]
+    fn only_authorization_server_metadata_is_read_for_a_configured_issuer() {
+        for path in [
+            "/.well-known/oauth-authorization-server",
+            "/.well-known/oauth-authorization-server/t1",
+            "/.well-known/openid-configuration",
+            "/.well-known/openid-configuration/t1",
+            "/t1/.well-known/openid-configuration",
+        ] {
+            assert!(is_authorization_server_metadata(path), "{path}");
+        }
+        for path in [
+            "/",
+            "/t1",
+            "/.well-known/oauth-protected-resource",
+            "/.well-known/oauth-protected-resource/t1",
+        ] {
+            assert!(!is_authorization_server_metadata(path), "{path}");
+        }
     }
 
     #[test]
