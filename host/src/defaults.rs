@@ -446,6 +446,18 @@ pub const OAUTH_ERROR_CODE_MAX_CHARS: usize = 100;
 /// connect past it. rmcp suggests the same 30 s.
 pub const OAUTH_HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Longest the whole OAuth metadata discovery of one server may take: the probe, the
+/// protected-resource and authorization-server documents, each capped at
+/// [`OAUTH_HTTP_TIMEOUT`]. A healthy discovery takes well under a second; without this, a
+/// server answering each of its ten or so requests just in time would hold that server's
+/// token lock (and every call waiting on it) for minutes.
+pub const OAUTH_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a failed OAuth discovery is remembered: calls to that server meanwhile fail at
+/// once with the same error instead of each running discovery again; the first call after
+/// it tries again. Short, so a fixed authorization server is picked up quickly.
+pub const OAUTH_DISCOVERY_RETRY_AFTER: Duration = Duration::from_secs(10);
+
 /// Largest OAuth response body read (metadata documents, token responses); a larger one
 /// fails discovery or the token request. Real documents are a few KiB; rmcp caps at 1 MiB.
 pub const OAUTH_MAX_RESPONSE_BYTES: usize = 1024 * 1024;

@@ -59,11 +59,24 @@ pub(crate) enum OAuthProblem {
     /// Discovery failed: rmcp's error with its causes (URLs and statuses, no credentials).
     #[error("metadata discovery: {0}")]
     Discovery(String),
+    /// The whole discovery took longer than [`crate::defaults::OAUTH_DISCOVERY_TIMEOUT`].
+    #[error(
+        "metadata discovery did not finish within {ms} ms; check that the server and the authorization server answer, or set issuer or token_url"
+    )]
+    DiscoveryTimeout { ms: u64 },
+    /// Discovery failed a moment ago: its error, remembered rather than run again at once.
+    #[error("{problem} (discovery is tried again in {retry_in_ms} ms)")]
+    DiscoveryFailedRecently { problem: String, retry_in_ms: u64 },
     /// Nothing published metadata: rmcp would guess `/token` on the server's origin.
     #[error(
         "no protected-resource or authorization-server metadata found for {url}; set issuer or token_url"
     )]
     NoMetadata { url: String },
+    /// The configured issuer publishes no authorization-server metadata.
+    #[error(
+        "no RFC 8414 or OpenID metadata found for issuer {issuer}; check issuer or set token_url"
+    )]
+    NoIssuerMetadata { issuer: String },
     /// The configured `issuer` is not the one the authorization server's metadata names.
     #[error(
         "the metadata found for issuer {configured} names issuer {received}; set issuer to exactly the authorization server's issuer identifier"

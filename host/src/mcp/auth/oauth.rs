@@ -68,6 +68,8 @@ struct State {
     scopes: Vec<String>,
     /// The cached token and when to replace it.
     token: Option<(String, Instant)>,
+    /// The last failed discovery (its error text) and when it failed.
+    failed: Option<(String, Instant)>,
 }
 
 impl State {
@@ -76,6 +78,15 @@ impl State {
             Some((token, refresh_at)) if Instant::now() < *refresh_at => Some(token.clone()),
             _ => None,
         }
+    }
+
+    /// A discovery failure less than [`defaults::OAUTH_DISCOVERY_RETRY_AFTER`] old at `now`:
+    /// its text and how long until discovery is tried again.
+    fn recent_failure(&self, now: Instant) -> Option<(&str, Duration)> {
+        let (problem, at) = self.failed.as_ref()?;
+        let left = defaults::OAUTH_DISCOVERY_RETRY_AFTER
+            .checked_sub(now.saturating_duration_since(*at))?;
+        (!left.is_zero()).then_some((problem.as_str(), left))
     }
 
     /// The cached token unless it is the one the server just rejected.
@@ -95,6 +106,9 @@ pub(crate) struct OAuthClient {
     server_url: String,
     /// Discovery and token requests, each checked against the egress policy.
     http: OutboundClient,
+    /// The whole discovery's deadline ([`defaults::OAUTH_DISCOVERY_TIMEOUT`]; shorter in
+    /// tests).
+    discovery_timeout: Duration,
     state: tokio::sync::Mutex<State>,
 }
 
@@ -112,6 +126,7 @@ impl OAuthClient {
             key,
             server_url,
             http,
+            discovery_timeout: defaults::OAUTH_DISCOVERY_TIMEOUT,
             state: tokio::sync::Mutex::new(State::default()),
         }
     }
@@ -131,9 +146,7 @@ impl OAuthClient {
         if let Some(token) = state.fresh_token() {
             return Ok(token);
         }
-        if state.endpoint.is_none() {
-            self.discover(&mut state, None).await?;
-        }
+        self.ensure_endpoint(&mut state, None).await?;
         self.fetch(&mut state).await
     }
 
@@ -144,12 +157,13 @@ impl OAuthClient {
         if let Some(token) = state.fresh_token() {
             return Ok(Some(token));
         }
-        if state.endpoint.is_none() {
-            if self.config.token_url.is_none() && self.config.issuer.is_none() {
-                return Ok(None);
-            }
-            self.discover(&mut state, None).await?;
+        if state.endpoint.is_none()
+            && self.config.token_url.is_none()
+            && self.config.issuer.is_none()
+        {
+            return Ok(None);
         }
+        self.ensure_endpoint(&mut state, None).await?;
         self.fetch(&mut state).await.map(Some)
     }
 
@@ -165,9 +179,7 @@ impl OAuthClient {
         if let Some(token) = state.other_than(rejected) {
             return Ok(token);
         }
-        if state.endpoint.is_none() {
-            self.discover(&mut state, challenge).await?;
-        }
+        self.ensure_endpoint(&mut state, challenge).await?;
         self.fetch(&mut state).await
     }
 
@@ -197,9 +209,7 @@ impl OAuthClient {
             // Another call stepped up already, or the server wants what this token has.
             return Ok(state.other_than(rejected));
         }
-        if state.endpoint.is_none() {
-            self.discover(&mut state, Some(challenge)).await?;
-        }
+        self.ensure_endpoint(&mut state, Some(challenge)).await?;
         // The wider scopes are kept only once a token was issued for them: a server naming
         // a scope the authorization server refuses must not break later token requests.
         let granted = state.scopes.clone();
@@ -220,17 +230,58 @@ impl OAuthClient {
         token.map(Some)
     }
 
+    /// Makes sure the token endpoint is known, discovering it within one deadline. A failure
+    /// is remembered for [`defaults::OAUTH_DISCOVERY_RETRY_AFTER`]: calls meanwhile (those
+    /// that waited for this lock too) fail at once with the same error instead of each
+    /// running the whole discovery again while holding the server's token lock.
+    async fn ensure_endpoint(
+        &self,
+        state: &mut State,
+        challenge: Option<&str>,
+    ) -> Result<(), AuthError> {
+        if state.endpoint.is_some() {
+            return Ok(());
+        }
+        if let Some((problem, left)) = state.recent_failure(Instant::now()) {
+            return Err(self.fail(OAuthProblem::DiscoveryFailedRecently {
+                problem: problem.to_owned(),
+                retry_in_ms: u64::try_from(left.as_millis()).unwrap_or(u64::MAX),
+            }));
+        }
+        let found = tokio::time::timeout(self.discovery_timeout, self.discover(challenge))
+            .await
+            .unwrap_or_else(|_| {
+                Err(OAuthProblem::DiscoveryTimeout {
+                    ms: u64::try_from(self.discovery_timeout.as_millis()).unwrap_or(u64::MAX),
+                })
+            });
+        match found {
+            Ok((endpoint, scopes)) => {
+                state.endpoint = Some(endpoint);
+                state.scopes = scopes;
+                state.failed = None;
+                Ok(())
+            }
+            Err(problem) => {
+                state.failed = Some((problem.to_string(), Instant::now()));
+                Err(self.fail(problem))
+            }
+        }
+    }
+
     /// Finds the token endpoint, how to authenticate there, and the scopes to ask for.
-    async fn discover(&self, state: &mut State, challenge: Option<&str>) -> Result<(), AuthError> {
+    async fn discover(
+        &self,
+        challenge: Option<&str>,
+    ) -> Result<(Endpoint, Vec<String>), OAuthProblem> {
         if let Some(token_url) = &self.config.token_url {
             self.check_in_clear(token_url, self.config.issuer.as_deref())?;
-            state.endpoint = Some(Endpoint {
+            let endpoint = Endpoint {
                 token_url: token_url.clone(),
                 issuer: self.config.issuer.clone(),
                 method: self.method(None)?,
-            });
-            state.scopes = self.config.scopes.clone();
-            return Ok(());
+            };
+            return Ok((endpoint, self.config.scopes.clone()));
         }
         // A configured issuer is asked directly, for its own metadata only: the server's
         // challenge does not apply, and a protected-resource document at the issuer must
@@ -239,9 +290,8 @@ impl OAuthClient {
             Some(issuer) => (issuer.as_str(), None),
             None => (self.server_url.as_str(), challenge),
         };
-        let discovery = |e: rmcp::transport::auth::AuthError| {
-            self.fail(OAuthProblem::Discovery(error_chain(&e)))
-        };
+        let discovery =
+            |e: rmcp::transport::auth::AuthError| OAuthProblem::Discovery(error_chain(&e));
         let client = Discovery {
             http: self.http.clone(),
             authorization_server_only: self.config.issuer.is_some(),
@@ -254,9 +304,14 @@ impl OAuthClient {
             .await
             .map_err(discovery)?;
         if !resolution.source.is_discovered() {
-            return Err(self.fail(OAuthProblem::NoMetadata {
-                url: base.to_owned(),
-            }));
+            return Err(match &self.config.issuer {
+                Some(issuer) => OAuthProblem::NoIssuerMetadata {
+                    issuer: issuer.clone(),
+                },
+                None => OAuthProblem::NoMetadata {
+                    url: base.to_owned(),
+                },
+            });
         }
         let metadata = resolution.metadata;
         // rmcp checks the issuer against the URL the metadata came from; its last candidate
@@ -267,16 +322,16 @@ impl OAuthClient {
                 .as_deref()
                 .is_some_and(|received| same_issuer(received, configured))
         {
-            return Err(self.fail(OAuthProblem::IssuerMismatch {
+            return Err(OAuthProblem::IssuerMismatch {
                 configured: configured.clone(),
                 received: metadata.issuer.unwrap_or_else(|| "none".into()),
-            }));
+            });
         }
         let issuer = metadata.issuer.clone().or(self.config.issuer.clone());
         if metadata.token_endpoint.is_empty() {
-            return Err(self.fail(OAuthProblem::NoTokenEndpoint {
+            return Err(OAuthProblem::NoTokenEndpoint {
                 issuer: issuer.unwrap_or_else(|| base.to_owned()),
-            }));
+            });
         }
         let listed = |field: &str| -> Option<Vec<String>> {
             let values = metadata.additional_fields.get(field)?.as_array()?;
@@ -296,12 +351,12 @@ impl OAuthClient {
             )
             && !algs.iter().any(|alg| alg == key.alg().name())
         {
-            return Err(self.fail(OAuthProblem::SigningAlgRefused {
+            return Err(OAuthProblem::SigningAlgRefused {
                 alg: key.alg().name(),
                 offered: algs,
-            }));
+            });
         }
-        state.scopes = if self.config.scopes.is_empty() {
+        let scopes = if self.config.scopes.is_empty() {
             // Client credentials get no refresh token: offline_access would be noise.
             let mut scopes = manager.select_initial_scopes(&[]).await;
             scopes.retain(|scope| scope != "offline_access");
@@ -315,19 +370,19 @@ impl OAuthClient {
             method = method.name(),
             "discovered the OAuth token endpoint"
         );
-        state.endpoint = Some(Endpoint {
+        let endpoint = Endpoint {
             token_url: metadata.token_endpoint,
             issuer,
             method,
-        });
-        Ok(())
+        };
+        Ok((endpoint, scopes))
     }
 
     /// Refuses a plain-http `token_url` when the authorization server (`issuer`) or the MCP
     /// server is reached over https: the egress rules may allow plain http (for local
     /// servers), but the secret or assertion must not cross the network in clear where
     /// everything around it is encrypted.
-    fn check_in_clear(&self, token_url: &str, issuer: Option<&str>) -> Result<(), AuthError> {
+    fn check_in_clear(&self, token_url: &str, issuer: Option<&str>) -> Result<(), OAuthProblem> {
         let scheme = |url: &str| reqwest::Url::parse(url).map(|u| u.scheme().to_owned());
         if scheme(token_url).is_ok_and(|s| s == "http")
             && let Some(https) = [issuer, Some(self.server_url.as_str())]
@@ -335,10 +390,10 @@ impl OAuthClient {
                 .flatten()
                 .find(|url| scheme(url).is_ok_and(|s| s == "https"))
         {
-            return Err(self.fail(OAuthProblem::TokenEndpointInClear {
+            return Err(OAuthProblem::TokenEndpointInClear {
                 url: token_url.to_owned(),
                 https: https.to_owned(),
-            }));
+            });
         }
         Ok(())
     }
@@ -346,7 +401,7 @@ impl OAuthClient {
     /// The client authentication to use: the configured one; `private_key_jwt` with a
     /// key; else from the methods the server lists (`offered`), Basic first, as RFC 8414
     /// defaults to it.
-    fn method(&self, offered: Option<Vec<String>>) -> Result<TokenEndpointAuth, AuthError> {
+    fn method(&self, offered: Option<Vec<String>>) -> Result<TokenEndpointAuth, OAuthProblem> {
         if let Some(method) = self.config.token_endpoint_auth {
             return Ok(method);
         }
@@ -365,7 +420,7 @@ impl OAuthClient {
             .iter()
             .copied()
             .find(|method| offered.iter().any(|o| o == method.name()))
-            .ok_or_else(|| self.fail(OAuthProblem::NoUsableAuthMethod { offered }))
+            .ok_or(OAuthProblem::NoUsableAuthMethod { offered })
     }
 
     fn secret(&self) -> Result<String, AuthError> {
@@ -593,6 +648,108 @@ mod tests {
             auth_ref: "corp".into(),
         };
         OAuthClient::new(who, config, None, server_url.to_owned(), http)
+    }
+
+    /// A loopback server answering every request 404 (or, with `hang`, never), one request
+    /// per connection; returns its address and how many connections it got.
+    async fn metadata_server(
+        hang: bool,
+    ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        const NOT_FOUND: &[u8] =
+            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = seen.clone();
+        tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                if hang {
+                    held.push(stream);
+                    continue;
+                }
+                let mut buf = [0u8; 4096];
+                let _ = stream.read(&mut buf).await;
+                let _ = stream.write_all(NOT_FOUND).await;
+            }
+        });
+        (addr, seen)
+    }
+
+    #[tokio::test]
+    async fn a_failed_discovery_is_remembered_for_a_while_then_tried_again() {
+        let (addr, seen) = metadata_server(false).await;
+        let hits = || seen.load(std::sync::atomic::Ordering::SeqCst);
+        let client = oauth_client(
+            &format!("issuer = \"http://{addr}\"\n"),
+            &format!("http://{addr}/mcp"),
+        );
+        let failed = format!("no RFC 8414 or OpenID metadata found for issuer http://{addr}");
+        let remembered = "(discovery is tried again in";
+
+        // Concurrent calls: one discovery; those that waited for it get its error at once.
+        let (a, b, c) = tokio::join!(client.token(), client.token(), client.token());
+        let errors = [a, b, c].map(|r| r.expect_err("no metadata").to_string());
+        assert!(errors.iter().all(|e| e.contains(&failed)), "{errors:?}");
+        let waited = errors.iter().filter(|e| e.contains(remembered)).count();
+        assert_eq!(waited, 2, "{errors:?}");
+        let one_discovery = hits();
+        assert!(one_discovery > 0);
+
+        // A following call too, without a request.
+        let again = client.token().await.unwrap_err().to_string();
+        assert!(
+            again.contains(&failed) && again.contains(remembered),
+            "{again}"
+        );
+        assert_eq!(hits(), one_discovery);
+
+        // Once the failure is old enough, discovery runs again.
+        let long_ago = Instant::now()
+            .checked_sub(defaults::OAUTH_DISCOVERY_RETRY_AFTER)
+            .expect("the clock started long enough ago");
+        client
+            .state
+            .lock()
+            .await
+            .failed
+            .as_mut()
+            .expect("remembered")
+            .1 = long_ago;
+        let retried = client.token().await.unwrap_err().to_string();
+        assert!(
+            retried.contains(&failed) && !retried.contains(remembered),
+            "{retried}"
+        );
+        assert_eq!(hits(), 2 * one_discovery);
+    }
+
+    #[tokio::test]
+    async fn the_whole_discovery_has_one_deadline() {
+        let (addr, seen) = metadata_server(true).await;
+        let mut client = oauth_client(
+            &format!("issuer = \"http://{addr}\"\n"),
+            &format!("http://{addr}/mcp"),
+        );
+        client.discovery_timeout = Duration::from_millis(300);
+        let started = Instant::now();
+        let error = client.token().await.unwrap_err().to_string();
+        let timed_out = "metadata discovery did not finish within 300 ms";
+        assert!(error.contains(timed_out), "{error}");
+        // Each request alone may take 30 s.
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+        let again = client.token().await.unwrap_err().to_string();
+        assert!(
+            again.contains(timed_out) && again.contains("tried again"),
+            "{again}"
+        );
+        assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1);
     }
 
     #[test]
