@@ -1027,7 +1027,7 @@ async fn private_key_jwt_authenticates_with_a_signed_assertion_and_a_bad_key_fil
 }
 
 #[tokio::test]
-async fn a_403_insufficient_scope_gets_a_token_for_the_union_and_the_call_succeeds() {
+async fn a_403_insufficient_scope_gets_a_token_for_the_union_only_within_step_up_scopes() {
     let tokens = TokenServer::start("quiver", "scope-s3cret", Duration::from_secs(60)).await;
     let server = FixtureHttp::spawn(
         "http",
@@ -1040,12 +1040,40 @@ async fn a_403_insufficient_scope_gets_a_token_for_the_union_and_the_call_succee
     );
     let registry = secure_registry(server.url());
     unsafe { std::env::set_var("QUIVER_TEST_SCOPE_SECRET", "scope-s3cret") };
+    let auth = |step_up: &str| {
+        auth_table(&format!(
+            "client_secret_env = \"QUIVER_TEST_SCOPE_SECRET\"\nissuer = {:?}\nscopes = [\"mcp:tools\"]\n{step_up}",
+            tokens.issuer()
+        ))
+    };
+
+    // Configured scopes are the most the host asks for unless step_up_scopes lists more.
+    let host = remote_host(&registry, auth(""), loopback_egress());
+    let error = call_text(&host, "secure", "echo", serde_json::json!({"text": "more"}))
+        .await
+        .unwrap_err();
+    assert!(
+        error
+            .message
+            .contains("asks for scopes [\"mcp:write\"] beyond the configured ones")
+            && error.message.contains("step_up_scopes"),
+        "{error}"
+    );
+    let scopes: Vec<Option<String>> = tokens
+        .token_requests()
+        .into_iter()
+        .map(|r| r.scope)
+        .collect();
+    assert_eq!(
+        scopes,
+        [Some("mcp:tools".to_owned())],
+        "no wider token asked"
+    );
+    host.shutdown().await;
+
     let host = remote_host(
         &registry,
-        auth_table(&format!(
-            "client_secret_env = \"QUIVER_TEST_SCOPE_SECRET\"\nissuer = {:?}\nscopes = [\"mcp:tools\"]\n",
-            tokens.issuer()
-        )),
+        auth("step_up_scopes = [\"mcp:write\"]\n"),
         loopback_egress(),
     );
     assert_eq!(
@@ -1060,7 +1088,7 @@ async fn a_403_insufficient_scope_gets_a_token_for_the_union_and_the_call_succee
         .map(|r| r.scope)
         .collect();
     assert_eq!(
-        scopes,
+        scopes[1..],
         [
             Some("mcp:tools".to_owned()),
             Some("mcp:tools mcp:write".to_owned())
@@ -1075,7 +1103,7 @@ async fn a_403_insufficient_scope_gets_a_token_for_the_union_and_the_call_succee
     )
     .await
     .unwrap();
-    assert_eq!(tokens.token_request_count(), 2);
+    assert_eq!(tokens.token_request_count(), 3);
     host.shutdown().await;
 }
 

@@ -471,6 +471,12 @@ pub const OAUTH_CLIENT_ASSERTION_LIFETIME: Duration = Duration::from_secs(300);
 /// the spec's step-up needs; more would let a server make the host loop.
 pub const OAUTH_STEP_UP_ATTEMPTS: u32 = 1;
 
+/// Most OAuth scopes one token request asks for: what a server's challenge or metadata
+/// may add when `scopes` is not configured, and `scopes` plus `step_up_scopes` when they
+/// are. Real clients need a handful; without a cap, each 403 naming new scopes would grow
+/// the request for the connection's whole life.
+pub const OAUTH_MAX_SCOPES: usize = 64;
+
 /// Largest `private_key_file` read (a PKCS#8 PEM key is under 4 KiB even for RSA-4096).
 pub const OAUTH_PRIVATE_KEY_MAX_BYTES: u64 = 64 * 1024;
 

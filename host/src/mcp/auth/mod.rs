@@ -24,6 +24,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::outbound::{EgressRefused, OutboundClient, ReadBodyError, UrlParseError};
+use crate::defaults;
 pub use jwt::SigningAlg;
 use jwt::{ClientKey, SignError};
 pub(crate) use oauth::OAuthClient;
@@ -85,6 +86,17 @@ pub(crate) enum OAuthProblem {
         configured: String,
         received: String,
     },
+    /// A step-up challenge names scopes outside `scopes` and `step_up_scopes`.
+    #[error(
+        "the server asks for scopes {scopes:?} beyond the configured ones; list them in step_up_scopes if this host may ask for them"
+    )]
+    StepUpRefused { scopes: Vec<String> },
+    /// The server's challenge or metadata names more scopes than one request may carry.
+    #[error(
+        "the server asks for {count} scopes, more than {max}; set scopes (and step_up_scopes) to the ones needed",
+        max = crate::defaults::OAUTH_MAX_SCOPES
+    )]
+    TooManyScopes { count: usize },
     #[error("the metadata of {issuer} has no token_endpoint; set token_url")]
     NoTokenEndpoint { issuer: String },
     /// The authorization server offers no client authentication this config can do.
@@ -185,6 +197,11 @@ pub struct OAuthClientCredentialsConfig {
     /// Scopes asked for; without them, the server's challenge or metadata decides.
     #[serde(default)]
     pub scopes: Vec<String>,
+    /// Scopes a 403 `insufficient_scope` may add beyond `scopes`. With `scopes` or this
+    /// set, step-up asks for no scope outside the two; with neither, the server decides
+    /// (up to [`crate::defaults::OAUTH_MAX_SCOPES`]).
+    #[serde(default)]
+    pub step_up_scopes: Vec<String>,
     /// The RFC 8707 `resource` parameter (default: the MCP server's URL).
     #[serde(default)]
     pub resource: Option<String>,
@@ -253,6 +270,15 @@ impl AuthSet {
                 field: format!("auth.{name}.{field}"),
                 message,
             };
+            if oauth.scopes.len() + oauth.step_up_scopes.len() > defaults::OAUTH_MAX_SCOPES {
+                return Err(error(
+                    "scopes",
+                    format!(
+                        "scopes and step_up_scopes list more than {} scopes together",
+                        defaults::OAUTH_MAX_SCOPES
+                    ),
+                ));
+            }
             let jwt = match oauth.token_endpoint_auth {
                 Some(method) => method == TokenEndpointAuth::PrivateKeyJwt,
                 None => oauth.private_key_file.is_some(),
@@ -432,6 +458,14 @@ mod tests {
                 "client_secret_env = \"S\"\nsigning_alg = \"ES256\"\n",
                 "auth.corp.signing_alg",
                 "private_key_file",
+            ),
+            (
+                &format!(
+                    "client_secret_env = \"S\"\nscopes = [\"a\"]\nstep_up_scopes = {:?}\n",
+                    vec!["b"; defaults::OAUTH_MAX_SCOPES]
+                ),
+                "auth.corp.scopes",
+                "more than 64 scopes",
             ),
             (
                 "private_key_file = \"/nonexistent/quiver-key.pem\"\n",

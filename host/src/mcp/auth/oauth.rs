@@ -12,7 +12,9 @@
 //! starts from the server's 401, whose challenge also names the scopes. Scopes are the
 //! configured ones, else the challenge's, else the protected-resource metadata's
 //! `scopes_supported`. A 403 `insufficient_scope` gets a new token for the union of the
-//! scopes held and those asked for ([`OAuthClient::step_up`]).
+//! scopes held and those asked for ([`OAuthClient::step_up`]), within the configured
+//! `scopes` and `step_up_scopes` when either is set, and never more than
+//! [`defaults::OAUTH_MAX_SCOPES`].
 //!
 //! The token request itself is ours, not rmcp's: rmcp picks the client authentication
 //! from metadata with no override, and its `private_key_jwt` needs aws-lc ([`super::jwt`]
@@ -184,8 +186,8 @@ impl OAuthClient {
     }
 
     /// A token for more scopes after a 403 `insufficient_scope` `challenge` to `rejected`:
-    /// the union of the scopes held and those challenged. `None` when the challenge is
-    /// not a step-up or asks for nothing new (the 403 stands).
+    /// the union of the scopes held and those challenged, bounded by [`Self::widen`].
+    /// `None` when the challenge is not a step-up or asks for nothing new (the 403 stands).
     pub(crate) async fn step_up(
         &self,
         rejected: Option<&str>,
@@ -210,14 +212,15 @@ impl OAuthClient {
             return Ok(state.other_than(rejected));
         }
         self.ensure_endpoint(&mut state, Some(challenge)).await?;
+        let Some(wider) = self
+            .widen(&state.scopes, &wanted)
+            .map_err(|problem| self.fail(problem))?
+        else {
+            return Ok(state.other_than(rejected));
+        };
         // The wider scopes are kept only once a token was issued for them: a server naming
         // a scope the authorization server refuses must not break later token requests.
-        let granted = state.scopes.clone();
-        for scope in wanted {
-            if !state.scopes.contains(&scope) {
-                state.scopes.push(scope);
-            }
-        }
+        let granted = std::mem::replace(&mut state.scopes, wider);
         tracing::info!(
             server_id = %self.who.server_id,
             scopes = %state.scopes.join(" "),
@@ -228,6 +231,42 @@ impl OAuthClient {
             state.scopes = granted;
         }
         token.map(Some)
+    }
+
+    /// The scopes to ask for when a step-up challenge wants `wanted`: `held` and what it
+    /// lacks, or `None` when it lacks nothing. With `scopes` or `step_up_scopes` configured,
+    /// only scopes they list may be added; in any case at most
+    /// [`defaults::OAUTH_MAX_SCOPES`] in all, so scopes cannot grow without bound.
+    fn widen(
+        &self,
+        held: &[String],
+        wanted: &[String],
+    ) -> Result<Option<Vec<String>>, OAuthProblem> {
+        let mut wider = held.to_vec();
+        for scope in wanted {
+            if !wider.contains(scope) {
+                wider.push(scope.clone());
+            }
+        }
+        let added = &wider[held.len()..];
+        if added.is_empty() {
+            return Ok(None);
+        }
+        let (configured, step_up) = (&self.config.scopes, &self.config.step_up_scopes);
+        if !configured.is_empty() || !step_up.is_empty() {
+            let refused: Vec<String> = added
+                .iter()
+                .filter(|scope| !configured.contains(scope) && !step_up.contains(scope))
+                .cloned()
+                .collect();
+            if !refused.is_empty() {
+                return Err(OAuthProblem::StepUpRefused { scopes: refused });
+            }
+        }
+        if wider.len() > defaults::OAUTH_MAX_SCOPES {
+            return Err(OAuthProblem::TooManyScopes { count: wider.len() });
+        }
+        Ok(Some(wider))
     }
 
     /// Makes sure the token endpoint is known, discovering it within one deadline. A failure
@@ -360,6 +399,11 @@ impl OAuthClient {
             // Client credentials get no refresh token: offline_access would be noise.
             let mut scopes = manager.select_initial_scopes(&[]).await;
             scopes.retain(|scope| scope != "offline_access");
+            if scopes.len() > defaults::OAUTH_MAX_SCOPES {
+                return Err(OAuthProblem::TooManyScopes {
+                    count: scopes.len(),
+                });
+            }
             scopes
         } else {
             self.config.scopes.clone()
@@ -840,6 +884,64 @@ mod tests {
         assert!(
             shown.starts_with("bad2026-01-01 INFO forged[31mxx"),
             "{shown}"
+        );
+    }
+
+    fn scopes(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn step_up_stays_within_the_configured_scopes_and_the_cap() {
+        let url = "http://127.0.0.1:9/mcp";
+        let held = scopes(&["mcp:tools"]);
+
+        // Configured scopes alone: no widening at all.
+        let fixed = oauth_client("scopes = [\"mcp:tools\"]\n", url);
+        let refused = fixed
+            .widen(&held, &scopes(&["mcp:write", "mcp:tools"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            refused.contains("[\"mcp:write\"] beyond the configured ones")
+                && refused.contains("step_up_scopes"),
+            "{refused}"
+        );
+        assert_eq!(fixed.widen(&held, &held).unwrap(), None, "nothing new");
+
+        // With an allow-list: those and no others.
+        let listed = oauth_client(
+            "scopes = [\"mcp:tools\"]\nstep_up_scopes = [\"mcp:write\"]\n",
+            url,
+        );
+        assert_eq!(
+            listed
+                .widen(&held, &scopes(&["mcp:write", "mcp:write"]))
+                .unwrap(),
+            Some(scopes(&["mcp:tools", "mcp:write"]))
+        );
+        let refused = listed
+            .widen(&held, &scopes(&["mcp:write", "mcp:admin"]))
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains("[\"mcp:admin\"]"), "{refused}");
+
+        // Nothing configured: the server decides, up to the cap.
+        let open = oauth_client("", url);
+        let mut held = Vec::new();
+        for n in 0..defaults::OAUTH_MAX_SCOPES {
+            held = open
+                .widen(&held, &[format!("s{n}")])
+                .unwrap()
+                .expect("a new scope");
+        }
+        let full = open
+            .widen(&held, &scopes(&["one-more"]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            full.contains("asks for 65 scopes, more than 64") && full.contains("set scopes"),
+            "{full}"
         );
     }
 
