@@ -352,29 +352,44 @@ async fn captured_log_lines_are_charged_and_refused_past_the_budget() {
     );
 }
 
-/// A guest flooding its log while nobody reads the host's stderr still ends, and so does
-/// `quiver run`: lines wait in a bounded queue and are dropped past it, never waited for.
-#[test]
-fn a_stuck_stderr_does_not_hold_the_guest_or_the_run() {
-    let body = r#"(func $main (local $i i32)
-      (memory.fill (i32.const 16384) (i32.const 66) (i32.const 16384))
-      (loop $l
-        (drop (call $log (i32.const 2) (i32.const 16384) (i32.const 16384)))
-        (local.set $i (i32.add (local.get $i) (i32.const 1)))
-        (br_if $l (i32.lt_u (local.get $i) (i32.const 256))))
-      (call $out (i32.const 7)))"#;
+/// `quiver run` of a WAT guest with no log settings, its stdout and stderr piped.
+fn spawn_quiver_run(wat: &str) -> (tempfile::TempDir, std::process::Child) {
     let dir = tempfile::tempdir().unwrap();
-    let module = dir.path().join("flood.wat");
-    std::fs::write(&module, wat::guest(&[], body)).unwrap();
-    let mut child = std::process::Command::new(quiver_tests::quiver_cli())
+    let module = dir.path().join("guest.wat");
+    std::fs::write(&module, wat).unwrap();
+    let child = std::process::Command::new(quiver_tests::quiver_cli())
         .env_remove("QUIVER_LOG")
+        .env_remove("RUST_LOG")
         .args(["run", "--no-cache"])
         .arg(&module)
+        .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    (dir, child)
+}
+
+/// A guest flooding its log while nobody reads the host's stderr still ends, and so does
+/// `quiver run`: lines wait in a bounded queue and are dropped past it, never waited for,
+/// and the count dropped is reported once stderr is read again.
+#[test]
+fn a_stuck_stderr_does_not_hold_the_guest_or_the_run() {
+    const LINES: usize = 256;
     // 4 MiB of lines against a pipe nobody reads (64 KiB) and a 1 MiB queue.
+    let body = format!(
+        r#"(func $main (local $i i32)
+      (memory.fill (i32.const 16384) (i32.const 66) (i32.const 16384))
+      (loop $l
+        (drop (call $log (i32.const 2) (i32.const 16384) (i32.const 16384)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br_if $l (i32.lt_u (local.get $i) (i32.const {LINES}))))
+      (call $out (i32.const 7)))"#
+    );
+    let guest = wat::guest(&[], &body);
+
+    // Nobody reads stderr at all: the run still ends.
+    let (_dir, mut child) = spawn_quiver_run(&guest);
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -393,7 +408,48 @@ fn a_stuck_stderr_does_not_hold_the_guest_or_the_run() {
         [7],
         "the guest ran to its end"
     );
-    assert!(output.stderr.len() < 4 * 1024 * 1024, "lines were dropped");
+
+    // Stderr is read only once the guest has ended (its results are on stdout): every
+    // line is either shown whole or counted in a notice.
+    let (_dir, mut child) = spawn_quiver_run(&guest);
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (sender, results) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut bytes = [0u8; 4];
+        let read = std::io::Read::read_exact(&mut stdout, &mut bytes);
+        let _ = sender.send(read.map(|()| bytes));
+    });
+    let Ok(read) = results.recv_timeout(Duration::from_secs(120)) else {
+        child.kill().unwrap();
+        panic!("the guest waited on a stderr nobody reads");
+    };
+    assert_eq!(
+        wat::results(&read.unwrap()),
+        [7],
+        "the guest ran to its end"
+    );
+    let mut shown = Vec::new();
+    std::io::Read::read_to_end(&mut stderr, &mut shown).unwrap();
+    assert!(child.wait().unwrap().success());
+    let shown = String::from_utf8(shown).unwrap();
+    let whole = "B".repeat(16384);
+    let mut lines = 0;
+    let mut dropped = 0;
+    for line in shown.lines() {
+        if line == whole {
+            lines += 1;
+        } else if let Some(count) = line
+            .strip_prefix("quiver: ")
+            .and_then(|l| l.strip_suffix(" guest log line(s) dropped: stderr did not keep up"))
+        {
+            dropped += count.parse::<usize>().unwrap();
+        } else {
+            panic!("unexpected line on stderr: {:?}", line.get(..80));
+        }
+    }
+    assert!(dropped > 0, "4 MiB cannot wait in 1 MiB");
+    assert_eq!(lines + dropped, LINES, "each line shown or counted dropped");
 }
 
 #[tokio::test]
