@@ -352,22 +352,119 @@ async fn captured_log_lines_are_charged_and_refused_past_the_budget() {
     );
 }
 
-/// `quiver run` of a WAT guest with no log settings, its stdout and stderr piped.
-fn spawn_quiver_run(wat: &str) -> (tempfile::TempDir, std::process::Child) {
+/// `quiver run` of a WAT guest with no log settings, its stdout and stderr piped; the
+/// directory holds the module.
+fn quiver_run_command(wat: &str) -> (tempfile::TempDir, std::process::Command) {
     let dir = tempfile::tempdir().unwrap();
     let module = dir.path().join("guest.wat");
     std::fs::write(&module, wat).unwrap();
-    let child = std::process::Command::new(quiver_tests::quiver_cli())
+    let mut command = std::process::Command::new(quiver_tests::quiver_cli());
+    command
         .env_remove("QUIVER_LOG")
         .env_remove("RUST_LOG")
+        .env_remove("QUIVER_REGISTRY")
         .args(["run", "--no-cache"])
         .arg(&module)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
+        .stderr(std::process::Stdio::piped());
+    (dir, command)
+}
+
+/// In `quiver run` the guest's `log` lines and its own stderr writes (WASI fd 2) come out
+/// in the order it made them, on a stderr that is not captured. A `log` line starts a line
+/// of its own: a write the guest left open is ended first, and what follows it goes on after.
+#[test]
+fn log_lines_and_stderr_writes_keep_the_guests_order_in_quiver_run() {
+    const PAIRS: usize = 500;
+    let data: &[(u32, &[u8])] = &[
+        (1024, b"log-line"),
+        (1040, b"wasi-line"),
+        (1056, b"part"),
+        (1064, b"x"),
+        (1072, b"ial"),
+    ];
+    // `$emit` writes the text and its newline in two writes.
+    let body = format!(
+        r#"(func $main (local $i i32)
+      (loop $l
+        (call $out (call $log (i32.const 2) (i32.const 1024) (i32.const 8)))
+        (call $emit (i32.const 1040) (i32.const 9))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br_if $l (i32.lt_u (local.get $i) (i32.const {PAIRS}))))
+      (i32.store (i32.const 0) (i32.const 1056))
+      (i32.store (i32.const 4) (i32.const 4))
+      (call $out (call $fd_write (i32.const 2) (i32.const 0) (i32.const 1) (i32.const 8)))
+      (call $out (call $log (i32.const 2) (i32.const 1064) (i32.const 1)))
+      (call $emit (i32.const 1072) (i32.const 3)))"#
+    );
+    let (_dir, mut command) = quiver_run_command(&wat::guest(data, &body));
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{}", output.status);
+    assert_eq!(wat::results(&output.stdout), vec![OK; PAIRS + 2]);
+    let expected = "log-line\nwasi-line\n".repeat(PAIRS) + "part\nx\nial\n";
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if stderr != expected {
+        let at = stderr
+            .bytes()
+            .zip(expected.bytes())
+            .position(|(a, b)| a != b)
+            .unwrap_or(stderr.len().min(expected.len()));
+        let from = at.saturating_sub(40);
+        panic!(
+            "stderr differs at byte {at}: got {:?}, want {:?}",
+            stderr.get(from..(at + 40).min(stderr.len())),
+            expected.get(from..(at + 40).min(expected.len()))
+        );
+    }
+}
+
+/// A value a registry record's `${ENV:..}` resolves to, so a secret of the process.
+const LOG_SECRET: &str = "guest-log-secret-7f3a9c";
+
+/// A guest that logs [`LOG_SECRET`].
+fn secret_logging_guest() -> String {
+    let line = format!("key={LOG_SECRET};");
+    let body = format!(
+        "(func $main (call $out (call $log (i32.const 2) (i32.const 2000) (i32.const {}))))",
+        line.len()
+    );
+    wat::guest(&[(2000, line.as_bytes())], &body)
+}
+
+/// A `log` line is cut of every secret the process resolved wherever it goes: in captured
+/// output (`quiver serve`) as on the host's stderr (below).
+#[tokio::test]
+async fn captured_log_lines_are_redacted_like_those_on_stderr() {
+    // What reading a record that resolves the secret does (the next test does it for real).
+    let _secrets = quiver::registry::Secrets::new([LOG_SECRET]);
+    let host = host(&RegistryDir::new());
+    let run = wat::run_ok(&host, &secret_logging_guest(), &mcp_task("log-secret", &[])).await;
+    host.shutdown().await;
+    assert_eq!(run.results, [OK]);
+    assert_eq!(run.outcome.stderr_text(), "key=[redacted];\n");
+}
+
+#[test]
+fn log_lines_on_quiver_runs_stderr_are_redacted() {
+    let registry = RegistryDir::new();
+    registry.write(
+        "secret.toml",
+        &quiver_tests::fixture_toml("secret", &["*"], "").replace(
+            "[stdio]\n",
+            "[stdio]\nenv = { API_TOKEN = \"${ENV:QV_LOG_SECRET}\" }\n",
+        ),
+    );
+    let (_dir, mut command) = quiver_run_command(&secret_logging_guest());
+    let output = command
+        .env("QV_LOG_SECRET", LOG_SECRET)
+        .arg("--registry")
+        .arg(registry.path())
+        .output()
         .unwrap();
-    (dir, child)
+    assert!(output.status.success(), "{}", output.status);
+    assert_eq!(wat::results(&output.stdout), [OK]);
+    assert_eq!(String::from_utf8_lossy(&output.stderr), "key=[redacted];\n");
 }
 
 /// A guest flooding its log while nobody reads the host's stderr still ends, and so does
@@ -389,7 +486,8 @@ fn a_stuck_stderr_does_not_hold_the_guest_or_the_run() {
     let guest = wat::guest(&[], &body);
 
     // Nobody reads stderr at all: the run still ends.
-    let (_dir, mut child) = spawn_quiver_run(&guest);
+    let (_dir, mut command) = quiver_run_command(&guest);
+    let mut child = command.spawn().unwrap();
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -411,7 +509,8 @@ fn a_stuck_stderr_does_not_hold_the_guest_or_the_run() {
 
     // Stderr is read only once the guest has ended (its results are on stdout): every
     // line is either shown whole or counted in a notice.
-    let (_dir, mut child) = spawn_quiver_run(&guest);
+    let (_dir, mut command) = quiver_run_command(&guest);
+    let mut child = command.spawn().unwrap();
     let mut stdout = child.stdout.take().unwrap();
     let mut stderr = child.stderr.take().unwrap();
     let (sender, results) = std::sync::mpsc::channel();
