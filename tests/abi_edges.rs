@@ -398,25 +398,47 @@ fn log_lines_and_stderr_writes_keep_the_guests_order_in_quiver_run() {
       (call $out (call $log (i32.const 2) (i32.const 1064) (i32.const 1)))
       (call $emit (i32.const 1072) (i32.const 3)))"#
     );
-    let (_dir, mut command) = quiver_run_command(&wat::guest(data, &body));
+    let guest = wat::guest(data, &body);
+    let (_dir, mut command) = quiver_run_command(&guest);
     let output = command.output().unwrap();
     assert!(output.status.success(), "{}", output.status);
     assert_eq!(wat::results(&output.stdout), vec![OK; PAIRS + 2]);
     let expected = "log-line\nwasi-line\n".repeat(PAIRS) + "part\nx\nial\n";
+    assert_same_text(&String::from_utf8_lossy(&output.stderr), &expected);
+
+    // The host's own lines about the task come after the output that led to them.
+    let trapping = guest.replace("(call $main)", "(call $main) unreachable");
+    let (_dir, mut command) = quiver_run_command(&trapping);
+    let output = command.output().unwrap();
+    assert_eq!(output.status.code(), Some(134));
     let stderr = String::from_utf8_lossy(&output.stderr);
-    if stderr != expected {
-        let at = stderr
-            .bytes()
-            .zip(expected.bytes())
-            .position(|(a, b)| a != b)
-            .unwrap_or(stderr.len().min(expected.len()));
-        let from = at.saturating_sub(40);
-        panic!(
-            "stderr differs at byte {at}: got {:?}, want {:?}",
-            stderr.get(from..(at + 40).min(stderr.len())),
-            expected.get(from..(at + 40).min(expected.len()))
-        );
+    let host_lines = stderr.get(expected.len()..).unwrap_or_default();
+    assert_same_text(stderr.get(..expected.len()).unwrap_or(&stderr), &expected);
+    assert!(
+        host_lines
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains("task failed")),
+        "{host_lines}"
+    );
+}
+
+/// Asserts `text` is `expected`, showing where they part.
+fn assert_same_text(text: &str, expected: &str) {
+    if text == expected {
+        return;
     }
+    let at = text
+        .bytes()
+        .zip(expected.bytes())
+        .position(|(a, b)| a != b)
+        .unwrap_or(text.len().min(expected.len()));
+    let from = at.saturating_sub(40);
+    panic!(
+        "text differs at byte {at}: got {:?}, want {:?}",
+        text.get(from..(at + 40).min(text.len())),
+        expected.get(from..(at + 40).min(expected.len()))
+    );
 }
 
 /// A value a registry record's `${ENV:..}` resolves to, so a secret of the process.

@@ -312,7 +312,8 @@ pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
 pub const GUEST_STDERR_QUEUE_BYTES: usize = 1024 * 1024;
 
 /// Longest `quiver run` waits, before it exits, for queued guest output (`log` lines and
-/// stderr writes) to reach a slow stderr.
+/// stderr writes) to reach a slow stderr; also the longest a host log line waits for the
+/// guest output queued before it, so it keeps its place after that output.
 pub const GUEST_STDERR_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Longest line of a server's stderr kept in the host log.

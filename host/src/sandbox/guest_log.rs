@@ -155,27 +155,12 @@ fn reorders_text(c: char) -> bool {
     matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}' | '\u{061c}')
 }
 
-/// Waits until the guest output queued for the host's stderr so far is written, at most
-/// `timeout`; false if some was not. `quiver run` calls it before it exits; a process
-/// that lives on need not.
+/// Waits until the guest output queued for the host's stderr before this call is written
+/// (later output does not hold it), at most `timeout`; false if some was not. `quiver run`
+/// calls it before it exits, and its log writer before each host log line, so that line
+/// keeps its place after the guest output that led to it.
 pub fn flush_guest_stderr(timeout: Duration) -> bool {
-    let Some(queue) = QUEUE.get() else {
-        return true;
-    };
-    let until = Instant::now() + timeout;
-    let mut state = queue.lock();
-    while state.busy() {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() || !state.writer_running {
-            return false;
-        }
-        state = queue
-            .drained
-            .wait_timeout(state, left)
-            .unwrap_or_else(|e| e.into_inner())
-            .0;
-    }
-    true
+    QUEUE.get().is_none_or(|queue| queue.wait_written(timeout))
 }
 
 static QUEUE: OnceLock<StderrQueue> = OnceLock::new();
@@ -234,14 +219,16 @@ struct Queued {
     bytes: usize,
     /// Pieces dropped since the last report.
     dropped: Dropped,
-    /// The writer holds a batch.
-    writing: bool,
+    /// Pieces pushed so far, kept or dropped.
+    pushed: u64,
+    /// Of those, how many the writer has written out or reported dropped.
+    shown: u64,
     writer_running: bool,
 }
 
 impl Queued {
-    fn busy(&self) -> bool {
-        self.writing || !self.pieces.is_empty() || self.dropped.any()
+    fn has_work(&self) -> bool {
+        !self.pieces.is_empty() || self.dropped.any()
     }
 }
 
@@ -284,9 +271,31 @@ impl StderrQueue {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Waits until what was pushed before this call is shown, at most `timeout`.
+    fn wait_written(&self, timeout: Duration) -> bool {
+        let until = Instant::now().checked_add(timeout);
+        let mut state = self.lock();
+        let target = state.pushed;
+        while state.shown < target {
+            let left = until.map_or(timeout, |until| {
+                until.saturating_duration_since(Instant::now())
+            });
+            if left.is_zero() || !state.writer_running {
+                return false;
+            }
+            state = self
+                .drained
+                .wait_timeout(state, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+
     /// Queues `piece`, or counts it dropped when the queue is full or nothing writes it.
     fn push(&self, piece: Piece) {
         let mut state = self.lock();
+        state.pushed = state.pushed.saturating_add(1);
         let cost = queued_cost(piece.bytes());
         let fits = state
             .bytes
@@ -314,15 +323,15 @@ fn queued_cost(bytes: &Vec<u8>) -> usize {
 fn write_out(queue: &StderrQueue) {
     let mut line_open = false;
     loop {
-        let (pieces, dropped) = {
+        let (pieces, dropped, upto) = {
             let mut state = queue.lock();
-            while !state.busy() {
+            while !state.has_work() {
                 state = queue.ready.wait(state).unwrap_or_else(|e| e.into_inner());
             }
-            state.writing = true;
             (
                 std::mem::take(&mut state.pieces),
                 std::mem::take(&mut state.dropped),
+                state.pushed,
             )
         };
         let mut stderr = std::io::stderr().lock();
@@ -332,7 +341,7 @@ fn write_out(queue: &StderrQueue) {
         drop(stderr);
         let mut state = queue.lock();
         state.bytes = state.bytes.saturating_sub(written);
-        state.writing = false;
+        state.shown = upto;
         drop(state);
         queue.drained.notify_all();
     }
@@ -378,16 +387,21 @@ fn show(
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_flood_of_empty_lines_is_bounded_by_memory_not_text() {
-        let queue = StderrQueue {
+    /// A queue no thread writes out.
+    fn unwritten_queue() -> StderrQueue {
+        StderrQueue {
             state: Mutex::new(Queued {
                 writer_running: true,
                 ..Queued::default()
             }),
             ready: Condvar::new(),
             drained: Condvar::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn a_flood_of_empty_lines_is_bounded_by_memory_not_text() {
+        let queue = unwritten_queue();
         // Nothing writes: the queue only fills.
         for _ in 0..1_000_000 {
             queue.push(Piece::Line(b"\n".to_vec()));
@@ -448,6 +462,23 @@ mod tests {
              quiver: 2 guest log line(s) dropped: stderr did not keep up\nz\n"
         );
         assert!(!line_open);
+    }
+
+    #[test]
+    fn a_flush_waits_for_what_was_pushed_before_it() {
+        let queue = unwritten_queue();
+        assert!(queue.wait_written(Duration::ZERO), "nothing pushed");
+        queue.push(Piece::Write(b"a".to_vec()));
+        queue.push(Piece::Line(b"b\n".to_vec()));
+        // Nothing writes: the wait ends at its timeout.
+        assert!(!queue.wait_written(Duration::from_millis(10)));
+        queue.lock().shown = 2;
+        assert!(
+            queue.wait_written(Duration::ZERO),
+            "the writer has shown both"
+        );
+        queue.push(Piece::Write(b"c".to_vec()));
+        assert!(!queue.wait_written(Duration::ZERO), "one more to show");
     }
 
     #[test]
