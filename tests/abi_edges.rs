@@ -352,29 +352,164 @@ async fn captured_log_lines_are_charged_and_refused_past_the_budget() {
     );
 }
 
+/// `quiver run` of a WAT guest with no log settings, its stdout and stderr piped; the
+/// directory holds the module.
+fn quiver_run_command(wat: &str) -> (tempfile::TempDir, std::process::Command) {
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("guest.wat");
+    std::fs::write(&module, wat).unwrap();
+    let mut command = std::process::Command::new(quiver_tests::quiver_cli());
+    command
+        .env_remove("QUIVER_LOG")
+        .env_remove("RUST_LOG")
+        .env_remove("QUIVER_REGISTRY")
+        .args(["run", "--no-cache"])
+        .arg(&module)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    (dir, command)
+}
+
+/// In `quiver run` the guest's `log` lines and its own stderr writes (WASI fd 2) come out
+/// in the order it made them, on a stderr that is not captured. A `log` line starts a line
+/// of its own: a write the guest left open is ended first, and what follows it goes on after.
+#[test]
+fn log_lines_and_stderr_writes_keep_the_guests_order_in_quiver_run() {
+    const PAIRS: usize = 500;
+    let data: &[(u32, &[u8])] = &[
+        (1024, b"log-line"),
+        (1040, b"wasi-line"),
+        (1056, b"part"),
+        (1064, b"x"),
+        (1072, b"ial"),
+    ];
+    // `$emit` writes the text and its newline in two writes.
+    let body = format!(
+        r#"(func $main (local $i i32)
+      (loop $l
+        (call $out (call $log (i32.const 2) (i32.const 1024) (i32.const 8)))
+        (call $emit (i32.const 1040) (i32.const 9))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br_if $l (i32.lt_u (local.get $i) (i32.const {PAIRS}))))
+      (i32.store (i32.const 0) (i32.const 1056))
+      (i32.store (i32.const 4) (i32.const 4))
+      (call $out (call $fd_write (i32.const 2) (i32.const 0) (i32.const 1) (i32.const 8)))
+      (call $out (call $log (i32.const 2) (i32.const 1064) (i32.const 1)))
+      (call $emit (i32.const 1072) (i32.const 3)))"#
+    );
+    let guest = wat::guest(data, &body);
+    let (_dir, mut command) = quiver_run_command(&guest);
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "{}", output.status);
+    assert_eq!(wat::results(&output.stdout), vec![OK; PAIRS + 2]);
+    let expected = "log-line\nwasi-line\n".repeat(PAIRS) + "part\nx\nial\n";
+    assert_same_text(&String::from_utf8_lossy(&output.stderr), &expected);
+
+    // The host's own lines about the task come after the output that led to them.
+    let trapping = guest.replace("(call $main)", "(call $main) unreachable");
+    let (_dir, mut command) = quiver_run_command(&trapping);
+    let output = command.output().unwrap();
+    assert_eq!(output.status.code(), Some(134));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let host_lines = stderr.get(expected.len()..).unwrap_or_default();
+    assert_same_text(stderr.get(..expected.len()).unwrap_or(&stderr), &expected);
+    assert!(
+        host_lines
+            .lines()
+            .next()
+            .is_some_and(|l| l.contains("task failed")),
+        "{host_lines}"
+    );
+}
+
+/// Asserts `text` is `expected`, showing where they part.
+fn assert_same_text(text: &str, expected: &str) {
+    if text == expected {
+        return;
+    }
+    let at = text
+        .bytes()
+        .zip(expected.bytes())
+        .position(|(a, b)| a != b)
+        .unwrap_or(text.len().min(expected.len()));
+    let from = at.saturating_sub(40);
+    panic!(
+        "text differs at byte {at}: got {:?}, want {:?}",
+        text.get(from..(at + 40).min(text.len())),
+        expected.get(from..(at + 40).min(expected.len()))
+    );
+}
+
+/// A value a registry record's `${ENV:..}` resolves to, so a secret of the process.
+const LOG_SECRET: &str = "guest-log-secret-7f3a9c";
+
+/// A guest that logs [`LOG_SECRET`].
+fn secret_logging_guest() -> String {
+    let line = format!("key={LOG_SECRET};");
+    let body = format!(
+        "(func $main (call $out (call $log (i32.const 2) (i32.const 2000) (i32.const {}))))",
+        line.len()
+    );
+    wat::guest(&[(2000, line.as_bytes())], &body)
+}
+
+/// A `log` line is cut of every secret the process resolved wherever it goes: in captured
+/// output (`quiver serve`) as on the host's stderr (below).
+#[tokio::test]
+async fn captured_log_lines_are_redacted_like_those_on_stderr() {
+    // What reading a record that resolves the secret does (the next test does it for real).
+    let _secrets = quiver::registry::Secrets::new([LOG_SECRET]);
+    let host = host(&RegistryDir::new());
+    let run = wat::run_ok(&host, &secret_logging_guest(), &mcp_task("log-secret", &[])).await;
+    host.shutdown().await;
+    assert_eq!(run.results, [OK]);
+    assert_eq!(run.outcome.stderr_text(), "key=[redacted];\n");
+}
+
+#[test]
+fn log_lines_on_quiver_runs_stderr_are_redacted() {
+    let registry = RegistryDir::new();
+    registry.write(
+        "secret.toml",
+        &quiver_tests::fixture_toml("secret", &["*"], "").replace(
+            "[stdio]\n",
+            "[stdio]\nenv = { API_TOKEN = \"${ENV:QV_LOG_SECRET}\" }\n",
+        ),
+    );
+    let (_dir, mut command) = quiver_run_command(&secret_logging_guest());
+    let output = command
+        .env("QV_LOG_SECRET", LOG_SECRET)
+        .arg("--registry")
+        .arg(registry.path())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", output.status);
+    assert_eq!(wat::results(&output.stdout), [OK]);
+    assert_eq!(String::from_utf8_lossy(&output.stderr), "key=[redacted];\n");
+}
+
 /// A guest flooding its log while nobody reads the host's stderr still ends, and so does
-/// `quiver run`: lines wait in a bounded queue and are dropped past it, never waited for.
+/// `quiver run`: lines wait in a bounded queue and are dropped past it, never waited for,
+/// and the count dropped is reported once stderr is read again.
 #[test]
 fn a_stuck_stderr_does_not_hold_the_guest_or_the_run() {
-    let body = r#"(func $main (local $i i32)
+    const LINES: usize = 256;
+    // 4 MiB of lines against a pipe nobody reads (64 KiB) and a 1 MiB queue.
+    let body = format!(
+        r#"(func $main (local $i i32)
       (memory.fill (i32.const 16384) (i32.const 66) (i32.const 16384))
       (loop $l
         (drop (call $log (i32.const 2) (i32.const 16384) (i32.const 16384)))
         (local.set $i (i32.add (local.get $i) (i32.const 1)))
-        (br_if $l (i32.lt_u (local.get $i) (i32.const 256))))
-      (call $out (i32.const 7)))"#;
-    let dir = tempfile::tempdir().unwrap();
-    let module = dir.path().join("flood.wat");
-    std::fs::write(&module, wat::guest(&[], body)).unwrap();
-    let mut child = std::process::Command::new(quiver_tests::quiver_cli())
-        .env_remove("QUIVER_LOG")
-        .args(["run", "--no-cache"])
-        .arg(&module)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    // 4 MiB of lines against a pipe nobody reads (64 KiB) and a 1 MiB queue.
+        (br_if $l (i32.lt_u (local.get $i) (i32.const {LINES}))))
+      (call $out (i32.const 7)))"#
+    );
+    let guest = wat::guest(&[], &body);
+
+    // Nobody reads stderr at all: the run still ends.
+    let (_dir, mut command) = quiver_run_command(&guest);
+    let mut child = command.spawn().unwrap();
     let started = Instant::now();
     let status = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -393,7 +528,49 @@ fn a_stuck_stderr_does_not_hold_the_guest_or_the_run() {
         [7],
         "the guest ran to its end"
     );
-    assert!(output.stderr.len() < 4 * 1024 * 1024, "lines were dropped");
+
+    // Stderr is read only once the guest has ended (its results are on stdout): every
+    // line is either shown whole or counted in a notice.
+    let (_dir, mut command) = quiver_run_command(&guest);
+    let mut child = command.spawn().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let (sender, results) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut bytes = [0u8; 4];
+        let read = std::io::Read::read_exact(&mut stdout, &mut bytes);
+        let _ = sender.send(read.map(|()| bytes));
+    });
+    let Ok(read) = results.recv_timeout(Duration::from_secs(120)) else {
+        child.kill().unwrap();
+        panic!("the guest waited on a stderr nobody reads");
+    };
+    assert_eq!(
+        wat::results(&read.unwrap()),
+        [7],
+        "the guest ran to its end"
+    );
+    let mut shown = Vec::new();
+    std::io::Read::read_to_end(&mut stderr, &mut shown).unwrap();
+    assert!(child.wait().unwrap().success());
+    let shown = String::from_utf8(shown).unwrap();
+    let whole = "B".repeat(16384);
+    let mut lines = 0;
+    let mut dropped = 0;
+    for line in shown.lines() {
+        if line == whole {
+            lines += 1;
+        } else if let Some(count) = line
+            .strip_prefix("quiver: ")
+            .and_then(|l| l.strip_suffix(" guest log line(s) dropped: stderr did not keep up"))
+        {
+            dropped += count.parse::<usize>().unwrap();
+        } else {
+            panic!("unexpected line on stderr: {:?}", line.get(..80));
+        }
+    }
+    assert!(dropped > 0, "4 MiB cannot wait in 1 MiB");
+    assert_eq!(lines + dropped, LINES, "each line shown or counted dropped");
 }
 
 #[tokio::test]

@@ -13,9 +13,6 @@ use quiver_tests::llm::{Reply, ScriptedLlm, tool_results};
 use quiver_tests::{RegistryDir, quiver_cli, workspace};
 use serde_json::json;
 
-/// SPEAR's `char buf[1024]` less its NUL: the most of a line a sample prints.
-const PRINT_BUFFER: usize = 1023;
-
 fn sample(name: &str) -> PathBuf {
     workspace()
         .join("fixtures/spear-samples")
@@ -54,11 +51,10 @@ fn printed<'a>(stderr: &'a str, prefix: &str) -> &'a str {
     rest.split_once('\n').map_or(rest, |(line, _)| line)
 }
 
-/// Asserts the model's `answer` is in the JSON the sample printed after `prefix`, within
-/// SPEAR's print buffer.
+/// Asserts the model's `answer` is in the JSON the sample printed after `prefix`. (The
+/// sample's own 1 KiB print buffer bounds the line, so its length proves nothing.)
 fn assert_answer_printed(stderr: &str, prefix: &str, answer: &str) {
     let line = printed(stderr, prefix);
-    assert!(line.len() <= PRINT_BUFFER, "{} bytes: {line}", line.len());
     let escaped = serde_json::to_string(answer).unwrap();
     let escaped = &escaped[1..escaped.len() - 1];
     assert!(

@@ -324,8 +324,8 @@ async fn run(args: RunArgs) -> i32 {
     }
 }
 
-/// Lets the guest's last `log` lines reach stderr before the host says more and exits; a
-/// stderr stuck longer loses them (saying so would block on the same stderr).
+/// Lets the guest's last `log` lines and stderr writes reach stderr before the host says
+/// more and exits; a stderr stuck longer loses them (saying so would block on the same stderr).
 async fn flush_guest_logs() {
     let timeout = defaults::GUEST_STDERR_FLUSH_TIMEOUT;
     let _ = tokio::task::spawn_blocking(move || quiver::sandbox::flush_guest_stderr(timeout)).await;

@@ -304,13 +304,16 @@ pub const AUDIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest guest log line kept; the rest is cut with a marker.
 pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
 
-/// Guest log lines waiting for the host's stderr, in bytes of memory (each line's text
-/// plus its bookkeeping, so empty lines count too), across all tasks of the process. Lines are written by one thread so no hostcall waits on a slow stderr; past
-/// this, lines are dropped and the count is reported on stderr instead.
+/// Guest output waiting for the host's stderr (`log` lines and the guest's own stderr
+/// writes, in one queue that keeps their order), in bytes of memory (each line's or
+/// write's bytes plus its bookkeeping, so empty lines count too), across all tasks of the
+/// process. One thread writes it so no hostcall or WASI write waits on a slow stderr; past
+/// this, lines and writes are dropped and the count is reported on stderr instead.
 pub const GUEST_STDERR_QUEUE_BYTES: usize = 1024 * 1024;
 
-/// Longest `quiver run` waits, before it exits, for queued guest log lines to reach a
-/// slow stderr.
+/// Longest `quiver run` waits, before it exits, for queued guest output (`log` lines and
+/// stderr writes) to reach a slow stderr; also the longest a host log line waits for the
+/// guest output queued before it, so it keeps its place after that output.
 pub const GUEST_STDERR_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Longest line of a server's stderr kept in the host log.

@@ -1,5 +1,6 @@
 //! Logging setup: everything goes to stderr (stdout belongs to the guest), as text or as
-//! JSON lines, filtered by `--log-level` (or `QUIVER_LOG`).
+//! JSON lines, filtered by `--log-level` (or `QUIVER_LOG`), each line after the guest
+//! output queued for stderr before it.
 //!
 //! Every line passes through [`RedactingWriter`] on its way out, which cuts out every value
 //! a registry `${ENV:..}` reference resolved to: the pool cleans its own messages, but
@@ -11,6 +12,7 @@ use std::io::{self, IsTerminal, Write};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
+use crate::defaults;
 use crate::registry::redact_known;
 
 /// Log line format.
@@ -30,7 +32,7 @@ pub fn init(level: &str, format: LogFormat) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(RedactingWriter::new(std::io::stderr));
+        .with_writer(RedactingWriter::new(stderr_after_guest_output));
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
@@ -38,6 +40,14 @@ pub fn init(level: &str, format: LogFormat) {
     if let Some(e) = bad_filter {
         tracing::warn!("--log-level {level:?} is not a level or filter ({e}); using warn");
     }
+}
+
+/// The host's stderr for one log line, once the guest output queued before it is written
+/// ([`flush_guest_stderr`](crate::sandbox::flush_guest_stderr)): a line such as "task
+/// failed" comes after what the guest wrote before it failed.
+fn stderr_after_guest_output() -> io::Stderr {
+    crate::sandbox::flush_guest_stderr(defaults::GUEST_STDERR_FLUSH_TIMEOUT);
+    io::stderr()
 }
 
 /// A log writer that cuts every secret resolved so far in this process

@@ -52,8 +52,9 @@ struct Kept {
     charge: Charge,
 }
 
-/// How much a write may offer at once; the budget decides whether it is taken.
-const WRITE_CHUNK: usize = 64 * 1024;
+/// How much a write may offer at once; the budget (or the stderr queue) decides whether
+/// it is taken.
+pub(super) const WRITE_CHUNK: usize = 64 * 1024;
 
 impl CapturePipe {
     fn new(charge: Charge) -> Self {
@@ -71,11 +72,33 @@ impl CapturePipe {
 
     /// Appends `data`, growing the buffer only as far as the budget allows.
     pub(super) fn append(&self, data: &[u8]) -> io::Result<()> {
+        self.lock().extend(&[data])
+    }
+
+    /// Appends a whole `line` (ending in a newline) on a line of its own: a line the
+    /// guest's writes left open is ended first. All or nothing, like [`Self::append`].
+    pub(super) fn append_line(&self, line: &[u8]) -> io::Result<()> {
         let mut kept = self.lock();
-        let Kept { bytes, charge } = &mut *kept;
-        let needed = bytes
-            .len()
-            .checked_add(data.len())
+        let open = kept.bytes.last().is_some_and(|&last| last != b'\n');
+        let parts: &[&[u8]] = if open { &[b"\n", line] } else { &[line] };
+        kept.extend(parts)
+    }
+
+    fn take(&self) -> Vec<u8> {
+        let mut kept = self.lock();
+        let bytes = std::mem::take(&mut kept.bytes);
+        kept.charge.shrink(u64::MAX);
+        bytes
+    }
+}
+
+impl Kept {
+    /// Appends `parts`, growing the buffer only as far as the budget allows.
+    fn extend(&mut self, parts: &[&[u8]]) -> io::Result<()> {
+        let Kept { bytes, charge } = self;
+        let needed = parts
+            .iter()
+            .try_fold(bytes.len(), |total, part| total.checked_add(part.len()))
             .ok_or_else(out_of_budget)?;
         if needed > bytes.capacity() {
             let wanted = needed.max(bytes.capacity().saturating_mul(2));
@@ -85,15 +108,10 @@ impl CapturePipe {
             let capacity = usize::try_from(granted).map_err(|_| out_of_budget())?;
             bytes.reserve_exact(capacity - bytes.len());
         }
-        bytes.extend_from_slice(data);
+        for part in parts {
+            bytes.extend_from_slice(part);
+        }
         Ok(())
-    }
-
-    fn take(&self) -> Vec<u8> {
-        let mut kept = self.lock();
-        let bytes = std::mem::take(&mut kept.bytes);
-        kept.charge.shrink(u64::MAX);
-        bytes
     }
 }
 

@@ -1,12 +1,12 @@
 //! The WASI grants of a task: args, env, preopens, stdin and where output goes (the guest's
-//! `log` lines with its stderr). Everything not granted by the task spec is denied.
+//! `log` lines with its stderr, through one ordered queue when that is the host's). Everything not granted by the task spec is denied.
 
 use std::sync::Arc;
 
 use wasmtime::StoreLimitsBuilder;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder, WasiView};
 
-use super::guest_log::GuestLogSink;
+use super::guest_log::{GuestLogSink, HostStderr};
 use super::{CapturedOutput, Deadline, FdTable, MemoryBudget, Sandbox};
 use crate::defaults;
 use crate::task::{GuestLogs, TaskSpec};
@@ -79,7 +79,8 @@ impl<K> Sandbox<K> {
             }
             None => {
                 wasi.inherit_stdout();
-                wasi.inherit_stderr();
+                // Through the `log` lines' queue, so the two keep the guest's order.
+                wasi.stderr(HostStderr);
                 GuestLogSink::Stderr
             }
         };
