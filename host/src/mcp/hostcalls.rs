@@ -322,7 +322,7 @@ async fn list_tools<T: McpView>(
     }
     let tools = tools
         .iter()
-        .filter(|tool| grant.filter.permits(&tool.name))
+        .filter(|tool| grant.tools.permits(&tool.name))
         .collect();
     let body = encode(&Listing { server_id, tools });
     deliver_fresh(caller, fd, PendingKey::ListTools, out, body)
