@@ -224,3 +224,70 @@ impl McpSession {
         self.pending = None;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Denial, Kind, Layer};
+    use crate::registry::{ServerEntry, ServerRecord};
+
+    fn session() -> McpSession {
+        let mut record = ServerRecord::for_tests("docs");
+        record.allowed_resources = vec!["demo://*".into()];
+        let entry = Arc::new(ServerEntry {
+            record,
+            source: "docs.toml".into(),
+            launch: Err(crate::registry::LaunchUnavailable::EnvRef {
+                field: "stdio.command".into(),
+                source: crate::registry::EnvRefError::Missing("X".into()),
+            }),
+        });
+        McpSession::new(Grant::new(
+            entry,
+            &TaskMcpPolicy::default(),
+            &Narrowing::default(),
+        ))
+    }
+
+    fn patterns(list: &[&str]) -> Vec<Pattern> {
+        list.iter().map(|p| Pattern::new(*p)).collect()
+    }
+
+    #[test]
+    fn narrowing_replaces_the_fds_own_list_charges_it_and_drops_a_kept_answer() {
+        let budget = MemoryBudget::new(Arc::from("t"), 4096);
+        let mut session = session();
+        let key = PendingKey::new(Op::ListResources, "", b"");
+        session.keep_output(key, b"kept".to_vec(), &budget).unwrap();
+        let allow = ListKey::allow(Kind::Resource);
+        session
+            .narrow(allow, patterns(&["demo://a*"]), &budget)
+            .unwrap();
+        assert!(
+            session.kept_output().is_empty(),
+            "filtered by the old lists"
+        );
+        let charged = budget.used();
+        assert!(charged > 0);
+        assert_eq!(
+            session.grant.check_resource("demo://b"),
+            Err(Denial::NotInAllowlist(Kind::Resource, Layer::Session))
+        );
+        // A second list of the same key replaces the first; others stay.
+        session
+            .narrow(ListKey::deny(Kind::Resource), patterns(&["*x"]), &budget)
+            .unwrap();
+        session
+            .narrow(allow, patterns(&["demo://b*"]), &budget)
+            .unwrap();
+        assert_eq!(session.grant.check_resource("demo://b"), Ok(()));
+        assert!(session.grant.check_resource("demo://bx").is_err());
+        assert!(session.grant.check_resource("file:///b").is_err());
+        // Past the budget: -ENOMEM and nothing changes.
+        let long = vec![Pattern::new("p".repeat(256)); 64];
+        assert_eq!(session.narrow(allow, long, &budget), Err(Errno::ENOMEM));
+        assert_eq!(session.grant.check_resource("demo://b"), Ok(()));
+        drop(session);
+        assert_eq!(budget.used(), 0, "closing the fd gives the charge back");
+    }
+}
