@@ -603,47 +603,37 @@ async fn task_and_session_lists_narrow_what_a_guest_reads_and_gets() {
     let row = |action: &str, name: &str, reason: &str, detail: &str| {
         (action.into(), name.into(), reason.into(), detail.into())
     };
-    let task_resource = "matches the task's resource deny pattern `demo://resource/dynamic/*`";
-    let session_resource = "not in the session's resource allowlist";
+    let task_vetoed = row(
+        "mcp_read_resource",
+        dynamic,
+        "denied_by_pattern",
+        "matches the task's resource deny pattern `demo://resource/dynamic/*`",
+    );
+    let session_left_out = row(
+        "mcp_read_resource",
+        structure,
+        "not_in_allowlist",
+        "not in the session's resource allowlist",
+    );
     assert_eq!(
         denials,
         [
-            row(
-                "mcp_read_resource",
-                dynamic,
-                "denied_by_pattern",
-                task_resource
-            ),
+            task_vetoed.clone(),
             row(
                 "mcp_get_prompt",
                 "completable-prompt",
                 "denied_by_pattern",
                 "matches the task's prompt deny pattern `completable-*`"
             ),
-            row(
-                "mcp_read_resource",
-                structure,
-                "not_in_allowlist",
-                session_resource
-            ),
+            session_left_out.clone(),
             row(
                 "mcp_get_prompt",
                 "args-prompt",
                 "not_in_allowlist",
                 "not in the session's prompt allowlist"
             ),
-            row(
-                "mcp_read_resource",
-                structure,
-                "not_in_allowlist",
-                session_resource
-            ),
-            row(
-                "mcp_read_resource",
-                dynamic,
-                "denied_by_pattern",
-                task_resource
-            ),
+            session_left_out,
+            task_vetoed,
         ]
     );
 }
