@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use quiver::registry::Registry;
-use quiver::{Host, HostBuilder};
+use quiver::{Host, HostBuilder, TaskSpec};
 use quiver_tests::chat_wat::{ChatGuest, scripted_host_builder};
 use quiver_tests::errno::{EACCES, EINVAL, ENOENT};
 use quiver_tests::llm::{Reply, ScriptedLlm};
@@ -259,4 +259,91 @@ async fn an_overlong_server_id_is_refused_before_it_reaches_a_denial() {
     assert_eq!(lines[0]["event"], "policy_denied");
     assert_eq!(lines[0]["action"], "mcp_open");
     assert_eq!(lines[0]["server_id"], id[..64]);
+}
+
+/// A resource or prompt the registry or a profile leaves out is one `policy_denied` line,
+/// naming the hostcall, the URI or prompt, and the layer in its detail; the server is not
+/// asked (the fixture server has no prompts at all). The task and session layers are
+/// checked the same way against the npm everything server (`tests/reference_servers.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_and_prompt_denials_name_their_layer() {
+    init_logging();
+    let dir = RegistryDir::new();
+    dir.write(
+        "docs.toml",
+        &format!(
+            "allowed_resources = [\"fixture://*\"]\nallowed_prompts = [\"*\"]\n{}",
+            fixture_toml("docs", &["echo"], "")
+        ),
+    );
+    std::fs::create_dir(dir.path().join("profiles")).unwrap();
+    dir.write(
+        "profiles/readers.toml",
+        "name = \"readers\"\nserver_ids = [\"docs\"]\nresource_denylist = [\"*giant\"]\nprompt_allowlist = [\"summary-*\"]\n",
+    );
+    let log_dir = tempfile::tempdir().unwrap();
+    let log = log_dir.path().join("audit.jsonl");
+    let host = host_builder(&dir).with_audit_log(&log).build().unwrap();
+    let (giant, outside, prompt) = ("fixture://giant", "file:///etc/passwd", "other");
+    let guest = wat::guest(
+        &[
+            (1024, b"docs"),
+            (1100, giant.as_bytes()),
+            (1200, outside.as_bytes()),
+            (1300, prompt.as_bytes()),
+        ],
+        &format!(
+            "(func $main (local $fd i32)
+               (local.set $fd (call $mcp_open (i32.const 1024) (i32.const 4)))
+               (call $cap (i32.const 8192) (i32.const 4096))
+               (call $out (call $mcp_read_resource (local.get $fd) (i32.const 1100) (i32.const {}) (i32.const 16384) (i32.const 8192)))
+               (call $out (call $mcp_read_resource (local.get $fd) (i32.const 1200) (i32.const {}) (i32.const 16384) (i32.const 8192)))
+               (call $out (call $mcp_get_prompt (local.get $fd) (i32.const 1300) (i32.const {}) (i32.const 0) (i32.const 0) (i32.const 16384) (i32.const 8192))))",
+            giant.len(),
+            outside.len(),
+            prompt.len()
+        ),
+    );
+    let task = TaskSpec::new("profiled")
+        .with_config("mcp.enabled", "true")
+        .with_config("mcp.profile", "readers")
+        .with_captured_output();
+    let run = wat::run_ok(&host, &guest, &task).await;
+    assert_eq!(run.results, [EACCES, EACCES, EACCES]);
+    host.shutdown().await;
+    let denials: Vec<(String, String, String, String)> = lines(&log)
+        .iter()
+        .map(|l| {
+            assert_eq!(l["event"], "policy_denied", "{l}");
+            assert_eq!(l["server_id"], "docs", "{l}");
+            let s = |k: &str| l[k].as_str().unwrap().to_owned();
+            (s("action"), s("tool"), s("reason"), s("detail"))
+        })
+        .collect();
+    let row = |action: &str, name: &str, reason: &str, detail: &str| {
+        (action.into(), name.into(), reason.into(), detail.into())
+    };
+    assert_eq!(
+        denials,
+        [
+            row(
+                "mcp_read_resource",
+                giant,
+                "denied_by_pattern",
+                "matches the profile's resource deny pattern `*giant`"
+            ),
+            row(
+                "mcp_read_resource",
+                outside,
+                "not_in_allowlist",
+                "not in the registry's allowed_resources for this server"
+            ),
+            row(
+                "mcp_get_prompt",
+                prompt,
+                "not_in_allowlist",
+                "not in the profile's prompt allowlist"
+            ),
+        ]
+    );
 }

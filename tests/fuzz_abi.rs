@@ -148,7 +148,7 @@ const RESULTS: u32 = 155_648;
 const ARENA: u32 = 196_608;
 const RECORD: u32 = 36;
 
-const OPS: [&str; 21] = [
+const OPS: [&str; 22] = [
     "poke",
     "log",
     "time_now_ms",
@@ -163,6 +163,7 @@ const OPS: [&str; 21] = [
     "mcp_read_resource",
     "mcp_list_prompts",
     "mcp_get_prompt",
+    "mcp_set_param",
     "cchat_create",
     "cchat_write_msg",
     "cchat_write_fn",
@@ -190,6 +191,7 @@ fn documented(op: usize) -> &'static [i32] {
         "mcp_read_resource" => &[EACCES, EINVAL, EBADF, EFAULT, ENOMEM, ENOSPC],
         "mcp_list_prompts" => &[EBADF, EFAULT, ENOSPC, ENOTCONN, ETIMEDOUT, EIO, ENOMEM],
         "mcp_get_prompt" => &[EACCES, EIO, EINVAL, EBADF, EFAULT, ENOMEM, ENOSPC],
+        "mcp_set_param" => &[EINVAL, EIO, EBADF, EFAULT, ENOMEM],
         "cchat_create" => &[EMFILE, ENOMEM],
         "cchat_write_msg" => &[EBADF, EINVAL, EFAULT, ENOMEM],
         "cchat_write_fn" => &[EINVAL, EBADF, EFAULT, ENOMEM],
@@ -222,6 +224,7 @@ fn interpreter() -> String {
         ("mcp_read_resource", 5, "i32"),
         ("mcp_list_prompts", 3, "i32"),
         ("mcp_get_prompt", 7, "i32"),
+        ("mcp_set_param", 3, "i32"),
         ("cchat_create", 0, "i32"),
         ("cchat_write_msg", 5, "i32"),
         ("cchat_write_fn", 4, "i32"),
@@ -256,6 +259,7 @@ fn interpreter() -> String {
                     "cchat_write_msg" | "mcp_read_resource" => 5,
                     "mcp_registry_get" | "cchat_write_fn" | "cchat_ctl" => 4,
                     "log"
+                    | "mcp_set_param"
                     | "mcp_list_tools"
                     | "mcp_list_resources"
                     | "mcp_list_resource_templates"
@@ -674,6 +678,28 @@ impl Fuzzer<'_> {
         json!({"key": key, "value": value})
     }
 
+    /// An `mcp_set_param` argument: mostly a list the fd takes, sometimes anything.
+    fn mcp_param(&mut self) -> Value {
+        let key = *self.rng.pick(&[
+            "mcp.tool_allowlist",
+            "mcp.tool_denylist",
+            "mcp.resource_allowlist",
+            "mcp.resource_denylist",
+            "mcp.prompt_allowlist",
+            "mcp.prompt_denylist",
+            "mcp.server_ids",
+            "x-random",
+        ]);
+        let value = match self.rng.below(4) {
+            0 => self.value(3),
+            _ => json!([*self.rng.pick(&["*", "echo", "e?ho", "fixture://*", "nope"])]),
+        };
+        if self.rng.chance(10) {
+            return self.value(2);
+        }
+        json!({"key": key, "value": value})
+    }
+
     fn tool_definition(&mut self) -> Value {
         let name = if self.rng.chance(85) {
             (*self.rng.pick(&TOOLS)).to_owned()
@@ -757,6 +783,14 @@ impl Fuzzer<'_> {
                 let (up, ul) = self.input(uri);
                 let (o, ol) = self.output();
                 args = [args[0], up, ul, o, ol, lit, lit];
+            }
+            "mcp_set_param" => {
+                args[0] = self.mcp_fd();
+                let param = self.mcp_param();
+                let param = self.json(param);
+                let (p, l) = self.input(&param);
+                args[1] = p;
+                args[2] = l;
             }
             "mcp_close" => args[0] = self.fd(Kind::McpFd),
             "mcp_registry_list" => {

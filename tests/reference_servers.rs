@@ -329,3 +329,311 @@ async fn a_guest_lists_and_gets_the_everything_servers_prompts_within_allowed_pr
     assert_eq!(json(2)["error"]["code"], "mcp_invalid_arguments", "{e:?}");
     host.shutdown().await;
 }
+
+/// One step of a WAT guest on fd `$fd`, with the label its `$out` result is asserted by.
+struct Steps {
+    data: Vec<(u32, Vec<u8>)>,
+    next: u32,
+    body: String,
+    labels: Vec<String>,
+}
+
+impl Steps {
+    fn new() -> Self {
+        Self {
+            data: Vec::new(),
+            next: 1024,
+            body: String::new(),
+            labels: Vec::new(),
+        }
+    }
+
+    /// Places `bytes` in the test data area (1024..4096) and returns (address, length).
+    fn put(&mut self, bytes: &[u8]) -> (u32, usize) {
+        let at = self.next;
+        self.next += bytes.len() as u32;
+        assert!(self.next <= 4096, "test data overflows its area");
+        self.data.push((at, bytes.to_vec()));
+        (at, bytes.len())
+    }
+
+    /// Records the result of the WAT `call` as `label`; with `emit`, the answer is written to
+    /// stderr too.
+    fn call(&mut self, label: &str, call: &str, emit: bool) -> &mut Self {
+        self.body += &format!(
+            "\n      (call $cap (i32.const 8192) (i32.const 200000))\n      (call $out {call})"
+        );
+        if emit {
+            self.body += "\n      (call $emit (i32.const 16384) (call $len (i32.const 8192)))";
+        }
+        self.labels.push(label.to_owned());
+        self
+    }
+
+    fn read(&mut self, label: &str, uri: &str) -> &mut Self {
+        let (at, len) = self.put(uri.as_bytes());
+        let call = format!(
+            "(call $mcp_read_resource (local.get $fd) (i32.const {at}) (i32.const {len}) (i32.const 16384) (i32.const 8192))"
+        );
+        self.call(label, &call, false)
+    }
+
+    fn get(&mut self, label: &str, prompt: &str) -> &mut Self {
+        let (at, len) = self.put(prompt.as_bytes());
+        let call = format!(
+            "(call $mcp_get_prompt (local.get $fd) (i32.const {at}) (i32.const {len}) (i32.const 0) (i32.const 0) (i32.const 16384) (i32.const 8192))"
+        );
+        self.call(label, &call, false)
+    }
+
+    /// `mcp_set_param` with `param` at `at`, or placed in the data area.
+    fn set_at(&mut self, label: &str, param: &str, at: Option<u32>) -> &mut Self {
+        let (at, len) = match at {
+            Some(at) => (at, param.len()),
+            None => self.put(param.as_bytes()),
+        };
+        let call =
+            format!("(call $mcp_set_param (local.get $fd) (i32.const {at}) (i32.const {len}))");
+        self.call(label, &call, false)
+    }
+
+    fn set(&mut self, label: &str, param: &str) -> &mut Self {
+        self.set_at(label, param, None)
+    }
+
+    fn list(&mut self, label: &str, hostcall: &str) -> &mut Self {
+        let call = format!("(call ${hostcall} (local.get $fd) (i32.const 16384) (i32.const 8192))");
+        self.call(label, &call, true)
+    }
+
+    /// The guest: `$main` opens `server` as `$fd`, then runs the steps.
+    fn guest(&mut self, server: &str, extra: &[(u32, &[u8])]) -> String {
+        let (at, len) = self.put(server.as_bytes());
+        let body = format!(
+            "(func $main (local $fd i32)\n      (local.set $fd (call $mcp_open (i32.const {at}) (i32.const {len}))){})",
+            self.body
+        );
+        let mut data: Vec<(u32, &[u8])> = self.data.iter().map(|(at, b)| (*at, &b[..])).collect();
+        data.extend_from_slice(extra);
+        wat::guest(&data, &body)
+    }
+
+    /// The result recorded under `label`.
+    fn result(&self, results: &[i32], label: &str) -> i32 {
+        let i = self.labels.iter().position(|l| l == label).unwrap();
+        *results
+            .get(i)
+            .unwrap_or_else(|| panic!("no result for {label}: {results:?}"))
+    }
+}
+
+/// The layers above the registry narrow the everything server's resources and prompts for
+/// a real guest: a task denylist vetoes dynamic resources and a prompt, an fd's own
+/// allowlists (`mcp_set_param`) narrow reads, gets and listings further and can never lift
+/// the task's veto, hostile lists are `-EINVAL` and leave the fd as it was, and every
+/// refusal reaches the audit log naming its layer.
+#[tokio::test]
+async fn task_and_session_lists_narrow_what_a_guest_reads_and_gets() {
+    let registry = RegistryDir::new();
+    registry.write(
+        "everything.toml",
+        &format!(
+            "allowed_resources = [\"demo://resource/*\"]\nallowed_prompts = [\"*\"]\n{}",
+            stdio_record(
+                "everything",
+                &npm_bin("mcp-server-everything"),
+                &[],
+                &["echo"]
+            )
+        ),
+    );
+    let audit_dir = tempfile::tempdir().unwrap();
+    let audit = audit_dir.path().join("audit.jsonl");
+    let host = quiver_tests::host_builder(&registry)
+        .with_audit_log(&audit)
+        .build()
+        .unwrap();
+    let architecture = "demo://resource/static/document/architecture.md";
+    let structure = "demo://resource/static/document/structure.md";
+    let dynamic = "demo://resource/dynamic/text/3";
+    let param =
+        |key: &str, value: Value| serde_json::json!({"key": key, "value": value}).to_string();
+    // 40 KB, past the small data area and the output buffers, within the 4 pages.
+    const HUGE_AT: u32 = 220_000;
+    let huge = param(
+        "mcp.resource_allowlist",
+        serde_json::json!(["x".repeat(40_000)]),
+    );
+    let mut steps = Steps::new();
+    steps
+        .list("resources", "mcp_list_resources")
+        .list("templates", "mcp_list_resource_templates")
+        .read("task vetoes dynamic", dynamic)
+        .read("static read", architecture)
+        .get("task vetoes completable", "completable-prompt")
+        .set(
+            "narrow resources",
+            &param(
+                "mcp.resource_allowlist",
+                serde_json::json!(["*/architecture.md"]),
+            ),
+        )
+        .set(
+            "narrow prompts",
+            &param("mcp.prompt_allowlist", serde_json::json!(["simple-*"])),
+        )
+        .read("session leaves out structure", structure)
+        .read("session keeps architecture", architecture)
+        .list("narrowed resources", "mcp_list_resources")
+        .list("narrowed prompts", "mcp_list_prompts")
+        .get("session leaves out args", "args-prompt")
+        .get("session keeps simple", "simple-prompt")
+        .set(
+            "not a list",
+            &param("mcp.resource_allowlist", serde_json::json!("*")),
+        )
+        .set(
+            "a list of numbers",
+            &param("mcp.prompt_allowlist", serde_json::json!([1, 2])),
+        )
+        .set(
+            "too many",
+            &param("mcp.resource_allowlist", serde_json::json!(vec!["*"; 65])),
+        )
+        .set(
+            "a pattern too long",
+            &param(
+                "mcp.resource_allowlist",
+                serde_json::json!(["*".repeat(257)]),
+            ),
+        )
+        .set(
+            "a server key",
+            &param("mcp.server_ids", serde_json::json!(["everything"])),
+        )
+        .set(
+            "a task key",
+            &param("mcp.task_resource_allowlist", serde_json::json!(["*"])),
+        )
+        .set("not json", "{\"key\": ")
+        .set_at("huge", &huge, Some(HUGE_AT))
+        .read("unchanged after hostile lists", structure)
+        .set(
+            "widen resources",
+            &param("mcp.resource_allowlist", serde_json::json!(["*"])),
+        )
+        .read("the task's veto stands", dynamic)
+        .read("the session's own list was replaced", structure);
+    let guest = steps.guest("everything", &[(HUGE_AT, huge.as_bytes())]);
+    let task = mcp_task("layers", &["everything"])
+        .with_config(
+            "mcp.resource_denylist",
+            serde_json::json!(["demo://resource/dynamic/*"]),
+        )
+        .with_config("mcp.prompt_denylist", serde_json::json!(["completable-*"]));
+    let run = wat::run(&host, &guest, &task).await;
+    host.shutdown().await;
+    let (r, e) = (&run.results, &run.emitted);
+    let at = |label: &str| steps.result(r, label);
+    let json = |i: usize| -> Value { serde_json::from_str(&e[i]).expect(&e[i]) };
+    let names = |listing: Value, field: &str, key: &str| -> Vec<String> {
+        listing[field]
+            .as_array()
+            .unwrap_or_else(|| panic!("{listing}"))
+            .iter()
+            .map(|item| item[key].as_str().unwrap().to_owned())
+            .collect()
+    };
+    use quiver_tests::errno::{EACCES, EINVAL, EIO};
+
+    let listed = names(json(0), "resources", "uri");
+    assert!(
+        listed.len() >= 2 && listed.contains(&structure.to_owned()),
+        "{listed:?}"
+    );
+    assert!(
+        listed
+            .iter()
+            .all(|uri| !uri.starts_with("demo://resource/dynamic/"))
+    );
+    assert!(
+        names(json(1), "resourceTemplates", "uriTemplate").is_empty(),
+        "the task's denylist hides the dynamic templates: {}",
+        e[1]
+    );
+    assert_eq!(at("task vetoes dynamic"), EACCES, "{r:?}");
+    assert!(at("static read") > 0, "{r:?}");
+    assert_eq!(at("task vetoes completable"), EACCES, "{r:?}");
+    assert_eq!(at("narrow resources"), 0, "{r:?}");
+    assert_eq!(at("narrow prompts"), 0, "{r:?}");
+    assert_eq!(at("session leaves out structure"), EACCES, "{r:?}");
+    assert!(at("session keeps architecture") > 0, "{r:?}");
+    assert_eq!(names(json(2), "resources", "uri"), [architecture]);
+    assert_eq!(names(json(3), "prompts", "name"), ["simple-prompt"]);
+    assert_eq!(at("session leaves out args"), EACCES, "{r:?}");
+    assert!(at("session keeps simple") > 0, "{r:?}");
+    for hostile in [
+        "not a list",
+        "a list of numbers",
+        "too many",
+        "a pattern too long",
+        "a server key",
+        "a task key",
+        "huge",
+    ] {
+        assert_eq!(at(hostile), EINVAL, "{hostile}: {r:?}");
+    }
+    assert_eq!(at("not json"), EIO, "{r:?}");
+    assert_eq!(at("unchanged after hostile lists"), EACCES, "{r:?}");
+    assert_eq!(at("widen resources"), 0, "{r:?}");
+    assert_eq!(at("the task's veto stands"), EACCES, "{r:?}");
+    assert!(at("the session's own list was replaced") > 0, "{r:?}");
+
+    // Every refusal is one audit line naming what was refused and the layer that did it.
+    let denials: Vec<(String, String, String, String)> = std::fs::read_to_string(&audit)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|l| l["event"] == "policy_denied")
+        .map(|l| {
+            let s = |k: &str| l[k].as_str().unwrap().to_owned();
+            (s("action"), s("tool"), s("reason"), s("detail"))
+        })
+        .collect();
+    let row = |action: &str, name: &str, reason: &str, detail: &str| {
+        (action.into(), name.into(), reason.into(), detail.into())
+    };
+    let task_vetoed = row(
+        "mcp_read_resource",
+        dynamic,
+        "denied_by_pattern",
+        "matches the task's resource deny pattern `demo://resource/dynamic/*`",
+    );
+    let session_left_out = row(
+        "mcp_read_resource",
+        structure,
+        "not_in_allowlist",
+        "not in the session's resource allowlist",
+    );
+    assert_eq!(
+        denials,
+        [
+            task_vetoed.clone(),
+            row(
+                "mcp_get_prompt",
+                "completable-prompt",
+                "denied_by_pattern",
+                "matches the task's prompt deny pattern `completable-*`"
+            ),
+            session_left_out.clone(),
+            row(
+                "mcp_get_prompt",
+                "args-prompt",
+                "not_in_allowlist",
+                "not in the session's prompt allowlist"
+            ),
+            session_left_out,
+            task_vetoed,
+        ]
+    );
+}

@@ -99,6 +99,7 @@ SPEAR_IMPORT("mcp_list_resource_templates") int32_t sp_mcp_list_resource_templat
 SPEAR_IMPORT("mcp_read_resource") int32_t sp_mcp_read_resource(int32_t fd, int32_t uri_ptr, int32_t uri_len, int32_t out_ptr, int32_t out_len_ptr);
 SPEAR_IMPORT("mcp_list_prompts") int32_t sp_mcp_list_prompts(int32_t fd, int32_t out_ptr, int32_t out_len_ptr);
 SPEAR_IMPORT("mcp_get_prompt") int32_t sp_mcp_get_prompt(int32_t fd, int32_t name_ptr, int32_t name_len, int32_t args_ptr, int32_t args_len, int32_t out_ptr, int32_t out_len_ptr);
+SPEAR_IMPORT("mcp_set_param") int32_t sp_mcp_set_param(int32_t fd, int32_t param_ptr, int32_t param_len);
 SPEAR_IMPORT("cchat_create") int32_t sp_cchat_create(void);
 SPEAR_IMPORT("cchat_write_msg") int32_t sp_cchat_write_msg(int32_t fd, int32_t role_ptr, int32_t role_len, int32_t content_ptr, int32_t content_len);
 SPEAR_IMPORT("cchat_write_fn") int32_t sp_cchat_write_fn(int32_t fd, int32_t fn_offset, int32_t fn_json_ptr, int32_t fn_json_len);

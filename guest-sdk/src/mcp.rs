@@ -1,4 +1,5 @@
-//! MCP sessions: list and call the tools of the MCP servers in the host's registry.
+//! MCP sessions: list and call the tools, read the resources and get the prompts of the MCP
+//! servers in the host's registry.
 //!
 //! [`Mcp`] and [`ToolResult`] are re-exported at the crate root; this module also holds the
 //! typed views of what the host answers ([`ToolList`], [`Content`], [`HostError`], ..).
@@ -94,7 +95,7 @@ impl Mcp {
         })
     }
 
-    /// The server's resources within the registry's `allowed_resources`, as the host
+    /// The server's resources within the session's resource filters, as the host
     /// returns them: `{"server_id": .., "resources": [{"uri", "name", "mimeType", ..}]}`.
     pub fn list_resources_json(&self) -> Result<Value> {
         let op = format!("mcp_list_resources({:?})", self.server_id);
@@ -104,7 +105,7 @@ impl Mcp {
         })
     }
 
-    /// The server's resource templates whose `uriTemplate` is within `allowed_resources`:
+    /// The server's resource templates whose `uriTemplate` passes the resource filters:
     /// `{"server_id": .., "resourceTemplates": [{"uriTemplate", "name", ..}]}`.
     pub fn list_resource_templates_json(&self) -> Result<Value> {
         let op = format!("mcp_list_resource_templates({:?})", self.server_id);
@@ -119,7 +120,7 @@ impl Mcp {
     ///
     /// # Errors
     ///
-    /// [`Errno::EACCES`] if `uri` is outside `allowed_resources`, [`Errno::EINVAL`] if it is
+    /// [`Errno::EACCES`] if `uri` is outside the resource filters, [`Errno::EINVAL`] if it is
     /// longer than 4096 bytes, [`Errno::EBADF`] if the session is closed.
     pub fn read_resource_json(&self, uri: &str) -> Result<Value> {
         let op = format!("mcp_read_resource({:?}, {uri:?})", self.server_id);
@@ -131,7 +132,7 @@ impl Mcp {
         })
     }
 
-    /// The server's prompts within the registry's `allowed_prompts`:
+    /// The server's prompts within the session's prompt filters:
     /// `{"server_id": .., "prompts": [{"name", "description", "arguments", ..}]}`.
     pub fn list_prompts_json(&self) -> Result<Value> {
         let op = format!("mcp_list_prompts({:?})", self.server_id);
@@ -148,7 +149,7 @@ impl Mcp {
     ///
     /// # Errors
     ///
-    /// [`Errno::EACCES`] if `name` is outside `allowed_prompts`, [`Errno::EINVAL`] if it
+    /// [`Errno::EACCES`] if `name` is outside the prompt filters, [`Errno::EINVAL`] if it
     /// is longer than 128 bytes, [`Errno::EBADF`] if the session is closed.
     pub fn get_prompt_json(&self, name: &str, args: &Value) -> Result<Value> {
         let op = format!("mcp_get_prompt({:?}, {name:?})", self.server_id);
@@ -170,6 +171,34 @@ impl Mcp {
                 )
             }
         })
+    }
+
+    /// Narrows this session with its own list `key` (`"mcp.tool_allowlist"`,
+    /// `"mcp.tool_denylist"`, `"mcp.resource_allowlist"`, `"mcp.resource_denylist"`,
+    /// `"mcp.prompt_allowlist"` or `"mcp.prompt_denylist"`) of at most 64 patterns, replacing
+    /// its earlier list of that key. The registry's and the task's lists still apply: a
+    /// session can only see less than it was opened with.
+    ///
+    /// ```no_run
+    /// # fn main() -> quiver_guest::Result<()> {
+    /// let docs = quiver_guest::Mcp::open("docs")?;
+    /// docs.set_list("mcp.resource_allowlist", &["file:///srv/docs/public/*"])?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`Errno::EINVAL`] for another key, too many or too long patterns,
+    /// [`Errno::EBADF`] if the session is closed, [`Errno::ENOMEM`] if the host memory
+    /// budget cannot hold the lists.
+    pub fn set_list(&self, key: &str, patterns: &[&str]) -> Result<()> {
+        let op = || format!("mcp_set_param({:?}, {key:?})", self.server_id);
+        let param = serde_json::json!({ "key": key, "value": patterns }).to_string();
+        let (param_ptr, param_len) = arg(&op(), param.as_bytes())?;
+        // SAFETY: `param` is readable for its length.
+        let ret = unsafe { sys::mcp_set_param(self.fd, param_ptr, param_len) };
+        check(op, ret).map(drop)
     }
 
     /// The names of the server's tools, in the order the host lists them.

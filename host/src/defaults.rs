@@ -171,12 +171,18 @@ pub fn guest_tool_stacks(slots: u32) -> u32 {
     (slots.saturating_mul(GUEST_TOOL_STACKS_PERCENT) / 100).max(1)
 }
 
-/// Tool patterns a chat session may set in `mcp.tool_allowlist` or `mcp.tool_denylist`.
-/// Every send matches each pattern against every offered MCP tool, in host time the
-/// deadline does not interrupt.
+/// Patterns a session may set in one list: a chat session's `mcp.tool_allowlist` or
+/// `mcp.tool_denylist`, an MCP fd's `mcp_set_param` lists. Every send or listing matches
+/// each pattern against every name, in host time the deadline does not interrupt.
 pub const MAX_SESSION_PATTERNS: usize = 64;
 
-/// Longest session tool pattern; far longer than any tool name a model accepts (64).
+/// Patterns in one `mcp.*_allowlist` / `mcp.*_denylist` of a task's config; more is a task
+/// config error. Higher than a session's, since an operator writes it, but bounded for the
+/// same reason: tasks may come from `quiver serve`'s API.
+pub const MAX_TASK_PATTERNS: usize = 256;
+
+/// Longest pattern of a task or session list, in bytes: far longer than any tool name a
+/// model accepts (64), and a longer resource URI is matched with `*`.
 pub const MAX_PATTERN_BYTES: usize = 256;
 
 /// Period of the engine's epoch clock. Guest code is checked against its deadline (and

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::defaults;
-use crate::policy::{Pattern, TaskMcpConfig};
+use crate::policy::{ListKey, Narrowing, Pattern, TaskMcpConfig};
 
 /// A task file or task config that cannot be used, with the place and the fix.
 #[derive(Debug, thiserror::Error)]
@@ -110,13 +110,12 @@ pub enum GuestLogs {
     Tracing,
 }
 
-const MCP_KEYS: [&str; 6] = [
+/// The `mcp.*` keys besides the lists ([`ListKey`]).
+const MCP_KEYS: [&str; 4] = [
     "mcp.enabled",
     "mcp.profile",
     "mcp.default_server_ids",
     "mcp.allowed_server_ids",
-    "mcp.tool_allowlist",
-    "mcp.tool_denylist",
 ];
 
 impl TaskSpec {
@@ -318,10 +317,14 @@ impl TaskSpec {
     /// against the registry by [`TaskMcpConfig::resolve`].
     pub fn mcp_config(&self) -> Result<TaskMcpConfig, TaskError> {
         for key in self.config.keys().filter(|k| k.starts_with("mcp.")) {
-            if !MCP_KEYS.contains(&key.as_str()) {
+            if !MCP_KEYS.contains(&key.as_str()) && ListKey::parse(key).is_none() {
+                let known: Vec<&str> = MCP_KEYS
+                    .into_iter()
+                    .chain(ListKey::ALL.map(ListKey::name))
+                    .collect();
                 return Err(TaskError::Config {
                     key: key.clone(),
-                    message: format!("unknown MCP key; known keys are {}", MCP_KEYS.join(", ")),
+                    message: format!("unknown MCP key; known keys are {}", known.join(", ")),
                 });
             }
         }
@@ -335,7 +338,7 @@ impl TaskSpec {
             Some(other) => {
                 return Err(config_error(
                     "mcp.profile",
-                    format!("expected a profile name, got {other}"),
+                    format!("expected a profile name, got {}", shown(other.to_string())),
                 ));
             }
         };
@@ -351,18 +354,48 @@ impl TaskSpec {
                 ),
             });
         }
-        let patterns = |v: Vec<String>| v.into_iter().map(Pattern::new).collect::<Vec<_>>();
+        let mut narrowing = Narrowing::default();
+        for key in ListKey::ALL {
+            if let Some(patterns) = self.patterns(key.name())? {
+                narrowing.set(key, patterns);
+            }
+        }
         Ok(TaskMcpConfig {
             enabled,
             profile,
             default_server_ids,
             allowed_server_ids,
-            tool_allowlist: self.list("mcp.tool_allowlist")?.map(patterns),
-            tool_denylist: self
-                .list("mcp.tool_denylist")?
-                .map(patterns)
-                .unwrap_or_default(),
+            narrowing,
         })
+    }
+
+    /// A list of patterns: at most [`defaults::MAX_TASK_PATTERNS`] of at most
+    /// [`defaults::MAX_PATTERN_BYTES`], since every listing matches each against every name.
+    fn patterns(&self, key: &str) -> Result<Option<Vec<Pattern>>, TaskError> {
+        let Some(items) = self.list(key)? else {
+            return Ok(None);
+        };
+        if items.len() > defaults::MAX_TASK_PATTERNS {
+            return Err(config_error(
+                key,
+                format!(
+                    "has {} patterns; at most {} are allowed",
+                    items.len(),
+                    defaults::MAX_TASK_PATTERNS
+                ),
+            ));
+        }
+        if let Some(long) = items.iter().find(|p| p.len() > defaults::MAX_PATTERN_BYTES) {
+            return Err(config_error(
+                key,
+                format!(
+                    "a pattern is {} bytes; at most {} are allowed",
+                    long.len(),
+                    defaults::MAX_PATTERN_BYTES
+                ),
+            ));
+        }
+        Ok(Some(items.into_iter().map(Pattern::new).collect()))
     }
 
     fn list(&self, key: &str) -> Result<Option<Vec<String>>, TaskError> {
@@ -389,12 +422,12 @@ fn parse_bool(key: &str, value: &Value) -> Result<bool, TaskError> {
             "false" | "0" | "no" => Ok(false),
             _ => Err(config_error(
                 key,
-                format!("expected true/false/1/0/yes/no, got {s:?}"),
+                format!("expected true/false/1/0/yes/no, got {}", shown(s.clone())),
             )),
         },
         other => Err(config_error(
             key,
-            format!("expected a boolean, got {other}"),
+            format!("expected a boolean, got {}", shown(other.to_string())),
         )),
     }
 }
@@ -409,7 +442,10 @@ fn parse_list(key: &str, value: &Value) -> Result<Vec<String>, TaskError> {
                 Value::String(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
                 other => Err(config_error(
                     key,
-                    format!("expected a list of non-empty strings, found item {other}"),
+                    format!(
+                        "expected a list of non-empty strings, found item {}",
+                        shown(other.to_string())
+                    ),
                 )),
             })
             .collect()
@@ -418,13 +454,16 @@ fn parse_list(key: &str, value: &Value) -> Result<Vec<String>, TaskError> {
         Value::Array(items) => from_array(items),
         Value::String(s) if s.trim_start().starts_with('[') => {
             let parsed: Value = serde_json::from_str(s).map_err(|e| {
-                config_error(key, format!("not a valid JSON array string ({e}): {s:?}"))
+                config_error(
+                    key,
+                    format!("not a valid JSON array string ({e}): {}", shown(s.clone())),
+                )
             })?;
             match parsed {
                 Value::Array(items) => from_array(&items),
                 _ => Err(config_error(
                     key,
-                    format!("expected a JSON array, got {s:?}"),
+                    format!("expected a JSON array, got {}", shown(s.clone())),
                 )),
             }
         }
@@ -436,7 +475,7 @@ fn parse_list(key: &str, value: &Value) -> Result<Vec<String>, TaskError> {
                 if item.is_empty() {
                     Err(config_error(
                         key,
-                        format!("empty item in comma-separated list {s:?}"),
+                        format!("empty item in comma-separated list {}", shown(s.clone())),
                     ))
                 } else {
                     Ok(item.to_owned())
@@ -445,9 +484,24 @@ fn parse_list(key: &str, value: &Value) -> Result<Vec<String>, TaskError> {
             .collect(),
         other => Err(config_error(
             key,
-            format!("expected a JSON array or a comma-separated string, got {other}"),
+            format!(
+                "expected a JSON array or a comma-separated string, got {}",
+                shown(other.to_string())
+            ),
         )),
     }
+}
+
+/// At most this much of a config value goes into an error (a value may be megabytes).
+const SHOWN_BYTES: usize = 80;
+
+/// The start of `text`, quoted, for an error message.
+fn shown(text: String) -> String {
+    if text.len() <= SHOWN_BYTES {
+        return format!("{text:?}");
+    }
+    let start = crate::observe::cut(&text, SHOWN_BYTES);
+    format!("{start:?}… ({} bytes)", text.len())
 }
 
 #[cfg(test)]
@@ -478,7 +532,7 @@ mod tests {
             policy.allowed_server_ids,
             ["gitlab", "fs", "duckduckgo-search"]
         );
-        assert_eq!(policy.tool_denylist, [Pattern::new("delete_*")]);
+        assert_eq!(policy.narrowing.tools.deny, [Pattern::new("delete_*")]);
     }
 
     #[test]
@@ -491,7 +545,7 @@ mod tests {
             .unwrap();
         assert!(!policy.enabled);
         assert_eq!(policy.allowed_server_ids, ["fs"]);
-        assert_eq!(policy.tool_allowlist, None);
+        assert_eq!(policy.narrowing, Narrowing::default());
     }
 
     #[test]
@@ -509,6 +563,56 @@ mod tests {
                 .unwrap_err();
             assert!(err.to_string().contains(key), "{err}");
         }
+    }
+
+    #[test]
+    fn resource_and_prompt_lists_parse_like_tool_lists() {
+        let spec = TaskSpec::from_json(
+            r#"{"task_id":"t","config":{
+                "mcp.resource_allowlist":"demo://static/*, demo://dynamic/*",
+                "mcp.resource_denylist":["*/secret*"],
+                "mcp.prompt_allowlist":"[]",
+                "mcp.prompt_denylist":"[\"complex-*\"]"}}"#,
+        )
+        .unwrap();
+        let narrowing = spec.mcp_config().unwrap().narrowing;
+        let patterns = |l: &[&str]| l.iter().map(|p| Pattern::new(*p)).collect::<Vec<_>>();
+        assert_eq!(
+            narrowing.resources.allow,
+            Some(patterns(&["demo://static/*", "demo://dynamic/*"]))
+        );
+        assert_eq!(narrowing.resources.deny, patterns(&["*/secret*"]));
+        assert_eq!(narrowing.prompts.allow, Some(vec![]), "[] allows nothing");
+        assert_eq!(narrowing.prompts.deny, patterns(&["complex-*"]));
+        assert_eq!(narrowing.tools, Default::default());
+    }
+
+    #[test]
+    fn hostile_lists_are_refused_with_a_short_message_naming_the_key() {
+        let huge = "x".repeat(1 << 20);
+        let too_many = vec!["p"; defaults::MAX_TASK_PATTERNS + 1];
+        for (key, value) in [
+            ("mcp.resource_allowlist", json!({ "a": huge })),
+            ("mcp.resource_denylist", json!(42)),
+            ("mcp.prompt_allowlist", json!(too_many)),
+            ("mcp.prompt_denylist", json!([huge])),
+            ("mcp.resource_denylist", json!(format!("[\"{huge}"))),
+            ("mcp.prompt_allowlist", json!(huge.replace('x', ","))),
+        ] {
+            let err = TaskSpec::new("t")
+                .with_config(key, value)
+                .mcp_config()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{err}");
+            assert!(err.len() < 400, "{key}: {} bytes", err.len());
+        }
+        let err = TaskSpec::new("t")
+            .with_config("mcp.resource_list", json!([]))
+            .mcp_config()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("mcp.resource_allowlist"), "{err}");
     }
 
     #[test]

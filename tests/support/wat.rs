@@ -24,6 +24,7 @@ const PRELUDE: &str = r#"
   (import "spear" "mcp_read_resource" (func $mcp_read_resource (param i32 i32 i32 i32 i32) (result i32)))
   (import "spear" "mcp_list_prompts" (func $mcp_list_prompts (param i32 i32 i32) (result i32)))
   (import "spear" "mcp_get_prompt" (func $mcp_get_prompt (param i32 i32 i32 i32 i32 i32 i32) (result i32)))
+  (import "spear" "mcp_set_param" (func $mcp_set_param (param i32 i32 i32) (result i32)))
   (import "spear" "cchat_create" (func $cchat_create (result i32)))
   (import "spear" "cchat_write_msg" (func $cchat_write_msg (param i32 i32 i32 i32 i32) (result i32)))
   (import "spear" "cchat_write_fn" (func $cchat_write_fn (param i32 i32 i32 i32) (result i32)))

@@ -166,6 +166,7 @@ macro_rules! spear_imports {
             fn mcp_read_resource(fd, uri_ptr, uri_len, out_ptr, out_len_ptr) -> i32;
             fn mcp_list_prompts(fd, out_ptr, out_len_ptr) -> i32;
             fn mcp_get_prompt(fd, name_ptr, name_len, args_ptr, args_len, out_ptr, out_len_ptr) -> i32;
+            fn mcp_set_param(fd, param_ptr, param_len) -> i32;
             fn cchat_create() -> i32;
             fn cchat_write_msg(fd, role_ptr, role_len, content_ptr, content_len) -> i32;
             fn cchat_write_fn(fd, fn_offset, fn_json_ptr, fn_json_len) -> i32;

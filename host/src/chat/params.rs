@@ -5,7 +5,7 @@ use serde_json::Value;
 
 use super::session::SessionContent;
 use crate::defaults;
-use crate::policy::{Pattern, TaskMcpPolicy};
+use crate::policy::{ListKey, Narrowing, Pattern, TaskMcpPolicy};
 use crate::sandbox::heap;
 
 /// Host-consumed settings of a session.
@@ -41,8 +41,9 @@ impl Default for Settings {
 pub(crate) struct SessionMcp {
     pub(crate) enabled: bool,
     pub(crate) server_ids: Vec<String>,
-    pub(crate) tool_allowlist: Option<Vec<Pattern>>,
-    pub(crate) tool_denylist: Vec<Pattern>,
+    /// `mcp.tool_allowlist` / `mcp.tool_denylist`; a chat offers no resources or prompts,
+    /// so their lists stay empty.
+    pub(crate) narrowing: Narrowing,
     /// `mcp.decision_log`: copy the decision log into `_spear.mcp` (off: it can be large,
     /// and guests printing a response through a small buffer would lose the answer).
     pub(crate) decision_log: bool,
@@ -53,8 +54,7 @@ impl SessionMcp {
         Self {
             enabled: task.enabled,
             server_ids: task.default_server_ids.clone(),
-            tool_allowlist: None,
-            tool_denylist: Vec::new(),
+            narrowing: Narrowing::default(),
             decision_log: false,
         }
     }
@@ -164,26 +164,8 @@ fn strings(key: &str, value: &Value) -> Result<Vec<String>, ParamError> {
         .collect()
 }
 
-/// Session tool patterns: at most [`defaults::MAX_SESSION_PATTERNS`] of at most
-/// [`defaults::MAX_PATTERN_BYTES`] each, since every send matches each against every
-/// offered tool.
-fn patterns(key: &str, value: &Value) -> Result<Vec<Pattern>, ParamError> {
-    let items = strings(key, value)?;
-    if items.len() > defaults::MAX_SESSION_PATTERNS {
-        return Err(ParamError::Invalid(format!(
-            "{key} has {} patterns; at most {} are allowed",
-            items.len(),
-            defaults::MAX_SESSION_PATTERNS
-        )));
-    }
-    if let Some(long) = items.iter().find(|p| p.len() > defaults::MAX_PATTERN_BYTES) {
-        return Err(ParamError::Invalid(format!(
-            "{key}: pattern {} is longer than {} bytes",
-            shown(long),
-            defaults::MAX_PATTERN_BYTES
-        )));
-    }
-    Ok(items.into_iter().map(Pattern::new).collect())
+fn patterns(key: ListKey, value: &Value) -> Result<Vec<Pattern>, ParamError> {
+    Pattern::session_list(key, value).map_err(ParamError::Invalid)
 }
 
 /// Where a param's value is kept, for what it costs.
@@ -247,8 +229,11 @@ impl SessionContent {
             Slot::Model => text(&self.settings.model),
             Slot::Backend => text(&self.settings.backend),
             Slot::ServerIds => heap::strings(self.mcp.server_ids.iter().map(String::as_str)),
-            Slot::Allowlist => self.mcp.tool_allowlist.as_deref().map_or(0, patterns_cost),
-            Slot::Denylist => patterns_cost(&self.mcp.tool_denylist),
+            Slot::Allowlist => {
+                let tools = &self.mcp.narrowing.tools;
+                tools.allow.as_deref().map_or(0, patterns_cost)
+            }
+            Slot::Denylist => patterns_cost(&self.mcp.narrowing.tools.deny),
             Slot::Upstream => self
                 .upstream
                 .get(key)
@@ -314,8 +299,11 @@ impl SessionContent {
                     ))
                 })?;
             }
-            "mcp.tool_allowlist" => self.mcp.tool_allowlist = Some(patterns(key, &value)?),
-            "mcp.tool_denylist" => self.mcp.tool_denylist = patterns(key, &value)?,
+            "mcp.tool_allowlist" | "mcp.tool_denylist" => {
+                let key = ListKey::parse(key).expect("matched above");
+                let patterns = patterns(key, &value)?;
+                self.mcp.narrowing.set(key, patterns);
+            }
             k if k.starts_with("mcp.task_") => {
                 return Err(ParamError::Denied(format!(
                     "{} is set by the host from the task",
@@ -377,8 +365,7 @@ pub(super) mod tests {
             enabled: true,
             default_server_ids: vec!["fs".into()],
             allowed_server_ids: vec!["fs".into(), "git".into()],
-            tool_allowlist: None,
-            tool_denylist: vec![],
+            narrowing: Narrowing::default(),
             profile: None,
         }
     }

@@ -95,8 +95,7 @@ pub(crate) fn session_request(session: &ChatSession) -> SessionRequest<'_> {
     SessionRequest {
         enabled: session.mcp.enabled,
         server_ids: &session.mcp.server_ids,
-        tool_allowlist: session.mcp.tool_allowlist.as_deref(),
-        tool_denylist: &session.mcp.tool_denylist,
+        narrowing: &session.mcp.narrowing,
     }
 }
 

@@ -2,31 +2,39 @@
 //!
 //! Each hostcall opens a span named after itself and decides policy before any work:
 //! `mcp_open` and `mcp_registry_get` through [`McpTask::decide_server`] (the listing through
-//! [`McpTask::lists`]), every list and call through the fd's
-//! [`Grant`](crate::policy::Grant) (its tool filter, and for calls
-//! [`Grant::check_call`](crate::policy::Grant::check_call), which adds the approval policy;
-//! a call needing approval waits for the host's [approver](crate::approval)). A result that
-//! does not fit the guest's buffer stays on the fd and is handed
-//! back on the retry, so a retry never runs the tool twice. Kept results and a call's
-//! arguments are charged to the task's memory budget; when it cannot hold them the call is
-//! `-ENOMEM`.
+//! [`McpTask::lists`]). Every request on an fd (the listings, `mcp_call_tool`,
+//! `mcp_read_resource`, `mcp_get_prompt`) goes through one path, `begin`: the output buffer
+//! and input are checked, the fd's [`Grant`] decides (its tool, resource or prompt filter;
+//! for calls [`Grant::check_call`], which adds the approval policy), a denial is reported to
+//! observers, and the answer kept for a retry is handed back; only then does the request's
+//! own part run, within the task's deadline, and its answer go out with the buffer protocol.
+//! An answer that does not fit the guest's buffer stays on the fd and is handed back on the
+//! retry, so a retry never runs the tool twice. Kept answers and a request's input are
+//! charged to the task's memory budget; when it cannot hold them the call is `-ENOMEM`.
+//! `mcp_set_param` narrows an fd's filters (its session layer) and can never widen them.
 
+use std::future::Future;
+use std::ops::ControlFlow;
+use std::sync::Arc;
 use std::time::SystemTime;
 
 use quiver_abi::Errno;
+use rmcp::model::{Prompt, Resource, ResourceTemplate};
 use serde_json::{Value, json};
-use tracing::Instrument;
 use tracing::field::Empty;
+use tracing::{Instrument, Span};
 use wasmtime::{Caller, Linker};
 
-use super::session::{McpSession, McpView, PendingKey};
-use super::{McpError, McpErrorCode};
+use super::session::{McpSession, McpTask, McpView, Op, PendingKey};
+use super::{McpError, McpErrorCode, McpPool, Tool};
 use crate::approval::AskFor;
 use crate::defaults;
 use crate::observe::{ArgumentsSummary, PolicyDenial, ToolCall, ToolKind, ToolOutcome, Via};
-use crate::policy::Approval;
+use crate::policy::{Approval, Denial, Grant, ListKey, Pattern, Reason};
+use crate::registry::ServerEntry;
 use crate::sandbox::{
-    Charge, GuestMemory, HostcallError, MemoryBudget, OutBuf, before_deadline, finish, guest, heap,
+    Charge, Deadline, GuestMemory, HostcallError, MemoryBudget, OutBuf, before_deadline, finish,
+    guest, heap,
 };
 
 /// Registers the `mcp_*` imports.
@@ -43,6 +51,13 @@ pub fn add_to_linker<T: McpView>(linker: &mut Linker<T>) -> wasmtime::Result<()>
     )?;
     linker.func_wrap(
         "spear",
+        "mcp_set_param",
+        |mut caller: Caller<'_, T>, fd: i32, ptr: i32, len: i32| {
+            finish(set_param(&mut caller, fd, ptr, len))
+        },
+    )?;
+    linker.func_wrap(
+        "spear",
         "mcp_registry_list",
         |mut caller: Caller<'_, T>, out_ptr: i32, out_len_ptr: i32| {
             finish(registry_list(&mut caller, out_ptr, out_len_ptr))
@@ -55,112 +70,93 @@ pub fn add_to_linker<T: McpView>(linker: &mut Linker<T>) -> wasmtime::Result<()>
             finish(registry_get(&mut caller, ptr, len, out_ptr, out_len_ptr))
         },
     )?;
-    linker.func_wrap_async(
-        "spear",
+    // The fd requests: a listing takes (fd, out_ptr, out_len_ptr), a read a URI before the
+    // output buffer, a call or get a name and JSON arguments. Each opens its span, goes
+    // through `begin` (policy, kept answers) and only then runs its own part.
+    type Listing = (i32, i32, i32);
+    type Read = (i32, i32, i32, i32, i32);
+    type Call = (i32, i32, i32, i32, i32, i32, i32);
+    macro_rules! fd_request {
+        ($name:literal, $level:ident, $op:expr, $params:ty, $args:expr, $run:ident) => {
+            linker.func_wrap_async(
+                "spear",
+                $name,
+                |mut caller: Caller<'_, T>, params: $params| {
+                    Box::new(async move {
+                        let args: Args = $args(params);
+                        let span = tracing::span!(
+                            tracing::Level::$level,
+                            $name,
+                            task_id = Empty,
+                            fd = args.fd,
+                            server_id = Empty
+                        );
+                        finish(match begin(&mut caller, $op, args, span) {
+                            Ok(ControlFlow::Break(kept_len)) => Ok(kept_len),
+                            Ok(ControlFlow::Continue(request)) => $run(&mut caller, request).await,
+                            Err(error) => Err(error),
+                        })
+                    })
+                },
+            )?;
+        };
+    }
+    fd_request!(
         "mcp_list_tools",
-        |mut caller: Caller<'_, T>, (fd, out_ptr, out_len_ptr): (i32, i32, i32)| {
-            Box::new(async move { finish(list_tools(&mut caller, fd, out_ptr, out_len_ptr).await) })
-        },
-    )?;
-    linker.func_wrap_async(
-        "spear",
+        DEBUG,
+        Op::ListTools,
+        Listing,
+        Args::listing,
+        list_tools
+    );
+    fd_request!(
         "mcp_call_tool",
-        |mut caller: Caller<'_, T>,
-         (fd, name_ptr, name_len, args_ptr, args_len, out_ptr, out_len_ptr): (
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-        )| {
-            Box::new(async move {
-                let call = CallArgs {
-                    fd,
-                    name_ptr,
-                    name_len,
-                    args_ptr,
-                    args_len,
-                    out_ptr,
-                    out_len_ptr,
-                };
-                finish(call_tool(&mut caller, call).await)
-            })
-        },
-    )?;
-    linker.func_wrap_async(
-        "spear",
+        INFO,
+        Op::CallTool,
+        Call,
+        Args::call,
+        call_tool
+    );
+    fd_request!(
         "mcp_list_resources",
-        |mut caller: Caller<'_, T>, (fd, out_ptr, out_len_ptr): (i32, i32, i32)| {
-            Box::new(async move {
-                finish(
-                    list_resources(&mut caller, fd, Listing::Resources, out_ptr, out_len_ptr).await,
-                )
-            })
-        },
-    )?;
-    linker.func_wrap_async(
-        "spear",
+        DEBUG,
+        Op::ListResources,
+        Listing,
+        Args::listing,
+        list_resources
+    );
+    fd_request!(
         "mcp_list_resource_templates",
-        |mut caller: Caller<'_, T>, (fd, out_ptr, out_len_ptr): (i32, i32, i32)| {
-            Box::new(async move {
-                finish(
-                    list_resources(&mut caller, fd, Listing::Templates, out_ptr, out_len_ptr).await,
-                )
-            })
-        },
-    )?;
-    linker.func_wrap_async(
-        "spear",
+        DEBUG,
+        Op::ListResourceTemplates,
+        Listing,
+        Args::listing,
+        list_resource_templates
+    );
+    fd_request!(
         "mcp_read_resource",
-        |mut caller: Caller<'_, T>,
-         (fd, uri_ptr, uri_len, out_ptr, out_len_ptr): (i32, i32, i32, i32, i32)| {
-            Box::new(async move {
-                finish(
-                    read_resource(&mut caller, fd, (uri_ptr, uri_len), out_ptr, out_len_ptr).await,
-                )
-            })
-        },
-    )?;
-    linker.func_wrap_async(
-        "spear",
+        INFO,
+        Op::ReadResource,
+        Read,
+        Args::read,
+        read_resource
+    );
+    fd_request!(
         "mcp_list_prompts",
-        |mut caller: Caller<'_, T>, (fd, out_ptr, out_len_ptr): (i32, i32, i32)| {
-            Box::new(async move {
-                finish(
-                    list_resources(&mut caller, fd, Listing::Prompts, out_ptr, out_len_ptr).await,
-                )
-            })
-        },
-    )?;
-    linker.func_wrap_async(
-        "spear",
+        DEBUG,
+        Op::ListPrompts,
+        Listing,
+        Args::listing,
+        list_prompts
+    );
+    fd_request!(
         "mcp_get_prompt",
-        |mut caller: Caller<'_, T>,
-         (fd, name_ptr, name_len, args_ptr, args_len, out_ptr, out_len_ptr): (
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-            i32,
-        )| {
-            Box::new(async move {
-                let call = CallArgs {
-                    fd,
-                    name_ptr,
-                    name_len,
-                    args_ptr,
-                    args_len,
-                    out_ptr,
-                    out_len_ptr,
-                };
-                finish(get_prompt(&mut caller, call).await)
-            })
-        },
-    )?;
+        INFO,
+        Op::GetPrompt,
+        Call,
+        Args::call,
+        get_prompt
+    );
     Ok(())
 }
 
@@ -288,395 +284,467 @@ fn list_errno(error: &McpError) -> Errno {
     }
 }
 
-async fn list_tools<T: McpView>(
+/// Narrows the fd's own lists (the session layer of its tool, resource and prompt
+/// filters): `{"key": "mcp.<kind>_allowlist" | "mcp.<kind>_denylist", "value": [patterns]}`.
+/// A new list replaces the fd's earlier one of that key; it can never get past the
+/// registry, profile or task, so there is no policy to refuse. An unknown key or a bad
+/// value is `-EINVAL` and leaves the fd as it was.
+fn set_param<T: McpView>(
     caller: &mut Caller<'_, T>,
     fd: i32,
-    out_ptr: i32,
-    out_len_ptr: i32,
+    ptr: i32,
+    len: i32,
 ) -> Result<i32, HostcallError> {
-    let (mcp, task_id, deadline, grant, out) = {
-        let (mut mem, state) = guest(caller)?;
-        let out = mem.out_buf(out_ptr, out_len_ptr)?;
-        let mcp = state.mcp().clone();
-        let (task_id, deadline) = (state.sandbox().task_id.clone(), state.sandbox().deadline);
-        let session = session(state, fd)?;
-        if session.keeps_output_for(|key| *key == PendingKey::ListTools) {
-            return Ok(deliver_kept(&mut mem, session, out)?);
-        }
-        session.clear_output();
-        (mcp, task_id, deadline, session.grant.clone(), out)
+    let (mem, state) = guest(caller)?;
+    let task_id = state.sandbox().task_id.clone();
+    let budget = state.sandbox().budget.clone();
+    let span = tracing::debug_span!("mcp_set_param", task_id = %task_id, fd, key = Empty).entered();
+    session(state, fd)?;
+    let (param, _input) = budget.parse_json("mcp_set_param input", mem.bytes(ptr, len)?)?;
+    let Value::Object(mut param) = param else {
+        return Err(Errno::EINVAL.into());
     };
-    let server_id = grant.entry.server_id();
-    let span = tracing::debug_span!("mcp_list_tools", task_id = %task_id, fd, server_id);
-    let listed =
-        before_deadline(deadline, mcp.pool.list_tools(&grant.entry).instrument(span)).await?;
-    let tools = listed.map_err(|error| {
-        tracing::warn!(task_id = %task_id, server_id, %error, "tools/list failed");
-        list_errno(&error)
+    let key = match param.remove("key") {
+        Some(Value::String(key)) => ListKey::parse(&key).ok_or_else(|| {
+            tracing::info!(key_bytes = key.len(), "mcp_set_param: unknown key");
+            Errno::EINVAL
+        })?,
+        _ => return Err(Errno::EINVAL.into()),
+    };
+    span.record("key", key.name());
+    let value = param.remove("value").unwrap_or(Value::Null);
+    let patterns = Pattern::session_list(key, &value).map_err(|reason| {
+        tracing::info!(%reason, "mcp_set_param refused");
+        Errno::EINVAL
     })?;
-    // Serialised straight from the pool's cached tools: no intermediate JSON value.
-    #[derive(serde::Serialize)]
-    struct Listing<'a> {
-        server_id: &'a str,
-        tools: Vec<&'a super::Tool>,
-    }
-    let tools = tools
-        .iter()
-        .filter(|tool| grant.filter.permits(&tool.name))
-        .collect();
-    let body = encode(&Listing { server_id, tools });
-    deliver_fresh(caller, fd, PendingKey::ListTools, out, body)
+    session(state, fd)?.narrow(key, patterns, &budget)?;
+    Ok(0)
 }
 
-/// Which listing `mcp_list_resources`, `mcp_list_resource_templates` or `mcp_list_prompts`
-/// asks for.
+/// An fd request as the guest made it; a listing has no name and no arguments, a read no
+/// arguments.
 #[derive(Clone, Copy)]
-enum Listing {
-    Resources,
-    Templates,
-    Prompts,
+struct Args {
+    fd: i32,
+    name: (i32, i32),
+    args: (i32, i32),
+    out: (i32, i32),
 }
 
-/// A listing of resources or templates, filtered by the registry's `allowed_resources`
-/// (a template by its `uriTemplate` text), or of prompts, filtered by `allowed_prompts`;
-/// errors are errnos as for `mcp_list_tools`.
-async fn list_resources<T: McpView>(
-    caller: &mut Caller<'_, T>,
-    fd: i32,
-    listing: Listing,
-    out_ptr: i32,
-    out_len_ptr: i32,
-) -> Result<i32, HostcallError> {
-    let key = match listing {
-        Listing::Resources => PendingKey::ListResources,
-        Listing::Templates => PendingKey::ListResourceTemplates,
-        Listing::Prompts => PendingKey::ListPrompts,
-    };
-    let (mcp, task_id, deadline, grant, out) = {
-        let (mut mem, state) = guest(caller)?;
-        let out = mem.out_buf(out_ptr, out_len_ptr)?;
-        let mcp = state.mcp().clone();
-        let (task_id, deadline) = (state.sandbox().task_id.clone(), state.sandbox().deadline);
-        let session = session(state, fd)?;
-        if session.keeps_output_for(|kept| *kept == key) {
-            return Ok(deliver_kept(&mut mem, session, out)?);
+impl Args {
+    fn listing((fd, out_ptr, out_len_ptr): (i32, i32, i32)) -> Self {
+        Self {
+            fd,
+            name: (0, 0),
+            args: (0, 0),
+            out: (out_ptr, out_len_ptr),
         }
-        session.clear_output();
-        (mcp, task_id, deadline, session.grant.clone(), out)
-    };
-    let server_id = grant.entry.server_id();
-    let body = match listing {
-        Listing::Resources => {
-            let span =
-                tracing::debug_span!("mcp_list_resources", task_id = %task_id, fd, server_id);
-            let listed = before_deadline(deadline, mcp.pool.list_resources(&grant.entry))
-                .instrument(span)
-                .await?;
-            let resources = listed.map_err(|error| {
-                tracing::warn!(task_id = %task_id, server_id, %error, "resources/list failed");
-                list_errno(&error)
-            })?;
-            let resources: Vec<_> = resources
-                .iter()
-                .filter(|resource| grant.check_resource(&resource.uri).is_ok())
-                .collect();
-            encode(&json!({"server_id": server_id, "resources": resources}))
+    }
+
+    fn read((fd, uri_ptr, uri_len, out_ptr, out_len_ptr): (i32, i32, i32, i32, i32)) -> Self {
+        Self {
+            name: (uri_ptr, uri_len),
+            ..Self::listing((fd, out_ptr, out_len_ptr))
         }
-        Listing::Templates => {
-            let span = tracing::debug_span!("mcp_list_resource_templates", task_id = %task_id, fd, server_id);
-            let listed = before_deadline(deadline, mcp.pool.list_resource_templates(&grant.entry))
-                .instrument(span)
-                .await?;
-            let templates = listed.map_err(|error| {
-                tracing::warn!(task_id = %task_id, server_id, %error, "resources/templates/list failed");
-                list_errno(&error)
-            })?;
-            let templates: Vec<_> = templates
-                .iter()
-                .filter(|template| grant.permits_template(&template.uri_template))
-                .collect();
-            encode(&json!({"server_id": server_id, "resourceTemplates": templates}))
+    }
+
+    fn call(
+        (fd, name_ptr, name_len, args_ptr, args_len, out_ptr, out_len_ptr): (
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+            i32,
+        ),
+    ) -> Self {
+        Self {
+            name: (name_ptr, name_len),
+            args: (args_ptr, args_len),
+            ..Self::listing((fd, out_ptr, out_len_ptr))
         }
-        Listing::Prompts => {
-            let span = tracing::debug_span!("mcp_list_prompts", task_id = %task_id, fd, server_id);
-            let listed = before_deadline(deadline, mcp.pool.list_prompts(&grant.entry))
-                .instrument(span)
-                .await?;
-            let prompts = listed.map_err(|error| {
-                tracing::warn!(task_id = %task_id, server_id, %error, "prompts/list failed");
-                list_errno(&error)
-            })?;
-            let prompts: Vec<_> = prompts
-                .iter()
-                .filter(|prompt| grant.check_prompt(&prompt.name).is_ok())
-                .collect();
-            encode(&json!({"server_id": server_id, "prompts": prompts}))
-        }
-    };
-    deliver_fresh(caller, fd, key, out, body)
+    }
 }
 
-/// Reads one resource: a URI outside `allowed_resources` is `-EACCES` and a policy denial
-/// to observers, as a denied tool call; the server's errors are MCP error objects, as for
-/// `mcp_call_tool`.
-async fn read_resource<T: McpView>(
-    caller: &mut Caller<'_, T>,
+impl Op {
+    fn hostcall(self) -> &'static str {
+        match self {
+            Op::ListTools => "mcp_list_tools",
+            Op::CallTool => "mcp_call_tool",
+            Op::ListResources => "mcp_list_resources",
+            Op::ListResourceTemplates => "mcp_list_resource_templates",
+            Op::ReadResource => "mcp_read_resource",
+            Op::ListPrompts => "mcp_list_prompts",
+            Op::GetPrompt => "mcp_get_prompt",
+        }
+    }
+
+    /// The MCP method it sends, for log lines.
+    fn method(self) -> &'static str {
+        match self {
+            Op::ListTools => "tools/list",
+            Op::CallTool => "tools/call",
+            Op::ListResources => "resources/list",
+            Op::ListResourceTemplates => "resources/templates/list",
+            Op::ReadResource => "resources/read",
+            Op::ListPrompts => "prompts/list",
+            Op::GetPrompt => "prompts/get",
+        }
+    }
+
+    /// The longest name it takes (longer is `-EINVAL` before it is read); `None`: no name.
+    fn max_name_bytes(self) -> Option<usize> {
+        match self {
+            Op::CallTool | Op::GetPrompt => Some(defaults::MAX_TOOL_NAME_BYTES),
+            Op::ReadResource => Some(defaults::MAX_RESOURCE_URI_BYTES),
+            Op::ListTools | Op::ListResources | Op::ListResourceTemplates | Op::ListPrompts => None,
+        }
+    }
+
+    fn takes_arguments(self) -> bool {
+        matches!(self, Op::CallTool | Op::GetPrompt)
+    }
+
+    /// The fd's policy on `name`; a listing is filtered afterwards instead.
+    fn check(self, grant: &Grant, name: &str) -> Result<Approval, Denial> {
+        match self {
+            Op::CallTool => grant.check_call(name),
+            Op::ReadResource => grant.check_resource(name).map(|()| Approval::NotNeeded),
+            Op::GetPrompt => grant.check_prompt(name).map(|()| Approval::NotNeeded),
+            Op::ListTools | Op::ListResources | Op::ListResourceTemplates | Op::ListPrompts => {
+                Ok(Approval::NotNeeded)
+            }
+        }
+    }
+}
+
+/// An fd request that passed policy and has no kept answer: what the hostcall goes on with.
+struct Request {
+    mcp: Arc<McpTask>,
+    task_id: Arc<str>,
+    deadline: Deadline,
+    budget: MemoryBudget,
     fd: i32,
-    (uri_ptr, uri_len): (i32, i32),
-    out_ptr: i32,
-    out_len_ptr: i32,
-) -> Result<i32, HostcallError> {
-    let (mcp, task_id, deadline, entry, key, out) = {
-        let (mut mem, state) = guest(caller)?;
-        let out = mem.out_buf(out_ptr, out_len_ptr)?;
-        if usize::try_from(uri_len).is_ok_and(|len| len > defaults::MAX_RESOURCE_URI_BYTES) {
+    op: Op,
+    grant: Arc<Grant>,
+    /// The op with copies of its name and arguments; the answer is kept under it.
+    key: PendingKey,
+    out: OutBuf,
+    approval: Approval,
+    _copies: Charge,
+    /// The hostcall's span, for the wait on the server.
+    span: Span,
+}
+
+/// What every fd request does before it reaches the server, under the hostcall's `span`:
+/// checks the output buffer and the input, resolves the fd to its session, decides policy
+/// (a denial is logged, reported to observers and `-EACCES`; the server is never asked),
+/// hands back the answer kept for a retry (`Break` with its length), and charges the
+/// copies of the input.
+fn begin<T: McpView>(
+    caller: &mut Caller<'_, T>,
+    op: Op,
+    args: Args,
+    span: Span,
+) -> Result<ControlFlow<i32, Request>, HostcallError> {
+    let _entered = span.enter();
+    let (mut mem, state) = guest(caller)?;
+    let out = mem.out_buf(args.out.0, args.out.1)?;
+    let name = match op.max_name_bytes() {
+        Some(max) if usize::try_from(args.name.1).is_ok_and(|len| len > max) => {
             return Err(Errno::EINVAL.into());
         }
-        let uri = mem.str(uri_ptr, uri_len)?;
-        let mcp = state.mcp().clone();
-        let sandbox = state.sandbox();
-        let (task_id, deadline) = (sandbox.task_id.clone(), sandbox.deadline);
-        let session = session(state, fd)?;
-        let server_id = session.grant.entry.server_id();
-        if let Err(denial) = session.grant.check_resource(uri) {
-            tracing::info!(task_id = %task_id, hostcall = "mcp_read_resource", server_id, uri, reason = ?denial.reason(), detail = %denial, "denied by policy");
-            let event = PolicyDenial::of_tool(
-                task_id.clone(),
-                fd,
-                "mcp_read_resource",
-                (server_id, uri),
-                denial.reason(),
-                denial.to_string(),
-            );
-            mcp.observers.policy_denied(&event);
-            return Err(Errno::EACCES.into());
-        }
-        if session
-            .keeps_output_for(|key| matches!(key, PendingKey::ReadResource { uri: u } if u == uri))
-        {
-            return Ok(deliver_kept(&mut mem, session, out)?);
-        }
-        let key = PendingKey::ReadResource {
-            uri: uri.to_owned(),
-        };
-        session.clear_output();
-        (
-            mcp,
-            task_id,
-            deadline,
-            session.grant.entry.clone(),
-            key,
-            out,
-        )
+        Some(_) => mem.str(args.name.0, args.name.1)?,
+        None => "",
     };
-    let PendingKey::ReadResource { uri } = &key else {
-        unreachable!("built above")
+    let arguments = match op.takes_arguments() {
+        true => mem.bytes(args.args.0, args.args.1)?,
+        false => &[],
     };
-    let server_id = entry.server_id();
-    let span =
-        tracing::info_span!("mcp_read_resource", task_id = %task_id, fd, server_id, uri = %uri);
-    let read = before_deadline(deadline, mcp.pool.read_resource(&entry, uri))
-        .instrument(span)
-        .await?;
-    let bytes = read.unwrap_or_else(|error| {
-        tracing::info!(task_id = %task_id, server_id, %error, "resources/read failed");
-        encode(&error.to_json())
-    });
-    deliver_fresh(caller, fd, key, out, bytes)
-}
-
-/// Gets a prompt: a name outside `allowed_prompts` is `-EACCES` and a policy denial, as
-/// for a tool; `args` is a JSON object of strings (empty means `{}`); the server's errors
-/// and arguments that are not an object of strings are MCP error objects.
-async fn get_prompt<T: McpView>(
-    caller: &mut Caller<'_, T>,
-    call: CallArgs,
-) -> Result<i32, HostcallError> {
-    let (mcp, task_id, deadline, budget, entry, key, out) = {
-        let (mut mem, state) = guest(caller)?;
-        let out = mem.out_buf(call.out_ptr, call.out_len_ptr)?;
-        if usize::try_from(call.name_len).is_ok_and(|len| len > defaults::MAX_TOOL_NAME_BYTES) {
-            return Err(Errno::EINVAL.into());
-        }
-        let name = mem.str(call.name_ptr, call.name_len)?;
-        let args = mem.bytes(call.args_ptr, call.args_len)?;
-        let mcp = state.mcp().clone();
-        let sandbox = state.sandbox();
-        let (task_id, deadline) = (sandbox.task_id.clone(), sandbox.deadline);
-        let budget = sandbox.budget.clone();
-        let session = session(state, call.fd)?;
-        let server_id = session.grant.entry.server_id();
-        if let Err(denial) = session.grant.check_prompt(name) {
-            tracing::info!(task_id = %task_id, hostcall = "mcp_get_prompt", server_id, prompt = %name, reason = ?denial.reason(), detail = %denial, "denied by policy");
-            let event = PolicyDenial::of_tool(
-                task_id.clone(),
-                call.fd,
-                "mcp_get_prompt",
+    let mcp = state.mcp().clone();
+    let sandbox = state.sandbox();
+    let (task_id, deadline) = (sandbox.task_id.clone(), sandbox.deadline);
+    let budget = sandbox.budget.clone();
+    span.record("task_id", &*task_id);
+    let session = session(state, args.fd)?;
+    let server_id = session.grant.entry.server_id();
+    span.record("server_id", server_id);
+    let approval = match op.check(&session.grant, name) {
+        Ok(approval) => approval,
+        Err(denial) => {
+            let detail = denial.to_string();
+            report_denial(
+                &mcp,
+                &task_id,
+                args.fd,
+                op,
                 (server_id, name),
                 denial.reason(),
-                denial.to_string(),
+                detail,
             );
-            mcp.observers.policy_denied(&event);
             return Err(Errno::EACCES.into());
         }
-        if session.keeps_output_for(|key| {
-            matches!(key, PendingKey::GetPrompt { name: n, args: a } if n == name && a == args)
-        }) {
-            return Ok(deliver_kept(&mut mem, session, out)?);
-        }
-        // As for a tool call: the key and the request each copy the name and arguments.
-        let copies = budget.charge(
-            "mcp_get_prompt arguments",
-            heap::string(name.len() as u64)
-                .saturating_add(heap::alloc(args.len() as u64))
-                .saturating_mul(2),
-        )?;
-        let key = PendingKey::GetPrompt {
-            name: name.to_owned(),
-            args: args.to_vec(),
-        };
-        session.clear_output();
-        (
-            mcp,
-            task_id,
-            deadline,
-            (budget, copies),
-            session.grant.entry.clone(),
-            key,
-            out,
-        )
     };
-    let (budget, _copies) = budget;
-    let PendingKey::GetPrompt { name, args } = &key else {
-        unreachable!("built above")
-    };
-    let server_id = entry.server_id();
-    let (arguments, _arguments_charge) = match parse_arguments(args, &budget)? {
+    if session.keeps_output_for(|key| key.is(op, name, arguments)) {
+        return Ok(ControlFlow::Break(deliver_kept(&mut mem, session, out)?));
+    }
+    // The key copies the input; the request to the server copies it again.
+    let copies = budget.charge(
+        op.hostcall(),
+        heap::string(name.len() as u64)
+            .saturating_add(heap::alloc(arguments.len() as u64))
+            .saturating_mul(2),
+    )?;
+    session.clear_output();
+    Ok(ControlFlow::Continue(Request {
+        key: PendingKey::new(op, name, arguments),
+        grant: session.grant.clone(),
+        mcp,
+        task_id,
+        deadline,
+        budget,
+        fd: args.fd,
+        op,
+        out,
+        approval,
+        _copies: copies,
+        span: span.clone(),
+    }))
+}
+
+/// A policy refusal of `name` on an fd: a log line and a [`PolicyDenial`] to observers
+/// (and so to the audit log), naming the layer in its detail.
+fn report_denial(
+    mcp: &McpTask,
+    task_id: &Arc<str>,
+    fd: i32,
+    op: Op,
+    (server_id, name): (&str, &str),
+    reason: Reason,
+    detail: String,
+) {
+    let hostcall = op.hostcall();
+    tracing::info!(task_id = %task_id, hostcall, server_id, name, ?reason, %detail, "denied by policy");
+    let event = PolicyDenial::of_tool(
+        task_id.clone(),
+        fd,
+        hostcall,
+        (server_id, name),
+        reason,
+        detail,
+    );
+    mcp.observers.policy_denied(&event);
+}
+
+impl Request {
+    fn name(&self) -> &str {
+        &self.key.name
+    }
+
+    /// Waits for `work` (the request to the server) in the hostcall's span, never past the
+    /// deadline.
+    async fn run<F: Future>(&self, work: F) -> Result<F::Output, HostcallError> {
+        before_deadline(self.deadline, work.instrument(self.span.clone())).await
+    }
+
+    /// A failed request's answer: the error object, as a server's own errors are.
+    fn failed(&self, error: &McpError) -> Vec<u8> {
+        let (task_id, server_id) = (&self.task_id, self.grant.entry.server_id());
+        tracing::info!(task_id = %task_id, server_id, name = self.name(), method = self.op.method(), %error, "request failed");
+        encode(&error.to_json())
+    }
+
+    /// Writes `bytes` with the buffer protocol, keeping them for the retry if they do not fit.
+    fn deliver<T: McpView>(
+        self,
+        caller: &mut Caller<'_, T>,
+        bytes: Vec<u8>,
+    ) -> Result<i32, HostcallError> {
+        deliver_fresh(caller, self.fd, self.key, self.out, bytes)
+    }
+}
+
+/// A listing (`mcp_list_tools`, `_resources`, `_resource_templates`, `_prompts`):
+/// `{"server_id": .., <field>: [items `keep` passes]}`, items as the server sent them.
+/// Errors are errnos: `-ENOTCONN`, `-ETIMEDOUT`, `-EIO`.
+async fn list<T, L, I, F>(
+    caller: &mut Caller<'_, T>,
+    request: Request,
+    field: &str,
+    fetch: impl FnOnce(Arc<McpPool>, Arc<ServerEntry>) -> F,
+    keep: impl Fn(&Grant, &I) -> bool,
+) -> Result<i32, HostcallError>
+where
+    T: McpView,
+    F: Future<Output = Result<L, McpError>>,
+    L: AsRef<[I]>,
+    I: serde::Serialize,
+{
+    let (pool, entry) = (request.mcp.pool.clone(), request.grant.entry.clone());
+    let listed = request.run(fetch(pool, entry)).await?;
+    let server_id = request.grant.entry.server_id();
+    let items = listed.map_err(|error| {
+        tracing::warn!(task_id = %request.task_id, server_id, method = request.op.method(), %error, "listing failed");
+        list_errno(&error)
+    })?;
+    let kept: Vec<&I> = items
+        .as_ref()
+        .iter()
+        .filter(|item| keep(&request.grant, item))
+        .collect();
+    let body = encode(&Listed {
+        server_id,
+        field,
+        items: kept,
+    });
+    request.deliver(caller, body)
+}
+
+/// A listing's answer, serialised straight from the server's items (no intermediate JSON
+/// value): `{"server_id": .., <field>: [..]}`.
+struct Listed<'a, I> {
+    server_id: &'a str,
+    field: &'a str,
+    items: Vec<&'a I>,
+}
+
+impl<I: serde::Serialize> serde::Serialize for Listed<'_, I> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("server_id", self.server_id)?;
+        map.serialize_entry(self.field, &self.items)?;
+        map.end()
+    }
+}
+
+async fn list_tools<T: McpView>(
+    caller: &mut Caller<'_, T>,
+    request: Request,
+) -> Result<i32, HostcallError> {
+    let fetch = |pool: Arc<McpPool>, entry| async move { pool.list_tools(&entry).await };
+    let keep = |grant: &Grant, tool: &Tool| grant.tools.permits(&tool.name);
+    list(caller, request, "tools", fetch, keep).await
+}
+
+/// Resources within the fd's resource filter.
+async fn list_resources<T: McpView>(
+    caller: &mut Caller<'_, T>,
+    request: Request,
+) -> Result<i32, HostcallError> {
+    let fetch = |pool: Arc<McpPool>, entry| async move { pool.list_resources(&entry).await };
+    let keep = |grant: &Grant, resource: &Resource| grant.check_resource(&resource.uri).is_ok();
+    list(caller, request, "resources", fetch, keep).await
+}
+
+/// Templates whose `uriTemplate` text passes the fd's resource filter.
+async fn list_resource_templates<T: McpView>(
+    caller: &mut Caller<'_, T>,
+    request: Request,
+) -> Result<i32, HostcallError> {
+    let fetch =
+        |pool: Arc<McpPool>, entry| async move { pool.list_resource_templates(&entry).await };
+    let keep =
+        |grant: &Grant, template: &ResourceTemplate| grant.permits_template(&template.uri_template);
+    list(caller, request, "resourceTemplates", fetch, keep).await
+}
+
+/// Prompts within the fd's prompt filter.
+async fn list_prompts<T: McpView>(
+    caller: &mut Caller<'_, T>,
+    request: Request,
+) -> Result<i32, HostcallError> {
+    let fetch = |pool: Arc<McpPool>, entry| async move { pool.list_prompts(&entry).await };
+    let keep = |grant: &Grant, prompt: &Prompt| grant.check_prompt(&prompt.name).is_ok();
+    list(caller, request, "prompts", fetch, keep).await
+}
+
+/// Reads one resource (`begin` refused a URI outside the fd's resource filter); the
+/// server's errors are MCP error objects, as for `mcp_call_tool`.
+async fn read_resource<T: McpView>(
+    caller: &mut Caller<'_, T>,
+    request: Request,
+) -> Result<i32, HostcallError> {
+    let read = request
+        .mcp
+        .pool
+        .read_resource(&request.grant.entry, request.name());
+    let bytes = request
+        .run(read)
+        .await?
+        .unwrap_or_else(|error| request.failed(&error));
+    request.deliver(caller, bytes)
+}
+
+/// Gets a prompt (`begin` refused a name outside the fd's prompt filter): `args` is a JSON
+/// object of strings (empty means `{}`); the server's errors and arguments that are not an
+/// object of strings are MCP error objects.
+async fn get_prompt<T: McpView>(
+    caller: &mut Caller<'_, T>,
+    request: Request,
+) -> Result<i32, HostcallError> {
+    let (arguments, _arguments_charge) = match parse_arguments(&request.key.args, &request.budget)?
+    {
         Ok((arguments, _)) if arguments.values().any(|v| !v.is_string()) => {
             let error = McpError::new(
                 McpErrorCode::InvalidArguments,
                 "prompt arguments must be a JSON object of strings",
             );
-            return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json()));
+            return request.deliver(caller, encode(&error.to_json()));
         }
         Ok(arguments) => arguments,
-        Err(error) => return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json())),
+        Err(error) => return request.deliver(caller, encode(&error.to_json())),
     };
-    let span = tracing::info_span!("mcp_get_prompt", task_id = %task_id, fd = call.fd, server_id, prompt = %name);
-    let got = before_deadline(deadline, mcp.pool.get_prompt(&entry, name, arguments))
-        .instrument(span)
-        .await?;
-    let bytes = got.unwrap_or_else(|error| {
-        tracing::info!(task_id = %task_id, server_id, prompt = %name, %error, "prompts/get failed");
-        encode(&error.to_json())
-    });
-    deliver_fresh(caller, call.fd, key, out, bytes)
+    let got = request
+        .mcp
+        .pool
+        .get_prompt(&request.grant.entry, request.name(), arguments);
+    let bytes = request
+        .run(got)
+        .await?
+        .unwrap_or_else(|error| request.failed(&error));
+    request.deliver(caller, bytes)
 }
 
-struct CallArgs {
-    fd: i32,
-    name_ptr: i32,
-    name_len: i32,
-    args_ptr: i32,
-    args_len: i32,
-    out_ptr: i32,
-    out_len_ptr: i32,
-}
-
+/// Calls a tool (`begin` refused one outside the fd's tool filter); a call needing
+/// approval waits for the host's approver first, and observers see it start and end.
 async fn call_tool<T: McpView>(
     caller: &mut Caller<'_, T>,
-    call: CallArgs,
+    request: Request,
 ) -> Result<i32, HostcallError> {
-    let (mcp, task_id, deadline, budget, entry, key, out, approval) = {
-        let (mut mem, state) = guest(caller)?;
-        let out = mem.out_buf(call.out_ptr, call.out_len_ptr)?;
-        if usize::try_from(call.name_len).is_ok_and(|len| len > defaults::MAX_TOOL_NAME_BYTES) {
-            return Err(Errno::EINVAL.into());
-        }
-        let name = mem.str(call.name_ptr, call.name_len)?;
-        let args = mem.bytes(call.args_ptr, call.args_len)?;
-        let mcp = state.mcp().clone();
-        let sandbox = state.sandbox();
-        let (task_id, deadline) = (sandbox.task_id.clone(), sandbox.deadline);
-        let budget = sandbox.budget.clone();
-        let session = session(state, call.fd)?;
-        let server_id = session.grant.entry.server_id();
-        let approval = match session.grant.check_call(name) {
-            Ok(approval) => approval,
-            Err(denial) => {
-                tracing::info!(task_id = %task_id, hostcall = "mcp_call_tool", server_id, tool = %name, reason = ?denial.reason(), detail = %denial, "denied by policy");
-                let event = PolicyDenial::of_tool(
-                    task_id.clone(),
-                    call.fd,
-                    "mcp_call_tool",
-                    (server_id, name),
-                    denial.reason(),
-                    denial.to_string(),
-                );
-                mcp.observers.policy_denied(&event);
-                return Err(Errno::EACCES.into());
-            }
-        };
-        if session.keeps_output_for(|key| key.is_call(name, args)) {
-            return Ok(deliver_kept(&mut mem, session, out)?);
-        }
-        // The key copies the name and arguments; the request to the server copies them again.
-        let copies = budget.charge(
-            "mcp_call_tool arguments",
-            heap::string(name.len() as u64)
-                .saturating_add(heap::alloc(args.len() as u64))
-                .saturating_mul(2),
-        )?;
-        let key = PendingKey::CallTool {
-            name: name.to_owned(),
-            args: args.to_vec(),
-        };
-        session.clear_output();
-        (
-            mcp,
-            task_id,
-            deadline,
-            (budget, copies),
-            session.grant.entry.clone(),
-            key,
-            out,
-            approval,
-        )
-    };
-    let (budget, _copies) = budget;
-    let PendingKey::CallTool { name, args } = &key else {
-        unreachable!("built above")
-    };
+    let (mcp, task_id, deadline) = (&request.mcp, &request.task_id, request.deadline);
+    let (entry, name, raw) = (&request.grant.entry, request.name(), &request.key.args);
     let server_id = entry.server_id();
-    let (arguments, _arguments_charge) = match parse_arguments(args, &budget)? {
+    let (arguments, _arguments_charge) = match parse_arguments(raw, &request.budget)? {
         Ok(arguments) => arguments,
-        Err(error) => return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json())),
+        Err(error) => return request.deliver(caller, encode(&error.to_json())),
     };
-    let summary = ArgumentsSummary::of_object(&arguments, args.len() as u64);
-    if let Approval::Needed(policy) = approval {
+    let summary = ArgumentsSummary::of_object(&arguments, raw.len() as u64);
+    if let Approval::Needed(policy) = request.approval {
         // The gate ends the wait at the task's deadline itself, so the refusal is reported
         // below before the deadline traps the task.
         let asked = mcp.approvals.ask(AskFor {
-            task_id: &task_id,
-            session_fd: call.fd,
+            task_id,
+            session_fd: request.fd,
             via: Via::McpCall,
-            entry: &entry,
+            entry,
             tool: name,
             arguments: summary.clone(),
             policy,
             task_deadline: deadline,
         });
         if let Err(refusal) = before_deadline(deadline, asked).await? {
-            tracing::info!(task_id = %task_id, hostcall = "mcp_call_tool", server_id, tool = %name, reason = ?refusal.reason, detail = %refusal.detail, "denied by policy");
-            let event = PolicyDenial::of_tool(
-                task_id.clone(),
-                call.fd,
-                "mcp_call_tool",
+            let detail = refusal.detail.clone();
+            report_denial(
+                mcp,
+                task_id,
+                request.fd,
+                Op::CallTool,
                 (server_id, name),
                 refusal.reason,
-                refusal.detail.clone(),
+                detail,
             );
-            mcp.observers.policy_denied(&event);
             if deadline.remaining().is_zero() {
                 return Err(HostcallError::Trap(wasmtime::Error::new(
                     deadline.exceeded(),
@@ -686,50 +754,36 @@ async fn call_tool<T: McpView>(
                 McpErrorCode::PolicyDenied,
                 format!("tool `{name}` on server `{server_id}`: {}", refusal.detail),
             );
-            return deliver_fresh(caller, call.fd, key, out, encode(&error.to_json()));
+            return request.deliver(caller, encode(&error.to_json()));
         }
     }
     let observed = mcp.observers.start(ToolCall {
         task_id: task_id.clone(),
-        session_fd: call.fd,
+        session_fd: request.fd,
         via: Via::McpCall,
         kind: ToolKind::Mcp {
             server_id: server_id.to_owned(),
         },
-        tool: name.clone(),
+        tool: name.to_owned(),
         arguments: summary,
-        argument_values: std::str::from_utf8(args)
+        argument_values: std::str::from_utf8(raw)
             .ok()
-            .and_then(|text| ToolCall::audited_arguments(&entry, text)),
+            .and_then(|text| ToolCall::audited_arguments(entry, text)),
         started_at: SystemTime::now(),
     });
-    let span = tracing::info_span!("mcp_call_tool", task_id = %task_id, fd = call.fd, server_id, tool = %name);
     // Boxed: the call's future is about 22 KB, and moved around on the task's fiber stack it
     // kept about 40 KiB more of every waiting task's stack resident (BENCHMARKS.md).
-    let result = before_deadline(
-        deadline,
-        Box::pin(mcp.pool.call_tool(&entry, name, arguments)).instrument(span),
-    )
-    .await?;
-    let (bytes, outcome) = match result {
-        Ok(output) => {
-            let outcome = if output.result.is_error == Some(true) {
-                ToolOutcome::ToolError
-            } else {
-                ToolOutcome::Ok
-            };
-            (output.json, outcome)
-        }
-        Err(error) => {
-            tracing::info!(task_id = %task_id, server_id, tool = %name, %error, "tool call failed");
-            (
-                encode(&error.to_json()),
-                ToolOutcome::of_mcp_error(error.code),
-            )
-        }
+    let called = Box::pin(mcp.pool.call_tool(entry, name, arguments));
+    let (bytes, outcome) = match request.run(called).await? {
+        Ok(output) if output.result.is_error == Some(true) => (output.json, ToolOutcome::ToolError),
+        Ok(output) => (output.json, ToolOutcome::Ok),
+        Err(error) => (
+            request.failed(&error),
+            ToolOutcome::of_mcp_error(error.code),
+        ),
     };
     observed.finish(outcome, bytes.len() as u64);
-    deliver_fresh(caller, call.fd, key, out, bytes)
+    request.deliver(caller, bytes)
 }
 
 /// The parsed arguments of a call, with their charge.

@@ -7,7 +7,9 @@ use quiver_abi::Errno;
 use super::McpPool;
 use crate::approval::Approvals;
 use crate::observe::{Observers, PolicyDenial};
-use crate::policy::{self, Decision, Grant, Reason, SessionRequest, TaskMcpPolicy};
+use crate::policy::{
+    self, Decision, Grant, ListKey, Narrowing, Pattern, Reason, SessionRequest, TaskMcpPolicy,
+};
 use crate::registry::Registry;
 use crate::sandbox::{Charge, FdKindOf, MemoryBudget, SandboxView, heap};
 
@@ -93,37 +95,46 @@ fn errno_of(reason: Reason) -> Errno {
     }
 }
 
-/// Identifies a request whose output did not fit the guest's buffer, so that the retry
-/// with a bigger buffer gets the same bytes instead of running the work again.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum PendingKey {
+/// What an fd request does; the `mcp_*` hostcall it comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
     ListTools,
-    CallTool { name: String, args: Vec<u8> },
+    CallTool,
     ListResources,
     ListResourceTemplates,
-    ReadResource { uri: String },
+    ReadResource,
     ListPrompts,
-    GetPrompt { name: String, args: Vec<u8> },
+    GetPrompt,
+}
+
+/// Identifies a request whose output did not fit the guest's buffer, so that the retry
+/// with a bigger buffer gets the same bytes instead of running the work again: the op, its
+/// name (tool, URI or prompt; empty for a listing) and its argument bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PendingKey {
+    pub(crate) op: Op,
+    pub(crate) name: String,
+    pub(crate) args: Vec<u8>,
 }
 
 impl PendingKey {
-    /// Whether this is the key of a call of `name` with `args`.
-    pub(crate) fn is_call(&self, name: &str, args: &[u8]) -> bool {
-        matches!(self, PendingKey::CallTool { name: n, args: a } if n == name && a == args)
+    pub(crate) fn new(op: Op, name: &str, args: &[u8]) -> Self {
+        Self {
+            op,
+            name: name.to_owned(),
+            args: args.to_vec(),
+        }
+    }
+
+    /// Whether this is the key of `op` on `name` with `args`.
+    pub(crate) fn is(&self, op: Op, name: &str, args: &[u8]) -> bool {
+        self.op == op && self.name == name && self.args == args
     }
 
     /// What the key holds on the heap.
     pub(crate) fn cost(&self) -> u64 {
-        match self {
-            PendingKey::ListTools
-            | PendingKey::ListResources
-            | PendingKey::ListResourceTemplates
-            | PendingKey::ListPrompts => 0,
-            PendingKey::ReadResource { uri } => heap::string(uri.len() as u64),
-            PendingKey::CallTool { name, args } | PendingKey::GetPrompt { name, args } => {
-                heap::string(name.len() as u64).saturating_add(heap::alloc(args.capacity() as u64))
-            }
-        }
+        heap::string(self.name.len() as u64)
+            .saturating_add(heap::alloc(self.args.capacity() as u64))
     }
 }
 
@@ -134,19 +145,46 @@ struct Pending {
     _charge: Charge,
 }
 
-/// One `mcp_open` fd: the server granted (registry ∩ task, fixed at open) and the output
-/// kept for a retry.
+/// One `mcp_open` fd: the server granted (registry ∩ profile ∩ task, fixed at open,
+/// narrowed by the fd's own lists) and the output kept for a retry.
 pub struct McpSession {
-    pub(crate) grant: Grant,
+    pub(crate) grant: Arc<Grant>,
+    /// The fd's own lists (`mcp_set_param`), the session layer of its filters, with what
+    /// they hold (twice: here and in the grant's filters). Boxed: most fds have none.
+    lists: Option<Box<(Narrowing, Charge)>>,
     pending: Option<Pending>,
 }
 
 impl McpSession {
     pub(crate) fn new(grant: Grant) -> Self {
         Self {
-            grant,
+            grant: Arc::new(grant),
+            lists: None,
             pending: None,
         }
+    }
+
+    /// Sets the fd's list `key` to `patterns`, replacing its earlier one; the layers above
+    /// still bound it. `-ENOMEM` (and nothing changed) when the budget cannot hold it. A
+    /// kept answer is dropped: it was filtered by the old lists.
+    pub(crate) fn narrow(
+        &mut self,
+        key: ListKey,
+        patterns: Vec<Pattern>,
+        budget: &MemoryBudget,
+    ) -> Result<(), Errno> {
+        let mut narrowing = self
+            .lists
+            .as_ref()
+            .map_or_else(Narrowing::default, |lists| lists.0.clone());
+        narrowing.set(key, patterns);
+        let all: Vec<&str> = narrowing.patterns().map(Pattern::as_str).collect();
+        let held = heap::strings(all.into_iter());
+        let charge = budget.charge("mcp_set_param lists", held.saturating_mul(2))?;
+        self.grant = Arc::new(Grant::clone(&self.grant).with_session(&narrowing));
+        self.lists = Some(Box::new((narrowing, charge)));
+        self.clear_output();
+        Ok(())
     }
 
     /// Whether output is kept for a request `is_key` recognises.
@@ -184,5 +222,72 @@ impl McpSession {
 
     pub(crate) fn clear_output(&mut self) {
         self.pending = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{Denial, Kind, Layer};
+    use crate::registry::{ServerEntry, ServerRecord};
+
+    fn session() -> McpSession {
+        let mut record = ServerRecord::for_tests("docs");
+        record.allowed_resources = vec!["demo://*".into()];
+        let entry = Arc::new(ServerEntry {
+            record,
+            source: "docs.toml".into(),
+            launch: Err(crate::registry::LaunchUnavailable::EnvRef {
+                field: "stdio.command".into(),
+                source: crate::registry::EnvRefError::Missing("X".into()),
+            }),
+        });
+        McpSession::new(Grant::new(
+            entry,
+            &TaskMcpPolicy::default(),
+            &Narrowing::default(),
+        ))
+    }
+
+    fn patterns(list: &[&str]) -> Vec<Pattern> {
+        list.iter().map(|p| Pattern::new(*p)).collect()
+    }
+
+    #[test]
+    fn narrowing_replaces_the_fds_own_list_charges_it_and_drops_a_kept_answer() {
+        let budget = MemoryBudget::new(Arc::from("t"), 4096);
+        let mut session = session();
+        let key = PendingKey::new(Op::ListResources, "", b"");
+        session.keep_output(key, b"kept".to_vec(), &budget).unwrap();
+        let allow = ListKey::allow(Kind::Resource);
+        session
+            .narrow(allow, patterns(&["demo://a*"]), &budget)
+            .unwrap();
+        assert!(
+            session.kept_output().is_empty(),
+            "filtered by the old lists"
+        );
+        let charged = budget.used();
+        assert!(charged > 0);
+        assert_eq!(
+            session.grant.check_resource("demo://b"),
+            Err(Denial::NotInAllowlist(Kind::Resource, Layer::Session))
+        );
+        // A second list of the same key replaces the first; others stay.
+        session
+            .narrow(ListKey::deny(Kind::Resource), patterns(&["*x"]), &budget)
+            .unwrap();
+        session
+            .narrow(allow, patterns(&["demo://b*"]), &budget)
+            .unwrap();
+        assert_eq!(session.grant.check_resource("demo://b"), Ok(()));
+        assert!(session.grant.check_resource("demo://bx").is_err());
+        assert!(session.grant.check_resource("file:///b").is_err());
+        // Past the budget: -ENOMEM and nothing changes.
+        let long = vec![Pattern::new("p".repeat(256)); 64];
+        assert_eq!(session.narrow(allow, long, &budget), Err(Errno::ENOMEM));
+        assert_eq!(session.grant.check_resource("demo://b"), Ok(()));
+        drop(session);
+        assert_eq!(budget.used(), 0, "closing the fd gives the charge back");
     }
 }

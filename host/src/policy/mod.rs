@@ -4,18 +4,21 @@
 //! request, and answers with what is granted and why everything else is not. It never does
 //! I/O. Each layer only narrows the one above it:
 //!
-//! 1. the **registry** (platform): a server must be registered, and its `allowed_tools`
-//!    bound every task (empty means deny all);
+//! 1. the **registry** (platform): a server must be registered, and its `allowed_tools`,
+//!    `allowed_resources` and `allowed_prompts` bound every task (empty means deny all);
 //! 2. the **task** (`task.json` config, optionally through a registry **profile**):
-//!    `mcp.enabled`, the allowed and default servers, tool allow/deny lists;
-//! 3. the **session** (a chat session's params, or the one server an `mcp_open` names).
+//!    `mcp.enabled`, the allowed and default servers, allow/deny lists of tools, resources
+//!    and prompts;
+//! 3. the **session** (a chat session's params, or an `mcp_open` fd's server and its
+//!    `mcp_set_param` lists).
 //!
-//! Effective servers = requested ∩ task-allowed ∩ registry; per server, the tool filter is
-//! registry allowlist ∩ profile allowlist ∩ task allowlist ∩ session allowlist, and every
-//! denylist is a final veto. [`effective`] is the one function every path goes through:
-//! `mcp_open` and the registry views, chat tool injection, and the routing of every tool
-//! call the model makes.
+//! Effective servers = requested ∩ task-allowed ∩ registry; per server, each of the tool,
+//! resource and prompt filters is registry allowlist ∩ profile allowlist ∩ task allowlist ∩
+//! session allowlist, and every denylist is a final veto. [`effective`] is the one function
+//! every path goes through: `mcp_open` and the registry views, chat tool injection, and the
+//! routing of every tool call the model makes.
 
+mod filter;
 mod pattern;
 mod report;
 
@@ -24,11 +27,14 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+pub use filter::{
+    Filter, Kind, ListKey, Lists, Names, Narrowing, PromptFilter, Prompts, ResourceFilter,
+    Resources, ToolFilter, Tools,
+};
 pub use pattern::Pattern;
-use pattern::any_match;
 pub use report::PolicyReport;
 
-use crate::registry::{ApprovalPolicy, Profile, Registry, ServerEntry};
+use crate::registry::{ApprovalPolicy, Registry, ServerEntry};
 
 /// The task layer, resolved against the registry (profiles applied).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -39,20 +45,17 @@ pub struct TaskMcpPolicy {
     pub default_server_ids: Vec<String>,
     /// `mcp.allowed_server_ids`: the ceiling; equals the defaults when absent.
     pub allowed_server_ids: Vec<String>,
-    /// `mcp.tool_allowlist`; `None` leaves the other layers' lists in charge.
-    pub tool_allowlist: Option<Vec<Pattern>>,
-    /// `mcp.tool_denylist`: a veto over every allowlist.
-    pub tool_denylist: Vec<Pattern>,
+    /// `mcp.{tool,resource,prompt}_{allowlist,denylist}`.
+    pub narrowing: Narrowing,
     /// The profile named by `mcp.profile`, if any.
-    pub profile: Option<ProfileTools>,
+    pub profile: Option<TaskProfile>,
 }
 
-/// What a profile adds to the tool filter.
+/// What a profile adds to the filters, as its own layer.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ProfileTools {
+pub struct TaskProfile {
     pub name: String,
-    pub tool_allowlist: Option<Vec<Pattern>>,
-    pub tool_denylist: Vec<Pattern>,
+    pub narrowing: Narrowing,
 }
 
 /// The task's MCP config as written (`mcp.*` keys), before profiles are applied.
@@ -62,8 +65,7 @@ pub struct TaskMcpConfig {
     pub profile: Option<String>,
     pub default_server_ids: Option<Vec<String>>,
     pub allowed_server_ids: Option<Vec<String>>,
-    pub tool_allowlist: Option<Vec<Pattern>>,
-    pub tool_denylist: Vec<Pattern>,
+    pub narrowing: Narrowing,
 }
 
 /// A task config that does not fit the registry, naming the key.
@@ -95,7 +97,10 @@ impl TaskMcpConfig {
                 })?;
                 (
                     Some(profile.servers(registry)),
-                    Some(profile_tools(profile)),
+                    Some(TaskProfile {
+                        name: profile.name.clone(),
+                        narrowing: profile.narrowing(),
+                    }),
                 )
             }
         };
@@ -140,21 +145,9 @@ impl TaskMcpConfig {
             enabled: self.enabled,
             default_server_ids: defaults,
             allowed_server_ids: allowed,
-            tool_allowlist: self.tool_allowlist.clone(),
-            tool_denylist: self.tool_denylist.clone(),
+            narrowing: self.narrowing.clone(),
             profile,
         })
-    }
-}
-
-fn profile_tools(profile: &Profile) -> ProfileTools {
-    ProfileTools {
-        name: profile.name.clone(),
-        tool_allowlist: profile
-            .tool_allowlist
-            .as_ref()
-            .map(|l| l.iter().map(Pattern::new).collect()),
-        tool_denylist: profile.tool_denylist.iter().map(Pattern::new).collect(),
     }
 }
 
@@ -196,30 +189,32 @@ impl fmt::Display for Layer {
     }
 }
 
-/// Why a tool is not available.
+/// Why a tool, resource or prompt is not available.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Denial {
-    /// The layer's allowlist does not match the tool (the registry's may be empty).
-    NotInAllowlist(Layer),
-    /// A denylist pattern of the layer matches the tool.
-    DeniedByPattern(Layer, Pattern),
+    /// The layer's allowlist does not match the name (the registry's may be empty).
+    NotInAllowlist(Kind, Layer),
+    /// A denylist pattern of the layer matches the name.
+    DeniedByPattern(Kind, Layer, Pattern),
     /// The server's `approval_policy` asks for an approval and this host has no approver.
     /// (Policy never says this itself: the capability does, when it has no approver.)
     ApprovalRequired(ApprovalPolicy),
-    /// The registry's `allowed_resources` does not match the resource URI (or is empty).
-    ResourceNotAllowed,
-    /// The registry's `allowed_prompts` does not match the prompt name (or is empty).
-    PromptNotAllowed,
 }
 
 impl Denial {
     pub fn reason(&self) -> Reason {
         match self {
-            Denial::NotInAllowlist(_) | Denial::ResourceNotAllowed | Denial::PromptNotAllowed => {
-                Reason::NotInAllowlist
-            }
+            Denial::NotInAllowlist(..) => Reason::NotInAllowlist,
             Denial::DeniedByPattern(..) => Reason::DeniedByPattern,
             Denial::ApprovalRequired(_) => Reason::ApprovalRequired,
+        }
+    }
+
+    /// The layer that refused, when a filter did.
+    pub fn layer(&self) -> Option<Layer> {
+        match self {
+            Denial::NotInAllowlist(_, layer) | Denial::DeniedByPattern(_, layer, _) => Some(*layer),
+            Denial::ApprovalRequired(_) => None,
         }
     }
 }
@@ -227,18 +222,20 @@ impl Denial {
 impl fmt::Display for Denial {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Denial::NotInAllowlist(Layer::Registry) => {
-                f.write_str("not in the registry's allowed_tools for this server")
+            Denial::NotInAllowlist(kind, Layer::Registry) => write!(
+                f,
+                "not in the registry's {} for this server",
+                kind.registry_field()
+            ),
+            Denial::NotInAllowlist(kind, layer) => {
+                write!(f, "not in the {layer}'s {kind} allowlist")
             }
-            Denial::NotInAllowlist(layer) => write!(f, "not in the {layer}'s tool allowlist"),
-            Denial::DeniedByPattern(layer, p) => {
+            // Tools keep their shorter wording, which logs and docs already quote.
+            Denial::DeniedByPattern(Kind::Tool, layer, p) => {
                 write!(f, "matches the {layer}'s deny pattern `{p}`")
             }
-            Denial::ResourceNotAllowed => {
-                f.write_str("not in the registry's allowed_resources for this server")
-            }
-            Denial::PromptNotAllowed => {
-                f.write_str("not in the registry's allowed_prompts for this server")
+            Denial::DeniedByPattern(kind, layer, p) => {
+                write!(f, "matches the {layer}'s {kind} deny pattern `{p}`")
             }
             Denial::ApprovalRequired(policy) => write!(
                 f,
@@ -249,86 +246,40 @@ impl fmt::Display for Denial {
     }
 }
 
-/// The tool filter of one server: every layer's allowlist must match, no denylist may.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ToolFilter {
-    allow: Vec<(Layer, Vec<Pattern>)>,
-    deny: Vec<(Layer, Vec<Pattern>)>,
-}
-
-impl ToolFilter {
-    /// Registry ∩ profile ∩ task.
-    pub fn new(registry_allowed_tools: &[String], task: &TaskMcpPolicy) -> Self {
-        let mut filter = Self {
-            allow: vec![(
-                Layer::Registry,
-                registry_allowed_tools.iter().map(Pattern::new).collect(),
-            )],
-            deny: Vec::new(),
-        };
-        if let Some(profile) = &task.profile {
-            if let Some(allow) = &profile.tool_allowlist {
-                filter.allow.push((Layer::Profile, allow.clone()));
-            }
-            filter
-                .deny
-                .push((Layer::Profile, profile.tool_denylist.clone()));
-        }
-        if let Some(allow) = &task.tool_allowlist {
-            filter.allow.push((Layer::Task, allow.clone()));
-        }
-        filter.deny.push((Layer::Task, task.tool_denylist.clone()));
-        filter
-    }
-
-    /// Narrowed by a session's allow and deny lists.
-    #[must_use]
-    pub fn with_session(mut self, allow: Option<&[Pattern]>, deny: &[Pattern]) -> Self {
-        if let Some(allow) = allow {
-            self.allow.push((Layer::Session, allow.to_vec()));
-        }
-        self.deny.push((Layer::Session, deny.to_vec()));
-        self
-    }
-
-    /// Whether `tool` (an MCP-native name) passes every layer; denylists are checked first.
-    pub fn check(&self, tool: &str) -> Result<(), Denial> {
-        for (layer, patterns) in &self.deny {
-            if let Some(p) = any_match(patterns, tool) {
-                return Err(Denial::DeniedByPattern(*layer, p));
-            }
-        }
-        for (layer, patterns) in &self.allow {
-            if any_match(patterns, tool).is_none() {
-                return Err(Denial::NotInAllowlist(*layer));
-            }
-        }
-        Ok(())
-    }
-
-    pub fn permits(&self, tool: &str) -> bool {
-        self.check(tool).is_ok()
-    }
-}
-
 /// What a session asks for.
 #[derive(Clone, Copy, Debug)]
 pub struct SessionRequest<'a> {
     /// A chat session's `mcp.enabled`; an `mcp_open` always asks.
     pub enabled: bool,
     pub server_ids: &'a [String],
-    pub tool_allowlist: Option<&'a [Pattern]>,
-    pub tool_denylist: &'a [Pattern],
+    /// The session's own lists (a chat session's params).
+    pub narrowing: &'a Narrowing,
 }
 
+/// A session that narrows nothing.
+static NO_NARROWING: Narrowing = Narrowing {
+    tools: Lists {
+        allow: None,
+        deny: Vec::new(),
+    },
+    resources: Lists {
+        allow: None,
+        deny: Vec::new(),
+    },
+    prompts: Lists {
+        allow: None,
+        deny: Vec::new(),
+    },
+};
+
 impl<'a> SessionRequest<'a> {
-    /// The request of an `mcp_open` (or a registry view) for one server.
+    /// The request of an `mcp_open` (or a registry view) for one server; the fd's own
+    /// lists come later ([`Grant::with_session`]).
     pub fn single(server_id: &'a [String]) -> Self {
         Self {
             enabled: true,
             server_ids: server_id,
-            tool_allowlist: None,
-            tool_denylist: &[],
+            narrowing: &NO_NARROWING,
         }
     }
 }
@@ -391,11 +342,13 @@ impl fmt::Display for Decision {
     }
 }
 
-/// A server granted to a session, with its tool filter.
+/// A server granted to a session, with its tool, resource and prompt filters.
 #[derive(Clone, Debug)]
 pub struct Grant {
     pub entry: Arc<ServerEntry>,
-    pub filter: ToolFilter,
+    pub tools: ToolFilter,
+    pub resources: ResourceFilter,
+    pub prompts: PromptFilter,
 }
 
 /// Whether a call policy permits must first wait for an approval. Policy only says so;
@@ -409,11 +362,33 @@ pub enum Approval {
 }
 
 impl Grant {
+    /// `entry` under the registry, profile and task layers, narrowed by `session`.
+    pub fn new(entry: Arc<ServerEntry>, task: &TaskMcpPolicy, session: &Narrowing) -> Self {
+        let record = &entry.record;
+        Self {
+            tools: ToolFilter::new(&record.allowed_tools, task).with_session(session),
+            resources: ResourceFilter::new(&record.allowed_resources, task).with_session(session),
+            prompts: PromptFilter::new(&record.allowed_prompts, task).with_session(session),
+            entry,
+        }
+    }
+
+    /// Narrowed by `session`'s lists instead of the session lists it had.
+    #[must_use]
+    pub fn with_session(self, session: &Narrowing) -> Self {
+        Self {
+            entry: self.entry,
+            tools: self.tools.with_session(session),
+            resources: self.resources.with_session(session),
+            prompts: self.prompts.with_session(session),
+        }
+    }
+
     /// The one decision on calling (or offering) `tool`: the tool filter of every layer,
     /// then whether the server's approval policy makes the call wait. Nothing else may run
     /// a tool without it.
     pub fn check_call(&self, tool: &str) -> Result<Approval, Denial> {
-        self.filter.check(tool)?;
+        self.tools.check(tool)?;
         let record = &self.entry.record;
         Ok(match record.approval_policy {
             ApprovalPolicy::Never => Approval::NotNeeded,
@@ -435,33 +410,24 @@ impl Grant {
 
 impl Grant {
     /// Whether a guest may see or read the resource at `uri`: the registry's
-    /// `allowed_resources` (URI patterns; empty allows none). Registry-level only: no task,
-    /// profile or session layer narrows resources or prompts yet.
+    /// `allowed_resources` (URI patterns; empty allows none), then every layer's resource
+    /// lists.
     pub fn check_resource(&self, uri: &str) -> Result<(), Denial> {
-        let allowed = &self.entry.record.allowed_resources;
-        any_match_str(allowed, uri).ok_or(Denial::ResourceNotAllowed)
+        self.resources.check(uri)
     }
 
-    /// Whether a resource template's `uri_template` is listed: a template is shown when an
-    /// `allowed_resources` pattern matches the template text itself (e.g. `demo://x/*`
-    /// matches `demo://x/{id}`); reads of its URIs are still checked one by one.
+    /// Whether a resource template's `uri_template` is listed: a template is shown when the
+    /// resource filter passes the template text itself (e.g. `demo://x/*` matches
+    /// `demo://x/{id}`); reads of its URIs are still checked one by one.
     pub fn permits_template(&self, uri_template: &str) -> bool {
-        self.check_resource(uri_template).is_ok()
+        self.resources.permits(uri_template)
     }
 
     /// Whether a guest may see or get the prompt `name`: the registry's `allowed_prompts`
-    /// (name patterns; empty allows none), registry-level only like resources.
+    /// (name patterns; empty allows none), then every layer's prompt lists.
     pub fn check_prompt(&self, name: &str) -> Result<(), Denial> {
-        let allowed = &self.entry.record.allowed_prompts;
-        any_match_str(allowed, name).ok_or(Denial::PromptNotAllowed)
+        self.prompts.check(name)
     }
-}
-
-fn any_match_str(patterns: &[String], text: &str) -> Option<()> {
-    patterns
-        .iter()
-        .any(|p| Pattern::new(p.as_str()).matches(text))
-        .then_some(())
 }
 
 /// What the layers grant a session, and the decision log of what they do not.
@@ -545,12 +511,8 @@ pub fn effective(
                 .push(deny(Reason::EnvMissing, why.to_string()));
             continue;
         }
-        let filter = ToolFilter::new(&entry.record.allowed_tools, task)
-            .with_session(session.tool_allowlist, session.tool_denylist);
-        out.servers.push(Grant {
-            entry: entry.clone(),
-            filter,
-        });
+        out.servers
+            .push(Grant::new(entry.clone(), task, session.narrowing));
     }
     out
 }

@@ -1,6 +1,12 @@
-//! Tool-name patterns: `*` and `?` globs on MCP-native names.
+//! Name patterns: `*` and `?` globs on MCP-native tool names, resource URIs and prompt
+//! names.
 
 use std::fmt;
+
+use serde_json::Value;
+
+use super::ListKey;
+use crate::defaults;
 
 /// A tool-name pattern: `*` matches any run of characters, `?` exactly one; everything else
 /// matches itself. Patterns apply to MCP-native tool names.
@@ -39,6 +45,39 @@ impl Pattern {
             }
         }
         pattern[p..].iter().all(|&c| c == '*')
+    }
+}
+
+impl Pattern {
+    /// A session's list (`mcp.<kind>_allowlist` / `_denylist` as a chat SET_PARAM or
+    /// `mcp_set_param` value): a JSON array of at most [`defaults::MAX_SESSION_PATTERNS`]
+    /// strings of at most [`defaults::MAX_PATTERN_BYTES`] each, since every listing or send
+    /// matches each against every name. The error says why without echoing the value.
+    pub fn session_list(key: ListKey, value: &Value) -> Result<Vec<Pattern>, String> {
+        let key = key.name();
+        let not_strings = || format!("{key} must be an array of strings");
+        let Value::Array(items) = value else {
+            return Err(not_strings());
+        };
+        if items.len() > defaults::MAX_SESSION_PATTERNS {
+            return Err(format!(
+                "{key} has {} patterns; at most {} are allowed",
+                items.len(),
+                defaults::MAX_SESSION_PATTERNS
+            ));
+        }
+        items
+            .iter()
+            .map(|item| match item {
+                Value::String(p) if p.len() > defaults::MAX_PATTERN_BYTES => Err(format!(
+                    "{key}: a pattern is {} bytes; at most {} are allowed",
+                    p.len(),
+                    defaults::MAX_PATTERN_BYTES
+                )),
+                Value::String(p) => Ok(Pattern::new(p.as_str())),
+                _ => Err(not_strings()),
+            })
+            .collect()
     }
 }
 

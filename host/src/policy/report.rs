@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::{Decision, Reason, TaskMcpPolicy};
+use super::{Decision, Kind, Lists, Reason, TaskMcpPolicy};
 
 /// What a task's chat sessions start with, and why everything else is left out.
 #[derive(Clone, Debug)]
@@ -39,21 +39,35 @@ impl fmt::Display for PolicyReport {
             "MCP policy for task `{}` (registry revision {})",
             self.task_id, self.registry_revision
         )?;
-        writeln!(
+        let lists = |kind: Kind| {
+            let lists = t.narrowing.lists(kind);
+            let allow = lists
+                .allow
+                .as_ref()
+                .map_or("none (other layers decide)".to_owned(), |l| {
+                    format!("[{}]", list(l))
+                });
+            format!(
+                "{kind}_allowlist={allow} {kind}_denylist=[{}]",
+                list(&lists.deny)
+            )
+        };
+        write!(
             f,
-            "  task: mcp.enabled={} profile={} allowed=[{}] defaults=[{}] tool_allowlist={} tool_denylist=[{}]",
+            "  task: mcp.enabled={} profile={} allowed=[{}] defaults=[{}] {}",
             t.enabled,
             t.profile.as_ref().map_or("none", |p| p.name.as_str()),
             list(&t.allowed_server_ids),
             list(&t.default_server_ids),
-            t.tool_allowlist
-                .as_ref()
-                .map_or("none (other layers decide)".to_owned(), |l| format!(
-                    "[{}]",
-                    list(l)
-                )),
-            list(&t.tool_denylist),
+            lists(Kind::Tool),
         )?;
+        // Resource and prompt lists only when the task sets them: most tasks use neither.
+        for kind in [Kind::Resource, Kind::Prompt] {
+            if *t.narrowing.lists(kind) != Lists::default() {
+                write!(f, " {}", lists(kind))?;
+            }
+        }
+        writeln!(f)?;
         for warning in &self.warnings {
             writeln!(f, "  warning: {warning}")?;
         }

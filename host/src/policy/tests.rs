@@ -9,7 +9,7 @@ use crate::chat::{
     tools::{Resolution, Route, ToolSet},
 };
 use crate::mcp::Tool;
-use crate::registry::{EnvRefError, Launch, LaunchUnavailable, ServerEntry, ServerRecord};
+use crate::registry::{EnvRefError, Launch, LaunchUnavailable, Profile, ServerEntry, ServerRecord};
 use crate::sandbox::MemoryBudget;
 
 fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) -> ServerEntry {
@@ -50,49 +50,64 @@ fn task(allowed: &[&str], defaults: &[&str]) -> TaskMcpPolicy {
         enabled: true,
         default_server_ids: ids(defaults),
         allowed_server_ids: ids(allowed),
-        tool_allowlist: None,
-        tool_denylist: vec![],
+        narrowing: Narrowing::default(),
         profile: None,
+    }
+}
+
+fn lists(allow: Option<&[&str]>, deny: &[&str]) -> Lists {
+    Lists {
+        allow: allow.map(patterns),
+        deny: patterns(deny),
     }
 }
 
 #[test]
 fn filter_layers_only_narrow_and_denylists_veto() {
     let mut t = task(&["fs"], &["fs"]);
-    t.tool_allowlist = Some(patterns(&["*"]));
-    t.tool_denylist = patterns(&["delete_*"]);
+    t.narrowing.tools = lists(Some(&["*"]), &["delete_*"]);
     let filter = ToolFilter::new(&ids(&["read_*", "delete_*"]), &t);
     assert!(filter.permits("read_text"));
     assert_eq!(
         filter.check("delete_file"),
         Err(Denial::DeniedByPattern(
+            Kind::Tool,
             Layer::Task,
             Pattern::new("delete_*")
         ))
     );
     assert_eq!(
         filter.check("write_text"),
-        Err(Denial::NotInAllowlist(Layer::Registry)),
+        Err(Denial::NotInAllowlist(Kind::Tool, Layer::Registry)),
         "the task's * cannot widen"
     );
+    let session = |tools: Lists| Narrowing {
+        tools,
+        ..Narrowing::default()
+    };
     let narrowed = filter
         .clone()
-        .with_session(Some(&patterns(&["read_a*"])), &[]);
+        .with_session(&session(lists(Some(&["read_a*"]), &[])));
     assert_eq!(
         narrowed.check("read_text"),
-        Err(Denial::NotInAllowlist(Layer::Session))
+        Err(Denial::NotInAllowlist(Kind::Tool, Layer::Session))
     );
-    let vetoed = filter.with_session(None, &patterns(&["read_text"]));
+    let vetoed = filter.with_session(&session(lists(None, &["read_text"])));
     assert_eq!(
         vetoed.check("read_text"),
         Err(Denial::DeniedByPattern(
+            Kind::Tool,
             Layer::Session,
             Pattern::new("read_text")
         ))
     );
+    // A new session layer replaces the old one; it never stacks or widens past the task.
+    let replaced = vetoed.with_session(&session(lists(Some(&["*"]), &[])));
+    assert!(replaced.permits("read_text"));
+    assert!(!replaced.permits("write_text"));
     assert_eq!(
         ToolFilter::new(&[], &t).check("echo"),
-        Err(Denial::NotInAllowlist(Layer::Registry))
+        Err(Denial::NotInAllowlist(Kind::Tool, Layer::Registry))
     );
 }
 
@@ -109,11 +124,11 @@ fn effective_logs_a_reason_for_every_server_left_out() {
     );
     let t = task(&["fs", "gitlab", "locked"], &["fs"]);
     let requested = ids(&["fs", "gitlab", "locked", "web", "nope", "fs"]);
+    let no_lists = Narrowing::default();
     let session = SessionRequest {
         enabled: true,
         server_ids: &requested,
-        tool_allowlist: None,
-        tool_denylist: &[],
+        narrowing: &no_lists,
     };
     let effective = effective(&registry, &t, &session);
     assert_eq!(
@@ -177,6 +192,10 @@ fn profiles_select_by_id_and_tag_and_tasks_only_narrow_them() {
             tags: ids(&["scm"]),
             tool_allowlist: Some(ids(&["read_*", "list_*"])),
             tool_denylist: ids(&["delete_*"]),
+            resource_allowlist: None,
+            resource_denylist: vec![],
+            prompt_allowlist: None,
+            prompt_denylist: vec![],
         }],
     );
     let config = TaskMcpConfig {
@@ -190,12 +209,12 @@ fn profiles_select_by_id_and_tag_and_tasks_only_narrow_them() {
     let filter = ToolFilter::new(&ids(&["*"]), &policy);
     assert_eq!(
         filter.check("write_file"),
-        Err(Denial::NotInAllowlist(Layer::Profile))
+        Err(Denial::NotInAllowlist(Kind::Tool, Layer::Profile))
     );
     assert_eq!(filter.check("read_delete_me"), Ok(()));
     assert!(matches!(
         filter.check("delete_repo"),
-        Err(Denial::DeniedByPattern(Layer::Profile, _))
+        Err(Denial::DeniedByPattern(Kind::Tool, Layer::Profile, _))
     ));
 
     let narrowed = TaskMcpConfig {
@@ -354,7 +373,7 @@ impl Case {
         let session_ok = !via_session
             || (self.session_enabled
                 && self.session_servers.contains(&server)
-                && layer_ok(&self.session_allow, &self.session_deny));
+                && self.session_allows(tool));
         *available
             && !registry_allow.is_empty()
             && any_matches(registry_allow, tool)
@@ -365,11 +384,24 @@ impl Case {
             && session_ok
     }
 
+    /// Whether the session's own lists pass `name`.
+    fn session_allows(&self, name: &str) -> bool {
+        self.session_allow
+            .as_ref()
+            .is_none_or(|a| any_matches(a, name))
+            && !any_matches(&self.session_deny, name)
+    }
+
     fn registry(&self) -> Registry {
         Registry::from_entries(
             self.servers
                 .iter()
-                .map(|(id, allowed, available)| entry(id, allowed, &[], *available))
+                .map(|(id, allowed, available)| {
+                    let mut server = entry(id, allowed, &[], *available);
+                    server.record.allowed_resources = ids(allowed);
+                    server.record.allowed_prompts = ids(allowed);
+                    server
+                })
                 .collect(),
             vec![],
         )
@@ -380,14 +412,17 @@ impl Case {
             enabled: self.task_enabled,
             default_server_ids: vec![],
             allowed_server_ids: self.task_allowed.iter().map(|s| s.to_string()).collect(),
-            tool_allowlist: self.task_allow.as_deref().map(patterns),
-            tool_denylist: patterns(&self.task_deny),
-            profile: self.profile.as_ref().map(|(allow, deny)| ProfileTools {
+            narrowing: same_lists(lists(self.task_allow.as_deref(), &self.task_deny)),
+            profile: self.profile.as_ref().map(|(allow, deny)| TaskProfile {
                 name: "p".into(),
-                tool_allowlist: allow.as_deref().map(patterns),
-                tool_denylist: patterns(deny),
+                narrowing: same_lists(lists(allow.as_deref(), deny)),
             }),
         }
+    }
+
+    /// The session's lists, the same for tools, resources and prompts.
+    fn session_narrowing(&self) -> Narrowing {
+        same_lists(lists(self.session_allow.as_deref(), &self.session_deny))
     }
 
     fn session(&self, task: &TaskMcpPolicy) -> ChatSession {
@@ -395,9 +430,17 @@ impl Case {
         let mcp = session.mcp_mut();
         mcp.enabled = self.session_enabled;
         mcp.server_ids = self.session_servers.iter().map(|s| s.to_string()).collect();
-        mcp.tool_allowlist = self.session_allow.as_deref().map(patterns);
-        mcp.tool_denylist = patterns(&self.session_deny);
+        mcp.narrowing.tools = self.session_narrowing().tools;
         session
+    }
+}
+
+/// The same lists for every kind of name, so one reference answer covers all three.
+fn same_lists(lists: Lists) -> Narrowing {
+    Narrowing {
+        tools: lists.clone(),
+        resources: lists.clone(),
+        prompts: lists,
     }
 }
 
@@ -435,14 +478,23 @@ proptest! {
                 prop_assert!(case.allowed(entry.server_id(), tool, true), "{} routed to {}/{}", name, entry.server_id(), tool);
             }
         }
-        // The hostcall path: mcp_open and its fd's filter.
+        // The hostcall path: mcp_open and its fd's filters (the registry's allowed_resources
+        // and allowed_prompts equal its allowed_tools here), then narrowed by mcp_set_param.
         for server in SERVERS {
             let requested = [server.to_owned()];
             let single = super::effective(&registry, &task, &SessionRequest::single(&requested));
             match single.grant(server) {
                 Some(grant) => {
+                    let narrowed = grant.clone().with_session(&case.session_narrowing());
                     for tool in TOOLS {
-                        prop_assert_eq!(grant.filter.permits(tool), case.allowed(server, tool, false), "{}/{}", server, tool);
+                        let opened = case.allowed(server, tool, false);
+                        prop_assert_eq!(grant.tools.permits(tool), opened, "{}/{}", server, tool);
+                        prop_assert_eq!(grant.check_resource(tool).is_ok(), opened, "resource {}/{}", server, tool);
+                        prop_assert_eq!(grant.check_prompt(tool).is_ok(), opened, "prompt {}/{}", server, tool);
+                        let within = opened && case.session_allows(tool);
+                        prop_assert_eq!(narrowed.tools.permits(tool), within, "{}/{}", server, tool);
+                        prop_assert_eq!(narrowed.check_resource(tool).is_ok(), within, "resource {}/{}", server, tool);
+                        prop_assert_eq!(narrowed.check_prompt(tool).is_ok(), within, "prompt {}/{}", server, tool);
                     }
                 }
                 None => prop_assert!(TOOLS.iter().all(|tool| !case.allowed(server, tool, false)) || !case.task_allowed.contains(&server)),
@@ -451,39 +503,156 @@ proptest! {
     }
 }
 
+fn docs_entry(resources: &[&str], prompts: &[&str]) -> Arc<ServerEntry> {
+    let mut docs = entry("docs", &["*"], &[], true);
+    docs.record.allowed_resources = ids(resources);
+    docs.record.allowed_prompts = ids(prompts);
+    Arc::new(docs)
+}
+
 #[test]
 fn resources_and_prompts_are_denied_unless_the_registry_lists_them() {
-    let mut grant = Grant {
-        entry: Arc::new(entry("docs", &["*"], &[], true)),
-        filter: ToolFilter::new(&["*".to_owned()], &TaskMcpPolicy::default()),
-    };
+    let grant = Grant::new(
+        docs_entry(&[], &[]),
+        &TaskMcpPolicy::default(),
+        &Narrowing::default(),
+    );
     // Empty lists (the default) allow nothing, even with every tool allowed.
     assert_eq!(
         grant.check_resource("file:///a"),
-        Err(Denial::ResourceNotAllowed)
+        Err(Denial::NotInAllowlist(Kind::Resource, Layer::Registry))
     );
-    assert_eq!(grant.check_prompt("p"), Err(Denial::PromptNotAllowed));
-    let mut record = grant.entry.record.clone();
-    record.allowed_resources = vec!["demo://text/*".into()];
-    record.allowed_prompts = vec!["args-?rompt".into()];
-    grant.entry = Arc::new(ServerEntry {
-        record,
-        ..entry("docs", &["*"], &[], true)
-    });
+    assert_eq!(
+        grant.check_prompt("p"),
+        Err(Denial::NotInAllowlist(Kind::Prompt, Layer::Registry))
+    );
+    let grant = Grant::new(
+        docs_entry(&["demo://text/*"], &["args-?rompt"]),
+        &TaskMcpPolicy::default(),
+        &Narrowing::default(),
+    );
     assert_eq!(grant.check_resource("demo://text/7"), Ok(()));
     assert!(grant.permits_template("demo://text/{id}"));
     assert_eq!(
         grant.check_resource("demo://blob/7"),
-        Err(Denial::ResourceNotAllowed)
+        Err(Denial::NotInAllowlist(Kind::Resource, Layer::Registry))
     );
     assert_eq!(grant.check_prompt("args-prompt"), Ok(()));
+    assert!(grant.check_prompt("simple-prompt").is_err());
     assert_eq!(
-        grant.check_prompt("simple-prompt"),
-        Err(Denial::PromptNotAllowed)
-    );
-    assert_eq!(
-        Denial::PromptNotAllowed.to_string(),
+        Denial::NotInAllowlist(Kind::Prompt, Layer::Registry).to_string(),
         "not in the registry's allowed_prompts for this server"
     );
-    assert_eq!(Denial::ResourceNotAllowed.reason(), Reason::NotInAllowlist);
+}
+
+/// Each layer narrows resources and prompts the way it narrows tools: registry, then
+/// profile, then task, then session; an allowlist never widens what a layer above left
+/// out, and a denylist anywhere vetoes. Every refusal names its kind and layer.
+#[test]
+fn every_layer_narrows_resources_and_prompts_and_a_denylist_vetoes() {
+    let registry = Registry::from_entries(
+        vec![Arc::try_unwrap(docs_entry(&["demo://*"], &["*"])).unwrap()],
+        vec![Profile {
+            name: "readers".into(),
+            description: None,
+            server_ids: ids(&["docs"]),
+            tags: vec![],
+            tool_allowlist: None,
+            tool_denylist: vec![],
+            resource_allowlist: Some(ids(&["demo://static/*", "demo://dynamic/*"])),
+            resource_denylist: ids(&["*/secret*"]),
+            prompt_allowlist: Some(ids(&["simple-*", "args-*", "complex-*"])),
+            prompt_denylist: ids(&["complex-*"]),
+        }],
+    );
+    let mut config = TaskMcpConfig {
+        enabled: true,
+        profile: Some("readers".into()),
+        ..TaskMcpConfig::default()
+    };
+    config.narrowing.resources = lists(Some(&["*"]), &["demo://dynamic/*"]);
+    config.narrowing.prompts = lists(Some(&["simple-*", "args-*", "file:*"]), &[]);
+    let task = config.resolve(&registry).unwrap();
+    let requested = ids(&["docs"]);
+    let open = |session: &Narrowing| {
+        let request = SessionRequest::single(&requested);
+        let granted = effective(&registry, &task, &request);
+        granted.grant("docs").unwrap().clone().with_session(session)
+    };
+    let grant = open(&Narrowing::default());
+    let resource = |grant: &Grant, uri: &str| grant.check_resource(uri);
+    let prompt = |grant: &Grant, name: &str| grant.check_prompt(name);
+    use Kind::{Prompt, Resource};
+    use Layer::{Profile as P, Registry as R, Session as S, Task as T};
+
+    assert_eq!(resource(&grant, "demo://static/a"), Ok(()));
+    assert_eq!(
+        resource(&grant, "file:///etc/passwd"),
+        Err(Denial::NotInAllowlist(Resource, R)),
+        "the task's * cannot widen the registry"
+    );
+    assert_eq!(
+        resource(&grant, "demo://other/a"),
+        Err(Denial::NotInAllowlist(Resource, P))
+    );
+    assert!(matches!(
+        resource(&grant, "demo://static/secret.txt"),
+        Err(Denial::DeniedByPattern(Resource, P, _))
+    ));
+    assert!(matches!(
+        resource(&grant, "demo://dynamic/1"),
+        Err(Denial::DeniedByPattern(Resource, T, _))
+    ));
+    assert_eq!(prompt(&grant, "args-prompt"), Ok(()));
+    assert!(matches!(
+        prompt(&grant, "complex-prompt"),
+        Err(Denial::DeniedByPattern(Prompt, P, _))
+    ));
+    assert_eq!(
+        prompt(&grant, "resource-prompt"),
+        Err(Denial::NotInAllowlist(Prompt, P))
+    );
+    assert_eq!(
+        prompt(&grant, "file:x"),
+        Err(Denial::NotInAllowlist(Prompt, P)),
+        "the task's allowlist cannot widen the profile's"
+    );
+    assert!(!grant.permits_template("demo://dynamic/{id}"));
+
+    let session = Narrowing {
+        resources: lists(Some(&["demo://static/b*"]), &[]),
+        prompts: lists(Some(&["*"]), &["args-*"]),
+        ..Narrowing::default()
+    };
+    let narrowed = open(&session);
+    assert_eq!(resource(&narrowed, "demo://static/b1"), Ok(()));
+    assert_eq!(
+        resource(&narrowed, "demo://static/a"),
+        Err(Denial::NotInAllowlist(Resource, S))
+    );
+    assert!(
+        matches!(
+            resource(&narrowed, "demo://static/b/secret"),
+            Err(Denial::DeniedByPattern(Resource, P, _))
+        ),
+        "the session's allowlist cannot lift the profile's veto"
+    );
+    assert_eq!(prompt(&narrowed, "simple-prompt"), Ok(()));
+    let vetoed = prompt(&narrowed, "args-prompt").unwrap_err();
+    assert_eq!(
+        vetoed,
+        Denial::DeniedByPattern(Prompt, S, Pattern::new("args-*"))
+    );
+    assert_eq!(vetoed.reason(), Reason::DeniedByPattern);
+    assert_eq!(vetoed.layer(), Some(S));
+    assert_eq!(
+        vetoed.to_string(),
+        "matches the session's prompt deny pattern `args-*`"
+    );
+    assert_eq!(
+        Denial::NotInAllowlist(Resource, T).to_string(),
+        "not in the task's resource allowlist"
+    );
+    // Tools are untouched by resource and prompt lists.
+    assert!(narrowed.tools.permits("args-prompt"));
 }

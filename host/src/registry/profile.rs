@@ -1,5 +1,5 @@
-//! Profiles: named selections of servers (by id and tag) with tool lists, from
-//! `<registry>/profiles/*.toml` or a store's profile documents.
+//! Profiles: named selections of servers (by id and tag) with tool, resource and prompt
+//! lists, from `<registry>/profiles/*.toml` or a store's profile documents.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,9 +10,12 @@ use super::Registry;
 use super::load::{Problem, Severity, SourcedDoc, file_problem};
 use super::record::ServerEntry;
 use super::store::DocFormat;
+use crate::policy::{Lists, Narrowing, Pattern};
 
-/// A named selection of servers (by id and/or tag) with tool lists, from
-/// `<registry>/profiles/*.toml`. A task names one with `mcp.profile`.
+/// A named selection of servers (by id and/or tag) with tool, resource and prompt lists,
+/// from `<registry>/profiles/*.toml`. A task names one with `mcp.profile`; the lists join
+/// each server's filters as the profile layer (an absent allowlist leaves the others in
+/// charge, a denylist vetoes).
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
@@ -27,9 +30,32 @@ pub struct Profile {
     pub tool_allowlist: Option<Vec<String>>,
     #[serde(default)]
     pub tool_denylist: Vec<String>,
+    /// Resource URI patterns.
+    #[serde(default)]
+    pub resource_allowlist: Option<Vec<String>>,
+    #[serde(default)]
+    pub resource_denylist: Vec<String>,
+    /// Prompt name patterns.
+    #[serde(default)]
+    pub prompt_allowlist: Option<Vec<String>>,
+    #[serde(default)]
+    pub prompt_denylist: Vec<String>,
 }
 
 impl Profile {
+    /// Its lists as the policy's profile layer.
+    pub fn narrowing(&self) -> Narrowing {
+        let lists = |allow: &Option<Vec<String>>, deny: &[String]| Lists {
+            allow: allow.as_ref().map(|l| l.iter().map(Pattern::new).collect()),
+            deny: deny.iter().map(Pattern::new).collect(),
+        };
+        Narrowing {
+            tools: lists(&self.tool_allowlist, &self.tool_denylist),
+            resources: lists(&self.resource_allowlist, &self.resource_denylist),
+            prompts: lists(&self.prompt_allowlist, &self.prompt_denylist),
+        }
+    }
+
     /// Its servers: those it names, and those carrying one of its tags, in registry order.
     pub fn servers(&self, registry: &Registry) -> Vec<String> {
         registry
