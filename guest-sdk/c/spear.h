@@ -51,7 +51,7 @@ enum {
     SPEAR_EBADF = 9, /* not an open fd, or an fd of another kind */
     SPEAR_EAGAIN = 11, /* try again */
     SPEAR_ENOMEM = 12, /* the task's host memory budget is spent, or an input is over 16 MiB */
-    SPEAR_EACCES = 13, /* denied by policy (registry, task or session layer) */
+    SPEAR_EACCES = 13, /* denied by policy (registry, profile, task or session layer) */
     SPEAR_EFAULT = 14, /* pointer or length outside guest memory */
     SPEAR_EINVAL = 22, /* invalid argument: bad level, invalid UTF-8, unknown command */
     SPEAR_EMFILE = 24, /* the task's fd table is full */

@@ -43,7 +43,7 @@ errnos! {
     EBADF = 9, "not an open fd, or an fd of another kind";
     EAGAIN = 11, "try again";
     ENOMEM = 12, "the task's host memory budget is spent, or an input is over 16 MiB";
-    EACCES = 13, "denied by policy (registry, task or session layer)";
+    EACCES = 13, "denied by policy (registry, profile, task or session layer)";
     EFAULT = 14, "pointer or length outside guest memory";
     EINVAL = 22, "invalid argument: bad level, invalid UTF-8, unknown command";
     EMFILE = 24, "the task's fd table is full";
