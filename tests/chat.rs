@@ -980,3 +980,284 @@ async fn anthropic_errors_are_retried_or_reported() {
         );
     }
 }
+
+/// The `(tool_use_id, text)` of the `tool_result` blocks of an Anthropic request's turn `i`.
+fn anthropic_results(request: &Value, i: usize) -> Vec<(String, String)> {
+    request["messages"][i]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["type"] == "tool_result")
+        .map(|b| {
+            let text = b["content"][0]["text"].as_str().unwrap_or_default();
+            (
+                b["tool_use_id"].as_str().unwrap().to_owned(),
+                text.to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn anthropic_sessions_survive_empty_answers_and_empty_results() {
+    // The API may answer `content: []`, a tool may return "", a guest may write " ": none
+    // may reach the API as an empty turn or text block, or every later request fails.
+    let setup = anthropic_setup(vec![
+        Reply::anthropic_message(json!([]), "end_turn"),
+        Reply::tool_call("e", "mcp__fixture__echo", json!({"text": ""})),
+        Reply::text("done"),
+    ])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("user", "hi")
+        .send(0)
+        .recv()
+        .msg("user", " ")
+        .msg("user", "again")
+        .send(2)
+        .recv();
+    let run = run(&setup, &guest).await;
+    assert_eq!(
+        emitted_json(&run, 0)["choices"][0]["message"]["content"],
+        ""
+    );
+    let response = emitted_json(&run, 1);
+    assert_eq!(
+        response["choices"][0]["message"]["content"], "done",
+        "{response}"
+    );
+    let second = setup.llm.request(1);
+    assert_eq!(
+        second["messages"],
+        json!([{"role": "user", "content": [{"type": "text", "text": "hi"}, {"type": "text", "text": "again"}]}]),
+        "the empty answer is left out and the user turns around it merged"
+    );
+    let third = setup.llm.request(2);
+    assert_eq!(
+        third["messages"][2]["content"],
+        json!([{"type": "tool_result", "tool_use_id": "e"}]),
+        "an empty result is sent without content"
+    );
+}
+
+#[tokio::test]
+async fn anthropic_tool_use_ids_are_made_unique_and_each_answered() {
+    let echo = |id: Option<&str>, text: &str| {
+        let mut block =
+            json!({"type": "tool_use", "name": "mcp__fixture__echo", "input": {"text": text}});
+        if let Some(id) = id {
+            block["id"] = json!(id);
+        }
+        block
+    };
+    let setup = anthropic_setup(vec![
+        Reply::anthropic_message(
+            json!([echo(Some("x"), "a"), echo(Some("x"), "b"), echo(None, "c")]),
+            "tool_use",
+        ),
+        Reply::text("ok"),
+    ])
+    .await;
+    let run = run(&setup, &ChatGuest::new().msg("user", "go").send(2).recv()).await;
+    let response = emitted_json(&run, 0);
+    assert_eq!(
+        response["choices"][0]["message"]["content"], "ok",
+        "{response}"
+    );
+    let second = setup.llm.request(1);
+    let uses: Vec<&Value> = second["messages"][1]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| &b["id"])
+        .collect();
+    assert_eq!(uses, ["x", "toolu_quiver_0", "toolu_quiver_1"]);
+    assert_eq!(
+        anthropic_results(&second, 2),
+        [
+            ("x".to_owned(), "a".to_owned()),
+            ("toolu_quiver_0".to_owned(), "b".to_owned()),
+            ("toolu_quiver_1".to_owned(), "c".to_owned())
+        ]
+    );
+    let ids: Vec<&Value> = response["_spear"]["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| &c["id"])
+        .collect();
+    assert_eq!(ids, ["x", "toolu_quiver_0", "toolu_quiver_1"]);
+}
+
+#[tokio::test]
+async fn images_count_toward_max_tool_output_bytes() {
+    let note = "a 1x1 red pixel\n[image: image/png, 69 B]";
+    let fits = note.len() + RED_PIXEL_PNG_BASE64.len();
+    for (max, image) in [(fits, true), (fits - 1, false)] {
+        let setup = anthropic_setup(vec![
+            Reply::tool_call("i", "mcp__fixture__image", json!({})),
+            Reply::text("seen"),
+        ])
+        .await;
+        let guest = ChatGuest::new()
+            .msg("user", "look")
+            .param("max_tool_output_bytes", json!(max))
+            .send(2)
+            .recv();
+        run(&setup, &guest).await;
+        let result = &setup.llm.request(1)["messages"][2]["content"][0]["content"];
+        assert_eq!(result[0]["text"], note);
+        assert_eq!(
+            result[1]["type"] == "image",
+            image,
+            "max_tool_output_bytes {max}: {result}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn tool_calls_cut_off_by_max_tokens_are_not_run() {
+    let anthropic = Reply::anthropic_message(
+        json!([{"type": "tool_use", "id": "w", "name": "get_weather", "input": {"city": "Os"}}]),
+        "max_tokens",
+    );
+    let openai = Reply::Json(
+        json!({"choices": [{"index": 0, "finish_reason": "length", "message": {
+            "role": "assistant", "content": null,
+            "tool_calls": [{"id": "w", "type": "function", "function": {"name": "get_weather", "arguments": "{\"ci"}}],
+        }}]}),
+    );
+    let guest = ChatGuest::new()
+        .msg("user", "weather?")
+        .tool(WEATHER, "get_weather")
+        .arena()
+        .send(2)
+        .recv()
+        .metrics();
+    for setup in [
+        anthropic_setup(vec![anthropic]).await,
+        setup(vec![openai]).await,
+    ] {
+        let run = run(&setup, &guest).await;
+        let response = emitted_json(&run, 0);
+        assert_eq!(
+            response["error"]["code"], "tool_calls_truncated",
+            "{response}"
+        );
+        assert_eq!(
+            response["last_response"]["choices"][0]["finish_reason"],
+            "length"
+        );
+        assert_eq!(emitted_json(&run, 1)["tool_calls"]["guest"], 0);
+        assert_eq!(setup.llm.request_count(), 1);
+    }
+}
+
+#[tokio::test]
+async fn guest_images_are_checked_before_they_reach_an_anthropic_model() {
+    let svg = "PHN2Zy8+"; // "<svg/>"
+    let guest = ChatGuest::new()
+        .add_message(json!({"role": "user", "content": [
+            {"type": "text", "text": "see"},
+            {"type": "image_url", "image_url": {"url": format!("data:image/svg+xml;base64,{svg}")}},
+            {"type": "image_url", "image_url": {"url": format!("data:image/png;base64,{RED_PIXEL_PNG_BASE64}")}},
+        ]}))
+        .add_message(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "t", "type": "function", "function": {"name": "shot", "arguments": "{}"}},
+        ]}))
+        .add_message(json!({"role": "tool", "tool_call_id": "t", "content": "r", "quiver_content": [
+            {"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/tiff", "data": RED_PIXEL_PNG_BASE64}},
+        ]}))
+        .send(0)
+        .recv();
+    let setup = anthropic_setup(vec![Reply::text("ok")]).await;
+    let run = run(&setup, &guest).await;
+    let response = emitted_json(&run, 0);
+    assert_eq!(
+        response["choices"][0]["message"]["content"], "ok",
+        "{response}"
+    );
+    let request = setup.llm.request(0);
+    let user = &request["messages"][0]["content"];
+    assert_eq!(user[0]["text"], "see");
+    assert_eq!(user[1]["type"], "text", "the SVG is a note: {user}");
+    assert_eq!(user[2]["source"]["data"], RED_PIXEL_PNG_BASE64);
+    let result = &request["messages"][2]["content"][0]["content"];
+    let kinds: Vec<&Value> = result
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| &b["type"])
+        .collect();
+    assert_eq!(kinds, ["text", "text", "text"], "{result}");
+}
+
+#[tokio::test]
+async fn a_session_whose_send_failed_after_tool_results_goes_on() {
+    // The failed send keeps its tool turn; the guest's next message makes two user turns
+    // in a row, which go as one.
+    let setup = anthropic_setup(vec![
+        Reply::tool_call("e", "mcp__fixture__echo", json!({"text": "1"})),
+        Reply::anthropic_error(400, "boom"),
+        Reply::text("recovered"),
+    ])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("user", "go")
+        .send(2)
+        .recv()
+        .msg("user", "again")
+        .send(2)
+        .recv();
+    let run = run(&setup, &guest).await;
+    assert_eq!(emitted_json(&run, 0)["error"]["status"], 400);
+    let response = emitted_json(&run, 1);
+    assert_eq!(
+        response["choices"][0]["message"]["content"], "recovered",
+        "{response}"
+    );
+    let third = setup.llm.request(2);
+    assert_eq!(roles(&third), ["user", "assistant", "user"]);
+    assert_eq!(third["messages"][2]["content"][0]["tool_use_id"], "e");
+    assert_eq!(third["messages"][2]["content"][1]["text"], "again");
+}
+
+#[tokio::test]
+async fn anthropic_params_and_usage_are_translated() {
+    let setup = anthropic_setup(vec![Reply::Json(json!({
+        "type": "message", "role": "assistant", "content": [{"type": "text", "text": "hi"}],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 3, "output_tokens": 2,
+                  "cache_creation_input_tokens": 100, "cache_read_input_tokens": 1000},
+    }))])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("user", "hi")
+        .tool(WEATHER, "get_weather")
+        .param("temperature", json!(1.5))
+        .param("parallel_tool_calls", json!(false))
+        .send(0)
+        .recv()
+        .metrics();
+    let run = run(&setup, &guest).await;
+    let request = setup.llm.request(0);
+    assert_eq!(
+        request["temperature"], 1.0,
+        "OpenAI's 0-2 is clamped to 0-1"
+    );
+    assert_eq!(
+        request["tool_choice"],
+        json!({"type": "auto", "disable_parallel_tool_use": true})
+    );
+    assert!(request.get("parallel_tool_calls").is_none());
+    let response = emitted_json(&run, 0);
+    assert_eq!(response["usage"]["prompt_tokens"], 1103, "{response}");
+    assert_eq!(
+        response["usage"]["prompt_tokens_details"]["cached_tokens"],
+        1000
+    );
+    let metrics = emitted_json(&run, 1);
+    assert_eq!(metrics["prompt_tokens"], 1103);
+    assert_eq!(metrics["total_tokens"], 1105);
+}

@@ -391,9 +391,24 @@ pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 /// this fits every current model's output limit.
 pub const ANTHROPIC_MAX_TOKENS: u32 = 4096;
 
-/// Largest decoded image (bytes) an MCP tool result may send to a model as an image block;
-/// a larger one reaches it as the text note only. Anthropic's per-image limit is 5 MB.
-pub const LLM_TOOL_IMAGE_MAX_BYTES: usize = 5 * 1024 * 1024;
+/// Longest base64 string (bytes) of one image sent to a model; a longer one reaches it as
+/// a text note. The Anthropic API's limit is 5 MB of base64, not of decoded bytes.
+pub const LLM_IMAGE_MAX_BASE64_BYTES: usize = 5 * 1024 * 1024;
+
+/// Images one Anthropic request carries at most: the newest this many of the conversation
+/// go as images, older ones as text notes. With more than 20 the API lowers every image's
+/// size limit (to 2000 px a side), and a session re-sends its images on every turn.
+pub const ANTHROPIC_MAX_IMAGES_PER_REQUEST: usize = 20;
+
+/// Base64 bytes of images one Anthropic request carries at most (newest first, like
+/// [`ANTHROPIC_MAX_IMAGES_PER_REQUEST`]): the API refuses requests over 32 MB, and this
+/// leaves the rest for text.
+pub const ANTHROPIC_MAX_IMAGE_BYTES_PER_REQUEST: usize = 20 * 1000 * 1000;
+
+/// Longest tool call id (bytes) sent back to an Anthropic model as is; a longer, invalid
+/// (not `^[a-zA-Z0-9_-]+$`) or repeated one is replaced by `toolu_quiver_<n>`. Real ids
+/// are about 30 bytes; without a bound a model's 8 MiB id would be echoed every turn.
+pub const ANTHROPIC_TOOL_ID_MAX_BYTES: usize = 128;
 
 /// Model requests per `cchat_send` with AUTO_TOOL_CALL (session param `max_iterations`).
 pub const CHAT_MAX_ITERATIONS: u32 = 8;

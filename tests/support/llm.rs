@@ -29,9 +29,14 @@
 //! [`ScriptedLlm::start_anthropic`] serves the same script as the Anthropic Messages API
 //! (`POST /v1/messages`): text and tool calls become `text` and `tool_use` blocks, errors
 //! [`Reply::anthropic_error`] bodies. It checks each request has the shape that API requires
-//! (the `anthropic-version` header, `model`, `max_tokens`, only `user`/`assistant` turns that
-//! alternate and start with `user`, each `tool_result` answering a `tool_use` of the turn
-//! before) and answers a 400 naming the fault otherwise.
+//! and answers a 400 naming the fault otherwise: the `anthropic-version` header, `model`,
+//! `max_tokens`, a `temperature` of 0 to 1; `user`/`assistant` turns that alternate and
+//! start with `user` (stricter than the API, which would combine repeated turns, so a
+//! translation that leaves them is seen); non-empty content and text blocks that are not
+//! just whitespace; `tool_use` ids matching `^[a-zA-Z0-9_-]+$` and unique in the request;
+//! every `tool_use` answered by a `tool_result` at the start of the next turn and every
+//! `tool_result` answering one; images of the four types the API takes, of at most 5 MB
+//! of base64, at most 100 of them.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -140,6 +145,21 @@ impl Reply {
     /// A status with an Anthropic error body (`{"type":"error","error":{...}}`).
     pub fn anthropic_error(code: u16, message: &str) -> Self {
         Reply::status(code, anthropic_error(code, message).to_string())
+    }
+
+    /// An Anthropic `message` with these content blocks and `stop_reason`, for answers
+    /// [`Reply::Text`] and [`Reply::ToolCalls`] do not make (served as [`Reply::Json`]).
+    pub fn anthropic_message(content: Value, stop_reason: &str) -> Self {
+        Reply::Json(json!({
+            "id": "msg_scripted",
+            "type": "message",
+            "role": "assistant",
+            "model": "scripted-model",
+            "content": content,
+            "stop_reason": stop_reason,
+            "stop_sequence": null,
+            "usage": {"input_tokens": 10, "output_tokens": COMPLETION_TOKENS},
+        }))
     }
 
     /// [`Reply::Delay`]: `reply`, after `delay`.
@@ -634,37 +654,149 @@ fn anthropic_fault(request: &Recorded) -> Option<String> {
     if request.header("anthropic-version").is_none() {
         return Some("missing anthropic-version header".into());
     }
-    if !body["model"].is_string() || !body["max_tokens"].is_u64() {
+    if !body["model"].is_string() || body["max_tokens"].as_u64().is_none_or(|n| n < 1) {
         return Some("model and max_tokens are required".into());
+    }
+    if body["temperature"]
+        .as_f64()
+        .is_some_and(|t| !(0.0..=1.0).contains(&t))
+    {
+        return Some("temperature: Input should be less than or equal to 1".into());
     }
     let Some(messages) = body["messages"].as_array() else {
         return Some("messages: Field required".into());
     };
-    let mut tool_uses: Vec<&Value> = Vec::new();
+    let mut ids = std::collections::HashSet::new();
+    let mut images = 0;
+    // The ids of the `tool_use` blocks of the turn before, each answered at most once.
+    let mut asked: Vec<String> = Vec::new();
     for (i, message) in messages.iter().enumerate() {
+        let at = format!("messages.{i}");
         let want = if i % 2 == 0 { "user" } else { "assistant" };
         if message["role"] != want {
-            return Some(format!("messages.{i}.role: expected `{want}`"));
+            return Some(format!("{at}.role: expected `{want}`"));
         }
-        let blocks = message["content"].as_array();
-        for block in blocks.into_iter().flatten() {
-            if block["type"] == "tool_result"
-                && !tool_uses.iter().any(|id| **id == block["tool_use_id"])
-            {
+        let blocks = match &message["content"] {
+            Value::String(text) if text.trim().is_empty() => {
                 return Some(format!(
-                    "messages.{i}: tool_result {} answers no tool_use of the turn before",
-                    block["tool_use_id"]
+                    "{at}: text content blocks must contain non-whitespace text"
                 ));
             }
+            Value::String(_) if asked.is_empty() => continue,
+            Value::String(_) => {
+                return Some(format!(
+                    "{at}: `tool_use` ids were found without `tool_result` blocks immediately after: {}",
+                    asked.join(", ")
+                ));
+            }
+            Value::Array(blocks) if blocks.is_empty() => {
+                return Some(format!("{at}: all messages must have non-empty content"));
+            }
+            Value::Array(blocks) => blocks,
+            _ => return Some(format!("{at}.content: Input should be a valid list")),
+        };
+        let mut answered = Vec::new();
+        let mut past_results = false;
+        for (j, block) in blocks.iter().enumerate() {
+            let at = format!("{at}.content.{j}");
+            let nested = match &block["content"] {
+                Value::Array(parts) => parts.iter().collect(),
+                _ => Vec::new(),
+            };
+            for part in std::iter::once(block).chain(nested) {
+                if let Some(fault) = block_fault(part, &mut images) {
+                    return Some(format!("{at}: {fault}"));
+                }
+            }
+            match block["type"].as_str() {
+                Some("tool_use") => {
+                    let id = block["id"].as_str().unwrap_or_default();
+                    let valid = !id.is_empty()
+                        && id
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+                    if !valid {
+                        return Some(format!(
+                            "{at}.id: String should match pattern '^[a-zA-Z0-9_-]+$'"
+                        ));
+                    }
+                    if !ids.insert(id.to_owned()) {
+                        return Some(format!("{at}: `tool_use` ids must be unique ({id})"));
+                    }
+                }
+                Some("tool_result") => {
+                    if past_results {
+                        return Some(format!("{at}: tool_result blocks must come first"));
+                    }
+                    let id = block["tool_use_id"].as_str().unwrap_or_default();
+                    match asked.iter().position(|asked| asked == id) {
+                        Some(k) => answered.push(asked.remove(k)),
+                        None => {
+                            return Some(format!(
+                                "{at}: unexpected `tool_use_id` found in `tool_result` blocks: {id}. Each `tool_result` block must have a corresponding `tool_use` block in the previous message."
+                            ));
+                        }
+                    }
+                }
+                _ => past_results = true,
+            }
         }
-        tool_uses = blocks
-            .into_iter()
-            .flatten()
-            .filter(|b| b["type"] == "tool_use")
-            .map(|b| &b["id"])
-            .collect();
+        if !asked.is_empty() {
+            return Some(format!(
+                "{at}: `tool_use` ids were found without `tool_result` blocks immediately after: {}",
+                asked.join(", ")
+            ));
+        }
+        if message["role"] == "assistant" {
+            asked = blocks
+                .iter()
+                .filter(|b| b["type"] == "tool_use")
+                .map(|b| b["id"].as_str().unwrap_or_default().to_owned())
+                .collect();
+        }
+    }
+    if !asked.is_empty() {
+        return Some(format!(
+            "`tool_use` ids were found without `tool_result` blocks immediately after: {}",
+            asked.join(", ")
+        ));
     }
     None
+}
+
+/// Images one request may carry.
+const ANTHROPIC_MAX_IMAGES: usize = 100;
+
+/// What is wrong with one content block (top-level, or inside a `tool_result`).
+fn block_fault(block: &Value, images: &mut usize) -> Option<String> {
+    match block["type"].as_str() {
+        Some("text") if block["text"].as_str().is_none_or(|t| t.trim().is_empty()) => {
+            Some("text content blocks must contain non-whitespace text".into())
+        }
+        Some("image") => {
+            *images += 1;
+            if *images > ANTHROPIC_MAX_IMAGES {
+                return Some(format!("too many images (at most {ANTHROPIC_MAX_IMAGES})"));
+            }
+            let source = &block["source"];
+            match source["type"].as_str() {
+                Some("base64") => {
+                    let media_type = source["media_type"].as_str().unwrap_or_default();
+                    if !["image/jpeg", "image/png", "image/gif", "image/webp"].contains(&media_type)
+                    {
+                        return Some(format!(
+                            "source.media_type: Input should be 'image/jpeg', 'image/png', 'image/gif' or 'image/webp' ({media_type})"
+                        ));
+                    }
+                    let len = source["data"].as_str().map_or(0, str::len);
+                    (len > 5 * 1024 * 1024).then(|| "image exceeds 5 MB maximum".into())
+                }
+                Some("url") => None,
+                _ => Some("source: Input tag does not match 'base64' or 'url'".into()),
+            }
+        }
+        _ => None,
+    }
 }
 
 /// A `chat.completion` whose `pad` field makes it `bytes` long (see [`Reply::Huge`]).

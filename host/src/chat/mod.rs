@@ -12,6 +12,7 @@
 
 mod guest_tools;
 mod hostcalls;
+mod images;
 pub mod llm;
 mod metrics;
 mod params;

@@ -4,6 +4,7 @@
 
 use serde_json::{Value, json};
 
+use super::images::Image;
 use crate::mcp::{CallToolResult, McpError, McpErrorCode};
 
 /// What kind of failure a tool call met: the `code` of its error result.
@@ -120,37 +121,21 @@ pub(crate) fn mcp_result_text(result: &CallToolResult) -> Result<String, ToolFai
     }
 }
 
-/// The image parts of an MCP result as Anthropic `image` blocks, for backends that send
-/// them: only JPEG, PNG, GIF and WebP, each valid base64 of at most
-/// [`defaults::LLM_TOOL_IMAGE_MAX_BYTES`]; any other reaches the model as its text note.
-pub(crate) fn mcp_result_images(result: &CallToolResult) -> Vec<Value> {
-    use base64::Engine as _;
-    const TYPES: [&str; 4] = ["image/jpeg", "image/png", "image/gif", "image/webp"];
+/// The image parts of an MCP result that a backend taking images may send, each one that
+/// passes [`Image::checked`]; any other reaches the model as its text note only.
+pub(crate) fn mcp_result_images(result: &CallToolResult) -> Vec<Image> {
     let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
-    let mut images = Vec::new();
-    for part in content.as_array().into_iter().flatten() {
-        let (Some("image"), Some(mime), Some(data)) = (
-            part["type"].as_str(),
-            part["mimeType"].as_str(),
-            part["data"].as_str(),
-        ) else {
-            continue;
-        };
-        let fits = data.len() / 4 * 3 <= crate::defaults::LLM_TOOL_IMAGE_MAX_BYTES;
-        if !TYPES.contains(&mime)
-            || !fits
-            || base64::engine::general_purpose::STANDARD
-                .decode(data)
-                .is_err()
-        {
-            continue;
-        }
-        images.push(json!({
-            "type": "image",
-            "source": {"type": "base64", "media_type": mime, "data": data},
-        }));
-    }
-    images
+    content
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|part| match part["type"].as_str() {
+            Some("image") => Image::checked(part["mimeType"].as_str()?, part["data"].as_str()?)
+                .inspect_err(|why| tracing::debug!(%why, "MCP image kept as a text note"))
+                .ok(),
+            _ => None,
+        })
+        .collect()
 }
 
 fn human_size(bytes: usize) -> String {
@@ -222,6 +207,45 @@ mod tests {
         let tiny = truncate_output("x".repeat(100), 20);
         assert!(tiny.len() <= 20 && tiny.ends_with("[truncated]"), "{tiny}");
         assert_eq!(truncate_output("x".repeat(100), 5), "xxxxx");
+    }
+
+    #[test]
+    fn only_checked_images_are_kept_for_the_model() {
+        use base64::Engine as _;
+        use rmcp::model::ContentBlock;
+        let encode = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
+        let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+        png.resize(64, 0);
+        let png = encode(&png);
+        let mut huge = b"\x89PNG\r\n\x1a\n".to_vec();
+        huge.resize(4_500_000, 0);
+        let huge = encode(&huge);
+        assert_eq!(
+            huge.len(),
+            6_000_000,
+            "decoded 4.3 MiB, but over 5 MB of base64"
+        );
+        let result = CallToolResult::success(vec![
+            ContentBlock::text("pictures"),
+            ContentBlock::image(png.clone(), "image/png"),
+            ContentBlock::image(huge, "image/png"),
+            ContentBlock::image(png.clone(), "image/jpeg"),
+            ContentBlock::image(encode(b"<svg/>"), "image/svg+xml"),
+        ]);
+        let images = mcp_result_images(&result);
+        assert_eq!(
+            images,
+            [Image {
+                media_type: "image/png",
+                data: png
+            }]
+        );
+        let text = mcp_result_text(&result).unwrap();
+        assert_eq!(
+            text.matches("[image: ").count(),
+            4,
+            "every image keeps its note: {text}"
+        );
     }
 
     #[test]

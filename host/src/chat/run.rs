@@ -13,6 +13,7 @@ use serde_json::{Map, Value, json};
 
 use quiver_abi::Errno;
 
+use super::images::Image;
 use super::llm::{Backend, Backends, LlmError, RICH_CONTENT_FIELD};
 use super::results::{
     ToolErrorCode, ToolFailure, mcp_result_images, mcp_result_text, truncate_output,
@@ -115,6 +116,12 @@ enum SendError {
         value: u32,
         last_response: Box<ChatCompletion>,
     },
+    /// The answer asking for tools was cut off by the model's output limit, so its tool
+    /// calls (their arguments above all) may be incomplete: none is run.
+    #[error(
+        "the model's answer was cut off by its output token limit (finish_reason \"length\") while it asked for tools; they were not run (raise max_tokens)"
+    )]
+    ToolCallsTruncated { last_response: Box<ChatCompletion> },
 }
 
 impl SendError {
@@ -145,6 +152,18 @@ impl SendError {
                     "message": self.to_string(),
                     "limit": limit,
                     "value": value,
+                });
+                encode(&FailureBody {
+                    error,
+                    last_response: Some(last_response),
+                    spear,
+                })
+            }
+            SendError::ToolCallsTruncated { ref last_response } => {
+                let error = json!({
+                    "code": "tool_calls_truncated",
+                    "message": self.to_string(),
+                    "finish_reason": "length",
                 });
                 encode(&FailureBody {
                     error,
@@ -310,6 +329,12 @@ pub(crate) async fn send<G: GuestTools>(
         if !auto_tool_call {
             // The guest runs the tools and appends this message itself (manual loop).
             break Ok(completion);
+        }
+        if completion.finish_reason() == Some("length") {
+            ctx.metrics.budget_hit("max_tokens");
+            break Err(SendError::ToolCallsTruncated {
+                last_response: Box::new(completion),
+            });
         }
         let wanted = u32::try_from(calls.len()).unwrap_or(u32::MAX);
         let limit = if metrics.iterations >= session.settings.max_iterations {
@@ -518,6 +543,14 @@ fn budget_exhausted(what: &str) -> ToolFailure {
     )
 }
 
+/// The bytes a tool's result holds: its text and its images' data.
+fn result_bytes(text: &str, images: &[Image]) -> u64 {
+    let bytes = images.iter().fold(text.len(), |sum, image| {
+        sum.saturating_add(image.data.len())
+    });
+    heap::string(bytes as u64)
+}
+
 /// Asks the host's approver about `planned`'s call of `tool`; a refusal is reported to the
 /// observers and becomes the call's `mcp_policy_denied` result. The wait ends at the task's
 /// deadline at the latest, as a refusal reported before the send's deadline traps.
@@ -577,7 +610,7 @@ fn observed_call(
 }
 
 /// Each planned call's result (its text and the image blocks kept for the model) and time.
-type ToolResults = Vec<Option<(Result<(String, Vec<Value>), ToolFailure>, Duration)>>;
+type ToolResults = Vec<Option<(Result<(String, Vec<Image>), ToolFailure>, Duration)>>;
 
 /// What one turn of tool calls works with, and where its results go.
 struct Turn<'a, 'c> {
@@ -729,13 +762,9 @@ async fn run_tool_calls<G: GuestTools>(
                                 Ok((text, images))
                             })
                             .and_then(|(text, images)| {
-                                let bytes = images
-                                    .iter()
-                                    .map(heap::json_len)
-                                    .fold(text.len() as u64, u64::saturating_add);
                                 match ctx
                                     .budget
-                                    .charge("cchat_send tool results", heap::string(bytes))
+                                    .charge("cchat_send tool results", result_bytes(&text, &images))
                                 {
                                     Ok(charge) => Ok(((text, images), charge)),
                                     Err(_) => Err(budget_exhausted("the tool's result")),
@@ -829,7 +858,7 @@ async fn run_tool_calls<G: GuestTools>(
                 entry["ok"] = json!(result.is_ok());
                 match result {
                     Ok((text, found)) => {
-                        let held = heap::string(text.len() as u64);
+                        let held = result_bytes(&text, &found);
                         images = found;
                         (text, held)
                     }
@@ -845,11 +874,21 @@ async fn run_tool_calls<G: GuestTools>(
         summary.push(entry);
         // The full result goes once cut; its message is charged on its own.
         let content = truncate_output(content, max);
-        outputs.shrink(held);
+        // Images share the result's bytes with its text, in their order, while they fit.
+        let mut room = max.saturating_sub(content.len());
+        images.retain(|image| {
+            let fits = image.data.len() <= room;
+            if fits {
+                room -= image.data.len();
+            }
+            fits
+        });
         let mut message = json!({"role": "tool", "tool_call_id": p.id, "content": content});
         if !images.is_empty() {
-            message[RICH_CONTENT_FIELD] = Value::Array(images);
+            let blocks = images.into_iter().map(Image::into_block).collect();
+            message[RICH_CONTENT_FIELD] = Value::Array(blocks);
         }
+        outputs.shrink(held);
         added.push(message)?;
     }
     Ok(())

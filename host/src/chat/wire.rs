@@ -184,6 +184,14 @@ impl ChatCompletion {
         self.choices.first().map(|c| &c.message)
     }
 
+    /// The first choice's `finish_reason`, if it is a string.
+    pub fn finish_reason(&self) -> Option<&str> {
+        self.choices
+            .first()
+            .and_then(|c| c.finish_reason.as_ref())
+            .and_then(Option::as_deref)
+    }
+
     /// The usage counts, if upstream reported them.
     pub fn usage(&self) -> Option<&Usage> {
         self.usage.as_ref().and_then(Option::as_ref)

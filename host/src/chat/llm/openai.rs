@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use serde_json::Value;
 
 use super::anthropic;
@@ -150,6 +150,18 @@ impl OpenAiBackend {
         matches!(self.wire, Wire::Anthropic { .. })
     }
 
+    /// The header carrying API key `key`, marked sensitive so no debug output shows it;
+    /// `None` for a key that cannot be a header value.
+    fn auth_header(&self, key: &str) -> Option<(HeaderName, HeaderValue)> {
+        let (name, value) = match self.wire {
+            Wire::OpenAi => (AUTHORIZATION, format!("Bearer {key}")),
+            Wire::Anthropic { .. } => (HeaderName::from_static("x-api-key"), key.to_owned()),
+        };
+        let mut value = HeaderValue::try_from(value).ok()?;
+        value.set_sensitive(true);
+        Some((name, value))
+    }
+
     /// `body` as this backend's wire format sends it.
     fn request_body<'a>(&self, body: &'a Value) -> Cow<'a, Value> {
         match self.wire {
@@ -159,23 +171,28 @@ impl OpenAiBackend {
     }
 
     async fn attempt(&self, body: &Value, timeout: Duration) -> Result<ChatCompletion, Attempt> {
-        let mut request = self
-            .client
-            .post(&self.url)
-            .headers(self.headers.clone())
-            .timeout(timeout)
-            .json(&*self.request_body(body));
+        let mut headers = self.headers.clone();
         if let Some(key) = self
             .api_key_env
             .as_deref()
             .and_then(|var| std::env::var(var).ok())
         {
-            request = match self.wire {
-                Wire::OpenAi => request.bearer_auth(key),
-                Wire::Anthropic { .. } => request.header("x-api-key", key),
-            };
+            match self.auth_header(&key) {
+                // Replaces a configured header of that name rather than sending both.
+                Some((name, value)) => {
+                    headers.insert(name, value);
+                }
+                None => {
+                    tracing::warn!(backend = %self.name, "the API key is not a valid header value; sent without it")
+                }
+            }
         }
-        let response = request
+        let response = self
+            .client
+            .post(&self.url)
+            .headers(headers)
+            .timeout(timeout)
+            .json(&*self.request_body(body))
             .send()
             .await
             .map_err(|e| self.transport_error(e, timeout))?;
@@ -232,12 +249,7 @@ impl OpenAiBackend {
         };
         match self.wire {
             Wire::OpenAi => ChatCompletion::from_slice(&bytes).map_err(|e| invalid(e.to_string())),
-            Wire::Anthropic { .. } => {
-                let response: Value =
-                    serde_json::from_slice(&bytes).map_err(|e| invalid(e.to_string()))?;
-                let completion = anthropic::from_messages(&response).map_err(invalid)?;
-                serde_json::from_value(completion).map_err(|e| invalid(e.to_string()))
-            }
+            Wire::Anthropic { .. } => anthropic::from_messages(&bytes).map_err(invalid),
         }
     }
 
@@ -337,4 +349,28 @@ fn snippet(bytes: &[u8]) -> String {
     let text = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]);
     let more = if bytes.len() > 300 { "…" } else { "" };
     format!("{}{more}", text.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_keys_go_in_sensitive_headers() {
+        for (kind, header) in [
+            (BackendKind::Openai, "authorization"),
+            (BackendKind::Anthropic, "x-api-key"),
+        ] {
+            let config = BackendConfig {
+                kind,
+                ..Default::default()
+            };
+            let backend = OpenAiBackend::new("b", &config, std::path::Path::new("q.toml")).unwrap();
+            let (name, value) = backend.auth_header("sk-secret").unwrap();
+            assert_eq!(name, header);
+            assert!(value.is_sensitive(), "{header}");
+            assert!(!format!("{value:?}").contains("sk-secret"));
+            assert!(backend.auth_header("sk\nsecret").is_none());
+        }
+    }
 }
