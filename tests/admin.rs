@@ -705,7 +705,7 @@ async fn an_import_previews_then_applies_and_one_bad_entry_writes_nothing() {
     );
     let huge = Node::send(import("", "#".repeat(2 * 1024 * 1024))).await;
     assert_eq!(huge.status, 413, "{huge:?}");
-    let many: String = (0..=quiver::defaults::ADMIN_IMPORT_MAX_DOCS)
+    let many: String = (0..=quiver_node::defaults::ADMIN_IMPORT_MAX_DOCS)
         .map(|i| format!("[[profiles]]\nname = \"p{i}\"\nserver_ids = []\n"))
         .collect();
     let too_many = Node::send(import("", many)).await;

@@ -6,11 +6,12 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use quiver::defaults::{ETCD_KEEPALIVE_INTERVAL, ETCD_KEEPALIVE_TIMEOUT};
 use quiver::registry::{
-    DocFormat, DocKind, EtcdStore, Registry, RegistryStore, Severity, StoreError, StoreEvent,
-    StoredDoc, Write, check_changes,
+    DocFormat, DocKind, Registry, RegistryStore, Severity, StoreError, StoreEvent, StoredDoc,
+    Write, check_changes,
 };
+use quiver_node::EtcdStore;
+use quiver_node::defaults::{ETCD_KEEPALIVE_INTERVAL, ETCD_KEEPALIVE_TIMEOUT};
 use quiver_tests::etcd::Etcd;
 
 /// Generous: several engineers build on two cores.
@@ -534,7 +535,7 @@ async fn a_checked_write_is_one_transaction_within_etcds_op_limit() {
     let etcd = Etcd::start();
     let store = store(&etcd).await;
     let listed = store.list().await.unwrap();
-    let max = quiver::defaults::ETCD_MAX_TXN_WRITES;
+    let max = quiver_node::defaults::ETCD_MAX_TXN_WRITES;
     let writes = |n: usize| -> Vec<Write> {
         (0..n)
             .map(|i| {

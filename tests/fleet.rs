@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use quiver::registry::{DocFormat, DocKind, EtcdStore, RegistryStore};
+use quiver::registry::{DocFormat, DocKind, RegistryStore};
+use quiver_node::EtcdStore;
 use quiver_tests::etcd::Etcd;
 use quiver_tests::node::{Answer, Node};
 use quiver_tests::{errno, fixture_pids, fixture_toml, openmetrics, unique_id, wait_gone, wat};

@@ -537,7 +537,7 @@ fn remote(registry: &RegistryDir, transport: &str, url: &str, budgets: &str) -> 
 
 fn remote_host(registry: &RegistryDir) -> Host {
     quiver_tests::init_logging();
-    let config = quiver::llm::HostConfig {
+    let config = quiver::HostConfig {
         egress: quiver::mcp::EgressConfig {
             allow_private: vec!["127.0.0.0/8".into()],
             ..Default::default()

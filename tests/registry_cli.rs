@@ -691,7 +691,7 @@ fn a_node_that_answers_without_end_is_cut_at_the_cap() {
     assert!(
         out.stderr.contains(&format!(
             "over {} bytes",
-            quiver::defaults::CLI_REGISTRY_MAX_BYTES
+            quiver::defaults::REGISTRY_STORE_MAX_LIST_BYTES
         )),
         "{out:?}"
     );

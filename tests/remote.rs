@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 
 use quiver::Host;
-use quiver::llm::HostConfig;
+use quiver::HostConfig;
 use quiver::mcp::{AuthConfig, EgressConfig, McpErrorCode};
 use quiver_tests::oauth::{AsOptions, TokenServer};
 use quiver_tests::{

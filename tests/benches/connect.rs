@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use quiver::llm::HostConfig;
+use quiver::HostConfig;
 use quiver::mcp::EgressConfig;
 use quiver_tests::{FixtureHttp, RegistryDir, host_builder};
 

@@ -20,7 +20,7 @@
 
 use std::time::{Duration, Instant};
 
-use quiver::llm::HostConfig;
+use quiver::HostConfig;
 use quiver::mcp::EgressConfig;
 use quiver::{GuestModule, Host, TaskSpec};
 use quiver_tests::{FixtureHttp, RegistryDir, wat, workspace};

@@ -167,7 +167,7 @@ pub fn scripted_host_builder(
         default_model: Some("scripted-default".into()),
         ..Default::default()
     };
-    let config = quiver::llm::HostConfig {
+    let config = quiver::HostConfig {
         default_backend: Some("scripted".into()),
         backends: std::collections::BTreeMap::from([("scripted".into(), backend)]),
         ..Default::default()

@@ -68,11 +68,11 @@ pub fn hostile_server() -> PathBuf {
 /// no test runs a stale CLI.
 pub fn quiver_cli() -> PathBuf {
     let bin = bin_dir().join("quiver");
-    let fix = "run the tests with `cargo test` at the workspace root, or `cargo build -p quiver --bin quiver` first";
+    let fix = "run the tests with `cargo test` at the workspace root, or `cargo build -p quiver-cli` first";
     let built = std::fs::metadata(&bin)
         .and_then(|m| m.modified())
         .unwrap_or_else(|_| panic!("{} is missing: {fix}", bin.display()));
-    let sources = workspace().join("host").join("src");
+    let sources = workspace().join("host");
     if let Some(newer) = newest_file(&sources).filter(|(time, _)| *time > built) {
         panic!(
             "{} is older than {}: {fix}",

@@ -1,0 +1,677 @@
+//! The `quiver` commands, each a thin call into the library.
+//!
+//! Exit statuses: `serve` returns 0 after a drain; `run` returns the guest's own status (124 after a deadline, 134 after a
+//! trap, 130 on Ctrl-C, 143 on SIGTERM); 2 means the command itself could not start (bad flags, an
+//! unreadable task or module); other commands return 1 when they find a problem.
+
+mod defaults;
+mod registry;
+mod status;
+mod table;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use std::sync::Arc;
+
+use quiver::approval::{AllowAll, ApprovalQueue, Approver, TerminalApprover};
+use quiver::config::{ConfigError, ConfigOrigin};
+use quiver::policy::{TaskMcpPolicy, ToolFilter};
+use quiver::registry::{Registry, ServerEntry};
+use quiver::telemetry::{self, LogFormat};
+use quiver::{Host, HostBuilder, StoreFollower, TaskSpec};
+use quiver_node::{Node, NodeConfig, NodeFileConfig, RegistrySource};
+
+#[derive(Parser)]
+#[command(
+    name = "quiver",
+    version,
+    about = "Run sandboxed WebAssembly workloads with MCP tools"
+)]
+struct Cli {
+    /// Host log filter: a level (error, warn, info, debug, trace) or a tracing filter.
+    /// Default: `info` for `serve`, `warn` otherwise. A guest's `log` lines are its own
+    /// output, shown on stderr whatever this says.
+    #[arg(long, global = true, env = "QUIVER_LOG")]
+    log_level: Option<String>,
+    /// Log line format on stderr.
+    #[arg(long, global = true, default_value = "text", value_parser = log_format())]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a wasm32-wasip1 module as one task.
+    Run(RunArgs),
+    /// Work with MCP servers of a registry.
+    #[command(subcommand)]
+    Mcp(McpCommand),
+    /// Check a registry directory; list, read, write, delete and diff the records of a
+    /// node (its admin API) or a store.
+    #[command(subcommand)]
+    Registry(registry::RegistryCommand),
+    /// Run a node that takes modules and tasks over HTTP until SIGTERM or Ctrl-C.
+    Serve(ServeArgs),
+}
+
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Address to listen on, e.g. 127.0.0.1:8080 (port 0 picks a free one). Anything but
+    /// loopback needs `[serve] token_env` in the host config.
+    #[arg(long)]
+    listen: std::net::SocketAddr,
+    /// MCP registry: a directory (one file per server), or a store shared by a fleet,
+    /// `etcd://HOST:PORT/PREFIX`.
+    #[arg(long, env = "QUIVER_REGISTRY", value_parser = RegistrySource::parse)]
+    registry: RegistrySource,
+    /// Host config (quiver.toml): backends, credentials, limits and `[serve]`.
+    #[arg(long, env = "QUIVER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Directory for precompiled modules (default ~/.cache/quiver/modules).
+    #[arg(long, env = "QUIVER_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Append one JSON line per tool call and policy denial to this file (created 0600).
+    #[arg(long, value_name = "FILE")]
+    audit_log: Option<PathBuf>,
+    /// Do not reload a registry directory when its files change; SIGHUP still reloads it.
+    /// (A store is always followed.)
+    #[arg(long)]
+    no_watch: bool,
+}
+
+#[derive(clap::Args)]
+struct RunArgs {
+    /// The guest module (.wasm, or .wat text).
+    module: PathBuf,
+    /// The task file (task.json). Without it the guest gets nothing but its args.
+    #[arg(long)]
+    task: Option<PathBuf>,
+    /// MCP registry directory (one file per server).
+    #[arg(long, env = "QUIVER_REGISTRY")]
+    registry: Option<PathBuf>,
+    /// Directory for precompiled modules (default ~/.cache/quiver/modules).
+    #[arg(long, env = "QUIVER_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Compile in memory only; write nothing to the module cache.
+    #[arg(long)]
+    no_cache: bool,
+    /// Host config (quiver.toml) naming the LLM backends. Without it the backend `openai`
+    /// comes from OPENAI_BASE_URL / OPENAI_API_KEY / OPENAI_MODEL.
+    #[arg(long, env = "QUIVER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Write every LLM exchange of the run to this replay transcript.
+    #[arg(long)]
+    record: Option<PathBuf>,
+    /// Append one JSON line per tool call and policy denial to this file (created 0600).
+    #[arg(long, value_name = "FILE")]
+    audit_log: Option<PathBuf>,
+    /// Print the task's MCP policy decision log (to stderr) before running it.
+    #[arg(long)]
+    explain_policy: bool,
+    /// Tool calls needing approval (registry `approval_policy`): ask on the terminal
+    /// (/dev/tty), deny them (and offer no such tool to a model), or allow them.
+    #[arg(long, value_enum, default_value = "deny")]
+    approve: ApproveMode,
+    /// Guest arguments, replacing the task's `args`.
+    #[arg(last = true)]
+    args: Vec<String>,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ApproveMode {
+    Prompt,
+    Deny,
+    Allow,
+}
+
+impl ApproveMode {
+    /// `deny` is no approver at all, not `DenyAll`: a host without one offers models no
+    /// tool needing approval (an approver that refuses everything would have them offered
+    /// and every call refused), and refuses calls as `approval_required`.
+    fn approver(self) -> Option<Arc<dyn Approver>> {
+        match self {
+            ApproveMode::Prompt => Some(Arc::new(TerminalApprover::new())),
+            ApproveMode::Deny => None,
+            ApproveMode::Allow => Some(Arc::new(AllowAll)),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+enum McpCommand {
+    /// Connect to a server and list its tools after the registry's allowed_tools filter.
+    Tools {
+        server_id: String,
+        #[command(flatten)]
+        source: ServerSource,
+    },
+    /// Call one tool of a server (within the registry's allowed_tools) and print the result.
+    Call {
+        server_id: String,
+        tool: String,
+        /// The arguments, a JSON object.
+        #[arg(long, default_value = "{}")]
+        args: String,
+        #[command(flatten)]
+        source: ServerSource,
+    },
+    /// Connect to every server of a registry (listing its tools) and print each one's
+    /// health; with --node, print a running node's instead. Exits 1 if a server is down.
+    Status {
+        /// MCP registry directory.
+        #[arg(long, env = "QUIVER_REGISTRY", required_unless_present = "node")]
+        registry: Option<PathBuf>,
+        /// Host config (quiver.toml): credentials (`[auth.*]`) and the egress policy.
+        #[arg(long, env = "QUIVER_CONFIG")]
+        config: Option<PathBuf>,
+        /// Base URL of a running `quiver serve` node to ask (GET /v1/mcp/servers) instead.
+        #[arg(long)]
+        node: Option<String>,
+        /// Environment variable holding the node's API token (sent as a bearer token).
+        #[arg(long, requires = "node")]
+        token_env: Option<String>,
+        /// Print the JSON array of server statuses instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct ServerSource {
+    /// MCP registry directory.
+    #[arg(long, env = "QUIVER_REGISTRY")]
+    registry: PathBuf,
+    /// Host config (quiver.toml): credentials (`[auth.*]`) and the egress policy.
+    #[arg(long, env = "QUIVER_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+/// Reads `quiver.toml` as a node does, so one file serves every command: the host's
+/// sections go to `builder`, the node's (`[serve]`, `[admin]`) come back.
+pub(crate) fn with_config_file(
+    builder: HostBuilder,
+    path: &std::path::Path,
+) -> Result<(HostBuilder, NodeFileConfig), ConfigError> {
+    let mut config = NodeFileConfig::load(path)?;
+    let host = std::mem::take(&mut config.host);
+    Ok((
+        builder.with_config_from(host, ConfigOrigin::file(path)),
+        config,
+    ))
+}
+
+/// `--log-format`: one of [`LogFormat::NAMES`], listed in `--help`.
+fn log_format() -> impl clap::builder::TypedValueParser<Value = LogFormat> {
+    use clap::builder::TypedValueParser as _;
+    clap::builder::PossibleValuesParser::new(LogFormat::NAMES)
+        .try_map(|name| name.parse::<LogFormat>())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let default_level = match cli.command {
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
+    telemetry::init(
+        cli.log_level.as_deref().unwrap_or(default_level),
+        cli.log_format,
+    );
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("quiver: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let status = runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => run(args).await,
+            Command::Mcp(McpCommand::Tools { server_id, source }) => {
+                mcp_tools(&server_id, source).await
+            }
+            Command::Mcp(McpCommand::Call {
+                server_id,
+                tool,
+                args,
+                source,
+            }) => mcp_call(&server_id, &tool, &args, source).await,
+            Command::Mcp(McpCommand::Status {
+                registry,
+                config,
+                node,
+                token_env,
+                json,
+            }) => {
+                let source = match (node, registry) {
+                    (Some(url), _) => status::Source::Node { url, token_env },
+                    (None, Some(registry)) => status::Source::Local { registry, config },
+                    (None, None) => return fail("--registry or --node is required"),
+                };
+                status::status(source, json).await
+            }
+            Command::Registry(command) => registry::run(command).await,
+            Command::Serve(args) => serve(args).await,
+        }
+    });
+    ExitCode::from(status.clamp(0, 255) as u8)
+}
+
+async fn run(args: RunArgs) -> i32 {
+    let mut signals = Signals::listen();
+    let task = match &args.task {
+        Some(path) => match TaskSpec::from_file(path) {
+            Ok(task) => task,
+            Err(e) => return fail(e),
+        },
+        None => TaskSpec::new(
+            args.module
+                .file_stem()
+                .map_or("task".into(), |s| s.to_string_lossy().into_owned()),
+        ),
+    };
+    let task = if args.args.is_empty() {
+        task
+    } else {
+        task.with_args(args.args)
+    };
+    let mut builder = HostBuilder::default();
+    if let Some(approver) = args.approve.approver() {
+        builder = builder.with_approver(approver);
+    }
+    if let Some(dir) = args.registry {
+        builder = builder.with_registry_dir(dir);
+    }
+    if let Some(dir) = args.cache_dir {
+        builder = builder.with_cache_dir(dir);
+    }
+    if args.no_cache {
+        builder = builder.without_disk_cache();
+    }
+    if let Some(path) = &args.config {
+        builder = match with_config_file(builder, path) {
+            Ok((builder, _)) => builder,
+            Err(e) => return fail(e),
+        };
+    }
+    if let Some(path) = args.record {
+        builder = builder.with_recording(path);
+    }
+    if let Some(path) = args.audit_log {
+        builder = builder.with_audit_log(path);
+    }
+    // One-shot: the registry is read once and not watched.
+    let host = match builder.build() {
+        Ok(host) => host,
+        Err(e) => return fail(e),
+    };
+    if args.explain_policy {
+        match host.explain_policy(&task).await {
+            Ok(report) => eprint!("{report}"),
+            Err(e) => {
+                host.shutdown().await;
+                return fail(e);
+            }
+        }
+    }
+    let module = match host.load_module_file(&args.module) {
+        Ok(module) => module,
+        Err(e) => return fail(e),
+    };
+    let outcome = tokio::select! {
+        outcome = host.run_task(&module, &task) => outcome,
+        signal = signals.next() => {
+            eprintln!("quiver: {}; stopping the task and its MCP servers", signal.name);
+            stop(&host, &mut signals).await;
+            flush_guest_logs().await;
+            return signal.status;
+        }
+    };
+    stop(&host, &mut signals).await;
+    flush_guest_logs().await;
+    match outcome {
+        Ok(outcome) => {
+            if let Some(failure) = &outcome.failure {
+                eprintln!("quiver: task `{}` failed: {failure}", task.task_id);
+            }
+            outcome.exit_code
+        }
+        Err(e) => fail(e),
+    }
+}
+
+/// Lets the guest's last `log` lines and stderr writes reach stderr before the host says
+/// more and exits; a stderr stuck longer loses them (saying so would block on the same stderr).
+async fn flush_guest_logs() {
+    let timeout = quiver::defaults::GUEST_STDERR_FLUSH_TIMEOUT;
+    let _ = tokio::task::spawn_blocking(move || quiver::sandbox::flush_guest_stderr(timeout)).await;
+}
+
+/// `quiver serve`: the first Ctrl-C or SIGTERM drains the node, a second cancels what
+/// still runs; either way the exit status is 0 once the node has stopped. SIGHUP, and
+/// unless `--no-watch` any change in the registry directory, reloads the registry; a
+/// refused reload keeps the old snapshot serving. A registry store is followed instead
+/// (see `host::sync`); SIGHUP then lists it again.
+async fn serve(args: ServeArgs) -> i32 {
+    let mut signals = Signals::listen();
+    // Listened for before anything else: SIGHUP's default action would end the node.
+    let hangups = Hangups::listen();
+    let approvals = Arc::new(ApprovalQueue::default());
+    let mut builder = HostBuilder::default().with_approver(approvals.clone());
+    builder = match &args.registry {
+        RegistrySource::Dir(dir) => builder.with_registry_dir(dir),
+        store => match store.open().await {
+            Ok(store) => builder.with_registry_store(store),
+            Err(e) => return fail(e),
+        },
+    };
+    if let Some(dir) = args.cache_dir {
+        builder = builder.with_cache_dir(dir);
+    }
+    if let Some(path) = args.audit_log {
+        builder = builder.with_audit_log(path);
+    }
+    let mut node_config = NodeConfig::new(args.listen);
+    if let Some(path) = &args.config {
+        let config;
+        (builder, config) = match with_config_file(builder, path) {
+            Ok(read) => read,
+            Err(e) => return fail(e),
+        };
+        node_config = match NodeConfig::from_serve_config(args.listen, &config.serve, path)
+            .and_then(|node| node.with_admin_config(&config.admin, path))
+        {
+            Ok(config) => config,
+            Err(e) => return fail(e),
+        };
+    }
+    let host = match builder.build() {
+        Ok(host) => host,
+        Err(e) => return fail(e),
+    };
+    let follower = match host.registry_store() {
+        Some(store) => match host.follow_store(store) {
+            Ok(follower) => Some(Arc::new(follower)),
+            Err(e) => {
+                host.shutdown().await;
+                return fail(e);
+            }
+        },
+        None => None,
+    };
+    if let Some(follower) = &follower
+        && !follower
+            .first_sync(quiver::defaults::REGISTRY_STORE_TIMEOUT)
+            .await
+    {
+        tracing::warn!("the registry store has not answered yet; serving degraded until it does");
+    }
+    let watcher = if args.no_watch || follower.is_some() {
+        None
+    } else {
+        match host.watch_registry() {
+            Ok(watcher) => Some(watcher),
+            Err(e) => {
+                host.shutdown().await;
+                return fail(format!(
+                    "{e}; pass --no-watch to serve without watching (SIGHUP still reloads)"
+                ));
+            }
+        }
+    };
+    let node = match Node::bind(host.clone(), node_config.with_approval_queue(approvals)).await {
+        Ok(node) => node,
+        Err(e) => {
+            host.shutdown().await;
+            return fail(e);
+        }
+    };
+    // Scripts and tests read the address (the real port after `:0`) from this line.
+    println!("listening on http://{}", node.local_addr());
+    let control = node.control();
+    tokio::spawn(async move {
+        let signal = signals.next().await;
+        eprintln!("quiver: {}; draining the node", signal.name);
+        control.drain();
+        let signal = signals.next().await;
+        eprintln!(
+            "quiver: {} again; cancelling the running tasks",
+            signal.name
+        );
+        control.stop_now();
+    });
+    let reloader = tokio::spawn(hangups.reload_on_each(host.clone(), follower.clone()));
+    node.run().await;
+    reloader.abort();
+    drop(watcher);
+    drop(follower);
+    0
+}
+
+/// SIGHUP, listened for from the start of `serve`.
+struct Hangups {
+    #[cfg(unix)]
+    signal: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangups {
+    fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let signal = signal(SignalKind::hangup())
+                .inspect_err(|e| eprintln!("quiver: cannot listen for SIGHUP: {e}"))
+                .ok();
+            Self { signal }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// Reloads `host`'s registry on every SIGHUP (lists the store again when following
+    /// one), logging the outcome.
+    async fn reload_on_each(self, host: Host, follower: Option<Arc<StoreFollower>>) {
+        #[cfg(unix)]
+        {
+            let Some(mut signal) = self.signal else {
+                return;
+            };
+            while signal.recv().await.is_some() {
+                tracing::info!("SIGHUP: reloading the registry");
+                if let Some(follower) = &follower {
+                    follower.resync();
+                    continue;
+                }
+                let host = host.clone();
+                // Reading the directory is blocking file I/O.
+                match tokio::task::spawn_blocking(move || host.reload_registry()).await {
+                    Ok(Ok(registry)) => {
+                        tracing::info!(revision = registry.revision(), "registry reload done");
+                    }
+                    // reload_registry logged why; the old snapshot serves on.
+                    Ok(Err(_)) => {}
+                    Err(e) => tracing::error!(error = %e, "the registry reload failed"),
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = (host, follower);
+    }
+}
+
+/// Stops every MCP server of `host` gracefully. A second Ctrl-C or SIGTERM cuts that
+/// short: the servers' process groups are then killed when the host is dropped, or by
+/// their watchdogs when this process exits.
+async fn stop(host: &Host, signals: &mut Signals) {
+    tokio::select! {
+        () = host.shutdown() => {}
+        signal = signals.next() => {
+            eprintln!("quiver: {} again; killing the MCP servers", signal.name);
+        }
+    }
+}
+
+/// A signal that ends `quiver run`, and the exit status it gives (128 + its number).
+struct Interrupted {
+    name: &'static str,
+    status: i32,
+}
+
+/// Ctrl-C and SIGTERM, listened for from the start of `run` so that neither can kill the
+/// process before it has stopped its servers.
+struct Signals {
+    #[cfg(unix)]
+    listening: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Signals {
+    fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let listening = match (
+                signal(SignalKind::interrupt()),
+                signal(SignalKind::terminate()),
+            ) {
+                (Ok(int), Ok(term)) => Some((int, term)),
+                (Err(e), _) | (_, Err(e)) => {
+                    eprintln!("quiver: cannot listen for Ctrl-C and SIGTERM: {e}");
+                    None
+                }
+            };
+            Self { listening }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// The next Ctrl-C or SIGTERM.
+    async fn next(&mut self) -> Interrupted {
+        const INT: Interrupted = Interrupted {
+            name: "interrupted",
+            status: 130,
+        };
+        #[cfg(unix)]
+        {
+            let Some((int, term)) = &mut self.listening else {
+                return std::future::pending().await;
+            };
+            tokio::select! {
+                _ = int.recv() => INT,
+                _ = term.recv() => Interrupted { name: "terminated", status: 143 },
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+            INT
+        }
+    }
+}
+
+fn fail(error: impl std::fmt::Display) -> i32 {
+    eprintln!("quiver: {error}");
+    2
+}
+
+/// A host on `source` for one server, or the exit status to give up with.
+fn server_host(server_id: &str, source: &ServerSource) -> Result<(Host, Arc<ServerEntry>), i32> {
+    let registry = Registry::load_dir(&source.registry).map_err(fail)?;
+    let Some(entry) = registry.get(server_id).cloned() else {
+        let known: Vec<_> = registry
+            .servers()
+            .map(|s| s.server_id().to_owned())
+            .collect();
+        eprintln!(
+            "quiver: no server `{server_id}` in {} (known: {})",
+            source.registry.display(),
+            if known.is_empty() {
+                "none".into()
+            } else {
+                known.join(", ")
+            }
+        );
+        return Err(1);
+    };
+    let mut builder = Host::builder().with_registry(registry).without_disk_cache();
+    if let Some(config) = &source.config {
+        builder = with_config_file(builder, config).map_err(fail)?.0;
+    }
+    Ok((builder.build().map_err(fail)?, entry))
+}
+
+async fn mcp_tools(server_id: &str, source: ServerSource) -> i32 {
+    let (host, entry) = match server_host(server_id, &source) {
+        Ok(found) => found,
+        Err(status) => return status,
+    };
+    let listed = host.pool().list_tools(&entry).await;
+    host.shutdown().await;
+    let tools = match listed {
+        Ok(tools) => tools,
+        Err(e) => {
+            eprintln!("quiver: {e}");
+            return 1;
+        }
+    };
+    let filter = ToolFilter::new(&entry.record.allowed_tools, &TaskMcpPolicy::default());
+    let (visible, hidden): (Vec<_>, Vec<_>) = tools.iter().partition(|t| filter.permits(&t.name));
+    println!(
+        "{} ({}): {} tools",
+        entry.server_id(),
+        entry.record.display_name,
+        visible.len()
+    );
+    for tool in visible {
+        let description = tool
+            .description
+            .as_deref()
+            .unwrap_or("")
+            .lines()
+            .next()
+            .unwrap_or("");
+        println!("  {} — {}", tool.name, description);
+    }
+    if !hidden.is_empty() {
+        let names: Vec<_> = hidden.iter().map(|t| t.name.as_ref()).collect();
+        println!("hidden by allowed_tools: {}", names.join(", "));
+    }
+    0
+}
+
+async fn mcp_call(server_id: &str, tool: &str, args: &str, source: ServerSource) -> i32 {
+    let arguments = match serde_json::from_str::<serde_json::Value>(args) {
+        Ok(serde_json::Value::Object(map)) => map,
+        _ => {
+            eprintln!("quiver: --args must be a JSON object, got {args:?}");
+            return 2;
+        }
+    };
+    let (host, entry) = match server_host(server_id, &source) {
+        Ok(found) => found,
+        Err(status) => return status,
+    };
+    let filter = ToolFilter::new(&entry.record.allowed_tools, &TaskMcpPolicy::default());
+    if let Err(denial) = filter.check(tool) {
+        eprintln!("quiver: tool `{tool}` of server `{server_id}`: {denial}");
+        return 1;
+    }
+    let called = host.pool().call_tool(&entry, tool, arguments).await;
+    host.shutdown().await;
+    match called {
+        Ok(output) => {
+            println!("{}", String::from_utf8_lossy(&output.json));
+            i32::from(output.result.is_error == Some(true))
+        }
+        Err(e) => {
+            eprintln!("quiver: {e}");
+            1
+        }
+    }
+}

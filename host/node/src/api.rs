@@ -1,0 +1,739 @@
+//! The HTTP API: routes, the bearer-token guard, and thin handlers that parse a request
+//! (bounded in size and time, every field checked), call the node's state and the library,
+//! and answer JSON. Every failure is an [`ApiError`], so it has a status and names the
+//! field at fault.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use super::error::ApiError;
+use super::modules::TooLarge;
+use super::tasks::Refused;
+use super::{NodeState, admin, web};
+use crate::defaults;
+use quiver::TaskSpec;
+use quiver::approval::{ApprovalDecision, ApprovalQueue};
+use quiver::observe::Metrics;
+use quiver::task::TaskError;
+
+pub(crate) fn router(state: Arc<NodeState>) -> Router {
+    let guarded = Router::new()
+        .route("/v1/modules/{sha256}", put(put_module))
+        .route("/v1/tasks", axum::routing::post(submit_task))
+        .route("/v1/tasks/{id}", get(get_task).delete(cancel_task))
+        .route("/v1/approvals", get(list_approvals))
+        .route("/v1/approvals/{id}", axum::routing::post(decide_approval))
+        .route("/v1/mcp/servers", get(mcp_servers))
+        .route("/v1/registry", get(registry_health))
+        .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+    let admin = Router::new()
+        .route(
+            "/admin/api/mcp/servers",
+            get(admin::list_servers).post(admin::create_server),
+        )
+        .route(
+            "/admin/api/mcp/servers/import",
+            axum::routing::post(admin::import),
+        )
+        .route(
+            "/admin/api/mcp/servers/{id}",
+            get(admin::get_server)
+                .put(admin::replace_server)
+                .delete(admin::delete_server),
+        )
+        .route(
+            "/admin/api/mcp/servers/{id}/test",
+            axum::routing::post(admin::test),
+        )
+        .route("/admin/api/mcp/servers/{id}/tools", get(admin::tools))
+        .route(
+            "/admin/api/mcp/profiles",
+            get(admin::list_profiles).post(admin::create_profile),
+        )
+        .route(
+            "/admin/api/mcp/profiles/{id}",
+            get(admin::get_profile)
+                .put(admin::replace_profile)
+                .delete(admin::delete_profile),
+        )
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            require_admin_token,
+        ));
+    // The page holds no data, so it is outside the token layers; it calls the admin API.
+    let page = Router::new()
+        .route("/admin", get(web::redirect))
+        .route("/admin/", get(web::index))
+        .route("/admin/assets/{file}", get(web::asset));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .merge(page)
+        .merge(admin)
+        .route("/readyz", get(readyz))
+        .merge(guarded)
+        .fallback(|| async {
+            ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint").with_field("path")
+        })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not take that method",
+            )
+            .with_field("method")
+        })
+        .with_state(state)
+}
+
+/// `Authorization: Bearer <token>`, compared in constant time, when the node has a token.
+async fn require_token(
+    State(state): State<Arc<NodeState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(token) = &state.config.token else {
+        return next.run(request).await;
+    };
+    match check_bearer(&request, token) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The admin token guards `/admin/api/...`; the task token does not open it, and without
+/// an admin token those routes do not exist (`404 admin_disabled`).
+async fn require_admin_token(
+    State(state): State<Arc<NodeState>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(token) = &state.config.admin_token else {
+        return ApiError::new(
+            StatusCode::NOT_FOUND,
+            "admin_disabled",
+            "the admin API is off; set `[admin] token_env` in quiver.toml to turn it on",
+        )
+        .with_field("path")
+        .into_response();
+    };
+    match check_bearer(&request, token) {
+        Ok(()) => next.run(request).await,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `Authorization: Bearer <token>` matches `token`.
+fn check_bearer(request: &Request, token: &super::config::Token) -> Result<(), ApiError> {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        // RFC 7235: the scheme is case-insensitive.
+        .and_then(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer").then_some(token));
+    match given {
+        None => Err(ApiError::unauthorized(
+            "send `Authorization: Bearer <token>`",
+        )),
+        Some(given) if !same_secret(given.trim().as_bytes(), token.0.as_bytes()) => {
+            Err(ApiError::unauthorized("the token is wrong"))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Compares the SHA-256 digests of both, so neither the time taken nor an early exit
+/// tells how much of a guess was right, or how long the token is.
+fn same_secret(given: &[u8], token: &[u8]) -> bool {
+    let (a, b) = (Sha256::digest(given), Sha256::digest(token));
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+async fn healthz() -> impl IntoResponse {
+    axum::Json(json!({"status": "ok"}))
+}
+
+#[derive(Serialize)]
+struct Readiness {
+    ready: bool,
+    /// Why not, when not ready.
+    reasons: Vec<&'static str>,
+    registry_revision: String,
+    /// A degraded registry keeps the node ready: the last good snapshot still serves.
+    registry: quiver::RegistryHealth,
+    tasks_active: usize,
+    host: quiver::TaskStatus,
+    modules: super::ModulesStatus,
+}
+
+async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
+    let host = state.host.status().tasks;
+    let mut reasons = Vec::new();
+    if state.is_draining() {
+        reasons.push("draining");
+    }
+    if !state.tasks.has_room() {
+        reasons.push("task table full");
+    }
+    if host_full(&host) {
+        reasons.push("every running slot and queue place is taken");
+    }
+    let body = Readiness {
+        ready: reasons.is_empty(),
+        reasons,
+        registry_revision: state.host.registry().revision().to_owned(),
+        registry: state.host.registry_health(),
+        tasks_active: state.tasks.active(),
+        host,
+        modules: state.modules_status(),
+    };
+    let status = if body.ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, axum::Json(body)).into_response()
+}
+
+fn host_full(status: &quiver::TaskStatus) -> bool {
+    status.running.saturating_add(status.queued)
+        >= status.capacity.saturating_add(status.queue_capacity)
+}
+
+fn refuse_if_draining(state: &NodeState) -> Result<(), ApiError> {
+    if state.is_draining() {
+        return Err(draining());
+    }
+    Ok(())
+}
+
+fn draining() -> ApiError {
+    ApiError::busy(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "draining",
+        "the node is shutting down and takes no new work; send it to another node",
+    )
+}
+
+/// `PUT /v1/modules/{sha256}`: stores a module (wasm or WAT bytes) under the SHA-256 of
+/// its bytes, compiled.
+async fn put_module(
+    State(state): State<Arc<NodeState>>,
+    sha256: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    refuse_if_draining(&state)?;
+    let sha256 = hex_param(sha256, "sha256", 64)?;
+    if state.modules.contains(&sha256) {
+        return Ok((StatusCode::OK, axum::Json(json!({"module": sha256}))).into_response());
+    }
+    let Ok(_upload) = state.uploads.try_acquire() else {
+        return Err(ApiError::busy(
+            StatusCode::TOO_MANY_REQUESTS,
+            "too_many_uploads",
+            "other module uploads are being compiled; retry shortly",
+        ));
+    };
+    let bytes = read_body(
+        &headers,
+        body,
+        state.config.max_module_bytes,
+        state.config.body_timeout,
+    )
+    .await?;
+    let actual: String = Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if actual != sha256 {
+        return Err(ApiError::bad(
+            "sha256",
+            format!("the body's SHA-256 is {actual}, not the {sha256} in the path"),
+        )
+        .with_code("hash_mismatch"));
+    }
+    let host = state.host.clone();
+    let name = format!("{sha256}.wasm");
+    let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
+    let compiled = tokio::task::spawn_blocking(move || host.load_module_uncached(&name, &bytes))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "compiling the module failed unexpectedly",
+            )
+        })?
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_module",
+                e.to_string(),
+            )
+            .with_field("body")
+        })?;
+    let status = match state.modules.insert(&sha256, compiled, size) {
+        Ok(true) => {
+            tracing::info!(module = %sha256, bytes = size, "module stored");
+            StatusCode::CREATED
+        }
+        Ok(false) => StatusCode::OK,
+        Err(TooLarge(counted)) => {
+            return Err(ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "module_too_large",
+                format!("compiled, this module takes {counted} bytes, more than the node's module store holds ([serve] max_module_store_bytes)"),
+            )
+            .with_field("body"));
+        }
+    };
+    Ok((status, axum::Json(json!({"module": sha256}))).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SubmitRequest {
+    module: String,
+    task: Value,
+}
+
+/// `POST /v1/tasks`: `{"module": "<sha256>", "task": {…task.json…}}`, queued at once.
+async fn submit_task(
+    State(state): State<Arc<NodeState>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    refuse_if_draining(&state)?;
+    let bytes = read_body(
+        &headers,
+        body,
+        state.config.max_request_bytes,
+        state.config.body_timeout,
+    )
+    .await?;
+    let request: SubmitRequest = parse_json(&bytes, "")?;
+    let sha256 = normalise_hex(&request.module, 64)
+        .ok_or_else(|| ApiError::bad("module", "expected the module's SHA-256, 64 hex digits"))?;
+    let task = parse_task(request.task)?;
+    let module = state.modules.get(&sha256).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_module",
+            "no module with this SHA-256 is stored; upload it with PUT /v1/modules/{sha256} first",
+        )
+        .with_field("module")
+    })?;
+    if host_full(&state.host.status().tasks) {
+        return Err(ApiError::busy(
+            StatusCode::TOO_MANY_REQUESTS,
+            "host_busy",
+            "every running slot and queue place of the host is taken; retry later",
+        ));
+    }
+    let task_id = task.task_id.clone();
+    let id = state
+        .tasks
+        .submit(&state.host, &sha256, module, task)
+        .map_err(|refused| match refused {
+            Refused::Full { max } => ApiError::busy(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_tasks",
+                format!(
+                    "the node holds {max} tasks still queued or running ([serve] max_tasks); retry later"
+                ),
+            ),
+            // The drain began while the body was read.
+            Refused::Closed => draining(),
+        })?;
+    tracing::info!(id, task_id, module = %sha256, "task accepted");
+    let mut response = (
+        StatusCode::ACCEPTED,
+        axum::Json(json!({"id": id, "status": "queued"})),
+    )
+        .into_response();
+    if let Ok(location) = HeaderValue::from_str(&format!("/v1/tasks/{id}")) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    Ok(response)
+}
+
+/// The task of a submission: task.json's fields, checked as `TaskSpec::from_json` does,
+/// minus what a remote client must not have (host directories, the node's stdin).
+fn parse_task(value: Value) -> Result<TaskSpec, ApiError> {
+    let task: TaskSpec = serde_path_to_error::deserialize(value).map_err(|e| {
+        let field = field_path("task", &e.path().to_string(), &e.inner().to_string());
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_task",
+            e.inner().to_string(),
+        )
+        .with_field(field)
+    })?;
+    if !task.preopens.is_empty() {
+        return Err(invalid_task(
+            "task.preopens",
+            "a node does not grant host directories to remote tasks",
+        ));
+    }
+    if task.inherit_stdin {
+        return Err(invalid_task(
+            "task.inherit_stdin",
+            "a node's tasks have no stdin",
+        ));
+    }
+    task.validate().map_err(|e| match e {
+        TaskError::Field { field, message } => invalid_task(&format!("task.{field}"), &message),
+        TaskError::Config { key, message } => invalid_task(&format!("task.config.{key}"), &message),
+        other => invalid_task("task", &other.to_string()),
+    })?;
+    Ok(task.with_captured_output())
+}
+
+fn invalid_task(field: &str, message: &str) -> ApiError {
+    ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", message).with_field(field)
+}
+
+/// `GET /v1/tasks/{id}[?wait=SECONDS]`: the task, after waiting up to `wait` (at most
+/// `[serve] max_wait_ms`) for it to end.
+async fn get_task(
+    State(state): State<Arc<NodeState>>,
+    id: Result<Path<String>, PathRejection>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ApiError> {
+    let id = hex_param(id, "id", 24)?;
+    let wait = parse_wait(query.as_deref())?.min(state.config.max_wait);
+    let (mut view, mut phase) = state
+        .tasks
+        .watch(&id)
+        .ok_or_else(|| ApiError::not_found("task", "id"))?;
+    if !wait.is_zero() && !view.status.is_done() {
+        let _ = tokio::time::timeout(wait, phase.wait_for(|p| p.is_done())).await;
+        if let Some(latest) = state.tasks.view(&id) {
+            view = latest;
+        }
+    }
+    Ok(axum::Json(view).into_response())
+}
+
+/// `DELETE /v1/tasks/{id}`: cancels a queued or running task; one already done stays as
+/// it ended.
+async fn cancel_task(
+    State(state): State<Arc<NodeState>>,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let id = hex_param(id, "id", 24)?;
+    let view = state
+        .tasks
+        .cancel(&id, "cancelled by DELETE /v1/tasks/{id}")
+        .ok_or_else(|| ApiError::not_found("task", "id"))?;
+    Ok(axum::Json(view).into_response())
+}
+
+/// `GET /metrics`: the host's metrics as OpenMetrics text.
+async fn metrics(State(state): State<Arc<NodeState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)],
+        state.host.metrics().encode(),
+    )
+        .into_response()
+}
+
+/// `GET /v1/mcp/servers`: every registry server's health, without process ids (a remote
+/// client has no use for the node's pids).
+async fn mcp_servers(State(state): State<Arc<NodeState>>) -> Response {
+    let servers: Vec<Value> = state
+        .host
+        .mcp_servers()
+        .iter()
+        .filter_map(|status| {
+            let mut value = serde_json::to_value(status).ok()?;
+            if let Some(fields) = value.as_object_mut() {
+                fields.remove("pid");
+            }
+            Some(value)
+        })
+        .collect();
+    axum::Json(json!({"servers": servers})).into_response()
+}
+
+/// `GET /v1/registry`: the registry's revision, reload counts and whether the last
+/// reload was refused.
+async fn registry_health(State(state): State<Arc<NodeState>>) -> Response {
+    axum::Json(state.host.registry_health()).into_response()
+}
+
+fn approval_queue(state: &NodeState) -> Result<&ApprovalQueue, ApiError> {
+    state.config.approvals.as_deref().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "approvals_disabled",
+            "this node has no approval queue (NodeConfig::with_approval_queue)",
+        )
+        .with_field("path")
+    })
+}
+
+/// `GET /v1/approvals`: the tool calls waiting for a decision, oldest first.
+async fn list_approvals(State(state): State<Arc<NodeState>>) -> Result<Response, ApiError> {
+    let pending = approval_queue(&state)?.pending();
+    Ok(axum::Json(json!({"approvals": pending})).into_response())
+}
+
+/// `POST /v1/approvals/{id}` with `{"approve": bool, "reason": "..."}`: decides a waiting
+/// call. Taken while draining too: running tasks may wait on it.
+async fn decide_approval(
+    State(state): State<Arc<NodeState>>,
+    id: Result<Path<String>, PathRejection>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let queue = approval_queue(&state)?;
+    let id = match id {
+        Ok(Path(id)) if is_approval_id(&id) => id,
+        _ => {
+            return Err(ApiError::bad(
+                "id",
+                "expected an approval id as GET /v1/approvals lists it",
+            ));
+        }
+    };
+    let bytes = read_body(
+        &headers,
+        body,
+        defaults::SERVE_MAX_DECISION_BYTES,
+        state.config.body_timeout,
+    )
+    .await?;
+    // serde would take `[true]` for the struct too.
+    if bytes.trim_ascii_start().first() != Some(&b'{') {
+        return Err(ApiError::bad(
+            "body",
+            "expected a JSON object: {\"approve\": true|false, \"reason\": \"...\"}",
+        ));
+    }
+    let decision: ApprovalDecision = parse_json(&bytes, "")?;
+    let approved = decision.approve;
+    queue.decide(&id, decision)?;
+    tracing::info!(approval = %id, approved, "approval decided");
+    Ok(axum::Json(json!({"id": id, "approved": approved})).into_response())
+}
+
+/// Approval ids are short and made of letters, digits and `-` ([`ApprovalQueue`] makes
+/// them); anything else is a malformed request, not an unknown id.
+fn is_approval_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= 64 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+}
+
+/// `wait=SECONDS` (a non-negative number) and nothing else.
+fn parse_wait(query: Option<&str>) -> Result<Duration, ApiError> {
+    let mut wait = Duration::ZERO;
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key != "wait" {
+            return Err(ApiError::bad(
+                key.chars().take(64).collect::<String>(),
+                "unknown query parameter; the only one is `wait`",
+            ));
+        }
+        wait = value
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .ok_or_else(|| ApiError::bad("wait", "expected a number of seconds, e.g. wait=30"))?;
+    }
+    Ok(wait)
+}
+
+/// A path parameter of exactly `len` hex digits, lowercased.
+fn hex_param(
+    param: Result<Path<String>, PathRejection>,
+    field: &str,
+    len: usize,
+) -> Result<String, ApiError> {
+    let expected = || {
+        ApiError::bad(
+            field,
+            match field {
+                "sha256" => "expected the SHA-256 of the body, 64 hex digits".to_owned(),
+                _ => format!("expected {len} hex digits"),
+            },
+        )
+    };
+    let Ok(Path(value)) = param else {
+        return Err(expected());
+    };
+    normalise_hex(&value, len).ok_or_else(expected)
+}
+
+fn normalise_hex(value: &str, len: usize) -> Option<String> {
+    (value.len() == len && value.bytes().all(|b| b.is_ascii_hexdigit()))
+        .then(|| value.to_ascii_lowercase())
+}
+
+/// JSON of type `T`; an error names the field at fault, below `prefix`.
+pub(super) fn parse_json<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    prefix: &str,
+) -> Result<T, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let message = e.inner().to_string();
+        let field = field_path(prefix, &e.path().to_string(), &message);
+        let field = if field.is_empty() {
+            "body".to_owned()
+        } else {
+            field
+        };
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", message).with_field(field)
+    })
+}
+
+/// `prefix.path`, plus the name a "missing field" or "unknown field" message gives (serde
+/// reports those at the enclosing object).
+fn field_path(prefix: &str, path: &str, message: &str) -> String {
+    let mut parts: Vec<&str> = Vec::new();
+    if !prefix.is_empty() {
+        parts.push(prefix);
+    }
+    if !matches!(path, "" | "." | "?") {
+        parts.push(path);
+    }
+    let named = ["unknown field `", "missing field `"]
+        .iter()
+        .find_map(|lead| message.strip_prefix(lead)?.split('`').next());
+    if let Some(name) = named.filter(|name| path.rsplit('.').next() != Some(*name)) {
+        parts.push(name);
+    }
+    parts.join(".")
+}
+
+/// The request body, at most `limit` bytes and within `timeout`.
+pub(super) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    limit: u64,
+    timeout: Duration,
+) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "body_too_large",
+            format!("the body is larger than this endpoint's limit of {limit} bytes"),
+        )
+        .with_field("body")
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(too_large());
+    }
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    let read = async {
+        let mut stream = body.into_data_stream();
+        let mut buf = Vec::new();
+        while let Some(chunk) = stream.next().await {
+            let chunk =
+                chunk.map_err(|e| ApiError::bad("body", format!("cannot read the body: {e}")))?;
+            if buf.len().saturating_add(chunk.len()) > limit {
+                return Err(too_large());
+            }
+            buf.extend_from_slice(&chunk);
+        }
+        Ok(Bytes::from(buf))
+    };
+    tokio::time::timeout(timeout, read).await.map_err(|_| {
+        ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "body_timeout",
+            format!("the body did not arrive within {} ms", timeout.as_millis()),
+        )
+        .with_field("body")
+    })?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn field_paths_name_the_field_serde_reports_at_the_parent() {
+        assert_eq!(field_path("", ".", "missing field `task`"), "task");
+        assert_eq!(
+            field_path(
+                "task",
+                "limits.deadline",
+                "unknown field `deadline`, expected …"
+            ),
+            "task.limits.deadline"
+        );
+        assert_eq!(
+            field_path("task", "task_id", "invalid type"),
+            "task.task_id"
+        );
+        assert_eq!(field_path("", "?", "key must be a string"), "");
+    }
+
+    #[test]
+    fn wait_takes_seconds_and_nothing_else() {
+        assert_eq!(parse_wait(None).ok(), Some(Duration::ZERO));
+        assert_eq!(
+            parse_wait(Some("wait=1.5")).ok(),
+            Some(Duration::from_millis(1500))
+        );
+        for bad in [
+            "wait=-1",
+            "wait=NaN",
+            "wait=inf",
+            "wait=",
+            "wait=1e400",
+            "other=1",
+        ] {
+            assert!(parse_wait(Some(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn tokens_compare_by_content_not_prefix() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"ab", b"abc"));
+        assert!(!same_secret(b"abd", b"abc"));
+        assert!(!same_secret(b"", b"abc"));
+    }
+
+    #[test]
+    fn approval_ids_are_short_and_plain() {
+        assert!(is_approval_id("1a2b3c4d-00000007"));
+        for bad in ["", "a b", "../x", "ü", &"a".repeat(65)] {
+            assert!(!is_approval_id(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ids_and_hashes_are_exact_hex() {
+        assert_eq!(normalise_hex("ABcd", 4).as_deref(), Some("abcd"));
+        assert_eq!(normalise_hex("abc", 4), None);
+        assert_eq!(normalise_hex("abcg", 4), None);
+        assert_eq!(normalise_hex("ab\u{e9}", 4), None);
+    }
+}

@@ -1,0 +1,374 @@
+//! The node's settings: the `[serve]` table of `quiver.toml` as written ([`ServeConfig`]),
+//! and the resolved [`NodeConfig`] a [`Node`](super::Node) starts with, which holds the
+//! API token itself (read from the variable `token_env` names) and never prints it.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use quiver::HostConfig;
+use quiver::approval::ApprovalQueue;
+use quiver::config::{ConfigError, read_section};
+
+use super::ServeError;
+use crate::defaults;
+
+/// `[serve]` in `quiver.toml`: the node's API token and limits. Unset fields take their
+/// `defaults::SERVE_*`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfig {
+    /// Name of the environment variable holding the API token (never the token itself).
+    pub token_env: Option<String>,
+    /// [`defaults::SERVE_DRAIN_GRACE`].
+    pub drain_grace_ms: Option<u64>,
+    /// [`defaults::SERVE_MAX_MODULE_BYTES`].
+    pub max_module_bytes: Option<u64>,
+    /// [`defaults::SERVE_MAX_MODULES`].
+    pub max_modules: Option<u32>,
+    /// [`defaults::SERVE_MAX_MODULE_STORE_BYTES`].
+    pub max_module_store_bytes: Option<u64>,
+    /// [`defaults::SERVE_MAX_REQUEST_BYTES`].
+    pub max_request_bytes: Option<u64>,
+    /// [`defaults::SERVE_MAX_TASKS`].
+    pub max_tasks: Option<u32>,
+    /// [`defaults::SERVE_MAX_OUTPUT_BYTES`].
+    pub max_output_bytes: Option<u64>,
+    /// [`defaults::SERVE_FINISHED_TTL`].
+    pub finished_ttl_ms: Option<u64>,
+    /// [`defaults::SERVE_MAX_WAIT`].
+    pub max_wait_ms: Option<u64>,
+    /// [`defaults::SERVE_BODY_TIMEOUT`].
+    pub body_timeout_ms: Option<u64>,
+    /// [`defaults::SERVE_HEADER_TIMEOUT`].
+    pub header_timeout_ms: Option<u64>,
+    /// [`defaults::SERVE_MAX_CONNECTIONS`].
+    pub max_connections: Option<u32>,
+    /// [`defaults::SERVE_MAX_CONNECTIONS_PER_IP`].
+    pub max_connections_per_ip: Option<u32>,
+}
+
+impl ServeConfig {
+    /// The field at fault and the fix, for a value no node can use.
+    pub(crate) fn check(&self) -> Result<(), (&'static str, &'static str)> {
+        let positive: [(&'static str, Option<u64>); 12] = [
+            ("serve.header_timeout_ms", self.header_timeout_ms),
+            ("serve.max_connections", self.max_connections.map(u64::from)),
+            (
+                "serve.max_connections_per_ip",
+                self.max_connections_per_ip.map(u64::from),
+            ),
+            ("serve.max_module_bytes", self.max_module_bytes),
+            ("serve.max_modules", self.max_modules.map(u64::from)),
+            ("serve.max_module_store_bytes", self.max_module_store_bytes),
+            ("serve.max_request_bytes", self.max_request_bytes),
+            ("serve.max_tasks", self.max_tasks.map(u64::from)),
+            ("serve.finished_ttl_ms", self.finished_ttl_ms),
+            ("serve.max_wait_ms", self.max_wait_ms),
+            ("serve.body_timeout_ms", self.body_timeout_ms),
+            ("serve.max_output_bytes", self.max_output_bytes),
+        ];
+        if let Some((field, _)) = positive.iter().find(|(_, v)| *v == Some(0)) {
+            return Err((field, "must be greater than 0; omit it for the default"));
+        }
+        if self
+            .token_env
+            .as_deref()
+            .is_some_and(|name| name.trim().is_empty())
+        {
+            return Err((
+                "serve.token_env",
+                "must name an environment variable, e.g. \"QUIVER_TOKEN\"; omit it for no token (loopback only)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `[admin]` in `quiver.toml`: the token of the admin API (`/admin/api/...`), separate
+/// from the task API token so a client that may run tasks cannot change the registry.
+/// Without it the admin routes answer `404 admin_disabled`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Name of the environment variable holding the admin token (never the token itself).
+    pub token_env: Option<String>,
+}
+
+impl AdminConfig {
+    /// The field at fault and the fix, for a value no node can use.
+    pub(crate) fn check(&self) -> Result<(), (&'static str, &'static str)> {
+        if self
+            .token_env
+            .as_deref()
+            .is_some_and(|name| name.trim().is_empty())
+        {
+            return Err((
+                "admin.token_env",
+                "must name an environment variable, e.g. \"QUIVER_ADMIN_TOKEN\"; omit it to turn the admin API off",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `quiver.toml` as a node reads it: the host's sections ([`HostConfig`]) and the node's
+/// own `[serve]` and `[admin]`, each checked, every error naming the file and the field.
+#[derive(Clone, Debug, Default)]
+pub struct NodeFileConfig {
+    pub host: HostConfig,
+    pub serve: ServeConfig,
+    pub admin: AdminConfig,
+}
+
+impl NodeFileConfig {
+    /// The top-level tables of `quiver.toml` that belong to the node, not the host.
+    pub const SECTIONS: [&'static str; 2] = ["serve", "admin"];
+
+    /// Reads `quiver.toml`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let (host, mut sections) = HostConfig::load_with_sections(path, &Self::SECTIONS)?;
+        let mut section = |name: &str| {
+            sections
+                .remove(name)
+                .unwrap_or_else(|| toml::Value::Table(toml::Table::new()))
+        };
+        let serve: ServeConfig = read_section(path, "serve", section("serve"))?;
+        let admin: AdminConfig = read_section(path, "admin", section("admin"))?;
+        let checked = serve.check().and_then(|()| admin.check());
+        checked.map_err(|(field, message)| ConfigError::new(path, field, message))?;
+        Ok(Self { host, serve, admin })
+    }
+}
+
+/// The API token, kept out of `Debug` output and logs.
+#[derive(Clone)]
+pub(crate) struct Token(pub(crate) String);
+
+impl Token {
+    /// `token` without surrounding whitespace, which no client can send (a header value
+    /// is trimmed), so a token read from a file keeps working with its newline; `None`
+    /// when nothing is left.
+    fn trimmed(token: &str) -> Option<Self> {
+        let token = token.trim();
+        (!token.is_empty()).then(|| Self(token.to_owned()))
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Token(<redacted>)")
+    }
+}
+
+/// Everything a [`Node`](super::Node) starts with.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct NodeConfig {
+    pub(crate) listen: SocketAddr,
+    pub(crate) token: Option<Token>,
+    /// Guards `/admin/api/...`; `None` turns those routes off.
+    pub(crate) admin_token: Option<Token>,
+    pub(crate) drain_grace: Duration,
+    pub(crate) max_module_bytes: u64,
+    pub(crate) max_modules: u32,
+    pub(crate) max_module_store_bytes: u64,
+    pub(crate) max_request_bytes: u64,
+    pub(crate) max_tasks: u32,
+    pub(crate) max_output_bytes: u64,
+    pub(crate) finished_ttl: Duration,
+    pub(crate) max_wait: Duration,
+    pub(crate) body_timeout: Duration,
+    pub(crate) header_timeout: Duration,
+    pub(crate) max_connections: usize,
+    /// Listed at `GET /v1/approvals` and decided by `POST /v1/approvals/{id}`.
+    pub(crate) approvals: Option<Arc<ApprovalQueue>>,
+    pub(crate) max_connections_per_ip: usize,
+}
+
+impl NodeConfig {
+    /// A node on `listen` with no token and every default limit. Use port 0 for an
+    /// ephemeral port ([`Node::local_addr`](super::Node::local_addr) tells which).
+    pub fn new(listen: SocketAddr) -> Self {
+        Self {
+            listen,
+            token: None,
+            admin_token: None,
+            drain_grace: defaults::SERVE_DRAIN_GRACE,
+            max_module_bytes: defaults::SERVE_MAX_MODULE_BYTES,
+            max_modules: defaults::SERVE_MAX_MODULES,
+            max_module_store_bytes: defaults::SERVE_MAX_MODULE_STORE_BYTES,
+            max_request_bytes: defaults::SERVE_MAX_REQUEST_BYTES,
+            max_tasks: defaults::SERVE_MAX_TASKS,
+            max_output_bytes: defaults::SERVE_MAX_OUTPUT_BYTES,
+            finished_ttl: defaults::SERVE_FINISHED_TTL,
+            max_wait: defaults::SERVE_MAX_WAIT,
+            body_timeout: defaults::SERVE_BODY_TIMEOUT,
+            header_timeout: defaults::SERVE_HEADER_TIMEOUT,
+            max_connections: defaults::SERVE_MAX_CONNECTIONS,
+            approvals: None,
+            max_connections_per_ip: defaults::SERVE_MAX_CONNECTIONS_PER_IP,
+        }
+    }
+
+    /// A node on `listen` configured by `[serve]` of the host config at `file`; the token
+    /// is read now from the variable `token_env` names.
+    pub fn from_serve_config(
+        listen: SocketAddr,
+        config: &ServeConfig,
+        file: &Path,
+    ) -> Result<Self, ServeError> {
+        let ms = Duration::from_millis;
+        let mut node = Self::new(listen);
+        if let Some(var) = &config.token_env {
+            let token = std::env::var(var).map_err(|_| ServeError::TokenEnv {
+                file: file.to_owned(),
+                var: var.clone(),
+            })?;
+            node.token = Some(Token::trimmed(&token).ok_or_else(|| ServeError::TokenEnv {
+                file: file.to_owned(),
+                var: var.clone(),
+            })?);
+        }
+        node.drain_grace = config.drain_grace_ms.map_or(node.drain_grace, ms);
+        node.max_module_bytes = config.max_module_bytes.unwrap_or(node.max_module_bytes);
+        node.max_modules = config.max_modules.unwrap_or(node.max_modules);
+        node.max_module_store_bytes = config
+            .max_module_store_bytes
+            .unwrap_or(node.max_module_store_bytes);
+        node.max_request_bytes = config.max_request_bytes.unwrap_or(node.max_request_bytes);
+        node.max_tasks = config.max_tasks.unwrap_or(node.max_tasks);
+        node.max_output_bytes = config.max_output_bytes.unwrap_or(node.max_output_bytes);
+        node.finished_ttl = config.finished_ttl_ms.map_or(node.finished_ttl, ms);
+        node.max_wait = config.max_wait_ms.map_or(node.max_wait, ms);
+        node.body_timeout = config.body_timeout_ms.map_or(node.body_timeout, ms);
+        node.header_timeout = config.header_timeout_ms.map_or(node.header_timeout, ms);
+        if let Some(max) = config.max_connections {
+            node.max_connections = usize::try_from(max).unwrap_or(usize::MAX);
+        }
+        if let Some(max) = config.max_connections_per_ip {
+            node.max_connections_per_ip = usize::try_from(max).unwrap_or(usize::MAX);
+        }
+        Ok(node)
+    }
+
+    /// Requires `Authorization: Bearer <token>` on every endpoint but the health checks.
+    /// Surrounding whitespace is dropped, as clients cannot send it; a blank token makes
+    /// [`Node::bind`](super::Node::bind) fail.
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(Token::trimmed(&token.into()).unwrap_or(Token(String::new())));
+        self
+    }
+
+    /// Turns the admin API on, guarded by the token read now from the variable
+    /// `[admin] token_env` of the host config at `file` names.
+    pub fn with_admin_config(
+        mut self,
+        config: &AdminConfig,
+        file: &Path,
+    ) -> Result<Self, ServeError> {
+        if let Some(var) = &config.token_env {
+            let token = std::env::var(var).ok();
+            self.admin_token =
+                Some(token.as_deref().and_then(Token::trimmed).ok_or_else(|| {
+                    ServeError::AdminTokenEnv {
+                        file: file.to_owned(),
+                        var: var.clone(),
+                    }
+                })?);
+        }
+        Ok(self)
+    }
+
+    /// Turns the admin API on, guarded by `token` (surrounding whitespace dropped); a
+    /// blank token makes [`Node::bind`](super::Node::bind) fail.
+    pub fn with_admin_token(mut self, token: impl Into<String>) -> Self {
+        self.admin_token = Some(Token::trimmed(&token.into()).unwrap_or(Token(String::new())));
+        self
+    }
+
+    /// Time running tasks get to finish once the node drains.
+    pub fn with_drain_grace(mut self, grace: Duration) -> Self {
+        self.drain_grace = grace;
+        self
+    }
+
+    /// Tasks held at once, queued, running and finished together (at least 1).
+    pub fn with_max_tasks(mut self, tasks: u32) -> Self {
+        self.max_tasks = tasks.max(1);
+        self
+    }
+
+    /// Serves `queue`'s pending approvals at `/v1/approvals`; give the same queue to
+    /// [`HostBuilder::with_approver`](quiver::HostBuilder::with_approver). Without one those
+    /// endpoints answer `404 approvals_disabled`.
+    pub fn with_approval_queue(mut self, queue: Arc<ApprovalQueue>) -> Self {
+        self.approvals = Some(queue);
+        self
+    }
+
+    /// Bytes of each of a task's stdout and stderr kept.
+    pub fn with_max_output_bytes(mut self, bytes: u64) -> Self {
+        self.max_output_bytes = bytes;
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_admin_table_names_its_field_and_refuses_unknown_ones() {
+        let blank = AdminConfig {
+            token_env: Some(" ".into()),
+        };
+        assert_eq!(blank.check().map_err(|e| e.0), Err("admin.token_env"));
+        let typo = toml::from_str::<AdminConfig>("token = \"X\"").unwrap_err();
+        assert!(typo.to_string().contains("unknown field `token`"), "{typo}");
+        let unset = NodeConfig::new("127.0.0.1:0".parse().expect("addr")).with_admin_config(
+            &AdminConfig {
+                token_env: Some("QUIVER_TEST_SURELY_UNSET_ADMIN".into()),
+            },
+            Path::new("quiver.toml"),
+        );
+        let err = unset.expect_err("an unset variable is refused").to_string();
+        assert!(
+            err.contains("admin.token_env") && err.contains("quiver.toml"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn zero_limits_and_a_blank_token_variable_are_refused_by_name() {
+        let zero = ServeConfig {
+            max_tasks: Some(0),
+            ..ServeConfig::default()
+        };
+        assert_eq!(zero.check().map_err(|e| e.0), Err("serve.max_tasks"));
+        let blank = ServeConfig {
+            token_env: Some(" ".into()),
+            ..ServeConfig::default()
+        };
+        assert_eq!(blank.check().map_err(|e| e.0), Err("serve.token_env"));
+        assert!(ServeConfig::default().check().is_ok());
+    }
+
+    #[test]
+    fn a_token_from_a_file_loses_its_newline_and_a_blank_one_is_none() {
+        assert_eq!(
+            Token::trimmed("s3cret\n").map(|t| t.0).as_deref(),
+            Some("s3cret")
+        );
+        assert!(Token::trimmed(" \r\n").is_none());
+    }
+
+    #[test]
+    fn the_token_never_prints() {
+        let config = NodeConfig::new("127.0.0.1:0".parse().expect("addr")).with_token("hunter2");
+        assert!(!format!("{config:?}").contains("hunter2"));
+    }
+}

@@ -1,0 +1,168 @@
+//! LLM backends: where a chat session's requests go.
+//!
+//! A backend takes a complete OpenAI chat-completions request body and returns the response
+//! body, read as a [`ChatCompletion`] (unknown fields kept), or a structured [`LlmError`]. It does not know where tools come from; the chat loop
+//! does. Three kinds exist: [`openai`] speaks the OpenAI wire format over HTTP (any compatible
+//! server), [`anthropic`] the Anthropic Messages API (translated, over the same client), and [`replay`] answers from a transcript file, for offline demos and tests. A
+//! [`Recorder`] can wrap either to write such a transcript from a real conversation.
+
+mod anthropic;
+mod config;
+mod error;
+mod openai;
+mod record;
+mod replay;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::wire::ChatCompletion;
+use crate::config::{ConfigError, ConfigOrigin};
+pub use config::{BackendConfig, BackendKind};
+pub use error::LlmError;
+pub use record::Recorder;
+
+pub(crate) use anthropic::RICH_CONTENT_FIELD;
+
+/// A successful exchange.
+#[derive(Clone, Debug)]
+pub struct LlmReply {
+    /// The response body, a `chat.completion` object (its unknown fields kept).
+    pub body: ChatCompletion,
+    /// Retries it took (429, 5xx, network errors).
+    pub retries: u32,
+}
+
+/// A failed exchange, with the retries spent on it.
+#[derive(Clone, Debug)]
+pub struct LlmFailure {
+    pub error: LlmError,
+    pub retries: u32,
+}
+
+/// One configured backend.
+pub struct Backend {
+    name: String,
+    default_model: String,
+    timeout: Duration,
+    kind: BackendImpl,
+    recorder: Option<Arc<Recorder>>,
+}
+
+enum BackendImpl {
+    OpenAi(openai::OpenAiBackend),
+    Replay(replay::ReplayBackend),
+}
+
+impl Backend {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn default_model(&self) -> &str {
+        &self.default_model
+    }
+
+    /// Whether tool messages should keep MCP image parts (`anthropic` sends them as images).
+    pub fn takes_rich_results(&self) -> bool {
+        matches!(&self.kind, BackendImpl::OpenAi(backend) if backend.takes_rich_results())
+    }
+
+    /// The backend's request timeout (a session's `timeout_ms` overrides it).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Sends one request body and returns the response body.
+    pub async fn complete(&self, body: &Value, timeout: Duration) -> Result<LlmReply, LlmFailure> {
+        let reply = match &self.kind {
+            BackendImpl::OpenAi(backend) => backend.complete(body, timeout).await,
+            BackendImpl::Replay(backend) => backend.complete(body),
+        };
+        if let (Ok(reply), Some(recorder)) = (&reply, &self.recorder) {
+            recorder.record(body, &reply.body);
+        }
+        reply
+    }
+}
+
+/// Every backend of a host, by name, and which one is the default.
+pub struct Backends {
+    default: String,
+    backends: BTreeMap<String, Arc<Backend>>,
+}
+
+impl Backends {
+    /// Builds `backends`, `default_backend` the default; errors name `origin.file`, and
+    /// relative paths in them are relative to `origin.dir`.
+    /// With no backends configured, one named `openai` is made from `OPENAI_BASE_URL`,
+    /// `OPENAI_API_KEY` and `OPENAI_MODEL`.
+    pub fn from_config(
+        default_backend: Option<&str>,
+        backends: &BTreeMap<String, BackendConfig>,
+        origin: &ConfigOrigin,
+        recorder: Option<Arc<Recorder>>,
+    ) -> Result<Self, ConfigError> {
+        let configs = config::backends_or_zero_config(backends);
+        let mut backends = BTreeMap::new();
+        for (name, backend) in &configs {
+            let kind = match backend.kind {
+                BackendKind::Openai | BackendKind::Anthropic => {
+                    BackendImpl::OpenAi(openai::OpenAiBackend::new(name, backend, &origin.file)?)
+                }
+                BackendKind::Replay => {
+                    BackendImpl::Replay(replay::ReplayBackend::load(name, backend, origin)?)
+                }
+            };
+            let built = Backend {
+                name: name.clone(),
+                default_model: backend
+                    .default_model
+                    .clone()
+                    .unwrap_or_else(|| default_model(backend.kind)),
+                timeout: backend
+                    .request_timeout_ms
+                    .map(Duration::from_millis)
+                    .unwrap_or(crate::defaults::LLM_REQUEST_TIMEOUT),
+                kind,
+                recorder: recorder.clone(),
+            };
+            backends.insert(name.clone(), Arc::new(built));
+        }
+        let default = config::default_backend_name(default_backend, &configs, origin)?;
+        Ok(Self { default, backends })
+    }
+
+    /// The backend named `name`, or the default one.
+    pub fn get(&self, name: Option<&str>) -> Result<Arc<Backend>, LlmError> {
+        let name = name.unwrap_or(&self.default);
+        self.backends
+            .get(name)
+            .cloned()
+            .ok_or_else(|| LlmError::BackendUnknown {
+                name: name.to_owned(),
+                known: self.backends.keys().cloned().collect(),
+            })
+    }
+
+    pub fn default_name(&self) -> &str {
+        &self.default
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.backends.keys().map(String::as_str)
+    }
+}
+
+fn default_model(kind: BackendKind) -> String {
+    match kind {
+        BackendKind::Openai => std::env::var("OPENAI_MODEL")
+            .unwrap_or_else(|_| crate::defaults::OPENAI_DEFAULT_MODEL.into()),
+        BackendKind::Anthropic => std::env::var("ANTHROPIC_MODEL")
+            .unwrap_or_else(|_| crate::defaults::ANTHROPIC_DEFAULT_MODEL.into()),
+        BackendKind::Replay => "replay".into(),
+    }
+}

@@ -1,0 +1,377 @@
+//! LLM backends over HTTP: OpenAI-compatible chat completions, and the Anthropic Messages
+//! API through [`super::anthropic`]'s translation (the same client, retries and caps).
+//!
+//! 429 and 5xx answers and network errors are retried with bounded exponential backoff,
+//! honouring `Retry-After`; everything else, including a body that is not a chat
+//! completion, is reported at once. The API key is read from the environment variable the
+//! config names, at request time, and never logged.
+//!
+//! A body is read only up to [`defaults::LLM_MAX_RESPONSE_BYTES`]: a larger one (by its
+//! `Content-Length` or as it streams in) is `llm_response_too_large`, not a cut-off JSON
+//! text reported as invalid. An error body is read only as far as its quoted start.
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use serde_json::Value;
+
+use super::anthropic;
+use super::config::{BackendConfig, BackendKind};
+use super::{LlmError, LlmFailure, LlmReply};
+use crate::chat::wire::ChatCompletion;
+use crate::config::ConfigError;
+use crate::defaults;
+
+pub(super) struct OpenAiBackend {
+    name: String,
+    url: String,
+    api_key_env: Option<String>,
+    headers: HeaderMap,
+    client: reqwest::Client,
+    wire: Wire,
+}
+
+/// The wire format a backend speaks.
+enum Wire {
+    OpenAi,
+    /// Anthropic Messages; `max_tokens` for requests that set none (the API requires it).
+    Anthropic {
+        max_tokens: u32,
+    },
+}
+
+impl OpenAiBackend {
+    pub(super) fn new(
+        name: &str,
+        config: &BackendConfig,
+        config_path: &std::path::Path,
+    ) -> Result<Self, ConfigError> {
+        crate::mcp::ensure_tls_provider();
+        let at = |field: &str| format!("backends.{name}.{field}");
+        let anthropic = config.kind == BackendKind::Anthropic;
+        let base = config.base_url.clone().unwrap_or_else(|| {
+            if anthropic {
+                defaults::ANTHROPIC_DEFAULT_BASE_URL.into()
+            } else {
+                defaults::OPENAI_DEFAULT_BASE_URL.into()
+            }
+        });
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(ConfigError::new(
+                config_path,
+                at("base_url"),
+                format!("{base:?} is not an http(s) URL"),
+            ));
+        }
+        let mut headers = HeaderMap::new();
+        if anthropic {
+            let version = config
+                .anthropic_version
+                .as_deref()
+                .unwrap_or(defaults::ANTHROPIC_VERSION);
+            let version = HeaderValue::try_from(version).map_err(|e| {
+                ConfigError::new(config_path, at("anthropic_version"), e.to_string())
+            })?;
+            headers.insert("anthropic-version", version);
+        }
+        for (key, value) in &config.headers {
+            let name = HeaderName::try_from(key.as_str()).map_err(|e| {
+                ConfigError::new(config_path, at(&format!("headers.{key}")), e.to_string())
+            })?;
+            let value = HeaderValue::try_from(value.as_str()).map_err(|e| {
+                ConfigError::new(config_path, at(&format!("headers.{key}")), e.to_string())
+            })?;
+            headers.insert(name, value);
+        }
+        let client = reqwest::Client::builder().build().map_err(|e| {
+            ConfigError::new(
+                config_path,
+                at("base_url"),
+                format!("cannot build an HTTP client: {e}"),
+            )
+        })?;
+        let (path, wire) = if anthropic {
+            let max_tokens = config.max_tokens.unwrap_or(defaults::ANTHROPIC_MAX_TOKENS);
+            ("messages", Wire::Anthropic { max_tokens })
+        } else {
+            ("chat/completions", Wire::OpenAi)
+        };
+        Ok(Self {
+            name: name.to_owned(),
+            url: format!("{}/{path}", base.trim_end_matches('/')),
+            api_key_env: config.api_key_env.clone(),
+            headers,
+            client,
+            wire,
+        })
+    }
+
+    pub(super) async fn complete(
+        &self,
+        body: &Value,
+        timeout: Duration,
+    ) -> Result<LlmReply, LlmFailure> {
+        let mut retries = 0;
+        loop {
+            let outcome = self.attempt(body, timeout).await;
+            let delay = match &outcome {
+                Ok(_) => None,
+                Err(Attempt::Retryable { retry_after, .. })
+                    if retries < defaults::LLM_MAX_RETRIES =>
+                {
+                    let backoff = defaults::LLM_BACKOFF_BASE * 2u32.pow(retries);
+                    match retry_after {
+                        Some(wait) if *wait <= defaults::LLM_RETRY_AFTER_MAX => Some(*wait),
+                        Some(_) => None,
+                        None => Some(backoff.min(defaults::LLM_BACKOFF_MAX)),
+                    }
+                }
+                Err(_) => None,
+            };
+            match (outcome, delay) {
+                (Ok(body), _) => return Ok(LlmReply { body, retries }),
+                (Err(failure), Some(delay)) => {
+                    tracing::info!(backend = %self.name, retry = retries + 1, delay_ms = delay.as_millis() as u64, error = %failure.error(), "retrying LLM request");
+                    tokio::time::sleep(delay).await;
+                    retries += 1;
+                }
+                (Err(failure), None) => {
+                    return Err(LlmFailure {
+                        error: failure.into_error(),
+                        retries,
+                    });
+                }
+            }
+        }
+    }
+
+    pub(super) fn takes_rich_results(&self) -> bool {
+        matches!(self.wire, Wire::Anthropic { .. })
+    }
+
+    /// The header carrying API key `key`, marked sensitive so no debug output shows it;
+    /// `None` for a key that cannot be a header value.
+    fn auth_header(&self, key: &str) -> Option<(HeaderName, HeaderValue)> {
+        let (name, value) = match self.wire {
+            Wire::OpenAi => (AUTHORIZATION, format!("Bearer {key}")),
+            Wire::Anthropic { .. } => (HeaderName::from_static("x-api-key"), key.to_owned()),
+        };
+        let mut value = HeaderValue::try_from(value).ok()?;
+        value.set_sensitive(true);
+        Some((name, value))
+    }
+
+    /// `body` as this backend's wire format sends it.
+    fn request_body<'a>(&self, body: &'a Value) -> Cow<'a, Value> {
+        match self.wire {
+            Wire::OpenAi => without_rich_content(body),
+            Wire::Anthropic { max_tokens } => Cow::Owned(anthropic::to_messages(body, max_tokens)),
+        }
+    }
+
+    async fn attempt(&self, body: &Value, timeout: Duration) -> Result<ChatCompletion, Attempt> {
+        let mut headers = self.headers.clone();
+        if let Some(key) = self
+            .api_key_env
+            .as_deref()
+            .and_then(|var| std::env::var(var).ok())
+        {
+            match self.auth_header(&key) {
+                // Replaces a configured header of that name rather than sending both.
+                Some((name, value)) => {
+                    headers.insert(name, value);
+                }
+                None => {
+                    tracing::warn!(backend = %self.name, "the API key is not a valid header value; sent without it")
+                }
+            }
+        }
+        let response = self
+            .client
+            .post(&self.url)
+            .headers(headers)
+            .timeout(timeout)
+            .json(&*self.request_body(body))
+            .send()
+            .await
+            .map_err(|e| self.transport_error(e, timeout))?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let cap = if status.is_success() {
+            defaults::LLM_MAX_RESPONSE_BYTES
+        } else {
+            ERROR_BODY_BYTES
+        };
+        let too_large = || {
+            Attempt::Final(LlmError::ResponseTooLarge {
+                backend: self.name.clone(),
+                limit: cap,
+            })
+        };
+        if status.is_success()
+            && response
+                .content_length()
+                .is_some_and(|len| len > cap as u64)
+        {
+            return Err(too_large());
+        }
+        let bytes = match read_capped(response, cap).await {
+            Ok(Body::Whole(bytes)) => bytes,
+            // The start of an error body is all its message quotes.
+            Ok(Body::Cut(bytes)) if !status.is_success() => bytes,
+            Ok(Body::Cut(_)) => return Err(too_large()),
+            Err(e) => return Err(self.transport_error(e, timeout)),
+        };
+        if !status.is_success() {
+            let error = LlmError::Http {
+                backend: self.name.clone(),
+                status: status.as_u16(),
+                body: snippet(&bytes),
+            };
+            let retryable = status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error();
+            return Err(if retryable {
+                Attempt::Retryable { error, retry_after }
+            } else {
+                Attempt::Final(error)
+            });
+        }
+        let invalid = |message: String| {
+            Attempt::Final(LlmError::InvalidResponse {
+                backend: self.name.clone(),
+                message: format!("{message}: {}", snippet(&bytes)),
+            })
+        };
+        match self.wire {
+            Wire::OpenAi => ChatCompletion::from_slice(&bytes).map_err(|e| invalid(e.to_string())),
+            Wire::Anthropic { .. } => anthropic::from_messages(&bytes).map_err(invalid),
+        }
+    }
+
+    fn transport_error(&self, error: reqwest::Error, timeout: Duration) -> Attempt {
+        if error.is_timeout() {
+            return Attempt::Final(LlmError::Timeout {
+                backend: self.name.clone(),
+                timeout,
+            });
+        }
+        let mut message = error.to_string();
+        let mut source = std::error::Error::source(&error);
+        while let Some(cause) = source {
+            message.push_str(": ");
+            message.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        Attempt::Retryable {
+            error: LlmError::Unavailable {
+                backend: self.name.clone(),
+                message,
+            },
+            retry_after: None,
+        }
+    }
+}
+
+enum Attempt {
+    Retryable {
+        error: LlmError,
+        retry_after: Option<Duration>,
+    },
+    Final(LlmError),
+}
+
+impl Attempt {
+    fn error(&self) -> &LlmError {
+        match self {
+            Attempt::Retryable { error, .. } | Attempt::Final(error) => error,
+        }
+    }
+
+    fn into_error(self) -> LlmError {
+        match self {
+            Attempt::Retryable { error, .. } | Attempt::Final(error) => error,
+        }
+    }
+}
+
+/// `body` without the rich tool-result parts OpenAI's tool messages cannot carry (and its
+/// API would refuse as unknown fields); copies only when there are some.
+fn without_rich_content(body: &Value) -> Cow<'_, Value> {
+    let field = anthropic::RICH_CONTENT_FIELD;
+    let has_rich = body["messages"]
+        .as_array()
+        .is_some_and(|m| m.iter().any(|m| m.get(field).is_some()));
+    if !has_rich {
+        return Cow::Borrowed(body);
+    }
+    let mut body = body.clone();
+    if let Some(messages) = body["messages"].as_array_mut() {
+        for message in messages {
+            if let Some(message) = message.as_object_mut() {
+                message.remove(field);
+            }
+        }
+    }
+    Cow::Owned(body)
+}
+
+/// Bytes of an error body read, for the start [`snippet`] quotes.
+const ERROR_BODY_BYTES: usize = 4 * 1024;
+
+/// A body read up to a cap.
+enum Body {
+    Whole(Vec<u8>),
+    /// The body was longer than the cap; these are its first `cap` bytes.
+    Cut(Vec<u8>),
+}
+
+/// Reads at most `cap` bytes of `response`, never buffering more.
+async fn read_capped(mut response: reqwest::Response, cap: usize) -> Result<Body, reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        let room = cap - body.len();
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok(Body::Cut(body));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(Body::Whole(body))
+}
+
+/// The start of a body, for error messages.
+fn snippet(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]);
+    let more = if bytes.len() > 300 { "…" } else { "" };
+    format!("{}{more}", text.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_keys_go_in_sensitive_headers() {
+        for (kind, header) in [
+            (BackendKind::Openai, "authorization"),
+            (BackendKind::Anthropic, "x-api-key"),
+        ] {
+            let config = BackendConfig {
+                kind,
+                ..Default::default()
+            };
+            let backend = OpenAiBackend::new("b", &config, std::path::Path::new("q.toml")).unwrap();
+            let (name, value) = backend.auth_header("sk-secret").unwrap();
+            assert_eq!(name, header);
+            assert!(value.is_sensitive(), "{header}");
+            assert!(!format!("{value:?}").contains("sk-secret"));
+            assert!(backend.auth_header("sk\nsecret").is_none());
+        }
+    }
+}

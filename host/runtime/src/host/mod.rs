@@ -1,0 +1,450 @@
+//! The [`Host`]: what an embedding scheduler (or the CLI) builds once and runs tasks on.
+//!
+//! A host only composes: the sandbox's runtime (engine, module cache), the registry
+//! snapshot, the MCP capability (its pool) and the chat capability (its backends). Tasks
+//! share those and nothing else: each gets a fresh store with its own sandbox (fd table,
+//! WASI context, memory limit, deadline) and its own capability state, so one task
+//! trapping, looping or timing out ends that task alone. Admission control
+//! ([`admission`]) caps how many run at once; the rest wait in a bounded queue.
+
+mod admission;
+mod builder;
+mod config;
+mod probe;
+mod reload;
+mod sync;
+mod task_state;
+mod watch;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use wasmtime::InstancePre;
+
+use crate::approval::Approvals;
+use crate::chat::llm::Backends;
+use crate::chat::tools::ToolSet;
+use crate::chat::{ChatSession, ChatTask};
+use crate::mcp::{McpPool, McpTask, ServerStatus};
+use crate::observe::{AuditLog, Metrics, Observers};
+use crate::policy::{self, PolicyReport, SessionRequest};
+use crate::registry::{Registry, RegistryStore};
+use crate::sandbox::{HostMemory, MemoryBudget, Runtime, Sandbox};
+pub use crate::sandbox::{HostMemoryStatus, HostMemoryUse, ModuleOrigin, TaskFailure};
+use crate::task::{TaskError, TaskSpec};
+use admission::Admission;
+pub use admission::{BusyReason, TaskStatus};
+pub use builder::{HostBuilder, HostError};
+pub use config::{HostConfig, TasksConfig};
+pub use probe::{PreviewError, ProbeReport, ToolPreview};
+pub use reload::RegistryHealth;
+use reload::ReloadState;
+pub use sync::StoreFollower;
+use task_state::TaskState;
+pub use watch::RegistryWatcher;
+
+struct HostInner {
+    runtime: Runtime<TaskState>,
+    admission: Admission,
+    registry: RwLock<Arc<Registry>>,
+    registry_dir: Option<PathBuf>,
+    registry_store: Option<Arc<dyn RegistryStore>>,
+    /// One store listing-and-install at a time: a slow listing must not be installed over
+    /// a newer one (a write's resync racing the follow loop).
+    store_sync: tokio::sync::Mutex<()>,
+    reload: ReloadState,
+    task_host_memory: u64,
+    host_memory: HostMemory,
+    guest_tool_stacks: Arc<tokio::sync::Semaphore>,
+    pool: Arc<McpPool>,
+    backends: Arc<Backends>,
+    observers: Observers,
+    approvals: Approvals,
+    metrics: Metrics,
+    audit: Option<Arc<AuditLog>>,
+}
+
+/// A runtime for many concurrent tasks. Clones share everything.
+#[derive(Clone)]
+pub struct Host {
+    inner: Arc<HostInner>,
+}
+
+/// A guest module compiled and linked for this host; cheap to clone and reuse.
+#[derive(Clone)]
+pub struct GuestModule {
+    pre: InstancePre<TaskState>,
+    origin: ModuleOrigin,
+    name: String,
+}
+
+impl GuestModule {
+    /// Where the compiled code came from (compiled now, disk cache, memory cache).
+    pub fn origin(&self) -> ModuleOrigin {
+        self.origin
+    }
+
+    /// The name guests see as argv[0].
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Bytes of compiled code and data this module keeps mapped (its wasmtime image).
+    pub fn compiled_bytes(&self) -> u64 {
+        let image = self.pre.module().image_range();
+        u64::try_from(image.end.addr().saturating_sub(image.start.addr())).unwrap_or(u64::MAX)
+    }
+}
+
+/// What a host is doing now; cheap to take (atomics and one lock over the MCP servers).
+#[derive(Clone, Debug, Serialize)]
+pub struct HostStatus {
+    pub tasks: TaskStatus,
+    /// Host memory the running tasks hold for their guests, against the host's total.
+    pub host_memory: HostMemoryStatus,
+    /// Every MCP server used so far, by id.
+    pub mcp_servers: Vec<ServerStatus>,
+}
+
+/// Counts a task in `quiver_tasks_total` once it ends: with its outcome, or `cancelled`
+/// when its future is dropped first.
+struct TaskCounted<'a> {
+    metrics: &'a Metrics,
+    outcome: &'static str,
+}
+
+impl Drop for TaskCounted<'_> {
+    fn drop(&mut self) {
+        self.metrics.task_finished(self.outcome);
+    }
+}
+
+/// How a task ended.
+#[derive(Clone, Debug)]
+pub struct TaskOutcome {
+    /// The guest's exit status; 124 after a deadline and 134 after a trap, as shells do.
+    pub exit_code: i32,
+    pub failure: Option<TaskFailure>,
+    /// Time waited in the queue for a running slot; not part of the task's deadline.
+    pub queued: Duration,
+    /// Time from getting a running slot to the end.
+    pub elapsed: Duration,
+    /// Guest stdout/stderr when the task asked for capture, else empty.
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// The task's host memory budget and the most of it the task used.
+    pub host_memory: HostMemoryUse,
+}
+
+impl TaskOutcome {
+    pub fn success(&self) -> bool {
+        self.exit_code == 0 && self.failure.is_none()
+    }
+
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+
+    pub fn stderr_text(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+}
+
+impl Host {
+    pub fn builder() -> HostBuilder {
+        HostBuilder::default()
+    }
+
+    /// The current registry snapshot.
+    pub fn registry(&self) -> Arc<Registry> {
+        self.inner
+            .registry
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The store the host was built to follow ([`HostBuilder::with_registry_store`]).
+    pub fn registry_store(&self) -> Option<Arc<dyn RegistryStore>> {
+        self.inner.registry_store.clone()
+    }
+
+    /// The MCP connection pool shared by all tasks.
+    pub fn pool(&self) -> &Arc<McpPool> {
+        &self.inner.pool
+    }
+
+    /// The host's Prometheus metrics (see [`crate::observe`]'s `Metrics`).
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The health of every server of the current registry, in id order; a server never
+    /// used is `idle` with nothing counted.
+    pub fn mcp_servers(&self) -> Vec<ServerStatus> {
+        self.registry()
+            .servers()
+            .map(|entry| self.inner.pool.server_status(entry.server_id()))
+            .collect()
+    }
+
+    /// Task capacity and use, and the state of every MCP server.
+    pub fn status(&self) -> HostStatus {
+        HostStatus {
+            tasks: self.inner.admission.status(),
+            host_memory: self.inner.host_memory.status(),
+            mcp_servers: self.inner.pool.status(),
+        }
+    }
+
+    /// Compiles (or loads from cache) a module file.
+    pub fn load_module_file(&self, path: impl AsRef<Path>) -> Result<GuestModule, HostError> {
+        let path = path.as_ref();
+        let module_error = |message: String| HostError::Module {
+            path: path.display().to_string(),
+            message,
+        };
+        let bytes = std::fs::read(path).map_err(|e| module_error(e.to_string()))?;
+        let name = path
+            .file_name()
+            .map_or_else(|| "guest.wasm".into(), |n| n.to_string_lossy().into_owned());
+        self.load_module(&name, &bytes).map_err(|e| match e {
+            HostError::Module { message, .. } => module_error(message),
+            other => other,
+        })
+    }
+
+    /// Compiles (or loads from cache) module bytes, wasm or WAT; `name` becomes argv[0].
+    /// The host keeps it for its life and writes it to the disk cache.
+    pub fn load_module(&self, name: &str, bytes: &[u8]) -> Result<GuestModule, HostError> {
+        self.load(name, bytes, true)
+    }
+
+    /// [`Host::load_module`] for a module from a client: the host neither keeps it nor
+    /// writes it to the disk cache, so it is gone once the caller (the node's bounded
+    /// module store) and its tasks drop it.
+    pub fn load_module_uncached(&self, name: &str, bytes: &[u8]) -> Result<GuestModule, HostError> {
+        self.load(name, bytes, false)
+    }
+
+    /// Modules the host keeps compiled in memory (what [`Host::load_module`] loaded).
+    pub fn cached_modules(&self) -> usize {
+        self.inner.runtime.cached_modules()
+    }
+
+    fn load(&self, name: &str, bytes: &[u8], cache: bool) -> Result<GuestModule, HostError> {
+        let runtime = &self.inner.runtime;
+        let prepared = if cache {
+            runtime.prepare(bytes)
+        } else {
+            runtime.prepare_uncached(bytes)
+        };
+        let (pre, origin) = prepared.map_err(|e| HostError::Module {
+            path: name.to_owned(),
+            message: format!("{e:#}"),
+        })?;
+        tracing::debug!(module = name, ?origin, "module ready");
+        Ok(GuestModule {
+            pre,
+            origin,
+            name: name.to_owned(),
+        })
+    }
+
+    /// Runs one task to completion. A guest failure is reported in the outcome; an error
+    /// here means the task could not start.
+    ///
+    /// When every running slot is taken the task waits in the queue, at most the queue
+    /// timeout and at most its own deadline, which starts only when it gets a slot; a full
+    /// queue or a wait that runs out is [`HostError::Busy`]. Dropping the future gives its
+    /// queue place or slot back.
+    pub async fn run_task(
+        &self,
+        module: &GuestModule,
+        task: &TaskSpec,
+    ) -> Result<TaskOutcome, HostError> {
+        self.run_task_reporting(module, task, || {}).await
+    }
+
+    /// [`Host::run_task`], calling `admitted` once the task leaves the queue for a running
+    /// slot (the node reports `queued` and `running` apart). Every task is counted in the
+    /// metrics here, by how it ended.
+    pub async fn run_task_reporting(
+        &self,
+        module: &GuestModule,
+        task: &TaskSpec,
+        admitted: impl FnOnce(),
+    ) -> Result<TaskOutcome, HostError> {
+        let mut counted = TaskCounted {
+            metrics: &self.inner.metrics,
+            outcome: "cancelled",
+        };
+        let result = self.run_admitted(module, task, admitted).await;
+        counted.outcome = match &result {
+            Ok(outcome) => match outcome.failure {
+                None if outcome.exit_code == 0 => "ok",
+                None => "exit_nonzero",
+                Some(TaskFailure::Trap(_)) => "trapped",
+                Some(TaskFailure::Deadline(_)) => "deadline",
+            },
+            Err(HostError::Busy { .. }) => "busy",
+            Err(_) => "setup_failed",
+        };
+        result
+    }
+
+    async fn run_admitted(
+        &self,
+        module: &GuestModule,
+        task: &TaskSpec,
+        admitted: impl FnOnce(),
+    ) -> Result<TaskOutcome, HostError> {
+        let setup_error = |message: String| HostError::TaskSetup {
+            task_id: task.task_id.clone(),
+            message,
+        };
+        let mcp = self.mcp_task(task)?;
+        for warning in mcp.policy.warnings() {
+            tracing::warn!(task_id = %task.task_id, "{warning}");
+        }
+        let arrived = Instant::now();
+        let admission = &self.inner.admission;
+        let _slot = admission.admit(task.deadline()).await.map_err(|reason| {
+            let status = admission.status();
+            tracing::warn!(task_id = %task.task_id, %reason, "host busy, task refused");
+            HostError::Busy {
+                task_id: task.task_id.clone(),
+                capacity: status.capacity,
+                queue_capacity: status.queue_capacity,
+                reason,
+            }
+        })?;
+        admitted();
+        let started = Instant::now();
+        let memory_limit = task.memory_limit().min(self.inner.runtime.max_task_memory);
+        let host_memory_limit = task.host_memory_limit(self.inner.task_host_memory);
+        let budget = MemoryBudget::within(
+            Arc::from(task.task_id.as_str()),
+            host_memory_limit,
+            &self.inner.host_memory,
+        );
+        let (sandbox, captured) =
+            Sandbox::for_task(task, &module.name, memory_limit, budget.clone())
+                .map_err(|e| setup_error(e.to_string()))?;
+        let state = TaskState {
+            sandbox,
+            mcp: Arc::new(mcp),
+            chat: Arc::new(ChatTask {
+                backends: self.inner.backends.clone(),
+                guest_tool_stacks: self.inner.guest_tool_stacks.clone(),
+                metrics: self.inner.metrics.clone(),
+            }),
+        };
+        let span = tracing::info_span!("task", task_id = %task.task_id);
+        let entry = task.entry.as_deref().unwrap_or("_start");
+        let run = self
+            .inner
+            .runtime
+            .run(&module.pre, state, entry, span)
+            .await
+            .map_err(|e| setup_error(format!("{}: {e}", module.name)))?;
+        let (stdout, stderr) = captured.map(|c| c.take()).unwrap_or_default();
+        let outcome = TaskOutcome {
+            exit_code: run.exit_code,
+            failure: run.failure,
+            queued: started.duration_since(arrived),
+            elapsed: started.elapsed(),
+            stdout,
+            stderr,
+            host_memory: budget.usage(),
+        };
+        if outcome.host_memory.unreleased_bytes > 0 {
+            tracing::error!(task_id = %task.task_id, unreleased = outcome.host_memory.unreleased_bytes, "host memory still charged after the task ended");
+        }
+        let exit_code = outcome.exit_code;
+        match &outcome.failure {
+            None => {
+                tracing::info!(task_id = %task.task_id, exit_code, elapsed_ms = outcome.elapsed.as_millis() as u64, "task finished")
+            }
+            Some(failure) => {
+                tracing::warn!(task_id = %task.task_id, exit_code, ?failure, "task failed")
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// The decision log of `task`: what its chat sessions start with (listing each server's
+    /// tools, so servers may be started), what they may enable, and why everything else
+    /// in the registry is left out.
+    pub async fn explain_policy(&self, task: &TaskSpec) -> Result<PolicyReport, HostError> {
+        let mcp = self.mcp_task(task)?;
+        let session = ChatSession::new(&mcp.policy, &MemoryBudget::unlimited());
+        let tools = ToolSet::build(&session, &mcp).await;
+        let McpTask {
+            policy, registry, ..
+        } = mcp;
+        let offered = tools
+            .servers
+            .iter()
+            .map(|server| (server.clone(), tools.offered_for(server)))
+            .collect();
+        let mut decisions = tools.decisions;
+        let mut allowed_not_default = Vec::new();
+        for entry in registry
+            .servers()
+            .filter(|e| !policy.default_server_ids.iter().any(|d| d == e.server_id()))
+        {
+            let requested = [entry.server_id().to_owned()];
+            let single = policy::effective(&registry, &policy, &SessionRequest::single(&requested));
+            match single.grant(entry.server_id()) {
+                Some(_) => allowed_not_default.push(entry.server_id().to_owned()),
+                None => decisions.extend(single.decisions),
+            }
+        }
+        Ok(PolicyReport {
+            task_id: task.task_id.clone(),
+            registry_revision: registry.revision().to_owned(),
+            warnings: policy.warnings(),
+            task: policy,
+            offered,
+            allowed_not_default,
+            decisions,
+        })
+    }
+
+    /// The MCP side of `task`: the current registry snapshot, the task layer of policy
+    /// resolved against it (profiles applied), and the pool.
+    fn mcp_task(&self, task: &TaskSpec) -> Result<McpTask, HostError> {
+        let registry = self.registry();
+        let policy = task
+            .mcp_config()?
+            .resolve(&registry)
+            .map_err(|e| TaskError::Config {
+                key: e.key.into(),
+                message: e.message,
+            })?;
+        Ok(McpTask {
+            policy,
+            registry,
+            pool: self.inner.pool.clone(),
+            observers: self.inner.observers.clone(),
+            approvals: self.inner.approvals.clone(),
+        })
+    }
+
+    /// Closes every MCP connection, ends every server process and writes out the audit
+    /// log (within [`defaults::AUDIT_FLUSH_TIMEOUT`](crate::defaults::AUDIT_FLUSH_TIMEOUT)).
+    pub async fn shutdown(&self) {
+        self.inner.pool.shutdown().await;
+        if let Some(audit) = self.inner.audit.clone() {
+            // The writer thread does the writing; waiting for it must not hold a runtime
+            // worker.
+            let flushed = tokio::task::spawn_blocking(move || audit.flush()).await;
+            if !matches!(flushed, Ok(true)) {
+                tracing::warn!("the audit log was not written out in time at shutdown");
+            }
+        }
+    }
+}

@@ -1,0 +1,662 @@
+//! The task spec (`task.json`): what one guest run is given.
+//!
+//! A task names its id, a free-form `config` map (string values as in a scheduler's
+//! `Task.config`; native JSON values are accepted too), the guest's args and granted env,
+//! optional preopened directories and its limits. Everything not granted here is denied: no
+//! host env, no filesystem, no stdin. The `mcp.*` config keys are parsed into the task layer
+//! of the MCP policy before the guest starts, so a malformed value fails the task with the
+//! key's name instead of surprising the guest later.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::defaults;
+use crate::policy::{ListKey, Narrowing, Pattern, TaskMcpConfig};
+
+/// A task file or task config that cannot be used, with the place and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("{path}: cannot read the task file: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("task config key `{key}`: {message}")]
+    Config { key: String, message: String },
+    #[error("task field `{field}`: {message}")]
+    Field {
+        field: &'static str,
+        message: String,
+    },
+}
+
+/// One directory the guest may see.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Preopen {
+    /// Host directory; relative paths are relative to the task file.
+    pub host: PathBuf,
+    /// Path the guest sees, e.g. `/data`.
+    pub guest: String,
+    /// When true the guest may read but not create, write or delete.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// Per-task limits; absent fields take the [`defaults`].
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    /// Wall-clock deadline for the whole run, guest code and waiting hostcalls alike.
+    pub deadline_ms: Option<u64>,
+    /// Largest linear memory the guest may grow to.
+    pub memory_bytes: Option<u64>,
+    /// Open fds the guest may hold at once.
+    pub max_fds: Option<usize>,
+    /// Host memory the guest may make the host hold for it (chat sessions, kept outputs,
+    /// responses, captured output); past it hostcalls fail with `-ENOMEM`. May only lower
+    /// the host's own limit.
+    pub host_memory_bytes: Option<u64>,
+}
+
+/// What one guest run is given. See the crate README for a complete `task.json`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TaskSpec {
+    pub task_id: String,
+    #[serde(default)]
+    pub config: BTreeMap<String, Value>,
+    /// Guest arguments after argv[0].
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Environment variables the guest sees; the host's own are never passed through.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub preopens: Vec<Preopen>,
+    #[serde(default)]
+    pub limits: Limits,
+    /// Export to call instead of `_start`.
+    #[serde(default)]
+    pub entry: Option<String>,
+    /// Lets the guest read the host's stdin.
+    #[serde(default)]
+    pub inherit_stdin: bool,
+    /// Keeps guest stdout/stderr in the outcome instead of passing them through.
+    #[serde(skip)]
+    pub capture_output: bool,
+    /// Where the guest's `log` lines go.
+    #[serde(skip)]
+    pub guest_logs: GuestLogs,
+}
+
+/// Where a task's `log` lines go. Guests use `log` as their `printf`, so by default a line is
+/// the guest's own output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GuestLogs {
+    /// The guest's stderr, one line per call as written (control characters escaped): the
+    /// task's captured stderr when output is captured, else the host's stderr. The host's
+    /// own log gets a `debug`/`trace` event (target `quiver::guest`) for each line.
+    #[default]
+    Stderr,
+    /// Only host log events at the guest's level (target `quiver::guest`, with the task id),
+    /// for embedders that collect guest lines with their own logs.
+    Tracing,
+}
+
+/// The `mcp.*` keys besides the lists ([`ListKey`]).
+const MCP_KEYS: [&str; 4] = [
+    "mcp.enabled",
+    "mcp.profile",
+    "mcp.default_server_ids",
+    "mcp.allowed_server_ids",
+];
+
+impl TaskSpec {
+    /// A task with nothing granted.
+    pub fn new(task_id: impl Into<String>) -> Self {
+        Self {
+            task_id: task_id.into(),
+            config: BTreeMap::new(),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+            preopens: Vec::new(),
+            limits: Limits::default(),
+            entry: None,
+            inherit_stdin: false,
+            capture_output: false,
+            guest_logs: GuestLogs::Stderr,
+        }
+    }
+
+    /// Reads and checks a `task.json`; relative preopen paths become relative to its folder.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self, TaskError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| TaskError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut spec = Self::from_json(&text).map_err(|e| match e {
+            TaskError::Parse { message, .. } => TaskError::Parse {
+                path: path.to_owned(),
+                message,
+            },
+            other => TaskError::Parse {
+                path: path.to_owned(),
+                message: other.to_string(),
+            },
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        for preopen in &mut spec.preopens {
+            if preopen.host.is_relative() {
+                preopen.host = base.join(&preopen.host);
+            }
+        }
+        Ok(spec)
+    }
+
+    /// Parses and checks task JSON.
+    pub fn from_json(text: &str) -> Result<Self, TaskError> {
+        let de = &mut serde_json::Deserializer::from_str(text);
+        let spec: Self = serde_path_to_error::deserialize(de).map_err(|e| {
+            let at = e.path().to_string();
+            let message = if at == "." {
+                e.inner().to_string()
+            } else {
+                format!("field `{at}`: {}", e.inner())
+            };
+            TaskError::Parse {
+                path: PathBuf::from("<task json>"),
+                message,
+            }
+        })?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Checks a task built from JSON by other means (the node's API) as [`TaskSpec::from_json`] does.
+    pub fn validate(&self) -> Result<(), TaskError> {
+        if self.task_id.trim().is_empty() {
+            return Err(TaskError::Field {
+                field: "task_id",
+                message: "must not be empty".into(),
+            });
+        }
+        // It is in every log and audit line of the task.
+        if self.task_id.len() > defaults::MAX_TASK_ID_BYTES {
+            return Err(TaskError::Field {
+                field: "task_id",
+                message: format!(
+                    "is {} bytes; at most {} are allowed",
+                    self.task_id.len(),
+                    defaults::MAX_TASK_ID_BYTES
+                ),
+            });
+        }
+        if self.task_id.chars().any(char::is_control) {
+            return Err(TaskError::Field {
+                field: "task_id",
+                message: "must not hold control characters (newlines, tabs, escapes)".into(),
+            });
+        }
+        if self.limits.deadline_ms == Some(0) {
+            return Err(TaskError::Field {
+                field: "limits.deadline_ms",
+                message: "must be greater than 0; omit it for the default".into(),
+            });
+        }
+        if self.limits.max_fds == Some(0) {
+            return Err(TaskError::Field {
+                field: "limits.max_fds",
+                message: "must be greater than 0; omit it for the default".into(),
+            });
+        }
+        if self.limits.host_memory_bytes == Some(0) {
+            return Err(TaskError::Field {
+                field: "limits.host_memory_bytes",
+                message: "must be greater than 0; omit it for the host's default".into(),
+            });
+        }
+        self.mcp_config()?;
+        Ok(())
+    }
+
+    #[must_use]
+    pub fn with_config(mut self, key: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.config.insert(key.into(), value.into());
+        self
+    }
+
+    #[must_use]
+    pub fn with_args<I, S>(mut self, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.args = args.into_iter().map(Into::into).collect();
+        self
+    }
+
+    #[must_use]
+    pub fn with_deadline(mut self, deadline: Duration) -> Self {
+        self.limits.deadline_ms = Some(deadline.as_millis().max(1) as u64);
+        self
+    }
+
+    #[must_use]
+    pub fn with_memory_limit(mut self, bytes: u64) -> Self {
+        self.limits.memory_bytes = Some(bytes);
+        self
+    }
+
+    #[must_use]
+    pub fn with_max_fds(mut self, max_fds: usize) -> Self {
+        self.limits.max_fds = Some(max_fds);
+        self
+    }
+
+    /// Lowers the host memory budget of the task (`limits.host_memory_bytes`).
+    #[must_use]
+    pub fn with_host_memory_limit(mut self, bytes: u64) -> Self {
+        self.limits.host_memory_bytes = Some(bytes);
+        self
+    }
+
+    #[must_use]
+    pub fn with_entry(mut self, export: impl Into<String>) -> Self {
+        self.entry = Some(export.into());
+        self
+    }
+
+    /// Keep guest stdout/stderr in the [`TaskOutcome`](crate::TaskOutcome).
+    #[must_use]
+    pub fn with_captured_output(mut self) -> Self {
+        self.capture_output = true;
+        self
+    }
+
+    /// Sends the guest's `log` lines to `logs` instead of its stderr.
+    #[must_use]
+    pub fn with_guest_logs(mut self, logs: GuestLogs) -> Self {
+        self.guest_logs = logs;
+        self
+    }
+
+    pub fn deadline(&self) -> Duration {
+        self.limits
+            .deadline_ms
+            .map(Duration::from_millis)
+            .unwrap_or(defaults::TASK_DEADLINE)
+    }
+
+    pub fn memory_limit(&self) -> u64 {
+        self.limits
+            .memory_bytes
+            .unwrap_or(defaults::TASK_MEMORY_BYTES)
+    }
+
+    pub fn max_fds(&self) -> usize {
+        self.limits.max_fds.unwrap_or(defaults::MAX_FDS_PER_TASK)
+    }
+
+    /// The task's host memory budget, given the host's: the task's own limit can only
+    /// lower it.
+    pub fn host_memory_limit(&self, host_limit: u64) -> u64 {
+        self.limits
+            .host_memory_bytes
+            .map_or(host_limit, |limit| limit.min(host_limit))
+    }
+
+    /// The task layer of the MCP policy as written (`mcp.*` keys); profiles are applied
+    /// against the registry by [`TaskMcpConfig::resolve`].
+    pub fn mcp_config(&self) -> Result<TaskMcpConfig, TaskError> {
+        for key in self.config.keys().filter(|k| k.starts_with("mcp.")) {
+            if !MCP_KEYS.contains(&key.as_str()) && ListKey::parse(key).is_none() {
+                let known: Vec<&str> = MCP_KEYS
+                    .into_iter()
+                    .chain(ListKey::ALL.map(ListKey::name))
+                    .collect();
+                return Err(TaskError::Config {
+                    key: key.clone(),
+                    message: format!("unknown MCP key; known keys are {}", known.join(", ")),
+                });
+            }
+        }
+        let enabled = match self.config.get("mcp.enabled") {
+            Some(value) => parse_bool("mcp.enabled", value)?,
+            None => false,
+        };
+        let profile = match self.config.get("mcp.profile") {
+            None => None,
+            Some(Value::String(name)) if !name.trim().is_empty() => Some(name.trim().to_owned()),
+            Some(other) => {
+                return Err(config_error(
+                    "mcp.profile",
+                    format!("expected a profile name, got {}", shown(other.to_string())),
+                ));
+            }
+        };
+        let default_server_ids = self.list("mcp.default_server_ids")?;
+        let allowed_server_ids = self.list("mcp.allowed_server_ids")?;
+        if let (Some(defaults), Some(allowed)) = (&default_server_ids, &allowed_server_ids)
+            && let Some(outside) = defaults.iter().find(|id| !allowed.contains(id))
+        {
+            return Err(TaskError::Config {
+                key: "mcp.default_server_ids".into(),
+                message: format!(
+                    "`{outside}` is not in mcp.allowed_server_ids; defaults must be a subset of the allowed servers"
+                ),
+            });
+        }
+        let mut narrowing = Narrowing::default();
+        for key in ListKey::ALL {
+            if let Some(patterns) = self.patterns(key.name())? {
+                narrowing.set(key, patterns);
+            }
+        }
+        Ok(TaskMcpConfig {
+            enabled,
+            profile,
+            default_server_ids,
+            allowed_server_ids,
+            narrowing,
+        })
+    }
+
+    /// A list of patterns: at most [`defaults::MAX_TASK_PATTERNS`] of at most
+    /// [`defaults::MAX_PATTERN_BYTES`], since every listing matches each against every name.
+    fn patterns(&self, key: &str) -> Result<Option<Vec<Pattern>>, TaskError> {
+        let Some(items) = self.list(key)? else {
+            return Ok(None);
+        };
+        if items.len() > defaults::MAX_TASK_PATTERNS {
+            return Err(config_error(
+                key,
+                format!(
+                    "has {} patterns; at most {} are allowed",
+                    items.len(),
+                    defaults::MAX_TASK_PATTERNS
+                ),
+            ));
+        }
+        if let Some(long) = items.iter().find(|p| p.len() > defaults::MAX_PATTERN_BYTES) {
+            return Err(config_error(
+                key,
+                format!(
+                    "a pattern is {} bytes; at most {} are allowed",
+                    long.len(),
+                    defaults::MAX_PATTERN_BYTES
+                ),
+            ));
+        }
+        Ok(Some(items.into_iter().map(Pattern::new).collect()))
+    }
+
+    fn list(&self, key: &str) -> Result<Option<Vec<String>>, TaskError> {
+        self.config
+            .get(key)
+            .map(|value| parse_list(key, value))
+            .transpose()
+    }
+}
+
+fn config_error(key: &str, message: String) -> TaskError {
+    TaskError::Config {
+        key: key.to_owned(),
+        message,
+    }
+}
+
+/// `true`/`false`/`1`/`0`/`yes`/`no` as a string, or a JSON boolean.
+fn parse_bool(key: &str, value: &Value) -> Result<bool, TaskError> {
+    match value {
+        Value::Bool(b) => Ok(*b),
+        Value::String(s) => match s.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" => Ok(true),
+            "false" | "0" | "no" => Ok(false),
+            _ => Err(config_error(
+                key,
+                format!("expected true/false/1/0/yes/no, got {}", shown(s.clone())),
+            )),
+        },
+        other => Err(config_error(
+            key,
+            format!("expected a boolean, got {}", shown(other.to_string())),
+        )),
+    }
+}
+
+/// A JSON array of strings, as a native array or as a string holding one; or a
+/// comma-separated string. Empty items are refused rather than silently dropped.
+fn parse_list(key: &str, value: &Value) -> Result<Vec<String>, TaskError> {
+    let from_array = |items: &[Value]| -> Result<Vec<String>, TaskError> {
+        items
+            .iter()
+            .map(|item| match item {
+                Value::String(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
+                other => Err(config_error(
+                    key,
+                    format!(
+                        "expected a list of non-empty strings, found item {}",
+                        shown(other.to_string())
+                    ),
+                )),
+            })
+            .collect()
+    };
+    match value {
+        Value::Array(items) => from_array(items),
+        Value::String(s) if s.trim_start().starts_with('[') => {
+            let parsed: Value = serde_json::from_str(s).map_err(|e| {
+                config_error(
+                    key,
+                    format!("not a valid JSON array string ({e}): {}", shown(s.clone())),
+                )
+            })?;
+            match parsed {
+                Value::Array(items) => from_array(&items),
+                _ => Err(config_error(
+                    key,
+                    format!("expected a JSON array, got {}", shown(s.clone())),
+                )),
+            }
+        }
+        Value::String(s) if s.trim().is_empty() => Ok(Vec::new()),
+        Value::String(s) => s
+            .split(',')
+            .map(|item| {
+                let item = item.trim();
+                if item.is_empty() {
+                    Err(config_error(
+                        key,
+                        format!("empty item in comma-separated list {}", shown(s.clone())),
+                    ))
+                } else {
+                    Ok(item.to_owned())
+                }
+            })
+            .collect(),
+        other => Err(config_error(
+            key,
+            format!(
+                "expected a JSON array or a comma-separated string, got {}",
+                shown(other.to_string())
+            ),
+        )),
+    }
+}
+
+/// At most this much of a config value goes into an error (a value may be megabytes).
+const SHOWN_BYTES: usize = 80;
+
+/// The start of `text`, quoted, for an error message.
+fn shown(text: String) -> String {
+    if text.len() <= SHOWN_BYTES {
+        return format!("{text:?}");
+    }
+    let start = crate::observe::cut(&text, SHOWN_BYTES);
+    format!("{start:?}… ({} bytes)", text.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::registry::Registry;
+    use serde_json::json;
+
+    #[test]
+    fn seed_example_config_parses() {
+        let spec = TaskSpec::from_json(
+            r#"{"task_id":"t","config":{
+                "mcp.enabled":"true",
+                "mcp.default_server_ids":"[\"gitlab\",\"fs\"]",
+                "mcp.allowed_server_ids":"gitlab, fs, duckduckgo-search",
+                "mcp.tool_allowlist":["*"],
+                "mcp.tool_denylist":"[\"delete_*\"]"}}"#,
+        )
+        .unwrap();
+        let policy = spec
+            .mcp_config()
+            .unwrap()
+            .resolve(&Registry::empty())
+            .unwrap();
+        assert!(policy.enabled);
+        assert_eq!(policy.default_server_ids, ["gitlab", "fs"]);
+        assert_eq!(
+            policy.allowed_server_ids,
+            ["gitlab", "fs", "duckduckgo-search"]
+        );
+        assert_eq!(policy.narrowing.tools.deny, [Pattern::new("delete_*")]);
+    }
+
+    #[test]
+    fn allowed_defaults_to_default_and_mcp_is_off_by_default() {
+        let spec = TaskSpec::new("t").with_config("mcp.default_server_ids", json!(["fs"]));
+        let policy = spec
+            .mcp_config()
+            .unwrap()
+            .resolve(&Registry::empty())
+            .unwrap();
+        assert!(!policy.enabled);
+        assert_eq!(policy.allowed_server_ids, ["fs"]);
+        assert_eq!(policy.narrowing, Narrowing::default());
+    }
+
+    #[test]
+    fn malformed_values_name_the_key() {
+        for (key, value) in [
+            ("mcp.enabled", json!("maybe")),
+            ("mcp.default_server_ids", json!("[\"fs\"")),
+            ("mcp.tool_allowlist", json!(42)),
+            ("mcp.tool_denylist", json!("a,,b")),
+            ("mcp.server_ids", json!("fs")),
+        ] {
+            let err = TaskSpec::new("t")
+                .with_config(key, value)
+                .mcp_config()
+                .unwrap_err();
+            assert!(err.to_string().contains(key), "{err}");
+        }
+    }
+
+    #[test]
+    fn resource_and_prompt_lists_parse_like_tool_lists() {
+        let spec = TaskSpec::from_json(
+            r#"{"task_id":"t","config":{
+                "mcp.resource_allowlist":"demo://static/*, demo://dynamic/*",
+                "mcp.resource_denylist":["*/secret*"],
+                "mcp.prompt_allowlist":"[]",
+                "mcp.prompt_denylist":"[\"complex-*\"]"}}"#,
+        )
+        .unwrap();
+        let narrowing = spec.mcp_config().unwrap().narrowing;
+        let patterns = |l: &[&str]| l.iter().map(|p| Pattern::new(*p)).collect::<Vec<_>>();
+        assert_eq!(
+            narrowing.resources.allow,
+            Some(patterns(&["demo://static/*", "demo://dynamic/*"]))
+        );
+        assert_eq!(narrowing.resources.deny, patterns(&["*/secret*"]));
+        assert_eq!(narrowing.prompts.allow, Some(vec![]), "[] allows nothing");
+        assert_eq!(narrowing.prompts.deny, patterns(&["complex-*"]));
+        assert_eq!(narrowing.tools, Default::default());
+    }
+
+    #[test]
+    fn hostile_lists_are_refused_with_a_short_message_naming_the_key() {
+        let huge = "x".repeat(1 << 20);
+        let too_many = vec!["p"; defaults::MAX_TASK_PATTERNS + 1];
+        for (key, value) in [
+            ("mcp.resource_allowlist", json!({ "a": huge })),
+            ("mcp.resource_denylist", json!(42)),
+            ("mcp.prompt_allowlist", json!(too_many)),
+            ("mcp.prompt_denylist", json!([huge])),
+            ("mcp.resource_denylist", json!(format!("[\"{huge}"))),
+            ("mcp.prompt_allowlist", json!(huge.replace('x', ","))),
+        ] {
+            let err = TaskSpec::new("t")
+                .with_config(key, value)
+                .mcp_config()
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key), "{err}");
+            assert!(err.len() < 400, "{key}: {} bytes", err.len());
+        }
+        let err = TaskSpec::new("t")
+            .with_config("mcp.resource_list", json!([]))
+            .mcp_config()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("mcp.resource_allowlist"), "{err}");
+    }
+
+    #[test]
+    fn defaults_outside_allowed_are_refused() {
+        let err = TaskSpec::new("t")
+            .with_config("mcp.default_server_ids", json!(["fs", "git"]))
+            .with_config("mcp.allowed_server_ids", json!(["fs"]))
+            .mcp_config()
+            .unwrap_err();
+        assert!(err.to_string().contains("`git`"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_and_bad_limits_are_refused_with_their_path() {
+        let err = TaskSpec::from_json(r#"{"task_id":"t","limits":{"deadline":5}}"#).unwrap_err();
+        assert!(err.to_string().contains("limits"), "{err}");
+        assert!(err.to_string().contains("deadline"), "{err}");
+        let err = TaskSpec::from_json(r#"{"task_id":"t","limits":{"deadline_ms":0}}"#).unwrap_err();
+        assert!(err.to_string().contains("limits.deadline_ms"), "{err}");
+        let err =
+            TaskSpec::from_json(r#"{"task_id":"t","limits":{"host_memory_bytes":0}}"#).unwrap_err();
+        assert!(
+            err.to_string().contains("limits.host_memory_bytes"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_task_can_only_lower_the_hosts_memory_budget() {
+        let spec =
+            TaskSpec::from_json(r#"{"task_id":"t","limits":{"host_memory_bytes":1000}}"#).unwrap();
+        assert_eq!(spec.host_memory_limit(5000), 1000);
+        assert_eq!(spec.host_memory_limit(500), 500);
+        assert_eq!(TaskSpec::new("t").host_memory_limit(5000), 5000);
+    }
+
+    #[test]
+    fn a_long_task_id_or_one_with_control_characters_is_refused() {
+        let json = |id: &str| json!({ "task_id": id }).to_string();
+        let longest = "t".repeat(defaults::MAX_TASK_ID_BYTES);
+        assert!(TaskSpec::from_json(&json(&longest)).is_ok());
+        for bad in [format!("{longest}t"), "a\nb".into(), "a\u{1b}[31mb".into()] {
+            let err = TaskSpec::from_json(&json(&bad)).unwrap_err();
+            assert!(err.to_string().contains("task_id"), "{err}");
+        }
+    }
+}
