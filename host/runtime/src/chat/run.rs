@@ -749,7 +749,7 @@ async fn run_tool_calls<G: GuestTools>(
                                 observed.finish(ToolOutcome::ToolError, out.json.len() as u64)
                             }
                             Ok(out) => observed.finish(ToolOutcome::Ok, out.json.len() as u64),
-                            Err(error) => observed.finish(ToolOutcome::of_mcp_error(error.code), 0),
+                            Err(error) => observed.finish(ToolOutcome::from(error.code), 0),
                         }
                         out.map_err(ToolFailure::from)
                             .and_then(|out| {

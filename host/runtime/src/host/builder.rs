@@ -13,8 +13,8 @@ use crate::approval::{Approvals, Approver};
 use crate::chat::llm::{Backends, Recorder};
 use crate::config::{ConfigError, ConfigOrigin};
 use crate::defaults;
-use crate::mcp::{AuthSet, EgressPolicy, McpPool, PoolLimits, RemoteOptions};
-use crate::observe::{AuditLog, LiveStatus, Metrics, Observers, ToolObserver};
+use crate::mcp::{AuthSet, EgressPolicy, McpPool, PoolLimits, RemoteOptions, ServerState};
+use crate::observe::{AuditLog, LiveStatus, Metrics, Observers, ServerGauges, ToolObserver};
 use crate::registry::{Registry, RegistryDirError, RegistryStore, ServerEntry, Severity};
 use crate::sandbox::{HostMemory, Runtime, RuntimeOptions, default_cache_dir};
 use crate::task::TaskError;
@@ -455,9 +455,17 @@ impl HostBuilder {
             let host = Host {
                 inner: weak.upgrade()?,
             };
+            let tasks = host.inner.admission.status();
+            let servers = host.mcp_servers().into_iter().map(|server| ServerGauges {
+                up: matches!(server.state, ServerState::Connected | ServerState::Degraded),
+                connections: server.connections,
+                reconnects: server.reconnects,
+                server_id: server.server_id,
+            });
             Some(LiveStatus {
-                servers: host.mcp_servers(),
-                tasks: host.inner.admission.status(),
+                servers: servers.collect(),
+                tasks_running: tasks.running,
+                tasks_queued: tasks.queued,
                 registry_degraded: host.registry_health().degraded,
             })
         }));

@@ -12,6 +12,8 @@ use std::sync::OnceLock;
 use rmcp::model::{ErrorCode, ErrorData};
 use serde_json::{Value, json};
 
+use crate::observe::ToolOutcome;
+
 /// The `error.code` of a failed MCP call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum McpErrorCode {
@@ -53,6 +55,16 @@ impl McpErrorCode {
     /// Whether trying the same call again later may succeed.
     pub fn retryable(self) -> bool {
         matches!(self, Self::Unavailable | Self::Timeout)
+    }
+}
+
+/// How observers see a call the host or server failed with this code.
+impl From<McpErrorCode> for ToolOutcome {
+    fn from(code: McpErrorCode) -> Self {
+        match code {
+            McpErrorCode::Timeout => ToolOutcome::Timeout,
+            code => ToolOutcome::Failed(code.as_str()),
+        }
     }
 }
 

@@ -777,10 +777,7 @@ async fn call_tool<T: McpView>(
     let (bytes, outcome) = match request.run(called).await? {
         Ok(output) if output.result.is_error == Some(true) => (output.json, ToolOutcome::ToolError),
         Ok(output) => (output.json, ToolOutcome::Ok),
-        Err(error) => (
-            request.failed(&error),
-            ToolOutcome::of_mcp_error(error.code),
-        ),
+        Err(error) => (request.failed(&error), ToolOutcome::from(error.code)),
     };
     observed.finish(outcome, bytes.len() as u64);
     request.deliver(caller, bytes)

@@ -10,7 +10,6 @@ use serde::Serialize;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 
 use crate::defaults;
-use crate::mcp::McpErrorCode;
 use crate::policy::Reason;
 use crate::registry::{ServerEntry, redact_known};
 
@@ -182,14 +181,6 @@ impl ToolOutcome {
             ToolOutcome::Failed(_) => "error",
             ToolOutcome::Timeout => "timeout",
             ToolOutcome::Cancelled => "cancelled",
-        }
-    }
-
-    /// The outcome of a call the host or server failed with `code`.
-    pub fn of_mcp_error(code: McpErrorCode) -> Self {
-        match code {
-            McpErrorCode::Timeout => ToolOutcome::Timeout,
-            code => ToolOutcome::Failed(code.as_str()),
         }
     }
 }

@@ -30,8 +30,6 @@ use prometheus_client::registry::{Registry, Unit};
 
 use super::{PolicyDenial, ToolCall, ToolCallEnd, ToolObserver, cut};
 use crate::defaults;
-use crate::host::TaskStatus;
-use crate::mcp::{ServerState, ServerStatus};
 
 /// The tool label of calls past the series cap.
 pub const OTHER_TOOL: &str = "_other";
@@ -39,7 +37,7 @@ pub const OTHER_TOOL: &str = "_other";
 type Labels<const N: usize> = [(&'static str, String); N];
 type Histograms = Family<Labels<2>, Histogram, fn() -> Histogram>;
 /// A per-server counter read at scrape time: name, help, value.
-type ServerCounter = (&'static str, &'static str, fn(&ServerStatus) -> u64);
+type ServerCounter = (&'static str, &'static str, fn(&ServerGauges) -> u64);
 
 /// A host's metrics. Cheap to clone; clones share everything.
 ///
@@ -74,12 +72,27 @@ impl fmt::Debug for Metrics {
     }
 }
 
-/// What the host reports at scrape time.
+/// What the host reports at scrape time, in the metrics' own terms (the host maps its
+/// status types to these, so observing depends on nothing it observes).
 pub(crate) struct LiveStatus {
-    pub(crate) servers: Vec<ServerStatus>,
-    pub(crate) tasks: TaskStatus,
+    pub(crate) servers: Vec<ServerGauges>,
+    /// Tasks holding a running slot.
+    pub(crate) tasks_running: u32,
+    /// Tasks waiting for a running slot.
+    pub(crate) tasks_queued: u32,
     /// The registry serves its last snapshot because the newest could not be read or built.
     pub(crate) registry_degraded: bool,
+}
+
+/// One MCP server at scrape time.
+pub(crate) struct ServerGauges {
+    pub(crate) server_id: String,
+    /// Connected (its state `connected` or `degraded`).
+    pub(crate) up: bool,
+    /// Connections made to it so far.
+    pub(crate) connections: u64,
+    /// Connections made after a lost one.
+    pub(crate) reconnects: u64,
 }
 
 type LiveSource = dyn Fn() -> Option<LiveStatus> + Send + Sync;
@@ -318,12 +331,12 @@ impl Collector for Live {
             (
                 "quiver_tasks_running",
                 "Tasks holding a running slot",
-                live.tasks.running,
+                live.tasks_running,
             ),
             (
                 "quiver_tasks_queued",
                 "Tasks waiting for a running slot",
-                live.tasks.queued,
+                live.tasks_queued,
             ),
         ] {
             let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
@@ -336,9 +349,8 @@ impl Collector for Live {
             MetricType::Gauge,
         )?;
         for server in &live.servers {
-            let connected = matches!(server.state, ServerState::Connected | ServerState::Degraded);
             let labels = [("server_id", server.server_id.as_str())];
-            ConstGauge::new(i64::from(connected)).encode(up.encode_family(&labels)?)?;
+            ConstGauge::new(i64::from(server.up)).encode(up.encode_family(&labels)?)?;
         }
         let counters: [ServerCounter; 2] = [
             (

@@ -23,7 +23,7 @@ pub use event::{
     ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via, printable,
 };
 pub(crate) use event::{cut, unix_seconds};
-pub(crate) use metrics::LiveStatus;
+pub(crate) use metrics::{LiveStatus, ServerGauges};
 pub use metrics::{Metrics, OTHER_TOOL};
 
 /// Called around every tool call and on every policy denial. Every method has an empty
