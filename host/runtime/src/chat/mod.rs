@@ -29,3 +29,6 @@ pub(crate) use params::{ParamError, SessionMcp, Settings};
 pub(crate) use run::{GuestTools, SendContext};
 pub(crate) use session::ROLES;
 pub use session::{ChatResponse, ChatSession, ChatTask, ChatView, SessionContent};
+
+#[cfg(test)]
+mod tests;

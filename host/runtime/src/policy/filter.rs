@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use super::pattern::{Pattern, any_match};
 use super::{Denial, Layer, TaskMcpPolicy};
+use crate::registry::Profile;
 
 /// What a filter's patterns name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -102,6 +103,19 @@ pub struct Narrowing {
 }
 
 impl Narrowing {
+    /// A profile's lists as the policy's profile layer.
+    pub fn of_profile(profile: &Profile) -> Self {
+        let lists = |allow: &Option<Vec<String>>, deny: &[String]| Lists {
+            allow: allow.as_ref().map(|l| l.iter().map(Pattern::new).collect()),
+            deny: deny.iter().map(Pattern::new).collect(),
+        };
+        Self {
+            tools: lists(&profile.tool_allowlist, &profile.tool_denylist),
+            resources: lists(&profile.resource_allowlist, &profile.resource_denylist),
+            prompts: lists(&profile.prompt_allowlist, &profile.prompt_denylist),
+        }
+    }
+
     pub fn lists(&self, kind: Kind) -> &Lists {
         match kind {
             Kind::Tool => &self.tools,

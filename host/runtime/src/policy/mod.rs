@@ -99,7 +99,7 @@ impl TaskMcpConfig {
                     Some(profile.servers(registry)),
                     Some(TaskProfile {
                         name: profile.name.clone(),
-                        narrowing: profile.narrowing(),
+                        narrowing: Narrowing::of_profile(profile),
                     }),
                 )
             }
@@ -518,4 +518,4 @@ pub fn effective(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -10,7 +10,6 @@ use super::Registry;
 use super::load::{Problem, Severity, SourcedDoc, file_problem};
 use super::record::ServerEntry;
 use super::store::DocFormat;
-use crate::policy::{Lists, Narrowing, Pattern};
 
 /// A named selection of servers (by id and/or tag) with tool, resource and prompt lists,
 /// from `<registry>/profiles/*.toml`. A task names one with `mcp.profile`; the lists join
@@ -43,19 +42,6 @@ pub struct Profile {
 }
 
 impl Profile {
-    /// Its lists as the policy's profile layer.
-    pub fn narrowing(&self) -> Narrowing {
-        let lists = |allow: &Option<Vec<String>>, deny: &[String]| Lists {
-            allow: allow.as_ref().map(|l| l.iter().map(Pattern::new).collect()),
-            deny: deny.iter().map(Pattern::new).collect(),
-        };
-        Narrowing {
-            tools: lists(&self.tool_allowlist, &self.tool_denylist),
-            resources: lists(&self.resource_allowlist, &self.resource_denylist),
-            prompts: lists(&self.prompt_allowlist, &self.prompt_denylist),
-        }
-    }
-
     /// Its servers: those it names, and those carrying one of its tags, in registry order.
     pub fn servers(&self, registry: &Registry) -> Vec<String> {
         registry
