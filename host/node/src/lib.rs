@@ -37,6 +37,7 @@
 
 mod admin;
 mod api;
+mod body;
 mod config;
 pub mod defaults;
 mod error;

@@ -33,8 +33,8 @@ pub(super) use records::{
 };
 
 use super::NodeState;
-use super::api::{parse_json, read_body};
 use super::error::ApiError;
+use crate::body::{parse_json, read_body};
 use quiver::registry::{DocFormat, DocKind, RegistryStore, StoreError};
 
 /// A record (or a bundle) as a client sends it: the document text and how it is written.
