@@ -222,6 +222,11 @@ pub const MAX_SUMMARY_KEY_BYTES: usize = 64;
 /// an editor's save (write, rename, delete a backup) lands within it as one reload.
 pub const REGISTRY_RELOAD_DEBOUNCE: Duration = Duration::from_millis(300);
 
+/// Without the `watch` feature a directory store has no file events, so a follower lists
+/// it this often to see changes; a listing reads every record, so not much more often.
+#[cfg(not(feature = "watch"))]
+pub const REGISTRY_DIR_POLL_INTERVAL: Duration = Duration::from_secs(2);
+
 /// Longest the watcher puts a reload off while the directory keeps changing.
 pub const REGISTRY_RELOAD_MAX_DELAY: Duration = Duration::from_secs(3);
 

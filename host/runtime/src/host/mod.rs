@@ -14,6 +14,7 @@ mod probe;
 mod reload;
 mod sync;
 mod task_state;
+#[cfg(feature = "watch")]
 mod watch;
 
 use std::path::{Path, PathBuf};
@@ -43,6 +44,7 @@ pub use reload::RegistryHealth;
 use reload::ReloadState;
 pub use sync::StoreFollower;
 use task_state::TaskState;
+#[cfg(feature = "watch")]
 pub use watch::RegistryWatcher;
 
 struct HostInner {

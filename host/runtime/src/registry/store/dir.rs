@@ -32,7 +32,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use notify::{RecursiveMode, Watcher};
 use sha2::{Digest, Sha256};
 
 use super::{
@@ -97,8 +96,56 @@ impl DirStore {
         &self.inner.dir
     }
 
+    /// Sends on `signal` whenever the directory may have changed: on each file event with
+    /// the `watch` feature, else every [`defaults::REGISTRY_DIR_POLL_INTERVAL`]. Wake-ups
+    /// stop when the returned guard is dropped.
+    #[cfg(feature = "watch")]
+    fn wake_on_changes(
+        &self,
+        signal: tokio::sync::mpsc::Sender<()>,
+    ) -> Result<impl Send + 'static, StoreError> {
+        use notify::{RecursiveMode, Watcher};
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                if event.is_ok_and(|e| Self::is_registry_event(&e)) {
+                    // A full channel already holds a wake-up: that one covers this.
+                    let _ = signal.try_send(());
+                }
+            })
+            .map_err(|e| self.inner.unreachable(format!("cannot watch: {e}")))?;
+        watcher
+            .watch(&self.inner.dir, RecursiveMode::Recursive)
+            .map_err(|e| self.inner.unreachable(format!("cannot watch: {e}")))?;
+        Ok(watcher)
+    }
+
+    #[cfg(not(feature = "watch"))]
+    fn wake_on_changes(
+        &self,
+        signal: tokio::sync::mpsc::Sender<()>,
+    ) -> Result<impl Send + 'static, StoreError> {
+        /// Stops the polling task with the watch.
+        struct Polling(tokio::task::JoinHandle<()>);
+        impl Drop for Polling {
+            fn drop(&mut self) {
+                self.0.abort();
+            }
+        }
+        Ok(Polling(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(defaults::REGISTRY_DIR_POLL_INTERVAL);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                // A full channel already holds a wake-up: that one covers this.
+                let _ = signal.try_send(());
+            }
+        })))
+    }
+
     /// Whether a watch event on a registry directory can change what it holds: one only
     /// about the write lock's file (created by the first write, opened by each) cannot.
+    #[cfg(feature = "watch")]
     pub(crate) fn is_registry_event(event: &notify::Event) -> bool {
         let only_lock = !event.paths.is_empty()
             && event
@@ -538,17 +585,7 @@ impl RegistryStore for DirStore {
     ) -> StoreFuture<'_, BoxStream<'static, Result<StoreEvent, StoreError>>> {
         Box::pin(async move {
             let (signal, signals) = tokio::sync::mpsc::channel::<()>(1);
-            let mut watcher =
-                notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                    if event.is_ok_and(|e| Self::is_registry_event(&e)) {
-                        // A full channel already holds a wake-up: that one covers this.
-                        let _ = signal.try_send(());
-                    }
-                })
-                .map_err(|e| self.inner.unreachable(format!("cannot watch: {e}")))?;
-            watcher
-                .watch(&self.inner.dir, RecursiveMode::Recursive)
-                .map_err(|e| self.inner.unreachable(format!("cannot watch: {e}")))?;
+            let watcher = self.wake_on_changes(signal)?;
             let baseline = self.list().await?;
             // The directory keeps no history: a change between `since` and now shows as
             // every document put again.
@@ -866,6 +903,7 @@ mod tests {
         assert!(!dir.0.join("c.toml").exists() && dir.0.join("a.toml").is_file());
     }
 
+    #[cfg(feature = "watch")]
     #[test]
     fn watch_events_about_the_lock_file_alone_change_nothing() {
         use notify::event::{AccessKind, CreateKind, EventKind, ModifyKind, RenameMode};
