@@ -28,7 +28,7 @@ seconds() {
 
 # The chat loop's file moved with the restructuring; touch whichever exists.
 touch_chat_loop() {
-  for f in host/src/chat/run.rs host/src/chat/loop.rs; do
+  for f in host/runtime/src/chat/run.rs host/src/chat/run.rs; do
     [ -f "$f" ] && { touch "$f"; return; }
   done
 }

@@ -17,7 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 echo "==> building the host, the fixture server and the guest (first build takes a few minutes)" >&2
-cargo build --quiet -p quiver --bin quiver -p quiver-tests --bin fixture-mcp-server
+cargo build --quiet -p quiver-cli -p quiver-tests --bin fixture-mcp-server
 cargo build --quiet -p mcp-explorer -p chat-tools --target wasm32-wasip1 --release --target-dir target/guests
 export QUIVER_FIXTURE_SERVER="$PWD/target/debug/fixture-mcp-server"
 guests=target/guests/wasm32-wasip1/release

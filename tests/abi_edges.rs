@@ -794,7 +794,7 @@ async fn wasi_opens_are_bounded_like_the_task_fds() {
     std::fs::write(files.path().join("f"), b"x").unwrap();
     let mut task = TaskSpec::new("wasi-open-flood");
     task.limits.max_fds = Some(16);
-    task.preopens.push(quiver::task::Preopen {
+    task.preopens.push(quiver::Preopen {
         host: files.path().to_owned(),
         guest: "/data".into(),
         read_only: true,

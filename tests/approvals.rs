@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use quiver::approval::{
+use quiver::Reason;
+use quiver::{
     ApprovalDecision, ApprovalError, ApprovalFuture, ApprovalQueue, ApprovalRequest, Approver,
     PendingApproval,
 };
-use quiver::observe::{PolicyDenial, ToolObserver};
-use quiver::policy::Reason;
 use quiver::{Host, HostBuilder, TaskFailure};
+use quiver::{PolicyDenial, ToolObserver};
 use quiver_tests::chat_wat::{ChatGuest, scripted_host_builder};
 use quiver_tests::errno::ENOSPC;
 use quiver_tests::llm::{Reply, ScriptedLlm, tool_names, tool_results};
@@ -442,7 +442,7 @@ async fn the_chat_loop_offers_tools_needing_approval_and_the_model_gets_the_deni
     });
     let run = run_chat(&chat).await;
     let seen = decided.await.unwrap();
-    assert!(seen.iter().all(|p| p.via == quiver::observe::Via::Chat));
+    assert!(seen.iter().all(|p| p.via == quiver::Via::Chat));
 
     let offered = tool_names(&chat.llm.request(0));
     for tool in ["mcp__fixture__echo", "mcp__fixture__delete_file"] {

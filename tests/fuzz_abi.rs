@@ -1198,7 +1198,7 @@ fn charged_json_costs_cover_what_parsing_really_allocates() {
         json!({"role": "user", "content": "é".repeat(100_000)}).to_string(),
     ];
     for text in texts {
-        let charged = quiver::sandbox::heap::json_text(text.as_bytes()).unwrap() as isize;
+        let charged = quiver::json_charge(text.as_bytes()).unwrap() as isize;
         let (parsed, grown) = runtime.block_on(heap_growth(async {
             serde_json::from_slice::<Value>(text.as_bytes()).unwrap()
         }));

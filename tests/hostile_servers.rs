@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use quiver::Host;
-use quiver::mcp::McpErrorCode;
+use quiver::McpErrorCode;
 use quiver_tests::chat_wat::{ChatGuest, scripted_host};
 use quiver_tests::hostile_http::{HostileHttp, Misbehaviour};
 use quiver_tests::llm::{Reply, ScriptedLlm};
@@ -467,7 +467,7 @@ async fn a_server_that_exits_mid_call_fails_it_at_once_and_is_restarted() {
 }
 
 /// Lists `server`'s tools through the pool, timing it.
-async fn list(host: &Host, server: &str) -> (Result<usize, quiver::mcp::McpError>, Duration) {
+async fn list(host: &Host, server: &str) -> (Result<usize, quiver::McpError>, Duration) {
     let entry = host.registry().get(server).unwrap().clone();
     let started = Instant::now();
     let listed = host
@@ -538,7 +538,7 @@ fn remote(registry: &RegistryDir, transport: &str, url: &str, budgets: &str) -> 
 fn remote_host(registry: &RegistryDir) -> Host {
     quiver_tests::init_logging();
     let config = quiver::HostConfig {
-        egress: quiver::mcp::EgressConfig {
+        egress: quiver::EgressConfig {
             allow_private: vec!["127.0.0.0/8".into()],
             ..Default::default()
         },

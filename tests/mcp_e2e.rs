@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use quiver::mcp::McpErrorCode;
+use quiver::McpErrorCode;
 use quiver::{Host, ModuleOrigin, TaskFailure};
 use quiver_tests::{
     RegistryDir, call_tool_text, example_guest, fixture_pids, fixture_toml_with_args, host,

@@ -6,8 +6,8 @@
 use std::collections::BTreeSet;
 
 use quiver::Host;
-use quiver::mcp::{ServerState, ServerStatus};
 use quiver::registry::Registry;
+use quiver::{ServerState, ServerStatus};
 use quiver_tests::chat_wat::{ChatGuest, WEATHER, scripted_host};
 use quiver_tests::errno::EACCES;
 use quiver_tests::llm::{Reply, ScriptedLlm, expected_usage};

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 
 use quiver::Host;
-use quiver::mcp::{McpError, McpErrorCode, PoolLimits};
+use quiver::{McpError, McpErrorCode, PoolLimits};
 use quiver_tests::group::{ServerWithChild, group_gone, left_of};
 use quiver_tests::{
     RegistryDir, call_tool_text, host_builder, init_logging, server_status, unique_id, until,

@@ -133,11 +133,7 @@ async fn a_call_fails_at_once_when_its_server_dies_even_if_a_child_keeps_its_std
         .call_tool(&entry, "crash", Default::default())
         .await
         .unwrap_err();
-    assert_eq!(
-        error.code,
-        quiver::mcp::McpErrorCode::Unavailable,
-        "{error}"
-    );
+    assert_eq!(error.code, quiver::McpErrorCode::Unavailable, "{error}");
     assert_eq!(
         group_gone(pid, &[pid, child], WITHIN).await,
         Vec::<u32>::new(),

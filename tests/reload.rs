@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use quiver::mcp::ServerState;
+use quiver::ServerState;
 use quiver::{Host, HostError, RegistryHealth};
 use quiver_tests::wat::{self, WatRun};
 use quiver_tests::{

@@ -12,7 +12,7 @@ use futures::StreamExt;
 
 use quiver::Host;
 use quiver::HostConfig;
-use quiver::mcp::{AuthConfig, EgressConfig, McpErrorCode};
+use quiver::{AuthConfig, EgressConfig, McpErrorCode};
 use quiver_tests::oauth::{AsOptions, TokenServer};
 use quiver_tests::{
     FixtureHttp, RegistryDir, example_guest, host_builder, mcp_task, quiver_cli, run,
@@ -62,7 +62,7 @@ async fn call_text(
     server_id: &str,
     tool: &str,
     args: serde_json::Value,
-) -> Result<String, quiver::mcp::McpError> {
+) -> Result<String, quiver::McpError> {
     let entry = host.registry().get(server_id).unwrap().clone();
     let out = host
         .pool()

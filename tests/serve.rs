@@ -577,7 +577,7 @@ async fn real_calls_show_in_metrics_server_health_and_the_audit_log() {
     assert_eq!(response.status(), 200);
     assert_eq!(
         response.headers()["content-type"],
-        quiver::observe::Metrics::CONTENT_TYPE
+        quiver::Metrics::CONTENT_TYPE
     );
     let samples = openmetrics::parse(&response.text().await.expect("metrics text"));
     let calls = "quiver_mcp_tool_calls_total";

@@ -4,8 +4,8 @@
 
 use std::time::{Duration, Instant};
 
+use quiver::EgressConfig;
 use quiver::HostConfig;
-use quiver::mcp::EgressConfig;
 use quiver_tests::{FixtureHttp, RegistryDir, host_builder};
 
 fn median(mut samples: Vec<Duration>) -> Duration {

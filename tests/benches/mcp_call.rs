@@ -20,8 +20,8 @@
 
 use std::time::{Duration, Instant};
 
+use quiver::EgressConfig;
 use quiver::HostConfig;
-use quiver::mcp::EgressConfig;
 use quiver::{GuestModule, Host, TaskSpec};
 use quiver_tests::{FixtureHttp, RegistryDir, wat, workspace};
 use rmcp::ServiceExt;

@@ -15,12 +15,12 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use std::sync::Arc;
 
-use quiver::approval::{AllowAll, ApprovalQueue, Approver, TerminalApprover};
 use quiver::config::{ConfigError, ConfigOrigin};
-use quiver::policy::{TaskMcpPolicy, ToolFilter};
 use quiver::registry::{Registry, ServerEntry};
 use quiver::telemetry::{self, LogFormat};
+use quiver::{AllowAll, ApprovalQueue, Approver, TerminalApprover};
 use quiver::{Host, HostBuilder, StoreFollower, TaskSpec};
+use quiver::{TaskMcpPolicy, ToolFilter};
 use quiver_node::{Node, NodeConfig, NodeFileConfig, RegistrySource};
 
 #[derive(Parser)]
@@ -350,7 +350,8 @@ async fn run(args: RunArgs) -> i32 {
 /// more and exits; a stderr stuck longer loses them (saying so would block on the same stderr).
 async fn flush_guest_logs() {
     let timeout = quiver::defaults::GUEST_STDERR_FLUSH_TIMEOUT;
-    let _ = tokio::task::spawn_blocking(move || quiver::sandbox::flush_guest_stderr(timeout)).await;
+    let _ =
+        tokio::task::spawn_blocking(move || quiver::telemetry::flush_guest_stderr(timeout)).await;
 }
 
 /// `quiver serve`: the first Ctrl-C or SIGTERM drains the node, a second cancels what

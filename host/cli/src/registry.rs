@@ -23,11 +23,11 @@ use std::time::Duration;
 use clap::Subcommand;
 use serde::Serialize;
 
-use quiver::observe::printable;
 use quiver::registry::{
     Change, DirStore, DocChange, DocFormat, DocKind, Registry, RegistryStore, Severity, StoreError,
     StoredDoc, diff_docs, is_valid_server_id, parse_bundle,
 };
+use quiver::text::printable;
 use quiver_node::RegistrySource;
 
 use crate::defaults;

@@ -1,7 +1,7 @@
 //! `quiver mcp status`: the health of every server of a registry, found by connecting to
 //! each one now, or that of a running node (`GET /v1/mcp/servers`).
 //!
-//! Both print the same [`ServerStatus`](quiver::mcp::ServerStatus) JSON, as a table or
+//! Both print the same [`ServerStatus`](quiver::ServerStatus) JSON, as a table or
 //! (`--json`) as the array itself, so scripts read one shape whichever source they ask. A
 //! node's answer is untrusted: every table cell, and any error body quoted, is shown with
 //! control and format characters removed, so nothing in it can drive the terminal.
@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use futures::StreamExt;
 use serde_json::Value;
 
-use quiver::observe::printable;
 use quiver::registry::{Registry, RegistryDirError};
+use quiver::text::printable;
 use quiver::{Host, HostError};
 
 use crate::defaults;
@@ -119,7 +119,7 @@ async fn node(url: &str, token_env: Option<&str>) -> Result<Vec<Value>, StatusEr
         Some(var) => Some(std::env::var(var).map_err(|_| StatusError::TokenEnv(var.to_owned()))?),
         None => None,
     };
-    quiver::mcp::ensure_tls_provider();
+    quiver::ensure_tls_provider();
     let client = reqwest::Client::builder()
         .timeout(defaults::CLI_NODE_TIMEOUT)
         .build()

@@ -24,10 +24,10 @@ use super::modules::TooLarge;
 use super::tasks::Refused;
 use super::{NodeState, admin, web};
 use crate::defaults;
+use quiver::Metrics;
+use quiver::TaskError;
 use quiver::TaskSpec;
-use quiver::approval::{ApprovalDecision, ApprovalQueue};
-use quiver::observe::Metrics;
-use quiver::task::TaskError;
+use quiver::{ApprovalDecision, ApprovalQueue};
 
 pub(crate) fn router(state: Arc<NodeState>) -> Router {
     let guarded = Router::new()

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use quiver::ApprovalQueue;
 use quiver::HostConfig;
-use quiver::approval::ApprovalQueue;
 use quiver::config::{ConfigError, read_section};
 
 use super::ServeError;

@@ -10,7 +10,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use crate::defaults;
-use quiver::approval::ApprovalError;
+use quiver::ApprovalError;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]

@@ -5,7 +5,7 @@
 //! (`DELETE /v1/tasks/{id}`) them; `/healthz` and `/readyz` serve orchestrators.
 //! Operators watch it through `/metrics`, `/v1/mcp/servers` and `/v1/registry`, and decide
 //! the tool calls waiting for approval at `/v1/approvals` (when the node was given the
-//! host's [`ApprovalQueue`](quiver::approval::ApprovalQueue), see
+//! host's [`ApprovalQueue`](quiver::ApprovalQueue), see
 //! [`NodeConfig::with_approval_queue`]). The node is a thin layer: handlers ([`api`])
 //! parse and check, the library runs. Everything a
 //! client sends is bounded (body size and time, modules, tasks, kept output) and every

@@ -21,33 +21,73 @@
 //! # }
 //! ```
 //!
-//! The crate is shaped as capabilities composed by the [`Host`] (see
-//! `docs/architecture.md`): the [`sandbox`] (engine, store, limits, fd table, WASI), the
-//! [`mcp`] capability (pool, transports, `mcp_*` hostcalls) and the [`chat`] capability
-//! (sessions, the tool-call loop, LLM backends, `cchat_*` hostcalls). The [`registry`] and
-//! the pure [`policy`] are what the capabilities decide with; a call policy marks as needing
-//! approval waits for the embedder's [`approval::Approver`]. A hostcall enters at its
-//! capability's glue, meets that capability's task state, its one policy decision, then its
-//! shared services, and its answer walks back the same way.
+//! Inside, the crate is capabilities composed by the [`Host`] (see `docs/architecture.md`):
+//! the sandbox (engine, store, limits, fd table, WASI), the MCP capability (pool,
+//! transports, `mcp_*` hostcalls) and the chat capability (sessions, the tool-call loop, LLM
+//! backends, `cchat_*` hostcalls); the [`registry`] and the pure policy are what they decide
+//! with. Those modules are private: everything an embedder uses is re-exported here, so
+//! what is public is what is supported. A call policy marks as needing approval waits for
+//! the embedder's [`Approver`]; every tool call and denial reaches the [`ToolObserver`]s.
+//!
+//! What an embedder finds here:
+//! - running tasks: [`Host`], [`HostBuilder`], [`TaskSpec`], [`TaskOutcome`], [`HostError`];
+//! - deciding and watching calls: [`Approver`], [`ApprovalQueue`], [`ToolObserver`] and its
+//!   events, [`Metrics`], [`AuditLog`];
+//! - the registry: [`registry`] (records, [`registry::RegistryStore`], the directory store);
+//! - configuration: [`HostConfig`] and its sections, [`config`], [`llm`], [`defaults`];
+//! - status: [`HostStatus`], [`ServerStatus`], [`RegistryHealth`], [`ProbeReport`].
+//!
+//! Cargo features: `watch` (on by default) reloads a registry directory on file events
+//! (`Host::watch_registry`, on `notify`); without it a directory store is polled.
 
-pub mod approval;
-pub mod chat;
+mod approval;
+mod chat;
 pub mod config;
 pub mod defaults;
 mod host;
-pub mod mcp;
-pub mod observe;
-pub mod policy;
+mod mcp;
+mod observe;
+mod policy;
 pub mod registry;
-pub mod sandbox;
-pub mod task;
+mod sandbox;
+mod task;
 pub mod telemetry;
 
-pub use chat::llm;
+/// Making untrusted text safe to show on a terminal or in a log line.
+pub mod text {
+    pub use crate::observe::printable;
+}
+
+/// LLM backends as `quiver.toml` names them (`[backends.NAME]`).
+pub mod llm {
+    pub use crate::chat::llm::{BackendConfig, BackendKind};
+}
+
+pub use approval::{
+    AllowAll, ApprovalDecision, ApprovalError, ApprovalFuture, ApprovalQueue, ApprovalRequest,
+    Approver, DenyAll, PendingApproval, TerminalApprover,
+};
+#[cfg(feature = "watch")]
+pub use host::RegistryWatcher;
 pub use host::{
     BusyReason, GuestModule, Host, HostBuilder, HostConfig, HostError, HostMemoryStatus,
     HostMemoryUse, HostStatus, ModuleOrigin, PreviewError, ProbeReport, RegistryHealth,
-    RegistryWatcher, StoreFollower, TaskFailure, TaskOutcome, TaskStatus, TasksConfig, ToolPreview,
+    StoreFollower, TaskFailure, TaskOutcome, TaskStatus, TasksConfig, ToolPreview,
 };
+/// What a task is charged against its host memory budget for a JSON text its guest hands
+/// the host (the parsed value's size, computed without parsing), for sizing
+/// `limits.host_memory_bytes`; an error for text that is not JSON.
+pub use sandbox::heap::json_text as json_charge;
+
+pub use mcp::{
+    ApiKeyConfig, AuthConfig, EgressConfig, McpError, McpErrorCode, McpHostConfig,
+    OAuthClientCredentialsConfig, PoolLimits, ServerState, ServerStatus, SigningAlg,
+    TokenEndpointAuth, ensure_tls_provider,
+};
+pub use observe::{
+    ArgumentsSummary, AuditLog, Metrics, PolicyDenial, ToolCall, ToolCallEnd, ToolKind,
+    ToolObserver, ToolOutcome, Via,
+};
+pub use policy::{PolicyReport, Reason, TaskMcpPolicy, ToolFilter};
 pub use quiver_abi::Errno;
-pub use task::{GuestLogs, TaskError, TaskSpec};
+pub use task::{GuestLogs, Preopen, TaskError, TaskSpec};

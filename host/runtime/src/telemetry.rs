@@ -15,6 +15,8 @@ use tracing_subscriber::fmt::MakeWriter;
 use crate::defaults;
 use crate::registry::redact_known;
 
+pub use crate::sandbox::flush_guest_stderr;
+
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {

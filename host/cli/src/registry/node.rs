@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use quiver::observe::printable;
+use quiver::text::printable;
 
 use crate::defaults;
 use quiver::registry::{Change, DocChange, DocFormat, DocKind, StoredDoc};
@@ -98,7 +98,7 @@ impl NodeClient {
                 "the URL has credentials; pass the admin token with --token-env instead".into(),
             ));
         }
-        quiver::mcp::ensure_tls_provider();
+        quiver::ensure_tls_provider();
         let client = reqwest::Client::builder()
             .timeout(timeout)
             .build()

@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 
 use super::{NodeState, RecordBody, name_field, no_query, noun, read_record, store, store_error};
 use crate::error::ApiError;
-use quiver::mcp::ServerStatus;
+use quiver::ServerStatus;
 use quiver::registry::{
     DocFormat, DocKind, Listing, RegistryStore, StoreError, StoredDoc, Write, check_changes,
 };

@@ -28,7 +28,7 @@ pub(crate) use metrics::Metrics;
 pub(crate) use params::{ParamError, SessionMcp, Settings};
 pub(crate) use run::{GuestTools, SendContext};
 pub(crate) use session::ROLES;
-pub use session::{ChatResponse, ChatSession, ChatTask, ChatView, SessionContent};
+pub use session::{ChatResponse, ChatSession, ChatTask, ChatView};
 
 #[cfg(test)]
 mod tests;

@@ -198,6 +198,7 @@ impl ChatCompletion {
     }
 
     /// Reads a completion from a JSON value; the error names the path that did not fit.
+    #[cfg(test)]
     pub fn from_value(value: Value) -> Result<Self, WireError> {
         serde_path_to_error::deserialize(value).map_err(|e| WireError::Shape(describe(e)))
     }

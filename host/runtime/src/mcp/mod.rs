@@ -18,18 +18,13 @@ mod pool;
 mod session;
 
 pub use auth::{
-    ApiKeyConfig, AuthConfig, AuthConfigError, AuthSet, OAuthClientCredentialsConfig, SigningAlg,
-    TokenEndpointAuth,
+    ApiKeyConfig, AuthConfig, AuthSet, OAuthClientCredentialsConfig, SigningAlg, TokenEndpointAuth,
 };
-pub use egress::{
-    EgressConfig, EgressDenied, EgressPolicy, EgressResolveError, EgressRuleError, RuleProblem,
-};
+pub use egress::{EgressConfig, EgressPolicy};
 pub use error::{McpError, McpErrorCode};
 pub use hostcalls::add_to_linker;
 pub use http::ensure_tls_provider;
-pub use pool::{
-    McpHostConfig, McpPool, PoolLimits, PoolUsage, RemoteOptions, ServerState, ServerStatus,
-};
+pub use pool::{McpHostConfig, McpPool, PoolLimits, RemoteOptions, ServerState, ServerStatus};
 pub use session::{McpSession, McpTask, McpView};
 
 /// A tool as a server lists it (rmcp's model type: `name`, `description`, `inputSchema`, ...).

@@ -23,8 +23,8 @@ pub use event::{
     ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via, printable,
 };
 pub(crate) use event::{cut, unix_seconds};
+pub use metrics::Metrics;
 pub(crate) use metrics::{LiveStatus, ServerGauges};
-pub use metrics::{Metrics, OTHER_TOOL};
 
 /// Called around every tool call and on every policy denial. Every method has an empty
 /// default, so an observer implements only what it needs.

@@ -27,10 +27,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-pub use filter::{
-    Filter, Kind, ListKey, Lists, Names, Narrowing, PromptFilter, Prompts, ResourceFilter,
-    Resources, ToolFilter, Tools,
-};
+pub use filter::{Kind, ListKey, Lists, Narrowing, PromptFilter, ResourceFilter, ToolFilter};
 pub use pattern::Pattern;
 pub use report::PolicyReport;
 
@@ -211,6 +208,7 @@ impl Denial {
     }
 
     /// The layer that refused, when a filter did.
+    #[cfg(test)]
     pub fn layer(&self) -> Option<Layer> {
         match self {
             Denial::NotInAllowlist(_, layer) | Denial::DeniedByPattern(_, layer, _) => Some(*layer),

@@ -305,11 +305,6 @@ impl Charge {
     pub fn try_clone(&self) -> Result<Charge, Errno> {
         self.budget.charge(self.what, self.bytes)
     }
-
-    /// The budget this charge belongs to.
-    pub fn budget(&self) -> &MemoryBudget {
-        &self.budget
-    }
 }
 
 impl Drop for Charge {

@@ -33,11 +33,13 @@ use guest_log::GuestLogSink;
 pub use budget::{Charge, HostMemory, HostMemoryStatus, HostMemoryUse, MemoryBudget};
 pub use capture::CapturedOutput;
 pub use deadline::{Deadline, DeadlineExceeded};
-pub use fd::{FD_STATE_BYTES, FdKindOf, FdTable};
+#[cfg(test)]
+pub(crate) use fd::FD_STATE_BYTES;
+pub use fd::{FdKindOf, FdTable};
 pub use guest_log::flush_guest_stderr;
 pub use hostcall::{HostcallError, before_deadline, finish};
 pub use memory::{GuestMemory, OutBuf, guest};
-pub use run::{TaskFailure, TaskRun};
+pub use run::TaskFailure;
 pub use runtime::{ModuleOrigin, Runtime, RuntimeOptions, default_cache_dir};
 pub use wasi::SandboxSetupError;
 

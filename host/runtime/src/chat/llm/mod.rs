@@ -147,14 +147,6 @@ impl Backends {
                 known: self.backends.keys().cloned().collect(),
             })
     }
-
-    pub fn default_name(&self) -> &str {
-        &self.default
-    }
-
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.backends.keys().map(String::as_str)
-    }
 }
 
 fn default_model(kind: BackendKind) -> String {
