@@ -61,6 +61,18 @@ pub fn hostile_server() -> PathBuf {
     bin_dir().join("hostile-mcp-server")
 }
 
+/// The example embedder (examples/embedder), which `cargo test` at the workspace root
+/// builds beside these tests.
+pub fn embedder() -> PathBuf {
+    let bin = bin_dir().join("quiver-embedder");
+    assert!(
+        bin.exists(),
+        "{} is missing: run the tests with `cargo test` at the workspace root, or `cargo build -p quiver-embedder` first",
+        bin.display()
+    );
+    bin
+}
+
 /// The `quiver` command-line binary. `cargo test` at the workspace root builds it with the
 /// host package (whose own CLI tests need it) into the same directory as these tests; it
 /// is looked up there rather than linked a second time into this package. A binary older
@@ -317,7 +329,7 @@ pub async fn call_tool_text(
     server_id: &str,
     tool: &str,
     args: serde_json::Value,
-) -> Result<String, quiver::mcp::McpError> {
+) -> Result<String, quiver::McpError> {
     let entry = host
         .registry()
         .get(server_id)
@@ -333,7 +345,7 @@ pub async fn call_tool_text(
 }
 
 /// `server_id`'s entry in the host's pool status, if the pool has one.
-pub fn server_status(host: &Host, server_id: &str) -> Option<quiver::mcp::ServerStatus> {
+pub fn server_status(host: &Host, server_id: &str) -> Option<quiver::ServerStatus> {
     host.pool()
         .status()
         .into_iter()
