@@ -233,8 +233,27 @@ mod tests {
         assert!(
             error
                 .to_string()
-                .contains("tasks: unknown field `max_concurent`"),
+                .contains("tasks.max_concurent: unknown field `max_concurent`"),
             "{error}"
         );
+
+        let dir = std::env::temp_dir().join(format!(
+            "quiver-config-sections-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("quiver.toml");
+        std::fs::write(
+            &file,
+            "[serve]\ntoken_env = \"T\"\n[tasks]\nmax_concurrent = 2\n",
+        )
+        .unwrap();
+        let loaded = HostConfig::load_with_sections(&file, &["serve", "admin"]);
+        let _ = std::fs::remove_dir_all(&dir);
+        let (config, others) = loaded.expect("[serve] is handed back");
+        assert_eq!(config.tasks.max_concurrent, Some(2));
+        assert_eq!(others["serve"]["token_env"].as_str(), Some("T"));
+        assert!(!others.contains_key("admin"), "absent sections stay absent");
     }
 }
