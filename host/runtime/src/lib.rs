@@ -71,8 +71,8 @@ pub use approval::{
 pub use host::RegistryWatcher;
 pub use host::{
     BusyReason, GuestModule, Host, HostBuilder, HostConfig, HostError, HostMemoryStatus,
-    HostMemoryUse, HostStatus, ModuleOrigin, PreviewError, ProbeReport, RegistryHealth,
-    StoreFollower, TaskFailure, TaskOutcome, TaskStatus, TasksConfig, ToolPreview,
+    HostMemoryUse, HostStatus, ModuleError, ModuleOrigin, PreviewError, ProbeReport,
+    RegistryHealth, StoreFollower, TaskFailure, TaskOutcome, TaskStatus, TasksConfig, ToolPreview,
 };
 /// What a task is charged against its host memory budget for a JSON text its guest hands
 /// the host (the parsed value's size, computed without parsing), for sizing
@@ -90,4 +90,5 @@ pub use observe::{
 };
 pub use policy::{PolicyReport, Reason, TaskMcpPolicy, ToolFilter};
 pub use quiver_abi::Errno;
+pub use sandbox::SandboxSetupError;
 pub use task::{GuestLogs, Preopen, TaskError, TaskSpec};

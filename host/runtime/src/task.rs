@@ -25,8 +25,21 @@ pub enum TaskError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    /// Not JSON, or not a task's shape; `field` is where it did not fit.
+    #[error("{}: {}{source}", path.display(), field.as_deref().map(|f| format!("field `{f}`: ")).unwrap_or_default())]
+    Parse {
+        path: PathBuf,
+        field: Option<String>,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A task file whose content a check refused.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        path: PathBuf,
+        #[source]
+        source: Box<TaskError>,
+    },
     #[error("task config key `{key}`: {message}")]
     Config { key: String, message: String },
     #[error("task field `{field}`: {message}")]
@@ -143,13 +156,14 @@ impl TaskSpec {
             source,
         })?;
         let mut spec = Self::from_json(&text).map_err(|e| match e {
-            TaskError::Parse { message, .. } => TaskError::Parse {
+            TaskError::Parse { field, source, .. } => TaskError::Parse {
                 path: path.to_owned(),
-                message,
+                field,
+                source,
             },
-            other => TaskError::Parse {
+            other => TaskError::InFile {
                 path: path.to_owned(),
-                message: other.to_string(),
+                source: Box::new(other),
             },
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
@@ -166,14 +180,10 @@ impl TaskSpec {
         let de = &mut serde_json::Deserializer::from_str(text);
         let spec: Self = serde_path_to_error::deserialize(de).map_err(|e| {
             let at = e.path().to_string();
-            let message = if at == "." {
-                e.inner().to_string()
-            } else {
-                format!("field `{at}`: {}", e.inner())
-            };
             TaskError::Parse {
                 path: PathBuf::from("<task json>"),
-                message,
+                field: (at != ".").then_some(at),
+                source: e.into_inner(),
             }
         })?;
         spec.validate()?;

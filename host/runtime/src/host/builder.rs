@@ -16,8 +16,23 @@ use crate::defaults;
 use crate::mcp::{AuthSet, EgressPolicy, McpPool, PoolLimits, RemoteOptions, ServerState};
 use crate::observe::{AuditLog, LiveStatus, Metrics, Observers, ServerGauges, ToolObserver};
 use crate::registry::{Registry, RegistryDirError, RegistryStore, ServerEntry, Severity};
-use crate::sandbox::{HostMemory, Runtime, RuntimeOptions, default_cache_dir};
+use crate::sandbox::{HostMemory, Runtime, RuntimeOptions, SandboxSetupError, default_cache_dir};
 use crate::task::TaskError;
+
+/// Why a guest module could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ModuleError {
+    #[error("{0}")]
+    Read(#[source] std::io::Error),
+    /// Not a valid module, or one this host cannot link.
+    #[error("{0:#}")]
+    Compile(#[source] wasmtime::Error),
+}
+
+/// `": cause"`, or nothing when there is none.
+fn cause_suffix(source: Option<&(dyn std::error::Error + Send + Sync)>) -> String {
+    source.map(|e| format!(": {e}")).unwrap_or_default()
+}
 
 /// Something that stopped the host from starting or a task from starting.
 #[derive(Debug, thiserror::Error)]
@@ -28,12 +43,28 @@ pub enum HostError {
     Task(#[from] TaskError),
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("cannot set up the WebAssembly engine: {0}")]
-    Engine(String),
-    #[error("{path}: cannot load the guest module: {message}")]
-    Module { path: String, message: String },
-    #[error("task `{task_id}`: {message}")]
-    TaskSetup { task_id: String, message: String },
+    /// The engine could not be built with these limits; `fix` names the settings.
+    #[error("cannot set up the WebAssembly engine: {source:#} ({fix})")]
+    Engine {
+        fix: String,
+        #[source]
+        source: wasmtime::Error,
+    },
+    #[error("{path}: cannot load the guest module: {source}")]
+    Module {
+        path: String,
+        #[source]
+        source: ModuleError,
+    },
+    /// The task's sandbox could not be set up, or its module not instantiated.
+    #[error("task `{task_id}`: {module}{source}")]
+    TaskSetup {
+        task_id: String,
+        /// `"NAME: "` when the module was at fault, else empty.
+        module: String,
+        #[source]
+        source: SandboxSetupError,
+    },
     /// A registry reload found errors; the snapshot of `kept_revision` stays in force.
     #[error(
         "registry reload refused, revision {kept_revision} stays in force: {reason} (fix the file and reload again)"
@@ -42,10 +73,20 @@ pub enum HostError {
         kept_revision: String,
         reason: String,
     },
-    #[error("cannot watch the registry {dir}: {message}")]
-    RegistryWatch { dir: String, message: String },
-    #[error("cannot open the audit log {path}: {message} (pass a writable file to --audit-log)")]
-    AuditLog { path: String, message: String },
+    /// The registry cannot be watched or followed; `source` is the cause, if any.
+    #[error("cannot watch the registry {dir}: {message}{}", cause_suffix(.source.as_deref()))]
+    RegistryWatch {
+        dir: String,
+        message: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    #[error("cannot open the audit log {path}: {source} (pass a writable file to --audit-log)")]
+    AuditLog {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     /// The task was not started: every running slot was taken and the queue was full, or
     /// its wait for a slot ran out. Nothing of the task ran; retrying later is safe.
     #[error(
@@ -395,10 +436,13 @@ impl HostBuilder {
         let metrics = Metrics::new(self.max_metric_tool_series);
         metrics.registry_loaded(registry.revision());
         let runtime = Runtime::<TaskState>::new(options, task_state::add_to_linker).map_err(|e| {
-            HostError::Engine(format!(
-                "{e:#} (with {max_concurrent_tasks} task slots of up to {} bytes of linear memory each: HostBuilder::with_max_concurrent_tasks or [tasks] max_concurrent, and with_max_task_memory)",
-                self.max_task_memory
-            ))
+            HostError::Engine {
+                fix: format!(
+                    "with {max_concurrent_tasks} task slots of up to {} bytes of linear memory each: HostBuilder::with_max_concurrent_tasks or [tasks] max_concurrent, and with_max_task_memory",
+                    self.max_task_memory
+                ),
+                source: e,
+            }
         })?;
         let audit = self
             .audit_log
@@ -406,9 +450,9 @@ impl HostBuilder {
             .map(|path| {
                 AuditLog::open(path)
                     .map(Arc::new)
-                    .map_err(|e| HostError::AuditLog {
+                    .map_err(|source| HostError::AuditLog {
                         path: path.display().to_string(),
-                        message: e.to_string(),
+                        source,
                     })
             })
             .transpose()?;

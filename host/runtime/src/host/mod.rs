@@ -37,7 +37,7 @@ pub use crate::sandbox::{HostMemoryStatus, HostMemoryUse, ModuleOrigin, TaskFail
 use crate::task::{TaskError, TaskSpec};
 use admission::Admission;
 pub use admission::{BusyReason, TaskStatus};
-pub use builder::{HostBuilder, HostError};
+pub use builder::{HostBuilder, HostError, ModuleError};
 pub use config::{HostConfig, TasksConfig};
 pub use probe::{PreviewError, ProbeReport, ToolPreview};
 pub use reload::RegistryHealth;
@@ -204,16 +204,16 @@ impl Host {
     /// Compiles (or loads from cache) a module file.
     pub fn load_module_file(&self, path: impl AsRef<Path>) -> Result<GuestModule, HostError> {
         let path = path.as_ref();
-        let module_error = |message: String| HostError::Module {
+        let module_error = |source: ModuleError| HostError::Module {
             path: path.display().to_string(),
-            message,
+            source,
         };
-        let bytes = std::fs::read(path).map_err(|e| module_error(e.to_string()))?;
+        let bytes = std::fs::read(path).map_err(|e| module_error(ModuleError::Read(e)))?;
         let name = path
             .file_name()
             .map_or_else(|| "guest.wasm".into(), |n| n.to_string_lossy().into_owned());
         self.load_module(&name, &bytes).map_err(|e| match e {
-            HostError::Module { message, .. } => module_error(message),
+            HostError::Module { source, .. } => module_error(source),
             other => other,
         })
     }
@@ -245,7 +245,7 @@ impl Host {
         };
         let (pre, origin) = prepared.map_err(|e| HostError::Module {
             path: name.to_owned(),
-            message: format!("{e:#}"),
+            source: ModuleError::Compile(e),
         })?;
         tracing::debug!(module = name, ?origin, "module ready");
         Ok(GuestModule {
@@ -303,9 +303,10 @@ impl Host {
         task: &TaskSpec,
         admitted: impl FnOnce(),
     ) -> Result<TaskOutcome, HostError> {
-        let setup_error = |message: String| HostError::TaskSetup {
+        let setup_error = |module: String, source| HostError::TaskSetup {
             task_id: task.task_id.clone(),
-            message,
+            module,
+            source,
         };
         let mcp = self.mcp_task(task)?;
         for warning in mcp.policy.warnings() {
@@ -334,7 +335,7 @@ impl Host {
         );
         let (sandbox, captured) =
             Sandbox::for_task(task, &module.name, memory_limit, budget.clone())
-                .map_err(|e| setup_error(e.to_string()))?;
+                .map_err(|e| setup_error(String::new(), e))?;
         let state = TaskState {
             sandbox,
             mcp: Arc::new(mcp),
@@ -351,7 +352,7 @@ impl Host {
             .runtime
             .run(&module.pre, state, entry, span)
             .await
-            .map_err(|e| setup_error(format!("{}: {e}", module.name)))?;
+            .map_err(|e| setup_error(format!("{}: ", module.name), e))?;
         let (stdout, stderr) = captured.map(|c| c.take()).unwrap_or_default();
         let outcome = TaskOutcome {
             exit_code: run.exit_code,

@@ -74,7 +74,8 @@ impl Host {
         let runtime =
             tokio::runtime::Handle::try_current().map_err(|e| HostError::RegistryWatch {
                 dir: store.describe(),
-                message: format!("following a store needs a Tokio runtime: {e}"),
+                message: "following a store needs a Tokio runtime".into(),
+                source: Some(e.into()),
             })?;
         let resync = Arc::new(Notify::new());
         let (synced_tx, synced) = watch::channel(0);

@@ -81,14 +81,19 @@ impl Host {
                 dir: "(none)".into(),
                 message: "the host has no registry directory (HostBuilder::with_registry_dir)"
                     .into(),
+                source: None,
             });
         };
-        let watch_error = |e: String| HostError::RegistryWatch {
-            dir: dir.display().to_string(),
-            message: e,
+        let watch_error = |message: &str, source: Box<dyn std::error::Error + Send + Sync>| {
+            HostError::RegistryWatch {
+                dir: dir.display().to_string(),
+                message: message.to_owned(),
+                source: Some(source),
+            }
         };
         // Absolute, so the parent is known and event paths compare equal.
-        let root = std::fs::canonicalize(&dir).map_err(|e| watch_error(e.to_string()))?;
+        let root =
+            std::fs::canonicalize(&dir).map_err(|e| watch_error("cannot resolve it", e.into()))?;
         let (events, signals) = channel();
         let watched = root.clone();
         let mut watcher =
@@ -114,14 +119,14 @@ impl Host {
                     Err(e) => tracing::warn!(error = %e, "registry watch error"),
                 }
             })
-            .map_err(|e| watch_error(e.to_string()))?;
+            .map_err(|e| watch_error("cannot start a watcher", e.into()))?;
         watcher
             .watch(&root, RecursiveMode::Recursive)
-            .map_err(|e| watch_error(e.to_string()))?;
+            .map_err(|e| watch_error("cannot watch it", e.into()))?;
         if let Some(parent) = root.parent() {
             watcher
                 .watch(parent, RecursiveMode::NonRecursive)
-                .map_err(|e| watch_error(format!("cannot watch its parent directory: {e}")))?;
+                .map_err(|e| watch_error("cannot watch its parent directory", e.into()))?;
         }
         let watcher = Arc::new(Mutex::new(Some(watcher)));
         let host = self.clone();
@@ -129,7 +134,7 @@ impl Host {
         let thread = std::thread::Builder::new()
             .name("quiver-registry-watch".into())
             .spawn(move || follow(&host, &signals, &Rearm { shared, root }))
-            .map_err(|e| watch_error(format!("cannot start the watcher thread: {e}")))?;
+            .map_err(|e| watch_error("cannot start the watcher thread", e.into()))?;
         tracing::info!(dir = %dir.display(), "watching the registry for changes");
         Ok(RegistryWatcher {
             watcher,
