@@ -15,6 +15,7 @@ use quiver_abi::Errno;
 
 use super::images::Image;
 use super::llm::{Backend, Backends, LlmError, RICH_CONTENT_FIELD};
+use super::response::{self, SendError};
 use super::results::{
     ToolErrorCode, ToolFailure, mcp_result_images, mcp_result_text, truncate_output,
 };
@@ -105,134 +106,16 @@ enum Step<'a> {
     },
 }
 
-/// Why a send ended without an answer: the `error` of the response.
-#[derive(Debug, thiserror::Error)]
-enum SendError {
-    #[error(transparent)]
-    Llm(#[from] LlmError),
-    #[error("the model still wanted tools when the {limit} limit ({value}) was reached")]
-    ToolCallLimit {
-        limit: &'static str,
-        value: u32,
-        last_response: Box<ChatCompletion>,
-    },
-    /// The answer asking for tools was cut off by the model's output limit, so its tool
-    /// calls (their arguments above all) may be incomplete: none is run.
-    #[error(
-        "the model's answer was cut off by its output token limit (finish_reason \"length\") while it asked for tools; they were not run (raise max_tokens)"
-    )]
-    ToolCallsTruncated { last_response: Box<ChatCompletion> },
-}
-
-impl SendError {
-    fn limit(limit: &'static str, value: u32, last: ChatCompletion) -> Self {
-        Self::ToolCallLimit {
-            limit,
-            value,
-            last_response: Box::new(last),
-        }
-    }
-
-    /// `{"error": {...}, "last_response"?: {...}, "_spear": spear}`: `last_response` (a limit's
-    /// last model answer, with its `choices`) before `_spear`, as in an answer.
-    fn into_body(self, spear: &Spear<'_>) -> Vec<u8> {
-        match self {
-            SendError::Llm(error) => encode(&FailureBody {
-                error: error.to_json(),
-                last_response: None,
-                spear,
-            }),
-            SendError::ToolCallLimit {
-                limit,
-                value,
-                ref last_response,
-            } => {
-                let error = json!({
-                    "code": "tool_call_limit",
-                    "message": self.to_string(),
-                    "limit": limit,
-                    "value": value,
-                });
-                encode(&FailureBody {
-                    error,
-                    last_response: Some(last_response),
-                    spear,
-                })
-            }
-            SendError::ToolCallsTruncated { ref last_response } => {
-                let error = json!({
-                    "code": "tool_calls_truncated",
-                    "message": self.to_string(),
-                    "finish_reason": "length",
-                });
-                encode(&FailureBody {
-                    error,
-                    last_response: Some(last_response),
-                    spear,
-                })
-            }
-        }
-    }
-}
-
-/// `_spear`, written in this order: SPEAR's own keys (`backend`, `model`) first, then a short
-/// summary. SPEAR's C samples print a response through a 1 KiB buffer and look for
-/// `"_spear"` then `"backend":"`, so it stays small and after `choices`.
-#[derive(serde::Serialize)]
-struct Spear<'a> {
-    backend: Option<&'a str>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    model: Option<&'a str>,
-    iterations: u32,
-    /// Absent when no backend was found.
-    #[serde(flatten)]
-    summary: Option<Summary<'a>>,
-}
-
-/// What a send did, after `_spear`'s SPEAR keys.
-#[derive(serde::Serialize)]
-struct Summary<'a> {
-    usage: SpearUsage,
-    tool_call_count: usize,
-    tool_calls_ok: usize,
-    tool_calls: &'a [Value],
-    /// `servers`, and the decision log when the session asked for it.
-    mcp: Value,
-}
-
-/// Usage summed over a send's requests.
-#[derive(serde::Serialize)]
-struct SpearUsage {
-    prompt_tokens: u64,
-    completion_tokens: u64,
-    total_tokens: u64,
-}
-
-/// A successful response: the upstream completion (`choices` first), then `_spear`.
-#[derive(serde::Serialize)]
-struct AnswerBody<'a> {
-    #[serde(flatten)]
-    completion: &'a ChatCompletion,
-    #[serde(rename = "_spear")]
-    spear: &'a Spear<'a>,
-}
-
-/// A failed response, in this key order.
-#[derive(serde::Serialize)]
-struct FailureBody<'a> {
-    error: Value,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    last_response: Option<&'a ChatCompletion>,
-    #[serde(rename = "_spear")]
-    spear: &'a Spear<'a>,
-}
-
-/// Decision-log entries copied into `_spear` with `mcp.decision_log` (the rest are
-/// counted; all are logged).
-const MAX_DECISIONS_SHOWN: usize = 100;
-
 fn ms(d: Duration) -> u64 {
     d.as_millis() as u64
+}
+
+/// What a send has done so far: its counters, the messages it adds (charged as added) and
+/// the summary of each tool call it ran.
+struct Progress {
+    metrics: Metrics,
+    added: Added,
+    summary: Vec<Value>,
 }
 
 /// Sends `session`. Tool failures and upstream errors end up in the response; an `Err` is
@@ -244,27 +127,19 @@ pub(crate) async fn send<G: GuestTools>(
     auto_tool_call: bool,
 ) -> Result<SendOutcome, HostcallError> {
     let started = Instant::now();
-    let mut metrics = Metrics::default();
-    let mut added = Added {
-        messages: Vec::new(),
-        charge: ctx.budget.empty("cchat_send messages"),
+    let mut progress = Progress {
+        metrics: Metrics::default(),
+        added: Added {
+            messages: Vec::new(),
+            charge: ctx.budget.empty("cchat_send messages"),
+        },
+        summary: Vec::new(),
     };
-    let mut summary = Vec::new();
     let backend = match ctx.backends.get(session.settings.backend.as_deref()) {
         Ok(backend) => backend,
         Err(error) => {
-            let spear = Spear {
-                backend: session.settings.backend.as_deref(),
-                model: None,
-                iterations: 0,
-                summary: None,
-            };
-            let body = encode(&FailureBody {
-                error: error.to_json(),
-                last_response: None,
-                spear: &spear,
-            });
-            return Ok(finish(body, metrics, started, added, ctx.budget)?);
+            let body = response::no_backend(session.settings.backend.as_deref(), &error);
+            return Ok(finish(body, progress, started, ctx.budget)?);
         }
     };
     let model = session
@@ -272,12 +147,42 @@ pub(crate) async fn send<G: GuestTools>(
         .model
         .clone()
         .unwrap_or_else(|| backend.default_model().to_owned());
-    // The tool set copies the guest tools' definitions (and adds the MCP tools').
-    let mut tools_charge = ctx
+    let (tools, tools_charge) = charged_tool_set(session, ctx).await?;
+    let send = Loop {
+        session,
+        ctx,
+        backend: &backend,
+        model: &model,
+        tools: &tools,
+        tools_charge: &tools_charge,
+        auto_tool_call,
+    };
+    let outcome = send.run(&mut progress, guest).await?;
+    let body = {
+        let spear = response::spear(
+            backend.name(),
+            &model,
+            &progress.metrics,
+            &progress.summary,
+            &tools,
+            session.mcp.decision_log,
+        );
+        response::body(outcome, &spear)
+    };
+    Ok(finish(body, progress, started, ctx.budget)?)
+}
+
+/// The send's tool set (the guest tools' definitions copied, the MCP tools' added), charged
+/// to the budget; every policy decision behind it is logged.
+async fn charged_tool_set(
+    session: &ChatSession,
+    ctx: &SendContext<'_>,
+) -> Result<(ToolSet, Charge), HostcallError> {
+    let mut charge = ctx
         .budget
         .charge("cchat_send tool set", session.tools_bytes())?;
     let tools = ToolSet::build(session, ctx.mcp).await;
-    tools_charge.resize(
+    charge.resize(
         tools
             .definitions
             .iter()
@@ -293,145 +198,137 @@ pub(crate) async fn send<G: GuestTools>(
             "no MCP server is usable for this chat session; continuing without MCP tools"
         );
     }
-    let mut total_calls = 0u32;
-    let outcome: Result<ChatCompletion, SendError> = loop {
-        metrics.iterations += 1;
+    Ok((tools, charge))
+}
+
+/// One send's request loop: ask the model, run the tools it wants, ask again.
+struct Loop<'a, 'c> {
+    session: &'a ChatSession,
+    ctx: &'a SendContext<'c>,
+    backend: &'a Backend,
+    model: &'a str,
+    tools: &'a ToolSet,
+    tools_charge: &'a Charge,
+    auto_tool_call: bool,
+}
+
+impl Loop<'_, '_> {
+    /// The model's last answer, or why the send ended without one.
+    async fn run<G: GuestTools>(
+        &self,
+        progress: &mut Progress,
+        guest: &mut G,
+    ) -> Result<Result<ChatCompletion, SendError>, HostcallError> {
+        let (session, ctx) = (self.session, self.ctx);
+        let mut total_calls = 0u32;
+        loop {
+            progress.metrics.iterations += 1;
+            let completion = match self.ask(progress).await? {
+                Ok(completion) => completion,
+                Err(error) => return Ok(Err(error)),
+            };
+            let Some(message) = completion.message() else {
+                let error = LlmError::InvalidResponse {
+                    backend: self.backend.name().to_owned(),
+                    message: "no choices[0].message".into(),
+                };
+                return Ok(Err(error.into()));
+            };
+            let calls = message.tool_calls();
+            if calls.is_empty() {
+                progress.added.push(message_value(message))?;
+                return Ok(Ok(completion));
+            }
+            if !self.auto_tool_call {
+                // The guest runs the tools and appends this message itself (manual loop).
+                return Ok(Ok(completion));
+            }
+            if completion.finish_reason() == Some("length") {
+                ctx.metrics.budget_hit("max_tokens");
+                return Ok(Err(SendError::ToolCallsTruncated {
+                    last_response: Box::new(completion),
+                }));
+            }
+            let wanted = u32::try_from(calls.len()).unwrap_or(u32::MAX);
+            if let Some((limit, max)) =
+                turn_limit(session, progress.metrics.iterations, wanted, total_calls)
+            {
+                ctx.metrics.budget_hit(limit);
+                return Ok(Err(SendError::limit(limit, max, completion)));
+            }
+            total_calls += wanted;
+            progress.added.push(message_value(message))?;
+            let tools_started = Instant::now();
+            let turn = Turn {
+                rich_results: self.backend.takes_rich_results(),
+                tools: self.tools,
+                session,
+                ctx,
+                metrics: &mut progress.metrics,
+                summary: &mut progress.summary,
+                added: &mut progress.added,
+            };
+            run_tool_calls(calls, turn, guest).await?;
+            progress.metrics.latency_ms.tools += ms(tools_started.elapsed());
+        }
+    }
+
+    /// One request with the session, what the send added and the tool set, its copies
+    /// charged while it is out.
+    async fn ask(
+        &self,
+        progress: &mut Progress,
+    ) -> Result<Result<ChatCompletion, SendError>, HostcallError> {
+        let (session, ctx) = (self.session, self.ctx);
         let copied = session
             .charged_bytes()
             .saturating_sub(session.tools_bytes())
-            .saturating_add(added.charge.bytes())
-            .saturating_add(tools_charge.bytes());
+            .saturating_add(progress.added.charge.bytes())
+            .saturating_add(self.tools_charge.bytes());
         let mut request_charge = ctx.budget.charge(
             "cchat_send request",
             copied.saturating_add(REQUEST_OVERHEAD),
         )?;
-        let body = request_body(session, &model, &added.messages, &tools);
+        let body = request_body(session, self.model, &progress.added.messages, self.tools);
         // The backend serialises the body once more.
         request_charge.grow(heap::alloc(heap::json_len(&body)))?;
-        let reply = request(&backend, &body, session, ctx, &mut metrics).await;
+        let reply = request(self.backend, &body, session, ctx, &mut progress.metrics).await;
         drop((body, request_charge));
-        let completion = match reply {
-            Ok(completion) => completion,
-            Err(error) => break Err(error.into()),
-        };
-        let Some(message) = completion.message() else {
-            let error = LlmError::InvalidResponse {
-                backend: backend.name().to_owned(),
-                message: "no choices[0].message".into(),
-            };
-            break Err(error.into());
-        };
-        let calls = message.tool_calls();
-        if calls.is_empty() {
-            added.push(message_value(message))?;
-            break Ok(completion);
-        }
-        if !auto_tool_call {
-            // The guest runs the tools and appends this message itself (manual loop).
-            break Ok(completion);
-        }
-        if completion.finish_reason() == Some("length") {
-            ctx.metrics.budget_hit("max_tokens");
-            break Err(SendError::ToolCallsTruncated {
-                last_response: Box::new(completion),
-            });
-        }
-        let wanted = u32::try_from(calls.len()).unwrap_or(u32::MAX);
-        let limit = if metrics.iterations >= session.settings.max_iterations {
-            Some(("max_iterations", session.settings.max_iterations))
-        } else if wanted > defaults::MAX_TOOL_CALLS_PER_TURN {
-            Some(("max_tool_calls_per_turn", defaults::MAX_TOOL_CALLS_PER_TURN))
-        } else if total_calls.saturating_add(wanted) > session.settings.max_total_tool_calls {
-            Some((
-                "max_total_tool_calls",
-                session.settings.max_total_tool_calls,
-            ))
-        } else {
-            None
-        };
-        if let Some((limit, max)) = limit {
-            ctx.metrics.budget_hit(limit);
-            break Err(SendError::limit(limit, max, completion));
-        }
-        total_calls += wanted;
-        added.push(message_value(message))?;
-        let tools_started = Instant::now();
-        let turn = Turn {
-            rich_results: backend.takes_rich_results(),
-            tools: &tools,
-            session,
-            ctx,
-            metrics: &mut metrics,
-            summary: &mut summary,
-            added: &mut added,
-        };
-        run_tool_calls(calls, turn, guest).await?;
-        metrics.latency_ms.tools += ms(tools_started.elapsed());
-    };
-    let mut mcp = json!({"servers": tools.servers});
-    if session.mcp.decision_log {
-        mcp["decisions"] = json!(
-            tools
-                .decisions
-                .iter()
-                .take(MAX_DECISIONS_SHOWN)
-                .collect::<Vec<_>>()
-        );
-        mcp["decisions_omitted"] = json!(tools.decisions.len().saturating_sub(MAX_DECISIONS_SHOWN));
+        Ok(reply.map_err(SendError::from))
     }
-    let spear = Spear {
-        backend: Some(backend.name()),
-        model: Some(&model),
-        iterations: metrics.iterations,
-        summary: Some(Summary {
-            usage: SpearUsage {
-                prompt_tokens: metrics.prompt_tokens,
-                completion_tokens: metrics.completion_tokens,
-                total_tokens: metrics.total_tokens,
-            },
-            tool_call_count: summary.len(),
-            tool_calls_ok: summary.iter().filter(|e| e["ok"] == json!(true)).count(),
-            tool_calls: &summary,
-            mcp,
-        }),
-    };
-    let body = match outcome {
-        // The upstream completion as it came, plus `_spear` (replacing any upstream one).
-        Ok(mut completion) => {
-            completion.rest.remove("_spear");
-            encode(&AnswerBody {
-                completion: &completion,
-                spear: &spear,
-            })
-        }
-        Err(error) => error.into_body(&spear),
-    };
-    Ok(finish(body, metrics, started, added, ctx.budget)?)
 }
 
-/// `value` as JSON in a buffer of exactly its length (a response body is kept, and charged,
-/// until the guest closes it; a grown buffer would hold up to twice that).
-fn encode(value: &impl serde::Serialize) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(usize::try_from(heap::json_len(value)).unwrap_or(0));
-    match serde_json::to_writer(&mut bytes, value) {
-        Ok(()) => bytes,
-        Err(_) => Vec::new(),
+/// The limit the next turn's `wanted` tool calls would pass, with its value, if any.
+fn turn_limit(
+    session: &ChatSession,
+    iterations: u32,
+    wanted: u32,
+    total_calls: u32,
+) -> Option<(&'static str, u32)> {
+    let settings = &session.settings;
+    if iterations >= settings.max_iterations {
+        Some(("max_iterations", settings.max_iterations))
+    } else if wanted > defaults::MAX_TOOL_CALLS_PER_TURN {
+        Some(("max_tool_calls_per_turn", defaults::MAX_TOOL_CALLS_PER_TURN))
+    } else if total_calls.saturating_add(wanted) > settings.max_total_tool_calls {
+        Some(("max_total_tool_calls", settings.max_total_tool_calls))
+    } else {
+        None
     }
 }
 
 fn finish(
     body: Vec<u8>,
-    mut metrics: Metrics,
+    mut progress: Progress,
     started: Instant,
-    added: Added,
     budget: &MemoryBudget,
 ) -> Result<SendOutcome, Errno> {
-    metrics.latency_ms.total = ms(started.elapsed());
-    let metrics = encode(&metrics);
+    progress.metrics.latency_ms.total = ms(started.elapsed());
+    let metrics = response::encode(&progress.metrics);
     Ok(SendOutcome {
         response: ChatResponse::new(body, metrics, budget)?,
-        added: added.messages,
-        added_charge: added.charge,
+        added: progress.added.messages,
+        added_charge: progress.added.charge,
     })
 }
 
