@@ -34,8 +34,10 @@ pub struct ApprovalRequest {
     /// Unique within the process (and unlikely to repeat across restarts).
     pub id: String,
     pub task_id: Arc<str>,
-    /// The guest fd the call came through: the MCP session or the chat session.
-    pub session_fd: i32,
+    /// The guest fd the call came through: the MCP session or the chat session; `None`
+    /// (and absent from JSON) for a library call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_fd: Option<i32>,
     pub via: Via,
     pub server_id: String,
     /// The tool's MCP-native name.

@@ -514,7 +514,8 @@ fn begin<T: McpView>(
 }
 
 /// A policy refusal of `name` on an fd: a log line and a [`PolicyDenial`] to observers
-/// (and so to the audit log), naming the layer in its detail.
+/// (and so to the audit log), naming the layer in its detail; a refused tool call says it
+/// came through `mcp_call_tool`.
 fn report_denial(
     mcp: &McpTask,
     task_id: &Arc<str>,
@@ -534,6 +535,10 @@ fn report_denial(
         reason,
         detail,
     );
+    let event = match op {
+        Op::CallTool => event.with_via(Via::McpCall),
+        _ => event,
+    };
     mcp.observers.policy_denied(&event);
 }
 
@@ -726,7 +731,7 @@ async fn call_tool<T: McpView>(
         // below before the deadline traps the task.
         let asked = mcp.approvals.ask(AskFor {
             task_id,
-            session_fd: request.fd,
+            session_fd: Some(request.fd),
             via: Via::McpCall,
             entry,
             tool: name,
@@ -759,7 +764,7 @@ async fn call_tool<T: McpView>(
     }
     let observed = mcp.observers.start(ToolCall {
         task_id: task_id.clone(),
-        session_fd: request.fd,
+        session_fd: Some(request.fd),
         via: Via::McpCall,
         kind: ToolKind::Mcp {
             server_id: server_id.to_owned(),

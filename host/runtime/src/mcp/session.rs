@@ -51,6 +51,7 @@ impl McpTask {
             task_id: task_id.into(),
             session_fd: None,
             action: hostcall,
+            via: None,
             // Hostcalls refuse longer ids first; cut anyway, it goes into every observer.
             server_id: crate::observe::cut(server_id, crate::defaults::MAX_SERVER_ID_BYTES)
                 .to_owned(),
