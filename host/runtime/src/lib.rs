@@ -45,9 +45,10 @@ pub mod telemetry;
 
 pub use chat::llm;
 pub use host::{
-    BusyReason, GuestModule, Host, HostBuilder, HostConfig, HostError, HostMemoryStatus,
-    HostMemoryUse, HostStatus, ModuleOrigin, PreviewError, ProbeReport, RegistryHealth,
-    RegistryWatcher, StoreFollower, TaskFailure, TaskOutcome, TaskStatus, TasksConfig, ToolPreview,
+    BusyReason, CallRefusal, GuestModule, Host, HostBuilder, HostConfig, HostError,
+    HostMemoryStatus, HostMemoryUse, HostStatus, ModuleOrigin, PreviewError, ProbeReport,
+    RegistryHealth, RegistryWatcher, StoreFollower, TaskFailure, TaskOutcome, TaskStatus,
+    TasksConfig, ToolCallError, ToolCallRequest, ToolPreview,
 };
 pub use quiver_abi::Errno;
 pub use task::{GuestLogs, TaskError, TaskSpec};

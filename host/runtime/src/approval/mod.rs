@@ -22,7 +22,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 pub use gate::Approvals;
-pub(crate) use gate::{AskFor, timeout_of};
+pub(crate) use gate::{AskFor, Refusal, timeout_of};
 pub use queue::{ApprovalError, ApprovalQueue, PendingApproval};
 pub use terminal::TerminalApprover;
 

@@ -9,6 +9,7 @@
 
 mod admission;
 mod builder;
+mod call;
 mod config;
 mod probe;
 mod reload;
@@ -37,6 +38,7 @@ use crate::task::{TaskError, TaskSpec};
 use admission::Admission;
 pub use admission::{BusyReason, TaskStatus};
 pub use builder::{HostBuilder, HostError};
+pub use call::{CallRefusal, ToolCallError, ToolCallRequest};
 pub use config::{HostConfig, TasksConfig};
 pub use probe::{PreviewError, ProbeReport, ToolPreview};
 pub use reload::RegistryHealth;
@@ -416,7 +418,7 @@ impl Host {
 
     /// The MCP side of `task`: the current registry snapshot, the task layer of policy
     /// resolved against it (profiles applied), and the pool.
-    fn mcp_task(&self, task: &TaskSpec) -> Result<McpTask, HostError> {
+    fn mcp_task(&self, task: &TaskSpec) -> Result<McpTask, TaskError> {
         let registry = self.registry();
         let policy = task
             .mcp_config()?

@@ -5,8 +5,11 @@
 //! pool owns one long-lived rmcp connection per server, shared by every fd of every task;
 //! an [`McpSession`] is what one guest fd holds and an [`McpTask`] what one task is bound
 //! by. Who may call what is decided by [`crate::policy`] (pure), asked once per hostcall.
+//! Every tool call reaches the pool through one gate (`call`), from a guest's
+//! `mcp_call_tool` or from [`Host::call_tool`](crate::Host::call_tool).
 
 mod auth;
+pub(crate) mod call;
 mod capped;
 mod connect;
 mod egress;
@@ -29,6 +32,7 @@ pub use hostcalls::add_to_linker;
 pub use http::ensure_tls_provider;
 pub use pool::{
     McpHostConfig, McpPool, PoolLimits, PoolUsage, RemoteOptions, ServerState, ServerStatus,
+    ToolCallOutput,
 };
 pub use session::{McpSession, McpTask, McpView};
 

@@ -41,7 +41,7 @@ impl McpTask {
         hostcall: &'static str,
         server_id: &str,
     ) -> Result<Grant, Errno> {
-        let decision = match self.decide(server_id) {
+        let decision = match self.grant(server_id) {
             Ok(grant) => return Ok(grant),
             Err(None) => return Err(Errno::EACCES),
             Err(Some(decision)) => decision,
@@ -67,14 +67,15 @@ impl McpTask {
     /// and those only missing a required env variable. A listing filters; it refuses
     /// nothing the guest asked for, so nothing is logged or reported.
     pub fn lists(&self, server_id: &str) -> bool {
-        match self.decide(server_id) {
+        match self.grant(server_id) {
             Ok(_) => true,
             Err(decision) => decision.is_some_and(|d| errno_of(d.reason) == Errno::ENOTCONN),
         }
     }
 
-    /// The grant, or the decision that denies it (`None`: denied without one).
-    fn decide(&self, server_id: &str) -> Result<Grant, Option<Decision>> {
+    /// The grant of `server_id` (registry ∩ profile ∩ task), or the decision that denies
+    /// it (`None`: denied without one); nothing is reported.
+    pub(crate) fn grant(&self, server_id: &str) -> Result<Grant, Option<Decision>> {
         let requested = [server_id.to_owned()];
         let effective = policy::effective(
             &self.registry,

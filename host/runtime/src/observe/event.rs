@@ -22,7 +22,8 @@ pub enum Via {
     McpCall,
     /// The chat loop ran a tool the model asked for (`cchat_send` with AUTO_TOOL_CALL).
     Chat,
-    /// Library code called an MCP tool in a task's name; there is no guest fd.
+    /// Library code called [`Host::call_tool`](crate::Host::call_tool) in a task's name;
+    /// there is no guest fd.
     Library,
 }
 

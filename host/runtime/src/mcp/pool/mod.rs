@@ -58,6 +58,7 @@ use crate::registry::Registry;
 use health::Health;
 pub use health::ServerState;
 pub use limits::{McpHostConfig, PoolLimits};
+pub use requests::ToolCallOutput;
 use slot::ServerSlot;
 pub use status::{PoolUsage, ServerStatus};
 

@@ -21,7 +21,8 @@ use crate::mcp::capped::{Encode, encode_capped};
 use crate::mcp::{CallToolResult, McpError, McpErrorCode, Tool};
 use crate::registry::{Launch, ServerEntry};
 
-/// A successful `tools/call`: the result and its JSON encoding (what guests receive).
+/// A successful `tools/call`: the result and its JSON encoding (what guests receive). Its
+/// `result` may be a tool's own error (`isError`).
 #[derive(Clone, Debug)]
 pub struct ToolCallOutput {
     pub result: CallToolResult,
