@@ -20,7 +20,7 @@ use quiver::config::{ConfigError, ConfigOrigin};
 use quiver::policy::{TaskMcpPolicy, ToolFilter};
 use quiver::registry::{Registry, ServerEntry};
 use quiver::telemetry::{self, LogFormat};
-use quiver::{Host, HostBuilder, StoreFollower, TaskSpec};
+use quiver::{Host, HostBuilder, StoreFollower, TaskSpec, ToolCallRequest};
 use quiver_node::{Node, NodeConfig, NodeFileConfig, RegistrySource};
 
 #[derive(Parser)]
@@ -148,13 +148,19 @@ enum McpCommand {
         #[command(flatten)]
         source: ServerSource,
     },
-    /// Call one tool of a server (within the registry's allowed_tools) and print the result.
+    /// Call one tool of a server and print the result. The call is made as a task that
+    /// enables only this server would make it: the registry's lists and approval policy
+    /// apply, as for a guest.
     Call {
         server_id: String,
         tool: String,
         /// The arguments, a JSON object.
         #[arg(long, default_value = "{}")]
         args: String,
+        /// Calls needing approval (registry `approval_policy`): ask on the terminal
+        /// (/dev/tty), deny them, or allow them.
+        #[arg(long, value_enum, default_value = "deny")]
+        approve: ApproveMode,
         #[command(flatten)]
         source: ServerSource,
     },
@@ -240,8 +246,9 @@ fn main() -> ExitCode {
                 server_id,
                 tool,
                 args,
+                approve,
                 source,
-            }) => mcp_call(&server_id, &tool, &args, source).await,
+            }) => mcp_call(&server_id, &tool, &args, approve, source).await,
             Command::Mcp(McpCommand::Status {
                 registry,
                 config,
@@ -580,8 +587,13 @@ fn fail(error: impl std::fmt::Display) -> i32 {
     2
 }
 
-/// A host on `source` for one server, or the exit status to give up with.
-fn server_host(server_id: &str, source: &ServerSource) -> Result<(Host, Arc<ServerEntry>), i32> {
+/// A host on `source` for one server (asking `approver` about calls that need approval),
+/// or the exit status to give up with.
+fn server_host(
+    server_id: &str,
+    source: &ServerSource,
+    approver: Option<Arc<dyn Approver>>,
+) -> Result<(Host, Arc<ServerEntry>), i32> {
     let registry = Registry::load_dir(&source.registry).map_err(fail)?;
     let Some(entry) = registry.get(server_id).cloned() else {
         let known: Vec<_> = registry
@@ -603,11 +615,14 @@ fn server_host(server_id: &str, source: &ServerSource) -> Result<(Host, Arc<Serv
     if let Some(config) = &source.config {
         builder = with_config_file(builder, config).map_err(fail)?.0;
     }
+    if let Some(approver) = approver {
+        builder = builder.with_approver(approver);
+    }
     Ok((builder.build().map_err(fail)?, entry))
 }
 
 async fn mcp_tools(server_id: &str, source: ServerSource) -> i32 {
-    let (host, entry) = match server_host(server_id, &source) {
+    let (host, entry) = match server_host(server_id, &source, None) {
         Ok(found) => found,
         Err(status) => return status,
     };
@@ -645,24 +660,31 @@ async fn mcp_tools(server_id: &str, source: ServerSource) -> i32 {
     0
 }
 
-async fn mcp_call(server_id: &str, tool: &str, args: &str, source: ServerSource) -> i32 {
+async fn mcp_call(
+    server_id: &str,
+    tool: &str,
+    args: &str,
+    approve: ApproveMode,
+    source: ServerSource,
+) -> i32 {
     let arguments = match serde_json::from_str::<serde_json::Value>(args) {
-        Ok(serde_json::Value::Object(map)) => map,
+        Ok(arguments @ serde_json::Value::Object(_)) => arguments,
         _ => {
             eprintln!("quiver: --args must be a JSON object, got {args:?}");
             return 2;
         }
     };
-    let (host, entry) = match server_host(server_id, &source) {
+    let (host, _) = match server_host(server_id, &source, approve.approver()) {
         Ok(found) => found,
         Err(status) => return status,
     };
-    let filter = ToolFilter::new(&entry.record.allowed_tools, &TaskMcpPolicy::default());
-    if let Err(denial) = filter.check(tool) {
-        eprintln!("quiver: tool `{tool}` of server `{server_id}`: {denial}");
-        return 1;
-    }
-    let called = host.pool().call_tool(&entry, tool, arguments).await;
+    // A task of its own that may use this one server: every layer but the task's lists
+    // (none) applies, as for a guest.
+    let task = TaskSpec::new("quiver-mcp-call")
+        .with_config("mcp.enabled", "true")
+        .with_config("mcp.default_server_ids", serde_json::json!([server_id]));
+    let request = ToolCallRequest::new(server_id, tool).with_arguments(arguments);
+    let called = host.call_tool(&task, request).await;
     host.shutdown().await;
     match called {
         Ok(output) => {
