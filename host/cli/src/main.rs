@@ -626,7 +626,7 @@ async fn mcp_tools(server_id: &str, source: ServerSource) -> i32 {
         Ok(found) => found,
         Err(status) => return status,
     };
-    let listed = host.pool().list_tools(&entry).await;
+    let listed = host.server_tools(server_id).await;
     host.shutdown().await;
     let tools = match listed {
         Ok(tools) => tools,

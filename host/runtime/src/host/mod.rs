@@ -28,7 +28,7 @@ use crate::approval::Approvals;
 use crate::chat::llm::Backends;
 use crate::chat::tools::ToolSet;
 use crate::chat::{ChatSession, ChatTask};
-use crate::mcp::{McpPool, McpTask, ServerStatus};
+use crate::mcp::{McpPool, McpTask, PoolLimits, PoolUsage, ServerStatus};
 use crate::observe::{AuditLog, Metrics, Observers};
 use crate::policy::{self, PolicyReport, SessionRequest};
 use crate::registry::{Registry, RegistryStore};
@@ -173,9 +173,14 @@ impl Host {
         self.inner.registry_store.clone()
     }
 
-    /// The MCP connection pool shared by all tasks.
-    pub fn pool(&self) -> &Arc<McpPool> {
-        &self.inner.pool
+    /// The host-wide limits of MCP calls and server processes in force.
+    pub fn mcp_limits(&self) -> &PoolLimits {
+        self.inner.pool.limits()
+    }
+
+    /// How much of the host-wide MCP limits is in use now.
+    pub fn mcp_usage(&self) -> PoolUsage {
+        self.inner.pool.usage()
     }
 
     /// The host's Prometheus metrics (see [`crate::observe`]'s `Metrics`).

@@ -5,8 +5,8 @@
 //! pool owns one long-lived rmcp connection per server, shared by every fd of every task;
 //! an [`McpSession`] is what one guest fd holds and an [`McpTask`] what one task is bound
 //! by. Who may call what is decided by [`crate::policy`] (pure), asked once per hostcall.
-//! Every tool call reaches the pool through one gate (`call`), from a guest's
-//! `mcp_call_tool` or from [`Host::call_tool`](crate::Host::call_tool).
+//! The pool is the crate's own: every tool call reaches it through one gate (`call`), from
+//! a guest's `mcp_call_tool` or from [`Host::call_tool`](crate::Host::call_tool).
 
 mod auth;
 pub(crate) mod call;
@@ -30,10 +30,8 @@ pub use egress::{
 pub use error::{McpError, McpErrorCode};
 pub use hostcalls::add_to_linker;
 pub use http::ensure_tls_provider;
-pub use pool::{
-    McpHostConfig, McpPool, PoolLimits, PoolUsage, RemoteOptions, ServerState, ServerStatus,
-    ToolCallOutput,
-};
+pub use pool::{McpHostConfig, PoolLimits, PoolUsage, ServerState, ServerStatus, ToolCallOutput};
+pub(crate) use pool::{McpPool, RemoteOptions};
 pub use session::{McpSession, McpTask, McpView};
 
 /// A tool as a server lists it (rmcp's model type: `name`, `description`, `inputSchema`, ...).

@@ -18,7 +18,7 @@ use crate::sandbox::{Charge, FdKindOf, MemoryBudget, SandboxView, heap};
 pub struct McpTask {
     pub policy: TaskMcpPolicy,
     pub registry: Arc<Registry>,
-    pub pool: Arc<McpPool>,
+    pub(crate) pool: Arc<McpPool>,
     /// Told about every tool call and policy denial of the task.
     pub observers: Observers,
     /// Asked about every call that needs approval.

@@ -63,9 +63,9 @@ use slot::ServerSlot;
 pub use status::{PoolUsage, ServerStatus};
 
 /// What the pool needs for remote servers: credentials and the egress policy.
-pub struct RemoteOptions {
-    pub auth: AuthSet,
-    pub egress: EgressPolicy,
+pub(crate) struct RemoteOptions {
+    pub(crate) auth: AuthSet,
+    pub(crate) egress: EgressPolicy,
 }
 
 /// What the pool and its reaper share.
@@ -107,8 +107,10 @@ impl Shared {
     }
 }
 
-/// The host's MCP connections. Cheap to share behind an `Arc`.
-pub struct McpPool {
+/// The host's MCP connections. Cheap to share behind an `Arc`. Crate-private: tool calls
+/// reach it only through the call gate (`mcp/call.rs`), which applies policy, approvals and
+/// observers first.
+pub(crate) struct McpPool {
     shared: Arc<Shared>,
     tools_ttl: Duration,
     connector: Connector,
@@ -122,7 +124,7 @@ impl Default for McpPool {
 }
 
 impl McpPool {
-    pub fn new(tools_ttl: Duration, connect_timeout: Duration) -> Self {
+    pub(crate) fn new(tools_ttl: Duration, connect_timeout: Duration) -> Self {
         let remote = RemoteOptions {
             auth: Default::default(),
             egress: EgressPolicy::default(),
@@ -130,7 +132,7 @@ impl McpPool {
         Self::with_remote(tools_ttl, connect_timeout, remote)
     }
 
-    pub fn with_remote(
+    pub(crate) fn with_remote(
         tools_ttl: Duration,
         connect_timeout: Duration,
         remote: RemoteOptions,
@@ -146,7 +148,7 @@ impl McpPool {
     /// The same pool with host-wide `limits` (caps are kept between 1 and what a
     /// semaphore holds). Call it before the pool is used.
     #[must_use]
-    pub fn with_limits(mut self, limits: PoolLimits) -> Self {
+    pub(crate) fn with_limits(mut self, limits: PoolLimits) -> Self {
         let limits = PoolLimits {
             max_concurrent_calls: limits.max_concurrent_calls.clamp(1, Semaphore::MAX_PERMITS),
             max_server_processes: limits.max_server_processes.clamp(1, Semaphore::MAX_PERMITS),
@@ -173,7 +175,7 @@ impl McpPool {
     }
 
     /// The host-wide limits in force.
-    pub fn limits(&self) -> &PoolLimits {
+    pub(crate) fn limits(&self) -> &PoolLimits {
         &self.shared.limits
     }
 
@@ -181,7 +183,7 @@ impl McpPool {
     /// SIGTERM, then SIGKILL, with [`defaults::SHUTDOWN_GRACE`] per step. Calls still in
     /// flight fail with `mcp_unavailable`, connects in progress at once. The pool stays usable: a later call starts its
     /// server again.
-    pub async fn shutdown(&self) {
+    pub(crate) async fn shutdown(&self) {
         self.shared.shutdowns.fetch_add(1, Ordering::SeqCst);
         self.shared.shutdown.notify_waiters();
         let mut slots: Vec<Arc<ServerSlot>> = self.shared.slots().drain().map(|(_, s)| s).collect();

@@ -40,7 +40,10 @@ impl McpPool {
     }
 
     /// Every tool the server lists (all pages), from the cache when fresh.
-    pub async fn list_tools(&self, entry: &Arc<ServerEntry>) -> Result<Arc<[Tool]>, McpError> {
+    pub(crate) async fn list_tools(
+        &self,
+        entry: &Arc<ServerEntry>,
+    ) -> Result<Arc<[Tool]>, McpError> {
         let in_flight = self.enter(entry);
         let slot = &in_flight.slot;
         let secrets = entry.secrets();
@@ -99,7 +102,7 @@ impl McpPool {
 
     /// Calls `name` on the server within its budgets. `arguments` is the JSON object sent.
     /// The caller has decided policy ([`Grant::check_call`](crate::policy::Grant::check_call)).
-    pub async fn call_tool(
+    pub(crate) async fn call_tool(
         &self,
         entry: &Arc<ServerEntry>,
         name: &str,
@@ -172,7 +175,7 @@ impl McpPool {
 
     /// Every resource the server lists (all pages, at most `budgets.max_tool_list_bytes`).
     /// Not cached: resource lists change more often than tools and are read rarely.
-    pub async fn list_resources(
+    pub(crate) async fn list_resources(
         &self,
         entry: &Arc<ServerEntry>,
     ) -> Result<Vec<Resource>, McpError> {
@@ -193,7 +196,7 @@ impl McpPool {
     }
 
     /// Every resource template the server lists, bounded like [`Self::list_resources`].
-    pub async fn list_resource_templates(
+    pub(crate) async fn list_resource_templates(
         &self,
         entry: &Arc<ServerEntry>,
     ) -> Result<Vec<ResourceTemplate>, McpError> {
@@ -216,7 +219,7 @@ impl McpPool {
 
     /// Reads `uri`; the result's JSON, at most `budgets.max_tool_output_bytes`. The caller
     /// has decided policy ([`Grant::check_resource`](crate::policy::Grant::check_resource)).
-    pub async fn read_resource(
+    pub(crate) async fn read_resource(
         &self,
         entry: &Arc<ServerEntry>,
         uri: &str,
@@ -246,7 +249,10 @@ impl McpPool {
     }
 
     /// Every prompt the server lists, bounded like [`Self::list_resources`].
-    pub async fn list_prompts(&self, entry: &Arc<ServerEntry>) -> Result<Vec<Prompt>, McpError> {
+    pub(crate) async fn list_prompts(
+        &self,
+        entry: &Arc<ServerEntry>,
+    ) -> Result<Vec<Prompt>, McpError> {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_list_bytes;
         self.request(entry, "prompts/list", |conn, phase| async move {
@@ -266,7 +272,7 @@ impl McpPool {
     /// Gets the prompt `name` with `arguments`; the result's JSON, at most
     /// `budgets.max_tool_output_bytes`. The caller has decided policy
     /// ([`Grant::check_prompt`](crate::policy::Grant::check_prompt)).
-    pub async fn get_prompt(
+    pub(crate) async fn get_prompt(
         &self,
         entry: &Arc<ServerEntry>,
         name: &str,
@@ -371,7 +377,7 @@ impl McpPool {
     /// timeout, the listing by `tool_timeout_ms`. A stdio probe takes one of the host's
     /// `max_server_processes` permits without stopping another server for it: at the cap
     /// it fails at once. Errors carry none of the launch's secrets.
-    pub async fn probe(&self, entry: &ServerEntry) -> Result<Vec<Tool>, McpError> {
+    pub(crate) async fn probe(&self, entry: &ServerEntry) -> Result<Vec<Tool>, McpError> {
         let server_id = entry.server_id();
         let permit = match entry.launch {
             Ok(Launch::Stdio { .. }) => Some(
@@ -404,7 +410,7 @@ impl McpPool {
 
     /// Starts `entries`' servers now (connecting and listing their tools), so the first
     /// call does not wait for them. Failures are logged, not returned.
-    pub async fn prewarm(&self, entries: &[Arc<ServerEntry>]) {
+    pub(crate) async fn prewarm(&self, entries: &[Arc<ServerEntry>]) {
         let warming = entries.iter().map(|entry| async move {
             let started = Instant::now();
             let server_id = entry.server_id();

@@ -183,7 +183,7 @@ impl McpPool {
     /// Follows a new registry snapshot: the servers `registry` no longer has, or now
     /// launches differently, are retired (each stopped once no call uses it); the others
     /// keep their connection. Returns the ids retired.
-    pub fn apply_registry(&self, registry: &Arc<Registry>) -> Vec<String> {
+    pub(crate) fn apply_registry(&self, registry: &Arc<Registry>) -> Vec<String> {
         let mut slots = self.shared.slots();
         *self
             .shared

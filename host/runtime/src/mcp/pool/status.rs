@@ -97,7 +97,7 @@ fn status_of(server_id: &str, health: &Health, alive: Option<bool>) -> ServerSta
 impl McpPool {
     /// The status of `server_id`: that of its slot if it has one, else what its health
     /// remembers, else an `idle` server with nothing counted (never used).
-    pub fn server_status(&self, server_id: &str) -> ServerStatus {
+    pub(crate) fn server_status(&self, server_id: &str) -> ServerStatus {
         let slot = self.shared.slots().get(server_id).cloned();
         if let Some(slot) = slot {
             return slot.status();
@@ -107,7 +107,7 @@ impl McpPool {
     }
 
     /// Connection state of every server used so far.
-    pub fn status(&self) -> Vec<ServerStatus> {
+    pub(crate) fn status(&self) -> Vec<ServerStatus> {
         let mut out: Vec<ServerStatus> = self
             .shared
             .slots()
@@ -119,7 +119,7 @@ impl McpPool {
     }
 
     /// How much of the host-wide limits is in use.
-    pub fn usage(&self) -> PoolUsage {
+    pub(crate) fn usage(&self) -> PoolUsage {
         let limits = &self.shared.limits;
         PoolUsage {
             calls_in_flight: limits
