@@ -771,17 +771,26 @@ async fn a_call_needing_approval_is_refused_before_it_reaches_the_server() {
         "{error}"
     );
     assert!(run.results[1] > 0, "listing needs no approval");
-    let status = host.pool().status();
+    let status = host.status().mcp_servers;
     assert!(
         status
             .iter()
             .all(|s| s.server_id != "fixture" || s.connections <= 1),
         "{status:?}"
     );
+    // Calls of the library wait for approval too: the record drops it (a change that keeps
+    // the connection) so the same server process can say how many calls it got.
+    registry.fixture("fixture", &["*"], "");
+    host.reload_registry().unwrap();
     let count = call_tool_text(&host, "fixture", "count", serde_json::json!({}))
         .await
         .unwrap();
     assert_eq!(count, "1", "the refused call never reached the server");
+    assert_eq!(
+        host.status().mcp_servers[0].connections,
+        1,
+        "the same process"
+    );
     host.shutdown().await;
 }
 

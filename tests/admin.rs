@@ -309,12 +309,7 @@ fn hostile_pids(marker: &str) -> Vec<u32> {
 /// The fixture's whole listing, read by a host of the library on the same record.
 async fn fixture_tool_count(registry: &RegistryDir, server: &str) -> usize {
     let host = quiver_tests::host(registry);
-    let entry = host.registry().get(server).cloned().expect("the record");
-    let tools = host
-        .pool()
-        .list_tools(&entry)
-        .await
-        .expect("the fixture lists");
+    let tools = host.server_tools(server).await.expect("the fixture lists");
     host.shutdown().await;
     tools.len()
 }

@@ -112,11 +112,22 @@ fn decider(
     })
 }
 
-/// How many calls reached the fixture: its `count` tool answers with its call number.
-async fn calls_served(host: &Host) -> u64 {
+/// How many calls reached the fixture: its `count` tool answers with its call number. The
+/// count is a library call, held for approval like any other: on a host asking `queue`,
+/// it is approved there.
+async fn calls_served(host: &Host, queue: Option<&Arc<ApprovalQueue>>) -> u64 {
+    let approving = queue.map(|queue| {
+        decider(queue.clone(), 1, |pending| {
+            assert_eq!(pending.tool, "count", "{pending:?}");
+            ApprovalDecision::approve()
+        })
+    });
     let count = call_tool_text(host, "fixture", "count", json!({}))
         .await
         .unwrap();
+    if let Some(approving) = approving {
+        assert_eq!(approving.await.unwrap().len(), 1, "the count was approved");
+    }
     let served: u64 = count.parse().unwrap();
     served - 1
 }
@@ -168,7 +179,11 @@ async fn an_approved_call_runs_and_a_denied_one_never_reaches_the_server() {
         message.contains("denied by the approver: looks risky [2J"),
         "the reason, cleaned: {message}"
     );
-    assert_eq!(calls_served(&host).await, 1, "the denied call never ran");
+    assert_eq!(
+        calls_served(&host, Some(&queue)).await,
+        1,
+        "the denied call never ran"
+    );
 
     // What the approver saw: who, what, and the arguments' shape without their values.
     assert_eq!(seen.len(), 2);
@@ -248,7 +263,7 @@ async fn a_retry_after_a_too_small_buffer_is_neither_asked_nor_run_again() {
     let result: Value = serde_json::from_str(&run.emitted[0]).unwrap();
     assert_eq!(result["content"][0]["text"], "hi", "{result}");
     assert_eq!(approver.0.load(Ordering::SeqCst), 1, "asked once");
-    assert_eq!(calls_served(&host).await, 1, "the tool ran once");
+    assert_eq!(calls_served(&host, None).await, 1, "the tool ran once");
     host.shutdown().await;
 }
 
@@ -278,7 +293,7 @@ async fn an_undecided_call_is_denied_after_its_approval_timeout() {
         queue.pending().is_empty(),
         "a timed-out request leaves the queue"
     );
-    assert_eq!(calls_served(&host).await, 0);
+    assert_eq!(calls_served(&host, Some(&queue)).await, 0);
     assert_eq!(
         denials.reasons(),
         [("echo".to_owned(), Reason::ApprovalTimeout)]
@@ -329,7 +344,7 @@ async fn with_policy_only_matching_tools_wait_for_approval() {
         .map(|r| r.tool.clone())
         .collect();
     assert_eq!(asked, ["delete_file"]);
-    assert_eq!(calls_served(&host).await, 1, "only echo ran");
+    assert_eq!(calls_served(&host, None).await, 1, "only echo ran");
     host.shutdown().await;
 }
 
@@ -377,7 +392,7 @@ async fn the_task_deadline_ends_the_wait_and_removes_the_pending_request() {
         queue.pending().is_empty(),
         "the ended task left nothing pending"
     );
-    assert_eq!(calls_served(&host).await, 0);
+    assert_eq!(calls_served(&host, Some(&queue)).await, 0);
     let denied = denials.0.lock().unwrap().clone();
     assert_eq!(denied.len(), 1, "observers saw the denial: {denied:?}");
     assert_eq!(denied[0].reason, Reason::ApprovalTimeout);
@@ -473,7 +488,11 @@ async fn the_chat_loop_offers_tools_needing_approval_and_the_model_gets_the_deni
         needs.contains(&"echo") && needs.contains(&"delete_file"),
         "{decisions:?}"
     );
-    assert_eq!(calls_served(&chat.host).await, 1, "only echo ran");
+    assert_eq!(
+        calls_served(&chat.host, Some(&chat.queue)).await,
+        1,
+        "only echo ran"
+    );
     assert_eq!(
         chat.denials.reasons(),
         [("delete_file".to_owned(), Reason::ApprovalDenied)]
@@ -508,7 +527,7 @@ async fn over_the_queue_cap_a_request_is_denied_at_once_naming_the_cap() {
             .contains("the approval queue is full (1 requests waiting"),
         "{results:?}"
     );
-    assert_eq!(calls_served(&chat.host).await, 1);
+    assert_eq!(calls_served(&chat.host, Some(&chat.queue)).await, 1);
     chat.host.shutdown().await;
 }
 

@@ -10,12 +10,12 @@
 
 use std::time::{Duration, Instant};
 
-use quiver::Host;
 use quiver::McpErrorCode;
+use quiver::{Host, PreviewError};
 use quiver_tests::chat_wat::{ChatGuest, scripted_host};
 use quiver_tests::hostile_http::{HostileHttp, Misbehaviour};
 use quiver_tests::llm::{Reply, ScriptedLlm};
-use quiver_tests::{RegistryDir, host, hostile_server, mcp_task, unique_id, wat};
+use quiver_tests::{RegistryDir, host, hostile_server, mcp_task, server_status, unique_id, wat};
 use serde_json::{Value, json};
 
 /// The tool timeout of the records: what a call used to wait before `mcp_timeout`.
@@ -142,11 +142,7 @@ async fn call_all(host: &Host, server: &str, calls: &[(&str, Value)]) -> Vec<Cal
 }
 
 fn connections(host: &Host, server: &str) -> u64 {
-    host.pool()
-        .status()
-        .iter()
-        .find(|s| s.server_id == server)
-        .map_or(0, |s| s.connections)
+    server_status(host, server).map_or(0, |s| s.connections)
 }
 
 #[tokio::test]
@@ -468,13 +464,12 @@ async fn a_server_that_exits_mid_call_fails_it_at_once_and_is_restarted() {
 
 /// Lists `server`'s tools through the pool, timing it.
 async fn list(host: &Host, server: &str) -> (Result<usize, quiver::McpError>, Duration) {
-    let entry = host.registry().get(server).unwrap().clone();
     let started = Instant::now();
-    let listed = host
-        .pool()
-        .list_tools(&entry)
-        .await
-        .map(|tools| tools.len());
+    let listed = match host.server_tools(server).await {
+        Ok(tools) => Ok(tools.len()),
+        Err(PreviewError::Unavailable(error)) => Err(error),
+        Err(unknown) => panic!("{unknown}"),
+    };
     (listed, started.elapsed())
 }
 

@@ -12,7 +12,7 @@ use quiver_tests::{
     RegistryDir, call_tool_text, example_guest, fixture_pids, fixture_toml_with_args, host,
     mcp_task, quiver_cli, run, unique_id, wait_gone, wat,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn explorer() -> std::path::PathBuf {
     example_guest("mcp-explorer")
@@ -115,7 +115,7 @@ async fn one_server_process_serves_every_fd_and_every_task() {
     assert_eq!(pid_of(&a), pid_of(&b));
     assert_eq!(pid_of(&a), pid_of(&c));
     assert_eq!(fixture_pids(&name).len(), 1, "exactly one server process");
-    let status = host.pool().status();
+    let status = host.status().mcp_servers;
     assert_eq!(status[0].connections, 1);
     assert_eq!(status[0].pid.map(|p| p.to_string()), Some(pid_of(&a)));
     host.shutdown().await;
@@ -174,7 +174,7 @@ async fn a_server_that_crashes_mid_call_is_restarted_by_the_next_call() {
     let first = results[0]["content"][0]["text"].as_str().unwrap();
     let second = results[2]["content"][0]["text"].as_str().unwrap();
     assert_ne!(first, second, "the next call ran on a restarted server");
-    assert_eq!(host.pool().status()[0].connections, 2);
+    assert_eq!(host.status().mcp_servers[0].connections, 2);
     host.shutdown().await;
 }
 
@@ -210,7 +210,7 @@ async fn a_slow_tool_fails_with_mcp_timeout_and_the_server_stays_usable() {
         out.stdout_text()
     );
     assert_eq!(
-        host.pool().status()[0].connections,
+        host.status().mcp_servers[0].connections,
         1,
         "a timeout does not restart the server"
     );
@@ -521,19 +521,15 @@ async fn tools_list_reads_every_page_and_is_cached_until_the_server_says_it_chan
     let registry = RegistryDir::new();
     registry.fixture("fixture", &["*"], "");
     let host = host(&registry);
-    let entry = host.registry().get("fixture").unwrap().clone();
-    let pool = host.pool();
     let count = |tool: &'static str| {
-        let entry = entry.clone();
+        let host = &host;
         async move {
-            let out = pool
-                .call_tool(&entry, tool, Default::default())
+            call_tool_text(host, "fixture", tool, json!({}))
                 .await
-                .unwrap();
-            out.result.content[0].as_text().unwrap().text.clone()
+                .unwrap()
         }
     };
-    let tools = pool.list_tools(&entry).await.unwrap();
+    let tools = host.server_tools("fixture").await.unwrap();
     let mut names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
     names.sort();
     assert!(
@@ -544,8 +540,8 @@ async fn tools_list_reads_every_page_and_is_cached_until_the_server_says_it_chan
         names.contains(&"add") && names.contains(&"tools_changed"),
         "{names:?}"
     );
-    pool.list_tools(&entry).await.unwrap();
-    pool.list_tools(&entry).await.unwrap();
+    host.server_tools("fixture").await.unwrap();
+    host.server_tools("fixture").await.unwrap();
     assert_eq!(
         count("list_count").await,
         "1",
@@ -555,7 +551,10 @@ async fn tools_list_reads_every_page_and_is_cached_until_the_server_says_it_chan
     assert_eq!(count("tools_changed").await, "ok");
     // The notification travels on its own; give the client a moment to handle it.
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(pool.list_tools(&entry).await.unwrap().len(), tools.len());
+    assert_eq!(
+        host.server_tools("fixture").await.unwrap().len(),
+        tools.len()
+    );
     assert_eq!(
         count("list_count").await,
         "2",
@@ -569,17 +568,13 @@ async fn tools_list_reads_every_page_and_is_cached_until_the_server_says_it_chan
         .with_tools_cache_ttl(Duration::from_millis(50))
         .build()
         .unwrap();
-    let entry = short_ttl.registry().get("fixture").unwrap().clone();
-    short_ttl.pool().list_tools(&entry).await.unwrap();
+    short_ttl.server_tools("fixture").await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
-    short_ttl.pool().list_tools(&entry).await.unwrap();
-    let out = short_ttl
-        .pool()
-        .call_tool(&entry, "list_count", Default::default())
-        .await
-        .unwrap();
+    short_ttl.server_tools("fixture").await.unwrap();
     assert_eq!(
-        out.result.content[0].as_text().unwrap().text,
+        call_tool_text(&short_ttl, "fixture", "list_count", json!({}))
+            .await
+            .unwrap(),
         "2",
         "the TTL expired the cache"
     );

@@ -353,11 +353,7 @@ async fn tool_series_past_the_cap_fold_into_other() {
             guest.call(tool, json!({}))
         });
     wat::run_ok(&host, &guest.build(), &mcp_task("cap", &["fixture"])).await;
-    let listed = host
-        .pool()
-        .list_tools(host.registry().get("fixture").unwrap())
-        .await
-        .unwrap();
+    let listed = host.server_tools("fixture").await.unwrap();
     assert!(
         listed.len() > 3 * 4,
         "the fixture lists {} tools",

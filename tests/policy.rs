@@ -38,8 +38,8 @@ async fn run(host: &quiver::Host, guest: &ChatGuest, task: &TaskSpec) -> WatRun 
 }
 
 fn started(host: &quiver::Host, server_id: &str) -> bool {
-    host.pool()
-        .status()
+    host.status()
+        .mcp_servers
         .iter()
         .any(|s| s.server_id == server_id && s.connections > 0)
 }

@@ -57,7 +57,7 @@ async fn a_call_beyond_the_host_cap_waits_within_its_tool_timeout_and_names_the_
     );
     let held = slow_call(&host, &busy, 3000);
     until("the slow call holds the host's only permit", || {
-        host.pool().usage().calls_in_flight == 1
+        host.mcp_usage().calls_in_flight == 1
             && server_status(&host, &busy).is_some_and(|s| s.calls_in_flight == 1 && s.idle_ms == 0)
     })
     .await;
@@ -76,7 +76,7 @@ async fn a_call_beyond_the_host_cap_waits_within_its_tool_timeout_and_names_the_
             .unwrap(),
         "c"
     );
-    assert_eq!(host.pool().usage().calls_in_flight, 0);
+    assert_eq!(host.mcp_usage().calls_in_flight, 0);
     host.shutdown().await;
 }
 
@@ -93,7 +93,7 @@ async fn calls_queued_behind_a_busy_server_hold_no_host_permit() {
         .unwrap();
     let first = slow_call(&host, &narrow, 3000);
     until("the first call runs", || {
-        host.pool().usage().calls_in_flight == 1
+        host.mcp_usage().calls_in_flight == 1
     })
     .await;
     let second = slow_call(&host, &narrow, 10);
@@ -102,7 +102,7 @@ async fn calls_queued_behind_a_busy_server_hold_no_host_permit() {
     })
     .await;
     assert_eq!(
-        host.pool().usage().calls_in_flight,
+        host.mcp_usage().calls_in_flight,
         1,
         "a call waiting for its server holds no host permit"
     );
@@ -146,7 +146,7 @@ async fn at_the_process_cap_the_least_recently_used_idle_server_is_stopped_whole
     call_tool_text(&host, &ids[1], "pid", json!({}))
         .await
         .unwrap();
-    assert_eq!(host.pool().usage().server_processes, 2);
+    assert_eq!(host.mcp_usage().server_processes, 2);
     let c: u32 = call_tool_text(&host, &ids[2], "pid", json!({}))
         .await
         .unwrap()
@@ -160,7 +160,7 @@ async fn at_the_process_cap_the_least_recently_used_idle_server_is_stopped_whole
     assert_eq!(pid_of(&host, &ids[0]), None);
     assert_eq!(pid_of(&host, &ids[1]), Some(b));
     assert_eq!(pid_of(&host, &ids[2]), Some(c));
-    assert_eq!(host.pool().usage().server_processes, 2);
+    assert_eq!(host.mcp_usage().server_processes, 2);
     // The evicted server starts again on its next call (evicting `b` now).
     let again: u32 = call_tool_text(&host, &ids[0], "pid", json!({}))
         .await
@@ -229,7 +229,7 @@ async fn at_the_process_cap_a_crashed_server_is_started_again() {
         until("the server exited", || pid_of(&host, &crashy).is_none()).await;
     }
     until("the last server's permit is back", || {
-        host.pool().usage().server_processes == 0
+        host.mcp_usage().server_processes == 0
     })
     .await;
     host.shutdown().await;
@@ -374,8 +374,7 @@ async fn prewarmed_servers_start_with_the_host() {
         server_status(&host, &cold).is_none(),
         "only named servers start"
     );
-    let entry = host.registry().get(&warm).unwrap().clone();
-    host.pool().list_tools(&entry).await.unwrap();
+    host.server_tools(&warm).await.unwrap();
     assert_eq!(
         server_status(&host, &warm).unwrap().connections,
         1,
@@ -400,7 +399,7 @@ fn the_host_config_sets_the_limits_and_builder_options_win() {
         .build()
         .unwrap();
     assert_eq!(
-        from_file.pool().limits(),
+        from_file.mcp_limits(),
         &PoolLimits {
             max_concurrent_calls: 7,
             max_server_processes: 3,
@@ -414,15 +413,14 @@ fn the_host_config_sets_the_limits_and_builder_options_win() {
         .with_max_server_processes(5)
         .build()
         .unwrap();
-    assert_eq!(overridden.pool().limits().max_server_processes, 5);
-    assert_eq!(overridden.pool().limits().max_concurrent_calls, 7);
+    assert_eq!(overridden.mcp_limits().max_server_processes, 5);
+    assert_eq!(overridden.mcp_limits().max_concurrent_calls, 7);
     assert_eq!(
         Host::builder()
             .without_disk_cache()
             .build()
             .unwrap()
-            .pool()
-            .limits(),
+            .mcp_limits(),
         &PoolLimits::default()
     );
     for (text, field) in [

@@ -14,23 +14,17 @@ use std::time::{Duration, Instant};
 use quiver::Host;
 use quiver_tests::group::{ServerWithChild, group_gone, group_members, left_of, wait_group_gone};
 use quiver_tests::{
-    RegistryDir, example_guest, fixture_pids, host, pid_alive, quiver_cli, unique_id,
+    RegistryDir, call_tool_text, example_guest, fixture_pids, host, pid_alive, quiver_cli,
+    server_status, unique_id,
 };
 use serde_json::json;
 
 const WITHIN: Duration = Duration::from_secs(20);
 
 async fn server_pid(host: &Host, server_id: &str) -> u32 {
-    let entry = host.registry().get(server_id).unwrap().clone();
-    let out = host
-        .pool()
-        .call_tool(&entry, "pid", Default::default())
+    call_tool_text(host, server_id, "pid", json!({}))
         .await
-        .unwrap();
-    out.result.content[0]
-        .as_text()
         .unwrap()
-        .text
         .parse()
         .unwrap()
 }
@@ -98,7 +92,7 @@ async fn a_crashed_server_is_restarted_without_leaving_its_child_behind() {
         "the crashed server's group was stopped without another call"
     );
     let start = Instant::now();
-    while host.pool().usage().server_processes != 0 {
+    while host.mcp_usage().server_processes != 0 {
         assert!(
             start.elapsed() < WITHIN,
             "the process permit was never released"
@@ -114,23 +108,16 @@ async fn a_crashed_server_is_restarted_without_leaving_its_child_behind() {
 }
 
 fn status_pid(host: &Host, server_id: &str) -> Option<u32> {
-    host.pool()
-        .status()
-        .into_iter()
-        .find(|s| s.server_id == server_id)
-        .and_then(|s| s.pid)
+    server_status(host, server_id).and_then(|s| s.pid)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_fails_at_once_when_its_server_dies_even_if_a_child_keeps_its_stdout_open() {
     let (_registry, server, host, pid, child) = started().await;
-    let entry = host.registry().get(&server.server_id).unwrap().clone();
     // `crash` exits without replying; the `sleep` child still holds the server's stdout, so
     // no EOF tells the host. Without noticing the exit itself the call would wait for its
     // whole tool timeout.
-    let error = host
-        .pool()
-        .call_tool(&entry, "crash", Default::default())
+    let error = call_tool_text(&host, &server.server_id, "crash", json!({}))
         .await
         .unwrap_err();
     assert_eq!(error.code, quiver::McpErrorCode::Unavailable, "{error}");

@@ -118,7 +118,11 @@ async fn a_reload_restarts_changed_servers_keeps_unchanged_ones_and_stops_remove
         "the changed server's old process {} is still running",
         before[0]
     );
-    let status = host.pool().server_status(&changed);
+    let status = host
+        .mcp_servers()
+        .into_iter()
+        .find(|s| s.server_id == changed)
+        .unwrap();
     assert_eq!(
         (status.state, status.pid),
         (ServerState::Connected, Some(after[1])),

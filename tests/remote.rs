@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
-use quiver::Host;
 use quiver::HostConfig;
 use quiver::{AuthConfig, EgressConfig, McpErrorCode};
+use quiver::{Host, PreviewError, ToolCallError, ToolCallRequest};
 use quiver_tests::oauth::{AsOptions, TokenServer};
 use quiver_tests::{
-    FixtureHttp, RegistryDir, example_guest, host_builder, mcp_task, quiver_cli, run,
+    FixtureHttp, RegistryDir, example_guest, host_builder, library_task, mcp_task, quiver_cli, run,
 };
 
 fn remote_record(server_id: &str, transport: &str, url: &str, extra_http: &str) -> String {
@@ -63,15 +63,15 @@ async fn call_text(
     tool: &str,
     args: serde_json::Value,
 ) -> Result<String, quiver::McpError> {
-    let entry = host.registry().get(server_id).unwrap().clone();
-    let out = host
-        .pool()
-        .call_tool(&entry, tool, args.as_object().unwrap().clone())
-        .await?;
-    Ok(out.result.content[0]
-        .as_text()
-        .map(|t| t.text.clone())
-        .unwrap_or_default())
+    let request = ToolCallRequest::new(server_id, tool).with_arguments(args);
+    match host.call_tool(&library_task(server_id), request).await {
+        Ok(out) => Ok(out.result.content[0]
+            .as_text()
+            .map(|t| t.text.clone())
+            .unwrap_or_default()),
+        Err(ToolCallError::Failed(error) | ToolCallError::Timeout(error)) => Err(error),
+        Err(refused) => panic!("{server_id}/{tool} was not called: {refused}"),
+    }
 }
 
 #[tokio::test]
@@ -99,8 +99,7 @@ async fn a_guest_uses_a_streamable_http_server_and_a_legacy_sse_server() {
         );
     }
     // Pages, list_changed and images work over HTTP too.
-    let entry = host.registry().get("old").unwrap().clone();
-    assert!(host.pool().list_tools(&entry).await.unwrap().len() > 8);
+    assert!(host.server_tools("old").await.unwrap().len() > 8);
     host.shutdown().await;
 }
 
@@ -548,8 +547,9 @@ async fn a_legacy_sse_endpoint_outside_the_egress_rules_is_refused() {
         &remote_record("old", "http_sse_legacy", &format!("{base}/sse"), ""),
     );
     let host = remote_host(&registry, BTreeMap::new(), egress_allowing(&[&base]));
-    let entry = host.registry().get("old").unwrap().clone();
-    let error = host.pool().list_tools(&entry).await.unwrap_err();
+    let Err(PreviewError::Unavailable(error)) = host.server_tools("old").await else {
+        panic!("the listing went through");
+    };
     assert_eq!(error.code, McpErrorCode::Unavailable, "{error}");
     let message = &error.message;
     assert!(

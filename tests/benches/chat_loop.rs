@@ -14,7 +14,7 @@
 
 use std::time::{Duration, Instant};
 
-use quiver::TaskSpec;
+use quiver::{TaskSpec, ToolCallRequest};
 use quiver_tests::chat_wat::scripted_host;
 use quiver_tests::llm::{Reply, ScriptedLlm};
 use quiver_tests::{RegistryDir, wat};
@@ -99,7 +99,6 @@ async fn main() {
         .with_config("mcp.enabled", "true")
         .with_config("mcp.default_server_ids", "fixture")
         .with_captured_output();
-    let entry = host.registry().get("fixture").unwrap().clone();
     let http = reqwest::Client::new();
     let url = format!("{}/chat/completions", llm.base_url());
 
@@ -115,7 +114,7 @@ async fn main() {
         outcome.stderr_text()
     );
     let bodies: Vec<Value> = llm.requests().into_iter().take(2).collect();
-    let args = json!({"a": 2, "b": 3}).as_object().unwrap().clone();
+    let add = ToolCallRequest::new("fixture", "add").with_arguments(json!({"a": 2, "b": 3}));
 
     let (mut overhead, mut guest_per_send, mut baseline_per_send) =
         (Vec::new(), Vec::new(), Vec::new());
@@ -146,10 +145,7 @@ async fn main() {
                     .unwrap();
                 assert!(reply["choices"].is_array());
             }
-            host.pool()
-                .call_tool(&entry, "add", args.clone())
-                .await
-                .unwrap();
+            host.call_tool(&task, add.clone()).await.unwrap();
         }
         let baseline = started.elapsed() / sends as u32;
         guest_per_send.push(guest);

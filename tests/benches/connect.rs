@@ -45,9 +45,8 @@ async fn main() {
                 .with_config(config.clone(), ".")
                 .build()
                 .unwrap();
-            let entry = host.registry().get(mode).unwrap().clone();
             let started = Instant::now();
-            host.pool().list_tools(&entry).await.unwrap();
+            host.server_tools(mode).await.unwrap();
             samples.push(started.elapsed());
             host.shutdown().await;
         }

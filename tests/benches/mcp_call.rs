@@ -2,8 +2,8 @@
 //!
 //! 1. **guest**: a WAT guest calling `mcp_call_tool` in a loop, through the whole host
 //!    (ABI decode, fd table, policy, pool, rmcp, stdio, and back into guest memory);
-//! 2. **native**: the host's own pool calling the same server on the same pooled connection
-//!    (`McpPool::call_tool`: rmcp plus the pool's budgets, no wasm);
+//! 2. **native**: library code calling the same server on the same pooled connection
+//!    (`Host::call_tool`: policy, observers, the pool's budgets and rmcp, no wasm);
 //! 3. **spawn**: what a naive host does: a fresh server process, MCP handshake and call for
 //!    every tool call.
 //!
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use quiver::EgressConfig;
 use quiver::HostConfig;
-use quiver::{GuestModule, Host, TaskSpec};
+use quiver::{GuestModule, Host, TaskSpec, ToolCallRequest};
 use quiver_tests::{FixtureHttp, RegistryDir, wat, workspace};
 use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
@@ -97,7 +97,6 @@ async fn measure(
     calls: usize,
     spawns: usize,
 ) -> Duration {
-    let entry = host.registry().get(target.server_id).unwrap().clone();
     let module: GuestModule = host
         .load_module("bench.wat", guest_loop(target, calls).as_bytes())
         .unwrap();
@@ -108,10 +107,9 @@ async fn measure(
     let native_round = || async {
         let started = Instant::now();
         for _ in 0..calls {
-            host.pool()
-                .call_tool(&entry, "echo", target.args.clone())
-                .await
-                .unwrap();
+            let request = ToolCallRequest::new(target.server_id, "echo")
+                .with_arguments(Value::Object(target.args.clone()));
+            host.call_tool(&task, request).await.unwrap();
         }
         started.elapsed() / calls as u32
     };

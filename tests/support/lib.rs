@@ -11,7 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use quiver::{Host, TaskOutcome, TaskSpec};
+use quiver::McpError;
+use quiver::{Host, TaskOutcome, TaskSpec, ToolCallError, ToolCallRequest};
 use tempfile::TempDir;
 
 pub mod c;
@@ -323,20 +324,21 @@ pub fn fixture_pids(name: &str) -> Vec<u32> {
     pids
 }
 
-/// Calls `tool` of `server_id` through the host's pool; the result's first text block.
+/// Calls `tool` of `server_id` as library code does ([`Host::call_tool`], in the name of a
+/// task that may use that server); the result's first text block, or the error of a call
+/// that was made and failed. A call that policy or the approver refused fails the test.
 pub async fn call_tool_text(
     host: &Host,
     server_id: &str,
     tool: &str,
     args: serde_json::Value,
-) -> Result<String, quiver::McpError> {
-    let entry = host
-        .registry()
-        .get(server_id)
-        .expect("a registered server")
-        .clone();
-    let args = args.as_object().cloned().unwrap_or_default();
-    let out = host.pool().call_tool(&entry, tool, args).await?;
+) -> Result<String, McpError> {
+    let request = ToolCallRequest::new(server_id, tool).with_arguments(args);
+    let out = match host.call_tool(&library_task(server_id), request).await {
+        Ok(out) => out,
+        Err(ToolCallError::Failed(error) | ToolCallError::Timeout(error)) => return Err(error),
+        Err(refused) => panic!("{server_id}/{tool} was not called: {refused}"),
+    };
     Ok(out.result.content[0]
         .as_text()
         .expect("a text block")
@@ -344,10 +346,17 @@ pub async fn call_tool_text(
         .clone())
 }
 
-/// `server_id`'s entry in the host's pool status, if the pool has one.
+/// The task [`call_tool_text`] calls in: it may use `server_id` and nothing else.
+pub fn library_task(server_id: &str) -> TaskSpec {
+    TaskSpec::new("library")
+        .with_config("mcp.enabled", "true")
+        .with_config("mcp.default_server_ids", serde_json::json!([server_id]))
+}
+
+/// `server_id`'s entry in the host's MCP status, if its pool has one.
 pub fn server_status(host: &Host, server_id: &str) -> Option<quiver::ServerStatus> {
-    host.pool()
-        .status()
+    host.status()
+        .mcp_servers
         .into_iter()
         .find(|s| s.server_id == server_id)
 }

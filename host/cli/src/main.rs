@@ -19,8 +19,7 @@ use quiver::config::{ConfigError, ConfigOrigin};
 use quiver::registry::{Registry, ServerEntry};
 use quiver::telemetry::{self, LogFormat};
 use quiver::{AllowAll, ApprovalQueue, Approver, TerminalApprover};
-use quiver::{Host, HostBuilder, StoreFollower, TaskSpec};
-use quiver::{TaskMcpPolicy, ToolFilter};
+use quiver::{Host, HostBuilder, StoreFollower, TaskSpec, ToolCallRequest};
 use quiver_node::{Node, NodeConfig, NodeFileConfig, RegistrySource};
 
 #[derive(Parser)]
@@ -148,13 +147,19 @@ enum McpCommand {
         #[command(flatten)]
         source: ServerSource,
     },
-    /// Call one tool of a server (within the registry's allowed_tools) and print the result.
+    /// Call one tool of a server and print the result. The call is made as a task that
+    /// enables only this server would make it: the registry's lists and approval policy
+    /// apply, as for a guest.
     Call {
         server_id: String,
         tool: String,
         /// The arguments, a JSON object.
         #[arg(long, default_value = "{}")]
         args: String,
+        /// Calls needing approval (registry `approval_policy`): ask on the terminal
+        /// (/dev/tty), deny them, or allow them.
+        #[arg(long, value_enum, default_value = "deny")]
+        approve: ApproveMode,
         #[command(flatten)]
         source: ServerSource,
     },
@@ -240,8 +245,9 @@ fn main() -> ExitCode {
                 server_id,
                 tool,
                 args,
+                approve,
                 source,
-            }) => mcp_call(&server_id, &tool, &args, source).await,
+            }) => mcp_call(&server_id, &tool, &args, approve, source).await,
             Command::Mcp(McpCommand::Status {
                 registry,
                 config,
@@ -581,8 +587,13 @@ fn fail(error: impl std::fmt::Display) -> i32 {
     2
 }
 
-/// A host on `source` for one server, or the exit status to give up with.
-fn server_host(server_id: &str, source: &ServerSource) -> Result<(Host, Arc<ServerEntry>), i32> {
+/// A host on `source` for one server (asking `approver` about calls that need approval),
+/// or the exit status to give up with.
+fn server_host(
+    server_id: &str,
+    source: &ServerSource,
+    approver: Option<Arc<dyn Approver>>,
+) -> Result<(Host, Arc<ServerEntry>), i32> {
     let registry = Registry::load_dir(&source.registry).map_err(fail)?;
     let Some(entry) = registry.get(server_id).cloned() else {
         let known: Vec<_> = registry
@@ -604,32 +615,43 @@ fn server_host(server_id: &str, source: &ServerSource) -> Result<(Host, Arc<Serv
     if let Some(config) = &source.config {
         builder = with_config_file(builder, config).map_err(fail)?.0;
     }
+    if let Some(approver) = approver {
+        builder = builder.with_approver(approver);
+    }
     Ok((builder.build().map_err(fail)?, entry))
 }
 
 async fn mcp_tools(server_id: &str, source: ServerSource) -> i32 {
-    let (host, entry) = match server_host(server_id, &source) {
+    let (host, entry) = match server_host(server_id, &source, None) {
         Ok(found) => found,
         Err(status) => return status,
     };
-    let listed = host.pool().list_tools(&entry).await;
+    // What a task could be offered (after allowed_tools), and the whole listing, for
+    // what the registry hides; the second answer comes from the pool's tools cache.
+    let listed = match host.preview_tools(server_id).await {
+        Ok(visible) => host.server_tools(server_id).await.map(|all| (visible, all)),
+        Err(e) => Err(e),
+    };
     host.shutdown().await;
-    let tools = match listed {
-        Ok(tools) => tools,
+    let (visible, all) = match listed {
+        Ok(listed) => listed,
         Err(e) => {
             eprintln!("quiver: {e}");
             return 1;
         }
     };
-    let filter = ToolFilter::new(&entry.record.allowed_tools, &TaskMcpPolicy::default());
-    let (visible, hidden): (Vec<_>, Vec<_>) = tools.iter().partition(|t| filter.permits(&t.name));
+    let hidden: Vec<&str> = all
+        .iter()
+        .map(|t| t.name.as_ref())
+        .filter(|name| !visible.iter().any(|v| v.name == *name))
+        .collect();
     println!(
         "{} ({}): {} tools",
         entry.server_id(),
         entry.record.display_name,
         visible.len()
     );
-    for tool in visible {
+    for tool in &visible {
         let description = tool
             .description
             .as_deref()
@@ -640,30 +662,36 @@ async fn mcp_tools(server_id: &str, source: ServerSource) -> i32 {
         println!("  {} — {}", tool.name, description);
     }
     if !hidden.is_empty() {
-        let names: Vec<_> = hidden.iter().map(|t| t.name.as_ref()).collect();
-        println!("hidden by allowed_tools: {}", names.join(", "));
+        println!("hidden by allowed_tools: {}", hidden.join(", "));
     }
     0
 }
 
-async fn mcp_call(server_id: &str, tool: &str, args: &str, source: ServerSource) -> i32 {
+async fn mcp_call(
+    server_id: &str,
+    tool: &str,
+    args: &str,
+    approve: ApproveMode,
+    source: ServerSource,
+) -> i32 {
     let arguments = match serde_json::from_str::<serde_json::Value>(args) {
-        Ok(serde_json::Value::Object(map)) => map,
+        Ok(arguments @ serde_json::Value::Object(_)) => arguments,
         _ => {
             eprintln!("quiver: --args must be a JSON object, got {args:?}");
             return 2;
         }
     };
-    let (host, entry) = match server_host(server_id, &source) {
+    let (host, _) = match server_host(server_id, &source, approve.approver()) {
         Ok(found) => found,
         Err(status) => return status,
     };
-    let filter = ToolFilter::new(&entry.record.allowed_tools, &TaskMcpPolicy::default());
-    if let Err(denial) = filter.check(tool) {
-        eprintln!("quiver: tool `{tool}` of server `{server_id}`: {denial}");
-        return 1;
-    }
-    let called = host.pool().call_tool(&entry, tool, arguments).await;
+    // A task of its own that may use this one server: every layer but the task's lists
+    // (none) applies, as for a guest.
+    let task = TaskSpec::new("quiver-mcp-call")
+        .with_config("mcp.enabled", "true")
+        .with_config("mcp.default_server_ids", serde_json::json!([server_id]));
+    let request = ToolCallRequest::new(server_id, tool).with_arguments(arguments);
+    let called = host.call_tool(&task, request).await;
     host.shutdown().await;
     match called {
         Ok(output) => {

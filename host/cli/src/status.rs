@@ -103,7 +103,7 @@ async fn local(
     // Failures show in each server's health; the listing itself is not printed.
     let listing = registry
         .servers()
-        .map(|entry| host.pool().list_tools(entry));
+        .map(|entry| host.server_tools(entry.server_id()));
     futures::future::join_all(listing).await;
     let servers = host.mcp_servers();
     host.shutdown().await;

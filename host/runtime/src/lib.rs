@@ -70,9 +70,10 @@ pub use approval::{
 #[cfg(feature = "watch")]
 pub use host::RegistryWatcher;
 pub use host::{
-    BusyReason, GuestModule, Host, HostBuilder, HostConfig, HostError, HostMemoryStatus,
-    HostMemoryUse, HostStatus, ModuleError, ModuleOrigin, PreviewError, ProbeReport,
-    RegistryHealth, StoreFollower, TaskFailure, TaskOutcome, TaskStatus, TasksConfig, ToolPreview,
+    BusyReason, CallRefusal, GuestModule, Host, HostBuilder, HostConfig, HostError,
+    HostMemoryStatus, HostMemoryUse, HostStatus, ModuleError, ModuleOrigin, PreviewError,
+    ProbeReport, RegistryHealth, StoreFollower, TaskFailure, TaskOutcome, TaskStatus, TasksConfig,
+    ToolCallError, ToolCallRequest, ToolPreview,
 };
 /// What a task is charged against its host memory budget for a JSON text its guest hands
 /// the host (the parsed value's size, computed without parsing), for sizing
@@ -81,14 +82,14 @@ pub use sandbox::heap::json_text as json_charge;
 
 pub use mcp::{
     ApiKeyConfig, AuthConfig, EgressConfig, McpError, McpErrorCode, McpHostConfig,
-    OAuthClientCredentialsConfig, PoolLimits, ServerState, ServerStatus, SigningAlg,
-    TokenEndpointAuth, ensure_tls_provider,
+    OAuthClientCredentialsConfig, PoolLimits, PoolUsage, ServerState, ServerStatus, SigningAlg,
+    TokenEndpointAuth, Tool, ToolCallOutput, ensure_tls_provider,
 };
 pub use observe::{
     ArgumentsSummary, AuditLog, Metrics, PolicyDenial, ToolCall, ToolCallEnd, ToolKind,
     ToolObserver, ToolOutcome, Via,
 };
-pub use policy::{PolicyReport, Reason, TaskMcpPolicy, ToolFilter};
+pub use policy::{Layer, PolicyReport, Reason};
 pub use quiver_abi::Errno;
 pub use sandbox::SandboxSetupError;
 pub use task::{GuestLogs, Preopen, TaskError, TaskSpec};

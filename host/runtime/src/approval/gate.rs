@@ -32,7 +32,7 @@ impl fmt::Debug for Approvals {
 /// The call to ask about.
 pub(crate) struct AskFor<'a> {
     pub(crate) task_id: &'a str,
-    pub(crate) session_fd: i32,
+    pub(crate) session_fd: Option<i32>,
     pub(crate) via: Via,
     pub(crate) entry: &'a ServerEntry,
     pub(crate) tool: &'a str,

@@ -22,7 +22,7 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 
 pub use gate::Approvals;
-pub(crate) use gate::{AskFor, timeout_of};
+pub(crate) use gate::{AskFor, Refusal, timeout_of};
 pub use queue::{ApprovalError, ApprovalQueue, PendingApproval};
 pub use terminal::TerminalApprover;
 
@@ -34,8 +34,10 @@ pub struct ApprovalRequest {
     /// Unique within the process (and unlikely to repeat across restarts).
     pub id: String,
     pub task_id: Arc<str>,
-    /// The guest fd the call came through: the MCP session or the chat session.
-    pub session_fd: i32,
+    /// The guest fd the call came through: the MCP session or the chat session; `None`
+    /// (and absent from JSON) for a library call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_fd: Option<i32>,
     pub via: Via,
     pub server_id: String,
     /// The tool's MCP-native name.

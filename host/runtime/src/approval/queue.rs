@@ -16,7 +16,9 @@ use crate::observe::{ArgumentsSummary, Via, unix_seconds};
 pub struct PendingApproval {
     pub id: String,
     pub task_id: String,
-    pub session_fd: i32,
+    /// The guest fd of the call; `None` (and absent from JSON) for a library call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_fd: Option<i32>,
     pub via: Via,
     pub server_id: String,
     pub tool: String,

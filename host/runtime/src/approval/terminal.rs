@@ -137,7 +137,7 @@ mod tests {
         let request = ApprovalRequest {
             id: "1".into(),
             task_id: Arc::from("t"),
-            session_fd: 3,
+            session_fd: Some(3),
             via: Via::Chat,
             server_id: "fs".into(),
             tool: "del\u{1b}[31mete\u{202e}txt.exe".into(),

@@ -12,7 +12,7 @@ fn request_of(task_id: &str, id: &str) -> ApprovalRequest {
     ApprovalRequest {
         id: id.into(),
         task_id: Arc::from(task_id),
-        session_fd: 3,
+        session_fd: Some(3),
         via: Via::McpCall,
         server_id: "fs".into(),
         tool: "delete_file".into(),

@@ -460,7 +460,7 @@ async fn approve(
 ) -> Result<(), ToolFailure> {
     let asked = ctx.mcp.approvals.ask(AskFor {
         task_id: ctx.task_id,
-        session_fd: ctx.session_fd,
+        session_fd: Some(ctx.session_fd),
         via: Via::Chat,
         entry,
         tool,
@@ -480,7 +480,8 @@ async fn approve(
         (server_id, tool),
         refusal.reason,
         refusal.detail.clone(),
-    );
+    )
+    .with_via(Via::Chat);
     ctx.mcp.observers.policy_denied(&event);
     let message = format!("tool `{tool}` of server `{server_id}`: {}", refusal.detail);
     Err(McpError::new(McpErrorCode::PolicyDenied, message).into())
@@ -496,7 +497,7 @@ fn observed_call(
 ) -> observe::ToolCall {
     observe::ToolCall {
         task_id: ctx.task_id.into(),
-        session_fd: ctx.session_fd,
+        session_fd: Some(ctx.session_fd),
         via: Via::Chat,
         kind,
         tool: tool.to_owned(),
@@ -578,7 +579,8 @@ async fn run_tool_calls<G: GuestTools>(
                         (&server_id, &tool),
                         reason,
                         why.clone(),
-                    );
+                    )
+                    .with_via(Via::Chat);
                     ctx.mcp.observers.policy_denied(&event);
                     let message = format!("tool `{tool}` of server `{server_id}` is not available in this chat session: {why}");
                     Step::Refused {

@@ -9,6 +9,7 @@
 
 mod admission;
 mod builder;
+mod call;
 mod config;
 mod probe;
 mod reload;
@@ -28,7 +29,7 @@ use crate::approval::Approvals;
 use crate::chat::llm::Backends;
 use crate::chat::tools::ToolSet;
 use crate::chat::{ChatSession, ChatTask};
-use crate::mcp::{McpPool, McpTask, ServerStatus};
+use crate::mcp::{McpPool, McpTask, PoolLimits, PoolUsage, ServerStatus};
 use crate::observe::{AuditLog, Metrics, Observers};
 use crate::policy::{self, PolicyReport, SessionRequest};
 use crate::registry::{Registry, RegistryStore};
@@ -38,6 +39,7 @@ use crate::task::{TaskError, TaskSpec};
 use admission::Admission;
 pub use admission::{BusyReason, TaskStatus};
 pub use builder::{HostBuilder, HostError, ModuleError};
+pub use call::{CallRefusal, ToolCallError, ToolCallRequest};
 pub use config::{HostConfig, TasksConfig};
 pub use probe::{PreviewError, ProbeReport, ToolPreview};
 pub use reload::RegistryHealth;
@@ -173,9 +175,14 @@ impl Host {
         self.inner.registry_store.clone()
     }
 
-    /// The MCP connection pool shared by all tasks.
-    pub fn pool(&self) -> &Arc<McpPool> {
-        &self.inner.pool
+    /// The host-wide limits of MCP calls and server processes in force.
+    pub fn mcp_limits(&self) -> &PoolLimits {
+        self.inner.pool.limits()
+    }
+
+    /// How much of the host-wide MCP limits is in use now.
+    pub fn mcp_usage(&self) -> PoolUsage {
+        self.inner.pool.usage()
     }
 
     /// The host's Prometheus metrics (see [`crate::observe`]'s `Metrics`).
@@ -419,7 +426,7 @@ impl Host {
 
     /// The MCP side of `task`: the current registry snapshot, the task layer of policy
     /// resolved against it (profiles applied), and the pool.
-    fn mcp_task(&self, task: &TaskSpec) -> Result<McpTask, HostError> {
+    fn mcp_task(&self, task: &TaskSpec) -> Result<McpTask, TaskError> {
         let registry = self.registry();
         let policy = task
             .mcp_config()?

@@ -1,7 +1,8 @@
 //! Looking at one registry server from outside a task: a connection test
-//! ([`Host::probe_server`]) and the tool list a model would be offered
-//! ([`Host::preview_tools`]). The admin API and the CLI use these; they are here, not in
-//! a handler, so every embedder gets the same answers.
+//! ([`Host::probe_server`]), its tool listing ([`Host::server_tools`]) and the tool list a
+//! model would be offered ([`Host::preview_tools`]). The admin API and the CLI use these;
+//! they are here, not in a handler, so every embedder gets the same answers. None of them
+//! calls a tool: that goes through [`Host::call_tool`] and policy.
 //!
 //! A test connects afresh (beside the pooled connection, so it neither disturbs calls in
 //! flight nor is fooled by a connection made under an older record) and always gives a
@@ -10,6 +11,7 @@
 //! registry's `allowed_tools` and names each tool as the chat capability does.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -18,7 +20,7 @@ use tracing::Instrument;
 use super::Host;
 use crate::chat::tools::mcp_model_name;
 use crate::defaults;
-use crate::mcp::McpError;
+use crate::mcp::{McpError, Tool};
 use crate::observe::{cut, printable};
 use crate::policy::{TaskMcpPolicy, ToolFilter};
 
@@ -109,6 +111,26 @@ impl Host {
         Some(report)
     }
 
+    /// Every tool `server_id` lists, before any filter, through the pool (its cache and its
+    /// connection, which this makes if there is none, so the server's health shows the
+    /// result). [`Host::preview_tools`] is this after the registry's `allowed_tools`.
+    pub async fn server_tools(&self, server_id: &str) -> Result<Arc<[Tool]>, PreviewError> {
+        let span = tracing::info_span!("server_tools", server_id);
+        self.server_tools_inner(server_id).instrument(span).await
+    }
+
+    async fn server_tools_inner(&self, server_id: &str) -> Result<Arc<[Tool]>, PreviewError> {
+        let registry = self.registry();
+        let entry = registry
+            .get(server_id)
+            .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
+        self.inner
+            .pool
+            .list_tools(entry)
+            .await
+            .map_err(PreviewError::Unavailable)
+    }
+
     /// The tools of `server_id` a task could be offered: its listing (through the pool)
     /// after the registry's `allowed_tools`, sorted, each with its model-facing name.
     /// Profiles, task and session filters narrow this further per task.
@@ -118,16 +140,11 @@ impl Host {
     }
 
     async fn preview_tools_inner(&self, server_id: &str) -> Result<Vec<ToolPreview>, PreviewError> {
+        let tools = self.server_tools_inner(server_id).await?;
         let registry = self.registry();
         let entry = registry
             .get(server_id)
             .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
-        let tools = self
-            .inner
-            .pool
-            .list_tools(entry)
-            .await
-            .map_err(PreviewError::Unavailable)?;
         let filter = ToolFilter::new(&entry.record.allowed_tools, &TaskMcpPolicy::default());
         let mut allowed: Vec<_> = tools.iter().filter(|t| filter.permits(&t.name)).collect();
         // Named in the order a chat session names them, so collisions resolve alike.

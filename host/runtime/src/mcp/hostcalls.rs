@@ -4,10 +4,11 @@
 //! `mcp_open` and `mcp_registry_get` through [`McpTask::decide_server`] (the listing through
 //! [`McpTask::lists`]). Every request on an fd (the listings, `mcp_call_tool`,
 //! `mcp_read_resource`, `mcp_get_prompt`) goes through one path, `begin`: the output buffer
-//! and input are checked, the fd's [`Grant`] decides (its tool, resource or prompt filter;
-//! for calls [`Grant::check_call`], which adds the approval policy), a denial is reported to
+//! and input are checked, the fd's [`Grant`] decides (its resource or prompt filter; for
+//! calls [`call::check`], the gate library calls go through too), a denial is reported to
 //! observers, and the answer kept for a retry is handed back; only then does the request's
 //! own part run, within the task's deadline, and its answer go out with the buffer protocol.
+//! A tool call's own part is [`call::run`]: the approval, the observers and the pool.
 //! An answer that does not fit the guest's buffer stays on the fd and is handed back on the
 //! retry, so a retry never runs the tool twice. Kept answers and a request's input are
 //! charged to the task's memory budget; when it cannot hold them the call is `-ENOMEM`.
@@ -16,7 +17,6 @@
 use std::future::Future;
 use std::ops::ControlFlow;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use quiver_abi::Errno;
 use rmcp::model::{Prompt, Resource, ResourceTemplate};
@@ -25,16 +25,16 @@ use tracing::field::Empty;
 use tracing::{Instrument, Span};
 use wasmtime::{Caller, Linker};
 
+use super::call::{self, Ended, Origin};
 use super::session::{McpSession, McpTask, McpView, Op, PendingKey};
 use super::{McpError, McpErrorCode, McpPool, Tool};
-use crate::approval::AskFor;
 use crate::defaults;
-use crate::observe::{ArgumentsSummary, PolicyDenial, ToolCall, ToolKind, ToolOutcome, Via};
-use crate::policy::{Approval, Denial, Grant, ListKey, Pattern, Reason};
+use crate::observe::{PolicyDenial, Via};
+use crate::policy::{Approval, Denial, Grant, ListKey, Pattern};
 use crate::registry::ServerEntry;
 use crate::sandbox::{
-    Charge, Deadline, GuestMemory, HostcallError, MemoryBudget, OutBuf, before_deadline, finish,
-    guest, heap,
+    Charge, Deadline, DeadlineExceeded, GuestMemory, HostcallError, MemoryBudget, OutBuf,
+    before_deadline, finish, guest, heap,
 };
 
 /// Registers the `mcp_*` imports.
@@ -406,16 +406,28 @@ impl Op {
         matches!(self, Op::CallTool | Op::GetPrompt)
     }
 
-    /// The fd's policy on `name`; a listing is filtered afterwards instead.
-    fn check(self, grant: &Grant, name: &str) -> Result<Approval, Denial> {
+    /// The fd's resource or prompt filter on `name`; tool calls are decided by
+    /// [`call::check`], and a listing is filtered afterwards instead.
+    fn check(self, grant: &Grant, name: &str) -> Result<(), Denial> {
         match self {
-            Op::CallTool => grant.check_call(name),
-            Op::ReadResource => grant.check_resource(name).map(|()| Approval::NotNeeded),
-            Op::GetPrompt => grant.check_prompt(name).map(|()| Approval::NotNeeded),
-            Op::ListTools | Op::ListResources | Op::ListResourceTemplates | Op::ListPrompts => {
-                Ok(Approval::NotNeeded)
-            }
+            Op::ReadResource => grant.check_resource(name),
+            Op::GetPrompt => grant.check_prompt(name),
+            Op::CallTool
+            | Op::ListTools
+            | Op::ListResources
+            | Op::ListResourceTemplates
+            | Op::ListPrompts => Ok(()),
         }
+    }
+}
+
+/// A guest's tool call on its MCP session `fd`, as the call gate sees it.
+fn origin(task_id: &Arc<str>, fd: i32, deadline: Deadline) -> Origin {
+    Origin {
+        task_id: task_id.clone(),
+        session_fd: Some(fd),
+        via: Via::McpCall,
+        deadline,
     }
 }
 
@@ -470,21 +482,22 @@ fn begin<T: McpView>(
     let session = session(state, args.fd)?;
     let server_id = session.grant.entry.server_id();
     span.record("server_id", server_id);
-    let approval = match op.check(&session.grant, name) {
-        Ok(approval) => approval,
-        Err(denial) => {
-            let detail = denial.to_string();
-            report_denial(
-                &mcp,
-                &task_id,
-                args.fd,
-                op,
-                (server_id, name),
-                denial.reason(),
-                detail,
-            );
-            return Err(Errno::EACCES.into());
-        }
+    let decided = match op {
+        Op::CallTool => call::check(
+            &mcp,
+            &origin(&task_id, args.fd, deadline),
+            &session.grant,
+            name,
+        ),
+        _ => op
+            .check(&session.grant, name)
+            .inspect_err(|denial| {
+                report_denial(&mcp, &task_id, args.fd, op, (server_id, name), denial)
+            })
+            .map(|()| Approval::NotNeeded),
+    };
+    let Ok(approval) = decided else {
+        return Err(Errno::EACCES.into());
     };
     if session.keeps_output_for(|key| key.is(op, name, arguments)) {
         return Ok(ControlFlow::Break(deliver_kept(&mut mem, session, out)?));
@@ -513,18 +526,17 @@ fn begin<T: McpView>(
     }))
 }
 
-/// A policy refusal of `name` on an fd: a log line and a [`PolicyDenial`] to observers
-/// (and so to the audit log), naming the layer in its detail.
+/// A policy refusal of resource or prompt `name` on an fd: a log line and a
+/// [`PolicyDenial`] to observers (and so to the audit log), naming the layer in its detail.
 fn report_denial(
     mcp: &McpTask,
     task_id: &Arc<str>,
     fd: i32,
     op: Op,
     (server_id, name): (&str, &str),
-    reason: Reason,
-    detail: String,
+    denial: &Denial,
 ) {
-    let hostcall = op.hostcall();
+    let (hostcall, reason, detail) = (op.hostcall(), denial.reason(), denial.to_string());
     tracing::info!(task_id = %task_id, hostcall, server_id, name, ?reason, %detail, "denied by policy");
     let event = PolicyDenial::of_tool(
         task_id.clone(),
@@ -707,80 +719,45 @@ async fn get_prompt<T: McpView>(
     request.deliver(caller, bytes)
 }
 
-/// Calls a tool (`begin` refused one outside the fd's tool filter); a call needing
-/// approval waits for the host's approver first, and observers see it start and end.
+/// Calls a tool (`begin` refused one outside the fd's tool filter): the arguments are
+/// read, then [`call::run`] does the rest (approval, observers, the pool). An approval
+/// refusal is an `mcp_policy_denied` result, or ends the task if its deadline ended the
+/// wait.
 async fn call_tool<T: McpView>(
     caller: &mut Caller<'_, T>,
     request: Request,
 ) -> Result<i32, HostcallError> {
-    let (mcp, task_id, deadline) = (&request.mcp, &request.task_id, request.deadline);
     let (entry, name, raw) = (&request.grant.entry, request.name(), &request.key.args);
-    let server_id = entry.server_id();
     let (arguments, _arguments_charge) = match parse_arguments(raw, &request.budget)? {
         Ok(arguments) => arguments,
         Err(error) => return request.deliver(caller, encode(&error.to_json())),
     };
-    let summary = ArgumentsSummary::of_object(&arguments, raw.len() as u64);
-    if let Approval::Needed(policy) = request.approval {
-        // The gate ends the wait at the task's deadline itself, so the refusal is reported
-        // below before the deadline traps the task.
-        let asked = mcp.approvals.ask(AskFor {
-            task_id,
-            session_fd: request.fd,
-            via: Via::McpCall,
-            entry,
-            tool: name,
-            arguments: summary.clone(),
-            policy,
-            task_deadline: deadline,
-        });
-        if let Err(refusal) = before_deadline(deadline, asked).await? {
-            let detail = refusal.detail.clone();
-            report_denial(
-                mcp,
-                task_id,
-                request.fd,
-                Op::CallTool,
-                (server_id, name),
-                refusal.reason,
-                detail,
-            );
-            if deadline.remaining().is_zero() {
-                return Err(HostcallError::Trap(wasmtime::Error::new(
-                    deadline.exceeded(),
-                )));
-            }
-            let error = McpError::new(
-                McpErrorCode::PolicyDenied,
-                format!("tool `{name}` on server `{server_id}`: {}", refusal.detail),
-            );
-            return request.deliver(caller, encode(&error.to_json()));
+    let origin = origin(&request.task_id, request.fd, request.deadline);
+    let ran = call::run(
+        &request.mcp,
+        &origin,
+        entry,
+        name,
+        request.approval,
+        arguments,
+        raw,
+    );
+    let bytes = match ran.instrument(request.span.clone()).await.map_err(trap)? {
+        Ended::Answered(output) => output.json,
+        Ended::Failed { json, .. } => json,
+        Ended::Refused(_) if request.deadline.remaining().is_zero() => {
+            return Err(trap(request.deadline.exceeded()));
         }
-    }
-    let observed = mcp.observers.start(ToolCall {
-        task_id: task_id.clone(),
-        session_fd: request.fd,
-        via: Via::McpCall,
-        kind: ToolKind::Mcp {
-            server_id: server_id.to_owned(),
-        },
-        tool: name.to_owned(),
-        arguments: summary,
-        argument_values: std::str::from_utf8(raw)
-            .ok()
-            .and_then(|text| ToolCall::audited_arguments(entry, text)),
-        started_at: SystemTime::now(),
-    });
-    // Boxed: the call's future is about 22 KB, and moved around on the task's fiber stack it
-    // kept about 40 KiB more of every waiting task's stack resident (BENCHMARKS.md).
-    let called = Box::pin(mcp.pool.call_tool(entry, name, arguments));
-    let (bytes, outcome) = match request.run(called).await? {
-        Ok(output) if output.result.is_error == Some(true) => (output.json, ToolOutcome::ToolError),
-        Ok(output) => (output.json, ToolOutcome::Ok),
-        Err(error) => (request.failed(&error), ToolOutcome::from(error.code)),
+        Ended::Refused(refusal) => {
+            encode(&call::refused(entry.server_id(), name, &refusal).to_json())
+        }
     };
-    observed.finish(outcome, bytes.len() as u64);
     request.deliver(caller, bytes)
+}
+
+/// The task's deadline passed: the trap that ends it.
+fn trap(exceeded: DeadlineExceeded) -> HostcallError {
+    HostcallError::Trap(wasmtime::Error::new(exceeded))
 }
 
 /// The parsed arguments of a call, with their charge.
@@ -802,23 +779,6 @@ fn parse_arguments(
     std::str::from_utf8(args).map_err(|_| Errno::EINVAL)?;
     match budget.parse_json("mcp_call_tool arguments", args)? {
         (Value::Object(map), charge) => Ok(Ok((map, charge))),
-        (other, _) => Ok(Err(McpError::new(
-            McpErrorCode::InvalidArguments,
-            format!(
-                "tool arguments must be a JSON object, got {}",
-                kind_of(&other)
-            ),
-        ))),
-    }
-}
-
-fn kind_of(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+        (other, _) => Ok(Err(call::not_an_object(&other))),
     }
 }

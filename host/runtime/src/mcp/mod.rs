@@ -5,8 +5,11 @@
 //! pool owns one long-lived rmcp connection per server, shared by every fd of every task;
 //! an [`McpSession`] is what one guest fd holds and an [`McpTask`] what one task is bound
 //! by. Who may call what is decided by [`crate::policy`] (pure), asked once per hostcall.
+//! The pool is the crate's own: every tool call reaches it through one gate (`call`), from
+//! a guest's `mcp_call_tool` or from [`Host::call_tool`](crate::Host::call_tool).
 
 mod auth;
+pub(crate) mod call;
 mod capped;
 mod connect;
 mod egress;
@@ -24,7 +27,8 @@ pub use egress::{EgressConfig, EgressPolicy};
 pub use error::{McpError, McpErrorCode};
 pub use hostcalls::add_to_linker;
 pub use http::ensure_tls_provider;
-pub use pool::{McpHostConfig, McpPool, PoolLimits, RemoteOptions, ServerState, ServerStatus};
+pub use pool::{McpHostConfig, PoolLimits, PoolUsage, ServerState, ServerStatus, ToolCallOutput};
+pub(crate) use pool::{McpPool, RemoteOptions};
 pub use session::{McpSession, McpTask, McpView};
 
 /// A tool as a server lists it (rmcp's model type: `name`, `description`, `inputSchema`, ...).

@@ -18,7 +18,7 @@ use crate::sandbox::{Charge, FdKindOf, MemoryBudget, SandboxView, heap};
 pub struct McpTask {
     pub policy: TaskMcpPolicy,
     pub registry: Arc<Registry>,
-    pub pool: Arc<McpPool>,
+    pub(crate) pool: Arc<McpPool>,
     /// Told about every tool call and policy denial of the task.
     pub observers: Observers,
     /// Asked about every call that needs approval.
@@ -41,7 +41,7 @@ impl McpTask {
         hostcall: &'static str,
         server_id: &str,
     ) -> Result<Grant, Errno> {
-        let decision = match self.decide(server_id) {
+        let decision = match self.grant(server_id) {
             Ok(grant) => return Ok(grant),
             Err(None) => return Err(Errno::EACCES),
             Err(Some(decision)) => decision,
@@ -51,6 +51,7 @@ impl McpTask {
             task_id: task_id.into(),
             session_fd: None,
             action: hostcall,
+            via: None,
             // Hostcalls refuse longer ids first; cut anyway, it goes into every observer.
             server_id: crate::observe::cut(server_id, crate::defaults::MAX_SERVER_ID_BYTES)
                 .to_owned(),
@@ -66,14 +67,15 @@ impl McpTask {
     /// and those only missing a required env variable. A listing filters; it refuses
     /// nothing the guest asked for, so nothing is logged or reported.
     pub fn lists(&self, server_id: &str) -> bool {
-        match self.decide(server_id) {
+        match self.grant(server_id) {
             Ok(_) => true,
             Err(decision) => decision.is_some_and(|d| errno_of(d.reason) == Errno::ENOTCONN),
         }
     }
 
-    /// The grant, or the decision that denies it (`None`: denied without one).
-    fn decide(&self, server_id: &str) -> Result<Grant, Option<Decision>> {
+    /// The grant of `server_id` (registry ∩ profile ∩ task), or the decision that denies
+    /// it (`None`: denied without one); nothing is reported.
+    pub(crate) fn grant(&self, server_id: &str) -> Result<Grant, Option<Decision>> {
         let requested = [server_id.to_owned()];
         let effective = policy::effective(
             &self.registry,

@@ -460,7 +460,7 @@ mod tests {
     fn call(i: usize) -> ToolCall {
         ToolCall {
             task_id: "flood".into(),
-            session_fd: 3,
+            session_fd: Some(3),
             via: Via::McpCall,
             kind: ToolKind::Mcp {
                 server_id: "s".into(),

@@ -21,6 +21,9 @@ pub enum Via {
     McpCall,
     /// The chat loop ran a tool the model asked for (`cchat_send` with AUTO_TOOL_CALL).
     Chat,
+    /// Library code called [`Host::call_tool`](crate::Host::call_tool) in a task's name;
+    /// there is no guest fd.
+    Library,
 }
 
 /// What kind of tool was called.
@@ -115,8 +118,10 @@ impl<'de> Visitor<'de> for KeyCollector<'_> {
 #[derive(Clone, Debug, Serialize)]
 pub struct ToolCall {
     pub task_id: Arc<str>,
-    /// The guest fd the call came through: the MCP session or the chat session.
-    pub session_fd: i32,
+    /// The guest fd the call came through: the MCP session or the chat session; `None`
+    /// (and absent from JSON) for a library call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_fd: Option<i32>,
     pub via: Via,
     #[serde(flatten)]
     pub kind: ToolKind,
@@ -200,11 +205,17 @@ pub struct ToolCallEnd {
 #[derive(Clone, Debug, Serialize)]
 pub struct PolicyDenial {
     pub task_id: Arc<str>,
-    /// The guest fd involved, when there is one (`mcp_open` has none yet).
+    /// The guest fd involved, when there is one (`mcp_open` has none yet, nor has a
+    /// library call).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_fd: Option<i32>,
-    /// What was refused: `mcp_open`, `mcp_call_tool`, `cchat_send`, ...
+    /// What was refused: `mcp_open`, `mcp_call_tool` (a guest's or a library's direct
+    /// call of an MCP tool), `cchat_send`, ...
     pub action: &'static str,
+    /// The path a refused tool call took; absent when no tool call was refused (a server,
+    /// a resource, a prompt).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub via: Option<Via>,
     pub server_id: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool: Option<String>,
@@ -229,11 +240,21 @@ impl PolicyDenial {
             task_id,
             session_fd: Some(session_fd),
             action,
+            via: None,
             server_id: cut(server_id, defaults::MAX_SERVER_ID_BYTES).to_owned(),
             tool: Some(cut(tool, defaults::MAX_TOOL_NAME_BYTES).to_owned()),
             reason,
             detail,
             at: SystemTime::now(),
+        }
+    }
+
+    /// The same denial, of a tool call that took `via`.
+    #[must_use]
+    pub fn with_via(self, via: Via) -> Self {
+        Self {
+            via: Some(via),
+            ..self
         }
     }
 }

@@ -385,7 +385,7 @@ mod tests {
     fn call(server_id: Option<&str>, tool: &str) -> ToolCall {
         ToolCall {
             task_id: "t".into(),
-            session_fd: 3,
+            session_fd: Some(3),
             via: Via::McpCall,
             kind: server_id.map_or(ToolKind::Guest, |s| ToolKind::Mcp {
                 server_id: s.into(),

@@ -22,7 +22,7 @@ impl ToolObserver for Recorder {
 fn call(tool: &str) -> ToolCall {
     ToolCall {
         task_id: "t".into(),
-        session_fd: 3,
+        session_fd: Some(3),
         via: Via::McpCall,
         kind: ToolKind::Mcp {
             server_id: "s".into(),

@@ -208,7 +208,6 @@ impl Denial {
     }
 
     /// The layer that refused, when a filter did.
-    #[cfg(test)]
     pub fn layer(&self) -> Option<Layer> {
         match self {
             Denial::NotInAllowlist(_, layer) | Denial::DeniedByPattern(_, layer, _) => Some(*layer),

@@ -4,10 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use rmcp::model::ErrorData;
+use rmcp::ServiceError;
+use rmcp::model::{ErrorCode, ErrorData};
 
+use super::failure::{CallPhase, service_failed};
 use super::*;
-use crate::registry::ServerRecord;
+use crate::mcp::McpErrorCode;
+use crate::registry::{Launch, ServerEntry, ServerRecord};
 
 fn entry(command: &str) -> ServerEntry {
     ServerEntry {

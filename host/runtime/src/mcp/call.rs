@@ -1,0 +1,201 @@
+//! The one path of a direct MCP tool call, whoever makes it: a guest's `mcp_call_tool`
+//! (once its glue has read the fd, the name and the arguments) and a library's
+//! [`Host::call_tool`](crate::Host::call_tool) (once it has the task's grant for the
+//! server). Both go through [`check`] and then [`run`], and nothing else reaches the pool's
+//! `tools/call`, so a call is denied, held, observed and audited the same way whichever
+//! caller made it; only the [`Origin`] in its events differs.
+//!
+//! [`check`] is the policy decision ([`Grant::check_call`]: every layer's tool filter, then
+//! whether the approval policy makes the call wait); a denial is logged and reported to the
+//! observers. [`run`] asks the host's approver when the decision says so, reports the call
+//! to the observers before it is sent and once when it ends, and sends it through the pool
+//! (its server's and the host's permits, `tool_timeout_ms`, egress, the output cap), never
+//! past the task's deadline.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use rmcp::model::JsonObject;
+use serde_json::Value;
+
+use super::pool::ToolCallOutput;
+use super::session::McpTask;
+use super::{McpError, McpErrorCode};
+use crate::approval::{AskFor, Refusal};
+use crate::defaults;
+use crate::observe::{ArgumentsSummary, PolicyDenial, ToolCall, ToolKind, ToolOutcome, Via, cut};
+use crate::policy::{Approval, Denial, Grant, Reason};
+use crate::registry::ServerEntry;
+use crate::sandbox::{Deadline, DeadlineExceeded};
+
+/// What observers see as the `action` of a refused direct tool call, from a guest or a
+/// library alike (`via` tells them apart).
+pub(crate) const ACTION: &str = "mcp_call_tool";
+
+/// Whose call it is: the task it acts for, where it came from, and when it must end.
+#[derive(Clone, Debug)]
+pub(crate) struct Origin {
+    pub(crate) task_id: Arc<str>,
+    /// The guest's MCP session fd; `None` for a library call.
+    pub(crate) session_fd: Option<i32>,
+    pub(crate) via: Via,
+    pub(crate) deadline: Deadline,
+}
+
+impl Origin {
+    /// Logs a refused call of `tool` of `server_id` and reports it to the observers (and so
+    /// to the metrics and the audit log).
+    pub(crate) fn report_denial(
+        &self,
+        mcp: &McpTask,
+        (server_id, tool): (&str, &str),
+        reason: Reason,
+        detail: String,
+    ) {
+        let (task_id, via) = (&self.task_id, self.via);
+        tracing::info!(task_id = %task_id, action = ACTION, ?via, server_id, tool, ?reason, %detail, "denied by policy");
+        mcp.observers.policy_denied(&PolicyDenial {
+            task_id: task_id.clone(),
+            session_fd: self.session_fd,
+            action: ACTION,
+            via: Some(via),
+            // Callers refuse longer names first; cut anyway, it goes into every observer.
+            server_id: cut(server_id, defaults::MAX_SERVER_ID_BYTES).to_owned(),
+            tool: Some(cut(tool, defaults::MAX_TOOL_NAME_BYTES).to_owned()),
+            reason,
+            detail,
+            at: SystemTime::now(),
+        });
+    }
+}
+
+/// The one decision on calling `tool` under `grant`: every layer's tool filter, then
+/// whether the server's approval policy makes the call wait. A denial is reported.
+pub(crate) fn check(
+    mcp: &McpTask,
+    origin: &Origin,
+    grant: &Grant,
+    tool: &str,
+) -> Result<Approval, Denial> {
+    grant.check_call(tool).inspect_err(|denial| {
+        let server_id = grant.entry.server_id();
+        origin.report_denial(mcp, (server_id, tool), denial.reason(), denial.to_string());
+    })
+}
+
+/// How a call that [`check`] let through ended.
+pub(crate) enum Ended {
+    /// The server answered; its result may be an `isError` one.
+    Answered(ToolCallOutput),
+    /// The pool or the server failed the call; `json` is its error object, what a guest
+    /// receives.
+    Failed { error: McpError, json: Vec<u8> },
+    /// The call needed approval and did not get it (reported to the observers); nothing
+    /// was sent.
+    Refused(Refusal),
+}
+
+/// Runs a call [`check`] let through with `approval`: `arguments` is the object sent,
+/// `raw` its JSON text as the caller gave it (for the observers: its size, and its values
+/// where the record opts in). `Err` when the task's deadline passed first; a call dropped
+/// unfinished is reported to the observers as cancelled.
+pub(crate) async fn run(
+    mcp: &McpTask,
+    origin: &Origin,
+    entry: &Arc<ServerEntry>,
+    tool: &str,
+    approval: Approval,
+    arguments: JsonObject,
+    raw: &[u8],
+) -> Result<Ended, DeadlineExceeded> {
+    let server_id = entry.server_id();
+    let summary = ArgumentsSummary::of_object(&arguments, raw.len() as u64);
+    if let Approval::Needed(policy) = approval {
+        // The gate ends the wait at the task's deadline itself, so the refusal is reported
+        // below before the deadline ends the call.
+        let asked = mcp.approvals.ask(AskFor {
+            task_id: &origin.task_id,
+            session_fd: origin.session_fd,
+            via: origin.via,
+            entry,
+            tool,
+            arguments: summary.clone(),
+            policy,
+            task_deadline: origin.deadline,
+        });
+        if let Err(refusal) = before(origin.deadline, asked).await? {
+            let detail = refusal.detail.clone();
+            origin.report_denial(mcp, (server_id, tool), refusal.reason, detail);
+            return Ok(Ended::Refused(refusal));
+        }
+    }
+    let observed = mcp.observers.start(ToolCall {
+        task_id: origin.task_id.clone(),
+        session_fd: origin.session_fd,
+        via: origin.via,
+        kind: ToolKind::Mcp {
+            server_id: server_id.to_owned(),
+        },
+        tool: tool.to_owned(),
+        arguments: summary,
+        argument_values: std::str::from_utf8(raw)
+            .ok()
+            .and_then(|text| ToolCall::audited_arguments(entry, text)),
+        started_at: SystemTime::now(),
+    });
+    // Boxed: the call's future is about 22 KB, and moved around on the task's fiber stack it
+    // kept about 40 KiB more of every waiting task's stack resident (BENCHMARKS.md).
+    let called = Box::pin(mcp.pool.call_tool(entry, tool, arguments));
+    let (ended, outcome, output_bytes) = match before(origin.deadline, called).await? {
+        Ok(output) => {
+            let outcome = match output.result.is_error {
+                Some(true) => ToolOutcome::ToolError,
+                _ => ToolOutcome::Ok,
+            };
+            let bytes = output.json.len();
+            (Ended::Answered(output), outcome, bytes)
+        }
+        Err(error) => {
+            tracing::info!(task_id = %origin.task_id, server_id, name = tool, method = "tools/call", %error, "request failed");
+            let json = serde_json::to_vec(&error.to_json())
+                .expect("host-built JSON values always serialise");
+            let (outcome, bytes) = (ToolOutcome::from(error.code), json.len());
+            (Ended::Failed { error, json }, outcome, bytes)
+        }
+    };
+    observed.finish(outcome, output_bytes as u64);
+    Ok(ended)
+}
+
+/// The `mcp_policy_denied` error of a call of `tool` of `server_id` the approver refused.
+pub(crate) fn refused(server_id: &str, tool: &str, refusal: &Refusal) -> McpError {
+    McpError::new(
+        McpErrorCode::PolicyDenied,
+        format!("tool `{tool}` on server `{server_id}`: {}", refusal.detail),
+    )
+}
+
+/// The `mcp_invalid_arguments` error of arguments that are not a JSON object, as a server
+/// would answer them.
+pub(crate) fn not_an_object(arguments: &Value) -> McpError {
+    let kind = match arguments {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    };
+    McpError::new(
+        McpErrorCode::InvalidArguments,
+        format!("tool arguments must be a JSON object, got {kind}"),
+    )
+}
+
+/// `work`, unless `deadline` passes first.
+async fn before<F: Future>(deadline: Deadline, work: F) -> Result<F::Output, DeadlineExceeded> {
+    tokio::time::timeout_at(deadline.instant(), work)
+        .await
+        .map_err(|_| deadline.exceeded())
+}

@@ -1,0 +1,429 @@
+//! The requests the pool sends: `tools/list` (cached), `tools/call`, the resource and
+//! prompt requests, a connection test and pre-warming. Each runs within its server's
+//! `tool_timeout_ms` and a host call permit, counts its failures against the server's
+//! health and leaves without the server's secrets.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use rmcp::model::{
+    CallToolRequestParams, GetPromptRequestParams, JsonObject, PaginatedRequestParams, Prompt,
+    ReadResourceRequestParams, Resource, ResourceTemplate,
+};
+
+use super::failure::{CallPhase, server_failure, service_failed, timed_out};
+use super::paging::{list_all_pages, list_pages};
+use super::slot::{CachedTools, ServerSlot};
+use super::{Connection, McpPool};
+use crate::defaults;
+use crate::mcp::capped::{Encode, encode_capped};
+use crate::mcp::{CallToolResult, McpError, McpErrorCode, Tool};
+use crate::registry::{Launch, ServerEntry};
+
+/// A successful `tools/call`: the result and its JSON encoding (what guests receive). Its
+/// `result` may be a tool's own error (`isError`).
+#[derive(Clone, Debug)]
+pub struct ToolCallOutput {
+    pub result: CallToolResult,
+    pub json: Vec<u8>,
+}
+
+impl McpPool {
+    /// A host-wide call permit, or why not. Waits (within the caller's timeout).
+    async fn call_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, McpError> {
+        self.shared
+            .calls
+            .acquire()
+            .await
+            .map_err(|_| McpError::new(McpErrorCode::Unavailable, "the MCP pool is closed"))
+    }
+
+    /// Every tool the server lists (all pages), from the cache when fresh.
+    pub(crate) async fn list_tools(
+        &self,
+        entry: &Arc<ServerEntry>,
+    ) -> Result<Arc<[Tool]>, McpError> {
+        let in_flight = self.enter(entry);
+        let slot = &in_flight.slot;
+        let secrets = entry.secrets();
+        let conn = self.connect(slot).await?;
+        {
+            let cache = slot.tools.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(cached) = cache.as_ref()
+                && cached.conn_serial == conn.serial
+                && cached.fetched.elapsed() < self.tools_ttl
+                && !conn.tools_stale.load(Ordering::SeqCst)
+            {
+                return Ok(cached.tools.clone());
+            }
+        }
+        let server_id = entry.server_id();
+        conn.tools_stale.store(false, Ordering::SeqCst);
+        let timeout = entry.record.budgets.tool_timeout;
+        let cap = entry.record.budgets.max_tool_list_bytes;
+        let phase = CallPhase::new(CallPhase::WAITING_FOR_HOST);
+        let listing = async {
+            let _permit = self.call_permit().await?;
+            phase.set(CallPhase::ON_WIRE);
+            list_all_pages(&conn, server_id, cap, &phase).await
+        };
+        let listed = match tokio::time::timeout(timeout, listing).await {
+            Ok(listed) => listed,
+            Err(_) => {
+                let error = self.call_timed_out(slot, "tools/list", timeout, &phase);
+                if phase.on_wire() {
+                    slot.health.failed(&error.message);
+                }
+                return Err(error);
+            }
+        };
+        let listed = listed.map_err(|error| error.redacted(secrets));
+        let tools: Arc<[Tool]> = match listed {
+            Ok(tools) => tools.into(),
+            Err(error) => {
+                if error.code == McpErrorCode::Unavailable {
+                    self.discard(slot, &conn).await;
+                }
+                if server_failure(error.code) && phase.on_wire() {
+                    slot.health.failed(&error.message);
+                }
+                return Err(error);
+            }
+        };
+        slot.health.listed(tools.len());
+        *slot.tools.lock().unwrap_or_else(|e| e.into_inner()) = Some(CachedTools {
+            fetched: Instant::now(),
+            conn_serial: conn.serial,
+            tools: tools.clone(),
+        });
+        Ok(tools)
+    }
+
+    /// Calls `name` on the server within its budgets. `arguments` is the JSON object sent.
+    /// The caller has decided policy ([`Grant::check_call`](crate::policy::Grant::check_call)).
+    pub(crate) async fn call_tool(
+        &self,
+        entry: &Arc<ServerEntry>,
+        name: &str,
+        arguments: JsonObject,
+    ) -> Result<ToolCallOutput, McpError> {
+        let server_id = entry.server_id();
+        let record = &entry.record;
+        let in_flight = self.enter(entry);
+        let slot = &in_flight.slot;
+        let conn = self.connect(slot).await?;
+        let timeout = record.budgets.tool_timeout;
+        let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+        let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
+        let call = async {
+            let _permit = slot.permits.acquire().await.map_err(|_| {
+                McpError::new(
+                    McpErrorCode::Unavailable,
+                    format!("server `{server_id}` is shutting down"),
+                )
+            })?;
+            phase.set(CallPhase::WAITING_FOR_HOST);
+            let _host_permit = self.call_permit().await?;
+            phase.set(CallPhase::ON_WIRE);
+            let sent = Instant::now();
+            let result = conn
+                .service
+                .call_tool(params)
+                .await
+                .map_err(|e| service_failed(server_id, name, e, &phase))?;
+            Ok((result, sent.elapsed()))
+        };
+        let outcome = match tokio::time::timeout(timeout, call).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(self.call_timed_out(slot, name, timeout, &phase)),
+        };
+        let result = match outcome {
+            Ok((result, latency)) => {
+                // An `isError` result is an answer too: the server is fine.
+                slot.health.answered(latency);
+                result
+            }
+            Err(error) => {
+                let error = error.redacted(entry.secrets());
+                if error.code == McpErrorCode::Unavailable {
+                    self.discard(slot, &conn).await;
+                }
+                if server_failure(error.code) && phase.on_wire() {
+                    slot.health.failed(&error.message);
+                }
+                return Err(error);
+            }
+        };
+        // The transport capped the answer as it was read; the guest gets it re-encoded,
+        // which is checked again while it is written, so no more than the cap is buffered.
+        let cap = record.budgets.max_tool_output_bytes;
+        let json = encode_capped(&result, cap).map_err(|error| match error {
+            Encode::TooLarge => McpError::new(
+                McpErrorCode::OutputTooLarge,
+                format!(
+                    "tool `{name}` on server `{server_id}` returned more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
+                ),
+            ),
+            Encode::Failed(e) => McpError::new(
+                McpErrorCode::ToolExecFailed,
+                format!("cannot encode the result: {e}"),
+            ),
+        })?;
+        Ok(ToolCallOutput { result, json })
+    }
+
+    /// Every resource the server lists (all pages, at most `budgets.max_tool_list_bytes`).
+    /// Not cached: resource lists change more often than tools and are read rarely.
+    pub(crate) async fn list_resources(
+        &self,
+        entry: &Arc<ServerEntry>,
+    ) -> Result<Vec<Resource>, McpError> {
+        let server_id = entry.server_id();
+        let cap = entry.record.budgets.max_tool_list_bytes;
+        self.request(entry, "resources/list", |conn, phase| async move {
+            list_pages(server_id, "resources/list", cap, &phase, |cursor| {
+                let conn = conn.clone();
+                async move {
+                    let params = PaginatedRequestParams::default().with_cursor(cursor);
+                    let page = conn.service.list_resources(Some(params)).await?;
+                    Ok((page.resources, page.next_cursor))
+                }
+            })
+            .await
+        })
+        .await
+    }
+
+    /// Every resource template the server lists, bounded like [`Self::list_resources`].
+    pub(crate) async fn list_resource_templates(
+        &self,
+        entry: &Arc<ServerEntry>,
+    ) -> Result<Vec<ResourceTemplate>, McpError> {
+        let server_id = entry.server_id();
+        let cap = entry.record.budgets.max_tool_list_bytes;
+        let what = "resources/templates/list";
+        self.request(entry, what, |conn, phase| async move {
+            list_pages(server_id, what, cap, &phase, |cursor| {
+                let conn = conn.clone();
+                async move {
+                    let params = PaginatedRequestParams::default().with_cursor(cursor);
+                    let page = conn.service.list_resource_templates(Some(params)).await?;
+                    Ok((page.resource_templates, page.next_cursor))
+                }
+            })
+            .await
+        })
+        .await
+    }
+
+    /// Reads `uri`; the result's JSON, at most `budgets.max_tool_output_bytes`. The caller
+    /// has decided policy ([`Grant::check_resource`](crate::policy::Grant::check_resource)).
+    pub(crate) async fn read_resource(
+        &self,
+        entry: &Arc<ServerEntry>,
+        uri: &str,
+    ) -> Result<Vec<u8>, McpError> {
+        let server_id = entry.server_id();
+        let cap = entry.record.budgets.max_tool_output_bytes;
+        self.request(entry, "resources/read", |conn, phase| async move {
+            let result = conn
+                .service
+                .read_resource(ReadResourceRequestParams::new(uri))
+                .await
+                .map_err(|e| service_failed(server_id, "resources/read", e, &phase))?;
+            encode_capped(&result, cap).map_err(|error| match error {
+                Encode::TooLarge => McpError::new(
+                    McpErrorCode::OutputTooLarge,
+                    format!(
+                        "resource `{uri}` on server `{server_id}` is more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
+                    ),
+                ),
+                Encode::Failed(e) => McpError::new(
+                    McpErrorCode::ToolExecFailed,
+                    format!("cannot encode the resource: {e}"),
+                ),
+            })
+        })
+        .await
+    }
+
+    /// Every prompt the server lists, bounded like [`Self::list_resources`].
+    pub(crate) async fn list_prompts(
+        &self,
+        entry: &Arc<ServerEntry>,
+    ) -> Result<Vec<Prompt>, McpError> {
+        let server_id = entry.server_id();
+        let cap = entry.record.budgets.max_tool_list_bytes;
+        self.request(entry, "prompts/list", |conn, phase| async move {
+            list_pages(server_id, "prompts/list", cap, &phase, |cursor| {
+                let conn = conn.clone();
+                async move {
+                    let params = PaginatedRequestParams::default().with_cursor(cursor);
+                    let page = conn.service.list_prompts(Some(params)).await?;
+                    Ok((page.prompts, page.next_cursor))
+                }
+            })
+            .await
+        })
+        .await
+    }
+
+    /// Gets the prompt `name` with `arguments`; the result's JSON, at most
+    /// `budgets.max_tool_output_bytes`. The caller has decided policy
+    /// ([`Grant::check_prompt`](crate::policy::Grant::check_prompt)).
+    pub(crate) async fn get_prompt(
+        &self,
+        entry: &Arc<ServerEntry>,
+        name: &str,
+        arguments: JsonObject,
+    ) -> Result<Vec<u8>, McpError> {
+        let server_id = entry.server_id();
+        let cap = entry.record.budgets.max_tool_output_bytes;
+        let params = GetPromptRequestParams::new(name).with_arguments(arguments);
+        self.request(entry, "prompts/get", |conn, phase| async move {
+            let result = conn
+                .service
+                .get_prompt(params)
+                .await
+                .map_err(|e| service_failed(server_id, "prompts/get", e, &phase))?;
+            encode_capped(&result, cap).map_err(|error| match error {
+                Encode::TooLarge => McpError::new(
+                    McpErrorCode::OutputTooLarge,
+                    format!(
+                        "prompt `{name}` on server `{server_id}` is more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
+                    ),
+                ),
+                Encode::Failed(e) => McpError::new(
+                    McpErrorCode::ToolExecFailed,
+                    format!("cannot encode the prompt: {e}"),
+                ),
+            })
+        })
+        .await
+    }
+
+    /// Runs one request other than a tool call on `entry`'s server: within its
+    /// `tool_timeout` and a host call permit, its failures counted to the server's health
+    /// and redacted as `tools/list`'s are.
+    async fn request<'a, T, F, Fut>(
+        &self,
+        entry: &'a Arc<ServerEntry>,
+        what: &str,
+        request: F,
+    ) -> Result<T, McpError>
+    where
+        F: FnOnce(Arc<Connection>, Arc<CallPhase>) -> Fut,
+        Fut: Future<Output = Result<T, McpError>> + 'a,
+    {
+        let in_flight = self.enter(entry);
+        let slot = &in_flight.slot;
+        let conn = self.connect(slot).await?;
+        let timeout = entry.record.budgets.tool_timeout;
+        let phase = Arc::new(CallPhase::new(CallPhase::WAITING_FOR_HOST));
+        let run = async {
+            let _permit = self.call_permit().await?;
+            phase.set(CallPhase::ON_WIRE);
+            request(conn.clone(), phase.clone()).await
+        };
+        let result = match tokio::time::timeout(timeout, run).await {
+            Ok(result) => result.map_err(|error| error.redacted(entry.secrets())),
+            Err(_) => Err(self.call_timed_out(slot, what, timeout, &phase)),
+        };
+        if let Err(error) = &result {
+            if error.code == McpErrorCode::Unavailable {
+                self.discard(slot, &conn).await;
+            }
+            if server_failure(error.code) && phase.on_wire() {
+                slot.health.failed(&error.message);
+            }
+        }
+        result
+    }
+
+    /// A timeout while doing `what` on `slot`'s server; names the cap whose permit the
+    /// call was still waiting for, if it was.
+    fn call_timed_out(
+        &self,
+        slot: &ServerSlot,
+        what: &str,
+        timeout: Duration,
+        phase: &CallPhase,
+    ) -> McpError {
+        let server_id = slot.entry.server_id();
+        let waited_for = match phase.get() {
+            CallPhase::WAITING_FOR_SERVER => format!(
+                "the server's {} call permits (budgets.max_concurrency)",
+                slot.entry.record.budgets.max_concurrency
+            ),
+            CallPhase::WAITING_FOR_HOST => format!(
+                "the host's {} MCP call permits (max_concurrent_calls)",
+                self.shared.limits.max_concurrent_calls
+            ),
+            _ => return timed_out(server_id, what, timeout),
+        };
+        McpError::new(
+            McpErrorCode::Timeout,
+            format!(
+                "{what} on server `{server_id}` waited {} ms (budgets.tool_timeout_ms) for one of {waited_for} without getting one",
+                timeout.as_millis(),
+            ),
+        )
+    }
+
+    /// Connects to `entry`'s server afresh, beside its pooled connection (whose health,
+    /// tools cache and process are untouched), lists every tool, and closes it again,
+    /// stopping a stdio server's process group. The connect is bounded by the connect
+    /// timeout, the listing by `tool_timeout_ms`. A stdio probe takes one of the host's
+    /// `max_server_processes` permits without stopping another server for it: at the cap
+    /// it fails at once. Errors carry none of the launch's secrets.
+    pub(crate) async fn probe(&self, entry: &ServerEntry) -> Result<Vec<Tool>, McpError> {
+        let server_id = entry.server_id();
+        let permit = match entry.launch {
+            Ok(Launch::Stdio { .. }) => Some(
+                self.shared
+                    .processes
+                    .clone()
+                    .try_acquire_owned()
+                    .map_err(|_| {
+                        McpError::new(
+                            McpErrorCode::Unavailable,
+                            format!(
+                                "cannot start server `{server_id}` for a test: the host already runs {} MCP server processes (max_server_processes); try again when one is idle",
+                                self.shared.limits.max_server_processes
+                            ),
+                        )
+                    })?,
+            ),
+            _ => None,
+        };
+        let conn = Arc::new(self.connector.open(entry, 0, permit).await?);
+        let timeout = entry.record.budgets.tool_timeout;
+        let cap = entry.record.budgets.max_tool_list_bytes;
+        let phase = CallPhase::new(CallPhase::ON_WIRE);
+        let listed = tokio::time::timeout(timeout, list_all_pages(&conn, server_id, cap, &phase))
+            .await
+            .unwrap_or_else(|_| Err(timed_out(server_id, "tools/list", timeout)));
+        conn.close(server_id, defaults::SHUTDOWN_GRACE).await;
+        listed.map_err(|error| error.redacted(entry.secrets()))
+    }
+
+    /// Starts `entries`' servers now (connecting and listing their tools), so the first
+    /// call does not wait for them. Failures are logged, not returned.
+    pub(crate) async fn prewarm(&self, entries: &[Arc<ServerEntry>]) {
+        let warming = entries.iter().map(|entry| async move {
+            let started = Instant::now();
+            let server_id = entry.server_id();
+            match self.list_tools(entry).await {
+                Ok(tools) => tracing::info!(
+                    server_id,
+                    tools = tools.len(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "pre-warmed MCP server"
+                ),
+                Err(error) => tracing::warn!(server_id, %error, "cannot pre-warm MCP server"),
+            }
+        });
+        futures::future::join_all(warming).await;
+    }
+}
