@@ -42,6 +42,7 @@ pub mod registry;
 pub mod sandbox;
 pub mod task;
 pub mod telemetry;
+pub mod text;
 
 pub use chat::llm;
 pub use host::{
