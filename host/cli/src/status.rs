@@ -11,8 +11,8 @@ use std::path::PathBuf;
 use futures::StreamExt;
 use serde_json::Value;
 
-use quiver::observe::printable;
 use quiver::registry::{Registry, RegistryDirError};
+use quiver::text::printable;
 use quiver::{Host, HostError};
 
 use crate::defaults;

@@ -1,6 +1,6 @@
 //! Plain text tables for the commands that print rows (`mcp status`, `registry list`):
 //! columns padded to their widest cell, the last one unpadded, so a line never ends in
-//! spaces. Cells must already be printable (see `quiver::observe::printable`).
+//! spaces. Cells must already be printable (see `quiver::text::printable`).
 
 /// Prints `header` and `rows` to stdout.
 pub(super) fn print<const N: usize>(header: [&str; N], rows: &[[String; N]]) {

@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use quiver::observe::printable;
+use quiver::text::printable;
 
 use crate::defaults;
 use quiver::registry::{Change, DocChange, DocFormat, DocKind, StoredDoc};
