@@ -176,7 +176,7 @@ async fn an_approved_call_runs_and_a_denied_one_never_reaches_the_server() {
     let error = error_of(&run.emitted[1]);
     let message = error["message"].as_str().unwrap();
     assert!(
-        message.contains("denied by the approver: looks risky [2J"),
+        message.contains("denied by the approver: looks risky\\x1b[2J"),
         "the reason, cleaned: {message}"
     );
     assert_eq!(

@@ -591,7 +591,7 @@ fn mcp_status_asks_a_node_with_its_token() {
         "{table}"
     );
     assert!(
-        table.contains("boom[2Jgnp.exe") && table.contains("evil[31m"),
+        table.contains(r"boom\x1b[2J\u{202e}gnp.exe") && table.contains(r"evil\x1b[31m"),
         "{table}"
     );
     assert!(

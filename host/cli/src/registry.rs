@@ -27,7 +27,7 @@ use quiver::registry::{
     Change, DirStore, DocChange, DocFormat, DocKind, Registry, RegistryStore, Severity, StoreError,
     StoredDoc, diff_docs, is_valid_server_id, parse_bundle,
 };
-use quiver::text::printable;
+use quiver::text::{printable, printable_lines};
 use quiver_node::RegistrySource;
 
 use crate::defaults;
@@ -407,7 +407,7 @@ fn not_found(target: &Target, kind: DocKind, name: &str) -> CliError {
 }
 
 /// Writes the document byte for byte, so `get fs > fs.toml` round-trips; on a terminal
-/// each line is made printable first (a stored document is untrusted text).
+/// its lines are made printable first (a stored document is untrusted text).
 async fn get(target: &Target, kind: DocKind, name: &str) -> Result<i32, CliError> {
     let name = checked_name(name)?;
     let doc = target
@@ -416,9 +416,7 @@ async fn get(target: &Target, kind: DocKind, name: &str) -> Result<i32, CliError
         .ok_or_else(|| not_found(target, kind, name))?;
     let mut out = std::io::stdout().lock();
     let written = if out.is_terminal() {
-        let text = String::from_utf8_lossy(&doc.body);
-        let lines: Vec<String> = text.split('\n').map(printable).collect();
-        out.write_all(lines.join("\n").as_bytes())
+        out.write_all(printable_lines(&String::from_utf8_lossy(&doc.body)).as_bytes())
     } else {
         out.write_all(&doc.body)
     };

@@ -545,7 +545,8 @@ pub const SERVER_LATENCY_WINDOW: usize = 256;
 /// connected server's health `degraded`.
 pub const SERVER_DEGRADED_FOR: Duration = Duration::from_secs(60);
 
-/// Longest `last_error` kept in a server's health, in bytes (cut at a character boundary);
+/// Longest part of an error kept as `last_error` in a server's health, in bytes (cut at a
+/// character boundary, then escaped by [`crate::text::printable`], which can lengthen it);
 /// errors can quote whatever a server wrote.
 pub const MAX_SERVER_ERROR_BYTES: usize = 512;
 

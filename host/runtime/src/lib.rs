@@ -52,11 +52,7 @@ pub mod registry;
 mod sandbox;
 mod task;
 pub mod telemetry;
-
-/// Making untrusted text safe to show on a terminal or in a log line.
-pub mod text {
-    pub use crate::observe::printable;
-}
+pub mod text;
 
 /// LLM backends as `quiver.toml` names them (`[backends.NAME]`).
 pub mod llm {

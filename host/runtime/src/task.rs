@@ -510,7 +510,7 @@ fn shown(text: String) -> String {
     if text.len() <= SHOWN_BYTES {
         return format!("{text:?}");
     }
-    let start = crate::observe::cut(&text, SHOWN_BYTES);
+    let start = crate::text::cut(&text, SHOWN_BYTES);
     format!("{start:?}… ({} bytes)", text.len())
 }
 

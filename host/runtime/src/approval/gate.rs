@@ -9,10 +9,11 @@ use std::time::{Duration, SystemTime};
 
 use super::{ApprovalRequest, Approver};
 use crate::defaults;
-use crate::observe::{ArgumentsSummary, Via, cut};
+use crate::observe::{ArgumentsSummary, Via};
 use crate::policy::{Denial, Reason};
 use crate::registry::{ApprovalPolicy, ServerEntry};
 use crate::sandbox::Deadline;
+use crate::text;
 
 /// The host's approver, if it has one; cheap to clone.
 #[derive(Clone, Default)]
@@ -59,15 +60,10 @@ fn next_id() -> String {
     format!("{:08x}-{n:08x}", *PREFIX as u32)
 }
 
-/// `reason` cut to the cap at a character boundary, control characters made spaces (it
-/// ends up in logs, guest results and model prompts).
+/// `reason` cut to the cap at a character boundary, trimmed, and made printable (it ends
+/// up in logs, guest results and model prompts).
 pub(super) fn clean_reason(reason: &str) -> String {
-    cut(reason, defaults::MAX_APPROVAL_REASON_BYTES)
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect::<String>()
-        .trim()
-        .to_owned()
+    text::printable(text::cut(reason, defaults::MAX_APPROVAL_REASON_BYTES).trim())
 }
 
 impl Approvals {

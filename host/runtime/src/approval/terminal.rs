@@ -21,7 +21,7 @@ use tokio::sync::Mutex;
 
 use super::{ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver};
 use crate::defaults::MAX_TERMINAL_ANSWER_BYTES;
-use crate::observe::printable;
+use crate::text::printable;
 
 /// Ends whatever a guest's output left set: attributes and colours (SGR 0), a scroll
 /// region (DECSTBM), a hidden cursor, and a charset switch (SI: back to G0).
@@ -150,7 +150,7 @@ mod tests {
         let shown = q.strip_prefix(RESET).unwrap();
         assert!(shown.starts_with('\n'), "{q:?}");
         assert!(
-            shown.contains("tool `del[31metetxt.exe` of MCP server `fs`"),
+            shown.contains(r"tool `del\x1b[31mete\u{202e}txt.exe` of MCP server `fs`"),
             "{q}"
         );
         assert!(

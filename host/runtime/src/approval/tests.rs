@@ -79,7 +79,10 @@ fn reasons_are_cut_and_cleaned() {
     let long = "é".repeat(crate::defaults::MAX_APPROVAL_REASON_BYTES);
     let cut = clean_reason(&long);
     assert!(cut.len() <= crate::defaults::MAX_APPROVAL_REASON_BYTES && cut.starts_with('é'));
-    assert_eq!(clean_reason("no\u{1b}[2J\nway "), "no [2J way");
+    assert_eq!(
+        clean_reason(" no\u{1b}[2J\nway\u{202e} \n"),
+        "no\\x1b[2J\\x0away\\u{202e}"
+    );
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@ use super::session::SessionContent;
 use crate::defaults;
 use crate::policy::{ListKey, Narrowing, Pattern, TaskMcpPolicy};
 use crate::sandbox::heap;
+use crate::text::cut;
 
 /// Host-consumed settings of a session.
 #[derive(Clone, Debug)]
@@ -79,11 +80,7 @@ pub(crate) fn shown(text: &str) -> String {
     if text.len() <= SHOWN {
         return text.to_owned();
     }
-    let mut end = SHOWN;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}… ({} bytes)", &text[..end], text.len())
+    format!("{}… ({} bytes)", cut(text, SHOWN), text.len())
 }
 
 /// The start of `value` as JSON, for a message, without serialising all of it.

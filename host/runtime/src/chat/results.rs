@@ -6,6 +6,7 @@ use serde_json::{Value, json};
 
 use super::images::Image;
 use crate::mcp::{CallToolResult, McpError, McpErrorCode};
+use crate::text::cut;
 
 /// What kind of failure a tool call met: the `code` of its error result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,14 +147,6 @@ fn human_size(bytes: usize) -> String {
     }
 }
 
-fn cut_at_boundary(text: &str, max: usize) -> &str {
-    let mut end = max.min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
 /// Cuts `text` to at most `max` bytes at a UTF-8 boundary with an explicit marker. JSON
 /// stays JSON: it becomes `{"truncated": true, "original_bytes": N, "prefix": "..."}`.
 pub(crate) fn truncate_output(text: String, max: usize) -> String {
@@ -164,7 +157,7 @@ pub(crate) fn truncate_output(text: String, max: usize) -> String {
     if serde_json::from_str::<Value>(&text).is_ok() {
         let mut budget = max.saturating_sub(64);
         loop {
-            let wrapped = json!({"truncated": true, "original_bytes": original, "prefix": cut_at_boundary(&text, budget)}).to_string();
+            let wrapped = json!({"truncated": true, "original_bytes": original, "prefix": cut(&text, budget)}).to_string();
             if wrapped.len() <= max || budget == 0 {
                 return wrapped;
             }
@@ -178,9 +171,9 @@ pub(crate) fn truncate_output(text: String, max: usize) -> String {
         marker = "…[truncated]".to_owned();
     }
     if marker.len() > max {
-        return cut_at_boundary(&text, max).to_owned();
+        return cut(&text, max).to_owned();
     }
-    let keep = cut_at_boundary(&text, max - marker.len());
+    let keep = cut(&text, max - marker.len());
     format!("{keep}{marker}")
 }
 

@@ -21,8 +21,8 @@ use super::Host;
 use crate::chat::tools::mcp_model_name;
 use crate::defaults;
 use crate::mcp::{McpError, Tool};
-use crate::observe::{cut, printable};
 use crate::policy::{TaskMcpPolicy, ToolFilter};
+use crate::text::{cut, printable};
 
 /// What a connection test found. New fields may be added.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -35,8 +35,8 @@ pub struct ProbeReport {
     pub tool_count: Option<u64>,
     /// The first [`defaults::PROBE_TOOL_NAMES`] tool names, sorted.
     pub tools: Vec<String>,
-    /// Why the test failed: redacted, printable, cut to
-    /// [`defaults::MAX_SERVER_ERROR_BYTES`].
+    /// Why the test failed: redacted, cut to [`defaults::MAX_SERVER_ERROR_BYTES`], then
+    /// made printable.
     pub error: Option<String>,
 }
 

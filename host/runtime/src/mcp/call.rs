@@ -24,10 +24,11 @@ use super::session::McpTask;
 use super::{McpError, McpErrorCode};
 use crate::approval::{AskFor, Refusal};
 use crate::defaults;
-use crate::observe::{ArgumentsSummary, PolicyDenial, ToolCall, ToolKind, ToolOutcome, Via, cut};
+use crate::observe::{ArgumentsSummary, PolicyDenial, ToolCall, ToolKind, ToolOutcome, Via};
 use crate::policy::{Approval, Denial, Grant, Reason};
 use crate::registry::ServerEntry;
 use crate::sandbox::{Deadline, DeadlineExceeded};
+use crate::text::cut;
 
 /// What observers see as the `action` of a refused direct tool call, from a guest or a
 /// library alike (`via` tells them apart).

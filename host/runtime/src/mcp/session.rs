@@ -53,8 +53,7 @@ impl McpTask {
             action: hostcall,
             via: None,
             // Hostcalls refuse longer ids first; cut anyway, it goes into every observer.
-            server_id: crate::observe::cut(server_id, crate::defaults::MAX_SERVER_ID_BYTES)
-                .to_owned(),
+            server_id: crate::text::cut(server_id, crate::defaults::MAX_SERVER_ID_BYTES).to_owned(),
             tool: None,
             reason: decision.reason,
             detail: decision.detail,

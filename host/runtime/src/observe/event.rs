@@ -12,6 +12,7 @@ use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use crate::defaults;
 use crate::policy::Reason;
 use crate::registry::{ServerEntry, redact_known};
+use crate::text::cut;
 
 /// Which path a tool call took.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -257,57 +258,6 @@ impl PolicyDenial {
             ..self
         }
     }
-}
-
-/// `text` cut to at most `max` bytes at a character boundary.
-pub(crate) fn cut(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
-}
-
-/// `text` safe to show on a terminal: control characters (escapes) and Unicode format
-/// characters (bidi overrides and isolates like U+202E, zero-width ones) are removed, line
-/// breaks and tabs become spaces, so a name or message cannot move the cursor, recolour,
-/// clear or visually reorder what is printed around it.
-pub fn printable(text: &str) -> String {
-    text.chars()
-        .filter_map(|c| match c {
-            '\n' | '\r' | '\t' | '\u{2028}' | '\u{2029}' => Some(' '),
-            c if c.is_control() || is_format(c) => None,
-            c => Some(c),
-        })
-        .collect()
-}
-
-/// Whether `c` is in Unicode's general category Cf (format), as of Unicode 15.
-fn is_format(c: char) -> bool {
-    matches!(
-        c,
-        '\u{00AD}'
-            | '\u{0600}'..='\u{0605}'
-            | '\u{061C}'
-            | '\u{06DD}'
-            | '\u{070F}'
-            | '\u{0890}'..='\u{0891}'
-            | '\u{08E2}'
-            | '\u{180E}'
-            | '\u{200B}'..='\u{200F}'
-            | '\u{202A}'..='\u{202E}'
-            | '\u{2060}'..='\u{2064}'
-            | '\u{2066}'..='\u{206F}'
-            | '\u{FEFF}'
-            | '\u{FFF9}'..='\u{FFFB}'
-            | '\u{110BD}'
-            | '\u{110CD}'
-            | '\u{13430}'..='\u{1343F}'
-            | '\u{1BCA0}'..='\u{1BCA3}'
-            | '\u{1D173}'..='\u{1D17A}'
-            | '\u{E0001}'
-            | '\u{E0020}'..='\u{E007F}'
-    )
 }
 
 /// Serialises a time as unix seconds (a float; 0 before 1970), the one time format of

@@ -28,8 +28,9 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use super::{PolicyDenial, ToolCall, ToolCallEnd, ToolObserver, cut};
+use super::{PolicyDenial, ToolCall, ToolCallEnd, ToolObserver};
 use crate::defaults;
+use crate::text::cut;
 
 /// The tool label of calls past the series cap.
 pub const OTHER_TOOL: &str = "_other";

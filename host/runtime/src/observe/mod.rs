@@ -19,10 +19,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 pub use audit::AuditLog;
+pub(crate) use event::unix_seconds;
 pub use event::{
-    ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via, printable,
+    ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
 };
-pub(crate) use event::{cut, unix_seconds};
 pub use metrics::Metrics;
 pub(crate) use metrics::{LiveStatus, ServerGauges};
 

@@ -1,8 +1,8 @@
 //! The guest's output on the host's stderr, and where its `log` lines go.
 //!
 //! Guest authors use `log` as `printf` (SPEAR's C header maps `printf` to it), so a line is
-//! shown as written, one per call, with control characters made visible so a guest cannot
-//! drive the terminal, and with every secret this process resolved cut out
+//! shown as written, one per call, with control and format characters made visible
+//! ([`text::printable_lines`]) so a guest cannot drive the terminal or disguise its text, and with every secret this process resolved cut out
 //! ([`redact_known`]), wherever it goes. With captured output it is appended to the task's
 //! captured stderr, charged to the same budget as WASI writes. Otherwise it goes to the
 //! host's stderr through one process-wide writer thread, and so do the guest's own stderr
@@ -17,7 +17,6 @@
 //! first, so a line never runs into what the guest wrote around it.
 
 use std::collections::VecDeque;
-use std::fmt::Write as _;
 use std::io::Write as _;
 use std::pin::Pin;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
@@ -30,6 +29,7 @@ use wasmtime_wasi::p2::{OutputStream, Pollable, StreamError};
 use super::capture::{CapturePipe, WRITE_CHUNK};
 use crate::defaults;
 use crate::registry::redact_known;
+use crate::text;
 
 /// Where one task's `log` lines go (from [`GuestLogs`](crate::task::GuestLogs) and capture).
 pub(super) enum GuestLogSink {
@@ -44,7 +44,7 @@ pub(super) enum GuestLogSink {
 impl GuestLogSink {
     /// Shows `line` as the guest's output. `Err` when captured output is over its budget.
     pub(super) fn write(&self, line: &str) -> std::io::Result<()> {
-        let shown = || printable(&redact_known(line));
+        let shown = || as_shown(&redact_known(line));
         match self {
             GuestLogSink::Stderr => {
                 queue().push(Piece::Line(shown()));
@@ -126,33 +126,15 @@ impl StdoutStream for HostStderr {
     }
 }
 
-/// `line` as shown: one trailing line end dropped (the host ends every line), newlines and
-/// tabs inside kept, every other control character escaped (`\x1b`, `\u{9b}`), and so are
-/// the invisible characters that reorder or hide text on a terminal (`\u{202e}`).
-pub(crate) fn printable(line: &str) -> Vec<u8> {
+/// `line` as shown: one trailing line end dropped (the host ends every line), line feeds
+/// and tabs inside kept, everything else that could drive a terminal or disguise text
+/// escaped as on every line the host shows ([`text::printable_lines`]).
+fn as_shown(line: &str) -> Vec<u8> {
     let line = line.strip_suffix('\n').unwrap_or(line);
     let line = line.strip_suffix('\r').unwrap_or(line);
-    let mut out = String::with_capacity(line.len().saturating_add(1));
-    for c in line.chars() {
-        match c {
-            '\n' | '\t' => out.push(c),
-            c if c.is_ascii_control() => {
-                let _ = write!(out, "\\x{:02x}", u32::from(c));
-            }
-            c if c.is_control() || reorders_text(c) => {
-                let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
+    let mut out = text::printable_lines(line);
     out.push('\n');
     out.into_bytes()
-}
-
-/// Bidirectional overrides, isolates and marks, zero-width characters and the BOM: they
-/// would let a guest make its line read differently from what it holds.
-fn reorders_text(c: char) -> bool {
-    matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}' | '\u{061c}')
 }
 
 /// Waits until the guest output queued for the host's stderr before this call is written
@@ -198,7 +180,7 @@ struct StderrQueue {
 
 /// One piece of guest output, in the order the guest made it.
 enum Piece {
-    /// A `log` line, as shown ([`printable`]).
+    /// A `log` line, as shown ([`as_shown`]).
     Line(Vec<u8>),
     /// Bytes the guest wrote to its stderr.
     Write(Vec<u8>),
@@ -513,7 +495,7 @@ mod tests {
 
     #[test]
     fn lines_are_shown_as_written_with_controls_made_visible() {
-        let shown = |line: &str| String::from_utf8(printable(line)).unwrap();
+        let shown = |line: &str| String::from_utf8(as_shown(line)).unwrap();
         assert_eq!(shown("hello"), "hello\n");
         assert_eq!(
             shown("hello\n"),
@@ -531,6 +513,21 @@ mod tests {
             shown("ok\u{202e}txt.exe\u{200b}\u{2066}x\u{feff}"),
             "ok\\u{202e}txt.exe\\u{200b}\\u{2066}x\\u{feff}\n",
             "characters that reorder or hide text are shown escaped"
+        );
+    }
+
+    #[test]
+    fn a_guest_line_is_made_safe_as_every_other_line_the_host_shows() {
+        // The same hostile text as a guest `log` line and as any other line of untrusted
+        // text the host shows (a server's last error, the names in an approval question,
+        // a cell of `quiver status`): escaped alike, a line end apart.
+        let hostile =
+            "ok\u{1b}[2J\u{9b}31m\rgone\u{2028}\u{202e}exe.txt\u{200d}\u{feff}\u{e0041}\u{7f}";
+        let guest = String::from_utf8(as_shown(hostile)).unwrap();
+        assert_eq!(guest, format!("{}\n", text::printable(hostile)));
+        assert_eq!(
+            guest,
+            "ok\\x1b[2J\\u{9b}31m\\x0dgone\\u{2028}\\u{202e}exe.txt\\u{200d}\\u{feff}\\u{e0041}\\x7f\n"
         );
     }
 }

@@ -7,7 +7,7 @@ use wasmtime::{Caller, Linker};
 
 use super::guest_log::GuestLogSink;
 use super::{HostcallError, SandboxView, finish, guest};
-use crate::defaults;
+use crate::{defaults, text};
 
 pub(super) fn add_to_linker<T: SandboxView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     linker.func_wrap(
@@ -38,15 +38,7 @@ fn log<T: SandboxView>(
     }
     let (mem, state) = guest(caller)?;
     let text = mem.str(ptr, len)?;
-    let cut = if text.len() > defaults::MAX_LOG_LINE_BYTES {
-        let mut end = defaults::MAX_LOG_LINE_BYTES;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        &text[..end]
-    } else {
-        text
-    };
+    let cut = text::cut(text, defaults::MAX_LOG_LINE_BYTES);
     let marker = if cut.len() < text.len() { " [cut]" } else { "" };
     let sandbox = state.sandbox();
     let task_id = &*sandbox.task_id;

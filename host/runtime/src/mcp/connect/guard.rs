@@ -24,6 +24,7 @@ use rmcp::transport::Transport;
 use crate::defaults;
 use crate::mcp::error::{McpError, McpErrorCode, host_error};
 use crate::registry::ServerEntry;
+use crate::text;
 
 /// Requests one connection tracks; past it the oldest is given up (its caller has long
 /// timed out: the pool's calls are bounded by `max_concurrency` and `tool_timeout_ms`).
@@ -180,11 +181,7 @@ impl Kind {
 /// At most [`defaults::MAX_TOOL_NAME_BYTES`] of a tool name (an LLM may ask for any), cut
 /// at a character boundary: enough to name it in an error, never a large copy per request.
 fn bounded_name(name: &str) -> String {
-    let mut end = name.len().min(defaults::MAX_TOOL_NAME_BYTES);
-    while !name.is_char_boundary(end) {
-        end = end.saturating_sub(1);
-    }
-    name[..end].to_owned()
+    text::cut(name, defaults::MAX_TOOL_NAME_BYTES).to_owned()
 }
 
 /// Why a transport could not turn what it read into a message.

@@ -21,6 +21,7 @@ use super::unavailable;
 use crate::defaults;
 use crate::mcp::error::McpError;
 use crate::registry::Secrets;
+use crate::text;
 
 /// Host variables a server process inherits; everything else must be granted by its
 /// record's `env` / `env_from`, so host secrets do not leak into third-party servers.
@@ -73,16 +74,17 @@ pub(super) fn spawn(
 /// Logs the server's stderr line by line. A line is cut at
 /// [`defaults::MAX_SERVER_STDERR_LINE_BYTES`] and the rest of it skipped, so a server
 /// writing without newlines costs the host no more than one line. Secrets are cut out
-/// before the line is, so one straddling the cut is still found whole.
+/// before the line is, so one straddling the cut is still found whole; then what could
+/// drive a terminal or disguise the line is escaped ([`text::printable`]).
 async fn forward_stderr(server_id: String, stderr: tokio::process::ChildStderr, secrets: Secrets) {
     let span = tracing::info_span!("mcp_server_stderr", server_id = %server_id);
     let keep = defaults::MAX_SERVER_STDERR_LINE_BYTES.saturating_add(secrets.longest());
     async move {
         let log = |line: &[u8]| {
-            let text = String::from_utf8_lossy(line);
-            let text = secrets.redact(text.trim_end());
-            let text = cut(&text, defaults::MAX_SERVER_STDERR_LINE_BYTES);
-            tracing::info!(target: "quiver::mcp::server", server_id = %server_id, "{text}");
+            let line = String::from_utf8_lossy(line);
+            let line = secrets.redact(line.trim_end());
+            let line = text::printable(text::cut(&line, defaults::MAX_SERVER_STDERR_LINE_BYTES));
+            tracing::info!(target: "quiver::mcp::server", server_id = %server_id, "{line}");
         };
         let mut reader = tokio::io::BufReader::new(stderr);
         let mut line = Vec::new();
@@ -108,13 +110,4 @@ async fn forward_stderr(server_id: String, stderr: tokio::process::ChildStderr, 
     }
     .instrument(span)
     .await
-}
-
-/// At most `max` bytes of `text`, cut at a character boundary.
-fn cut(text: &str, max: usize) -> &str {
-    let mut end = text.len().min(max);
-    while !text.is_char_boundary(end) {
-        end = end.saturating_sub(1);
-    }
-    &text[..end]
 }

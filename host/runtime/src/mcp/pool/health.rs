@@ -17,7 +17,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde::Serialize;
 
 use crate::defaults;
-use crate::observe::{cut, printable};
+use crate::text::{cut, printable};
 
 /// A server's state, as health reports show it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -274,8 +274,8 @@ mod tests {
         health.failed("boom\u{1b}[2J\nagain\u{202e}");
         assert_eq!(
             health.snapshot(None).last_error.as_deref(),
-            Some("boom[2J again"),
-            "no terminal escapes kept"
+            Some(r"boom\x1b[2J\x0aagain\u{202e}"),
+            "terminal escapes shown escaped"
         );
     }
 }
