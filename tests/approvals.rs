@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use quiver::Reason;
 use quiver::{
     ApprovalDecision, ApprovalError, ApprovalFuture, ApprovalQueue, ApprovalRequest, Approver,
-    PendingApproval,
 };
 use quiver::{Host, HostBuilder, TaskFailure};
 use quiver::{PolicyDenial, ToolObserver};
@@ -96,8 +95,8 @@ impl Denials {
 fn decider(
     queue: Arc<ApprovalQueue>,
     n: usize,
-    mut decide: impl FnMut(&PendingApproval) -> ApprovalDecision + Send + 'static,
-) -> tokio::task::JoinHandle<Vec<PendingApproval>> {
+    mut decide: impl FnMut(&ApprovalRequest) -> ApprovalDecision + Send + 'static,
+) -> tokio::task::JoinHandle<Vec<ApprovalRequest>> {
     tokio::spawn(async move {
         let mut seen = Vec::new();
         let give_up = Instant::now() + Duration::from_secs(60);

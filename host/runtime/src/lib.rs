@@ -61,7 +61,7 @@ pub mod llm {
 
 pub use approval::{
     AllowAll, ApprovalDecision, ApprovalError, ApprovalFuture, ApprovalQueue, ApprovalRequest,
-    Approver, DenyAll, PendingApproval, TerminalApprover,
+    Approver, DenyAll, TerminalApprover,
 };
 #[cfg(feature = "watch")]
 pub use host::RegistryWatcher;

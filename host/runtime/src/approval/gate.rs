@@ -98,7 +98,7 @@ impl Approvals {
             tool: call.tool.to_owned(),
             arguments: call.arguments,
             requested_at,
-            deadline: requested_at.checked_add(shown).unwrap_or(requested_at),
+            expires_at: requested_at.checked_add(shown).unwrap_or(requested_at),
         };
         let id = request.id.clone();
         tracing::info!(task_id = call.task_id, server_id = call.entry.server_id(), tool = call.tool, approval_id = %id, "waiting for approval");

@@ -23,12 +23,13 @@ use serde::{Deserialize, Serialize};
 
 pub use gate::Approvals;
 pub(crate) use gate::{AskFor, Refusal, timeout_of};
-pub use queue::{ApprovalError, ApprovalQueue, PendingApproval};
+pub use queue::{ApprovalError, ApprovalQueue};
 pub use terminal::TerminalApprover;
 
 use crate::observe::{ArgumentsSummary, Via, unix_seconds};
 
-/// One tool call waiting for a decision.
+/// One tool call waiting for a decision: what an [`Approver`] is asked, and what
+/// [`ApprovalQueue::pending`] lists (as JSON, `quiver serve`'s `GET /v1/approvals`).
 #[derive(Clone, Debug, Serialize)]
 pub struct ApprovalRequest {
     /// Unique within the process (and unlikely to repeat across restarts).
@@ -46,9 +47,10 @@ pub struct ApprovalRequest {
     pub arguments: ArgumentsSummary,
     #[serde(serialize_with = "unix_seconds")]
     pub requested_at: SystemTime,
-    /// When the call stops waiting and is denied as timed out.
+    /// When the call stops waiting and is denied as timed out: its server's approval
+    /// timeout after `requested_at`, or the task's deadline if that comes first.
     #[serde(serialize_with = "unix_seconds")]
-    pub deadline: SystemTime,
+    pub expires_at: SystemTime,
 }
 
 /// An approver's answer. Deserialises from `{"approve": true|false, "reason": "..."}`.
@@ -85,7 +87,7 @@ pub type ApprovalFuture<'a> = Pin<Box<dyn Future<Output = ApprovalDecision> + Se
 /// [`AllowAll`], [`DenyAll`], [`ApprovalQueue`], [`TerminalApprover`]) and given to
 /// [`HostBuilder::with_approver`](crate::HostBuilder::with_approver).
 pub trait Approver: Send + Sync + 'static {
-    /// Decides `request`. The host stops waiting at `request.deadline` (and when the task
+    /// Decides `request`. The host stops waiting at `request.expires_at` (and when the task
     /// ends) by dropping the future.
     fn ask(&self, request: ApprovalRequest) -> ApprovalFuture<'_>;
 }

@@ -4,33 +4,10 @@
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard};
 
-use serde::Serialize;
 use tokio::sync::oneshot;
 
 use super::{ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver};
 use crate::defaults;
-use crate::observe::{ArgumentsSummary, Via, unix_seconds};
-
-/// A request waiting in an [`ApprovalQueue`], as listed for whoever decides.
-#[derive(Clone, Debug, Serialize)]
-pub struct PendingApproval {
-    pub id: String,
-    pub task_id: String,
-    /// The guest fd of the call; `None` (and absent from JSON) for a library call.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub session_fd: Option<i32>,
-    pub via: Via,
-    pub server_id: String,
-    pub tool: String,
-    /// The arguments' top-level keys and size; never their values.
-    pub arguments: ArgumentsSummary,
-    /// Unix seconds.
-    #[serde(serialize_with = "unix_seconds")]
-    pub requested_at: std::time::SystemTime,
-    /// Unix seconds; past it the call is denied as timed out and leaves the queue.
-    #[serde(serialize_with = "unix_seconds")]
-    pub expires_at: std::time::SystemTime,
-}
 
 /// A decision that could not be delivered.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -42,7 +19,7 @@ pub enum ApprovalError {
 }
 
 struct Waiting {
-    pending: PendingApproval,
+    request: ApprovalRequest,
     reply: oneshot::Sender<ApprovalDecision>,
 }
 
@@ -91,8 +68,8 @@ impl ApprovalQueue {
     }
 
     /// The requests waiting now, oldest first.
-    pub fn pending(&self) -> Vec<PendingApproval> {
-        self.lock().values().map(|w| w.pending.clone()).collect()
+    pub fn pending(&self) -> Vec<ApprovalRequest> {
+        self.lock().values().map(|w| w.request.clone()).collect()
     }
 
     /// Answers the request `id`; an id not waiting (unknown, decided, timed out, its task
@@ -130,7 +107,7 @@ impl ApprovalQueue {
         let task = request.task_id.as_ref();
         let held = waiting
             .values()
-            .filter(|w| w.pending.task_id == task)
+            .filter(|w| &*w.request.task_id == task)
             .count();
         (held >= share).then(|| {
             format!(
@@ -164,18 +141,7 @@ impl Approver for ApprovalQueue {
                 tracing::warn!(capacity = self.capacity, task_id = %request.task_id, server_id = %request.server_id, tool = %request.tool, %reason, "approval request refused by the queue");
                 return Box::pin(std::future::ready(ApprovalDecision::deny(reason)));
             }
-            let pending = PendingApproval {
-                id: request.id,
-                task_id: request.task_id.to_string(),
-                session_fd: request.session_fd,
-                via: request.via,
-                server_id: request.server_id,
-                tool: request.tool,
-                arguments: request.arguments,
-                requested_at: request.requested_at,
-                expires_at: request.deadline,
-            };
-            waiting.insert(id.clone(), Waiting { pending, reply });
+            waiting.insert(id.clone(), Waiting { request, reply });
         }
         let leave = Leave { queue: self, id };
         Box::pin(async move {

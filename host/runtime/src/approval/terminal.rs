@@ -62,7 +62,7 @@ fn is_yes(answer: &str) -> bool {
 
 fn question(request: &ApprovalRequest) -> String {
     let seconds = request
-        .deadline
+        .expires_at
         .duration_since(request.requested_at)
         .map_or(0, |d| d.as_secs());
     let keys: Vec<String> = request
@@ -143,7 +143,7 @@ mod tests {
             tool: "del\u{1b}[31mete\u{202e}txt.exe".into(),
             arguments: ArgumentsSummary::of_json_text(r#"{"path": "/top/secret"}"#),
             requested_at: now,
-            deadline: now + Duration::from_secs(30),
+            expires_at: now + Duration::from_secs(30),
         };
         let q = question(&request);
         assert!(q.starts_with("\x1b[0m"), "resets the terminal first: {q:?}");

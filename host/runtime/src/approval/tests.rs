@@ -18,7 +18,7 @@ fn request_of(task_id: &str, id: &str) -> ApprovalRequest {
         tool: "delete_file".into(),
         arguments: ArgumentsSummary::of_json_text(r#"{"path": "/secret/value"}"#),
         requested_at: SystemTime::now(),
-        deadline: SystemTime::now() + Duration::from_secs(60),
+        expires_at: SystemTime::now() + Duration::from_secs(60),
     }
 }
 
@@ -31,6 +31,28 @@ async fn a_queue_lists_hands_over_and_forgets_decisions() {
     assert_eq!(listed[0]["arguments"]["keys"], serde_json::json!(["path"]));
     assert!(
         listed[0]["expires_at"].as_f64().unwrap() > listed[0]["requested_at"].as_f64().unwrap()
+    );
+    let mut fields: Vec<&str> = listed[0]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str())
+        .collect();
+    fields.sort_unstable();
+    assert_eq!(
+        fields,
+        [
+            "arguments",
+            "expires_at",
+            "id",
+            "requested_at",
+            "server_id",
+            "session_fd",
+            "task_id",
+            "tool",
+            "via"
+        ],
+        "the fields GET /v1/approvals lists"
     );
     assert!(
         !listed.to_string().contains("secret"),
