@@ -67,9 +67,13 @@ fn task_json_errors_keep_serdes_error_and_the_check_that_refused() {
     };
     assert_eq!(path, &file);
     assert!(
-        matches!(**source, TaskError::Field { .. } | TaskError::Config { .. }),
+        matches!(
+            source.downcast_ref::<TaskError>(),
+            Some(TaskError::Field { .. } | TaskError::Config { .. })
+        ),
         "the check's own error: {source:?}"
     );
+    assert!(error.source().is_some_and(|s| s.is::<TaskError>()));
 }
 
 #[test]

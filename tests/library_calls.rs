@@ -168,7 +168,7 @@ const PATH_AND_TIME: &[&str] = &[
     "duration",
     "id",
     "requested_at",
-    "deadline",
+    "expires_at",
 ];
 
 /// Asserts that the first half of `events` (the guest's) matches the second (the

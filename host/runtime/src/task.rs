@@ -37,8 +37,10 @@ pub enum TaskError {
     #[error("{}: {source}", path.display())]
     InFile {
         path: PathBuf,
+        /// The check's own [`TaskError`] (boxed as a trait object so `source()` downcasts
+        /// to it).
         #[source]
-        source: Box<TaskError>,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("task config key `{key}`: {message}")]
     Config { key: String, message: String },
