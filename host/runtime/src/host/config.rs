@@ -183,7 +183,8 @@ mod tests {
     use super::*;
     use crate::chat::llm::BackendKind;
 
-    fn load(text: &str) -> Result<HostConfig, ConfigError> {
+    /// `text` as a `quiver.toml`, read handing back `sections`.
+    fn load_with(text: &str, sections: &[&str]) -> Result<(HostConfig, toml::Table), ConfigError> {
         let dir = std::env::temp_dir().join(format!(
             "quiver-config-{}-{:?}",
             std::process::id(),
@@ -192,9 +193,13 @@ mod tests {
         std::fs::create_dir_all(&dir).map_err(|e| ConfigError::new(&dir, "", e.to_string()))?;
         let file = dir.join("quiver.toml");
         std::fs::write(&file, text).map_err(|e| ConfigError::new(&file, "", e.to_string()))?;
-        let loaded = HostConfig::load(&file);
+        let loaded = HostConfig::load_with_sections(&file, sections);
         let _ = std::fs::remove_dir_all(&dir);
         loaded
+    }
+
+    fn load(text: &str) -> Result<HostConfig, ConfigError> {
+        load_with(text, &[]).map(|(config, _)| config)
     }
 
     #[test]
@@ -237,20 +242,10 @@ mod tests {
             "{error}"
         );
 
-        let dir = std::env::temp_dir().join(format!(
-            "quiver-config-sections-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("quiver.toml");
-        std::fs::write(
-            &file,
+        let loaded = load_with(
             "[serve]\ntoken_env = \"T\"\n[tasks]\nmax_concurrent = 2\n",
-        )
-        .unwrap();
-        let loaded = HostConfig::load_with_sections(&file, &["serve", "admin"]);
-        let _ = std::fs::remove_dir_all(&dir);
+            &["serve", "admin"],
+        );
         let (config, others) = loaded.expect("[serve] is handed back");
         assert_eq!(config.tasks.max_concurrent, Some(2));
         assert_eq!(others["serve"]["token_env"].as_str(), Some("T"));
