@@ -63,7 +63,7 @@ pub fn hostile_server() -> PathBuf {
 }
 
 /// The example embedder (examples/embedder), which `cargo test` at the workspace root
-/// builds beside these tests.
+/// builds beside these tests (its own tests in examples/embedder/tests make cargo build it).
 pub fn embedder() -> PathBuf {
     let bin = bin_dir().join("quiver-embedder");
     assert!(
