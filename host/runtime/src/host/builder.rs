@@ -400,10 +400,11 @@ impl HostBuilder {
             max_concurrent_tasks,
             max_task_memory: self.max_task_memory,
         };
+        let file = &self.config_origin.file;
         let egress = EgressPolicy::from_config(&self.config.egress)
-            .map_err(|e| ConfigError::new(&self.config_origin.file, "egress", e.to_string()))?;
+            .map_err(|e| ConfigError::new(file, "egress", e.to_string()).with_source(e))?;
         let auth = AuthSet::load(&self.config.auth, &self.config_origin.dir)
-            .map_err(|e| ConfigError::new(&self.config_origin.file, e.field, e.message))?;
+            .map_err(|e| e.in_file(file))?;
         let remote = RemoteOptions { auth, egress };
         let mcp = &self.config.mcp;
         let limits = PoolLimits {

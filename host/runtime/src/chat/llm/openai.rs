@@ -72,17 +72,18 @@ impl OpenAiBackend {
                 .as_deref()
                 .unwrap_or(defaults::ANTHROPIC_VERSION);
             let version = HeaderValue::try_from(version).map_err(|e| {
-                ConfigError::new(config_path, at("anthropic_version"), e.to_string())
+                ConfigError::new(config_path, at("anthropic_version"), e.to_string()).with_source(e)
             })?;
             headers.insert("anthropic-version", version);
         }
         for (key, value) in &config.headers {
-            let name = HeaderName::try_from(key.as_str()).map_err(|e| {
+            let header_error = |e: &dyn std::fmt::Display| {
                 ConfigError::new(config_path, at(&format!("headers.{key}")), e.to_string())
-            })?;
-            let value = HeaderValue::try_from(value.as_str()).map_err(|e| {
-                ConfigError::new(config_path, at(&format!("headers.{key}")), e.to_string())
-            })?;
+            };
+            let name =
+                HeaderName::try_from(key.as_str()).map_err(|e| header_error(&e).with_source(e))?;
+            let value = HeaderValue::try_from(value.as_str())
+                .map_err(|e| header_error(&e).with_source(e))?;
             headers.insert(name, value);
         }
         let client = reqwest::Client::builder().build().map_err(|e| {
@@ -91,6 +92,7 @@ impl OpenAiBackend {
                 at("base_url"),
                 format!("cannot build an HTTP client: {e}"),
             )
+            .with_source(e)
         })?;
         let (path, wire) = if anthropic {
             let max_tokens = config.max_tokens.unwrap_or(defaults::ANTHROPIC_MAX_TOKENS);
