@@ -27,7 +27,7 @@ pub(super) enum NodeError {
     #[error("--node: {0}")]
     Url(String),
     #[error("cannot build an HTTP client: {0}")]
-    Client(reqwest::Error),
+    Client(#[source] reqwest::Error),
     #[error("{endpoint}: cannot reach the node: {reason}")]
     Unreachable { endpoint: String, reason: String },
     #[error("{endpoint}: the answer is over {max} bytes; is this a quiver node?")]

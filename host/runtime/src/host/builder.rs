@@ -72,6 +72,10 @@ pub enum HostError {
     RegistryRejected {
         kept_revision: String,
         reason: String,
+        /// The error that kept the registry from being read; `None` when it was read but
+        /// held errors (`reason` lists them).
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// The registry cannot be watched or followed; `source` is the cause, if any.
     #[error("cannot watch the registry {dir}: {message}{}", cause_suffix(.source.as_deref()))]

@@ -20,7 +20,8 @@ use serde_json::Value;
 use super::anthropic;
 use super::config::{BackendConfig, BackendKind};
 use super::{LlmError, LlmFailure, LlmReply};
-use crate::chat::wire::ChatCompletion;
+use crate::Cause;
+use crate::chat::wire::{ChatCompletion, WireError};
 use crate::config::ConfigError;
 use crate::defaults;
 
@@ -244,15 +245,20 @@ impl OpenAiBackend {
                 Attempt::Final(error)
             });
         }
-        let invalid = |message: String| {
+        let invalid = |message: String, source: Option<WireError>| {
             Attempt::Final(LlmError::InvalidResponse {
                 backend: self.name.clone(),
                 message: format!("{message}: {}", snippet(&bytes)),
+                source: source.map(Cause::new),
             })
         };
         match self.wire {
-            Wire::OpenAi => ChatCompletion::from_slice(&bytes).map_err(|e| invalid(e.to_string())),
-            Wire::Anthropic { .. } => anthropic::from_messages(&bytes).map_err(invalid),
+            Wire::OpenAi => {
+                ChatCompletion::from_slice(&bytes).map_err(|e| invalid(e.to_string(), Some(e)))
+            }
+            Wire::Anthropic { .. } => {
+                anthropic::from_messages(&bytes).map_err(|message| invalid(message, None))
+            }
         }
     }
 
@@ -274,6 +280,7 @@ impl OpenAiBackend {
             error: LlmError::Unavailable {
                 backend: self.name.clone(),
                 message,
+                source: Cause::new(error),
             },
             retry_after: None,
         }
@@ -375,5 +382,34 @@ mod tests {
             assert!(!format!("{value:?}").contains("sk-secret"));
             assert!(backend.auth_header("sk\nsecret").is_none());
         }
+    }
+
+    /// A backend that cannot be reached is `Unavailable` with reqwest's error as source.
+    #[tokio::test]
+    async fn an_unreachable_backend_keeps_the_transport_error() {
+        use std::error::Error;
+        let backend = OpenAiBackend::new(
+            "b",
+            &BackendConfig::default(),
+            std::path::Path::new("q.toml"),
+        )
+        .unwrap();
+        let refused = reqwest::Client::new()
+            .get("http://127.0.0.1:9/")
+            .send()
+            .await
+            .unwrap_err();
+        let Attempt::Retryable { error, .. } =
+            backend.transport_error(refused, Duration::from_secs(5))
+        else {
+            panic!("a refused connection may be retried");
+        };
+        assert!(matches!(error, LlmError::Unavailable { .. }), "{error:?}");
+        let source = error.source().expect("a source");
+        assert!(
+            source.downcast_ref::<reqwest::Error>().is_some(),
+            "{source:?}"
+        );
+        assert!(error.to_string().contains(&source.to_string()), "{error}");
     }
 }

@@ -211,6 +211,7 @@ impl ReplayBackend {
                     error: LlmError::InvalidResponse {
                         backend: self.name.clone(),
                         message,
+                        source: None,
                     },
                     retries: 0,
                 })
