@@ -353,10 +353,16 @@ mod tests {
             ChatCompletion::from_slice(b"<html>"),
             Err(WireError::NotJson(_))
         ));
-        assert!(matches!(
-            ChatCompletion::from_slice(br#"{"choices": 1}"#),
-            Err(WireError::Shape { .. })
-        ));
+        let shape = ChatCompletion::from_slice(br#"{"choices": 1}"#).unwrap_err();
+        assert!(matches!(shape, WireError::Shape { .. }), "{shape:?}");
+        // Both keep serde's error as their source.
+        for error in [ChatCompletion::from_slice(b"<html>").unwrap_err(), shape] {
+            let source = std::error::Error::source(&error);
+            assert!(
+                source.is_some_and(|e| e.downcast_ref::<serde_json::Error>().is_some()),
+                "{error:?}"
+            );
+        }
         let ok = ChatCompletion::from_slice(br#"{"choices": [], "x": [1.5, -2]}"#).unwrap();
         assert_eq!(ok.rest["x"], json!([1.5, -2]));
     }

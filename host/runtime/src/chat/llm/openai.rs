@@ -17,11 +17,11 @@ use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use serde_json::Value;
 
-use super::anthropic;
+use super::anthropic::{self, MessagesError};
 use super::config::{BackendConfig, BackendKind};
 use super::{LlmError, LlmFailure, LlmReply};
 use crate::Cause;
-use crate::chat::wire::{ChatCompletion, WireError};
+use crate::chat::wire::ChatCompletion;
 use crate::config::ConfigError;
 use crate::defaults;
 
@@ -245,20 +245,20 @@ impl OpenAiBackend {
                 Attempt::Final(error)
             });
         }
-        let invalid = |message: String, source: Option<WireError>| {
+        let invalid = |message: String, source: Option<Cause>| {
             Attempt::Final(LlmError::InvalidResponse {
                 backend: self.name.clone(),
                 message: format!("{message}: {}", snippet(&bytes)),
-                source: source.map(Cause::new),
+                source,
             })
         };
         match self.wire {
-            Wire::OpenAi => {
-                ChatCompletion::from_slice(&bytes).map_err(|e| invalid(e.to_string(), Some(e)))
-            }
-            Wire::Anthropic { .. } => {
-                anthropic::from_messages(&bytes).map_err(|message| invalid(message, None))
-            }
+            Wire::OpenAi => ChatCompletion::from_slice(&bytes)
+                .map_err(|e| invalid(e.to_string(), Some(Cause::new(e)))),
+            Wire::Anthropic { .. } => anthropic::from_messages(&bytes).map_err(|e| match e {
+                MessagesError::NotJson(e) => invalid(e.to_string(), Some(Cause::new(e))),
+                MessagesError::Shape(what) => invalid(what.to_owned(), None),
+            }),
         }
     }
 
