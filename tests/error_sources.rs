@@ -4,7 +4,8 @@
 
 use std::error::Error;
 
-use quiver::{Host, HostError, ModuleError, SandboxSetupError, TaskError, TaskSpec};
+use quiver::registry::{DirStore, DocFormat, DocKind, RegistryDirError, RegistryStore, StoreError};
+use quiver::{Host, HostConfig, HostError, ModuleError, SandboxSetupError, TaskError, TaskSpec};
 
 fn host() -> Host {
     Host::builder()
@@ -114,4 +115,64 @@ async fn a_task_whose_module_has_no_entry_keeps_the_sandbox_error() {
     );
     assert!(error.source().is_some_and(|s| s.is::<SandboxSetupError>()));
     host.shutdown().await;
+}
+
+#[test]
+fn a_task_config_value_that_is_not_json_keeps_serdes_error() {
+    let task = TaskSpec::new("t").with_config("mcp.allowed_server_ids", serde_json::json!("[fs"));
+    let error = task.validate().expect_err("not a JSON array");
+    assert!(matches!(error, TaskError::Config { .. }), "{error:?}");
+    assert!(error.source().is_some_and(|s| s.is::<serde_json::Error>()));
+}
+
+#[test]
+fn a_config_file_that_is_not_toml_keeps_the_toml_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("quiver.toml");
+    std::fs::write(&file, "[tasks\n").unwrap();
+    let error = HostConfig::load(&file).expect_err("not TOML");
+    assert!(error.to_string().contains("invalid TOML"), "{error}");
+    assert!(error.source().is_some_and(|s| s.is::<toml::de::Error>()));
+
+    std::fs::write(&file, "[tasks]\nmax_concurrent = \"two\"\n").unwrap();
+    let error = HostConfig::load(&file).expect_err("not a number");
+    assert!(
+        error.to_string().contains("tasks.max_concurrent"),
+        "{error}"
+    );
+    assert!(error.source().is_some_and(|s| s.is::<toml::de::Error>()));
+}
+
+#[test]
+fn a_registry_that_cannot_be_read_again_keeps_the_registry_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = Host::builder()
+        .without_disk_cache()
+        .with_registry_dir(dir.path())
+        .build()
+        .expect("an empty registry");
+    drop(dir);
+    let error = host.reload_registry().expect_err("the directory is gone");
+    assert!(
+        matches!(error, HostError::RegistryRejected { .. }),
+        "{error:?}"
+    );
+    assert!(error.source().is_some_and(|s| s.is::<RegistryDirError>()));
+}
+
+/// A store error stays `Clone` and `Eq` and still hands back the I/O error itself.
+#[tokio::test]
+async fn a_store_write_that_fails_keeps_the_io_error() {
+    let dir = tempfile::tempdir().unwrap();
+    // `profiles` is a file, so no profile can be written under it.
+    std::fs::write(dir.path().join("profiles"), "not a directory").unwrap();
+    let store = DirStore::new(dir.path());
+    let profile = b"name = \"p\"\nserver_ids = []\n".to_vec();
+    let error = store
+        .upsert(DocKind::Profile, "p", DocFormat::Toml, profile)
+        .await
+        .expect_err("profiles is not a directory");
+    assert!(matches!(error, StoreError::Unreachable { .. }), "{error:?}");
+    assert_eq!(error.clone(), error);
+    assert!(error.source().is_some_and(|s| s.is::<std::io::Error>()));
 }

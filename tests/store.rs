@@ -147,6 +147,7 @@ impl Flaky {
             return Err(StoreError::Unreachable {
                 store: self.describe(),
                 message: "connection refused (test)".into(),
+                source: None,
             });
         }
         Ok(())

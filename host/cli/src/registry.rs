@@ -120,7 +120,12 @@ enum CliError {
     #[error("{0:?} is not a valid name: use 1 to 64 letters, digits, `_` and `-`")]
     Name(String),
     #[error("{file}: {message}")]
-    File { file: String, message: String },
+    File {
+        file: String,
+        message: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     #[error("{target}: no {} `{name}`", kind_name(*.kind))]
     NotFound {
         target: String,
@@ -185,6 +190,12 @@ impl Bundle {
         let error = |message: String| CliError::File {
             file: file.clone(),
             message,
+            source: None,
+        };
+        let failed = |what: &str, cause: Box<dyn std::error::Error + Send + Sync>| CliError::File {
+            file: file.clone(),
+            message: format!("{what}: {cause}"),
+            source: Some(cause),
         };
         let format = match path.extension().and_then(|e| e.to_str()) {
             Some("toml") => DocFormat::Toml,
@@ -199,12 +210,12 @@ impl Bundle {
         let mut bytes = Vec::new();
         std::fs::File::open(path)
             .and_then(|f| f.take(max as u64 + 1).read_to_end(&mut bytes))
-            .map_err(|e| error(format!("cannot read it: {e}")))?;
+            .map_err(|e| failed("cannot read it", e.into()))?;
         if bytes.len() > max {
             return Err(error(format!("over {max} bytes; split it")));
         }
         let docs = parse_bundle(format, &bytes, &file)?;
-        let text = String::from_utf8(bytes).map_err(|e| error(format!("not UTF-8: {e}")))?;
+        let text = String::from_utf8(bytes).map_err(|e| failed("not UTF-8", e.into()))?;
         Ok(Self { format, text, docs })
     }
 }
@@ -468,6 +479,7 @@ async fn diff(target: &Target, dir: &Path) -> Result<i32, CliError> {
         return Err(CliError::File {
             file: dir.display().to_string(),
             message: "not a directory; pass a registry directory".into(),
+            source: None,
         });
     }
     let wanted = DirStore::new(dir).list().await?.docs;

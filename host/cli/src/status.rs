@@ -29,7 +29,7 @@ enum StatusError {
     #[error("--token-env {0}: the environment variable {0} is not set")]
     TokenEnv(String),
     #[error("cannot build an HTTP client: {0}")]
-    Client(reqwest::Error),
+    Client(#[source] reqwest::Error),
     #[error("cannot reach {endpoint}: {source}")]
     Unreachable {
         endpoint: String,

@@ -401,7 +401,9 @@ fn parse_task(value: Value) -> Result<TaskSpec, ApiError> {
     }
     task.validate().map_err(|e| match e {
         TaskError::Field { field, message } => invalid_task(&format!("task.{field}"), &message),
-        TaskError::Config { key, message } => invalid_task(&format!("task.config.{key}"), &message),
+        TaskError::Config { key, message, .. } => {
+            invalid_task(&format!("task.config.{key}"), &message)
+        }
         other => invalid_task("task", &other.to_string()),
     })?;
     Ok(task.with_captured_output())

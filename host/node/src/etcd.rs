@@ -36,6 +36,7 @@ use futures::stream::{self, BoxStream};
 use serde::{Deserialize, Serialize};
 use tracing::Instrument;
 
+use quiver::Cause;
 use quiver::registry::{
     DocFormat, DocKind, Listing, RegistryStore, StoreError, StoreEvent, StoreFuture, StoredDoc,
     Write, is_valid_server_id,
@@ -488,6 +489,7 @@ impl EtcdStore {
         StoreError::Other {
             store: self.describe.clone(),
             message,
+            source: None,
         }
     }
 }
@@ -646,6 +648,20 @@ fn unreachable(store: &str, message: String) -> StoreError {
     StoreError::Unreachable {
         store: store.to_owned(),
         message,
+        source: None,
+    }
+}
+
+/// [`unreachable`] for a client error: `context`, then `error`, kept as the source.
+fn cut_off(
+    store: &str,
+    context: &str,
+    error: impl std::error::Error + Send + Sync + 'static,
+) -> StoreError {
+    StoreError::Unreachable {
+        store: store.to_owned(),
+        message: format!("{context}{error}"),
+        source: Some(Cause::new(error)),
     }
 }
 
@@ -653,6 +669,7 @@ fn revision(store: &str, rev: i64) -> Result<u64, StoreError> {
     u64::try_from(rev).map_err(|_| StoreError::Other {
         store: store.to_owned(),
         message: format!("etcd answered with a negative revision {rev}"),
+        source: None,
     })
 }
 
@@ -665,6 +682,7 @@ fn header_revision(
         None => Err(StoreError::Other {
             store: store.to_owned(),
             message: "etcd answered without a response header".into(),
+            source: None,
         }),
     }
 }
@@ -687,17 +705,20 @@ fn map_err(store: &str, e: etcd_client::Error) -> StoreError {
                      prefix",
                     quiver::defaults::REGISTRY_STORE_MAX_LIST_BYTES
                 ),
+                source: None,
             },
             code => StoreError::Other {
                 store: store.to_owned(),
                 message: format!("{code:?}: {}", status.message()),
+                source: None,
             },
         },
-        E::TransportError(e) => unreachable(store, e.to_string()),
-        E::IoError(e) => unreachable(store, e.to_string()),
+        E::TransportError(e) => cut_off(store, "", e),
+        E::IoError(e) => cut_off(store, "", e),
         other => StoreError::Other {
             store: store.to_owned(),
             message: other.to_string(),
+            source: Some(Cause::new(other)),
         },
     }
 }
@@ -709,7 +730,7 @@ fn map_watch_err(store: &str, e: etcd_client::Error) -> StoreError {
     if too_large {
         return map_err(store, e);
     }
-    unreachable(store, format!("the watch broke: {e}"))
+    cut_off(store, "the watch broke: ", e)
 }
 
 #[cfg(test)]

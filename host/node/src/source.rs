@@ -57,6 +57,7 @@ impl RegistrySource {
                         store: format!("dir:{}", dir.display()),
                         message: "not a directory (pass an existing directory with --registry)"
                             .into(),
+                        source: None,
                     });
                 }
                 Ok(Arc::new(DirStore::new(dir)))

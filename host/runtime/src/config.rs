@@ -45,6 +45,9 @@ pub struct ConfigError {
     pub path: PathBuf,
     pub field: String,
     pub message: String,
+    /// The I/O, parse or check error `message` tells of, if there was one.
+    #[source]
+    pub(crate) source: Option<Box<dyn std::error::Error + Send + Sync>>,
 }
 
 impl ConfigError {
@@ -59,7 +62,15 @@ impl ConfigError {
             path: path.to_owned(),
             field,
             message: message.into(),
+            source: None,
         }
+    }
+
+    /// The same error with `source` as its cause; `message` should already tell of it.
+    #[must_use]
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
     }
 }
 
@@ -77,6 +88,7 @@ pub fn read_section<T: DeserializeOwned>(
             (true, _) => inner,
             (false, _) => format!("{prefix}.{inner}"),
         };
-        ConfigError::new(path, field, e.into_inner().to_string())
+        let source = e.into_inner();
+        ConfigError::new(path, field, source.to_string()).with_source(source)
     })
 }

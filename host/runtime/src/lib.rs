@@ -41,6 +41,7 @@
 //! (`Host::watch_registry`, on `notify`); without it a directory store is polled.
 
 mod approval;
+mod cause;
 mod chat;
 pub mod config;
 pub mod defaults;
@@ -63,6 +64,7 @@ pub use approval::{
     AllowAll, ApprovalDecision, ApprovalError, ApprovalFuture, ApprovalQueue, ApprovalRequest,
     Approver, DenyAll, TerminalApprover,
 };
+pub use cause::Cause;
 #[cfg(feature = "watch")]
 pub use host::RegistryWatcher;
 pub use host::{

@@ -42,8 +42,14 @@ pub enum TaskError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// `source` is the JSON error of a value that should have held JSON.
     #[error("task config key `{key}`: {message}")]
-    Config { key: String, message: String },
+    Config {
+        key: String,
+        message: String,
+        #[source]
+        source: Option<serde_json::Error>,
+    },
     #[error("task field `{field}`: {message}")]
     Field {
         field: &'static str,
@@ -337,6 +343,7 @@ impl TaskSpec {
                 return Err(TaskError::Config {
                     key: key.clone(),
                     message: format!("unknown MCP key; known keys are {}", known.join(", ")),
+                    source: None,
                 });
             }
         }
@@ -364,6 +371,7 @@ impl TaskSpec {
                 message: format!(
                     "`{outside}` is not in mcp.allowed_server_ids; defaults must be a subset of the allowed servers"
                 ),
+                source: None,
             });
         }
         let mut narrowing = Narrowing::default();
@@ -422,6 +430,7 @@ fn config_error(key: &str, message: String) -> TaskError {
     TaskError::Config {
         key: key.to_owned(),
         message,
+        source: None,
     }
 }
 
@@ -465,11 +474,10 @@ fn parse_list(key: &str, value: &Value) -> Result<Vec<String>, TaskError> {
     match value {
         Value::Array(items) => from_array(items),
         Value::String(s) if s.trim_start().starts_with('[') => {
-            let parsed: Value = serde_json::from_str(s).map_err(|e| {
-                config_error(
-                    key,
-                    format!("not a valid JSON array string ({e}): {}", shown(s.clone())),
-                )
+            let parsed: Value = serde_json::from_str(s).map_err(|e| TaskError::Config {
+                key: key.to_owned(),
+                message: format!("not a valid JSON array string ({e}): {}", shown(s.clone())),
+                source: Some(e),
             })?;
             match parsed {
                 Value::Array(items) => from_array(&items),

@@ -27,9 +27,14 @@ pub(super) enum NodeError {
     #[error("--node: {0}")]
     Url(String),
     #[error("cannot build an HTTP client: {0}")]
-    Client(reqwest::Error),
+    Client(#[source] reqwest::Error),
     #[error("{endpoint}: cannot reach the node: {reason}")]
-    Unreachable { endpoint: String, reason: String },
+    Unreachable {
+        endpoint: String,
+        reason: String,
+        #[source]
+        source: reqwest::Error,
+    },
     #[error("{endpoint}: the answer is over {max} bytes; is this a quiver node?")]
     TooLarge { endpoint: String, max: usize },
     #[error("{endpoint}: HTTP {status} {code}{}: {message}", field_note(.field))]
@@ -46,8 +51,14 @@ pub(super) enum NodeError {
         status: u16,
         body: String,
     },
+    /// `source` is the JSON error, when the answer did not parse.
     #[error("{endpoint}: not an answer of a quiver node's admin API: {reason}")]
-    Unexpected { endpoint: String, reason: String },
+    Unexpected {
+        endpoint: String,
+        reason: String,
+        #[source]
+        source: Option<serde_json::Error>,
+    },
 }
 
 fn field_note(field: &Option<String>) -> String {
@@ -130,6 +141,7 @@ impl NodeClient {
         let unreachable = |error: reqwest::Error| NodeError::Unreachable {
             endpoint: endpoint.clone(),
             reason: describe(&error),
+            source: error,
         };
         let response = request.send().await.map_err(unreachable)?;
         let status = response.status();
@@ -156,6 +168,7 @@ impl NodeClient {
         serde_json::from_slice(&bytes).map_err(|e| NodeError::Unexpected {
             endpoint,
             reason: cut(&e.to_string()),
+            source: Some(e),
         })
     }
 
@@ -228,6 +241,7 @@ impl NodeClient {
             return Err(NodeError::Unexpected {
                 endpoint: format!("POST {}/admin/api/mcp/{path}", self.base),
                 reason: format!("asked for dry_run={dry_run}, answered {}", imported.dry_run),
+                source: None,
             });
         }
         Ok(Written {

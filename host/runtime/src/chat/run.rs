@@ -231,6 +231,7 @@ impl Loop<'_, '_> {
                 let error = LlmError::InvalidResponse {
                     backend: self.backend.name().to_owned(),
                     message: "no choices[0].message".into(),
+                    source: None,
                 };
                 return Ok(Err(error.into()));
             };

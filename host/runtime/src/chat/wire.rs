@@ -200,7 +200,7 @@ impl ChatCompletion {
     /// Reads a completion from a JSON value; the error names the path that did not fit.
     #[cfg(test)]
     pub fn from_value(value: Value) -> Result<Self, WireError> {
-        serde_path_to_error::deserialize(value).map_err(|e| WireError::Shape(describe(e)))
+        serde_path_to_error::deserialize(value).map_err(shape_error)
     }
 
     /// Reads a completion from a response body.
@@ -209,7 +209,7 @@ impl ChatCompletion {
         let parsed: Result<Self, _> = serde_path_to_error::deserialize(de);
         match parsed {
             Ok(completion) => Ok(completion),
-            Err(e) if e.inner().is_data() => Err(WireError::Shape(describe(e))),
+            Err(e) if e.inner().is_data() => Err(shape_error(e)),
             Err(e) => Err(WireError::NotJson(e.into_inner())),
         }
     }
@@ -219,19 +219,25 @@ impl ChatCompletion {
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
     #[error("not JSON ({0})")]
-    NotJson(serde_json::Error),
-    #[error("not a chat completion ({0})")]
-    Shape(String),
+    NotJson(#[source] serde_json::Error),
+    /// JSON of another shape; `message` names the path that did not fit.
+    #[error("not a chat completion ({message})")]
+    Shape {
+        message: String,
+        #[source]
+        source: serde_json::Error,
+    },
 }
 
-fn describe(error: serde_path_to_error::Error<serde_json::Error>) -> String {
+fn shape_error(error: serde_path_to_error::Error<serde_json::Error>) -> WireError {
     let path = error.path().to_string();
-    let inner = error.into_inner();
-    if path == "." {
-        inner.to_string()
+    let source = error.into_inner();
+    let message = if path == "." {
+        source.to_string()
     } else {
-        format!("at {path}: {inner}")
-    }
+        format!("at {path}: {source}")
+    };
+    WireError::Shape { message, source }
 }
 
 #[cfg(test)]
@@ -347,10 +353,16 @@ mod tests {
             ChatCompletion::from_slice(b"<html>"),
             Err(WireError::NotJson(_))
         ));
-        assert!(matches!(
-            ChatCompletion::from_slice(br#"{"choices": 1}"#),
-            Err(WireError::Shape(_))
-        ));
+        let shape = ChatCompletion::from_slice(br#"{"choices": 1}"#).unwrap_err();
+        assert!(matches!(shape, WireError::Shape { .. }), "{shape:?}");
+        // Both keep serde's error as their source.
+        for error in [ChatCompletion::from_slice(b"<html>").unwrap_err(), shape] {
+            let source = std::error::Error::source(&error);
+            assert!(
+                source.is_some_and(|e| e.downcast_ref::<serde_json::Error>().is_some()),
+                "{error:?}"
+            );
+        }
         let ok = ChatCompletion::from_slice(br#"{"choices": [], "x": [1.5, -2]}"#).unwrap();
         assert_eq!(ok.rest["x"], json!([1.5, -2]));
     }

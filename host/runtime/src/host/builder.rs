@@ -72,6 +72,10 @@ pub enum HostError {
     RegistryRejected {
         kept_revision: String,
         reason: String,
+        /// The error that kept the registry from being read; `None` when it was read but
+        /// held errors (`reason` lists them).
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// The registry cannot be watched or followed; `source` is the cause, if any.
     #[error("cannot watch the registry {dir}: {message}{}", cause_suffix(.source.as_deref()))]
@@ -400,10 +404,11 @@ impl HostBuilder {
             max_concurrent_tasks,
             max_task_memory: self.max_task_memory,
         };
+        let file = &self.config_origin.file;
         let egress = EgressPolicy::from_config(&self.config.egress)
-            .map_err(|e| ConfigError::new(&self.config_origin.file, "egress", e.to_string()))?;
+            .map_err(|e| ConfigError::new(file, "egress", e.to_string()).with_source(e))?;
         let auth = AuthSet::load(&self.config.auth, &self.config_origin.dir)
-            .map_err(|e| ConfigError::new(&self.config_origin.file, e.field, e.message))?;
+            .map_err(|e| e.in_file(file))?;
         let remote = RemoteOptions { auth, egress };
         let mcp = &self.config.mcp;
         let limits = PoolLimits {

@@ -146,10 +146,12 @@ impl HostConfig {
         path: &Path,
         sections: &[&str],
     ) -> Result<(Self, toml::Table), ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new(path, "", format!("cannot read the host config: {e}")))?;
-        let mut table: toml::Table = toml::from_str(&text)
-            .map_err(|e| ConfigError::new(path, "", format!("invalid TOML: {}", e.message())))?;
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigError::new(path, "", format!("cannot read the host config: {e}")).with_source(e)
+        })?;
+        let mut table: toml::Table = toml::from_str(&text).map_err(|e| {
+            ConfigError::new(path, "", format!("invalid TOML: {}", e.message())).with_source(e)
+        })?;
         let others = sections
             .iter()
             .filter_map(|name| table.remove(*name).map(|value| ((*name).to_owned(), value)))
@@ -162,7 +164,7 @@ impl HostConfig {
     /// Every section's own checks, each error naming `path` and the field.
     fn check(&self, path: &Path) -> Result<(), ConfigError> {
         EgressPolicy::from_config(&self.egress)
-            .map_err(|e| ConfigError::new(path, "egress", e.to_string()))?;
+            .map_err(|e| ConfigError::new(path, "egress", e.to_string()).with_source(e))?;
         self.mcp
             .check()
             .map_err(|(field, message)| ConfigError::new(path, field, message))?;
@@ -200,6 +202,32 @@ mod tests {
 
     fn load(text: &str) -> Result<HostConfig, ConfigError> {
         load_with(text, &[]).map(|(config, _)| config)
+    }
+
+    /// The TOML, field or I/O error a config error tells of is also its `source()`.
+    #[test]
+    fn config_errors_keep_their_cause() {
+        use std::error::Error;
+        let is_toml = |error: &ConfigError| {
+            error
+                .source()
+                .is_some_and(|e| e.downcast_ref::<toml::de::Error>().is_some())
+        };
+        let error = load("[tasks\n").expect_err("not TOML");
+        assert!(is_toml(&error), "{error:?}");
+        let error = load("[tasks]\nmax_concurrent = \"two\"\n").expect_err("not a number");
+        assert!(
+            error.to_string().contains("tasks.max_concurrent"),
+            "{error}"
+        );
+        assert!(is_toml(&error), "{error:?}");
+        let error = HostConfig::load(Path::new("/nonexistent/quiver.toml")).expect_err("no file");
+        assert!(
+            error
+                .source()
+                .is_some_and(|e| e.downcast_ref::<std::io::Error>().is_some()),
+            "{error:?}"
+        );
     }
 
     #[test]

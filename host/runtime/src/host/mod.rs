@@ -434,6 +434,7 @@ impl Host {
             .map_err(|e| TaskError::Config {
                 key: e.key.into(),
                 message: e.message,
+                source: None,
             })?;
         Ok(McpTask {
             policy,

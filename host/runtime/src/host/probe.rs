@@ -56,7 +56,7 @@ pub enum PreviewError {
     #[error("no server `{0}` in the registry snapshot")]
     UnknownServer(String),
     /// The server could not be reached or did not list its tools.
-    #[error("{0}")]
+    #[error(transparent)]
     Unavailable(McpError),
 }
 

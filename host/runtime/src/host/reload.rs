@@ -8,6 +8,7 @@
 //! (each stopped once no call uses it); the others keep their connection. Tasks keep the snapshot
 //! they started with.
 
+use std::error::Error;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
@@ -132,6 +133,21 @@ fn load_errors(registry: &Registry) -> Option<String> {
     Some(reason)
 }
 
+/// Why a fresh registry could not be read: the text health and logs show, and its cause.
+pub(super) struct Unreadable {
+    pub(super) reason: String,
+    pub(super) cause: Box<dyn Error + Send + Sync>,
+}
+
+impl<E: Error + Send + Sync + 'static> From<E> for Unreadable {
+    fn from(error: E) -> Self {
+        Self {
+            reason: error.to_string(),
+            cause: error.into(),
+        }
+    }
+}
+
 impl Host {
     /// Reads the registry directory again and swaps the new snapshot in; running tasks
     /// keep the snapshot they started with. A directory that cannot be read, or a load
@@ -143,7 +159,7 @@ impl Host {
         let Some(dir) = &self.inner.registry_dir else {
             return Ok(self.registry());
         };
-        let fresh = Registry::load_dir(dir).map_err(|e| e.to_string());
+        let fresh = Registry::load_dir(dir).map_err(Unreadable::from);
         self.install(fresh, None, None)
     }
 
@@ -152,7 +168,7 @@ impl Host {
     /// `store_revision` is the store revision `fresh` was listed at.
     pub(super) fn install(
         &self,
-        fresh: Result<Registry, String>,
+        fresh: Result<Registry, Unreadable>,
         source: Option<&str>,
         store_revision: Option<u64>,
     ) -> Result<Arc<Registry>, HostError> {
@@ -161,7 +177,9 @@ impl Host {
             source.clone_into(&mut health.source);
         }
         health.reloads = health.reloads.saturating_add(1);
-        let refused = |health: &mut RegistryHealth, reason: String| {
+        let refused = |health: &mut RegistryHealth,
+                       reason: String,
+                       source: Option<Box<dyn Error + Send + Sync>>| {
             health.failed_reloads = health.failed_reloads.saturating_add(1);
             health.degraded = true;
             // A store that stays away is retried every second: say so once, not each time.
@@ -178,14 +196,17 @@ impl Host {
             HostError::RegistryRejected {
                 kept_revision: health.revision.clone(),
                 reason,
+                source,
             }
         };
         let fresh = match fresh {
             Ok(fresh) => fresh,
-            Err(reason) => return Err(refused(&mut health, reason)),
+            Err(Unreadable { reason, cause }) => {
+                return Err(refused(&mut health, reason, Some(cause)));
+            }
         };
         if let Some(reason) = load_errors(&fresh) {
-            return Err(refused(&mut health, reason));
+            return Err(refused(&mut health, reason, None));
         }
         let old = self.registry();
         if health.degraded {

@@ -24,6 +24,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::{Notify, watch};
 
+use super::reload::Unreadable;
 use super::{Host, HostError};
 use crate::defaults;
 use crate::registry::{DirStore, Registry, RegistryStore, StoreError};
@@ -125,6 +126,7 @@ impl Host {
             .await
             .unwrap_or_else(|_| {
                 Err(StoreError::Unreachable {
+                    source: None,
                     store: source.to_owned(),
                     message: format!(
                         "no answer to a listing within {:?}",
@@ -142,13 +144,16 @@ impl Host {
                     Registry::from_docs(listing.docs, &named, &env)
                 })
                 .await
-                .map_err(|e| format!("building the registry failed: {e}"));
+                .map_err(|e| Unreadable {
+                    reason: format!("building the registry failed: {e}"),
+                    cause: e.into(),
+                });
                 // A refused snapshot is logged and recorded in the health.
                 let _ = self.install(fresh, Some(source), Some(revision));
                 Some(revision)
             }
             Err(e) => {
-                let _ = self.install(Err(e.to_string()), Some(source), None);
+                let _ = self.install(Err(e.into()), Some(source), None);
                 None
             }
         }

@@ -4,10 +4,18 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use crate::Cause;
+
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum LlmError {
+    /// `message` is the transport error with its causes; `source` is that error.
     #[error("cannot reach the LLM backend `{backend}`: {message}")]
-    Unavailable { backend: String, message: String },
+    Unavailable {
+        backend: String,
+        message: String,
+        #[source]
+        source: Cause,
+    },
     #[error("the LLM backend `{backend}` did not answer within {} ms", timeout.as_millis())]
     Timeout { backend: String, timeout: Duration },
     #[error("the LLM backend `{backend}` answered HTTP {status}: {body}")]
@@ -16,8 +24,14 @@ pub enum LlmError {
         status: u16,
         body: String,
     },
+    /// `source` is the parse error, when the response was not a chat completion.
     #[error("the LLM backend `{backend}` sent an invalid response: {message}")]
-    InvalidResponse { backend: String, message: String },
+    InvalidResponse {
+        backend: String,
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
     #[error(
         "the LLM backend `{backend}` sent a response larger than {limit} bytes, the most the host reads"
     )]

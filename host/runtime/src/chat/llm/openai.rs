@@ -17,9 +17,10 @@ use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use serde_json::Value;
 
-use super::anthropic;
+use super::anthropic::{self, MessagesError};
 use super::config::{BackendConfig, BackendKind};
 use super::{LlmError, LlmFailure, LlmReply};
+use crate::Cause;
 use crate::chat::wire::ChatCompletion;
 use crate::config::ConfigError;
 use crate::defaults;
@@ -72,17 +73,18 @@ impl OpenAiBackend {
                 .as_deref()
                 .unwrap_or(defaults::ANTHROPIC_VERSION);
             let version = HeaderValue::try_from(version).map_err(|e| {
-                ConfigError::new(config_path, at("anthropic_version"), e.to_string())
+                ConfigError::new(config_path, at("anthropic_version"), e.to_string()).with_source(e)
             })?;
             headers.insert("anthropic-version", version);
         }
         for (key, value) in &config.headers {
-            let name = HeaderName::try_from(key.as_str()).map_err(|e| {
+            let header_error = |e: &dyn std::fmt::Display| {
                 ConfigError::new(config_path, at(&format!("headers.{key}")), e.to_string())
-            })?;
-            let value = HeaderValue::try_from(value.as_str()).map_err(|e| {
-                ConfigError::new(config_path, at(&format!("headers.{key}")), e.to_string())
-            })?;
+            };
+            let name =
+                HeaderName::try_from(key.as_str()).map_err(|e| header_error(&e).with_source(e))?;
+            let value = HeaderValue::try_from(value.as_str())
+                .map_err(|e| header_error(&e).with_source(e))?;
             headers.insert(name, value);
         }
         let client = reqwest::Client::builder().build().map_err(|e| {
@@ -91,6 +93,7 @@ impl OpenAiBackend {
                 at("base_url"),
                 format!("cannot build an HTTP client: {e}"),
             )
+            .with_source(e)
         })?;
         let (path, wire) = if anthropic {
             let max_tokens = config.max_tokens.unwrap_or(defaults::ANTHROPIC_MAX_TOKENS);
@@ -242,15 +245,20 @@ impl OpenAiBackend {
                 Attempt::Final(error)
             });
         }
-        let invalid = |message: String| {
+        let invalid = |message: String, source: Option<Cause>| {
             Attempt::Final(LlmError::InvalidResponse {
                 backend: self.name.clone(),
                 message: format!("{message}: {}", snippet(&bytes)),
+                source,
             })
         };
         match self.wire {
-            Wire::OpenAi => ChatCompletion::from_slice(&bytes).map_err(|e| invalid(e.to_string())),
-            Wire::Anthropic { .. } => anthropic::from_messages(&bytes).map_err(invalid),
+            Wire::OpenAi => ChatCompletion::from_slice(&bytes)
+                .map_err(|e| invalid(e.to_string(), Some(Cause::new(e)))),
+            Wire::Anthropic { .. } => anthropic::from_messages(&bytes).map_err(|e| match e {
+                MessagesError::NotJson(e) => invalid(e.to_string(), Some(Cause::new(e))),
+                MessagesError::Shape(what) => invalid(what.to_owned(), None),
+            }),
         }
     }
 
@@ -272,6 +280,7 @@ impl OpenAiBackend {
             error: LlmError::Unavailable {
                 backend: self.name.clone(),
                 message,
+                source: Cause::new(error),
             },
             retry_after: None,
         }
@@ -373,5 +382,34 @@ mod tests {
             assert!(!format!("{value:?}").contains("sk-secret"));
             assert!(backend.auth_header("sk\nsecret").is_none());
         }
+    }
+
+    /// A backend that cannot be reached is `Unavailable` with reqwest's error as source.
+    #[tokio::test]
+    async fn an_unreachable_backend_keeps_the_transport_error() {
+        use std::error::Error;
+        let backend = OpenAiBackend::new(
+            "b",
+            &BackendConfig::default(),
+            std::path::Path::new("q.toml"),
+        )
+        .unwrap();
+        let refused = reqwest::Client::new()
+            .get("http://127.0.0.1:9/")
+            .send()
+            .await
+            .unwrap_err();
+        let Attempt::Retryable { error, .. } =
+            backend.transport_error(refused, Duration::from_secs(5))
+        else {
+            panic!("a refused connection may be retried");
+        };
+        assert!(matches!(error, LlmError::Unavailable { .. }), "{error:?}");
+        let source = error.source().expect("a source");
+        assert!(
+            source.downcast_ref::<reqwest::Error>().is_some(),
+            "{source:?}"
+        );
+        assert!(error.to_string().contains(&source.to_string()), "{error}");
     }
 }

@@ -141,15 +141,18 @@ impl ReplayBackend {
                 "",
                 format!("cannot read the transcript ({field}): {e}"),
             )
+            .with_source(e)
         })?;
         let de = &mut serde_json::Deserializer::from_str(&text);
         let transcript: Transcript = serde_path_to_error::deserialize(de).map_err(|e| {
             let at = e.path().to_string();
+            let source = e.into_inner();
             ConfigError::new(
                 &path,
                 if at == "." { String::new() } else { at },
-                e.into_inner().to_string(),
+                source.to_string(),
             )
+            .with_source(source)
         })?;
         // What a live backend could not send, a transcript cannot answer with either.
         let limit = crate::defaults::LLM_MAX_RESPONSE_BYTES;
@@ -208,6 +211,7 @@ impl ReplayBackend {
                     error: LlmError::InvalidResponse {
                         backend: self.name.clone(),
                         message,
+                        source: None,
                     },
                     retries: 0,
                 })

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 
 use super::outbound::{EgressRefused, OutboundClient, ReadBodyError, UrlParseError};
+use crate::config::ConfigError;
 use crate::defaults;
 pub use jwt::SigningAlg;
 use jwt::{ClientKey, SignError};
@@ -245,6 +246,19 @@ impl TokenEndpointAuth {
 pub struct AuthConfigError {
     pub field: String,
     pub message: String,
+    /// The key file's error, when `message` is about one.
+    #[source]
+    pub(crate) source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl AuthConfigError {
+    /// This error as the host config's, naming `file` and keeping the cause.
+    pub(crate) fn in_file(self, file: &Path) -> ConfigError {
+        ConfigError {
+            source: self.source,
+            ..ConfigError::new(file, self.field, self.message)
+        }
+    }
 }
 
 /// The host's `[auth.*]` tables, checked, with their private keys read.
@@ -269,6 +283,7 @@ impl AuthSet {
             let error = |field: &str, message: String| AuthConfigError {
                 field: format!("auth.{name}.{field}"),
                 message,
+                source: None,
             };
             if oauth.scopes.len() + oauth.step_up_scopes.len() > defaults::OAUTH_MAX_SCOPES {
                 return Err(error(
@@ -298,8 +313,11 @@ impl AuthSet {
                     ));
                 }
                 (Some(file), true) => {
-                    let key = ClientKey::load(&dir.join(file), oauth.signing_alg)
-                        .map_err(|e| error("private_key_file", e.to_string()))?;
+                    let key = ClientKey::load(&dir.join(file), oauth.signing_alg).map_err(|e| {
+                        let mut unusable = error("private_key_file", e.to_string());
+                        unusable.source = Some(Box::new(e));
+                        unusable
+                    })?;
                     keys.insert(name.clone(), Arc::new(key));
                 }
                 (None, false) => {
@@ -432,6 +450,7 @@ mod tests {
         let config: AuthConfig = toml::from_str(&text).map_err(|e| AuthConfigError {
             field: String::new(),
             message: e.message().to_owned(),
+            source: None,
         })?;
         AuthSet::load(
             &BTreeMap::from([("corp".to_owned(), config)]),

@@ -38,6 +38,7 @@ use super::{
     DocFormat, DocKind, Listing, RegistryStore, StoreError, StoreEvent, StoreFuture, StoredDoc,
     Write, check_change, check_changes,
 };
+use crate::Cause;
 use crate::defaults;
 use crate::registry::load::{FileDoc, read_dir_docs};
 
@@ -112,10 +113,10 @@ impl DirStore {
                     let _ = signal.try_send(());
                 }
             })
-            .map_err(|e| self.inner.unreachable(format!("cannot watch: {e}")))?;
+            .map_err(|e| self.inner.failed("cannot watch: ", e))?;
         watcher
             .watch(&self.inner.dir, RecursiveMode::Recursive)
-            .map_err(|e| self.inner.unreachable(format!("cannot watch: {e}")))?;
+            .map_err(|e| self.inner.failed("cannot watch: ", e))?;
         Ok(watcher)
     }
 
@@ -219,7 +220,7 @@ impl DirStore {
                     Write::Delete { kind, name } => inner
                         .remove(*kind, name)
                         .map(|_| ())
-                        .map_err(|e| inner.unreachable(e)),
+                        .map_err(|e| inner.failed("", e)),
                 };
                 if let Err(error) = written {
                     return Err(partly_written(error, &done));
@@ -241,13 +242,23 @@ fn partly_written(error: StoreError, done: &[String]) -> StoreError {
     }
     let written = format!("; written before the failure: {}", done.join(", "));
     match error {
-        StoreError::Unreachable { store, message } => StoreError::Unreachable {
+        StoreError::Unreachable {
+            store,
+            message,
+            source,
+        } => StoreError::Unreachable {
             store,
             message: message + &written,
+            source,
         },
-        StoreError::Other { store, message } => StoreError::Other {
+        StoreError::Other {
+            store,
+            message,
+            source,
+        } => StoreError::Other {
             store,
             message: message + &written,
+            source,
         },
         StoreError::Invalid(message) => StoreError::Invalid(message + &written),
         other => other,
@@ -270,10 +281,24 @@ impl Inner {
         format!("dir:{}", self.dir.display())
     }
 
-    fn unreachable(&self, message: impl ToString) -> StoreError {
+    fn unreachable(&self, message: String) -> StoreError {
         StoreError::Unreachable {
             store: self.describe(),
-            message: message.to_string(),
+            message,
+            source: None,
+        }
+    }
+
+    /// [`Inner::unreachable`] for a typed failure: `context`, then `error`, kept as source.
+    fn failed(
+        &self,
+        context: &str,
+        error: impl std::error::Error + Send + Sync + 'static,
+    ) -> StoreError {
+        StoreError::Unreachable {
+            store: self.describe(),
+            message: format!("{context}{error}"),
+            source: Some(Cause::new(error)),
         }
     }
 
@@ -320,7 +345,7 @@ impl Inner {
     /// Reads every document; the revision moves on if the content changed since the
     /// last listing.
     fn list(&self) -> Result<Listing, StoreError> {
-        let (files, _problems) = read_dir_docs(&self.dir).map_err(|e| self.unreachable(e))?;
+        let (files, _problems) = read_dir_docs(&self.dir).map_err(|e| self.failed("", e))?;
         let mut hasher = Sha256::new();
         for doc in &files {
             let kind: &[u8] = match doc.kind {
@@ -402,7 +427,7 @@ impl Inner {
     ) -> Result<(), StoreError> {
         let path = self.path(kind, name, format);
         self.write_atomically(&path, body)
-            .map_err(|e| self.unreachable(format!("cannot write {}: {e}", path.display())))?;
+            .map_err(|e| self.failed(&format!("cannot write {}: ", path.display()), e))?;
         let other = match format {
             DocFormat::Toml => DocFormat::Json,
             DocFormat::Json => DocFormat::Toml,
@@ -410,7 +435,7 @@ impl Inner {
         match std::fs::remove_file(self.path(kind, name, other)) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(self.unreachable(e)),
+            Err(e) => Err(self.failed("", e)),
         }
     }
 
@@ -476,7 +501,7 @@ async fn blocking<T: Send + 'static>(
     let moved = inner.clone();
     tokio::task::spawn_blocking(move || work(&moved))
         .await
-        .map_err(|e| inner.unreachable(format!("the file worker failed: {e}")))?
+        .map_err(|e| inner.failed("the file worker failed: ", e))?
 }
 
 /// What changed from `old` to `new`, as watch events.
@@ -567,10 +592,7 @@ impl RegistryStore for DirStore {
                     return Ok(None);
                 }
                 check_change(&current.docs, &inner.describe(), kind, &name, None)?;
-                if !inner
-                    .remove(kind, &name)
-                    .map_err(|e| inner.unreachable(e))?
-                {
+                if !inner.remove(kind, &name).map_err(|e| inner.failed("", e))? {
                     return Ok(None);
                 }
                 Ok(Some(inner.list()?.revision))
@@ -1005,6 +1027,11 @@ mod tests {
             err.to_string()
                 .contains("written before the failure: servers/a"),
             "{err}"
+        );
+        let cause = std::error::Error::source(&err);
+        assert!(
+            cause.is_some_and(|e| e.downcast_ref::<std::io::Error>().is_some()),
+            "the I/O error stays the source: {err:?}"
         );
         assert_eq!(files(&dir.0), [WRITE_LOCK_FILE, "a.toml", "profiles"]);
     }

@@ -21,6 +21,7 @@ pub use bundle::{Change, DocChange, diff_docs, parse_bundle};
 pub use dir::DirStore;
 
 use super::{Registry, Severity, is_valid_server_id};
+use crate::Cause;
 
 /// A boxed future of a store call (the trait stays dyn-compatible).
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
@@ -82,8 +83,14 @@ pub enum StoreEvent {
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StoreError {
     /// The store cannot be reached (or did not answer in time); try again later.
+    /// `source` is the I/O or transport error `message` tells of, if there was one.
     #[error("registry store {store} is unreachable: {message}")]
-    Unreachable { store: String, message: String },
+    Unreachable {
+        store: String,
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
     /// The watch's start revision is gone from the store's history: list again.
     #[error("registry store {store} no longer has revision {revision} (compacted); list again")]
     Compacted { store: String, revision: u64 },
@@ -104,8 +111,14 @@ pub enum StoreError {
     )]
     Changed { store: String },
     /// Anything else the store reported.
+    /// `source` is the client's error `message` tells of, if there was one.
     #[error("registry store {store}: {message}")]
-    Other { store: String, message: String },
+    Other {
+        store: String,
+        message: String,
+        #[source]
+        source: Option<Cause>,
+    },
 }
 
 /// A registry store. Implementations must be cheap to share (`Arc<dyn RegistryStore>`).

@@ -17,7 +17,7 @@ mod request;
 mod response;
 
 pub(super) use request::to_messages;
-pub(super) use response::from_messages;
+pub(super) use response::{MessagesError, from_messages};
 
 /// The field of a `tool` message holding the MCP image parts only this wire format sends.
 pub(crate) const RICH_CONTENT_FIELD: &str = "quiver_content";

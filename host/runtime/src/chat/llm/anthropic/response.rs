@@ -52,15 +52,25 @@ fn count(raw: &Option<Box<RawValue>>) -> Option<u64> {
     raw.as_ref().and_then(|raw| raw.get().parse().ok())
 }
 
+/// Why a Messages response body is not an answer.
+#[derive(Debug, thiserror::Error)]
+pub(in crate::chat::llm) enum MessagesError {
+    #[error(transparent)]
+    NotJson(#[from] serde_json::Error),
+    /// JSON without what an answer needs.
+    #[error("{0}")]
+    Shape(&'static str),
+}
+
 /// The `chat.completion` for a Messages response body, or why it is not one.
-pub(in crate::chat::llm) fn from_messages(body: &[u8]) -> Result<ChatCompletion, String> {
-    let response: Response = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+pub(in crate::chat::llm) fn from_messages(body: &[u8]) -> Result<ChatCompletion, MessagesError> {
+    let response: Response = serde_json::from_slice(body)?;
     if response.kind.as_deref() == Some("error") {
-        return Err("an error body".into());
+        return Err(MessagesError::Shape("an error body"));
     }
     let blocks = response
         .content
-        .ok_or("no `content` array of content blocks")?;
+        .ok_or(MessagesError::Shape("no `content` array of content blocks"))?;
     let given_ids: Vec<Option<String>> = blocks.iter().map(tool_use_id).collect();
     let mut ids = Ids::new(given_ids.iter().flatten().map(String::as_str));
     let mut text = String::new();
@@ -69,9 +79,9 @@ pub(in crate::chat::llm) fn from_messages(body: &[u8]) -> Result<ChatCompletion,
         match block.kind.as_str() {
             "text" => text.push_str(block.text.as_deref().unwrap_or_default()),
             "tool_use" => {
-                let name = block
-                    .name
-                    .ok_or("a `tool_use` block without a string `name`")?;
+                let name = block.name.ok_or(MessagesError::Shape(
+                    "a `tool_use` block without a string `name`",
+                ))?;
                 let arguments = block
                     .input
                     .map_or_else(|| "{}".to_owned(), |raw| Box::<str>::from(raw).into());
@@ -169,7 +179,8 @@ mod tests {
     use super::*;
 
     fn read(response: Value) -> Result<Value, String> {
-        let completion = from_messages(response.to_string().as_bytes())?;
+        let completion =
+            from_messages(response.to_string().as_bytes()).map_err(|e| e.to_string())?;
         Ok(serde_json::to_value(completion).unwrap())
     }
 
