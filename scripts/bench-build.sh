@@ -5,9 +5,13 @@
 #   scripts/bench-build.sh BASE [NEW]      # NEW defaults to HEAD
 #
 # For each revision, in a fresh clone with an empty target directory, it times:
+#   lib     cargo build -p quiver --lib (the library alone, as an embedder builds it); then
+#           the target directory is emptied again
 #   cold    cargo build --tests (the workspace's default members, as `cargo test` builds)
 #   test    cargo test (everything already built, so this is the run itself)
 #   incr    touch one file of the chat loop, then cargo build --tests again
+# Each is given as wall seconds and CPU seconds (user + system of all processes), since
+# other work on a shared machine stretches wall time far more than CPU time.
 # Revisions alternate (BASE, NEW, BASE, NEW) so slow drift hits both alike.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,12 +22,17 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 scripts/setup.sh >/dev/null
 
+# "WALL/CPU" seconds of one command; its output goes to a log shown only if it fails.
 seconds() {
-  local start=$SECONDS log
+  local log timing
   log=$(mktemp)
-  "$@" >"$log" 2>&1 || { echo "failed in $PWD: $*" >&2; tail -20 "$log" >&2; exit 1; }
+  timing=$(mktemp)
+  { TIMEFORMAT='%0R/%0U/%0S'; time "$@" >"$log" 2>&1; } 2>"$timing" ||
+    { echo "failed in $PWD: $*" >&2; tail -20 "$log" >&2; exit 1; }
   rm -f "$log"
-  echo $((SECONDS - start))
+  IFS=/ read -r wall user sys <"$timing"
+  rm -f "$timing"
+  echo "${wall}/$((user + sys))"
 }
 
 # The chat loop's file moved with the restructuring; touch whichever exists.
@@ -41,11 +50,13 @@ measure() {
   ln -s "$PWD/fixtures/npm/node_modules" "$dir/fixtures/npm/node_modules"
   (
     cd "$dir"
+    lib=$(seconds cargo build -p quiver --lib)
+    cargo clean >/dev/null 2>&1
     cold=$(seconds cargo build --tests)
     test=$(seconds cargo test)
     touch_chat_loop
     incr=$(seconds cargo build --tests)
-    echo "${rev:0:10} cold=${cold}s test=${test}s incr=${incr}s"
+    echo "${rev:0:10} (wall/cpu s) lib=${lib} cold=${cold} test=${test} incr=${incr}"
   )
   rm -rf "$dir"
 }
