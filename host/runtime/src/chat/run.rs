@@ -23,15 +23,11 @@ use super::session::message_cost;
 use super::tools::{Resolution, Route, ToolSet};
 use super::wire::{AssistantMessage, ChatCompletion, ToolCall};
 use super::{ChatResponse, ChatSession, Metrics};
-use crate::approval::AskFor;
 use crate::defaults;
-use crate::mcp::{McpError, McpErrorCode, McpTask};
-use crate::observe::{
-    self, ArgumentsSummary, Metrics as HostMetrics, PolicyDenial, ToolKind, ToolOutcome, Via,
-};
-use crate::policy::Approval;
-use crate::registry::{ApprovalPolicy, ServerEntry};
-use crate::sandbox::{Charge, Deadline, HostcallError, MemoryBudget, heap};
+use crate::mcp::call::{self, Ended, Origin};
+use crate::mcp::{McpError, McpErrorCode, McpTask, ToolCallOutput};
+use crate::observe::{self, ArgumentsSummary, Metrics as HostMetrics, ToolKind, ToolOutcome, Via};
+use crate::sandbox::{Charge, Deadline, DeadlineExceeded, HostcallError, MemoryBudget, heap};
 
 /// Runs guest tools. The `cchat_*` glue implements it on the task's store; this module never
 /// touches wasm.
@@ -449,62 +445,35 @@ fn result_bytes(text: &str, images: &[Image]) -> u64 {
     heap::string(bytes as u64)
 }
 
-/// Asks the host's approver about `planned`'s call of `tool`; a refusal is reported to the
-/// observers and becomes the call's `mcp_policy_denied` result. The wait ends at the task's
-/// deadline at the latest, as a refusal reported before the send's deadline traps.
-async fn approve(
-    ctx: &SendContext<'_>,
-    entry: &ServerEntry,
-    tool: &str,
-    planned: &Planned<'_>,
-    policy: ApprovalPolicy,
-) -> Result<(), ToolFailure> {
-    let asked = ctx.mcp.approvals.ask(AskFor {
-        task_id: ctx.task_id,
-        session_fd: Some(ctx.session_fd),
-        via: Via::Chat,
-        entry,
-        tool,
-        arguments: planned.arguments.clone(),
-        policy,
-        task_deadline: ctx.deadline,
-    });
-    let Err(refusal) = asked.await else {
-        return Ok(());
-    };
-    let server_id = entry.server_id();
-    tracing::info!(task_id = ctx.task_id, session_fd = ctx.session_fd, server_id, tool, reason = ?refusal.reason, detail = %refusal.detail, "denied by policy");
-    let event = PolicyDenial::of_tool(
-        ctx.task_id.into(),
-        ctx.session_fd,
-        "cchat_send",
-        (server_id, tool),
-        refusal.reason,
-        refusal.detail.clone(),
-    )
-    .with_via(Via::Chat);
-    ctx.mcp.observers.policy_denied(&event);
-    let message = format!("tool `{tool}` of server `{server_id}`: {}", refusal.detail);
-    Err(McpError::new(McpErrorCode::PolicyDenied, message).into())
-}
-
-/// The event of `planned`'s call of `tool`, for the observers.
-fn observed_call(
-    ctx: &SendContext<'_>,
-    kind: ToolKind,
-    tool: &str,
-    planned: &Planned<'_>,
-    argument_values: Option<Arc<str>>,
-) -> observe::ToolCall {
+/// The event of `planned`'s call of a guest tool, for the observers.
+fn observed_guest_call(ctx: &SendContext<'_>, planned: &Planned<'_>) -> observe::ToolCall {
     observe::ToolCall {
         task_id: ctx.task_id.into(),
         session_fd: Some(ctx.session_fd),
         via: Via::Chat,
-        kind,
-        tool: tool.to_owned(),
+        kind: ToolKind::Guest,
+        tool: planned.name.clone(),
         arguments: planned.arguments.clone(),
-        argument_values,
+        argument_values: None,
         started_at: SystemTime::now(),
+    }
+}
+
+/// The server's answer to an MCP call the gate ran, or the failure the model is told of.
+fn answered(
+    ended: Result<Ended, DeadlineExceeded>,
+    server_id: &str,
+    tool: &str,
+) -> Result<ToolCallOutput, ToolFailure> {
+    match ended {
+        Ok(Ended::Answered(output)) => Ok(output),
+        Ok(Ended::Failed { error, .. }) => Err(error.into()),
+        Ok(Ended::Refused(refusal)) => Err(call::refused(server_id, tool, &refusal).into()),
+        Err(exceeded) => Err(McpError::new(
+            McpErrorCode::Timeout,
+            format!("tool `{tool}` of server `{server_id}`: {exceeded}"),
+        )
+        .into()),
     }
 }
 
@@ -545,6 +514,13 @@ async fn run_tool_calls<G: GuestTools>(
     // MCP arguments, parsed and charged, by call index; each is moved into its call.
     let mut mcp_args: Vec<Option<Result<McpArguments, ToolFailure>>> =
         calls.iter().map(|_| None).collect();
+    // The chat loop's MCP calls go through the same gate as a guest's `mcp_call_tool`.
+    let origin = &Origin {
+        task_id: Arc::from(ctx.task_id),
+        session_fd: Some(ctx.session_fd),
+        via: Via::Chat,
+        deadline: ctx.deadline,
+    };
     let planned: Vec<Planned<'_>> = calls
         .iter()
         .enumerate()
@@ -572,17 +548,7 @@ async fn run_tool_calls<G: GuestTools>(
                     reason,
                     why,
                 } => {
-                    tracing::info!(task_id = ctx.task_id, session_fd = ctx.session_fd, server_id, tool, reason = %why, "model asked for an MCP tool this session does not allow");
-                    let event = PolicyDenial::of_tool(
-                        ctx.task_id.into(),
-                        ctx.session_fd,
-                        "cchat_send",
-                        (&server_id, &tool),
-                        reason,
-                        why.clone(),
-                    )
-                    .with_via(Via::Chat);
-                    ctx.mcp.observers.policy_denied(&event);
+                    origin.report_denial(ctx.mcp, (&server_id, &tool), reason, why.clone());
                     let message = format!("tool `{tool}` of server `{server_id}` is not available in this chat session: {why}");
                     Step::Refused {
                         kind: "denied",
@@ -624,34 +590,13 @@ async fn run_tool_calls<G: GuestTools>(
                 Some(args),
             ) => Some(async move {
                 let started = Instant::now();
-                let args = match (args, approval) {
-                    (Ok(args), Approval::Needed(policy)) => {
-                        approve(ctx, entry, tool, p, *policy).await.map(|()| args)
-                    }
-                    (args, _) => args,
-                };
                 let result = match args {
                     Ok((args, args_charge)) => {
-                        let server_id = entry.server_id().to_owned();
-                        let kind = ToolKind::Mcp { server_id };
-                        let values = observe::ToolCall::audited_arguments(
-                            entry,
-                            &calls[i].function.arguments,
-                        );
-                        let observed = ctx
-                            .mcp
-                            .observers
-                            .start(observed_call(ctx, kind, tool, p, values));
-                        let out = ctx.mcp.pool.call_tool(entry, tool, args).await;
+                        let raw = calls[i].function.arguments.as_bytes();
+                        let ended =
+                            call::run(ctx.mcp, origin, entry, tool, *approval, args, raw).await;
                         drop(args_charge);
-                        match &out {
-                            Ok(out) if out.result.is_error == Some(true) => {
-                                observed.finish(ToolOutcome::ToolError, out.json.len() as u64)
-                            }
-                            Ok(out) => observed.finish(ToolOutcome::Ok, out.json.len() as u64),
-                            Err(error) => observed.finish(ToolOutcome::from(error.code), 0),
-                        }
-                        out.map_err(ToolFailure::from)
+                        answered(ended, entry.server_id(), tool)
                             .and_then(|out| {
                                 let text = mcp_result_text(&out.result)?;
                                 let images = if rich_results {
@@ -684,10 +629,7 @@ async fn run_tool_calls<G: GuestTools>(
         for (i, p) in planned.iter().enumerate() {
             if let Step::Guest { table_index, args } = &p.step {
                 let started = Instant::now();
-                let observed =
-                    ctx.mcp
-                        .observers
-                        .start(observed_call(ctx, ToolKind::Guest, &p.name, p, None));
+                let observed = ctx.mcp.observers.start(observed_guest_call(ctx, p));
                 let result = guest
                     .call(*table_index, args)
                     .await

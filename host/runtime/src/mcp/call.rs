@@ -1,7 +1,8 @@
-//! The one path of a direct MCP tool call, whoever makes it: a guest's `mcp_call_tool`
-//! (once its glue has read the fd, the name and the arguments) and a library's
+//! The one path of an MCP tool call, whoever makes it: a guest's `mcp_call_tool` (once its
+//! glue has read the fd, the name and the arguments), the chat loop running a tool the
+//! model asked for (its tool set made the [`check`] when it was built), and a library's
 //! [`Host::call_tool`](crate::Host::call_tool) (once it has the task's grant for the
-//! server). Both go through [`check`] and then [`run`], and nothing else reaches the pool's
+//! server). They go through [`check`] and then [`run`], and nothing else reaches the pool's
 //! `tools/call`, so a call is denied, held, observed and audited the same way whichever
 //! caller made it; only the [`Origin`] in its events differs.
 //!
@@ -45,6 +46,15 @@ pub(crate) struct Origin {
 }
 
 impl Origin {
+    /// The hostcall a refused call is reported under: the chat loop's calls belong to the
+    /// guest's `cchat_send`.
+    fn action(&self) -> &'static str {
+        match self.via {
+            Via::Chat => "cchat_send",
+            Via::McpCall | Via::Library => ACTION,
+        }
+    }
+
     /// Logs a refused call of `tool` of `server_id` and reports it to the observers (and so
     /// to the metrics and the audit log).
     pub(crate) fn report_denial(
@@ -54,12 +64,12 @@ impl Origin {
         reason: Reason,
         detail: String,
     ) {
-        let (task_id, via) = (&self.task_id, self.via);
-        tracing::info!(task_id = %task_id, action = ACTION, ?via, server_id, tool, ?reason, %detail, "denied by policy");
+        let (task_id, via, action) = (&self.task_id, self.via, self.action());
+        tracing::info!(task_id = %task_id, action, ?via, server_id, tool, ?reason, %detail, "denied by policy");
         mcp.observers.policy_denied(&PolicyDenial {
             task_id: task_id.clone(),
             session_fd: self.session_fd,
-            action: ACTION,
+            action,
             via: Some(via),
             // Callers refuse longer names first; cut anyway, it goes into every observer.
             server_id: cut(server_id, defaults::MAX_SERVER_ID_BYTES).to_owned(),
