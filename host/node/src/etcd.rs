@@ -71,6 +71,8 @@ pub struct EtcdStore {
     timeout: Duration,
     /// The etcd user, when `[etcd]` names one.
     login: Option<Arc<Login>>,
+    /// What to check when a TLS connection fails (TLS hides why behind a closed stream).
+    tls_hint: Option<&'static str>,
 }
 
 /// The etcd user a store logs in as. Logging in sets the token every client of the
@@ -233,6 +235,16 @@ impl EtcdStore {
                     fresh: AtomicBool::new(false),
                 })
             }),
+            tls_hint: access.tls.as_ref().map(|_| {
+                if access.client_cert {
+                    " (over TLS: check that `[etcd] ca_file` is the CA that signed etcd's \
+                     certificate, and that etcd trusts the CA of `[etcd] cert_file`)"
+                } else {
+                    " (over TLS: check that `[etcd] ca_file` is the CA that signed etcd's \
+                     certificate, and set `[etcd] cert_file`/`key_file` if etcd requires \
+                     client certificates)"
+                }
+            }),
             root: format!("/{trimmed}"),
             describe,
             validate,
@@ -393,6 +405,15 @@ impl EtcdStore {
             } => StoreError::Other {
                 store,
                 message: message + &hint,
+                source,
+            },
+            StoreError::Unreachable {
+                store,
+                message,
+                source,
+            } => StoreError::Unreachable {
+                store,
+                message: message + self.tls_hint.unwrap_or_default(),
                 source,
             },
             other => other,
