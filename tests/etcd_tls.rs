@@ -224,6 +224,23 @@ async fn a_node_reads_and_follows_records_over_tls_as_an_etcd_user() {
         .await
         .expect("root lists");
     assert_eq!(keys.kvs().len(), 1);
+
+    // `quiver registry` reaches the same etcd through the same `[etcd]` table.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("quiver.toml");
+    std::fs::write(&file, &config).expect("write quiver.toml");
+    let listed = Command::new(quiver_cli())
+        .args(["registry", "list", "--json", "--registry", &url, "--config"])
+        .arg(&file)
+        .env("QUIVER_TEST_ETCD_PASSWORD", NODE_PASSWORD)
+        .env_remove("QUIVER_CONFIG")
+        .output()
+        .expect("run quiver registry list");
+    let stdout = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed.status.success() && stdout.contains(&second),
+        "{listed:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
