@@ -20,7 +20,7 @@ use quiver::registry::{Registry, ServerEntry};
 use quiver::telemetry::{self, LogFormat};
 use quiver::{AllowAll, ApprovalQueue, Approver, TerminalApprover};
 use quiver::{Host, HostBuilder, StoreFollower, TaskSpec, ToolCallRequest};
-use quiver_node::{Node, NodeConfig, NodeFileConfig, RegistrySource};
+use quiver_node::{EtcdAccess, Node, NodeConfig, NodeFileConfig, RegistrySource};
 
 #[derive(Parser)]
 #[command(
@@ -371,13 +371,6 @@ async fn serve(args: ServeArgs) -> i32 {
     let hangups = Hangups::listen();
     let approvals = Arc::new(ApprovalQueue::default());
     let mut builder = HostBuilder::default().with_approver(approvals.clone());
-    builder = match &args.registry {
-        RegistrySource::Dir(dir) => builder.with_registry_dir(dir),
-        store => match store.open().await {
-            Ok(store) => builder.with_registry_store(store),
-            Err(e) => return fail(e),
-        },
-    };
     if let Some(dir) = args.cache_dir {
         builder = builder.with_cache_dir(dir);
     }
@@ -385,6 +378,7 @@ async fn serve(args: ServeArgs) -> i32 {
         builder = builder.with_audit_log(path);
     }
     let mut node_config = NodeConfig::new(args.listen);
+    let mut etcd = EtcdAccess::default();
     if let Some(path) = &args.config {
         let config;
         (builder, config) = match with_config_file(builder, path) {
@@ -397,7 +391,20 @@ async fn serve(args: ServeArgs) -> i32 {
             Ok(config) => config,
             Err(e) => return fail(e),
         };
+        if matches!(args.registry, RegistrySource::Etcd { .. }) {
+            etcd = match config.etcd.resolve(path) {
+                Ok(etcd) => etcd,
+                Err(e) => return fail(e),
+            };
+        }
     }
+    builder = match &args.registry {
+        RegistrySource::Dir(dir) => builder.with_registry_dir(dir),
+        store => match store.open(&etcd).await {
+            Ok(store) => builder.with_registry_store(store),
+            Err(e) => return fail(e),
+        },
+    };
     let host = match builder.build() {
         Ok(host) => host,
         Err(e) => return fail(e),

@@ -28,7 +28,7 @@ use quiver::registry::{
     StoredDoc, diff_docs, is_valid_server_id, parse_bundle,
 };
 use quiver::text::{printable, printable_lines};
-use quiver_node::RegistrySource;
+use quiver_node::{EtcdAccess, NodeFileConfig, RegistrySource};
 
 use crate::defaults;
 use node::{NodeClient, NodeError};
@@ -100,6 +100,10 @@ pub(super) struct TargetArgs {
     /// A registry directory or `etcd://HOST:PORT/PREFIX`, used directly.
     #[arg(long, value_parser = RegistrySource::parse)]
     registry: Option<RegistrySource>,
+    /// quiver.toml whose `[etcd]` says how to reach an `etcd://` registry (TLS, user);
+    /// without it only a loopback etcd is reached.
+    #[arg(long, requires = "registry")]
+    config: Option<PathBuf>,
     /// Seconds the whole command may take (reaching the node or store included).
     #[arg(long, default_value_t = defaults::CLI_NODE_TIMEOUT.as_secs(),
           value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -237,7 +241,17 @@ impl Target {
             return Ok(Self::Node(NodeClient::new(url, token, timeout)?));
         }
         let source = args.registry.as_ref().ok_or(CliError::NoTarget)?;
-        Ok(Self::Store(source.open().await?))
+        let etcd = match (&args.config, source) {
+            (Some(path), RegistrySource::Etcd { .. }) => NodeFileConfig::load(path)
+                .and_then(|config| config.etcd.resolve(path))
+                .map_err(|e| CliError::File {
+                    file: path.display().to_string(),
+                    message: format!("{}{}", e.field, e.message),
+                    source: Some(e.into()),
+                })?,
+            _ => EtcdAccess::default(),
+        };
+        Ok(Self::Store(source.open(&etcd).await?))
     }
 
     fn describe(&self) -> String {

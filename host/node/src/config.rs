@@ -14,6 +14,7 @@ use quiver::HostConfig;
 use quiver::config::{ConfigError, read_section};
 
 use super::ServeError;
+use crate::EtcdConfig;
 use crate::defaults;
 
 /// `[serve]` in `quiver.toml`: the node's API token and limits. Unset fields take their
@@ -116,17 +117,20 @@ impl AdminConfig {
 }
 
 /// `quiver.toml` as a node reads it: the host's sections ([`HostConfig`]) and the node's
-/// own `[serve]` and `[admin]`, each checked, every error naming the file and the field.
+/// own `[serve]`, `[admin]` and `[etcd]`, each checked, every error naming the file and
+/// the field.
 #[derive(Clone, Debug, Default)]
 pub struct NodeFileConfig {
     pub host: HostConfig,
     pub serve: ServeConfig,
     pub admin: AdminConfig,
+    /// How to reach an `etcd://` registry; resolve it with [`EtcdConfig::resolve`].
+    pub etcd: EtcdConfig,
 }
 
 impl NodeFileConfig {
     /// The top-level tables of `quiver.toml` that belong to the node, not the host.
-    pub const SECTIONS: [&'static str; 2] = ["serve", "admin"];
+    pub const SECTIONS: [&'static str; 3] = ["serve", "admin", "etcd"];
 
     /// Reads `quiver.toml`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -138,9 +142,15 @@ impl NodeFileConfig {
         };
         let serve: ServeConfig = read_section(path, "serve", section("serve"))?;
         let admin: AdminConfig = read_section(path, "admin", section("admin"))?;
+        let etcd: EtcdConfig = read_section(path, "etcd", section("etcd"))?;
         let checked = serve.check().and_then(|()| admin.check());
         checked.map_err(|(field, message)| ConfigError::new(path, field, message))?;
-        Ok(Self { host, serve, admin })
+        Ok(Self {
+            host,
+            serve,
+            admin,
+            etcd,
+        })
     }
 }
 

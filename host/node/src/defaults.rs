@@ -18,6 +18,9 @@ pub const ETCD_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 /// etcd registry store: an unanswered ping after this long closes the connection.
 pub const ETCD_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// `[etcd]`: largest CA, certificate or key file read (a PEM bundle of a few CAs fits).
+pub const ETCD_MAX_PEM_BYTES: u64 = 1024 * 1024;
+
 /// etcd registry store: most documents one checked write ([`RegistryStore::apply`], e.g.
 /// an import) makes. They go in one transaction with the write guard, and etcd refuses a
 /// transaction of more than `--max-txn-ops` operations (128 by default): 127 documents plus

@@ -22,9 +22,16 @@
 //! is absent and a watch reports it as deleted, so both views agree. Endpoints with
 //! credentials are refused, so neither [`describe`](RegistryStore::describe) nor an error
 //! can show one.
+//!
+//! TLS, the etcd user and what may go without them come from [`EtcdAccess`] (`[etcd]` of
+//! `quiver.toml`): an endpoint off loopback needs TLS and authentication unless the
+//! operator allowed otherwise. The store logs in on its first call, not at connect (a node
+//! may start while etcd is down), and once more when etcd no longer takes its token
+//! (expired, or etcd restarted), retrying that call.
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
@@ -43,6 +50,7 @@ use quiver::registry::{
 };
 
 use crate::defaults;
+use crate::etcd_access::{EtcdAccess, Password};
 
 /// Checks a document before it is written: `(kind, name, format, body)`, an error names the
 /// field and the fix. The directory loader's full check plugs in here through
@@ -61,6 +69,20 @@ pub struct EtcdStore {
     describe: String,
     validate: DocValidator,
     timeout: Duration,
+    /// The etcd user, when `[etcd]` names one.
+    login: Option<Arc<Login>>,
+    /// What to check when a TLS connection fails (TLS hides why behind a closed stream).
+    tls_hint: Option<&'static str>,
+}
+
+/// The etcd user a store logs in as. Logging in sets the token every client of the
+/// connection sends; it happens on first use and again when etcd refuses the token.
+struct Login {
+    name: String,
+    password: Password,
+    client: tokio::sync::Mutex<Client>,
+    /// Whether the token held is believed good; cleared when etcd refuses it.
+    fresh: AtomicBool,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -92,6 +114,25 @@ impl EtcdStore {
         Self::connect_with(endpoints, prefix, Arc::new(check_syntax)).await
     }
 
+    /// As [`connect`](Self::connect), over TLS and as the etcd user `access` names
+    /// (`[etcd]` of `quiver.toml`, see [`EtcdConfig`](crate::EtcdConfig)). An endpoint
+    /// that is not loopback is refused unless `access` has TLS and a user or client
+    /// certificate, or allows insecure connections.
+    pub async fn connect_with_access(
+        endpoints: Vec<String>,
+        prefix: String,
+        access: &EtcdAccess,
+    ) -> Result<Self, StoreError> {
+        Self::connect_inner(
+            endpoints,
+            prefix,
+            Arc::new(check_syntax),
+            access,
+            defaults::ETCD_CALL_TIMEOUT,
+        )
+        .await
+    }
+
     /// As [`connect`](Self::connect), with `validate` run on every document before it is
     /// written (the registry loader's own checks).
     pub async fn connect_with(
@@ -99,13 +140,22 @@ impl EtcdStore {
         prefix: String,
         validate: DocValidator,
     ) -> Result<Self, StoreError> {
-        Self::connect_inner(endpoints, prefix, validate, defaults::ETCD_CALL_TIMEOUT).await
+        let access = EtcdAccess::default();
+        Self::connect_inner(
+            endpoints,
+            prefix,
+            validate,
+            &access,
+            defaults::ETCD_CALL_TIMEOUT,
+        )
+        .await
     }
 
     async fn connect_inner(
         endpoints: Vec<String>,
         prefix: String,
         validate: DocValidator,
+        access: &EtcdAccess,
         timeout: Duration,
     ) -> Result<Self, StoreError> {
         let trimmed = prefix.trim_matches('/');
@@ -138,13 +188,34 @@ impl EtcdStore {
                     .into(),
             ));
         }
-        let options = ConnectOptions::new()
+        for endpoint in &endpoints {
+            if let Some(why) = access.refusal(endpoint) {
+                return Err(invalid(why));
+            }
+            let scheme_clash = match access.tls {
+                Some(_) => endpoint.starts_with("http://").then_some(
+                    "is `http://` but `[etcd] ca_file` turns TLS on; give HOST:PORT or https://",
+                ),
+                None => endpoint.starts_with("https://").then_some(
+                    "is `https://`: name the CA that signed etcd's certificate in `[etcd] ca_file`",
+                ),
+            };
+            if let Some(why) = scheme_clash {
+                return Err(invalid(format!("endpoint `{endpoint}` {why}")));
+            }
+        }
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(timeout)
             .with_timeout(timeout)
             .with_keep_alive(
                 defaults::ETCD_KEEPALIVE_INTERVAL,
                 defaults::ETCD_KEEPALIVE_TIMEOUT,
             );
+        if let Some(tls) = &access.tls {
+            options = options.with_tls(tls.clone());
+        }
+        // No user in `options`: etcd-client would log in inside `connect`, which a node
+        // started while etcd is down cannot do. `Login` does it on the first call.
         let client = tokio::time::timeout(timeout, Client::connect(&endpoints, Some(options)))
             .await
             .map_err(|_| unreachable(&describe, timeout_message(timeout)))?
@@ -156,6 +227,24 @@ impl EtcdStore {
             watch: client
                 .watch_client()
                 .max_decoding_message_size(quiver::defaults::REGISTRY_STORE_MAX_LIST_BYTES),
+            login: access.user.as_ref().map(|(name, password)| {
+                Arc::new(Login {
+                    name: name.clone(),
+                    password: password.clone(),
+                    client: tokio::sync::Mutex::new(client.clone()),
+                    fresh: AtomicBool::new(false),
+                })
+            }),
+            tls_hint: access.tls.as_ref().map(|_| {
+                if access.client_cert {
+                    " (over TLS: check that `[etcd] ca_file` is the CA that signed etcd's \
+                     certificate, and that etcd trusts the CA of `[etcd] cert_file`)"
+                } else {
+                    " (over TLS: check that `[etcd] ca_file` is the CA that signed etcd's \
+                     certificate, and set `[etcd] cert_file`/`key_file` if etcd requires \
+                     client certificates)"
+                }
+            }),
             root: format!("/{trimmed}"),
             describe,
             validate,
@@ -221,26 +310,131 @@ impl EtcdStore {
         }
     }
 
-    /// Runs one etcd call under the store's deadline.
-    async fn call<T>(
-        &self,
-        fut: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, StoreError> {
+    /// Runs one etcd call under the store's deadline, logged in first when the store has
+    /// a user; a call whose token etcd refused is made once more after a new login.
+    async fn call<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.log_in().await?;
+        match self.deadline(op()).await? {
+            Err(e) if is_token_refused(&e) && self.login.is_some() => {
+                if let Some(login) = &self.login {
+                    login.fresh.store(false, Ordering::Release);
+                }
+                self.log_in().await?;
+                self.deadline(op()).await?.map_err(|e| self.map_err(e))
+            }
+            answer => answer.map_err(|e| self.map_err(e)),
+        }
+    }
+
+    /// `fut` under the store's deadline.
+    async fn deadline<T>(&self, fut: impl Future<Output = T>) -> Result<T, StoreError> {
         tokio::time::timeout(self.timeout, fut)
             .await
-            .map_err(|_| unreachable(&self.describe, timeout_message(self.timeout)))?
-            .map_err(|e| map_err(&self.describe, e))
+            .map_err(|_| unreachable(&self.describe, timeout_message(self.timeout)))
+    }
+
+    /// Logs in as the store's etcd user unless a good token is held.
+    async fn log_in(&self) -> Result<(), StoreError> {
+        let Some(login) = &self.login else {
+            return Ok(());
+        };
+        if login.fresh.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let mut client = login.client.lock().await;
+        if login.fresh.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let user = Some((login.name.clone(), login.password.0.clone()));
+        self.deadline(client.update_user(user))
+            .await?
+            .map_err(|e| match self.map_err(e) {
+                StoreError::Other {
+                    store,
+                    message,
+                    source,
+                } => StoreError::Other {
+                    store,
+                    message: format!(
+                        "cannot log in as etcd user `{}`: {message}",
+                        login.name.escape_debug()
+                    ),
+                    source,
+                },
+                other => other,
+            })?;
+        login.fresh.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// [`map_err`] with the fix for what etcd's access control refused.
+    fn map_err(&self, e: etcd_client::Error) -> StoreError {
+        let hint = match &e {
+            etcd_client::Error::GRpcStatus(status) => match status.code() {
+                tonic::Code::PermissionDenied => format!(
+                    "; the etcd user needs a role granting readwrite on the keys under `{}/` \
+                     (etcdctl role grant-permission ROLE readwrite --prefix=true {}/)",
+                    self.root, self.root
+                ),
+                tonic::Code::InvalidArgument
+                    if status.message().contains("authentication failed") =>
+                {
+                    "; check `[etcd] username` and the password in the variable \
+                     `[etcd] password_env` names"
+                        .into()
+                }
+                tonic::Code::InvalidArgument | tonic::Code::Unauthenticated
+                    if status.message().contains("user name is empty")
+                        || status.message().contains("token") =>
+                {
+                    "; etcd has authentication on: set `[etcd] username` and `password_env`".into()
+                }
+                _ => String::new(),
+            },
+            _ => String::new(),
+        };
+        match map_err(&self.describe, e) {
+            StoreError::Other {
+                store,
+                message,
+                source,
+            } => StoreError::Other {
+                store,
+                message: message + &hint,
+                source,
+            },
+            StoreError::Unreachable {
+                store,
+                message,
+                source,
+            } => StoreError::Unreachable {
+                store,
+                message: message + self.tls_hint.unwrap_or_default(),
+                source,
+            },
+            other => other,
+        }
     }
 
     async fn list_inner(&self) -> Result<Listing, StoreError> {
         let max = quiver::defaults::REGISTRY_STORE_MAX_DOCS;
         let limit = i64::try_from(max.saturating_add(1)).unwrap_or(i64::MAX);
-        let mut kv = self.kv.clone();
         let resp = self
-            .call(kv.get(
-                format!("{}/", self.root),
-                Some(GetOptions::new().with_prefix().with_limit(limit)),
-            ))
+            .call(|| {
+                let mut kv = self.kv.clone();
+                let prefix = format!("{}/", self.root);
+                async move {
+                    kv.get(
+                        prefix,
+                        Some(GetOptions::new().with_prefix().with_limit(limit)),
+                    )
+                    .await
+                }
+            })
             .await?;
         if resp.more() || resp.kvs().len() > max {
             return Err(self.other(format!(
@@ -260,8 +454,13 @@ impl EtcdStore {
         if !is_valid_server_id(name) {
             return Ok(None);
         }
-        let mut kv = self.kv.clone();
-        let resp = self.call(kv.get(self.key(kind, name), None)).await?;
+        let resp = self
+            .call(|| {
+                let mut kv = self.kv.clone();
+                let key = self.key(kind, name);
+                async move { kv.get(key, None).await }
+            })
+            .await?;
         match resp.kvs().first() {
             Some(kv) => self.decode(kv),
             None => Ok(None),
@@ -304,9 +503,13 @@ impl EtcdStore {
         mut ops: Vec<TxnOp>,
     ) -> Result<(bool, u64), StoreError> {
         ops.push(TxnOp::put(self.guard(), Vec::new(), None));
-        let mut kv = self.kv.clone();
+        let txn = Txn::new().when(when).and_then(ops);
         let resp = self
-            .call(kv.txn(Txn::new().when(when).and_then(ops)))
+            .call(|| {
+                let mut kv = self.kv.clone();
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
             .await?;
         Ok((
             resp.succeeded(),
@@ -412,12 +615,19 @@ impl EtcdStore {
             .checked_add(1)
             .and_then(|r| i64::try_from(r).ok())
             .ok_or_else(|| self.other(format!("revision {since} is out of etcd's range")))?;
-        let mut client = self.watch.clone();
         let stream = self
-            .call(client.watch(
-                format!("{}/", self.root),
-                Some(WatchOptions::new().with_prefix().with_start_revision(start)),
-            ))
+            .call(|| {
+                let mut client = self.watch.clone();
+                let prefix = format!("{}/", self.root);
+                async move {
+                    client
+                        .watch(
+                            prefix,
+                            Some(WatchOptions::new().with_prefix().with_start_revision(start)),
+                        )
+                        .await
+                }
+            })
             .await?;
         let store = self.clone();
         // Each etcd answer becomes a batch of events; the first error ends the stream.
@@ -658,9 +868,20 @@ fn cut_off(
     context: &str,
     error: impl std::error::Error + Send + Sync + 'static,
 ) -> StoreError {
+    // A transport error's own text is bare ("transport error"); the why (a refused
+    // certificate, a reset) is in its sources.
+    let mut message = format!("{context}{error}");
+    let mut cause = std::error::Error::source(&error);
+    while let Some(next) = cause {
+        let text = next.to_string();
+        if !message.ends_with(&text) {
+            message = format!("{message}: {text}");
+        }
+        cause = next.source();
+    }
     StoreError::Unreachable {
         store: store.to_owned(),
-        message: format!("{context}{error}"),
+        message,
         source: Some(Cause::new(error)),
     }
 }
@@ -685,6 +906,14 @@ fn header_revision(
             source: None,
         }),
     }
+}
+
+/// Whether etcd refused the call's auth token (expired, or etcd restarted): a new login
+/// may fix it.
+fn is_token_refused(e: &etcd_client::Error) -> bool {
+    matches!(e, etcd_client::Error::GRpcStatus(s)
+        if s.code() == tonic::Code::Unauthenticated
+            || (s.code() == tonic::Code::InvalidArgument && s.message().contains("auth token")))
 }
 
 /// Connection trouble is `Unreachable` (the follower retries and keeps its snapshot);

@@ -42,6 +42,7 @@ mod config;
 pub mod defaults;
 mod error;
 mod etcd;
+mod etcd_access;
 mod listen;
 mod modules;
 mod source;
@@ -56,6 +57,7 @@ use tokio::sync::{Semaphore, watch};
 pub use config::{AdminConfig, NodeConfig, NodeFileConfig, ServeConfig};
 pub use error::ServeError;
 pub use etcd::{DocValidator, EtcdStore};
+pub use etcd_access::{EtcdAccess, EtcdConfig};
 pub use source::RegistrySource;
 
 use modules::ModuleStore;

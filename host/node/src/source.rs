@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use quiver::registry::{DirStore, RegistryStore, StoreError};
 
-use crate::EtcdStore;
+use crate::{EtcdAccess, EtcdStore};
 
 /// Where `--registry` points: a directory, or an etcd v3 store shared by a fleet.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,9 +47,10 @@ impl RegistrySource {
         })
     }
 
-    /// The store this source names. A directory must exist; etcd is not contacted yet
-    /// (a node may start while it is down).
-    pub async fn open(&self) -> Result<Arc<dyn RegistryStore>, StoreError> {
+    /// The store this source names, etcd reached as `etcd` says (`[etcd]` of
+    /// `quiver.toml`; the default refuses endpoints off loopback). A directory must
+    /// exist; etcd is not contacted yet (a node may start while it is down).
+    pub async fn open(&self, etcd: &EtcdAccess) -> Result<Arc<dyn RegistryStore>, StoreError> {
         match self {
             Self::Dir(dir) => {
                 if !dir.is_dir() {
@@ -63,7 +64,7 @@ impl RegistrySource {
                 Ok(Arc::new(DirStore::new(dir)))
             }
             Self::Etcd { endpoints, prefix } => Ok(Arc::new(
-                EtcdStore::connect(endpoints.clone(), prefix.clone()).await?,
+                EtcdStore::connect_with_access(endpoints.clone(), prefix.clone(), etcd).await?,
             )),
         }
     }

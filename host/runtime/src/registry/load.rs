@@ -106,8 +106,8 @@ impl FileDoc {
 }
 
 /// The documents of a registry directory: server files at its top, profiles under
-/// `profiles/` (TOML only, as ever), each sorted by file name; and the problems of files
-/// left out (symbolic links, unreadable files).
+/// `profiles/`, each `.toml` or `.json` (the formats a store writes) and sorted by file name;
+/// and the problems of files left out (symbolic links, unreadable files).
 pub(crate) fn read_dir_docs(dir: &Path) -> Result<(Vec<FileDoc>, Vec<Problem>), RegistryDirError> {
     let io_err = |source| RegistryDirError {
         dir: dir.to_owned(),
@@ -144,7 +144,7 @@ pub(crate) fn read_dir_docs(dir: &Path) -> Result<(Vec<FileDoc>, Vec<Problem>), 
             .flatten()
             .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
             .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
-            .filter(|(name, _)| !is_ignored_name(name) && name.ends_with(".toml"))
+            .filter(|(name, _)| !is_ignored_name(name))
             .collect();
         files.sort();
         docs.extend(read_files(DocKind::Profile, files, &mut problems));

@@ -1,5 +1,5 @@
 //! Profiles: named selections of servers (by id and tag) with tool, resource and prompt
-//! lists, from `<registry>/profiles/*.toml` or a store's profile documents.
+//! lists, from `<registry>/profiles/*.{toml,json}` or a store's profile documents.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use super::record::ServerEntry;
 use super::store::DocFormat;
 
 /// A named selection of servers (by id and/or tag) with tool, resource and prompt lists,
-/// from `<registry>/profiles/*.toml`. A task names one with `mcp.profile`; the lists join
+/// from `<registry>/profiles/*.{toml,json}`. A task names one with `mcp.profile`; the lists join
 /// each server's filters as the profile layer (an absent allowlist leaves the others in
 /// charge, a denylist vetoes).
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]

@@ -725,6 +725,21 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(files(&dir.0), [WRITE_LOCK_FILE, "alpha.json", "profiles"]);
+        // A profile in JSON too: written as `profiles/team.json`, read back and loaded.
+        let profile = br#"{"name":"team","server_ids":["alpha"]}"#;
+        store
+            .upsert(DocKind::Profile, "team", DocFormat::Json, profile.to_vec())
+            .await
+            .unwrap();
+        assert_eq!(files(&dir.0.join("profiles")), ["team.json"]);
+        let doc = store.get(DocKind::Profile, "team").await.unwrap().unwrap();
+        assert_eq!((doc.body, doc.format), (profile.to_vec(), DocFormat::Json));
+        let registry = crate::registry::Registry::load_dir(&dir.0).unwrap();
+        assert!(
+            registry.profile("team").is_some(),
+            "{:?}",
+            registry.problems()
+        );
 
         assert_eq!(store.delete(DocKind::Server, "nope").await.unwrap(), None);
         assert_eq!(store.delete(DocKind::Server, "../x").await.unwrap(), None);
