@@ -31,8 +31,10 @@ use super::error::ApiError;
 /// The browser rules of a node, from `[serve] allowed_hosts` and `allowed_origins`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Rules {
-    /// Names served besides `localhost` and IP addresses, lowercase; `None` for any.
-    hosts: Option<Vec<String>>,
+    /// Names served besides `localhost` and IP addresses, lowercase.
+    hosts: Vec<String>,
+    /// Every name is served (`allowed_hosts = ["*"]`).
+    any_host: bool,
     /// Origins served besides the node's own, as `scheme://host[:port]`, lowercase.
     origins: Vec<String>,
 }
@@ -52,9 +54,10 @@ impl Rules {
                     "\"*\" allows every name, so it must be the list's only entry",
                 ));
             }
+            rules.any_host = true;
         } else {
             let names = hosts.iter().map(|h| host_name(h).ok_or(BAD_HOST));
-            rules.hosts = Some(names.collect::<Result<_, _>>()?);
+            rules.hosts = names.collect::<Result<_, _>>()?;
         }
         for origin in origins.unwrap_or_default() {
             rules.origins.push(origin_name(origin).ok_or(BAD_ORIGIN)?);
@@ -64,7 +67,7 @@ impl Rules {
 
     /// Whether every `Host` is served (`allowed_hosts = ["*"]`).
     pub(crate) fn any_host(&self) -> bool {
-        self.hosts.is_none()
+        self.any_host
     }
 
     /// `None` when a request with these headers may reach the node, else the refusal.
@@ -78,11 +81,11 @@ impl Rules {
             }
             Err(()) => return Some(host_refused("the request has more than one Host header")),
         };
-        if let Some(hosts) = &self.hosts {
+        if !self.any_host {
             // An absolute-form request target names the host too, and wins over `Host`.
             let named = [Some(host), uri_authority.map(Authority::as_str)];
             for name in named.into_iter().flatten() {
-                if !serves(hosts, name) {
+                if !serves(&self.hosts, name) {
                     return Some(host_refused(&format!(
                         "the node does not serve the name in Host `{}`: it answers only localhost, IP addresses and the names in `[serve] allowed_hosts`, so a web page cannot reach it by DNS rebinding; if clients reach the node by this name, add it to `[serve] allowed_hosts` in quiver.toml",
                         shown(name)
@@ -288,6 +291,8 @@ mod tests {
 
     #[test]
     fn a_star_serves_any_name_alone() {
+        assert!(!Rules::default().any_host());
+        assert!(!passes(&Rules::default(), &[("host", "attacker.example")]));
         let any = Rules::new(Some(&["*".into()]), None).expect("rules");
         assert!(any.any_host());
         assert!(passes(&any, &[("host", "attacker.example")]));
