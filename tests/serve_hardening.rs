@@ -428,7 +428,11 @@ async fn a_web_page_cannot_drive_a_node_without_a_token() {
             .header(foreign.0, foreign.1),
     )
     .await;
-    assert_eq!((read.status, read.code()), (403, "cross_origin"), "{read:?}");
+    assert_eq!(
+        (read.status, read.code()),
+        (403, "cross_origin"),
+        "{read:?}"
+    );
     assert!(
         !node.stderr().contains("task accepted"),
         "{}",
@@ -441,7 +445,11 @@ async fn a_web_page_cannot_drive_a_node_without_a_token() {
         own.clone(),
         format!("[::1]:{port}"),
     ] {
-        let read = Node::send(from_host(node.anonymous(Method::GET, "/v1/registry"), &host)).await;
+        let read = Node::send(from_host(
+            node.anonymous(Method::GET, "/v1/registry"),
+            &host,
+        ))
+        .await;
         assert_eq!(read.status, 200, "{host}: {read:?}");
     }
     let same = Node::send(post(
@@ -462,7 +470,11 @@ async fn configured_names_and_origins_are_served_and_any_name_needs_a_token() {
     let node = Node::start(&registry, Some(config), &[]);
     let port = addr(&node).port();
     let named = format!("node.internal:{port}");
-    let read = Node::send(from_host(node.anonymous(Method::GET, "/v1/registry"), &named)).await;
+    let read = Node::send(from_host(
+        node.anonymous(Method::GET, "/v1/registry"),
+        &named,
+    ))
+    .await;
     assert_eq!(read.status, 200, "{read:?}");
     let sha = sha256_hex(HELLO.as_bytes());
     let upload = Node::send(
@@ -491,7 +503,11 @@ async fn configured_names_and_origins_are_served_and_any_name_needs_a_token() {
     let proxied = Node::send(submit("https://quiver.example.com")).await;
     assert_eq!(proxied.status, 202, "{proxied:?}");
     let evil = Node::send(submit("https://evil.example.com")).await;
-    assert_eq!((evil.status, evil.code()), (403, "cross_origin"), "{evil:?}");
+    assert_eq!(
+        (evil.status, evil.code()),
+        (403, "cross_origin"),
+        "{evil:?}"
+    );
 
     // Any name, the operator's override, only with a token; a bad entry is named.
     let dir = tempfile::tempdir().expect("tempdir");

@@ -83,7 +83,10 @@ fn check_type(headers: &HeaderMap, media: Media) -> Result<(), ApiError> {
     Err(ApiError::new(
         StatusCode::UNSUPPORTED_MEDIA_TYPE,
         "unsupported_media_type",
-        format!("this endpoint takes a body of type {wanted}; send `Content-Type: {}`", media.types()[0]),
+        format!(
+            "this endpoint takes a body of type {wanted}; send `Content-Type: {}`",
+            media.types()[0]
+        ),
     )
     .with_field("Content-Type"))
 }

@@ -121,7 +121,8 @@ impl Rules {
             }
         }
         // `cross-site`, or a value no browser sends.
-        let foreign = |v: &HeaderValue| !matches!(v.as_bytes(), b"same-origin" | b"same-site" | b"none");
+        let foreign =
+            |v: &HeaderValue| !matches!(v.as_bytes(), b"same-origin" | b"same-site" | b"none");
         if headers.get_all(SEC_FETCH_SITE).iter().any(foreign) {
             return Some(
                 ApiError::new(
@@ -204,7 +205,10 @@ fn serves(names: &[String], value: &str) -> bool {
 /// A configured host name, lowercase and without a trailing dot; `None` unless it is a
 /// plain DNS name or IP address.
 fn host_name(entry: &str) -> Option<String> {
-    let name = entry.strip_suffix('.').unwrap_or(entry).to_ascii_lowercase();
+    let name = entry
+        .strip_suffix('.')
+        .unwrap_or(entry)
+        .to_ascii_lowercase();
     let label = |l: &str| {
         !l.is_empty()
             && l.len() <= 63
@@ -309,7 +313,10 @@ mod tests {
         let rules = Rules::new(None, Some(&["https://Quiver.Example.com".into()])).expect("rules");
         let host = ("host", "127.0.0.1:8080");
         assert!(passes(&rules, &[host, ("origin", "http://127.0.0.1:8080")]));
-        assert!(passes(&rules, &[host, ("origin", "https://quiver.example.com")]));
+        assert!(passes(
+            &rules,
+            &[host, ("origin", "https://quiver.example.com")]
+        ));
         assert!(passes(&rules, &[host, ("sec-fetch-site", "same-origin")]));
         assert!(passes(&rules, &[host, ("sec-fetch-site", "none")]));
         for origin in [
@@ -322,9 +329,17 @@ mod tests {
             assert!(!passes(&rules, &[host, ("origin", origin)]), "{origin}");
         }
         assert!(!passes(&rules, &[host, ("sec-fetch-site", "cross-site")]));
-        for bad in ["quiver.example.com", "ftp://a.example", "https://a.example/"] {
+        for bad in [
+            "quiver.example.com",
+            "ftp://a.example",
+            "https://a.example/",
+        ] {
             let rules = Rules::new(None, Some(&[bad.into()]));
-            assert_eq!(rules.map_err(|e| e.0), Err("serve.allowed_origins"), "{bad}");
+            assert_eq!(
+                rules.map_err(|e| e.0),
+                Err("serve.allowed_origins"),
+                "{bad}"
+            );
         }
     }
 }

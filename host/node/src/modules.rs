@@ -197,9 +197,7 @@ impl Uploads {
 
     pub(crate) fn status(&self) -> UploadsStatus {
         UploadsStatus {
-            in_progress: self
-                .limit
-                .saturating_sub(self.permits.available_permits()),
+            in_progress: self.limit.saturating_sub(self.permits.available_permits()),
             compiling: self.compiling.load(Ordering::Relaxed),
             limit: self.limit,
         }
