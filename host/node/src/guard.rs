@@ -142,7 +142,7 @@ impl Rules {
             return false;
         };
         let authority = origin.split_once("://").map_or("", |(_, a)| a);
-        authority.eq_ignore_ascii_case(host) || self.origins.iter().any(|o| *o == origin)
+        authority.eq_ignore_ascii_case(host) || self.origins.contains(&origin)
     }
 }
 
