@@ -71,7 +71,7 @@ echo "node at $base" >&2
 auth="Authorization: Bearer $QUIVER_DEMO_TOKEN"
 module="$guests/mcp-explorer.wasm"
 sha=$(sha256sum "$module" | cut -d' ' -f1)
-curl -sSf -H "$auth" -X PUT --data-binary "@$module" "$base/v1/modules/$sha" >/dev/null
+curl -sSf -H "$auth" -H 'Content-Type: application/wasm' -X PUT --data-binary "@$module" "$base/v1/modules/$sha" >/dev/null
 submitted=$(curl -sSf -H "$auth" -H 'Content-Type: application/json' \
   --data-binary "{\"module\":\"$sha\",\"task\":$(cat fixtures/tasks/explorer.json)}" \
   "$base/v1/tasks")

@@ -51,6 +51,7 @@ async fn a_task_is_uploaded_submitted_and_read_back() {
     // The same bytes again are already stored: 200, not 201.
     let again = Node::send(
         node.request(Method::PUT, &format!("/v1/modules/{hello}"))
+            .header("content-type", "application/wasm")
             .body(HELLO.as_bytes().to_vec()),
     )
     .await;
@@ -148,6 +149,7 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
     let hello = node.upload(HELLO.as_bytes()).await;
     let put = |sha: &str, body: Vec<u8>| {
         node.request(Method::PUT, &format!("/v1/modules/{sha}"))
+            .header("content-type", "application/wasm")
             .body(body)
     };
     let post = |body: Vec<u8>| {
@@ -298,7 +300,7 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
     let answer = tokio::task::spawn_blocking(move || {
         let mut tcp = std::net::TcpStream::connect(addr).expect("connect");
         tcp.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-        tcp.write_all(b"POST /v1/tasks HTTP/1.1\r\nHost: node\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"mod")
+        tcp.write_all(b"POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"mod")
             .expect("write");
         let mut answer = Vec::new();
         let _ = tcp.read_to_end(&mut answer);

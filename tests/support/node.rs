@@ -265,6 +265,7 @@ impl Node {
         let sha = sha256_hex(bytes);
         let answer = Self::send(
             self.request(reqwest::Method::PUT, &format!("/v1/modules/{sha}"))
+                .header("content-type", "application/wasm")
                 .body(bytes.to_vec()),
         )
         .await;

@@ -18,11 +18,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::body::{field_path, parse_json, read_body};
+use super::body::{Media, field_path, parse_json, read_body};
 use super::error::ApiError;
 use super::modules::TooLarge;
 use super::tasks::Refused;
-use super::{NodeState, admin, web};
+use super::{NodeState, admin, guard, web};
 use crate::defaults;
 use quiver::Metrics;
 use quiver::TaskError;
@@ -96,6 +96,11 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
             )
             .with_field("method")
         })
+        // Outermost: a request a web page forged is refused before anything else.
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            guard::browsers,
+        ))
         .with_state(state)
 }
 
@@ -181,9 +186,14 @@ struct Readiness {
     tasks_active: usize,
     host: quiver::TaskStatus,
     modules: super::ModulesStatus,
+    uploads: super::modules::UploadsStatus,
 }
 
-async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
+/// `GET /readyz`: ready or not (`200` or `503`) for anyone, as orchestrators probe it
+/// without a token; the detail (why not, the registry's revision and health with its
+/// store's address and errors, counts) only for a client that may also read
+/// `/v1/registry`.
+async fn readyz(State(state): State<Arc<NodeState>>, request: Request) -> Response {
     let host = state.host.status().tasks;
     let mut reasons = Vec::new();
     if state.is_draining() {
@@ -203,13 +213,27 @@ async fn readyz(State(state): State<Arc<NodeState>>) -> Response {
         tasks_active: state.tasks.active(),
         host,
         modules: state.modules_status(),
+        uploads: state.uploads.status(),
     };
     let status = if body.ready {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    if !sees_detail(&state, &request) {
+        return (status, axum::Json(json!({"ready": body.ready}))).into_response();
+    }
     (status, axum::Json(body)).into_response()
+}
+
+/// The node's task or admin token is sent, or the node has no task token (then its task
+/// API, `/v1/registry` included, is open to whoever passes the browser guard anyway).
+fn sees_detail(state: &NodeState, request: &Request) -> bool {
+    let Some(token) = &state.config.token else {
+        return true;
+    };
+    let admin = state.config.admin_token.as_ref();
+    check_bearer(request, token).is_ok() || admin.is_some_and(|t| check_bearer(request, t).is_ok())
 }
 
 fn host_full(status: &quiver::TaskStatus) -> bool {
@@ -245,7 +269,7 @@ async fn put_module(
     if state.modules.contains(&sha256) {
         return Ok((StatusCode::OK, axum::Json(json!({"module": sha256}))).into_response());
     }
-    let Ok(_upload) = state.uploads.try_acquire() else {
+    let Some(upload) = state.uploads.try_start() else {
         return Err(ApiError::busy(
             StatusCode::TOO_MANY_REQUESTS,
             "too_many_uploads",
@@ -255,6 +279,7 @@ async fn put_module(
     let bytes = read_body(
         &headers,
         body,
+        Media::Module,
         state.config.max_module_bytes,
         state.config.body_timeout,
     )
@@ -270,12 +295,18 @@ async fn put_module(
         )
         .with_code("hash_mismatch"));
     }
-    let host = state.host.clone();
     let name = format!("{sha256}.wasm");
     let size = u64::try_from(bytes.len()).unwrap_or(u64::MAX);
-    let compiled = tokio::task::spawn_blocking(move || host.load_module_uncached(&name, &bytes))
+    // Stored even if the client has gone by then: its compile was paid for.
+    let compiling = state.clone();
+    let key = sha256.clone();
+    let stored = upload
+        .compile(move || -> Result<_, quiver::HostError> {
+            let compiled = compiling.host.load_module_uncached(&name, &bytes)?;
+            Ok(compiling.modules.insert(&key, compiled, size))
+        })
         .await
-        .map_err(|_| {
+        .ok_or_else(|| {
             ApiError::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -290,7 +321,7 @@ async fn put_module(
             )
             .with_field("body")
         })?;
-    let status = match state.modules.insert(&sha256, compiled, size) {
+    let status = match stored {
         Ok(true) => {
             tracing::info!(module = %sha256, bytes = size, "module stored");
             StatusCode::CREATED
@@ -325,6 +356,7 @@ async fn submit_task(
     let bytes = read_body(
         &headers,
         body,
+        Media::Json,
         state.config.max_request_bytes,
         state.config.body_timeout,
     )
@@ -520,6 +552,7 @@ async fn decide_approval(
     let bytes = read_body(
         &headers,
         body,
+        Media::Json,
         defaults::SERVE_MAX_DECISION_BYTES,
         state.config.body_timeout,
     )

@@ -1,6 +1,9 @@
 //! Request bodies: read with a byte limit and a deadline, then parsed as typed JSON whose
 //! errors name the field at fault. Every handler (task API and admin API) reads through
-//! here, so no route can take an unbounded body.
+//! here, so no route can take an unbounded body, nor one whose `Content-Type` is not what
+//! the route takes: a JSON body must say `application/json`, which a web page can only
+//! send across sites after a CORS preflight the node never grants (a `text/plain` or form
+//! "simple request" needs none).
 
 use std::time::Duration;
 
@@ -47,13 +50,56 @@ pub(crate) fn field_path(prefix: &str, path: &str, message: &str) -> String {
     parts.join(".")
 }
 
-/// The request body, at most `limit` bytes and within `timeout`.
+/// What a route takes as its body.
+#[derive(Clone, Copy)]
+pub(crate) enum Media {
+    /// `application/json`.
+    Json,
+    /// A module: `application/wasm` or `application/octet-stream`.
+    Module,
+}
+
+impl Media {
+    fn types(self) -> &'static [&'static str] {
+        match self {
+            Self::Json => &["application/json"],
+            Self::Module => &["application/wasm", "application/octet-stream"],
+        }
+    }
+}
+
+/// The body's one `Content-Type` is one of `media`'s (parameters such as `charset` aside).
+fn check_type(headers: &HeaderMap, media: Media) -> Result<(), ApiError> {
+    let mut values = headers.get_all(header::CONTENT_TYPE).iter();
+    let given = match (values.next(), values.next()) {
+        (Some(value), None) => value.to_str().ok(),
+        _ => None,
+    };
+    let essence = given.and_then(|v| v.split(';').next()).map(str::trim);
+    if essence.is_some_and(|e| media.types().iter().any(|t| e.eq_ignore_ascii_case(t))) {
+        return Ok(());
+    }
+    let wanted = media.types().join(" or ");
+    Err(ApiError::new(
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "unsupported_media_type",
+        format!(
+            "this endpoint takes a body of type {wanted}; send `Content-Type: {}`",
+            media.types()[0]
+        ),
+    )
+    .with_field("Content-Type"))
+}
+
+/// The request body, of type `media`, at most `limit` bytes and within `timeout`.
 pub(crate) async fn read_body(
     headers: &HeaderMap,
     body: Body,
+    media: Media,
     limit: u64,
     timeout: Duration,
 ) -> Result<Bytes, ApiError> {
+    check_type(headers, media)?;
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -113,5 +159,32 @@ mod tests {
             "task.task_id"
         );
         assert_eq!(field_path("", "?", "key must be a string"), "");
+    }
+
+    #[test]
+    fn a_body_must_say_its_type() {
+        let with = |values: &[&'static str]| {
+            let mut headers = HeaderMap::new();
+            for value in values {
+                headers.append(header::CONTENT_TYPE, value.parse().expect("value"));
+            }
+            headers
+        };
+        for ok in ["application/json", "Application/JSON; charset=utf-8"] {
+            assert!(check_type(&with(&[ok]), Media::Json).is_ok(), "{ok}");
+        }
+        for ok in ["application/wasm", "application/octet-stream"] {
+            assert!(check_type(&with(&[ok]), Media::Module).is_ok(), "{ok}");
+        }
+        for bad in [
+            &["text/plain"][..],
+            &["application/x-www-form-urlencoded"],
+            &["application/jsonx"],
+            &[],
+            &["application/json", "application/json"],
+        ] {
+            assert!(check_type(&with(bad), Media::Json).is_err(), "{bad:?}");
+        }
+        assert!(check_type(&with(&["application/json"]), Media::Module).is_err());
     }
 }

@@ -15,7 +15,7 @@ use quiver::config::{ConfigError, read_section};
 
 use super::ServeError;
 use crate::EtcdConfig;
-use crate::defaults;
+use crate::{defaults, guard};
 
 /// `[serve]` in `quiver.toml`: the node's API token and limits. Unset fields take their
 /// `defaults::SERVE_*`.
@@ -50,6 +50,12 @@ pub struct ServeConfig {
     pub max_connections: Option<u32>,
     /// [`defaults::SERVE_MAX_CONNECTIONS_PER_IP`].
     pub max_connections_per_ip: Option<u32>,
+    /// Host names the node answers to besides `localhost` and IP addresses (e.g.
+    /// `["node.internal"]`), or `["*"]` for any (only with a token); see docs/security.md.
+    pub allowed_hosts: Option<Vec<String>>,
+    /// Origins a browser may send requests from besides the node's own, e.g. the
+    /// `"https://quiver.example.com"` a proxy serves the node under.
+    pub allowed_origins: Option<Vec<String>>,
 }
 
 impl ServeConfig {
@@ -85,7 +91,15 @@ impl ServeConfig {
                 "must name an environment variable, e.g. \"QUIVER_TOKEN\"; omit it for no token (loopback only)",
             ));
         }
-        Ok(())
+        self.browsers().map(drop)
+    }
+
+    /// What browsers may send, from `allowed_hosts` and `allowed_origins`.
+    fn browsers(&self) -> Result<guard::Rules, (&'static str, &'static str)> {
+        guard::Rules::new(
+            self.allowed_hosts.as_deref(),
+            self.allowed_origins.as_deref(),
+        )
     }
 }
 
@@ -197,6 +211,8 @@ pub struct NodeConfig {
     /// Listed at `GET /v1/approvals` and decided by `POST /v1/approvals/{id}`.
     pub(crate) approvals: Option<Arc<ApprovalQueue>>,
     pub(crate) max_connections_per_ip: usize,
+    /// The `Host`, `Origin` and `Sec-Fetch-Site` a request may carry.
+    pub(crate) browsers: guard::Rules,
 }
 
 impl NodeConfig {
@@ -221,6 +237,7 @@ impl NodeConfig {
             max_connections: defaults::SERVE_MAX_CONNECTIONS,
             approvals: None,
             max_connections_per_ip: defaults::SERVE_MAX_CONNECTIONS_PER_IP,
+            browsers: guard::Rules::default(),
         }
     }
 
@@ -262,6 +279,13 @@ impl NodeConfig {
         if let Some(max) = config.max_connections_per_ip {
             node.max_connections_per_ip = usize::try_from(max).unwrap_or(usize::MAX);
         }
+        node.browsers = config
+            .browsers()
+            .map_err(|(field, message)| ServeError::Field {
+                file: file.to_owned(),
+                field,
+                message,
+            })?;
         Ok(node)
     }
 

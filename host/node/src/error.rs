@@ -29,6 +29,16 @@ pub enum ServeError {
         file.display()
     )]
     AdminTokenEnv { file: PathBuf, var: String },
+    #[error("{}: {field}: {message}", file.display())]
+    Field {
+        file: PathBuf,
+        field: &'static str,
+        message: &'static str,
+    },
+    #[error(
+        "serve.allowed_hosts: \"*\" (any host name) needs a token, or any web page could reach the node by DNS rebinding; set `[serve] token_env`, or list the names clients use instead of \"*\""
+    )]
+    AnyHostWithoutToken,
     #[error(
         "the API or admin token is empty; give `NodeConfig::with_token` and `with_admin_token` a non-blank token"
     )]

@@ -10,7 +10,10 @@
 //! parse and check, the library runs. Everything a
 //! client sends is bounded (body size and time, modules, tasks, kept output) and every
 //! failure is one JSON error shape ([`error`]). A token guards all but the health checks,
-//! and a node without one only listens on loopback. A separate admin token (`[admin]`)
+//! and a node without one only listens on loopback. In front of everything, [`guard`]
+//! refuses what a web page could make a browser send: a `Host` the node does not serve
+//! (DNS rebinding), a foreign `Origin`, a cross-site request; bodies must say their JSON
+//! or wasm type ([`body`]). Without a token `/readyz` says only whether the node is ready. A separate admin token (`[admin]`)
 //! opens the admin API ([`admin`]), which edits the registry's server records and
 //! profiles, tests servers and previews their tools; the web admin page at `/admin/`
 //! ([`web`]) is a browser front end to it.
@@ -43,6 +46,7 @@ pub mod defaults;
 mod error;
 mod etcd;
 mod etcd_access;
+mod guard;
 mod listen;
 mod modules;
 mod source;
@@ -52,7 +56,7 @@ mod web;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::watch;
 
 pub use config::{AdminConfig, NodeConfig, NodeFileConfig, ServeConfig};
 pub use error::ServeError;
@@ -79,7 +83,7 @@ pub(crate) struct NodeState {
     config: NodeConfig,
     modules: ModuleStore,
     tasks: Arc<TaskTable>,
-    uploads: Semaphore,
+    uploads: modules::Uploads,
     phase: watch::Sender<Phase>,
     /// Where the admin API reads and writes records; `None` without an admin token.
     admin_store: Option<Arc<dyn quiver::registry::RegistryStore>>,
@@ -154,6 +158,9 @@ impl Node {
         if blank(&config.token) || blank(&config.admin_token) {
             return Err(ServeError::BlankToken);
         }
+        if config.token.is_none() && config.browsers.any_host() {
+            return Err(ServeError::AnyHostWithoutToken);
+        }
         if config.token.is_none() && !config.listen.ip().is_loopback() {
             return Err(ServeError::NoToken {
                 addr: config.listen,
@@ -174,7 +181,7 @@ impl Node {
                 config.max_output_bytes,
                 config.finished_ttl,
             )),
-            uploads: Semaphore::new(defaults::SERVE_CONCURRENT_UPLOADS),
+            uploads: modules::Uploads::new(defaults::SERVE_CONCURRENT_UPLOADS),
             phase: watch::channel(Phase::Serving).0,
             admin_store: config
                 .admin_token

@@ -7,11 +7,16 @@
 //! in the host's cache nor on disk, so an eviction really frees the module. A module
 //! counts as its compiled image plus its upload size (which covers the copy-on-write image
 //! of its data and its metadata), the memory it really holds rather than the bytes sent.
+//!
+//! Uploads on their way into the store are bounded too ([`Uploads`]): a compile keeps
+//! its upload's place until it ends.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use quiver::GuestModule;
 
@@ -132,5 +137,90 @@ impl ModuleStore {
             },
         );
         Ok(true)
+    }
+}
+
+/// Module uploads read and compiled at once. An upload holds a permit from before its body
+/// is read until its compile ends: the compile runs on a blocking thread that owns the
+/// permit, so a client that disconnects meanwhile (which drops its request) cannot free
+/// a place while its compile still takes a core and its memory.
+pub(crate) struct Uploads {
+    permits: Arc<Semaphore>,
+    limit: usize,
+    compiling: Arc<AtomicUsize>,
+}
+
+/// Uploads at work, for `/readyz`.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub(crate) struct UploadsStatus {
+    /// Holding a permit: reading a body or compiling.
+    pub(crate) in_progress: usize,
+    pub(crate) compiling: usize,
+    pub(crate) limit: usize,
+}
+
+/// One upload's place; see [`Uploads`].
+pub(crate) struct UploadPermit {
+    permit: OwnedSemaphorePermit,
+    compiling: Arc<AtomicUsize>,
+}
+
+/// An upload's place while it compiles, counted in [`UploadsStatus::compiling`].
+struct Compiling {
+    _permit: OwnedSemaphorePermit,
+    compiling: Arc<AtomicUsize>,
+}
+
+impl Drop for Compiling {
+    fn drop(&mut self) {
+        self.compiling.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Uploads {
+    pub(crate) fn new(limit: usize) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(limit)),
+            limit,
+            compiling: Arc::default(),
+        }
+    }
+
+    /// A place for one more upload, unless all are taken.
+    pub(crate) fn try_start(&self) -> Option<UploadPermit> {
+        let permit = self.permits.clone().try_acquire_owned().ok()?;
+        Some(UploadPermit {
+            permit,
+            compiling: self.compiling.clone(),
+        })
+    }
+
+    pub(crate) fn status(&self) -> UploadsStatus {
+        UploadsStatus {
+            in_progress: self.limit.saturating_sub(self.permits.available_permits()),
+            compiling: self.compiling.load(Ordering::Relaxed),
+            limit: self.limit,
+        }
+    }
+}
+
+impl UploadPermit {
+    /// Runs `compile` on a blocking thread that owns this place until it returns, however
+    /// long the request that started it lasts; `None` if it panicked.
+    pub(crate) async fn compile<T: Send + 'static>(
+        self,
+        compile: impl FnOnce() -> T + Send + 'static,
+    ) -> Option<T> {
+        self.compiling.fetch_add(1, Ordering::Relaxed);
+        let place = Compiling {
+            _permit: self.permit,
+            compiling: self.compiling,
+        };
+        tokio::task::spawn_blocking(move || {
+            let _place = place;
+            compile()
+        })
+        .await
+        .ok()
     }
 }

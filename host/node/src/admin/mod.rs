@@ -34,7 +34,7 @@ pub(super) use records::{
 
 use super::NodeState;
 use super::error::ApiError;
-use crate::body::{parse_json, read_body};
+use crate::body::{Media, parse_json, read_body};
 use quiver::registry::{DocFormat, DocKind, RegistryStore, StoreError};
 
 /// A record (or a bundle) as a client sends it: the document text and how it is written.
@@ -159,6 +159,7 @@ async fn read_record(
     let bytes = read_body(
         headers,
         body,
+        Media::Json,
         state.config.max_request_bytes,
         state.config.body_timeout,
     )
