@@ -39,7 +39,7 @@ use super::connect::{
     Guard, Guarded, IdScan, Incoming, Kind, Limits, Problem, SseEvent, SseReader,
 };
 use super::error::{error_chain, host_error};
-use super::outbound::{EgressRefused, OutboundClient, UrlParseError};
+use super::outbound::{EgressRefused, OutboundClient, SendError, UrlParseError};
 use crate::defaults;
 
 /// A configured header that cannot be sent. The value may be a secret, so it is never
@@ -74,7 +74,7 @@ pub(crate) enum SseConnectError {
     Unreachable {
         url: String,
         #[source]
-        source: reqwest::Error,
+        source: SendError,
     },
     #[error("GET {url} answered HTTP {status}")]
     Status {
@@ -466,7 +466,7 @@ pub(crate) enum LegacySseError {
     #[error(transparent)]
     Auth(AuthError),
     #[error("{}", error_chain(.0))]
-    Send(#[source] reqwest::Error),
+    Send(#[source] SendError),
     #[error("POST {url} answered HTTP {status}")]
     Status {
         url: Arc<str>,
