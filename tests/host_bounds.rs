@@ -319,7 +319,7 @@ fn in_child(env_proxy: &str, target: &str, egress: &str) -> String {
     );
     stdout
         .lines()
-        .find_map(|line| line.strip_prefix("CHILD-RESULT: "))
+        .find_map(|line| line.split_once("CHILD-RESULT: ").map(|(_, result)| result))
         .unwrap_or_else(|| panic!("no result from the child: {stdout}"))
         .to_owned()
 }
@@ -335,7 +335,7 @@ async fn proxy_child() {
     registry.write(
         "remote.toml",
         &format!(
-            "server_id = \"remote\"\ntransport = \"http\"\nallowed_tools = [\"*\"]\n[http]\nurl = {target:?}\n"
+            "server_id = \"remote\"\ntransport = \"streamable_http\"\nallowed_tools = [\"*\"]\n[http]\nurl = {target:?}\n"
         ),
     );
     let config: HostConfig = toml::from_str(&egress).expect("egress TOML");
@@ -344,9 +344,15 @@ async fn proxy_child() {
         .with_connect_timeout(Duration::from_secs(2))
         .build()
         .expect("host");
+    let problems: Vec<String> = host
+        .registry()
+        .problems()
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
     let result = match host.server_tools("remote").await {
         Ok(tools) => format!("ok: {} tools", tools.len()),
-        Err(error) => format!("error: {error}"),
+        Err(error) => format!("error: {error} {problems:?}"),
     };
     println!("CHILD-RESULT: {}", result.replace('\n', " "));
 }

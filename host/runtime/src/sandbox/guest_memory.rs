@@ -212,7 +212,8 @@ impl GuestMemoryHold {
     }
 
     /// Bytes this task holds of the total.
-    pub fn held_bytes(&self) -> u64 {
+    #[cfg(test)]
+    fn held_bytes(&self) -> u64 {
         self.account.held.load(Ordering::SeqCst) * PAGE
     }
 }
