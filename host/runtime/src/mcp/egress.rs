@@ -241,9 +241,8 @@ fn embedded_v4(ip: Ipv6Addr) -> impl Iterator<Item = Ipv4Addr> {
     let at = |i: [usize; 4]| Ipv4Addr::new(o[i[0]], o[i[1]], o[i[2]], o[i[3]]);
     let last = at([12, 13, 14, 15]);
     let mut candidates = Vec::new();
-    if s[..5] == [0; 5] && (s[5] == 0xffff || s[5] == 0) {
-        candidates.push(last);
-    } else if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+    let mapped_or_compatible = s[..5] == [0; 5] && (s[5] == 0xffff || s[5] == 0);
+    if mapped_or_compatible || s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
         candidates.push(last);
     } else if s[0] == 0x2002 {
         candidates.push(at([2, 3, 4, 5]));

@@ -53,7 +53,7 @@ pub(crate) enum EgressRefused {
     Unparsable(#[source] UrlParseError),
     /// Through `[egress] proxy`: the target's addresses, checked before sending.
     #[error("{0}")]
-    Resolved(#[source] EgressResolveError),
+    Resolved(#[source] Box<EgressResolveError>),
 }
 
 /// A request that was refused before it was sent, or failed in the sending.
@@ -134,7 +134,7 @@ impl OutboundClient {
         self.policy
             .check_through_proxy(host)
             .await
-            .map_err(EgressRefused::Resolved)
+            .map_err(|refused| EgressRefused::Resolved(Box::new(refused)))
     }
 
     fn checked(&self, url: &str) -> Result<reqwest::Url, EgressRefused> {

@@ -131,7 +131,7 @@ pub(crate) enum OAuthProblem {
     TokenUnreachable {
         url: String,
         #[source]
-        source: SendError,
+        source: Box<SendError>,
     },
     #[error("token endpoint {url}: {source}")]
     TokenBody {
