@@ -182,6 +182,9 @@ async fn mcp_calls_are_counted_by_outcome_and_denials_by_reason() {
     );
     assert_eq!(get(&samples, "quiver_tasks_running", &[]), 0.0);
     assert_eq!(get(&samples, "quiver_tasks_queued", &[]), 0.0);
+    // The task's linear memory went back when it ended.
+    assert_eq!(get(&samples, "quiver_guest_memory_bytes", &[]), 0.0);
+    assert!(get(&samples, "quiver_guest_memory_limit_bytes", &[]) > 0.0);
     let fixture = [("server_id", "fixture")];
     assert_eq!(get(&samples, "quiver_mcp_server_up", &fixture), 1.0);
     assert_eq!(

@@ -512,6 +512,7 @@ fn egress_allowing(origins: &[&str]) -> EgressConfig {
     EgressConfig {
         allow: origins.iter().map(|o| o.to_string()).collect(),
         allow_private: vec!["127.0.0.0/8".into()],
+        proxy: None,
     }
 }
 

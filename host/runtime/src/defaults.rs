@@ -150,6 +150,20 @@ pub fn host_memory_total() -> u64 {
 /// [`host_memory_total`] where the machine's memory cannot be read.
 pub const HOST_MEMORY_TOTAL_FALLBACK: u64 = 4 * 1024 * 1024 * 1024;
 
+/// Guest linear memory all running tasks may hold together, when
+/// `[tasks] guest_memory_total_bytes` does not say: half of the machine's physical memory
+/// (or [`HOST_MEMORY_TOTAL_FALLBACK`]), read as [`host_memory_total`] reads it. Without
+/// it [`TASK_MEMORY_BYTES`] times [`MAX_CONCURRENT_TASKS`] (512 GiB) was the only bound: six
+/// tasks touching 500 MiB each took a node from 79 MB to 3.15 GB. Tasks beyond it wait in
+/// the queue for their module's initial memory; a grow beyond it traps.
+pub fn guest_memory_total() -> u64 {
+    host_memory_total()
+}
+
+/// The smallest `[tasks] guest_memory_total_bytes` a config file may set: room for a small
+/// guest's initial memory.
+pub const GUEST_MEMORY_TOTAL_MIN: u64 = 1024 * 1024;
+
 /// Guest tools that may run inside one another: a guest tool whose `cchat_send` makes the
 /// model call a guest tool again, and so on. Every level holds a fiber stack from the
 /// host's shared pool (the task itself holds one more), so without a bound one recursing

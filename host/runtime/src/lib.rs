@@ -68,10 +68,10 @@ pub use cause::Cause;
 #[cfg(feature = "watch")]
 pub use host::RegistryWatcher;
 pub use host::{
-    BusyReason, CallRefusal, GuestModule, Host, HostBuilder, HostConfig, HostError,
-    HostMemoryStatus, HostMemoryUse, HostStatus, ModuleError, ModuleOrigin, PreviewError,
-    ProbeReport, RegistryHealth, StoreFollower, TaskFailure, TaskOutcome, TaskStatus, TasksConfig,
-    ToolCallError, ToolCallRequest, ToolPreview,
+    BusyReason, CallRefusal, GuestMemoryExhausted, GuestMemoryStatus, GuestModule, Host,
+    HostBuilder, HostConfig, HostError, HostMemoryStatus, HostMemoryUse, HostStatus, ModuleError,
+    ModuleOrigin, PreviewError, ProbeReport, RegistryHealth, StoreFollower, TaskFailure,
+    TaskOutcome, TaskStatus, TasksConfig, ToolCallError, ToolCallRequest, ToolPreview,
 };
 /// What a task is charged against its host memory budget for a JSON text its guest hands
 /// the host (the parsed value's size, computed without parsing), for sizing

@@ -7,12 +7,19 @@
 //! only when the queue is full or its wait runs out. A task's deadline starts when it gets
 //! its slot; its wait in the queue has its own bound, the shorter of the queue timeout and
 //! the task's `limits.deadline_ms`. Counts are atomics, so [`Admission::status`] is cheap.
+//!
+//! A slot is not all a task needs: it also reserves its module's initial linear memory from
+//! the host's total of guest memory ([`GuestMemoryTotal`], whose module doc says why that
+//! and not the task's maximum), and waits in the same queue, within the same bound, until
+//! running tasks leave room for it.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
 use tokio::sync::{Semaphore, SemaphorePermit};
+
+use crate::sandbox::{GuestMemoryHold, GuestMemoryTotal};
 
 /// The task side of the host's status: capacity and what uses it now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -38,6 +45,16 @@ pub enum BusyReason {
     QueueTimeout { after: Duration },
     /// No slot freed up within the task's own deadline, `after`, which also bounds its wait.
     DeadlineInQueue { after: Duration },
+    /// Running tasks left no room in the host's total of guest linear memory for the
+    /// module's initial memory (`needed` bytes) within `after`.
+    GuestMemory {
+        after: Duration,
+        needed: u64,
+        limit: u64,
+    },
+    /// The module's initial linear memory (`needed` bytes) is more than the host's whole
+    /// total: it can never run here.
+    GuestMemoryTooSmall { needed: u64, limit: u64 },
 }
 
 impl std::fmt::Display for BusyReason {
@@ -53,6 +70,19 @@ impl std::fmt::Display for BusyReason {
                 f,
                 "no running slot freed up within the task's limits.deadline_ms of {} ms, which also bounds its wait in the queue",
                 after.as_millis()
+            ),
+            BusyReason::GuestMemory {
+                after,
+                needed,
+                limit,
+            } => write!(
+                f,
+                "running tasks left no room for the module's {needed} bytes of initial linear memory in the host's total of {limit} bytes within {} ms",
+                after.as_millis()
+            ),
+            BusyReason::GuestMemoryTooSmall { needed, limit } => write!(
+                f,
+                "the module's {needed} bytes of initial linear memory are more than the host's whole total of {limit} bytes of guest memory"
             ),
         }
     }
@@ -71,6 +101,12 @@ impl BusyReason {
             BusyReason::DeadlineInQueue { .. } => {
                 "raise the task's limits.deadline_ms or HostBuilder::with_max_concurrent_tasks ([tasks] max_concurrent in quiver.toml), or retry later"
             }
+            BusyReason::GuestMemory { .. } => {
+                "raise HostBuilder::with_guest_memory_total ([tasks] guest_memory_total_bytes in quiver.toml), or retry later"
+            }
+            BusyReason::GuestMemoryTooSmall { .. } => {
+                "raise HostBuilder::with_guest_memory_total ([tasks] guest_memory_total_bytes in quiver.toml), or shrink the module's initial memory"
+            }
         }
     }
 }
@@ -82,6 +118,14 @@ pub(super) struct Admission {
     queue_capacity: u32,
     queue_timeout: Duration,
     queued: AtomicU32,
+    guest_memory: GuestMemoryTotal,
+}
+
+/// What a running task holds: its slot and its share of guest memory.
+#[derive(Debug)]
+pub(super) struct Admitted<'a> {
+    pub(super) _slot: SemaphorePermit<'a>,
+    pub(super) guest_memory: GuestMemoryHold,
 }
 
 /// A place in the queue; given back when dropped, also when the waiting caller is cancelled.
@@ -94,7 +138,12 @@ impl Drop for QueuePlace<'_> {
 }
 
 impl Admission {
-    pub(super) fn new(capacity: u32, queue_capacity: u32, queue_timeout: Duration) -> Self {
+    pub(super) fn new(
+        capacity: u32,
+        queue_capacity: u32,
+        queue_timeout: Duration,
+        guest_memory: GuestMemoryTotal,
+    ) -> Self {
         let capacity = capacity.max(1);
         Self {
             // Never above tokio's limit (it panics there); the engine cannot reserve that
@@ -108,17 +157,35 @@ impl Admission {
             queue_capacity,
             queue_timeout,
             queued: AtomicU32::new(0),
+            guest_memory,
         }
     }
 
-    /// Waits for a running slot, at most the queue timeout and at most `deadline`; the slot
-    /// is held until the permit is dropped.
+    pub(super) fn guest_memory(&self) -> &GuestMemoryTotal {
+        &self.guest_memory
+    }
+
+    /// Waits for a running slot and `memory` bytes of guest memory, at most the queue
+    /// timeout and at most `deadline`; both are held until the [`Admitted`] is dropped.
     pub(super) async fn admit(
         &self,
         deadline: Duration,
-    ) -> Result<SemaphorePermit<'_>, BusyReason> {
-        if let Ok(slot) = self.slots.try_acquire() {
-            return Ok(slot);
+        memory: u64,
+    ) -> Result<Admitted<'_>, BusyReason> {
+        let limit = self.guest_memory.limit_bytes();
+        if !self.guest_memory.fits(memory) {
+            return Err(BusyReason::GuestMemoryTooSmall {
+                needed: memory,
+                limit,
+            });
+        }
+        if let Ok(slot) = self.slots.try_acquire()
+            && let Some(guest_memory) = self.guest_memory.try_reserve(memory)
+        {
+            return Ok(Admitted {
+                _slot: slot,
+                guest_memory,
+            });
         }
         let _place = self.queue_place().ok_or(BusyReason::QueueFull)?;
         let (bound, refusal) = if deadline < self.queue_timeout {
@@ -127,10 +194,25 @@ impl Admission {
             let after = self.queue_timeout;
             (after, BusyReason::QueueTimeout { after })
         };
-        match tokio::time::timeout(bound, self.slots.acquire()).await {
-            Ok(Ok(slot)) => Ok(slot),
-            // The semaphore is never closed; a wait that ends without a slot timed out.
-            Ok(Err(_)) | Err(_) => Err(refusal),
+        let has_slot = AtomicBool::new(false);
+        let wait = async {
+            // The semaphore is never closed.
+            let slot = self.slots.acquire().await.ok()?;
+            has_slot.store(true, Ordering::SeqCst);
+            let guest_memory = self.guest_memory.reserve(memory).await;
+            Some(Admitted {
+                _slot: slot,
+                guest_memory,
+            })
+        };
+        match tokio::time::timeout(bound, wait).await {
+            Ok(Some(admitted)) => Ok(admitted),
+            _ if has_slot.load(Ordering::SeqCst) => Err(BusyReason::GuestMemory {
+                after: bound,
+                needed: memory,
+                limit,
+            }),
+            _ => Err(refusal),
         }
     }
 
@@ -160,18 +242,25 @@ impl Admission {
 mod tests {
     use super::*;
 
+    fn unbounded() -> GuestMemoryTotal {
+        GuestMemoryTotal::new(u64::MAX)
+    }
+
     /// Holding slots and queue places is visible in the status, and dropping a waiter (a
     /// cancelled caller) gives its place back at once.
     #[tokio::test]
     async fn a_cancelled_waiter_gives_its_place_back() {
-        let admission = Admission::new(1, 1, Duration::from_secs(60));
-        let slot = admission.admit(Duration::from_secs(60)).await.unwrap();
-        let mut waiter = Box::pin(admission.admit(Duration::from_secs(60)));
+        let admission = Admission::new(1, 1, Duration::from_secs(60), unbounded());
+        let slot = admission.admit(Duration::from_secs(60), 0).await.unwrap();
+        let mut waiter = Box::pin(admission.admit(Duration::from_secs(60), 0));
         assert!(futures::poll!(waiter.as_mut()).is_pending());
         let status = admission.status();
         assert_eq!((status.running, status.queued), (1, 1));
         assert_eq!(
-            admission.admit(Duration::from_secs(60)).await.unwrap_err(),
+            admission
+                .admit(Duration::from_secs(60), 0)
+                .await
+                .unwrap_err(),
             BusyReason::QueueFull
         );
         drop(waiter);
@@ -186,11 +275,14 @@ mod tests {
     #[tokio::test]
     async fn the_shorter_of_queue_timeout_and_deadline_bounds_the_wait() {
         let queue_timeout = Duration::from_millis(50);
-        let admission = Admission::new(1, 4, queue_timeout);
-        let _slot = admission.admit(Duration::from_secs(60)).await.unwrap();
+        let admission = Admission::new(1, 4, queue_timeout, unbounded());
+        let _slot = admission.admit(Duration::from_secs(60), 0).await.unwrap();
         let started = std::time::Instant::now();
         assert_eq!(
-            admission.admit(Duration::from_secs(60)).await.unwrap_err(),
+            admission
+                .admit(Duration::from_secs(60), 0)
+                .await
+                .unwrap_err(),
             BusyReason::QueueTimeout {
                 after: queue_timeout
             }
@@ -198,9 +290,57 @@ mod tests {
         assert!(started.elapsed() >= queue_timeout);
         let deadline = Duration::from_millis(20);
         assert_eq!(
-            admission.admit(deadline).await.unwrap_err(),
+            admission.admit(deadline, 0).await.unwrap_err(),
             BusyReason::DeadlineInQueue { after: deadline }
         );
         assert_eq!(admission.status().queued, 0);
+    }
+
+    /// A task whose memory does not fit waits in the queue (holding its slot), gets in
+    /// once memory is given back, and is refused naming the total when its wait runs out.
+    #[tokio::test]
+    async fn a_task_waits_in_the_queue_for_guest_memory() {
+        const MIB: u64 = 1 << 20;
+        let admission = Admission::new(
+            4,
+            4,
+            Duration::from_millis(50),
+            GuestMemoryTotal::new(2 * MIB),
+        );
+        let first = admission
+            .admit(Duration::from_secs(60), 2 * MIB)
+            .await
+            .unwrap();
+        let mut waiter = Box::pin(admission.admit(Duration::from_secs(60), MIB));
+        assert!(futures::poll!(waiter.as_mut()).is_pending());
+        assert_eq!(admission.status().queued, 1);
+        drop(first);
+        let second = waiter.await.unwrap();
+        assert_eq!(admission.guest_memory().status().used_bytes, MIB);
+        let _third = admission.admit(Duration::from_secs(60), MIB).await.unwrap();
+        assert_eq!(
+            admission
+                .admit(Duration::from_secs(60), MIB)
+                .await
+                .unwrap_err(),
+            BusyReason::GuestMemory {
+                after: Duration::from_millis(50),
+                needed: MIB,
+                limit: 2 * MIB
+            }
+        );
+        assert_eq!(
+            admission
+                .admit(Duration::from_secs(60), 3 * MIB)
+                .await
+                .unwrap_err(),
+            BusyReason::GuestMemoryTooSmall {
+                needed: 3 * MIB,
+                limit: 2 * MIB
+            }
+        );
+        drop(second);
+        let status = admission.status();
+        assert_eq!((status.running, status.queued), (1, 0));
     }
 }

@@ -16,7 +16,9 @@ use crate::defaults;
 use crate::mcp::{AuthSet, EgressPolicy, McpPool, PoolLimits, RemoteOptions, ServerState};
 use crate::observe::{AuditLog, LiveStatus, Metrics, Observers, ServerGauges, ToolObserver};
 use crate::registry::{Registry, RegistryDirError, RegistryStore, ServerEntry, Severity};
-use crate::sandbox::{HostMemory, Runtime, RuntimeOptions, SandboxSetupError, default_cache_dir};
+use crate::sandbox::{
+    GuestMemoryTotal, HostMemory, Runtime, RuntimeOptions, SandboxSetupError, default_cache_dir,
+};
 use crate::task::TaskError;
 
 /// Why a guest module could not be loaded.
@@ -92,7 +94,8 @@ pub enum HostError {
         source: std::io::Error,
     },
     /// The task was not started: every running slot was taken and the queue was full, or
-    /// its wait for a slot ran out. Nothing of the task ran; retrying later is safe.
+    /// its wait for a slot or for room in the host's total of guest linear memory ran out.
+    /// Nothing of the task ran; retrying later is safe.
     #[error(
         "task `{task_id}` cannot start, the host is busy: {reason} ({capacity} running slots, {queue_capacity} queue places); {}",
         .reason.fix()
@@ -120,6 +123,7 @@ pub struct HostBuilder {
     max_task_memory: u64,
     task_host_memory: Option<u64>,
     host_memory_total: Option<u64>,
+    guest_memory_total: Option<u64>,
     tools_cache_ttl: Duration,
     connect_timeout: Duration,
     config: HostConfig,
@@ -149,6 +153,7 @@ impl Default for HostBuilder {
             max_task_memory: defaults::TASK_MEMORY_BYTES,
             task_host_memory: None,
             host_memory_total: None,
+            guest_memory_total: None,
             tools_cache_ttl: defaults::TOOLS_CACHE_TTL,
             connect_timeout: defaults::CONNECT_TIMEOUT,
             config: HostConfig::default(),
@@ -246,6 +251,15 @@ impl HostBuilder {
     /// the machine's memory).
     pub fn with_host_memory_total(mut self, bytes: u64) -> Self {
         self.host_memory_total = Some(bytes.max(1));
+        self
+    }
+
+    /// Guest linear memory all running tasks may hold together. A task waits in the queue
+    /// until its module's initial memory fits, and a `memory.grow` past the total traps
+    /// the task. Overrides `[tasks] guest_memory_total_bytes`; default
+    /// [`defaults::guest_memory_total`] (half of the machine's memory).
+    pub fn with_guest_memory_total(mut self, bytes: u64) -> Self {
+        self.guest_memory_total = Some(bytes);
         self
     }
 
@@ -398,6 +412,11 @@ impl HostBuilder {
                 .or(tasks.queue_timeout_ms.map(Duration::from_millis))
                 .unwrap_or(defaults::TASK_QUEUE_TIMEOUT)
                 .min(defaults::TASK_DEADLINE_MAX),
+            GuestMemoryTotal::new(
+                self.guest_memory_total
+                    .or(tasks.guest_memory_total_bytes)
+                    .unwrap_or_else(defaults::guest_memory_total),
+            ),
         );
         let options = RuntimeOptions {
             cache_dir,
@@ -515,6 +534,7 @@ impl HostBuilder {
                 servers: servers.collect(),
                 tasks_running: tasks.running,
                 tasks_queued: tasks.queued,
+                guest_memory: host.inner.admission.guest_memory().status(),
                 registry_degraded: host.registry_health().degraded,
             })
         }));
@@ -616,6 +636,11 @@ mod tests {
                 "[tasks]\nhost_memory_bytes = 0\n",
                 "tasks.host_memory_bytes",
             ),
+            (
+                "node-i.toml",
+                "[tasks]\nguest_memory_total_bytes = 65536\n",
+                "tasks.guest_memory_total_bytes",
+            ),
         ] {
             let path = dir.join(name);
             std::fs::write(&path, text).unwrap();
@@ -701,5 +726,33 @@ mod tests {
         assert_eq!(budget(Host::builder()), defaults::TASK_HOST_MEMORY_BYTES);
         // The config file rejects 0; the builder takes it as the smallest budget.
         assert_eq!(budget(Host::builder().with_task_host_memory(0)), 1);
+    }
+
+    /// `[tasks] guest_memory_total_bytes` sets the host's total of guest linear memory, the
+    /// builder wins, and the default is the machine's half.
+    #[test]
+    fn the_guest_memory_total_comes_from_the_file_or_the_builder() {
+        let config: HostConfig =
+            toml::from_str("[tasks]\nguest_memory_total_bytes = 67108864\n").unwrap();
+        let total = |builder: HostBuilder| {
+            builder
+                .without_disk_cache()
+                .build()
+                .unwrap()
+                .status()
+                .guest_memory
+        };
+        let from_file = total(Host::builder().with_config(config.clone(), "."));
+        assert_eq!((from_file.limit_bytes, from_file.used_bytes), (64 << 20, 0));
+        let overridden = total(
+            Host::builder()
+                .with_config(config, ".")
+                .with_guest_memory_total(32 << 20),
+        );
+        assert_eq!(overridden.limit_bytes, 32 << 20);
+        assert_eq!(
+            total(Host::builder()).limit_bytes,
+            defaults::guest_memory_total()
+        );
     }
 }

@@ -34,6 +34,7 @@
 //! [egress]                               # remote MCP servers the host may reach
 //! allow = ["https://*.example.com"]
 //! allow_private = ["127.0.0.0/8"]        # loopback/private/link-local need this
+//! proxy = "http://proxy.internal:3128"   # the only proxy used; HTTP(S)_PROXY are ignored
 //!
 //! [mcp]                                  # the MCP pool's host-wide limits
 //! max_concurrent_calls = 4096
@@ -46,6 +47,7 @@
 //! queue_timeout_ms = 60000               # longest wait for a slot
 //! host_memory_bytes = 67108864           # each task's host memory budget
 //! host_memory_total_bytes = 8589934592   # all tasks together (default: half the RAM)
+//! guest_memory_total_bytes = 8589934592  # all guests' linear memory (default: half the RAM)
 //! ```
 //!
 //! A node (`quiver-node`) keeps `[serve]` and `[admin]` in the same file and reads them
@@ -100,6 +102,10 @@ pub struct TasksConfig {
     pub host_memory_bytes: Option<u64>,
     /// Host memory all tasks hold together ([`crate::defaults::host_memory_total`]).
     pub host_memory_total_bytes: Option<u64>,
+    /// Guest linear memory all running tasks hold together
+    /// ([`crate::defaults::guest_memory_total`]); tasks wait for room at admission and a
+    /// grow past it traps.
+    pub guest_memory_total_bytes: Option<u64>,
 }
 
 impl TasksConfig {
@@ -115,6 +121,15 @@ impl TasksConfig {
             return Err((
                 "tasks.host_memory_total_bytes",
                 "must be greater than 0; omit it for half of the machine's memory",
+            ));
+        }
+        if self
+            .guest_memory_total_bytes
+            .is_some_and(|bytes| bytes < crate::defaults::GUEST_MEMORY_TOTAL_MIN)
+        {
+            return Err((
+                "tasks.guest_memory_total_bytes",
+                "must be at least 1048576 (1 MiB) so a small guest can start; omit it for half of the machine's memory",
             ));
         }
         if self.host_memory_bytes == Some(0) {

@@ -5,7 +5,8 @@
 //! share those and nothing else: each gets a fresh store with its own sandbox (fd table,
 //! WASI context, memory limit, deadline) and its own capability state, so one task
 //! trapping, looping or timing out ends that task alone. Admission control
-//! ([`admission`]) caps how many run at once; the rest wait in a bounded queue.
+//! ([`admission`]) caps how many run at once and what their linear memories hold together;
+//! the rest wait in a bounded queue.
 
 mod admission;
 mod builder;
@@ -33,8 +34,11 @@ use crate::mcp::{McpPool, McpTask, PoolLimits, PoolUsage, ServerStatus};
 use crate::observe::{AuditLog, Metrics, Observers};
 use crate::policy::{self, PolicyReport, SessionRequest};
 use crate::registry::{Registry, RegistryStore};
+pub use crate::sandbox::{
+    GuestMemoryExhausted, GuestMemoryStatus, HostMemoryStatus, HostMemoryUse, ModuleOrigin,
+    TaskFailure,
+};
 use crate::sandbox::{HostMemory, MemoryBudget, Runtime, Sandbox};
-pub use crate::sandbox::{HostMemoryStatus, HostMemoryUse, ModuleOrigin, TaskFailure};
 use crate::task::{TaskError, TaskSpec};
 use admission::Admission;
 pub use admission::{BusyReason, TaskStatus};
@@ -48,6 +52,9 @@ pub use sync::StoreFollower;
 use task_state::TaskState;
 #[cfg(feature = "watch")]
 pub use watch::RegistryWatcher;
+
+/// Bytes of a wasm page, the unit of `ResourcesRequired::max_initial_memory_size`.
+const WASM_PAGE: u64 = 64 * 1024;
 
 struct HostInner {
     runtime: Runtime<TaskState>,
@@ -82,6 +89,8 @@ pub struct GuestModule {
     pre: InstancePre<TaskState>,
     origin: ModuleOrigin,
     name: String,
+    /// Linear memory instantiation needs, reserved from the host's total at admission.
+    initial_memory: u64,
 }
 
 impl GuestModule {
@@ -108,6 +117,8 @@ pub struct HostStatus {
     pub tasks: TaskStatus,
     /// Host memory the running tasks hold for their guests, against the host's total.
     pub host_memory: HostMemoryStatus,
+    /// Linear memory the running tasks' guests hold, against the host's total of it.
+    pub guest_memory: GuestMemoryStatus,
     /// Every MCP server used so far, by id.
     pub mcp_servers: Vec<ServerStatus>,
 }
@@ -204,6 +215,7 @@ impl Host {
         HostStatus {
             tasks: self.inner.admission.status(),
             host_memory: self.inner.host_memory.status(),
+            guest_memory: self.inner.admission.guest_memory().status(),
             mcp_servers: self.inner.pool.status(),
         }
     }
@@ -255,20 +267,26 @@ impl Host {
             source: ModuleError::Compile(e),
         })?;
         tracing::debug!(module = name, ?origin, "module ready");
+        let needs = pre.module().resources_required();
+        let initial_memory = u64::from(needs.num_memories)
+            .saturating_mul(needs.max_initial_memory_size.unwrap_or(0))
+            .saturating_mul(WASM_PAGE);
         Ok(GuestModule {
             pre,
             origin,
             name: name.to_owned(),
+            initial_memory,
         })
     }
 
     /// Runs one task to completion. A guest failure is reported in the outcome; an error
     /// here means the task could not start.
     ///
-    /// When every running slot is taken the task waits in the queue, at most the queue
-    /// timeout and at most its own deadline, which starts only when it gets a slot; a full
-    /// queue or a wait that runs out is [`HostError::Busy`]. Dropping the future gives its
-    /// queue place or slot back.
+    /// When every running slot is taken, or running tasks leave no room in the host's total
+    /// of guest linear memory for the module's initial memory, the task waits in the queue,
+    /// at most the queue timeout and at most its own deadline, which starts only when it
+    /// gets a slot; a full queue or a wait that runs out is [`HostError::Busy`]. Dropping
+    /// the future gives its queue place, slot and memory back.
     pub async fn run_task(
         &self,
         module: &GuestModule,
@@ -321,16 +339,19 @@ impl Host {
         }
         let arrived = Instant::now();
         let admission = &self.inner.admission;
-        let _slot = admission.admit(task.deadline()).await.map_err(|reason| {
-            let status = admission.status();
-            tracing::warn!(task_id = %task.task_id, %reason, "host busy, task refused");
-            HostError::Busy {
-                task_id: task.task_id.clone(),
-                capacity: status.capacity,
-                queue_capacity: status.queue_capacity,
-                reason,
-            }
-        })?;
+        let held = admission
+            .admit(task.deadline(), module.initial_memory)
+            .await
+            .map_err(|reason| {
+                let status = admission.status();
+                tracing::warn!(task_id = %task.task_id, %reason, "host busy, task refused");
+                HostError::Busy {
+                    task_id: task.task_id.clone(),
+                    capacity: status.capacity,
+                    queue_capacity: status.queue_capacity,
+                    reason,
+                }
+            })?;
         admitted();
         let started = Instant::now();
         let memory_limit = task.memory_limit().min(self.inner.runtime.max_task_memory);
@@ -340,9 +361,14 @@ impl Host {
             host_memory_limit,
             &self.inner.host_memory,
         );
-        let (sandbox, captured) =
-            Sandbox::for_task(task, &module.name, memory_limit, budget.clone())
-                .map_err(|e| setup_error(String::new(), e))?;
+        let (sandbox, captured) = Sandbox::for_task(
+            task,
+            &module.name,
+            memory_limit,
+            held.guest_memory.clone(),
+            budget.clone(),
+        )
+        .map_err(|e| setup_error(String::new(), e))?;
         let state = TaskState {
             sandbox,
             mcp: Arc::new(mcp),

@@ -28,6 +28,13 @@ pub struct EgressConfig {
     /// CIDRs that may be reached although loopback/private/link-local, e.g. `127.0.0.0/8`.
     #[serde(default)]
     pub allow_private: Vec<String>,
+    /// The HTTP proxy every request to a remote server goes through, `http://host:port`
+    /// (or `https://`). Without it the host connects directly and ignores `HTTP_PROXY`,
+    /// `HTTPS_PROXY` and `ALL_PROXY`: a proxy resolves names itself, so the address rules
+    /// would never see the real target. With it, each target is resolved and checked
+    /// before the request goes to the proxy.
+    #[serde(default)]
+    pub proxy: Option<String>,
 }
 
 fn default_allow() -> Vec<String> {
@@ -39,6 +46,7 @@ impl Default for EgressConfig {
         Self {
             allow: default_allow(),
             allow_private: Vec::new(),
+            proxy: None,
         }
     }
 }
@@ -67,6 +75,10 @@ pub enum EgressRuleError {
     /// An `allow_private` entry whose prefix is longer than the address.
     #[error("{cidr:?}: prefix longer than {max}")]
     PrefixTooLong { cidr: String, max: u8 },
+    /// `proxy` is not an `http://host:port` or `https://host:port` URL. The URL itself is
+    /// not repeated: it might carry a password.
+    #[error("proxy: {problem} (expected http://host:port or https://host:port)")]
+    Proxy { problem: &'static str },
 }
 
 /// What is wrong with an `allow` rule.
@@ -113,6 +125,11 @@ pub enum EgressResolveError {
     },
     #[error("egress policy refuses {host}: no addresses")]
     NoAddresses { host: String },
+    /// Through a proxy a name the host cannot resolve cannot be checked, so it is not sent.
+    #[error(
+        "egress policy refuses {host}: it does not resolve here ({reason}), so it cannot be checked before it is sent through [egress] proxy"
+    )]
+    Unresolved { host: String, reason: String },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -185,6 +202,7 @@ impl Cidr {
 pub struct EgressPolicy {
     rules: Vec<Rule>,
     allow_private: Vec<Cidr>,
+    proxy: Option<reqwest::Url>,
 }
 
 impl Default for EgressPolicy {
@@ -201,15 +219,41 @@ fn default_port(scheme: &str) -> Option<u16> {
     }
 }
 
-/// Why an address is special, if it is.
+/// Why an address is special, if it is. An IPv6 address that carries an IPv4 address to a
+/// translator or tunnel is judged by the IPv4 address it reaches: `64:ff9b::10.0.0.1`
+/// through a NAT64 gateway is 10.0.0.1.
 fn special(ip: IpAddr) -> Option<&'static str> {
     match ip {
         IpAddr::V4(v4) => special_v4(v4),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => special_v4(v4),
-            None => special_v6(v6),
-        },
+        IpAddr::V6(v6) => special_v6(v6).or_else(|| embedded_v4(v6).find_map(special_v4)),
     }
+}
+
+/// The IPv4 addresses an IPv6 address may reach: IPv4-mapped (`::ffff:a.b.c.d`) and
+/// -compatible (`::a.b.c.d`), NAT64's well-known prefix (`64:ff9b::/96`, RFC 6052), 6to4
+/// (`2002:aabb:ccdd::/48`, RFC 3056) and NAT64's local-use prefix (`64:ff9b:1::/48`, RFC
+/// 8215). A local-use prefix may be /48 to /96 long, which the host cannot know: the /96
+/// and the /48 places of RFC 6052 are both candidates and either being special refuses,
+/// except a candidate in 0.0.0.0/8, which is the zero filler of the other layout.
+fn embedded_v4(ip: Ipv6Addr) -> impl Iterator<Item = Ipv4Addr> {
+    let s = ip.segments();
+    let o = ip.octets();
+    let at = |i: [usize; 4]| Ipv4Addr::new(o[i[0]], o[i[1]], o[i[2]], o[i[3]]);
+    let last = at([12, 13, 14, 15]);
+    let mut candidates = Vec::new();
+    let mapped_or_compatible = s[..5] == [0; 5] && (s[5] == 0xffff || s[5] == 0);
+    if mapped_or_compatible || s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        candidates.push(last);
+    } else if s[0] == 0x2002 {
+        candidates.push(at([2, 3, 4, 5]));
+    } else if s[..3] == [0x64, 0xff9b, 1] {
+        candidates.extend(
+            [at([6, 7, 9, 10]), last]
+                .into_iter()
+                .filter(|v4| v4.octets()[0] != 0),
+        );
+    }
+    candidates.into_iter()
 }
 
 fn special_v4(ip: Ipv4Addr) -> Option<&'static str> {
@@ -260,10 +304,30 @@ impl EgressPolicy {
             .iter()
             .map(|c| Cidr::parse(c))
             .collect::<Result<_, _>>()?;
+        let proxy = config.proxy.as_deref().map(parse_proxy).transpose()?;
         Ok(Self {
             rules,
             allow_private,
+            proxy,
         })
+    }
+
+    /// The proxy requests go through (`[egress] proxy`), if any.
+    pub(crate) fn proxy(&self) -> Option<&reqwest::Url> {
+        self.proxy.as_ref()
+    }
+
+    /// Whether `host` is the configured proxy's: the operator named it, so the address
+    /// rules (which are for targets) do not apply to reaching it.
+    fn is_proxy_host(&self, host: &str) -> bool {
+        self.proxy
+            .as_ref()
+            .and_then(|p| p.host_str())
+            .is_some_and(|p| {
+                p.trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .eq_ignore_ascii_case(host)
+            })
     }
 
     /// Checks a URL against the rules, and a literal IP host against the address rules.
@@ -301,6 +365,28 @@ impl EgressPolicy {
             _ => Ok(()),
         }
     }
+}
+
+/// `[egress] proxy`: an http(s) URL of a host and port, without credentials (they would
+/// sit in the config file and its `Debug`), path or query.
+fn parse_proxy(text: &str) -> Result<reqwest::Url, EgressRuleError> {
+    let bad = |problem| EgressRuleError::Proxy { problem };
+    let url = reqwest::Url::parse(text).map_err(|_| bad("not a URL"))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(bad("the scheme must be http or https"));
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(bad("no host"));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(bad(
+            "credentials in the URL are not supported; let the proxy admit the node by its address",
+        ));
+    }
+    if url.path() != "/" || url.query().is_some() || url.fragment().is_some() {
+        return Err(bad("paths and queries are not allowed"));
+    }
+    Ok(url)
 }
 
 fn parse_rule(text: &str) -> Result<Rule, EgressRuleError> {
@@ -352,6 +438,11 @@ impl reqwest::dns::Resolve for EgressResolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
         let policy = self.policy.clone();
         Box::pin(async move {
+            if policy.is_proxy_host(name.as_str()) {
+                let addrs: Vec<SocketAddr> =
+                    tokio::net::lookup_host((name.as_str(), 0)).await?.collect();
+                return Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs);
+            }
             let allowed = policy.resolve(name.as_str()).await??;
             Ok(Box::new(allowed.into_iter()) as reqwest::dns::Addrs)
         })
@@ -387,6 +478,39 @@ impl EgressPolicy {
         }
         Ok(Ok(allowed))
     }
+
+    /// Before a request goes through the proxy, which resolves `host` itself: every address
+    /// of `host` must pass the address rules (the proxy may pick any of them), and a name
+    /// that does not resolve here is refused rather than sent unchecked.
+    pub(crate) async fn check_through_proxy(&self, host: &str) -> Result<(), EgressResolveError> {
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            return self
+                .check_ip(ip)
+                .map_err(|denied| EgressResolveError::Refused {
+                    host: host.to_owned(),
+                    denied,
+                });
+        }
+        let unresolved = |reason: String| EgressResolveError::Unresolved {
+            host: host.to_owned(),
+            reason,
+        };
+        let addrs: Vec<SocketAddr> = tokio::net::lookup_host((host, 0))
+            .await
+            .map_err(|e| unresolved(e.to_string()))?
+            .collect();
+        if addrs.is_empty() {
+            return Err(unresolved("no addresses".into()));
+        }
+        for addr in addrs {
+            self.check_ip(addr.ip())
+                .map_err(|denied| EgressResolveError::Refused {
+                    host: host.to_owned(),
+                    denied,
+                })?;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -397,6 +521,7 @@ mod tests {
         EgressPolicy::from_config(&EgressConfig {
             allow: allow.iter().map(|s| s.to_string()).collect(),
             allow_private: private.iter().map(|s| s.to_string()).collect(),
+            proxy: None,
         })
         .unwrap()
     }
@@ -455,6 +580,87 @@ mod tests {
         assert!(loopback.check_url(&url("http://169.254.169.254/")).is_err());
     }
 
+    /// Translators and tunnels reach the IPv4 address they embed, so that address decides.
+    #[test]
+    fn nat64_6to4_and_compatible_addresses_are_judged_by_the_ipv4_they_embed() {
+        let p = policy(&["*://*:*"], &[]);
+        let kind = |ip: &str| special(ip.parse().unwrap());
+        for (ip, expected) in [
+            ("64:ff9b::a00:1", "private"),           // NAT64 of 10.0.0.1
+            ("64:ff9b::7f00:1", "loopback"),         // 127.0.0.1
+            ("64:ff9b::a9fe:a9fe", "link-local"),    // 169.254.169.254
+            ("2002:a00:1::1", "private"),            // 6to4 of 10.0.0.1
+            ("2002:a9fe:a9fe::", "link-local"),      // 6to4 of 169.254.169.254
+            ("::a00:1", "private"),                  // IPv4-compatible 10.0.0.1
+            ("::ffff:a9fe:a9fe", "link-local"),      // IPv4-mapped
+            ("64:ff9b:1:a00:0:100::", "private"),    // local-use /48: 10.0.0.1
+            ("64:ff9b:1:0:0:0:c0a8:101", "private"), // local-use /96: 192.168.1.1
+        ] {
+            let found = kind(ip).unwrap_or_else(|| panic!("{ip} passed"));
+            assert!(found.starts_with(expected), "{ip}: {found}");
+            assert!(
+                p.check_url(&url(&format!("http://[{ip}]/"))).is_err(),
+                "{ip}"
+            );
+        }
+        for public in [
+            "64:ff9b::5db8:d822", // NAT64 of 93.184.216.34
+            "2002:5db8:d822::1",  // 6to4 of 93.184.216.34
+            "::5db8:d822",
+            "2001:db8::a00:1", // only these prefixes embed an IPv4 address
+        ] {
+            assert_eq!(kind(public), None, "{public}");
+        }
+        assert_eq!(kind("::1"), Some("loopback"));
+        assert_eq!(kind("::"), Some("unspecified"));
+    }
+
+    #[test]
+    fn a_proxy_is_a_host_and_port_without_credentials() {
+        let with = |proxy: &str| {
+            EgressPolicy::from_config(&EgressConfig {
+                proxy: Some(proxy.into()),
+                ..EgressConfig::default()
+            })
+        };
+        let ok = with("http://proxy.internal:3128").unwrap();
+        assert!(ok.is_proxy_host("PROXY.internal"));
+        assert!(!ok.is_proxy_host("other.internal"));
+        assert!(with("https://[::1]:8443/").unwrap().is_proxy_host("::1"));
+        for (bad, problem) in [
+            ("proxy.internal:3128", "scheme"),
+            ("socks5://proxy:1080", "scheme"),
+            ("http://user:s3cret@proxy:3128", "credentials"),
+            ("http://proxy:3128/path", "paths"),
+            ("not a url", "not a URL"),
+        ] {
+            let error = with(bad).unwrap_err().to_string();
+            assert!(
+                error.starts_with("proxy: ") && error.contains(problem),
+                "{bad}: {error}"
+            );
+            assert!(!error.contains("s3cret"), "{error}");
+        }
+        assert_eq!(EgressPolicy::default().proxy(), None);
+    }
+
+    #[tokio::test]
+    async fn through_a_proxy_every_address_of_the_target_is_checked_first() {
+        let p = policy(&["*://*:*"], &[]);
+        for host in ["localhost", "127.0.0.1", "64:ff9b::a00:1"] {
+            assert!(
+                matches!(
+                    p.check_through_proxy(host).await,
+                    Err(EgressResolveError::Refused { .. })
+                ),
+                "{host}"
+            );
+        }
+        assert_eq!(p.check_through_proxy("93.184.216.34").await, Ok(()));
+        let loopback = policy(&["*://*:*"], &["127.0.0.0/8", "::1"]);
+        assert_eq!(loopback.check_through_proxy("localhost").await, Ok(()));
+    }
+
     #[test]
     fn bad_rules_are_reported() {
         for bad in [
@@ -466,7 +672,8 @@ mod tests {
             assert!(
                 EgressPolicy::from_config(&EgressConfig {
                     allow: vec![bad.into()],
-                    allow_private: vec![]
+                    allow_private: vec![],
+                    proxy: None,
                 })
                 .is_err(),
                 "{bad}"
@@ -475,7 +682,8 @@ mod tests {
         assert!(
             EgressPolicy::from_config(&EgressConfig {
                 allow: vec![],
-                allow_private: vec!["10.0.0.0/99".into()]
+                allow_private: vec!["10.0.0.0/99".into()],
+                proxy: None,
             })
             .is_err()
         );
@@ -503,6 +711,7 @@ mod tests {
             EgressPolicy::from_config(&EgressConfig {
                 allow: vec![allow.into()],
                 allow_private: vec![],
+                proxy: None,
             })
             .unwrap_err()
         };
@@ -513,6 +722,7 @@ mod tests {
         let cidr = EgressPolicy::from_config(&EgressConfig {
             allow: vec![],
             allow_private: vec!["10.0.0.0/x".into()],
+            proxy: None,
         })
         .unwrap_err();
         assert_eq!(cidr.to_string(), "\"10.0.0.0/x\": bad prefix length");

@@ -39,7 +39,7 @@ use super::connect::{
     Guard, Guarded, IdScan, Incoming, Kind, Limits, Problem, SseEvent, SseReader,
 };
 use super::error::{error_chain, host_error};
-use super::outbound::{EgressRefused, OutboundClient, UrlParseError};
+use super::outbound::{EgressRefused, OutboundClient, SendError, UrlParseError};
 use crate::defaults;
 
 /// A configured header that cannot be sent. The value may be a secret, so it is never
@@ -74,7 +74,7 @@ pub(crate) enum SseConnectError {
     Unreachable {
         url: String,
         #[source]
-        source: reqwest::Error,
+        source: Box<SendError>,
     },
     #[error("GET {url} answered HTTP {status}")]
     Status {
@@ -466,7 +466,7 @@ pub(crate) enum LegacySseError {
     #[error(transparent)]
     Auth(AuthError),
     #[error("{}", error_chain(.0))]
-    Send(#[source] reqwest::Error),
+    Send(#[source] Box<SendError>),
     #[error("POST {url} answered HTTP {status}")]
     Status {
         url: Arc<str>,
@@ -508,7 +508,7 @@ impl LegacySse {
             .await
             .map_err(|source| SseConnectError::Unreachable {
                 url: url.to_owned(),
-                source,
+                source: Box::new(source),
             })?;
         if !response.status().is_success() {
             return Err(SseConnectError::Status {
@@ -664,7 +664,9 @@ impl Transport<RoleClient> for LegacySse {
                 Ok::<_, LegacySseError>(request.send())
             };
             let token = bearer(&client).await.map_err(LegacySseError::Auth)?;
-            let mut response = post(token.clone())?.await.map_err(LegacySseError::Send)?;
+            let mut response = post(token.clone())?
+                .await
+                .map_err(|e| LegacySseError::Send(Box::new(e)))?;
             if response.status() == reqwest::StatusCode::UNAUTHORIZED
                 && let (Some(oauth), Some(token)) = (&client.oauth, token)
             {
@@ -676,7 +678,9 @@ impl Transport<RoleClient> for LegacySse {
                     .unauthorized(Some(&token), challenge)
                     .await
                     .map_err(LegacySseError::Auth)?;
-                response = post(Some(fresh))?.await.map_err(LegacySseError::Send)?;
+                response = post(Some(fresh))?
+                    .await
+                    .map_err(|e| LegacySseError::Send(Box::new(e)))?;
             }
             if !response.status().is_success() {
                 return Err(LegacySseError::Status {

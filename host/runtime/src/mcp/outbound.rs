@@ -12,6 +12,14 @@
 //! ([`EgressResolver`]) checks every address a name resolves to. rmcp's OAuth discovery
 //! uses the same client through its `OAuthHttpClient` trait, with bounded bodies and time.
 //!
+//! The client never takes a proxy from the environment (`HTTP_PROXY`, `HTTPS_PROXY`,
+//! `ALL_PROXY`): a proxy resolves the target's name itself, so the resolver would only ever
+//! see the proxy's. Only `[egress] proxy` sets one, and then every request's target is
+//! resolved and checked here ([`EgressPolicy::check_through_proxy`]) before it is handed
+//! to the proxy. The proxy may still resolve a name differently a moment later (DNS
+//! rebinding between the two lookups); docs/policy.md says to let the proxy refuse private
+//! addresses too.
+//!
 //! A refusal ([`EgressRefused`]) names the scheme, host and port and the rule that refused
 //! them; never the path or query, which may carry session ids or tokens.
 
@@ -43,6 +51,18 @@ pub(crate) enum EgressRefused {
     /// Only the parse error: the URL may carry a secret in its query.
     #[error("egress policy: cannot check a URL that does not parse ({0})")]
     Unparsable(#[source] UrlParseError),
+    /// Through `[egress] proxy`: the target's addresses, checked before sending.
+    #[error("{0}")]
+    Resolved(#[source] Box<EgressResolveError>),
+}
+
+/// A request that was refused before it was sent, or failed in the sending.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SendError {
+    #[error(transparent)]
+    Refused(EgressRefused),
+    #[error(transparent)]
+    Http(reqwest::Error),
 }
 
 /// The shared HTTP client could not be built.
@@ -58,21 +78,25 @@ pub(crate) struct OutboundClient {
 }
 
 impl OutboundClient {
-    /// The client: the egress resolver, no redirects, and the connect timeout.
+    /// The client: the egress resolver, no redirects, the connect timeout, and no proxy
+    /// but the policy's.
     pub(crate) fn new(
         policy: Arc<EgressPolicy>,
         connect_timeout: Duration,
     ) -> Result<Self, ClientBuildError> {
         ensure_tls_provider();
-        let http = reqwest::Client::builder()
+        let mut builder = reqwest::Client::builder()
+            .no_proxy()
             .dns_resolver(Arc::new(EgressResolver {
                 policy: policy.clone(),
             }))
             .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true)
-            .connect_timeout(connect_timeout)
-            .build()
-            .map_err(ClientBuildError)?;
+            .connect_timeout(connect_timeout);
+        if let Some(proxy) = policy.proxy() {
+            builder = builder.proxy(reqwest::Proxy::all(proxy.clone()).map_err(ClientBuildError)?);
+        }
+        let http = builder.build().map_err(ClientBuildError)?;
         Ok(Self { http, policy })
     }
 
@@ -97,6 +121,22 @@ impl OutboundClient {
         }
     }
 
+    /// Through a proxy, the check the resolver makes on a direct connection: `url`'s host
+    /// and every address it resolves to. Without a proxy, nothing to do here.
+    async fn checked_target(&self, url: &reqwest::Url) -> Result<(), EgressRefused> {
+        if self.policy.proxy().is_none() {
+            return Ok(());
+        }
+        let Some(host) = url.host_str() else {
+            return Ok(());
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        self.policy
+            .check_through_proxy(host)
+            .await
+            .map_err(|refused| EgressRefused::Resolved(Box::new(refused)))
+    }
+
     fn checked(&self, url: &str) -> Result<reqwest::Url, EgressRefused> {
         // The parse error alone: the URL may carry a secret in its query.
         let parsed = reqwest::Url::parse(url).map_err(EgressRefused::Unparsable)?;
@@ -107,7 +147,11 @@ impl OutboundClient {
     /// A `method` request to `url`, if the egress policy allows `url`.
     pub(crate) fn request(&self, method: Method, url: &str) -> Result<Outbound, EgressRefused> {
         let url = self.checked(url)?;
-        Ok(Outbound(self.http.request(method, url)))
+        Ok(Outbound {
+            request: self.http.request(method, url.clone()),
+            url,
+            client: self.clone(),
+        })
     }
 
     pub(crate) fn get(&self, url: &str) -> Result<Outbound, EgressRefused> {
@@ -120,8 +164,12 @@ impl OutboundClient {
 
     /// rmcp's calls carry their own URI: check it, or fail the call as an I/O error
     /// (`PermissionDenied`) whose text is the refusal.
-    fn checked_uri(&self, uri: &str) -> Result<(), HttpError> {
-        self.checked(uri).map(drop).map_err(|denied| {
+    async fn checked_uri(&self, uri: &str) -> Result<(), HttpError> {
+        let checked = match self.checked(uri) {
+            Ok(url) => self.checked_target(&url).await,
+            Err(denied) => Err(denied),
+        };
+        checked.map_err(|denied| {
             StreamableHttpError::Io(std::io::Error::new(
                 std::io::ErrorKind::PermissionDenied,
                 denied,
@@ -132,7 +180,11 @@ impl OutboundClient {
 
 /// A request whose URL passed the egress check. It can gain headers and a body, not a
 /// new URL, and it does not hand out the client it will be sent with.
-pub(crate) struct Outbound(reqwest::RequestBuilder);
+pub(crate) struct Outbound {
+    request: reqwest::RequestBuilder,
+    url: reqwest::Url,
+    client: OutboundClient,
+}
 
 impl Outbound {
     pub(crate) fn header<K, V>(self, name: K, value: V) -> Self
@@ -142,11 +194,17 @@ impl Outbound {
         HeaderValue: TryFrom<V>,
         <HeaderValue as TryFrom<V>>::Error: Into<http::Error>,
     {
-        Self(self.0.header(name, value))
+        Self {
+            request: self.request.header(name, value),
+            ..self
+        }
     }
 
     pub(crate) fn bearer_auth(self, token: impl std::fmt::Display) -> Self {
-        Self(self.0.bearer_auth(token))
+        Self {
+            request: self.request.bearer_auth(token),
+            ..self
+        }
     }
 
     pub(crate) fn basic_auth(
@@ -154,24 +212,41 @@ impl Outbound {
         user: impl std::fmt::Display,
         password: Option<impl std::fmt::Display>,
     ) -> Self {
-        Self(self.0.basic_auth(user, password))
+        Self {
+            request: self.request.basic_auth(user, password),
+            ..self
+        }
     }
 
     /// The whole exchange, body included, ends by `timeout`.
     pub(crate) fn timeout(self, timeout: Duration) -> Self {
-        Self(self.0.timeout(timeout))
+        Self {
+            request: self.request.timeout(timeout),
+            ..self
+        }
     }
 
     pub(crate) fn form<T: serde::Serialize + ?Sized>(self, form: &T) -> Self {
-        Self(self.0.form(form))
+        Self {
+            request: self.request.form(form),
+            ..self
+        }
     }
 
     pub(crate) fn json<T: serde::Serialize + ?Sized>(self, json: &T) -> Self {
-        Self(self.0.json(json))
+        Self {
+            request: self.request.json(json),
+            ..self
+        }
     }
 
-    pub(crate) async fn send(self) -> Result<reqwest::Response, reqwest::Error> {
-        self.0.send().await
+    /// Sends the request; through a proxy, only once its target's addresses pass.
+    pub(crate) async fn send(self) -> Result<reqwest::Response, SendError> {
+        self.client
+            .checked_target(&self.url)
+            .await
+            .map_err(SendError::Refused)?;
+        self.request.send().await.map_err(SendError::Http)
     }
 }
 
@@ -219,6 +294,7 @@ impl OAuthHttpClient for OutboundClient {
             });
             let (parts, body) = request.request.into_parts();
             let url = self.checked(&parts.uri.to_string())?;
+            self.checked_target(&url).await?;
             let response = self
                 .http
                 .request(parts.method, url)
@@ -252,7 +328,7 @@ impl StreamableHttpClient for OutboundClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
-        self.checked_uri(&uri)?;
+        self.checked_uri(&uri).await?;
         self.http
             .post_message(uri, message, session_id, auth_header, custom_headers)
             .await
@@ -267,7 +343,7 @@ impl StreamableHttpClient for OutboundClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
-        self.checked_uri(&uri)?;
+        self.checked_uri(&uri).await?;
         self.http
             .post_message_with_max_sse_event_size(
                 uri,
@@ -287,7 +363,7 @@ impl StreamableHttpClient for OutboundClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(), HttpError> {
-        self.checked_uri(&uri)?;
+        self.checked_uri(&uri).await?;
         self.http
             .delete_session(uri, session_id, auth_header, custom_headers)
             .await
@@ -301,7 +377,7 @@ impl StreamableHttpClient for OutboundClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
-        self.checked_uri(&uri)?;
+        self.checked_uri(&uri).await?;
         self.http
             .get_stream(uri, session_id, last_event_id, auth_header, custom_headers)
             .await
@@ -316,7 +392,7 @@ impl StreamableHttpClient for OutboundClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
         max_sse_event_size: usize,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
-        self.checked_uri(&uri)?;
+        self.checked_uri(&uri).await?;
         self.http
             .get_stream_with_max_sse_event_size(
                 uri,
@@ -343,6 +419,7 @@ mod tests {
         let policy = EgressPolicy::from_config(&EgressConfig {
             allow: allow.iter().map(|s| s.to_string()).collect(),
             allow_private: vec!["127.0.0.0/8".into()],
+            proxy: None,
         })
         .unwrap();
         OutboundClient::new(Arc::new(policy), Duration::from_secs(5)).unwrap()

@@ -81,6 +81,8 @@ pub(crate) struct LiveStatus {
     pub(crate) tasks_running: u32,
     /// Tasks waiting for a running slot.
     pub(crate) tasks_queued: u32,
+    /// Guest linear memory the running tasks hold, against the host's total.
+    pub(crate) guest_memory: crate::sandbox::GuestMemoryStatus,
     /// The registry serves its last snapshot because the newest could not be read or built.
     pub(crate) registry_degraded: bool,
 }
@@ -342,6 +344,21 @@ impl Collector for Live {
         ] {
             let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
             ConstGauge::new(i64::from(value)).encode(metric)?;
+        }
+        for (name, help, value) in [
+            (
+                "quiver_guest_memory_bytes",
+                "Guest linear memory the running tasks hold (reserved at admission, grown since)",
+                live.guest_memory.used_bytes,
+            ),
+            (
+                "quiver_guest_memory_limit_bytes",
+                "The host's total of guest linear memory ([tasks] guest_memory_total_bytes)",
+                live.guest_memory.limit_bytes,
+            ),
+        ] {
+            let metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX)).encode(metric)?;
         }
         let mut up = encoder.encode_descriptor(
             "quiver_mcp_server_up",

@@ -15,6 +15,7 @@ mod capture;
 mod deadline;
 mod fd;
 mod guest_log;
+mod guest_memory;
 pub mod heap;
 mod hostcall;
 mod memory;
@@ -25,7 +26,7 @@ mod wasi;
 
 use std::sync::Arc;
 
-use wasmtime::{Linker, Memory, StoreLimits, Table};
+use wasmtime::{Linker, Memory, Table};
 use wasmtime_wasi::p1::WasiP1Ctx;
 
 use guest_log::GuestLogSink;
@@ -37,6 +38,9 @@ pub use deadline::{Deadline, DeadlineExceeded};
 pub(crate) use fd::FD_STATE_BYTES;
 pub use fd::{FdKindOf, FdTable};
 pub use guest_log::flush_guest_stderr;
+pub use guest_memory::{
+    GuestMemoryExhausted, GuestMemoryHold, GuestMemoryStatus, GuestMemoryTotal,
+};
 pub use hostcall::{HostcallError, before_deadline, finish};
 pub use memory::{GuestMemory, OutBuf, guest};
 pub use run::TaskFailure;
@@ -60,7 +64,7 @@ pub struct Sandbox<K> {
     /// Where the guest's `log` lines go.
     guest_log: GuestLogSink,
     wasi: WasiP1Ctx,
-    limits: StoreLimits,
+    limits: guest_memory::Limits,
 }
 
 /// Store data that has a sandbox; every capability's view builds on it.

@@ -7,7 +7,8 @@ use wasmtime::StoreLimitsBuilder;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder, WasiView};
 
 use super::guest_log::{GuestLogSink, HostStderr};
-use super::{CapturedOutput, Deadline, FdTable, MemoryBudget, Sandbox};
+use super::guest_memory::Limits;
+use super::{CapturedOutput, Deadline, FdTable, GuestMemoryHold, MemoryBudget, Sandbox};
 use crate::defaults;
 use crate::task::{GuestLogs, TaskSpec};
 
@@ -38,12 +39,13 @@ pub enum SandboxSetupError {
 
 impl<K> Sandbox<K> {
     /// The sandbox `task` asks for; `argv0` is the module's name, `memory_limit` the linear
-    /// memory it may grow to and `budget` its host memory budget. The error names the task
-    /// field at fault.
+    /// memory it may grow to, `guest_memory` its share of the host's total of it, and
+    /// `budget` its host memory budget. The error names the task field at fault.
     pub fn for_task(
         task: &TaskSpec,
         argv0: &str,
         memory_limit: u64,
+        guest_memory: GuestMemoryHold,
         budget: MemoryBudget,
     ) -> Result<(Self, Option<CapturedOutput>), SandboxSetupError> {
         let task_id: Arc<str> = Arc::from(task.task_id.as_str());
@@ -107,11 +109,14 @@ impl<K> Sandbox<K> {
             guest_tool_depth: 0,
             guest_log,
             wasi,
-            limits: StoreLimitsBuilder::new()
-                .memory_size(usize::try_from(memory_limit).unwrap_or(usize::MAX))
-                .instances(1)
-                .trap_on_grow_failure(true)
-                .build(),
+            limits: Limits {
+                task: StoreLimitsBuilder::new()
+                    .memory_size(usize::try_from(memory_limit).unwrap_or(usize::MAX))
+                    .instances(1)
+                    .trap_on_grow_failure(true)
+                    .build(),
+                guest_memory,
+            },
         };
         Ok((sandbox, captured))
     }
@@ -135,6 +140,9 @@ mod tests {
             &task,
             "guest.wasm",
             1 << 20,
+            crate::sandbox::GuestMemoryTotal::new(1 << 20)
+                .try_reserve(0)
+                .unwrap(),
             MemoryBudget::new(Arc::from("t"), 1 << 20),
         ) else {
             panic!("the preopen does not exist");

@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use super::outbound::{EgressRefused, OutboundClient, ReadBodyError, UrlParseError};
+use super::outbound::{EgressRefused, OutboundClient, ReadBodyError, SendError, UrlParseError};
 use crate::config::ConfigError;
 use crate::defaults;
 pub use jwt::SigningAlg;
@@ -131,7 +131,7 @@ pub(crate) enum OAuthProblem {
     TokenUnreachable {
         url: String,
         #[source]
-        source: reqwest::Error,
+        source: Box<SendError>,
     },
     #[error("token endpoint {url}: {source}")]
     TokenBody {
@@ -432,6 +432,7 @@ mod tests {
         let policy = EgressPolicy::from_config(&EgressConfig {
             allow: allow.iter().map(|s| s.to_string()).collect(),
             allow_private: vec![],
+            proxy: None,
         })
         .unwrap();
         OutboundClient::new(Arc::new(policy), Duration::from_secs(1)).unwrap()

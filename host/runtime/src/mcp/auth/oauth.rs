@@ -535,7 +535,7 @@ impl OAuthClient {
         let response = request.form(&form).send().await.map_err(|source| {
             self.fail(OAuthProblem::TokenUnreachable {
                 url: token_url.clone(),
-                source,
+                source: Box::new(source),
             })
         })?;
         let status = response.status();
