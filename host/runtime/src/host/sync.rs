@@ -138,10 +138,11 @@ impl Host {
             Ok(listing) => {
                 let revision = listing.revision;
                 let named = source.to_owned();
+                let rules = self.inner.pool.rules();
                 // Building a registry of up to REGISTRY_STORE_MAX_DOCS documents is CPU work.
                 let fresh = tokio::task::spawn_blocking(move || {
                     let env = |name: &str| std::env::var(name).ok();
-                    Registry::from_docs(listing.docs, &named, &env)
+                    Registry::from_docs_under(listing.docs, &named, &env, &*rules)
                 })
                 .await
                 .map_err(|e| Unreadable {

@@ -18,6 +18,7 @@ mod hostcalls;
 mod http;
 mod outbound;
 mod pool;
+mod rules;
 mod session;
 
 pub use auth::{
@@ -29,6 +30,7 @@ pub use hostcalls::add_to_linker;
 pub use http::ensure_tls_provider;
 pub use pool::{McpHostConfig, PoolLimits, PoolUsage, ServerState, ServerStatus, ToolCallOutput};
 pub(crate) use pool::{McpPool, RemoteOptions};
+pub(crate) use rules::ServerRules;
 pub use session::{McpSession, McpTask, McpView};
 
 /// A tool as a server lists it (rmcp's model type: `name`, `description`, `inputSchema`, ...).
