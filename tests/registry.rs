@@ -401,9 +401,8 @@ env_from = ["MCP_TOKEN"]
 
 #[test]
 fn records_the_launch_rules_refuse_are_left_out_and_reported_and_writes_refused() {
-    use quiver::registry::{
-        DocFormat, DocKind, LaunchConfig, LaunchRules, StoredDoc, Write, check_changes_under,
-    };
+    use quiver::registry::{DocFormat, DocKind, StoredDoc, Write, check_changes_under};
+    use quiver::{LaunchConfig, LaunchRules};
     let dir = RegistryDir::new();
     dir.write("shell.toml", SHELL).write("listed.toml", LISTED);
     let rules = LaunchRules::from_config(&LaunchConfig {

@@ -47,12 +47,13 @@ fn bin_dir() -> PathBuf {
     }
 }
 
-/// `[mcp.launch]` for a node that runs this workspace's fixture servers: their binaries,
-/// and the variables the tests' records read (`QV_*`, `QUIVER_TEST_*`, `HOME`). A node
-/// without `[mcp.launch]` runs no command at all.
+/// `[mcp.launch]` for a node that runs this workspace's fixture servers: their binaries
+/// (and `/nonexistent/*`, which tests start to see a spawn fail), and the variables the
+/// tests' records read (`QV_*`, `QUIVER_TEST_*`, `HOME`). A node without `[mcp.launch]`
+/// runs no command at all.
 pub fn fixture_launch_rules() -> String {
     format!(
-        "\n[mcp.launch]\ncommands = [{:?}]\nenv = [\"QV_*\", \"QUIVER_TEST_*\", \"HOME\"]\n",
+        "\n[mcp.launch]\ncommands = [{:?}, \"/nonexistent/*\"]\nenv = [\"QV_*\", \"QUIVER_TEST_*\", \"HOME\"]\n",
         format!("{}/*", bin_dir().display())
     )
 }

@@ -374,7 +374,7 @@ async fn serve(args: ServeArgs) -> i32 {
     // `[mcp.launch]`, no record may run a command or read a host variable.
     let mut builder = HostBuilder::default()
         .with_approver(approvals.clone())
-        .with_default_launch_rules(quiver::registry::LaunchRules::default());
+        .with_default_launch_rules(quiver::LaunchRules::default());
     builder = match &args.registry {
         RegistrySource::Dir(dir) => builder.with_registry_dir(dir),
         store => match store.open().await {

@@ -13,11 +13,11 @@ use crate::approval::{Approvals, Approver};
 use crate::chat::llm::{Backends, Recorder};
 use crate::config::{ConfigError, ConfigOrigin};
 use crate::defaults;
-use crate::mcp::{AuthSet, EgressPolicy, McpPool, PoolLimits, RemoteOptions, ServerState};
-use crate::observe::{AuditLog, LiveStatus, Metrics, Observers, ServerGauges, ToolObserver};
-use crate::registry::{
-    LaunchRules, Registry, RegistryDirError, RegistryStore, ServerEntry, Severity,
+use crate::mcp::{
+    AuthSet, EgressPolicy, LaunchRules, McpPool, PoolLimits, RemoteOptions, ServerState,
 };
+use crate::observe::{AuditLog, LiveStatus, Metrics, Observers, ServerGauges, ToolObserver};
+use crate::registry::{Registry, RegistryDirError, RegistryStore, ServerEntry, Severity};
 use crate::sandbox::{HostMemory, Runtime, RuntimeOptions, SandboxSetupError, default_cache_dir};
 use crate::task::TaskError;
 

@@ -63,8 +63,7 @@ use serde::Deserialize;
 
 use crate::chat::llm::BackendConfig;
 use crate::config::{ConfigError, read_section};
-use crate::mcp::{AuthConfig, EgressConfig, EgressPolicy, McpHostConfig};
-use crate::registry::LaunchRules;
+use crate::mcp::{AuthConfig, EgressConfig, EgressPolicy, LaunchRules, McpHostConfig};
 
 /// `quiver.toml` as the host reads it.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]

@@ -302,8 +302,10 @@ mod tests {
     #[tokio::test]
     async fn a_slow_old_listing_is_never_installed_over_a_newer_one() {
         let store: Arc<dyn RegistryStore> = Arc::new(RacingStore::default());
+        // Its records are stdio ones, which a store-following host runs only when told.
         let host = Host::builder()
             .with_registry_store(store.clone())
+            .with_launch_rules(crate::LaunchRules::unrestricted())
             .build()
             .unwrap();
         let slow = tokio::spawn({

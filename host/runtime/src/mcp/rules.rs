@@ -5,9 +5,12 @@
 //! checks records against them when written and loaded; the connector checks again when
 //! it launches or connects.
 
+use std::collections::BTreeSet;
+
 use crate::mcp::auth::AuthSet;
 use crate::mcp::egress::EgressPolicy;
-use crate::registry::{LaunchRules, RecordRules, RuleViolation, ServerRecord};
+use crate::mcp::launch::LaunchRules;
+use crate::registry::{RecordRules, RuleViolation, ServerRecord};
 
 #[derive(Debug, Default)]
 pub(crate) struct ServerRules {
@@ -17,8 +20,17 @@ pub(crate) struct ServerRules {
 }
 
 impl RecordRules for ServerRules {
-    fn launch(&self) -> &LaunchRules {
-        &self.launch
+    fn check_record(&self, record: &ServerRecord) -> Result<(), RuleViolation> {
+        self.launch.check_record(record)
+    }
+
+    fn check_launch(
+        &self,
+        command: &str,
+        cwd: Option<&str>,
+        vars: &BTreeSet<String>,
+    ) -> Result<(), RuleViolation> {
+        self.launch.check_launch(command, cwd, vars)
     }
 
     fn check_remote(&self, record: &ServerRecord, url: &str) -> Result<(), RuleViolation> {

@@ -97,13 +97,13 @@ pub(super) fn parse_server_file(
         let message = format!("server `{}` is refused: {}", record.server_id, v.message);
         file_problem(path, Some(&v.field), message)
     };
-    rules.launch().check_record(&record).map_err(refused)?;
+    rules.check_record(&record).map_err(refused)?;
     let launch = resolve_launch(&record, env);
     if let Ok(resolved) = &launch {
         let checked = match resolved {
             Launch::Stdio {
                 command, cwd, vars, ..
-            } => rules.launch().check_launch(command, cwd.as_deref(), vars),
+            } => rules.check_launch(command, cwd.as_deref(), vars),
             Launch::Http { url, .. } => rules.check_remote(&record, url),
         };
         // A resolved command or URL may hold a value of the environment.

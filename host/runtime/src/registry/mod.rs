@@ -19,7 +19,8 @@
 //!
 //! The module is split by job: [`record`](self) holds the types a record is made of,
 //! `file` parses and checks one file, `launch` resolves references into what the pool
-//! needs, `load` builds a snapshot from documents (a directory's files or a store's), `profile`
+//! needs, `rules` is what the operator lets records do (asked, not decided, here), `load`
+//! builds a snapshot from documents (a directory's files or a store's), `profile`
 //! reads the named selections, `store` holds the stores.
 
 mod env;
@@ -43,7 +44,7 @@ pub use record::{
     ApprovalPolicy, Budgets, BudgetsView, HttpConfig, Lifecycle, ServerEntry, ServerRecord,
     ServerView, StdioConfig, Transport, is_valid_server_id,
 };
-pub use rules::{LaunchConfig, LaunchRules, RecordRules, RuleViolation};
+pub use rules::{RecordRules, RuleViolation, Unrestricted};
 pub use secrets::{REDACTED, Secrets, redact_known};
 pub use store::{
     Change, DirStore, DocChange, DocFormat, DocKind, Listing, RegistryStore, StoreError,
@@ -80,7 +81,7 @@ impl Registry {
         dir: impl AsRef<std::path::Path>,
         env: &EnvLookup<'_>,
     ) -> Result<Self, RegistryDirError> {
-        Self::load_dir_under(dir, env, &LaunchRules::unrestricted())
+        Self::load_dir_under(dir, env, &Unrestricted)
     }
 
     /// Loads `dir` under the operator's `rules`: a record that breaks one is left out, with
@@ -97,7 +98,7 @@ impl Registry {
     /// problems name each document `<source_label>/<servers|profiles>/<name>`. No operator
     /// rules apply; see [`from_docs_under`](Self::from_docs_under).
     pub fn from_docs(docs: Vec<StoredDoc>, source_label: &str, env: &EnvLookup<'_>) -> Self {
-        Self::from_docs_under(docs, source_label, env, &LaunchRules::unrestricted())
+        Self::from_docs_under(docs, source_label, env, &Unrestricted)
     }
 
     /// [`from_docs`](Self::from_docs) under the operator's `rules`, as

@@ -658,6 +658,53 @@ mod tests {
     }
 
     #[test]
+    fn a_credential_says_where_it_may_go_and_goes_nowhere_else() {
+        let unbound = |table: &str| {
+            let config: AuthConfig =
+                toml::from_str(&format!("kind = \"api_key\"\nvalue_env = \"K\"\n{table}")).unwrap();
+            AuthSet::load(
+                &BTreeMap::from([("prod".to_owned(), config)]),
+                Path::new("."),
+            )
+        };
+        let error = unbound("").unwrap_err();
+        assert_eq!(error.field, "auth.prod.servers");
+        assert!(error.message.contains("origins = ["), "{}", error.message);
+        let error = unbound("origins = [\"https://x.example/path\"]").unwrap_err();
+        assert_eq!(error.field, "auth.prod.origins");
+
+        let set =
+            unbound("servers = [\"github\"]\norigins = [\"https://api.example.com\"]").unwrap();
+        set.check_binding("prod", "github", "https://api.example.com/mcp")
+            .unwrap();
+        let other_id = set
+            .check_binding("prod", "evil", "https://api.example.com/mcp")
+            .unwrap_err();
+        assert_eq!(other_id.field, "http.auth_ref");
+        assert!(
+            other_id.message.contains("[auth.prod] servers"),
+            "{other_id}"
+        );
+        let other_url = set
+            .check_binding("prod", "github", "https://evil.example/mcp")
+            .unwrap_err();
+        assert!(
+            other_url.message.contains("https://evil.example")
+                && other_url.message.contains("[auth.prod] origins"),
+            "{other_url}"
+        );
+        let patterned = unbound("origins = [\"http://127.0.0.1:*\"]").unwrap();
+        patterned
+            .check_binding("prod", "any", "http://127.0.0.1:8080/mcp")
+            .unwrap();
+        assert!(
+            patterned
+                .check_binding("prod", "any", "http://127.0.0.2:8080/mcp")
+                .is_err()
+        );
+    }
+
+    #[test]
     fn auth_errors_keep_their_text_and_never_show_a_secret() {
         let configs = BTreeMap::from([(
             "key".to_owned(),

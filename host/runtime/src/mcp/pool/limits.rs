@@ -55,7 +55,7 @@ pub struct McpHostConfig {
     /// `[mcp.launch]`: what records may run and read. Absent, the host's default applies
     /// ([`HostBuilder::with_default_launch_rules`](crate::HostBuilder::with_default_launch_rules)).
     #[serde(default)]
-    pub launch: Option<crate::registry::LaunchConfig>,
+    pub launch: Option<crate::mcp::LaunchConfig>,
 }
 
 impl McpHostConfig {

@@ -20,7 +20,7 @@ use futures::stream::BoxStream;
 pub use bundle::{Change, DocChange, diff_docs, parse_bundle};
 pub use dir::DirStore;
 
-use super::{LaunchRules, RecordRules, Registry, Severity, is_valid_server_id};
+use super::{RecordRules, Registry, Severity, Unrestricted, is_valid_server_id};
 use crate::Cause;
 
 /// A boxed future of a store call (the trait stays dyn-compatible).
@@ -240,7 +240,7 @@ pub fn check_changes(
     store: &str,
     writes: &[Write],
 ) -> Result<(), StoreError> {
-    check_changes_under(current, store, writes, &LaunchRules::unrestricted())
+    check_changes_under(current, store, writes, &Unrestricted)
 }
 
 /// [`check_changes`] under the operator's `rules` (what a node checks an admin write
