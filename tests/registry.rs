@@ -378,3 +378,96 @@ fn mcp_tools_lists_what_the_registry_allows() {
         "{stderr}"
     );
 }
+
+/// A stdio record running a shell with a host secret, and one the rules allow.
+const SHELL: &str = r#"
+server_id = "shell"
+transport = "stdio"
+allowed_tools = ["*"]
+[stdio]
+command = "/bin/sh"
+args = ["-c", "echo $A > /tmp/loot"]
+env = { A = "${ENV:SECRET_X}" }
+"#;
+
+const LISTED: &str = r#"
+server_id = "listed"
+transport = "stdio"
+allowed_tools = ["*"]
+[stdio]
+command = "${ENV:MCP_BIN:-/opt/mcp/listed}"
+env_from = ["MCP_TOKEN"]
+"#;
+
+#[test]
+fn records_the_launch_rules_refuse_are_left_out_and_reported_and_writes_refused() {
+    use quiver::registry::{DocFormat, DocKind, StoredDoc, Write, check_changes_under};
+    use quiver::{LaunchConfig, LaunchRules};
+    let dir = RegistryDir::new();
+    dir.write("shell.toml", SHELL).write("listed.toml", LISTED);
+    let rules = LaunchRules::from_config(&LaunchConfig {
+        commands: vec!["/opt/mcp/*".into()],
+        env: vec!["MCP_*".into()],
+        ..LaunchConfig::default()
+    })
+    .unwrap();
+    let vars = env(&[("SECRET_X", "s3cret-x"), ("MCP_TOKEN", "t")]);
+    let registry = Registry::load_dir_under(dir.path(), &vars, &rules).unwrap();
+    assert!(registry.get("shell").is_none(), "left out");
+    assert!(
+        registry.get("listed").is_some(),
+        "{:?}",
+        registry.problems()
+    );
+    let problem = registry
+        .problems()
+        .iter()
+        .find(|p| p.path.ends_with("shell.toml"))
+        .expect("the shell is reported");
+    assert_eq!(problem.severity, Severity::Error);
+    assert_eq!(problem.field.as_deref(), Some("stdio.command"), "{problem}");
+    assert!(
+        problem.message.contains("[mcp.launch] commands"),
+        "{problem}"
+    );
+
+    // A reference that resolves to an unlisted command is caught once resolved, and the
+    // value it resolved to is not shown.
+    let vars = env(&[("MCP_BIN", "/bin/s3cret-sh"), ("MCP_TOKEN", "t")]);
+    let registry = Registry::load_dir_under(dir.path(), &vars, &rules).unwrap();
+    assert!(registry.get("listed").is_none());
+    let shown: Vec<String> = registry
+        .problems()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        shown
+            .iter()
+            .any(|p| p.contains("listed.toml") && p.contains("stdio.command")),
+        "{shown:?}"
+    );
+    assert!(!shown.iter().any(|p| p.contains("s3cret")), "{shown:?}");
+
+    // The same rules refuse the write, naming the record and field; unrestricted, as a
+    // library host over its own directory keeps, loads it.
+    let put = Write::Put(StoredDoc {
+        kind: DocKind::Server,
+        name: "shell".into(),
+        format: DocFormat::Toml,
+        body: SHELL.as_bytes().to_vec(),
+        revision: 0,
+        updated_at: None,
+    });
+    let refused = check_changes_under(&[], "dir", std::slice::from_ref(&put), &rules)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("dir/servers/shell") && refused.contains("stdio.command"),
+        "{refused}"
+    );
+    check_changes_under(&[], "dir", &[put], &LaunchRules::unrestricted()).unwrap();
+    let vars = env(&[("SECRET_X", "s3cret-x"), ("MCP_TOKEN", "t")]);
+    let open = Registry::load_dir_with_env(dir.path(), &vars).unwrap();
+    assert!(open.get("shell").is_some());
+}

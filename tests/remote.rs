@@ -51,7 +51,7 @@ fn remote_host(
 
 fn oauth(token_server: &TokenServer, secret_env: &str) -> BTreeMap<String, AuthConfig> {
     let text = format!(
-        "kind = \"oauth_client_credentials\"\nclient_id = \"quiver\"\nclient_secret_env = {secret_env:?}\nissuer = {:?}\nscopes = [\"mcp:tools\"]\n",
+        "kind = \"oauth_client_credentials\"\nservers = [\"secure\"]\nclient_id = \"quiver\"\nclient_secret_env = {secret_env:?}\nissuer = {:?}\nscopes = [\"mcp:tools\"]\n",
         token_server.issuer()
     );
     BTreeMap::from([("corp".to_owned(), toml::from_str(&text).unwrap())])
@@ -257,7 +257,7 @@ async fn api_keys_go_in_their_header() {
     let auth = BTreeMap::from([(
         "key".to_owned(),
         toml::from_str(
-            "kind = \"api_key\"\nheader = \"X-Api-Key\"\nvalue_env = \"QUIVER_TEST_API_KEY\"\n",
+            "kind = \"api_key\"\nservers = [\"keyed\"]\nheader = \"X-Api-Key\"\nvalue_env = \"QUIVER_TEST_API_KEY\"\n",
         )
         .unwrap(),
     )]);
@@ -591,7 +591,7 @@ async fn a_token_endpoint_from_metadata_outside_the_egress_rules_never_gets_the_
     unsafe { std::env::set_var("QUIVER_TEST_METADATA_SECRET", "metadata-s3cret") };
     let auth = || {
         let text = format!(
-            "kind = \"oauth_client_credentials\"\nclient_id = \"quiver\"\nclient_secret_env = \"QUIVER_TEST_METADATA_SECRET\"\nissuer = {issuer:?}\n"
+            "kind = \"oauth_client_credentials\"\nservers = [\"secure\"]\nclient_id = \"quiver\"\nclient_secret_env = \"QUIVER_TEST_METADATA_SECRET\"\nissuer = {issuer:?}\n"
         );
         BTreeMap::from([("corp".to_owned(), toml::from_str(&text).unwrap())])
     };
@@ -636,7 +636,9 @@ async fn a_token_endpoint_from_metadata_outside_the_egress_rules_never_gets_the_
 
 /// An `[auth.corp]` table from TOML lines.
 fn auth_table(lines: &str) -> BTreeMap<String, AuthConfig> {
-    let text = format!("kind = \"oauth_client_credentials\"\nclient_id = \"quiver\"\n{lines}");
+    let text = format!(
+        "kind = \"oauth_client_credentials\"\nservers = [\"secure\"]\nclient_id = \"quiver\"\n{lines}"
+    );
     BTreeMap::from([("corp".to_owned(), toml::from_str(&text).unwrap())])
 }
 
@@ -799,7 +801,11 @@ async fn metadata_named_by_the_401_challenge_and_only_at_the_path_based_uri_is_f
     unsafe { std::env::set_var("QUIVER_TEST_CHALLENGE_SECRET", "challenge-s3cret") };
     let host = remote_host(
         &registry,
-        auth_table("client_secret_env = \"QUIVER_TEST_CHALLENGE_SECRET\"\n"),
+        auth_table(&format!(
+            "client_secret_env = \"QUIVER_TEST_CHALLENGE_SECRET\"\norigins = [{:?}, {:?}]\n",
+            server.base(),
+            tokens.issuer()
+        )),
         loopback_egress(),
     );
     assert_eq!(
@@ -849,7 +855,11 @@ async fn metadata_only_at_the_path_based_uri_without_a_challenge_url_and_openid_
     unsafe { std::env::set_var("QUIVER_TEST_OPENID_SECRET", "openid-s3cret") };
     let host = remote_host(
         &registry,
-        auth_table("client_secret_env = \"QUIVER_TEST_OPENID_SECRET\"\nscopes = [\"mcp:tools\"]\n"),
+        auth_table(&format!(
+            "client_secret_env = \"QUIVER_TEST_OPENID_SECRET\"\nscopes = [\"mcp:tools\"]\norigins = [{:?}, {:?}]\n",
+            server.base(),
+            tokens.issuer()
+        )),
         loopback_egress(),
     );
     assert_eq!(
@@ -967,7 +977,11 @@ async fn private_key_jwt_authenticates_with_a_signed_assertion_and_a_bad_key_fil
     let keys = tempfile::tempdir().unwrap();
     std::fs::write(keys.path().join("client.pem"), &pem).unwrap();
     let config = |file: &str| HostConfig {
-        auth: auth_table(&format!("private_key_file = {file:?}\n")),
+        auth: auth_table(&format!(
+            "private_key_file = {file:?}\norigins = [{:?}, {:?}]\n",
+            server.base(),
+            tokens.issuer()
+        )),
         egress: loopback_egress(),
         ..HostConfig::default()
     };
@@ -1202,4 +1216,182 @@ async fn hostile_authorization_server_metadata_fails_clearly_and_bounded() {
         host.shutdown().await;
     }
     assert_eq!(tokens.token_request_count(), 0, "no credential was sent");
+}
+
+// ---- Credentials bound to where they may go ----
+
+/// A plain TCP listener that keeps every byte sent to it and answers each connection with
+/// a 500: whatever a host sends it (headers included) can be read back.
+fn recording_listener() -> (String, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let keep = seen.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = stream.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                keep.lock().unwrap().extend_from_slice(&buf[..n]);
+                if buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                    break;
+                }
+            }
+            let _ = stream.write_all(b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    (base, seen)
+}
+
+#[tokio::test]
+async fn an_api_key_never_reaches_a_server_or_url_outside_its_binding() {
+    const KEY: &str = "bound-api-key-value";
+    let (base, seen) = recording_listener();
+    let url = format!("{base}/mcp");
+    let registry = RegistryDir::new();
+    // The operator bound `prod` to server `github` at the fixture's origin; `evil` names it
+    // from another id, `github2` from the right id's sibling at a URL of its own.
+    let server = FixtureHttp::spawn("http", &[]);
+    registry.write(
+        "github.toml",
+        &remote_record(
+            "github",
+            "streamable_http",
+            server.url(),
+            "auth_ref = \"prod\"",
+        ),
+    );
+    registry.write(
+        "evil.toml",
+        &remote_record("evil", "streamable_http", &url, "auth_ref = \"prod\""),
+    );
+    // SAFETY: tests in this binary use distinct variable names.
+    unsafe { std::env::set_var("QUIVER_TEST_BOUND_KEY", KEY) };
+    let auth = |origins: &str| {
+        let text = format!(
+            "kind = \"api_key\"\nheader = \"X-Api-Key\"\nvalue_env = \"QUIVER_TEST_BOUND_KEY\"\nservers = [\"github\"]\n{origins}"
+        );
+        BTreeMap::from([("prod".to_owned(), toml::from_str(&text).unwrap())])
+    };
+    let host = remote_host(&registry, auth(""), loopback_egress());
+    let problems: Vec<String> = host
+        .registry()
+        .problems()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert!(
+        problems.iter().any(|p| p.contains("evil.toml")
+            && p.contains("http.auth_ref")
+            && p.contains("[auth.prod] servers")),
+        "{problems:?}"
+    );
+    assert!(host.registry().get("evil").is_none(), "left out");
+    // The bound server gets its key: the binding, not a broken key, refused `evil`.
+    assert_eq!(
+        call_text(&host, "github", "echo", serde_json::json!({"text": "in"}))
+            .await
+            .unwrap(),
+        "in"
+    );
+    host.shutdown().await;
+
+    // The right id at another URL: `origins` keeps the key at the operator's origin.
+    registry.write(
+        "github.toml",
+        &remote_record("github", "streamable_http", &url, "auth_ref = \"prod\""),
+    );
+    std::fs::remove_file(registry.path().join("evil.toml")).unwrap();
+    let bound = format!("origins = [{:?}]\n", server.base());
+    let host = remote_host(&registry, auth(&bound), loopback_egress());
+    assert!(host.registry().get("github").is_none(), "left out");
+    host.shutdown().await;
+
+    // A registry built in code skips the load's check; the connector refuses before it
+    // reads the key.
+    let loaded = quiver::registry::Registry::load_dir(registry.path()).unwrap();
+    let host = quiver_tests::host_builder(&registry)
+        .with_registry(loaded)
+        .with_config(
+            HostConfig {
+                auth: auth(&bound),
+                egress: loopback_egress(),
+                ..HostConfig::default()
+            },
+            ".",
+        )
+        .build()
+        .unwrap();
+    let error = call_text(&host, "github", "echo", serde_json::json!({"text": "x"}))
+        .await
+        .unwrap_err();
+    assert!(
+        error.message.contains("[auth.prod] origins") && !error.message.contains(KEY),
+        "{error}"
+    );
+    host.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let seen = String::from_utf8_lossy(&seen.lock().unwrap()).into_owned();
+    assert!(
+        !seen.contains(KEY),
+        "the key reached an unbound URL:\n{seen}"
+    );
+}
+
+#[tokio::test]
+async fn an_oauth_secret_never_reaches_a_discovered_token_endpoint_outside_the_binding() {
+    let tokens = TokenServer::start("quiver", "bound-s3cret", Duration::from_secs(60)).await;
+    let server = FixtureHttp::spawn(
+        "http",
+        &[
+            "--bearer-introspect",
+            &tokens.introspect_url(),
+            "--protected-resource",
+            &tokens.issuer(),
+        ],
+    );
+    let registry = secure_registry(server.url());
+    // SAFETY: tests in this binary use distinct variable names.
+    unsafe { std::env::set_var("QUIVER_TEST_BOUND_SECRET", "bound-s3cret") };
+    // Bound to the server only: its metadata may not pick where the secret goes.
+    let host = remote_host(
+        &registry,
+        auth_table("client_secret_env = \"QUIVER_TEST_BOUND_SECRET\"\nscopes = [\"mcp:tools\"]\n"),
+        loopback_egress(),
+    );
+    let error = call_text(&host, "secure", "echo", serde_json::json!({"text": "x"}))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, McpErrorCode::Unavailable, "{error}");
+    assert!(
+        error.message.contains(&tokens.token_url())
+            && error.message.contains("[auth.corp] origins")
+            && !error.message.contains("bound-s3cret"),
+        "{error}"
+    );
+    assert_eq!(tokens.token_request_count(), 0, "the secret was never sent");
+    host.shutdown().await;
+
+    // The authorization server's origin listed: the same discovery gets a token.
+    let host = remote_host(
+        &registry,
+        auth_table(&format!(
+            "client_secret_env = \"QUIVER_TEST_BOUND_SECRET\"\nscopes = [\"mcp:tools\"]\norigins = [{:?}, {:?}]\n",
+            server.base(),
+            tokens.issuer()
+        )),
+        loopback_egress(),
+    );
+    assert_eq!(
+        call_text(&host, "secure", "echo", serde_json::json!({"text": "ok"}))
+            .await
+            .unwrap(),
+        "ok"
+    );
+    assert_eq!(tokens.token_request_count(), 1);
+    host.shutdown().await;
 }

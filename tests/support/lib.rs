@@ -47,6 +47,17 @@ fn bin_dir() -> PathBuf {
     }
 }
 
+/// `[mcp.launch]` for a node that runs this workspace's fixture servers: their binaries
+/// (and `/nonexistent/*`, which tests start to see a spawn fail), and the variables the
+/// tests' records read (`QV_*`, `QUIVER_TEST_*`, `HOME`). A node without `[mcp.launch]`
+/// runs no command at all.
+pub fn fixture_launch_rules() -> String {
+    format!(
+        "\n[mcp.launch]\ncommands = [{:?}, \"/nonexistent/*\"]\nenv = [\"QV_*\", \"QUIVER_TEST_*\", \"HOME\"]\n",
+        format!("{}/*", bin_dir().display())
+    )
+}
+
 /// The fixture MCP server binary.
 pub fn fixture_server() -> PathBuf {
     bin_dir().join("fixture-mcp-server")

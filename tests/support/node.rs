@@ -34,6 +34,15 @@ pub fn task_json(id: &str) -> Value {
     serde_json::json!({"task_id": id, "limits": {"deadline_ms": 120000}})
 }
 
+/// `config` with the fixture servers' `[mcp.launch]` added, unless it has its own.
+fn with_fixture_launch_rules(config: &str) -> String {
+    if config.contains("[mcp.launch]") {
+        config.to_owned()
+    } else {
+        format!("{config}{}", crate::fixture_launch_rules())
+    }
+}
+
 /// A running `quiver serve`.
 pub struct Node {
     child: Child,
@@ -91,11 +100,43 @@ impl Node {
         env: &[(&str, &str)],
         args: &[&std::ffi::OsStr],
     ) -> Node {
+        Self::start_launching(registry, config, env, args, true)
+    }
+
+    /// [`Node::start`] without the fixture servers' `[mcp.launch]`: a node with the
+    /// default launch rules (no command, no variable) unless `config` sets its own.
+    pub fn start_with_default_launch_rules(
+        registry: &RegistryDir,
+        config: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Node {
+        Self::start_launching(registry.path().as_os_str(), config, env, &[], false)
+    }
+
+    fn start_launching(
+        registry: &std::ffi::OsStr,
+        config: Option<&str>,
+        env: &[(&str, &str)],
+        args: &[&std::ffi::OsStr],
+        fixtures: bool,
+    ) -> Node {
         let config_dir = tempfile::tempdir().expect("tempdir");
-        let (child, base, stderr) =
-            Self::spawn_on("127.0.0.1:0", registry, config, &config_dir, env, args).unwrap_or_else(
-                |(status, err)| panic!("quiver serve did not start ({status:?}); stderr:\n{err}"),
-            );
+        let config = match (fixtures, config) {
+            (true, Some(config)) => Some(with_fixture_launch_rules(config)),
+            (true, None) => Some(with_fixture_launch_rules("")),
+            (false, config) => config.map(str::to_owned),
+        };
+        let (child, base, stderr) = Self::spawn_on(
+            "127.0.0.1:0",
+            registry,
+            config.as_deref(),
+            &config_dir,
+            env,
+            args,
+        )
+        .unwrap_or_else(|(status, err)| {
+            panic!("quiver serve did not start ({status:?}); stderr:\n{err}")
+        });
         let token = env
             .iter()
             .find(|(k, _)| *k == "QUIVER_TEST_TOKEN")
@@ -130,10 +171,11 @@ impl Node {
         env: &[(&str, &str)],
         args: &[&std::ffi::OsStr],
     ) -> Result<(Child, String, Arc<Mutex<String>>), (Option<ExitStatus>, String)> {
+        let config = config.map(with_fixture_launch_rules);
         Self::spawn_on(
             listen,
             registry.path().as_os_str(),
-            config,
+            config.as_deref(),
             config_dir,
             env,
             args,

@@ -370,7 +370,11 @@ async fn serve(args: ServeArgs) -> i32 {
     // Listened for before anything else: SIGHUP's default action would end the node.
     let hangups = Hangups::listen();
     let approvals = Arc::new(ApprovalQueue::default());
-    let mut builder = HostBuilder::default().with_approver(approvals.clone());
+    // Its admin API (and any shared store) lets others write records: without
+    // `[mcp.launch]`, no record may run a command or read a host variable.
+    let mut builder = HostBuilder::default()
+        .with_approver(approvals.clone())
+        .with_default_launch_rules(quiver::LaunchRules::default());
     if let Some(dir) = args.cache_dir {
         builder = builder.with_cache_dir(dir);
     }

@@ -79,9 +79,9 @@ pub use host::{
 pub use sandbox::heap::json_text as json_charge;
 
 pub use mcp::{
-    ApiKeyConfig, AuthConfig, EgressConfig, McpError, McpErrorCode, McpHostConfig,
-    OAuthClientCredentialsConfig, PoolLimits, PoolUsage, ServerState, ServerStatus, SigningAlg,
-    TokenEndpointAuth, Tool, ToolCallOutput, ensure_tls_provider,
+    ApiKeyConfig, AuthConfig, EgressConfig, LaunchConfig, LaunchRules, McpError, McpErrorCode,
+    McpHostConfig, OAuthClientCredentialsConfig, PoolLimits, PoolUsage, ServerState, ServerStatus,
+    SigningAlg, TokenEndpointAuth, Tool, ToolCallOutput, ensure_tls_provider,
 };
 pub use observe::{
     ArgumentsSummary, AuditLog, Metrics, PolicyDenial, ToolCall, ToolCallEnd, ToolKind,

@@ -22,8 +22,8 @@ use super::{NodeState, query_pairs, read_record, store, store_error};
 use crate::defaults;
 use crate::error::ApiError;
 use quiver::registry::{
-    Change, DocKind, RegistryStore, StoreError, StoredDoc, Write, check_changes, diff_docs,
-    parse_bundle,
+    Change, DocKind, RecordRules, RegistryStore, StoreError, StoredDoc, Write, check_changes_under,
+    diff_docs, parse_bundle,
 };
 
 /// `POST /admin/api/mcp/servers/import`.
@@ -63,11 +63,12 @@ pub(crate) async fn import(
         .collect();
     // Building registries is CPU work: off the async workers.
     let (current, describe) = (listing.docs, store.describe());
+    let rules = state.host.record_rules();
     let docs = tokio::task::spawn_blocking(move || {
         let writes: Vec<Write> = docs.iter().cloned().map(Write::Put).collect();
-        match check_changes(&current, &describe, &writes) {
+        match check_changes_under(&current, &describe, &writes, &*rules) {
             Ok(()) => Ok(docs),
-            Err(error) => Err(blame(&current, &describe, &docs, error)),
+            Err(error) => Err(blame(&current, &describe, &docs, error, &*rules)),
         }
     })
     .await
@@ -158,9 +159,15 @@ async fn apply(
 /// The `422` for a bundle that does not check: the first entry whose addition brings a
 /// new error, found by checking ever longer prefixes of the bundle (halving the range,
 /// since an error a prefix brings stays in every longer one).
-fn blame(current: &[StoredDoc], store: &str, docs: &[StoredDoc], error: StoreError) -> ApiError {
+fn blame(
+    current: &[StoredDoc],
+    store: &str,
+    docs: &[StoredDoc],
+    error: StoreError,
+    rules: &dyn RecordRules,
+) -> ApiError {
     let writes: Vec<Write> = docs.iter().cloned().map(Write::Put).collect();
-    let fails = |len: usize| check_changes(current, store, &writes[..len]).err();
+    let fails = |len: usize| check_changes_under(current, store, &writes[..len], rules).err();
     // The shortest failing prefix: `ok` passes, `bad` fails.
     let (mut ok, mut bad) = (0, docs.len());
     while bad - ok > 1 {

@@ -16,7 +16,7 @@ use super::{NodeState, RecordBody, name_field, no_query, noun, read_record, stor
 use crate::error::ApiError;
 use quiver::ServerStatus;
 use quiver::registry::{
-    DocFormat, DocKind, Listing, RegistryStore, StoreError, StoredDoc, Write, check_changes,
+    DocFormat, DocKind, Listing, RegistryStore, StoreError, StoredDoc, Write, check_changes_under,
 };
 
 /// A document's text parsed into a JSON object, values as written; `None` if it does not
@@ -119,7 +119,7 @@ async fn create(
     if find(&listing, kind, &name).is_some() {
         return Err(already_exists(kind, &name));
     }
-    let (put, listed_at) = check(store, listing, put_of(kind, &name, record)).await?;
+    let (put, listed_at) = check(state, store, listing, put_of(kind, &name, record)).await?;
     let revision = match store.apply(vec![put], listed_at).await {
         Ok(revision) => revision,
         // A create that lost a race to another create of the same name is told so.
@@ -183,7 +183,7 @@ async fn replace(
             current: current.revision,
         }));
     }
-    let (put, listed_at) = check(store, listing, put_of(kind, &id, record)).await?;
+    let (put, listed_at) = check(state, store, listing, put_of(kind, &id, record)).await?;
     let revision = store
         .apply(vec![put], listed_at)
         .await
@@ -208,7 +208,7 @@ async fn remove(
         kind,
         name: id.clone(),
     };
-    let (delete, listed_at) = check(store, listing, delete)
+    let (delete, listed_at) = check(state, store, listing, delete)
         .await
         .map_err(|e| e.with_field("id"))?;
     let revision = store
@@ -260,14 +260,23 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 /// so off the async workers). The write and the listing's revision, for a checked write
 /// ([`RegistryStore::apply`]) made only while the store is still as listed.
 async fn check(
+    state: &NodeState,
     store: &Arc<dyn RegistryStore>,
     listing: Listing,
     write: Write,
 ) -> Result<(Write, u64), ApiError> {
     let describe = store.describe();
     let listed_at = listing.revision;
+    // The operator's rules (launch, egress, credential bindings), as every load applies them.
+    let rules = state.host.record_rules();
     let write = tokio::task::spawn_blocking(move || {
-        check_changes(&listing.docs, &describe, std::slice::from_ref(&write)).map(|()| write)
+        check_changes_under(
+            &listing.docs,
+            &describe,
+            std::slice::from_ref(&write),
+            &*rules,
+        )
+        .map(|()| write)
     })
     .await
     .map_err(|e| {

@@ -13,7 +13,9 @@ use crate::approval::{Approvals, Approver};
 use crate::chat::llm::{Backends, Recorder};
 use crate::config::{ConfigError, ConfigOrigin};
 use crate::defaults;
-use crate::mcp::{AuthSet, EgressPolicy, McpPool, PoolLimits, RemoteOptions, ServerState};
+use crate::mcp::{
+    AuthSet, EgressPolicy, LaunchRules, McpPool, PoolLimits, RemoteOptions, ServerState,
+};
 use crate::observe::{AuditLog, LiveStatus, Metrics, Observers, ServerGauges, ToolObserver};
 use crate::registry::{Registry, RegistryDirError, RegistryStore, ServerEntry, Severity};
 use crate::sandbox::{
@@ -137,6 +139,8 @@ pub struct HostBuilder {
     approvals: Approvals,
     max_metric_tool_series: usize,
     audit_log: Option<PathBuf>,
+    launch_rules: Option<LaunchRules>,
+    default_launch_rules: Option<LaunchRules>,
 }
 
 impl Default for HostBuilder {
@@ -167,6 +171,8 @@ impl Default for HostBuilder {
             approvals: Approvals::default(),
             max_metric_tool_series: defaults::MAX_METRIC_TOOL_SERIES,
             audit_log: None,
+            launch_rules: None,
+            default_launch_rules: None,
         }
     }
 }
@@ -370,26 +376,42 @@ impl HostBuilder {
         self
     }
 
+    /// What records may run and read, overriding `[mcp.launch]` of the host config
+    /// ([`LaunchRules::unrestricted`] for any command and variable).
+    pub fn with_launch_rules(mut self, rules: LaunchRules) -> Self {
+        self.launch_rules = Some(rules);
+        self
+    }
+
+    /// The launch rules when neither [`with_launch_rules`](Self::with_launch_rules) nor
+    /// `[mcp.launch]` sets them. Without this, a host following a registry store allows
+    /// no command and no variable ([`LaunchRules::default`]: others can write a store),
+    /// and a host over a directory or an in-code registry allows any
+    /// ([`LaunchRules::unrestricted`]: its operator writes it). `quiver serve` sets none
+    /// allowed for every registry, since its admin API writes records.
+    pub fn with_default_launch_rules(mut self, rules: LaunchRules) -> Self {
+        self.default_launch_rules = Some(rules);
+        self
+    }
+
+    /// The launch rules in force, by the order above; a bad `[mcp.launch]` names `file`.
+    fn launch_rules(&self, file: &Path) -> Result<LaunchRules, ConfigError> {
+        if let Some(rules) = &self.launch_rules {
+            return Ok(rules.clone());
+        }
+        if let Some(config) = &self.config.mcp.launch {
+            return LaunchRules::from_config(config)
+                .map_err(|v| ConfigError::new(file, v.field, v.message));
+        }
+        Ok(match (&self.default_launch_rules, &self.registry_store) {
+            (Some(rules), _) => rules.clone(),
+            (None, Some(_)) => LaunchRules::default(),
+            (None, None) => LaunchRules::unrestricted(),
+        })
+    }
+
     pub fn build(self) -> Result<Host, HostError> {
-        let (registry, source, waiting) =
-            match (&self.registry_store, self.registry, &self.registry_dir) {
-                (Some(store), _, _) => (
-                    Registry::empty(),
-                    store.describe(),
-                    Some(format!(
-                        "waiting for the first listing of {}",
-                        store.describe()
-                    )),
-                ),
-                (None, Some(registry), _) => (registry, "(in code)".to_owned(), None),
-                (None, None, Some(dir)) => (
-                    Registry::load_dir(dir)?,
-                    format!("dir:{}", dir.display()),
-                    None,
-                ),
-                (None, None, None) => (Registry::empty(), "(in code)".to_owned(), None),
-            };
-        log_problems(&registry);
+        let launch = self.launch_rules(&self.config_origin.file)?;
         let cache_dir = if self.disk_cache {
             self.cache_dir.or_else(default_cache_dir)
         } else {
@@ -428,7 +450,11 @@ impl HostBuilder {
             .map_err(|e| ConfigError::new(file, "egress", e.to_string()).with_source(e))?;
         let auth = AuthSet::load(&self.config.auth, &self.config_origin.dir)
             .map_err(|e| e.in_file(file))?;
-        let remote = RemoteOptions { auth, egress };
+        let remote = RemoteOptions {
+            auth,
+            egress,
+            launch,
+        };
         let mcp = &self.config.mcp;
         let limits = PoolLimits {
             max_concurrent_calls: self
@@ -449,6 +475,29 @@ impl HostBuilder {
             McpPool::with_remote(self.tools_cache_ttl, self.connect_timeout, remote)
                 .with_limits(limits),
         );
+        let (registry, source, waiting) =
+            match (&self.registry_store, self.registry, &self.registry_dir) {
+                (Some(store), _, _) => (
+                    Registry::empty(),
+                    store.describe(),
+                    Some(format!(
+                        "waiting for the first listing of {}",
+                        store.describe()
+                    )),
+                ),
+                (None, Some(registry), _) => (registry, "(in code)".to_owned(), None),
+                (None, None, Some(dir)) => (
+                    Registry::load_dir_under(
+                        dir,
+                        &|name: &str| std::env::var(name).ok(),
+                        &*pool.rules(),
+                    )?,
+                    format!("dir:{}", dir.display()),
+                    None,
+                ),
+                (None, None, None) => (Registry::empty(), "(in code)".to_owned(), None),
+            };
+        log_problems(&registry);
         let prewarm = prewarm_entries(&registry, &prewarm);
         let recorder = self.record_to.map(|path| Arc::new(Recorder::new(path)));
         let backends = Backends::from_config(

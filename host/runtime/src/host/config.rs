@@ -27,6 +27,8 @@
 //!
 //! [auth.corp]                            # referenced by a registry record's http.auth_ref
 //! kind = "oauth_client_credentials"      # or "api_key" (value_env, header, prefix)
+//! servers = ["corp-mcp"]                 # the records that may name it, and/or
+//! origins = ["https://mcp.example.com"]  # where it may be sent (at least one of the two)
 //! client_id = "quiver"
 //! client_secret_env = "CORP_MCP_SECRET"
 //! token_url = "https://auth.example.com/oauth/token"  # optional: discovered (docs/auth.md)
@@ -41,6 +43,9 @@
 //! max_server_processes = 64
 //! server_idle_timeout_ms = 600000        # 0: never stop an idle server
 //! prewarm = ["fs"]                       # servers started with the host
+//! [mcp.launch]                           # what stdio records may run and read
+//! commands = ["/opt/mcp/bin/*"]          # absolute paths or patterns
+//! env = ["GITHUB_TOKEN"]                 # variables ${ENV:..} and env_from may read
 //! [tasks]                                # admission control (HostBuilder overrides it)
 //! max_concurrent = 1024                  # tasks running at once
 //! queue_capacity = 16384                 # tasks waiting for a slot; more get "host busy"
@@ -60,7 +65,7 @@ use serde::Deserialize;
 
 use crate::chat::llm::BackendConfig;
 use crate::config::{ConfigError, read_section};
-use crate::mcp::{AuthConfig, EgressConfig, EgressPolicy, McpHostConfig};
+use crate::mcp::{AuthConfig, EgressConfig, EgressPolicy, LaunchRules, McpHostConfig};
 
 /// `quiver.toml` as the host reads it.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -183,6 +188,10 @@ impl HostConfig {
         self.mcp
             .check()
             .map_err(|(field, message)| ConfigError::new(path, field, message))?;
+        if let Some(launch) = &self.mcp.launch {
+            LaunchRules::from_config(launch)
+                .map_err(|v| ConfigError::new(path, v.field, v.message))?;
+        }
         self.tasks
             .check()
             .map_err(|(field, message)| ConfigError::new(path, field, message))?;

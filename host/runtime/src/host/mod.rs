@@ -186,6 +186,14 @@ impl Host {
         self.inner.registry_store.clone()
     }
 
+    /// The operator's rules every record is held to: launch rules (`[mcp.launch]`),
+    /// egress (`[egress]`) and credential bindings (`[auth.*]`). A layer that writes
+    /// records checks them with these first
+    /// ([`check_changes_under`](crate::registry::check_changes_under)).
+    pub fn record_rules(&self) -> Arc<dyn crate::registry::RecordRules> {
+        self.inner.pool.rules()
+    }
+
     /// The host-wide limits of MCP calls and server processes in force.
     pub fn mcp_limits(&self) -> &PoolLimits {
         self.inner.pool.limits()

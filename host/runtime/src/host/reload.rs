@@ -159,7 +159,9 @@ impl Host {
         let Some(dir) = &self.inner.registry_dir else {
             return Ok(self.registry());
         };
-        let fresh = Registry::load_dir(dir).map_err(Unreadable::from);
+        let env = |name: &str| std::env::var(name).ok();
+        let fresh = Registry::load_dir_under(dir, &env, &*self.inner.pool.rules())
+            .map_err(Unreadable::from);
         self.install(fresh, None, None)
     }
 

@@ -138,10 +138,11 @@ impl Host {
             Ok(listing) => {
                 let revision = listing.revision;
                 let named = source.to_owned();
+                let rules = self.inner.pool.rules();
                 // Building a registry of up to REGISTRY_STORE_MAX_DOCS documents is CPU work.
                 let fresh = tokio::task::spawn_blocking(move || {
                     let env = |name: &str| std::env::var(name).ok();
-                    Registry::from_docs(listing.docs, &named, &env)
+                    Registry::from_docs_under(listing.docs, &named, &env, &*rules)
                 })
                 .await
                 .map_err(|e| Unreadable {
@@ -301,8 +302,10 @@ mod tests {
     #[tokio::test]
     async fn a_slow_old_listing_is_never_installed_over_a_newer_one() {
         let store: Arc<dyn RegistryStore> = Arc::new(RacingStore::default());
+        // Its records are stdio ones, which a store-following host runs only when told.
         let host = Host::builder()
             .with_registry_store(store.clone())
+            .with_launch_rules(crate::LaunchRules::unrestricted())
             .build()
             .unwrap();
         let slow = tokio::spawn({

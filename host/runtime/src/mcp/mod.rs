@@ -16,8 +16,10 @@ mod egress;
 mod error;
 mod hostcalls;
 mod http;
+mod launch;
 mod outbound;
 mod pool;
+mod rules;
 mod session;
 
 pub use auth::{
@@ -27,8 +29,10 @@ pub use egress::{EgressConfig, EgressPolicy};
 pub use error::{McpError, McpErrorCode};
 pub use hostcalls::add_to_linker;
 pub use http::ensure_tls_provider;
+pub use launch::{LaunchConfig, LaunchRules};
 pub use pool::{McpHostConfig, PoolLimits, PoolUsage, ServerState, ServerStatus, ToolCallOutput};
 pub(crate) use pool::{McpPool, RemoteOptions};
+pub(crate) use rules::ServerRules;
 pub use session::{McpSession, McpTask, McpView};
 
 /// A tool as a server lists it (rmcp's model type: `name`, `description`, `inputSchema`, ...).

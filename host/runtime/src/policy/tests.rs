@@ -18,6 +18,7 @@ pub(crate) fn entry(id: &str, allowed: &[&str], tags: &[&str], available: bool) 
                 args: vec![],
                 env: BTreeMap::new(),
                 cwd: None,
+                vars: Default::default(),
                 secrets: Default::default(),
             })
         } else {

@@ -9,12 +9,13 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::env::{EnvLookup, check_refs};
-use super::launch::resolve_launch;
+use super::launch::{Launch, resolve_launch};
 use super::load::{Problem, file_problem};
 use super::record::{
     ApprovalPolicy, Budgets, HttpConfig, Lifecycle, ServerEntry, ServerRecord, StdioConfig,
     Transport, is_valid_server_id,
 };
+use super::rules::{RecordRules, RuleViolation};
 use super::store::DocFormat;
 use crate::defaults;
 
@@ -67,12 +68,15 @@ struct ServerFile {
     audit_arguments: bool,
 }
 
-/// Parses and checks one file; any problem rejects the whole file.
+/// Parses and checks one file, then holds it to the operator's `rules` (before any
+/// reference is resolved, and again on what they resolved to); any problem rejects the
+/// whole file.
 pub(super) fn parse_server_file(
     path: &Path,
     format: DocFormat,
     bytes: &[u8],
     env: &EnvLookup<'_>,
+    rules: &dyn RecordRules,
 ) -> Result<ServerEntry, Problem> {
     let text = std::str::from_utf8(bytes)
         .map_err(|e| file_problem(path, None, format!("not UTF-8: {e}")))?;
@@ -89,7 +93,27 @@ pub(super) fn parse_server_file(
     })?;
     let record =
         check_record(file).map_err(|(field, message)| file_problem(path, Some(&field), message))?;
+    let refused = |v: RuleViolation| {
+        let message = format!("server `{}` is refused: {}", record.server_id, v.message);
+        file_problem(path, Some(&v.field), message)
+    };
+    rules.check_record(&record).map_err(refused)?;
     let launch = resolve_launch(&record, env);
+    if let Ok(resolved) = &launch {
+        let checked = match resolved {
+            Launch::Stdio {
+                command, cwd, vars, ..
+            } => rules.check_launch(command, cwd.as_deref(), vars),
+            Launch::Http { url, .. } => rules.check_remote(&record, url),
+        };
+        // A resolved command or URL may hold a value of the environment.
+        checked.map_err(|v| {
+            refused(RuleViolation {
+                message: resolved.secrets().redact(&v.message).into_owned(),
+                ..v
+            })
+        })?;
+    }
     Ok(ServerEntry {
         record,
         source: path.to_owned(),

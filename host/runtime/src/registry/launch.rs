@@ -4,7 +4,7 @@
 //! said about the server can be cleaned of them.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::OnceLock;
 
@@ -23,6 +23,9 @@ pub enum Launch {
         args: Vec<String>,
         env: BTreeMap<String, String>,
         cwd: Option<String>,
+        /// The host variables the record's references and `env_from` read, for the
+        /// launcher's last check against the launch rules.
+        vars: BTreeSet<String>,
         /// What the record's references (and `env_from`) resolved to.
         secrets: Secrets,
     },
@@ -90,7 +93,9 @@ pub(super) fn resolve_launch(
 ) -> Result<Launch, LaunchUnavailable> {
     // Every value a reference resolves to is a secret, wherever it ends up.
     let resolved = RefCell::new(Vec::new());
+    let read = RefCell::new(BTreeSet::new());
     let recording = |name: &str| {
+        read.borrow_mut().insert(name.to_owned());
         let value = env(name);
         if let Some(value) = &value {
             resolved.borrow_mut().push(value.clone());
@@ -134,6 +139,7 @@ pub(super) fn resolve_launch(
             args,
             env: resolved_env,
             cwd,
+            vars: read.take(),
             secrets: secrets(),
         });
     }

@@ -15,6 +15,7 @@ use super::file::parse_server_file;
 use super::launch::launch_fingerprint;
 use super::profile::{Profile, build_profiles};
 use super::record::ServerEntry;
+use super::rules::RecordRules;
 use super::store::{DocFormat, DocKind, StoredDoc};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -187,17 +188,27 @@ pub(crate) fn split_doc_name(file_name: &str) -> Option<(&str, DocFormat)> {
     }
 }
 
-pub(super) fn load_dir(dir: &Path, env: &EnvLookup<'_>) -> Result<Loaded, RegistryDirError> {
+pub(super) fn load_dir(
+    dir: &Path,
+    env: &EnvLookup<'_>,
+    rules: &dyn RecordRules,
+) -> Result<Loaded, RegistryDirError> {
     let (docs, problems) = read_dir_docs(dir)?;
     Ok(build(
         docs.into_iter().map(FileDoc::sourced).collect(),
         problems,
         env,
+        rules,
     ))
 }
 
 /// A registry from documents a store holds; problems name `<label>/<servers|profiles>/<name>`.
-pub(super) fn load_docs(docs: Vec<StoredDoc>, label: &str, env: &EnvLookup<'_>) -> Loaded {
+pub(super) fn load_docs(
+    docs: Vec<StoredDoc>,
+    label: &str,
+    env: &EnvLookup<'_>,
+    rules: &dyn RecordRules,
+) -> Loaded {
     let mut docs: Vec<SourcedDoc> = docs
         .into_iter()
         .map(|doc| {
@@ -220,16 +231,18 @@ pub(super) fn load_docs(docs: Vec<StoredDoc>, label: &str, env: &EnvLookup<'_>) 
         .collect();
     // The same order a directory gives: later names win duplicates, as later files do.
     docs.sort_by(|a, b| (a.kind, &a.key).cmp(&(b.kind, &b.key)));
-    build(docs, Vec::new(), env)
+    build(docs, Vec::new(), env, rules)
 }
 
 /// The one way documents become a registry: every server parsed and checked alone (a bad
 /// one is left out with its problem), duplicates and shared namespaces resolved, profiles
-/// checked against the servers, and a revision over every body and resolved launch.
+/// checked against the servers, and a revision over every body and resolved launch. A
+/// server the operator's `rules` refuse is left out like a bad file.
 pub(super) fn build(
     docs: Vec<SourcedDoc>,
     mut problems: Vec<Problem>,
     env: &EnvLookup<'_>,
+    rules: &dyn RecordRules,
 ) -> Loaded {
     let mut hashed = Vec::new();
     let mut servers: BTreeMap<String, Arc<ServerEntry>> = BTreeMap::new();
@@ -238,7 +251,7 @@ pub(super) fn build(
     for doc in server_docs {
         hashed.push((doc.key.clone(), doc.body.clone()));
         let path = doc.source;
-        let entry = match parse_server_file(&path, doc.format, &doc.body, env) {
+        let entry = match parse_server_file(&path, doc.format, &doc.body, env, rules) {
             Ok(entry) => entry,
             Err(problem) => {
                 problems.push(problem);

@@ -19,7 +19,8 @@
 //!
 //! The module is split by job: [`record`](self) holds the types a record is made of,
 //! `file` parses and checks one file, `launch` resolves references into what the pool
-//! needs, `load` builds a snapshot from documents (a directory's files or a store's), `profile`
+//! needs, `rules` is what the operator lets records do (asked, not decided, here), `load`
+//! builds a snapshot from documents (a directory's files or a store's), `profile`
 //! reads the named selections, `store` holds the stores.
 
 mod env;
@@ -28,6 +29,7 @@ mod launch;
 mod load;
 mod profile;
 mod record;
+mod rules;
 mod secrets;
 mod store;
 
@@ -42,11 +44,12 @@ pub use record::{
     ApprovalPolicy, Budgets, BudgetsView, HttpConfig, Lifecycle, ServerEntry, ServerRecord,
     ServerView, StdioConfig, Transport, is_valid_server_id,
 };
+pub use rules::{RecordRules, RuleViolation, Unrestricted};
 pub use secrets::{REDACTED, Secrets, redact_known};
 pub use store::{
     Change, DirStore, DocChange, DocFormat, DocKind, Listing, RegistryStore, StoreError,
-    StoreEvent, StoreFuture, StoredDoc, Write, check_change, check_changes, diff_docs,
-    parse_bundle,
+    StoreEvent, StoreFuture, StoredDoc, Write, check_change, check_changes, check_changes_under,
+    diff_docs, parse_bundle,
 };
 
 /// A snapshot of the registry. Cheap to share; reloading makes a new one.
@@ -72,18 +75,41 @@ impl Registry {
         Self::load_dir_with_env(dir, &|name: &str| std::env::var(name).ok())
     }
 
-    /// Loads `dir`, resolving `${ENV:..}` through `env`.
+    /// Loads `dir`, resolving `${ENV:..}` through `env`. No operator rules apply at load
+    /// (a host's stdio launcher still checks its own); see [`load_dir_under`](Self::load_dir_under).
     pub fn load_dir_with_env(
         dir: impl AsRef<std::path::Path>,
         env: &EnvLookup<'_>,
     ) -> Result<Self, RegistryDirError> {
-        Ok(Self::from_loaded(load::load_dir(dir.as_ref(), env)?))
+        Self::load_dir_under(dir, env, &Unrestricted)
+    }
+
+    /// Loads `dir` under the operator's `rules`: a record that breaks one is left out, with
+    /// a problem naming its file, field and the rule.
+    pub fn load_dir_under(
+        dir: impl AsRef<std::path::Path>,
+        env: &EnvLookup<'_>,
+        rules: &dyn RecordRules,
+    ) -> Result<Self, RegistryDirError> {
+        Ok(Self::from_loaded(load::load_dir(dir.as_ref(), env, rules)?))
     }
 
     /// Builds a registry from a store's documents with the directory's parser and rules;
-    /// problems name each document `<source_label>/<servers|profiles>/<name>`.
+    /// problems name each document `<source_label>/<servers|profiles>/<name>`. No operator
+    /// rules apply; see [`from_docs_under`](Self::from_docs_under).
     pub fn from_docs(docs: Vec<StoredDoc>, source_label: &str, env: &EnvLookup<'_>) -> Self {
-        Self::from_loaded(load::load_docs(docs, source_label, env))
+        Self::from_docs_under(docs, source_label, env, &Unrestricted)
+    }
+
+    /// [`from_docs`](Self::from_docs) under the operator's `rules`, as
+    /// [`load_dir_under`](Self::load_dir_under).
+    pub fn from_docs_under(
+        docs: Vec<StoredDoc>,
+        source_label: &str,
+        env: &EnvLookup<'_>,
+        rules: &dyn RecordRules,
+    ) -> Self {
+        Self::from_loaded(load::load_docs(docs, source_label, env, rules))
     }
 
     fn from_loaded(loaded: load::Loaded) -> Self {

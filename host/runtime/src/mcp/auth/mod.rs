@@ -26,6 +26,7 @@ use serde::Deserialize;
 use super::outbound::{EgressRefused, OutboundClient, ReadBodyError, SendError, UrlParseError};
 use crate::config::ConfigError;
 use crate::defaults;
+use crate::registry::RuleViolation;
 pub use jwt::SigningAlg;
 use jwt::{ClientKey, SignError};
 pub(crate) use oauth::OAuthClient;
@@ -38,6 +39,9 @@ pub(crate) enum AuthError {
         "server `{server_id}`: http.auth_ref `{auth_ref}` is not defined in the host config ([auth.{auth_ref}])"
     )]
     Undefined { server_id: String, auth_ref: String },
+    /// The record names a credential its binding does not let it use.
+    #[error("server `{server_id}`: {message}")]
+    NotBound { server_id: String, message: String },
     #[error(
         "server `{server_id}`: api_key auth `{auth_ref}`: environment variable `{var}` is not set"
     )]
@@ -116,6 +120,16 @@ pub(crate) enum OAuthProblem {
     /// checked before a credential is read.
     #[error("token endpoint: {0}")]
     TokenEndpointDenied(#[source] EgressRefused),
+    /// Discovery named a token endpoint the credential's binding does not list; nothing
+    /// was sent to it.
+    #[error(
+        "the server's metadata names token endpoint {url}, whose origin {origin} is not in [auth.{auth_ref}] origins; add {origin:?} there, or set issuer or token_url, so the client secret or assertion goes only where the host config says"
+    )]
+    TokenEndpointNotBound {
+        url: String,
+        origin: String,
+        auth_ref: String,
+    },
     /// A plain-http token endpoint while the authorization server or the MCP server is
     /// https: the credential would travel in clear.
     #[error(
@@ -166,6 +180,14 @@ pub enum AuthConfig {
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ApiKeyConfig {
+    /// The servers (record ids) that may use this credential; with `origins` too, a
+    /// server must be in both.
+    #[serde(default)]
+    pub servers: Vec<String>,
+    /// The URL origins (`https://host[:port]`) this credential may be sent to: the MCP
+    /// servers' URLs, and for OAuth a discovered token endpoint.
+    #[serde(default)]
+    pub origins: Vec<String>,
     /// Environment variable holding the key.
     pub value_env: String,
     /// Header carrying it (default `Authorization`).
@@ -183,6 +205,14 @@ fn authorization() -> String {
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct OAuthClientCredentialsConfig {
+    /// The servers (record ids) that may use this credential; with `origins` too, a
+    /// server must be in both.
+    #[serde(default)]
+    pub servers: Vec<String>,
+    /// The URL origins (`https://host[:port]`) this credential may be sent to: the MCP
+    /// servers' URLs, and for OAuth a discovered token endpoint.
+    #[serde(default)]
+    pub origins: Vec<String>,
     pub client_id: String,
     /// Environment variable holding the client secret; required unless the client
     /// authenticates with `private_key_jwt`.
@@ -219,6 +249,34 @@ pub struct OAuthClientCredentialsConfig {
     /// The client assertion's `aud` (default: the authorization server's issuer).
     #[serde(default)]
     pub assertion_audience: Option<String>,
+}
+
+impl AuthConfig {
+    /// The binding: the servers and the origins that may use the credential.
+    fn binding(&self) -> (&[String], &[String]) {
+        match self {
+            AuthConfig::ApiKey(c) => (&c.servers, &c.origins),
+            AuthConfig::OauthClientCredentials(c) => (&c.servers, &c.origins),
+        }
+    }
+}
+
+/// `scheme://host[:port]` of `url` as the binding compares it (default ports dropped,
+/// host lowercased); `None` when it has none.
+pub(crate) fn origin_of(url: &str) -> Option<String> {
+    let url = reqwest::Url::parse(url).ok()?;
+    let origin = url.origin();
+    origin.is_tuple().then(|| origin.ascii_serialization())
+}
+
+/// Whether `origin` is one of `origins` (exact, or by a `*` pattern).
+pub(crate) fn origin_listed(origins: &[String], origin: Option<&str>) -> bool {
+    origin.is_some_and(|origin| {
+        origins.iter().any(|o| {
+            let o = o.trim_end_matches('/');
+            o == origin || (o.contains('*') && crate::policy::Pattern::new(o).matches(origin))
+        })
+    })
 }
 
 /// Client authentication at the token endpoint (RFC 7591 names).
@@ -277,13 +335,14 @@ impl AuthSet {
     ) -> Result<Self, AuthConfigError> {
         let mut keys = BTreeMap::new();
         for (name, config) in configs {
-            let AuthConfig::OauthClientCredentials(oauth) = config else {
-                continue;
-            };
             let error = |field: &str, message: String| AuthConfigError {
                 field: format!("auth.{name}.{field}"),
                 message,
                 source: None,
+            };
+            check_binding_config(config, &error)?;
+            let AuthConfig::OauthClientCredentials(oauth) = config else {
+                continue;
             };
             if oauth.scopes.len() + oauth.step_up_scopes.len() > defaults::OAUTH_MAX_SCOPES {
                 return Err(error(
@@ -345,6 +404,83 @@ impl AuthSet {
     }
 }
 
+/// A credential must say where it may go, in ids and origins that can match.
+fn check_binding_config(
+    config: &AuthConfig,
+    error: &dyn Fn(&str, String) -> AuthConfigError,
+) -> Result<(), AuthConfigError> {
+    let (servers, origins) = config.binding();
+    if servers.is_empty() && origins.is_empty() {
+        return Err(error(
+            "servers",
+            "say where this credential may go: servers = [\"SERVER_ID\"] (the records that may name it) and/or origins = [\"https://host\"] (the URLs it may be sent to)".into(),
+        ));
+    }
+    if let Some(bad) = servers
+        .iter()
+        .find(|id| !crate::registry::is_valid_server_id(id))
+    {
+        return Err(error(
+            "servers",
+            format!("{bad:?} is not a server id (letters, digits, `_` and `-`)"),
+        ));
+    }
+    for origin in origins {
+        // A pattern (`http://127.0.0.1:*`) has a scheme and no path, like an origin.
+        let pattern = origin.contains('*')
+            && ["https://", "http://"].iter().any(|scheme| {
+                origin
+                    .strip_prefix(scheme)
+                    .is_some_and(|rest| !rest.is_empty() && !rest.contains('/'))
+            });
+        if !pattern && origin_of(origin).as_deref() != Some(origin.trim_end_matches('/')) {
+            return Err(error(
+                "origins",
+                format!(
+                    "{origin:?} is not an origin: write scheme://host[:port] with no path, no default port and a lowercase host, e.g. \"https://mcp.example.com\" (`*` matches any run, e.g. \"http://127.0.0.1:*\")"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl AuthSet {
+    /// Whether server `server_id` at `url` may name `auth_ref`: the record's id must be in
+    /// the credential's `servers` and its URL's origin in its `origins` (each when given).
+    /// An undefined `auth_ref` is left to connect time, which says so.
+    pub(crate) fn check_binding(
+        &self,
+        auth_ref: &str,
+        server_id: &str,
+        url: &str,
+    ) -> Result<(), RuleViolation> {
+        let Some(config) = self.configs.get(auth_ref) else {
+            return Ok(());
+        };
+        let (servers, origins) = config.binding();
+        if !servers.is_empty() && !servers.iter().any(|s| s == server_id) {
+            return Err(RuleViolation::new(
+                "http.auth_ref",
+                format!(
+                    "credential `{auth_ref}` is bound to servers {servers:?}, not `{server_id}`; add `{server_id}` to [auth.{auth_ref}] servers in the host config, or name another auth_ref"
+                ),
+            ));
+        }
+        let origin = origin_of(url);
+        if !origins.is_empty() && !origin_listed(origins, origin.as_deref()) {
+            let origin = origin.unwrap_or_else(|| "(none)".into());
+            return Err(RuleViolation::new(
+                "http.auth_ref",
+                format!(
+                    "credential `{auth_ref}` may be sent to {origins:?}, not {origin}; add {origin:?} to [auth.{auth_ref}] origins in the host config, or point http.url at a bound origin"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Credentials of one server, ready to use.
 #[derive(Clone)]
 pub(crate) enum Credentials {
@@ -376,6 +512,13 @@ impl Credentials {
             .ok_or_else(|| AuthError::Undefined {
                 server_id: server_id.to_owned(),
                 auth_ref: auth_ref.to_owned(),
+            })?;
+        // The load refused such a record already; a registry built in code meets it here,
+        // before any secret is read.
+        auth.check_binding(auth_ref, server_id, server_url)
+            .map_err(|v| AuthError::NotBound {
+                server_id: server_id.to_owned(),
+                message: v.message,
             })?;
         match config {
             AuthConfig::ApiKey(key) => {
@@ -447,7 +590,9 @@ mod tests {
     }
 
     fn load(table: &str) -> Result<AuthSet, AuthConfigError> {
-        let text = format!("kind = \"oauth_client_credentials\"\nclient_id = \"q\"\n{table}");
+        let text = format!(
+            "kind = \"oauth_client_credentials\"\nservers = [\"web\"]\nclient_id = \"q\"\n{table}"
+        );
         let config: AuthConfig = toml::from_str(&text).map_err(|e| AuthConfigError {
             field: String::new(),
             message: e.message().to_owned(),
@@ -514,10 +659,59 @@ mod tests {
     }
 
     #[test]
+    fn a_credential_says_where_it_may_go_and_goes_nowhere_else() {
+        let unbound = |table: &str| {
+            let config: AuthConfig =
+                toml::from_str(&format!("kind = \"api_key\"\nvalue_env = \"K\"\n{table}")).unwrap();
+            AuthSet::load(
+                &BTreeMap::from([("prod".to_owned(), config)]),
+                Path::new("."),
+            )
+        };
+        let error = unbound("").unwrap_err();
+        assert_eq!(error.field, "auth.prod.servers");
+        assert!(error.message.contains("origins = ["), "{}", error.message);
+        let error = unbound("origins = [\"https://x.example/path\"]").unwrap_err();
+        assert_eq!(error.field, "auth.prod.origins");
+
+        let set =
+            unbound("servers = [\"github\"]\norigins = [\"https://api.example.com\"]").unwrap();
+        set.check_binding("prod", "github", "https://api.example.com/mcp")
+            .unwrap();
+        let other_id = set
+            .check_binding("prod", "evil", "https://api.example.com/mcp")
+            .unwrap_err();
+        assert_eq!(other_id.field, "http.auth_ref");
+        assert!(
+            other_id.message.contains("[auth.prod] servers"),
+            "{other_id}"
+        );
+        let other_url = set
+            .check_binding("prod", "github", "https://evil.example/mcp")
+            .unwrap_err();
+        assert!(
+            other_url.message.contains("https://evil.example")
+                && other_url.message.contains("[auth.prod] origins"),
+            "{other_url}"
+        );
+        let patterned = unbound("origins = [\"http://127.0.0.1:*\"]").unwrap();
+        patterned
+            .check_binding("prod", "any", "http://127.0.0.1:8080/mcp")
+            .unwrap();
+        assert!(
+            patterned
+                .check_binding("prod", "any", "http://127.0.0.2:8080/mcp")
+                .is_err()
+        );
+    }
+
+    #[test]
     fn auth_errors_keep_their_text_and_never_show_a_secret() {
         let configs = BTreeMap::from([(
             "key".to_owned(),
             AuthConfig::ApiKey(ApiKeyConfig {
+                servers: vec!["web".into()],
+                origins: vec![],
                 value_env: "QUIVER_UNIT_TEST_UNSET_KEY".into(),
                 header: authorization(),
                 prefix: None,

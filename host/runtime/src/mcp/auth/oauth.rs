@@ -382,6 +382,18 @@ impl OAuthClient {
             )
         };
         self.check_in_clear(&metadata.token_endpoint, issuer.as_deref())?;
+        // Only the operator names where a secret or assertion may go: a configured issuer,
+        // or for an endpoint the server's own metadata named, an origin the binding lists.
+        let endpoint_origin = super::origin_of(&metadata.token_endpoint);
+        if self.config.issuer.is_none()
+            && !super::origin_listed(&self.config.origins, endpoint_origin.as_deref())
+        {
+            return Err(OAuthProblem::TokenEndpointNotBound {
+                url: metadata.token_endpoint.clone(),
+                origin: endpoint_origin.unwrap_or_else(|| "(none)".into()),
+                auth_ref: self.who.auth_ref.clone(),
+            });
+        }
         let method = self.method(listed("token_endpoint_auth_methods_supported"))?;
         if method == TokenEndpointAuth::PrivateKeyJwt
             && let (Some(key), Some(algs)) = (

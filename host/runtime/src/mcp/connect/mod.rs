@@ -32,8 +32,7 @@ use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, Ser
 use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tracing::Instrument;
 
-use super::auth::AuthSet;
-use super::egress::EgressPolicy;
+use super::ServerRules;
 use super::error::{McpError, McpErrorCode, error_chain};
 use super::http::SseConnectError;
 use super::outbound::{ClientBuildError, OutboundClient};
@@ -194,20 +193,26 @@ enum Peer<'a> {
 /// one HTTP client (which applies the egress policy to every request).
 pub(super) struct Connector {
     timeout: Duration,
-    auth: AuthSet,
+    /// The operator's rules: launch rules, egress, credentials.
+    rules: Arc<ServerRules>,
     /// One client for every remote server (sharing connections); it checks every request
     /// against the egress policy.
     http: Result<OutboundClient, ClientBuildError>,
 }
 
 impl Connector {
-    pub(super) fn new(timeout: Duration, auth: AuthSet, egress: EgressPolicy) -> Self {
-        let http = OutboundClient::new(Arc::new(egress), timeout);
+    pub(super) fn new(timeout: Duration, rules: Arc<ServerRules>) -> Self {
+        let http = OutboundClient::new(Arc::new(rules.egress.clone()), timeout);
         Self {
             timeout,
-            auth,
+            rules,
             http,
         }
+    }
+
+    /// The rules records are held to (for building registries the same way).
+    pub(super) fn rules(&self) -> &Arc<ServerRules> {
+        &self.rules
     }
 
     /// A new connection to `entry`'s server, numbered `serial`. A stdio server's process
@@ -230,8 +235,23 @@ impl Connector {
                 args,
                 env,
                 cwd,
+                vars,
                 secrets,
             } => {
+                // The last line: whatever built this entry, nothing runs that the rules
+                // do not allow.
+                self.rules
+                    .launch
+                    .check_launch(command, cwd.as_deref(), vars)
+                    .map_err(|v| {
+                        unavailable(
+                            secrets
+                                .redact(&format!(
+                                    "server `{server_id}` is refused by the launch rules: {v}"
+                                ))
+                                .into_owned(),
+                        )
+                    })?;
                 let limits = Limits::of(entry);
                 match stdio::spawn(limits, command, args, env, cwd.as_ref(), secrets, permit) {
                     Ok((transport, process)) => {

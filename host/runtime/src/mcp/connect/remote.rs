@@ -44,7 +44,7 @@ impl Connector {
             .and_then(|h| h.auth_ref.as_deref())
         {
             Some(auth_ref) => Some(
-                Credentials::resolve(server_id, auth_ref, &self.auth, url, http.clone())
+                Credentials::resolve(server_id, auth_ref, &self.rules.auth, url, http.clone())
                     .map_err(|e| unavailable(e.to_string()))?,
             ),
             None => None,

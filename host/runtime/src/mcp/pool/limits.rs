@@ -37,6 +37,12 @@ impl Default for PoolLimits {
 /// max_server_processes = 64
 /// server_idle_timeout_ms = 600000   # 0: never stop an idle server
 /// prewarm = ["fs"]                  # started (and listed) when the host starts
+///
+/// [mcp.launch]                      # what stdio records may run and read (docs/registry.md)
+/// commands = ["/opt/mcp/bin/*"]     # absolute paths or patterns
+/// cwd = ["/srv/mcp/*"]              # working directories records may set
+/// env = ["GITHUB_TOKEN", "MCP_*"]   # host variables ${ENV:..} and env_from may read
+/// # unrestricted = true             # any of them: only for a registry you alone write
 /// ```
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -46,6 +52,10 @@ pub struct McpHostConfig {
     pub server_idle_timeout_ms: Option<u64>,
     #[serde(default)]
     pub prewarm: Vec<String>,
+    /// `[mcp.launch]`: what records may run and read. Absent, the host's default applies
+    /// ([`HostBuilder::with_default_launch_rules`](crate::HostBuilder::with_default_launch_rules)).
+    #[serde(default)]
+    pub launch: Option<crate::mcp::LaunchConfig>,
 }
 
 impl McpHostConfig {

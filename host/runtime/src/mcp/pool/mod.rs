@@ -54,6 +54,7 @@ use super::auth::AuthSet;
 use super::connect::{Connection, Connector};
 use super::egress::EgressPolicy;
 use crate::defaults;
+use crate::mcp::{LaunchRules, ServerRules};
 use crate::registry::Registry;
 use health::Health;
 pub use health::ServerState;
@@ -62,10 +63,12 @@ pub use requests::ToolCallOutput;
 use slot::ServerSlot;
 pub use status::{PoolUsage, ServerStatus};
 
-/// What the pool needs for remote servers: credentials and the egress policy.
+/// What the pool needs for remote servers (credentials and the egress policy) and for
+/// stdio ones (the launch rules).
 pub(crate) struct RemoteOptions {
     pub(crate) auth: AuthSet,
     pub(crate) egress: EgressPolicy,
+    pub(crate) launch: LaunchRules,
 }
 
 /// What the pool and its reaper share.
@@ -128,6 +131,7 @@ impl McpPool {
         let remote = RemoteOptions {
             auth: Default::default(),
             egress: EgressPolicy::default(),
+            launch: LaunchRules::unrestricted(),
         };
         Self::with_remote(tools_ttl, connect_timeout, remote)
     }
@@ -140,9 +144,21 @@ impl McpPool {
         Self {
             shared: Arc::new(Self::shared(PoolLimits::default())),
             tools_ttl,
-            connector: Connector::new(connect_timeout, remote.auth, remote.egress),
+            connector: Connector::new(
+                connect_timeout,
+                Arc::new(ServerRules {
+                    launch: remote.launch,
+                    egress: remote.egress,
+                    auth: remote.auth,
+                }),
+            ),
             reaper: Mutex::new(None),
         }
+    }
+
+    /// The operator's rules records are held to, for building registries under them.
+    pub(crate) fn rules(&self) -> Arc<ServerRules> {
+        self.connector.rules().clone()
     }
 
     /// The same pool with host-wide `limits` (caps are kept between 1 and what a

@@ -21,6 +21,7 @@ fn entry(command: &str) -> ServerEntry {
             args: vec![],
             env: BTreeMap::new(),
             cwd: None,
+            vars: Default::default(),
             secrets: Default::default(),
         }),
     }

@@ -20,7 +20,7 @@ use futures::stream::BoxStream;
 pub use bundle::{Change, DocChange, diff_docs, parse_bundle};
 pub use dir::DirStore;
 
-use super::{Registry, Severity, is_valid_server_id};
+use super::{RecordRules, Registry, Severity, Unrestricted, is_valid_server_id};
 use crate::Cause;
 
 /// A boxed future of a store call (the trait stays dyn-compatible).
@@ -240,6 +240,17 @@ pub fn check_changes(
     store: &str,
     writes: &[Write],
 ) -> Result<(), StoreError> {
+    check_changes_under(current, store, writes, &Unrestricted)
+}
+
+/// [`check_changes`] under the operator's `rules` (what a node checks an admin write
+/// with): a record that breaks one is refused, naming the record, field and rule.
+pub fn check_changes_under(
+    current: &[StoredDoc],
+    store: &str,
+    writes: &[Write],
+    rules: &dyn RecordRules,
+) -> Result<(), StoreError> {
     for write in writes {
         let (kind, name) = write.key();
         if !is_valid_server_id(name) {
@@ -252,7 +263,7 @@ pub fn check_changes(
     // `${ENV:..}` references are checked for form only; a missing variable makes a
     // server unavailable, not invalid.
     let no_env = |_: &str| None;
-    let build = |docs: Vec<StoredDoc>| Registry::from_docs(docs, store, &no_env);
+    let build = |docs: Vec<StoredDoc>| Registry::from_docs_under(docs, store, &no_env, rules);
     let errors = |registry: &Registry| -> Vec<String> {
         registry
             .problems()
