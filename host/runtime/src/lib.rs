@@ -84,7 +84,7 @@ pub use mcp::{
     TokenEndpointAuth, Tool, ToolCallOutput, ensure_tls_provider,
 };
 pub use observe::{
-    ArgumentsSummary, AuditLog, Metrics, PolicyDenial, ToolCall, ToolCallEnd, ToolKind,
+    ApprovalDecided, ArgumentsSummary, AuditLog, Metrics, PolicyDenial, ToolCall, ToolCallEnd, ToolKind,
     ToolObserver, ToolOutcome, Via,
 };
 pub use policy::{Layer, PolicyReport, Reason};

@@ -461,6 +461,7 @@ async fn approve(
 ) -> Result<(), ToolFailure> {
     let asked = ctx.mcp.approvals.ask(AskFor {
         task_id: ctx.task_id,
+        observers: &ctx.mcp.observers,
         session_fd: Some(ctx.session_fd),
         via: Via::Chat,
         entry,
@@ -498,6 +499,8 @@ fn observed_call(
 ) -> observe::ToolCall {
     observe::ToolCall {
         task_id: ctx.task_id.into(),
+        // Set by the observers from the task's.
+        principal: None,
         session_fd: Some(ctx.session_fd),
         via: Via::Chat,
         kind,
