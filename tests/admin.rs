@@ -210,8 +210,7 @@ async fn only_the_admin_token_opens_the_admin_api() {
         (Method::POST, "/v1/tasks"),
         (Method::GET, "/v1/approvals"),
     ] {
-        let admin_elsewhere =
-            Node::send(node.anonymous(method, path).bearer_auth(ADMIN)).await;
+        let admin_elsewhere = Node::send(node.anonymous(method, path).bearer_auth(ADMIN)).await;
         assert_eq!(
             (admin_elsewhere.status, admin_elsewhere.code()),
             (403, "forbidden"),

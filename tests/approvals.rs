@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quiver::Reason;
+use quiver::{ApprovalDecided, PolicyDenial, ToolObserver};
 use quiver::{
     ApprovalDecision, ApprovalError, ApprovalFuture, ApprovalQueue, ApprovalRequest, Approver,
 };
 use quiver::{Host, HostBuilder, TaskFailure};
-use quiver::{ApprovalDecided, PolicyDenial, ToolObserver};
 use quiver_tests::chat_wat::{ChatGuest, scripted_host_builder};
 use quiver_tests::errno::ENOSPC;
 use quiver_tests::llm::{Reply, ScriptedLlm, tool_names, tool_results};

@@ -412,17 +412,29 @@ async fn each_role_opens_its_endpoints_and_nothing_else() {
     );
     let task = "/v1/tasks/0123456789abcdef01234567";
     let endpoints = [
-        ("submit", Method::PUT, format!("/v1/modules/{}", sha256_hex(b"x"))),
+        (
+            "submit",
+            Method::PUT,
+            format!("/v1/modules/{}", sha256_hex(b"x")),
+        ),
         ("submit", Method::POST, "/v1/tasks".to_owned()),
         ("submit", Method::GET, task.to_owned()),
         ("submit", Method::DELETE, task.to_owned()),
         ("approve", Method::GET, "/v1/approvals".to_owned()),
-        ("approve", Method::POST, "/v1/approvals/0000abcd-00000001".to_owned()),
+        (
+            "approve",
+            Method::POST,
+            "/v1/approvals/0000abcd-00000001".to_owned(),
+        ),
         ("observe", Method::GET, "/metrics".to_owned()),
         ("observe", Method::GET, "/v1/mcp/servers".to_owned()),
         ("observe", Method::GET, "/v1/registry".to_owned()),
         ("registry", Method::GET, "/admin/api/mcp/servers".to_owned()),
-        ("registry", Method::GET, "/admin/api/mcp/profiles".to_owned()),
+        (
+            "registry",
+            Method::GET,
+            "/admin/api/mcp/profiles".to_owned(),
+        ),
     ];
     for (name, token, roles) in clients {
         let me = Node::send(node.anonymous(Method::GET, "/v1/whoami").bearer_auth(token)).await;
@@ -479,7 +491,8 @@ fn bad_or_shared_client_tokens_stop_the_node_naming_the_field() {
     let shared = "[clients.ci]\ntoken_env = \"QV_A\"\nroles = [\"submit\"]\n\
         [clients.ops]\ntoken_env = \"QV_B\"\nroles = [\"approve\"]\n";
     let env = [("QV_A", "one-shared-token"), ("QV_B", "one-shared-token")];
-    let Err((status, stderr)) = Node::spawn("127.0.0.1:0", &registry, Some(shared), &dir, &env, &[])
+    let Err((status, stderr)) =
+        Node::spawn("127.0.0.1:0", &registry, Some(shared), &dir, &env, &[])
     else {
         panic!("two clients with one token started");
     };
@@ -876,7 +889,7 @@ async fn approvals_are_listed_and_decided_over_http() {
     let module = node
         .upload(wat::mcp_calls(&[(&server, "echo", &args)], 1).as_bytes())
         .await;
-    let wait_pending = || async {
+    let wait_pending = async || {
         let start = Instant::now();
         loop {
             let listed = Node::send(ops(Method::GET, "/v1/approvals")).await;

@@ -6,10 +6,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
-use axum::Extension;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware;
@@ -19,11 +19,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use super::auth::{self, Caller};
 use super::body::{field_path, parse_json, read_body};
 use super::error::ApiError;
 use super::modules::TooLarge;
 use super::tasks::Refused;
-use super::auth::{self, Caller};
 use super::{NodeState, admin, web};
 use crate::config::Role;
 use crate::defaults;
@@ -33,9 +33,8 @@ use quiver::TaskSpec;
 use quiver::{ApprovalDecision, ApprovalQueue};
 
 pub(crate) fn router(state: Arc<NodeState>) -> Router {
-    let require = |role: Option<Role>| {
-        middleware::from_fn_with_state((state.clone(), role), auth::require)
-    };
+    let require =
+        |role: Option<Role>| middleware::from_fn_with_state((state.clone(), role), auth::require);
     let submit = Router::new()
         .route("/v1/modules/{sha256}", put(put_module))
         .route("/v1/tasks", axum::routing::post(submit_task))

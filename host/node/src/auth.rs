@@ -160,9 +160,10 @@ mod tests {
 
     #[test]
     fn a_token_names_its_client_and_only_its_roles() {
-        let config = config()
-            .with_token("task-token")
-            .with_client("ops", "ops-token", &[Role::Approve]);
+        let config =
+            config()
+                .with_token("task-token")
+                .with_client("ops", "ops-token", &[Role::Approve]);
         let ops = authenticate(&config, &bearing(Some("ops-token"))).expect("ops");
         assert_eq!(ops.client.as_deref(), Some("ops"));
         assert_eq!(ops.roles, [Role::Approve]);

@@ -132,8 +132,6 @@ pub enum Role {
 }
 
 impl Role {
-    pub const ALL: [Role; 4] = [Role::Submit, Role::Registry, Role::Approve, Role::Observe];
-
     /// The name `quiver.toml` and the API use.
     pub fn name(self) -> &'static str {
         match self {
@@ -178,7 +176,10 @@ fn check_clients(clients: &BTreeMap<String, ClientConfig>) -> Result<(), (String
     for (name, client) in clients {
         if !is_client_name(name) {
             return Err((
-                format!("clients.{}", quiver::text::printable(quiver::text::cut(name, 64))),
+                format!(
+                    "clients.{}",
+                    quiver::text::printable(quiver::text::cut(name, 64))
+                ),
                 "a client's name is 1 to 64 letters, digits, `_`, `-` and `.`".to_owned(),
             ));
         }
@@ -230,7 +231,8 @@ impl NodeFileConfig {
             read_section(path, "clients", section("clients"))?;
         let checked = serve.check().and_then(|()| admin.check());
         checked.map_err(|(field, message)| ConfigError::new(path, field, message))?;
-        check_clients(&clients).map_err(|(field, message)| ConfigError::new(path, field, message))?;
+        check_clients(&clients)
+            .map_err(|(field, message)| ConfigError::new(path, field, message))?;
         Ok(Self {
             host,
             serve,
@@ -341,15 +343,21 @@ impl NodeConfig {
         let mut node = Self::new(listen);
         if let Some(var) = &config.token_env {
             let token = std::env::var(var).ok();
-            let token = token.as_deref().and_then(Token::trimmed).ok_or_else(|| {
-                ServeError::TokenEnv {
-                    file: file.to_owned(),
-                    field: "serve.token_env".into(),
-                    var: var.clone(),
-                }
-            })?;
-            node.clients
-                .push(Client::shorthand("serve", token, &SERVE_TOKEN_ROLES, "serve.token_env"));
+            let token =
+                token
+                    .as_deref()
+                    .and_then(Token::trimmed)
+                    .ok_or_else(|| ServeError::TokenEnv {
+                        file: file.to_owned(),
+                        field: "serve.token_env".into(),
+                        var: var.clone(),
+                    })?;
+            node.clients.push(Client::shorthand(
+                "serve",
+                token,
+                &SERVE_TOKEN_ROLES,
+                "serve.token_env",
+            ));
         }
         node.drain_grace = config.drain_grace_ms.map_or(node.drain_grace, ms);
         node.max_module_bytes = config.max_module_bytes.unwrap_or(node.max_module_bytes);
@@ -377,7 +385,12 @@ impl NodeConfig {
     /// `[serve] token_env` makes. Surrounding whitespace is dropped, as clients cannot
     /// send it; a blank token makes [`Node::bind`](super::Node::bind) fail.
     pub fn with_token(self, token: impl Into<String>) -> Self {
-        self.with_shorthand("serve", token.into(), &SERVE_TOKEN_ROLES, "NodeConfig::with_token")
+        self.with_shorthand(
+            "serve",
+            token.into(),
+            &SERVE_TOKEN_ROLES,
+            "NodeConfig::with_token",
+        )
     }
 
     /// Turns the admin API on, guarded by the token read now from the variable
@@ -443,13 +456,15 @@ impl NodeConfig {
         for (name, client) in clients {
             let field = format!("clients.{name}.token_env");
             let token = std::env::var(&client.token_env).ok();
-            let token = token.as_deref().and_then(Token::trimmed).ok_or_else(|| {
-                ServeError::TokenEnv {
-                    file: file.to_owned(),
-                    field: field.clone(),
-                    var: client.token_env.clone(),
-                }
-            })?;
+            let token =
+                token
+                    .as_deref()
+                    .and_then(Token::trimmed)
+                    .ok_or_else(|| ServeError::TokenEnv {
+                        file: file.to_owned(),
+                        field: field.clone(),
+                        var: client.token_env.clone(),
+                    })?;
             self.clients.push(Client {
                 name: name.as_str().into(),
                 token,
@@ -583,7 +598,11 @@ mod tests {
     }
 
     fn clients(toml: &str) -> Result<BTreeMap<String, ClientConfig>, String> {
-        let file = format!("{}/quiver-clients-{}.toml", std::env::temp_dir().display(), std::process::id());
+        let file = format!(
+            "{}/quiver-clients-{}.toml",
+            std::env::temp_dir().display(),
+            std::process::id()
+        );
         std::fs::write(&file, toml).expect("write");
         let read = NodeFileConfig::load(Path::new(&file));
         let _ = std::fs::remove_file(&file);
@@ -596,11 +615,26 @@ mod tests {
             .expect("a good table");
         assert_eq!(read["ci"].roles, [Role::Submit, Role::Approve]);
         for (toml, field) in [
-            ("[clients.ci]\ntoken_env = \"CI\"\nroles = [\"admin\"]\n", "clients.ci.roles"),
-            ("[clients.ci]\ntoken_env = \"CI\"\nroles = []\n", "clients.ci.roles"),
-            ("[clients.ci]\ntoken_env = \" \"\nroles = [\"submit\"]\n", "clients.ci.token_env"),
-            ("[clients.ci]\ntoken = \"x\"\nroles = [\"submit\"]\n", "clients.ci"),
-            ("[clients.\"a b\"]\ntoken_env = \"X\"\nroles = [\"submit\"]\n", "clients.a b"),
+            (
+                "[clients.ci]\ntoken_env = \"CI\"\nroles = [\"admin\"]\n",
+                "clients.ci.roles",
+            ),
+            (
+                "[clients.ci]\ntoken_env = \"CI\"\nroles = []\n",
+                "clients.ci.roles",
+            ),
+            (
+                "[clients.ci]\ntoken_env = \" \"\nroles = [\"submit\"]\n",
+                "clients.ci.token_env",
+            ),
+            (
+                "[clients.ci]\ntoken = \"x\"\nroles = [\"submit\"]\n",
+                "clients.ci",
+            ),
+            (
+                "[clients.\"a b\"]\ntoken_env = \"X\"\nroles = [\"submit\"]\n",
+                "clients.a b",
+            ),
         ] {
             let err = clients(toml).expect_err(toml);
             assert!(err.contains(field), "{toml}: {err}");
@@ -623,9 +657,15 @@ mod tests {
             .with_client("ops", "b", &[Role::Observe]);
         let err = twice.check_clients().expect_err("twice").to_string();
         assert!(err.contains("`ops`"), "{err}");
-        let blank = NodeConfig::new("127.0.0.1:0".parse().expect("addr"))
-            .with_client("ops", " ", &[Role::Approve]);
-        assert!(matches!(blank.check_clients(), Err(ServeError::BlankToken { .. })));
+        let blank = NodeConfig::new("127.0.0.1:0".parse().expect("addr")).with_client(
+            "ops",
+            " ",
+            &[Role::Approve],
+        );
+        assert!(matches!(
+            blank.check_clients(),
+            Err(ServeError::BlankToken { .. })
+        ));
     }
 
     #[test]

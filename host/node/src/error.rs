@@ -39,9 +39,7 @@ pub enum ServeError {
         "{origin}: a client's name is 1 to 64 letters, digits, `_`, `-` and `.`, and it holds one or more roles"
     )]
     BadClient { origin: String },
-    #[error(
-        "{first} and {second} both name the client `{name}`; give each client its own name"
-    )]
+    #[error("{first} and {second} both name the client `{name}`; give each client its own name")]
     DuplicateClient {
         name: String,
         first: String,

@@ -149,9 +149,10 @@ impl Approvals {
             tool: call.tool.to_owned(),
             approved: decision.approve,
             reason: reason.clone(),
-            decided_by: decision.decided_by.as_deref().map(|who| {
-                text::printable(text::cut(who, defaults::MAX_APPROVAL_REASON_BYTES))
-            }),
+            decided_by: decision
+                .decided_by
+                .as_deref()
+                .map(|who| text::printable(text::cut(who, defaults::MAX_APPROVAL_REASON_BYTES))),
             at: SystemTime::now(),
         });
         if decision.approve {
