@@ -125,7 +125,12 @@ pub(crate) async fn require(
     if let Some(role) = role
         && !caller.roles.contains(&role)
     {
-        return ApiError::forbidden(&caller, role).into_response();
+        // Without a token, only a token can help.
+        let refusal = match caller.client {
+            None => ApiError::unauthorized("send `Authorization: Bearer <token>`"),
+            Some(_) => ApiError::forbidden(&caller, role),
+        };
+        return refusal.into_response();
     }
     request.extensions_mut().insert(caller);
     next.run(request).await
