@@ -197,15 +197,26 @@ async fn only_the_admin_token_opens_the_admin_api() {
     )
     .await;
     assert_eq!(wrong.status, 401, "{wrong:?}");
-    // `request` sends the task token.
+    // `request` sends the task token: a known client without the `registry` role.
     let task_token = Node::send(node.request(Method::GET, "/admin/api/mcp/servers")).await;
-    assert_eq!(task_token.status, 401, "{task_token:?}");
-    let admin_on_tasks = Node::send(
-        node.anonymous(Method::GET, "/v1/mcp/servers")
-            .bearer_auth(ADMIN),
-    )
-    .await;
-    assert_eq!(admin_on_tasks.status, 401, "{admin_on_tasks:?}");
+    assert_eq!(
+        (task_token.status, task_token.code()),
+        (403, "forbidden"),
+        "{task_token:?}"
+    );
+    // The admin token holds `registry` only: no tasks, no status, no approvals.
+    for (method, path) in [
+        (Method::GET, "/v1/mcp/servers"),
+        (Method::POST, "/v1/tasks"),
+        (Method::GET, "/v1/approvals"),
+    ] {
+        let admin_elsewhere = Node::send(node.anonymous(method, path).bearer_auth(ADMIN)).await;
+        assert_eq!(
+            (admin_elsewhere.status, admin_elsewhere.code()),
+            (403, "forbidden"),
+            "{path}: {admin_elsewhere:?}"
+        );
+    }
     let ok = Node::send(admin(&node, Method::GET, "/servers")).await;
     assert_eq!(ok.status, 200, "{ok:?}");
 

@@ -8,6 +8,11 @@
 //! then apply), and add and delete a profile. At each checkpoint this
 //! test checks through the admin API that the page did what it showed.
 //!
+//! tests/browser/approvals_page.mjs signs in as a client holding only `approve`: the
+//! registry views are not offered, a call that starts waiting after the page opened
+//! appears without a reload (with its task, submitter, server, tool and argument shape),
+//! and denying it with a reason reaches the task and the audit log, naming the approver.
+//!
 //! Also, over plain HTTP: the page's routes, content types and security headers.
 
 use std::path::PathBuf;
@@ -15,7 +20,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use quiver_tests::node::{Answer, Node};
-use quiver_tests::{RegistryDir, fixture_server, hostile_server, workspace};
+use quiver_tests::{RegistryDir, fixture_server, fixture_toml, hostile_server, wat, workspace};
 use reqwest::Method;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -199,40 +204,26 @@ async fn check(node: &Node, checkpoint: &str, data: &Value) -> Result<(), String
     }
 }
 
-#[tokio::test]
-async fn a_person_manages_servers_from_the_admin_page() {
+/// Runs the browser driver `script` (in tests/browser) against `node` with `envs`,
+/// answering each of its checkpoints with what `check` says, until it prints `done`.
+/// Panics with the driver's log, its screenshot and the node's stderr if it fails; returns
+/// the checkpoints passed and the driver's log.
+async fn drive(
+    node: &Node,
+    script: &str,
+    envs: &[(&str, &std::ffi::OsStr)],
+    scratch: &tempfile::TempDir,
+    mut check: impl AsyncFnMut(&str, &Value) -> Result<(), String>,
+) -> (Vec<String>, String) {
     let (node_js, chromium, npm) = browser_tools();
-    let registry = RegistryDir::new();
-    let node = node(&registry);
-    let created =
-        Node::send(admin(&node, Method::POST, "/servers").json(&hostile_record("hostile"))).await;
-    assert_eq!(created.status, 201, "{created:?}");
-    let spaced =
-        Node::send(admin(&node, Method::POST, "/servers").json(&spaced_record("Spaced"))).await;
-    assert_eq!(spaced.status, 201, "{spaced:?}");
-
-    let scratch = tempfile::tempdir().expect("tempdir");
     let screenshot = scratch.path().join("admin_page_failure.png");
-    let bundle = scratch.path().join("imported.toml");
-    let fixture = fixture_server().display().to_string();
-    std::fs::write(
-        &bundle,
-        format!(
-            "[[servers]]\nserver_id = \"imported\"\ntransport = \"stdio\"\nallowed_tools = [\"echo\"]\n\n[servers.stdio]\ncommand = {fixture:?}\nargs = [\"--name\", \"imported\"]\n"
-        ),
-    )
-    .expect("write the bundle");
     let mut child = tokio::process::Command::new(&node_js)
-        .arg(workspace().join("tests/browser/admin_page.mjs"))
+        .arg(workspace().join("tests/browser").join(script))
         .env("QUIVER_URL", &node.base)
-        .env("QUIVER_ADMIN_TOKEN", ADMIN)
-        .env("FIXTURE_SERVER", fixture_server())
         .env("CHROMIUM", &chromium)
         .env("NPM_DIR", &npm)
         .env("SCREENSHOT", &screenshot)
-        .env("HOSTILE_ID", "hostile")
-        .env("HOSTILE_MARKUP", MARKUP)
-        .env("IMPORT_FILE", &bundle)
+        .envs(envs.iter().copied())
         // Chromium's profile and crash files stay in the scratch directory, even when
         // the run is killed.
         .env("HOME", scratch.path())
@@ -275,7 +266,7 @@ async fn a_person_manages_servers_from_the_admin_page() {
         };
         let (name, data) = rest.split_once(' ').unwrap_or((rest, "null"));
         let data: Value = serde_json::from_str(data).unwrap_or(Value::Null);
-        let reply = match check(&node, name, &data).await {
+        let reply = match check(name, &data).await {
             Ok(()) => {
                 passed.push(name.to_owned());
                 "continue\n".to_owned()
@@ -310,6 +301,46 @@ async fn a_person_manages_servers_from_the_admin_page() {
         .expect("the driver exits after `done`")
         .expect("wait");
     assert!(status.success(), "driver: {status:?}\n{log}");
+    (passed, log)
+}
+
+#[tokio::test]
+async fn a_person_manages_servers_from_the_admin_page() {
+    let registry = RegistryDir::new();
+    let node = node(&registry);
+    let created =
+        Node::send(admin(&node, Method::POST, "/servers").json(&hostile_record("hostile"))).await;
+    assert_eq!(created.status, 201, "{created:?}");
+    let spaced =
+        Node::send(admin(&node, Method::POST, "/servers").json(&spaced_record("Spaced"))).await;
+    assert_eq!(spaced.status, 201, "{spaced:?}");
+
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let bundle = scratch.path().join("imported.toml");
+    let fixture_path = fixture_server();
+    let fixture = fixture_path.display().to_string();
+    std::fs::write(
+        &bundle,
+        format!(
+            "[[servers]]\nserver_id = \"imported\"\ntransport = \"stdio\"\nallowed_tools = [\"echo\"]\n\n[servers.stdio]\ncommand = {fixture:?}\nargs = [\"--name\", \"imported\"]\n"
+        ),
+    )
+    .expect("write the bundle");
+    let envs: [(&str, &std::ffi::OsStr); 5] = [
+        ("QUIVER_ADMIN_TOKEN", ADMIN.as_ref()),
+        ("FIXTURE_SERVER", fixture_path.as_os_str()),
+        ("HOSTILE_ID", "hostile".as_ref()),
+        ("HOSTILE_MARKUP", MARKUP.as_ref()),
+        ("IMPORT_FILE", bundle.as_os_str()),
+    ];
+    let (passed, log) = drive(
+        &node,
+        "admin_page.mjs",
+        &envs,
+        &scratch,
+        async |name: &str, data: &Value| check(&node, name, data).await,
+    )
+    .await;
     assert_eq!(
         passed,
         [
@@ -329,6 +360,119 @@ async fn a_person_manages_servers_from_the_admin_page() {
     );
     // The record the page made is gone from the directory too.
     assert!(!registry.path().join("fx.toml").exists());
+}
+
+/// An approver's view: sign in, see a call arrive live, deny it with a reason.
+#[tokio::test]
+async fn an_approver_decides_a_waiting_call_from_the_page() {
+    const SUBMIT: &str = "approvals-web-submit-token";
+    const APPROVER: &str = "approvals-web-ops-token";
+    const REASON: &str = "not <b>now</b>";
+    let registry = RegistryDir::new();
+    registry.write(
+        "guarded.toml",
+        &format!(
+            "approval_policy = \"always\"\n{}",
+            fixture_toml("guarded", &["*"], "")
+        ),
+    );
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let audit = scratch.path().join("audit.jsonl");
+    let node = Node::start_with_args(
+        &registry,
+        Some(
+            "[serve]\ntoken_env = \"QUIVER_TEST_TOKEN\"\n\
+             [clients.ops]\ntoken_env = \"QV_OPS\"\nroles = [\"approve\"]\n",
+        ),
+        &[("QUIVER_TEST_TOKEN", SUBMIT), ("QV_OPS", APPROVER)],
+        &["--audit-log".as_ref(), audit.as_os_str()],
+    );
+    let module = node
+        .upload(wat::mcp_calls(&[("guarded", "echo", r#"{"text":"hi"}"#)], 1).as_bytes())
+        .await;
+    let task = json!({
+        "task_id": "web-approval",
+        "config": {"mcp.enabled": "true", "mcp.default_server_ids": "[\"guarded\"]"},
+        "limits": {"deadline_ms": 120000},
+    });
+    let mut task_id = String::new();
+    let envs: [(&str, &std::ffi::OsStr); 2] = [
+        ("APPROVER_TOKEN", APPROVER.as_ref()),
+        ("REASON", REASON.as_ref()),
+    ];
+    let (passed, log) = drive(
+        &node,
+        "approvals_page.mjs",
+        &envs,
+        &scratch,
+        async |name: &str, data: &Value| match name {
+            "signed-in" => {
+                let expected = json!({
+                    "whoami": "ops: approve",
+                    "servers_tab_hidden": true,
+                    "profiles_tab_hidden": true,
+                    "servers_view_hidden": true,
+                    "empty_shown": true,
+                });
+                if *data != expected {
+                    return Err(format!("the page shows {data}"));
+                }
+                // Only now does a call start waiting: the page must pick it up live.
+                task_id = node.submit_ok(&module, task.clone()).await;
+                Ok(())
+            }
+            "listed" => {
+                let listed = Node::send(
+                    node.anonymous(Method::GET, "/v1/approvals")
+                        .bearer_auth(APPROVER),
+                )
+                .await;
+                let pending = &listed.json["approvals"][0];
+                let same = data["id"] == pending["id"]
+                    && data["task"] == "web-approval"
+                    && data["principal"] == "serve"
+                    && data["server"] == "guarded"
+                    && data["tool"] == "echo"
+                    && data["arguments"]
+                        .as_str()
+                        .is_some_and(|a| a.starts_with("text;") && !a.contains("hi"));
+                same.then_some(())
+                    .ok_or(format!("the page shows {data}, the API {listed:?}"))
+            }
+            "denied" => {
+                let done = node.task(&task_id, 60).await;
+                let stderr = done.json["stderr"].as_str().unwrap_or_default();
+                if done.json["status"] != "finished"
+                    || !stderr.contains("mcp_policy_denied")
+                    || !stderr.contains("not <b>now</b>")
+                {
+                    return Err(format!("the task ended as {done:?}"));
+                }
+                let start = Instant::now();
+                loop {
+                    let text = std::fs::read_to_string(&audit).unwrap_or_default();
+                    let decided = text
+                        .lines()
+                        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                        .find(|l| l["event"] == "approval_decided");
+                    if let Some(line) = decided {
+                        let ok = line["decided_by"] == "ops"
+                            && line["principal"] == "serve"
+                            && line["approved"] == false
+                            && line["reason"] == REASON;
+                        return ok.then_some(()).ok_or(format!("the audit line: {line}"));
+                    }
+                    if start.elapsed() > Duration::from_secs(20) {
+                        return Err(format!("no approval_decided line in {text}"));
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            other => Err(format!("unknown checkpoint {other}")),
+        },
+    )
+    .await;
+    assert_eq!(passed, ["signed-in", "listed", "denied"], "{log}");
 }
 
 async fn get(node: &Node, path: &str) -> (Answer, String) {

@@ -9,11 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use quiver::Reason;
+use quiver::{ApprovalDecided, PolicyDenial, ToolObserver};
 use quiver::{
     ApprovalDecision, ApprovalError, ApprovalFuture, ApprovalQueue, ApprovalRequest, Approver,
 };
 use quiver::{Host, HostBuilder, TaskFailure};
-use quiver::{PolicyDenial, ToolObserver};
 use quiver_tests::chat_wat::{ChatGuest, scripted_host_builder};
 use quiver_tests::errno::ENOSPC;
 use quiver_tests::llm::{Reply, ScriptedLlm, tool_names, tool_results};
@@ -70,13 +70,17 @@ fn registry(top: &str) -> RegistryDir {
     registry
 }
 
-/// Records every policy denial.
+/// Records every policy denial and every approval decision.
 #[derive(Default)]
-struct Denials(Mutex<Vec<PolicyDenial>>);
+struct Denials(Mutex<Vec<PolicyDenial>>, Mutex<Vec<ApprovalDecided>>);
 
 impl ToolObserver for Denials {
     fn policy_denied(&self, denial: &PolicyDenial) {
         self.0.lock().unwrap().push(denial.clone());
+    }
+
+    fn approval_decided(&self, decision: &ApprovalDecided) {
+        self.1.lock().unwrap().push(decision.clone());
     }
 }
 
@@ -154,20 +158,42 @@ async fn an_approved_call_runs_and_a_denied_one_never_reaches_the_server() {
     let mut first = true;
     let decided = decider(queue.clone(), 2, move |_| {
         let decision = if first {
-            ApprovalDecision::approve()
+            ApprovalDecision::approve().by("oncall")
         } else {
             ApprovalDecision::deny("looks risky\u{1b}[2J")
         };
         first = false;
         decision
     });
-    let run = wat::run_ok(
-        &host,
-        &calls_guest(&[(ECHO, HI), (ECHO, HI)]),
-        &mcp_task("approve-deny", &["fixture"]),
-    )
-    .await;
+    let mut task = mcp_task("approve-deny", &["fixture"]);
+    task.principal = Some("ci".into());
+    let run = wat::run_ok(&host, &calls_guest(&[(ECHO, HI), (ECHO, HI)]), &task).await;
     let seen = decided.await.unwrap();
+
+    // Each decision is an observer event: the task's principal, who decided, the reason
+    // as cleaned for the guest.
+    let decisions: Vec<_> = denials.1.lock().unwrap().clone();
+    let shown: Vec<_> = decisions
+        .iter()
+        .filter(|d| &*d.task_id == "approve-deny")
+        .map(|d| {
+            (
+                d.principal.as_deref(),
+                d.approved,
+                d.decided_by.as_deref(),
+                d.reason.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shown,
+        [
+            (Some("ci"), true, Some("oncall"), None),
+            (Some("ci"), false, None, Some("looks risky\\x1b[2J")),
+        ]
+    );
+    assert_eq!(decisions[0].id, seen[0].id);
+    assert!(seen.iter().all(|r| r.principal.as_deref() == Some("ci")));
 
     assert!(run.results.iter().all(|&n| n > 0), "{:?}", run.results);
     let approved: Value = serde_json::from_str(&run.emitted[0]).unwrap();
@@ -199,7 +225,7 @@ async fn an_approved_call_runs_and_a_denied_one_never_reaches_the_server() {
     // Decided ids, and ids never issued, cannot be decided (again).
     assert!(matches!(
         queue.decide(&seen[0].id, ApprovalDecision::approve()),
-        Err(ApprovalError::NotPending { .. })
+        Err(ApprovalError::NoLongerWaiting { .. })
     ));
     let unknown = queue
         .decide("no-such-id", ApprovalDecision::approve())

@@ -1,7 +1,7 @@
 //! The audit log after real calls: WAT guests calling the fixture MCP server directly and
 //! through the chat loop (the scripted LLM over HTTP). The file must hold exactly one line
-//! per call and per denial, argument values only for the record that opts in, never a
-//! secret; and a writer stuck on a pipe nobody reads must not hold up the task.
+//! per call and per denial, each naming the task's principal, argument values only for
+//! the record that opts in, never a secret; and a writer stuck on a pipe nobody reads must not hold up the task.
 
 use std::io::Read;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -90,7 +90,9 @@ async fn the_log_holds_one_line_per_call_and_denial_with_values_only_where_opted
         ),
         ("plain", "delete_file", r#"{"path":"/x"}"#),
     ];
-    let task = mcp_task("audit-direct", &["audited", "plain"]);
+    // Who submitted each task, as a node sets it: on every line of the task.
+    let mut task = mcp_task("audit-direct", &["audited", "plain"]);
+    task.principal = Some("ci".into());
     let run = wat::run_ok(&host, &wat::mcp_calls(&steps, 1), &task).await;
     let fd = run.results[0];
     let returned = [run.results[1], run.results[3], run.results[5]];
@@ -98,7 +100,9 @@ async fn the_log_holds_one_line_per_call_and_denial_with_values_only_where_opted
     assert_eq!(run.results[7], EACCES, "{:?}", run.results);
 
     let chat = ChatGuest::new().msg("user", "go").send(2).recv();
-    let run = wat::run_ok(&host, &chat.build(), &mcp_task("audit-chat", &["plain"])).await;
+    let mut chat_task = mcp_task("audit-chat", &["plain"]);
+    chat_task.principal = Some("ci".into());
+    let run = wat::run_ok(&host, &chat.build(), &chat_task).await;
     let chat_fd = run.results[0];
     host.shutdown().await;
 
@@ -125,6 +129,10 @@ async fn the_log_holds_one_line_per_call_and_denial_with_values_only_where_opted
             row("policy_denied", "audit-chat", "delete_file", "-"),
             row("tool_call", "audit-chat", "echo", "ok"),
         ]
+    );
+    assert!(
+        lines.iter().all(|l| l["principal"] == "ci"),
+        "every line names the principal: {lines:?}"
     );
     let (audited, plain, denied, chat_denied, via_chat) =
         (&lines[0], &lines[1], &lines[3], &lines[4], &lines[5]);

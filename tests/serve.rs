@@ -387,6 +387,150 @@ async fn the_token_guards_everything_but_the_health_checks() {
     assert!(!node.stderr().contains(token), "{}", node.stderr());
 }
 
+/// Each role opens its endpoints and nothing else: 403 naming the missing role, 401
+/// for no token or an unknown one; `/v1/whoami` tells a client its name and roles.
+#[tokio::test]
+async fn each_role_opens_its_endpoints_and_nothing_else() {
+    let registry = RegistryDir::new();
+    let config = "[serve]\ntoken_env = \"QUIVER_TEST_TOKEN\"\n\
+        [clients.reg]\ntoken_env = \"QV_REG\"\nroles = [\"registry\"]\n\
+        [clients.ops]\ntoken_env = \"QV_OPS\"\nroles = [\"approve\"]\n\
+        [clients.watch]\ntoken_env = \"QV_WATCH\"\nroles = [\"observe\"]\n";
+    let clients = [
+        ("serve", "role-serve-token", &["submit", "observe"][..]),
+        ("reg", "role-reg-token", &["registry"][..]),
+        ("ops", "role-ops-token", &["approve"][..]),
+        ("watch", "role-watch-token", &["observe"][..]),
+    ];
+    let node = Node::start(
+        &registry,
+        Some(config),
+        &[
+            ("QUIVER_TEST_TOKEN", clients[0].1),
+            ("QV_REG", clients[1].1),
+            ("QV_OPS", clients[2].1),
+            ("QV_WATCH", clients[3].1),
+        ],
+    );
+    let task = "/v1/tasks/0123456789abcdef01234567";
+    let endpoints = [
+        (
+            "submit",
+            Method::PUT,
+            format!("/v1/modules/{}", sha256_hex(b"x")),
+        ),
+        ("submit", Method::POST, "/v1/tasks".to_owned()),
+        ("submit", Method::GET, task.to_owned()),
+        ("submit", Method::DELETE, task.to_owned()),
+        ("approve", Method::GET, "/v1/approvals".to_owned()),
+        (
+            "approve",
+            Method::POST,
+            "/v1/approvals/0000abcd-00000001".to_owned(),
+        ),
+        ("observe", Method::GET, "/metrics".to_owned()),
+        ("observe", Method::GET, "/v1/mcp/servers".to_owned()),
+        ("observe", Method::GET, "/v1/registry".to_owned()),
+        ("registry", Method::GET, "/admin/api/mcp/servers".to_owned()),
+        (
+            "registry",
+            Method::GET,
+            "/admin/api/mcp/profiles".to_owned(),
+        ),
+    ];
+    for (name, token, roles) in clients {
+        let me = Node::send(node.anonymous(Method::GET, "/v1/whoami").bearer_auth(token)).await;
+        assert_eq!(me.json, json!({"client": name, "roles": roles}), "{me:?}");
+        for (role, method, path) in &endpoints {
+            let answer = Node::send(
+                node.anonymous(method.clone(), path)
+                    .bearer_auth(token)
+                    .json(&json!({})),
+            )
+            .await;
+            if roles.contains(role) {
+                assert!(
+                    ![401, 403].contains(&answer.status),
+                    "{name} may {method} {path}: {answer:?}"
+                );
+            } else {
+                assert_eq!(
+                    (answer.status, answer.code(), answer.field()),
+                    (403, "forbidden", "Authorization"),
+                    "{name} may not {method} {path}"
+                );
+                let message = answer.json["error"]["message"].as_str().unwrap_or("");
+                assert!(message.contains(&format!("`{role}`")), "{message}");
+            }
+        }
+    }
+    // The observer reads the metrics, as text.
+    let metrics = Node::send(
+        node.anonymous(Method::GET, "/metrics")
+            .bearer_auth(clients[3].1),
+    )
+    .await;
+    assert_eq!(metrics.status, 200);
+    for token in [None, Some("role-unknown-token")] {
+        let mut request = node.anonymous(Method::GET, "/v1/whoami");
+        if let Some(token) = token {
+            request = request.bearer_auth(token);
+        }
+        assert_eq!(Node::send(request).await.status, 401, "{token:?}");
+    }
+    let log = node.stderr();
+    for (_, token, _) in clients {
+        assert!(!log.contains(token), "a token in the log: {log}");
+    }
+}
+
+/// A client table no node can use stops the node with its field named; two clients with
+/// one token are refused naming both, and never show the token.
+#[test]
+fn bad_or_shared_client_tokens_stop_the_node_naming_the_field() {
+    let registry = RegistryDir::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shared = "[clients.ci]\ntoken_env = \"QV_A\"\nroles = [\"submit\"]\n\
+        [clients.ops]\ntoken_env = \"QV_B\"\nroles = [\"approve\"]\n";
+    let env = [("QV_A", "one-shared-token"), ("QV_B", "one-shared-token")];
+    let Err((status, stderr)) =
+        Node::spawn("127.0.0.1:0", &registry, Some(shared), &dir, &env, &[])
+    else {
+        panic!("two clients with one token started");
+    };
+    assert_eq!(status.and_then(|s| s.code()), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("clients.ci.token_env") && stderr.contains("clients.ops.token_env"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("one-shared-token"), "{stderr}");
+    for (config, field) in [
+        (
+            "[clients.ci]\ntoken_env = \"QV_A\"\nroles = [\"root\"]\n",
+            "clients.ci.roles",
+        ),
+        (
+            "[clients.ci]\ntoken_env = \"QV_A\"\nroles = []\n",
+            "clients.ci.roles",
+        ),
+        (
+            "[clients.ci]\ntoken_env = \"QV_UNSET_SURELY\"\nroles = [\"submit\"]\n",
+            "clients.ci.token_env",
+        ),
+        (
+            "[clients.ci]\ntoken = \"inline\"\nroles = [\"submit\"]\n",
+            "clients.ci",
+        ),
+    ] {
+        let Err((_, stderr)) =
+            Node::spawn("127.0.0.1:0", &registry, Some(config), &dir, &env[..1], &[])
+        else {
+            panic!("{config} started");
+        };
+        assert!(stderr.contains(field), "{config}: {stderr}");
+    }
+}
+
 #[test]
 fn a_node_refuses_to_start_unguarded_off_loopback_or_with_its_token_missing() {
     let registry = RegistryDir::new();
@@ -475,6 +619,23 @@ async fn a_task_past_the_drain_grace_is_cancelled_and_the_node_still_exits_0() {
     let done = long_poll.await.expect("long poll");
     assert_eq!(done.json["status"], "cancelled", "{done:?}");
     node.assert_exits_0(Duration::from_secs(30));
+}
+
+/// The audit log's lines once it holds at least `count` (waiting up to 30 s: its writer
+/// runs off the task's path).
+async fn audit_lines(path: &std::path::Path, count: usize) -> Vec<serde_json::Value> {
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect();
+        if lines.len() >= count || start.elapsed() > Duration::from_secs(30) {
+            return lines;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A task.json enabling MCP with `servers` as its defaults.
@@ -696,8 +857,10 @@ async fn real_calls_show_in_metrics_server_health_and_the_audit_log() {
     assert_eq!(lines[0]["arguments"]["keys"], json!(["text"]));
 }
 
-/// The calls of an `approval_policy = "always"` server wait for `POST /v1/approvals/{id}`:
-/// approved, the guest gets the tool's result; denied, `mcp_policy_denied` with the reason.
+/// The calls of an `approval_policy = "always"` server wait for `POST /v1/approvals/{id}`
+/// by a client holding `approve` (never the submitter's `[serve]` token): approved, the
+/// guest gets the tool's result; denied, `mcp_policy_denied` with the reason. The request
+/// names the submitting client, and each decision is an audit line naming the approver.
 #[tokio::test]
 async fn approvals_are_listed_and_decided_over_http() {
     let server = unique_id("guarded");
@@ -710,26 +873,41 @@ async fn approvals_are_listed_and_decided_over_http() {
         ),
     );
     let token = "approvals-node-token-0042";
-    let node = Node::start(
+    let ops_token = "approvals-ops-token-0043";
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let audit = scratch.path().join("audit.jsonl");
+    let node = Node::start_with_args(
         &registry,
-        Some("[serve]\ntoken_env = \"QUIVER_TEST_TOKEN\"\n"),
-        &[("QUIVER_TEST_TOKEN", token)],
+        Some(
+            "[serve]\ntoken_env = \"QUIVER_TEST_TOKEN\"\n\
+             [clients.ops]\ntoken_env = \"QUIVER_TEST_OPS\"\nroles = [\"approve\"]\n",
+        ),
+        &[("QUIVER_TEST_TOKEN", token), ("QUIVER_TEST_OPS", ops_token)],
+        &["--audit-log".as_ref(), audit.as_os_str()],
     );
+    let ops = |method: Method, path: &str| node.anonymous(method, path).bearer_auth(ops_token);
     let value = "value-the-approver-never-sees";
     let args = json!({"text": value}).to_string();
     let module = node
         .upload(wat::mcp_calls(&[(&server, "echo", &args)], 1).as_bytes())
         .await;
-    let wait_pending = || {
-        node.poll_json("/v1/approvals", Duration::from_secs(60), |body| {
-            body["approvals"].as_array().is_some_and(|a| !a.is_empty())
-        })
+    let wait_pending = async || {
+        let start = Instant::now();
+        loop {
+            let listed = Node::send(ops(Method::GET, "/v1/approvals")).await;
+            assert_eq!(listed.status, 200, "{listed:?}");
+            if listed.json["approvals"]
+                .as_array()
+                .is_some_and(|a| !a.is_empty())
+            {
+                break listed.json;
+            }
+            assert!(start.elapsed() < Duration::from_secs(60), "nothing pending");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     };
     let decide = |id: &str, body: serde_json::Value| {
-        Node::send(
-            node.request(Method::POST, &format!("/v1/approvals/{id}"))
-                .json(&body),
-        )
+        Node::send(ops(Method::POST, &format!("/v1/approvals/{id}")).json(&body))
     };
 
     // Approved.
@@ -739,6 +917,7 @@ async fn approvals_are_listed_and_decided_over_http() {
     let listed = wait_pending().await;
     let pending = &listed["approvals"][0];
     assert_eq!(pending["task_id"], "approve-me", "{listed}");
+    assert_eq!(pending["principal"], "serve", "the submitter is named");
     assert_eq!(pending["server_id"], server.as_str());
     assert_eq!(pending["tool"], "echo");
     assert_eq!(pending["arguments"]["keys"], json!(["text"]));
@@ -747,6 +926,25 @@ async fn approvals_are_listed_and_decided_over_http() {
         "a value was shown: {listed}"
     );
     let approval = pending["id"].as_str().expect("id").to_owned();
+    // The submitter can neither see nor decide its own calls.
+    let own_list = Node::send(node.request(Method::GET, "/v1/approvals")).await;
+    let own_decision = Node::send(
+        node.request(Method::POST, &format!("/v1/approvals/{approval}"))
+            .json(&json!({"approve": true})),
+    )
+    .await;
+    for refused in [&own_list, &own_decision] {
+        assert_eq!(
+            (refused.status, refused.code(), refused.field()),
+            (403, "forbidden", "Authorization"),
+            "{refused:?}"
+        );
+        let message = refused.json["error"]["message"].as_str().unwrap_or("");
+        assert!(
+            message.contains("`serve`") && message.contains("`approve`"),
+            "{message}"
+        );
+    }
     assert_eq!(node.task(&task, 0).await.json["status"], "running");
     let answer = decide(&approval, json!({"approve": true})).await;
     assert_eq!(answer.status, 200, "{answer:?}");
@@ -754,9 +952,13 @@ async fn approvals_are_listed_and_decided_over_http() {
     let done = node.task(&task, 60).await;
     assert_eq!(done.json["status"], "finished", "{done:?}");
     assert_eq!(text(&results(&done)[0]), value);
-    // Decided once only.
+    // Decided once only: the id is known, its call no longer waits.
     let again = decide(&approval, json!({"approve": true})).await;
-    assert_eq!((again.status, again.field()), (404, "id"), "{again:?}");
+    assert_eq!(
+        (again.status, again.code(), again.field()),
+        (409, "no_longer_waiting", "id"),
+        "{again:?}"
+    );
 
     // Denied, with a reason.
     let task = node
@@ -789,10 +991,46 @@ async fn approvals_are_listed_and_decided_over_http() {
             .contains("not on a Friday"),
         "{error}"
     );
+    let empty = Node::send(ops(Method::GET, "/v1/approvals")).await;
+    assert_eq!(empty.json, json!({"approvals": []}));
+
+    // Each decision is an audit line naming the approver and the submitter; the task's
+    // tool call and denial name the submitter.
+    let lines = audit_lines(&audit, 4).await;
+    let decisions: Vec<_> = lines
+        .iter()
+        .filter(|l| l["event"] == "approval_decided")
+        .map(|l| {
+            (
+                l["task_id"].as_str().unwrap_or(""),
+                l["principal"].as_str().unwrap_or(""),
+                l["decided_by"].as_str().unwrap_or(""),
+                l["approved"].as_bool(),
+                l["reason"].as_str(),
+            )
+        })
+        .collect();
     assert_eq!(
-        node.get_json("/v1/approvals").await,
-        json!({"approvals": []})
+        decisions,
+        [
+            ("approve-me", "serve", "ops", Some(true), None),
+            (
+                "deny-me",
+                "serve",
+                "ops",
+                Some(false),
+                Some("not on a Friday")
+            ),
+        ],
+        "{lines:?}"
     );
+    for event in ["tool_call", "policy_denied"] {
+        let line = lines
+            .iter()
+            .find(|l| l["event"] == event)
+            .unwrap_or_else(|| panic!("no {event} line: {lines:?}"));
+        assert_eq!(line["principal"], "serve", "{line}");
+    }
 
     // Unknown ids, malformed ids and bad bodies.
     let unknown = decide("0000abcd-00000001", json!({"approve": true})).await;

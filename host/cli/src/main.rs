@@ -391,6 +391,7 @@ async fn serve(args: ServeArgs) -> i32 {
         };
         node_config = match NodeConfig::from_serve_config(args.listen, &config.serve, path)
             .and_then(|node| node.with_admin_config(&config.admin, path))
+            .and_then(|node| node.with_clients_config(&config.clients, path))
         {
             Ok(config) => config,
             Err(e) => return fail(e),

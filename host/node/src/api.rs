@@ -6,23 +6,26 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
+use super::auth::{self, Caller};
 use super::body::{Media, field_path, parse_json, read_body};
 use super::error::ApiError;
 use super::modules::TooLarge;
 use super::tasks::Refused;
 use super::{NodeState, admin, guard, web};
+use crate::config::Role;
 use crate::defaults;
 use quiver::Metrics;
 use quiver::TaskError;
@@ -30,16 +33,25 @@ use quiver::TaskSpec;
 use quiver::{ApprovalDecision, ApprovalQueue};
 
 pub(crate) fn router(state: Arc<NodeState>) -> Router {
-    let guarded = Router::new()
+    let require =
+        |role: Option<Role>| middleware::from_fn_with_state((state.clone(), role), auth::require);
+    let submit = Router::new()
         .route("/v1/modules/{sha256}", put(put_module))
         .route("/v1/tasks", axum::routing::post(submit_task))
         .route("/v1/tasks/{id}", get(get_task).delete(cancel_task))
+        .route_layer(require(Some(Role::Submit)));
+    let approve = Router::new()
         .route("/v1/approvals", get(list_approvals))
         .route("/v1/approvals/{id}", axum::routing::post(decide_approval))
+        .route_layer(require(Some(Role::Approve)));
+    let observe = Router::new()
         .route("/v1/mcp/servers", get(mcp_servers))
         .route("/v1/registry", get(registry_health))
         .route("/metrics", get(metrics))
-        .route_layer(middleware::from_fn_with_state(state.clone(), require_token));
+        .route_layer(require(Some(Role::Observe)));
+    let any_client = Router::new()
+        .route("/v1/whoami", get(whoami))
+        .route_layer(require(None));
     let admin = Router::new()
         .route(
             "/admin/api/mcp/servers",
@@ -70,11 +82,8 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
                 .put(admin::replace_profile)
                 .delete(admin::delete_profile),
         )
-        .route_layer(middleware::from_fn_with_state(
-            state.clone(),
-            require_admin_token,
-        ));
-    // The page holds no data, so it is outside the token layers; it calls the admin API.
+        .route_layer(require(Some(Role::Registry)));
+    // The page holds no data, so it is outside the role layers; it calls the APIs.
     let page = Router::new()
         .route("/admin", get(web::redirect))
         .route("/admin/", get(web::index))
@@ -84,7 +93,10 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
         .merge(page)
         .merge(admin)
         .route("/readyz", get(readyz))
-        .merge(guarded)
+        .merge(submit)
+        .merge(approve)
+        .merge(observe)
+        .merge(any_client)
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint").with_field("path")
         })
@@ -104,71 +116,9 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
         .with_state(state)
 }
 
-/// `Authorization: Bearer <token>`, compared in constant time, when the node has a token.
-async fn require_token(
-    State(state): State<Arc<NodeState>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let Some(token) = &state.config.token else {
-        return next.run(request).await;
-    };
-    match check_bearer(&request, token) {
-        Ok(()) => next.run(request).await,
-        Err(e) => e.into_response(),
-    }
-}
-
-/// The admin token guards `/admin/api/...`; the task token does not open it, and without
-/// an admin token those routes do not exist (`404 admin_disabled`).
-async fn require_admin_token(
-    State(state): State<Arc<NodeState>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let Some(token) = &state.config.admin_token else {
-        return ApiError::new(
-            StatusCode::NOT_FOUND,
-            "admin_disabled",
-            "the admin API is off; set `[admin] token_env` in quiver.toml to turn it on",
-        )
-        .with_field("path")
-        .into_response();
-    };
-    match check_bearer(&request, token) {
-        Ok(()) => next.run(request).await,
-        Err(e) => e.into_response(),
-    }
-}
-
-/// `Authorization: Bearer <token>` matches `token`.
-fn check_bearer(request: &Request, token: &super::config::Token) -> Result<(), ApiError> {
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        // RFC 7235: the scheme is case-insensitive.
-        .and_then(|(scheme, token)| scheme.eq_ignore_ascii_case("bearer").then_some(token));
-    match given {
-        None => Err(ApiError::unauthorized(
-            "send `Authorization: Bearer <token>`",
-        )),
-        Some(given) if !same_secret(given.trim().as_bytes(), token.0.as_bytes()) => {
-            Err(ApiError::unauthorized("the token is wrong"))
-        }
-        Some(_) => Ok(()),
-    }
-}
-
-/// Compares the SHA-256 digests of both, so neither the time taken nor an early exit
-/// tells how much of a guess was right, or how long the token is.
-fn same_secret(given: &[u8], token: &[u8]) -> bool {
-    let (a, b) = (Sha256::digest(given), Sha256::digest(token));
-    a.iter()
-        .zip(b.iter())
-        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-        == 0
+/// `GET /v1/whoami`: the caller's client name and roles (what the admin page shows).
+async fn whoami(Extension(caller): Extension<Caller>) -> Response {
+    axum::Json(caller).into_response()
 }
 
 async fn healthz() -> impl IntoResponse {
@@ -226,14 +176,16 @@ async fn readyz(State(state): State<Arc<NodeState>>, request: Request) -> Respon
     (status, axum::Json(body)).into_response()
 }
 
-/// The node's task or admin token is sent, or the node has no task token (then its task
-/// API, `/v1/registry` included, is open to whoever passes the browser guard anyway).
+/// The caller may read `/v1/registry` (the `observe` role) or edit the registry (the
+/// `registry` role); on a node where nobody needs a token for `observe`, anyone who passes
+/// the browser guard may.
 fn sees_detail(state: &NodeState, request: &Request) -> bool {
-    let Some(token) = &state.config.token else {
-        return true;
-    };
-    let admin = state.config.admin_token.as_ref();
-    check_bearer(request, token).is_ok() || admin.is_some_and(|t| check_bearer(request, t).is_ok())
+    auth::authenticate(&state.config, request).is_ok_and(|caller| {
+        caller
+            .roles
+            .iter()
+            .any(|role| matches!(role, Role::Observe | Role::Registry))
+    })
 }
 
 fn host_full(status: &quiver::TaskStatus) -> bool {
@@ -349,6 +301,7 @@ struct SubmitRequest {
 /// `POST /v1/tasks`: `{"module": "<sha256>", "task": {…task.json…}}`, queued at once.
 async fn submit_task(
     State(state): State<Arc<NodeState>>,
+    Extension(caller): Extension<Caller>,
     headers: HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -364,7 +317,8 @@ async fn submit_task(
     let request: SubmitRequest = parse_json(&bytes, "")?;
     let sha256 = normalise_hex(&request.module, 64)
         .ok_or_else(|| ApiError::bad("module", "expected the module's SHA-256, 64 hex digits"))?;
-    let task = parse_task(request.task)?;
+    let mut task = parse_task(request.task)?;
+    task.principal = caller.client.as_deref().map(str::to_owned);
     let module = state.modules.get(&sha256).ok_or_else(|| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -395,7 +349,7 @@ async fn submit_task(
             // The drain began while the body was read.
             Refused::Closed => draining(),
         })?;
-    tracing::info!(id, task_id, module = %sha256, "task accepted");
+    tracing::info!(id, task_id, module = %sha256, client = caller.name(), "task accepted");
     let mut response = (
         StatusCode::ACCEPTED,
         axum::Json(json!({"id": id, "status": "queued"})),
@@ -535,6 +489,7 @@ async fn list_approvals(State(state): State<Arc<NodeState>>) -> Result<Response,
 /// call. Taken while draining too: running tasks may wait on it.
 async fn decide_approval(
     State(state): State<Arc<NodeState>>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     body: Body,
@@ -566,8 +521,8 @@ async fn decide_approval(
     }
     let decision: ApprovalDecision = parse_json(&bytes, "")?;
     let approved = decision.approve;
-    queue.decide(&id, decision)?;
-    tracing::info!(approval = %id, approved, "approval decided");
+    queue.decide(&id, decision.by(caller.name()))?;
+    tracing::info!(approval = %id, approved, client = caller.name(), "approval decided");
     Ok(axum::Json(json!({"id": id, "approved": approved})).into_response())
 }
 
@@ -645,14 +600,6 @@ mod tests {
         ] {
             assert!(parse_wait(Some(bad)).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn tokens_compare_by_content_not_prefix() {
-        assert!(same_secret(b"abc", b"abc"));
-        assert!(!same_secret(b"ab", b"abc"));
-        assert!(!same_secret(b"abd", b"abc"));
-        assert!(!same_secret(b"", b"abc"));
     }
 
     #[test]

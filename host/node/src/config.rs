@@ -1,13 +1,15 @@
-//! The node's settings: the `[serve]` table of `quiver.toml` as written ([`ServeConfig`]),
-//! and the resolved [`NodeConfig`] a [`Node`](super::Node) starts with, which holds the
-//! API token itself (read from the variable `token_env` names) and never prints it.
+//! The node's settings: the `[serve]`, `[admin]` and `[clients.NAME]` tables of
+//! `quiver.toml` as written ([`ServeConfig`], [`AdminConfig`], [`ClientConfig`]), and the
+//! resolved [`NodeConfig`] a [`Node`](super::Node) starts with, which holds each client's
+//! token itself (read from the variable its `token_env` names) and never prints it.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use quiver::ApprovalQueue;
 use quiver::HostConfig;
@@ -130,8 +132,92 @@ impl AdminConfig {
     }
 }
 
+/// What a client may do on a node; a client holds one or more.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Upload modules; submit, read and cancel tasks (`/v1/modules`, `/v1/tasks`).
+    Submit,
+    /// The admin API and page: server records, profiles, tests, previews (`/admin/api`).
+    Registry,
+    /// List and decide the tool calls waiting for approval (`/v1/approvals`).
+    Approve,
+    /// Read status: `/metrics`, `/v1/mcp/servers`, `/v1/registry`.
+    Observe,
+}
+
+impl Role {
+    /// The name `quiver.toml` and the API use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Submit => "submit",
+            Role::Registry => "registry",
+            Role::Approve => "approve",
+            Role::Observe => "observe",
+        }
+    }
+}
+
+/// The roles `[serve] token_env` (and [`NodeConfig::with_token`]) gives its client,
+/// named `serve`: tasks and status, never approvals.
+pub const SERVE_TOKEN_ROLES: [Role; 2] = [Role::Submit, Role::Observe];
+
+/// The roles `[admin] token_env` (and [`NodeConfig::with_admin_token`]) gives its client,
+/// named `admin`.
+pub const ADMIN_TOKEN_ROLES: [Role; 1] = [Role::Registry];
+
+/// `[clients.NAME]` in `quiver.toml`: a named client, its token and its roles. The name
+/// goes into audit lines (as a task's `principal`, or who decided an approval).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ClientConfig {
+    /// Name of the environment variable holding the client's token (never the token).
+    pub token_env: String,
+    /// One or more of `submit`, `registry`, `approve`, `observe`.
+    pub roles: Vec<Role>,
+}
+
+/// Whether `name` may name a client: 1 to 64 letters, digits, `_`, `-` and `.`, so it is
+/// safe in every log, audit line and page it appears in.
+pub(crate) fn is_client_name(name: &str) -> bool {
+    (1..=defaults::MAX_CLIENT_NAME_BYTES).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// The field at fault and the fix, for a `[clients]` table no node can use.
+fn check_clients(clients: &BTreeMap<String, ClientConfig>) -> Result<(), (String, String)> {
+    for (name, client) in clients {
+        if !is_client_name(name) {
+            return Err((
+                format!(
+                    "clients.{}",
+                    quiver::text::printable(quiver::text::cut(name, 64))
+                ),
+                "a client's name is 1 to 64 letters, digits, `_`, `-` and `.`".to_owned(),
+            ));
+        }
+        if client.token_env.trim().is_empty() {
+            return Err((
+                format!("clients.{name}.token_env"),
+                "must name an environment variable holding the client's token, e.g. \"CI_TOKEN\""
+                    .to_owned(),
+            ));
+        }
+        if client.roles.is_empty() {
+            return Err((
+                format!("clients.{name}.roles"),
+                "give the client one or more of \"submit\", \"registry\", \"approve\", \"observe\""
+                    .to_owned(),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `quiver.toml` as a node reads it: the host's sections ([`HostConfig`]) and the node's
-/// own `[serve]`, `[admin]` and `[etcd]`, each checked, every error naming the file and
+/// own `[serve]`, `[admin]`, `[clients]` and `[etcd]`, each checked, every error naming the file and
 /// the field.
 #[derive(Clone, Debug, Default)]
 pub struct NodeFileConfig {
@@ -140,11 +226,13 @@ pub struct NodeFileConfig {
     pub admin: AdminConfig,
     /// How to reach an `etcd://` registry; resolve it with [`EtcdConfig::resolve`].
     pub etcd: EtcdConfig,
+    /// `[clients.NAME]`, by name.
+    pub clients: BTreeMap<String, ClientConfig>,
 }
 
 impl NodeFileConfig {
     /// The top-level tables of `quiver.toml` that belong to the node, not the host.
-    pub const SECTIONS: [&'static str; 3] = ["serve", "admin", "etcd"];
+    pub const SECTIONS: [&'static str; 4] = ["serve", "admin", "clients", "etcd"];
 
     /// Reads `quiver.toml`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -157,13 +245,18 @@ impl NodeFileConfig {
         let serve: ServeConfig = read_section(path, "serve", section("serve"))?;
         let admin: AdminConfig = read_section(path, "admin", section("admin"))?;
         let etcd: EtcdConfig = read_section(path, "etcd", section("etcd"))?;
+        let clients: BTreeMap<String, ClientConfig> =
+            read_section(path, "clients", section("clients"))?;
         let checked = serve.check().and_then(|()| admin.check());
         checked.map_err(|(field, message)| ConfigError::new(path, field, message))?;
+        check_clients(&clients)
+            .map_err(|(field, message)| ConfigError::new(path, field, message))?;
         Ok(Self {
             host,
             serve,
             admin,
             etcd,
+            clients,
         })
     }
 }
@@ -188,14 +281,35 @@ impl std::fmt::Debug for Token {
     }
 }
 
+/// One client of the node: its name, token and roles, and where it was configured (for
+/// errors about it).
+#[derive(Clone, Debug)]
+pub(crate) struct Client {
+    pub(crate) name: Arc<str>,
+    pub(crate) token: Token,
+    pub(crate) roles: Vec<Role>,
+    /// The config field or builder that made it, e.g. `clients.ci.token_env`.
+    pub(crate) source: String,
+}
+impl Client {
+    fn shorthand(name: &str, token: Token, roles: &[Role], source: &str) -> Self {
+        Self {
+            name: name.into(),
+            token,
+            roles: roles.to_vec(),
+            source: source.to_owned(),
+        }
+    }
+}
+
 /// Everything a [`Node`](super::Node) starts with.
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct NodeConfig {
     pub(crate) listen: SocketAddr,
-    pub(crate) token: Option<Token>,
-    /// Guards `/admin/api/...`; `None` turns those routes off.
-    pub(crate) admin_token: Option<Token>,
+    /// Who may call the node, each with its roles; checked (names and tokens unique, none
+    /// blank) by [`Node::bind`](super::Node::bind).
+    pub(crate) clients: Vec<Client>,
     pub(crate) drain_grace: Duration,
     pub(crate) max_module_bytes: u64,
     pub(crate) max_modules: u32,
@@ -221,8 +335,7 @@ impl NodeConfig {
     pub fn new(listen: SocketAddr) -> Self {
         Self {
             listen,
-            token: None,
-            admin_token: None,
+            clients: Vec::new(),
             drain_grace: defaults::SERVE_DRAIN_GRACE,
             max_module_bytes: defaults::SERVE_MAX_MODULE_BYTES,
             max_modules: defaults::SERVE_MAX_MODULES,
@@ -251,14 +364,22 @@ impl NodeConfig {
         let ms = Duration::from_millis;
         let mut node = Self::new(listen);
         if let Some(var) = &config.token_env {
-            let token = std::env::var(var).map_err(|_| ServeError::TokenEnv {
-                file: file.to_owned(),
-                var: var.clone(),
-            })?;
-            node.token = Some(Token::trimmed(&token).ok_or_else(|| ServeError::TokenEnv {
-                file: file.to_owned(),
-                var: var.clone(),
-            })?);
+            let token = std::env::var(var).ok();
+            let token =
+                token
+                    .as_deref()
+                    .and_then(Token::trimmed)
+                    .ok_or_else(|| ServeError::TokenEnv {
+                        file: file.to_owned(),
+                        field: "serve.token_env".into(),
+                        var: var.clone(),
+                    })?;
+            node.clients.push(Client::shorthand(
+                "serve",
+                token,
+                &SERVE_TOKEN_ROLES,
+                "serve.token_env",
+            ));
         }
         node.drain_grace = config.drain_grace_ms.map_or(node.drain_grace, ms);
         node.max_module_bytes = config.max_module_bytes.unwrap_or(node.max_module_bytes);
@@ -289,16 +410,21 @@ impl NodeConfig {
         Ok(node)
     }
 
-    /// Requires `Authorization: Bearer <token>` on every endpoint but the health checks.
-    /// Surrounding whitespace is dropped, as clients cannot send it; a blank token makes
-    /// [`Node::bind`](super::Node::bind) fail.
-    pub fn with_token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(Token::trimmed(&token.into()).unwrap_or(Token(String::new())));
-        self
+    /// The client `serve` with `token` and [`SERVE_TOKEN_ROLES`] (submit, observe), as
+    /// `[serve] token_env` makes. Surrounding whitespace is dropped, as clients cannot
+    /// send it; a blank token makes [`Node::bind`](super::Node::bind) fail.
+    pub fn with_token(self, token: impl Into<String>) -> Self {
+        self.with_shorthand(
+            "serve",
+            token.into(),
+            &SERVE_TOKEN_ROLES,
+            "NodeConfig::with_token",
+        )
     }
 
     /// Turns the admin API on, guarded by the token read now from the variable
-    /// `[admin] token_env` of the host config at `file` names.
+    /// `[admin] token_env` of the host config at `file` names (the client `admin`, with
+    /// [`ADMIN_TOKEN_ROLES`]).
     pub fn with_admin_config(
         mut self,
         config: &AdminConfig,
@@ -306,22 +432,122 @@ impl NodeConfig {
     ) -> Result<Self, ServeError> {
         if let Some(var) = &config.token_env {
             let token = std::env::var(var).ok();
-            self.admin_token =
-                Some(token.as_deref().and_then(Token::trimmed).ok_or_else(|| {
-                    ServeError::AdminTokenEnv {
-                        file: file.to_owned(),
-                        var: var.clone(),
-                    }
-                })?);
+            let token = token.as_deref().and_then(Token::trimmed).ok_or_else(|| {
+                ServeError::AdminTokenEnv {
+                    file: file.to_owned(),
+                    var: var.clone(),
+                }
+            })?;
+            self.clients.push(Client::shorthand(
+                "admin",
+                token,
+                &ADMIN_TOKEN_ROLES,
+                "admin.token_env",
+            ));
         }
         Ok(self)
     }
 
-    /// Turns the admin API on, guarded by `token` (surrounding whitespace dropped); a
-    /// blank token makes [`Node::bind`](super::Node::bind) fail.
-    pub fn with_admin_token(mut self, token: impl Into<String>) -> Self {
-        self.admin_token = Some(Token::trimmed(&token.into()).unwrap_or(Token(String::new())));
+    /// The client `admin` with `token` and [`ADMIN_TOKEN_ROLES`] (registry), as
+    /// `[admin] token_env` makes (surrounding whitespace dropped); a blank token makes
+    /// [`Node::bind`](super::Node::bind) fail.
+    pub fn with_admin_token(self, token: impl Into<String>) -> Self {
+        self.with_shorthand(
+            "admin",
+            token.into(),
+            &ADMIN_TOKEN_ROLES,
+            "NodeConfig::with_admin_token",
+        )
+    }
+
+    /// A client `name` holding `token` (surrounding whitespace dropped) with `roles`. A
+    /// blank token, a name used twice, a token shared with another client or a name that
+    /// is not 1 to 64 letters, digits, `_`, `-`, `.` makes [`Node::bind`](super::Node::bind)
+    /// fail.
+    pub fn with_client(mut self, name: &str, token: impl Into<String>, roles: &[Role]) -> Self {
+        let token = Token::trimmed(&token.into()).unwrap_or(Token(String::new()));
+        self.clients.push(Client {
+            name: name.into(),
+            token,
+            roles: roles.to_vec(),
+            source: format!("NodeConfig::with_client({name:?})"),
+        });
         self
+    }
+
+    /// The clients of `[clients.NAME]`, their tokens read now from the variables their
+    /// `token_env` name.
+    pub fn with_clients_config(
+        mut self,
+        clients: &BTreeMap<String, ClientConfig>,
+        file: &Path,
+    ) -> Result<Self, ServeError> {
+        for (name, client) in clients {
+            let field = format!("clients.{name}.token_env");
+            let token = std::env::var(&client.token_env).ok();
+            let token =
+                token
+                    .as_deref()
+                    .and_then(Token::trimmed)
+                    .ok_or_else(|| ServeError::TokenEnv {
+                        file: file.to_owned(),
+                        field: field.clone(),
+                        var: client.token_env.clone(),
+                    })?;
+            self.clients.push(Client {
+                name: name.as_str().into(),
+                token,
+                roles: client.roles.clone(),
+                source: field,
+            });
+        }
+        Ok(self)
+    }
+
+    fn with_shorthand(mut self, name: &str, token: String, roles: &[Role], source: &str) -> Self {
+        let token = Token::trimmed(&token).unwrap_or(Token(String::new()));
+        self.clients.retain(|c| &*c.name != name);
+        self.clients
+            .push(Client::shorthand(name, token, roles, source));
+        self
+    }
+
+    /// Whether some client holds `role`.
+    pub(crate) fn has_role(&self, role: Role) -> bool {
+        self.clients.iter().any(|c| c.roles.contains(&role))
+    }
+
+    /// Why these clients cannot serve: a blank token or a bad name, a name or a token
+    /// used twice (naming both clients).
+    pub(crate) fn check_clients(&self) -> Result<(), ServeError> {
+        for (i, client) in self.clients.iter().enumerate() {
+            if client.token.0.is_empty() {
+                return Err(ServeError::BlankToken {
+                    origin: client.source.clone(),
+                });
+            }
+            if !is_client_name(&client.name) || client.roles.is_empty() {
+                return Err(ServeError::BadClient {
+                    origin: client.source.clone(),
+                });
+            }
+            for earlier in &self.clients[..i] {
+                if earlier.name == client.name {
+                    return Err(ServeError::DuplicateClient {
+                        name: client.name.to_string(),
+                        first: earlier.source.clone(),
+                        second: client.source.clone(),
+                    });
+                }
+                if earlier.token.0 == client.token.0 {
+                    return Err(ServeError::SharedToken {
+                        first: earlier.source.clone(),
+                        second: client.source.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Time running tasks get to finish once the node drains.
@@ -398,6 +624,77 @@ mod tests {
             Some("s3cret")
         );
         assert!(Token::trimmed(" \r\n").is_none());
+    }
+
+    fn clients(toml: &str) -> Result<BTreeMap<String, ClientConfig>, String> {
+        let file = format!(
+            "{}/quiver-clients-{}.toml",
+            std::env::temp_dir().display(),
+            std::process::id()
+        );
+        std::fs::write(&file, toml).expect("write");
+        let read = NodeFileConfig::load(Path::new(&file));
+        let _ = std::fs::remove_file(&file);
+        read.map(|c| c.clients).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_clients_table_names_the_field_at_fault() {
+        let read = clients("[clients.ci]\ntoken_env = \"CI\"\nroles = [\"submit\", \"approve\"]\n")
+            .expect("a good table");
+        assert_eq!(read["ci"].roles, [Role::Submit, Role::Approve]);
+        for (toml, field) in [
+            (
+                "[clients.ci]\ntoken_env = \"CI\"\nroles = [\"admin\"]\n",
+                "clients.ci.roles",
+            ),
+            (
+                "[clients.ci]\ntoken_env = \"CI\"\nroles = []\n",
+                "clients.ci.roles",
+            ),
+            (
+                "[clients.ci]\ntoken_env = \" \"\nroles = [\"submit\"]\n",
+                "clients.ci.token_env",
+            ),
+            (
+                "[clients.ci]\ntoken = \"x\"\nroles = [\"submit\"]\n",
+                "clients.ci",
+            ),
+            (
+                "[clients.\"a b\"]\ntoken_env = \"X\"\nroles = [\"submit\"]\n",
+                "clients.a b",
+            ),
+        ] {
+            let err = clients(toml).expect_err(toml);
+            assert!(err.contains(field), "{toml}: {err}");
+        }
+    }
+
+    #[test]
+    fn two_clients_with_one_token_or_one_name_are_refused_naming_both() {
+        let shared = NodeConfig::new("127.0.0.1:0".parse().expect("addr"))
+            .with_token("tok-8c1f")
+            .with_client("ops", "tok-8c1f", &[Role::Approve]);
+        let err = shared.check_clients().expect_err("shared").to_string();
+        assert!(
+            err.contains("NodeConfig::with_token") && err.contains("\"ops\""),
+            "{err}"
+        );
+        assert!(!err.contains("tok-8c1f"), "never shows the token: {err}");
+        let twice = NodeConfig::new("127.0.0.1:0".parse().expect("addr"))
+            .with_client("ops", "a", &[Role::Approve])
+            .with_client("ops", "b", &[Role::Observe]);
+        let err = twice.check_clients().expect_err("twice").to_string();
+        assert!(err.contains("`ops`"), "{err}");
+        let blank = NodeConfig::new("127.0.0.1:0".parse().expect("addr")).with_client(
+            "ops",
+            " ",
+            &[Role::Approve],
+        );
+        assert!(matches!(
+            blank.check_clients(),
+            Err(ServeError::BlankToken { .. })
+        ));
     }
 
     #[test]

@@ -122,3 +122,7 @@ pub const SERVE_MAX_DECISION_BYTES: u64 = 16 * 1024;
 /// written as one, so this bounds an import's time; a bigger registry is imported in parts
 /// (on etcd, an import changes at most [`ETCD_MAX_TXN_WRITES`] records).
 pub const ADMIN_IMPORT_MAX_DOCS: usize = 500;
+
+/// `[clients.NAME]`: longest client name. Names go into audit lines, logs and the admin
+/// page, so they are short and plain.
+pub const MAX_CLIENT_NAME_BYTES: usize = 64;

@@ -16,14 +16,18 @@ use quiver::ApprovalError;
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     #[error(
-        "refusing to listen on {addr} without an API token: only loopback addresses may go without one; set `[serve] token_env` in quiver.toml to the name of a variable holding the token"
+        "refusing to listen on {addr} without a token for tasks, approvals and status: only loopback addresses may go without one; set `[serve] token_env` (or `[clients.NAME]` with roles) in quiver.toml to the name of a variable holding the token"
     )]
     NoToken { addr: SocketAddr },
     #[error(
-        "{}: serve.token_env: the variable `{var}` is not set or blank; export the API token in it",
+        "{}: {field}: the variable `{var}` is not set or blank; export the client's token in it",
         file.display()
     )]
-    TokenEnv { file: PathBuf, var: String },
+    TokenEnv {
+        file: PathBuf,
+        field: String,
+        var: String,
+    },
     #[error(
         "{}: admin.token_env: the variable `{var}` is not set or blank; export the admin token in it, or remove `[admin]` to turn the admin API off",
         file.display()
@@ -39,10 +43,22 @@ pub enum ServeError {
         "serve.allowed_hosts: \"*\" (any host name) needs a token, or any web page could reach the node by DNS rebinding; set `[serve] token_env`, or list the names clients use instead of \"*\""
     )]
     AnyHostWithoutToken,
+    #[error("{origin}: the token is empty; give the client a non-blank token")]
+    BlankToken { origin: String },
     #[error(
-        "the API or admin token is empty; give `NodeConfig::with_token` and `with_admin_token` a non-blank token"
+        "{origin}: a client's name is 1 to 64 letters, digits, `_`, `-` and `.`, and it holds one or more roles"
     )]
-    BlankToken,
+    BadClient { origin: String },
+    #[error("{first} and {second} both name the client `{name}`; give each client its own name")]
+    DuplicateClient {
+        name: String,
+        first: String,
+        second: String,
+    },
+    #[error(
+        "{first} and {second} hold the same token, so the node could not tell the two clients apart; give each client its own token"
+    )]
+    SharedToken { first: String, second: String },
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -108,6 +124,20 @@ impl ApiError {
         Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message).with_field("Authorization")
     }
 
+    /// A `403`: `caller` is known but lacks `role`.
+    pub(crate) fn forbidden(caller: &crate::auth::Caller, role: crate::config::Role) -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "client `{}` lacks the `{}` role this endpoint needs; use a client that holds it (`[clients.NAME] roles` in the node's quiver.toml)",
+                caller.name(),
+                role.name()
+            ),
+        )
+        .with_field("Authorization")
+    }
+
     pub(crate) fn not_found(what: &str, field: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
@@ -125,10 +155,14 @@ impl ApiError {
     }
 }
 
-/// An approval that is not waiting is not found, by the `id` in the path.
+/// An approval never seen is not found; one that stopped waiting is a conflict.
 impl From<ApprovalError> for ApiError {
     fn from(error: ApprovalError) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", error.to_string()).with_field("id")
+        let (status, code) = match error {
+            ApprovalError::NotPending { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            ApprovalError::NoLongerWaiting { .. } => (StatusCode::CONFLICT, "no_longer_waiting"),
+        };
+        Self::new(status, code, error.to_string()).with_field("id")
     }
 }
 

@@ -9,14 +9,26 @@
 //! [`NodeConfig::with_approval_queue`]). The node is a thin layer: handlers ([`api`])
 //! parse and check, the library runs. Everything a
 //! client sends is bounded (body size and time, modules, tasks, kept output) and every
-//! failure is one JSON error shape ([`error`]). A token guards all but the health checks,
-//! and a node without one only listens on loopback. In front of everything, [`guard`]
-//! refuses what a web page could make a browser send: a `Host` the node does not serve
-//! (DNS rebinding), a foreign `Origin`, a cross-site request; bodies must say their JSON
-//! or wasm type ([`body`]). Without a token `/readyz` says only whether the node is ready. A separate admin token (`[admin]`)
-//! opens the admin API ([`admin`]), which edits the registry's server records and
-//! profiles, tests servers and previews their tools; the web admin page at `/admin/`
-//! ([`web`]) is a browser front end to it.
+//! failure is one JSON error shape ([`error`]).
+//!
+//! Every request but the health checks and the page's static files is authorised by
+//! [`Role`] in one place ([`auth`]): named clients (`[clients.NAME]`,
+//! [`NodeConfig::with_client`]) each hold a token and one or more roles: `submit` (modules
+//! and tasks), `registry` (the admin API, [`admin`]), `approve` (`/v1/approvals`) and
+//! `observe` (metrics and status). No or an unknown token is `401`, a missing role `403`
+//! naming it. `[serve] token_env` is the shorthand for a client `serve` with
+//! [`SERVE_TOKEN_ROLES`] (never `approve`), `[admin] token_env` for a client `admin` with
+//! [`ADMIN_TOKEN_ROLES`]. A task carries its submitter's name as its
+//! [`principal`](quiver::TaskSpec::principal) into every audit line and approval request,
+//! and an approval decision names the client that made it. A node where no client holds
+//! `submit`, `approve` or `observe` only listens on loopback and gives those roles to
+//! every request. The web admin page at `/admin/` ([`web`]) is a browser front end to the
+//! admin API and the approvals, and offers what its token's roles allow.
+//!
+//! In front of everything, [`guard`] refuses what a web page could make a browser send: a
+//! `Host` the node does not serve (DNS rebinding), a foreign `Origin`, a cross-site
+//! request; bodies must say their JSON or wasm type ([`body`]). Without a token `/readyz`
+//! says only whether the node is ready.
 //!
 //! Shutdown is a drain ([`NodeControl::drain`]): new work is refused and `/readyz` fails,
 //! queued tasks are cancelled, running tasks get `drain_grace` to finish, the rest are
@@ -40,6 +52,7 @@
 
 mod admin;
 mod api;
+mod auth;
 mod body;
 mod config;
 pub mod defaults;
@@ -58,7 +71,10 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-pub use config::{AdminConfig, NodeConfig, NodeFileConfig, ServeConfig};
+pub use config::{
+    ADMIN_TOKEN_ROLES, AdminConfig, ClientConfig, NodeConfig, NodeFileConfig, Role,
+    SERVE_TOKEN_ROLES, ServeConfig,
+};
 pub use error::ServeError;
 pub use etcd::{DocValidator, EtcdStore};
 pub use etcd_access::{EtcdAccess, EtcdConfig};
@@ -154,14 +170,12 @@ impl NodeControl {
 impl Node {
     /// Binds `config.listen` for `host`. A non-loopback address needs a token.
     pub async fn bind(host: Host, config: NodeConfig) -> Result<Self, ServeError> {
-        let blank = |t: &Option<config::Token>| t.as_ref().is_some_and(|t| t.0.is_empty());
-        if blank(&config.token) || blank(&config.admin_token) {
-            return Err(ServeError::BlankToken);
-        }
-        if config.token.is_none() && config.browsers.any_host() {
+        config.check_clients()?;
+        let open = !auth::open_roles(&config).is_empty();
+        if open && config.browsers.any_host() {
             return Err(ServeError::AnyHostWithoutToken);
         }
-        if config.token.is_none() && !config.listen.ip().is_loopback() {
+        if open && !config.listen.ip().is_loopback() {
             return Err(ServeError::NoToken {
                 addr: config.listen,
             });
@@ -184,8 +198,7 @@ impl Node {
             uploads: modules::Uploads::new(defaults::SERVE_CONCURRENT_UPLOADS),
             phase: watch::channel(Phase::Serving).0,
             admin_store: config
-                .admin_token
-                .is_some()
+                .has_role(Role::Registry)
                 .then(|| host.writable_store())
                 .flatten(),
             host,
@@ -217,7 +230,8 @@ impl Node {
             addr,
             state,
         } = self;
-        tracing::info!(%addr, token = state.config.token.is_some(), "node listening");
+        let clients: Vec<&str> = state.config.clients.iter().map(|c| &*c.name).collect();
+        tracing::info!(%addr, ?clients, "node listening");
         let (stop_http, http_stopped) = tokio::sync::oneshot::channel();
         let limits = listen::Limits {
             max_connections: state.config.max_connections,

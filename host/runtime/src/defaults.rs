@@ -522,6 +522,12 @@ pub const APPROVAL_QUEUE_TASK_SHARE_DIVISOR: usize = 4;
 /// HTTP client; real ids are 17).
 pub const MAX_APPROVAL_ID_CHARS_SHOWN: usize = 64;
 
+/// [`ApprovalQueue`](crate::ApprovalQueue): ids of requests that stopped waiting (decided,
+/// timed out, task ended) remembered, so a late decision is told "too late"
+/// ([`ApprovalError::NoLongerWaiting`](crate::ApprovalError::NoLongerWaiting)) rather than
+/// "unknown". A few ids of 17 bytes each; the oldest is forgotten first.
+pub const APPROVAL_QUEUE_ENDED_IDS: usize = 1024;
+
 /// Bytes of an approver's reason kept (it may come from an HTTP client); the rest is cut.
 pub const MAX_APPROVAL_REASON_BYTES: usize = 512;
 

@@ -84,8 +84,8 @@ pub use mcp::{
     SigningAlg, TokenEndpointAuth, Tool, ToolCallOutput, ensure_tls_provider,
 };
 pub use observe::{
-    ArgumentsSummary, AuditLog, Metrics, PolicyDenial, ToolCall, ToolCallEnd, ToolKind,
-    ToolObserver, ToolOutcome, Via,
+    ApprovalDecided, ArgumentsSummary, AuditLog, Metrics, PolicyDenial, ToolCall, ToolCallEnd,
+    ToolKind, ToolObserver, ToolOutcome, Via,
 };
 pub use policy::{Layer, PolicyReport, Reason};
 pub use quiver_abi::Errno;

@@ -115,6 +115,11 @@ pub struct TaskSpec {
     /// Where the guest's `log` lines go.
     #[serde(skip)]
     pub guest_logs: GuestLogs,
+    /// Who submitted the task (a node sets its authenticated client's name); written into
+    /// every tool-call and denial event and approval request of the task. Never read from
+    /// task.json or a request body, and out of the guest's reach.
+    #[serde(skip)]
+    pub principal: Option<String>,
 }
 
 /// Where a task's `log` lines go. Guests use `log` as their `printf`, so by default a line is
@@ -153,6 +158,7 @@ impl TaskSpec {
             inherit_stdin: false,
             capture_output: false,
             guest_logs: GuestLogs::Stderr,
+            principal: None,
         }
     }
 

@@ -1,8 +1,9 @@
 //! The web admin page at `/admin/`: three static files embedded in the binary (no build
-//! step, no framework, nothing fetched from elsewhere), served without the admin token
-//! because they hold no data. The page asks for the token and calls the admin API
-//! ([`admin`](super::admin)) from the browser, so the API stays the one place that
-//! checks the token and the records.
+//! step, no framework, nothing fetched from elsewhere), served without a token because
+//! they hold no data. The page asks for a client's token, reads its roles from
+//! `/v1/whoami`, and calls the admin API ([`admin`](super::admin)) with `registry` and
+//! `/v1/approvals` with `approve` (polling the pending calls while that view is shown) from
+//! the browser, so the APIs stay the one place that checks the roles and the records.
 //!
 //! Everything the API returns is hostile to the page (ids, documents, errors, tool
 //! descriptions): the script renders it through DOM text only. The headers back that up:

@@ -9,7 +9,7 @@ use std::time::{Duration, SystemTime};
 
 use super::{ApprovalRequest, Approver};
 use crate::defaults;
-use crate::observe::{ArgumentsSummary, Via};
+use crate::observe::{ApprovalDecided, ArgumentsSummary, Observers, Via};
 use crate::policy::{Denial, Reason};
 use crate::registry::{ApprovalPolicy, ServerEntry};
 use crate::sandbox::Deadline;
@@ -33,6 +33,8 @@ impl fmt::Debug for Approvals {
 /// The call to ask about.
 pub(crate) struct AskFor<'a> {
     pub(crate) task_id: &'a str,
+    /// The task's observers: they name its principal and hear the decision.
+    pub(crate) observers: &'a Observers,
     pub(crate) session_fd: Option<i32>,
     pub(crate) via: Via,
     pub(crate) entry: &'a ServerEntry,
@@ -92,6 +94,7 @@ impl Approvals {
         let request = ApprovalRequest {
             id: next_id(),
             task_id: call.task_id.into(),
+            principal: call.observers.principal().cloned(),
             session_fd: call.session_fd,
             via: call.via,
             server_id: call.entry.server_id().to_owned(),
@@ -100,7 +103,11 @@ impl Approvals {
             requested_at,
             expires_at: requested_at.checked_add(shown).unwrap_or(requested_at),
         };
-        let id = request.id.clone();
+        let (id, task_id, principal) = (
+            request.id.clone(),
+            request.task_id.clone(),
+            request.principal.clone(),
+        );
         tracing::info!(task_id = call.task_id, server_id = call.entry.server_id(), tool = call.tool, approval_id = %id, "waiting for approval");
         let task_ends_first = shown < timeout;
         // The deadline's own instant, so this wait ends no later than the caller's
@@ -132,7 +139,22 @@ impl Approvals {
             }
         };
         let reason = decision.reason.as_deref().map(clean_reason);
-        tracing::info!(approval_id = %id, approve = decision.approve, reason = reason.as_deref(), "approval decided");
+        tracing::info!(approval_id = %id, approve = decision.approve, reason = reason.as_deref(), decided_by = decision.decided_by.as_deref(), "approval decided");
+        call.observers.approval_decided(&ApprovalDecided {
+            id,
+            task_id,
+            principal,
+            via: call.via,
+            server_id: call.entry.server_id().to_owned(),
+            tool: call.tool.to_owned(),
+            approved: decision.approve,
+            reason: reason.clone(),
+            decided_by: decision
+                .decided_by
+                .as_deref()
+                .map(|who| text::printable(text::cut(who, defaults::MAX_APPROVAL_REASON_BYTES))),
+            at: SystemTime::now(),
+        });
         if decision.approve {
             return Ok(());
         }

@@ -35,6 +35,10 @@ pub struct ApprovalRequest {
     /// Unique within the process (and unlikely to repeat across restarts).
     pub id: String,
     pub task_id: Arc<str>,
+    /// Who submitted the task ([`TaskSpec::principal`](crate::TaskSpec::principal)), so
+    /// the approver sees whose call it decides.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<Arc<str>>,
     /// The guest fd the call came through: the MCP session or the chat session; `None`
     /// (and absent from JSON) for a library call.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -62,6 +66,10 @@ pub struct ApprovalDecision {
     /// [`defaults::MAX_APPROVAL_REASON_BYTES`](crate::defaults::MAX_APPROVAL_REASON_BYTES)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Who decided (a node sets its authenticated client's name); goes into the
+    /// [`ApprovalDecided`](crate::ApprovalDecided) event. Never read from JSON.
+    #[serde(skip)]
+    pub decided_by: Option<String>,
 }
 
 impl ApprovalDecision {
@@ -69,6 +77,7 @@ impl ApprovalDecision {
         Self {
             approve: true,
             reason: None,
+            decided_by: None,
         }
     }
 
@@ -76,6 +85,16 @@ impl ApprovalDecision {
         Self {
             approve: false,
             reason: Some(reason.into()),
+            decided_by: None,
+        }
+    }
+
+    /// The same decision, made by `who`.
+    #[must_use]
+    pub fn by(self, who: impl Into<String>) -> Self {
+        Self {
+            decided_by: Some(who.into()),
+            ..self
         }
     }
 }

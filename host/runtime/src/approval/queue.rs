@@ -1,7 +1,7 @@
 //! [`ApprovalQueue`]: an approver that holds requests until someone else decides them
 //! (an operator through `quiver serve`'s `/v1/approvals`, or an embedder's own UI).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Mutex, MutexGuard};
 
 use tokio::sync::oneshot;
@@ -12,10 +12,17 @@ use crate::defaults;
 /// A decision that could not be delivered.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ApprovalError {
+    /// No request with this id is waiting, nor ended lately.
     #[error(
-        "no pending approval `{id}`: unknown, already decided, or its call stopped waiting (timed out, or its task ended)"
+        "no pending approval `{id}`: unknown, or ended too long ago to remember; GET /v1/approvals lists the waiting ones"
     )]
     NotPending { id: String },
+    /// The request existed but no longer waits: already decided, timed out, or its task
+    /// ended.
+    #[error(
+        "approval `{id}` no longer waits: it was already decided, timed out, or its task ended"
+    )]
+    NoLongerWaiting { id: String },
 }
 
 struct Waiting {
@@ -35,14 +42,30 @@ struct Waiting {
 pub struct ApprovalQueue {
     capacity: usize,
     /// By id; ids sort in the order they were made.
-    waiting: Mutex<BTreeMap<String, Waiting>>,
+    waiting: Mutex<Queue>,
+}
+
+#[derive(Default)]
+struct Queue {
+    waiting: BTreeMap<String, Waiting>,
+    /// Ids that stopped waiting, newest last, at most [`defaults::APPROVAL_QUEUE_ENDED_IDS`].
+    ended: VecDeque<String>,
+}
+
+impl Queue {
+    fn end(&mut self, id: String) {
+        if self.ended.len() >= defaults::APPROVAL_QUEUE_ENDED_IDS {
+            self.ended.pop_front();
+        }
+        self.ended.push_back(id);
+    }
 }
 
 impl std::fmt::Debug for ApprovalQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApprovalQueue")
             .field("capacity", &self.capacity)
-            .field("pending", &self.lock().len())
+            .field("pending", &self.lock().waiting.len())
             .finish()
     }
 }
@@ -59,30 +82,46 @@ impl ApprovalQueue {
     pub fn with_capacity(capacity: usize) -> Self {
         Self {
             capacity,
-            waiting: Mutex::new(BTreeMap::new()),
+            waiting: Mutex::new(Queue::default()),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, BTreeMap<String, Waiting>> {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
         self.waiting.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The requests waiting now, oldest first.
     pub fn pending(&self) -> Vec<ApprovalRequest> {
-        self.lock().values().map(|w| w.request.clone()).collect()
+        self.lock()
+            .waiting
+            .values()
+            .map(|w| w.request.clone())
+            .collect()
     }
 
-    /// Answers the request `id`; an id not waiting (unknown, decided, timed out, its task
-    /// gone) is an error.
+    /// Answers the request `id`; an id not waiting is an error: `NoLongerWaiting` if it
+    /// did wait lately (decided, timed out, its task gone), `NotPending` if not.
     pub fn decide(&self, id: &str, decision: ApprovalDecision) -> Result<(), ApprovalError> {
-        let not_pending = || ApprovalError::NotPending {
-            id: id
-                .chars()
+        let shown = || -> String {
+            id.chars()
                 .take(defaults::MAX_APPROVAL_ID_CHARS_SHOWN)
-                .collect(),
+                .collect()
         };
-        let waiting = self.lock().remove(id).ok_or_else(not_pending)?;
-        waiting.reply.send(decision).map_err(|_| not_pending())
+        let mut queue = self.lock();
+        let Some(waiting) = queue.waiting.remove(id) else {
+            return Err(if queue.ended.iter().any(|ended| ended == id) {
+                ApprovalError::NoLongerWaiting { id: shown() }
+            } else {
+                ApprovalError::NotPending { id: shown() }
+            });
+        };
+        queue.end(id.to_owned());
+        drop(queue);
+        // The call may have stopped waiting just now, before it could leave the queue.
+        waiting
+            .reply
+            .send(decision)
+            .map_err(|_| ApprovalError::NoLongerWaiting { id: shown() })
     }
 }
 
@@ -127,7 +166,11 @@ struct Leave<'a> {
 
 impl Drop for Leave<'_> {
     fn drop(&mut self) {
-        self.queue.lock().remove(&self.id);
+        let mut queue = self.queue.lock();
+        if queue.waiting.remove(&self.id).is_some() {
+            let id = std::mem::take(&mut self.id);
+            queue.end(id);
+        }
     }
 }
 
@@ -136,12 +179,12 @@ impl Approver for ApprovalQueue {
         let (reply, decided) = oneshot::channel();
         let id = request.id.clone();
         {
-            let mut waiting = self.lock();
-            if let Some(reason) = self.refusal(&waiting, &request) {
+            let mut queue = self.lock();
+            if let Some(reason) = self.refusal(&queue.waiting, &request) {
                 tracing::warn!(capacity = self.capacity, task_id = %request.task_id, server_id = %request.server_id, tool = %request.tool, %reason, "approval request refused by the queue");
                 return Box::pin(std::future::ready(ApprovalDecision::deny(reason)));
             }
-            waiting.insert(id.clone(), Waiting { request, reply });
+            queue.waiting.insert(id.clone(), Waiting { request, reply });
         }
         let leave = Leave { queue: self, id };
         Box::pin(async move {

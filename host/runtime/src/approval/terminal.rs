@@ -137,6 +137,7 @@ mod tests {
         let request = ApprovalRequest {
             id: "1".into(),
             task_id: Arc::from("t"),
+            principal: None,
             session_fd: Some(3),
             via: Via::Chat,
             server_id: "fs".into(),

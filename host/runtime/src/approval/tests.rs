@@ -12,6 +12,7 @@ fn request_of(task_id: &str, id: &str) -> ApprovalRequest {
     ApprovalRequest {
         id: id.into(),
         task_id: Arc::from(task_id),
+        principal: None,
         session_fd: Some(3),
         via: Via::McpCall,
         server_id: "fs".into(),
@@ -64,10 +65,13 @@ async fn a_queue_lists_hands_over_and_forgets_decisions() {
     assert!(queue.pending().is_empty());
     assert_eq!(
         queue.decide("a", ApprovalDecision::approve()),
-        Err(ApprovalError::NotPending { id: "a".into() }),
+        Err(ApprovalError::NoLongerWaiting { id: "a".into() }),
         "deciding twice"
     );
-    assert!(queue.decide("nope", ApprovalDecision::approve()).is_err());
+    assert_eq!(
+        queue.decide("nope", ApprovalDecision::approve()),
+        Err(ApprovalError::NotPending { id: "nope".into() })
+    );
 }
 
 #[tokio::test]
@@ -94,6 +98,21 @@ fn decisions_read_the_serve_body_and_nothing_else() {
     let d: ApprovalDecision = serde_json::from_str(r#"{"approve": true}"#).unwrap();
     assert_eq!(d, ApprovalDecision::approve());
     assert!(serde_json::from_str::<ApprovalDecision>(r#"{"approve": true, "x": 1}"#).is_err());
+    let forged = r#"{"approve": true, "decided_by": "root"}"#;
+    assert!(
+        serde_json::from_str::<ApprovalDecision>(forged).is_err(),
+        "who decided is the node's to say"
+    );
+}
+
+#[tokio::test]
+async fn a_late_decision_is_told_the_call_stopped_waiting() {
+    let queue = ApprovalQueue::with_capacity(4);
+    drop(queue.ask(request("gone")));
+    assert_eq!(
+        queue.decide("gone", ApprovalDecision::approve()),
+        Err(ApprovalError::NoLongerWaiting { id: "gone".into() })
+    );
 }
 
 #[test]

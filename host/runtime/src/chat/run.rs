@@ -449,6 +449,8 @@ fn result_bytes(text: &str, images: &[Image]) -> u64 {
 fn observed_guest_call(ctx: &SendContext<'_>, planned: &Planned<'_>) -> observe::ToolCall {
     observe::ToolCall {
         task_id: ctx.task_id.into(),
+        // Set by the observers from the task's.
+        principal: None,
         session_fd: Some(ctx.session_fd),
         via: Via::Chat,
         kind: ToolKind::Guest,

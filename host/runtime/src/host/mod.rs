@@ -474,7 +474,10 @@ impl Host {
             policy,
             registry,
             pool: self.inner.pool.clone(),
-            observers: self.inner.observers.clone(),
+            observers: self
+                .inner
+                .observers
+                .for_principal(task.principal.as_deref()),
             approvals: self.inner.approvals.clone(),
         })
     }

@@ -68,6 +68,8 @@ impl Origin {
         tracing::info!(task_id = %task_id, action, ?via, server_id, tool, ?reason, %detail, "denied by policy");
         mcp.observers.policy_denied(&PolicyDenial {
             task_id: task_id.clone(),
+            // Set by the observers from the task's.
+            principal: None,
             session_fd: self.session_fd,
             action,
             via: Some(via),
@@ -127,6 +129,7 @@ pub(crate) async fn run(
         // below before the deadline ends the call.
         let asked = mcp.approvals.ask(AskFor {
             task_id: &origin.task_id,
+            observers: &mcp.observers,
             session_fd: origin.session_fd,
             via: origin.via,
             entry,
@@ -143,6 +146,8 @@ pub(crate) async fn run(
     }
     let observed = mcp.observers.start(ToolCall {
         task_id: origin.task_id.clone(),
+        // Set by the observers from the task's.
+        principal: None,
         session_fd: origin.session_fd,
         via: origin.via,
         kind: ToolKind::Mcp {

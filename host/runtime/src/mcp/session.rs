@@ -49,6 +49,8 @@ impl McpTask {
         tracing::info!(task_id, hostcall, server_id, reason = ?decision.reason, detail = %decision.detail, "denied by policy");
         self.observers.policy_denied(&PolicyDenial {
             task_id: task_id.into(),
+            // Set by the observers from the task's.
+            principal: None,
             session_fd: None,
             action: hostcall,
             via: None,

@@ -1,5 +1,6 @@
-//! The audit log: one JSON line per finished tool call and per policy denial, saying who
-//! called what, how it ended and with what shape of arguments.
+//! The audit log: one JSON line per finished tool call, per policy denial and per approval
+//! decision, saying who called what (the task and its `principal`), how it ended and with
+//! what shape of arguments, and who decided a call that waited for approval.
 //!
 //! Observers run on the task's path, so the log never writes there: each event is queued
 //! (bounded, [`defaults::AUDIT_QUEUE_CAPACITY`]) for a writer thread. A queue that is full
@@ -36,7 +37,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use super::{PolicyDenial, ToolCall, ToolCallEnd, ToolObserver};
+use super::{ApprovalDecided, PolicyDenial, ToolCall, ToolCallEnd, ToolObserver};
 use crate::defaults;
 
 /// A [`ToolObserver`] that appends one JSON line per tool call end and per policy denial
@@ -79,6 +80,7 @@ impl std::fmt::Debug for AuditLog {
 enum Message {
     Call(Box<(ToolCall, ToolCallEnd, SystemTime)>),
     Denial(Box<PolicyDenial>),
+    Decision(Box<ApprovalDecided>),
     /// Write out everything before this, then answer.
     Flush(SyncSender<()>),
 }
@@ -101,6 +103,15 @@ struct DenialLine<'a> {
     time: SystemTime,
     #[serde(flatten)]
     denial: &'a PolicyDenial,
+}
+
+#[derive(Serialize)]
+struct DecisionLine<'a> {
+    event: &'static str,
+    #[serde(serialize_with = "super::event::unix_seconds")]
+    time: SystemTime,
+    #[serde(flatten)]
+    decision: &'a ApprovalDecided,
 }
 
 #[derive(Serialize)]
@@ -262,6 +273,10 @@ impl ToolObserver for AuditLog {
     fn policy_denied(&self, denial: &PolicyDenial) {
         self.offer(Message::Denial(Box::new(denial.clone())));
     }
+
+    fn approval_decided(&self, decision: &ApprovalDecided) {
+        self.offer(Message::Decision(Box::new(decision.clone())));
+    }
 }
 
 /// The log's sizes; tests make them small.
@@ -326,6 +341,11 @@ impl<W: Write> Writer<W> {
                     event: "policy_denied",
                     time: denial.at,
                     denial: &denial,
+                }),
+                Message::Decision(decision) => self.event(&DecisionLine {
+                    event: "approval_decided",
+                    time: decision.at,
+                    decision: &decision,
                 }),
                 Message::Flush(done) => {
                     self.report_dropped();
@@ -460,6 +480,7 @@ mod tests {
     fn call(i: usize) -> ToolCall {
         ToolCall {
             task_id: "flood".into(),
+            principal: None,
             session_fd: Some(3),
             via: Via::McpCall,
             kind: ToolKind::Mcp {

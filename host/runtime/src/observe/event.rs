@@ -119,6 +119,10 @@ impl<'de> Visitor<'de> for KeyCollector<'_> {
 #[derive(Clone, Debug, Serialize)]
 pub struct ToolCall {
     pub task_id: Arc<str>,
+    /// Who submitted the task ([`TaskSpec::principal`](crate::TaskSpec::principal)); set
+    /// by the host for every event of the task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<Arc<str>>,
     /// The guest fd the call came through: the MCP session or the chat session; `None`
     /// (and absent from JSON) for a library call.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -206,6 +210,9 @@ pub struct ToolCallEnd {
 #[derive(Clone, Debug, Serialize)]
 pub struct PolicyDenial {
     pub task_id: Arc<str>,
+    /// Who submitted the task; set by the host for every event of the task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<Arc<str>>,
     /// The guest fd involved, when there is one (`mcp_open` has none yet, nor has a
     /// library call).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -239,6 +246,7 @@ impl PolicyDenial {
     ) -> Self {
         Self {
             task_id,
+            principal: None,
             session_fd: Some(session_fd),
             action,
             via: None,
@@ -258,6 +266,31 @@ impl PolicyDenial {
             ..self
         }
     }
+}
+
+/// A decision on a tool call that waited for approval, as the host's approver gave it.
+#[derive(Clone, Debug, Serialize)]
+pub struct ApprovalDecided {
+    /// The request's id, as [`ApprovalRequest::id`](crate::ApprovalRequest::id).
+    pub id: String,
+    pub task_id: Arc<str>,
+    /// Who submitted the task.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<Arc<str>>,
+    pub via: Via,
+    pub server_id: String,
+    pub tool: String,
+    pub approved: bool,
+    /// The approver's reason, cut and made printable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Who decided ([`ApprovalDecision::decided_by`](crate::ApprovalDecision::decided_by),
+    /// e.g. the node's client); absent when the approver itself did (a terminal prompt,
+    /// [`DenyAll`](crate::approval::DenyAll), a full queue).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decided_by: Option<String>,
+    #[serde(serialize_with = "unix_seconds")]
+    pub at: SystemTime,
 }
 
 /// Serialises a time as unix seconds (a float; 0 before 1970), the one time format of

@@ -403,6 +403,7 @@ mod tests {
     fn call(server_id: Option<&str>, tool: &str) -> ToolCall {
         ToolCall {
             task_id: "t".into(),
+            principal: None,
             session_fd: Some(3),
             via: Via::McpCall,
             kind: server_id.map_or(ToolKind::Guest, |s| ToolKind::Mcp {

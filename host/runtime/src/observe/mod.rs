@@ -21,7 +21,8 @@ use std::time::Instant;
 pub use audit::AuditLog;
 pub(crate) use event::unix_seconds;
 pub use event::{
-    ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
+    ApprovalDecided, ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome,
+    Via,
 };
 pub use metrics::Metrics;
 pub(crate) use metrics::{LiveStatus, ServerGauges};
@@ -35,42 +36,67 @@ pub trait ToolObserver: Send + Sync + 'static {
     fn after_tool_call(&self, _call: &ToolCall, _end: &ToolCallEnd) {}
     /// Policy refused a server or a tool to a task.
     fn policy_denied(&self, _denial: &PolicyDenial) {}
+    /// The approver decided a call that waited for approval (not a timeout).
+    fn approval_decided(&self, _decision: &ApprovalDecided) {}
 }
 
-/// The observers of one host; cheap to clone.
+/// The observers of one host, or of one task (then every event carries the task's
+/// principal); cheap to clone.
 #[derive(Clone, Default)]
-pub struct Observers(Arc<[Arc<dyn ToolObserver>]>);
+pub struct Observers {
+    all: Arc<[Arc<dyn ToolObserver>]>,
+    /// Stamped on every event, so no emitting site can leave it out.
+    principal: Option<Arc<str>>,
+}
 
 impl fmt::Debug for Observers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Observers({})", self.0.len())
+        write!(f, "Observers({})", self.all.len())
     }
 }
 
 impl Observers {
     pub fn new(observers: Vec<Arc<dyn ToolObserver>>) -> Self {
-        Self(observers.into())
+        Self {
+            all: observers.into(),
+            principal: None,
+        }
+    }
+
+    /// These observers for one task of `principal`: each event they get names it.
+    #[must_use]
+    pub(crate) fn for_principal(&self, principal: Option<&str>) -> Self {
+        Self {
+            all: self.all.clone(),
+            principal: principal.map(Arc::from),
+        }
+    }
+
+    /// The principal stamped on every event.
+    pub(crate) fn principal(&self) -> Option<&Arc<str>> {
+        self.principal.as_ref()
     }
 
     /// `observer` and then these observers.
     #[must_use]
     pub fn preceded_by(&self, observer: Arc<dyn ToolObserver>) -> Self {
         let mut all = vec![observer];
-        all.extend(self.0.iter().cloned());
+        all.extend(self.all.iter().cloned());
         Self::new(all)
     }
 
     /// These observers and then `observer`.
     #[must_use]
     pub fn with(&self, observer: Arc<dyn ToolObserver>) -> Self {
-        let mut all = self.0.to_vec();
+        let mut all = self.all.to_vec();
         all.push(observer);
         Self::new(all)
     }
 
     /// Reports `call` as started; the returned guard reports its end.
-    pub(crate) fn start(&self, call: ToolCall) -> ObservedCall {
-        for observer in self.0.iter() {
+    pub(crate) fn start(&self, mut call: ToolCall) -> ObservedCall {
+        call.principal = self.principal.clone();
+        for observer in self.all.iter() {
             observer.before_tool_call(&call);
         }
         ObservedCall {
@@ -82,8 +108,25 @@ impl Observers {
     }
 
     pub fn policy_denied(&self, denial: &PolicyDenial) {
-        for observer in self.0.iter() {
+        let stamped;
+        let denial = match &self.principal {
+            Some(principal) => {
+                stamped = PolicyDenial {
+                    principal: Some(principal.clone()),
+                    ..denial.clone()
+                };
+                &stamped
+            }
+            None => denial,
+        };
+        for observer in self.all.iter() {
             observer.policy_denied(denial);
+        }
+    }
+
+    pub(crate) fn approval_decided(&self, decision: &ApprovalDecided) {
+        for observer in self.all.iter() {
+            observer.approval_decided(decision);
         }
     }
 }
@@ -110,7 +153,7 @@ impl ObservedCall {
             duration: self.started.elapsed(),
             output_bytes,
         };
-        for observer in self.observers.0.iter() {
+        for observer in self.observers.all.iter() {
             observer.after_tool_call(&self.call, &end);
         }
     }

@@ -22,6 +22,7 @@ impl ToolObserver for Recorder {
 fn call(tool: &str) -> ToolCall {
     ToolCall {
         task_id: "t".into(),
+        principal: None,
         session_fd: Some(3),
         via: Via::McpCall,
         kind: ToolKind::Mcp {

@@ -1,5 +1,7 @@
-// Quiver's admin page: a front end to the admin API (/admin/api/mcp/). It holds no data
-// of its own and keeps the admin token in this tab's sessionStorage only.
+// Quiver's admin page: a front end to the admin API (/admin/api/mcp/) and the approvals
+// (/v1/approvals). It holds no data of its own and keeps the client's token in this tab's
+// sessionStorage only. It asks /v1/whoami for the token's roles and offers only what they
+// allow: the registry views with `registry`, the pending calls with `approve`.
 //
 // Everything the API returns (ids, documents, errors, tool names and descriptions) is
 // treated as hostile: it reaches the page through textContent, form values and
@@ -22,6 +24,11 @@
     'connect_timeout_ms',
   ];
   const STATES = ['connected', 'degraded', 'down', 'idle'];
+  const TABS = ['servers', 'profiles', 'approvals'];
+  // How often the approvals view asks for the pending calls while it is shown.
+  const APPROVALS_POLL_MS = 1500;
+  // The node cuts longer reasons (MAX_APPROVAL_REASON_BYTES).
+  const MAX_REASON_CHARS = 512;
 
   const $ = (id) => document.getElementById(id);
 
@@ -74,7 +81,8 @@
     }
     let response;
     try {
-      response = await fetch(API + path, init);
+      // Paths from the root (/v1/...) are the task API's; the rest the admin API's.
+      response = await fetch(path.startsWith('/') ? path : API + path, init);
     } catch (e) {
       throw new Failure(0, 'network', 'cannot reach the node: ' + text(e && e.message), null);
     }
@@ -139,22 +147,41 @@
 
   // ---- sign in ----------------------------------------------------------------------
 
+  /** The roles of the signed-in token, as /v1/whoami lists them. */
+  let roles = [];
+  const has = (role) => roles.includes(role);
+
   function signOut(failure) {
     sessionStorage.removeItem(TOKEN_KEY);
-    $('servers-view').hidden = true;
-    $('profiles-view').hidden = true;
+    stopPolling();
+    approvalRows.clear();
+    $('approvals-body').replaceChildren();
+    roles = [];
+    for (const tab of TABS) $(`${tab}-view`).hidden = true;
     $('tabs').hidden = true;
     $('logout').hidden = true;
+    $('whoami').hidden = true;
     $('login').hidden = false;
     $('token').value = '';
     if (failure) showError(failure);
   }
 
   async function signIn() {
+    const me = await api('GET', '/v1/whoami');
+    roles = Array.isArray(me.roles) ? me.roles.filter((r) => typeof r === 'string') : [];
     $('login').hidden = true;
     $('tabs').hidden = false;
     $('logout').hidden = false;
-    await showTab('servers');
+    $('whoami').textContent = `${text(me.client || 'anonymous')}: ${roles.join(', ') || 'no roles'}`;
+    $('whoami').hidden = false;
+    // Registry editing is not offered to a token that cannot do it.
+    $('tab-servers').hidden = !has('registry');
+    $('tab-profiles').hidden = !has('registry');
+    $('tab-approvals').hidden = !has('approve');
+    if (has('registry')) return showTab('servers');
+    if (has('approve')) return showTab('approvals');
+    notice('This token holds neither the registry nor the approve role: nothing to do here.');
+    return undefined;
   }
 
   // ---- the server list ----------------------------------------------------------------
@@ -629,12 +656,110 @@
   };
 
   function showTab(name) {
-    const servers = name === 'servers';
-    $('servers-view').hidden = !servers;
-    $('profiles-view').hidden = servers;
-    $('tab-servers').setAttribute('aria-pressed', String(servers));
-    $('tab-profiles').setAttribute('aria-pressed', String(!servers));
-    return servers ? loadServers() : loadProfiles();
+    for (const tab of TABS) {
+      $(`${tab}-view`).hidden = tab !== name;
+      $(`tab-${tab}`).setAttribute('aria-pressed', String(tab === name));
+    }
+    stopPolling();
+    if (name === 'approvals') {
+      startPolling();
+      return loadApprovals();
+    }
+    return name === 'servers' ? loadServers() : loadProfiles();
+  }
+
+  // ---- approvals ----------------------------------------------------------------------
+
+  /** Rows by approval id, kept across refreshes so a reason being typed survives. */
+  const approvalRows = new Map();
+  let pollTimer = null;
+
+  function startPolling() {
+    stopPolling();
+    pollTimer = setInterval(() => {
+      loadApprovals().catch(showError);
+    }, APPROVALS_POLL_MS);
+  }
+
+  function stopPolling() {
+    if (pollTimer !== null) clearInterval(pollTimer);
+    pollTimer = null;
+  }
+
+  function timeLeft(expiresAt) {
+    if (typeof expiresAt !== 'number' || !Number.isFinite(expiresAt)) return '—';
+    const seconds = Math.max(0, Math.round(expiresAt - Date.now() / 1000));
+    return seconds >= 60 ? `${Math.floor(seconds / 60)} min ${seconds % 60} s` : `${seconds} s`;
+  }
+
+  function argumentShape(args) {
+    if (!isObject(args)) return '—';
+    const keys = Array.isArray(args.keys) ? args.keys.map(text) : [];
+    const more = typeof args.keys_omitted === 'number' && args.keys_omitted > 0 ? ` +${args.keys_omitted}` : '';
+    const bytes = typeof args.bytes === 'number' ? `${args.bytes} bytes` : '';
+    return `${keys.join(', ') || '(no keys)'}${more}; ${bytes}`;
+  }
+
+  function approvalRow(request) {
+    const id = text(request.id);
+    const what = `${text(request.tool)} of task ${text(request.task_id)}`;
+    const reason = el('input', {
+      className: 'reason',
+      attrs: { 'aria-label': `Reason for ${what}`, maxlength: String(MAX_REASON_CHARS), placeholder: 'optional' },
+    });
+    const decideWith = (approve) => () => decide(id, approve, reason.value.trim());
+    return el(
+      'tr',
+      { attrs: { 'data-approval-id': id } },
+      el('td', { text: request.task_id, className: 'task' }),
+      el('td', { text: request.principal || '—', className: 'principal' }),
+      el('td', { text: request.server_id, className: 'server' }),
+      el('td', { text: request.tool, className: 'tool' }),
+      el('td', { text: argumentShape(request.arguments), className: 'arguments' }),
+      el('td', { text: timeLeft(request.expires_at), className: 'time-left' }),
+      el('td', {}, reason),
+      el(
+        'td',
+        { className: 'actions' },
+        actionButton('Approve', what, 'approve', decideWith(true)),
+        actionButton('Deny', what, 'deny danger', decideWith(false)),
+      ),
+    );
+  }
+
+  async function loadApprovals() {
+    const answer = await api('GET', '/v1/approvals');
+    const pending = Array.isArray(answer.approvals) ? answer.approvals.filter(isObject) : [];
+    const seen = new Set();
+    for (const request of pending) {
+      const id = text(request.id);
+      seen.add(id);
+      let row = approvalRows.get(id);
+      if (!row) {
+        row = approvalRow(request);
+        approvalRows.set(id, row);
+        $('approvals-body').append(row);
+      }
+      row.querySelector('.time-left').textContent = timeLeft(request.expires_at);
+    }
+    for (const [id, row] of approvalRows) {
+      if (!seen.has(id)) {
+        row.remove();
+        approvalRows.delete(id);
+      }
+    }
+    $('approvals-empty').hidden = approvalRows.size > 0;
+  }
+
+  async function decide(id, approve, reason) {
+    const body = reason ? { approve, reason } : { approve };
+    try {
+      await api('POST', `/v1/approvals/${enc(id)}`, body);
+      notice(`${approve ? 'Approved' : 'Denied'} call ${id}.`);
+    } finally {
+      // Decided or not (it may have timed out meanwhile), the list says what still waits.
+      await loadApprovals();
+    }
   }
 
   async function loadProfiles() {
@@ -721,6 +846,7 @@
     $('refresh').addEventListener('click', () => act(loadServers));
     $('tab-servers').addEventListener('click', () => act(() => showTab('servers')));
     $('tab-profiles').addEventListener('click', () => act(() => showTab('profiles')));
+    $('tab-approvals').addEventListener('click', () => act(() => showTab('approvals')));
     $('profiles-refresh').addEventListener('click', () => act(loadProfiles));
     $('new-profile').addEventListener('click', () => openProfileEditor(null, PROFILE_TEMPLATES.toml));
     $('profile-format').addEventListener('change', () => {
