@@ -18,15 +18,18 @@ use quiver::registry::{
 use quiver::{Host, StoreFollower};
 use quiver_tests::wat::{self, WatRun};
 use quiver_tests::{
-    RegistryDir, fixture_toml, host_builder, init_logging, mcp_task, unique_id, until, wait_gone,
+    RegistryDir, fixture_rules, fixture_toml, host_builder, init_logging, mcp_task, unique_id,
+    until, wait_gone,
 };
 use serde_json::Value;
 
 /// A host following `store`, after its first listing.
 async fn following(registry: &RegistryDir, store: Arc<dyn RegistryStore>) -> (Host, StoreFollower) {
     init_logging();
+    // The test writes the store itself, so it allows the fixture binaries it records.
     let host = host_builder(registry)
         .with_registry_store(store.clone())
+        .with_launch_rules(fixture_rules())
         .build()
         .expect("host");
     assert_eq!(host.registry_health().source, store.describe());

@@ -58,6 +58,15 @@ pub fn fixture_launch_rules() -> String {
     )
 }
 
+/// The same rules for a host built in code: the fixture binaries, nothing else.
+pub fn fixture_rules() -> quiver::LaunchRules {
+    let config = quiver::LaunchConfig {
+        commands: vec![format!("{}/*", bin_dir().display())],
+        ..Default::default()
+    };
+    quiver::LaunchRules::from_config(&config).expect("the fixture launch rules")
+}
+
 /// The fixture MCP server binary.
 pub fn fixture_server() -> PathBuf {
     bin_dir().join("fixture-mcp-server")

@@ -23,8 +23,8 @@ use quiver::registry::{
     Write,
 };
 use quiver::{
-    ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver, Host, PolicyDenial, TaskSpec,
-    ToolCall, ToolCallEnd, ToolObserver,
+    ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver, Host, LaunchConfig, LaunchRules,
+    PolicyDenial, TaskSpec, ToolCall, ToolCallEnd, ToolObserver,
 };
 
 #[tokio::main]
@@ -56,8 +56,15 @@ async fn run(guest: &str, guest_args: Vec<String>) -> Result<i32, Box<dyn std::e
         )
         .await?;
 
+    // A host following a store runs no command its rules do not list; this one lists the
+    // one binary its store names.
+    let rules = LaunchRules::from_config(&LaunchConfig {
+        commands: vec![server.clone()],
+        ..Default::default()
+    })?;
     let host = Host::builder()
         .with_registry_store(store.clone())
+        .with_launch_rules(rules)
         .with_approver(Arc::new(AddOnly))
         .with_tool_observer(Arc::new(Printer))
         .without_disk_cache()

@@ -95,6 +95,20 @@ pub(crate) fn authenticate(config: &NodeConfig, request: &Request) -> Result<Cal
     })
 }
 
+/// A `403`: `caller` is known but lacks `role`.
+fn forbidden(caller: &Caller, role: Role) -> ApiError {
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        format!(
+            "client `{}` lacks the `{}` role this endpoint needs; use a client that holds it (`[clients.NAME] roles` in the node's quiver.toml)",
+            caller.name(),
+            role.name()
+        ),
+    )
+    .with_field("Authorization")
+}
+
 /// Compares two SHA-256 digests without an early exit, so neither the time taken nor
 /// where a guess went wrong tells how much of it was right, or how long the token is.
 fn same_digest(a: &[u8], b: &[u8]) -> bool {
@@ -128,7 +142,7 @@ pub(crate) async fn require(
         // Without a token, only a token can help.
         let refusal = match caller.client {
             None => ApiError::unauthorized("send `Authorization: Bearer <token>`"),
-            Some(_) => ApiError::forbidden(&caller, role),
+            Some(_) => forbidden(&caller, role),
         };
         return refusal.into_response();
     }

@@ -124,20 +124,6 @@ impl ApiError {
         Self::new(StatusCode::UNAUTHORIZED, "unauthorized", message).with_field("Authorization")
     }
 
-    /// A `403`: `caller` is known but lacks `role`.
-    pub(crate) fn forbidden(caller: &crate::auth::Caller, role: crate::config::Role) -> Self {
-        Self::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
-            format!(
-                "client `{}` lacks the `{}` role this endpoint needs; use a client that holds it (`[clients.NAME] roles` in the node's quiver.toml)",
-                caller.name(),
-                role.name()
-            ),
-        )
-        .with_field("Authorization")
-    }
-
     pub(crate) fn not_found(what: &str, field: &str) -> Self {
         Self::new(
             StatusCode::NOT_FOUND,
