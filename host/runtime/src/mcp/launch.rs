@@ -60,7 +60,7 @@ impl RecordRules for LaunchRules {
     }
 }
 
-const FIX: &str = "in the host config's [mcp.launch]";
+const FIX: &str = "(the host config, quiver.toml)";
 
 impl LaunchRules {
     /// Any command, directory and variable (what a host did before the rules existed).
