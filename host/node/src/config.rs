@@ -273,6 +273,11 @@ impl Token {
         let token = token.trim();
         (!token.is_empty()).then(|| Self(token.to_owned()))
     }
+
+    /// The token in the variable `var`; `None` when it is unset, not UTF-8 or blank.
+    fn from_env(var: &str) -> Option<Self> {
+        Self::trimmed(&std::env::var(var).ok()?)
+    }
 }
 
 impl std::fmt::Debug for Token {
@@ -364,16 +369,11 @@ impl NodeConfig {
         let ms = Duration::from_millis;
         let mut node = Self::new(listen);
         if let Some(var) = &config.token_env {
-            let token = std::env::var(var).ok();
-            let token =
-                token
-                    .as_deref()
-                    .and_then(Token::trimmed)
-                    .ok_or_else(|| ServeError::TokenEnv {
-                        file: file.to_owned(),
-                        field: "serve.token_env".into(),
-                        var: var.clone(),
-                    })?;
+            let token = Token::from_env(var).ok_or_else(|| ServeError::TokenEnv {
+                file: file.to_owned(),
+                field: "serve.token_env".into(),
+                var: var.clone(),
+            })?;
             node.clients.push(Client::shorthand(
                 "serve",
                 token,
@@ -431,12 +431,9 @@ impl NodeConfig {
         file: &Path,
     ) -> Result<Self, ServeError> {
         if let Some(var) = &config.token_env {
-            let token = std::env::var(var).ok();
-            let token = token.as_deref().and_then(Token::trimmed).ok_or_else(|| {
-                ServeError::AdminTokenEnv {
-                    file: file.to_owned(),
-                    var: var.clone(),
-                }
+            let token = Token::from_env(var).ok_or_else(|| ServeError::AdminTokenEnv {
+                file: file.to_owned(),
+                var: var.clone(),
             })?;
             self.clients.push(Client::shorthand(
                 "admin",
@@ -484,16 +481,11 @@ impl NodeConfig {
     ) -> Result<Self, ServeError> {
         for (name, client) in clients {
             let field = format!("clients.{name}.token_env");
-            let token = std::env::var(&client.token_env).ok();
-            let token =
-                token
-                    .as_deref()
-                    .and_then(Token::trimmed)
-                    .ok_or_else(|| ServeError::TokenEnv {
-                        file: file.to_owned(),
-                        field: field.clone(),
-                        var: client.token_env.clone(),
-                    })?;
+            let token = Token::from_env(&client.token_env).ok_or_else(|| ServeError::TokenEnv {
+                file: file.to_owned(),
+                field: field.clone(),
+                var: client.token_env.clone(),
+            })?;
             self.clients.push(Client {
                 name: name.as_str().into(),
                 token,
