@@ -593,6 +593,33 @@ fn cli_run(mode: &str, extra: &[&str]) -> (bool, String) {
     )
 }
 
+/// `quiver run --as NAME`: the task acts for NAME, which the audit log records; a name a
+/// terminal or log could be fooled by is refused before anything runs.
+#[test]
+fn the_cli_runs_a_task_as_the_principal_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let audit = dir.path().join("audit.jsonl");
+    let audit_arg = audit.to_str().unwrap();
+    let (ok, stderr) = cli_run(
+        "allow",
+        &["--as", "alice@example.com", "--audit-log", audit_arg],
+    );
+    assert!(ok, "{stderr}");
+    let lines = std::fs::read_to_string(&audit).unwrap();
+    let call = lines
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .find(|line| line["event"] == "tool_call")
+        .unwrap_or_else(|| panic!("no tool_call line in {lines}"));
+    assert_eq!(call["principal"], "alice@example.com", "{call}");
+
+    let (ok, stderr) = cli_run("allow", &["--as", "eve\u{202e}nimda"]);
+    assert!(!ok);
+    assert!(stderr.contains("--as"), "{stderr}");
+    let (ok, stderr) = cli_run("allow", &["--as", ""]);
+    assert!(!ok && stderr.contains("1 to 128 bytes"), "{stderr}");
+}
+
 #[test]
 fn the_cli_allows_denies_and_cannot_prompt_without_a_terminal() {
     let (ok, stderr) = cli_run("allow", &["--explain-policy"]);

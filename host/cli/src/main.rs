@@ -114,9 +114,28 @@ struct RunArgs {
     /// (/dev/tty), deny them (and offer no such tool to a model), or allow them.
     #[arg(long, value_enum, default_value = "deny")]
     approve: ApproveMode,
+    /// Who the task acts for: its principal, in every audit line, observer event and
+    /// approval request.
+    #[arg(long = "as", value_name = "NAME", value_parser = principal)]
+    principal: Option<String>,
     /// Guest arguments, replacing the task's `args`.
     #[arg(last = true)]
     args: Vec<String>,
+}
+
+/// A principal name that is safe in a log line or an audit record: 1 to
+/// `CLI_MAX_PRINCIPAL_BYTES` bytes, no control or invisible formatting characters.
+fn principal(name: &str) -> Result<String, String> {
+    if name.is_empty() || name.len() > defaults::CLI_MAX_PRINCIPAL_BYTES {
+        return Err(format!(
+            "a principal is 1 to {} bytes",
+            defaults::CLI_MAX_PRINCIPAL_BYTES
+        ));
+    }
+    if quiver::text::printable(name) != name {
+        return Err("a principal may not hold control or invisible formatting characters".into());
+    }
+    Ok(name.to_owned())
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -282,11 +301,12 @@ async fn run(args: RunArgs) -> i32 {
                 .map_or("task".into(), |s| s.to_string_lossy().into_owned()),
         ),
     };
-    let task = if args.args.is_empty() {
+    let mut task = if args.args.is_empty() {
         task
     } else {
         task.with_args(args.args)
     };
+    task.principal = args.principal;
     let mut builder = HostBuilder::default();
     if let Some(approver) = args.approve.approver() {
         builder = builder.with_approver(approver);
