@@ -353,18 +353,12 @@ impl EtcdStore {
         self.deadline(client.update_user(user))
             .await?
             .map_err(|e| match self.map_err(e) {
-                StoreError::Other {
-                    store,
-                    message,
-                    source,
-                } => StoreError::Other {
-                    store,
-                    message: format!(
+                error @ StoreError::Other { .. } => error.map_message(|message| {
+                    format!(
                         "cannot log in as etcd user `{}`: {message}",
                         login.name.escape_debug()
-                    ),
-                    source,
-                },
+                    )
+                }),
                 other => other,
             })?;
         login.fresh.store(true, Ordering::Release);
@@ -398,24 +392,10 @@ impl EtcdStore {
             _ => String::new(),
         };
         match map_err(&self.describe, e) {
-            StoreError::Other {
-                store,
-                message,
-                source,
-            } => StoreError::Other {
-                store,
-                message: message + &hint,
-                source,
-            },
-            StoreError::Unreachable {
-                store,
-                message,
-                source,
-            } => StoreError::Unreachable {
-                store,
-                message: message + self.tls_hint.unwrap_or_default(),
-                source,
-            },
+            error @ StoreError::Other { .. } => error.map_message(|message| message + &hint),
+            error @ StoreError::Unreachable { .. } => {
+                error.map_message(|message| message + self.tls_hint.unwrap_or_default())
+            }
             other => other,
         }
     }

@@ -241,28 +241,7 @@ fn partly_written(error: StoreError, done: &[String]) -> StoreError {
         return error;
     }
     let written = format!("; written before the failure: {}", done.join(", "));
-    match error {
-        StoreError::Unreachable {
-            store,
-            message,
-            source,
-        } => StoreError::Unreachable {
-            store,
-            message: message + &written,
-            source,
-        },
-        StoreError::Other {
-            store,
-            message,
-            source,
-        } => StoreError::Other {
-            store,
-            message: message + &written,
-            source,
-        },
-        StoreError::Invalid(message) => StoreError::Invalid(message + &written),
-        other => other,
-    }
+    error.map_message(|message| message + &written)
 }
 
 fn kind_dir(kind: DocKind) -> &'static str {

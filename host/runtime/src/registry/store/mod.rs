@@ -121,6 +121,35 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// This error with the message of an `Unreachable`, `Invalid` or `Other` error
+    /// rewritten by `f` (to add context or a fix); other kinds say what they say.
+    pub fn map_message(self, f: impl FnOnce(String) -> String) -> Self {
+        match self {
+            Self::Unreachable {
+                store,
+                message,
+                source,
+            } => Self::Unreachable {
+                store,
+                message: f(message),
+                source,
+            },
+            Self::Other {
+                store,
+                message,
+                source,
+            } => Self::Other {
+                store,
+                message: f(message),
+                source,
+            },
+            Self::Invalid(message) => Self::Invalid(f(message)),
+            other => other,
+        }
+    }
+}
+
 /// A registry store. Implementations must be cheap to share (`Arc<dyn RegistryStore>`).
 pub trait RegistryStore: Send + Sync + fmt::Debug {
     /// Where the store is, for messages and `/readyz` (never with credentials).
