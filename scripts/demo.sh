@@ -50,7 +50,9 @@ stop_node() {
 trap stop_node EXIT
 QUIVER_DEMO_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 export QUIVER_DEMO_TOKEN
-printf '[serve]\ntoken_env = "QUIVER_DEMO_TOKEN"\n' >"$node_dir/quiver.toml"
+# A node runs no record's command and reads no variable for it unless [mcp.launch] says so.
+printf '[serve]\ntoken_env = "QUIVER_DEMO_TOKEN"\n\n[mcp.launch]\ncommands = ["%s"]\nenv = ["QUIVER_FIXTURE_SERVER"]\n' \
+  "$QUIVER_FIXTURE_SERVER" >"$node_dir/quiver.toml"
 target/debug/quiver serve --listen 127.0.0.1:0 --registry fixtures/registry \
   --config "$node_dir/quiver.toml" --audit-log "$node_dir/audit.jsonl" \
   >"$node_dir/stdout" 2>"$node_dir/stderr" &
