@@ -8,7 +8,8 @@
 #   lib     cargo build -p quiver --lib (the library alone, as an embedder builds it); then
 #           the target directory is emptied again
 #   cold    cargo build --tests (the workspace's default members, as `cargo test` builds)
-#   test    cargo test (everything already built, so this is the run itself)
+#   test    cargo test --no-fail-fast (everything already built, so this is the run
+#           itself); a failing test is reported and the time marked `!`, not fatal
 #   incr    touch one file of the chat loop, then cargo build --tests again
 # Each is given as wall seconds and CPU seconds (user + system of all processes), since
 # other work on a shared machine stretches wall time far more than CPU time.
@@ -23,16 +24,22 @@ trap 'rm -rf "$work"' EXIT
 scripts/setup.sh >/dev/null
 
 # "WALL/CPU" seconds of one command; its output goes to a log shown only if it fails.
+# With TOLERATE=1 a failing command (a test flaky on a loaded machine) is timed all the
+# same, marked `!` and its last lines shown, instead of ending the run.
 seconds() {
-  local log timing
+  local log timing mark=""
   log=$(mktemp)
   timing=$(mktemp)
-  { TIMEFORMAT='%0R/%0U/%0S'; time "$@" >"$log" 2>&1; } 2>"$timing" ||
-    { echo "failed in $PWD: $*" >&2; tail -20 "$log" >&2; exit 1; }
+  if ! { TIMEFORMAT='%0R/%0U/%0S'; time "$@" >"$log" 2>&1; } 2>"$timing"; then
+    echo "failed in $PWD: $*" >&2
+    grep -E "^test .* FAILED|^    [a-z_:]+$" "$log" | tail -10 >&2 || tail -20 "$log" >&2
+    [ "${TOLERATE:-0}" = 1 ] || exit 1
+    mark="!"
+  fi
   rm -f "$log"
   IFS=/ read -r wall user sys <"$timing"
   rm -f "$timing"
-  echo "${wall}/$((user + sys))"
+  echo "${wall}/$((user + sys))${mark}"
 }
 
 # The chat loop's file moved with the restructuring; touch whichever exists.
@@ -53,7 +60,7 @@ measure() {
     lib=$(seconds cargo build -p quiver --lib)
     cargo clean >/dev/null 2>&1
     cold=$(seconds cargo build --tests)
-    test=$(seconds cargo test)
+    test=$(TOLERATE=1 seconds cargo test --no-fail-fast)
     touch_chat_loop
     incr=$(seconds cargo build --tests)
     echo "${rev:0:10} (wall/cpu s) lib=${lib} cold=${cold} test=${test} incr=${incr}"
