@@ -72,7 +72,11 @@ fn start_with(config: &str) -> Fixture {
     let node = Node::start_with_args(
         &registry,
         Some(config),
-        &[("PORTAL_TOKEN", PORTAL), ("CI_TOKEN", CI), ("OPS_TOKEN", OPS)],
+        &[
+            ("PORTAL_TOKEN", PORTAL),
+            ("CI_TOKEN", CI),
+            ("OPS_TOKEN", OPS),
+        ],
         &["--audit-log".as_ref(), audit.as_os_str()],
     );
     Fixture {
@@ -108,7 +112,8 @@ impl Fixture {
 
     /// The finished task `id`, read by `ops` (who sees every task).
     async fn finished(&self, id: &str) -> Answer {
-        let done = Node::send(self.as_client(OPS, Method::GET, &format!("/v1/tasks/{id}?wait=60"))).await;
+        let done =
+            Node::send(self.as_client(OPS, Method::GET, &format!("/v1/tasks/{id}?wait=60"))).await;
         assert_eq!(done.json["status"], "finished", "{done:?}");
         done
     }
@@ -172,8 +177,14 @@ async fn principals_bind_servers_and_clients_act_only_for_the_users_they_may() {
     assert_eq!(own.status, 202, "{own:?}");
 
     let outside = submit(PORTAL, "eve-task", Some("eve@evil.test")).await;
-    assert_eq!((outside.status, outside.field()), (403, "principal"), "{outside:?}");
-    let message = outside.json["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(
+        (outside.status, outside.field()),
+        (403, "principal"),
+        "{outside:?}"
+    );
+    let message = outside.json["error"]["message"]
+        .as_str()
+        .unwrap_or_default();
     assert!(
         message.contains("client `portal`") && message.contains("[clients.portal] act_for"),
         "{message}"
@@ -188,31 +199,63 @@ async fn principals_bind_servers_and_clients_act_only_for_the_users_they_may() {
         "{no_act_for:?}"
     );
     let invisible = submit(PORTAL, "x", Some("ann\u{202e}@example.com")).await;
-    assert_eq!((invisible.status, invisible.field()), (400, "principal"), "{invisible:?}");
+    assert_eq!(
+        (invisible.status, invisible.field()),
+        (400, "principal"),
+        "{invisible:?}"
+    );
 
     let mut emitted = Vec::new();
     for answer in [&ann, &bob, &own] {
         let done = f.finished(answer.json["id"].as_str().expect("id")).await;
-        emitted.push(done.json["stderr"].as_str().unwrap_or_default().lines().count());
+        emitted.push(
+            done.json["stderr"]
+                .as_str()
+                .unwrap_or_default()
+                .lines()
+                .count(),
+        );
         assert!(done.json["client"].is_string(), "{done:?}");
     }
-    assert_eq!(emitted, [2, 1, 1], "Ann's calls both ran, the others' one each");
+    assert_eq!(
+        emitted,
+        [2, 1, 1],
+        "Ann's calls both ran, the others' one each"
+    );
 
     // Ann: two calls; Bob and ci: a denial and a call each.
     let lines = audit_lines(&f.audit, 6).await;
     let row = |l: &Value| {
         let s = |k: &str| l[k].as_str().unwrap_or("-").to_owned();
-        (s("event"), s("task_id"), s("principal"), s("client"), s("server_id"))
+        (
+            s("event"),
+            s("task_id"),
+            s("principal"),
+            s("client"),
+            s("server_id"),
+        )
     };
     let mut rows: Vec<_> = lines.iter().map(row).collect();
     rows.sort();
     let r = |e: &str, t: &str, p: &str, c: &str, s: &str| {
-        (e.to_owned(), t.to_owned(), p.to_owned(), c.to_owned(), s.to_owned())
+        (
+            e.to_owned(),
+            t.to_owned(),
+            p.to_owned(),
+            c.to_owned(),
+            s.to_owned(),
+        )
     };
     let mut expected = vec![
         r("tool_call", "ann-task", "ann@example.com", "portal", secret),
         r("tool_call", "ann-task", "ann@example.com", "portal", shared),
-        r("policy_denied", "bob-task", "bob@example.com", "portal", secret),
+        r(
+            "policy_denied",
+            "bob-task",
+            "bob@example.com",
+            "portal",
+            secret,
+        ),
         r("tool_call", "bob-task", "bob@example.com", "portal", shared),
         r("policy_denied", "ci-task", "ci", "ci", secret),
         r("tool_call", "ci-task", "ci", "ci", shared),
@@ -226,8 +269,9 @@ async fn principals_bind_servers_and_clients_act_only_for_the_users_they_may() {
     assert_eq!(denial["reason"], "not_allowed_for_principal", "{denial}");
     let detail = denial["detail"].as_str().unwrap_or_default();
     assert!(
-        detail.contains(&format!("principal `bob@example.com` may not use server `{secret}`"))
-            && detail.contains("[principals.\"*\"] servers"),
+        detail.contains(&format!(
+            "principal `bob@example.com` may not use server `{secret}`"
+        )) && detail.contains("[principals.\"*\"] servers"),
         "{detail}"
     );
 
@@ -239,14 +283,22 @@ async fn principals_bind_servers_and_clients_act_only_for_the_users_they_may() {
         .text()
         .await
         .expect("text");
-    assert!(!metrics.contains("bob@example.com"), "unlisted names get no series");
+    assert!(
+        !metrics.contains("bob@example.com"),
+        "unlisted names get no series"
+    );
     let samples = openmetrics::parse(&metrics);
     let calls = "quiver_mcp_tool_calls_total";
     let of = |server: &str, principal: &str| {
         openmetrics::find(
             &samples,
             calls,
-            &[("server_id", server), ("tool", "echo"), ("outcome", "ok"), ("principal", principal)],
+            &[
+                ("server_id", server),
+                ("tool", "echo"),
+                ("outcome", "ok"),
+                ("principal", principal),
+            ],
         )
     };
     assert_eq!(of(secret, "ann@example.com"), Some(1.0), "{metrics}");
@@ -254,7 +306,10 @@ async fn principals_bind_servers_and_clients_act_only_for_the_users_they_may() {
     let denials = openmetrics::find(
         &samples,
         "quiver_policy_denials_total",
-        &[("reason", "not_allowed_for_principal"), ("principal", "other")],
+        &[
+            ("reason", "not_allowed_for_principal"),
+            ("principal", "other"),
+        ],
     );
     assert_eq!(denials, Some(2.0), "{metrics}");
 
@@ -275,7 +330,11 @@ async fn principals_bind_servers_and_clients_act_only_for_the_users_they_may() {
         let done = f.finished(answer.json["id"].as_str().expect("id")).await;
         let listed = done.json["stderr"].as_str().unwrap_or_default();
         assert!(listed.contains(shared), "{principal}: {listed}");
-        assert_eq!(listed.contains(secret), sees_secret, "{principal}: {listed}");
+        assert_eq!(
+            listed.contains(secret),
+            sees_secret,
+            "{principal}: {listed}"
+        );
     }
 }
 
@@ -286,7 +345,9 @@ async fn a_submit_only_client_sees_and_cancels_only_its_own_tasks() {
     let f = start_with(CLIENTS_ONLY);
     let module = f.upload(quiver_tests::node::LOOP).await;
     let spin = json!({"task_id": "spin", "limits": {"deadline_ms": 60000}});
-    let mine = f.submit(PORTAL, json!({"module": module, "task": spin})).await;
+    let mine = f
+        .submit(PORTAL, json!({"module": module, "task": spin}))
+        .await;
     assert_eq!(mine.status, 202, "{mine:?}");
     let id = mine.json["id"].as_str().expect("id").to_owned();
     let path = format!("/v1/tasks/{id}");
@@ -299,16 +360,32 @@ async fn a_submit_only_client_sees_and_cancels_only_its_own_tasks() {
         (Method::GET, unknown),
     ] {
         let other = Node::send(f.as_client(CI, method.clone(), path)).await;
-        assert_eq!((other.status, other.code()), (404, "not_found"), "{method} {path}: {other:?}");
+        assert_eq!(
+            (other.status, other.code()),
+            (404, "not_found"),
+            "{method} {path}: {other:?}"
+        );
     }
     let seen = Node::send(f.as_client(OPS, Method::GET, &path)).await;
     assert_eq!(seen.status, 200, "{seen:?}");
-    assert_eq!((seen.json["principal"].as_str(), seen.json["client"].as_str()), (Some("portal"), Some("portal")));
+    assert_eq!(
+        (
+            seen.json["principal"].as_str(),
+            seen.json["client"].as_str()
+        ),
+        (Some("portal"), Some("portal"))
+    );
     let own = Node::send(f.as_client(PORTAL, Method::GET, &path)).await;
     assert_eq!(own.status, 200, "{own:?}");
-    assert_ne!(own.json["status"], "cancelled", "ci's DELETE did nothing: {own:?}");
+    assert_ne!(
+        own.json["status"], "cancelled",
+        "ci's DELETE did nothing: {own:?}"
+    );
     let cancelled = Node::send(f.as_client(PORTAL, Method::DELETE, &path)).await;
-    assert_eq!((cancelled.status, cancelled.json["status"].as_str()), (200, Some("cancelled")));
+    assert_eq!(
+        (cancelled.status, cancelled.json["status"].as_str()),
+        (200, Some("cancelled"))
+    );
 }
 
 /// Whatever a guest's task sets (environment variables, config keys that look like a
@@ -329,12 +406,22 @@ async fn a_task_cannot_choose_its_principal() {
     f.finished(answer.json["id"].as_str().expect("id")).await;
     let lines = audit_lines(&f.audit, 1).await;
     assert_eq!(lines.len(), 1, "{lines:?}");
-    assert_eq!((lines[0]["principal"].as_str(), lines[0]["client"].as_str()), (Some("ci"), Some("ci")), "{lines:?}");
+    assert_eq!(
+        (lines[0]["principal"].as_str(), lines[0]["client"].as_str()),
+        (Some("ci"), Some("ci")),
+        "{lines:?}"
+    );
     // A principal field inside the task is not task.json's: refused, not obeyed.
     let mut inside = task("inside", &[&shared]);
     inside["principal"] = json!("ann@example.com");
-    let refused = f.submit(CI, json!({"module": module, "task": inside})).await;
-    assert_eq!((refused.status, refused.field()), (400, "task.principal"), "{refused:?}");
+    let refused = f
+        .submit(CI, json!({"module": module, "task": inside}))
+        .await;
+    assert_eq!(
+        (refused.status, refused.field()),
+        (400, "task.principal"),
+        "{refused:?}"
+    );
 }
 
 /// `quiver run` without `--as` acts as the login name, or `local` without a usable one; a
@@ -346,17 +433,26 @@ fn quiver_run_acts_as_the_login_name_by_default() {
     registry.fixture(&server, &["echo"], "");
     let dir = tempfile::tempdir().expect("tempdir");
     let guest = dir.path().join("calls.wat");
-    std::fs::write(&guest, wat::mcp_calls(&[(&server, "echo", r#"{"text":"x"}"#)], 1)).expect("write");
+    std::fs::write(
+        &guest,
+        wat::mcp_calls(&[(&server, "echo", r#"{"text":"x"}"#)], 1),
+    )
+    .expect("write");
     let task = dir.path().join("task.json");
     std::fs::write(&task, task_json_of(&server)).expect("write");
     let config = dir.path().join("quiver.toml");
     std::fs::write(
         &config,
-        format!("{}\n[principals.tester]\nservers = [\"*\"]\n", fixture_launch_rules()),
+        format!(
+            "{}\n[principals.tester]\nservers = [\"*\"]\n",
+            fixture_launch_rules()
+        ),
     )
     .expect("write");
     let run = |user: Option<&str>| {
-        let audit = dir.path().join(format!("audit-{}.jsonl", user.unwrap_or("none").len()));
+        let audit = dir
+            .path()
+            .join(format!("audit-{}.jsonl", user.unwrap_or("none").len()));
         let mut cmd = Command::new(quiver_cli());
         cmd.arg("run")
             .arg("--registry")
@@ -375,15 +471,31 @@ fn quiver_run_acts_as_the_login_name_by_default() {
             None => cmd.env_remove("USER"),
         };
         let out = cmd.output().expect("quiver run");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let text = std::fs::read_to_string(&audit).expect("audit log");
         let line: Value = serde_json::from_str(text.lines().next().expect("a line")).expect("json");
-        (line["event"].as_str().map(str::to_owned), line["principal"].as_str().map(str::to_owned))
+        (
+            line["event"].as_str().map(str::to_owned),
+            line["principal"].as_str().map(str::to_owned),
+        )
     };
-    assert_eq!(run(Some("tester")), (Some("tool_call".into()), Some("tester".into())));
+    assert_eq!(
+        run(Some("tester")),
+        (Some("tool_call".into()), Some("tester".into()))
+    );
     // `local` has no entry and there is no `*`: it may use nothing.
-    assert_eq!(run(Some("bad\u{7}name")), (Some("policy_denied".into()), Some("local".into())));
-    assert_eq!(run(None), (Some("policy_denied".into()), Some("local".into())));
+    assert_eq!(
+        run(Some("bad\u{7}name")),
+        (Some("policy_denied".into()), Some("local".into()))
+    );
+    assert_eq!(
+        run(None),
+        (Some("policy_denied".into()), Some("local".into()))
+    );
 }
 
 fn task_json_of(server: &str) -> String {

@@ -15,9 +15,8 @@ pub(crate) fn parse(name: &str) -> Result<String, String> {
 /// `given` (`--as`), else the login name in `USER` or `LOGNAME` if it is a valid principal,
 /// else [`LOCAL`].
 pub(crate) fn or_login(given: Option<String>) -> String {
-    given.unwrap_or_else(|| {
-        login(|var| std::env::var(var).ok()).unwrap_or_else(|| LOCAL.to_owned())
-    })
+    given
+        .unwrap_or_else(|| login(|var| std::env::var(var).ok()).unwrap_or_else(|| LOCAL.to_owned()))
 }
 
 /// The first of `USER` and `LOGNAME` that `env` has as a valid principal.
@@ -42,7 +41,10 @@ mod tests {
             }
         };
         assert_eq!(login(env(Some("ann"), Some("bob"))).as_deref(), Some("ann"));
-        assert_eq!(login(env(Some("a\nb"), Some("bob"))).as_deref(), Some("bob"));
+        assert_eq!(
+            login(env(Some("a\nb"), Some("bob"))).as_deref(),
+            Some("bob")
+        );
         assert_eq!(login(env(Some(""), None)), None);
         assert!(parse("x\u{200b}y").is_err());
         assert!(parse(&"a".repeat(129)).is_err());

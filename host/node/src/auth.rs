@@ -241,17 +241,36 @@ mod tests {
             .with_client("ci", "ci-token", &[Role::Submit]);
         let portal = authenticate(&config, &bearing(Some("portal-token"))).expect("portal");
         assert_eq!(
-            portal.principal_for(Some("ann@example.com")).ok().flatten().as_deref(),
+            portal
+                .principal_for(Some("ann@example.com"))
+                .ok()
+                .flatten()
+                .as_deref(),
             Some("ann@example.com")
         );
-        assert_eq!(portal.principal_for(None).ok().flatten().as_deref(), Some("portal"));
-        let refused = portal.principal_for(Some("ann@evil.test")).expect_err("not matched");
+        assert_eq!(
+            portal.principal_for(None).ok().flatten().as_deref(),
+            Some("portal")
+        );
+        let refused = portal
+            .principal_for(Some("ann@evil.test"))
+            .expect_err("not matched");
         assert_eq!(refused.into_response().status(), StatusCode::FORBIDDEN);
         let ci = authenticate(&config, &bearing(Some("ci-token"))).expect("ci");
-        assert_eq!(ci.principal_for(Some("ci")).ok().flatten().as_deref(), Some("ci"));
-        let refused = ci.principal_for(Some("ann@example.com")).expect_err("no act_for");
-        assert!(format!("{refused:?}").contains("[clients.ci] act_for"), "{refused:?}");
-        let bad = portal.principal_for(Some("ann\u{202e}@example.com")).expect_err("bidi");
+        assert_eq!(
+            ci.principal_for(Some("ci")).ok().flatten().as_deref(),
+            Some("ci")
+        );
+        let refused = ci
+            .principal_for(Some("ann@example.com"))
+            .expect_err("no act_for");
+        assert!(
+            format!("{refused:?}").contains("[clients.ci] act_for"),
+            "{refused:?}"
+        );
+        let bad = portal
+            .principal_for(Some("ann\u{202e}@example.com"))
+            .expect_err("bidi");
         assert_eq!(bad.into_response().status(), StatusCode::BAD_REQUEST);
     }
 

@@ -545,7 +545,11 @@ impl NodeConfig {
                 name: name.as_str().into(),
                 token,
                 roles: client.roles.clone(),
-                act_for: client.act_for.iter().map(|p| Pattern::new(p.as_str())).collect(),
+                act_for: client
+                    .act_for
+                    .iter()
+                    .map(|p| Pattern::new(p.as_str()))
+                    .collect(),
                 source: field,
             });
         }
@@ -574,7 +578,11 @@ impl NodeConfig {
                     origin: client.source.clone(),
                 });
             }
-            let act_for: Vec<String> = client.act_for.iter().map(|p| p.as_str().to_owned()).collect();
+            let act_for: Vec<String> = client
+                .act_for
+                .iter()
+                .map(|p| p.as_str().to_owned())
+                .collect();
             if !is_client_name(&client.name)
                 || client.roles.is_empty()
                 || check_act_for(&act_for).is_err()
@@ -726,7 +734,10 @@ mod tests {
             ),
             ("[principals.ci]\nserver = []\n", "principals.ci.server"),
             ("[principals.\" ci\"]\nservers = []\n", "principals. ci"),
-            ("[principals.ci]\nservers = [\"\"]\n", "principals.ci.servers"),
+            (
+                "[principals.ci]\nservers = [\"\"]\n",
+                "principals.ci.servers",
+            ),
         ] {
             let err = clients(toml).expect_err(toml);
             assert!(err.contains(field), "{toml}: {err}");

@@ -142,15 +142,15 @@ pub fn check_principal(name: &str) -> Result<(), String> {
         ));
     }
     if crate::text::printable(name) != name {
-        return Err(
-            "a principal may not hold control or invisible formatting characters".into(),
-        );
+        return Err("a principal may not hold control or invisible formatting characters".into());
     }
     if name.trim() != name {
         return Err("a principal may not begin or end with white space".into());
     }
     if name == "*" {
-        return Err("`*` names the [principals] entry of everyone not listed, not a principal".into());
+        return Err(
+            "`*` names the [principals] entry of everyone not listed, not a principal".into(),
+        );
     }
     Ok(())
 }

@@ -88,10 +88,12 @@ impl TaskMcpConfig {
         principal: Option<PrincipalLayer>,
     ) -> Result<TaskMcpPolicy, TaskPolicyError> {
         if let (Some(layer), Some(name)) = (&principal, &self.profile) {
-            layer.check_profile(name).map_err(|message| TaskPolicyError {
-                key: "mcp.profile",
-                message,
-            })?;
+            layer
+                .check_profile(name)
+                .map_err(|message| TaskPolicyError {
+                    key: "mcp.profile",
+                    message,
+                })?;
         }
         Ok(TaskMcpPolicy {
             principal,

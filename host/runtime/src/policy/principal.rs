@@ -68,7 +68,8 @@ impl PrincipalRules {
     ) -> Result<Self, PrincipalConfigError> {
         let mut entries = BTreeMap::new();
         for (name, entry) in config {
-            let shown = crate::text::printable(crate::text::cut(name, defaults::MAX_PRINCIPAL_BYTES));
+            let shown =
+                crate::text::printable(crate::text::cut(name, defaults::MAX_PRINCIPAL_BYTES));
             if name != EVERYONE {
                 check_principal(name).map_err(|message| PrincipalConfigError {
                     field: format!("principals.{shown}"),

@@ -422,7 +422,11 @@ fn the_principal_layer_narrows_servers_by_entry_then_star_then_nothing() {
             ..task(&["fs", "web"], &["fs", "web"])
         };
         let e = effective(&registry, &t, &SessionRequest::single(&requested));
-        let servers: Vec<String> = e.servers.iter().map(|g| g.entry.server_id().to_owned()).collect();
+        let servers: Vec<String> = e
+            .servers
+            .iter()
+            .map(|g| g.entry.server_id().to_owned())
+            .collect();
         (servers, e.decisions)
     };
     let rules = principals("[alice]\nservers = [\"w*\"]\n[\"*\"]\nservers = [\"fs\"]\n");
@@ -431,7 +435,8 @@ fn the_principal_layer_narrows_servers_by_entry_then_star_then_nothing() {
     assert_eq!(decisions[0].reason, Reason::NotAllowedForPrincipal);
     let detail = &decisions[0].detail;
     assert!(
-        detail.contains("principal `alice` may not use server `fs`") && detail.contains("[principals.alice] servers"),
+        detail.contains("principal `alice` may not use server `fs`")
+            && detail.contains("[principals.alice] servers"),
         "{detail}"
     );
     assert_eq!(granted(&rules, Some("bob")).0, ["fs"]);
@@ -440,7 +445,11 @@ fn the_principal_layer_narrows_servers_by_entry_then_star_then_nothing() {
     assert_eq!(granted(&strict, Some("alice")).0, ["fs", "web"]);
     let (servers, decisions) = granted(&strict, Some("bob"));
     assert!(servers.is_empty());
-    assert!(decisions[0].detail.contains("no entry for it"), "{:?}", decisions[0]);
+    assert!(
+        decisions[0].detail.contains("no entry for it"),
+        "{:?}",
+        decisions[0]
+    );
     assert!(granted(&strict, None).0.is_empty());
     assert_eq!(strict.names().collect::<Vec<_>>(), ["alice"]);
 }
@@ -458,7 +467,12 @@ fn a_profile_outside_the_principals_patterns_is_a_task_config_error() {
         .resolve_for(&registry, Some(rules.layer(Some("alice"))))
         .expect_err("admin is not a read* profile");
     assert_eq!(error.key, "mcp.profile");
-    assert!(error.message.contains("principal `alice` may not use profile `admin`"), "{error}");
+    assert!(
+        error
+            .message
+            .contains("principal `alice` may not use profile `admin`"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -472,6 +486,7 @@ fn principal_entries_are_checked_naming_the_field() {
         let error = PrincipalRules::from_config(&config).expect_err(toml);
         assert_eq!(error.field, field, "{error}");
     }
-    let typo: Result<BTreeMap<String, PrincipalConfig>, _> = toml::from_str("[alice]\nserver = []\n");
+    let typo: Result<BTreeMap<String, PrincipalConfig>, _> =
+        toml::from_str("[alice]\nserver = []\n");
     assert!(typo.is_err());
 }
