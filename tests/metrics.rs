@@ -389,6 +389,50 @@ async fn tool_series_past_the_cap_fold_into_other() {
     host.shutdown().await;
 }
 
+/// With `[principals]` in the host config, the per-call counters carry a `principal` label:
+/// the name of a listed principal, `other` for any other name (or none), so made-up names
+/// add no series (the `*` entry lets them all call).
+#[tokio::test]
+async fn principal_labels_name_only_listed_principals() {
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["*"], "");
+    let config: quiver::HostConfig = toml::from_str(
+        "[principals.ann]\nservers = [\"*\"]\n[principals.\"*\"]\nservers = [\"fix*\"]\n",
+    )
+    .expect("config");
+    let host = host_builder(&registry)
+        .with_config(config, registry.path())
+        .build()
+        .expect("host");
+    let guest = McpGuest::new()
+        .open("fixture")
+        .call("count", json!({}))
+        .build();
+    for principal in [Some("ann"), Some("made-up-1"), Some("made-up-2"), None] {
+        let mut task = mcp_task("labelled", &["fixture"]);
+        task.principal = principal.map(str::to_owned);
+        wat::run_ok(&host, &guest, &task).await;
+    }
+    let samples = scrape(&host);
+    let calls = |principal| {
+        find(
+            &samples,
+            "quiver_mcp_tool_calls_total",
+            &[
+                ("server_id", "fixture"),
+                ("tool", "count"),
+                ("outcome", "ok"),
+                ("principal", principal),
+            ],
+        )
+    };
+    assert_eq!(calls("ann"), Some(1.0));
+    assert_eq!(calls("other"), Some(3.0));
+    let text = host.metrics().encode();
+    assert!(!text.contains("made-up"), "{text}");
+    host.shutdown().await;
+}
+
 const SECRET: &str = "qv-metrics-secret-3141";
 
 /// A crash and a restart: the server gets a new process, one reconnect, a `degraded`

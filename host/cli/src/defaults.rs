@@ -18,7 +18,3 @@ pub const CLI_REGISTRY_MAX_BYTES: usize = quiver::defaults::REGISTRY_STORE_MAX_L
 /// Characters of a node's error body `quiver mcp status --node` quotes (controls removed):
 /// enough for a JSON error naming its field, not a whole page of HTML.
 pub const CLI_NODE_MAX_ERROR_CHARS: usize = 500;
-
-/// Longest principal `quiver run --as` takes: room for an email address or a service
-/// account's name, short enough for every audit line.
-pub const CLI_MAX_PRINCIPAL_BYTES: usize = 128;

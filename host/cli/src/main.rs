@@ -5,6 +5,7 @@
 //! unreadable task or module); other commands return 1 when they find a problem.
 
 mod defaults;
+mod principal;
 mod registry;
 mod status;
 mod table;
@@ -115,27 +116,13 @@ struct RunArgs {
     #[arg(long, value_enum, default_value = "deny")]
     approve: ApproveMode,
     /// Who the task acts for: its principal, in every audit line, observer event and
-    /// approval request.
-    #[arg(long = "as", value_name = "NAME", value_parser = principal)]
+    /// approval request, and bound by the host config's `[principals]`. Default: the
+    /// login name (USER, LOGNAME), else `local`.
+    #[arg(long = "as", value_name = "NAME", value_parser = principal::parse)]
     principal: Option<String>,
     /// Guest arguments, replacing the task's `args`.
     #[arg(last = true)]
     args: Vec<String>,
-}
-
-/// A principal name that is safe in a log line or an audit record: 1 to
-/// `CLI_MAX_PRINCIPAL_BYTES` bytes, no control or invisible formatting characters.
-fn principal(name: &str) -> Result<String, String> {
-    if name.is_empty() || name.len() > defaults::CLI_MAX_PRINCIPAL_BYTES {
-        return Err(format!(
-            "a principal is 1 to {} bytes",
-            defaults::CLI_MAX_PRINCIPAL_BYTES
-        ));
-    }
-    if quiver::text::printable(name) != name {
-        return Err("a principal may not hold control or invisible formatting characters".into());
-    }
-    Ok(name.to_owned())
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -306,7 +293,7 @@ async fn run(args: RunArgs) -> i32 {
     } else {
         task.with_args(args.args)
     };
-    task.principal = args.principal;
+    task.principal = Some(principal::or_login(args.principal));
     let mut builder = HostBuilder::default();
     if let Some(approver) = args.approve.approver() {
         builder = builder.with_approver(approver);
@@ -719,9 +706,10 @@ async fn mcp_call(
     };
     // A task of its own that may use this one server: every layer but the task's lists
     // (none) applies, as for a guest.
-    let task = TaskSpec::new("quiver-mcp-call")
+    let mut task = TaskSpec::new("quiver-mcp-call")
         .with_config("mcp.enabled", "true")
         .with_config("mcp.default_server_ids", serde_json::json!([server_id]));
+    task.principal = Some(principal::or_login(None));
     let request = ToolCallRequest::new(server_id, tool).with_arguments(arguments);
     let called = host.call_tool(&task, request).await;
     host.shutdown().await;

@@ -23,7 +23,7 @@ use super::auth::{self, Caller};
 use super::body::{Media, field_path, parse_json, read_body};
 use super::error::ApiError;
 use super::modules::TooLarge;
-use super::tasks::Refused;
+use super::tasks::{Refused, Scope};
 use super::{NodeState, admin, guard, web};
 use crate::config::Role;
 use crate::defaults;
@@ -296,9 +296,14 @@ async fn put_module(
 struct SubmitRequest {
     module: String,
     task: Value,
+    /// The end user the task acts for, where the client's `act_for` allows it.
+    #[serde(default)]
+    principal: Option<String>,
 }
 
-/// `POST /v1/tasks`: `{"module": "<sha256>", "task": {…task.json…}}`, queued at once.
+/// `POST /v1/tasks`: `{"module": "<sha256>", "task": {…task.json…}, "principal": "…"}`,
+/// queued at once. The task acts for `principal` (an end user the client's `act_for`
+/// matches) or, without it, for the client; either way its events name the client too.
 async fn submit_task(
     State(state): State<Arc<NodeState>>,
     Extension(caller): Extension<Caller>,
@@ -317,8 +322,10 @@ async fn submit_task(
     let request: SubmitRequest = parse_json(&bytes, "")?;
     let sha256 = normalise_hex(&request.module, 64)
         .ok_or_else(|| ApiError::bad("module", "expected the module's SHA-256, 64 hex digits"))?;
+    let principal = caller.principal_for(request.principal.as_deref())?;
     let mut task = parse_task(request.task)?;
-    task.principal = caller.client.as_deref().map(str::to_owned);
+    task.principal = principal;
+    task.client = caller.client.as_deref().map(str::to_owned);
     let module = state.modules.get(&sha256).ok_or_else(|| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -335,9 +342,10 @@ async fn submit_task(
         ));
     }
     let task_id = task.task_id.clone();
+    let principal = task.principal.clone();
     let id = state
         .tasks
-        .submit(&state.host, &sha256, module, task)
+        .submit(&state.host, &sha256, module, task, caller.client.clone())
         .map_err(|refused| match refused {
             Refused::Full { max } => ApiError::busy(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -349,7 +357,7 @@ async fn submit_task(
             // The drain began while the body was read.
             Refused::Closed => draining(),
         })?;
-    tracing::info!(id, task_id, module = %sha256, client = caller.name(), "task accepted");
+    tracing::info!(id, task_id, module = %sha256, client = caller.name(), principal = principal.as_deref(), "task accepted");
     let mut response = (
         StatusCode::ACCEPTED,
         axum::Json(json!({"id": id, "status": "queued"})),
@@ -399,10 +407,20 @@ fn invalid_task(field: &str, message: &str) -> ApiError {
     ApiError::new(StatusCode::BAD_REQUEST, "invalid_task", message).with_field(field)
 }
 
+/// Whose tasks `caller` may see and cancel: every task with the `observe` role, else only
+/// those it submitted (others are "not found", so their ids tell nothing).
+fn scope(caller: &Caller) -> Scope<'_> {
+    if caller.roles.contains(&Role::Observe) {
+        return Scope::All;
+    }
+    Scope::SubmittedBy(caller.client.as_deref())
+}
+
 /// `GET /v1/tasks/{id}[?wait=SECONDS]`: the task, after waiting up to `wait` (at most
 /// `[serve] max_wait_ms`) for it to end.
 async fn get_task(
     State(state): State<Arc<NodeState>>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, ApiError> {
@@ -410,11 +428,11 @@ async fn get_task(
     let wait = parse_wait(query.as_deref())?.min(state.config.max_wait);
     let (mut view, mut phase) = state
         .tasks
-        .watch(&id)
+        .watch(&id, scope(&caller))
         .ok_or_else(|| ApiError::not_found("task", "id"))?;
     if !wait.is_zero() && !view.status.is_done() {
         let _ = tokio::time::timeout(wait, phase.wait_for(|p| p.is_done())).await;
-        if let Some(latest) = state.tasks.view(&id) {
+        if let Some(latest) = state.tasks.view(&id, scope(&caller)) {
             view = latest;
         }
     }
@@ -425,12 +443,13 @@ async fn get_task(
 /// it ended.
 async fn cancel_task(
     State(state): State<Arc<NodeState>>,
+    Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let id = hex_param(id, "id", 24)?;
     let view = state
         .tasks
-        .cancel(&id, "cancelled by DELETE /v1/tasks/{id}")
+        .cancel(&id, scope(&caller), "cancelled by DELETE /v1/tasks/{id}")
         .ok_or_else(|| ApiError::not_found("task", "id"))?;
     Ok(axum::Json(view).into_response())
 }

@@ -19,6 +19,7 @@ use sha2::{Digest, Sha256};
 use super::NodeState;
 use crate::config::{NodeConfig, Role};
 use crate::error::ApiError;
+use quiver::Pattern;
 
 /// The authenticated client of a request.
 #[derive(Clone, Debug, Serialize)]
@@ -27,12 +28,48 @@ pub(crate) struct Caller {
     /// those in (loopback, no task token).
     pub(crate) client: Option<Arc<str>>,
     pub(crate) roles: Vec<Role>,
+    /// The end users the client may submit tasks for (`[clients.NAME] act_for`).
+    #[serde(skip)]
+    pub(crate) act_for: Arc<[Pattern]>,
 }
 
 impl Caller {
     /// The name audit lines show for this caller.
     pub(crate) fn name(&self) -> &str {
         self.client.as_deref().unwrap_or("anonymous")
+    }
+
+    /// The principal of a task this caller submits naming `user` (or nobody): the user if
+    /// the client's `act_for` matches it, the client itself without a user. A client that
+    /// may not act for `user` is `403` naming the client and the fix; a caller without a
+    /// token `401`.
+    pub(crate) fn principal_for(&self, user: Option<&str>) -> Result<Option<String>, ApiError> {
+        let Some(user) = user else {
+            return Ok(self.client.as_deref().map(str::to_owned));
+        };
+        quiver::check_principal(user).map_err(|message| ApiError::bad("principal", message))?;
+        let Some(client) = &self.client else {
+            return Err(ApiError::unauthorized(
+                "send `Authorization: Bearer <token>` of a client whose `act_for` allows this principal",
+            ));
+        };
+        // Naming itself is not acting for anybody.
+        if user == &**client || self.act_for.iter().any(|p| p.matches(user)) {
+            return Ok(Some(user.to_owned()));
+        }
+        let why = if self.act_for.is_empty() {
+            "has no `act_for`"
+        } else {
+            "has no `act_for` pattern matching it"
+        };
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!(
+                "client `{client}` may not submit tasks for `{user}`: it {why}; add a pattern matching the user to `[clients.{client}] act_for` in the node's quiver.toml, or leave `principal` out to act as the client"
+            ),
+        )
+        .with_field("principal"))
     }
 }
 
@@ -60,6 +97,7 @@ pub(crate) fn authenticate(config: &NodeConfig, request: &Request) -> Result<Cal
         return Ok(Caller {
             client: None,
             roles: open,
+            act_for: Arc::new([]),
         });
     };
     // A node with no client at all has no token to check (as before roles existed).
@@ -67,6 +105,7 @@ pub(crate) fn authenticate(config: &NodeConfig, request: &Request) -> Result<Cal
         return Ok(Caller {
             client: None,
             roles: open,
+            act_for: Arc::new([]),
         });
     }
     let given = header
@@ -92,6 +131,7 @@ pub(crate) fn authenticate(config: &NodeConfig, request: &Request) -> Result<Cal
     Ok(Caller {
         client: Some(client.name.clone()),
         roles,
+        act_for: client.act_for.clone(),
     })
 }
 
@@ -191,6 +231,47 @@ mod tests {
         assert!(authenticate(&config, &bearing(Some("ops-token "))).is_ok());
         assert!(authenticate(&config, &bearing(Some("ops-tokens"))).is_err());
         assert!(authenticate(&config, &bearing(None)).is_err());
+    }
+
+    #[test]
+    fn a_client_acts_for_the_users_its_act_for_matches_only() {
+        let config = config()
+            .with_client("portal", "portal-token", &[Role::Submit])
+            .with_act_for("portal", &["*@example.com"])
+            .with_client("ci", "ci-token", &[Role::Submit]);
+        let portal = authenticate(&config, &bearing(Some("portal-token"))).expect("portal");
+        assert_eq!(
+            portal
+                .principal_for(Some("ann@example.com"))
+                .ok()
+                .flatten()
+                .as_deref(),
+            Some("ann@example.com")
+        );
+        assert_eq!(
+            portal.principal_for(None).ok().flatten().as_deref(),
+            Some("portal")
+        );
+        let refused = portal
+            .principal_for(Some("ann@evil.test"))
+            .expect_err("not matched");
+        assert_eq!(refused.into_response().status(), StatusCode::FORBIDDEN);
+        let ci = authenticate(&config, &bearing(Some("ci-token"))).expect("ci");
+        assert_eq!(
+            ci.principal_for(Some("ci")).ok().flatten().as_deref(),
+            Some("ci")
+        );
+        let refused = ci
+            .principal_for(Some("ann@example.com"))
+            .expect_err("no act_for");
+        assert!(
+            format!("{refused:?}").contains("[clients.ci] act_for"),
+            "{refused:?}"
+        );
+        let bad = portal
+            .principal_for(Some("ann\u{202e}@example.com"))
+            .expect_err("bidi");
+        assert_eq!(bad.into_response().status(), StatusCode::BAD_REQUEST);
     }
 
     #[test]

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use quiver::ApprovalQueue;
 use quiver::HostConfig;
+use quiver::Pattern;
 use quiver::config::{ConfigError, read_section};
 
 use super::ServeError;
@@ -167,7 +168,8 @@ pub const SERVE_TOKEN_ROLES: [Role; 2] = [Role::Submit, Role::Observe];
 pub const ADMIN_TOKEN_ROLES: [Role; 1] = [Role::Registry];
 
 /// `[clients.NAME]` in `quiver.toml`: a named client, its token and its roles. The name
-/// goes into audit lines (as a task's `principal`, or who decided an approval).
+/// goes into audit lines (as a task's `client`, its `principal` unless the client names an
+/// end user, or who decided an approval).
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct ClientConfig {
@@ -175,6 +177,33 @@ pub struct ClientConfig {
     pub token_env: String,
     /// One or more of `submit`, `registry`, `approve`, `observe`.
     pub roles: Vec<Role>,
+    /// Patterns (`*`, `?`) of the end users the client may submit tasks for (the
+    /// submission's `principal`); empty: its tasks act for the client itself.
+    #[serde(default)]
+    pub act_for: Vec<String>,
+}
+
+/// Why `patterns` cannot be a client's `act_for`: each 1 to `MAX_PATTERN_BYTES` bytes,
+/// printable, at most `MAX_TASK_PATTERNS` of them.
+fn check_act_for(patterns: &[String]) -> Result<(), String> {
+    use quiver::defaults::{MAX_PATTERN_BYTES, MAX_TASK_PATTERNS};
+    if patterns.len() > MAX_TASK_PATTERNS {
+        return Err(format!(
+            "{} patterns; at most {MAX_TASK_PATTERNS} are allowed (use `*` to cover many)",
+            patterns.len()
+        ));
+    }
+    for pattern in patterns {
+        if pattern.is_empty()
+            || pattern.len() > MAX_PATTERN_BYTES
+            || quiver::text::printable(pattern) != *pattern
+        {
+            return Err(format!(
+                "each pattern is 1 to {MAX_PATTERN_BYTES} printable bytes naming users, e.g. \"*@example.com\""
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Whether `name` may name a client: 1 to 64 letters, digits, `_`, `-` and `.`, so it is
@@ -212,6 +241,8 @@ fn check_clients(clients: &BTreeMap<String, ClientConfig>) -> Result<(), (String
                     .to_owned(),
             ));
         }
+        check_act_for(&client.act_for)
+            .map_err(|message| (format!("clients.{name}.act_for"), message))?;
     }
     Ok(())
 }
@@ -293,6 +324,8 @@ pub(crate) struct Client {
     pub(crate) name: Arc<str>,
     pub(crate) token: Token,
     pub(crate) roles: Vec<Role>,
+    /// The end users it may submit tasks for (`[clients.NAME] act_for`).
+    pub(crate) act_for: Arc<[Pattern]>,
     /// The config field or builder that made it, e.g. `clients.ci.token_env`.
     pub(crate) source: String,
 }
@@ -302,6 +335,7 @@ impl Client {
             name: name.into(),
             token,
             roles: roles.to_vec(),
+            act_for: Arc::new([]),
             source: source.to_owned(),
         }
     }
@@ -467,8 +501,29 @@ impl NodeConfig {
             name: name.into(),
             token,
             roles: roles.to_vec(),
+            act_for: Arc::new([]),
             source: format!("NodeConfig::with_client({name:?})"),
         });
+        self
+    }
+
+    /// Lets the client `name` (added before) submit tasks for the end users `patterns`
+    /// match, as `[clients.NAME] act_for` does. Naming no such client, or a pattern
+    /// [`Node::bind`](super::Node::bind) would not take (empty, longer than
+    /// `MAX_PATTERN_BYTES`, not printable), makes `bind` fail.
+    pub fn with_act_for(mut self, name: &str, patterns: &[&str]) -> Self {
+        let patterns: Arc<[Pattern]> = patterns.iter().map(|p| Pattern::new(*p)).collect();
+        match self.clients.iter_mut().find(|c| &*c.name == name) {
+            Some(client) => client.act_for = patterns,
+            // A client without a token, so `bind` fails naming this call.
+            None => self.clients.push(Client {
+                name: name.into(),
+                token: Token(String::new()),
+                roles: Vec::new(),
+                act_for: patterns,
+                source: format!("NodeConfig::with_act_for({name:?}) without a client {name:?}"),
+            }),
+        }
         self
     }
 
@@ -490,6 +545,11 @@ impl NodeConfig {
                 name: name.as_str().into(),
                 token,
                 roles: client.roles.clone(),
+                act_for: client
+                    .act_for
+                    .iter()
+                    .map(|p| Pattern::new(p.as_str()))
+                    .collect(),
                 source: field,
             });
         }
@@ -518,7 +578,15 @@ impl NodeConfig {
                     origin: client.source.clone(),
                 });
             }
-            if !is_client_name(&client.name) || client.roles.is_empty() {
+            let act_for: Vec<String> = client
+                .act_for
+                .iter()
+                .map(|p| p.as_str().to_owned())
+                .collect();
+            if !is_client_name(&client.name)
+                || client.roles.is_empty()
+                || check_act_for(&act_for).is_err()
+            {
                 return Err(ServeError::BadClient {
                     origin: client.source.clone(),
                 });
@@ -655,6 +723,20 @@ mod tests {
             (
                 "[clients.\"a b\"]\ntoken_env = \"X\"\nroles = [\"submit\"]\n",
                 "clients.a b",
+            ),
+            (
+                "[clients.ci]\ntoken_env = \"CI\"\nroles = [\"submit\"]\nact_for = [\"\"]\n",
+                "clients.ci.act_for",
+            ),
+            (
+                "[clients.ci]\ntoken_env = \"CI\"\nroles = [\"submit\"]\nact_for = [\"a\\u0007\"]\n",
+                "clients.ci.act_for",
+            ),
+            ("[principals.ci]\nserver = []\n", "principals.ci.server"),
+            ("[principals.\" ci\"]\nservers = []\n", "principals. ci"),
+            (
+                "[principals.ci]\nservers = [\"\"]\n",
+                "principals.ci.servers",
             ),
         ] {
             let err = clients(toml).expect_err(toml);

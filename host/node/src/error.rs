@@ -46,7 +46,7 @@ pub enum ServeError {
     #[error("{origin}: the token is empty; give the client a non-blank token")]
     BlankToken { origin: String },
     #[error(
-        "{origin}: a client's name is 1 to 64 letters, digits, `_`, `-` and `.`, and it holds one or more roles"
+        "{origin}: a client's name is 1 to 64 letters, digits, `_`, `-` and `.`, it holds one or more roles, and each of its act_for patterns is 1 to 256 printable bytes (at most 256 of them)"
     )]
     BadClient { origin: String },
     #[error("{first} and {second} both name the client `{name}`; give each client its own name")]

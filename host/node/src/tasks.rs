@@ -4,6 +4,9 @@
 //! cut to a bound, and cancelling aborts the Tokio task, which drops the run's future and
 //! so gives its queue place or running slot back at once.
 //!
+//! A record remembers the client that submitted it: a client holding only `submit` sees,
+//! waits for and cancels its own tasks alone ([`Scope`]).
+//!
 //! A drain closes the table ([`TaskTable::close`]): the check and the insert of a
 //! submission happen under the same lock as the close, so a request that was let in before
 //! the drain but submits after it is refused, never started behind the drain's back. A
@@ -46,6 +49,12 @@ pub(crate) struct TaskView {
     pub(crate) id: String,
     pub(crate) task_id: String,
     pub(crate) module: String,
+    /// Who the task acts for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) principal: Option<String>,
+    /// The client that submitted it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) client: Option<String>,
     pub(crate) status: TaskPhase,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) exit_code: Option<i32>,
@@ -90,12 +99,31 @@ pub(crate) struct FailureView {
 
 struct Record {
     view: TaskView,
+    /// The client that submitted it (`None`: a caller without a token).
+    owner: Option<Arc<str>>,
     phase: watch::Sender<TaskPhase>,
     abort: Option<AbortHandle>,
     /// When it ended, for the TTL.
     ended: Option<Instant>,
     /// Order of submission, to forget the oldest finished first.
     seq: u64,
+}
+
+/// Which tasks a caller may see and cancel.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Scope<'a> {
+    All,
+    /// Only those this client submitted (`None`: a caller without a token).
+    SubmittedBy(Option<&'a str>),
+}
+
+impl Scope<'_> {
+    fn covers(self, record: &Record) -> bool {
+        match self {
+            Scope::All => true,
+            Scope::SubmittedBy(client) => record.owner.as_deref() == client,
+        }
+    }
 }
 
 /// Why a submission was refused.
@@ -166,6 +194,7 @@ impl TaskTable {
         module_sha: &str,
         module: GuestModule,
         task: TaskSpec,
+        owner: Option<Arc<str>>,
     ) -> Result<String, Refused> {
         let id = self.new_id();
         let mut records = self.lock();
@@ -184,6 +213,8 @@ impl TaskTable {
             id: id.clone(),
             task_id: task.task_id.clone(),
             module: module_sha.to_owned(),
+            principal: task.principal.clone(),
+            client: task.client.clone(),
             status: TaskPhase::Queued,
             exit_code: None,
             stdout: String::new(),
@@ -210,6 +241,7 @@ impl TaskTable {
             id.clone(),
             Record {
                 view,
+                owner,
                 phase,
                 abort: Some(handle.abort_handle()),
                 ended: None,
@@ -310,24 +342,33 @@ impl TaskTable {
         (String::from_utf8_lossy(kept).into_owned(), cut)
     }
 
-    /// The task's view and a receiver of its phase changes, if it exists.
-    pub(crate) fn watch(&self, id: &str) -> Option<(TaskView, watch::Receiver<TaskPhase>)> {
+    /// The task's view and a receiver of its phase changes, if it exists in `scope`.
+    pub(crate) fn watch(
+        &self,
+        id: &str,
+        scope: Scope<'_>,
+    ) -> Option<(TaskView, watch::Receiver<TaskPhase>)> {
         self.lock()
             .by_id
             .get(id)
+            .filter(|r| scope.covers(r))
             .map(|r| (r.view.clone(), r.phase.subscribe()))
     }
 
-    /// The task's view, if it exists.
-    pub(crate) fn view(&self, id: &str) -> Option<TaskView> {
-        self.lock().by_id.get(id).map(|r| r.view.clone())
+    /// The task's view, if it exists in `scope`.
+    pub(crate) fn view(&self, id: &str, scope: Scope<'_>) -> Option<TaskView> {
+        self.lock()
+            .by_id
+            .get(id)
+            .filter(|r| scope.covers(r))
+            .map(|r| r.view.clone())
     }
 
-    /// Cancels a queued or running task at once; a task already done is left as it is.
-    /// Its view after, if it exists.
-    pub(crate) fn cancel(&self, id: &str, why: &str) -> Option<TaskView> {
+    /// Cancels a queued or running task in `scope` at once; a task already done is left as
+    /// it is. Its view after, if it exists in `scope`.
+    pub(crate) fn cancel(&self, id: &str, scope: Scope<'_>, why: &str) -> Option<TaskView> {
         let mut records = self.lock();
-        let record = records.by_id.get_mut(id)?;
+        let record = records.by_id.get_mut(id).filter(|r| scope.covers(r))?;
         if !record.view.status.is_done() {
             Self::cancel_record(id, record, why);
             self.ended.notify_waiters();

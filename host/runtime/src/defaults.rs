@@ -215,6 +215,10 @@ pub const MAX_SERVER_ID_BYTES: usize = 64;
 /// Longest `task_id`, in bytes: it is in every log and audit line of the task.
 pub const MAX_TASK_ID_BYTES: usize = 128;
 
+/// Longest principal name, in bytes ([`check_principal`](crate::check_principal)): room
+/// for an email address or a service account's name, short enough for every audit line.
+pub const MAX_PRINCIPAL_BYTES: usize = 128;
+
 /// Longest MCP tool name, in bytes: the MCP spec's limit (SEP-986: 1 to 128 characters of
 /// `A-Za-z0-9_-.`, so bytes and characters agree). A longer name from a guest is `-EINVAL`;
 /// the connection's table of pending requests keeps no more of any name.

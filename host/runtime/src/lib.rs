@@ -87,7 +87,7 @@ pub use observe::{
     ApprovalDecided, ArgumentsSummary, AuditLog, Metrics, PolicyDenial, ToolCall, ToolCallEnd,
     ToolKind, ToolObserver, ToolOutcome, Via,
 };
-pub use policy::{Layer, PolicyReport, Reason};
+pub use policy::{Layer, Pattern, PolicyReport, PrincipalConfig, Reason};
 pub use quiver_abi::Errno;
 pub use sandbox::SandboxSetupError;
-pub use task::{GuestLogs, Preopen, TaskError, TaskSpec};
+pub use task::{GuestLogs, Preopen, TaskError, TaskSpec, check_principal};

@@ -115,11 +115,44 @@ pub struct TaskSpec {
     /// Where the guest's `log` lines go.
     #[serde(skip)]
     pub guest_logs: GuestLogs,
-    /// Who submitted the task (a node sets its authenticated client's name); written into
-    /// every tool-call and denial event and approval request of the task. Never read from
-    /// task.json or a request body, and out of the guest's reach.
+    /// Who the task acts for (a node sets its authenticated client's name, or the end
+    /// user that client names where `[clients.NAME] act_for` allows it); written into
+    /// every tool-call and denial event and approval request of the task, and bound by
+    /// the host config's `[principals]`. Never read from task.json, and out of the guest's
+    /// reach. Checked by [`check_principal`].
     #[serde(skip)]
     pub principal: Option<String>,
+    /// The client that submitted the task for its principal (a node's `[clients.NAME]`),
+    /// in the same events beside the principal; `None` outside a node.
+    #[serde(skip)]
+    pub client: Option<String>,
+}
+
+/// Whether `name` may be a principal (or a client's name in events): 1 to
+/// [`defaults::MAX_PRINCIPAL_BYTES`] bytes, no control or invisible formatting characters
+/// (it is written into every log and audit line of its tasks), and not `*` (the
+/// `[principals]` entry of everyone not listed). The one rule of the CLI, the node and the
+/// host config; the error says what is wrong.
+pub fn check_principal(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > defaults::MAX_PRINCIPAL_BYTES {
+        return Err(format!(
+            "a principal is 1 to {} bytes, not {}",
+            defaults::MAX_PRINCIPAL_BYTES,
+            name.len()
+        ));
+    }
+    if crate::text::printable(name) != name {
+        return Err("a principal may not hold control or invisible formatting characters".into());
+    }
+    if name.trim() != name {
+        return Err("a principal may not begin or end with white space".into());
+    }
+    if name == "*" {
+        return Err(
+            "`*` names the [principals] entry of everyone not listed, not a principal".into(),
+        );
+    }
+    Ok(())
 }
 
 /// Where a task's `log` lines go. Guests use `log` as their `printf`, so by default a line is
@@ -159,6 +192,7 @@ impl TaskSpec {
             capture_output: false,
             guest_logs: GuestLogs::Stderr,
             principal: None,
+            client: None,
         }
     }
 
@@ -246,6 +280,11 @@ impl TaskSpec {
                 field: "limits.host_memory_bytes",
                 message: "must be greater than 0; omit it for the host's default".into(),
             });
+        }
+        for (field, name) in [("principal", &self.principal), ("client", &self.client)] {
+            if let Some(name) = name {
+                check_principal(name).map_err(|message| TaskError::Field { field, message })?;
+            }
         }
         self.mcp_config()?;
         Ok(())

@@ -95,6 +95,7 @@ impl Approvals {
             id: next_id(),
             task_id: call.task_id.into(),
             principal: call.observers.principal().cloned(),
+            client: call.observers.client().cloned(),
             session_fd: call.session_fd,
             via: call.via,
             server_id: call.entry.server_id().to_owned(),
@@ -103,10 +104,11 @@ impl Approvals {
             requested_at,
             expires_at: requested_at.checked_add(shown).unwrap_or(requested_at),
         };
-        let (id, task_id, principal) = (
+        let (id, task_id, principal, client) = (
             request.id.clone(),
             request.task_id.clone(),
             request.principal.clone(),
+            request.client.clone(),
         );
         tracing::info!(task_id = call.task_id, server_id = call.entry.server_id(), tool = call.tool, approval_id = %id, "waiting for approval");
         let task_ends_first = shown < timeout;
@@ -144,6 +146,7 @@ impl Approvals {
             id,
             task_id,
             principal,
+            client,
             via: call.via,
             server_id: call.entry.server_id().to_owned(),
             tool: call.tool.to_owned(),

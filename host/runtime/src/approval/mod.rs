@@ -39,6 +39,11 @@ pub struct ApprovalRequest {
     /// the approver sees whose call it decides.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub principal: Option<Arc<str>>,
+    /// The client that submitted the task for its principal
+    /// ([`TaskSpec::client`](crate::TaskSpec::client)): a node's client; set
+    /// by the host like the principal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<Arc<str>>,
     /// The guest fd the call came through: the MCP session or the chat session; `None`
     /// (and absent from JSON) for a library call.
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -138,6 +138,7 @@ mod tests {
             id: "1".into(),
             task_id: Arc::from("t"),
             principal: None,
+            client: None,
             session_fd: Some(3),
             via: Via::Chat,
             server_id: "fs".into(),

@@ -13,6 +13,7 @@ fn request_of(task_id: &str, id: &str) -> ApprovalRequest {
         id: id.into(),
         task_id: Arc::from(task_id),
         principal: None,
+        client: None,
         session_fd: Some(3),
         via: Via::McpCall,
         server_id: "fs".into(),

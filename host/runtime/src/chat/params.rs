@@ -364,6 +364,7 @@ pub(super) mod tests {
             allowed_server_ids: vec!["fs".into(), "git".into()],
             narrowing: Narrowing::default(),
             profile: None,
+            principal: None,
         }
     }
 

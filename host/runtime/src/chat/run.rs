@@ -451,6 +451,7 @@ fn observed_guest_call(ctx: &SendContext<'_>, planned: &Planned<'_>) -> observe:
         task_id: ctx.task_id.into(),
         // Set by the observers from the task's.
         principal: None,
+        client: None,
         session_fd: Some(ctx.session_fd),
         via: Via::Chat,
         kind: ToolKind::Guest,

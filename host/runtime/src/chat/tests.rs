@@ -183,6 +183,7 @@ impl Case {
                 name: "p".into(),
                 narrowing: same_lists(lists(allow.as_deref(), deny)),
             }),
+            principal: None,
         }
     }
 

@@ -506,7 +506,17 @@ impl HostBuilder {
             &self.config_origin,
             recorder,
         )?;
-        let metrics = Metrics::new(self.max_metric_tool_series);
+        let principals = self
+            .config
+            .principal_rules()
+            .map_err(|e| ConfigError::new(file, e.field, e.message))?
+            .map(Arc::new);
+        let metrics = Metrics::new(
+            self.max_metric_tool_series,
+            principals
+                .as_ref()
+                .map(|rules| rules.names().map(str::to_owned).collect()),
+        );
         metrics.registry_loaded(registry.revision());
         let runtime = Runtime::<TaskState>::new(options, task_state::add_to_linker).map_err(|e| {
             HostError::Engine {
@@ -565,6 +575,7 @@ impl HostBuilder {
                 observers: observers.preceded_by(Arc::new(metrics.clone())),
                 metrics,
                 audit,
+                principals,
             }),
         };
         let weak = Arc::downgrade(&host.inner);

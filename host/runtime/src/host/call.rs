@@ -59,7 +59,8 @@ pub struct CallRefusal {
     pub reason: Reason,
     /// The layer that refused: that of the filter, or the one a server-level reason comes
     /// from (`unknown_server` and `deny_all_server` the registry, `not_allowed_by_task`
-    /// and `disabled` the task); `None` for the approval reasons.
+    /// and `disabled` the task, `not_allowed_for_principal` the principal); `None` for the
+    /// approval reasons.
     pub layer: Option<Layer>,
     pub detail: String,
 }
@@ -243,6 +244,7 @@ fn grant(
     let layer = match reason {
         Reason::UnknownServer | Reason::DenyAllServer => Some(Layer::Registry),
         Reason::NotAllowedByTask | Reason::Disabled => Some(Layer::Task),
+        Reason::NotAllowedForPrincipal => Some(Layer::Principal),
         _ => None,
     };
     Err(ToolCallError::Denied(CallRefusal {

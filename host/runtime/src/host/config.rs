@@ -46,6 +46,11 @@
 //! [mcp.launch]                           # what stdio records may run and read
 //! commands = ["/opt/mcp/bin/*"]          # absolute paths or patterns
 //! env = ["GITHUB_TOKEN"]                 # variables ${ENV:..} and env_from may read
+//! [principals.alice]                    # what a task's principal may use (docs/policy.md)
+//! servers = ["github", "docs-*"]         # server id patterns
+//! profiles = ["readonly"]                # profile patterns for mcp.profile
+//! [principals."*"]                       # everyone else; no entry at all: nothing
+//! servers = ["docs-*"]
 //! [tasks]                                # admission control (HostBuilder overrides it)
 //! max_concurrent = 1024                  # tasks running at once
 //! queue_capacity = 16384                 # tasks waiting for a slot; more get "host busy"
@@ -66,6 +71,7 @@ use serde::Deserialize;
 use crate::chat::llm::BackendConfig;
 use crate::config::{ConfigError, read_section};
 use crate::mcp::{AuthConfig, EgressConfig, EgressPolicy, LaunchRules, McpHostConfig};
+use crate::policy::{PrincipalConfig, PrincipalRules};
 
 /// `quiver.toml` as the host reads it.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -88,6 +94,9 @@ pub struct HostConfig {
     /// How many tasks run at once and how many may wait.
     #[serde(default)]
     pub tasks: TasksConfig,
+    /// The servers and profiles each principal may use (the policy capability's); absent,
+    /// principals are not a policy layer.
+    pub principals: Option<BTreeMap<String, PrincipalConfig>>,
 }
 
 /// `[tasks]`: admission control. Unset fields take their `defaults`; `HostBuilder` options
@@ -154,6 +163,16 @@ impl TasksConfig {
 }
 
 impl HostConfig {
+    /// `[principals]`, checked; `None` without the section.
+    pub(crate) fn principal_rules(
+        &self,
+    ) -> Result<Option<PrincipalRules>, crate::policy::PrincipalConfigError> {
+        self.principals
+            .as_ref()
+            .map(PrincipalRules::from_config)
+            .transpose()
+    }
+
     /// Reads `quiver.toml`; a section the host does not know is an error.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         Self::load_with_sections(path, &[]).map(|(config, _)| config)
@@ -195,6 +214,8 @@ impl HostConfig {
         self.tasks
             .check()
             .map_err(|(field, message)| ConfigError::new(path, field, message))?;
+        self.principal_rules()
+            .map_err(|e| ConfigError::new(path, e.field, e.message))?;
         for (name, backend) in &self.backends {
             backend.check().map_err(|(field, message)| {
                 ConfigError::new(path, format!("backends.{name}.{field}"), message)

@@ -32,7 +32,7 @@ use crate::chat::tools::ToolSet;
 use crate::chat::{ChatSession, ChatTask};
 use crate::mcp::{McpPool, McpTask, PoolLimits, PoolUsage, ServerStatus};
 use crate::observe::{AuditLog, Metrics, Observers};
-use crate::policy::{self, PolicyReport, SessionRequest};
+use crate::policy::{self, PolicyReport, PrincipalRules, SessionRequest};
 use crate::registry::{Registry, RegistryStore};
 pub use crate::sandbox::{
     GuestMemoryExhausted, GuestMemoryStatus, HostMemoryStatus, HostMemoryUse, ModuleOrigin,
@@ -75,6 +75,8 @@ struct HostInner {
     approvals: Approvals,
     metrics: Metrics,
     audit: Option<Arc<AuditLog>>,
+    /// The host config's `[principals]`, the policy layer of every task's principal.
+    principals: Option<Arc<PrincipalRules>>,
 }
 
 /// A runtime for many concurrent tasks. Clones share everything.
@@ -461,10 +463,22 @@ impl Host {
     /// The MCP side of `task`: the current registry snapshot, the task layer of policy
     /// resolved against it (profiles applied), and the pool.
     fn mcp_task(&self, task: &TaskSpec) -> Result<McpTask, TaskError> {
+        // An embedder's principal is checked as a node's or the CLI's is.
+        for (field, name) in [("principal", &task.principal), ("client", &task.client)] {
+            if let Some(name) = name {
+                crate::task::check_principal(name)
+                    .map_err(|message| TaskError::Field { field, message })?;
+            }
+        }
         let registry = self.registry();
+        let principal = self
+            .inner
+            .principals
+            .as_ref()
+            .map(|rules| rules.layer(task.principal.as_deref()));
         let policy = task
             .mcp_config()?
-            .resolve(&registry)
+            .resolve_for(&registry, principal)
             .map_err(|e| TaskError::Config {
                 key: e.key.into(),
                 message: e.message,
@@ -477,7 +491,7 @@ impl Host {
             observers: self
                 .inner
                 .observers
-                .for_principal(task.principal.as_deref()),
+                .for_principal(task.principal.as_deref(), task.client.as_deref()),
             approvals: self.inner.approvals.clone(),
         })
     }

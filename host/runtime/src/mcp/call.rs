@@ -70,6 +70,7 @@ impl Origin {
             task_id: task_id.clone(),
             // Set by the observers from the task's.
             principal: None,
+            client: None,
             session_fd: self.session_fd,
             action,
             via: Some(via),
@@ -148,6 +149,7 @@ pub(crate) async fn run(
         task_id: origin.task_id.clone(),
         // Set by the observers from the task's.
         principal: None,
+        client: None,
         session_fd: origin.session_fd,
         via: origin.via,
         kind: ToolKind::Mcp {

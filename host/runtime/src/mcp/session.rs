@@ -51,6 +51,7 @@ impl McpTask {
             task_id: task_id.into(),
             // Set by the observers from the task's.
             principal: None,
+            client: None,
             session_fd: None,
             action: hostcall,
             via: None,

@@ -1,5 +1,5 @@
 //! The audit log: one JSON line per finished tool call, per policy denial and per approval
-//! decision, saying who called what (the task and its `principal`), how it ended and with
+//! decision, saying who called what (the task, its `principal` and the `client` that submitted it), how it ended and with
 //! what shape of arguments, and who decided a call that waited for approval.
 //!
 //! Observers run on the task's path, so the log never writes there: each event is queued
@@ -481,6 +481,7 @@ mod tests {
         ToolCall {
             task_id: "flood".into(),
             principal: None,
+            client: None,
             session_fd: Some(3),
             via: Via::McpCall,
             kind: ToolKind::Mcp {

@@ -123,6 +123,11 @@ pub struct ToolCall {
     /// by the host for every event of the task.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub principal: Option<Arc<str>>,
+    /// The client that submitted the task for its principal
+    /// ([`TaskSpec::client`](crate::TaskSpec::client)): a node's client; set
+    /// by the host like the principal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<Arc<str>>,
     /// The guest fd the call came through: the MCP session or the chat session; `None`
     /// (and absent from JSON) for a library call.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -213,6 +218,11 @@ pub struct PolicyDenial {
     /// Who submitted the task; set by the host for every event of the task.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub principal: Option<Arc<str>>,
+    /// The client that submitted the task for its principal
+    /// ([`TaskSpec::client`](crate::TaskSpec::client)): a node's client; set
+    /// by the host like the principal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<Arc<str>>,
     /// The guest fd involved, when there is one (`mcp_open` has none yet, nor has a
     /// library call).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -247,6 +257,7 @@ impl PolicyDenial {
         Self {
             task_id,
             principal: None,
+            client: None,
             session_fd: Some(session_fd),
             action,
             via: None,
@@ -277,6 +288,11 @@ pub struct ApprovalDecided {
     /// Who submitted the task.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub principal: Option<Arc<str>>,
+    /// The client that submitted the task for its principal
+    /// ([`TaskSpec::client`](crate::TaskSpec::client)): a node's client; set
+    /// by the host like the principal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<Arc<str>>,
     pub via: Via,
     pub server_id: String,
     pub tool: String,

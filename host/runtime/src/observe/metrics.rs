@@ -14,8 +14,13 @@
 //! series of every other server (the registry bounds the server ids). Guest tools (functions
 //! a guest registered with its chat session) count with `server_id=""`, a bucket of their
 //! own under the same cap.
+//!
+//! Where the host config has `[principals]`, the per-call counters (tool calls, policy
+//! denials) also carry a `principal` label: the principal's name if it has an entry of its
+//! own there, else `other`, so a flood of made-up names cannot add series. Without the
+//! section they carry no such label.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -36,6 +41,11 @@ use crate::text::cut;
 pub const OTHER_TOOL: &str = "_other";
 
 type Labels<const N: usize> = [(&'static str, String); N];
+/// The labels of a per-call counter: fixed ones, then `principal` where it is bounded.
+type CallLabels = Vec<(&'static str, String)>;
+
+/// The `principal` label of a principal without an entry of its own in `[principals]`.
+pub const OTHER_PRINCIPAL: &str = "other";
 type Histograms = Family<Labels<2>, Histogram, fn() -> Histogram>;
 /// A per-server counter read at scrape time: name, help, value.
 type ServerCounter = (&'static str, &'static str, fn(&ServerGauges) -> u64);
@@ -52,14 +62,17 @@ pub struct Metrics {
 
 struct Inner {
     registry: Registry,
-    tool_calls: Family<Labels<3>, Counter>,
+    tool_calls: Family<CallLabels, Counter>,
     tool_duration: Histograms,
     tool_output: Histograms,
     tasks: Family<Labels<1>, Counter>,
     llm_requests: Family<Labels<2>, Counter>,
     llm_tokens: Family<Labels<2>, Counter>,
     budget_hits: Family<Labels<1>, Counter>,
-    policy_denials: Family<Labels<1>, Counter>,
+    policy_denials: Family<CallLabels, Counter>,
+    /// The principals labelled by name (those listed in `[principals]`); `None`: no
+    /// `principal` label at all.
+    principals: Option<BTreeSet<String>>,
     /// The tools given their own series so far, by server id (`""`: guest tools).
     series: Mutex<HashMap<String, HashSet<String>>>,
     /// Tools with their own series per server id.
@@ -119,13 +132,14 @@ impl Metrics {
     pub const CONTENT_TYPE: &'static str =
         "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-    /// Metrics keeping at most `max_tool_series` tool series per server id.
-    pub(crate) fn new(max_tool_series: usize) -> Self {
+    /// Metrics keeping at most `max_tool_series` tool series per server id, labelling the
+    /// per-call counters with `principals` by name (others as `other`) if given.
+    pub(crate) fn new(max_tool_series: usize, principals: Option<BTreeSet<String>>) -> Self {
         let mut registry = Registry::default();
         let tool_calls = Family::default();
         registry.register(
             "quiver_mcp_tool_calls",
-            "Tool calls by server (\"\" for guest tools), tool and outcome (ok, tool_error, error, timeout, cancelled)",
+            "Tool calls by server (\"\" for guest tools), tool and outcome (ok, tool_error, error, timeout, cancelled), and principal where [principals] lists it",
             tool_calls.clone(),
         );
         let tool_duration: Histograms =
@@ -173,7 +187,7 @@ impl Metrics {
         let policy_denials = Family::default();
         registry.register(
             "quiver_policy_denials",
-            "Servers or tools policy refused to a task, by reason",
+            "Servers or tools policy refused to a task, by reason, and principal where [principals] lists it",
             policy_denials.clone(),
         );
         let live = Arc::new(Live::default());
@@ -189,6 +203,7 @@ impl Metrics {
                 llm_tokens,
                 budget_hits,
                 policy_denials,
+                principals,
                 series: Mutex::new(HashMap::new()),
                 max_series: max_tool_series,
                 live,
@@ -276,13 +291,25 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// The `principal` label of an event of `principal`, if the host labels principals.
+    fn principal_label(&self, principal: Option<&str>) -> Option<(&'static str, String)> {
+        let listed = self.inner.principals.as_ref()?;
+        let name = principal
+            .filter(|name| listed.contains(*name))
+            .unwrap_or(OTHER_PRINCIPAL);
+        Some(("principal", name.to_owned()))
+    }
+}
+
 impl ToolObserver for Metrics {
     fn after_tool_call(&self, call: &ToolCall, end: &ToolCallEnd) {
         let server_id = call.server_id().unwrap_or("");
         let tool = self.tool_label(server_id, &call.tool);
         let series = [("server_id", server_id.to_owned()), ("tool", tool)];
         let [server, tool] = series.clone();
-        let counted = [server, tool, ("outcome", end.outcome.label().to_owned())];
+        let mut counted = vec![server, tool, ("outcome", end.outcome.label().to_owned())];
+        counted.extend(self.principal_label(call.principal.as_deref()));
         self.inner.tool_calls.get_or_create(&counted).inc();
         self.inner
             .tool_duration
@@ -299,10 +326,9 @@ impl ToolObserver for Metrics {
             .ok()
             .and_then(|v| v.as_str().map(str::to_owned))
             .unwrap_or_default();
-        self.inner
-            .policy_denials
-            .get_or_create(&[("reason", reason)])
-            .inc();
+        let mut labels = vec![("reason", reason)];
+        labels.extend(self.principal_label(denial.principal.as_deref()));
+        self.inner.policy_denials.get_or_create(&labels).inc();
     }
 }
 
@@ -404,6 +430,7 @@ mod tests {
         ToolCall {
             task_id: "t".into(),
             principal: None,
+            client: None,
             session_fd: Some(3),
             via: Via::McpCall,
             kind: server_id.map_or(ToolKind::Guest, |s| ToolKind::Mcp {
@@ -428,7 +455,7 @@ mod tests {
     /// series keep it, and guest tools count with an empty server id.
     #[test]
     fn tool_series_are_capped_and_named_as_documented() {
-        let metrics = Metrics::new(2);
+        let metrics = Metrics::new(2, None);
         for tool in ["a", "b", "c", "d", "a"] {
             metrics.after_tool_call(&call(Some("s"), tool), &end(ToolOutcome::Ok));
         }
@@ -455,7 +482,7 @@ mod tests {
     /// own): another server's tools still get their series.
     #[test]
     fn the_series_cap_is_per_server() {
-        let metrics = Metrics::new(2);
+        let metrics = Metrics::new(2, None);
         for tool in ["made", "up", "names", "galore"] {
             metrics.after_tool_call(&call(None, tool), &end(ToolOutcome::Ok));
             metrics.after_tool_call(&call(Some("s"), tool), &end(ToolOutcome::Ok));
@@ -470,5 +497,28 @@ mod tests {
         ] {
             assert!(text.contains(line), "no {line} in\n{text}");
         }
+    }
+
+    /// Only principals listed in `[principals]` get a series of their own; any other name
+    /// (or none) counts as `other`.
+    #[test]
+    fn principal_labels_are_bounded_by_the_listed_names() {
+        let listed = ["alice".to_owned()].into_iter().collect();
+        let metrics = Metrics::new(2, Some(listed));
+        for principal in [Some("alice"), Some("mallory-1"), Some("mallory-2"), None] {
+            let call = ToolCall {
+                principal: principal.map(Into::into),
+                ..call(Some("s"), "a")
+            };
+            metrics.after_tool_call(&call, &end(ToolOutcome::Ok));
+        }
+        let text = metrics.encode();
+        for line in [
+            r#"quiver_mcp_tool_calls_total{server_id="s",tool="a",outcome="ok",principal="alice"} 1"#,
+            r#"quiver_mcp_tool_calls_total{server_id="s",tool="a",outcome="ok",principal="other"} 3"#,
+        ] {
+            assert!(text.contains(line), "no {line} in\n{text}");
+        }
+        assert!(!text.contains("mallory"), "{text}");
     }
 }

@@ -47,6 +47,8 @@ pub struct Observers {
     all: Arc<[Arc<dyn ToolObserver>]>,
     /// Stamped on every event, so no emitting site can leave it out.
     principal: Option<Arc<str>>,
+    /// The client that submitted the task, stamped beside it.
+    client: Option<Arc<str>>,
 }
 
 impl fmt::Debug for Observers {
@@ -60,21 +62,29 @@ impl Observers {
         Self {
             all: observers.into(),
             principal: None,
+            client: None,
         }
     }
 
-    /// These observers for one task of `principal`: each event they get names it.
+    /// These observers for one task of `principal`, submitted by `client`: each event
+    /// they get names both.
     #[must_use]
-    pub(crate) fn for_principal(&self, principal: Option<&str>) -> Self {
+    pub(crate) fn for_principal(&self, principal: Option<&str>, client: Option<&str>) -> Self {
         Self {
             all: self.all.clone(),
             principal: principal.map(Arc::from),
+            client: client.map(Arc::from),
         }
     }
 
     /// The principal stamped on every event.
     pub(crate) fn principal(&self) -> Option<&Arc<str>> {
         self.principal.as_ref()
+    }
+
+    /// The submitting client stamped on every event.
+    pub(crate) fn client(&self) -> Option<&Arc<str>> {
+        self.client.as_ref()
     }
 
     /// `observer` and then these observers.
@@ -96,6 +106,7 @@ impl Observers {
     /// Reports `call` as started; the returned guard reports its end.
     pub(crate) fn start(&self, mut call: ToolCall) -> ObservedCall {
         call.principal = self.principal.clone();
+        call.client = self.client.clone();
         for observer in self.all.iter() {
             observer.before_tool_call(&call);
         }
@@ -109,15 +120,15 @@ impl Observers {
 
     pub fn policy_denied(&self, denial: &PolicyDenial) {
         let stamped;
-        let denial = match &self.principal {
-            Some(principal) => {
-                stamped = PolicyDenial {
-                    principal: Some(principal.clone()),
-                    ..denial.clone()
-                };
-                &stamped
-            }
-            None => denial,
+        let denial = if self.principal.is_some() || self.client.is_some() {
+            stamped = PolicyDenial {
+                principal: self.principal.clone(),
+                client: self.client.clone(),
+                ..denial.clone()
+            };
+            &stamped
+        } else {
+            denial
         };
         for observer in self.all.iter() {
             observer.policy_denied(denial);

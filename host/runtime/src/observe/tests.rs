@@ -23,6 +23,7 @@ fn call(tool: &str) -> ToolCall {
     ToolCall {
         task_id: "t".into(),
         principal: None,
+        client: None,
         session_fd: Some(3),
         via: Via::McpCall,
         kind: ToolKind::Mcp {

@@ -4,6 +4,8 @@
 //! request, and answers with what is granted and why everything else is not. It never does
 //! I/O. Each layer only narrows the one above it:
 //!
+//! 0. the **principal** (operator, the host config's `[principals]`, see [`PrincipalRules`]):
+//!    the servers and profiles the task's principal may use; absent, it narrows nothing;
 //! 1. the **registry** (platform): a server must be registered, and its `allowed_tools`,
 //!    `allowed_resources` and `allowed_prompts` bound every task (empty means deny all);
 //! 2. the **task** (`task.json` config, optionally through a registry **profile**):
@@ -12,7 +14,7 @@
 //! 3. the **session** (a chat session's params, or an `mcp_open` fd's server and its
 //!    `mcp_set_param` lists).
 //!
-//! Effective servers = requested ∩ task-allowed ∩ registry; per server, each of the tool,
+//! Effective servers = requested ∩ task-allowed ∩ principal-allowed ∩ registry; per server, each of the tool,
 //! resource and prompt filters is registry allowlist ∩ profile allowlist ∩ task allowlist ∩
 //! session allowlist, and every denylist is a final veto. [`effective`] is the one function
 //! every path goes through: `mcp_open` and the registry views, chat tool injection, and the
@@ -20,6 +22,7 @@
 
 mod filter;
 mod pattern;
+mod principal;
 mod report;
 
 use std::fmt;
@@ -29,6 +32,7 @@ use serde::Serialize;
 
 pub use filter::{Kind, ListKey, Lists, Narrowing, PromptFilter, ResourceFilter, ToolFilter};
 pub use pattern::Pattern;
+pub use principal::{PrincipalConfig, PrincipalConfigError, PrincipalLayer, PrincipalRules};
 pub use report::PolicyReport;
 
 use crate::registry::{ApprovalPolicy, Registry, ServerEntry};
@@ -46,6 +50,8 @@ pub struct TaskMcpPolicy {
     pub narrowing: Narrowing,
     /// The profile named by `mcp.profile`, if any.
     pub profile: Option<TaskProfile>,
+    /// The principal layer; `None` when the host config has no `[principals]`.
+    pub principal: Option<PrincipalLayer>,
 }
 
 /// What a profile adds to the filters, as its own layer.
@@ -74,6 +80,27 @@ pub struct TaskPolicyError {
 }
 
 impl TaskMcpConfig {
+    /// [`TaskMcpConfig::resolve`] under the principal layer (`None`: no `[principals]`):
+    /// a profile the principal may not name is an error on `mcp.profile` saying so.
+    pub fn resolve_for(
+        &self,
+        registry: &Registry,
+        principal: Option<PrincipalLayer>,
+    ) -> Result<TaskMcpPolicy, TaskPolicyError> {
+        if let (Some(layer), Some(name)) = (&principal, &self.profile) {
+            layer
+                .check_profile(name)
+                .map_err(|message| TaskPolicyError {
+                    key: "mcp.profile",
+                    message,
+                })?;
+        }
+        Ok(TaskMcpPolicy {
+            principal,
+            ..self.resolve(registry)?
+        })
+    }
+
     /// Applies the profile (if any) and checks the server sets. Without a profile, absent
     /// allowed servers equal the defaults. With one, the profile's servers are the
     /// ceiling: the task may narrow it, never widen it.
@@ -144,6 +171,7 @@ impl TaskMcpConfig {
             allowed_server_ids: allowed,
             narrowing: self.narrowing.clone(),
             profile,
+            principal: None,
         })
     }
 }
@@ -169,6 +197,7 @@ impl TaskMcpPolicy {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Layer {
+    Principal,
     Registry,
     Profile,
     Task,
@@ -178,6 +207,7 @@ pub enum Layer {
 impl fmt::Display for Layer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
+            Layer::Principal => "principal",
             Layer::Registry => "registry",
             Layer::Profile => "profile",
             Layer::Task => "task",
@@ -289,6 +319,8 @@ pub enum Reason {
     UnknownServer,
     /// The server is outside the task's `mcp.allowed_server_ids` (or profile).
     NotAllowedByTask,
+    /// The host config's `[principals]` does not let the task's principal use the server.
+    NotAllowedForPrincipal,
     /// MCP is disabled by the task or the session.
     Disabled,
     /// The chat session does not enable the server (its `mcp.server_ids`).
@@ -448,7 +480,8 @@ impl Effective {
     }
 }
 
-/// The effective policy of one session: requested ∩ task-allowed ∩ registry, each server
+/// The effective policy of one session: requested ∩ task-allowed ∩ principal-allowed ∩
+/// registry, each server
 /// with its tool filter, and a decision for every requested server left out.
 pub fn effective(
     registry: &Registry,
@@ -494,6 +527,11 @@ pub fn effective(
                 Reason::NotAllowedByTask,
                 "not in the task's mcp.allowed_server_ids".into(),
             ));
+            continue;
+        }
+        if let Some(Err(detail)) = task.principal.as_ref().map(|p| p.check_server(id)) {
+            out.decisions
+                .push(deny(Reason::NotAllowedForPrincipal, detail));
             continue;
         }
         if entry.record.allowed_tools.is_empty() {

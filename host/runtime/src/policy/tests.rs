@@ -45,6 +45,7 @@ fn task(allowed: &[&str], defaults: &[&str]) -> TaskMcpPolicy {
         allowed_server_ids: ids(allowed),
         narrowing: Narrowing::default(),
         profile: None,
+        principal: None,
     }
 }
 
@@ -395,4 +396,97 @@ fn every_layer_narrows_resources_and_prompts_and_a_denylist_vetoes() {
     );
     // Tools are untouched by resource and prompt lists.
     assert!(narrowed.tools.permits("args-prompt"));
+}
+
+fn principals(toml: &str) -> PrincipalRules {
+    let config: BTreeMap<String, PrincipalConfig> = toml::from_str(toml).expect("toml");
+    PrincipalRules::from_config(&config).expect("rules")
+}
+
+/// The principal layer only narrows: a server the task allows but the principal may not
+/// use is left out with a reason naming the principal, the server and the entry to edit;
+/// unlisted principals get `*`, and without `*` nothing.
+#[test]
+fn the_principal_layer_narrows_servers_by_entry_then_star_then_nothing() {
+    let registry = Registry::from_entries(
+        vec![
+            entry("fs", &["*"], &[], true),
+            entry("web", &["*"], &[], true),
+        ],
+        vec![],
+    );
+    let requested = ids(&["fs", "web"]);
+    let granted = |rules: &PrincipalRules, who: Option<&str>| {
+        let t = TaskMcpPolicy {
+            principal: Some(rules.layer(who)),
+            ..task(&["fs", "web"], &["fs", "web"])
+        };
+        let e = effective(&registry, &t, &SessionRequest::single(&requested));
+        let servers: Vec<String> = e
+            .servers
+            .iter()
+            .map(|g| g.entry.server_id().to_owned())
+            .collect();
+        (servers, e.decisions)
+    };
+    let rules = principals("[alice]\nservers = [\"w*\"]\n[\"*\"]\nservers = [\"fs\"]\n");
+    let (servers, decisions) = granted(&rules, Some("alice"));
+    assert_eq!(servers, ["web"]);
+    assert_eq!(decisions[0].reason, Reason::NotAllowedForPrincipal);
+    let detail = &decisions[0].detail;
+    assert!(
+        detail.contains("principal `alice` may not use server `fs`")
+            && detail.contains("[principals.alice] servers"),
+        "{detail}"
+    );
+    assert_eq!(granted(&rules, Some("bob")).0, ["fs"]);
+    assert_eq!(granted(&rules, None).0, ["fs"]);
+    let strict = principals("[alice]\nservers = [\"*\"]\n");
+    assert_eq!(granted(&strict, Some("alice")).0, ["fs", "web"]);
+    let (servers, decisions) = granted(&strict, Some("bob"));
+    assert!(servers.is_empty());
+    assert!(
+        decisions[0].detail.contains("no entry for it"),
+        "{:?}",
+        decisions[0]
+    );
+    assert!(granted(&strict, None).0.is_empty());
+    assert_eq!(strict.names().collect::<Vec<_>>(), ["alice"]);
+}
+
+#[test]
+fn a_profile_outside_the_principals_patterns_is_a_task_config_error() {
+    let registry = Registry::from_entries(vec![entry("fs", &["*"], &[], true)], vec![]);
+    let rules = principals("[alice]\nservers = [\"*\"]\nprofiles = [\"read*\"]\n");
+    let config = TaskMcpConfig {
+        enabled: true,
+        profile: Some("admin".into()),
+        ..TaskMcpConfig::default()
+    };
+    let error = config
+        .resolve_for(&registry, Some(rules.layer(Some("alice"))))
+        .expect_err("admin is not a read* profile");
+    assert_eq!(error.key, "mcp.profile");
+    assert!(
+        error
+            .message
+            .contains("principal `alice` may not use profile `admin`"),
+        "{error}"
+    );
+}
+
+#[test]
+fn principal_entries_are_checked_naming_the_field() {
+    for (toml, field) in [
+        ("[\"a\\u0007\"]\nservers = []\n", "principals.a\\x07"),
+        ("[alice]\nservers = [\"\"]\n", "principals.alice.servers"),
+        ("[alice]\nprofiles = [\"\"]\n", "principals.alice.profiles"),
+    ] {
+        let config: BTreeMap<String, PrincipalConfig> = toml::from_str(toml).expect("toml");
+        let error = PrincipalRules::from_config(&config).expect_err(toml);
+        assert_eq!(error.field, field, "{error}");
+    }
+    let typo: Result<BTreeMap<String, PrincipalConfig>, _> =
+        toml::from_str("[alice]\nserver = []\n");
+    assert!(typo.is_err());
 }

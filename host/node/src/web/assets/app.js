@@ -700,6 +700,15 @@
     return `${keys.join(', ') || '(no keys)'}${more}; ${bytes}`;
   }
 
+  // Who a waiting call acts for, and the client that submitted it when that is someone else.
+  function whoFor(request) {
+    const principal = request.principal || '—';
+    if (request.client && request.client !== request.principal) {
+      return `${principal} (via ${request.client})`;
+    }
+    return principal;
+  }
+
   function approvalRow(request) {
     const id = text(request.id);
     const what = `${text(request.tool)} of task ${text(request.task_id)}`;
@@ -712,7 +721,7 @@
       'tr',
       { attrs: { 'data-approval-id': id } },
       el('td', { text: request.task_id, className: 'task' }),
-      el('td', { text: request.principal || '—', className: 'principal' }),
+      el('td', { text: whoFor(request), className: 'principal' }),
       el('td', { text: request.server_id, className: 'server' }),
       el('td', { text: request.tool, className: 'tool' }),
       el('td', { text: argumentShape(request.arguments), className: 'arguments' }),
