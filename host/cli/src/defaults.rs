@@ -22,3 +22,11 @@ pub const CLI_NODE_MAX_ERROR_CHARS: usize = 500;
 /// Longest principal `quiver run --as` takes: room for an email address or a service
 /// account's name, short enough for every audit line.
 pub const CLI_MAX_PRINCIPAL_BYTES: usize = 128;
+
+/// How long `quiver mcp login` (and `--open-with`) waits for the browser to come back from
+/// the authorization server, and for the `--open-with` command to exit.
+pub const LOGIN_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Redirects to the loopback listener kept until a flow reads them; more are dropped (a
+/// flow needs one).
+pub const LOGIN_CALLBACKS_QUEUED: usize = 4;

@@ -5,6 +5,7 @@
 //! unreadable task or module); other commands return 1 when they find a problem.
 
 mod defaults;
+mod login;
 mod registry;
 mod status;
 mod table;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use quiver::config::{ConfigError, ConfigOrigin};
 use quiver::registry::{Registry, ServerEntry};
 use quiver::telemetry::{self, LogFormat};
-use quiver::{AllowAll, ApprovalQueue, Approver, TerminalApprover};
+use quiver::{AllowAll, ApprovalQueue, Approver, DirGrantStore, TerminalApprover};
 use quiver::{Host, HostBuilder, StoreFollower, TaskSpec, ToolCallRequest};
 use quiver_node::{EtcdAccess, Node, NodeConfig, NodeFileConfig, RegistrySource};
 
@@ -164,6 +165,8 @@ enum McpCommand {
     Tools {
         server_id: String,
         #[command(flatten)]
+        identity: Identity,
+        #[command(flatten)]
         source: ServerSource,
     },
     /// Call one tool of a server and print the result. The call is made as a task that
@@ -179,6 +182,29 @@ enum McpCommand {
         /// (/dev/tty), deny them, or allow them.
         #[arg(long, value_enum, default_value = "deny")]
         approve: ApproveMode,
+        #[command(flatten)]
+        identity: Identity,
+        #[command(flatten)]
+        source: ServerSource,
+    },
+    /// Authorize a server that asks for a user's authorization (its credential is an
+    /// `[auth.NAME]` with kind = "oauth_authorization_code") for a principal: prints the
+    /// authorization URL (and opens it with --open-with), waits for the browser to come
+    /// back to a loopback listener, and keeps the grant under the registry's `.grants/`.
+    Login {
+        server_id: String,
+        #[command(flatten)]
+        identity: Identity,
+        #[command(flatten)]
+        source: ServerSource,
+    },
+    /// Forget a principal's authorization of a server (its tokens and client
+    /// registration). Exits 1 if there was none.
+    Logout {
+        server_id: String,
+        /// Whose authorization: default the OS login name.
+        #[arg(long = "as", value_name = "NAME", value_parser = principal)]
+        principal: Option<String>,
         #[command(flatten)]
         source: ServerSource,
     },
@@ -201,6 +227,29 @@ enum McpCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Whom an `mcp` command acts for, and how a person is asked to authorize.
+#[derive(clap::Args)]
+struct Identity {
+    /// The principal: picks its grant for a server with user authorization (default the
+    /// OS login name).
+    #[arg(long = "as", value_name = "NAME", value_parser = principal)]
+    principal: Option<String>,
+    /// Opens the authorization URL with this command (run as `CMD URL`, e.g. `xdg-open`)
+    /// when the server needs a person's authorization. On `call` and `tools`, only with
+    /// this flag does a missing grant or a request for more scopes start the flow;
+    /// without it they fail and say to run `quiver mcp login`.
+    #[arg(long, value_name = "CMD")]
+    open_with: Option<String>,
+}
+
+impl Identity {
+    fn principal(&self) -> String {
+        self.principal
+            .clone()
+            .unwrap_or_else(login::default_principal)
+    }
 }
 
 #[derive(clap::Args)]
@@ -257,16 +306,32 @@ fn main() -> ExitCode {
     let status = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run(args).await,
-            Command::Mcp(McpCommand::Tools { server_id, source }) => {
-                mcp_tools(&server_id, source).await
-            }
+            Command::Mcp(McpCommand::Tools {
+                server_id,
+                identity,
+                source,
+            }) => mcp_tools(&server_id, identity, source).await,
             Command::Mcp(McpCommand::Call {
                 server_id,
                 tool,
                 args,
                 approve,
+                identity,
                 source,
-            }) => mcp_call(&server_id, &tool, &args, approve, source).await,
+            }) => mcp_call(&server_id, &tool, &args, approve, identity, source).await,
+            Command::Mcp(McpCommand::Login {
+                server_id,
+                identity,
+                source,
+            }) => mcp_login(&server_id, identity, source).await,
+            Command::Mcp(McpCommand::Logout {
+                server_id,
+                principal,
+                source,
+            }) => {
+                let principal = principal.unwrap_or_else(login::default_principal);
+                mcp_logout(&server_id, &principal, source).await
+            }
             Command::Mcp(McpCommand::Status {
                 registry,
                 config,
@@ -621,10 +686,11 @@ fn fail(error: impl std::fmt::Display) -> i32 {
 
 /// A host on `source` for one server (asking `approver` about calls that need approval),
 /// or the exit status to give up with.
-fn server_host(
+async fn server_host(
     server_id: &str,
     source: &ServerSource,
     approver: Option<Arc<dyn Approver>>,
+    ask_person: Option<Option<String>>,
 ) -> Result<(Host, Arc<ServerEntry>), i32> {
     let registry = Registry::load_dir(&source.registry).map_err(fail)?;
     let Some(entry) = registry.get(server_id).cloned() else {
@@ -643,7 +709,18 @@ fn server_host(
         );
         return Err(1);
     };
-    let mut builder = Host::builder().with_registry(registry).without_disk_cache();
+    let mut builder = Host::builder()
+        .with_registry(registry)
+        .without_disk_cache()
+        .with_grant_store(Arc::new(DirGrantStore::new(
+            source.registry.join(GRANTS_DIR),
+        )));
+    if let Some(open_with) = ask_person {
+        let authorizer = login::LoopbackAuthorizer::start(open_with)
+            .await
+            .map_err(|e| fail(format!("cannot listen on loopback for the login: {e}")))?;
+        builder = builder.with_user_authorizer(authorizer);
+    }
     if let Some(config) = &source.config {
         builder = with_config_file(builder, config).map_err(fail)?.0;
     }
@@ -653,15 +730,21 @@ fn server_host(
     Ok((builder.build().map_err(fail)?, entry))
 }
 
-async fn mcp_tools(server_id: &str, source: ServerSource) -> i32 {
-    let (host, entry) = match server_host(server_id, &source, None) {
+async fn mcp_tools(server_id: &str, identity: Identity, source: ServerSource) -> i32 {
+    let ask = identity.open_with.clone().map(Some);
+    let (host, entry) = match server_host(server_id, &source, None, ask).await {
         Ok(found) => found,
         Err(status) => return status,
     };
+    let principal = identity.principal();
+    let principal = Some(principal.as_str());
     // What a task could be offered (after allowed_tools), and the whole listing, for
     // what the registry hides; the second answer comes from the pool's tools cache.
-    let listed = match host.preview_tools(server_id).await {
-        Ok(visible) => host.server_tools(server_id).await.map(|all| (visible, all)),
+    let listed = match host.preview_tools_as(server_id, principal).await {
+        Ok(visible) => host
+            .server_tools_as(server_id, principal)
+            .await
+            .map(|all| (visible, all)),
         Err(e) => Err(e),
     };
     host.shutdown().await;
@@ -704,6 +787,7 @@ async fn mcp_call(
     tool: &str,
     args: &str,
     approve: ApproveMode,
+    identity: Identity,
     source: ServerSource,
 ) -> i32 {
     let arguments = match serde_json::from_str::<serde_json::Value>(args) {
@@ -713,15 +797,17 @@ async fn mcp_call(
             return 2;
         }
     };
-    let (host, _) = match server_host(server_id, &source, approve.approver()) {
+    let ask = identity.open_with.clone().map(Some);
+    let (host, _) = match server_host(server_id, &source, approve.approver(), ask).await {
         Ok(found) => found,
         Err(status) => return status,
     };
     // A task of its own that may use this one server: every layer but the task's lists
     // (none) applies, as for a guest.
-    let task = TaskSpec::new("quiver-mcp-call")
+    let mut task = TaskSpec::new("quiver-mcp-call")
         .with_config("mcp.enabled", "true")
         .with_config("mcp.default_server_ids", serde_json::json!([server_id]));
+    task.principal = Some(identity.principal());
     let request = ToolCallRequest::new(server_id, tool).with_arguments(arguments);
     let called = host.call_tool(&task, request).await;
     host.shutdown().await;
@@ -729,6 +815,55 @@ async fn mcp_call(
         Ok(output) => {
             println!("{}", String::from_utf8_lossy(&output.json));
             i32::from(output.result.is_error == Some(true))
+        }
+        Err(e) => {
+            eprintln!("quiver: {e}");
+            1
+        }
+    }
+}
+
+/// Where the `mcp` commands keep user grants: beside the records, in a directory the
+/// registry loader skips (it reads files only) and only this user may enter.
+const GRANTS_DIR: &str = ".grants";
+
+async fn mcp_login(server_id: &str, identity: Identity, source: ServerSource) -> i32 {
+    let (host, _) = match server_host(server_id, &source, None, Some(identity.open_with.clone()))
+        .await
+    {
+        Ok(found) => found,
+        Err(status) => return status,
+    };
+    let principal = identity.principal();
+    let authorized = host.authorize_server(server_id, &principal).await;
+    host.shutdown().await;
+    match authorized {
+        Ok(()) => {
+            eprintln!("quiver: `{principal}` authorized server `{server_id}`");
+            0
+        }
+        Err(e) => {
+            eprintln!("quiver: {e}");
+            1
+        }
+    }
+}
+
+async fn mcp_logout(server_id: &str, principal: &str, source: ServerSource) -> i32 {
+    let (host, _) = match server_host(server_id, &source, None, None).await {
+        Ok(found) => found,
+        Err(status) => return status,
+    };
+    let revoked = host.revoke_server(server_id, principal).await;
+    host.shutdown().await;
+    match revoked {
+        Ok(true) => {
+            eprintln!("quiver: forgot `{principal}`'s authorization of server `{server_id}`");
+            0
+        }
+        Ok(false) => {
+            eprintln!("quiver: `{principal}` had not authorized server `{server_id}`");
+            1
         }
         Err(e) => {
             eprintln!("quiver: {e}");

@@ -70,7 +70,7 @@ impl McpPool {
             return Err(cancelled());
         }
         let opened = tokio::select! {
-            opened = self.connector.open(&slot.entry, serial, process_permit) => opened,
+            opened = self.connector.open(&slot.entry, serial, process_permit, slot.principal.as_deref()) => opened,
             () = shut_down => return Err(cancelled()),
         };
         match opened {
