@@ -203,8 +203,12 @@ impl UserToken {
                 Ok(tokens) => {
                     return Ok(tokens.access_token().secret().clone());
                 }
-                Err(RmcpAuthError::AuthorizationRequired | RmcpAuthError::TokenRefreshRejected(_)) => {}
-                Err(e) => return Err(self.rmcp(e)),
+                // The authorization server could not be asked: the grant stands, so no
+                // person is bothered for it.
+                Err(e @ RmcpAuthError::TokenRefreshFailed(_)) => return Err(self.rmcp(e)),
+                // No refresh token, a refused one, or no client any more (the server
+                // moved to another authorization server): a person authorizes again.
+                Err(_) => {}
             }
         }
         let ready = guard.take().expect("ready() set it");
