@@ -712,9 +712,7 @@ async fn server_host(
     let mut builder = Host::builder()
         .with_registry(registry)
         .without_disk_cache()
-        .with_grant_store(Arc::new(DirGrantStore::new(
-            source.registry.join(GRANTS_DIR),
-        )));
+        .with_grant_store(Arc::new(DirGrantStore::in_registry(&source.registry)));
     if let Some(open_with) = ask_person {
         let authorizer = login::LoopbackAuthorizer::start(open_with)
             .await
@@ -823,17 +821,12 @@ async fn mcp_call(
     }
 }
 
-/// Where the `mcp` commands keep user grants: beside the records, in a directory the
-/// registry loader skips (it reads files only) and only this user may enter.
-const GRANTS_DIR: &str = ".grants";
-
 async fn mcp_login(server_id: &str, identity: Identity, source: ServerSource) -> i32 {
-    let (host, _) = match server_host(server_id, &source, None, Some(identity.open_with.clone()))
-        .await
-    {
-        Ok(found) => found,
-        Err(status) => return status,
-    };
+    let (host, _) =
+        match server_host(server_id, &source, None, Some(identity.open_with.clone())).await {
+            Ok(found) => found,
+            Err(status) => return status,
+        };
     let principal = identity.principal();
     let authorized = host.authorize_server(server_id, &principal).await;
     host.shutdown().await;

@@ -14,8 +14,8 @@ use crate::chat::llm::{Backends, Recorder};
 use crate::config::{ConfigError, ConfigOrigin};
 use crate::defaults;
 use crate::mcp::{
-    AuthSet, EgressPolicy, GrantStore, LaunchRules, McpPool, PoolLimits, RemoteOptions,
-    ServerState, UserAuthorizer,
+    AuthSet, DirGrantStore, EgressPolicy, GrantStore, LaunchRules, McpPool, PoolLimits,
+    RemoteOptions, ServerState, UserAuthorizer,
 };
 use crate::observe::{AuditLog, LiveStatus, Metrics, Observers, ServerGauges, ToolObserver};
 use crate::registry::{Registry, RegistryDirError, RegistryStore, ServerEntry, Severity};
@@ -381,7 +381,8 @@ impl HostBuilder {
     }
 
     /// Keeps user authorizations (`kind = "oauth_authorization_code"` grants) in `store`;
-    /// by default they live in memory and end with the host.
+    /// by default they are files under a registry directory's `.grants/`
+    /// ([`DirGrantStore::in_registry`]), else in memory, ending with the host.
     pub fn with_grant_store(mut self, store: Arc<dyn GrantStore>) -> Self {
         self.user_auth.grant_store = Some(store);
         self
@@ -485,7 +486,12 @@ impl HostBuilder {
             .map_err(|e| ConfigError::new(file, "egress", e.to_string()).with_source(e))?;
         let mut auth = AuthSet::load(&self.config.auth, &self.config_origin.dir)
             .map_err(|e| e.in_file(file))?;
-        if let Some(store) = self.user_auth.grant_store.clone() {
+        // A registry directory keeps its grants beside its records.
+        let grant_store = self.user_auth.grant_store.clone().or_else(|| {
+            let dir = self.registry_dir.as_ref()?;
+            Some(Arc::new(DirGrantStore::in_registry(dir)) as Arc<dyn GrantStore>)
+        });
+        if let Some(store) = grant_store {
             auth = auth.with_grant_store(store);
         }
         if let Some(authorizer) = self.user_auth.authorizer.clone() {

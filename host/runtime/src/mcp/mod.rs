@@ -25,7 +25,8 @@ mod session;
 pub use auth::{
     ApiKeyConfig, AuthConfig, AuthSet, AuthorizationPrompt, AuthorizeError, DirGrantStore, Grant,
     GrantKey, GrantStore, GrantStoreError, MemoryGrantStore, OAuthAuthorizationCodeConfig,
-    OAuthClientCredentialsConfig, Registration, SigningAlg, TokenEndpointAuth, UserAuthorizer,
+    OAuthClientCredentialsConfig, REGISTRY_GRANTS_DIR, Registration, SigningAlg, TokenEndpointAuth,
+    UserAuthorizer,
 };
 pub use egress::{EgressConfig, EgressPolicy};
 pub use error::{McpError, McpErrorCode};

@@ -173,9 +173,18 @@ pub struct DirGrantStore {
     dir: PathBuf,
 }
 
+/// The directory of a registry directory that holds its grants: hidden, so the registry
+/// loader (which reads files only) and its watcher pass it by.
+pub const REGISTRY_GRANTS_DIR: &str = ".grants";
+
 impl DirGrantStore {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self { dir: dir.into() }
+    }
+
+    /// The grants of the registry directory `registry`: `registry/.grants/`.
+    pub fn in_registry(registry: impl AsRef<Path>) -> Self {
+        Self::new(registry.as_ref().join(REGISTRY_GRANTS_DIR))
     }
 
     /// The directory grants go to.
@@ -424,9 +433,7 @@ impl CredentialStore for GrantCredentials {
             .map_err(store_error)
     }
 
-    async fn acquire_refresh_guard(
-        &self,
-    ) -> Result<Option<CredentialRefreshGuard>, RmcpAuthError> {
+    async fn acquire_refresh_guard(&self) -> Result<Option<CredentialRefreshGuard>, RmcpAuthError> {
         let guard = self.grants.lock_of(&self.key).lock_owned().await;
         Ok(Some(CredentialRefreshGuard::new(guard)))
     }
@@ -438,10 +445,7 @@ pub(crate) async fn save_registration(
     key: &GrantKey,
     registration: Registration,
 ) -> Result<(), GrantStoreError> {
-    let mut grant = store
-        .load(key)
-        .await?
-        .unwrap_or_else(|| Grant::empty(key));
+    let mut grant = store.load(key).await?.unwrap_or_else(|| Grant::empty(key));
     if grant
         .registration
         .as_ref()

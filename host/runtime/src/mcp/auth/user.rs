@@ -16,11 +16,11 @@
 
 use std::sync::Arc;
 
+use oauth2::TokenResponse;
 use rmcp::transport::auth::{
     AuthError as RmcpAuthError, AuthorizationManager, AuthorizationRequest, AuthorizationSession,
     WWWAuthenticateParams,
 };
-use oauth2::TokenResponse;
 use serde::Deserialize;
 
 use super::grants::{GrantKey, Grants, Registration, save_registration};
@@ -136,7 +136,7 @@ impl UserToken {
             server_id: self.key.server_id.clone(),
             principal: self.key.principal.clone(),
             auth_ref: self.auth_ref.clone(),
-            problem,
+            problem: Box::new(problem),
         }
     }
 
@@ -476,7 +476,8 @@ fn client_config(
     registration: Registration,
     redirect_uri: String,
 ) -> rmcp::transport::auth::OAuthClientConfig {
-    let config = rmcp::transport::auth::OAuthClientConfig::new(registration.client_id, redirect_uri);
+    let config =
+        rmcp::transport::auth::OAuthClientConfig::new(registration.client_id, redirect_uri);
     match registration.client_secret {
         Some(secret) => config.with_client_secret(secret),
         None => config,
