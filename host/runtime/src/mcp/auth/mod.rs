@@ -572,6 +572,17 @@ fn check_binding_config(
     Ok(())
 }
 
+impl AuthError {
+    /// Whether only a person (authorizing, or naming a principal) can fix it: no retry
+    /// and no backoff would.
+    pub(crate) fn needs_person(&self) -> bool {
+        matches!(
+            self,
+            AuthError::NotAuthorized { .. } | AuthError::NoPrincipal { .. }
+        )
+    }
+}
+
 impl AuthSet {
     /// Whether server `server_id` at `url` may name `auth_ref`: the record's id must be in
     /// the credential's `servers` and its URL's origin in its `origins` (each when given).

@@ -157,6 +157,24 @@ impl UserToken {
         }
     }
 
+    /// Fails at once when the principal has no grant and nobody can be asked: such a
+    /// connection would only end in the same error after a round trip to the server.
+    pub(crate) async fn require_grant(&self) -> Result<(), AuthError> {
+        if self.authorizer.is_some() {
+            return Ok(());
+        }
+        let grant = self
+            .grants
+            .store
+            .load(&self.key)
+            .await
+            .map_err(|e| self.fail(OAuthProblem::Store(e.0)))?;
+        match grant.is_some_and(|g| g.has_tokens()) {
+            true => Ok(()),
+            false => Err(self.needs_authorization()),
+        }
+    }
+
     /// The token to send before the server has said anything: the grant's, refreshed when
     /// it expired; `None` when there is no grant yet and a person can be asked (the
     /// server's 401 then says where).

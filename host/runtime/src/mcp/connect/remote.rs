@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use super::{ConnectError, Connection, Connector, Peer, unavailable};
 use std::sync::Arc;
 
-use crate::mcp::auth::{Credentials, UserToken};
+use crate::mcp::auth::{AuthError, Credentials, UserToken};
 use crate::mcp::error::McpError;
 use crate::mcp::http::{AuthedClient, LegacySse, header_map, streamable_http};
 use crate::registry::{ServerEntry, Transport};
@@ -45,7 +45,7 @@ impl Connector {
             )
         }) {
             Some(Ok(Credentials::User(user))) => Ok(user),
-            Some(Err(e)) => Err(unavailable(e.to_string())),
+            Some(Err(e)) => Err(auth_refused(e)),
             _ => Err(McpError::new(
                 crate::mcp::McpErrorCode::InvalidArguments,
                 format!(
@@ -93,10 +93,13 @@ impl Connector {
                     http.clone(),
                     principal,
                 )
-                .map_err(|e| unavailable(e.to_string()))?,
+                .map_err(auth_refused)?,
             ),
             None => None,
         };
+        if let Some(Credentials::User(user)) = &credentials {
+            user.require_grant().await.map_err(auth_refused)?;
+        }
         let headers = header_map(server_id, headers, credentials.as_ref())
             .map_err(|e| unavailable(e.to_string()))?;
         let oauth = credentials.as_ref().and_then(Credentials::tokens);
@@ -121,5 +124,15 @@ impl Connector {
                     .await
             }
         }
+    }
+}
+
+/// A credential that cannot be had: refused by policy when only a person can fix it (no
+/// grant, no principal), so it is not retried and not held against the server's health;
+/// else the server is unavailable.
+fn auth_refused(error: AuthError) -> McpError {
+    match error.needs_person() {
+        true => McpError::new(crate::mcp::McpErrorCode::PolicyDenied, error.to_string()),
+        false => unavailable(error.to_string()),
     }
 }
