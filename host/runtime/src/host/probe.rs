@@ -207,6 +207,27 @@ impl Host {
         server_id: &str,
         principal: &str,
     ) -> Result<(), PreviewError> {
+        self.authorize(server_id, principal, None).await
+    }
+
+    /// [`Host::authorize_server`] asking the person through `authorizer` for this flow
+    /// only: e.g. a scheduler's web page that shows the URL to the user who asked and
+    /// receives the redirect, while calls on this host never start a flow themselves.
+    pub async fn authorize_server_with(
+        &self,
+        server_id: &str,
+        principal: &str,
+        authorizer: Arc<dyn crate::UserAuthorizer>,
+    ) -> Result<(), PreviewError> {
+        self.authorize(server_id, principal, Some(authorizer)).await
+    }
+
+    async fn authorize(
+        &self,
+        server_id: &str,
+        principal: &str,
+        authorizer: Option<Arc<dyn crate::UserAuthorizer>>,
+    ) -> Result<(), PreviewError> {
         let span = tracing::info_span!("authorize_server", server_id, principal);
         async {
             let registry = self.registry();
@@ -215,7 +236,7 @@ impl Host {
                 .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
             self.inner
                 .pool
-                .authorize(entry, principal)
+                .authorize(entry, principal, authorizer)
                 .await
                 .map_err(PreviewError::Unavailable)
         }

@@ -229,22 +229,29 @@ impl UserToken {
                 Err(_) => {}
             }
         }
+        let Some(authorizer) = self.authorizer.clone() else {
+            return Err(self.needs_authorization());
+        };
         let ready = guard.take().expect("ready() set it");
-        let (ready, token) = self.authorize(ready, None).await?;
+        let (ready, token) = self.authorize(ready, None, &authorizer).await?;
         *guard = Some(ready);
         Ok(token)
     }
 
-    /// Runs the flow now, whatever the grant holds: `quiver mcp login`.
-    pub(crate) async fn login(&self) -> Result<(), AuthError> {
-        if self.authorizer.is_none() {
+    /// Runs the flow now, whatever the grant holds (`quiver mcp login`), asking the person
+    /// through `authorizer`, else the host's.
+    pub(crate) async fn login(
+        &self,
+        authorizer: Option<Arc<dyn UserAuthorizer>>,
+    ) -> Result<(), AuthError> {
+        let Some(authorizer) = authorizer.or_else(|| self.authorizer.clone()) else {
             return Err(self.needs_authorization());
-        }
+        };
         let mut guard = self.manager.lock().await;
         *guard = None;
         self.ready(&mut guard, None).await?;
         let ready = guard.take().expect("ready() set it");
-        let (ready, _) = self.authorize(ready, None).await?;
+        let (ready, _) = self.authorize(ready, None, &authorizer).await?;
         *guard = Some(ready);
         Ok(())
     }
@@ -268,7 +275,8 @@ impl UserToken {
         self.ready(&mut guard, None).await?;
         let ready = guard.take().expect("ready() set it");
         let wanted = params.scope.unwrap_or_default();
-        let (ready, token) = self.authorize(ready, Some(&wanted)).await?;
+        let authorizer = self.authorizer.clone().expect("checked above");
+        let (ready, token) = self.authorize(ready, Some(&wanted), &authorizer).await?;
         *guard = Some(ready);
         Ok(Some(token))
     }
@@ -391,10 +399,8 @@ impl UserToken {
         &self,
         ready: Ready,
         step_up: Option<&str>,
+        authorizer: &Arc<dyn UserAuthorizer>,
     ) -> Result<(Ready, String), AuthError> {
-        let Some(authorizer) = &self.authorizer else {
-            return Err(self.needs_authorization());
-        };
         let Ready {
             mut manager,
             issuer,

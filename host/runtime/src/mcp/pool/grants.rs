@@ -5,21 +5,22 @@ use std::sync::Arc;
 
 use super::McpPool;
 use super::slot::slot_key;
-use crate::mcp::auth::GrantKey;
+use crate::mcp::auth::{GrantKey, UserAuthorizer};
 use crate::mcp::{McpError, McpErrorCode};
 use crate::registry::ServerEntry;
 
 impl McpPool {
     /// Runs the authorization code flow for `principal` at `entry`'s server now, through
-    /// the host's [`UserAuthorizer`](crate::UserAuthorizer), and keeps the grant. A server
+    /// `authorizer` or else the host's [`UserAuthorizer`], and keeps the grant. A server
     /// whose credential is not user authorization is refused.
     pub(crate) async fn authorize(
         &self,
         entry: &Arc<ServerEntry>,
         principal: &str,
+        authorizer: Option<Arc<dyn UserAuthorizer>>,
     ) -> Result<(), McpError> {
         let user = self.connector.user_token(entry, principal)?;
-        user.login()
+        user.login(authorizer)
             .await
             .map_err(|e| McpError::new(McpErrorCode::Unavailable, e.to_string()))?;
         // A connection made with the old grant goes; the next call connects with the new.
