@@ -18,3 +18,11 @@ pub const CLI_REGISTRY_MAX_BYTES: usize = quiver::defaults::REGISTRY_STORE_MAX_L
 /// Characters of a node's error body `quiver mcp status --node` quotes (controls removed):
 /// enough for a JSON error naming its field, not a whole page of HTML.
 pub const CLI_NODE_MAX_ERROR_CHARS: usize = 500;
+
+/// How long `quiver mcp login` (and `--open-with`) waits for the browser to come back from
+/// the authorization server, and for the `--open-with` command to exit.
+pub const LOGIN_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Redirects to the loopback listener kept until a flow reads them; more are dropped (a
+/// flow needs one).
+pub const LOGIN_CALLBACKS_QUEUED: usize = 4;

@@ -5,6 +5,7 @@
 //! unreadable task or module); other commands return 1 when they find a problem.
 
 mod defaults;
+mod login;
 mod principal;
 mod registry;
 mod status;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use quiver::config::{ConfigError, ConfigOrigin};
 use quiver::registry::{Registry, ServerEntry};
 use quiver::telemetry::{self, LogFormat};
-use quiver::{AllowAll, ApprovalQueue, Approver, TerminalApprover};
+use quiver::{AllowAll, ApprovalQueue, Approver, DirGrantStore, TerminalApprover};
 use quiver::{Host, HostBuilder, StoreFollower, TaskSpec, ToolCallRequest};
 use quiver_node::{EtcdAccess, Node, NodeConfig, NodeFileConfig, RegistrySource};
 
@@ -151,6 +152,8 @@ enum McpCommand {
     Tools {
         server_id: String,
         #[command(flatten)]
+        identity: Identity,
+        #[command(flatten)]
         source: ServerSource,
     },
     /// Call one tool of a server and print the result. The call is made as a task that
@@ -166,6 +169,29 @@ enum McpCommand {
         /// (/dev/tty), deny them, or allow them.
         #[arg(long, value_enum, default_value = "deny")]
         approve: ApproveMode,
+        #[command(flatten)]
+        identity: Identity,
+        #[command(flatten)]
+        source: ServerSource,
+    },
+    /// Authorize a server that asks for a user's authorization (its credential is an
+    /// `[auth.NAME]` with kind = "oauth_authorization_code") for a principal: prints the
+    /// authorization URL (and opens it with --open-with), waits for the browser to come
+    /// back to a loopback listener, and keeps the grant under the registry's `.grants/`.
+    Login {
+        server_id: String,
+        #[command(flatten)]
+        identity: Identity,
+        #[command(flatten)]
+        source: ServerSource,
+    },
+    /// Forget a principal's authorization of a server (its tokens and client
+    /// registration). Exits 1 if there was none.
+    Logout {
+        server_id: String,
+        /// Whose authorization: default the OS login name.
+        #[arg(long = "as", value_name = "NAME", value_parser = principal::parse)]
+        principal: Option<String>,
         #[command(flatten)]
         source: ServerSource,
     },
@@ -188,6 +214,27 @@ enum McpCommand {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Whom an `mcp` command acts for, and how a person is asked to authorize.
+#[derive(clap::Args)]
+struct Identity {
+    /// The principal: picks its grant for a server with user authorization (default the
+    /// OS login name).
+    #[arg(long = "as", value_name = "NAME", value_parser = principal::parse)]
+    principal: Option<String>,
+    /// Opens the authorization URL with this command (run as `CMD URL`, e.g. `xdg-open`)
+    /// when the server needs a person's authorization. On `call` and `tools`, only with
+    /// this flag does a missing grant or a request for more scopes start the flow;
+    /// without it they fail and say to run `quiver mcp login`.
+    #[arg(long, value_name = "CMD")]
+    open_with: Option<String>,
+}
+
+impl Identity {
+    fn principal(&self) -> String {
+        principal::or_login(self.principal.clone())
+    }
 }
 
 #[derive(clap::Args)]
@@ -244,16 +291,32 @@ fn main() -> ExitCode {
     let status = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run(args).await,
-            Command::Mcp(McpCommand::Tools { server_id, source }) => {
-                mcp_tools(&server_id, source).await
-            }
+            Command::Mcp(McpCommand::Tools {
+                server_id,
+                identity,
+                source,
+            }) => mcp_tools(&server_id, identity, source).await,
             Command::Mcp(McpCommand::Call {
                 server_id,
                 tool,
                 args,
                 approve,
+                identity,
                 source,
-            }) => mcp_call(&server_id, &tool, &args, approve, source).await,
+            }) => mcp_call(&server_id, &tool, &args, approve, identity, source).await,
+            Command::Mcp(McpCommand::Login {
+                server_id,
+                identity,
+                source,
+            }) => mcp_login(&server_id, identity, source).await,
+            Command::Mcp(McpCommand::Logout {
+                server_id,
+                principal,
+                source,
+            }) => {
+                let principal = principal::or_login(principal);
+                mcp_logout(&server_id, &principal, source).await
+            }
             Command::Mcp(McpCommand::Status {
                 registry,
                 config,
@@ -608,10 +671,11 @@ fn fail(error: impl std::fmt::Display) -> i32 {
 
 /// A host on `source` for one server (asking `approver` about calls that need approval),
 /// or the exit status to give up with.
-fn server_host(
+async fn server_host(
     server_id: &str,
     source: &ServerSource,
     approver: Option<Arc<dyn Approver>>,
+    ask_person: Option<Option<String>>,
 ) -> Result<(Host, Arc<ServerEntry>), i32> {
     let registry = Registry::load_dir(&source.registry).map_err(fail)?;
     let Some(entry) = registry.get(server_id).cloned() else {
@@ -630,7 +694,16 @@ fn server_host(
         );
         return Err(1);
     };
-    let mut builder = Host::builder().with_registry(registry).without_disk_cache();
+    let mut builder = Host::builder()
+        .with_registry(registry)
+        .without_disk_cache()
+        .with_grant_store(Arc::new(DirGrantStore::in_registry(&source.registry)));
+    if let Some(open_with) = ask_person {
+        let authorizer = login::LoopbackAuthorizer::start(open_with)
+            .await
+            .map_err(|e| fail(format!("cannot listen on loopback for the login: {e}")))?;
+        builder = builder.with_user_authorizer(authorizer);
+    }
     if let Some(config) = &source.config {
         builder = with_config_file(builder, config).map_err(fail)?.0;
     }
@@ -640,15 +713,21 @@ fn server_host(
     Ok((builder.build().map_err(fail)?, entry))
 }
 
-async fn mcp_tools(server_id: &str, source: ServerSource) -> i32 {
-    let (host, entry) = match server_host(server_id, &source, None) {
+async fn mcp_tools(server_id: &str, identity: Identity, source: ServerSource) -> i32 {
+    let ask = identity.open_with.clone().map(Some);
+    let (host, entry) = match server_host(server_id, &source, None, ask).await {
         Ok(found) => found,
         Err(status) => return status,
     };
+    let principal = identity.principal();
+    let principal = Some(principal.as_str());
     // What a task could be offered (after allowed_tools), and the whole listing, for
     // what the registry hides; the second answer comes from the pool's tools cache.
-    let listed = match host.preview_tools(server_id).await {
-        Ok(visible) => host.server_tools(server_id).await.map(|all| (visible, all)),
+    let listed = match host.preview_tools_as(server_id, principal).await {
+        Ok(visible) => host
+            .server_tools_as(server_id, principal)
+            .await
+            .map(|all| (visible, all)),
         Err(e) => Err(e),
     };
     host.shutdown().await;
@@ -691,6 +770,7 @@ async fn mcp_call(
     tool: &str,
     args: &str,
     approve: ApproveMode,
+    identity: Identity,
     source: ServerSource,
 ) -> i32 {
     let arguments = match serde_json::from_str::<serde_json::Value>(args) {
@@ -700,7 +780,8 @@ async fn mcp_call(
             return 2;
         }
     };
-    let (host, _) = match server_host(server_id, &source, approve.approver()) {
+    let ask = identity.open_with.clone().map(Some);
+    let (host, _) = match server_host(server_id, &source, approve.approver(), ask).await {
         Ok(found) => found,
         Err(status) => return status,
     };
@@ -709,7 +790,7 @@ async fn mcp_call(
     let mut task = TaskSpec::new("quiver-mcp-call")
         .with_config("mcp.enabled", "true")
         .with_config("mcp.default_server_ids", serde_json::json!([server_id]));
-    task.principal = Some(principal::or_login(None));
+    task.principal = Some(identity.principal());
     let request = ToolCallRequest::new(server_id, tool).with_arguments(arguments);
     let called = host.call_tool(&task, request).await;
     host.shutdown().await;
@@ -717,6 +798,50 @@ async fn mcp_call(
         Ok(output) => {
             println!("{}", String::from_utf8_lossy(&output.json));
             i32::from(output.result.is_error == Some(true))
+        }
+        Err(e) => {
+            eprintln!("quiver: {e}");
+            1
+        }
+    }
+}
+
+async fn mcp_login(server_id: &str, identity: Identity, source: ServerSource) -> i32 {
+    let (host, _) =
+        match server_host(server_id, &source, None, Some(identity.open_with.clone())).await {
+            Ok(found) => found,
+            Err(status) => return status,
+        };
+    let principal = identity.principal();
+    let authorized = host.authorize_server(server_id, &principal).await;
+    host.shutdown().await;
+    match authorized {
+        Ok(()) => {
+            eprintln!("quiver: `{principal}` authorized server `{server_id}`");
+            0
+        }
+        Err(e) => {
+            eprintln!("quiver: {e}");
+            1
+        }
+    }
+}
+
+async fn mcp_logout(server_id: &str, principal: &str, source: ServerSource) -> i32 {
+    let (host, _) = match server_host(server_id, &source, None, None).await {
+        Ok(found) => found,
+        Err(status) => return status,
+    };
+    let revoked = host.revoke_server(server_id, principal).await;
+    host.shutdown().await;
+    match revoked {
+        Ok(true) => {
+            eprintln!("quiver: forgot `{principal}`'s authorization of server `{server_id}`");
+            0
+        }
+        Ok(false) => {
+            eprintln!("quiver: `{principal}` had not authorized server `{server_id}`");
+            1
         }
         Err(e) => {
             eprintln!("quiver: {e}");

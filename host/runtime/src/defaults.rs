@@ -503,6 +503,10 @@ pub const OAUTH_STEP_UP_ATTEMPTS: u32 = 1;
 pub const OAUTH_MAX_SCOPES: usize = 64;
 
 /// Largest `private_key_file` read (a PKCS#8 PEM key is under 4 KiB even for RSA-4096).
+/// Largest grant file the directory grant store reads: a grant is a registration and a
+/// token response, a few KiB.
+pub const GRANT_MAX_BYTES: u64 = 64 * 1024;
+
 pub const OAUTH_PRIVATE_KEY_MAX_BYTES: u64 = 64 * 1024;
 
 /// Longest a tool call waits for its approval (servers with `approval_policy` `always` or

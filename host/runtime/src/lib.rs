@@ -79,9 +79,12 @@ pub use host::{
 pub use sandbox::heap::json_text as json_charge;
 
 pub use mcp::{
-    ApiKeyConfig, AuthConfig, EgressConfig, LaunchConfig, LaunchRules, McpError, McpErrorCode,
-    McpHostConfig, OAuthClientCredentialsConfig, PoolLimits, PoolUsage, ServerState, ServerStatus,
-    SigningAlg, TokenEndpointAuth, Tool, ToolCallOutput, ensure_tls_provider,
+    ApiKeyConfig, AuthConfig, AuthorizationPrompt, AuthorizeError, DirGrantStore, EgressConfig,
+    Grant, GrantKey, GrantStore, GrantStoreError, LaunchConfig, LaunchRules, McpError,
+    McpErrorCode, McpHostConfig, MemoryGrantStore, OAuthAuthorizationCodeConfig,
+    OAuthClientCredentialsConfig, PoolLimits, PoolUsage, REGISTRY_GRANTS_DIR, Registration,
+    ServerState, ServerStatus, SigningAlg, TokenEndpointAuth, Tool, ToolCallOutput, UserAuthorizer,
+    ensure_tls_provider,
 };
 pub use observe::{
     ApprovalDecided, ArgumentsSummary, AuditLog, Metrics, PolicyDenial, ToolCall, ToolCallEnd,

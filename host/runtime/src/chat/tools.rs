@@ -108,7 +108,7 @@ impl ToolSet {
             effective
                 .servers
                 .iter()
-                .map(|grant| mcp.pool.list_tools(&grant.entry)),
+                .map(|grant| mcp.pool.list_tools(&grant.entry, mcp.principal())),
         )
         .await;
         let approver = mcp.approvals.configured();

@@ -14,7 +14,8 @@ use crate::chat::llm::{Backends, Recorder};
 use crate::config::{ConfigError, ConfigOrigin};
 use crate::defaults;
 use crate::mcp::{
-    AuthSet, EgressPolicy, LaunchRules, McpPool, PoolLimits, RemoteOptions, ServerState,
+    AuthSet, DirGrantStore, EgressPolicy, GrantStore, LaunchRules, McpPool, PoolLimits,
+    RemoteOptions, ServerState, UserAuthorizer,
 };
 use crate::observe::{AuditLog, LiveStatus, Metrics, Observers, ServerGauges, ToolObserver};
 use crate::registry::{Registry, RegistryDirError, RegistryStore, ServerEntry, Severity};
@@ -110,6 +111,23 @@ pub enum HostError {
     },
 }
 
+/// Where user grants go and who asks a person ([`HostBuilder::with_grant_store`],
+/// [`HostBuilder::with_user_authorizer`]).
+#[derive(Clone, Default)]
+struct UserAuthSetup {
+    grant_store: Option<Arc<dyn GrantStore>>,
+    authorizer: Option<Arc<dyn UserAuthorizer>>,
+}
+
+impl std::fmt::Debug for UserAuthSetup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserAuthSetup")
+            .field("grant_store", &self.grant_store.is_some())
+            .field("authorizer", &self.authorizer.is_some())
+            .finish()
+    }
+}
+
 /// Builds a [`Host`]; every option has a sane default.
 #[derive(Debug)]
 #[must_use]
@@ -135,6 +153,7 @@ pub struct HostBuilder {
     max_server_processes: Option<usize>,
     server_idle_timeout: Option<Duration>,
     prewarm: Option<Vec<String>>,
+    user_auth: UserAuthSetup,
     observers: Observers,
     approvals: Approvals,
     max_metric_tool_series: usize,
@@ -167,6 +186,7 @@ impl Default for HostBuilder {
             max_server_processes: None,
             server_idle_timeout: None,
             prewarm: None,
+            user_auth: UserAuthSetup::default(),
             observers: Observers::default(),
             approvals: Approvals::default(),
             max_metric_tool_series: defaults::MAX_METRIC_TOOL_SERIES,
@@ -360,6 +380,22 @@ impl HostBuilder {
         self
     }
 
+    /// Keeps user authorizations (`kind = "oauth_authorization_code"` grants) in `store`;
+    /// by default they are files under a registry directory's `.grants/`
+    /// ([`DirGrantStore::in_registry`]), else in memory, ending with the host.
+    pub fn with_grant_store(mut self, store: Arc<dyn GrantStore>) -> Self {
+        self.user_auth.grant_store = Some(store);
+        self
+    }
+
+    /// Lets a connection ask a person to authorize a server when its principal has no
+    /// grant or the server wants more scopes. Without one, such a call fails with an error
+    /// that says how to authorize ([`Host::authorize_server`]).
+    pub fn with_user_authorizer(mut self, authorizer: Arc<dyn UserAuthorizer>) -> Self {
+        self.user_auth.authorizer = Some(authorizer);
+        self
+    }
+
     /// Distinct tools per server id (guest tools counting as one more server) the
     /// tool-call metrics keep before counting the rest as `tool="_other"` (default
     /// [`defaults::MAX_METRIC_TOOL_SERIES`]).
@@ -448,8 +484,19 @@ impl HostBuilder {
         let file = &self.config_origin.file;
         let egress = EgressPolicy::from_config(&self.config.egress)
             .map_err(|e| ConfigError::new(file, "egress", e.to_string()).with_source(e))?;
-        let auth = AuthSet::load(&self.config.auth, &self.config_origin.dir)
+        let mut auth = AuthSet::load(&self.config.auth, &self.config_origin.dir)
             .map_err(|e| e.in_file(file))?;
+        // A registry directory keeps its grants beside its records.
+        let grant_store = self.user_auth.grant_store.clone().or_else(|| {
+            let dir = self.registry_dir.as_ref()?;
+            Some(Arc::new(DirGrantStore::in_registry(dir)) as Arc<dyn GrantStore>)
+        });
+        if let Some(store) = grant_store {
+            auth = auth.with_grant_store(store);
+        }
+        if let Some(authorizer) = self.user_auth.authorizer.clone() {
+            auth = auth.with_authorizer(authorizer);
+        }
         let remote = RemoteOptions {
             auth,
             egress,

@@ -115,18 +115,34 @@ impl Host {
     /// connection, which this makes if there is none, so the server's health shows the
     /// result). [`Host::preview_tools`] is this after the registry's `allowed_tools`.
     pub async fn server_tools(&self, server_id: &str) -> Result<Arc<[Tool]>, PreviewError> {
-        let span = tracing::info_span!("server_tools", server_id);
-        self.server_tools_inner(server_id).instrument(span).await
+        self.server_tools_as(server_id, None).await
     }
 
-    async fn server_tools_inner(&self, server_id: &str) -> Result<Arc<[Tool]>, PreviewError> {
+    /// [`Host::server_tools`] as `principal` sees them: a server with user authorization
+    /// lists with that principal's grant.
+    pub async fn server_tools_as(
+        &self,
+        server_id: &str,
+        principal: Option<&str>,
+    ) -> Result<Arc<[Tool]>, PreviewError> {
+        let span = tracing::info_span!("server_tools", server_id);
+        self.server_tools_inner(server_id, principal)
+            .instrument(span)
+            .await
+    }
+
+    async fn server_tools_inner(
+        &self,
+        server_id: &str,
+        principal: Option<&str>,
+    ) -> Result<Arc<[Tool]>, PreviewError> {
         let registry = self.registry();
         let entry = registry
             .get(server_id)
             .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
         self.inner
             .pool
-            .list_tools(entry)
+            .list_tools(entry, principal)
             .await
             .map_err(PreviewError::Unavailable)
     }
@@ -135,12 +151,27 @@ impl Host {
     /// after the registry's `allowed_tools`, sorted, each with its model-facing name.
     /// Profiles, task and session filters narrow this further per task.
     pub async fn preview_tools(&self, server_id: &str) -> Result<Vec<ToolPreview>, PreviewError> {
-        let span = tracing::info_span!("preview_tools", server_id);
-        self.preview_tools_inner(server_id).instrument(span).await
+        self.preview_tools_as(server_id, None).await
     }
 
-    async fn preview_tools_inner(&self, server_id: &str) -> Result<Vec<ToolPreview>, PreviewError> {
-        let tools = self.server_tools_inner(server_id).await?;
+    /// [`Host::preview_tools`] as `principal` sees them (see [`Host::server_tools_as`]).
+    pub async fn preview_tools_as(
+        &self,
+        server_id: &str,
+        principal: Option<&str>,
+    ) -> Result<Vec<ToolPreview>, PreviewError> {
+        let span = tracing::info_span!("preview_tools", server_id);
+        self.preview_tools_inner(server_id, principal)
+            .instrument(span)
+            .await
+    }
+
+    async fn preview_tools_inner(
+        &self,
+        server_id: &str,
+        principal: Option<&str>,
+    ) -> Result<Vec<ToolPreview>, PreviewError> {
+        let tools = self.server_tools_inner(server_id, principal).await?;
         let registry = self.registry();
         let entry = registry
             .get(server_id)
@@ -163,5 +194,76 @@ impl Host {
                 }
             })
             .collect())
+    }
+}
+
+impl Host {
+    /// Has a person authorize `server_id` for `principal` now (the server's `auth_ref`
+    /// must be `kind = "oauth_authorization_code"`), through the host's
+    /// [`UserAuthorizer`](crate::UserAuthorizer), and keeps the grant in its
+    /// [`GrantStore`](crate::GrantStore). Replaces a grant the principal had.
+    pub async fn authorize_server(
+        &self,
+        server_id: &str,
+        principal: &str,
+    ) -> Result<(), PreviewError> {
+        self.authorize(server_id, principal, None).await
+    }
+
+    /// [`Host::authorize_server`] asking the person through `authorizer` for this flow
+    /// only: e.g. a scheduler's web page that shows the URL to the user who asked and
+    /// receives the redirect, while calls on this host never start a flow themselves.
+    pub async fn authorize_server_with(
+        &self,
+        server_id: &str,
+        principal: &str,
+        authorizer: Arc<dyn crate::UserAuthorizer>,
+    ) -> Result<(), PreviewError> {
+        self.authorize(server_id, principal, Some(authorizer)).await
+    }
+
+    async fn authorize(
+        &self,
+        server_id: &str,
+        principal: &str,
+        authorizer: Option<Arc<dyn crate::UserAuthorizer>>,
+    ) -> Result<(), PreviewError> {
+        let span = tracing::info_span!("authorize_server", server_id, principal);
+        async {
+            let registry = self.registry();
+            let entry = registry
+                .get(server_id)
+                .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
+            self.inner
+                .pool
+                .authorize(entry, principal, authorizer)
+                .await
+                .map_err(PreviewError::Unavailable)
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Forgets `principal`'s grant for `server_id` (its tokens and registration) and
+    /// closes the connection made with it; whether there was one.
+    pub async fn revoke_server(
+        &self,
+        server_id: &str,
+        principal: &str,
+    ) -> Result<bool, PreviewError> {
+        let span = tracing::info_span!("revoke_server", server_id, principal);
+        async {
+            let registry = self.registry();
+            let entry = registry
+                .get(server_id)
+                .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
+            self.inner
+                .pool
+                .revoke(entry, principal)
+                .await
+                .map_err(PreviewError::Unavailable)
+        }
+        .instrument(span)
+        .await
     }
 }

@@ -164,7 +164,7 @@ pub(crate) async fn run(
     });
     // Boxed: the call's future is about 22 KB, and moved around on the task's fiber stack it
     // kept about 40 KiB more of every waiting task's stack resident (BENCHMARKS.md).
-    let called = Box::pin(mcp.pool.call_tool(entry, tool, arguments));
+    let called = Box::pin(mcp.pool.call_tool(entry, tool, arguments, mcp.principal()));
     let (ended, outcome, output_bytes) = match before(origin.deadline, called).await? {
         Ok(output) => {
             let outcome = match output.result.is_error {

@@ -584,7 +584,7 @@ async fn list<T, L, I, F>(
     caller: &mut Caller<'_, T>,
     request: Request,
     field: &str,
-    fetch: impl FnOnce(Arc<McpPool>, Arc<ServerEntry>) -> F,
+    fetch: impl FnOnce(Arc<McpPool>, Arc<ServerEntry>, Option<Arc<str>>) -> F,
     keep: impl Fn(&Grant, &I) -> bool,
 ) -> Result<i32, HostcallError>
 where
@@ -594,7 +594,8 @@ where
     I: serde::Serialize,
 {
     let (pool, entry) = (request.mcp.pool.clone(), request.grant.entry.clone());
-    let listed = request.run(fetch(pool, entry)).await?;
+    let principal = request.mcp.observers.principal().cloned();
+    let listed = request.run(fetch(pool, entry, principal)).await?;
     let server_id = request.grant.entry.server_id();
     let items = listed.map_err(|error| {
         tracing::warn!(task_id = %request.task_id, server_id, method = request.op.method(), %error, "listing failed");
@@ -635,7 +636,9 @@ async fn list_tools<T: McpView>(
     caller: &mut Caller<'_, T>,
     request: Request,
 ) -> Result<i32, HostcallError> {
-    let fetch = |pool: Arc<McpPool>, entry| async move { pool.list_tools(&entry).await };
+    let fetch = |pool: Arc<McpPool>, entry, principal: Option<Arc<str>>| async move {
+        pool.list_tools(&entry, principal.as_deref()).await
+    };
     let keep = |grant: &Grant, tool: &Tool| grant.tools.permits(&tool.name);
     list(caller, request, "tools", fetch, keep).await
 }
@@ -645,7 +648,9 @@ async fn list_resources<T: McpView>(
     caller: &mut Caller<'_, T>,
     request: Request,
 ) -> Result<i32, HostcallError> {
-    let fetch = |pool: Arc<McpPool>, entry| async move { pool.list_resources(&entry).await };
+    let fetch = |pool: Arc<McpPool>, entry, principal: Option<Arc<str>>| async move {
+        pool.list_resources(&entry, principal.as_deref()).await
+    };
     let keep = |grant: &Grant, resource: &Resource| grant.check_resource(&resource.uri).is_ok();
     list(caller, request, "resources", fetch, keep).await
 }
@@ -655,8 +660,10 @@ async fn list_resource_templates<T: McpView>(
     caller: &mut Caller<'_, T>,
     request: Request,
 ) -> Result<i32, HostcallError> {
-    let fetch =
-        |pool: Arc<McpPool>, entry| async move { pool.list_resource_templates(&entry).await };
+    let fetch = |pool: Arc<McpPool>, entry, principal: Option<Arc<str>>| async move {
+        pool.list_resource_templates(&entry, principal.as_deref())
+            .await
+    };
     let keep =
         |grant: &Grant, template: &ResourceTemplate| grant.permits_template(&template.uri_template);
     list(caller, request, "resourceTemplates", fetch, keep).await
@@ -667,7 +674,9 @@ async fn list_prompts<T: McpView>(
     caller: &mut Caller<'_, T>,
     request: Request,
 ) -> Result<i32, HostcallError> {
-    let fetch = |pool: Arc<McpPool>, entry| async move { pool.list_prompts(&entry).await };
+    let fetch = |pool: Arc<McpPool>, entry, principal: Option<Arc<str>>| async move {
+        pool.list_prompts(&entry, principal.as_deref()).await
+    };
     let keep = |grant: &Grant, prompt: &Prompt| grant.check_prompt(&prompt.name).is_ok();
     list(caller, request, "prompts", fetch, keep).await
 }
@@ -678,10 +687,11 @@ async fn read_resource<T: McpView>(
     caller: &mut Caller<'_, T>,
     request: Request,
 ) -> Result<i32, HostcallError> {
-    let read = request
-        .mcp
-        .pool
-        .read_resource(&request.grant.entry, request.name());
+    let read = request.mcp.pool.read_resource(
+        &request.grant.entry,
+        request.mcp.principal(),
+        request.name(),
+    );
     let bytes = request
         .run(read)
         .await?
@@ -708,10 +718,12 @@ async fn get_prompt<T: McpView>(
         Ok(arguments) => arguments,
         Err(error) => return request.deliver(caller, encode(&error.to_json())),
     };
-    let got = request
-        .mcp
-        .pool
-        .get_prompt(&request.grant.entry, request.name(), arguments);
+    let got = request.mcp.pool.get_prompt(
+        &request.grant.entry,
+        request.mcp.principal(),
+        request.name(),
+        arguments,
+    );
     let bytes = request
         .run(got)
         .await?

@@ -34,7 +34,7 @@ use rmcp::transport::streamable_http_client::{
 use sse_stream::{Error as SseError, Sse};
 use tokio::sync::mpsc;
 
-use super::auth::{AuthError, Credentials, OAuthClient};
+use super::auth::{AuthError, Credentials, TokenSource};
 use super::connect::{
     Guard, Guarded, IdScan, Incoming, Kind, Limits, Problem, SseEvent, SseReader,
 };
@@ -154,7 +154,7 @@ pub(crate) fn header_map(
 #[derive(Clone)]
 pub(crate) struct AuthedClient {
     pub(crate) inner: OutboundClient,
-    pub(crate) oauth: Option<Arc<OAuthClient>>,
+    pub(crate) oauth: Option<TokenSource>,
     pub(crate) limits: Limits,
 }
 
@@ -476,7 +476,7 @@ pub(crate) enum LegacySseError {
 
 async fn bearer(client: &AuthedClient) -> Result<Option<String>, AuthError> {
     match &client.oauth {
-        Some(oauth) => oauth.token().await.map(Some),
+        Some(oauth) => oauth.token().await,
         None => Ok(None),
     }
 }

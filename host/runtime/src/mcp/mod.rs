@@ -23,7 +23,10 @@ mod rules;
 mod session;
 
 pub use auth::{
-    ApiKeyConfig, AuthConfig, AuthSet, OAuthClientCredentialsConfig, SigningAlg, TokenEndpointAuth,
+    ApiKeyConfig, AuthConfig, AuthSet, AuthorizationPrompt, AuthorizeError, DirGrantStore, Grant,
+    GrantKey, GrantStore, GrantStoreError, MemoryGrantStore, OAuthAuthorizationCodeConfig,
+    OAuthClientCredentialsConfig, REGISTRY_GRANTS_DIR, Registration, SigningAlg, TokenEndpointAuth,
+    UserAuthorizer,
 };
 pub use egress::{EgressConfig, EgressPolicy};
 pub use error::{McpError, McpErrorCode};

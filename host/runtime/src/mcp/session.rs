@@ -31,6 +31,12 @@ pub trait McpView: SandboxView<Fd: FdKindOf<McpSession>> {
 }
 
 impl McpTask {
+    /// Whom the task acts for: the connection to a server with user authorization is
+    /// that principal's.
+    pub(crate) fn principal(&self) -> Option<&str> {
+        self.observers.principal().map(|p| &**p)
+    }
+
     /// The one decision of `mcp_open` and `mcp_registry_get`: may this task use
     /// `server_id`, and with which tool filter? Unknown `-ENOENT`, a required env variable
     /// missing `-ENOTCONN`, anything else `-EACCES`; every denial is logged with its reason

@@ -14,8 +14,10 @@
 //! client, so a token endpoint named by metadata gets a credential only if the `[egress]`
 //! allow rules cover it.
 
+mod grants;
 mod jwt;
 mod oauth;
+mod user;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,9 +29,16 @@ use super::outbound::{EgressRefused, OutboundClient, ReadBodyError, SendError, U
 use crate::config::ConfigError;
 use crate::defaults;
 use crate::registry::RuleViolation;
+pub(crate) use grants::Grants;
+pub use grants::{
+    DirGrantStore, Grant, GrantKey, GrantStore, GrantStoreError, MemoryGrantStore,
+    REGISTRY_GRANTS_DIR, Registration,
+};
 pub use jwt::SigningAlg;
 use jwt::{ClientKey, SignError};
 pub(crate) use oauth::OAuthClient;
+pub(crate) use user::UserToken;
+pub use user::{AuthorizationPrompt, AuthorizeError, OAuthAuthorizationCodeConfig, UserAuthorizer};
 
 /// Credentials that cannot be resolved or a token that cannot be had. It names the server,
 /// the `auth_ref`, the variable and the endpoint; never a key, secret or token.
@@ -49,6 +58,29 @@ pub(crate) enum AuthError {
         server_id: String,
         auth_ref: String,
         var: String,
+    },
+    /// The task's principal has no grant for the server and nobody can be asked now.
+    #[error(
+        "server `{server_id}` needs a user's authorization and principal `{principal}` has not given it; run `quiver mcp login {server_id} --as {principal}` (or authorize it on the node's admin page)"
+    )]
+    NotAuthorized {
+        server_id: String,
+        principal: String,
+    },
+    /// The server uses user authorization and the task acts for nobody.
+    #[error(
+        "server `{server_id}` needs a user's authorization (http.auth_ref `{auth_ref}`) and the task has no principal; run it as one (TaskSpec::principal, `quiver run --as NAME`)"
+    )]
+    NoPrincipal { server_id: String, auth_ref: String },
+    #[error(
+        "server `{server_id}`: oauth_authorization_code auth `{auth_ref}` for principal `{principal}`: {problem}"
+    )]
+    User {
+        server_id: String,
+        principal: String,
+        auth_ref: String,
+        #[source]
+        problem: Box<OAuthProblem>,
     },
     #[error("server `{server_id}`: oauth_client_credentials auth `{auth_ref}`: {problem}")]
     OAuth {
@@ -167,6 +199,18 @@ pub(crate) enum OAuthProblem {
     /// The MCP server's URL, needed for discovery, does not parse.
     #[error("{0}")]
     ServerUrl(#[source] UrlParseError),
+    /// The grant store failed (its message names the place, never a token).
+    #[error("{0}")]
+    Store(String),
+    /// A step of the authorization code flow failed: rmcp's error, which names endpoints
+    /// and OAuth error codes, never a token or secret.
+    #[error("{0}")]
+    Flow(String),
+    /// A 403 asked for more scopes, which only a person can grant.
+    #[error(
+        "the server asks for scopes `{scopes}` beyond the grant; authorize them with `quiver mcp login` (add --scope)"
+    )]
+    StepUpNeedsPerson { scopes: String },
 }
 
 /// `[auth.NAME]` of the host config.
@@ -175,6 +219,7 @@ pub(crate) enum OAuthProblem {
 pub enum AuthConfig {
     ApiKey(ApiKeyConfig),
     OauthClientCredentials(OAuthClientCredentialsConfig),
+    OauthAuthorizationCode(OAuthAuthorizationCodeConfig),
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -257,7 +302,13 @@ impl AuthConfig {
         match self {
             AuthConfig::ApiKey(c) => (&c.servers, &c.origins),
             AuthConfig::OauthClientCredentials(c) => (&c.servers, &c.origins),
+            AuthConfig::OauthAuthorizationCode(c) => (&c.servers, &c.origins),
         }
+    }
+
+    /// Whether tokens are a user's: then each principal connects with its own.
+    pub(crate) fn is_per_principal(&self) -> bool {
+        matches!(self, AuthConfig::OauthAuthorizationCode(_))
     }
 }
 
@@ -324,6 +375,22 @@ impl AuthConfigError {
 pub struct AuthSet {
     configs: BTreeMap<String, AuthConfig>,
     keys: BTreeMap<String, Arc<ClientKey>>,
+    user: UserAuth,
+}
+
+/// Where user grants are kept and who can ask a person, set by the embedder.
+#[derive(Clone, Default)]
+struct UserAuth {
+    grants: Grants,
+    authorizer: Option<Arc<dyn UserAuthorizer>>,
+}
+
+impl std::fmt::Debug for UserAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UserAuth")
+            .field("authorizer", &self.authorizer.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl AuthSet {
@@ -341,6 +408,10 @@ impl AuthSet {
                 source: None,
             };
             check_binding_config(config, &error)?;
+            if let AuthConfig::OauthAuthorizationCode(user) = config {
+                check_user_config(user, &error)?;
+                continue;
+            }
             let AuthConfig::OauthClientCredentials(oauth) = config else {
                 continue;
             };
@@ -400,8 +471,64 @@ impl AuthSet {
         Ok(Self {
             configs: configs.clone(),
             keys,
+            user: UserAuth::default(),
         })
     }
+
+    /// Keeps user grants in `store` instead of memory.
+    pub(crate) fn with_grant_store(mut self, store: Arc<dyn GrantStore>) -> Self {
+        self.user.grants = Grants::new(store);
+        self
+    }
+
+    /// Lets connections ask a person to authorize (the CLI's terminal flow).
+    pub(crate) fn with_authorizer(mut self, authorizer: Arc<dyn UserAuthorizer>) -> Self {
+        self.user.authorizer = Some(authorizer);
+        self
+    }
+
+    /// The grant store.
+    pub(crate) fn grant_store(&self) -> &Arc<dyn GrantStore> {
+        &self.user.grants.store
+    }
+
+    /// Whether `auth_ref` names user authorization, so connections are per principal.
+    pub(crate) fn is_per_principal(&self, auth_ref: &str) -> bool {
+        self.configs
+            .get(auth_ref)
+            .is_some_and(AuthConfig::is_per_principal)
+    }
+}
+
+fn check_user_config(
+    config: &OAuthAuthorizationCodeConfig,
+    error: &dyn Fn(&str, String) -> AuthConfigError,
+) -> Result<(), AuthConfigError> {
+    if config.client_secret_env.is_some() && config.client_id.is_none() {
+        return Err(error(
+            "client_secret_env",
+            "a client secret belongs to a pre-registered client: set client_id too, or drop client_secret_env to register dynamically".into(),
+        ));
+    }
+    if let Some(url) = &config.client_metadata_url {
+        let usable = reqwest::Url::parse(url)
+            .is_ok_and(|u| u.scheme() == "https" && u.path() != "/" && !u.path().is_empty());
+        if !usable {
+            return Err(error(
+                "client_metadata_url",
+                format!(
+                    "{url:?} is not an https URL with a path; a Client ID Metadata Document is served at e.g. \"https://quiver.example.com/oauth/client.json\""
+                ),
+            ));
+        }
+    }
+    if config.scopes.len() > defaults::OAUTH_MAX_SCOPES {
+        return Err(error(
+            "scopes",
+            format!("more than {} scopes", defaults::OAUTH_MAX_SCOPES),
+        ));
+    }
+    Ok(())
 }
 
 /// A credential must say where it may go, in ids and origins that can match.
@@ -445,6 +572,17 @@ fn check_binding_config(
     Ok(())
 }
 
+impl AuthError {
+    /// Whether only a person (authorizing, or naming a principal) can fix it: no retry
+    /// and no backoff would.
+    pub(crate) fn needs_person(&self) -> bool {
+        matches!(
+            self,
+            AuthError::NotAuthorized { .. } | AuthError::NoPrincipal { .. }
+        )
+    }
+}
+
 impl AuthSet {
     /// Whether server `server_id` at `url` may name `auth_ref`: the record's id must be in
     /// the credential's `servers` and its URL's origin in its `origins` (each when given).
@@ -481,11 +619,63 @@ impl AuthSet {
     }
 }
 
+/// A connection's source of bearer tokens: OAuth client credentials (the host's own) or a
+/// user's grant (one principal's).
+#[derive(Clone)]
+pub(crate) enum TokenSource {
+    Client(Arc<OAuthClient>),
+    User(Arc<UserToken>),
+}
+
+impl TokenSource {
+    /// A token for a first attempt; `None` when only the server's 401 can say where to go.
+    pub(crate) async fn token_if_known(&self) -> Result<Option<String>, AuthError> {
+        match self {
+            TokenSource::Client(c) => c.token_if_known().await,
+            TokenSource::User(u) => u.token_if_known().await,
+        }
+    }
+
+    /// A token now, for transports that cannot wait for a 401.
+    pub(crate) async fn token(&self) -> Result<Option<String>, AuthError> {
+        match self {
+            TokenSource::Client(c) => c.token().await.map(Some),
+            TokenSource::User(u) => u.token_if_known().await,
+        }
+    }
+
+    /// A token after the server refused `rejected` with a 401 carrying `challenge`.
+    pub(crate) async fn unauthorized(
+        &self,
+        rejected: Option<&str>,
+        challenge: Option<&str>,
+    ) -> Result<String, AuthError> {
+        match self {
+            TokenSource::Client(c) => c.unauthorized(rejected, challenge).await,
+            TokenSource::User(u) => u.unauthorized(rejected, challenge).await,
+        }
+    }
+
+    /// A token with more scopes after a 403 `insufficient_scope`; `None` when the 403
+    /// stands.
+    pub(crate) async fn step_up(
+        &self,
+        rejected: Option<&str>,
+        challenge: &str,
+    ) -> Result<Option<String>, AuthError> {
+        match self {
+            TokenSource::Client(c) => c.step_up(rejected, challenge).await,
+            TokenSource::User(u) => u.step_up(challenge).await,
+        }
+    }
+}
+
 /// Credentials of one server, ready to use.
 #[derive(Clone)]
 pub(crate) enum Credentials {
     ApiKey { header: String, value: String },
     OAuth(Arc<OAuthClient>),
+    User(Arc<UserToken>),
 }
 
 impl std::fmt::Debug for Credentials {
@@ -493,18 +683,31 @@ impl std::fmt::Debug for Credentials {
         match self {
             Credentials::ApiKey { header, .. } => write!(f, "ApiKey({header}: <redacted>)"),
             Credentials::OAuth(_) => f.write_str("OAuth(<client credentials>)"),
+            Credentials::User(_) => f.write_str("OAuth(<user authorization>)"),
         }
     }
 }
 
 impl Credentials {
+    /// Where the connection gets bearer tokens, for the kinds that use them.
+    pub(crate) fn tokens(&self) -> Option<TokenSource> {
+        match self {
+            Credentials::ApiKey { .. } => None,
+            Credentials::OAuth(client) => Some(TokenSource::Client(client.clone())),
+            Credentials::User(user) => Some(TokenSource::User(user.clone())),
+        }
+    }
+
     /// Resolves `auth_ref` for `server_id` (at connect time, so a rotated key is picked up).
+    /// `principal` is whom the connection acts for: it picks the grant of user
+    /// authorization and is ignored by the other kinds.
     pub(crate) fn resolve(
         server_id: &str,
         auth_ref: &str,
         auth: &AuthSet,
         server_url: &str,
         http: OutboundClient,
+        principal: Option<&str>,
     ) -> Result<Self, AuthError> {
         let config = auth
             .configs
@@ -550,6 +753,21 @@ impl Credentials {
                     auth.keys.get(auth_ref).cloned(),
                     server_url.to_owned(),
                     http,
+                ))))
+            }
+            AuthConfig::OauthAuthorizationCode(user) => {
+                let principal = principal.ok_or_else(|| AuthError::NoPrincipal {
+                    server_id: server_id.to_owned(),
+                    auth_ref: auth_ref.to_owned(),
+                })?;
+                Ok(Credentials::User(Arc::new(UserToken::new(
+                    GrantKey::new(server_id, principal),
+                    auth_ref.to_owned(),
+                    user.clone(),
+                    server_url.to_owned(),
+                    http,
+                    auth.user.grants.clone(),
+                    auth.user.authorizer.clone(),
                 ))))
             }
         }
@@ -719,13 +937,14 @@ mod tests {
         )]);
         let configs = AuthSet::load(&configs, Path::new(".")).unwrap();
         let http = client(&["https://*:*"]);
-        let undefined = Credentials::resolve("web", "nope", &configs, "https://x", http.clone())
-            .expect_err("undefined");
+        let undefined =
+            Credentials::resolve("web", "nope", &configs, "https://x", http.clone(), None)
+                .expect_err("undefined");
         assert_eq!(
             undefined.to_string(),
             "server `web`: http.auth_ref `nope` is not defined in the host config ([auth.nope])"
         );
-        let missing = Credentials::resolve("web", "key", &configs, "https://x", http.clone())
+        let missing = Credentials::resolve("web", "key", &configs, "https://x", http.clone(), None)
             .expect_err("unset");
         assert_eq!(
             missing.to_string(),

@@ -223,6 +223,7 @@ impl Connector {
         entry: &ServerEntry,
         serial: u64,
         permit: Option<OwnedSemaphorePermit>,
+        principal: Option<&str>,
     ) -> Result<Connection, McpError> {
         let server_id = entry.server_id();
         let launch = entry.launch.as_ref().map_err(|reason| {
@@ -263,7 +264,8 @@ impl Connector {
                 }
             }
             Launch::Http { url, headers, .. } => {
-                self.open_remote(entry, url, headers, serial).await
+                self.open_remote(entry, url, headers, serial, principal)
+                    .await
             }
         };
         opened.map_err(|error| error.redacted(secrets))

@@ -9,18 +9,59 @@
 use std::collections::BTreeMap;
 
 use super::{ConnectError, Connection, Connector, Peer, unavailable};
-use crate::mcp::auth::Credentials;
+use std::sync::Arc;
+
+use crate::mcp::auth::{AuthError, Credentials, UserToken};
 use crate::mcp::error::McpError;
 use crate::mcp::http::{AuthedClient, LegacySse, header_map, streamable_http};
 use crate::registry::{ServerEntry, Transport};
 
 impl Connector {
+    /// The user-authorization credential of `entry` for `principal`, for a flow run
+    /// outside a call; an error if the server's credential is another kind.
+    pub(crate) fn user_token(
+        &self,
+        entry: &ServerEntry,
+        principal: &str,
+    ) -> Result<Arc<UserToken>, McpError> {
+        let server_id = entry.server_id();
+        let (url, auth_ref) = match &entry.record.http {
+            Some(http) => (http.url.as_str(), http.auth_ref.as_deref()),
+            None => ("", None),
+        };
+        let http = self
+            .http
+            .as_ref()
+            .map_err(|e| unavailable(format!("server `{server_id}`: {e}")))?
+            .clone();
+        match auth_ref.map(|auth_ref| {
+            Credentials::resolve(
+                server_id,
+                auth_ref,
+                &self.rules.auth,
+                url,
+                http,
+                Some(principal),
+            )
+        }) {
+            Some(Ok(Credentials::User(user))) => Ok(user),
+            Some(Err(e)) => Err(auth_refused(e)),
+            _ => Err(McpError::new(
+                crate::mcp::McpErrorCode::InvalidArguments,
+                format!(
+                    "server `{server_id}` does not use user authorization: its http.auth_ref must name an [auth.NAME] with kind = \"oauth_authorization_code\""
+                ),
+            )),
+        }
+    }
+
     pub(super) async fn open_remote(
         &self,
         entry: &ServerEntry,
         url: &str,
         headers: &BTreeMap<String, String>,
         serial: u64,
+        principal: Option<&str>,
     ) -> Result<Connection, McpError> {
         let server_id = entry.server_id();
         let parsed = reqwest::Url::parse(url)
@@ -44,17 +85,24 @@ impl Connector {
             .and_then(|h| h.auth_ref.as_deref())
         {
             Some(auth_ref) => Some(
-                Credentials::resolve(server_id, auth_ref, &self.rules.auth, url, http.clone())
-                    .map_err(|e| unavailable(e.to_string()))?,
+                Credentials::resolve(
+                    server_id,
+                    auth_ref,
+                    &self.rules.auth,
+                    url,
+                    http.clone(),
+                    principal,
+                )
+                .map_err(auth_refused)?,
             ),
             None => None,
         };
+        if let Some(Credentials::User(user)) = &credentials {
+            user.require_grant().await.map_err(auth_refused)?;
+        }
         let headers = header_map(server_id, headers, credentials.as_ref())
             .map_err(|e| unavailable(e.to_string()))?;
-        let oauth = match &credentials {
-            Some(Credentials::OAuth(client)) => Some(client.clone()),
-            _ => None,
-        };
+        let oauth = credentials.as_ref().and_then(Credentials::tokens);
         let client = AuthedClient {
             inner: http,
             oauth,
@@ -76,5 +124,15 @@ impl Connector {
                     .await
             }
         }
+    }
+}
+
+/// A credential that cannot be had: refused by policy when only a person can fix it (no
+/// grant, no principal), so it is not retried and not held against the server's health;
+/// else the server is unavailable.
+fn auth_refused(error: AuthError) -> McpError {
+    match error.needs_person() {
+        true => McpError::new(crate::mcp::McpErrorCode::PolicyDenied, error.to_string()),
+        false => unavailable(error.to_string()),
     }
 }

@@ -70,7 +70,7 @@ impl McpPool {
             return Err(cancelled());
         }
         let opened = tokio::select! {
-            opened = self.connector.open(&slot.entry, serial, process_permit) => opened,
+            opened = self.connector.open(&slot.entry, serial, process_permit, slot.principal.as_deref()) => opened,
             () = shut_down => return Err(cancelled()),
         };
         match opened {
@@ -85,6 +85,8 @@ impl McpPool {
                 *conn = Some(fresh.clone());
                 Ok(fresh)
             }
+            // A principal without a grant: nothing is wrong with the server.
+            Err(error) if error.code == McpErrorCode::PolicyDenied => Err(error),
             Err(error) => {
                 let mut backoff = slot.backoff.lock().unwrap_or_else(|e| e.into_inner());
                 let failures = backoff.as_ref().map_or(0, |b| b.failures).saturating_add(1);

@@ -32,6 +32,7 @@
 
 mod connecting;
 mod failure;
+mod grants;
 mod health;
 mod limits;
 mod paging;

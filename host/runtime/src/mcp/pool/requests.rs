@@ -40,11 +40,13 @@ impl McpPool {
     }
 
     /// Every tool the server lists (all pages), from the cache when fresh.
+    /// `principal` is whom the call is made for (see [`Self::call_tool`]).
     pub(crate) async fn list_tools(
         &self,
         entry: &Arc<ServerEntry>,
+        principal: Option<&str>,
     ) -> Result<Arc<[Tool]>, McpError> {
-        let in_flight = self.enter(entry);
+        let in_flight = self.enter(entry, principal);
         let slot = &in_flight.slot;
         let secrets = entry.secrets();
         let conn = self.connect(slot).await?;
@@ -102,15 +104,18 @@ impl McpPool {
 
     /// Calls `name` on the server within its budgets. `arguments` is the JSON object sent.
     /// The caller has decided policy ([`Grant::check_call`](crate::policy::Grant::check_call)).
+    /// `principal` is whom the call is made for: a server whose credential is a user's
+    /// grant is reached over that principal's own connection, with its token.
     pub(crate) async fn call_tool(
         &self,
         entry: &Arc<ServerEntry>,
         name: &str,
         arguments: JsonObject,
+        principal: Option<&str>,
     ) -> Result<ToolCallOutput, McpError> {
         let server_id = entry.server_id();
         let record = &entry.record;
-        let in_flight = self.enter(entry);
+        let in_flight = self.enter(entry, principal);
         let slot = &in_flight.slot;
         let conn = self.connect(slot).await?;
         let timeout = record.budgets.tool_timeout;
@@ -178,20 +183,26 @@ impl McpPool {
     pub(crate) async fn list_resources(
         &self,
         entry: &Arc<ServerEntry>,
+        principal: Option<&str>,
     ) -> Result<Vec<Resource>, McpError> {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_list_bytes;
-        self.request(entry, "resources/list", |conn, phase| async move {
-            list_pages(server_id, "resources/list", cap, &phase, |cursor| {
-                let conn = conn.clone();
-                async move {
-                    let params = PaginatedRequestParams::default().with_cursor(cursor);
-                    let page = conn.service.list_resources(Some(params)).await?;
-                    Ok((page.resources, page.next_cursor))
-                }
-            })
-            .await
-        })
+        self.request(
+            entry,
+            principal,
+            "resources/list",
+            |conn, phase| async move {
+                list_pages(server_id, "resources/list", cap, &phase, |cursor| {
+                    let conn = conn.clone();
+                    async move {
+                        let params = PaginatedRequestParams::default().with_cursor(cursor);
+                        let page = conn.service.list_resources(Some(params)).await?;
+                        Ok((page.resources, page.next_cursor))
+                    }
+                })
+                .await
+            },
+        )
         .await
     }
 
@@ -199,11 +210,12 @@ impl McpPool {
     pub(crate) async fn list_resource_templates(
         &self,
         entry: &Arc<ServerEntry>,
+        principal: Option<&str>,
     ) -> Result<Vec<ResourceTemplate>, McpError> {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_list_bytes;
         let what = "resources/templates/list";
-        self.request(entry, what, |conn, phase| async move {
+        self.request(entry, principal, what, |conn, phase| async move {
             list_pages(server_id, what, cap, &phase, |cursor| {
                 let conn = conn.clone();
                 async move {
@@ -222,11 +234,12 @@ impl McpPool {
     pub(crate) async fn read_resource(
         &self,
         entry: &Arc<ServerEntry>,
+        principal: Option<&str>,
         uri: &str,
     ) -> Result<Vec<u8>, McpError> {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_output_bytes;
-        self.request(entry, "resources/read", |conn, phase| async move {
+        self.request(entry, principal, "resources/read", |conn, phase| async move {
             let result = conn
                 .service
                 .read_resource(ReadResourceRequestParams::new(uri))
@@ -252,10 +265,11 @@ impl McpPool {
     pub(crate) async fn list_prompts(
         &self,
         entry: &Arc<ServerEntry>,
+        principal: Option<&str>,
     ) -> Result<Vec<Prompt>, McpError> {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_list_bytes;
-        self.request(entry, "prompts/list", |conn, phase| async move {
+        self.request(entry, principal, "prompts/list", |conn, phase| async move {
             list_pages(server_id, "prompts/list", cap, &phase, |cursor| {
                 let conn = conn.clone();
                 async move {
@@ -275,13 +289,14 @@ impl McpPool {
     pub(crate) async fn get_prompt(
         &self,
         entry: &Arc<ServerEntry>,
+        principal: Option<&str>,
         name: &str,
         arguments: JsonObject,
     ) -> Result<Vec<u8>, McpError> {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_output_bytes;
         let params = GetPromptRequestParams::new(name).with_arguments(arguments);
-        self.request(entry, "prompts/get", |conn, phase| async move {
+        self.request(entry, principal, "prompts/get", |conn, phase| async move {
             let result = conn
                 .service
                 .get_prompt(params)
@@ -309,6 +324,7 @@ impl McpPool {
     async fn request<'a, T, F, Fut>(
         &self,
         entry: &'a Arc<ServerEntry>,
+        principal: Option<&str>,
         what: &str,
         request: F,
     ) -> Result<T, McpError>
@@ -316,7 +332,7 @@ impl McpPool {
         F: FnOnce(Arc<Connection>, Arc<CallPhase>) -> Fut,
         Fut: Future<Output = Result<T, McpError>> + 'a,
     {
-        let in_flight = self.enter(entry);
+        let in_flight = self.enter(entry, principal);
         let slot = &in_flight.slot;
         let conn = self.connect(slot).await?;
         let timeout = entry.record.budgets.tool_timeout;
@@ -397,7 +413,7 @@ impl McpPool {
             ),
             _ => None,
         };
-        let conn = Arc::new(self.connector.open(entry, 0, permit).await?);
+        let conn = Arc::new(self.connector.open(entry, 0, permit, None).await?);
         let timeout = entry.record.budgets.tool_timeout;
         let cap = entry.record.budgets.max_tool_list_bytes;
         let phase = CallPhase::new(CallPhase::ON_WIRE);
@@ -414,7 +430,7 @@ impl McpPool {
         let warming = entries.iter().map(|entry| async move {
             let started = Instant::now();
             let server_id = entry.server_id();
-            match self.list_tools(entry).await {
+            match self.list_tools(entry, None).await {
                 Ok(tools) => tracing::info!(
                     server_id,
                     tools = tools.len(),

@@ -22,6 +22,9 @@ pub(super) struct CachedTools {
 
 pub(super) struct ServerSlot {
     pub(super) entry: Arc<ServerEntry>,
+    /// Whom the connection acts for, when the server's credential is a user's grant
+    /// (then each principal has a slot of its own); else `None`, one slot for all.
+    pub(super) principal: Option<Arc<str>>,
     pub(super) conn: tokio::sync::Mutex<Option<Arc<Connection>>>,
     pub(super) permits: Semaphore,
     pub(super) tools: Mutex<Option<CachedTools>>,
@@ -105,6 +108,15 @@ impl Drop for InFlight {
     }
 }
 
+/// The slot map's key: the server id, and the principal for a per-principal slot (after
+/// a NUL, which neither may contain).
+pub(super) fn slot_key(server_id: &str, principal: Option<&str>) -> String {
+    match principal {
+        Some(principal) => format!("{server_id}\0{principal}"),
+        None => server_id.to_owned(),
+    }
+}
+
 impl McpPool {
     /// Enters the slot for `entry` (counted in flight until the guard drops). A changed
     /// launch config replaces the old slot, whose server is stopped once its last call is
@@ -114,10 +126,12 @@ impl McpPool {
     /// start, so a task still on that snapshot is served without stopping anyone's server.
     /// A current entry never uses a retired slot (the registry may have changed back to
     /// it): its server would be stopped under the current snapshot's calls.
-    pub(super) fn enter(&self, entry: &Arc<ServerEntry>) -> InFlight {
+    pub(super) fn enter(&self, entry: &Arc<ServerEntry>, principal: Option<&str>) -> InFlight {
+        let principal = principal.filter(|_| self.is_per_principal(entry));
+        let key = slot_key(entry.server_id(), principal);
         let mut slots = self.shared.slots();
         let server_id = entry.server_id();
-        if let Some(slot) = slots.get(server_id)
+        if let Some(slot) = slots.get(&key)
             && (Arc::ptr_eq(&slot.entry, entry) || slot.entry.connects_like(entry))
         {
             return slot.begin();
@@ -125,14 +139,17 @@ impl McpPool {
         let outdated = self.is_outdated(entry);
         let mut retired = self.shared.retired();
         if outdated
-            && let Some(slot) = retired
-                .iter()
-                .find(|slot| slot.entry.server_id() == server_id && slot.entry.connects_like(entry))
+            && let Some(slot) = retired.iter().find(|slot| {
+                slot.entry.server_id() == server_id
+                    && slot.principal.as_deref() == principal
+                    && slot.entry.connects_like(entry)
+            })
         {
             return slot.begin();
         }
         let slot = Arc::new(ServerSlot {
             entry: entry.clone(),
+            principal: principal.map(Arc::from),
             conn: tokio::sync::Mutex::new(None),
             permits: Semaphore::new(entry.record.budgets.max_concurrency as usize),
             tools: Mutex::new(None),
@@ -157,12 +174,23 @@ impl McpPool {
         if outdated {
             slot.retired.store(true, Ordering::SeqCst);
             retired.push(slot);
-        } else if let Some(old) = slots.insert(server_id.to_owned(), slot) {
+        } else if let Some(old) = slots.insert(key, slot) {
             old.retired.store(true, Ordering::SeqCst);
             retired.push(old);
             self.shared.reaper_wake.notify_one();
         }
         in_flight
+    }
+
+    /// Whether the server's credential is a user's grant, so each principal connects
+    /// with its own.
+    fn is_per_principal(&self, entry: &ServerEntry) -> bool {
+        entry
+            .record
+            .http
+            .as_ref()
+            .and_then(|h| h.auth_ref.as_deref())
+            .is_some_and(|auth_ref| self.rules().auth.is_per_principal(auth_ref))
     }
 
     /// Whether `entry` is from an older registry snapshot than the pool follows: the
@@ -192,9 +220,9 @@ impl McpPool {
             .unwrap_or_else(|e| e.into_inner()) = Some(registry.clone());
         let stale: Vec<String> = slots
             .iter()
-            .filter(|(id, slot)| {
+            .filter(|(_, slot)| {
                 registry
-                    .get(id)
+                    .get(slot.entry.server_id())
                     .is_none_or(|entry| !slot.entry.connects_like(entry))
             })
             .map(|(id, _)| id.clone())

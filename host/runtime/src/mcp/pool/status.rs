@@ -115,6 +115,8 @@ impl McpPool {
             .map(|slot| slot.status())
             .collect();
         out.sort_by(|a, b| a.server_id.cmp(&b.server_id));
+        // A server with per-principal connections shares one health: shown once.
+        out.dedup_by(|a, b| a.server_id == b.server_id);
         out
     }
 

@@ -46,18 +46,18 @@ fn a_current_entry_never_lands_in_a_retired_slot() {
     let pool = McpPool::default();
     let (first, old_entry) = snapshot("a");
     pool.apply_registry(&first);
-    let old_call = pool.enter(&old_entry);
+    let old_call = pool.enter(&old_entry, None);
     pool.apply_registry(&snapshot("b").0);
     assert_eq!(pool.shared.retired().len(), 1);
     let (again, entry) = snapshot("a");
     pool.apply_registry(&again);
 
-    let call = pool.enter(&entry);
+    let call = pool.enter(&entry, None);
     assert!(!Arc::ptr_eq(&call.slot, &old_call.slot), "a retired slot");
     assert!(!call.slot.retired.load(Ordering::SeqCst));
     assert!(current(&pool).is_some_and(|slot| Arc::ptr_eq(&slot, &call.slot)));
     // The first snapshot's entry launches as the current one does: it is current again.
-    assert!(Arc::ptr_eq(&pool.enter(&old_entry).slot, &call.slot));
+    assert!(Arc::ptr_eq(&pool.enter(&old_entry, None).slot, &call.slot));
 }
 
 /// A slot whose server changes while a call is in it, before that call connected: the
@@ -68,7 +68,7 @@ fn a_changed_slot_with_a_call_in_flight_is_retired_even_before_it_connects() {
     let pool = McpPool::default();
     let (first, entry) = snapshot("a");
     pool.apply_registry(&first);
-    let call = pool.enter(&entry);
+    let call = pool.enter(&entry, None);
     assert_eq!(
         pool.apply_registry(&Arc::new(Registry::empty())),
         ["s".to_owned()]
@@ -82,7 +82,7 @@ fn a_changed_slot_with_a_call_in_flight_is_retired_even_before_it_connects() {
     // Unused and unconnected: nothing to stop, nothing kept.
     let (second, entry) = snapshot("b");
     pool.apply_registry(&second);
-    drop(pool.enter(&entry));
+    drop(pool.enter(&entry, None));
     pool.apply_registry(&Arc::new(Registry::empty()));
     assert_eq!(pool.shared.retired().len(), 1, "only the slot with a call");
 }

@@ -148,12 +148,14 @@ impl DirStore {
     /// about the write lock's file (created by the first write, opened by each) cannot.
     #[cfg(feature = "watch")]
     pub(crate) fn is_registry_event(event: &notify::Event) -> bool {
-        let only_lock = !event.paths.is_empty()
-            && event
-                .paths
-                .iter()
-                .all(|p| p.file_name().is_some_and(|n| n == WRITE_LOCK_FILE));
-        !event.kind.is_access() && !only_lock
+        // The write lock, and user grants (refreshed tokens), change no record.
+        let not_records = !event.paths.is_empty()
+            && event.paths.iter().all(|p| {
+                p.file_name().is_some_and(|n| n == WRITE_LOCK_FILE)
+                    || p.components()
+                        .any(|c| c.as_os_str() == crate::mcp::REGISTRY_GRANTS_DIR)
+            });
+        !event.kind.is_access() && !not_records
     }
 
     /// Checks and writes one document under the write lock; with `expected`, only while

@@ -1,0 +1,509 @@
+//! Delegated user authorization: OAuth 2.1 authorization code with PKCE, as the MCP
+//! authorization spec has a client do it, for servers whose `[auth.NAME]` has
+//! `kind = "oauth_authorization_code"`. A person authorizes a server for a principal once;
+//! the [`Grant`](super::Grant) is kept per server and principal, and every task of that
+//! principal calls the server with its own token.
+//!
+//! The mechanics are rmcp's `AuthorizationManager` (discovery by RFC 9728 and RFC 8414 or
+//! OIDC, PKCE, the `resource` parameter, scope selection, `offline_access`, refresh, the
+//! RFC 9207 `iss` check), over our egress-checked client. What is ours: where grants live,
+//! which principal a connection acts for, how the client is identified (a configured
+//! client, a Client ID Metadata Document, else dynamic registration, kept in the grant
+//! and redone when the server moves to another authorization server), and who shows the
+//! person the authorization URL: a [`UserAuthorizer`]. A host without one (a node, a
+//! scheduler) never starts a flow on its own: a task whose principal has no grant gets an
+//! error naming the server, the principal and how to authorize.
+
+use std::sync::Arc;
+
+use oauth2::TokenResponse;
+use rmcp::transport::auth::{
+    AuthError as RmcpAuthError, AuthorizationManager, AuthorizationRequest, AuthorizationSession,
+    WWWAuthenticateParams,
+};
+use serde::Deserialize;
+
+use super::grants::{GrantKey, Grants, Registration, save_registration};
+use super::{AuthError, OAuthProblem};
+use crate::mcp::outbound::OutboundClient;
+
+/// `[auth.NAME] kind = "oauth_authorization_code"`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthAuthorizationCodeConfig {
+    /// The servers (record ids) that may use this credential; with `origins` too, a
+    /// server must be in both.
+    #[serde(default)]
+    pub servers: Vec<String>,
+    /// The URL origins (`https://host[:port]`) tokens may be sent to.
+    #[serde(default)]
+    pub origins: Vec<String>,
+    /// A client registered with the authorization server beforehand; without it, the
+    /// client is identified by `client_metadata_url` where the server supports it, else
+    /// registered dynamically (RFC 7591).
+    #[serde(default)]
+    pub client_id: Option<String>,
+    /// Environment variable holding a pre-registered confidential client's secret.
+    #[serde(default)]
+    pub client_secret_env: Option<String>,
+    /// An `https` URL serving this host's Client ID Metadata Document.
+    #[serde(default)]
+    pub client_metadata_url: Option<String>,
+    /// The name dynamic registration gives (default `Quiver`).
+    #[serde(default)]
+    pub client_name: Option<String>,
+    /// Scopes asked for; without them, the server's challenge, else its
+    /// `scopes_supported`, else none.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+}
+
+/// What a person is asked to authorize.
+#[derive(Clone, Debug)]
+pub struct AuthorizationPrompt {
+    pub server_id: String,
+    pub principal: String,
+    /// Open this in a browser.
+    pub url: String,
+}
+
+/// Why a person's authorization did not come back.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct AuthorizeError(pub String);
+
+/// Shows a person an authorization URL and waits for the authorization server to send the
+/// browser back to [`redirect_uri`](Self::redirect_uri). The CLI's listens on loopback
+/// (RFC 8252); a node's would finish at its own endpoint.
+pub trait UserAuthorizer: Send + Sync + 'static {
+    /// Where the authorization server sends the person back, as registered with it.
+    fn redirect_uri(&self) -> String;
+    /// Shows `prompt.url` and returns the full URL the browser was sent back to (its
+    /// query carries `code`, `state` and maybe `iss`), within a bounded time.
+    fn authorize(
+        &self,
+        prompt: AuthorizationPrompt,
+    ) -> futures::future::BoxFuture<'_, Result<String, AuthorizeError>>;
+}
+
+/// The tokens of one principal for one server: the connection's credential source.
+pub(crate) struct UserToken {
+    key: GrantKey,
+    auth_ref: String,
+    config: OAuthAuthorizationCodeConfig,
+    server_url: String,
+    http: OutboundClient,
+    grants: Grants,
+    authorizer: Option<Arc<dyn UserAuthorizer>>,
+    /// rmcp's manager, once discovery ran; one flow at a time.
+    manager: tokio::sync::Mutex<Option<Ready>>,
+}
+
+/// rmcp's manager after discovery, with what this module needs of the metadata it keeps
+/// private.
+struct Ready {
+    manager: AuthorizationManager,
+    issuer: Option<String>,
+    /// The authorization server accepts Client ID Metadata Documents.
+    cimd: bool,
+}
+
+impl UserToken {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        key: GrantKey,
+        auth_ref: String,
+        config: OAuthAuthorizationCodeConfig,
+        server_url: String,
+        http: OutboundClient,
+        grants: Grants,
+        authorizer: Option<Arc<dyn UserAuthorizer>>,
+    ) -> Self {
+        Self {
+            key,
+            auth_ref,
+            config,
+            server_url,
+            http,
+            grants,
+            authorizer,
+            manager: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    fn fail(&self, problem: OAuthProblem) -> AuthError {
+        AuthError::User {
+            server_id: self.key.server_id.clone(),
+            principal: self.key.principal.clone(),
+            auth_ref: self.auth_ref.clone(),
+            problem: Box::new(problem),
+        }
+    }
+
+    fn rmcp(&self, error: RmcpAuthError) -> AuthError {
+        match error {
+            RmcpAuthError::AuthorizationRequired | RmcpAuthError::TokenRefreshRejected(_) => {
+                self.needs_authorization()
+            }
+            other => self.fail(OAuthProblem::Flow(other.to_string())),
+        }
+    }
+
+    /// The principal has no usable grant and this host cannot ask a person.
+    fn needs_authorization(&self) -> AuthError {
+        AuthError::NotAuthorized {
+            server_id: self.key.server_id.clone(),
+            principal: self.key.principal.clone(),
+        }
+    }
+
+    /// Fails at once when the principal has no grant and nobody can be asked: such a
+    /// connection would only end in the same error after a round trip to the server.
+    pub(crate) async fn require_grant(&self) -> Result<(), AuthError> {
+        if self.authorizer.is_some() {
+            return Ok(());
+        }
+        let grant = self
+            .grants
+            .store
+            .load(&self.key)
+            .await
+            .map_err(|e| self.fail(OAuthProblem::Store(e.0)))?;
+        match grant.is_some_and(|g| g.has_tokens()) {
+            true => Ok(()),
+            false => Err(self.needs_authorization()),
+        }
+    }
+
+    /// The token to send before the server has said anything: the grant's, refreshed when
+    /// it expired; `None` when there is no grant yet and a person can be asked (the
+    /// server's 401 then says where).
+    pub(crate) async fn token_if_known(&self) -> Result<Option<String>, AuthError> {
+        let grant = self
+            .grants
+            .store
+            .load(&self.key)
+            .await
+            .map_err(|e| self.fail(OAuthProblem::Store(e.0)))?;
+        if !grant.as_ref().is_some_and(|g| g.has_tokens()) {
+            return match self.authorizer {
+                Some(_) => Ok(None),
+                None => Err(self.needs_authorization()),
+            };
+        }
+        let mut guard = self.manager.lock().await;
+        let ready = self.ready(&mut guard, None).await?;
+        match ready.manager.get_access_token().await {
+            Ok(token) => Ok(Some(token)),
+            Err(RmcpAuthError::AuthorizationRequired) if self.authorizer.is_some() => Ok(None),
+            Err(e) => Err(self.rmcp(e)),
+        }
+    }
+
+    /// A token after the server refused `rejected` with a 401 carrying `challenge`:
+    /// another call's newer token, a refreshed one, or a person's new authorization.
+    pub(crate) async fn unauthorized(
+        &self,
+        rejected: Option<&str>,
+        challenge: Option<&str>,
+    ) -> Result<String, AuthError> {
+        let mut guard = self.manager.lock().await;
+        // Discovery again: the server may have moved to another authorization server.
+        *guard = None;
+        let ready = self.ready(&mut guard, challenge).await?;
+        if let Ok(token) = ready.manager.get_access_token().await
+            && Some(token.as_str()) != rejected
+        {
+            return Ok(token);
+        }
+        if rejected.is_some() {
+            match ready.manager.refresh_token().await {
+                Ok(tokens) => {
+                    return Ok(tokens.access_token().secret().clone());
+                }
+                // The authorization server could not be asked: the grant stands, so no
+                // person is bothered for it.
+                Err(e @ RmcpAuthError::TokenRefreshFailed(_)) => return Err(self.rmcp(e)),
+                // No refresh token, a refused one, or no client any more (the server
+                // moved to another authorization server): a person authorizes again.
+                Err(_) => {}
+            }
+        }
+        let Some(authorizer) = self.authorizer.clone() else {
+            return Err(self.needs_authorization());
+        };
+        let ready = guard.take().expect("ready() set it");
+        let (ready, token) = self.authorize(ready, None, &authorizer).await?;
+        *guard = Some(ready);
+        Ok(token)
+    }
+
+    /// Runs the flow now, whatever the grant holds (`quiver mcp login`), asking the person
+    /// through `authorizer`, else the host's.
+    pub(crate) async fn login(
+        &self,
+        authorizer: Option<Arc<dyn UserAuthorizer>>,
+    ) -> Result<(), AuthError> {
+        let Some(authorizer) = authorizer.or_else(|| self.authorizer.clone()) else {
+            return Err(self.needs_authorization());
+        };
+        let mut guard = self.manager.lock().await;
+        *guard = None;
+        self.ready(&mut guard, None).await?;
+        let ready = guard.take().expect("ready() set it");
+        let (ready, _) = self.authorize(ready, None, &authorizer).await?;
+        *guard = Some(ready);
+        Ok(())
+    }
+
+    /// A token with more scopes after a 403 `insufficient_scope` `challenge`: the person
+    /// authorizes the union of the scopes held and those asked for. `None` when the
+    /// challenge is not a step-up.
+    pub(crate) async fn step_up(&self, challenge: &str) -> Result<Option<String>, AuthError> {
+        let base = reqwest::Url::parse(&self.server_url)
+            .map_err(|e| self.fail(OAuthProblem::Flow(e.to_string())))?;
+        let params = WWWAuthenticateParams::parse(challenge, &base);
+        if !params.is_insufficient_scope() {
+            return Ok(None);
+        }
+        if self.authorizer.is_none() {
+            return Err(self.fail(OAuthProblem::StepUpNeedsPerson {
+                scopes: params.scope.unwrap_or_default(),
+            }));
+        }
+        let mut guard = self.manager.lock().await;
+        self.ready(&mut guard, None).await?;
+        let ready = guard.take().expect("ready() set it");
+        let wanted = params.scope.unwrap_or_default();
+        let authorizer = self.authorizer.clone().expect("checked above");
+        let (ready, token) = self.authorize(ready, Some(&wanted), &authorizer).await?;
+        *guard = Some(ready);
+        Ok(Some(token))
+    }
+
+    /// The manager with discovery done and the grant's client configured.
+    async fn ready<'a>(
+        &self,
+        slot: &'a mut Option<Ready>,
+        challenge: Option<&str>,
+    ) -> Result<&'a mut Ready, AuthError> {
+        if slot.is_none() {
+            let mut manager = AuthorizationManager::new_with_oauth_http_client(
+                self.server_url.as_str(),
+                Arc::new(self.http.clone()),
+            )
+            .await
+            .map_err(|e| self.rmcp(e))?;
+            let resolution = manager
+                .resolve_metadata_from_challenge(challenge)
+                .await
+                .map_err(|e| self.fail(OAuthProblem::Discovery(e.to_string())))?;
+            let metadata = resolution.metadata;
+            self.check_in_clear(&metadata)?;
+            let issuer = metadata.issuer.clone();
+            let cimd = metadata
+                .additional_fields
+                .get("client_id_metadata_document_supported")
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(false);
+            manager.set_metadata(metadata);
+            manager.set_credential_store(self.grants.credentials(self.key.clone()));
+            // Tokens made by another authorization server are dropped here (rmcp checks
+            // the issuer they were stored with).
+            manager
+                .initialize_from_store()
+                .await
+                .map_err(|e| self.rmcp(e))?;
+            if let Some(registration) = self.registration(issuer.as_deref()).await? {
+                manager
+                    .configure_client(client_config(registration, self.redirect_uri()))
+                    .map_err(|e| self.rmcp(e))?;
+            }
+            *slot = Some(Ready {
+                manager,
+                issuer,
+                cimd,
+            });
+        }
+        Ok(slot.as_mut().expect("set above"))
+    }
+
+    /// An https server's authorization endpoints must be https too: the code, the PKCE
+    /// verifier and the tokens would otherwise travel in clear.
+    fn check_in_clear(
+        &self,
+        metadata: &rmcp::transport::auth::AuthorizationMetadata,
+    ) -> Result<(), AuthError> {
+        if !self.server_url.starts_with("https://") {
+            return Ok(());
+        }
+        let endpoints = [
+            Some(&metadata.authorization_endpoint),
+            Some(&metadata.token_endpoint),
+            metadata.registration_endpoint.as_ref(),
+        ];
+        match endpoints
+            .into_iter()
+            .flatten()
+            .find(|url| !url.starts_with("https://"))
+        {
+            Some(url) => Err(self.fail(OAuthProblem::TokenEndpointInClear {
+                url: url.clone(),
+                https: self.server_url.clone(),
+            })),
+            None => Ok(()),
+        }
+    }
+
+    fn redirect_uri(&self) -> String {
+        self.authorizer
+            .as_ref()
+            .map(|a| a.redirect_uri())
+            .unwrap_or_else(|| "http://127.0.0.1/callback".into())
+    }
+
+    /// The client this host is at the current authorization server, if known: the
+    /// configured one, else the one kept in the grant when the same server registered it.
+    async fn registration(&self, issuer: Option<&str>) -> Result<Option<Registration>, AuthError> {
+        if let Some(client_id) = &self.config.client_id {
+            return Ok(Some(Registration {
+                client_id: client_id.clone(),
+                client_secret: self.configured_secret()?,
+                issuer: None,
+            }));
+        }
+        let grant = self
+            .grants
+            .store
+            .load(&self.key)
+            .await
+            .map_err(|e| self.fail(OAuthProblem::Store(e.0)))?;
+        Ok(grant
+            .and_then(|g| g.registration)
+            .filter(|r| r.issuer.as_deref() == issuer || r.client_id.starts_with("https://")))
+    }
+
+    fn configured_secret(&self) -> Result<Option<String>, AuthError> {
+        match &self.config.client_secret_env {
+            None => Ok(None),
+            Some(var) => std::env::var(var)
+                .map(Some)
+                .map_err(|_| self.fail(OAuthProblem::SecretEnvMissing { var: var.clone() })),
+        }
+    }
+
+    /// Runs the authorization code flow with a person: identifies the client (registering
+    /// it when needed), shows the URL, exchanges the code. `step_up` adds the scopes a 403
+    /// asked for to those held.
+    async fn authorize(
+        &self,
+        ready: Ready,
+        step_up: Option<&str>,
+        authorizer: &Arc<dyn UserAuthorizer>,
+    ) -> Result<(Ready, String), AuthError> {
+        let Ready {
+            mut manager,
+            issuer,
+            cimd,
+        } = ready;
+        let redirect_uri = authorizer.redirect_uri();
+        let url = match step_up {
+            Some(scope) => {
+                let url = manager
+                    .request_scope_upgrade(scope)
+                    .await
+                    .map_err(|e| self.fail(OAuthProblem::Flow(e.to_string())))?;
+                AuthorizationSession::for_scope_upgrade(manager, url, &redirect_uri)
+            }
+            None => {
+                let mut request = AuthorizationRequest::new(redirect_uri.clone())
+                    .with_initial_scope_selection()
+                    .with_client_name(self.config.client_name.as_deref().unwrap_or("Quiver"));
+                if !self.config.scopes.is_empty() {
+                    request = request.with_scopes(self.config.scopes.iter().cloned());
+                }
+                if let Some(url) = &self.config.client_metadata_url {
+                    request = request.with_client_metadata_url(url.clone());
+                }
+                let known = self.registration(issuer.as_deref()).await?;
+                let registration = match known {
+                    Some(known) => Some(known),
+                    None if cimd && self.config.client_metadata_url.is_some() => None,
+                    None => Some(
+                        self.register(&mut manager, &redirect_uri, issuer.clone())
+                            .await?,
+                    ),
+                };
+                if let Some(registration) = registration {
+                    request = request.with_preregistered_client(registration.client_id);
+                    if let Some(secret) = registration.client_secret {
+                        request = request.with_client_secret(secret);
+                    }
+                }
+                AuthorizationSession::new(manager, request)
+                    .await
+                    .map_err(|(_, e)| self.fail(OAuthProblem::Flow(e.to_string())))?
+            }
+        };
+        tracing::info!(
+            server_id = %self.key.server_id,
+            principal = %self.key.principal,
+            "asking a person to authorize the MCP server"
+        );
+        let callback = authorizer
+            .authorize(AuthorizationPrompt {
+                server_id: self.key.server_id.clone(),
+                principal: self.key.principal.clone(),
+                url: url.get_authorization_url().to_owned(),
+            })
+            .await
+            .map_err(|e| self.fail(OAuthProblem::Flow(e.0)))?;
+        let tokens = url
+            .handle_callback_url(&callback)
+            .await
+            .map_err(|e| self.fail(OAuthProblem::Flow(e.to_string())))?;
+        let token = tokens.access_token().secret().clone();
+        let ready = Ready {
+            manager: url.auth_manager,
+            issuer,
+            cimd,
+        };
+        Ok((ready, token))
+    }
+
+    /// Dynamic client registration (RFC 7591), kept in the grant with its issuer.
+    async fn register(
+        &self,
+        manager: &mut AuthorizationManager,
+        redirect_uri: &str,
+        issuer: Option<String>,
+    ) -> Result<Registration, AuthError> {
+        let name = self.config.client_name.as_deref().unwrap_or("Quiver");
+        let scopes: Vec<&str> = self.config.scopes.iter().map(String::as_str).collect();
+        let client = manager
+            .register_client(name, redirect_uri, &scopes)
+            .await
+            .map_err(|e| self.fail(OAuthProblem::Flow(e.to_string())))?;
+        let registration = Registration {
+            client_id: client.client_id,
+            client_secret: client.client_secret,
+            issuer,
+        };
+        save_registration(self.grants.store.as_ref(), &self.key, registration.clone())
+            .await
+            .map_err(|e| self.fail(OAuthProblem::Store(e.0)))?;
+        Ok(registration)
+    }
+}
+
+fn client_config(
+    registration: Registration,
+    redirect_uri: String,
+) -> rmcp::transport::auth::OAuthClientConfig {
+    let config =
+        rmcp::transport::auth::OAuthClientConfig::new(registration.client_id, redirect_uri);
+    match registration.client_secret {
+        Some(secret) => config.with_client_secret(secret),
+        None => config,
+    }
+}
