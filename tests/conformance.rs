@@ -77,7 +77,7 @@ const EXPECTED_FAILURES: &[(&str, &str)] = &[
     ),
     (
         "http-custom-headers",
-        "Quiver's client does not mirror x-mcp-header tool parameters into Mcp-Param-* headers (SEP-2243)",
+        "`quiver mcp call` calls a tool without listing the server's tools in that session, so rmcp knows no x-mcp-header annotation to mirror into Mcp-Param-* headers (SEP-2243)",
     ),
     (
         "json-schema-2020-12-preservation",
