@@ -3,7 +3,8 @@
 # - the wasm32-wasip1 Rust target (guests are built for it);
 # - the npm packages of fixtures/npm (Node.js), pinned by its lock file: the public
 #   reference MCP servers and the official MCP conformance suite
-#   (@modelcontextprotocol/conformance 0.1.13, the last release that runs on Node 20);
+#   (@modelcontextprotocol/conformance 0.2.0-alpha.12, with glob: on Node 20 the suite
+#   runs with fixtures/npm/node20/register.mjs preloaded, see docs/conformance.md);
 # - clang, wasm-ld, wasi-libc and the wasm32 compiler-rt builtins, from the system's
 #   package manager (Debian/Ubuntu apt), for building C guests against guest-sdk/c/spear.h;
 # - protoc (the etcd-client crate compiles etcd's protos at build time) and the etcd server
@@ -65,6 +66,7 @@ if command -v npm >/dev/null 2>&1; then
   if [ ! -x fixtures/npm/node_modules/.bin/mcp-server-filesystem ] \
      || [ ! -f fixtures/npm/node_modules/puppeteer-core/package.json ] \
      || [ ! -x fixtures/npm/node_modules/.bin/conformance ] \
+     || [ ! -f fixtures/npm/node_modules/glob/package.json ] \
      || [ fixtures/npm/package-lock.json -nt fixtures/npm/node_modules/.package-lock.json ]; then
     echo "setup: installing the reference MCP servers, the conformance suite and puppeteer-core (fixtures/npm)" >&2
     (cd fixtures/npm && npm ci --no-audit --no-fund --loglevel=error)
