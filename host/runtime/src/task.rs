@@ -120,6 +120,11 @@ pub struct TaskSpec {
     /// task.json or a request body, and out of the guest's reach.
     #[serde(skip)]
     pub principal: Option<String>,
+    /// A token from the platform that submitted the task (an OIDC ID token or an access
+    /// token), exchanged for servers whose credential is `oauth_token_exchange`. A secret:
+    /// never read from task.json, never serialised, shown or given to the guest.
+    #[serde(skip)]
+    pub subject_token: Option<crate::SubjectToken>,
 }
 
 /// Where a task's `log` lines go. Guests use `log` as their `printf`, so by default a line is
@@ -159,6 +164,7 @@ impl TaskSpec {
             capture_output: false,
             guest_logs: GuestLogs::Stderr,
             principal: None,
+            subject_token: None,
         }
     }
 

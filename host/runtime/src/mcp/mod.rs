@@ -23,7 +23,8 @@ mod rules;
 mod session;
 
 pub use auth::{
-    ApiKeyConfig, AuthConfig, AuthSet, OAuthClientCredentialsConfig, SigningAlg, TokenEndpointAuth,
+    ApiKeyConfig, AuthConfig, AuthSet, OAuthClientCredentialsConfig, OAuthTokenExchangeConfig,
+    SigningAlg, SubjectToken, SubjectTokenError, TokenEndpointAuth, TokenType,
 };
 pub use egress::{EgressConfig, EgressPolicy};
 pub use error::{McpError, McpErrorCode};

@@ -7,6 +7,10 @@
 //!   or discovered from the server's 401 challenge and protected-resource metadata, then
 //!   the authorization server's metadata; the client authenticates with a secret (Basic
 //!   or form) or a signed JWT ([`jwt`]).
+//! - `oauth_token_exchange`: OAuth 2.0 token exchange (RFC 8693): the task's subject token
+//!   ([`SubjectToken`], from the platform that submitted it) is exchanged at the
+//!   authorization server, found as for client credentials, for a token scoped to the
+//!   server; the client authenticates as above or not at all (`none`).
 //!
 //! Config is checked and private keys are read once, when the host is built
 //! ([`AuthSet::load`]); secrets are read from the environment when used. Neither appears
@@ -16,6 +20,7 @@
 
 mod jwt;
 mod oauth;
+mod subject;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -30,6 +35,8 @@ use crate::registry::RuleViolation;
 pub use jwt::SigningAlg;
 use jwt::{ClientKey, SignError};
 pub(crate) use oauth::OAuthClient;
+pub(crate) use subject::{SubjectRegistration, SubjectTokens};
+pub use subject::{SubjectToken, SubjectTokenError};
 
 /// Credentials that cannot be resolved or a token that cannot be had. It names the server,
 /// the `auth_ref`, the variable and the endpoint; never a key, secret or token.
@@ -50,9 +57,21 @@ pub(crate) enum AuthError {
         auth_ref: String,
         var: String,
     },
-    #[error("server `{server_id}`: oauth_client_credentials auth `{auth_ref}`: {problem}")]
+    /// A token-exchange credential and a task with no subject token to exchange.
+    #[error(
+        "server `{server_id}`: oauth_token_exchange auth `{auth_ref}` exchanges the task's subject token, and {who} has none; submit the task with one (the node's `Quiver-Subject-Token` header, `--subject-token-env VAR` of the CLI, or TaskSpec::subject_token)"
+    )]
+    NoSubjectToken {
+        server_id: String,
+        auth_ref: String,
+        /// "the task" or "principal `NAME`".
+        who: String,
+    },
+    #[error("server `{server_id}`: {kind} auth `{auth_ref}`: {problem}")]
     OAuth {
         server_id: String,
+        /// `oauth_client_credentials` or `oauth_token_exchange`.
+        kind: &'static str,
         auth_ref: String,
         #[source]
         problem: OAuthProblem,
@@ -164,6 +183,16 @@ pub(crate) enum OAuthProblem {
     },
     #[error("the token response has no access_token")]
     NoAccessToken,
+    /// A token exchange answered with another token type than the one asked for (or none).
+    #[error(
+        "the token endpoint issued a token of type {received}, not the {requested} asked for; check requested_token_type and the authorization server's exchange policy"
+    )]
+    WrongTokenType { requested: String, received: String },
+    /// The token is not a bearer token (e.g. DPoP-bound), which this host cannot present.
+    #[error(
+        "the token endpoint issued a token of token_type {token_type}, not Bearer; this host presents bearer tokens only"
+    )]
+    NotBearer { token_type: String },
     /// The MCP server's URL, needed for discovery, does not parse.
     #[error("{0}")]
     ServerUrl(#[source] UrlParseError),
@@ -175,6 +204,7 @@ pub(crate) enum OAuthProblem {
 pub enum AuthConfig {
     ApiKey(ApiKeyConfig),
     OauthClientCredentials(OAuthClientCredentialsConfig),
+    OauthTokenExchange(OAuthTokenExchangeConfig),
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -251,12 +281,114 @@ pub struct OAuthClientCredentialsConfig {
     pub assertion_audience: Option<String>,
 }
 
+/// `[auth.NAME] kind = "oauth_token_exchange"`: the task's subject token exchanged at the
+/// authorization server (RFC 8693) for a token for the server. Discovery, client
+/// authentication and the binding work as for [`OAuthClientCredentialsConfig`].
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthTokenExchangeConfig {
+    /// The servers (record ids) that may use this credential; with `origins` too, a
+    /// server must be in both.
+    #[serde(default)]
+    pub servers: Vec<String>,
+    /// The URL origins (`https://host[:port]`) this credential may be sent to: the MCP
+    /// servers' URLs, and a discovered token endpoint.
+    #[serde(default)]
+    pub origins: Vec<String>,
+    pub client_id: String,
+    /// Environment variable holding the client secret (`client_secret_basic`/`_post`).
+    #[serde(default)]
+    pub client_secret_env: Option<String>,
+    /// The token endpoint; without it, discovered from `issuer` or the server's metadata.
+    #[serde(default)]
+    pub token_url: Option<String>,
+    /// The authorization server, as for client credentials.
+    #[serde(default)]
+    pub issuer: Option<String>,
+    /// Scopes asked for; without them, the server's challenge or metadata decides.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// The RFC 8707 `resource` parameter (default: the MCP server's URL).
+    #[serde(default)]
+    pub resource: Option<String>,
+    /// The RFC 8693 `audience` parameter (the logical name of the target service), if the
+    /// authorization server wants one.
+    #[serde(default)]
+    pub audience: Option<String>,
+    /// How the client authenticates at the token endpoint (default: `private_key_jwt`
+    /// with a `private_key_file`, Basic or post with a secret, else `none`).
+    #[serde(default)]
+    pub token_endpoint_auth: Option<TokenEndpointAuth>,
+    /// PKCS#8 PEM private key for `private_key_jwt`; relative to the config file.
+    #[serde(default)]
+    pub private_key_file: Option<PathBuf>,
+    /// `ES256` or `RS256` (default: from the key).
+    #[serde(default)]
+    pub signing_alg: Option<SigningAlg>,
+    /// The client assertion's `aud` (default: the authorization server's issuer).
+    #[serde(default)]
+    pub assertion_audience: Option<String>,
+    /// What the task's subject token is (default `access_token`).
+    #[serde(default = "access_token")]
+    pub subject_token_type: TokenType,
+    /// What to ask for (default `access_token`); the answer must say it is that.
+    #[serde(default = "access_token")]
+    pub requested_token_type: TokenType,
+}
+
+fn access_token() -> TokenType {
+    TokenType::AccessToken
+}
+
+/// RFC 8693 §3 token type identifiers, by their short names.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenType {
+    AccessToken,
+    IdToken,
+    Jwt,
+}
+
+impl TokenType {
+    /// The `urn:ietf:params:oauth:token-type:*` URI.
+    pub fn uri(self) -> &'static str {
+        match self {
+            TokenType::AccessToken => "urn:ietf:params:oauth:token-type:access_token",
+            TokenType::IdToken => "urn:ietf:params:oauth:token-type:id_token",
+            TokenType::Jwt => "urn:ietf:params:oauth:token-type:jwt",
+        }
+    }
+}
+
+impl OAuthTokenExchangeConfig {
+    /// The client part, as the client-credentials kind has it (no step-up scopes: a
+    /// step-up would need another exchange policy).
+    fn client(&self) -> OAuthClientCredentialsConfig {
+        OAuthClientCredentialsConfig {
+            servers: self.servers.clone(),
+            origins: self.origins.clone(),
+            client_id: self.client_id.clone(),
+            client_secret_env: self.client_secret_env.clone(),
+            token_url: self.token_url.clone(),
+            issuer: self.issuer.clone(),
+            scopes: self.scopes.clone(),
+            step_up_scopes: Vec::new(),
+            resource: self.resource.clone(),
+            token_endpoint_auth: self.token_endpoint_auth,
+            private_key_file: self.private_key_file.clone(),
+            signing_alg: self.signing_alg,
+            assertion_audience: self.assertion_audience.clone(),
+        }
+    }
+}
+
 impl AuthConfig {
     /// The binding: the servers and the origins that may use the credential.
     fn binding(&self) -> (&[String], &[String]) {
         match self {
             AuthConfig::ApiKey(c) => (&c.servers, &c.origins),
             AuthConfig::OauthClientCredentials(c) => (&c.servers, &c.origins),
+            AuthConfig::OauthTokenExchange(c) => (&c.servers, &c.origins),
         }
     }
 }
@@ -286,6 +418,8 @@ pub enum TokenEndpointAuth {
     ClientSecretBasic,
     ClientSecretPost,
     PrivateKeyJwt,
+    /// A public client: only `client_id` is sent (token exchange only).
+    None,
 }
 
 impl TokenEndpointAuth {
@@ -294,6 +428,7 @@ impl TokenEndpointAuth {
             TokenEndpointAuth::ClientSecretBasic => "client_secret_basic",
             TokenEndpointAuth::ClientSecretPost => "client_secret_post",
             TokenEndpointAuth::PrivateKeyJwt => "private_key_jwt",
+            TokenEndpointAuth::None => "none",
         }
     }
 }
@@ -324,6 +459,14 @@ impl AuthConfigError {
 pub struct AuthSet {
     configs: BTreeMap<String, AuthConfig>,
     keys: BTreeMap<String, Arc<ClientKey>>,
+    /// The subject tokens of running tasks, for token exchange; shared by every clone.
+    subjects: SubjectTokens,
+}
+
+impl std::fmt::Debug for SubjectTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SubjectTokens(<redacted>)")
+    }
 }
 
 impl AuthSet {
@@ -341,9 +484,38 @@ impl AuthSet {
                 source: None,
             };
             check_binding_config(config, &error)?;
-            let AuthConfig::OauthClientCredentials(oauth) = config else {
-                continue;
+            let (oauth, public) = match config {
+                AuthConfig::ApiKey(_) => continue,
+                AuthConfig::OauthClientCredentials(oauth) => {
+                    if oauth.token_endpoint_auth == Some(TokenEndpointAuth::None) {
+                        return Err(error(
+                            "token_endpoint_auth",
+                            "client credentials need the client to authenticate: use client_secret_basic, client_secret_post or private_key_jwt (none is for oauth_token_exchange)".into(),
+                        ));
+                    }
+                    (oauth.clone(), false)
+                }
+                AuthConfig::OauthTokenExchange(exchange) => {
+                    let public = match exchange.token_endpoint_auth {
+                        Some(method) => method == TokenEndpointAuth::None,
+                        None => {
+                            exchange.client_secret_env.is_none()
+                                && exchange.private_key_file.is_none()
+                        }
+                    };
+                    if public
+                        && (exchange.client_secret_env.is_some()
+                            || exchange.private_key_file.is_some())
+                    {
+                        return Err(error(
+                            "token_endpoint_auth",
+                            "token_endpoint_auth = \"none\" sends no secret or assertion: drop client_secret_env and private_key_file, or pick the method that uses them".into(),
+                        ));
+                    }
+                    (exchange.client(), public)
+                }
             };
+            let oauth = &oauth;
             if oauth.scopes.len() + oauth.step_up_scopes.len() > defaults::OAUTH_MAX_SCOPES {
                 return Err(error(
                     "scopes",
@@ -386,7 +558,7 @@ impl AuthSet {
                             "signing_alg is only used with a private_key_file".into(),
                         ));
                     }
-                    if oauth.client_secret_env.is_none() {
+                    if oauth.client_secret_env.is_none() && !public {
                         return Err(error(
                             "client_secret_env",
                             "set the name of the variable holding the client secret, or use \
@@ -400,7 +572,17 @@ impl AuthSet {
         Ok(Self {
             configs: configs.clone(),
             keys,
+            subjects: SubjectTokens::default(),
         })
+    }
+
+    /// Registers a task's subject token under its principal while the task runs.
+    pub(crate) fn register_subject(
+        &self,
+        principal: Option<&str>,
+        token: SubjectToken,
+    ) -> SubjectRegistration {
+        self.subjects.register(principal, token)
     }
 }
 
@@ -492,19 +674,22 @@ impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Credentials::ApiKey { header, .. } => write!(f, "ApiKey({header}: <redacted>)"),
-            Credentials::OAuth(_) => f.write_str("OAuth(<client credentials>)"),
+            Credentials::OAuth(_) => f.write_str("OAuth(<redacted>)"),
         }
     }
 }
 
 impl Credentials {
     /// Resolves `auth_ref` for `server_id` (at connect time, so a rotated key is picked up).
+    /// `principal` is whom the connection acts for: token exchange uses the subject tokens
+    /// of that principal's tasks (`None`: tasks without one).
     pub(crate) fn resolve(
         server_id: &str,
         auth_ref: &str,
         auth: &AuthSet,
         server_url: &str,
         http: OutboundClient,
+        principal: Option<&str>,
     ) -> Result<Self, AuthError> {
         let config = auth
             .configs
@@ -545,12 +730,31 @@ impl Credentials {
                     oauth::Identity {
                         server_id: server_id.to_owned(),
                         auth_ref: auth_ref.to_owned(),
+                        principal: principal.map(Arc::from),
                     },
                     oauth.clone(),
                     auth.keys.get(auth_ref).cloned(),
                     server_url.to_owned(),
                     http,
                 ))))
+            }
+            AuthConfig::OauthTokenExchange(exchange) => {
+                let client = OAuthClient::new(
+                    oauth::Identity {
+                        server_id: server_id.to_owned(),
+                        auth_ref: auth_ref.to_owned(),
+                        principal: principal.map(Arc::from),
+                    },
+                    exchange.client(),
+                    auth.keys.get(auth_ref).cloned(),
+                    server_url.to_owned(),
+                    http,
+                )
+                .exchanging(oauth::Exchange {
+                    config: exchange.clone(),
+                    subjects: auth.subjects.clone(),
+                });
+                Ok(Credentials::OAuth(Arc::new(client)))
             }
         }
     }
@@ -584,6 +788,7 @@ mod tests {
     fn oauth(problem: OAuthProblem) -> AuthError {
         AuthError::OAuth {
             server_id: "web".into(),
+            kind: "oauth_client_credentials",
             auth_ref: "corp".into(),
             problem,
         }
@@ -719,13 +924,13 @@ mod tests {
         )]);
         let configs = AuthSet::load(&configs, Path::new(".")).unwrap();
         let http = client(&["https://*:*"]);
-        let undefined = Credentials::resolve("web", "nope", &configs, "https://x", http.clone())
+        let undefined = Credentials::resolve("web", "nope", &configs, "https://x", http.clone(), None)
             .expect_err("undefined");
         assert_eq!(
             undefined.to_string(),
             "server `web`: http.auth_ref `nope` is not defined in the host config ([auth.nope])"
         );
-        let missing = Credentials::resolve("web", "key", &configs, "https://x", http.clone())
+        let missing = Credentials::resolve("web", "key", &configs, "https://x", http.clone(), None)
             .expect_err("unset");
         assert_eq!(
             missing.to_string(),

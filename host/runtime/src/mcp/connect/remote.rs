@@ -44,8 +44,17 @@ impl Connector {
             .and_then(|h| h.auth_ref.as_deref())
         {
             Some(auth_ref) => Some(
-                Credentials::resolve(server_id, auth_ref, &self.rules.auth, url, http.clone())
-                    .map_err(|e| unavailable(e.to_string()))?,
+                // Connections are per server here, so token exchange uses the subject
+                // tokens of tasks without a principal.
+                Credentials::resolve(
+                    server_id,
+                    auth_ref,
+                    &self.rules.auth,
+                    url,
+                    http.clone(),
+                    None,
+                )
+                .map_err(|e| unavailable(e.to_string()))?,
             ),
             None => None,
         };
