@@ -78,7 +78,17 @@ pub(crate) enum AuthError {
     },
 }
 
-/// What went wrong getting an OAuth client-credentials token.
+impl AuthError {
+    fn no_subject(server_id: &str, auth_ref: &str, principal: Option<&str>) -> Self {
+        AuthError::NoSubjectToken {
+            server_id: server_id.to_owned(),
+            auth_ref: auth_ref.to_owned(),
+            who: principal.map_or_else(|| "the task".to_owned(), |p| format!("principal `{p}`")),
+        }
+    }
+}
+
+/// What went wrong getting an OAuth token.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum OAuthProblem {
     /// Discovery failed: rmcp's error with its causes (URLs and statuses, no credentials).
@@ -576,6 +586,25 @@ impl AuthSet {
         })
     }
 
+    /// For a server whose credential is `oauth_token_exchange`: whether a running task of
+    /// `principal` has a subject token to exchange.
+    pub(crate) fn check_subject(
+        &self,
+        entry: &crate::registry::ServerEntry,
+        principal: Option<&str>,
+    ) -> Result<(), AuthError> {
+        let Some(auth_ref) = entry.record.http.as_ref().and_then(|h| h.auth_ref.as_deref())
+        else {
+            return Ok(());
+        };
+        if !matches!(self.configs.get(auth_ref), Some(AuthConfig::OauthTokenExchange(_)))
+            || self.subjects.current(principal).is_some()
+        {
+            return Ok(());
+        }
+        Err(AuthError::no_subject(entry.server_id(), auth_ref, principal))
+    }
+
     /// Registers a task's subject token under its principal while the task runs.
     pub(crate) fn register_subject(
         &self,
@@ -856,8 +885,9 @@ mod tests {
         );
         let bad_method =
             load("client_secret_env = \"S\"\ntoken_endpoint_auth = \"none\"\n").unwrap_err();
+        assert_eq!(bad_method.field, "auth.corp.token_endpoint_auth");
         assert!(
-            bad_method.message.contains("unknown variant `none`"),
+            bad_method.message.contains("none is for oauth_token_exchange"),
             "{}",
             bad_method.message
         );

@@ -199,16 +199,11 @@ impl OAuthClient {
             return Ok(None);
         };
         let principal = self.who.principal.as_deref();
-        exchange.subjects.current(principal).map(Some).ok_or_else(|| {
-            AuthError::NoSubjectToken {
-                server_id: self.who.server_id.clone(),
-                auth_ref: self.who.auth_ref.clone(),
-                who: principal.map_or_else(
-                    || "the task".to_owned(),
-                    |p| format!("principal `{p}`"),
-                ),
-            }
-        })
+        exchange
+            .subjects
+            .current(principal)
+            .map(Some)
+            .ok_or_else(|| AuthError::no_subject(&self.who.server_id, &self.who.auth_ref, principal))
     }
 
     /// A valid token, discovering the endpoint without a challenge if need be (rmcp
