@@ -28,7 +28,9 @@ fn registry(url: &str) -> RegistryDir {
 }
 
 fn exchange_table(lines: &str) -> String {
-    format!("kind = \"oauth_token_exchange\"\nservers = [\"secure\"]\nclient_id = \"quiver\"\n{lines}")
+    format!(
+        "kind = \"oauth_token_exchange\"\nservers = [\"secure\"]\nclient_id = \"quiver\"\n{lines}"
+    )
 }
 
 fn host(registry: &RegistryDir, table: &str) -> Host {
@@ -197,7 +199,9 @@ async fn hostile_token_answers_and_a_token_endpoint_in_clear_are_refused() {
     );
     let error = whoami(&host, &task(Some(ALICE))).await.unwrap_err();
     assert!(
-        error.message.contains("is plain http while https://127.0.0.1:9/mcp is https"),
+        error
+            .message
+            .contains("is plain http while https://127.0.0.1:9/mcp is https"),
         "{}",
         error.message
     );
@@ -249,7 +253,8 @@ fn exchange_tables_name_the_field_and_the_fix() {
         .unwrap()
         .to_string();
     assert!(
-        error.contains("auth.cc.token_endpoint_auth") && error.contains("none is for oauth_token_exchange"),
+        error.contains("auth.cc.token_endpoint_auth")
+            && error.contains("none is for oauth_token_exchange"),
         "{error}"
     );
 }
@@ -281,7 +286,14 @@ fn the_cli_takes_the_subject_token_from_the_variable_it_names() {
     let call = |var: &str, value: Option<&str>| {
         let mut command = Command::new(quiver_cli());
         command
-            .args(["mcp", "call", "secure", "whoami", "--subject-token-env", var])
+            .args([
+                "mcp",
+                "call",
+                "secure",
+                "whoami",
+                "--subject-token-env",
+                var,
+            ])
             .arg("--registry")
             .arg(registry.path())
             .arg("--config")
@@ -316,4 +328,68 @@ fn the_cli_takes_the_subject_token_from_the_variable_it_names() {
     assert!(stderr.contains("without `Bearer `"), "{stderr}");
     shows_no_secret(&stderr);
     assert_eq!(tokens.token_request_count(), 1);
+}
+
+/// `quiver serve`: the subject token comes in the `Quiver-Subject-Token` header of
+/// `POST /v1/tasks`, reaches the exchange, and appears in no answer or log line; a bad
+/// one is refused naming the header and the rule.
+#[tokio::test]
+async fn the_node_takes_the_subject_token_from_its_header_and_never_shows_it() {
+    use quiver_tests::node::Node;
+    let tokens = TokenServer::start("quiver", SECRET, Duration::from_secs(3600)).await;
+    let server = FixtureHttp::spawn("http", &["--bearer-introspect", &tokens.introspect_url()]);
+    let registry = registry(server.url());
+    let config = format!(
+        "[egress]\nallow_private = [\"127.0.0.0/8\"]\n[auth.xchg]\n{}",
+        exchange_table(&format!(
+            "client_secret_env = \"QUIVER_TEST_NODE_XCHG\"\nissuer = {:?}\n",
+            tokens.issuer()
+        ))
+    );
+    let node = Node::start(
+        &registry,
+        Some(&config),
+        &[("QUIVER_TEST_NODE_XCHG", SECRET)],
+    );
+    let guest = quiver_tests::wat::mcp_calls(&[("secure", "whoami", "{}")], 1);
+    let module = node.upload(guest.as_bytes()).await;
+    let task = serde_json::json!({
+        "task_id": "exchanging",
+        "config": {"mcp.enabled": "true", "mcp.default_server_ids": "[\"secure\"]"},
+        "limits": {"deadline_ms": 120000},
+    });
+    let submit = |subject: &str| {
+        Node::send(
+            node.request(reqwest::Method::POST, "/v1/tasks")
+                .header("Quiver-Subject-Token", subject)
+                .json(&serde_json::json!({"module": module, "task": task})),
+        )
+    };
+    let answer = submit(ALICE).await;
+    assert_eq!(answer.status, 202, "{answer:?}");
+    let id = answer.json["id"].as_str().unwrap().to_owned();
+    let done = node.task(&id, 60).await;
+    assert_eq!(done.json["status"], "finished", "{done:?}");
+    assert!(
+        done.json["stderr"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("tok-1-"),
+        "{done:?}"
+    );
+    assert_eq!(
+        tokens.token_requests()[0].subject_token.as_deref(),
+        Some(ALICE)
+    );
+    shows_no_secret(&done.json.to_string());
+
+    let refused = submit("Bearer eyJsubject-token-of-carol").await;
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert_eq!(refused.field(), "Quiver-Subject-Token");
+    assert!(
+        refused.json.to_string().contains("without `Bearer `"),
+        "{refused:?}"
+    );
+    shows_no_secret(&refused.json.to_string());
+    shows_no_secret(&node.stderr());
 }

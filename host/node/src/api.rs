@@ -378,9 +378,9 @@ fn subject_token(headers: &HeaderMap) -> Result<Option<quiver::SubjectToken>, Ap
     if values.next().is_some() {
         return Err(ApiError::bad(field, "send the subject token header once"));
     }
-    let text = value.to_str().map_err(|_| {
-        ApiError::bad(field, quiver::SubjectTokenError::BadCharacter.to_string())
-    })?;
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::bad(field, quiver::SubjectTokenError::BadCharacter.to_string()))?;
     quiver::SubjectToken::new(text)
         .map(Some)
         .map_err(|e| ApiError::bad(field, e.to_string()))

@@ -593,16 +593,26 @@ impl AuthSet {
         entry: &crate::registry::ServerEntry,
         principal: Option<&str>,
     ) -> Result<(), AuthError> {
-        let Some(auth_ref) = entry.record.http.as_ref().and_then(|h| h.auth_ref.as_deref())
+        let Some(auth_ref) = entry
+            .record
+            .http
+            .as_ref()
+            .and_then(|h| h.auth_ref.as_deref())
         else {
             return Ok(());
         };
-        if !matches!(self.configs.get(auth_ref), Some(AuthConfig::OauthTokenExchange(_)))
-            || self.subjects.current(principal).is_some()
+        if !matches!(
+            self.configs.get(auth_ref),
+            Some(AuthConfig::OauthTokenExchange(_))
+        ) || self.subjects.current(principal).is_some()
         {
             return Ok(());
         }
-        Err(AuthError::no_subject(entry.server_id(), auth_ref, principal))
+        Err(AuthError::no_subject(
+            entry.server_id(),
+            auth_ref,
+            principal,
+        ))
     }
 
     /// Registers a task's subject token under its principal while the task runs.
@@ -887,7 +897,9 @@ mod tests {
             load("client_secret_env = \"S\"\ntoken_endpoint_auth = \"none\"\n").unwrap_err();
         assert_eq!(bad_method.field, "auth.corp.token_endpoint_auth");
         assert!(
-            bad_method.message.contains("none is for oauth_token_exchange"),
+            bad_method
+                .message
+                .contains("none is for oauth_token_exchange"),
             "{}",
             bad_method.message
         );
@@ -954,8 +966,9 @@ mod tests {
         )]);
         let configs = AuthSet::load(&configs, Path::new(".")).unwrap();
         let http = client(&["https://*:*"]);
-        let undefined = Credentials::resolve("web", "nope", &configs, "https://x", http.clone(), None)
-            .expect_err("undefined");
+        let undefined =
+            Credentials::resolve("web", "nope", &configs, "https://x", http.clone(), None)
+                .expect_err("undefined");
         assert_eq!(
             undefined.to_string(),
             "server `web`: http.auth_ref `nope` is not defined in the host config ([auth.nope])"

@@ -203,7 +203,9 @@ impl OAuthClient {
             .subjects
             .current(principal)
             .map(Some)
-            .ok_or_else(|| AuthError::no_subject(&self.who.server_id, &self.who.auth_ref, principal))
+            .ok_or_else(|| {
+                AuthError::no_subject(&self.who.server_id, &self.who.auth_ref, principal)
+            })
     }
 
     /// A valid token, discovering the endpoint without a challenge if need be (rmcp
@@ -586,8 +588,14 @@ impl OAuthClient {
                 let mut form = vec![
                     ("grant_type", TOKEN_EXCHANGE.to_owned()),
                     ("subject_token", subject.expose().to_owned()),
-                    ("subject_token_type", config.subject_token_type.uri().to_owned()),
-                    ("requested_token_type", exchange.requested().uri().to_owned()),
+                    (
+                        "subject_token_type",
+                        config.subject_token_type.uri().to_owned(),
+                    ),
+                    (
+                        "requested_token_type",
+                        exchange.requested().uri().to_owned(),
+                    ),
                 ];
                 if let Some(audience) = &config.audience {
                     form.push(("audience", audience.clone()));

@@ -157,10 +157,7 @@ mod tests {
             SubjectToken::new("Bearer abc"),
             Err(SubjectTokenError::BadCharacter)
         );
-        assert_eq!(
-            SubjectToken::new("é"),
-            Err(SubjectTokenError::BadCharacter)
-        );
+        assert_eq!(SubjectToken::new("é"), Err(SubjectTokenError::BadCharacter));
         let huge = "a".repeat(defaults::MAX_SUBJECT_TOKEN_BYTES + 1);
         assert!(matches!(
             SubjectToken::new(&huge),
