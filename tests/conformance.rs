@@ -220,6 +220,13 @@ fn auth_client_credentials_jwt() {
     );
 }
 
+/// Workload identity (an extension scenario of the 0.2.0 suite): the driver configures
+/// `kind = "oauth_jwt_bearer"` with the scenario's workload JWT in a variable.
+#[test]
+fn auth_wif_jwt_bearer() {
+    scenario("auth/wif-jwt-bearer", &["wif-assertion-verified"]);
+}
+
 #[test]
 fn auth_pre_registration() {
     scenario("auth/pre-registration", &["pre-registration-auth"]);

@@ -80,9 +80,9 @@ pub use sandbox::heap::json_text as json_charge;
 
 pub use mcp::{
     ApiKeyConfig, AuthConfig, EgressConfig, LaunchConfig, LaunchRules, McpError, McpErrorCode,
-    McpHostConfig, OAuthClientCredentialsConfig, OAuthTokenExchangeConfig, PoolLimits, PoolUsage,
-    ServerState, ServerStatus, SigningAlg, SubjectToken, SubjectTokenError, TokenEndpointAuth,
-    TokenType, Tool, ToolCallOutput, ensure_tls_provider,
+    McpHostConfig, OAuthClientCredentialsConfig, OAuthJwtBearerConfig, OAuthTokenExchangeConfig,
+    PoolLimits, PoolUsage, ServerState, ServerStatus, SigningAlg, SubjectToken, SubjectTokenError,
+    TokenEndpointAuth, TokenType, Tool, ToolCallOutput, ensure_tls_provider,
 };
 pub use observe::{
     ApprovalDecided, ArgumentsSummary, AuditLog, Metrics, PolicyDenial, ToolCall, ToolCallEnd,

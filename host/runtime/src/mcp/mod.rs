@@ -23,8 +23,9 @@ mod rules;
 mod session;
 
 pub use auth::{
-    ApiKeyConfig, AuthConfig, AuthSet, OAuthClientCredentialsConfig, OAuthTokenExchangeConfig,
-    SigningAlg, SubjectToken, SubjectTokenError, TokenEndpointAuth, TokenType,
+    ApiKeyConfig, AuthConfig, AuthSet, OAuthClientCredentialsConfig, OAuthJwtBearerConfig,
+    OAuthTokenExchangeConfig, SigningAlg, SubjectToken, SubjectTokenError, TokenEndpointAuth,
+    TokenType,
 };
 pub use egress::{EgressConfig, EgressPolicy};
 pub use error::{McpError, McpErrorCode};

@@ -23,6 +23,7 @@ mod oauth;
 mod subject;
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -203,6 +204,9 @@ pub(crate) enum OAuthProblem {
         "the token endpoint issued a token of token_type {token_type}, not Bearer; this host presents bearer tokens only"
     )]
     NotBearer { token_type: String },
+    /// The workload's JWT cannot be read (it names the variable or file, never the value).
+    #[error("the workload JWT: {0}")]
+    Assertion(String),
     /// The MCP server's URL, needed for discovery, does not parse.
     #[error("{0}")]
     ServerUrl(#[source] UrlParseError),
@@ -215,6 +219,98 @@ pub enum AuthConfig {
     ApiKey(ApiKeyConfig),
     OauthClientCredentials(OAuthClientCredentialsConfig),
     OauthTokenExchange(OAuthTokenExchangeConfig),
+    OauthJwtBearer(OAuthJwtBearerConfig),
+}
+
+/// `[auth.NAME] kind = "oauth_jwt_bearer"`: workload identity. A JWT the platform issues to
+/// this workload (a Kubernetes service-account token, a cloud identity token) is presented
+/// at the authorization server as an RFC 7523 JWT bearer grant for a token for the server.
+/// Discovery and the binding work as for [`OAuthClientCredentialsConfig`]; the client is
+/// public (`client_id` only).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthJwtBearerConfig {
+    #[serde(default)]
+    pub servers: Vec<String>,
+    #[serde(default)]
+    pub origins: Vec<String>,
+    pub client_id: String,
+    /// Environment variable holding the workload JWT.
+    #[serde(default)]
+    pub assertion_env: Option<String>,
+    /// File holding the workload JWT, read at each token request (platforms rotate it);
+    /// relative to the config file.
+    #[serde(default)]
+    pub assertion_file: Option<PathBuf>,
+    #[serde(default)]
+    pub token_url: Option<String>,
+    #[serde(default)]
+    pub issuer: Option<String>,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// The RFC 8707 `resource` parameter (default: the MCP server's URL).
+    #[serde(default)]
+    pub resource: Option<String>,
+}
+
+impl OAuthJwtBearerConfig {
+    fn client(&self) -> OAuthClientCredentialsConfig {
+        OAuthClientCredentialsConfig {
+            servers: self.servers.clone(),
+            origins: self.origins.clone(),
+            client_id: self.client_id.clone(),
+            client_secret_env: None,
+            token_url: self.token_url.clone(),
+            issuer: self.issuer.clone(),
+            scopes: self.scopes.clone(),
+            step_up_scopes: Vec::new(),
+            resource: self.resource.clone(),
+            token_endpoint_auth: Some(TokenEndpointAuth::None),
+            private_key_file: None,
+            signing_alg: None,
+            assertion_audience: None,
+        }
+    }
+
+    fn source(&self) -> AssertionSource {
+        match (&self.assertion_env, &self.assertion_file) {
+            (Some(var), _) => AssertionSource::Env(var.clone()),
+            (None, Some(file)) => AssertionSource::File(file.clone()),
+            // The load requires one.
+            (None, None) => AssertionSource::Env(String::new()),
+        }
+    }
+}
+
+/// Where a workload JWT is read from.
+pub(crate) enum AssertionSource {
+    Env(String),
+    File(PathBuf),
+}
+
+impl AssertionSource {
+    /// The JWT, checked like a subject token (bounded, visible ASCII; a file's trailing
+    /// newline is dropped).
+    fn read(&self) -> Result<SubjectToken, OAuthProblem> {
+        let text = match self {
+            AssertionSource::Env(var) => std::env::var(var).map_err(|_| {
+                OAuthProblem::Assertion(format!("environment variable `{var}` is not set"))
+            })?,
+            AssertionSource::File(path) => {
+                let mut text = String::new();
+                std::fs::File::open(path)
+                    .and_then(|file| {
+                        file.take(defaults::MAX_SUBJECT_TOKEN_BYTES as u64 + 2)
+                            .read_to_string(&mut text)
+                    })
+                    .map_err(|e| {
+                        OAuthProblem::Assertion(format!("cannot read {}: {e}", path.display()))
+                    })?;
+                text.trim_end_matches(['\r', '\n']).to_owned()
+            }
+        };
+        SubjectToken::new(&text).map_err(|e| OAuthProblem::Assertion(e.to_string()))
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -399,6 +495,7 @@ impl AuthConfig {
             AuthConfig::ApiKey(c) => (&c.servers, &c.origins),
             AuthConfig::OauthClientCredentials(c) => (&c.servers, &c.origins),
             AuthConfig::OauthTokenExchange(c) => (&c.servers, &c.origins),
+            AuthConfig::OauthJwtBearer(c) => (&c.servers, &c.origins),
         }
     }
 }
@@ -487,6 +584,7 @@ impl AuthSet {
         dir: &Path,
     ) -> Result<Self, AuthConfigError> {
         let mut keys = BTreeMap::new();
+        let mut assertion_files = BTreeMap::new();
         for (name, config) in configs {
             let error = |field: &str, message: String| AuthConfigError {
                 field: format!("auth.{name}.{field}"),
@@ -523,6 +621,18 @@ impl AuthSet {
                         ));
                     }
                     (exchange.client(), public)
+                }
+                AuthConfig::OauthJwtBearer(bearer) => {
+                    if bearer.assertion_env.is_some() == bearer.assertion_file.is_some() {
+                        return Err(error(
+                            "assertion_env",
+                            "set exactly one of assertion_env (the variable holding the workload JWT) and assertion_file (the file the platform writes it to)".into(),
+                        ));
+                    }
+                    if let Some(file) = &bearer.assertion_file {
+                        assertion_files.insert(name.clone(), dir.join(file));
+                    }
+                    (bearer.client(), true)
                 }
             };
             let oauth = &oauth;
@@ -579,8 +689,14 @@ impl AuthSet {
                 }
             }
         }
+        let mut configs = configs.clone();
+        for (name, path) in assertion_files {
+            if let Some(AuthConfig::OauthJwtBearer(bearer)) = configs.get_mut(&name) {
+                bearer.assertion_file = Some(path);
+            }
+        }
         Ok(Self {
-            configs: configs.clone(),
+            configs,
             keys,
             subjects: SubjectTokens::default(),
         })
@@ -793,6 +909,21 @@ impl Credentials {
                     config: exchange.clone(),
                     subjects: auth.subjects.clone(),
                 });
+                Ok(Credentials::OAuth(Arc::new(client)))
+            }
+            AuthConfig::OauthJwtBearer(bearer) => {
+                let client = OAuthClient::new(
+                    oauth::Identity {
+                        server_id: server_id.to_owned(),
+                        auth_ref: auth_ref.to_owned(),
+                        principal: principal.map(Arc::from),
+                    },
+                    bearer.client(),
+                    None,
+                    server_url.to_owned(),
+                    http,
+                )
+                .asserting(bearer.source());
                 Ok(Credentials::OAuth(Arc::new(client)))
             }
         }

@@ -44,6 +44,7 @@ use crate::mcp::outbound::{OutboundClient, read_capped};
 
 const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
 const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+const JWT_BEARER_GRANT: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 
 /// When to fetch a token again. `lifetime` comes from the token endpoint: it is kept within
 /// [`defaults::OAUTH_TOKEN_MIN_LIFETIME`] (so `expires_in: 0` cannot make every request
@@ -148,6 +149,8 @@ pub(crate) struct OAuthClient {
     state: tokio::sync::Mutex<State>,
     /// Set for token exchange: the grant is RFC 8693 instead of client credentials.
     exchange: Option<Exchange>,
+    /// Set for workload identity: the grant is an RFC 7523 JWT bearer with this assertion.
+    assertion: Option<super::AssertionSource>,
 }
 
 impl OAuthClient {
@@ -167,7 +170,14 @@ impl OAuthClient {
             discovery_timeout: defaults::OAUTH_DISCOVERY_TIMEOUT,
             state: tokio::sync::Mutex::new(State::default()),
             exchange: None,
+            assertion: None,
         }
+    }
+
+    /// The same client presenting a workload's JWT (RFC 7523 §2.1) instead.
+    pub(super) fn asserting(mut self, source: super::AssertionSource) -> Self {
+        self.assertion = Some(source);
+        self
     }
 
     /// The same client exchanging subject tokens (RFC 8693) instead.
@@ -177,9 +187,10 @@ impl OAuthClient {
     }
 
     fn kind(&self) -> &'static str {
-        match self.exchange {
-            Some(_) => "oauth_token_exchange",
-            None => "oauth_client_credentials",
+        match (&self.exchange, &self.assertion) {
+            (Some(_), _) => "oauth_token_exchange",
+            (None, Some(_)) => "oauth_jwt_bearer",
+            (None, None) => "oauth_client_credentials",
         }
     }
 
@@ -602,7 +613,17 @@ impl OAuthClient {
                 }
                 form
             }
-            _ => vec![("grant_type", "client_credentials".to_owned())],
+            _ => match &self.assertion {
+                // Read at each request: workload tokens are rotated by the platform.
+                Some(source) => {
+                    let assertion = source.read().map_err(|problem| self.fail(problem))?;
+                    vec![
+                        ("grant_type", JWT_BEARER_GRANT.to_owned()),
+                        ("assertion", assertion.expose().to_owned()),
+                    ]
+                }
+                None => vec![("grant_type", "client_credentials".to_owned())],
+            },
         };
         if !state.scopes.is_empty() {
             form.push(("scope", state.scopes.join(" ")));
