@@ -71,12 +71,30 @@ pub(crate) enum AuthError {
     #[error("server `{server_id}`: {kind} auth `{auth_ref}`: {problem}")]
     OAuth {
         server_id: String,
-        /// `oauth_client_credentials` or `oauth_token_exchange`.
-        kind: &'static str,
+        kind: OAuthKind,
         auth_ref: String,
+        /// Boxed: the error travels inside transport errors, which must stay small.
         #[source]
-        problem: OAuthProblem,
+        problem: Box<OAuthProblem>,
     },
+}
+
+/// Which OAuth kind failed, for errors (a byte, to keep [`AuthError`] small).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OAuthKind {
+    ClientCredentials,
+    TokenExchange,
+    JwtBearer,
+}
+
+impl std::fmt::Display for OAuthKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OAuthKind::ClientCredentials => "oauth_client_credentials",
+            OAuthKind::TokenExchange => "oauth_token_exchange",
+            OAuthKind::JwtBearer => "oauth_jwt_bearer",
+        })
+    }
 }
 
 impl AuthError {
@@ -958,9 +976,9 @@ mod tests {
     fn oauth(problem: OAuthProblem) -> AuthError {
         AuthError::OAuth {
             server_id: "web".into(),
-            kind: "oauth_client_credentials",
+            kind: OAuthKind::ClientCredentials,
             auth_ref: "corp".into(),
-            problem,
+            problem: Box::new(problem),
         }
     }
 

@@ -186,11 +186,11 @@ impl OAuthClient {
         self
     }
 
-    fn kind(&self) -> &'static str {
+    fn kind(&self) -> super::OAuthKind {
         match (&self.exchange, &self.assertion) {
-            (Some(_), _) => "oauth_token_exchange",
-            (None, Some(_)) => "oauth_jwt_bearer",
-            (None, None) => "oauth_client_credentials",
+            (Some(_), _) => super::OAuthKind::TokenExchange,
+            (None, Some(_)) => super::OAuthKind::JwtBearer,
+            (None, None) => super::OAuthKind::ClientCredentials,
         }
     }
 
@@ -199,7 +199,7 @@ impl OAuthClient {
             server_id: self.who.server_id.clone(),
             kind: self.kind(),
             auth_ref: self.who.auth_ref.clone(),
-            problem,
+            problem: Box::new(problem),
         }
     }
 
