@@ -43,10 +43,6 @@ const EXPECTED_FAILURES: &[(&str, &str)] = &[
         "Quiver's client does not bind tokens with DPoP proofs (RFC 9449)",
     ),
     (
-        "auth/wif-jwt-bearer",
-        "Quiver's client has no workload identity credential: it never presents a JWT assertion (RFC 7523 jwt-bearer grant)",
-    ),
-    (
         "sep-2322-client-request-state",
         "`quiver mcp call` makes one call per process and finishes its input_required retries alone, so no unrelated request is ever sent while one is pending",
     ),

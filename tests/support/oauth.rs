@@ -1,5 +1,5 @@
-//! A small OAuth 2.0 authorization server for tests: the client-credentials grant, RFC 7662
-//! token introspection and RFC 8414 or OpenID metadata.
+//! A small OAuth 2.0 authorization server for tests: the client-credentials and RFC 8693
+//! token-exchange grants, RFC 7662 token introspection and RFC 8414 or OpenID metadata.
 //!
 //! [`TokenServer`] is a real HTTP server on `127.0.0.1:<random port>`:
 //!
@@ -8,7 +8,11 @@
 //!   (`client_secret_post`), or by a `private_key_jwt` client assertion (ES256, verified
 //!   against [`AsOptions::jwt_public_key`]: signature, `iss` = `sub` = the client,
 //!   `aud` = the issuer, `exp` in the future); only the methods in
-//!   [`AsOptions::auth_methods`] are accepted; optional `scope` and `resource`. Success is
+//!   [`AsOptions::auth_methods`] are accepted (`none`: a `client_id` form field alone);
+//!   optional `scope` and `resource`. `grant_type=urn:ietf:params:oauth:grant-type:token-exchange`
+//!   needs a `subject_token` and a `subject_token_type` (else `400 invalid_request`) and
+//!   answers with `issued_token_type` = the `requested_token_type` (default access token);
+//!   the subject token and `audience` are recorded. Success is
 //!   `{"access_token": "tok-<n>-<random>", "token_type": "Bearer", "expires_in": secs,
 //!   "scope": ...}` (`scope` only when one was requested). A wrong client is
 //!   `401 {"error": "invalid_client"}`, another grant type `400 {"error":
@@ -52,6 +56,8 @@ use axum::http::{HeaderMap, Response, StatusCode, header};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
+const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+
 /// One `POST /token` request, successful or not.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenRequest {
@@ -66,6 +72,10 @@ pub struct TokenRequest {
     pub scope: Option<String>,
     /// The `resource` form field (RFC 8707).
     pub resource: Option<String>,
+    /// The `subject_token` of a token exchange.
+    pub subject_token: Option<String>,
+    /// The `audience` of a token exchange.
+    pub audience: Option<String>,
     /// The access token issued, or `None` if the request was refused.
     pub issued: Option<String>,
 }
@@ -291,6 +301,17 @@ async fn token(
                 ("private_key_jwt", None, None)
             }
         },
+        (None, None)
+            if form.contains_key("client_id")
+                && !form.contains_key("client_secret")
+                && shared.auth_methods.iter().any(|m| m == "none") =>
+        {
+            (
+                "none",
+                field("client_id"),
+                Some(shared.client_secret.clone()),
+            )
+        }
         (None, None) if form.contains_key("client_id") => (
             "client_secret_post",
             field("client_id"),
@@ -304,14 +325,22 @@ async fn token(
         auth_method: auth_method.to_owned(),
         scope: field("scope"),
         resource: field("resource"),
+        subject_token: field("subject_token"),
+        audience: field("audience"),
         issued: None,
     };
+    let exchange = request.grant_type == TOKEN_EXCHANGE;
 
     let mut inner = shared.lock();
     let refusal = if request.grant_type.is_empty() {
         Some((StatusCode::BAD_REQUEST, "invalid_request"))
-    } else if request.grant_type != "client_credentials" {
+    } else if request.grant_type != "client_credentials" && !exchange {
         Some((StatusCode::BAD_REQUEST, "unsupported_grant_type"))
+    } else if exchange
+        && (request.subject_token.as_deref().is_none_or(str::is_empty)
+            || field("subject_token_type").is_none())
+    {
+        Some((StatusCode::BAD_REQUEST, "invalid_request"))
     } else if client_id.as_deref() != Some(shared.client_id.as_str())
         || client_secret.as_deref() != Some(shared.client_secret.as_str())
         || !shared.auth_methods.iter().any(|m| m == auth_method)
@@ -355,6 +384,12 @@ async fn token(
     });
     if let Some(scope) = scope {
         body["scope"] = json!(scope);
+    }
+    if exchange {
+        body["issued_token_type"] = json!(
+            field("requested_token_type")
+                .unwrap_or_else(|| "urn:ietf:params:oauth:token-type:access_token".into())
+        );
     }
     json_response(StatusCode::OK, body)
 }
@@ -624,6 +659,8 @@ mod tests {
                 auth_method: "client_secret_basic".into(),
                 scope: Some("tools:read tools:call".into()),
                 resource: Some("http://127.0.0.1:1/mcp".into()),
+                subject_token: None,
+                audience: None,
                 issued: Some(token.clone()),
             }]
         );

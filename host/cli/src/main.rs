@@ -121,6 +121,11 @@ struct RunArgs {
     /// login name (USER, LOGNAME), else `local`.
     #[arg(long = "as", value_name = "NAME", value_parser = principal::parse)]
     principal: Option<String>,
+    /// Environment variable holding a subject token from the platform this runs for (an
+    /// OIDC ID token or an access token): exchanged for a token of each server whose
+    /// credential is `kind = "oauth_token_exchange"`. Never printed.
+    #[arg(long, value_name = "VAR")]
+    subject_token_env: Option<String>,
     /// Guest arguments, replacing the task's `args`.
     #[arg(last = true)]
     args: Vec<String>,
@@ -169,6 +174,11 @@ enum McpCommand {
         /// (/dev/tty), deny them, or allow them.
         #[arg(long, value_enum, default_value = "deny")]
         approve: ApproveMode,
+        /// Environment variable holding a subject token from the platform this runs for (an
+        /// OIDC ID token or an access token): exchanged for a token of each server whose
+        /// credential is `kind = "oauth_token_exchange"`. Never printed.
+        #[arg(long, value_name = "VAR")]
+        subject_token_env: Option<String>,
         #[command(flatten)]
         identity: Identity,
         #[command(flatten)]
@@ -302,8 +312,17 @@ fn main() -> ExitCode {
                 args,
                 approve,
                 identity,
+                subject_token_env,
                 source,
-            }) => mcp_call(&server_id, &tool, &args, approve, identity, source).await,
+            }) => {
+                let call = McpCall {
+                    server_id: &server_id,
+                    tool: &tool,
+                    args: &args,
+                    subject_token_env: subject_token_env.as_deref(),
+                };
+                mcp_call(call, approve, identity, source).await
+            }
             Command::Mcp(McpCommand::Login {
                 server_id,
                 identity,
@@ -357,6 +376,10 @@ async fn run(args: RunArgs) -> i32 {
         task.with_args(args.args)
     };
     task.principal = Some(principal::or_login(args.principal));
+    task.subject_token = match subject_token(args.subject_token_env.as_deref()) {
+        Ok(token) => token,
+        Err(e) => return fail(e),
+    };
     let mut builder = HostBuilder::default();
     if let Some(approver) = args.approve.approver() {
         builder = builder.with_approver(approver);
@@ -765,14 +788,44 @@ async fn mcp_tools(server_id: &str, identity: Identity, source: ServerSource) ->
     0
 }
 
+/// What `quiver mcp call` calls.
+struct McpCall<'a> {
+    server_id: &'a str,
+    tool: &'a str,
+    args: &'a str,
+    subject_token_env: Option<&'a str>,
+}
+
+/// The subject token in the variable `--subject-token-env` names, checked; its errors name
+/// the variable and the rule, never the value.
+fn subject_token(var: Option<&str>) -> Result<Option<quiver::SubjectToken>, String> {
+    let Some(var) = var else {
+        return Ok(None);
+    };
+    let value = std::env::var(var).map_err(|_| {
+        format!("--subject-token-env: environment variable `{var}` is not set (or not UTF-8)")
+    })?;
+    quiver::SubjectToken::new(&value)
+        .map(Some)
+        .map_err(|e| format!("--subject-token-env {var}: {e}"))
+}
+
 async fn mcp_call(
-    server_id: &str,
-    tool: &str,
-    args: &str,
+    call: McpCall<'_>,
     approve: ApproveMode,
     identity: Identity,
     source: ServerSource,
 ) -> i32 {
+    let McpCall {
+        server_id,
+        tool,
+        args,
+        subject_token_env,
+    } = call;
+    let subject_token = match subject_token(subject_token_env) {
+        Ok(token) => token,
+        Err(e) => return fail(e),
+    };
     let arguments = match serde_json::from_str::<serde_json::Value>(args) {
         Ok(arguments @ serde_json::Value::Object(_)) => arguments,
         _ => {
@@ -791,6 +844,7 @@ async fn mcp_call(
         .with_config("mcp.enabled", "true")
         .with_config("mcp.default_server_ids", serde_json::json!([server_id]));
     task.principal = Some(identity.principal());
+    task.subject_token = subject_token;
     let request = ToolCallRequest::new(server_id, tool).with_arguments(arguments);
     let called = host.call_tool(&task, request).await;
     host.shutdown().await;

@@ -326,6 +326,7 @@ async fn submit_task(
     let mut task = parse_task(request.task)?;
     task.principal = principal;
     task.client = caller.client.as_deref().map(str::to_owned);
+    task.subject_token = subject_token(&headers)?;
     let module = state.modules.get(&sha256).ok_or_else(|| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -367,6 +368,30 @@ async fn submit_task(
         response.headers_mut().insert(header::LOCATION, location);
     }
     Ok(response)
+}
+
+/// The header carrying a task's subject token for token exchange (`oauth_token_exchange`
+/// credentials): the platform's token for the user or workload the task acts for. Never
+/// logged, echoed or stored with the task's record.
+pub(crate) const SUBJECT_TOKEN_HEADER: &str = "quiver-subject-token";
+
+/// The subject token of a submission, if its header is there; a bad one is refused naming
+/// the header and the rule, never the value.
+fn subject_token(headers: &HeaderMap) -> Result<Option<quiver::SubjectToken>, ApiError> {
+    let mut values = headers.get_all(SUBJECT_TOKEN_HEADER).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let field = "Quiver-Subject-Token";
+    if values.next().is_some() {
+        return Err(ApiError::bad(field, "send the subject token header once"));
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::bad(field, quiver::SubjectTokenError::BadCharacter.to_string()))?;
+    quiver::SubjectToken::new(text)
+        .map(Some)
+        .map_err(|e| ApiError::bad(field, e.to_string()))
 }
 
 /// The task of a submission: task.json's fields, checked as `TaskSpec::from_json` does,

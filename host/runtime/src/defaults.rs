@@ -509,6 +509,11 @@ pub const GRANT_MAX_BYTES: u64 = 64 * 1024;
 
 pub const OAUTH_PRIVATE_KEY_MAX_BYTES: u64 = 64 * 1024;
 
+/// Longest subject token a task may carry for token exchange (RFC 8693). ID tokens with
+/// many claims run to a few KiB; this leaves room and bounds what a client can make the
+/// host hold and send.
+pub const MAX_SUBJECT_TOKEN_BYTES: usize = 16 * 1024;
+
 /// Longest a tool call waits for its approval (servers with `approval_policy` `always` or
 /// `policy`) before it is denied as timed out; the task's deadline bounds it too. Long
 /// enough for a person to read the request and answer. Registry `approval_timeout_ms`

@@ -126,6 +126,11 @@ pub struct TaskSpec {
     /// in the same events beside the principal; `None` outside a node.
     #[serde(skip)]
     pub client: Option<String>,
+    /// A token from the platform that submitted the task (an OIDC ID token or an access
+    /// token), exchanged for servers whose credential is `oauth_token_exchange`. A secret:
+    /// never read from task.json, never serialised, shown or given to the guest.
+    #[serde(skip)]
+    pub subject_token: Option<crate::SubjectToken>,
 }
 
 /// Whether `name` may be a principal (or a client's name in events): 1 to
@@ -193,6 +198,7 @@ impl TaskSpec {
             guest_logs: GuestLogs::Stderr,
             principal: None,
             client: None,
+            subject_token: None,
         }
     }
 

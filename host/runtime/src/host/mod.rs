@@ -493,6 +493,13 @@ impl Host {
                 .observers
                 .for_principal(task.principal.as_deref(), task.client.as_deref()),
             approvals: self.inner.approvals.clone(),
+            _subject: task.subject_token.clone().map(|token| {
+                self.inner
+                    .pool
+                    .rules()
+                    .auth
+                    .register_subject(task.principal.as_deref(), token)
+            }),
         })
     }
 

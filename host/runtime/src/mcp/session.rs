@@ -23,6 +23,8 @@ pub struct McpTask {
     pub observers: Observers,
     /// Asked about every call that needs approval.
     pub approvals: Approvals,
+    /// The task's subject token, registered for token exchange while the task runs.
+    pub(crate) _subject: Option<crate::mcp::auth::SubjectRegistration>,
 }
 
 /// Store data through which the `mcp_*` hostcalls reach their task state and fds.

@@ -7,6 +7,10 @@
 //!   or discovered from the server's 401 challenge and protected-resource metadata, then
 //!   the authorization server's metadata; the client authenticates with a secret (Basic
 //!   or form) or a signed JWT ([`jwt`]).
+//! - `oauth_token_exchange`: OAuth 2.0 token exchange (RFC 8693): the task's subject token
+//!   ([`SubjectToken`], from the platform that submitted it) is exchanged at the
+//!   authorization server, found as for client credentials, for a token scoped to the
+//!   server; the client authenticates as above or not at all (`none`).
 //!
 //! Config is checked and private keys are read once, when the host is built
 //! ([`AuthSet::load`]); secrets are read from the environment when used. Neither appears
@@ -17,9 +21,11 @@
 mod grants;
 mod jwt;
 mod oauth;
+mod subject;
 mod user;
 
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -37,6 +43,8 @@ pub use grants::{
 pub use jwt::SigningAlg;
 use jwt::{ClientKey, SignError};
 pub(crate) use oauth::OAuthClient;
+pub(crate) use subject::{SubjectRegistration, SubjectTokens};
+pub use subject::{SubjectToken, SubjectTokenError};
 pub(crate) use user::UserToken;
 pub use user::{AuthorizationPrompt, AuthorizeError, OAuthAuthorizationCodeConfig, UserAuthorizer};
 
@@ -82,16 +90,56 @@ pub(crate) enum AuthError {
         #[source]
         problem: Box<OAuthProblem>,
     },
-    #[error("server `{server_id}`: oauth_client_credentials auth `{auth_ref}`: {problem}")]
-    OAuth {
+    /// A token-exchange credential and a task with no subject token to exchange.
+    #[error(
+        "server `{server_id}`: oauth_token_exchange auth `{auth_ref}` exchanges the task's subject token, and {who} has none; submit the task with one (the node's `Quiver-Subject-Token` header, `--subject-token-env VAR` of the CLI, or TaskSpec::subject_token)"
+    )]
+    NoSubjectToken {
         server_id: String,
         auth_ref: String,
+        /// "the task" or "principal `NAME`".
+        who: String,
+    },
+    #[error("server `{server_id}`: {kind} auth `{auth_ref}`: {problem}")]
+    OAuth {
+        server_id: String,
+        kind: OAuthKind,
+        auth_ref: String,
+        /// Boxed: the error travels inside transport errors, which must stay small.
         #[source]
-        problem: OAuthProblem,
+        problem: Box<OAuthProblem>,
     },
 }
 
-/// What went wrong getting an OAuth client-credentials token.
+/// Which OAuth kind failed, for errors (a byte, to keep [`AuthError`] small).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum OAuthKind {
+    ClientCredentials,
+    TokenExchange,
+    JwtBearer,
+}
+
+impl std::fmt::Display for OAuthKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            OAuthKind::ClientCredentials => "oauth_client_credentials",
+            OAuthKind::TokenExchange => "oauth_token_exchange",
+            OAuthKind::JwtBearer => "oauth_jwt_bearer",
+        })
+    }
+}
+
+impl AuthError {
+    fn no_subject(server_id: &str, auth_ref: &str, principal: Option<&str>) -> Self {
+        AuthError::NoSubjectToken {
+            server_id: server_id.to_owned(),
+            auth_ref: auth_ref.to_owned(),
+            who: principal.map_or_else(|| "the task".to_owned(), |p| format!("principal `{p}`")),
+        }
+    }
+}
+
+/// What went wrong getting an OAuth token.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum OAuthProblem {
     /// Discovery failed: rmcp's error with its causes (URLs and statuses, no credentials).
@@ -196,6 +244,19 @@ pub(crate) enum OAuthProblem {
     },
     #[error("the token response has no access_token")]
     NoAccessToken,
+    /// A token exchange answered with another token type than the one asked for (or none).
+    #[error(
+        "the token endpoint issued a token of type {received}, not the {requested} asked for; check requested_token_type and the authorization server's exchange policy"
+    )]
+    WrongTokenType { requested: String, received: String },
+    /// The token is not a bearer token (e.g. DPoP-bound), which this host cannot present.
+    #[error(
+        "the token endpoint issued a token of token_type {token_type}, not Bearer; this host presents bearer tokens only"
+    )]
+    NotBearer { token_type: String },
+    /// The workload's JWT cannot be read (it names the variable or file, never the value).
+    #[error("the workload JWT: {0}")]
+    Assertion(String),
     /// The MCP server's URL, needed for discovery, does not parse.
     #[error("{0}")]
     ServerUrl(#[source] UrlParseError),
@@ -220,6 +281,99 @@ pub enum AuthConfig {
     ApiKey(ApiKeyConfig),
     OauthClientCredentials(OAuthClientCredentialsConfig),
     OauthAuthorizationCode(OAuthAuthorizationCodeConfig),
+    OauthTokenExchange(OAuthTokenExchangeConfig),
+    OauthJwtBearer(OAuthJwtBearerConfig),
+}
+
+/// `[auth.NAME] kind = "oauth_jwt_bearer"`: workload identity. A JWT the platform issues to
+/// this workload (a Kubernetes service-account token, a cloud identity token) is presented
+/// at the authorization server as an RFC 7523 JWT bearer grant for a token for the server.
+/// Discovery and the binding work as for [`OAuthClientCredentialsConfig`]; the client is
+/// public (`client_id` only).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthJwtBearerConfig {
+    #[serde(default)]
+    pub servers: Vec<String>,
+    #[serde(default)]
+    pub origins: Vec<String>,
+    pub client_id: String,
+    /// Environment variable holding the workload JWT.
+    #[serde(default)]
+    pub assertion_env: Option<String>,
+    /// File holding the workload JWT, read at each token request (platforms rotate it);
+    /// relative to the config file.
+    #[serde(default)]
+    pub assertion_file: Option<PathBuf>,
+    #[serde(default)]
+    pub token_url: Option<String>,
+    #[serde(default)]
+    pub issuer: Option<String>,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// The RFC 8707 `resource` parameter (default: the MCP server's URL).
+    #[serde(default)]
+    pub resource: Option<String>,
+}
+
+impl OAuthJwtBearerConfig {
+    fn client(&self) -> OAuthClientCredentialsConfig {
+        OAuthClientCredentialsConfig {
+            servers: self.servers.clone(),
+            origins: self.origins.clone(),
+            client_id: self.client_id.clone(),
+            client_secret_env: None,
+            token_url: self.token_url.clone(),
+            issuer: self.issuer.clone(),
+            scopes: self.scopes.clone(),
+            step_up_scopes: Vec::new(),
+            resource: self.resource.clone(),
+            token_endpoint_auth: Some(TokenEndpointAuth::None),
+            private_key_file: None,
+            signing_alg: None,
+            assertion_audience: None,
+        }
+    }
+
+    fn source(&self) -> AssertionSource {
+        match (&self.assertion_env, &self.assertion_file) {
+            (Some(var), _) => AssertionSource::Env(var.clone()),
+            (None, Some(file)) => AssertionSource::File(file.clone()),
+            // The load requires one.
+            (None, None) => AssertionSource::Env(String::new()),
+        }
+    }
+}
+
+/// Where a workload JWT is read from.
+pub(crate) enum AssertionSource {
+    Env(String),
+    File(PathBuf),
+}
+
+impl AssertionSource {
+    /// The JWT, checked like a subject token (bounded, visible ASCII; a file's trailing
+    /// newline is dropped).
+    fn read(&self) -> Result<SubjectToken, OAuthProblem> {
+        let text = match self {
+            AssertionSource::Env(var) => std::env::var(var).map_err(|_| {
+                OAuthProblem::Assertion(format!("environment variable `{var}` is not set"))
+            })?,
+            AssertionSource::File(path) => {
+                let mut text = String::new();
+                std::fs::File::open(path)
+                    .and_then(|file| {
+                        file.take(defaults::MAX_SUBJECT_TOKEN_BYTES as u64 + 2)
+                            .read_to_string(&mut text)
+                    })
+                    .map_err(|e| {
+                        OAuthProblem::Assertion(format!("cannot read {}: {e}", path.display()))
+                    })?;
+                text.trim_end_matches(['\r', '\n']).to_owned()
+            }
+        };
+        SubjectToken::new(&text).map_err(|e| OAuthProblem::Assertion(e.to_string()))
+    }
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -296,6 +450,107 @@ pub struct OAuthClientCredentialsConfig {
     pub assertion_audience: Option<String>,
 }
 
+/// `[auth.NAME] kind = "oauth_token_exchange"`: the task's subject token exchanged at the
+/// authorization server (RFC 8693) for a token for the server. Discovery, client
+/// authentication and the binding work as for [`OAuthClientCredentialsConfig`].
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthTokenExchangeConfig {
+    /// The servers (record ids) that may use this credential; with `origins` too, a
+    /// server must be in both.
+    #[serde(default)]
+    pub servers: Vec<String>,
+    /// The URL origins (`https://host[:port]`) this credential may be sent to: the MCP
+    /// servers' URLs, and a discovered token endpoint.
+    #[serde(default)]
+    pub origins: Vec<String>,
+    pub client_id: String,
+    /// Environment variable holding the client secret (`client_secret_basic`/`_post`).
+    #[serde(default)]
+    pub client_secret_env: Option<String>,
+    /// The token endpoint; without it, discovered from `issuer` or the server's metadata.
+    #[serde(default)]
+    pub token_url: Option<String>,
+    /// The authorization server, as for client credentials.
+    #[serde(default)]
+    pub issuer: Option<String>,
+    /// Scopes asked for; without them, the server's challenge or metadata decides.
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    /// The RFC 8707 `resource` parameter (default: the MCP server's URL).
+    #[serde(default)]
+    pub resource: Option<String>,
+    /// The RFC 8693 `audience` parameter (the logical name of the target service), if the
+    /// authorization server wants one.
+    #[serde(default)]
+    pub audience: Option<String>,
+    /// How the client authenticates at the token endpoint (default: `private_key_jwt`
+    /// with a `private_key_file`, Basic or post with a secret, else `none`).
+    #[serde(default)]
+    pub token_endpoint_auth: Option<TokenEndpointAuth>,
+    /// PKCS#8 PEM private key for `private_key_jwt`; relative to the config file.
+    #[serde(default)]
+    pub private_key_file: Option<PathBuf>,
+    /// `ES256` or `RS256` (default: from the key).
+    #[serde(default)]
+    pub signing_alg: Option<SigningAlg>,
+    /// The client assertion's `aud` (default: the authorization server's issuer).
+    #[serde(default)]
+    pub assertion_audience: Option<String>,
+    /// What the task's subject token is (default `access_token`).
+    #[serde(default = "access_token")]
+    pub subject_token_type: TokenType,
+    /// What to ask for (default `access_token`); the answer must say it is that.
+    #[serde(default = "access_token")]
+    pub requested_token_type: TokenType,
+}
+
+fn access_token() -> TokenType {
+    TokenType::AccessToken
+}
+
+/// RFC 8693 §3 token type identifiers, by their short names.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenType {
+    AccessToken,
+    IdToken,
+    Jwt,
+}
+
+impl TokenType {
+    /// The `urn:ietf:params:oauth:token-type:*` URI.
+    pub fn uri(self) -> &'static str {
+        match self {
+            TokenType::AccessToken => "urn:ietf:params:oauth:token-type:access_token",
+            TokenType::IdToken => "urn:ietf:params:oauth:token-type:id_token",
+            TokenType::Jwt => "urn:ietf:params:oauth:token-type:jwt",
+        }
+    }
+}
+
+impl OAuthTokenExchangeConfig {
+    /// The client part, as the client-credentials kind has it (no step-up scopes: a
+    /// step-up would need another exchange policy).
+    fn client(&self) -> OAuthClientCredentialsConfig {
+        OAuthClientCredentialsConfig {
+            servers: self.servers.clone(),
+            origins: self.origins.clone(),
+            client_id: self.client_id.clone(),
+            client_secret_env: self.client_secret_env.clone(),
+            token_url: self.token_url.clone(),
+            issuer: self.issuer.clone(),
+            scopes: self.scopes.clone(),
+            step_up_scopes: Vec::new(),
+            resource: self.resource.clone(),
+            token_endpoint_auth: self.token_endpoint_auth,
+            private_key_file: self.private_key_file.clone(),
+            signing_alg: self.signing_alg,
+            assertion_audience: self.assertion_audience.clone(),
+        }
+    }
+}
+
 impl AuthConfig {
     /// The binding: the servers and the origins that may use the credential.
     fn binding(&self) -> (&[String], &[String]) {
@@ -303,12 +558,18 @@ impl AuthConfig {
             AuthConfig::ApiKey(c) => (&c.servers, &c.origins),
             AuthConfig::OauthClientCredentials(c) => (&c.servers, &c.origins),
             AuthConfig::OauthAuthorizationCode(c) => (&c.servers, &c.origins),
+            AuthConfig::OauthTokenExchange(c) => (&c.servers, &c.origins),
+            AuthConfig::OauthJwtBearer(c) => (&c.servers, &c.origins),
         }
     }
 
-    /// Whether tokens are a user's: then each principal connects with its own.
+    /// Whether tokens are a principal's (its grant, or its tasks' subject tokens): then
+    /// each principal connects with its own.
     pub(crate) fn is_per_principal(&self) -> bool {
-        matches!(self, AuthConfig::OauthAuthorizationCode(_))
+        matches!(
+            self,
+            AuthConfig::OauthAuthorizationCode(_) | AuthConfig::OauthTokenExchange(_)
+        )
     }
 }
 
@@ -337,6 +598,8 @@ pub enum TokenEndpointAuth {
     ClientSecretBasic,
     ClientSecretPost,
     PrivateKeyJwt,
+    /// A public client: only `client_id` is sent (token exchange only).
+    None,
 }
 
 impl TokenEndpointAuth {
@@ -345,6 +608,7 @@ impl TokenEndpointAuth {
             TokenEndpointAuth::ClientSecretBasic => "client_secret_basic",
             TokenEndpointAuth::ClientSecretPost => "client_secret_post",
             TokenEndpointAuth::PrivateKeyJwt => "private_key_jwt",
+            TokenEndpointAuth::None => "none",
         }
     }
 }
@@ -376,6 +640,8 @@ pub struct AuthSet {
     configs: BTreeMap<String, AuthConfig>,
     keys: BTreeMap<String, Arc<ClientKey>>,
     user: UserAuth,
+    /// The subject tokens of running tasks, for token exchange; shared by every clone.
+    subjects: SubjectTokens,
 }
 
 /// Where user grants are kept and who can ask a person, set by the embedder.
@@ -393,6 +659,12 @@ impl std::fmt::Debug for UserAuth {
     }
 }
 
+impl std::fmt::Debug for SubjectTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SubjectTokens(<redacted>)")
+    }
+}
+
 impl AuthSet {
     /// Checks every table and reads its `private_key_file` (relative to `dir`, the config
     /// file's directory).
@@ -401,6 +673,7 @@ impl AuthSet {
         dir: &Path,
     ) -> Result<Self, AuthConfigError> {
         let mut keys = BTreeMap::new();
+        let mut assertion_files = BTreeMap::new();
         for (name, config) in configs {
             let error = |field: &str, message: String| AuthConfigError {
                 field: format!("auth.{name}.{field}"),
@@ -408,13 +681,54 @@ impl AuthSet {
                 source: None,
             };
             check_binding_config(config, &error)?;
-            if let AuthConfig::OauthAuthorizationCode(user) = config {
-                check_user_config(user, &error)?;
-                continue;
-            }
-            let AuthConfig::OauthClientCredentials(oauth) = config else {
-                continue;
+            let (oauth, public) = match config {
+                AuthConfig::ApiKey(_) => continue,
+                AuthConfig::OauthAuthorizationCode(user) => {
+                    check_user_config(user, &error)?;
+                    continue;
+                }
+                AuthConfig::OauthClientCredentials(oauth) => {
+                    if oauth.token_endpoint_auth == Some(TokenEndpointAuth::None) {
+                        return Err(error(
+                            "token_endpoint_auth",
+                            "client credentials need the client to authenticate: use client_secret_basic, client_secret_post or private_key_jwt (none is for oauth_token_exchange)".into(),
+                        ));
+                    }
+                    (oauth.clone(), false)
+                }
+                AuthConfig::OauthTokenExchange(exchange) => {
+                    let public = match exchange.token_endpoint_auth {
+                        Some(method) => method == TokenEndpointAuth::None,
+                        None => {
+                            exchange.client_secret_env.is_none()
+                                && exchange.private_key_file.is_none()
+                        }
+                    };
+                    if public
+                        && (exchange.client_secret_env.is_some()
+                            || exchange.private_key_file.is_some())
+                    {
+                        return Err(error(
+                            "token_endpoint_auth",
+                            "token_endpoint_auth = \"none\" sends no secret or assertion: drop client_secret_env and private_key_file, or pick the method that uses them".into(),
+                        ));
+                    }
+                    (exchange.client(), public)
+                }
+                AuthConfig::OauthJwtBearer(bearer) => {
+                    if bearer.assertion_env.is_some() == bearer.assertion_file.is_some() {
+                        return Err(error(
+                            "assertion_env",
+                            "set exactly one of assertion_env (the variable holding the workload JWT) and assertion_file (the file the platform writes it to)".into(),
+                        ));
+                    }
+                    if let Some(file) = &bearer.assertion_file {
+                        assertion_files.insert(name.clone(), dir.join(file));
+                    }
+                    (bearer.client(), true)
+                }
             };
+            let oauth = &oauth;
             if oauth.scopes.len() + oauth.step_up_scopes.len() > defaults::OAUTH_MAX_SCOPES {
                 return Err(error(
                     "scopes",
@@ -457,7 +771,7 @@ impl AuthSet {
                             "signing_alg is only used with a private_key_file".into(),
                         ));
                     }
-                    if oauth.client_secret_env.is_none() {
+                    if oauth.client_secret_env.is_none() && !public {
                         return Err(error(
                             "client_secret_env",
                             "set the name of the variable holding the client secret, or use \
@@ -468,10 +782,17 @@ impl AuthSet {
                 }
             }
         }
+        let mut configs = configs.clone();
+        for (name, path) in assertion_files {
+            if let Some(AuthConfig::OauthJwtBearer(bearer)) = configs.get_mut(&name) {
+                bearer.assertion_file = Some(path);
+            }
+        }
         Ok(Self {
-            configs: configs.clone(),
+            configs,
             keys,
             user: UserAuth::default(),
+            subjects: SubjectTokens::default(),
         })
     }
 
@@ -497,6 +818,44 @@ impl AuthSet {
         self.configs
             .get(auth_ref)
             .is_some_and(AuthConfig::is_per_principal)
+    }
+
+    /// For a server whose credential is `oauth_token_exchange`: whether a running task of
+    /// `principal` has a subject token to exchange.
+    pub(crate) fn check_subject(
+        &self,
+        entry: &crate::registry::ServerEntry,
+        principal: Option<&str>,
+    ) -> Result<(), AuthError> {
+        let Some(auth_ref) = entry
+            .record
+            .http
+            .as_ref()
+            .and_then(|h| h.auth_ref.as_deref())
+        else {
+            return Ok(());
+        };
+        if !matches!(
+            self.configs.get(auth_ref),
+            Some(AuthConfig::OauthTokenExchange(_))
+        ) || self.subjects.current(principal).is_some()
+        {
+            return Ok(());
+        }
+        Err(AuthError::no_subject(
+            entry.server_id(),
+            auth_ref,
+            principal,
+        ))
+    }
+
+    /// Registers a task's subject token under its principal while the task runs.
+    pub(crate) fn register_subject(
+        &self,
+        principal: Option<&str>,
+        token: SubjectToken,
+    ) -> SubjectRegistration {
+        self.subjects.register(principal, token)
     }
 }
 
@@ -682,7 +1041,7 @@ impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Credentials::ApiKey { header, .. } => write!(f, "ApiKey({header}: <redacted>)"),
-            Credentials::OAuth(_) => f.write_str("OAuth(<client credentials>)"),
+            Credentials::OAuth(_) => f.write_str("OAuth(<redacted>)"),
             Credentials::User(_) => f.write_str("OAuth(<user authorization>)"),
         }
     }
@@ -700,7 +1059,8 @@ impl Credentials {
 
     /// Resolves `auth_ref` for `server_id` (at connect time, so a rotated key is picked up).
     /// `principal` is whom the connection acts for: it picks the grant of user
-    /// authorization and is ignored by the other kinds.
+    /// authorization, and token exchange uses the subject tokens of that principal's
+    /// tasks (`None`: tasks without one).
     pub(crate) fn resolve(
         server_id: &str,
         auth_ref: &str,
@@ -748,6 +1108,7 @@ impl Credentials {
                     oauth::Identity {
                         server_id: server_id.to_owned(),
                         auth_ref: auth_ref.to_owned(),
+                        principal: principal.map(Arc::from),
                     },
                     oauth.clone(),
                     auth.keys.get(auth_ref).cloned(),
@@ -769,6 +1130,39 @@ impl Credentials {
                     auth.user.grants.clone(),
                     auth.user.authorizer.clone(),
                 ))))
+            }
+            AuthConfig::OauthTokenExchange(exchange) => {
+                let client = OAuthClient::new(
+                    oauth::Identity {
+                        server_id: server_id.to_owned(),
+                        auth_ref: auth_ref.to_owned(),
+                        principal: principal.map(Arc::from),
+                    },
+                    exchange.client(),
+                    auth.keys.get(auth_ref).cloned(),
+                    server_url.to_owned(),
+                    http,
+                )
+                .exchanging(oauth::Exchange {
+                    config: exchange.clone(),
+                    subjects: auth.subjects.clone(),
+                });
+                Ok(Credentials::OAuth(Arc::new(client)))
+            }
+            AuthConfig::OauthJwtBearer(bearer) => {
+                let client = OAuthClient::new(
+                    oauth::Identity {
+                        server_id: server_id.to_owned(),
+                        auth_ref: auth_ref.to_owned(),
+                        principal: principal.map(Arc::from),
+                    },
+                    bearer.client(),
+                    None,
+                    server_url.to_owned(),
+                    http,
+                )
+                .asserting(bearer.source());
+                Ok(Credentials::OAuth(Arc::new(client)))
             }
         }
     }
@@ -802,8 +1196,9 @@ mod tests {
     fn oauth(problem: OAuthProblem) -> AuthError {
         AuthError::OAuth {
             server_id: "web".into(),
+            kind: OAuthKind::ClientCredentials,
             auth_ref: "corp".into(),
-            problem,
+            problem: Box::new(problem),
         }
     }
 
@@ -869,8 +1264,11 @@ mod tests {
         );
         let bad_method =
             load("client_secret_env = \"S\"\ntoken_endpoint_auth = \"none\"\n").unwrap_err();
+        assert_eq!(bad_method.field, "auth.corp.token_endpoint_auth");
         assert!(
-            bad_method.message.contains("unknown variant `none`"),
+            bad_method
+                .message
+                .contains("none is for oauth_token_exchange"),
             "{}",
             bad_method.message
         );

@@ -19,6 +19,11 @@
 //! The token request itself is ours, not rmcp's: rmcp picks the client authentication
 //! from metadata with no override, and its `private_key_jwt` needs aws-lc ([`super::jwt`]
 //! signs with ring). Tokens are cached until shortly before they expire.
+//!
+//! The same client does token exchange (RFC 8693) for `oauth_token_exchange`: the grant
+//! carries the subject token of a running task of the client's principal
+//! ([`super::SubjectTokens`]), and the cached token is kept only while that subject
+//! token is the current one (a new task's newer token is exchanged again).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -29,12 +34,17 @@ use rmcp::transport::auth::{
 };
 use serde_json::Value;
 
-use super::{AuthError, ClientKey, OAuthClientCredentialsConfig, OAuthProblem, TokenEndpointAuth};
+use super::{
+    AuthError, ClientKey, OAuthClientCredentialsConfig, OAuthProblem, OAuthTokenExchangeConfig,
+    SubjectToken, SubjectTokens, TokenEndpointAuth, TokenType,
+};
 use crate::defaults;
 use crate::mcp::error::error_chain;
 use crate::mcp::outbound::{OutboundClient, read_capped};
 
 const JWT_BEARER: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
+const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+const JWT_BEARER_GRANT: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 
 /// When to fetch a token again. `lifetime` comes from the token endpoint: it is kept within
 /// [`defaults::OAUTH_TOKEN_MIN_LIFETIME`] (so `expires_in: 0` cannot make every request
@@ -52,6 +62,21 @@ fn refresh_at(fetched: Instant, lifetime: Duration) -> Instant {
 pub(crate) struct Identity {
     pub(crate) server_id: String,
     pub(crate) auth_ref: String,
+    /// Whom the connection acts for (its subject token's principal for token exchange).
+    pub(crate) principal: Option<std::sync::Arc<str>>,
+}
+
+/// What a token-exchange client asks for, and where it finds the subject token.
+pub(crate) struct Exchange {
+    pub(crate) config: OAuthTokenExchangeConfig,
+    pub(crate) subjects: SubjectTokens,
+}
+
+impl Exchange {
+    /// The token type asked for.
+    fn requested(&self) -> TokenType {
+        self.config.requested_token_type
+    }
 }
 
 /// Where and how tokens are requested, once known.
@@ -70,12 +95,18 @@ struct State {
     scopes: Vec<String>,
     /// The cached token and when to replace it.
     token: Option<(String, Instant)>,
+    /// For token exchange, the fingerprint of the subject token the cached one came from.
+    subject: Option<[u8; 32]>,
     /// The last failed discovery (its error text) and when it failed.
     failed: Option<(String, Instant)>,
 }
 
 impl State {
-    fn fresh_token(&self) -> Option<String> {
+    /// The cached token while it is fresh and, for token exchange, came from `subject`.
+    fn fresh_token(&self, subject: Option<&SubjectToken>) -> Option<String> {
+        if self.subject != subject.map(SubjectToken::fingerprint) {
+            return None;
+        }
         match &self.token {
             Some((token, refresh_at)) if Instant::now() < *refresh_at => Some(token.clone()),
             _ => None,
@@ -91,8 +122,12 @@ impl State {
         (!left.is_zero()).then_some((problem.as_str(), left))
     }
 
-    /// The cached token unless it is the one the server just rejected.
-    fn other_than(&self, rejected: Option<&str>) -> Option<String> {
+    /// The cached token unless it is the one the server just rejected or, for token
+    /// exchange, came from another subject token.
+    fn other_than(&self, rejected: Option<&str>, subject: Option<&SubjectToken>) -> Option<String> {
+        if self.subject != subject.map(SubjectToken::fingerprint) {
+            return None;
+        }
         match &self.token {
             Some((token, _)) if Some(token.as_str()) != rejected => Some(token.clone()),
             _ => None,
@@ -112,6 +147,10 @@ pub(crate) struct OAuthClient {
     /// tests).
     discovery_timeout: Duration,
     state: tokio::sync::Mutex<State>,
+    /// Set for token exchange: the grant is RFC 8693 instead of client credentials.
+    exchange: Option<Exchange>,
+    /// Set for workload identity: the grant is an RFC 7523 JWT bearer with this assertion.
+    assertion: Option<super::AssertionSource>,
 }
 
 impl OAuthClient {
@@ -130,33 +169,74 @@ impl OAuthClient {
             http,
             discovery_timeout: defaults::OAUTH_DISCOVERY_TIMEOUT,
             state: tokio::sync::Mutex::new(State::default()),
+            exchange: None,
+            assertion: None,
+        }
+    }
+
+    /// The same client presenting a workload's JWT (RFC 7523 §2.1) instead.
+    pub(super) fn asserting(mut self, source: super::AssertionSource) -> Self {
+        self.assertion = Some(source);
+        self
+    }
+
+    /// The same client exchanging subject tokens (RFC 8693) instead.
+    pub(super) fn exchanging(mut self, exchange: Exchange) -> Self {
+        self.exchange = Some(exchange);
+        self
+    }
+
+    fn kind(&self) -> super::OAuthKind {
+        match (&self.exchange, &self.assertion) {
+            (Some(_), _) => super::OAuthKind::TokenExchange,
+            (None, Some(_)) => super::OAuthKind::JwtBearer,
+            (None, None) => super::OAuthKind::ClientCredentials,
         }
     }
 
     fn fail(&self, problem: OAuthProblem) -> AuthError {
         AuthError::OAuth {
             server_id: self.who.server_id.clone(),
+            kind: self.kind(),
             auth_ref: self.who.auth_ref.clone(),
-            problem,
+            problem: Box::new(problem),
         }
+    }
+
+    /// For token exchange, the subject token of a running task of the principal; `None`
+    /// for client credentials. Read at each use: tasks come and go.
+    fn subject(&self) -> Result<Option<SubjectToken>, AuthError> {
+        let Some(exchange) = &self.exchange else {
+            return Ok(None);
+        };
+        let principal = self.who.principal.as_deref();
+        exchange
+            .subjects
+            .current(principal)
+            .map(Some)
+            .ok_or_else(|| {
+                AuthError::no_subject(&self.who.server_id, &self.who.auth_ref, principal)
+            })
     }
 
     /// A valid token, discovering the endpoint without a challenge if need be (rmcp
     /// probes the server for one).
     pub(crate) async fn token(&self) -> Result<String, AuthError> {
+        let subject = self.subject()?;
         let mut state = self.state.lock().await;
-        if let Some(token) = state.fresh_token() {
+        if let Some(token) = state.fresh_token(subject.as_ref()) {
             return Ok(token);
         }
         self.ensure_endpoint(&mut state, None).await?;
-        self.fetch(&mut state).await
+        self.fetch(&mut state, subject.as_ref()).await
     }
 
     /// The token for a first attempt: cached, or fetched when the endpoint is known
     /// without asking the server. `None` when only the server's 401 can say where to go.
     pub(crate) async fn token_if_known(&self) -> Result<Option<String>, AuthError> {
+        let subject = self.subject()?;
         let mut state = self.state.lock().await;
-        if let Some(token) = state.fresh_token() {
+        if let Some(token) = state.fresh_token(subject.as_ref()) {
             return Ok(Some(token));
         }
         if state.endpoint.is_none()
@@ -166,7 +246,7 @@ impl OAuthClient {
             return Ok(None);
         }
         self.ensure_endpoint(&mut state, None).await?;
-        self.fetch(&mut state).await.map(Some)
+        self.fetch(&mut state, subject.as_ref()).await.map(Some)
     }
 
     /// A token after the server answered 401 to `rejected` (no token, or an expired or
@@ -177,12 +257,13 @@ impl OAuthClient {
         rejected: Option<&str>,
         challenge: Option<&str>,
     ) -> Result<String, AuthError> {
+        let subject = self.subject()?;
         let mut state = self.state.lock().await;
-        if let Some(token) = state.other_than(rejected) {
+        if let Some(token) = state.other_than(rejected, subject.as_ref()) {
             return Ok(token);
         }
         self.ensure_endpoint(&mut state, challenge).await?;
-        self.fetch(&mut state).await
+        self.fetch(&mut state, subject.as_ref()).await
     }
 
     /// A token for more scopes after a 403 `insufficient_scope` `challenge` to `rejected`:
@@ -206,17 +287,18 @@ impl OAuthClient {
             .split_whitespace()
             .map(str::to_owned)
             .collect();
+        let subject = self.subject()?;
         let mut state = self.state.lock().await;
         if wanted.iter().all(|scope| state.scopes.contains(scope)) {
             // Another call stepped up already, or the server wants what this token has.
-            return Ok(state.other_than(rejected));
+            return Ok(state.other_than(rejected, subject.as_ref()));
         }
         self.ensure_endpoint(&mut state, Some(challenge)).await?;
         let Some(wider) = self
             .widen(&state.scopes, &wanted)
             .map_err(|problem| self.fail(problem))?
         else {
-            return Ok(state.other_than(rejected));
+            return Ok(state.other_than(rejected, subject.as_ref()));
         };
         // The wider scopes are kept only once a token was issued for them: a server naming
         // a scope the authorization server refuses must not break later token requests.
@@ -226,7 +308,7 @@ impl OAuthClient {
             scopes = %state.scopes.join(" "),
             "MCP server asked for more scopes; requesting a new token"
         );
-        let token = self.fetch(&mut state).await;
+        let token = self.fetch(&mut state, subject.as_ref()).await;
         if token.is_err() {
             state.scopes = granted;
         }
@@ -463,6 +545,9 @@ impl OAuthClient {
         }
         let candidates: &[TokenEndpointAuth] = if self.key.is_some() {
             &[TokenEndpointAuth::PrivateKeyJwt]
+        } else if self.config.client_secret_env.is_none() {
+            // Only token exchange may have neither (the load refuses it otherwise).
+            &[TokenEndpointAuth::None]
         } else {
             &[
                 TokenEndpointAuth::ClientSecretBasic,
@@ -488,7 +573,12 @@ impl OAuthClient {
         })
     }
 
-    async fn fetch(&self, state: &mut State) -> Result<String, AuthError> {
+    /// Requests a token: client credentials, or the exchange of `subject`.
+    async fn fetch(
+        &self,
+        state: &mut State,
+        subject: Option<&SubjectToken>,
+    ) -> Result<String, AuthError> {
         let Some(endpoint) = state.endpoint.clone() else {
             return Err(self.fail(OAuthProblem::NoTokenEndpoint {
                 issuer: self.server_url.clone(),
@@ -503,7 +593,38 @@ impl OAuthClient {
             .map_err(|denied| self.fail(OAuthProblem::TokenEndpointDenied(denied)))?
             .header(http::header::ACCEPT, "application/json")
             .timeout(defaults::OAUTH_HTTP_TIMEOUT);
-        let mut form = vec![("grant_type", "client_credentials".to_owned())];
+        let mut form = match (&self.exchange, subject) {
+            (Some(exchange), Some(subject)) => {
+                let config = &exchange.config;
+                let mut form = vec![
+                    ("grant_type", TOKEN_EXCHANGE.to_owned()),
+                    ("subject_token", subject.expose().to_owned()),
+                    (
+                        "subject_token_type",
+                        config.subject_token_type.uri().to_owned(),
+                    ),
+                    (
+                        "requested_token_type",
+                        exchange.requested().uri().to_owned(),
+                    ),
+                ];
+                if let Some(audience) = &config.audience {
+                    form.push(("audience", audience.clone()));
+                }
+                form
+            }
+            _ => match &self.assertion {
+                // Read at each request: workload tokens are rotated by the platform.
+                Some(source) => {
+                    let assertion = source.read().map_err(|problem| self.fail(problem))?;
+                    vec![
+                        ("grant_type", JWT_BEARER_GRANT.to_owned()),
+                        ("assertion", assertion.expose().to_owned()),
+                    ]
+                }
+                None => vec![("grant_type", "client_credentials".to_owned())],
+            },
+        };
         if !state.scopes.is_empty() {
             form.push(("scope", state.scopes.join(" ")));
         }
@@ -543,6 +664,7 @@ impl OAuthClient {
                 form.push(("client_assertion_type", JWT_BEARER.to_owned()));
                 form.push(("client_assertion", assertion));
             }
+            TokenEndpointAuth::None => form.push(("client_id", client_id.clone())),
         }
         let response = request.form(&form).send().await.map_err(|source| {
             self.fail(OAuthProblem::TokenUnreachable {
@@ -571,6 +693,9 @@ impl OAuthClient {
             .as_str()
             .filter(|token| !token.is_empty())
             .ok_or_else(|| self.fail(OAuthProblem::NoAccessToken))?;
+        if let Some(exchange) = &self.exchange {
+            check_exchanged(exchange.requested(), &body).map_err(|problem| self.fail(problem))?;
+        }
         let lifetime = body["expires_in"]
             .as_u64()
             .map_or(defaults::OAUTH_TOKEN_DEFAULT_LIFETIME, Duration::from_secs);
@@ -581,8 +706,42 @@ impl OAuthClient {
             "fetched an OAuth access token"
         );
         state.token = Some((token.to_owned(), refresh_at(Instant::now(), lifetime)));
+        state.subject = subject.map(SubjectToken::fingerprint);
         Ok(token.to_owned())
     }
+}
+
+/// An RFC 8693 answer must say it issued the type asked for (`issued_token_type` is
+/// required), and be a token this host can present: `Bearer`, or `N_A` for a token that is
+/// not an access token.
+fn check_exchanged(requested: TokenType, body: &Value) -> Result<(), OAuthProblem> {
+    let shown = |field: &str| {
+        body[field].as_str().map_or_else(
+            || "none".to_owned(),
+            |value| {
+                value
+                    .chars()
+                    .filter(char::is_ascii_graphic)
+                    .take(defaults::OAUTH_ERROR_CODE_MAX_CHARS)
+                    .collect()
+            },
+        )
+    };
+    if body["issued_token_type"].as_str() != Some(requested.uri()) {
+        return Err(OAuthProblem::WrongTokenType {
+            requested: requested.uri().to_owned(),
+            received: shown("issued_token_type"),
+        });
+    }
+    let token_type = body["token_type"].as_str().unwrap_or_default();
+    let usable = token_type.eq_ignore_ascii_case("bearer")
+        || (requested != TokenType::AccessToken && token_type.eq_ignore_ascii_case("n_a"));
+    if !usable {
+        return Err(OAuthProblem::NotBearer {
+            token_type: shown("token_type"),
+        });
+    }
+    Ok(())
 }
 
 /// Whether two issuer identifiers are the same, by rmcp's rule (RFC 8414 §3.3 compares them
@@ -700,6 +859,7 @@ mod tests {
         .unwrap();
         let http = OutboundClient::new(Arc::new(policy), Duration::from_secs(5)).unwrap();
         let who = Identity {
+            principal: None,
             server_id: "web".into(),
             auth_ref: "corp".into(),
         };

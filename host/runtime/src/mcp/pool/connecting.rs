@@ -20,6 +20,13 @@ pub(super) struct Backoff {
 impl McpPool {
     /// The live connection of `slot`, connecting (or reconnecting) if needed.
     pub(super) async fn connect(&self, slot: &ServerSlot) -> Result<Arc<Connection>, McpError> {
+        // A token-exchange server needs a running task's subject token: without one the
+        // call fails here, clearly, instead of breaking the connection or the backoff
+        // other tasks (with tokens) depend on.
+        self.rules()
+            .auth
+            .check_subject(&slot.entry, slot.principal.as_deref())
+            .map_err(|e| McpError::new(McpErrorCode::Unavailable, e.to_string()))?;
         let shutdowns = self.shared.shutdowns.load(Ordering::SeqCst);
         let mut conn = slot.conn.lock().await;
         if let Some(live) = conn.as_ref().filter(|c| c.is_alive()) {

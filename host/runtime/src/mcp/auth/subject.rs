@@ -1,0 +1,181 @@
+//! The subject token a task carries from the platform that submitted it (an OIDC ID token
+//! or an access token), for `oauth_token_exchange` credentials (RFC 8693).
+//!
+//! A [`SubjectToken`] is a secret: its `Debug` is redacted, it is never serialised, and it
+//! reaches only the token endpoint of a credential the operator configured. While a task
+//! runs, its token is registered under the task's principal in [`SubjectTokens`]; a
+//! connection acting for that principal reads the newest one when it needs a token, and the
+//! registration ends with the task, so no subject token outlives the tasks that carried it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use sha2::{Digest, Sha256};
+
+use crate::defaults;
+
+/// A subject token: 1 to [`defaults::MAX_SUBJECT_TOKEN_BYTES`] visible ASCII characters
+/// (what a JWT or an opaque bearer token is made of).
+#[derive(Clone, PartialEq, Eq)]
+pub struct SubjectToken(Arc<str>);
+
+/// A subject token that cannot be one. It says which rule failed, never the value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubjectTokenError {
+    #[error("the subject token is empty")]
+    Empty,
+    #[error(
+        "the subject token is {len} bytes, more than {max}; pass the platform's token as issued",
+        max = defaults::MAX_SUBJECT_TOKEN_BYTES
+    )]
+    TooLong { len: usize },
+    #[error(
+        "the subject token holds a character that no token has (space, control or non-ASCII); pass the token alone, without `Bearer ` or quotes"
+    )]
+    BadCharacter,
+}
+
+impl SubjectToken {
+    /// Checks `token` and keeps it.
+    pub fn new(token: &str) -> Result<Self, SubjectTokenError> {
+        if token.is_empty() {
+            return Err(SubjectTokenError::Empty);
+        }
+        if token.len() > defaults::MAX_SUBJECT_TOKEN_BYTES {
+            return Err(SubjectTokenError::TooLong { len: token.len() });
+        }
+        if !token.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(SubjectTokenError::BadCharacter);
+        }
+        Ok(Self(Arc::from(token)))
+    }
+
+    /// The token, for the token request only.
+    pub(crate) fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// A digest to tell tokens apart without keeping them.
+    pub(crate) fn fingerprint(&self) -> [u8; 32] {
+        Sha256::digest(self.0.as_bytes()).into()
+    }
+}
+
+impl std::fmt::Debug for SubjectToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SubjectToken(<redacted>)")
+    }
+}
+
+type Principal = Option<Arc<str>>;
+
+/// The subject tokens of running tasks, by principal; cheap to clone.
+#[derive(Clone, Default)]
+pub(crate) struct SubjectTokens {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    next: AtomicU64,
+    by_principal: Mutex<HashMap<Principal, Vec<(u64, SubjectToken)>>>,
+}
+
+impl SubjectTokens {
+    /// Registers a task's `token` under its `principal` until the returned guard drops.
+    pub(crate) fn register(
+        &self,
+        principal: Option<&str>,
+        token: SubjectToken,
+    ) -> SubjectRegistration {
+        let id = self.inner.next.fetch_add(1, Ordering::Relaxed);
+        let principal: Principal = principal.map(Arc::from);
+        self.lock()
+            .entry(principal.clone())
+            .or_default()
+            .push((id, token));
+        SubjectRegistration {
+            tokens: self.clone(),
+            principal,
+            id,
+        }
+    }
+
+    /// The newest subject token of a running task of `principal`.
+    pub(crate) fn current(&self, principal: Option<&str>) -> Option<SubjectToken> {
+        let principal: Principal = principal.map(Arc::from);
+        self.lock()
+            .get(&principal)
+            .and_then(|tokens| tokens.last())
+            .map(|(_, token)| token.clone())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Principal, Vec<(u64, SubjectToken)>>> {
+        self.inner
+            .by_principal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// A task's subject token, registered until this drops with the task.
+pub(crate) struct SubjectRegistration {
+    tokens: SubjectTokens,
+    principal: Principal,
+    id: u64,
+}
+
+impl Drop for SubjectRegistration {
+    fn drop(&mut self) {
+        let mut map = self.tokens.lock();
+        if let Some(tokens) = map.get_mut(&self.principal) {
+            tokens.retain(|(id, _)| *id != self.id);
+            if tokens.is_empty() {
+                map.remove(&self.principal);
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for SubjectRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SubjectRegistration")
+            .field("principal", &self.principal)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subject_tokens_are_checked_redacted_and_end_with_their_task() {
+        assert_eq!(SubjectToken::new(""), Err(SubjectTokenError::Empty));
+        assert_eq!(
+            SubjectToken::new("Bearer abc"),
+            Err(SubjectTokenError::BadCharacter)
+        );
+        assert_eq!(SubjectToken::new("é"), Err(SubjectTokenError::BadCharacter));
+        let huge = "a".repeat(defaults::MAX_SUBJECT_TOKEN_BYTES + 1);
+        assert!(matches!(
+            SubjectToken::new(&huge),
+            Err(SubjectTokenError::TooLong { .. })
+        ));
+        let token = SubjectToken::new("eyJ.secret-subject.sig").unwrap();
+        assert!(!format!("{token:?}").contains("secret"));
+
+        let tokens = SubjectTokens::default();
+        let alice = tokens.register(Some("alice"), token.clone());
+        let newer = tokens.register(Some("alice"), SubjectToken::new("newer").unwrap());
+        assert_eq!(tokens.current(Some("bob")), None);
+        assert_eq!(tokens.current(None), None);
+        assert_eq!(tokens.current(Some("alice")).unwrap().expose(), "newer");
+        drop(newer);
+        assert_eq!(tokens.current(Some("alice")), Some(token));
+        drop(alice);
+        assert_eq!(tokens.current(Some("alice")), None);
+        assert!(tokens.lock().is_empty(), "nothing is kept after the tasks");
+    }
+}
