@@ -1166,7 +1166,8 @@ mod tests {
 
     #[tokio::test]
     async fn authorization_code_with_pkce_refresh_rotation_and_revocation() {
-        let server = TokenServer::start("c", "s", Duration::from_secs(60)).await;
+        let owned = TokenServer::start("c", "s", Duration::from_secs(60)).await;
+        let server = &owned;
         let registered = send(
             server.addr(),
             "POST",
