@@ -48,10 +48,7 @@ impl LoopbackAuthorizer {
 
 /// The redirect: handed to the waiting flow whole (its query has `code`, `state` and
 /// maybe `iss`, or `error`); the browser gets a page saying it may close.
-async fn callback(
-    State(state): State<Arc<(mpsc::Sender<String>, u16)>>,
-    uri: Uri,
-) -> &'static str {
+async fn callback(State(state): State<Arc<(mpsc::Sender<String>, u16)>>, uri: Uri) -> &'static str {
     let (tx, port) = &*state;
     let _ = tx.try_send(format!("http://127.0.0.1:{port}{uri}"));
     "Quiver received the authorization. You can close this window."
@@ -80,9 +77,7 @@ impl UserAuthorizer for LoopbackAuthorizer {
             let timeout = defaults::LOGIN_TIMEOUT;
             match tokio::time::timeout(timeout, callbacks.recv()).await {
                 Ok(Some(url)) => Ok(url),
-                Ok(None) => Err(AuthorizeError(
-                    "the login callback listener stopped".into(),
-                )),
+                Ok(None) => Err(AuthorizeError("the login callback listener stopped".into())),
                 Err(_) => Err(AuthorizeError(format!(
                     "no authorization came back within {} s; run the command again and open the URL it prints",
                     timeout.as_secs()

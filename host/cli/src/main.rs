@@ -828,12 +828,11 @@ async fn mcp_call(
 const GRANTS_DIR: &str = ".grants";
 
 async fn mcp_login(server_id: &str, identity: Identity, source: ServerSource) -> i32 {
-    let (host, _) = match server_host(server_id, &source, None, Some(identity.open_with.clone()))
-        .await
-    {
-        Ok(found) => found,
-        Err(status) => return status,
-    };
+    let (host, _) =
+        match server_host(server_id, &source, None, Some(identity.open_with.clone())).await {
+            Ok(found) => found,
+            Err(status) => return status,
+        };
     let principal = identity.principal();
     let authorized = host.authorize_server(server_id, &principal).await;
     host.shutdown().await;

@@ -660,9 +660,9 @@ async fn list_resource_templates<T: McpView>(
     caller: &mut Caller<'_, T>,
     request: Request,
 ) -> Result<i32, HostcallError> {
-    let fetch =
-        |pool: Arc<McpPool>, entry, principal: Option<Arc<str>>| async move {
-        pool.list_resource_templates(&entry, principal.as_deref()).await
+    let fetch = |pool: Arc<McpPool>, entry, principal: Option<Arc<str>>| async move {
+        pool.list_resource_templates(&entry, principal.as_deref())
+            .await
     };
     let keep =
         |grant: &Grant, template: &ResourceTemplate| grant.permits_template(&template.uri_template);
@@ -687,10 +687,11 @@ async fn read_resource<T: McpView>(
     caller: &mut Caller<'_, T>,
     request: Request,
 ) -> Result<i32, HostcallError> {
-    let read = request
-        .mcp
-        .pool
-        .read_resource(&request.grant.entry, request.mcp.principal(), request.name());
+    let read = request.mcp.pool.read_resource(
+        &request.grant.entry,
+        request.mcp.principal(),
+        request.name(),
+    );
     let bytes = request
         .run(read)
         .await?
@@ -717,15 +718,12 @@ async fn get_prompt<T: McpView>(
         Ok(arguments) => arguments,
         Err(error) => return request.deliver(caller, encode(&error.to_json())),
     };
-    let got = request
-        .mcp
-        .pool
-        .get_prompt(
-            &request.grant.entry,
-            request.mcp.principal(),
-            request.name(),
-            arguments,
-        );
+    let got = request.mcp.pool.get_prompt(
+        &request.grant.entry,
+        request.mcp.principal(),
+        request.name(),
+        arguments,
+    );
     let bytes = request
         .run(got)
         .await?

@@ -424,9 +424,7 @@ impl CredentialStore for GrantCredentials {
             .map_err(store_error)
     }
 
-    async fn acquire_refresh_guard(
-        &self,
-    ) -> Result<Option<CredentialRefreshGuard>, RmcpAuthError> {
+    async fn acquire_refresh_guard(&self) -> Result<Option<CredentialRefreshGuard>, RmcpAuthError> {
         let guard = self.grants.lock_of(&self.key).lock_owned().await;
         Ok(Some(CredentialRefreshGuard::new(guard)))
     }
@@ -438,10 +436,7 @@ pub(crate) async fn save_registration(
     key: &GrantKey,
     registration: Registration,
 ) -> Result<(), GrantStoreError> {
-    let mut grant = store
-        .load(key)
-        .await?
-        .unwrap_or_else(|| Grant::empty(key));
+    let mut grant = store.load(key).await?.unwrap_or_else(|| Grant::empty(key));
     if grant
         .registration
         .as_ref()

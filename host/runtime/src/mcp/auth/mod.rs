@@ -29,15 +29,15 @@ use super::outbound::{EgressRefused, OutboundClient, ReadBodyError, SendError, U
 use crate::config::ConfigError;
 use crate::defaults;
 use crate::registry::RuleViolation;
-pub use jwt::SigningAlg;
-use jwt::{ClientKey, SignError};
+pub(crate) use grants::Grants;
 pub use grants::{
     DirGrantStore, Grant, GrantKey, GrantStore, GrantStoreError, MemoryGrantStore, Registration,
 };
-pub(crate) use grants::Grants;
+pub use jwt::SigningAlg;
+use jwt::{ClientKey, SignError};
 pub(crate) use oauth::OAuthClient;
-pub use user::{AuthorizationPrompt, AuthorizeError, OAuthAuthorizationCodeConfig, UserAuthorizer};
 pub(crate) use user::UserToken;
+pub use user::{AuthorizationPrompt, AuthorizeError, OAuthAuthorizationCodeConfig, UserAuthorizer};
 
 /// Credentials that cannot be resolved or a token that cannot be had. It names the server,
 /// the `auth_ref`, the variable and the endpoint; never a key, secret or token.
@@ -515,7 +515,9 @@ fn check_user_config(
         if !usable {
             return Err(error(
                 "client_metadata_url",
-                format!("{url:?} is not an https URL with a path; a Client ID Metadata Document is served at e.g. \"https://quiver.example.com/oauth/client.json\""),
+                format!(
+                    "{url:?} is not an https URL with a path; a Client ID Metadata Document is served at e.g. \"https://quiver.example.com/oauth/client.json\""
+                ),
             ));
         }
     }
@@ -923,8 +925,9 @@ mod tests {
         )]);
         let configs = AuthSet::load(&configs, Path::new(".")).unwrap();
         let http = client(&["https://*:*"]);
-        let undefined = Credentials::resolve("web", "nope", &configs, "https://x", http.clone(), None)
-            .expect_err("undefined");
+        let undefined =
+            Credentials::resolve("web", "nope", &configs, "https://x", http.clone(), None)
+                .expect_err("undefined");
         assert_eq!(
             undefined.to_string(),
             "server `web`: http.auth_ref `nope` is not defined in the host config ([auth.nope])"

@@ -16,11 +16,11 @@
 
 use std::sync::Arc;
 
+use oauth2::TokenResponse;
 use rmcp::transport::auth::{
     AuthError as RmcpAuthError, AuthorizationManager, AuthorizationRequest, AuthorizationSession,
     WWWAuthenticateParams,
 };
-use oauth2::TokenResponse;
 use serde::Deserialize;
 
 use super::grants::{GrantKey, Grants, Registration, save_registration};
@@ -476,7 +476,8 @@ fn client_config(
     registration: Registration,
     redirect_uri: String,
 ) -> rmcp::transport::auth::OAuthClientConfig {
-    let config = rmcp::transport::auth::OAuthClientConfig::new(registration.client_id, redirect_uri);
+    let config =
+        rmcp::transport::auth::OAuthClientConfig::new(registration.client_id, redirect_uri);
     match registration.client_secret {
         Some(secret) => config.with_client_secret(secret),
         None => config,

@@ -264,7 +264,8 @@ impl Connector {
                 }
             }
             Launch::Http { url, headers, .. } => {
-                self.open_remote(entry, url, headers, serial, principal).await
+                self.open_remote(entry, url, headers, serial, principal)
+                    .await
             }
         };
         opened.map_err(|error| error.redacted(secrets))

@@ -35,7 +35,14 @@ impl Connector {
             .map_err(|e| unavailable(format!("server `{server_id}`: {e}")))?
             .clone();
         match auth_ref.map(|auth_ref| {
-            Credentials::resolve(server_id, auth_ref, &self.rules.auth, url, http, Some(principal))
+            Credentials::resolve(
+                server_id,
+                auth_ref,
+                &self.rules.auth,
+                url,
+                http,
+                Some(principal),
+            )
         }) {
             Some(Ok(Credentials::User(user))) => Ok(user),
             Some(Err(e)) => Err(unavailable(e.to_string())),

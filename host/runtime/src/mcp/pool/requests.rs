@@ -187,17 +187,22 @@ impl McpPool {
     ) -> Result<Vec<Resource>, McpError> {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_list_bytes;
-        self.request(entry, principal, "resources/list", |conn, phase| async move {
-            list_pages(server_id, "resources/list", cap, &phase, |cursor| {
-                let conn = conn.clone();
-                async move {
-                    let params = PaginatedRequestParams::default().with_cursor(cursor);
-                    let page = conn.service.list_resources(Some(params)).await?;
-                    Ok((page.resources, page.next_cursor))
-                }
-            })
-            .await
-        })
+        self.request(
+            entry,
+            principal,
+            "resources/list",
+            |conn, phase| async move {
+                list_pages(server_id, "resources/list", cap, &phase, |cursor| {
+                    let conn = conn.clone();
+                    async move {
+                        let params = PaginatedRequestParams::default().with_cursor(cursor);
+                        let page = conn.service.list_resources(Some(params)).await?;
+                        Ok((page.resources, page.next_cursor))
+                    }
+                })
+                .await
+            },
+        )
         .await
     }
 
