@@ -1,5 +1,7 @@
-//! A small OAuth 2.0 authorization server for tests: the client-credentials and RFC 8693
-//! token-exchange grants, RFC 7662 token introspection and RFC 8414 or OpenID metadata.
+//! A small OAuth 2.0 authorization server for tests: the client-credentials grant, the
+//! authorization code grant with PKCE and refresh tokens (for user authorization), the RFC
+//! 8693 token-exchange grant, RFC 7591 dynamic registration, RFC 7662 token introspection
+//! and RFC 8414 or OpenID metadata.
 //!
 //! [`TokenServer`] is a real HTTP server on `127.0.0.1:<random port>`:
 //!
@@ -25,10 +27,28 @@
 //!   [`AsOptions::openid_only`], only `GET /.well-known/openid-configuration`: the server's
 //!   metadata, listing `auth_methods`.
 //!
+//! - `GET /authorize`: "logs in" the user named by the `x-test-user` header the test's
+//!   browser sends ([`USER_HEADER`]); needs `response_type=code`, a registered `client_id`
+//!   (or the configured one) with its `redirect_uri` (any `http://127.0.0.1:` one for the
+//!   configured client), `code_challenge_method=S256` with a `code_challenge`, `state`
+//!   and `resource`. Answers `302` to `redirect_uri?code=..&state=..&iss=<issuer>`
+//!   ([`AsOptions::authorize_iss`] forges the `iss`); a refusal is a `400` with the reason
+//!   as text. Every accepted request is recorded, see [`TokenServer::authorizations`].
+//! - `POST /token` with `grant_type=authorization_code` (a public client: `client_id`
+//!   in the form): the code is single-use and must come with the same client and
+//!   `redirect_uri` and a `code_verifier` whose S256 is the challenge; with
+//!   `grant_type=refresh_token`: the refresh token is rotated (the old one stops working).
+//!   Both issue `<user>-<n>-<random>` access tokens (so the fixture's `whoami` tells users
+//!   apart) and `rt-<user>-<n>-<random>` refresh tokens; a bad code or refresh token is
+//!   `400 {"error": "invalid_grant"}`.
+//! - `POST /register` (RFC 7591, JSON): registers a public client for its `redirect_uris`
+//!   and answers `201` with `client_id` `dyn-<n>`.
+//!
 //! A token is active for exactly the `ttl` given to [`TokenServer::start`]; `expires_in` reports
 //! it in whole seconds (rounded down, at least 1), so a sub-second `ttl` makes tokens expire
-//! before the client expects. [`TokenServer::revoke_all`] deactivates every token issued so far
-//! (to force a 401 and a refresh).
+//! before the client expects. [`TokenServer::revoke_all`] deactivates every access token issued
+//! so far (to force a 401 and a refresh; refresh tokens stay good);
+//! [`TokenServer::revoke_user`] deactivates one user's access and refresh tokens.
 //!
 //! ```ignore
 //! let auth = TokenServer::start("client", "secret", Duration::from_secs(3600)).await;
@@ -78,13 +98,43 @@ pub struct TokenRequest {
     pub audience: Option<String>,
     /// The access token issued, or `None` if the request was refused.
     pub issued: Option<String>,
+    /// The refresh token issued with it (authorization code and refresh grants).
+    pub refresh_issued: Option<String>,
 }
+
+/// One accepted `GET /authorize` request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthorizeRequest {
+    /// The user the browser logged in as.
+    pub user: String,
+    pub client_id: String,
+    pub redirect_uri: String,
+    pub scope: Option<String>,
+    pub resource: String,
+}
+
+/// The header a test's browser names its user in at `GET /authorize`.
+pub const USER_HEADER: &str = "x-test-user";
 
 struct Issued {
     client_id: String,
+    /// The user of an authorization code or refresh grant.
+    user: Option<String>,
     scope: Option<String>,
     expires_at: SystemTime,
     revoked: bool,
+}
+
+/// What an authorization code or a refresh token stands for.
+#[derive(Clone)]
+struct UserGrant {
+    user: String,
+    client_id: String,
+    redirect_uri: String,
+    scope: Option<String>,
+    resource: String,
+    /// The PKCE S256 challenge (codes only).
+    challenge: String,
 }
 
 #[derive(Default)]
@@ -92,6 +142,12 @@ struct Inner {
     tokens: HashMap<String, Issued>,
     requests: Vec<TokenRequest>,
     introspections: usize,
+    /// Dynamically registered clients: id -> redirect URIs.
+    clients: HashMap<String, Vec<String>>,
+    codes: HashMap<String, UserGrant>,
+    refresh_tokens: HashMap<String, UserGrant>,
+    authorizations: Vec<AuthorizeRequest>,
+    metadata_requests: usize,
 }
 
 struct Shared {
@@ -101,6 +157,7 @@ struct Shared {
     issuer: String,
     auth_methods: Vec<String>,
     jwt_public_key: Option<Vec<u8>>,
+    options: AsOptions,
     inner: Mutex<Inner>,
 }
 
@@ -114,6 +171,14 @@ pub struct AsOptions {
     pub jwt_public_key: Option<Vec<u8>>,
     /// Metadata only at `/.well-known/openid-configuration`, none at the RFC 8414 URI.
     pub openid_only: bool,
+    /// Hostile: this many bytes of padding in the metadata document.
+    pub metadata_padding: usize,
+    /// Hostile: wait this long before answering the metadata request.
+    pub metadata_delay: Duration,
+    /// Hostile: answer the metadata request with `307` to this URL.
+    pub metadata_redirect: Option<String>,
+    /// Hostile: the `iss` of the authorization response instead of the issuer.
+    pub authorize_iss: Option<String>,
 }
 
 impl Default for AsOptions {
@@ -122,6 +187,10 @@ impl Default for AsOptions {
             auth_methods: vec!["client_secret_basic".into(), "client_secret_post".into()],
             jwt_public_key: None,
             openid_only: false,
+            metadata_padding: 0,
+            metadata_delay: Duration::ZERO,
+            metadata_redirect: None,
+            authorize_iss: None,
         }
     }
 }
@@ -173,8 +242,9 @@ impl TokenServer {
             client_secret: client_secret.into(),
             ttl,
             issuer: format!("http://{addr}"),
-            auth_methods: options.auth_methods,
-            jwt_public_key: options.jwt_public_key,
+            auth_methods: options.auth_methods.clone(),
+            jwt_public_key: options.jwt_public_key.clone(),
+            options: options.clone(),
             inner: Mutex::new(Inner::default()),
         });
         let metadata_path = if options.openid_only {
@@ -185,6 +255,8 @@ impl TokenServer {
         let router = Router::new()
             .route("/token", post(token))
             .route("/introspect", post(introspect))
+            .route("/authorize", get(authorize))
+            .route("/register", post(register))
             .route(metadata_path, get(metadata))
             .with_state(shared.clone());
 
@@ -245,11 +317,62 @@ impl TokenServer {
         self.shared.lock().introspections
     }
 
-    /// Deactivates every token issued so far; later tokens are unaffected.
+    /// Deactivates every access token issued so far; later tokens and refresh tokens are
+    /// unaffected.
     pub fn revoke_all(&self) {
         for issued in self.shared.lock().tokens.values_mut() {
             issued.revoked = true;
         }
+    }
+
+    /// Deactivates `user`'s access tokens and refresh tokens (the user withdrew the grant).
+    pub fn revoke_user(&self, user: &str) {
+        let mut inner = self.shared.lock();
+        for issued in inner.tokens.values_mut() {
+            if issued.user.as_deref() == Some(user) {
+                issued.revoked = true;
+            }
+        }
+        inner.refresh_tokens.retain(|_, grant| grant.user != user);
+    }
+
+    /// Every accepted `GET /authorize` request, in order.
+    pub fn authorizations(&self) -> Vec<AuthorizeRequest> {
+        self.shared.lock().authorizations.clone()
+    }
+
+    /// How many refresh tokens were exchanged for new tokens.
+    pub fn refresh_count(&self) -> usize {
+        self.shared
+            .lock()
+            .requests
+            .iter()
+            .filter(|r| r.grant_type == "refresh_token" && r.issued.is_some())
+            .count()
+    }
+
+    /// How many clients registered dynamically.
+    pub fn registration_count(&self) -> usize {
+        self.shared.lock().clients.len()
+    }
+
+    /// How many metadata requests arrived.
+    pub fn metadata_count(&self) -> usize {
+        self.shared.lock().metadata_requests
+    }
+
+    /// Every access and refresh token issued so far (to look for leaks).
+    pub fn all_tokens(&self) -> Vec<String> {
+        let inner = self.shared.lock();
+        let mut all: Vec<String> = inner.tokens.keys().cloned().collect();
+        all.extend(inner.refresh_tokens.keys().cloned());
+        all.extend(
+            inner
+                .requests
+                .iter()
+                .filter_map(|r| r.refresh_issued.clone()),
+        );
+        all
     }
 
     /// Whether `token` is currently active (what `/introspect` would answer).
@@ -328,7 +451,15 @@ async fn token(
         subject_token: field("subject_token"),
         audience: field("audience"),
         issued: None,
+        refresh_issued: None,
     };
+    if matches!(
+        request.grant_type.as_str(),
+        "authorization_code" | "refresh_token"
+    ) {
+        let client_id = client_id.or_else(|| field("client_id"));
+        return user_token(&shared, request, client_id, &form);
+    }
     let exchange = request.grant_type == TOKEN_EXCHANGE;
 
     let mut inner = shared.lock();
@@ -367,6 +498,7 @@ async fn token(
         access_token.clone(),
         Issued {
             client_id: shared.client_id.clone(),
+            user: None,
             scope: request.scope.clone(),
             expires_at: SystemTime::now() + shared.ttl,
             revoked: false,
@@ -414,6 +546,9 @@ async fn introspect(State(shared): State<Arc<Shared>>, body: Bytes) -> Response<
             if let Some(scope) = &issued.scope {
                 answer["scope"] = json!(scope);
             }
+            if let Some(user) = &issued.user {
+                answer["sub"] = json!(user);
+            }
             answer
         }
         _ => json!({"active": false}),
@@ -423,18 +558,247 @@ async fn introspect(State(shared): State<Arc<Shared>>, body: Bytes) -> Response<
 }
 
 async fn metadata(State(shared): State<Arc<Shared>>) -> Response<Body> {
+    shared.lock().metadata_requests += 1;
+    let options = &shared.options;
+    if !options.metadata_delay.is_zero() {
+        tokio::time::sleep(options.metadata_delay).await;
+    }
+    if let Some(to) = &options.metadata_redirect {
+        return Response::builder()
+            .status(StatusCode::TEMPORARY_REDIRECT)
+            .header(header::LOCATION, to.as_str())
+            .body(Body::empty())
+            .expect("token server: build redirect");
+    }
+    let issuer = &shared.issuer;
+    let mut body = json!({
+        "issuer": issuer,
+        "token_endpoint": format!("{issuer}/token"),
+        "introspection_endpoint": format!("{issuer}/introspect"),
+        "authorization_endpoint": format!("{issuer}/authorize"),
+        "registration_endpoint": format!("{issuer}/register"),
+        "grant_types_supported": ["client_credentials", "authorization_code", "refresh_token"],
+        "token_endpoint_auth_methods_supported": shared.auth_methods,
+        "token_endpoint_auth_signing_alg_values_supported": ["ES256"],
+        "response_types_supported": ["code"],
+        "code_challenge_methods_supported": ["S256"],
+        "authorization_response_iss_parameter_supported": true,
+    });
+    if options.metadata_padding > 0 {
+        body["padding"] = json!("x".repeat(options.metadata_padding));
+    }
+    json_response(StatusCode::OK, body)
+}
+
+/// `GET /authorize`: the user of [`USER_HEADER`] approves at once.
+async fn authorize(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    uri: axum::http::Uri,
+) -> Response<Body> {
+    let query = parse_form(uri.query().unwrap_or_default().as_bytes());
+    let field = |name: &str| query.get(name).cloned().unwrap_or_default();
+    let refuse = |why: String| {
+        Response::builder()
+            .status(StatusCode::BAD_REQUEST)
+            .body(Body::from(why))
+            .expect("token server: build refusal")
+    };
+    let Some(user) = headers
+        .get(USER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|u| !u.is_empty())
+    else {
+        return refuse(format!("nobody logged in (no {USER_HEADER} header)"));
+    };
+    let (client_id, redirect_uri) = (field("client_id"), field("redirect_uri"));
+    let mut inner = shared.lock();
+    let redirect_ok = match inner.clients.get(&client_id) {
+        Some(uris) => uris.contains(&redirect_uri),
+        None => client_id == shared.client_id && redirect_uri.starts_with("http://127.0.0.1:"),
+    };
+    let problem = if field("response_type") != "code" {
+        Some("response_type must be code".to_owned())
+    } else if !redirect_ok {
+        Some(format!(
+            "client {client_id:?} is unknown or did not register redirect_uri {redirect_uri:?}"
+        ))
+    } else if field("code_challenge_method") != "S256" || field("code_challenge").is_empty() {
+        Some("PKCE with code_challenge_method=S256 is required".to_owned())
+    } else if field("state").is_empty() {
+        Some("state is required".to_owned())
+    } else if field("resource").is_empty() {
+        Some("resource is required".to_owned())
+    } else {
+        None
+    };
+    if let Some(why) = problem {
+        return refuse(why);
+    }
+    let scope = query.get("scope").cloned();
+    let grant = UserGrant {
+        user: user.to_owned(),
+        client_id: client_id.clone(),
+        redirect_uri: redirect_uri.clone(),
+        scope: scope.clone(),
+        resource: field("resource"),
+        challenge: field("code_challenge"),
+    };
+    let code = format!("code-{}", random_hex());
+    inner.codes.insert(code.clone(), grant.clone());
+    inner.authorizations.push(AuthorizeRequest {
+        user: grant.user,
+        client_id,
+        redirect_uri: redirect_uri.clone(),
+        scope,
+        resource: grant.resource,
+    });
+    drop(inner);
+    let iss = shared
+        .options
+        .authorize_iss
+        .clone()
+        .unwrap_or_else(|| shared.issuer.clone());
+    let separator = if redirect_uri.contains('?') { '&' } else { '?' };
+    let location = format!(
+        "{redirect_uri}{separator}code={}&state={}&iss={}",
+        form_encode(&code),
+        form_encode(&field("state")),
+        form_encode(&iss)
+    );
+    Response::builder()
+        .status(StatusCode::FOUND)
+        .header(header::LOCATION, location)
+        .body(Body::empty())
+        .expect("token server: build redirect")
+}
+
+/// `POST /register` (RFC 7591): a public client for the redirect URIs given.
+async fn register(State(shared): State<Arc<Shared>>, body: Bytes) -> Response<Body> {
+    let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let uris: Vec<String> = request["redirect_uris"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|u| u.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    if uris.is_empty() {
+        return json_response(
+            StatusCode::BAD_REQUEST,
+            json!({"error": "invalid_redirect_uri"}),
+        );
+    }
+    let mut inner = shared.lock();
+    let client_id = format!("dyn-{}", inner.clients.len() + 1);
+    inner.clients.insert(client_id.clone(), uris.clone());
+    drop(inner);
     json_response(
-        StatusCode::OK,
+        StatusCode::CREATED,
         json!({
-            "issuer": shared.issuer,
-            "token_endpoint": format!("{}/token", shared.issuer),
-            "introspection_endpoint": format!("{}/introspect", shared.issuer),
-            "grant_types_supported": ["client_credentials"],
-            "token_endpoint_auth_methods_supported": shared.auth_methods,
-            "token_endpoint_auth_signing_alg_values_supported": ["ES256"],
-            "response_types_supported": [],
+            "client_id": client_id,
+            "client_name": request["client_name"],
+            "redirect_uris": uris,
+            "token_endpoint_auth_method": "none",
+            "grant_types": ["authorization_code", "refresh_token"],
+            "response_types": ["code"],
         }),
     )
+}
+
+/// The authorization code and refresh token grants of a public client.
+fn user_token(
+    shared: &Shared,
+    mut request: TokenRequest,
+    client_id: Option<String>,
+    form: &HashMap<String, String>,
+) -> Response<Body> {
+    let field = |name: &str| form.get(name).cloned().unwrap_or_default();
+    let mut inner = shared.lock();
+    let grant = if request.grant_type == "authorization_code" {
+        // Single use: the code is gone whatever happens next.
+        inner.codes.remove(&field("code")).filter(|grant| {
+            grant.redirect_uri == field("redirect_uri")
+                && pkce_s256(&field("code_verifier")) == grant.challenge
+        })
+    } else {
+        // Rotated: the old refresh token is gone.
+        inner.refresh_tokens.remove(&field("refresh_token"))
+    };
+    let grant = grant.filter(|grant| {
+        Some(&grant.client_id) == client_id.as_ref()
+            && request
+                .resource
+                .as_ref()
+                .is_none_or(|resource| *resource == grant.resource)
+    });
+    let Some(grant) = grant else {
+        inner.requests.push(request);
+        drop(inner);
+        return json_response(StatusCode::BAD_REQUEST, json!({"error": "invalid_grant"}));
+    };
+    let n = inner.tokens.len() + 1;
+    let access_token = format!("{}-{n}-{}", grant.user, random_hex());
+    let refresh_token = format!("rt-{}-{n}-{}", grant.user, random_hex());
+    inner.tokens.insert(
+        access_token.clone(),
+        Issued {
+            client_id: grant.client_id.clone(),
+            user: Some(grant.user.clone()),
+            scope: grant.scope.clone(),
+            expires_at: SystemTime::now() + shared.ttl,
+            revoked: false,
+        },
+    );
+    inner
+        .refresh_tokens
+        .insert(refresh_token.clone(), grant.clone());
+    request.issued = Some(access_token.clone());
+    request.refresh_issued = Some(refresh_token.clone());
+    inner.requests.push(request);
+    drop(inner);
+    let mut body = json!({
+        "access_token": access_token,
+        "token_type": "Bearer",
+        "expires_in": shared.ttl.as_secs().max(1),
+        "refresh_token": refresh_token,
+    });
+    if let Some(scope) = grant.scope {
+        body["scope"] = json!(scope);
+    }
+    json_response(StatusCode::OK, body)
+}
+
+/// BASE64URL(SHA256(verifier)) without padding (RFC 7636 §4.2).
+fn pkce_s256(verifier: &str) -> String {
+    use sha2::Digest;
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let digest = sha2::Sha256::digest(verifier.as_bytes());
+    let mut out = String::new();
+    for chunk in digest.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
+        for i in 0..=chunk.len() {
+            out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+        }
+    }
+    out
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters.
+fn form_encode(value: &str) -> String {
+    value
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            b => format!("%{b:02X}"),
+        })
+        .collect()
 }
 
 fn json_response(status: StatusCode, body: Value) -> Response<Body> {
@@ -662,6 +1026,7 @@ mod tests {
                 subject_token: None,
                 audience: None,
                 issued: Some(token.clone()),
+                refresh_issued: None,
             }]
         );
 
@@ -809,7 +1174,15 @@ mod tests {
         assert_eq!(body["issuer"], server.issuer());
         assert_eq!(body["token_endpoint"], server.token_url());
         assert_eq!(body["introspection_endpoint"], server.introspect_url());
-        assert_eq!(body["grant_types_supported"], json!(["client_credentials"]));
+        assert_eq!(
+            body["grant_types_supported"],
+            json!(["client_credentials", "authorization_code", "refresh_token"])
+        );
+        assert_eq!(
+            body["authorization_endpoint"],
+            format!("{}/authorize", server.issuer())
+        );
+        assert_eq!(body["code_challenge_methods_supported"], json!(["S256"]));
         assert_eq!(
             body["token_endpoint_auth_methods_supported"],
             json!(["client_secret_basic", "client_secret_post"])
@@ -818,6 +1191,97 @@ mod tests {
             server.metadata_url(),
             format!("{}/.well-known/oauth-authorization-server", server.issuer())
         );
+    }
+
+    #[test]
+    fn pkce_s256_is_base64url_of_sha256() {
+        assert_eq!(
+            pkce_s256("dBjftJeZ4CVP-mJ92K9qqa9ZdQuiS9anXL0YPmq5wCk"),
+            "-yDJ3ZT5WhX5s7pRJ_NIDi2VO3NaOFW5qC_WBeHaNMY"
+        );
+        assert_eq!(form_encode("a b/c~"), "a%20b%2Fc~");
+    }
+
+    #[tokio::test]
+    async fn authorization_code_with_pkce_refresh_rotation_and_revocation() {
+        let owned = TokenServer::start("c", "s", Duration::from_secs(60)).await;
+        let server = &owned;
+        let registered = send(
+            server.addr(),
+            "POST",
+            "/register",
+            &[("Content-Type", "application/json")],
+            r#"{"client_name":"t","redirect_uris":["http://127.0.0.1:9/cb"]}"#,
+        )
+        .await;
+        assert_eq!(registered.status, 201, "{}", registered.body);
+        let client = registered.json()["client_id"].as_str().unwrap().to_owned();
+        let verifier = "dBjftJeZ4CVP-mJ92K9qqa9ZdQuiS9anXL0YPmq5wCk";
+        let authorize = |user: Option<&'static str>, redirect: &'static str| {
+            let path = format!(
+                "/authorize?response_type=code&client_id={client}&redirect_uri={}&code_challenge={}&code_challenge_method=S256&state=st&resource=http%3A%2F%2Fr%2Fmcp",
+                form_encode(redirect),
+                pkce_s256(verifier)
+            );
+            let headers: Vec<(&str, &str)> = user.map(|u| (USER_HEADER, u)).into_iter().collect();
+            async move { send(server.addr(), "GET", &path, &headers, "").await }
+        };
+        assert_eq!(authorize(None, "http://127.0.0.1:9/cb").await.status, 400);
+        assert_eq!(
+            authorize(Some("alice"), "http://evil:9/cb").await.status,
+            400,
+            "an unregistered redirect_uri"
+        );
+        let answer = authorize(Some("alice"), "http://127.0.0.1:9/cb").await;
+        assert_eq!(answer.status, 302, "{}", answer.body);
+        let location = answer.header("location").unwrap().to_owned();
+        let query = parse_form(location.split_once('?').unwrap().1.as_bytes());
+        assert_eq!(query["state"], "st");
+        assert_eq!(query["iss"], server.issuer());
+        let exchange = |code: String, verifier: &'static str| {
+            let body = format!(
+                "grant_type=authorization_code&code={code}&redirect_uri=http%3A%2F%2F127.0.0.1%3A9%2Fcb&code_verifier={verifier}&client_id={client}"
+            );
+            async move { post_form(server, "/token", &[], &body).await }
+        };
+        let wrong = exchange(query["code"].clone(), "wrong-verifier").await;
+        assert_eq!(wrong.json()["error"], "invalid_grant");
+        let answer = authorize(Some("alice"), "http://127.0.0.1:9/cb").await;
+        let location = answer.header("location").unwrap().to_owned();
+        let code = parse_form(location.split_once('?').unwrap().1.as_bytes())["code"].clone();
+        let tokens = exchange(code.clone(), verifier).await.json();
+        let access = tokens["access_token"].as_str().unwrap().to_owned();
+        let refresh = tokens["refresh_token"].as_str().unwrap().to_owned();
+        assert!(access.starts_with("alice-"), "{access}");
+        assert_eq!(introspect_token(server, &access).await["sub"], "alice");
+        assert_eq!(
+            exchange(code, verifier).await.status,
+            400,
+            "a code is single-use"
+        );
+
+        let refresh_with = |token: String| {
+            let body = format!("grant_type=refresh_token&refresh_token={token}&client_id={client}");
+            async move { post_form(server, "/token", &[], &body).await }
+        };
+        let rotated = refresh_with(refresh.clone()).await.json();
+        assert!(
+            rotated["access_token"]
+                .as_str()
+                .unwrap()
+                .starts_with("alice-")
+        );
+        assert_eq!(refresh_with(refresh).await.status, 400, "rotated away");
+        assert_eq!(server.refresh_count(), 1);
+        server.revoke_user("alice");
+        let newest = rotated["refresh_token"].as_str().unwrap().to_owned();
+        assert_eq!(refresh_with(newest).await.status, 400, "revoked");
+        assert_eq!(
+            introspect_token(server, rotated["access_token"].as_str().unwrap()).await["active"],
+            false
+        );
+        assert_eq!(server.authorizations().len(), 2);
+        assert_eq!(server.registration_count(), 1);
     }
 
     #[test]

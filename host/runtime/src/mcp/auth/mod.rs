@@ -991,7 +991,9 @@ impl TokenSource {
     pub(crate) async fn token_if_known(&self) -> Result<Option<String>, AuthError> {
         match self {
             TokenSource::Client(c) => c.token_if_known().await,
-            TokenSource::User(u) => u.token_if_known().await,
+            // Boxed: rmcp's flow futures are large, and a connection is made on a guest's
+            // fiber stack.
+            TokenSource::User(u) => Box::pin(u.token_if_known()).await,
         }
     }
 
@@ -999,7 +1001,7 @@ impl TokenSource {
     pub(crate) async fn token(&self) -> Result<Option<String>, AuthError> {
         match self {
             TokenSource::Client(c) => c.token().await.map(Some),
-            TokenSource::User(u) => u.token_if_known().await,
+            TokenSource::User(u) => Box::pin(u.token_if_known()).await,
         }
     }
 
@@ -1011,7 +1013,7 @@ impl TokenSource {
     ) -> Result<String, AuthError> {
         match self {
             TokenSource::Client(c) => c.unauthorized(rejected, challenge).await,
-            TokenSource::User(u) => u.unauthorized(rejected, challenge).await,
+            TokenSource::User(u) => Box::pin(u.unauthorized(rejected, challenge)).await,
         }
     }
 
@@ -1024,7 +1026,7 @@ impl TokenSource {
     ) -> Result<Option<String>, AuthError> {
         match self {
             TokenSource::Client(c) => c.step_up(rejected, challenge).await,
-            TokenSource::User(u) => u.step_up(challenge).await,
+            TokenSource::User(u) => Box::pin(u.step_up(challenge)).await,
         }
     }
 }

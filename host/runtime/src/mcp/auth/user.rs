@@ -25,6 +25,8 @@ use serde::Deserialize;
 
 use super::grants::{GrantKey, Grants, Registration, save_registration};
 use super::{AuthError, OAuthProblem};
+use crate::defaults;
+use crate::mcp::error::error_chain;
 use crate::mcp::outbound::OutboundClient;
 
 /// `[auth.NAME] kind = "oauth_authorization_code"`.
@@ -294,10 +296,20 @@ impl UserToken {
             )
             .await
             .map_err(|e| self.rmcp(e))?;
-            let resolution = manager
-                .resolve_metadata_from_challenge(challenge)
-                .await
-                .map_err(|e| self.fail(OAuthProblem::Discovery(e.to_string())))?;
+            // One deadline for the whole discovery: each request has its own, and a slow
+            // server could otherwise hold a call for several of them.
+            let timeout = defaults::OAUTH_DISCOVERY_TIMEOUT;
+            let resolution = tokio::time::timeout(
+                timeout,
+                Box::pin(manager.resolve_metadata_from_challenge(challenge)),
+            )
+            .await
+            .map_err(|_| {
+                self.fail(OAuthProblem::DiscoveryTimeout {
+                    ms: timeout.as_millis() as u64,
+                })
+            })?
+            .map_err(|e| self.fail(OAuthProblem::Discovery(error_chain(&e))))?;
             let metadata = resolution.metadata;
             self.check_in_clear(&metadata)?;
             let issuer = metadata.issuer.clone();
