@@ -322,7 +322,7 @@ async fn submit_task(
     let request: SubmitRequest = parse_json(&bytes, "")?;
     let sha256 = normalise_hex(&request.module, 64)
         .ok_or_else(|| ApiError::bad("module", "expected the module's SHA-256, 64 hex digits"))?;
-    let principal = caller.principal_for(request.principal.as_deref())?;
+    let principal = caller.principal_for(request.principal.as_deref(), &state.config.clients)?;
     let mut task = parse_task(request.task)?;
     task.principal = principal;
     task.client = caller.client.as_deref().map(str::to_owned);

@@ -17,7 +17,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use super::NodeState;
-use crate::config::{NodeConfig, Role};
+use crate::config::{Client, NodeConfig, Role};
 use crate::error::ApiError;
 use quiver::Pattern;
 
@@ -43,7 +43,13 @@ impl Caller {
     /// the client's `act_for` matches it, the client itself without a user. A client that
     /// may not act for `user` is `403` naming the client and the fix; a caller without a
     /// token `401`.
-    pub(crate) fn principal_for(&self, user: Option<&str>) -> Result<Option<String>, ApiError> {
+    /// `clients` are the node's clients: a user may not be named as one of them (their
+    /// names and end users' share one namespace, so acting for one would be acting as it).
+    pub(crate) fn principal_for(
+        &self,
+        user: Option<&str>,
+        clients: &[Client],
+    ) -> Result<Option<String>, ApiError> {
         let Some(user) = user else {
             return Ok(self.client.as_deref().map(str::to_owned));
         };
@@ -54,7 +60,20 @@ impl Caller {
             ));
         };
         // Naming itself is not acting for anybody.
-        if user == &**client || self.act_for.iter().any(|p| p.matches(user)) {
+        if user == &**client {
+            return Ok(Some(user.to_owned()));
+        }
+        if clients.iter().any(|other| &*other.name == user) {
+            return Err(ApiError::new(
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                format!(
+                    "client `{client}` may not submit tasks as `{user}`: that is another client of this node, with its own grants and policy"
+                ),
+            )
+            .with_field("principal"));
+        }
+        if self.act_for.iter().any(|p| p.matches(user)) {
             return Ok(Some(user.to_owned()));
         }
         let why = if self.act_for.is_empty() {
@@ -237,39 +256,51 @@ mod tests {
     fn a_client_acts_for_the_users_its_act_for_matches_only() {
         let config = config()
             .with_client("portal", "portal-token", &[Role::Submit])
-            .with_act_for("portal", &["*@example.com"])
+            .with_act_for("portal", &["*@example.com", "c*"])
             .with_client("ci", "ci-token", &[Role::Submit]);
         let portal = authenticate(&config, &bearing(Some("portal-token"))).expect("portal");
         assert_eq!(
             portal
-                .principal_for(Some("ann@example.com"))
+                .principal_for(Some("ann@example.com"), &config.clients)
                 .ok()
                 .flatten()
                 .as_deref(),
             Some("ann@example.com")
         );
         assert_eq!(
-            portal.principal_for(None).ok().flatten().as_deref(),
+            portal
+                .principal_for(None, &config.clients)
+                .ok()
+                .flatten()
+                .as_deref(),
             Some("portal")
         );
         let refused = portal
-            .principal_for(Some("ann@evil.test"))
+            .principal_for(Some("ann@evil.test"), &config.clients)
             .expect_err("not matched");
         assert_eq!(refused.into_response().status(), StatusCode::FORBIDDEN);
+        // `c*` matches the client `ci`: acting for it would be acting as it.
+        let as_ci = portal
+            .principal_for(Some("ci"), &config.clients)
+            .expect_err("another client");
+        assert!(format!("{as_ci:?}").contains("another client"), "{as_ci:?}");
         let ci = authenticate(&config, &bearing(Some("ci-token"))).expect("ci");
         assert_eq!(
-            ci.principal_for(Some("ci")).ok().flatten().as_deref(),
+            ci.principal_for(Some("ci"), &config.clients)
+                .ok()
+                .flatten()
+                .as_deref(),
             Some("ci")
         );
         let refused = ci
-            .principal_for(Some("ann@example.com"))
+            .principal_for(Some("ann@example.com"), &config.clients)
             .expect_err("no act_for");
         assert!(
             format!("{refused:?}").contains("[clients.ci] act_for"),
             "{refused:?}"
         );
         let bad = portal
-            .principal_for(Some("ann\u{202e}@example.com"))
+            .principal_for(Some("ann\u{202e}@example.com"), &config.clients)
             .expect_err("bidi");
         assert_eq!(bad.into_response().status(), StatusCode::BAD_REQUEST);
     }

@@ -100,6 +100,12 @@ pub(crate) enum AuthError {
         /// "the task" or "principal `NAME`".
         who: String,
     },
+    /// Running tasks of one principal carry different subject tokens: they would share
+    /// one exchanged identity, so none is used.
+    #[error(
+        "server `{server_id}`: running tasks {who} carry different subject tokens, and tasks of one principal share one connection; submit each user's tasks as that user (the node's body `principal` with the client's act_for, or TaskSpec::principal)"
+    )]
+    SubjectTokensDiffer { server_id: String, who: String },
     #[error("server `{server_id}`: {kind} auth `{auth_ref}`: {problem}")]
     OAuth {
         server_id: String,
@@ -841,6 +847,15 @@ impl AuthSet {
         ) || self.subjects.current(principal).is_some()
         {
             return Ok(());
+        }
+        if self.subjects.differ(principal) {
+            return Err(AuthError::SubjectTokensDiffer {
+                server_id: entry.server_id().to_owned(),
+                who: principal.map_or_else(
+                    || "without a principal".to_owned(),
+                    |p| format!("of principal `{p}`"),
+                ),
+            });
         }
         Err(AuthError::no_subject(
             entry.server_id(),

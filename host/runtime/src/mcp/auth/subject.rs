@@ -102,13 +102,30 @@ impl SubjectTokens {
         }
     }
 
-    /// The newest subject token of a running task of `principal`.
+    /// The subject token the running tasks of `principal` carry, when they all carry the
+    /// same one. Tasks of one principal share its connection, so while two carry different
+    /// tokens none is used: one task must never act with another's identity (name each
+    /// user as its own principal, see [`Self::differ`]).
     pub(crate) fn current(&self, principal: Option<&str>) -> Option<SubjectToken> {
         let principal: Principal = principal.map(Arc::from);
-        self.lock()
-            .get(&principal)
-            .and_then(|tokens| tokens.last())
-            .map(|(_, token)| token.clone())
+        let map = self.lock();
+        let tokens = map.get(&principal)?;
+        let (_, first) = tokens.first()?;
+        let fingerprint = first.fingerprint();
+        tokens
+            .iter()
+            .all(|(_, token)| token.fingerprint() == fingerprint)
+            .then(|| first.clone())
+    }
+
+    /// Whether running tasks of `principal` carry different subject tokens.
+    pub(crate) fn differ(&self, principal: Option<&str>) -> bool {
+        let principal: Principal = principal.map(Arc::from);
+        self.lock().get(&principal).is_some_and(|tokens| {
+            tokens
+                .windows(2)
+                .any(|pair| pair[0].1.fingerprint() != pair[1].1.fingerprint())
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Principal, Vec<(u64, SubjectToken)>>> {
@@ -171,8 +188,14 @@ mod tests {
         let newer = tokens.register(Some("alice"), SubjectToken::new("newer").unwrap());
         assert_eq!(tokens.current(Some("bob")), None);
         assert_eq!(tokens.current(None), None);
-        assert_eq!(tokens.current(Some("alice")).unwrap().expose(), "newer");
+        // Two tasks of alice with different tokens: neither is used for the other.
+        assert_eq!(tokens.current(Some("alice")), None);
+        assert!(tokens.differ(Some("alice")));
         drop(newer);
+        assert!(!tokens.differ(Some("alice")));
+        let same = tokens.register(Some("alice"), token.clone());
+        assert_eq!(tokens.current(Some("alice")), Some(token.clone()));
+        drop(same);
         assert_eq!(tokens.current(Some("alice")), Some(token));
         drop(alice);
         assert_eq!(tokens.current(Some("alice")), None);
