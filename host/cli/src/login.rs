@@ -74,8 +74,20 @@ impl UserAuthorizer for LoopbackAuthorizer {
             if let Some(command) = &self.open_with {
                 open(command, &prompt.url).await?;
             }
+            // Only the redirect of this flow (its `state`) ends the wait: anything else on
+            // the loopback port (another process, a web page's request) is passed over.
+            let state = query_param(&prompt.url, "state");
             let timeout = defaults::LOGIN_TIMEOUT;
-            match tokio::time::timeout(timeout, callbacks.recv()).await {
+            let ours = async {
+                while let Some(url) = callbacks.recv().await {
+                    if state.is_none() || query_param(&url, "state") == state {
+                        return Some(url);
+                    }
+                    tracing::warn!("ignored a login callback of another flow");
+                }
+                None
+            };
+            match tokio::time::timeout(timeout, ours).await {
                 Ok(Some(url)) => Ok(url),
                 Ok(None) => Err(AuthorizeError("the login callback listener stopped".into())),
                 Err(_) => Err(AuthorizeError(format!(
@@ -110,4 +122,12 @@ async fn open(command: &str, url: &str) -> Result<(), AuthorizeError> {
             defaults::LOGIN_TIMEOUT.as_secs()
         ))),
     }
+}
+
+/// The value of `name` in `url`'s query.
+fn query_param(url: &str, name: &str) -> Option<String> {
+    let url = reqwest::Url::parse(url).ok()?;
+    url.query_pairs()
+        .find(|(key, _)| key == name)
+        .map(|(_, value)| value.into_owned())
 }

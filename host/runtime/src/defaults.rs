@@ -503,6 +503,10 @@ pub const OAUTH_STEP_UP_ATTEMPTS: u32 = 1;
 pub const OAUTH_MAX_SCOPES: usize = 64;
 
 /// Largest `private_key_file` read (a PKCS#8 PEM key is under 4 KiB even for RSA-4096).
+/// Bytes of a failed authorization step's error shown (in errors, logs and to guests):
+/// enough for rmcp's message and an OAuth error code, not an authorization server's page.
+pub const OAUTH_FLOW_ERROR_MAX_BYTES: usize = 400;
+
 /// Largest grant file the directory grant store reads: a grant is a registration and a
 /// token response, a few KiB.
 pub const GRANT_MAX_BYTES: u64 = 64 * 1024;

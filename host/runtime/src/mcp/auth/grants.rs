@@ -381,6 +381,13 @@ impl Grants {
         locks.entry(key.clone()).or_default().clone()
     }
 
+    /// Removes the grant of `key` under its refresh lock, so a refresh in flight cannot
+    /// write it back after a logout; whether there was one.
+    pub(crate) async fn revoke(&self, key: &GrantKey) -> Result<bool, GrantStoreError> {
+        let _refreshing = self.lock_of(key).lock_owned().await;
+        self.store.remove(key).await
+    }
+
     /// rmcp's view of the grant of `key`.
     pub(crate) fn credentials(&self, key: GrantKey) -> GrantCredentials {
         GrantCredentials {

@@ -814,9 +814,9 @@ impl AuthSet {
         self
     }
 
-    /// The grant store.
-    pub(crate) fn grant_store(&self) -> &Arc<dyn GrantStore> {
-        &self.user.grants.store
+    /// The host's grants.
+    pub(crate) fn grants(&self) -> &Grants {
+        &self.user.grants
     }
 
     /// Whether `auth_ref` names user authorization, so connections are per principal.

@@ -147,7 +147,7 @@ impl UserToken {
             RmcpAuthError::AuthorizationRequired | RmcpAuthError::TokenRefreshRejected(_) => {
                 self.needs_authorization()
             }
-            other => self.fail(OAuthProblem::Flow(other.to_string())),
+            other => self.fail(flow(&other)),
         }
     }
 
@@ -262,8 +262,7 @@ impl UserToken {
     /// authorizes the union of the scopes held and those asked for. `None` when the
     /// challenge is not a step-up.
     pub(crate) async fn step_up(&self, challenge: &str) -> Result<Option<String>, AuthError> {
-        let base = reqwest::Url::parse(&self.server_url)
-            .map_err(|e| self.fail(OAuthProblem::Flow(e.to_string())))?;
+        let base = reqwest::Url::parse(&self.server_url).map_err(|e| self.fail(flow(&e)))?;
         let params = WWWAuthenticateParams::parse(challenge, &base);
         if !params.is_insufficient_scope() {
             return Ok(None);
@@ -309,7 +308,11 @@ impl UserToken {
                     ms: timeout.as_millis() as u64,
                 })
             })?
-            .map_err(|e| self.fail(OAuthProblem::Discovery(error_chain(&e))))?;
+            .map_err(|e| {
+                let chain = crate::text::printable(&error_chain(&e));
+                let chain = crate::text::cut(&chain, defaults::OAUTH_FLOW_ERROR_MAX_BYTES);
+                self.fail(OAuthProblem::Discovery(chain.to_owned()))
+            })?;
             let metadata = resolution.metadata;
             self.check_in_clear(&metadata)?;
             let issuer = metadata.issuer.clone();
@@ -424,7 +427,7 @@ impl UserToken {
                 let url = manager
                     .request_scope_upgrade(scope)
                     .await
-                    .map_err(|e| self.fail(OAuthProblem::Flow(e.to_string())))?;
+                    .map_err(|e| self.fail(flow(&e)))?;
                 AuthorizationSession::for_scope_upgrade(manager, url, &redirect_uri)
             }
             None => {
@@ -454,7 +457,7 @@ impl UserToken {
                 }
                 AuthorizationSession::new(manager, request)
                     .await
-                    .map_err(|(_, e)| self.fail(OAuthProblem::Flow(e.to_string())))?
+                    .map_err(|(_, e)| self.fail(flow(&e)))?
             }
         };
         tracing::info!(
@@ -469,11 +472,11 @@ impl UserToken {
                 url: url.get_authorization_url().to_owned(),
             })
             .await
-            .map_err(|e| self.fail(OAuthProblem::Flow(e.0)))?;
+            .map_err(|e| self.fail(flow(&e.0)))?;
         let tokens = url
             .handle_callback_url(&callback)
             .await
-            .map_err(|e| self.fail(OAuthProblem::Flow(e.to_string())))?;
+            .map_err(|e| self.fail(flow(&e)))?;
         let token = tokens.access_token().secret().clone();
         let ready = Ready {
             manager: url.auth_manager,
@@ -495,7 +498,7 @@ impl UserToken {
         let client = manager
             .register_client(name, redirect_uri, &scopes)
             .await
-            .map_err(|e| self.fail(OAuthProblem::Flow(e.to_string())))?;
+            .map_err(|e| self.fail(flow(&e)))?;
         let registration = Registration {
             client_id: client.client_id,
             client_secret: client.client_secret,
@@ -518,4 +521,12 @@ fn client_config(
         Some(secret) => config.with_client_secret(secret),
         None => config,
     }
+}
+
+/// A flow step's error as shown: rmcp's text can quote the authorization server's answer
+/// (a registration response, an `error_description`), so controls are escaped and it is
+/// cut to [`defaults::OAUTH_FLOW_ERROR_MAX_BYTES`].
+fn flow(error: &dyn std::fmt::Display) -> OAuthProblem {
+    let text = crate::text::printable(&error.to_string());
+    OAuthProblem::Flow(crate::text::cut(&text, defaults::OAUTH_FLOW_ERROR_MAX_BYTES).to_owned())
 }

@@ -39,8 +39,8 @@ impl McpPool {
         let removed = self
             .rules()
             .auth
-            .grant_store()
-            .remove(&key)
+            .grants()
+            .revoke(&key)
             .await
             .map_err(|e| McpError::new(McpErrorCode::Unavailable, e.to_string()))?;
         self.forget_principal(entry, principal);
