@@ -275,7 +275,24 @@ impl UserToken {
         let mut guard = self.manager.lock().await;
         self.ready(&mut guard, None).await?;
         let ready = guard.take().expect("ready() set it");
-        let wanted = params.scope.unwrap_or_default();
+        // The union with the scopes the grant holds (SEP-2350): rmcp remembers those only
+        // for grants it made in this process.
+        let held = self
+            .grants
+            .store
+            .load(&self.key)
+            .await
+            .map_err(|e| self.fail(OAuthProblem::Store(e.0)))?
+            .and_then(|g| g.credentials)
+            .map(|c| c.granted_scopes)
+            .unwrap_or_default();
+        let mut wanted: Vec<String> = held;
+        for scope in params.scope.unwrap_or_default().split_whitespace() {
+            if !wanted.iter().any(|s| s == scope) {
+                wanted.push(scope.to_owned());
+            }
+        }
+        let wanted = wanted.join(" ");
         let authorizer = self.authorizer.clone().expect("checked above");
         let (ready, token) = self.authorize(ready, Some(&wanted), &authorizer).await?;
         *guard = Some(ready);
