@@ -156,7 +156,7 @@ fn grant_files(dir: &Path) -> Vec<PathBuf> {
         let path = entry.path();
         if path.is_dir() {
             files.extend(grant_files(&path));
-        } else {
+        } else if path.extension().is_some_and(|e| e == "json") {
             files.push(path);
         }
     }

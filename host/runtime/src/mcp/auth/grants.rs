@@ -241,8 +241,13 @@ impl DirGrantStore {
         let key = GrantKey::new(&grant.server_id, &grant.principal);
         let path = self.path(&key);
         let dir = path.parent().unwrap_or(&self.dir);
-        create_private_dir(&self.dir).map_err(|e| self.error(&self.dir, "cannot create", e))?;
-        create_private_dir(dir).map_err(|e| self.error(dir, "cannot create", e))?;
+        create_private_dir(&self.dir, false).map_err(|e| self.error(&self.dir, "cannot use", e))?;
+        // Grants beside a registry kept in git stay out of commits.
+        let ignore = self.dir.join(".gitignore");
+        if !ignore.exists() {
+            let _ = std::fs::write(&ignore, "*\n");
+        }
+        create_private_dir(dir, true).map_err(|e| self.error(dir, "cannot use", e))?;
         let text = serde_json::to_vec(grant).map_err(|e| self.error(&path, "cannot encode", e))?;
         let mut temp = tempfile_in(dir).map_err(|e| self.error(dir, "cannot write in", e))?;
         temp.1
@@ -302,7 +307,10 @@ fn open_no_follow(path: &Path) -> std::io::Result<std::fs::File> {
     std::fs::File::open(path)
 }
 
-fn create_private_dir(dir: &Path) -> std::io::Result<()> {
+/// Creates `dir` (mode 0700) if need be and checks it: one that already exists must be
+/// this user's (or root's) and writable by no one else; with `closed`, also closed to
+/// others (the per-server directories, which name principals by hash).
+fn create_private_dir(dir: &Path, closed: bool) -> std::io::Result<()> {
     let mut builder = std::fs::DirBuilder::new();
     builder.recursive(true);
     #[cfg(unix)]
@@ -314,6 +322,27 @@ fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     let meta = std::fs::symlink_metadata(dir)?;
     if !meta.is_dir() {
         return Err(std::io::Error::other("not a directory"));
+    }
+    // One made by someone else, or open to others, could hold grants planted for a
+    // principal or show who authorized what.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let me = unsafe { libc::geteuid() };
+        let open_to = if closed { 0o077 } else { 0o022 };
+        if (meta.uid() != me && meta.uid() != 0) || meta.mode() & open_to != 0 {
+            return Err(std::io::Error::other(format!(
+                "owned by uid {} with mode {:o}; it must be this user's (uid {me}) and {}: chown it and chmod 700 it, or remove it",
+                meta.uid(),
+                meta.mode() & 0o777,
+                if closed {
+                    "closed to others"
+                } else {
+                    "writable by no one else"
+                },
+            )));
+        }
     }
     Ok(())
 }
@@ -509,6 +538,23 @@ mod tests {
         }
         assert!(store.remove(&alice).await.unwrap());
         assert!(!store.remove(&alice).await.unwrap());
+        assert_eq!(
+            std::fs::read_to_string(dir.path().join("grants/.gitignore")).unwrap(),
+            "*\n"
+        );
+        // A grant directory others may enter is refused, naming the fix.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let server_dir = store.path(&alice).parent().unwrap().to_owned();
+            std::fs::set_permissions(&server_dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let e = store
+                .save(grant("gh", "alice"))
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("chmod 700"), "{e}");
+        }
         assert!(store.load(&alice).await.unwrap().is_none());
     }
 

@@ -332,6 +332,7 @@ impl UserToken {
             })?;
             let metadata = resolution.metadata;
             self.check_in_clear(&metadata)?;
+            self.check_secret_bound(&metadata)?;
             let issuer = metadata.issuer.clone();
             let cimd = metadata
                 .additional_fields
@@ -385,6 +386,28 @@ impl UserToken {
             })),
             None => Ok(()),
         }
+    }
+
+    /// A configured client secret goes only to a token endpoint whose origin the host
+    /// config lists: the server's metadata names it, and a hostile server would name its
+    /// own.
+    fn check_secret_bound(
+        &self,
+        metadata: &rmcp::transport::auth::AuthorizationMetadata,
+    ) -> Result<(), AuthError> {
+        if self.config.client_secret_env.is_none() {
+            return Ok(());
+        }
+        let url = &metadata.token_endpoint;
+        let origin = super::origin_of(url);
+        if super::origin_listed(&self.config.origins, origin.as_deref()) {
+            return Ok(());
+        }
+        Err(self.fail(OAuthProblem::TokenEndpointNotBound {
+            url: url.clone(),
+            origin: origin.unwrap_or_else(|| "(none)".into()),
+            auth_ref: self.auth_ref.clone(),
+        }))
     }
 
     fn redirect_uri(&self) -> String {
@@ -546,4 +569,63 @@ fn client_config(
 fn flow(error: &dyn std::fmt::Display) -> OAuthProblem {
     let text = crate::text::printable(&error.to_string());
     OAuthProblem::Flow(crate::text::cut(&text, defaults::OAUTH_FLOW_ERROR_MAX_BYTES).to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::mcp::egress::{EgressConfig, EgressPolicy};
+
+    fn user_token(table: &str) -> UserToken {
+        let config: OAuthAuthorizationCodeConfig =
+            toml::from_str(&format!("origins = [\"https://mcp.example.com\"]\n{table}")).unwrap();
+        let policy = EgressPolicy::from_config(&EgressConfig::default()).unwrap();
+        let http = OutboundClient::new(Arc::new(policy), Duration::from_secs(5)).unwrap();
+        UserToken::new(
+            GrantKey::new("web", "alice"),
+            "corp".into(),
+            config,
+            "https://mcp.example.com/mcp".into(),
+            http,
+            Grants::default(),
+            None,
+        )
+    }
+
+    fn metadata(token_endpoint: &str) -> rmcp::transport::auth::AuthorizationMetadata {
+        let mut metadata = rmcp::transport::auth::AuthorizationMetadata::default();
+        metadata.authorization_endpoint = "https://as.example.com/authorize".into();
+        metadata.token_endpoint = token_endpoint.into();
+        metadata
+    }
+
+    #[test]
+    fn a_configured_secret_goes_only_to_a_listed_token_endpoint() {
+        let confidential = user_token("client_id = \"q\"\nclient_secret_env = \"UNSET\"");
+        let elsewhere = metadata("https://evil.example.net/token");
+        let refused = confidential.check_secret_bound(&elsewhere).unwrap_err();
+        assert!(
+            refused.to_string().contains("https://evil.example.net"),
+            "{refused}"
+        );
+        let listed = metadata("https://mcp.example.com/oauth/token");
+        assert!(confidential.check_secret_bound(&listed).is_ok());
+        // A public client sends no secret: any token endpoint the egress rules allow.
+        let public = user_token("");
+        assert!(public.check_secret_bound(&elsewhere).is_ok());
+    }
+
+    #[test]
+    fn an_https_server_needs_https_authorization_endpoints() {
+        let user = user_token("");
+        let clear = metadata("http://as.example.com/token");
+        let refused = user.check_in_clear(&clear).unwrap_err();
+        assert!(refused.to_string().contains("plain http"), "{refused}");
+        assert!(
+            user.check_in_clear(&metadata("https://as.example.com/token"))
+                .is_ok()
+        );
+    }
 }
