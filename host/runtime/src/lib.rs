@@ -46,6 +46,7 @@ mod chat;
 pub mod config;
 pub mod defaults;
 mod host;
+mod identity;
 mod mcp;
 mod observe;
 mod policy;
@@ -78,6 +79,7 @@ pub use host::{
 /// `limits.host_memory_bytes`; an error for text that is not JSON.
 pub use sandbox::heap::json_text as json_charge;
 
+pub use identity::check_principal;
 pub use mcp::{
     ApiKeyConfig, AuthConfig, AuthorizationPrompt, AuthorizeError, DirGrantStore, EgressConfig,
     Grant, GrantKey, GrantStore, GrantStoreError, LaunchConfig, LaunchRules, McpError,
@@ -94,4 +96,4 @@ pub use observe::{
 pub use policy::{Layer, Pattern, PolicyReport, PrincipalConfig, Reason};
 pub use quiver_abi::Errno;
 pub use sandbox::SandboxSetupError;
-pub use task::{GuestLogs, Preopen, TaskError, TaskSpec, check_principal};
+pub use task::{GuestLogs, Preopen, TaskError, TaskSpec};

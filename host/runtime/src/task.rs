@@ -15,6 +15,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use crate::defaults;
+use crate::identity::check_principal;
 use crate::policy::{ListKey, Narrowing, Pattern, TaskMcpConfig};
 
 /// A task file or task config that cannot be used, with the place and the fix.
@@ -130,34 +131,7 @@ pub struct TaskSpec {
     /// token), exchanged for servers whose credential is `oauth_token_exchange`. A secret:
     /// never read from task.json, never serialised, shown or given to the guest.
     #[serde(skip)]
-    pub subject_token: Option<crate::SubjectToken>,
-}
-
-/// Whether `name` may be a principal (or a client's name in events): 1 to
-/// [`defaults::MAX_PRINCIPAL_BYTES`] bytes, no control or invisible formatting characters
-/// (it is written into every log and audit line of its tasks), and not `*` (the
-/// `[principals]` entry of everyone not listed). The one rule of the CLI, the node and the
-/// host config; the error says what is wrong.
-pub fn check_principal(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > defaults::MAX_PRINCIPAL_BYTES {
-        return Err(format!(
-            "a principal is 1 to {} bytes, not {}",
-            defaults::MAX_PRINCIPAL_BYTES,
-            name.len()
-        ));
-    }
-    if crate::text::printable(name) != name {
-        return Err("a principal may not hold control or invisible formatting characters".into());
-    }
-    if name.trim() != name {
-        return Err("a principal may not begin or end with white space".into());
-    }
-    if name == "*" {
-        return Err(
-            "`*` names the [principals] entry of everyone not listed, not a principal".into(),
-        );
-    }
-    Ok(())
+    pub subject_token: Option<crate::identity::SubjectToken>,
 }
 
 /// Where a task's `log` lines go. Guests use `log` as their `printf`, so by default a line is

@@ -466,7 +466,7 @@ impl Host {
         // An embedder's principal is checked as a node's or the CLI's is.
         for (field, name) in [("principal", &task.principal), ("client", &task.client)] {
             if let Some(name) = name {
-                crate::task::check_principal(name)
+                crate::identity::check_principal(name)
                     .map_err(|message| TaskError::Field { field, message })?;
             }
         }

@@ -21,7 +21,7 @@ use serde::Deserialize;
 
 use super::Pattern;
 use crate::defaults;
-use crate::task::check_principal;
+use crate::identity::check_principal;
 
 /// The entry of principals not listed, and of tasks without a principal.
 const EVERYONE: &str = "*";

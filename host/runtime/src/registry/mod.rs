@@ -23,6 +23,10 @@
 //! builds a snapshot from documents (a directory's files or a store's), `profile`
 //! reads the named selections, `store` holds the stores.
 
+/// The directory of a registry directory that holds user grants: hidden, so the loader
+/// (which reads files only) and its watcher pass it by.
+pub const REGISTRY_GRANTS_DIR: &str = ".grants";
+
 mod env;
 mod file;
 mod launch;

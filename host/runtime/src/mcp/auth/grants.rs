@@ -173,9 +173,7 @@ pub struct DirGrantStore {
     dir: PathBuf,
 }
 
-/// The directory of a registry directory that holds its grants: hidden, so the registry
-/// loader (which reads files only) and its watcher pass it by.
-pub const REGISTRY_GRANTS_DIR: &str = ".grants";
+pub use crate::registry::REGISTRY_GRANTS_DIR;
 
 impl DirGrantStore {
     pub fn new(dir: impl Into<PathBuf>) -> Self {

@@ -11,62 +11,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use sha2::{Digest, Sha256};
-
-use crate::defaults;
-
-/// A subject token: 1 to [`defaults::MAX_SUBJECT_TOKEN_BYTES`] visible ASCII characters
-/// (what a JWT or an opaque bearer token is made of).
-#[derive(Clone, PartialEq, Eq)]
-pub struct SubjectToken(Arc<str>);
-
-/// A subject token that cannot be one. It says which rule failed, never the value.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SubjectTokenError {
-    #[error("the subject token is empty")]
-    Empty,
-    #[error(
-        "the subject token is {len} bytes, more than {max}; pass the platform's token as issued",
-        max = defaults::MAX_SUBJECT_TOKEN_BYTES
-    )]
-    TooLong { len: usize },
-    #[error(
-        "the subject token holds a character that no token has (space, control or non-ASCII); pass the token alone, without `Bearer ` or quotes"
-    )]
-    BadCharacter,
-}
-
-impl SubjectToken {
-    /// Checks `token` and keeps it.
-    pub fn new(token: &str) -> Result<Self, SubjectTokenError> {
-        if token.is_empty() {
-            return Err(SubjectTokenError::Empty);
-        }
-        if token.len() > defaults::MAX_SUBJECT_TOKEN_BYTES {
-            return Err(SubjectTokenError::TooLong { len: token.len() });
-        }
-        if !token.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err(SubjectTokenError::BadCharacter);
-        }
-        Ok(Self(Arc::from(token)))
-    }
-
-    /// The token, for the token request only.
-    pub(crate) fn expose(&self) -> &str {
-        &self.0
-    }
-
-    /// A digest to tell tokens apart without keeping them.
-    pub(crate) fn fingerprint(&self) -> [u8; 32] {
-        Sha256::digest(self.0.as_bytes()).into()
-    }
-}
-
-impl std::fmt::Debug for SubjectToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("SubjectToken(<redacted>)")
-    }
-}
+pub use crate::identity::{SubjectToken, SubjectTokenError};
 
 type Principal = Option<Arc<str>>;
 
@@ -175,7 +120,7 @@ mod tests {
             Err(SubjectTokenError::BadCharacter)
         );
         assert_eq!(SubjectToken::new("é"), Err(SubjectTokenError::BadCharacter));
-        let huge = "a".repeat(defaults::MAX_SUBJECT_TOKEN_BYTES + 1);
+        let huge = "a".repeat(crate::defaults::MAX_SUBJECT_TOKEN_BYTES + 1);
         assert!(matches!(
             SubjectToken::new(&huge),
             Err(SubjectTokenError::TooLong { .. })

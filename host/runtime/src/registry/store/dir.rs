@@ -153,7 +153,7 @@ impl DirStore {
             && event.paths.iter().all(|p| {
                 p.file_name().is_some_and(|n| n == WRITE_LOCK_FILE)
                     || p.components()
-                        .any(|c| c.as_os_str() == crate::mcp::REGISTRY_GRANTS_DIR)
+                        .any(|c| c.as_os_str() == crate::registry::REGISTRY_GRANTS_DIR)
             });
         !event.kind.is_access() && !not_records
     }
