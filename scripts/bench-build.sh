@@ -14,11 +14,13 @@
 # Each is given as wall seconds and CPU seconds (user + system of all processes), since
 # other work on a shared machine stretches wall time far more than CPU time.
 # Revisions alternate (BASE, NEW, BASE, NEW) so slow drift hits both alike.
+# STEPS picks the steps (default "lib cold test incr"); ROUNDS the rounds (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=$(git rev-parse "${1:?usage: scripts/bench-build.sh BASE [NEW]}")
 new=$(git rev-parse "${2:-HEAD}")
 rounds=${ROUNDS:-2}
+steps=" ${STEPS:-lib cold test incr} "
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 scripts/setup.sh >/dev/null
@@ -57,12 +59,17 @@ measure() {
   ln -s "$PWD/fixtures/npm/node_modules" "$dir/fixtures/npm/node_modules"
   (
     cd "$dir"
-    lib=$(seconds cargo build -p quiver --lib)
-    cargo clean >/dev/null 2>&1
-    cold=$(seconds cargo build --tests)
-    test=$(TOLERATE=1 seconds cargo test --no-fail-fast)
-    touch_chat_loop
-    incr=$(seconds cargo build --tests)
+    local lib=- cold=- test=- incr=-
+    if [[ $steps == *" lib "* ]]; then
+      lib=$(seconds cargo build -p quiver --lib)
+      cargo clean >/dev/null 2>&1
+    fi
+    [[ $steps == *" cold "* ]] && cold=$(seconds cargo build --tests)
+    [[ $steps == *" test "* ]] && test=$(TOLERATE=1 seconds cargo test --no-fail-fast)
+    if [[ $steps == *" incr "* ]]; then
+      touch_chat_loop
+      incr=$(seconds cargo build --tests)
+    fi
     echo "${rev:0:10} (wall/cpu s) lib=${lib} cold=${cold} test=${test} incr=${incr}"
   )
   rm -rf "$dir"
