@@ -265,8 +265,9 @@ pub(crate) fn with_config_file(
     builder: HostBuilder,
     path: &std::path::Path,
 ) -> Result<(HostBuilder, NodeFileConfig), ConfigError> {
-    let mut config = NodeFileConfig::load(path)?;
-    let host = std::mem::take(&mut config.host);
+    let config = NodeFileConfig::load(path)?;
+    // Kept in the node's config too: `serve` asks it whether user authorization is on.
+    let host = config.host.clone();
     Ok((
         builder.with_config_from(host, ConfigOrigin::file(path)),
         config,
