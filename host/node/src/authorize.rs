@@ -608,6 +608,29 @@ mod tests {
         assert!(plain.contains("loopback"), "{plain}");
     }
 
+    #[tokio::test]
+    async fn a_node_refuses_a_public_url_browsers_could_not_come_back_to() {
+        let host = quiver::Host::builder().build().expect("host");
+        let bind = |url: &str| {
+            let config =
+                crate::NodeConfig::new("127.0.0.1:0".parse().expect("addr")).with_public_url(url);
+            crate::Node::bind(host.clone(), config)
+        };
+        let refused = |result: Result<crate::Node, crate::ServeError>| match result {
+            Ok(_) => panic!("a node started"),
+            Err(e) => e.to_string(),
+        };
+        let clear = refused(bind("http://node.example").await);
+        assert!(
+            clear.contains("NodeConfig::with_public_url") && clear.contains("loopback"),
+            "{clear}"
+        );
+        let unserved = refused(bind("https://node.example").await);
+        assert!(unserved.contains("allowed_hosts"), "{unserved}");
+        assert!(bind("http://127.0.0.1:8080").await.is_ok());
+        host.shutdown().await;
+    }
+
     #[test]
     fn page_text_is_escaped() {
         assert_eq!(
