@@ -31,8 +31,7 @@ use super::error::ApiError;
 use crate::defaults;
 use quiver::{AuthorizationPrompt, AuthorizeError, GrantKey, McpErrorCode, PreviewError};
 
-/// The node's redirect endpoint, under `[serve] public_url`.
-pub(crate) const CALLBACK_PATH: &str = "/oauth/callback";
+pub(crate) use super::guard::CALLBACK_PATH;
 
 /// The redirect URI of `public_url` (`[serve] public_url`): `https`, or `http` on a
 /// loopback host (RFC 8252 allows nothing else in clear); no query, fragment or user.
@@ -487,7 +486,8 @@ pub(super) async fn callback(
         );
     };
     let Some((key, callback)) = state.flows.take_by_state(&flow_state) else {
-        tracing::warn!("an authorization callback with an unknown, used or expired state");
+        // Debug only: anyone can send these, and a flood must not flood the log.
+        tracing::debug!("an authorization callback with an unknown, used or expired state");
         return page(
             StatusCode::BAD_REQUEST,
             "Authorization not accepted",

@@ -169,8 +169,8 @@ pub(crate) async fn browsers(
 ) -> Response {
     let rules = &state.config.browsers;
     // The callback is authorised by its single-use `state` alone (see `authorize`).
-    let navigation = request.method() == axum::http::Method::GET
-        && request.uri().path() == super::authorize::CALLBACK_PATH;
+    let navigation =
+        request.method() == axum::http::Method::GET && request.uri().path() == CALLBACK_PATH;
     match rules.refusal(request.headers(), request.uri().authority(), navigation) {
         None => next.run(request).await,
         Some(refusal) => {
@@ -179,6 +179,10 @@ pub(crate) async fn browsers(
         }
     }
 }
+
+/// The node's OAuth redirect endpoint (user authorization, under `[serve] public_url`):
+/// the one path a browser reaches by another site's redirect.
+pub(crate) const CALLBACK_PATH: &str = "/oauth/callback";
 
 const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
 
