@@ -394,3 +394,31 @@ fn plaintext_off_loopback_is_refused_without_the_explicit_opt_in() {
     // Loopback needs no opt-in.
     assert!(serve_once("etcd://127.0.0.1:9/quiver", None).is_none());
 }
+
+#[test]
+fn user_authorization_on_an_etcd_registry_needs_a_grant_key_to_start() {
+    let registry = "etcd://127.0.0.1:9/quiver";
+    let user = "[auth.gh]\nkind = \"oauth_authorization_code\"\nservers = [\"gh\"]\n";
+    let refused = serve_once(registry, Some(user)).expect("refused to start");
+    assert!(
+        refused.contains("etcd.grant_key_env") && refused.contains("openssl rand -hex 32"),
+        "{refused}"
+    );
+    // A variable that holds no key is named, its value never shown.
+    // SAFETY: set before the children are spawned; only this test reads them.
+    unsafe {
+        std::env::set_var("QUIVER_TEST_GRANT_KEY_BAD", "not-a-key-s3cr3t");
+        std::env::set_var(
+            "QUIVER_TEST_GRANT_KEY",
+            "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff",
+        );
+    }
+    let bad = format!("{user}[etcd]\ngrant_key_env = \"QUIVER_TEST_GRANT_KEY_BAD\"\n");
+    let refused = serve_once(registry, Some(&bad)).expect("refused to start");
+    assert!(
+        refused.contains("QUIVER_TEST_GRANT_KEY_BAD") && !refused.contains("s3cr3t"),
+        "{refused}"
+    );
+    let good = format!("{user}[etcd]\ngrant_key_env = \"QUIVER_TEST_GRANT_KEY\"\n");
+    assert_eq!(serve_once(registry, Some(&good)), None);
+}

@@ -319,9 +319,14 @@ async fn a_revoked_grant_fails_that_principal_only() {
 
     tokens.revoke_user("bob");
     let started = Instant::now();
-    // The call on the open session fails (today as "went away": the refusal of the
-    // refresh inside the transport is not carried out; see the report of this test).
+    // The call on the open session fails saying what to do (the refusal of the refresh
+    // inside the transport is carried out of the ended session), not "went away".
     let first = whoami(&host, &task_as("bob")).await.unwrap_err();
+    assert_eq!(first.code, quiver::McpErrorCode::PolicyDenied, "{first}");
+    assert!(
+        first.message.contains("`bob`") && first.message.contains("quiver mcp login"),
+        "{first}"
+    );
     assert_no_token_in(&tokens, "the error", &first.to_string());
     // The next connection asks the grant first and says what to do.
     let error = whoami(&host, &task_as("bob")).await.unwrap_err();
@@ -331,6 +336,51 @@ async fn a_revoked_grant_fails_that_principal_only() {
         "{error}"
     );
     assert_no_token_in(&tokens, "the error", &error.to_string());
+    assert_eq!(whoami(&host, &task_as("alice")).await.unwrap(), "alice-");
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn idle_per_principal_connections_are_closed_and_reopen_on_the_next_call() {
+    let tokens = TokenServer::start("unused", "unused", Duration::from_secs(3600)).await;
+    let server = protected_fixture(&tokens);
+    let registry = registry_for(&server);
+    let grants = tempfile::tempdir().unwrap();
+    let login = user_host(&registry, grants.path(), Some(Arc::default()), None);
+    login.authorize_server(SERVER, "alice").await.unwrap();
+    login.authorize_server(SERVER, "bob").await.unwrap();
+    login.shutdown().await;
+    let host = host_builder(&registry)
+        .with_config(host_config(), ".")
+        .with_connect_timeout(Duration::from_secs(10))
+        .with_grant_store(Arc::new(DirGrantStore::new(grants.path())))
+        .with_server_idle_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let connected = |host: &Host| {
+        host.status()
+            .mcp_servers
+            .iter()
+            .any(|s| s.server_id == SERVER)
+    };
+    assert_eq!(whoami(&host, &task_as("alice")).await.unwrap(), "alice-");
+    assert!(
+        whoami(&host, &task_as("bob"))
+            .await
+            .unwrap()
+            .starts_with("bob-")
+    );
+    assert!(connected(&host), "each principal holds a connection");
+    // Unused past the idle timeout: both principals' connections are gone.
+    let until = Instant::now() + Duration::from_secs(20);
+    while connected(&host) {
+        assert!(
+            Instant::now() < until,
+            "idle per-principal connections stay open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The next call connects again with the principal's grant.
     assert_eq!(whoami(&host, &task_as("alice")).await.unwrap(), "alice-");
     host.shutdown().await;
 }

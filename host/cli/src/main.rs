@@ -22,7 +22,9 @@ use quiver::registry::{Registry, ServerEntry};
 use quiver::telemetry::{self, LogFormat};
 use quiver::{AllowAll, ApprovalQueue, Approver, DirGrantStore, TerminalApprover};
 use quiver::{Host, HostBuilder, StoreFollower, TaskSpec, ToolCallRequest};
-use quiver_node::{EtcdAccess, Node, NodeConfig, NodeFileConfig, RegistrySource};
+use quiver_node::{
+    EtcdAccess, EtcdGrantStore, EtcdStore, Node, NodeConfig, NodeFileConfig, RegistrySource,
+};
 
 #[derive(Parser)]
 #[command(
@@ -263,8 +265,9 @@ pub(crate) fn with_config_file(
     builder: HostBuilder,
     path: &std::path::Path,
 ) -> Result<(HostBuilder, NodeFileConfig), ConfigError> {
-    let mut config = NodeFileConfig::load(path)?;
-    let host = std::mem::take(&mut config.host);
+    let config = NodeFileConfig::load(path)?;
+    // Kept in the node's config too: `serve` asks it whether user authorization is on.
+    let host = config.host.clone();
     Ok((
         builder.with_config_from(host, ConfigOrigin::file(path)),
         config,
@@ -476,6 +479,7 @@ async fn serve(args: ServeArgs) -> i32 {
     }
     let mut node_config = NodeConfig::new(args.listen);
     let mut etcd = EtcdAccess::default();
+    let mut grant_key = None;
     if let Some(path) = &args.config {
         let config;
         (builder, config) = match with_config_file(builder, path) {
@@ -494,14 +498,27 @@ async fn serve(args: ServeArgs) -> i32 {
                 Ok(etcd) => etcd,
                 Err(e) => return fail(e),
             };
+            // A fleet's grants go to etcd too, sealed with the key every node shares.
+            grant_key = match config.etcd_grant_key(path) {
+                Ok(key) => key,
+                Err(e) => return fail(e),
+            };
         }
     }
     builder = match &args.registry {
         RegistrySource::Dir(dir) => builder.with_registry_dir(dir),
-        store => match store.open(&etcd).await {
-            Ok(store) => builder.with_registry_store(store),
-            Err(e) => return fail(e),
-        },
+        RegistrySource::Etcd { endpoints, prefix } => {
+            match EtcdStore::connect_with_access(endpoints.clone(), prefix.clone(), &etcd).await {
+                Ok(store) => {
+                    if let Some(key) = grant_key {
+                        builder =
+                            builder.with_grant_store(Arc::new(EtcdGrantStore::new(&store, key)));
+                    }
+                    builder.with_registry_store(Arc::new(store))
+                }
+                Err(e) => return fail(e),
+            }
+        }
     };
     let host = match builder.build() {
         Ok(host) => host,

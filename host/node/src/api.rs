@@ -24,7 +24,7 @@ use super::body::{Media, field_path, parse_json, read_body};
 use super::error::ApiError;
 use super::modules::TooLarge;
 use super::tasks::{Refused, Scope};
-use super::{NodeState, admin, guard, web};
+use super::{NodeState, admin, authorize, guard, web};
 use crate::config::Role;
 use crate::defaults;
 use quiver::Metrics;
@@ -49,6 +49,14 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
         .route("/v1/registry", get(registry_health))
         .route("/metrics", get(metrics))
         .route_layer(require(Some(Role::Observe)));
+    let authorize = Router::new()
+        .route(
+            "/v1/authorizations/{server_id}/{principal}",
+            get(authorize::status)
+                .post(authorize::start)
+                .delete(authorize::revoke),
+        )
+        .route_layer(require(Some(Role::Authorize)));
     let any_client = Router::new()
         .route("/v1/whoami", get(whoami))
         .route_layer(require(None));
@@ -96,6 +104,9 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
         .merge(submit)
         .merge(approve)
         .merge(observe)
+        .merge(authorize)
+        // A browser sent back by an authorization server: no token, its `state` instead.
+        .route(authorize::CALLBACK_PATH, get(authorize::callback))
         .merge(any_client)
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint").with_field("path")

@@ -17,7 +17,7 @@ use quiver::Pattern;
 use quiver::config::{ConfigError, read_section};
 
 use super::ServeError;
-use crate::EtcdConfig;
+use crate::{EtcdConfig, GrantSealKey};
 use crate::{defaults, guard};
 
 /// `[serve]` in `quiver.toml`: the node's API token and limits. Unset fields take their
@@ -59,12 +59,18 @@ pub struct ServeConfig {
     /// Origins a browser may send requests from besides the node's own, e.g. the
     /// `"https://quiver.example.com"` a proxy serves the node under.
     pub allowed_origins: Option<Vec<String>>,
+    /// The URL browsers reach the node at (e.g. `"https://quiver.example.com"`): user
+    /// authorization through the node sends people back to `{public_url}/oauth/callback`.
+    /// `https`, or `http` on a loopback host only. Without it the node starts no flow.
+    pub public_url: Option<String>,
+    /// [`defaults::AUTHORIZATION_TIMEOUT`].
+    pub authorization_timeout_ms: Option<u64>,
 }
 
 impl ServeConfig {
     /// The field at fault and the fix, for a value no node can use.
     pub(crate) fn check(&self) -> Result<(), (&'static str, &'static str)> {
-        let positive: [(&'static str, Option<u64>); 12] = [
+        let positive: [(&'static str, Option<u64>); 13] = [
             ("serve.header_timeout_ms", self.header_timeout_ms),
             ("serve.max_connections", self.max_connections.map(u64::from)),
             (
@@ -80,6 +86,10 @@ impl ServeConfig {
             ("serve.max_wait_ms", self.max_wait_ms),
             ("serve.body_timeout_ms", self.body_timeout_ms),
             ("serve.max_output_bytes", self.max_output_bytes),
+            (
+                "serve.authorization_timeout_ms",
+                self.authorization_timeout_ms,
+            ),
         ];
         if let Some((field, _)) = positive.iter().find(|(_, v)| *v == Some(0)) {
             return Err((field, "must be greater than 0; omit it for the default"));
@@ -145,6 +155,9 @@ pub enum Role {
     Approve,
     /// Read status: `/metrics`, `/v1/mcp/servers`, `/v1/registry`.
     Observe,
+    /// Start, read and revoke user authorizations of MCP servers for the principals the
+    /// client may act for (`/v1/authorizations`).
+    Authorize,
 }
 
 impl Role {
@@ -155,6 +168,7 @@ impl Role {
             Role::Registry => "registry",
             Role::Approve => "approve",
             Role::Observe => "observe",
+            Role::Authorize => "authorize",
         }
     }
 }
@@ -175,7 +189,7 @@ pub const ADMIN_TOKEN_ROLES: [Role; 1] = [Role::Registry];
 pub struct ClientConfig {
     /// Name of the environment variable holding the client's token (never the token).
     pub token_env: String,
-    /// One or more of `submit`, `registry`, `approve`, `observe`.
+    /// One or more of `submit`, `registry`, `approve`, `observe`, `authorize`.
     pub roles: Vec<Role>,
     /// Patterns (`*`, `?`) of the end users the client may submit tasks for (the
     /// submission's `principal`); empty: its tasks act for the client itself.
@@ -237,7 +251,7 @@ fn check_clients(clients: &BTreeMap<String, ClientConfig>) -> Result<(), (String
         if client.roles.is_empty() {
             return Err((
                 format!("clients.{name}.roles"),
-                "give the client one or more of \"submit\", \"registry\", \"approve\", \"observe\""
+                "give the client one or more of \"submit\", \"registry\", \"approve\", \"observe\", \"authorize\""
                     .to_owned(),
             ));
         }
@@ -289,6 +303,42 @@ impl NodeFileConfig {
             etcd,
             clients,
         })
+    }
+}
+
+impl NodeFileConfig {
+    /// The key grants are sealed with in etcd, read from the variable
+    /// `[etcd] grant_key_env` names, for a node whose registry is in etcd. `None` when
+    /// none is configured and no `[auth.NAME]` is user authorization (no grants to keep);
+    /// a user authorization without one is refused, as is a variable unset or not a key.
+    pub fn etcd_grant_key(&self, file: &Path) -> Result<Option<GrantSealKey>, ConfigError> {
+        let field = "etcd.grant_key_env";
+        let Some(var) = &self.etcd.grant_key_env else {
+            let user_auth =
+                self.host.auth.iter().find(|(_, auth)| {
+                    matches!(auth, quiver::AuthConfig::OauthAuthorizationCode(_))
+                });
+            return match user_auth {
+                Some((name, _)) => Err(ConfigError::new(
+                    file,
+                    field,
+                    format!(
+                        "[auth.{name}] is user authorization and the registry is in etcd, where grants are kept sealed with a key every node shares; set `grant_key_env` to the name of a variable holding 32 random bytes as 64 hex digits (`openssl rand -hex 32`)"
+                    ),
+                )),
+                None => Ok(None),
+            };
+        };
+        let text = std::env::var(var).map_err(|_| {
+            ConfigError::new(
+                file,
+                field,
+                format!("the variable `{var}` is not set; export the grant key in it"),
+            )
+        })?;
+        GrantSealKey::from_hex(&text)
+            .map(Some)
+            .map_err(|rule| ConfigError::new(file, field, format!("the variable `{var}`: {rule}")))
     }
 }
 
@@ -366,6 +416,10 @@ pub struct NodeConfig {
     pub(crate) max_connections_per_ip: usize,
     /// The `Host`, `Origin` and `Sec-Fetch-Site` a request may carry.
     pub(crate) browsers: guard::Rules,
+    /// `[serve] public_url` as written, and where it was set (checked by `bind`).
+    pub(crate) public_url: Option<(String, String)>,
+    /// How long a user authorization waits for the person's browser to come back.
+    pub(crate) authorization_timeout: Duration,
 }
 
 impl NodeConfig {
@@ -390,6 +444,8 @@ impl NodeConfig {
             approvals: None,
             max_connections_per_ip: defaults::SERVE_MAX_CONNECTIONS_PER_IP,
             browsers: guard::Rules::default(),
+            public_url: None,
+            authorization_timeout: defaults::AUTHORIZATION_TIMEOUT,
         }
     }
 
@@ -434,6 +490,13 @@ impl NodeConfig {
         if let Some(max) = config.max_connections_per_ip {
             node.max_connections_per_ip = usize::try_from(max).unwrap_or(usize::MAX);
         }
+        node.public_url = config
+            .public_url
+            .clone()
+            .map(|url| (url, format!("{}: serve.public_url", file.display())));
+        node.authorization_timeout = config
+            .authorization_timeout_ms
+            .map_or(node.authorization_timeout, ms);
         node.browsers = config
             .browsers()
             .map_err(|(field, message)| ServeError::Field {
@@ -630,6 +693,21 @@ impl NodeConfig {
         self
     }
 
+    /// Lets the node run user authorizations, sending browsers back to
+    /// `{url}/oauth/callback`, as `[serve] public_url` does. A URL that is not `https` (or
+    /// `http` on a loopback host) makes [`Node::bind`](super::Node::bind) fail.
+    pub fn with_public_url(mut self, url: &str) -> Self {
+        self.public_url = Some((url.to_owned(), "NodeConfig::with_public_url".to_owned()));
+        self
+    }
+
+    /// How long a user authorization started through the node waits for the browser
+    /// (default [`defaults::AUTHORIZATION_TIMEOUT`]); its `state` expires with it.
+    pub fn with_authorization_timeout(mut self, timeout: Duration) -> Self {
+        self.authorization_timeout = timeout;
+        self
+    }
+
     /// Bytes of each of a task's stdout and stderr kept.
     pub fn with_max_output_bytes(mut self, bytes: u64) -> Self {
         self.max_output_bytes = bytes;
@@ -769,6 +847,39 @@ mod tests {
             blank.check_clients(),
             Err(ServeError::BlankToken { .. })
         ));
+    }
+
+    fn grant_key(toml: &str) -> Result<bool, String> {
+        let file = format!(
+            "{}/quiver-grant-key-{}-{}.toml",
+            std::env::temp_dir().display(),
+            std::process::id(),
+            toml.len()
+        );
+        std::fs::write(&file, toml).expect("write");
+        let read = NodeFileConfig::load(Path::new(&file)).map_err(|e| e.to_string());
+        let _ = std::fs::remove_file(&file);
+        read?
+            .etcd_grant_key(Path::new(&file))
+            .map(|key| key.is_some())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn user_authorization_on_etcd_needs_a_grant_key_named_with_its_fix() {
+        let user = "[auth.gh]\nkind = \"oauth_authorization_code\"\nservers = [\"gh\"]\n";
+        let none = grant_key(user).expect_err("no key");
+        assert!(
+            none.contains("etcd.grant_key_env") && none.contains("openssl rand -hex 32"),
+            "{none}"
+        );
+        let unset = grant_key(&format!(
+            "{user}[etcd]\ngrant_key_env = \"QUIVER_TEST_SURELY_UNSET_GRANT_KEY\"\n"
+        ))
+        .expect_err("unset");
+        assert!(unset.contains("is not set"), "{unset}");
+        // Nothing to seal without user authorization.
+        assert_eq!(grant_key(""), Ok(false));
     }
 
     #[test]

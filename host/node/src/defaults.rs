@@ -126,3 +126,26 @@ pub const ADMIN_IMPORT_MAX_DOCS: usize = 500;
 /// `[clients.NAME]`: longest client name. Names go into audit lines, logs and the admin
 /// page, so they are short and plain.
 pub const MAX_CLIENT_NAME_BYTES: usize = 64;
+
+/// User authorization through the node (`POST /v1/authorizations/...`): how long a flow
+/// waits for the person's browser to come back to `/oauth/callback`; its `state` expires
+/// with it. Long enough to log in with a second factor. `[serve] authorization_timeout_ms`.
+pub const AUTHORIZATION_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+
+/// User authorization through the node: flows waiting for a browser at once (one per
+/// server and principal; a new one for the same pair replaces the old). One more is `429`,
+/// so nobody can fill the node with pending flows.
+pub const AUTHORIZATION_MAX_PENDING: usize = 64;
+
+/// User authorization through the node: longest a start waits for the authorization
+/// URL (discovery and registration at the authorization server take up to the library's
+/// `OAUTH_DISCOVERY_TIMEOUT`, 30 s, plus a registration request).
+pub const AUTHORIZATION_START_TIMEOUT: Duration = Duration::from_secs(65);
+
+/// User authorization through the node: longest the callback page waits for the code to
+/// be exchanged for tokens before it answers (the token request has its own 30 s bound).
+pub const AUTHORIZATION_FINISH_TIMEOUT: Duration = Duration::from_secs(45);
+
+/// User authorization through the node: bytes of an authorization server's `error` and
+/// `error_description` shown on the callback page (escaped), enough for a sentence.
+pub const AUTHORIZATION_ERROR_MAX_BYTES: usize = 300;

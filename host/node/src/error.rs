@@ -59,6 +59,8 @@ pub enum ServeError {
         "{first} and {second} hold the same token, so the node could not tell the two clients apart; give each client its own token"
     )]
     SharedToken { first: String, second: String },
+    #[error("{origin}: {message}")]
+    PublicUrl { origin: String, message: String },
     #[error("cannot listen on {addr}: {source}")]
     Bind {
         addr: SocketAddr,

@@ -61,10 +61,10 @@ pub type DocValidator =
 /// A registry store in etcd v3. Cheap to clone; connections are shared.
 #[derive(Clone)]
 pub struct EtcdStore {
-    kv: KvClient,
+    pub(crate) kv: KvClient,
     watch: WatchClient,
     /// `/<prefix>`: no trailing slash; document keys go below it.
-    root: String,
+    pub(crate) root: String,
     /// For messages: endpoints and prefix, never credentials (refused at connect).
     describe: String,
     validate: DocValidator,
@@ -312,7 +312,7 @@ impl EtcdStore {
 
     /// Runs one etcd call under the store's deadline, logged in first when the store has
     /// a user; a call whose token etcd refused is made once more after a new login.
-    async fn call<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
+    pub(crate) async fn call<T, F, Fut>(&self, op: F) -> Result<T, StoreError>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,

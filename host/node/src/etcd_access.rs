@@ -41,6 +41,10 @@ pub struct EtcdConfig {
     /// reaches such an etcd can make every node run what they write; leave it off.
     #[serde(default)]
     pub allow_insecure: bool,
+    /// Name of the environment variable holding the key grants of user authorization are
+    /// sealed with in etcd (32 bytes as 64 hex digits); required when a `[auth.NAME]` has
+    /// `kind = "oauth_authorization_code"` and the registry is in etcd.
+    pub grant_key_env: Option<String>,
 }
 
 impl EtcdConfig {

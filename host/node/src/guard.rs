@@ -65,13 +65,25 @@ impl Rules {
         Ok(rules)
     }
 
+    /// Whether the node answers to `name` (`host[:port]`) in `Host`.
+    pub(crate) fn serves(&self, name: &str) -> bool {
+        self.any_host || serves(&self.hosts, name)
+    }
+
     /// Whether every `Host` is served (`allowed_hosts = ["*"]`).
     pub(crate) fn any_host(&self) -> bool {
         self.any_host
     }
 
     /// `None` when a request with these headers may reach the node, else the refusal.
-    fn refusal(&self, headers: &HeaderMap, uri_authority: Option<&Authority>) -> Option<ApiError> {
+    /// `navigation`: a browser follows a redirect from another site to this request (the
+    /// authorization server's to `/oauth/callback`), so only its `Host` is checked.
+    fn refusal(
+        &self,
+        headers: &HeaderMap,
+        uri_authority: Option<&Authority>,
+        navigation: bool,
+    ) -> Option<ApiError> {
         let host = match only(headers, &header::HOST) {
             Ok(Some(host)) => host,
             Ok(None) => {
@@ -92,6 +104,9 @@ impl Rules {
                     )));
                 }
             }
+        }
+        if navigation {
+            return None;
         }
         match only(headers, &header::ORIGIN) {
             Ok(None) => {}
@@ -153,7 +168,10 @@ pub(crate) async fn browsers(
     next: Next,
 ) -> Response {
     let rules = &state.config.browsers;
-    match rules.refusal(request.headers(), request.uri().authority()) {
+    // The callback is authorised by its single-use `state` alone (see `authorize`).
+    let navigation =
+        request.method() == axum::http::Method::GET && request.uri().path() == CALLBACK_PATH;
+    match rules.refusal(request.headers(), request.uri().authority(), navigation) {
         None => next.run(request).await,
         Some(refusal) => {
             tracing::debug!(path = %request.uri().path(), "browser guard refused a request");
@@ -161,6 +179,10 @@ pub(crate) async fn browsers(
         }
     }
 }
+
+/// The node's OAuth redirect endpoint (user authorization, under `[serve] public_url`):
+/// the one path a browser reaches by another site's redirect.
+pub(crate) const CALLBACK_PATH: &str = "/oauth/callback";
 
 const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
 
@@ -254,7 +276,7 @@ mod tests {
     }
 
     fn passes(rules: &Rules, pairs: &[(&'static str, &'static str)]) -> bool {
-        rules.refusal(&headers(pairs), None).is_none()
+        rules.refusal(&headers(pairs), None, false).is_none()
     }
 
     #[test]
@@ -288,7 +310,7 @@ mod tests {
         let absolute: Authority = "attacker.example".parse().expect("authority");
         assert!(
             rules
-                .refusal(&headers(&[("host", "localhost")]), Some(&absolute))
+                .refusal(&headers(&[("host", "localhost")]), Some(&absolute), false)
                 .is_some()
         );
     }

@@ -53,12 +53,14 @@
 mod admin;
 mod api;
 mod auth;
+mod authorize;
 mod body;
 mod config;
 pub mod defaults;
 mod error;
 mod etcd;
 mod etcd_access;
+mod etcd_grants;
 mod guard;
 mod listen;
 mod modules;
@@ -78,6 +80,7 @@ pub use config::{
 pub use error::ServeError;
 pub use etcd::{DocValidator, EtcdStore};
 pub use etcd_access::{EtcdAccess, EtcdConfig};
+pub use etcd_grants::{EtcdGrantStore, GrantSealKey};
 pub use source::RegistrySource;
 
 use modules::ModuleStore;
@@ -103,6 +106,8 @@ pub(crate) struct NodeState {
     phase: watch::Sender<Phase>,
     /// Where the admin API reads and writes records; `None` without an admin token.
     admin_store: Option<Arc<dyn quiver::registry::RegistryStore>>,
+    /// User authorizations waiting for a person's browser.
+    flows: Arc<authorize::Flows>,
 }
 
 impl NodeState {
@@ -180,6 +185,27 @@ impl Node {
                 addr: config.listen,
             });
         }
+        let redirect_uri = match &config.public_url {
+            Some((url, origin)) => {
+                let uri =
+                    authorize::redirect_uri(url).map_err(|message| ServeError::PublicUrl {
+                        origin: origin.clone(),
+                        message,
+                    })?;
+                // The authorization server sends browsers there: the node must serve the name.
+                let host = authorize::redirect_host(&uri).unwrap_or_default();
+                if !config.browsers.serves(&host) {
+                    return Err(ServeError::PublicUrl {
+                        origin: origin.clone(),
+                        message: format!(
+                            "the node does not answer to `{host}`, so browsers sent back there would be refused; add it to `[serve] allowed_hosts`"
+                        ),
+                    });
+                }
+                Some(uri)
+            }
+            None => None,
+        };
         let bind_error = |source| ServeError::Bind {
             addr: config.listen,
             source,
@@ -197,6 +223,10 @@ impl Node {
             )),
             uploads: modules::Uploads::new(defaults::SERVE_CONCURRENT_UPLOADS),
             phase: watch::channel(Phase::Serving).0,
+            flows: Arc::new(authorize::Flows::new(
+                redirect_uri,
+                config.authorization_timeout,
+            )),
             admin_store: config
                 .has_role(Role::Registry)
                 .then(|| host.writable_store())
@@ -262,6 +292,7 @@ impl Node {
             }
         }
         state.tasks.cancel_all("the node is shutting down");
+        state.flows.cancel_all();
         let _ = stop_http.send(());
         let _ = server.await;
         state.host.shutdown().await;

@@ -82,7 +82,7 @@ pub use sandbox::heap::json_text as json_charge;
 pub use identity::check_principal;
 pub use mcp::{
     ApiKeyConfig, AuthConfig, AuthorizationPrompt, AuthorizeError, DirGrantStore, EgressConfig,
-    Grant, GrantKey, GrantStore, GrantStoreError, LaunchConfig, LaunchRules, McpError,
+    Grant, GrantKey, GrantStatus, GrantStore, GrantStoreError, LaunchConfig, LaunchRules, McpError,
     McpErrorCode, McpHostConfig, MemoryGrantStore, OAuthAuthorizationCodeConfig,
     OAuthClientCredentialsConfig, OAuthJwtBearerConfig, OAuthTokenExchangeConfig, PoolLimits,
     PoolUsage, REGISTRY_GRANTS_DIR, Registration, ServerState, ServerStatus, SigningAlg,

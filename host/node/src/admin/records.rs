@@ -63,6 +63,13 @@ fn doc_json(doc: &StoredDoc, live: &[ServerStatus], with_fields: bool) -> Value 
         shown["state"] = json!(live.map(|s| s.state));
         shown["last_error"] = json!(live.and_then(|s| s.last_error.clone()));
         shown["tool_count"] = json!(live.and_then(|s| s.tool_count));
+        // The page offers user authorization for servers with a credential.
+        shown["auth_ref"] = fields
+            .as_ref()
+            .and_then(|f| f.get("http"))
+            .and_then(|h| h.get("auth_ref"))
+            .and_then(Value::as_str)
+            .map_or(Value::Null, |a| json!(a));
     }
     if with_fields {
         shown["fields"] = fields.map_or(Value::Null, Value::Object);

@@ -244,6 +244,25 @@ impl Host {
         .await
     }
 
+    /// What `principal`'s grant for `server_id` holds (scopes, expiry), never a token;
+    /// `None` when the principal has not authorized it. A server whose credential is not
+    /// `kind = "oauth_authorization_code"` is refused.
+    pub async fn grant_status(
+        &self,
+        server_id: &str,
+        principal: &str,
+    ) -> Result<Option<crate::GrantStatus>, PreviewError> {
+        let registry = self.registry();
+        let entry = registry
+            .get(server_id)
+            .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
+        self.inner
+            .pool
+            .grant_status(entry, principal)
+            .await
+            .map_err(PreviewError::Unavailable)
+    }
+
     /// Forgets `principal`'s grant for `server_id` (its tokens and registration) and
     /// closes the connection made with it; whether there was one.
     pub async fn revoke_server(

@@ -156,12 +156,41 @@ pub(crate) struct AuthedClient {
     pub(crate) inner: OutboundClient,
     pub(crate) oauth: Option<TokenSource>,
     pub(crate) limits: Limits,
+    /// Where a refusal only a person can fix is noted for the connection's calls.
+    pub(crate) refusal: AuthRefusal,
+}
+
+/// The last refusal of a connection's requests that only a person can fix (a grant
+/// revoked or refused mid-session): the transport can only end the session, so a call
+/// that fails with it says this instead of "went away".
+#[derive(Clone, Default)]
+pub(crate) struct AuthRefusal(Arc<std::sync::Mutex<Option<String>>>);
+
+impl AuthRefusal {
+    fn note(&self, error: &AuthError) {
+        if error.needs_person() {
+            *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(error.to_string());
+        }
+    }
+
+    /// The refusal noted, as a policy error (not the server's failure), once.
+    pub(crate) fn take(&self) -> Option<super::McpError> {
+        let noted = self.0.lock().unwrap_or_else(|e| e.into_inner()).take()?;
+        Some(super::McpError::new(
+            super::McpErrorCode::PolicyDenied,
+            noted,
+        ))
+    }
 }
 
 type HttpError = StreamableHttpError<reqwest::Error>;
 
-fn auth_failed(error: AuthError) -> HttpError {
-    StreamableHttpError::UnexpectedServerResponse(error.to_string().into())
+impl AuthedClient {
+    /// `error` as the transport's, noted first if only a person can fix it.
+    fn auth_failed(&self, error: AuthError) -> HttpError {
+        self.refusal.note(&error);
+        StreamableHttpError::UnexpectedServerResponse(error.to_string().into())
+    }
 }
 
 impl AuthedClient {
@@ -173,7 +202,10 @@ impl AuthedClient {
         let Some(oauth) = &self.oauth else {
             return call(given).await;
         };
-        let mut token = oauth.token_if_known().await.map_err(auth_failed)?;
+        let mut token = oauth
+            .token_if_known()
+            .await
+            .map_err(|e| self.auth_failed(e))?;
         let (mut renewed, mut step_ups) = (false, 0);
         loop {
             match call(token.clone()).await {
@@ -187,7 +219,7 @@ impl AuthedClient {
                     let fresh = oauth
                         .unauthorized(token.as_deref(), Some(&challenge.www_authenticate_header))
                         .await
-                        .map_err(auth_failed)?;
+                        .map_err(|e| self.auth_failed(e))?;
                     token = Some(fresh);
                 }
                 Err(StreamableHttpError::InsufficientScope(challenge))
@@ -197,7 +229,7 @@ impl AuthedClient {
                     match oauth
                         .step_up(token.as_deref(), &challenge.www_authenticate_header)
                         .await
-                        .map_err(auth_failed)?
+                        .map_err(|e| self.auth_failed(e))?
                     {
                         Some(fresh) => token = Some(fresh),
                         None => return Err(StreamableHttpError::InsufficientScope(challenge)),
@@ -663,7 +695,11 @@ impl Transport<RoleClient> for LegacySse {
                 }
                 Ok::<_, LegacySseError>(request.send())
             };
-            let token = bearer(&client).await.map_err(LegacySseError::Auth)?;
+            let auth = |e: AuthError| {
+                client.refusal.note(&e);
+                LegacySseError::Auth(e)
+            };
+            let token = bearer(&client).await.map_err(auth)?;
             let mut response = post(token.clone())?
                 .await
                 .map_err(|e| LegacySseError::Send(Box::new(e)))?;
@@ -677,7 +713,7 @@ impl Transport<RoleClient> for LegacySse {
                 let fresh = oauth
                     .unauthorized(Some(&token), challenge)
                     .await
-                    .map_err(LegacySseError::Auth)?;
+                    .map_err(auth)?;
                 response = post(Some(fresh))?
                     .await
                     .map_err(|e| LegacySseError::Send(Box::new(e)))?;

@@ -24,10 +24,10 @@ mod session;
 
 pub use auth::{
     ApiKeyConfig, AuthConfig, AuthSet, AuthorizationPrompt, AuthorizeError, DirGrantStore, Grant,
-    GrantKey, GrantStore, GrantStoreError, MemoryGrantStore, OAuthAuthorizationCodeConfig,
-    OAuthClientCredentialsConfig, OAuthJwtBearerConfig, OAuthTokenExchangeConfig,
-    REGISTRY_GRANTS_DIR, Registration, SigningAlg, SubjectToken, SubjectTokenError,
-    TokenEndpointAuth, TokenType, UserAuthorizer,
+    GrantKey, GrantStatus, GrantStore, GrantStoreError, MemoryGrantStore,
+    OAuthAuthorizationCodeConfig, OAuthClientCredentialsConfig, OAuthJwtBearerConfig,
+    OAuthTokenExchangeConfig, REGISTRY_GRANTS_DIR, Registration, SigningAlg, SubjectToken,
+    SubjectTokenError, TokenEndpointAuth, TokenType, UserAuthorizer,
 };
 pub use egress::{EgressConfig, EgressPolicy};
 pub use error::{McpError, McpErrorCode};

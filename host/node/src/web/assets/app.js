@@ -166,8 +166,11 @@
     if (failure) showError(failure);
   }
 
+  /** /v1/whoami's answer for the signed-in token. */
+  let me = {};
+
   async function signIn() {
-    const me = await api('GET', '/v1/whoami');
+    me = await api('GET', '/v1/whoami');
     roles = Array.isArray(me.roles) ? me.roles.filter((r) => typeof r === 'string') : [];
     $('login').hidden = true;
     $('tabs').hidden = false;
@@ -230,9 +233,53 @@
         actionButton('Edit', id, 'edit', () => editServer(id)),
         actionButton('Test', id, 'test', () => testServer(id)),
         actionButton('Tools', id, 'tools', () => showTools(id)),
+        ...(typeof server.auth_ref === 'string' && has('authorize')
+          ? [
+              actionButton('Authorize', id, 'authorize', () => authorizeServer(id)),
+              actionButton('Grant', id, 'grant', () => grantStatus(id)),
+            ]
+          : []),
         actionButton('Delete', id, 'delete danger', () => deleteServer(id)),
       ),
     );
+  }
+
+  // ---- user authorization ---------------------------------------------------------------
+
+  /** The principal to authorize for: the signed-in client, or one it may act for. */
+  function askPrincipal(id) {
+    const given = window.prompt(`Principal to authorize ${id} for (yourself, or a user your client may act for):`, text(me.client || ''));
+    return given ? given.trim() : '';
+  }
+
+  function authorizationPath(id, principal) {
+    return `/v1/authorizations/${enc(id)}/${enc(principal)}`;
+  }
+
+  /** Starts the flow at the node and opens the authorization server's page in a new window. */
+  async function authorizeServer(id) {
+    const principal = askPrincipal(id);
+    if (!principal) return;
+    const answer = await api('POST', authorizationPath(id, principal));
+    const url = text(answer.authorization_url);
+    if (!/^https?:\/\//.test(url)) throw new Failure(0, 'bad_answer', 'the node answered no authorization URL', null);
+    window.open(url, '_blank', 'noopener,noreferrer');
+    showResult(`Authorize ${id} for ${principal}`, 'the authorization page opened in a new window; log in there, then check Grant', 'pending');
+  }
+
+  /** Shows whether the principal holds a grant for the server: scopes and expiry, never a token. */
+  async function grantStatus(id) {
+    const principal = askPrincipal(id);
+    if (!principal) return;
+    const answer = await api('GET', authorizationPath(id, principal));
+    if (answer.authorized === true) {
+      const scopes = Array.isArray(answer.scopes) ? answer.scopes.map(text).join(' ') : '';
+      const refresh = answer.refreshable === true ? ', refreshable' : '';
+      showResult(`Grant of ${id} for ${principal}`, `authorized; scopes: ${scopes || '—'}; expires ${formatTime(answer.expires_at)}${refresh}`, 'ok');
+    } else {
+      const pending = answer.pending === true ? ' (an authorization is waiting for the browser)' : '';
+      showResult(`Grant of ${id} for ${principal}`, `not authorized${pending}`, 'failed');
+    }
   }
 
   function showResult(title, summary, outcome) {

@@ -94,6 +94,36 @@ impl Grant {
             .as_ref()
             .is_some_and(|c| c.token_response.is_some())
     }
+
+    /// What may be shown of it (scopes, expiry, refreshable), never a token; `None`
+    /// without tokens.
+    pub fn status(&self) -> Option<GrantStatus> {
+        use oauth2::TokenResponse;
+        let credentials = self.credentials.as_ref()?;
+        let tokens = credentials.token_response.as_ref()?;
+        let expires_at = credentials
+            .token_received_at
+            .zip(tokens.expires_in())
+            .map(|(at, lifetime)| at.saturating_add(lifetime.as_secs()));
+        Some(GrantStatus {
+            scopes: credentials.granted_scopes.clone(),
+            expires_at,
+            refreshable: tokens.refresh_token().is_some(),
+        })
+    }
+}
+
+/// What a grant holds, without its tokens: for a status page or API.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct GrantStatus {
+    /// The scopes granted.
+    pub scopes: Vec<String>,
+    /// When the access token expires (seconds since the Unix epoch), when the
+    /// authorization server said.
+    pub expires_at: Option<u64>,
+    /// Whether it holds a refresh token, so an expired access token is renewed without a
+    /// person.
+    pub refreshable: bool,
 }
 
 /// A store that could not read or write a grant. Names the place, never a token.

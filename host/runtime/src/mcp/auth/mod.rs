@@ -37,7 +37,7 @@ use crate::defaults;
 use crate::registry::RuleViolation;
 pub(crate) use grants::Grants;
 pub use grants::{
-    DirGrantStore, Grant, GrantKey, GrantStore, GrantStoreError, MemoryGrantStore,
+    DirGrantStore, Grant, GrantKey, GrantStatus, GrantStore, GrantStoreError, MemoryGrantStore,
     REGISTRY_GRANTS_DIR, Registration,
 };
 pub use jwt::SigningAlg;

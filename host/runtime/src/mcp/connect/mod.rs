@@ -34,7 +34,7 @@ use tracing::Instrument;
 
 use super::ServerRules;
 use super::error::{McpError, McpErrorCode, error_chain};
-use super::http::SseConnectError;
+use super::http::{AuthRefusal, SseConnectError};
 use super::outbound::{ClientBuildError, OutboundClient};
 use crate::defaults;
 use crate::registry::{Launch, Lifecycle, ServerEntry};
@@ -83,6 +83,8 @@ pub(super) struct Connection {
     /// the connection): rmcp's session stays open until its transport has closed, which
     /// for a stdio server can take the shutdown grace, and no call may go to it meanwhile.
     ended: Arc<Ended>,
+    /// Why the session's requests were refused credentials, when only a person can fix it.
+    pub(super) auth_refusal: AuthRefusal,
 }
 
 /// The end of a transport: a flag to read and a wake-up for whoever stops the server.
@@ -105,6 +107,11 @@ impl Ended {
 }
 
 impl Connection {
+    fn with_auth_refusal(mut self, refusal: AuthRefusal) -> Self {
+        self.auth_refusal = refusal;
+        self
+    }
+
     /// Whether the session is open and, for a stdio server, its first process still runs:
     /// a child holding the server's stdout open would hide the server's death otherwise.
     pub(super) fn is_alive(&self) -> bool {
@@ -352,6 +359,7 @@ impl Connector {
             process,
             tools_stale,
             ended,
+            auth_refusal: AuthRefusal::default(),
         })
     }
 }

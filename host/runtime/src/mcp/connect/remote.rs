@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use crate::mcp::auth::{AuthError, Credentials, UserToken};
 use crate::mcp::error::McpError;
-use crate::mcp::http::{AuthedClient, LegacySse, header_map, streamable_http};
+use crate::mcp::http::{AuthRefusal, AuthedClient, LegacySse, header_map, streamable_http};
 use crate::registry::{ServerEntry, Transport};
 
 impl Connector {
@@ -103,13 +103,15 @@ impl Connector {
         let headers = header_map(server_id, headers, credentials.as_ref())
             .map_err(|e| unavailable(e.to_string()))?;
         let oauth = credentials.as_ref().and_then(Credentials::tokens);
+        let refusal = AuthRefusal::default();
         let client = AuthedClient {
             inner: http,
             oauth,
             limits: super::Limits::of(entry),
+            refusal: refusal.clone(),
         };
         let peer = Peer::Url(url);
-        match entry.record.transport {
+        let connected = match entry.record.transport {
             Transport::HttpSseLegacy => {
                 let transport = async {
                     LegacySse::connect(url, client, headers)
@@ -123,7 +125,8 @@ impl Connector {
                 self.establish(entry, serial, peer, async { Ok(transport) })
                     .await
             }
-        }
+        };
+        connected.map(|conn| conn.with_auth_refusal(refusal))
     }
 }
 

@@ -85,7 +85,8 @@ impl McpPool {
                 *slot.backoff.lock().unwrap_or_else(|e| e.into_inner()) = None;
                 let token = slot.health.connected(slot.retired.load(Ordering::SeqCst));
                 slot.health_token.store(token, Ordering::SeqCst);
-                if stdio {
+                // Server processes and per-principal slots are dropped when idle.
+                if stdio || slot.principal.is_some() {
                     self.start_reaper();
                 }
                 let fresh = Arc::new(fresh);

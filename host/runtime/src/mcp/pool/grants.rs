@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::McpPool;
 use super::slot::slot_key;
-use crate::mcp::auth::{GrantKey, UserAuthorizer};
+use crate::mcp::auth::{GrantKey, GrantStatus, UserAuthorizer};
 use crate::mcp::{McpError, McpErrorCode};
 use crate::registry::ServerEntry;
 
@@ -45,6 +45,26 @@ impl McpPool {
             .map_err(|e| McpError::new(McpErrorCode::Unavailable, e.to_string()))?;
         self.forget_principal(entry, principal);
         Ok(removed)
+    }
+
+    /// What `principal`'s grant for `entry`'s server holds (never its tokens); `None`
+    /// without one. A server whose credential is not user authorization is refused.
+    pub(crate) async fn grant_status(
+        &self,
+        entry: &Arc<ServerEntry>,
+        principal: &str,
+    ) -> Result<Option<GrantStatus>, McpError> {
+        self.connector.user_token(entry, principal)?;
+        let key = GrantKey::new(entry.server_id(), principal);
+        let grant = self
+            .rules()
+            .auth
+            .grants()
+            .store
+            .load(&key)
+            .await
+            .map_err(|e| McpError::new(McpErrorCode::Unavailable, e.to_string()))?;
+        Ok(grant.and_then(|g| g.status()))
     }
 
     /// Drops the slot of `principal` at `entry`'s server; its connection closes with its

@@ -1,6 +1,8 @@
 //! Stopping stdio servers nobody uses: the background task that stops servers idle for
 //! their idle timeout (and servers of replaced records once their last call ends), and
-//! the choice of whom to stop when the process cap is reached.
+//! the choice of whom to stop when the process cap is reached. It also drops the
+//! per-principal slots (user grants, token exchange) no call used for the idle timeout,
+//! with their connections, so a host serving many users keeps only its active ones.
 //!
 //! The reaper sleeps until the earliest moment some server could have been idle long
 //! enough, so it costs nothing between; a new server or the end of a replaced server's
@@ -36,9 +38,14 @@ pub(super) async fn run(shared: Weak<Shared>, wake: Arc<Notify>) {
 /// returns when to look again (`None`: only when woken).
 async fn reap(shared: &Shared) -> Option<Instant> {
     let host_default = shared.limits.server_idle_timeout;
-    let slots: Vec<Arc<ServerSlot>> = shared.slots().values().cloned().collect();
     let mut stopping = Vec::new();
-    let mut next: Option<Instant> = None;
+    let mut next = reap_principals(shared, host_default, &mut stopping);
+    let slots: Vec<Arc<ServerSlot>> = shared
+        .slots()
+        .values()
+        .filter(|slot| slot.principal.is_none())
+        .cloned()
+        .collect();
     for slot in slots {
         let Some(idle) = slot.idle_timeout(host_default) else {
             continue;
@@ -93,6 +100,54 @@ async fn reap(shared: &Shared) -> Option<Instant> {
         conn.close(server_id, defaults::SHUTDOWN_GRACE).await;
     });
     futures::future::join_all(closing).await;
+    next
+}
+
+/// Takes out of the pool every per-principal slot no call has used for its idle timeout,
+/// adding its connection to `stopping`; returns when the next one could be due. Done
+/// under the slot map's lock, which a call holds to enter a slot, so no call can enter a
+/// slot being dropped (it gets a new one).
+fn reap_principals(
+    shared: &Shared,
+    host_default: Duration,
+    stopping: &mut Vec<(Arc<ServerSlot>, Arc<Connection>, &'static str)>,
+) -> Option<Instant> {
+    let mut next: Option<Instant> = None;
+    let mut due = |at: Option<Instant>| {
+        next = match (next, at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    };
+    shared.slots().retain(|_, slot| {
+        if slot.principal.is_none() {
+            return true;
+        }
+        let Some(idle) = slot.idle_timeout(host_default) else {
+            return true;
+        };
+        let activity = slot.activity();
+        if activity.in_flight > 0 {
+            due(Instant::now().checked_add(idle));
+            return true;
+        }
+        if activity.last_used.elapsed() < idle {
+            due(activity.last_used.checked_add(idle));
+            return true;
+        }
+        drop(activity);
+        // Connecting right now: looked at again later.
+        let Ok(mut conn) = slot.conn.try_lock() else {
+            due(Instant::now().checked_add(idle));
+            return true;
+        };
+        if let Some(conn) = conn.take() {
+            slot.health
+                .stopped(slot.health_token.load(std::sync::atomic::Ordering::SeqCst));
+            stopping.push((slot.clone(), conn, "idle principal"));
+        }
+        false
+    });
     next
 }
 

@@ -150,9 +150,14 @@ impl McpPool {
                 result
             }
             Err(error) => {
-                let error = error.redacted(entry.secrets());
+                let mut error = error.redacted(entry.secrets());
                 if error.code == McpErrorCode::Unavailable {
                     self.discard(slot, &conn).await;
+                    // The session ended because its grant was revoked or refused: say so,
+                    // not "went away", and do not hold it against the server.
+                    if let Some(refusal) = conn.auth_refusal.take() {
+                        error = refusal;
+                    }
                 }
                 if server_failure(error.code) && phase.on_wire() {
                     slot.health.failed(&error.message);
