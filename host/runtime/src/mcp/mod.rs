@@ -25,9 +25,9 @@ mod session;
 pub use auth::{
     ApiKeyConfig, AuthConfig, AuthSet, AuthorizationPrompt, AuthorizeError, DirGrantStore, Grant,
     GrantKey, GrantStore, GrantStoreError, MemoryGrantStore, OAuthAuthorizationCodeConfig,
-    OAuthClientCredentialsConfig, OAuthJwtBearerConfig, OAuthTokenExchangeConfig,
-    REGISTRY_GRANTS_DIR, Registration, SigningAlg, SubjectToken, SubjectTokenError,
-    TokenEndpointAuth, TokenType, UserAuthorizer,
+    OAuthClientCredentialsConfig, OAuthEnterpriseManagedConfig, OAuthJwtBearerConfig,
+    OAuthTokenExchangeConfig, REGISTRY_GRANTS_DIR, Registration, SigningAlg, SubjectToken,
+    SubjectTokenError, TokenEndpointAuth, TokenType, UserAuthorizer,
 };
 pub use egress::{EgressConfig, EgressPolicy};
 pub use error::{McpError, McpErrorCode};
