@@ -519,7 +519,7 @@ async fn token(
             Ok(bound) => bound,
             Err(refused) => {
                 shared.lock().requests.push(request);
-                return refused;
+                return *refused;
             }
         };
         return user_token(&shared, request, client_id, &form, bound);
@@ -925,7 +925,7 @@ fn check_dpop(
     shared: &Shared,
     headers: &HeaderMap,
     request: &mut TokenRequest,
-) -> Result<bool, Response<Body>> {
+) -> Result<bool, Box<Response<Body>>> {
     let Some(mode) = &shared.options.dpop else {
         return Ok(false);
     };
@@ -942,7 +942,7 @@ fn check_dpop(
     };
     let nonce = match mode {
         DpopMode::Unbound => return Ok(false),
-        DpopMode::NonceLoop => return Err(ask_nonce(&random_hex(), request)),
+        DpopMode::NonceLoop => return Err(Box::new(ask_nonce(&random_hex(), request))),
         DpopMode::Bind { nonce } => nonce,
     };
     let proof = headers.get("dpop").and_then(|v| v.to_str().ok());
@@ -954,16 +954,16 @@ fn check_dpop(
         Ok(claims) => claims,
         Err(why) => {
             request.dpop = Some(Err(why.clone()));
-            return Err(json_response(
+            return Err(Box::new(json_response(
                 StatusCode::BAD_REQUEST,
                 json!({"error": "invalid_dpop_proof", "error_description": why}),
-            ));
+            )));
         }
     };
     if let Some(nonce) = nonce
         && claims.1["nonce"] != nonce.as_str()
     {
-        return Err(ask_nonce(nonce, request));
+        return Err(Box::new(ask_nonce(nonce, request)));
     }
     request.dpop = Some(Ok(claims.0));
     Ok(true)

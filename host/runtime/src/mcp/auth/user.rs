@@ -13,6 +13,10 @@
 //! person the authorization URL: a [`UserAuthorizer`]. A host without one (a node, a
 //! scheduler) never starts a flow on its own: a task whose principal has no grant gets an
 //! error naming the server, the principal and how to authorize.
+//!
+//! With `dpop = true` the grant's tokens are DPoP-bound ([`super::dpop`]): rmcp's requests
+//! go through [`DpopHttp`], which signs a proof for each token request with the grant's
+//! key, and the transport presents the token with a fresh proof per request.
 
 use std::sync::Arc;
 
