@@ -31,18 +31,6 @@ const EXPECTED_FAILURES: &[(&str, &str)] = &[
         "Quiver's MCP client declares no elicitation capability: nothing could answer a server's question",
     ),
     (
-        "auth/enterprise-managed-authorization",
-        "Quiver's client does not exchange an identity token for an ID-JAG (RFC 8693) nor present one as a JWT bearer grant",
-    ),
-    (
-        "auth/dpop",
-        "Quiver's client does not bind tokens with DPoP proofs (RFC 9449)",
-    ),
-    (
-        "auth/dpop-nonce",
-        "Quiver's client does not bind tokens with DPoP proofs (RFC 9449)",
-    ),
-    (
         "sep-2322-client-request-state",
         "`quiver mcp call` makes one call per process and finishes its input_required retries alone, so no unrelated request is ever sent while one is pending",
     ),
@@ -652,6 +640,7 @@ fn auth_dpop() {
         &[
             "sep-1932-client-token-request-proof",
             "sep-1932-client-dpop-auth-scheme",
+            "sep-1932-client-fresh-proof",
         ],
     );
 }
@@ -663,6 +652,8 @@ fn auth_dpop_nonce() {
         Wire::Stateless2026,
         &[
             "sep-1932-client-token-request-proof",
+            "sep-1932-client-dpop-auth-scheme",
+            "sep-1932-client-fresh-proof",
             "sep-1932-client-as-nonce",
             "sep-1932-client-rs-nonce",
         ],

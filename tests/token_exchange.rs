@@ -393,3 +393,203 @@ async fn the_node_takes_the_subject_token_from_its_header_and_never_shows_it() {
     shows_no_secret(&refused.json.to_string());
     shows_no_secret(&node.stderr());
 }
+
+// Enterprise-managed authorization (`kind = "oauth_enterprise_managed"`): the task's ID
+// token is exchanged at a real IdP for an ID-JAG, redeemed at the server's real
+// authorization server for the token the fixture checks.
+
+const IDP_SECRET: &str = "idp-s3cret";
+const ID_JAG: &str = "urn:ietf:params:oauth:token-type:id-jag";
+
+fn ema_table(issuer: &str, idp: &str, idp_token_url: &str, extra: &str) -> String {
+    format!(
+        "kind = \"oauth_enterprise_managed\"\nservers = [\"secure\"]\norigins = [\"http://127.0.0.1:*\"]\nclient_id = \"quiver\"\nclient_secret_env = \"QUIVER_TEST_EMA_SECRET\"\nissuer = {issuer:?}\nidp_issuer = {idp:?}\nidp_token_url = {idp_token_url:?}\nidp_client_id = \"quiver-idp\"\n{extra}"
+    )
+}
+
+fn shows_no_ema_secret(text: &str) {
+    shows_no_secret(text);
+    assert!(!text.contains(IDP_SECRET), "{text}");
+    assert!(!text.contains("eyJ"), "a token in: {text}");
+}
+
+#[tokio::test]
+async fn an_id_token_becomes_an_id_jag_at_the_idp_then_a_token_at_the_servers_authorization_server()
+{
+    let idp = TokenServer::start_with(
+        "quiver-idp",
+        IDP_SECRET,
+        Duration::from_secs(3600),
+        AsOptions {
+            id_jag_client_id: Some("quiver".into()),
+            ..AsOptions::default()
+        },
+    );
+    let tokens = TokenServer::start("quiver", SECRET, Duration::from_secs(3600)).await;
+    let server = FixtureHttp::spawn("http", &["--bearer-introspect", &tokens.introspect_url()]);
+    // SAFETY: tests in this binary use distinct variable names.
+    unsafe {
+        std::env::set_var("QUIVER_TEST_EMA_SECRET", SECRET);
+        std::env::set_var("QUIVER_TEST_EMA_IDP_SECRET", IDP_SECRET);
+    }
+    let registry = registry(server.url());
+    let host = host(
+        &registry,
+        &ema_table(
+            &tokens.issuer(),
+            &idp.issuer(),
+            &idp.token_url(),
+            "idp_client_secret_env = \"QUIVER_TEST_EMA_IDP_SECRET\"\n",
+        ),
+    );
+
+    assert_eq!(whoami(&host, &task(Some(ALICE))).await.unwrap(), "tok-1-");
+    assert_eq!(whoami(&host, &task(Some(ALICE))).await.unwrap(), "tok-1-");
+    assert_eq!(whoami(&host, &task(Some(BOB))).await.unwrap(), "tok-2-");
+
+    let at_idp = idp.token_requests();
+    assert_eq!(at_idp.len(), 2, "one ID-JAG per ID token: {at_idp:?}");
+    let at_as = tokens.token_requests();
+    assert_eq!(at_as.len(), 2, "{at_as:?}");
+    for ((exchange, redemption), subject) in at_idp.iter().zip(&at_as).zip([ALICE, BOB]) {
+        assert_eq!(
+            exchange.grant_type,
+            "urn:ietf:params:oauth:grant-type:token-exchange"
+        );
+        assert_eq!(exchange.subject_token.as_deref(), Some(subject));
+        assert_eq!(exchange.requested_token_type.as_deref(), Some(ID_JAG));
+        assert_eq!(exchange.audience.as_deref(), Some(tokens.issuer().as_str()));
+        assert_eq!(exchange.resource.as_deref(), Some(server.url()));
+        assert_eq!(exchange.auth_method, "client_secret_basic");
+        let jag = exchange.issued.as_deref().expect("an ID-JAG");
+
+        assert_eq!(
+            redemption.grant_type,
+            "urn:ietf:params:oauth:grant-type:jwt-bearer"
+        );
+        assert_eq!(redemption.assertion.as_deref(), Some(jag));
+        assert_eq!(
+            redemption.subject_token, None,
+            "the ID token stays at the IdP"
+        );
+        assert_eq!(redemption.client_id.as_deref(), Some("quiver"));
+        assert_eq!(redemption.auth_method, "client_secret_basic");
+        assert!(redemption.issued.is_some());
+    }
+
+    let error = whoami(&host, &task(None)).await.unwrap_err();
+    assert!(
+        error
+            .message
+            .contains("oauth_enterprise_managed auth `xchg` exchanges the task's subject token"),
+        "{}",
+        error.message
+    );
+    host.shutdown().await;
+}
+
+#[tokio::test]
+async fn hostile_idp_answers_are_refused_naming_the_step_and_nothing_is_redeemed() {
+    let tokens = TokenServer::start("quiver", SECRET, Duration::from_secs(3600)).await;
+    let server = FixtureHttp::spawn("http", &["--bearer-introspect", &tokens.introspect_url()]);
+    // SAFETY: tests in this binary use distinct variable names.
+    unsafe { std::env::set_var("QUIVER_TEST_EMA_SECRET", SECRET) };
+    let registry = registry(server.url());
+    let jag = |aud: &str| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let b64 = |v: serde_json::Value| quiver_tests::oauth::base64url(v.to_string().as_bytes());
+        format!(
+            "{}.{}.c2ln",
+            b64(serde_json::json!({"alg": "ES256", "typ": "oauth-id-jag+jwt"})),
+            b64(serde_json::json!({
+                "iss": "http://127.0.0.1:1", "sub": "u", "aud": aud, "client_id": "quiver",
+                "jti": "j", "iat": now, "exp": now + 300,
+            })),
+        )
+    };
+    let answer = |token: &str| {
+        serde_json::json!({"access_token": token, "issued_token_type": ID_JAG, "token_type": "N_A"})
+            .to_string()
+    };
+    let huge = format!(
+        "{{\"access_token\":\"x\",\"pad\":\"{}\"}}",
+        "x".repeat(2 * 1024 * 1024)
+    );
+    for (body, expected) in [
+        (huge, "EMA request to IdentityProvider failed"),
+        (answer("not-a-jwt"), "ID-JAG must be a compact signed JWT"),
+        (
+            answer(&jag("https://other-as.example")),
+            "type, issuer, audience, client, subject, or JWT ID mismatch",
+        ),
+        (
+            serde_json::json!({"access_token": "x", "issued_token_type": ID_JAG, "token_type": "Bearer"}).to_string(),
+            "unsupported ID-JAG token type",
+        ),
+        ("[1,2".to_owned(), "malformed token response"),
+    ] {
+        let (idp_token_url, _idp) = answering(body);
+        let host = host(
+            &registry,
+            &ema_table(&tokens.issuer(), "http://127.0.0.1:1", &idp_token_url, ""),
+        );
+        let error = whoami(&host, &task(Some(ALICE))).await.unwrap_err();
+        assert_eq!(error.code, McpErrorCode::Unavailable, "{error}");
+        assert!(
+            error.message.contains("the IdP token endpoint (ID-JAG request)")
+                && error.message.contains(&idp_token_url)
+                && error.message.contains(expected),
+            "{expected}: {}",
+            error.message
+        );
+        shows_no_ema_secret(&error.message);
+        host.shutdown().await;
+    }
+    assert_eq!(tokens.token_request_count(), 0, "no ID-JAG was redeemed");
+}
+
+#[test]
+fn an_idp_outside_the_credentials_origins_never_gets_the_id_token() {
+    let load = |table: &str| {
+        let config: AuthConfig = toml::from_str(table).unwrap();
+        let host = HostConfig {
+            auth: BTreeMap::from([("xchg".to_owned(), config)]),
+            ..HostConfig::default()
+        };
+        host_builder(&RegistryDir::new())
+            .with_config(host, ".")
+            .build()
+            .err()
+            .map(|e| e.to_string())
+    };
+    let elsewhere = ema_table(
+        "http://127.0.0.1:2",
+        "https://idp.example",
+        "https://idp.example/token",
+        "",
+    );
+    let error = load(&elsewhere).expect("refused");
+    assert!(
+        error.contains("auth.xchg.origins")
+            && error.contains("add its origin \"https://idp.example\" to origins"),
+        "{error}"
+    );
+    let in_clear = ema_table(
+        "http://127.0.0.1:2",
+        "https://127.0.0.1:3",
+        "http://127.0.0.1:3/token",
+        "",
+    );
+    let error = load(&in_clear).expect("refused");
+    assert!(
+        error.contains("auth.xchg.idp_token_url") && error.contains("travel in clear"),
+        "{error}"
+    );
+    let unknown = toml::from_str::<AuthConfig>(&ema_table("a", "b", "c", "idp_secret = \"x\"\n"))
+        .unwrap_err()
+        .to_string();
+    assert!(unknown.contains("unknown field `idp_secret`"), "{unknown}");
+}

@@ -597,3 +597,234 @@ async fn metadata_redirecting_to_another_host_is_not_followed() {
     );
     assert!(tokens.authorizations().is_empty() && tokens.issued_count() == 0);
 }
+
+// DPoP (`dpop = true`): sender-constrained tokens, and authorization and MCP servers that
+// do not bind them, ask for nonces forever or give unusable ones.
+
+/// A host whose credential asks for DPoP-bound tokens, with a browser to ask.
+fn dpop_host(registry: &RegistryDir, grants: &Path, browser: Arc<Browser>) -> Host {
+    quiver_tests::init_logging();
+    let auth: AuthConfig = toml::from_str(&format!("{AUTH_TOML}dpop = true\n")).unwrap();
+    let config = HostConfig {
+        auth: BTreeMap::from([("people".to_owned(), auth)]),
+        ..host_config()
+    };
+    host_builder(registry)
+        .with_config(config, ".")
+        .with_connect_timeout(Duration::from_secs(10))
+        .with_grant_store(Arc::new(DirGrantStore::new(grants)))
+        .with_user_authorizer(browser)
+        .build()
+        .unwrap()
+}
+
+fn dpop_server(dpop: Option<quiver_tests::oauth::DpopMode>) -> TokenServer {
+    TokenServer::start_with(
+        "unused",
+        "unused",
+        Duration::from_secs(3600),
+        AsOptions {
+            dpop,
+            ..AsOptions::default()
+        },
+    )
+}
+
+fn code_requests(tokens: &TokenServer) -> usize {
+    tokens
+        .token_requests()
+        .iter()
+        .filter(|r| r.grant_type == "authorization_code")
+        .count()
+}
+
+#[tokio::test]
+async fn dpop_is_refused_where_the_authorization_server_does_not_bind_tokens() {
+    use quiver_tests::oauth::DpopMode;
+    let huge_nonce = "n".repeat(600);
+    let cases: [(Option<DpopMode>, &str, usize); 4] = [
+        // No DPoP offered: refused before a person is asked.
+        (
+            None,
+            "dpop = true, and the authorization server offers DPoP with [] (dpop_signing_alg_values_supported), not ES256",
+            0,
+        ),
+        // A bearer token despite the proof: no silent downgrade.
+        (Some(DpopMode::Unbound), "not DPoP-bound", 1),
+        // A nonce asked for again and again: one retry, then the flow's error.
+        (Some(DpopMode::NonceLoop), "use_dpop_nonce", 2),
+        // A nonce no one should send back: not retried.
+        (
+            Some(DpopMode::Bind {
+                nonce: Some(huge_nonce.clone()),
+            }),
+            "use_dpop_nonce",
+            1,
+        ),
+    ];
+    for (mode, expected, code_requests_made) in cases {
+        let asked = mode.is_some();
+        let tokens = dpop_server(mode.clone());
+        let server = protected_fixture(&tokens);
+        let registry = registry_for(&server);
+        let grants = tempfile::tempdir().unwrap();
+        let browser = Arc::new(Browser::default());
+        let host = dpop_host(&registry, grants.path(), browser.clone());
+        let error = whoami(&host, &task_as("alice")).await.unwrap_err();
+        assert!(
+            error.message.contains(expected),
+            "{mode:?}: {}",
+            error.message
+        );
+        assert!(!error.message.contains(&huge_nonce), "{}", error.message);
+        assert_eq!(browser.prompt_count(), usize::from(asked), "{mode:?}");
+        assert_eq!(code_requests(&tokens), code_requests_made, "{mode:?}");
+        if asked {
+            // Every token request carried a proof the server could check.
+            assert!(
+                tokens
+                    .dpop_outcomes()
+                    .iter()
+                    .all(|o| o.is_ok() || o.as_ref().unwrap_err() == "no nonce"),
+                "{mode:?}: {:?}",
+                tokens.dpop_outcomes()
+            );
+        }
+        assert_no_token_in(&tokens, "the error", &error.message);
+        host.shutdown().await;
+    }
+}
+
+/// An MCP server behind `issuer` that takes DPoP tokens only, and answers every one with a
+/// new `use_dpop_nonce` challenge; the headers of each request are kept.
+fn nonce_demanding_server(
+    issuer: String,
+) -> (
+    String,
+    quiver_tests::serve::BackgroundServer,
+    Arc<Mutex<Vec<axum::http::HeaderMap>>>,
+) {
+    use axum::http::{HeaderMap, StatusCode, header};
+    let bound = quiver_tests::serve::Bound::new("nonce-demanding MCP server");
+    let base = format!("http://{}", bound.addr);
+    let url = format!("{base}/mcp");
+    let metadata = format!("{base}/.well-known/oauth-protected-resource/mcp");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let kept = seen.clone();
+    let resource = url.clone();
+    let router = axum::Router::new()
+        .route(
+            "/.well-known/oauth-protected-resource/mcp",
+            axum::routing::get(move || async move {
+                axum::Json(serde_json::json!({
+                    "resource": resource, "authorization_servers": [issuer],
+                }))
+            }),
+        )
+        .route(
+            "/mcp",
+            axum::routing::any(move |headers: HeaderMap| {
+                let kept = kept.clone();
+                let metadata = metadata.clone();
+                async move {
+                    let authorized = headers.contains_key(header::AUTHORIZATION);
+                    kept.lock().unwrap().push(headers);
+                    let nonce = format!("nonce-{}", kept.lock().unwrap().len());
+                    let challenge = match authorized {
+                        false => format!("DPoP resource_metadata=\"{metadata}\""),
+                        true => format!(
+                            "DPoP error=\"use_dpop_nonce\", resource_metadata=\"{metadata}\""
+                        ),
+                    };
+                    (
+                        StatusCode::UNAUTHORIZED,
+                        [
+                            (header::WWW_AUTHENTICATE, challenge),
+                            (header::HeaderName::from_static("dpop-nonce"), nonce),
+                        ],
+                    )
+                }
+            }),
+        );
+    (url, bound.serve("nonce-demanding MCP server", router), seen)
+}
+
+#[tokio::test]
+async fn a_server_that_keeps_asking_for_dpop_nonces_fails_the_call_after_one_retry() {
+    use quiver_tests::oauth::{DpopMode, jwt_claims};
+    let tokens = dpop_server(Some(DpopMode::Bind {
+        nonce: Some("as-nonce".into()),
+    }));
+    let (url, _server, seen) = nonce_demanding_server(tokens.issuer());
+    let registry = RegistryDir::new();
+    registry.write(
+        "users.toml",
+        &format!(
+            "server_id = {SERVER:?}\ntransport = \"streamable_http\"\nallowed_tools = [\"*\"]\n[http]\nurl = {url:?}\nauth_ref = \"people\"\n[budgets]\ntool_timeout_ms = 5000\n"
+        ),
+    );
+    let grants = tempfile::tempdir().unwrap();
+    let browser = Arc::new(Browser::default());
+    let host = dpop_host(&registry, grants.path(), browser.clone());
+    let error = whoami(&host, &task_as("alice")).await.unwrap_err();
+    assert!(
+        error
+            .message
+            .contains("asks for a DPoP nonce (use_dpop_nonce)"),
+        "{}",
+        error.message
+    );
+    host.shutdown().await;
+
+    // The token came after one nonce retry at the authorization server, bound to the key.
+    let outcomes = tokens.dpop_outcomes();
+    assert_eq!(outcomes[0], Err("no nonce".into()), "{outcomes:?}");
+    let jkt = outcomes[1].clone().expect("the retried proof was good");
+    let token = tokens
+        .token_requests()
+        .iter()
+        .find_map(|r| r.issued.clone())
+        .expect("a token");
+
+    // Each try at the server: `DPoP <token>`, a fresh proof for the request bound to the
+    // token, the server's last nonce in the retry; and no more than a nonce retry's worth.
+    let seen = seen.lock().unwrap();
+    let authorized: Vec<_> = seen
+        .iter()
+        .filter(|h| h.contains_key(axum::http::header::AUTHORIZATION))
+        .collect();
+    assert!(
+        (2..=6).contains(&authorized.len()),
+        "{} authorized requests",
+        authorized.len()
+    );
+    let mut jtis = std::collections::HashSet::new();
+    for headers in &authorized {
+        let authorization = headers[axum::http::header::AUTHORIZATION].to_str().unwrap();
+        assert_eq!(authorization, format!("DPoP {token}"));
+        let proof = headers["dpop"].to_str().unwrap();
+        let claims = jwt_claims(proof).unwrap();
+        assert_eq!(claims["htu"], url.as_str());
+        assert!(claims["ath"].is_string());
+        assert!(
+            jtis.insert(claims["jti"].as_str().unwrap().to_owned()),
+            "replayed jti"
+        );
+    }
+    assert!(
+        authorized.iter().any(
+            |h| jwt_claims(h["dpop"].to_str().unwrap()).unwrap()["nonce"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("nonce-"))
+        ),
+        "the server's nonce was sent back"
+    );
+    // The key stays in the grant, beside the token bound to it; neither in the error.
+    let files = grant_files(grants.path());
+    let grant = std::fs::read_to_string(&files[0]).unwrap();
+    let stored: serde_json::Value = serde_json::from_str(&grant).unwrap();
+    let key = stored["dpop_key"].as_str().expect("the key is kept");
+    assert!(!error.message.contains(key));
+    assert!(!jkt.is_empty());
+    assert_no_token_in(&tokens, "the error", &error.message);
+}

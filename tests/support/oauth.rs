@@ -20,6 +20,21 @@
 //!   `401 {"error": "invalid_client"}`, another grant type `400 {"error":
 //!   "unsupported_grant_type"}`, a request without `grant_type` `400 {"error":
 //!   "invalid_request"}`. Every request is recorded, see [`TokenServer::token_requests`].
+//! - As an enterprise IdP ([`AsOptions::id_jag_client_id`]): a token exchange with
+//!   `requested_token_type=urn:ietf:params:oauth:token-type:id-jag` answers with an ID-JAG
+//!   (`typ` `oauth-id-jag+jwt`, `iss` = the issuer, `aud` = the `audience`, `client_id`
+//!   = the option, `resource`, `scope` when asked, a random signature no one checks),
+//!   `token_type` `N_A`. As the MCP server's authorization server: the RFC 7523
+//!   `grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer` with an `assertion` whose
+//!   `aud` is this issuer (else `400 invalid_grant`) is answered like client credentials;
+//!   the assertion is recorded.
+//! - DPoP (RFC 9449, [`AsOptions::dpop`]) for the authorization code and refresh grants:
+//!   the metadata lists `dpop_signing_alg_values_supported: ["ES256"]`, and the `DPoP`
+//!   proof is checked (`typ` `dpop+jwt`, ES256 signature by its `jwk`, no private part,
+//!   `htm` POST, `htu` the token endpoint, `iat` within 5 minutes, a `jti` never seen
+//!   before); a bad or missing one is `400 invalid_dpop_proof`, a token is issued with
+//!   `token_type` `DPoP`. See [`DpopMode`] for nonces and hostile modes;
+//!   [`TokenServer::dpop_outcomes`] records each check.
 //! - `POST /introspect` (form `token=...`): `{"active": true, "client_id", "exp", "scope"?,
 //!   "token_type": "Bearer"}` while the token is issued, not revoked and not expired (by the
 //!   real clock), else `{"active": false}`.
@@ -77,6 +92,8 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 
 const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
+const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+const ID_JAG: &str = "urn:ietf:params:oauth:token-type:id-jag";
 
 /// One `POST /token` request, successful or not.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +113,12 @@ pub struct TokenRequest {
     pub subject_token: Option<String>,
     /// The `audience` of a token exchange.
     pub audience: Option<String>,
+    /// The `requested_token_type` of a token exchange.
+    pub requested_token_type: Option<String>,
+    /// The `assertion` of a JWT bearer grant.
+    pub assertion: Option<String>,
+    /// With DPoP: the proof key's thumbprint, or why the proof was refused.
+    pub dpop: Option<Result<String, String>>,
     /// The access token issued, or `None` if the request was refused.
     pub issued: Option<String>,
     /// The refresh token issued with it (authorization code and refresh grants).
@@ -148,6 +171,8 @@ struct Inner {
     refresh_tokens: HashMap<String, UserGrant>,
     authorizations: Vec<AuthorizeRequest>,
     metadata_requests: usize,
+    /// The `jti`s of DPoP proofs seen.
+    dpop_jtis: std::collections::HashSet<String>,
 }
 
 struct Shared {
@@ -179,6 +204,23 @@ pub struct AsOptions {
     pub metadata_redirect: Option<String>,
     /// Hostile: the `iss` of the authorization response instead of the issuer.
     pub authorize_iss: Option<String>,
+    /// Acts as an enterprise IdP: ID-JAGs for this client (at the MCP server's
+    /// authorization server) are issued for token exchanges asking for one.
+    pub id_jag_client_id: Option<String>,
+    /// DPoP at the token endpoint for user grants.
+    pub dpop: Option<DpopMode>,
+}
+
+/// How a [`TokenServer`] treats DPoP proofs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DpopMode {
+    /// Checks proofs and binds tokens; with a nonce, a proof without it gets
+    /// `400 use_dpop_nonce` and `DPoP-Nonce: <nonce>`.
+    Bind { nonce: Option<String> },
+    /// Hostile: every token request gets `400 use_dpop_nonce` with a new nonce.
+    NonceLoop,
+    /// Hostile: proofs are ignored and tokens are bearer tokens.
+    Unbound,
 }
 
 impl Default for AsOptions {
@@ -191,6 +233,8 @@ impl Default for AsOptions {
             metadata_delay: Duration::ZERO,
             metadata_redirect: None,
             authorize_iss: None,
+            id_jag_client_id: None,
+            dpop: None,
         }
     }
 }
@@ -267,6 +311,16 @@ impl TokenServer {
             shared,
             _server: server,
         }
+    }
+
+    /// Each DPoP check of a token request: the key's thumbprint, or why it was refused.
+    pub fn dpop_outcomes(&self) -> Vec<Result<String, String>> {
+        self.shared
+            .lock()
+            .requests
+            .iter()
+            .filter_map(|r| r.dpop.clone())
+            .collect()
     }
 
     /// The server's address.
@@ -450,6 +504,9 @@ async fn token(
         resource: field("resource"),
         subject_token: field("subject_token"),
         audience: field("audience"),
+        requested_token_type: field("requested_token_type"),
+        assertion: field("assertion"),
+        dpop: None,
         issued: None,
         refresh_issued: None,
     };
@@ -458,15 +515,34 @@ async fn token(
         "authorization_code" | "refresh_token"
     ) {
         let client_id = client_id.or_else(|| field("client_id"));
-        return user_token(&shared, request, client_id, &form);
+        let bound = match check_dpop(&shared, &headers, &mut request) {
+            Ok(bound) => bound,
+            Err(refused) => {
+                shared.lock().requests.push(request);
+                return *refused;
+            }
+        };
+        return user_token(&shared, request, client_id, &form, bound);
     }
     let exchange = request.grant_type == TOKEN_EXCHANGE;
+    let jwt_bearer = request.grant_type == JWT_BEARER;
+    let id_jag = exchange
+        && request.requested_token_type.as_deref() == Some(ID_JAG)
+        && shared.options.id_jag_client_id.is_some();
 
     let mut inner = shared.lock();
     let refusal = if request.grant_type.is_empty() {
         Some((StatusCode::BAD_REQUEST, "invalid_request"))
-    } else if request.grant_type != "client_credentials" && !exchange {
+    } else if request.grant_type != "client_credentials" && !exchange && !jwt_bearer {
         Some((StatusCode::BAD_REQUEST, "unsupported_grant_type"))
+    } else if jwt_bearer
+        && request
+            .assertion
+            .as_deref()
+            .and_then(jwt_claims)
+            .is_none_or(|claims| claims["aud"] != shared.issuer.as_str())
+    {
+        Some((StatusCode::BAD_REQUEST, "invalid_grant"))
     } else if exchange
         && (request.subject_token.as_deref().is_none_or(str::is_empty)
             || field("subject_token_type").is_none())
@@ -493,7 +569,10 @@ async fn token(
         return response;
     }
 
-    let access_token = format!("tok-{}-{}", inner.tokens.len() + 1, random_hex());
+    let access_token = match (id_jag, &shared.options.id_jag_client_id) {
+        (true, Some(client)) => issue_id_jag(&shared.issuer, client, &request),
+        _ => format!("tok-{}-{}", inner.tokens.len() + 1, random_hex()),
+    };
     inner.tokens.insert(
         access_token.clone(),
         Issued {
@@ -523,7 +602,73 @@ async fn token(
                 .unwrap_or_else(|| "urn:ietf:params:oauth:token-type:access_token".into())
         );
     }
+    if id_jag {
+        body["token_type"] = json!("N_A");
+    }
     json_response(StatusCode::OK, body)
+}
+
+/// An ID-JAG for `request` (an IdP's answer): addressed to its `audience`, for `client`,
+/// the user named by a hash of the subject token; the signature is random bytes.
+fn issue_id_jag(issuer: &str, client: &str, request: &TokenRequest) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    hasher.write(
+        request
+            .subject_token
+            .as_deref()
+            .unwrap_or_default()
+            .as_bytes(),
+    );
+    let mut claims = json!({
+        "iss": issuer,
+        "sub": format!("user-{:016x}", hasher.finish()),
+        "aud": request.audience,
+        "client_id": client,
+        "jti": random_hex(),
+        "iat": now,
+        "exp": now + 300,
+    });
+    if let Some(resource) = &request.resource {
+        claims["resource"] = json!(resource);
+    }
+    if let Some(scope) = &request.scope {
+        claims["scope"] = json!(scope);
+    }
+    let header = json!({"alg": "ES256", "typ": "oauth-id-jag+jwt"});
+    format!(
+        "{}.{}.{}",
+        base64url(header.to_string().as_bytes()),
+        base64url(claims.to_string().as_bytes()),
+        base64url(random_hex().as_bytes())
+    )
+}
+
+/// The claims of a compact JWT, unverified.
+pub fn jwt_claims(jwt: &str) -> Option<Value> {
+    let payload = jwt.split('.').nth(1)?;
+    serde_json::from_slice(&base64_decode(
+        &payload.replace('-', "+").replace('_', "/"),
+    )?)
+    .ok()
+}
+
+/// Base64url without padding (for JWTs tests build).
+pub fn base64url(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ALPHABET[(n >> (18 - 6 * i) & 63) as usize]));
+        }
+    }
+    out
 }
 
 async fn introspect(State(shared): State<Arc<Shared>>, body: Bytes) -> Response<Body> {
@@ -586,6 +731,9 @@ async fn metadata(State(shared): State<Arc<Shared>>) -> Response<Body> {
     });
     if options.metadata_padding > 0 {
         body["padding"] = json!("x".repeat(options.metadata_padding));
+    }
+    if options.dpop.is_some() {
+        body["dpop_signing_alg_values_supported"] = json!(["ES256"]);
     }
     json_response(StatusCode::OK, body)
 }
@@ -713,6 +861,7 @@ fn user_token(
     mut request: TokenRequest,
     client_id: Option<String>,
     form: &HashMap<String, String>,
+    dpop_bound: bool,
 ) -> Response<Body> {
     let field = |name: &str| form.get(name).cloned().unwrap_or_default();
     let mut inner = shared.lock();
@@ -760,7 +909,7 @@ fn user_token(
     drop(inner);
     let mut body = json!({
         "access_token": access_token,
-        "token_type": "Bearer",
+        "token_type": if dpop_bound { "DPoP" } else { "Bearer" },
         "expires_in": shared.ttl.as_secs().max(1),
         "refresh_token": refresh_token,
     });
@@ -768,6 +917,115 @@ fn user_token(
         body["scope"] = json!(scope);
     }
     json_response(StatusCode::OK, body)
+}
+
+/// The DPoP check of a user grant's token request: `Ok(true)` binds the token, `Ok(false)`
+/// issues a bearer token, `Err` is the refusal to send.
+fn check_dpop(
+    shared: &Shared,
+    headers: &HeaderMap,
+    request: &mut TokenRequest,
+) -> Result<bool, Box<Response<Body>>> {
+    let Some(mode) = &shared.options.dpop else {
+        return Ok(false);
+    };
+    let ask_nonce = |nonce: &str, request: &mut TokenRequest| {
+        request.dpop = Some(Err("no nonce".into()));
+        let mut response = json_response(
+            StatusCode::BAD_REQUEST,
+            json!({"error": "use_dpop_nonce", "error_description": "a nonce is needed"}),
+        );
+        if let Ok(value) = header::HeaderValue::from_str(nonce) {
+            response.headers_mut().insert("dpop-nonce", value);
+        }
+        response
+    };
+    let nonce = match mode {
+        DpopMode::Unbound => return Ok(false),
+        DpopMode::NonceLoop => return Err(Box::new(ask_nonce(&random_hex(), request))),
+        DpopMode::Bind { nonce } => nonce,
+    };
+    let proof = headers.get("dpop").and_then(|v| v.to_str().ok());
+    let checked = match proof {
+        Some(proof) => verify_dpop(shared, proof, &format!("{}/token", shared.issuer)),
+        None => Err("no DPoP proof".to_owned()),
+    };
+    let claims = match checked {
+        Ok(claims) => claims,
+        Err(why) => {
+            request.dpop = Some(Err(why.clone()));
+            return Err(Box::new(json_response(
+                StatusCode::BAD_REQUEST,
+                json!({"error": "invalid_dpop_proof", "error_description": why}),
+            )));
+        }
+    };
+    if let Some(nonce) = nonce
+        && claims.1["nonce"] != nonce.as_str()
+    {
+        return Err(Box::new(ask_nonce(nonce, request)));
+    }
+    request.dpop = Some(Ok(claims.0));
+    Ok(true)
+}
+
+/// Checks a DPoP proof for `POST htu`: its key's thumbprint and its claims.
+fn verify_dpop(shared: &Shared, proof: &str, htu: &str) -> Result<(String, Value), String> {
+    let parts: Vec<&str> = proof.split('.').collect();
+    let [header, claims, signature] = parts[..] else {
+        return Err("not a compact JWT".into());
+    };
+    let decode = |part: &str| base64_decode(&part.replace('-', "+").replace('_', "/"));
+    let header: Value = serde_json::from_slice(&decode(header).ok_or("header base64")?)
+        .map_err(|e| format!("header: {e}"))?;
+    if header["typ"] != "dpop+jwt" || header["alg"] != "ES256" {
+        return Err(format!("typ/alg {header}"));
+    }
+    let jwk = &header["jwk"];
+    if jwk.get("d").is_some() || jwk["kty"] != "EC" || jwk["crv"] != "P-256" {
+        return Err("jwk is not a public P-256 key".into());
+    }
+    let coordinate = |name: &str| decode(jwk[name].as_str().unwrap_or_default());
+    let (Some(x), Some(y)) = (coordinate("x"), coordinate("y")) else {
+        return Err("jwk coordinates".into());
+    };
+    let point = [&[4u8][..], &x, &y].concat();
+    let signature = decode(signature).ok_or("signature base64")?;
+    ring::signature::UnparsedPublicKey::new(&ring::signature::ECDSA_P256_SHA256_FIXED, point)
+        .verify(
+            &proof.as_bytes()[..proof.rfind('.').unwrap_or(0)],
+            &signature,
+        )
+        .map_err(|_| "bad signature")?;
+    let claims: Value = serde_json::from_slice(&decode(claims).ok_or("claims base64")?)
+        .map_err(|e| format!("claims: {e}"))?;
+    if claims["htm"] != "POST" {
+        return Err(format!("htm {}", claims["htm"]));
+    }
+    if claims["htu"] != htu {
+        return Err(format!("htu {} is not {htu}", claims["htu"]));
+    }
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    if claims["iat"]
+        .as_u64()
+        .is_none_or(|iat| iat.abs_diff(now) > 300)
+    {
+        return Err(format!("iat {}", claims["iat"]));
+    }
+    let jti = claims["jti"].as_str().unwrap_or_default().to_owned();
+    if jti.is_empty() || !shared.lock().dpop_jtis.insert(jti) {
+        return Err("replayed or missing jti".into());
+    }
+    let thumbprint_input = format!(
+        "{{\"crv\":\"P-256\",\"kty\":\"EC\",\"x\":\"{}\",\"y\":\"{}\"}}",
+        jwk["x"].as_str().unwrap_or_default(),
+        jwk["y"].as_str().unwrap_or_default()
+    );
+    use sha2::Digest;
+    let jkt = base64url(&sha2::Sha256::digest(thumbprint_input.as_bytes()));
+    Ok((jkt, claims))
 }
 
 /// BASE64URL(SHA256(verifier)) without padding (RFC 7636 §4.2).
@@ -960,6 +1218,76 @@ mod tests {
         answer.json()
     }
 
+    /// A DPoP proof for `POST htu` signed with `key`, with `jti`.
+    fn dpop_proof(key: &ring::signature::EcdsaKeyPair, htu: &str, jti: &str) -> String {
+        use ring::signature::KeyPair;
+        let point = key.public_key().as_ref();
+        let header = json!({"typ": "dpop+jwt", "alg": "ES256", "jwk": {
+            "kty": "EC", "crv": "P-256",
+            "x": base64url(&point[1..33]), "y": base64url(&point[33..]),
+        }});
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let claims = json!({"htm": "POST", "htu": htu, "iat": now, "jti": jti});
+        let input = format!(
+            "{}.{}",
+            base64url(header.to_string().as_bytes()),
+            base64url(claims.to_string().as_bytes())
+        );
+        let rng = ring::rand::SystemRandom::new();
+        let signature = key.sign(&rng, input.as_bytes()).unwrap();
+        format!("{input}.{}", base64url(signature.as_ref()))
+    }
+
+    #[tokio::test]
+    async fn dpop_proofs_are_checked_and_a_replayed_or_misaddressed_one_is_refused() {
+        let server = TokenServer::start_with(
+            "c",
+            "s",
+            Duration::from_secs(60),
+            AsOptions {
+                dpop: Some(DpopMode::Bind { nonce: None }),
+                ..AsOptions::default()
+            },
+        );
+        let rng = ring::rand::SystemRandom::new();
+        let pkcs8 = ring::signature::EcdsaKeyPair::generate_pkcs8(
+            &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+            &rng,
+        )
+        .unwrap();
+        let key = ring::signature::EcdsaKeyPair::from_pkcs8(
+            &ring::signature::ECDSA_P256_SHA256_FIXED_SIGNING,
+            pkcs8.as_ref(),
+            &rng,
+        )
+        .unwrap();
+        let token_url = server.token_url();
+        let good = dpop_proof(&key, &token_url, "j1");
+        let body = "grant_type=refresh_token&refresh_token=none&client_id=c";
+        // A valid proof passes the DPoP check (the made-up refresh token does not).
+        let answer = post_form(&server, "/token", &[("dpop", &good)], body).await;
+        assert_eq!(answer.json()["error"], "invalid_grant");
+        // The same proof again, one for another URL, and none: refused.
+        let other = dpop_proof(&key, "http://127.0.0.1:1/token", "j2");
+        for proof in [Some(good.as_str()), Some(other.as_str()), None] {
+            let extra: Vec<(&str, &str)> = proof.map(|p| ("dpop", p)).into_iter().collect();
+            let answer = post_form(&server, "/token", &extra, body).await;
+            assert_eq!(answer.status, 400);
+            assert_eq!(answer.json()["error"], "invalid_dpop_proof");
+        }
+        let outcomes = server.dpop_outcomes();
+        assert!(outcomes[0].is_ok(), "{outcomes:?}");
+        assert_eq!(outcomes[1], Err("replayed or missing jti".into()));
+        assert!(
+            outcomes[2].as_ref().unwrap_err().starts_with("htu"),
+            "{outcomes:?}"
+        );
+        assert_eq!(outcomes[3], Err("no DPoP proof".into()));
+    }
+
     #[test]
     fn helpers_decode_forms_and_basic_credentials() {
         let form = parse_form(b"a=1&b=x+y%2Fz&a=2&flag&c=%zz&d=%4");
@@ -1025,6 +1353,9 @@ mod tests {
                 resource: Some("http://127.0.0.1:1/mcp".into()),
                 subject_token: None,
                 audience: None,
+                requested_token_type: None,
+                assertion: None,
+                dpop: None,
                 issued: Some(token.clone()),
                 refresh_issued: None,
             }]

@@ -591,3 +591,11 @@ pub const MAX_SERVER_ERROR_BYTES: usize = 512;
 /// a summary for a person, not the listing (`GET .../tools` gives all of them). Keeps the
 /// answer small whatever the server lists.
 pub const PROBE_TOOL_NAMES: usize = 20;
+
+/// Times a DPoP request (token or MCP) is made again with the nonce a `use_dpop_nonce`
+/// answer gives (RFC 9449 §8, §9): one is what a nonce needs; more would let a server that
+/// keeps asking make the host loop.
+pub const DPOP_NONCE_RETRIES: u32 = 1;
+
+/// Largest `DPoP-Nonce` the host sends back; a server's longer one is refused.
+pub const DPOP_MAX_NONCE_BYTES: usize = 512;

@@ -84,10 +84,10 @@ pub use mcp::{
     ApiKeyConfig, AuthConfig, AuthorizationPrompt, AuthorizeError, DirGrantStore, EgressConfig,
     Grant, GrantKey, GrantStatus, GrantStore, GrantStoreError, LaunchConfig, LaunchRules, McpError,
     McpErrorCode, McpHostConfig, MemoryGrantStore, OAuthAuthorizationCodeConfig,
-    OAuthClientCredentialsConfig, OAuthJwtBearerConfig, OAuthTokenExchangeConfig, PoolLimits,
-    PoolUsage, REGISTRY_GRANTS_DIR, Registration, ServerState, ServerStatus, SigningAlg,
-    SubjectToken, SubjectTokenError, TokenEndpointAuth, TokenType, Tool, ToolCallOutput,
-    UserAuthorizer, ensure_tls_provider,
+    OAuthClientCredentialsConfig, OAuthEnterpriseManagedConfig, OAuthJwtBearerConfig,
+    OAuthTokenExchangeConfig, PoolLimits, PoolUsage, REGISTRY_GRANTS_DIR, Registration,
+    ServerState, ServerStatus, SigningAlg, SubjectToken, SubjectTokenError, TokenEndpointAuth,
+    TokenType, Tool, ToolCallOutput, UserAuthorizer, ensure_tls_provider,
 };
 pub use observe::{
     ApprovalDecided, ArgumentsSummary, AuditLog, Metrics, PolicyDenial, ToolCall, ToolCallEnd,

@@ -194,21 +194,50 @@ impl AuthedClient {
 }
 
 impl AuthedClient {
-    async fn with_token<T, F, Fut>(&self, given: Option<String>, call: F) -> Result<T, HttpError>
+    /// Makes `call` (a `method` request to `uri` with `headers`) with the current token: a
+    /// bearer token as rmcp sends it, or a DPoP-bound one in the headers with a fresh
+    /// proof, renewed, stepped up or given a new DPoP nonce as the server's answer asks.
+    async fn with_token<T, F, Fut>(
+        &self,
+        given: Option<String>,
+        method: &'static str,
+        uri: &str,
+        headers: &HashMap<HeaderName, HeaderValue>,
+        call: F,
+    ) -> Result<T, HttpError>
     where
-        F: Fn(Option<String>) -> Fut,
+        F: Fn(Option<String>, HashMap<HeaderName, HeaderValue>) -> Fut,
         Fut: Future<Output = Result<T, HttpError>>,
     {
         let Some(oauth) = &self.oauth else {
-            return call(given).await;
+            return call(given, headers.clone()).await;
         };
         let mut token = oauth
             .token_if_known()
             .await
             .map_err(|e| self.auth_failed(e))?;
-        let (mut renewed, mut step_ups) = (false, 0);
+        let (mut renewed, mut step_ups, mut nonces) = (false, 0, 0);
         loop {
-            match call(token.clone()).await {
+            let (bearer, sent) = present(oauth, token.as_deref(), method, uri, headers)?;
+            match call(bearer, sent).await {
+                // A DPoP nonce, once; a server that keeps asking fails the call (no new
+                // token or flow would help).
+                Err(StreamableHttpError::AuthRequired(challenge))
+                    if token.is_some()
+                        && super::auth::wants_nonce(&challenge.www_authenticate_header)
+                        && oauth.dpop().is_some() =>
+                {
+                    let learned = nonces < defaults::DPOP_NONCE_RETRIES
+                        && self
+                            .learn_nonce(oauth, token.as_deref().unwrap_or_default(), uri, headers)
+                            .await;
+                    if !learned {
+                        return Err(self.auth_failed(AuthError::DpopNonce {
+                            server_id: self.limits.server_id.to_string(),
+                        }));
+                    }
+                    nonces += 1;
+                }
                 Err(StreamableHttpError::AuthRequired(challenge)) if !renewed => {
                     renewed = true;
                     if token.is_some() {
@@ -239,6 +268,69 @@ impl AuthedClient {
             }
         }
     }
+
+    /// After a `use_dpop_nonce` challenge: rmcp keeps only the challenge, not the
+    /// `DPoP-Nonce` header beside it, so the nonce is learned from one `ping` (harmless
+    /// whether or not the server takes it) made with the same token and a fresh proof.
+    /// Whether a usable nonce came back.
+    async fn learn_nonce(
+        &self,
+        oauth: &TokenSource,
+        token: &str,
+        uri: &str,
+        headers: &HashMap<HeaderName, HeaderValue>,
+    ) -> bool {
+        let Some(key) = oauth.dpop() else {
+            return false;
+        };
+        let Ok(presented) = key.present("POST", uri, token) else {
+            return false;
+        };
+        let Ok(mut request) = self.inner.post(uri) else {
+            return false;
+        };
+        for (name, value) in headers.iter().chain(presented.iter().map(|(n, v)| (n, v))) {
+            request = request.header(name, value);
+        }
+        let ping =
+            serde_json::json!({"jsonrpc": "2.0", "id": "quiver-dpop-nonce", "method": "ping"});
+        let response = request
+            .header(http::header::ACCEPT, "application/json, text/event-stream")
+            .timeout(defaults::OAUTH_HTTP_TIMEOUT)
+            .json(&ping)
+            .send()
+            .await;
+        match response
+            .ok()
+            .and_then(|r| super::auth::nonce_of(r.headers()))
+        {
+            Some(nonce) => {
+                key.set_rs_nonce(nonce);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// What carries `token` on a `method` request to `uri`: rmcp's bearer token, or for a
+/// DPoP-bound token the `Authorization: DPoP` and `DPoP` headers added to `headers`.
+fn present(
+    oauth: &TokenSource,
+    token: Option<&str>,
+    method: &str,
+    uri: &str,
+    headers: &HashMap<HeaderName, HeaderValue>,
+) -> Result<(Option<String>, HashMap<HeaderName, HeaderValue>), HttpError> {
+    let (Some(token), Some(key)) = (token, oauth.dpop()) else {
+        return Ok((token.map(str::to_owned), headers.clone()));
+    };
+    let presented = key
+        .present(method, uri, token)
+        .map_err(|e| StreamableHttpError::UnexpectedServerResponse(e.to_string().into()))?;
+    let mut sent = headers.clone();
+    sent.extend(presented);
+    Ok((None, sent))
 }
 
 impl StreamableHttpClient for AuthedClient {
@@ -252,15 +344,21 @@ impl StreamableHttpClient for AuthedClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
-        self.with_token(auth_header, |token| {
-            self.inner.post_message(
-                uri.clone(),
-                message.clone(),
-                session_id.clone(),
-                token,
-                custom_headers.clone(),
-            )
-        })
+        self.with_token(
+            auth_header,
+            "POST",
+            &uri,
+            &custom_headers,
+            |token, headers| {
+                self.inner.post_message(
+                    uri.clone(),
+                    message.clone(),
+                    session_id.clone(),
+                    token,
+                    headers,
+                )
+            },
+        )
         .await
     }
 
@@ -284,16 +382,22 @@ impl StreamableHttpClient for AuthedClient {
             None => max_sse_event_size,
         };
         let response = self
-            .with_token(auth_header, |token| {
-                self.inner.post_message_with_max_sse_event_size(
-                    uri.clone(),
-                    message.clone(),
-                    session_id.clone(),
-                    token,
-                    custom_headers.clone(),
-                    max,
-                )
-            })
+            .with_token(
+                auth_header,
+                "POST",
+                &uri,
+                &custom_headers,
+                |token, headers| {
+                    self.inner.post_message_with_max_sse_event_size(
+                        uri.clone(),
+                        message.clone(),
+                        session_id.clone(),
+                        token,
+                        headers,
+                        max,
+                    )
+                },
+            )
             .await;
         let Some((id, kind)) = request else {
             return response;
@@ -329,14 +433,16 @@ impl StreamableHttpClient for AuthedClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<(), HttpError> {
-        self.with_token(auth_header, |token| {
-            self.inner.delete_session(
-                uri.clone(),
-                session_id.clone(),
-                token,
-                custom_headers.clone(),
-            )
-        })
+        self.with_token(
+            auth_header,
+            "DELETE",
+            &uri,
+            &custom_headers,
+            |token, headers| {
+                self.inner
+                    .delete_session(uri.clone(), session_id.clone(), token, headers)
+            },
+        )
         .await
     }
 
@@ -348,15 +454,21 @@ impl StreamableHttpClient for AuthedClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
-        self.with_token(auth_header, |token| {
-            self.inner.get_stream(
-                uri.clone(),
-                session_id.clone(),
-                last_event_id.clone(),
-                token,
-                custom_headers.clone(),
-            )
-        })
+        self.with_token(
+            auth_header,
+            "GET",
+            &uri,
+            &custom_headers,
+            |token, headers| {
+                self.inner.get_stream(
+                    uri.clone(),
+                    session_id.clone(),
+                    last_event_id.clone(),
+                    token,
+                    headers,
+                )
+            },
+        )
         .await
     }
 
@@ -370,16 +482,22 @@ impl StreamableHttpClient for AuthedClient {
         max_sse_event_size: usize,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
         let max = self.limits.largest_message().min(max_sse_event_size);
-        self.with_token(auth_header, |token| {
-            self.inner.get_stream_with_max_sse_event_size(
-                uri.clone(),
-                session_id.clone(),
-                last_event_id.clone(),
-                token,
-                custom_headers.clone(),
-                max,
-            )
-        })
+        self.with_token(
+            auth_header,
+            "GET",
+            &uri,
+            &custom_headers,
+            |token, headers| {
+                self.inner.get_stream_with_max_sse_event_size(
+                    uri.clone(),
+                    session_id.clone(),
+                    last_event_id.clone(),
+                    token,
+                    headers,
+                    max,
+                )
+            },
+        )
         .await
         .map(bound_retry)
     }

@@ -25,7 +25,8 @@ mod session;
 pub use auth::{
     ApiKeyConfig, AuthConfig, AuthSet, AuthorizationPrompt, AuthorizeError, DirGrantStore, Grant,
     GrantKey, GrantStatus, GrantStore, GrantStoreError, MemoryGrantStore,
-    OAuthAuthorizationCodeConfig, OAuthClientCredentialsConfig, OAuthJwtBearerConfig,
+    OAuthAuthorizationCodeConfig, OAuthClientCredentialsConfig, OAuthEnterpriseManagedConfig,
+    OAuthJwtBearerConfig,
     OAuthTokenExchangeConfig, REGISTRY_GRANTS_DIR, Registration, SigningAlg, SubjectToken,
     SubjectTokenError, TokenEndpointAuth, TokenType, UserAuthorizer,
 };

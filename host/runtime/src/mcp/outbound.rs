@@ -288,11 +288,22 @@ pub(crate) async fn read_capped(
 /// body size are capped.
 impl OAuthHttpClient for OutboundClient {
     fn execute(&self, request: OAuthHttpRequest) -> OAuthHttpClientFuture<'_> {
-        Box::pin(async move {
-            let timeout = request.timeout.map_or(defaults::OAUTH_HTTP_TIMEOUT, |t| {
+        Box::pin(self.execute_http(request.request, request.timeout))
+    }
+}
+
+impl OutboundClient {
+    /// One OAuth request, egress-checked, redirects not followed, its body capped.
+    pub(crate) async fn execute_http(
+        &self,
+        request: http::Request<Vec<u8>>,
+        timeout: Option<Duration>,
+    ) -> Result<http::Response<Vec<u8>>, rmcp::transport::auth::OAuthHttpClientError> {
+        {
+            let timeout = timeout.map_or(defaults::OAUTH_HTTP_TIMEOUT, |t| {
                 t.min(defaults::OAUTH_HTTP_TIMEOUT)
             });
-            let (parts, body) = request.request.into_parts();
+            let (parts, body) = request.into_parts();
             let url = self.checked(&parts.uri.to_string())?;
             self.checked_target(&url).await?;
             let response = self
@@ -309,7 +320,7 @@ impl OAuthHttpClient for OutboundClient {
             }
             let body = read_capped(response, defaults::OAUTH_MAX_RESPONSE_BYTES).await?;
             Ok(answer.body(body)?)
-        })
+        }
     }
 }
 

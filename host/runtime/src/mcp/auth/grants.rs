@@ -59,6 +59,10 @@ pub struct Grant {
     pub registration: Option<Registration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<StoredCredentials>,
+    /// For `dpop = true`: the grant's DPoP private key (base64url PKCS#8, ES256), which
+    /// its tokens are bound to; as secret as they are.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dpop_key: Option<String>,
 }
 
 impl std::fmt::Debug for Grant {
@@ -85,6 +89,7 @@ impl Grant {
             principal: key.principal.clone(),
             registration: None,
             credentials: None,
+            dpop_key: None,
         }
     }
 
@@ -501,6 +506,24 @@ impl CredentialStore for GrantCredentials {
         let guard = self.grants.lock_of(&self.key).lock_owned().await;
         Ok(Some(CredentialRefreshGuard::new(guard)))
     }
+}
+
+/// The DPoP key of the grant of `key`, made and saved if it has none. Tokens the grant
+/// held without a key were not bound to it, so they are dropped with its making.
+pub(crate) async fn dpop_key(
+    store: &dyn GrantStore,
+    key: &GrantKey,
+) -> Result<super::dpop::DpopKey, GrantStoreError> {
+    let mut grant = store.load(key).await?.unwrap_or_else(|| Grant::empty(key));
+    if let Some(stored) = &grant.dpop_key {
+        return super::dpop::DpopKey::from_stored(stored)
+            .map_err(|e| GrantStoreError(format!("grant of `{}`: {e}", key.server_id)));
+    }
+    let made = super::dpop::DpopKey::generate().map_err(|e| GrantStoreError(e.to_string()))?;
+    grant.dpop_key = Some(made.to_stored());
+    grant.credentials = None;
+    store.save(grant).await?;
+    Ok(made)
 }
 
 /// Saves `registration` in the grant of `key`, dropping tokens made by another client.

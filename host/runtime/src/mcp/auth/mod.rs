@@ -11,6 +11,12 @@
 //!   ([`SubjectToken`], from the platform that submitted it) is exchanged at the
 //!   authorization server, found as for client credentials, for a token scoped to the
 //!   server; the client authenticates as above or not at all (`none`).
+//! - `oauth_enterprise_managed`: enterprise-managed authorization (SEP-990): the task's
+//!   subject token, an ID token, is exchanged at the configured IdP for an ID-JAG, which
+//!   the server's authorization server (found as above) redeems as an RFC 7523 grant;
+//!   rmcp's `enterprise` module does both exchanges over the egress-checked client.
+//! - `oauth_authorization_code` ([`user`]): a person's grant per server and principal;
+//!   with `dpop = true` its tokens are DPoP-bound to a key kept in the grant ([`dpop`]).
 //!
 //! Config is checked and private keys are read once, when the host is built
 //! ([`AuthSet::load`]); secrets are read from the environment when used. Neither appears
@@ -18,6 +24,7 @@
 //! client, so a token endpoint named by metadata gets a credential only if the `[egress]`
 //! allow rules cover it.
 
+mod dpop;
 mod grants;
 mod jwt;
 mod oauth;
@@ -35,6 +42,7 @@ use super::outbound::{EgressRefused, OutboundClient, ReadBodyError, SendError, U
 use crate::config::ConfigError;
 use crate::defaults;
 use crate::registry::RuleViolation;
+pub(crate) use dpop::{nonce_of, wants_nonce};
 pub(crate) use grants::Grants;
 pub use grants::{
     DirGrantStore, Grant, GrantKey, GrantStatus, GrantStore, GrantStoreError, MemoryGrantStore,
@@ -92,10 +100,11 @@ pub(crate) enum AuthError {
     },
     /// A token-exchange credential and a task with no subject token to exchange.
     #[error(
-        "server `{server_id}`: oauth_token_exchange auth `{auth_ref}` exchanges the task's subject token, and {who} has none; submit the task with one (the node's `Quiver-Subject-Token` header, `--subject-token-env VAR` of the CLI, or TaskSpec::subject_token)"
+        "server `{server_id}`: {kind} auth `{auth_ref}` exchanges the task's subject token, and {who} has none; submit the task with one (the node's `Quiver-Subject-Token` header, `--subject-token-env VAR` of the CLI, or TaskSpec::subject_token)"
     )]
     NoSubjectToken {
         server_id: String,
+        kind: OAuthKind,
         auth_ref: String,
         /// "the task" or "principal `NAME`".
         who: String,
@@ -106,6 +115,11 @@ pub(crate) enum AuthError {
         "server `{server_id}`: running tasks {who} carry different subject tokens, and tasks of one principal share one connection; submit each user's tasks as that user (the node's body `principal` with the client's act_for, or TaskSpec::principal)"
     )]
     SubjectTokensDiffer { server_id: String, who: String },
+    /// The server asked for a DPoP nonce and gave none usable, or asked again.
+    #[error(
+        "server `{server_id}`: the server asks for a DPoP nonce (use_dpop_nonce) and gave no usable DPoP-Nonce header (at most 512 bytes of visible ASCII), or refused the one it gave"
+    )]
+    DpopNonce { server_id: String },
     #[error("server `{server_id}`: {kind} auth `{auth_ref}`: {problem}")]
     OAuth {
         server_id: String,
@@ -122,6 +136,7 @@ pub(crate) enum AuthError {
 pub(crate) enum OAuthKind {
     ClientCredentials,
     TokenExchange,
+    EnterpriseManaged,
     JwtBearer,
 }
 
@@ -130,15 +145,22 @@ impl std::fmt::Display for OAuthKind {
         f.write_str(match self {
             OAuthKind::ClientCredentials => "oauth_client_credentials",
             OAuthKind::TokenExchange => "oauth_token_exchange",
+            OAuthKind::EnterpriseManaged => "oauth_enterprise_managed",
             OAuthKind::JwtBearer => "oauth_jwt_bearer",
         })
     }
 }
 
 impl AuthError {
-    fn no_subject(server_id: &str, auth_ref: &str, principal: Option<&str>) -> Self {
+    fn no_subject(
+        server_id: &str,
+        kind: OAuthKind,
+        auth_ref: &str,
+        principal: Option<&str>,
+    ) -> Self {
         AuthError::NoSubjectToken {
             server_id: server_id.to_owned(),
+            kind,
             auth_ref: auth_ref.to_owned(),
             who: principal.map_or_else(|| "the task".to_owned(), |p| format!("principal `{p}`")),
         }
@@ -255,6 +277,24 @@ pub(crate) enum OAuthProblem {
         "the token endpoint issued a token of type {received}, not the {requested} asked for; check requested_token_type and the authorization server's exchange policy"
     )]
     WrongTokenType { requested: String, received: String },
+    /// Enterprise-managed authorization failed at `stage` (rmcp's sanitized reason: no
+    /// token, no response body).
+    #[error("{stage} {url}: {reason}")]
+    IdJag {
+        stage: &'static str,
+        url: String,
+        reason: String,
+    },
+    /// The authorization server's issuer, which an ID-JAG is addressed to, is not known.
+    #[error(
+        "the authorization server's issuer is not known (token_url without issuer); set issuer, which the ID-JAG is addressed to"
+    )]
+    NoIssuer,
+    /// `dpop = true` and the authorization server does not bind tokens to ES256 keys.
+    #[error(
+        "dpop = true, and the authorization server offers DPoP with {offered:?} (dpop_signing_alg_values_supported), not ES256; drop dpop, or use an authorization server that offers ES256"
+    )]
+    DpopNotOffered { offered: Vec<String> },
     /// The token is not a bearer token (e.g. DPoP-bound), which this host cannot present.
     #[error(
         "the token endpoint issued a token of token_type {token_type}, not Bearer; this host presents bearer tokens only"
@@ -288,6 +328,7 @@ pub enum AuthConfig {
     OauthClientCredentials(OAuthClientCredentialsConfig),
     OauthAuthorizationCode(OAuthAuthorizationCodeConfig),
     OauthTokenExchange(OAuthTokenExchangeConfig),
+    OauthEnterpriseManaged(OAuthEnterpriseManagedConfig),
     OauthJwtBearer(OAuthJwtBearerConfig),
 }
 
@@ -511,6 +552,77 @@ pub struct OAuthTokenExchangeConfig {
     pub requested_token_type: TokenType,
 }
 
+/// `[auth.NAME] kind = "oauth_enterprise_managed"`: enterprise-managed authorization
+/// (the MCP extension, SEP-990). The task's subject token, an ID token from the
+/// enterprise IdP, is exchanged at the IdP (RFC 8693) for an identity assertion JWT
+/// authorization grant (ID-JAG) for the MCP server's authorization server, which is then
+/// presented there as an RFC 7523 JWT bearer grant for an access token. The authorization
+/// server is found as for [`OAuthClientCredentialsConfig`], and the client authenticates
+/// there as it does; the IdP's token endpoint is configured, and its origin must be in
+/// `origins`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthEnterpriseManagedConfig {
+    /// The servers (record ids) that may use this credential.
+    #[serde(default)]
+    pub servers: Vec<String>,
+    /// The URL origins the tokens may go to: the MCP servers' URLs, the IdP's token
+    /// endpoint (required here) and a discovered token endpoint.
+    #[serde(default)]
+    pub origins: Vec<String>,
+    /// The client's id at the MCP server's authorization server.
+    pub client_id: String,
+    #[serde(default)]
+    pub client_secret_env: Option<String>,
+    #[serde(default)]
+    pub token_url: Option<String>,
+    #[serde(default)]
+    pub issuer: Option<String>,
+    #[serde(default)]
+    pub scopes: Vec<String>,
+    #[serde(default)]
+    pub resource: Option<String>,
+    #[serde(default)]
+    pub token_endpoint_auth: Option<TokenEndpointAuth>,
+    #[serde(default)]
+    pub private_key_file: Option<PathBuf>,
+    #[serde(default)]
+    pub signing_alg: Option<SigningAlg>,
+    #[serde(default)]
+    pub assertion_audience: Option<String>,
+    /// The enterprise IdP's issuer identifier: the ID-JAG's `iss` must be it.
+    pub idp_issuer: String,
+    /// The IdP's token endpoint, where the ID token is exchanged for an ID-JAG.
+    pub idp_token_url: String,
+    /// The client's id at the IdP.
+    pub idp_client_id: String,
+    /// The variable holding the client's secret at the IdP (`client_secret_basic`);
+    /// without it the client is public there.
+    #[serde(default)]
+    pub idp_client_secret_env: Option<String>,
+}
+
+impl OAuthEnterpriseManagedConfig {
+    /// The client part at the MCP server's authorization server.
+    fn client(&self) -> OAuthClientCredentialsConfig {
+        OAuthClientCredentialsConfig {
+            servers: self.servers.clone(),
+            origins: self.origins.clone(),
+            client_id: self.client_id.clone(),
+            client_secret_env: self.client_secret_env.clone(),
+            token_url: self.token_url.clone(),
+            issuer: self.issuer.clone(),
+            scopes: self.scopes.clone(),
+            step_up_scopes: Vec::new(),
+            resource: self.resource.clone(),
+            token_endpoint_auth: self.token_endpoint_auth,
+            private_key_file: self.private_key_file.clone(),
+            signing_alg: self.signing_alg,
+            assertion_audience: self.assertion_audience.clone(),
+        }
+    }
+}
+
 fn access_token() -> TokenType {
     TokenType::AccessToken
 }
@@ -565,6 +677,7 @@ impl AuthConfig {
             AuthConfig::OauthClientCredentials(c) => (&c.servers, &c.origins),
             AuthConfig::OauthAuthorizationCode(c) => (&c.servers, &c.origins),
             AuthConfig::OauthTokenExchange(c) => (&c.servers, &c.origins),
+            AuthConfig::OauthEnterpriseManaged(c) => (&c.servers, &c.origins),
             AuthConfig::OauthJwtBearer(c) => (&c.servers, &c.origins),
         }
     }
@@ -574,7 +687,9 @@ impl AuthConfig {
     pub(crate) fn is_per_principal(&self) -> bool {
         matches!(
             self,
-            AuthConfig::OauthAuthorizationCode(_) | AuthConfig::OauthTokenExchange(_)
+            AuthConfig::OauthAuthorizationCode(_)
+                | AuthConfig::OauthTokenExchange(_)
+                | AuthConfig::OauthEnterpriseManaged(_)
         )
     }
 }
@@ -721,6 +836,10 @@ impl AuthSet {
                     }
                     (exchange.client(), public)
                 }
+                AuthConfig::OauthEnterpriseManaged(ema) => {
+                    check_ema_config(ema, &error)?;
+                    (ema.client(), false)
+                }
                 AuthConfig::OauthJwtBearer(bearer) => {
                     if bearer.assertion_env.is_some() == bearer.assertion_file.is_some() {
                         return Err(error(
@@ -841,11 +960,12 @@ impl AuthSet {
         else {
             return Ok(());
         };
-        if !matches!(
-            self.configs.get(auth_ref),
-            Some(AuthConfig::OauthTokenExchange(_))
-        ) || self.subjects.current(principal).is_some()
-        {
+        let kind = match self.configs.get(auth_ref) {
+            Some(AuthConfig::OauthTokenExchange(_)) => OAuthKind::TokenExchange,
+            Some(AuthConfig::OauthEnterpriseManaged(_)) => OAuthKind::EnterpriseManaged,
+            _ => return Ok(()),
+        };
+        if self.subjects.current(principal).is_some() {
             return Ok(());
         }
         if self.subjects.differ(principal) {
@@ -859,6 +979,7 @@ impl AuthSet {
         }
         Err(AuthError::no_subject(
             entry.server_id(),
+            kind,
             auth_ref,
             principal,
         ))
@@ -872,6 +993,49 @@ impl AuthSet {
     ) -> SubjectRegistration {
         self.subjects.register(principal, token)
     }
+}
+
+/// The IdP gets the user's identity token: its token endpoint must be one the binding
+/// lists, and https next to an https IdP.
+fn check_ema_config(
+    config: &OAuthEnterpriseManagedConfig,
+    error: &dyn Fn(&str, String) -> AuthConfigError,
+) -> Result<(), AuthConfigError> {
+    let url = &config.idp_token_url;
+    let Some(origin) = origin_of(url) else {
+        return Err(error(
+            "idp_token_url",
+            format!(
+                "{url:?} is not an http(s) URL; set the IdP's token endpoint, e.g. \"https://login.corp.example/oauth2/token\""
+            ),
+        ));
+    };
+    if !origin_listed(&config.origins, Some(&origin)) {
+        return Err(error(
+            "origins",
+            format!(
+                "the IdP token endpoint {url} gets the user's identity token: add its origin {origin:?} to origins"
+            ),
+        ));
+    }
+    if url.starts_with("http://") && config.idp_issuer.starts_with("https://") {
+        return Err(error(
+            "idp_token_url",
+            format!(
+                "{url} is plain http while idp_issuer is https: the identity token would travel in clear; use the IdP's https token endpoint"
+            ),
+        ));
+    }
+    if reqwest::Url::parse(&config.idp_issuer).is_err() {
+        return Err(error(
+            "idp_issuer",
+            format!(
+                "{:?} is not a URL; set the IdP's issuer identifier, as its metadata names it",
+                config.idp_issuer
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn check_user_config(
@@ -1002,6 +1166,14 @@ pub(crate) enum TokenSource {
 }
 
 impl TokenSource {
+    /// The grant's DPoP key when its tokens are DPoP-bound and it is known.
+    pub(crate) fn dpop(&self) -> Option<Arc<dpop::DpopKey>> {
+        match self {
+            TokenSource::Client(_) => None,
+            TokenSource::User(u) => u.dpop(),
+        }
+    }
+
     /// A token for a first attempt; `None` when only the server's 401 can say where to go.
     pub(crate) async fn token_if_known(&self) -> Result<Option<String>, AuthError> {
         match self {
@@ -1161,7 +1333,25 @@ impl Credentials {
                     http,
                 )
                 .exchanging(oauth::Exchange {
-                    config: exchange.clone(),
+                    grant: oauth::ExchangeGrant::TokenExchange(exchange.clone()),
+                    subjects: auth.subjects.clone(),
+                });
+                Ok(Credentials::OAuth(Arc::new(client)))
+            }
+            AuthConfig::OauthEnterpriseManaged(ema) => {
+                let client = OAuthClient::new(
+                    oauth::Identity {
+                        server_id: server_id.to_owned(),
+                        auth_ref: auth_ref.to_owned(),
+                        principal: principal.map(Arc::from),
+                    },
+                    ema.client(),
+                    auth.keys.get(auth_ref).cloned(),
+                    server_url.to_owned(),
+                    http,
+                )
+                .exchanging(oauth::Exchange {
+                    grant: oauth::ExchangeGrant::IdJag(ema.clone()),
                     subjects: auth.subjects.clone(),
                 });
                 Ok(Credentials::OAuth(Arc::new(client)))

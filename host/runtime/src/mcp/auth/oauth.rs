@@ -35,8 +35,8 @@ use rmcp::transport::auth::{
 use serde_json::Value;
 
 use super::{
-    AuthError, ClientKey, OAuthClientCredentialsConfig, OAuthProblem, OAuthTokenExchangeConfig,
-    SubjectToken, SubjectTokens, TokenEndpointAuth, TokenType,
+    AuthError, ClientKey, OAuthClientCredentialsConfig, OAuthEnterpriseManagedConfig, OAuthProblem,
+    OAuthTokenExchangeConfig, SubjectToken, SubjectTokens, TokenEndpointAuth, TokenType,
 };
 use crate::defaults;
 use crate::mcp::error::error_chain;
@@ -68,15 +68,17 @@ pub(crate) struct Identity {
 
 /// What a token-exchange client asks for, and where it finds the subject token.
 pub(crate) struct Exchange {
-    pub(crate) config: OAuthTokenExchangeConfig,
+    pub(crate) grant: ExchangeGrant,
     pub(crate) subjects: SubjectTokens,
 }
 
-impl Exchange {
-    /// The token type asked for.
-    fn requested(&self) -> TokenType {
-        self.config.requested_token_type
-    }
+/// How the subject token becomes a token for the server.
+pub(crate) enum ExchangeGrant {
+    /// RFC 8693 at the server's authorization server.
+    TokenExchange(OAuthTokenExchangeConfig),
+    /// RFC 8693 at the enterprise IdP for an ID-JAG, then RFC 7523 with it at the server's
+    /// authorization server.
+    IdJag(OAuthEnterpriseManagedConfig),
 }
 
 /// Where and how tokens are requested, once known.
@@ -188,6 +190,13 @@ impl OAuthClient {
 
     fn kind(&self) -> super::OAuthKind {
         match (&self.exchange, &self.assertion) {
+            (
+                Some(Exchange {
+                    grant: ExchangeGrant::IdJag(_),
+                    ..
+                }),
+                _,
+            ) => super::OAuthKind::EnterpriseManaged,
             (Some(_), _) => super::OAuthKind::TokenExchange,
             (None, Some(_)) => super::OAuthKind::JwtBearer,
             (None, None) => super::OAuthKind::ClientCredentials,
@@ -215,7 +224,12 @@ impl OAuthClient {
             .current(principal)
             .map(Some)
             .ok_or_else(|| {
-                AuthError::no_subject(&self.who.server_id, &self.who.auth_ref, principal)
+                AuthError::no_subject(
+                    &self.who.server_id,
+                    self.kind(),
+                    &self.who.auth_ref,
+                    principal,
+                )
             })
     }
 
@@ -584,6 +598,18 @@ impl OAuthClient {
                 issuer: self.server_url.clone(),
             }));
         };
+        if let (
+            Some(Exchange {
+                grant: ExchangeGrant::IdJag(config),
+                ..
+            }),
+            Some(subject),
+        ) = (&self.exchange, subject)
+        {
+            return self
+                .fetch_via_id_jag(state, &endpoint, config, subject)
+                .await;
+        }
         let token_url = endpoint.token_url;
         // Checked before a credential is even read: a token endpoint named by metadata
         // may point anywhere, and it is what receives the credential.
@@ -594,8 +620,13 @@ impl OAuthClient {
             .header(http::header::ACCEPT, "application/json")
             .timeout(defaults::OAUTH_HTTP_TIMEOUT);
         let mut form = match (&self.exchange, subject) {
-            (Some(exchange), Some(subject)) => {
-                let config = &exchange.config;
+            (
+                Some(Exchange {
+                    grant: ExchangeGrant::TokenExchange(config),
+                    ..
+                }),
+                Some(subject),
+            ) => {
                 let mut form = vec![
                     ("grant_type", TOKEN_EXCHANGE.to_owned()),
                     ("subject_token", subject.expose().to_owned()),
@@ -605,7 +636,7 @@ impl OAuthClient {
                     ),
                     (
                         "requested_token_type",
-                        exchange.requested().uri().to_owned(),
+                        config.requested_token_type.uri().to_owned(),
                     ),
                 ];
                 if let Some(audience) = &config.audience {
@@ -693,8 +724,13 @@ impl OAuthClient {
             .as_str()
             .filter(|token| !token.is_empty())
             .ok_or_else(|| self.fail(OAuthProblem::NoAccessToken))?;
-        if let Some(exchange) = &self.exchange {
-            check_exchanged(exchange.requested(), &body).map_err(|problem| self.fail(problem))?;
+        if let Some(Exchange {
+            grant: ExchangeGrant::TokenExchange(config),
+            ..
+        }) = &self.exchange
+        {
+            check_exchanged(config.requested_token_type, &body)
+                .map_err(|problem| self.fail(problem))?;
         }
         let lifetime = body["expires_in"]
             .as_u64()
@@ -708,6 +744,155 @@ impl OAuthClient {
         state.token = Some((token.to_owned(), refresh_at(Instant::now(), lifetime)));
         state.subject = subject.map(SubjectToken::fingerprint);
         Ok(token.to_owned())
+    }
+}
+
+impl OAuthClient {
+    /// Enterprise-managed authorization: the ID token is exchanged at the IdP for an
+    /// ID-JAG addressed to the server's authorization server (`endpoint`), which is then
+    /// redeemed there (rmcp's `enterprise` module, over the egress-checked client; it
+    /// checks the ID-JAG's type, issuer, audience, client, resource and scopes).
+    async fn fetch_via_id_jag(
+        &self,
+        state: &mut State,
+        endpoint: &Endpoint,
+        config: &OAuthEnterpriseManagedConfig,
+        subject: &SubjectToken,
+    ) -> Result<String, AuthError> {
+        use rmcp::transport::auth::enterprise::{
+            EmaAuthorizationServer, EmaClientAuthentication, EmaError, EmaExchangeRequest,
+            EmaExchangeStage,
+        };
+        let issuer = endpoint
+            .issuer
+            .clone()
+            .ok_or_else(|| self.fail(OAuthProblem::NoIssuer))?;
+        // Both endpoints are checked before anything is read or sent: rmcp's errors name
+        // no cause.
+        for url in [&config.idp_token_url, &endpoint.token_url] {
+            self.http
+                .post(url)
+                .map_err(|denied| self.fail(OAuthProblem::TokenEndpointDenied(denied)))?;
+        }
+        self.check_in_clear(&config.idp_token_url, Some(&config.idp_issuer))
+            .map_err(|problem| self.fail(problem))?;
+        let secret = |var: &str| {
+            std::env::var(var).map_err(|_| {
+                self.fail(OAuthProblem::SecretEnvMissing {
+                    var: var.to_owned(),
+                })
+            })
+        };
+        let idp_auth = match &config.idp_client_secret_env {
+            Some(var) => {
+                EmaClientAuthentication::ClientSecretBasic(oauth2::ClientSecret::new(secret(var)?))
+            }
+            None => EmaClientAuthentication::None,
+        };
+        let as_auth = match endpoint.method {
+            TokenEndpointAuth::ClientSecretBasic => EmaClientAuthentication::ClientSecretBasic(
+                oauth2::ClientSecret::new(self.secret()?),
+            ),
+            TokenEndpointAuth::ClientSecretPost => {
+                EmaClientAuthentication::ClientSecretPost(oauth2::ClientSecret::new(self.secret()?))
+            }
+            TokenEndpointAuth::PrivateKeyJwt => {
+                let key = self.key.clone().ok_or_else(|| {
+                    self.fail(OAuthProblem::NoUsableAuthMethod {
+                        offered: vec!["private_key_jwt (no private_key_file)".into()],
+                    })
+                })?;
+                let audience = self
+                    .config
+                    .assertion_audience
+                    .clone()
+                    .unwrap_or_else(|| issuer.clone());
+                EmaClientAuthentication::JwtAssertion(Arc::new(Assertions { key, audience }))
+            }
+            TokenEndpointAuth::None => EmaClientAuthentication::None,
+        };
+        let idp = EmaAuthorizationServer::new(
+            config.idp_issuer.clone(),
+            config.idp_token_url.clone(),
+            config.idp_client_id.clone(),
+        )
+        .with_client_authentication(idp_auth);
+        let resource_as = EmaAuthorizationServer::new(
+            issuer,
+            endpoint.token_url.clone(),
+            config.client_id.clone(),
+        )
+        .with_client_authentication(as_auth);
+        let resource = self
+            .config
+            .resource
+            .clone()
+            .unwrap_or_else(|| self.server_url.clone());
+        let request =
+            EmaExchangeRequest::new_with_id_token(idp, resource_as, &resource, subject.expose())
+                .with_scopes(state.scopes.iter().cloned());
+        let token = request
+            .exchange(&self.http, &self.http)
+            .await
+            .map_err(|e| {
+                let (stage, url) = match &e {
+                    EmaError::InvalidResponse { stage, .. }
+                    | EmaError::RequestFailed(stage)
+                    | EmaError::InvalidGrant(stage)
+                    | EmaError::InsufficientUserAuthentication(stage)
+                    | EmaError::OAuthRejected { stage, .. } => (Some(*stage), None),
+                    _ => (None, Some(config.idp_token_url.clone())),
+                };
+                let (stage, url) = match stage {
+                    Some(EmaExchangeStage::ResourceAuthorizationServer) => (
+                        "the authorization server's token endpoint (ID-JAG redemption)",
+                        endpoint.token_url.clone(),
+                    ),
+                    _ => (
+                        "the IdP token endpoint (ID-JAG request)",
+                        url.unwrap_or_else(|| config.idp_token_url.clone()),
+                    ),
+                };
+                self.fail(OAuthProblem::IdJag {
+                    stage,
+                    url,
+                    reason: e.to_string(),
+                })
+            })?;
+        let lifetime = token
+            .expires_in
+            .unwrap_or(defaults::OAUTH_TOKEN_DEFAULT_LIFETIME);
+        tracing::debug!(
+            server_id = %self.who.server_id,
+            expires_in_s = lifetime.as_secs(),
+            "redeemed an ID-JAG for an access token"
+        );
+        let token = token.access_token.secret().clone();
+        state.token = Some((token.clone(), refresh_at(Instant::now(), lifetime)));
+        state.subject = Some(subject.fingerprint());
+        Ok(token)
+    }
+}
+
+/// Client assertions for the ID-JAG redemption, signed when rmcp asks (each fresh).
+struct Assertions {
+    key: Arc<ClientKey>,
+    audience: String,
+}
+
+#[async_trait::async_trait]
+impl rmcp::transport::auth::enterprise::EmaClientAssertionProvider for Assertions {
+    async fn create_assertion(
+        &self,
+        server: &rmcp::transport::auth::enterprise::EmaAuthorizationServer,
+    ) -> Result<
+        rmcp::transport::auth::enterprise::EmaClientAssertion,
+        Box<dyn std::error::Error + Send + Sync>,
+    > {
+        let assertion = self.key.assertion(&server.client_id, &self.audience)?;
+        Ok(rmcp::transport::auth::enterprise::EmaClientAssertion::new(
+            assertion,
+        ))
     }
 }
 

@@ -13,6 +13,10 @@
 //! person the authorization URL: a [`UserAuthorizer`]. A host without one (a node, a
 //! scheduler) never starts a flow on its own: a task whose principal has no grant gets an
 //! error naming the server, the principal and how to authorize.
+//!
+//! With `dpop = true` the grant's tokens are DPoP-bound ([`super::dpop`]): rmcp's requests
+//! go through [`DpopHttp`], which signs a proof for each token request with the grant's
+//! key, and the transport presents the token with a fresh proof per request.
 
 use std::sync::Arc;
 
@@ -23,7 +27,8 @@ use rmcp::transport::auth::{
 };
 use serde::Deserialize;
 
-use super::grants::{GrantKey, Grants, Registration, save_registration};
+use super::dpop::{DpopHttp, DpopKey};
+use super::grants::{GrantKey, Grants, Registration, dpop_key, save_registration};
 use super::{AuthError, OAuthProblem};
 use crate::defaults;
 use crate::mcp::error::error_chain;
@@ -58,6 +63,12 @@ pub struct OAuthAuthorizationCodeConfig {
     /// `scopes_supported`, else none.
     #[serde(default)]
     pub scopes: Vec<String>,
+    /// Ask for sender-constrained tokens (DPoP, RFC 9449): the authorization server must
+    /// offer ES256 in `dpop_signing_alg_values_supported`, and a token that is not
+    /// DPoP-bound is refused. Off by default: a server that does not expect DPoP would
+    /// refuse its proofs.
+    #[serde(default)]
+    pub dpop: bool,
 }
 
 /// What a person is asked to authorize.
@@ -99,6 +110,8 @@ pub(crate) struct UserToken {
     authorizer: Option<Arc<dyn UserAuthorizer>>,
     /// rmcp's manager, once discovery ran; one flow at a time.
     manager: tokio::sync::Mutex<Option<Ready>>,
+    /// With `dpop`: the grant's key, once read or made.
+    dpop: std::sync::Mutex<Option<Arc<DpopKey>>>,
 }
 
 /// rmcp's manager after discovery, with what this module needs of the metadata it keeps
@@ -130,7 +143,13 @@ impl UserToken {
             grants,
             authorizer,
             manager: tokio::sync::Mutex::new(None),
+            dpop: std::sync::Mutex::new(None),
         }
+    }
+
+    /// The grant's DPoP key, when tokens are DPoP-bound (`dpop = true`) and it is known.
+    pub(crate) fn dpop(&self) -> Option<Arc<DpopKey>> {
+        self.dpop.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     fn fail(&self, problem: OAuthProblem) -> AuthError {
@@ -306,12 +325,26 @@ impl UserToken {
         challenge: Option<&str>,
     ) -> Result<&'a mut Ready, AuthError> {
         if slot.is_none() {
-            let mut manager = AuthorizationManager::new_with_oauth_http_client(
-                self.server_url.as_str(),
-                Arc::new(self.http.clone()),
-            )
-            .await
-            .map_err(|e| self.rmcp(e))?;
+            let token_endpoint = Arc::new(std::sync::Mutex::new(None));
+            let http: Arc<dyn rmcp::transport::auth::OAuthHttpClient> = match self.config.dpop {
+                true => {
+                    let key = dpop_key(self.grants.store.as_ref(), &self.key)
+                        .await
+                        .map_err(|e| self.fail(OAuthProblem::Store(e.0)))?;
+                    let key = Arc::new(key);
+                    *self.dpop.lock().unwrap_or_else(|e| e.into_inner()) = Some(key.clone());
+                    Arc::new(DpopHttp {
+                        inner: self.http.clone(),
+                        key,
+                        token_endpoint: token_endpoint.clone(),
+                    })
+                }
+                false => Arc::new(self.http.clone()),
+            };
+            let mut manager =
+                AuthorizationManager::new_with_oauth_http_client(self.server_url.as_str(), http)
+                    .await
+                    .map_err(|e| self.rmcp(e))?;
             // One deadline for the whole discovery: each request has its own, and a slow
             // server could otherwise hold a call for several of them.
             let timeout = defaults::OAUTH_DISCOVERY_TIMEOUT;
@@ -333,6 +366,11 @@ impl UserToken {
             let metadata = resolution.metadata;
             self.check_in_clear(&metadata)?;
             self.check_secret_bound(&metadata)?;
+            if self.config.dpop {
+                self.check_dpop_offered(&metadata)?;
+                *token_endpoint.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(metadata.token_endpoint.clone());
+            }
             let issuer = metadata.issuer.clone();
             let cimd = metadata
                 .additional_fields
@@ -386,6 +424,29 @@ impl UserToken {
             })),
             None => Ok(()),
         }
+    }
+
+    /// `dpop = true` needs an authorization server that binds tokens to ES256 keys.
+    fn check_dpop_offered(
+        &self,
+        metadata: &rmcp::transport::auth::AuthorizationMetadata,
+    ) -> Result<(), AuthError> {
+        let offered: Vec<String> = metadata
+            .additional_fields
+            .get("dpop_signing_alg_values_supported")
+            .and_then(serde_json::Value::as_array)
+            .map(|algs| {
+                algs.iter()
+                    .filter_map(|alg| alg.as_str())
+                    .take(16)
+                    .map(|alg| crate::text::cut(&crate::text::printable(alg), 32).to_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if offered.iter().any(|alg| alg == "ES256") {
+            return Ok(());
+        }
+        Err(self.fail(OAuthProblem::DpopNotOffered { offered }))
     }
 
     /// A configured client secret goes only to a token endpoint whose origin the host
