@@ -14,6 +14,7 @@ use std::sync::Arc;
 use crate::mcp::auth::{AuthError, Credentials, UserToken};
 use crate::mcp::error::McpError;
 use crate::mcp::http::{AuthedClient, LegacySse, header_map, streamable_http};
+use crate::mcp::tool_headers::LeftOut;
 use crate::registry::{ServerEntry, Transport};
 
 impl Connector {
@@ -103,12 +104,14 @@ impl Connector {
         let headers = header_map(server_id, headers, credentials.as_ref())
             .map_err(|e| unavailable(e.to_string()))?;
         let oauth = credentials.as_ref().and_then(Credentials::tokens);
+        let left_out = LeftOut::default();
         let client = AuthedClient {
             inner: http,
             oauth,
             limits: super::Limits::of(entry),
+            left_out: left_out.clone(),
         };
-        let peer = Peer::Url(url);
+        let peer = Peer::Url(url, left_out);
         match entry.record.transport {
             Transport::HttpSseLegacy => {
                 let transport = async {
