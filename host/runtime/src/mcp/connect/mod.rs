@@ -29,7 +29,9 @@ use std::time::Duration;
 use rmcp::model::{ClientConfig, ClientJsonRpcMessage, ProtocolVersion, ServerJsonRpcMessage};
 use rmcp::service::{NotificationContext, RunningService, RunningServiceCancellationToken};
 use rmcp::transport::{IntoTransport, Transport};
-use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceExt};
+use rmcp::{
+    ClientCacheConfig, ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceExt,
+};
 use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tracing::Instrument;
 
@@ -359,6 +361,13 @@ impl Connector {
                 ))
             })?
             .map_err(|e| unavailable(format!("{shown}: cannot connect: {}", error_chain(&e))))?;
+        // The pool keeps the one cache (tools, by the server's hints and per principal):
+        // rmcp's own would serve a private answer to every principal sharing this
+        // connection, and a stale one when the server fails.
+        service
+            .peer()
+            .set_response_cache_config(ClientCacheConfig::disabled())
+            .await;
         if let Some(process) = &process {
             tokio::spawn(stop_when_ended(
                 server_id.to_owned(),
