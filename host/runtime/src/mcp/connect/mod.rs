@@ -438,6 +438,10 @@ pub(super) enum ConnectError {
     LegacySse(#[source] SseConnectError),
     #[error("MCP handshake failed: {0}")]
     Handshake(#[source] Box<rmcp::service::ClientInitializeError>),
+    /// `auto` fell back to `initialize`, which failed too: what the older server said to
+    /// `initialize` is what the operator can act on (rmcp's error shows neither).
+    #[error("MCP handshake failed: initialize (after server/discover found an older server): {}", error_chain(.0.as_ref()))]
+    Fallback(Box<rmcp::service::ClientInitializeError>),
 }
 
 /// Opens the MCP session over `transport` the way the record asks. `initialize` (also as
@@ -465,5 +469,10 @@ where
     events
         .serve_with_lifecycle(transport, mode)
         .await
-        .map_err(failed)
+        .map_err(|error| match error {
+            rmcp::service::ClientInitializeError::LegacyFallbackFailed { fallback, .. } => {
+                ConnectError::Fallback(fallback)
+            }
+            other => failed(other),
+        })
 }

@@ -7,8 +7,9 @@
 //! rmcp falls back on:
 //!
 //! - **They answer it with some other result** (the conformance suite's 2025 servers answer
-//!   `{}`): rmcp would fail the connection ("expected a discover result"). An answer to
-//!   `server/discover` without `supportedVersions` becomes a method-not-found error.
+//!   `{}`), or offer only versions that have `initialize` (an rmcp server limited to
+//!   2025-11-25 answers an unsupported-version error naming them): rmcp would fail the
+//!   connection. Either becomes a method-not-found error.
 //! - **They never answer it** (servers that drop a request they cannot parse, or any
 //!   request before `initialize`): rmcp would wait 10 s, and a slow start (an `npx`
 //!   download) looks the same, so no shorter timeout is right. On message-stream
@@ -25,7 +26,7 @@
 use rmcp::RoleClient;
 use rmcp::model::{
     ClientJsonRpcMessage, ClientRequest, ErrorCode, ErrorData, NumberOrString, PingRequest,
-    RequestId, ServerJsonRpcMessage, ServerResult,
+    ProtocolVersion, RequestId, ServerJsonRpcMessage, ServerResult,
 };
 use rmcp::transport::Transport;
 
@@ -86,6 +87,18 @@ fn answer_id(message: &ServerJsonRpcMessage) -> Option<&RequestId> {
         ServerJsonRpcMessage::Error(error) => error.id.as_ref(),
         _ => None,
     }
+}
+
+/// Whether an unsupported-version error's `data.supported` names 2026-07-28 (then rmcp
+/// asks again with it).
+fn offers_2026(data: Option<&serde_json::Value>) -> bool {
+    data.and_then(|d| d.get("supported"))
+        .and_then(|s| s.as_array())
+        .is_some_and(|versions| {
+            versions
+                .iter()
+                .any(|v| v.as_str() == Some(ProtocolVersion::V_2026_07_28.as_str()))
+        })
 }
 
 /// The error rmcp falls back to `initialize` on, answering request `id`.
@@ -162,13 +175,35 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Probe<T> {
                 true => State::Dropping(probe_id()),
                 false => State::Off,
             };
-            if let ServerJsonRpcMessage::Response(response) = &message
-                && !matches!(response.result, ServerResult::DiscoverResult(_))
+            if let ServerJsonRpcMessage::Error(error) = &message
+                && error.error.code == ErrorCode::UNSUPPORTED_PROTOCOL_VERSION
+                && !offers_2026(error.error.data.as_ref())
             {
                 return Some(older_server(
                     id,
-                    "the server answered server/discover with something other than a discover result",
+                    "the server's server/discover offers no version this client speaks without initialize",
                 ));
+            }
+            if let ServerJsonRpcMessage::Response(response) = &message {
+                match &response.result {
+                    ServerResult::DiscoverResult(found)
+                        if !found
+                            .supported_versions
+                            .contains(&ProtocolVersion::V_2026_07_28) =>
+                    {
+                        return Some(older_server(
+                            id,
+                            "the server's server/discover offers no version this client speaks without initialize",
+                        ));
+                    }
+                    ServerResult::DiscoverResult(_) => {}
+                    _ => {
+                        return Some(older_server(
+                            id,
+                            "the server answered server/discover with something other than a discover result",
+                        ));
+                    }
+                }
             }
             return Some(message);
         }
