@@ -35,14 +35,6 @@ const EXPECTED_FAILURES: &[(&str, &str)] = &[
         "`quiver mcp call` makes one call per process and finishes its input_required retries alone, so no unrelated request is ever sent while one is pending",
     ),
     (
-        "http-custom-headers",
-        "`quiver mcp call` calls a tool without listing the server's tools in that session, so rmcp knows no x-mcp-header annotation to mirror into Mcp-Param-* headers (SEP-2243)",
-    ),
-    (
-        "json-schema-2020-12-preservation",
-        "`quiver mcp tools` prints no input schemas, so nothing run through the CLI can echo a tool's schema back",
-    ),
-    (
         "sep-2640-client-no-prefetch",
         "Quiver's client does not implement the skills extension (SEP-2640): it never calls skills/list",
     ),
@@ -564,6 +556,8 @@ fn http_custom_headers() {
         &[
             "sep-2243-client-supports-custom-headers",
             "sep-2243-client-mirrors-designated-params",
+            "sep-2243-client-encode-values",
+            "sep-2243-client-base64-unsafe",
             "sep-2243-client-omit-null",
         ],
     );
@@ -601,6 +595,12 @@ fn json_schema_2020_12_preservation() {
         &[
             "json-schema-2020-12-client-tool-found",
             "json-schema-2020-12-client-echo-completed",
+            "json-schema-2020-12-client-$schema-preserved",
+            "json-schema-2020-12-client-$defs-preserved",
+            "json-schema-2020-12-client-additionalProperties-preserved",
+            "sep-2106-client-composition-keywords-preserved",
+            "sep-2106-client-conditional-keywords-preserved",
+            "sep-2106-client-anchor-keyword-preserved",
         ],
     );
 }

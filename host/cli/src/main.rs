@@ -158,6 +158,10 @@ enum McpCommand {
     /// Connect to a server and list its tools after the registry's allowed_tools filter.
     Tools {
         server_id: String,
+        /// Print one JSON object instead: `server_id`, `tools` (each tool as the server
+        /// listed it, input and output schemas untouched) and `hidden` (names).
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         identity: Identity,
         #[command(flatten)]
@@ -306,9 +310,10 @@ fn main() -> ExitCode {
             Command::Run(args) => run(args).await,
             Command::Mcp(McpCommand::Tools {
                 server_id,
+                json,
                 identity,
                 source,
-            }) => mcp_tools(&server_id, identity, source).await,
+            }) => mcp_tools(&server_id, json, identity, source).await,
             Command::Mcp(McpCommand::Call {
                 server_id,
                 tool,
@@ -753,7 +758,7 @@ async fn server_host(
     Ok((builder.build().map_err(fail)?, entry))
 }
 
-async fn mcp_tools(server_id: &str, identity: Identity, source: ServerSource) -> i32 {
+async fn mcp_tools(server_id: &str, json: bool, identity: Identity, source: ServerSource) -> i32 {
     let ask = identity.open_with.clone().map(Some);
     let (host, entry) = match server_host(server_id, &source, None, ask).await {
         Ok(found) => found,
@@ -783,6 +788,20 @@ async fn mcp_tools(server_id: &str, identity: Identity, source: ServerSource) ->
         .map(|t| t.name.as_ref())
         .filter(|name| !visible.iter().any(|v| v.name == *name))
         .collect();
+    if json {
+        // The full definitions, in the server's order, of the tools a task could use.
+        let tools: Vec<&quiver::Tool> = all
+            .iter()
+            .filter(|t| visible.iter().any(|v| v.name == *t.name))
+            .collect();
+        let out = serde_json::json!({
+            "server_id": entry.server_id(),
+            "tools": tools,
+            "hidden": hidden,
+        });
+        println!("{out}");
+        return 0;
+    }
     println!(
         "{} ({}): {} tools",
         entry.server_id(),

@@ -55,8 +55,9 @@ pub const MCP_MAX_DISCARD_BYTES: u64 = 64 * 1024 * 1024;
 /// cannot park a reconnect for days. Calls are bounded by their tool timeout anyway.
 pub const MAX_SSE_RETRY: Duration = Duration::from_secs(10);
 
-/// How long a server's `tools/list` answer is reused before it is asked again (a
-/// `notifications/tools/list_changed` from the server drops it sooner).
+/// How long a server's `tools/list` answer is reused before it is asked again, at most: a
+/// server's own `ttlMs` (SEP-2549) shortens it, never lengthens it, and a
+/// `notifications/tools/list_changed` from the server drops it sooner.
 pub const TOOLS_CACHE_TTL: Duration = Duration::from_secs(300);
 
 /// Time to spawn a stdio server (or reach a remote one) and finish the MCP `initialize`
@@ -223,6 +224,10 @@ pub const MAX_PRINCIPAL_BYTES: usize = 128;
 /// `A-Za-z0-9_-.`, so bytes and characters agree). A longer name from a guest is `-EINVAL`;
 /// the connection's table of pending requests keeps no more of any name.
 pub const MAX_TOOL_NAME_BYTES: usize = 128;
+
+/// Tools of one connection whose invalid `x-mcp-header` declarations are noted between two
+/// listings (for the decision log); a server listing more gets the rest left out unnamed.
+pub const MAX_LEFT_OUT_TOOLS: usize = 256;
 
 /// Longest resource URI a guest may pass to `mcp_read_resource`, in bytes (longer is
 /// `-EINVAL`): generous for real URIs, and it bounds the policy match and the log lines.

@@ -111,6 +111,18 @@ impl ToolSet {
                 .map(|grant| mcp.pool.list_tools(&grant.entry, mcp.principal())),
         )
         .await;
+        let mut effective = effective;
+        for grant in &effective.servers {
+            let server_id = grant.entry.server_id();
+            for (tool, detail) in mcp.pool.left_out(&grant.entry, mcp.principal()).iter() {
+                effective.decisions.push(Decision {
+                    server_id: server_id.to_owned(),
+                    tool: Some(tool.clone()),
+                    reason: Reason::InvalidToolHeaders,
+                    detail: detail.clone(),
+                });
+            }
+        }
         let approver = mcp.approvals.configured();
         Self::assemble(session, &mcp.registry, effective, listings, approver)
     }

@@ -289,6 +289,8 @@ impl HostBuilder {
         self
     }
 
+    /// The longest a server's tools listing is reused, default 5 minutes
+    /// ([`defaults::TOOLS_CACHE_TTL`]); a server's `ttlMs` only shortens it.
     pub fn with_tools_cache_ttl(mut self, ttl: Duration) -> Self {
         self.tools_cache_ttl = ttl;
         self

@@ -24,7 +24,10 @@ use futures::stream::BoxStream;
 use http::{HeaderName, HeaderValue};
 use rmcp::RoleClient;
 use rmcp::model::RequestId;
-use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientRequest, GetMeta, ProtocolVersion, ServerJsonRpcMessage,
+    ServerResult,
+};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::Transport;
 use rmcp::transport::streamable_http_client::{
@@ -40,6 +43,7 @@ use super::connect::{
 };
 use super::error::{error_chain, host_error};
 use super::outbound::{EgressRefused, OutboundClient, SendError, UrlParseError};
+use super::tool_headers::LeftOut;
 use crate::defaults;
 
 /// A configured header that cannot be sent. The value may be a secret, so it is never
@@ -158,6 +162,8 @@ pub(crate) struct AuthedClient {
     pub(crate) limits: Limits,
     /// Where a refusal only a person can fix is noted for the connection's calls.
     pub(crate) refusal: AuthRefusal,
+    /// Notes the listed tools rmcp will leave out for invalid `x-mcp-header` declarations.
+    pub(crate) left_out: LeftOut,
 }
 
 /// The last refusal of a connection's requests that only a person can fix (a grant
@@ -377,6 +383,18 @@ impl StreamableHttpClient for AuthedClient {
             }
             _ => None,
         };
+        // rmcp filters a listing by its tools' header declarations from 2026-07-28 on.
+        let checks_headers = match &message {
+            ClientJsonRpcMessage::Request(request) => {
+                matches!(request.request, ClientRequest::ListToolsRequest(_))
+                    && request
+                        .request
+                        .get_meta()
+                        .protocol_version()
+                        .is_some_and(|v| v >= ProtocolVersion::STANDARD_HEADERS)
+            }
+            _ => false,
+        };
         let max = match &request {
             Some((_, kind)) => self.limits.message_cap(kind).min(max_sse_event_size),
             None => max_sse_event_size,
@@ -401,6 +419,28 @@ impl StreamableHttpClient for AuthedClient {
             .await;
         let Some((id, kind)) = request else {
             return response;
+        };
+        let response = match response {
+            Ok(StreamableHttpPostResponse::Json(answer, session)) if checks_headers => {
+                note_left_out(&self.left_out, &answer);
+                Ok(StreamableHttpPostResponse::Json(answer, session))
+            }
+            Ok(StreamableHttpPostResponse::Sse(events, session)) if checks_headers => {
+                let left_out = self.left_out.clone();
+                let events = events
+                    .inspect(move |event| {
+                        if let Ok(Sse {
+                            data: Some(data), ..
+                        }) = event
+                            && let Ok(answer) = serde_json::from_str(data)
+                        {
+                            note_left_out(&left_out, &answer);
+                        }
+                    })
+                    .boxed();
+                Ok(StreamableHttpPostResponse::Sse(events, session))
+            }
+            other => other,
         };
         match response {
             // rmcp reads a JSON result up to 16 MiB, an HTTP error's body up to 64 KiB: only
@@ -500,6 +540,15 @@ impl StreamableHttpClient for AuthedClient {
         )
         .await
         .map(bound_retry)
+    }
+}
+
+/// Notes the tools of a `tools/list` answer whose header declarations are invalid.
+fn note_left_out(left_out: &LeftOut, answer: &ServerJsonRpcMessage) {
+    if let ServerJsonRpcMessage::Response(response) = answer
+        && let ServerResult::ListToolsResult(list) = &response.result
+    {
+        left_out.check(list);
     }
 }
 

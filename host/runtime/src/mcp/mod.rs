@@ -21,6 +21,7 @@ mod outbound;
 mod pool;
 mod rules;
 mod session;
+mod tool_headers;
 
 pub use auth::{
     ApiKeyConfig, AuthConfig, AuthSet, AuthorizationPrompt, AuthorizeError, DirGrantStore, Grant,

@@ -331,6 +331,9 @@ pub enum Reason {
     EnvMissing,
     /// The server could not list its tools.
     ListFailed,
+    /// The server listed the tool with invalid `x-mcp-header` declarations (SEP-2243), so
+    /// it is left out of the listing.
+    InvalidToolHeaders,
     /// The server did not list its tools in time.
     ListTimeout,
     /// A tool matches a deny pattern.

@@ -24,16 +24,17 @@ pub enum Transport {
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum Lifecycle {
-    /// The `initialize` handshake (protocol 2025-11-25 and earlier, or the record's
-    /// `protocol_version`; servers speaking 2026-07-28 accept it too). One round trip; the
-    /// default.
-    #[default]
+    /// The `initialize` handshake only (protocol 2025-11-25 and earlier, or the record's
+    /// `protocol_version`), for a server that mishandles `server/discover`.
     Initialize,
     /// `server/discover` with protocol 2026-07-28 only, for servers that dropped
     /// `initialize`.
     Discover,
-    /// Try `server/discover`, fall back to `initialize` when the server is older. Costs up
-    /// to 10 s on a server that ignores unknown methods, so it is opt-in.
+    /// `server/discover` first, then `initialize` when the server answers it as an older
+    /// server does: one extra round trip against an older server, none against a
+    /// 2026-07-28 one. On stdio and legacy SSE a `ping` sent with it tells a server that
+    /// ignores unknown methods from a slow one. The default.
+    #[default]
     Auto,
 }
 

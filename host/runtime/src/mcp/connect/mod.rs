@@ -15,6 +15,7 @@
 
 mod guard;
 mod lines;
+mod probe;
 mod process;
 mod remote;
 mod scan;
@@ -28,7 +29,9 @@ use std::time::Duration;
 use rmcp::model::{ClientConfig, ClientJsonRpcMessage, ProtocolVersion, ServerJsonRpcMessage};
 use rmcp::service::{NotificationContext, RunningService, RunningServiceCancellationToken};
 use rmcp::transport::{IntoTransport, Transport};
-use rmcp::{ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceExt};
+use rmcp::{
+    ClientCacheConfig, ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceExt,
+};
 use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tracing::Instrument;
 
@@ -36,9 +39,11 @@ use super::ServerRules;
 use super::error::{McpError, McpErrorCode, error_chain};
 use super::http::{AuthRefusal, SseConnectError};
 use super::outbound::{ClientBuildError, OutboundClient};
+use super::tool_headers::LeftOut;
 use crate::defaults;
-use crate::registry::{Launch, Lifecycle, ServerEntry};
+use crate::registry::{Launch, Lifecycle, ServerEntry, Transport as Wire};
 pub(super) use guard::{Guard, Guarded, Incoming, Kind, Limits, Problem};
+use probe::{Probe, Probing};
 use process::ServerProcess;
 pub(super) use scan::IdScan;
 pub(super) use sse::{SseEvent, SseReader};
@@ -79,6 +84,10 @@ pub(super) struct Connection {
     process: Option<Arc<ServerProcess>>,
     /// Set by a `tools/list_changed` notification.
     pub(super) tools_stale: Arc<AtomicBool>,
+    /// Streamable HTTP, whose transport mirrors tool parameters into headers.
+    streamable: bool,
+    /// The listed tools the transport left out for invalid `x-mcp-header` declarations.
+    pub(super) left_out: LeftOut,
     /// Set when the transport stops delivering (the server went away, or the guard closed
     /// the connection): rmcp's session stays open until its transport has closed, which
     /// for a stdio server can take the shutdown grace, and no call may go to it meanwhile.
@@ -122,6 +131,17 @@ impl Connection {
                 .process
                 .as_deref()
                 .is_none_or(ServerProcess::leader_running)
+    }
+
+    /// Whether calls on this connection carry `Mcp-Param-*` headers taken from the tools
+    /// listed on it (SEP-2243): Streamable HTTP at protocol 2026-07-28 or later.
+    pub(super) fn mirrors_headers(&self) -> bool {
+        self.streamable
+            && self
+                .service
+                .peer()
+                .peer_info()
+                .is_some_and(|info| info.protocol_version >= ProtocolVersion::STANDARD_HEADERS)
     }
 
     /// The server process, if connected over stdio.
@@ -193,7 +213,8 @@ impl<T: Transport<RoleClient>> Transport<RoleClient> for Watched<T> {
 /// Where a connection goes, for its errors and its log line.
 enum Peer<'a> {
     Process(Box<ServerProcess>),
-    Url(&'a str),
+    /// A remote server, and where its transport notes the tools it leaves out.
+    Url(&'a str, LeftOut),
 }
 
 /// Opens connections: the connect timeout, and for remote servers the credentials and the
@@ -296,9 +317,9 @@ impl Connector {
         E: std::error::Error + Send + Sync + 'static,
     {
         let server_id = entry.server_id();
-        let (process, url) = match peer {
-            Peer::Process(process) => (Some(Arc::new(*process)), None),
-            Peer::Url(url) => (None, Some(url)),
+        let (process, url, left_out) = match peer {
+            Peer::Process(process) => (Some(Arc::new(*process)), None, LeftOut::default()),
+            Peer::Url(url, left_out) => (None, Some(url), left_out),
         };
         let shown = match url {
             Some(url) => format!("server `{server_id}` ({url})"),
@@ -320,10 +341,16 @@ impl Connector {
         // caller's span so its logs are not filed under that task.
         let connection_span = tracing::info_span!(parent: None, "mcp_server", server_id);
         let lifecycle = entry.record.lifecycle;
+        // Streamable HTTP answers every POST; on a message stream `auto` also pings.
+        let probe = match (lifecycle, entry.record.transport) {
+            (Lifecycle::Auto, Wire::StreamableHttp) => Probing::Answer,
+            (Lifecycle::Auto, _) => Probing::AnswerAndPing,
+            _ => Probing::Off,
+        };
         // A failed handshake drops `process`, which kills the server's group.
         let connecting = async move {
             let transport = Watched {
-                inner: transport.await?.into_transport(),
+                inner: Probe::new(transport.await?.into_transport(), probe),
                 ended: watched,
             };
             handshake(events, transport, lifecycle).await
@@ -341,6 +368,13 @@ impl Connector {
                 ))
             })?
             .map_err(|e| unavailable(format!("{shown}: cannot connect: {}", error_chain(&e))))?;
+        // The pool keeps the one cache (tools, by the server's hints and per principal):
+        // rmcp's own would serve a private answer to every principal sharing this
+        // connection, and a stale one when the server fails.
+        service
+            .peer()
+            .set_response_cache_config(ClientCacheConfig::disabled())
+            .await;
         if let Some(process) = &process {
             tokio::spawn(stop_when_ended(
                 server_id.to_owned(),
@@ -358,6 +392,8 @@ impl Connector {
             serial,
             process,
             tools_stale,
+            streamable: entry.record.transport == Wire::StreamableHttp,
+            left_out,
             ended,
             auth_refusal: AuthRefusal::default(),
         })
@@ -410,6 +446,10 @@ pub(super) enum ConnectError {
     LegacySse(#[source] SseConnectError),
     #[error("MCP handshake failed: {0}")]
     Handshake(#[source] Box<rmcp::service::ClientInitializeError>),
+    /// `auto` fell back to `initialize`, which failed too: what the older server said to
+    /// `initialize` is what the operator can act on (rmcp's error shows neither).
+    #[error("MCP handshake failed: initialize (after server/discover found an older server): {}", error_chain(.0.as_ref()))]
+    Fallback(Box<rmcp::service::ClientInitializeError>),
 }
 
 /// Opens the MCP session over `transport` the way the record asks. `initialize` (also as
@@ -437,5 +477,10 @@ where
     events
         .serve_with_lifecycle(transport, mode)
         .await
-        .map_err(failed)
+        .map_err(|error| match error {
+            rmcp::service::ClientInitializeError::LegacyFallbackFailed { fallback, .. } => {
+                ConnectError::Fallback(fallback)
+            }
+            other => failed(other),
+        })
 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use crate::mcp::auth::{AuthError, Credentials, UserToken};
 use crate::mcp::error::McpError;
 use crate::mcp::http::{AuthRefusal, AuthedClient, LegacySse, header_map, streamable_http};
+use crate::mcp::tool_headers::LeftOut;
 use crate::registry::{ServerEntry, Transport};
 
 impl Connector {
@@ -104,13 +105,15 @@ impl Connector {
             .map_err(|e| unavailable(e.to_string()))?;
         let oauth = credentials.as_ref().and_then(Credentials::tokens);
         let refusal = AuthRefusal::default();
+        let left_out = LeftOut::default();
         let client = AuthedClient {
             inner: http,
             oauth,
             limits: super::Limits::of(entry),
             refusal: refusal.clone(),
+            left_out: left_out.clone(),
         };
-        let peer = Peer::Url(url);
+        let peer = Peer::Url(url, left_out);
         let connected = match entry.record.transport {
             Transport::HttpSseLegacy => {
                 let transport = async {

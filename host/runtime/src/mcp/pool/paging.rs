@@ -1,7 +1,9 @@
 //! Reading every page of a listing, within a byte cap and a page cap.
 
+use std::time::Duration;
+
 use rmcp::ServiceError;
-use rmcp::model::{PaginatedRequestParams, Tool};
+use rmcp::model::{CacheScope, PaginatedRequestParams, Tool};
 
 use super::Connection;
 use super::failure::{CallPhase, service_failed};
@@ -9,14 +11,39 @@ use crate::defaults;
 use crate::mcp::capped::encoded_len;
 use crate::mcp::{McpError, McpErrorCode};
 
+/// What a listing's pages said about caching it (SEP-2549): the shortest `ttlMs` of any
+/// page, and whether any page was `cacheScope: private`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct CacheHint {
+    pub(super) ttl: Option<Duration>,
+    pub(super) private: bool,
+}
+
+impl CacheHint {
+    fn add(&mut self, ttl_ms: Option<u64>, scope: Option<CacheScope>) {
+        if let Some(ms) = ttl_ms {
+            let ttl = Duration::from_millis(ms);
+            self.ttl = Some(self.ttl.map_or(ttl, |t| t.min(ttl)));
+        }
+        self.private |= scope == Some(CacheScope::Private);
+    }
+
+    /// How long the listing may be served: the server's TTL, at most `host_max`.
+    pub(super) fn ttl(&self, host_max: Duration) -> Duration {
+        self.ttl.map_or(host_max, |ttl| ttl.min(host_max))
+    }
+}
+
 /// Every page of the server's `tools/list`, the tools' JSON at most `cap` bytes in all
-/// (each page was capped by the transport as it was read).
+/// (each page was capped by the transport as it was read), in the server's order, and
+/// what the pages said about caching them.
 pub(super) async fn list_all_pages(
     conn: &Connection,
     server_id: &str,
     cap: u64,
     phase: &CallPhase,
-) -> Result<Vec<Tool>, McpError> {
+) -> Result<(Vec<Tool>, CacheHint), McpError> {
+    let mut hint = CacheHint::default();
     let mut tools = Vec::new();
     let mut cursor = None;
     let mut total: u64 = 0;
@@ -39,17 +66,18 @@ pub(super) async fn list_all_pages(
                 ));
             }
         };
+        hint.add(page.ttl_ms, page.cache_scope);
         tools.extend(page.tools);
         cursor = page.next_cursor;
         if cursor.is_none() {
-            return Ok(tools);
+            return Ok((tools, hint));
         }
     }
     tracing::warn!(
         pages = defaults::MAX_TOOL_LIST_PAGES,
         "tools/list kept paging; using what was read"
     );
-    Ok(tools)
+    Ok((tools, hint))
 }
 
 /// Reads every page of a `what` listing, at most `cap` bytes of items (encoded) and

@@ -53,8 +53,7 @@ impl McpPool {
         {
             let cache = slot.tools.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(cached) = cache.as_ref()
-                && cached.conn_serial == conn.serial
-                && cached.fetched.elapsed() < self.tools_ttl
+                && cached.serves(conn.serial, principal)
                 && !conn.tools_stale.load(Ordering::SeqCst)
             {
                 return Ok(cached.tools.clone());
@@ -81,8 +80,8 @@ impl McpPool {
             }
         };
         let listed = listed.map_err(|error| error.redacted(secrets));
-        let tools: Arc<[Tool]> = match listed {
-            Ok(tools) => tools.into(),
+        let (tools, hint): (Arc<[Tool]>, _) = match listed {
+            Ok((tools, hint)) => (tools.into(), hint),
             Err(error) => {
                 if error.code == McpErrorCode::Unavailable {
                     self.discard(slot, &conn).await;
@@ -94,12 +93,65 @@ impl McpPool {
             }
         };
         slot.health.listed(tools.len());
+        let left_out: Arc<[(String, String)]> = conn.left_out.missing_from(&tools).into();
+        for (tool, reason) in left_out.iter() {
+            tracing::warn!(
+                server_id,
+                tool,
+                reason = "invalid_tool_headers",
+                detail = %reason,
+                "left out of the server's tools: invalid x-mcp-header declarations (SEP-2243)"
+            );
+        }
         *slot.tools.lock().unwrap_or_else(|e| e.into_inner()) = Some(CachedTools {
             fetched: Instant::now(),
             conn_serial: conn.serial,
+            ttl: hint.ttl(self.tools_ttl),
+            private_to: hint.private.then(|| principal.map(Arc::from)),
             tools: tools.clone(),
+            left_out,
         });
         Ok(tools)
+    }
+
+    /// Before a call on a connection that mirrors tool parameters into `Mcp-Param-*`
+    /// headers (SEP-2243: Streamable HTTP at 2026-07-28), the tools listed on it: rmcp
+    /// takes each tool's `x-mcp-header` declarations from the listing, and leaves out of
+    /// it a tool whose declarations are invalid. A tool not among them is refused, so no
+    /// call goes out without the headers its declaration asks for. A listing on this
+    /// connection is reused whatever its age; a tool missing from it lists again once.
+    async fn check_listed(
+        &self,
+        entry: &Arc<ServerEntry>,
+        slot: &ServerSlot,
+        conn: &Connection,
+        name: &str,
+        principal: Option<&str>,
+    ) -> Result<(), McpError> {
+        if !conn.mirrors_headers() {
+            return Ok(());
+        }
+        let known = {
+            let cache = slot.tools.lock().unwrap_or_else(|e| e.into_inner());
+            cache
+                .as_ref()
+                .filter(|cached| cached.conn_serial == conn.serial)
+                .map(|cached| cached.tools.iter().any(|tool| tool.name == name))
+        };
+        if known == Some(true) {
+            return Ok(());
+        }
+        let tools = self.list_tools(entry, principal).await?;
+        if tools.iter().any(|tool| tool.name == name) {
+            return Ok(());
+        }
+        Err(McpError::new(
+            McpErrorCode::PolicyDenied,
+            format!(
+                "tool `{name}` is not among the tools server `{}` lists, so it is not called (a tool whose x-mcp-header declarations are invalid is left out of the listing; the log names why)",
+                entry.server_id()
+            ),
+        ))
     }
 
     /// Calls `name` on the server within its budgets. `arguments` is the JSON object sent.
@@ -118,6 +170,8 @@ impl McpPool {
         let in_flight = self.enter(entry, principal);
         let slot = &in_flight.slot;
         let conn = self.connect(slot).await?;
+        self.check_listed(entry, slot, &conn, name, principal)
+            .await?;
         let timeout = record.budgets.tool_timeout;
         let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
         let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
@@ -426,7 +480,9 @@ impl McpPool {
             .await
             .unwrap_or_else(|_| Err(timed_out(server_id, "tools/list", timeout)));
         conn.close(server_id, defaults::SHUTDOWN_GRACE).await;
-        listed.map_err(|error| error.redacted(entry.secrets()))
+        listed
+            .map(|(tools, _)| tools)
+            .map_err(|error| error.redacted(entry.secrets()))
     }
 
     /// Starts `entries`' servers now (connecting and listing their tools), so the first

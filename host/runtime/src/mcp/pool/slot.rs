@@ -17,7 +17,27 @@ use crate::registry::{Launch, Registry, ServerEntry};
 pub(super) struct CachedTools {
     pub(super) fetched: Instant,
     pub(super) conn_serial: u64,
+    /// How long the listing is fresh: the server's `ttlMs` (SEP-2549), at most the host's
+    /// tools TTL; the host's TTL when the server sent none.
+    pub(super) ttl: Duration,
+    /// `Some(principal)` when the server marked the listing `cacheScope: private`: it is
+    /// served to that principal only.
+    pub(super) private_to: Option<Option<Arc<str>>>,
     pub(super) tools: Arc<[Tool]>,
+    /// Tools the listing left out for invalid `x-mcp-header` declarations, with why.
+    pub(super) left_out: Arc<[(String, String)]>,
+}
+
+impl CachedTools {
+    /// Whether this listing may answer `principal` on connection `conn_serial` now.
+    pub(super) fn serves(&self, conn_serial: u64, principal: Option<&str>) -> bool {
+        self.conn_serial == conn_serial
+            && self.fetched.elapsed() < self.ttl
+            && self
+                .private_to
+                .as_ref()
+                .is_none_or(|owner| owner.as_deref() == principal)
+    }
 }
 
 pub(super) struct ServerSlot {
@@ -184,6 +204,26 @@ impl McpPool {
 
     /// Whether the server's credential is a user's grant, so each principal connects
     /// with its own.
+    /// The tools `entry`'s last listing (for `principal`) left out for invalid
+    /// `x-mcp-header` declarations, each with the reason; empty before any listing.
+    pub(crate) fn left_out(
+        &self,
+        entry: &ServerEntry,
+        principal: Option<&str>,
+    ) -> Arc<[(String, String)]> {
+        let principal = principal.filter(|_| self.is_per_principal(entry));
+        let slot = self
+            .shared
+            .slots()
+            .get(&slot_key(entry.server_id(), principal))
+            .cloned();
+        slot.and_then(|slot| {
+            let cache = slot.tools.lock().unwrap_or_else(|e| e.into_inner());
+            cache.as_ref().map(|cached| cached.left_out.clone())
+        })
+        .unwrap_or_else(|| Arc::from([]))
+    }
+
     fn is_per_principal(&self, entry: &ServerEntry) -> bool {
         entry
             .record
