@@ -6,8 +6,8 @@
 
 mod defaults;
 mod login;
-mod principal;
 mod pin;
+mod principal;
 mod registry;
 mod status;
 mod table;

@@ -120,7 +120,10 @@ fn write_pins(
 /// permissions, and renames it over `path`, so a reader never sees half a record.
 fn replace(path: &Path, text: &str) -> Result<(), String> {
     let shown = path.display();
-    let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
     let temp = path.with_file_name(format!(".{name}.pin-tmp"));
     let written = std::fs::write(&temp, text).and_then(|()| {
         let permissions = std::fs::metadata(path)?.permissions();

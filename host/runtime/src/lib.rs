@@ -71,8 +71,8 @@ pub use host::RegistryWatcher;
 pub use host::{
     BusyReason, CallRefusal, GuestMemoryExhausted, GuestMemoryStatus, GuestModule, Host,
     HostBuilder, HostConfig, HostError, HostMemoryStatus, HostMemoryUse, HostStatus, ModuleError,
-    ModuleOrigin, PreviewError, ProbeReport, RegistryHealth, StoreFollower, TaskFailure,
-    TaskOutcome, TaskStatus, TasksConfig, ToolCallError, ToolCallRequest, ToolPreview, PinStatus,
+    ModuleOrigin, PinStatus, PreviewError, ProbeReport, RegistryHealth, StoreFollower, TaskFailure,
+    TaskOutcome, TaskStatus, TasksConfig, ToolCallError, ToolCallRequest, ToolPreview,
 };
 /// What a task is charged against its host memory budget for a JSON text its guest hands
 /// the host (the parsed value's size, computed without parsing), for sizing

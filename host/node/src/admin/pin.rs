@@ -6,12 +6,12 @@
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::body::Body;
 use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Extension;
 use serde::Deserialize;
 use serde_json::json;
 
@@ -88,8 +88,8 @@ pub(crate) async fn pin(
         })?;
     let store = store(&state)?;
     let listing = store.list().await.map_err(store_error)?;
-    let current = find(&listing, DocKind::Server, &id)
-        .ok_or_else(|| ApiError::not_found("server", "id"))?;
+    let current =
+        find(&listing, DocKind::Server, &id).ok_or_else(|| ApiError::not_found("server", "id"))?;
     let text = String::from_utf8_lossy(&current.body);
     let body = with_pins(current.format, &text, &pins).map_err(|e| {
         ApiError::new(

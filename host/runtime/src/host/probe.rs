@@ -289,7 +289,12 @@ impl Host {
             })
             .collect();
         if !changes.is_empty() {
-            tracing::info!(server_id, by, changed = changes.len(), "tool definitions pinned");
+            tracing::info!(
+                server_id,
+                by,
+                changed = changes.len(),
+                "tool definitions pinned"
+            );
             self.inner.observers.pins_changed(&PinsChanged {
                 server_id: server_id.to_owned(),
                 by: by.to_owned(),
@@ -315,8 +320,7 @@ impl Host {
         let mut allowed: Vec<_> = tools
             .iter()
             .filter(|t| {
-                filter.permits(&t.name)
-                    && check_definition(&entry.record, &t.name, Some(t)).is_ok()
+                filter.permits(&t.name) && check_definition(&entry.record, &t.name, Some(t)).is_ok()
             })
             .collect();
         // Named in the order a chat session names them, so collisions resolve alike.

@@ -21,8 +21,8 @@ use std::time::Instant;
 pub use audit::AuditLog;
 pub(crate) use event::unix_seconds;
 pub use event::{
-    ApprovalDecided, ArgumentsSummary, PinChange, PinsChanged, PolicyDenial, ToolCall,
-    ToolCallEnd, ToolKind, ToolOutcome, Via,
+    ApprovalDecided, ArgumentsSummary, PinChange, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd,
+    ToolKind, ToolOutcome, Via,
 };
 pub use metrics::Metrics;
 pub(crate) use metrics::{LiveStatus, ServerGauges};
