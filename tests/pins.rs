@@ -264,8 +264,7 @@ async fn a_drifted_tool_is_refused_everywhere_until_it_is_pinned_again() {
     assert_eq!(pins_of(&registry)["echo"], current);
     let change = audit_lines(&audit)
         .into_iter()
-        .filter(|l| l["event"] == "pins_changed")
-        .next_back()
+        .rfind(|l| l["event"] == "pins_changed")
         .expect("the re-pin is audited");
     assert_eq!(
         change["changes"],
