@@ -6,6 +6,7 @@
 
 mod defaults;
 mod login;
+mod pin;
 mod principal;
 mod registry;
 mod status;
@@ -722,6 +723,17 @@ async fn server_host(
     approver: Option<Arc<dyn Approver>>,
     ask_person: Option<Option<String>>,
 ) -> Result<(Host, Arc<ServerEntry>), i32> {
+    server_host_with(server_id, source, approver, ask_person, None).await
+}
+
+/// [`server_host`] whose observers include the audit log at `audit_log`.
+async fn server_host_with(
+    server_id: &str,
+    source: &ServerSource,
+    approver: Option<Arc<dyn Approver>>,
+    ask_person: Option<Option<String>>,
+    audit_log: Option<&std::path::Path>,
+) -> Result<(Host, Arc<ServerEntry>), i32> {
     let registry = Registry::load_dir(&source.registry).map_err(fail)?;
     let Some(entry) = registry.get(server_id).cloned() else {
         let known: Vec<_> = registry
@@ -755,6 +767,9 @@ async fn server_host(
     if let Some(approver) = approver {
         builder = builder.with_approver(approver);
     }
+    if let Some(path) = audit_log {
+        builder = builder.with_audit_log(path);
+    }
     Ok((builder.build().map_err(fail)?, entry))
 }
 
@@ -769,24 +784,30 @@ async fn mcp_tools(server_id: &str, json: bool, identity: Identity, source: Serv
     // What a task could be offered (after allowed_tools), and the whole listing, for
     // what the registry hides; the second answer comes from the pool's tools cache.
     let listed = match host.preview_tools_as(server_id, principal).await {
-        Ok(visible) => host
-            .server_tools_as(server_id, principal)
-            .await
-            .map(|all| (visible, all)),
+        Ok(visible) => match host.server_tools_as(server_id, principal).await {
+            Ok(all) if entry.record.pins_apply() => host
+                .pin_report_as(server_id, principal)
+                .await
+                .map(|pins| (visible, all, pins)),
+            Ok(all) => Ok((visible, all, Vec::new())),
+            Err(e) => Err(e),
+        },
         Err(e) => Err(e),
     };
     host.shutdown().await;
-    let (visible, all) = match listed {
+    let (visible, all, pins) = match listed {
         Ok(listed) => listed,
         Err(e) => {
             eprintln!("quiver: {e}");
             return 1;
         }
     };
+    let refused: Vec<_> = pins.iter().filter(|p| p.denied.is_some()).collect();
     let hidden: Vec<&str> = all
         .iter()
         .map(|t| t.name.as_ref())
         .filter(|name| !visible.iter().any(|v| v.name == *name))
+        .filter(|name| !refused.iter().any(|p| p.name == *name))
         .collect();
     if json {
         // The full definitions, in the server's order, of the tools a task could use.
@@ -820,6 +841,10 @@ async fn mcp_tools(server_id: &str, json: bool, identity: Identity, source: Serv
     }
     if !hidden.is_empty() {
         println!("hidden by allowed_tools: {}", hidden.join(", "));
+    }
+    for status in refused {
+        let why = status.denied.as_deref().unwrap_or_default();
+        println!("refused by the record's pins: {}: {why}", status.name);
     }
     0
 }

@@ -82,6 +82,11 @@ pub(super) enum RegistryCommand {
         #[command(flatten)]
         target: TargetArgs,
     },
+    /// Pin the definitions of a server's tools as it lists them now (a digest of each
+    /// tool's name, description, schemas and annotations) into its record file in a
+    /// registry directory; a tool whose definition later changes is refused until it is
+    /// pinned again. Prints each tool's old and new digest.
+    Pin(crate::pin::PinArgs),
 }
 
 /// Where a command reads and writes: a node or a store.
@@ -316,6 +321,7 @@ pub(super) async fn run(command: RegistryCommand) -> i32 {
     };
     let (args, job) = match command {
         RegistryCommand::Validate { dir } => return validate(dir),
+        RegistryCommand::Pin(args) => return crate::pin::run(args).await,
         RegistryCommand::List { json, target } => (target, Job::List { json }),
         RegistryCommand::Get {
             name,

@@ -81,6 +81,10 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
         )
         .route("/admin/api/mcp/servers/{id}/tools", get(admin::tools))
         .route(
+            "/admin/api/mcp/servers/{id}/pin",
+            axum::routing::post(admin::pin),
+        )
+        .route(
             "/admin/api/mcp/profiles",
             get(admin::list_profiles).post(admin::create_profile),
         )

@@ -229,6 +229,10 @@ pub const MAX_TOOL_NAME_BYTES: usize = 128;
 /// listings (for the decision log); a server listing more gets the rest left out unnamed.
 pub const MAX_LEFT_OUT_TOOLS: usize = 256;
 
+/// Most tool pins one registry record may hold (`pins`): far more tools than a model can
+/// use, and it bounds what a load and every definition check cost.
+pub const MAX_TOOL_PINS: usize = 1024;
+
 /// Longest resource URI a guest may pass to `mcp_read_resource`, in bytes (longer is
 /// `-EINVAL`): generous for real URIs, and it bounds the policy match and the log lines.
 pub const MAX_RESOURCE_URI_BYTES: usize = 4096;

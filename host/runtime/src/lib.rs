@@ -71,7 +71,7 @@ pub use host::RegistryWatcher;
 pub use host::{
     BusyReason, CallRefusal, GuestMemoryExhausted, GuestMemoryStatus, GuestModule, Host,
     HostBuilder, HostConfig, HostError, HostMemoryStatus, HostMemoryUse, HostStatus, ModuleError,
-    ModuleOrigin, PreviewError, ProbeReport, RegistryHealth, StoreFollower, TaskFailure,
+    ModuleOrigin, PinStatus, PreviewError, ProbeReport, RegistryHealth, StoreFollower, TaskFailure,
     TaskOutcome, TaskStatus, TasksConfig, ToolCallError, ToolCallRequest, ToolPreview,
 };
 /// What a task is charged against its host memory budget for a JSON text its guest hands
@@ -90,8 +90,8 @@ pub use mcp::{
     TokenType, Tool, ToolCallOutput, UserAuthorizer, ensure_tls_provider,
 };
 pub use observe::{
-    ApprovalDecided, ArgumentsSummary, AuditLog, Metrics, PolicyDenial, ToolCall, ToolCallEnd,
-    ToolKind, ToolObserver, ToolOutcome, Via,
+    ApprovalDecided, ArgumentsSummary, AuditLog, Metrics, PinChange, PinsChanged, PolicyDenial,
+    ToolCall, ToolCallEnd, ToolKind, ToolObserver, ToolOutcome, Via,
 };
 pub use policy::{Layer, Pattern, PolicyReport, PrincipalConfig, Reason};
 pub use quiver_abi::Errno;

@@ -14,6 +14,7 @@
 //! errors, and the checks of ids and query strings.
 
 mod import;
+mod pin;
 mod probe;
 mod records;
 
@@ -26,6 +27,7 @@ use axum::http::{HeaderMap, StatusCode};
 use serde::Deserialize;
 
 pub(super) use import::import;
+pub(super) use pin::pin;
 pub(super) use probe::{test, tools};
 pub(super) use records::{
     create_profile, create_server, delete_profile, delete_server, get_profile, get_server,

@@ -59,7 +59,7 @@ pub(crate) async fn tools(
             "server_unavailable",
             format!("{e}; GET /v1/registry says why"),
         ),
-        PreviewError::Unavailable(_) => {
+        PreviewError::Unavailable(_) | PreviewError::NotPinnable(_) => {
             ApiError::new(StatusCode::BAD_GATEWAY, "server_unavailable", e.to_string())
         }
     })?;

@@ -226,7 +226,7 @@ async fn remove(
     Ok(axum::Json(json!({name_field(kind): id, "revision": revision})).into_response())
 }
 
-fn find<'l>(listing: &'l Listing, kind: DocKind, name: &str) -> Option<&'l StoredDoc> {
+pub(super) fn find<'l>(listing: &'l Listing, kind: DocKind, name: &str) -> Option<&'l StoredDoc> {
     listing
         .docs
         .iter()
@@ -266,7 +266,7 @@ fn if_match(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
 /// Checks `write` against `listing` (the rules of a load; building registries is CPU work,
 /// so off the async workers). The write and the listing's revision, for a checked write
 /// ([`RegistryStore::apply`]) made only while the store is still as listed.
-async fn check(
+pub(super) async fn check(
     state: &NodeState,
     store: &Arc<dyn RegistryStore>,
     listing: Listing,

@@ -194,7 +194,10 @@ impl ToolSet {
                     reason,
                     detail,
                 };
-                let approval = match grant.check_call(&tool.name) {
+                let approval = match grant
+                    .check_call(&tool.name)
+                    .and_then(|approval| grant.check_definition(tool).map(|()| approval))
+                {
                     Err(denial) => {
                         set.decisions
                             .push(decide(denial.reason(), denial.to_string()));
@@ -238,6 +241,20 @@ impl ToolSet {
                         approval,
                     },
                 );
+            }
+            // A pinned tool the server no longer lists is reported, so the drift shows.
+            for (name, pinned) in &grant.entry.record.pins {
+                if grant.tools.permits(name) && !tools.iter().any(|t| t.name == *name) {
+                    let denial = Denial::PinnedToolMissing {
+                        pinned: pinned.clone(),
+                    };
+                    set.decisions.push(Decision {
+                        server_id: server_id.clone(),
+                        tool: Some(name.clone()),
+                        reason: denial.reason(),
+                        detail: denial.to_string(),
+                    });
+                }
             }
             set.servers.push(server_id);
         }

@@ -45,7 +45,7 @@ pub use admission::{BusyReason, TaskStatus};
 pub use builder::{HostBuilder, HostError, ModuleError};
 pub use call::{CallRefusal, ToolCallError, ToolCallRequest};
 pub use config::{HostConfig, TasksConfig};
-pub use probe::{PreviewError, ProbeReport, ToolPreview};
+pub use probe::{PinStatus, PreviewError, ProbeReport, ToolPreview};
 pub use reload::RegistryHealth;
 use reload::ReloadState;
 pub use sync::StoreFollower;

@@ -10,7 +10,7 @@
 //! preview goes through the pool (its cache and its connection), then applies the
 //! registry's `allowed_tools` and names each tool as the chat capability does.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -21,7 +21,9 @@ use super::Host;
 use crate::chat::tools::mcp_model_name;
 use crate::defaults;
 use crate::mcp::{McpError, Tool};
-use crate::policy::{TaskMcpPolicy, ToolFilter};
+use crate::observe::{PinChange, PinsChanged};
+use crate::policy::{Denial, TaskMcpPolicy, ToolFilter, check_definition};
+use crate::registry::tool_digest;
 use crate::text::{cut, printable};
 
 /// What a connection test found. New fields may be added.
@@ -50,6 +52,20 @@ pub struct ToolPreview {
     pub description: Option<String>,
 }
 
+/// One tool's definition against the record's pin, as [`Host::pin_report`] lists it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PinStatus {
+    pub name: String,
+    /// The record's pin, if any.
+    pub pinned: Option<String>,
+    /// The digest of the definition the server lists now; `None` when it does not list
+    /// the tool.
+    pub current: Option<String>,
+    /// Why the tool is refused (`tool_definition_drifted`, `pinned_tool_missing`,
+    /// `tool_not_pinned`), with both digests in the detail; `None` when it passes.
+    pub denied: Option<String>,
+}
+
 /// Why a preview has no list.
 #[derive(Debug, thiserror::Error)]
 pub enum PreviewError {
@@ -58,6 +74,9 @@ pub enum PreviewError {
     /// The server could not be reached or did not list its tools.
     #[error(transparent)]
     Unavailable(McpError),
+    /// A tool asked to be pinned that cannot be: not listed, or outside `allowed_tools`.
+    #[error("{0}")]
+    NotPinnable(String),
 }
 
 impl Host {
@@ -166,6 +185,126 @@ impl Host {
             .await
     }
 
+    /// Every tool `server_id` lists that its `allowed_tools` lets through, and every tool its
+    /// record pins, each with its pin, its current digest and whether the pins refuse it:
+    /// what `quiver mcp tools` shows and `quiver registry pin` writes from.
+    pub async fn pin_report_as(
+        &self,
+        server_id: &str,
+        principal: Option<&str>,
+    ) -> Result<Vec<PinStatus>, PreviewError> {
+        let tools = self.server_tools_inner(server_id, principal).await?;
+        let registry = self.registry();
+        let entry = registry
+            .get(server_id)
+            .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
+        let record = &entry.record;
+        let filter = ToolFilter::new(&record.allowed_tools, &TaskMcpPolicy::default());
+        let status = |name: &str, listed: Option<&Tool>| PinStatus {
+            name: name.to_owned(),
+            pinned: record.pins.get(name).cloned(),
+            current: listed.map(tool_digest),
+            denied: check_definition(record, name, listed)
+                .err()
+                .map(|denial: Denial| denial.to_string()),
+        };
+        let mut report: Vec<PinStatus> = tools
+            .iter()
+            .filter(|t| filter.permits(&t.name))
+            .map(|t| status(&t.name, Some(t)))
+            .collect();
+        for name in record.pins.keys() {
+            if !tools.iter().any(|t| t.name == *name) {
+                report.push(status(name, None));
+            }
+        }
+        report.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(report)
+    }
+
+    /// The record's `pins` with `tools` (every listed tool `allowed_tools` lets through
+    /// when empty) pinned to the definitions `server_id` lists now, through the pool as
+    /// `principal` (the normal connection, its policy gate and credentials). Other pins
+    /// are kept. Nothing is written: the caller stores the record, then reports the
+    /// change with [`Host::report_pins_changed`].
+    pub async fn pins_from_server(
+        &self,
+        server_id: &str,
+        tools: &[String],
+        principal: Option<&str>,
+    ) -> Result<BTreeMap<String, String>, PreviewError> {
+        let listed = self.server_tools_inner(server_id, principal).await?;
+        let registry = self.registry();
+        let entry = registry
+            .get(server_id)
+            .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
+        let record = &entry.record;
+        let filter = ToolFilter::new(&record.allowed_tools, &TaskMcpPolicy::default());
+        let mut pins = record.pins.clone();
+        for name in tools {
+            let name = printable(cut(name, defaults::MAX_TOOL_NAME_BYTES));
+            if !listed.iter().any(|t| t.name == name) {
+                return Err(PreviewError::NotPinnable(format!(
+                    "server `{server_id}` does not list a tool `{name}`; `quiver mcp tools {server_id}` shows what it lists"
+                )));
+            }
+            if !filter.permits(&name) {
+                return Err(PreviewError::NotPinnable(format!(
+                    "tool `{name}` is not in the record's allowed_tools, so no task can use it; allow it first"
+                )));
+            }
+        }
+        for tool in listed.iter().filter(|t| filter.permits(&t.name)) {
+            if tools.is_empty() || tools.iter().any(|n| *n == tool.name) {
+                pins.insert(tool.name.to_string(), tool_digest(tool));
+            }
+        }
+        if pins.len() > defaults::MAX_TOOL_PINS {
+            return Err(PreviewError::NotPinnable(format!(
+                "{} pins, more than the {} a record may hold; name the tools to pin",
+                pins.len(),
+                defaults::MAX_TOOL_PINS
+            )));
+        }
+        Ok(pins)
+    }
+
+    /// Tells the host's observers (the audit log) that `by` replaced `server_id`'s pins
+    /// `old` with `new`: one line with every tool whose pin changed, old and new digest.
+    /// Nothing is reported when nothing changed.
+    pub fn report_pins_changed(
+        &self,
+        server_id: &str,
+        by: &str,
+        old: &BTreeMap<String, String>,
+        new: &BTreeMap<String, String>,
+    ) -> Vec<PinChange> {
+        let changes: Vec<PinChange> = new
+            .iter()
+            .filter(|(tool, pin)| old.get(*tool) != Some(*pin))
+            .map(|(tool, pin)| PinChange {
+                tool: tool.clone(),
+                old: old.get(tool).cloned(),
+                new: pin.clone(),
+            })
+            .collect();
+        if !changes.is_empty() {
+            tracing::info!(
+                server_id,
+                by,
+                changed = changes.len(),
+                "tool definitions pinned"
+            );
+            self.inner.observers.pins_changed(&PinsChanged {
+                server_id: server_id.to_owned(),
+                by: by.to_owned(),
+                changes: changes.clone(),
+                at: std::time::SystemTime::now(),
+            });
+        }
+        changes
+    }
+
     async fn preview_tools_inner(
         &self,
         server_id: &str,
@@ -177,7 +316,13 @@ impl Host {
             .get(server_id)
             .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
         let filter = ToolFilter::new(&entry.record.allowed_tools, &TaskMcpPolicy::default());
-        let mut allowed: Vec<_> = tools.iter().filter(|t| filter.permits(&t.name)).collect();
+        // A tool that drifted from its pin is not offered either ([`Host::pin_report`] says why).
+        let mut allowed: Vec<_> = tools
+            .iter()
+            .filter(|t| {
+                filter.permits(&t.name) && check_definition(&entry.record, &t.name, Some(t)).is_ok()
+            })
+            .collect();
         // Named in the order a chat session names them, so collisions resolve alike.
         allowed.sort_by(|a, b| a.name.cmp(&b.name));
         let mut taken = HashSet::new();

@@ -8,7 +8,8 @@
 //!
 //! [`check`] is the policy decision ([`Grant::check_call`]: every layer's tool filter, then
 //! whether the approval policy makes the call wait); a denial is logged and reported to the
-//! observers. [`run`] asks the host's approver when the decision says so, reports the call
+//! observers. [`run`] first holds the tool's listed definition to the record's pins
+//! (`check_pin`), whoever calls. [`run`] asks the host's approver when the decision says so, reports the call
 //! to the observers before it is sent and once when it ends, and sends it through the pool
 //! (its server's and the host's permits, `tool_timeout_ms`, egress, the output cap), never
 //! past the task's deadline.
@@ -26,7 +27,7 @@ use super::{McpError, McpErrorCode};
 use crate::approval::{AskFor, Refusal};
 use crate::defaults;
 use crate::observe::{ArgumentsSummary, PolicyDenial, ToolCall, ToolKind, ToolOutcome, Via};
-use crate::policy::{Approval, Denial, Grant, Reason};
+use crate::policy::{Approval, Denial, Grant, Reason, check_definition};
 use crate::registry::ServerEntry;
 use crate::sandbox::{Deadline, DeadlineExceeded};
 use crate::text::cut;
@@ -124,6 +125,11 @@ pub(crate) async fn run(
     raw: &[u8],
 ) -> Result<Ended, DeadlineExceeded> {
     let server_id = entry.server_id();
+    if let Err(refusal) = before(origin.deadline, check_pin(mcp, entry, tool)).await? {
+        let detail = refusal.detail.clone();
+        origin.report_denial(mcp, (server_id, tool), refusal.reason, detail);
+        return Ok(Ended::Refused(refusal));
+    }
     let summary = ArgumentsSummary::of_object(&arguments, raw.len() as u64);
     if let Approval::Needed(policy) = approval {
         // The gate ends the wait at the task's deadline itself, so the refusal is reported
@@ -184,6 +190,32 @@ pub(crate) async fn run(
     };
     observed.finish(outcome, output_bytes as u64);
     Ok(ended)
+}
+
+/// Whether `tool`'s definition as the server lists it now (the pool's cached `tools/list`,
+/// fetched if the host has none) matches the record's pins. Checked on every call, so a
+/// call of a tool the host never listed, or one that changed since it was offered, is
+/// refused; a listing that fails refuses the call too. Records without pins skip it.
+async fn check_pin(mcp: &McpTask, entry: &Arc<ServerEntry>, tool: &str) -> Result<(), Refusal> {
+    let record = &entry.record;
+    if !record.pins_apply() {
+        return Ok(());
+    }
+    let listed = mcp
+        .pool
+        .list_tools(entry, mcp.principal())
+        .await
+        .map_err(|error| Refusal {
+            reason: Reason::ListFailed,
+            detail: format!(
+                "the registry pins this server's tools and its tool list could not be read to check them: {error}"
+            ),
+        })?;
+    let definition = listed.iter().find(|t| t.name == tool);
+    check_definition(record, tool, definition).map_err(|denial| Refusal {
+        reason: denial.reason(),
+        detail: denial.to_string(),
+    })
 }
 
 /// The `mcp_policy_denied` error of a call of `tool` of `server_id` the approver refused.

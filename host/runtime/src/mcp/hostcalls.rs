@@ -639,7 +639,10 @@ async fn list_tools<T: McpView>(
     let fetch = |pool: Arc<McpPool>, entry, principal: Option<Arc<str>>| async move {
         pool.list_tools(&entry, principal.as_deref()).await
     };
-    let keep = |grant: &Grant, tool: &Tool| grant.tools.permits(&tool.name);
+    // A tool whose definition drifted from its pin is left out too (a call would be refused).
+    let keep = |grant: &Grant, tool: &Tool| {
+        grant.tools.permits(&tool.name) && grant.check_definition(tool).is_ok()
+    };
     list(caller, request, "tools", fetch, keep).await
 }
 

@@ -37,7 +37,7 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use super::{ApprovalDecided, PolicyDenial, ToolCall, ToolCallEnd, ToolObserver};
+use super::{ApprovalDecided, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd, ToolObserver};
 use crate::defaults;
 
 /// A [`ToolObserver`] that appends one JSON line per tool call end and per policy denial
@@ -81,6 +81,7 @@ enum Message {
     Call(Box<(ToolCall, ToolCallEnd, SystemTime)>),
     Denial(Box<PolicyDenial>),
     Decision(Box<ApprovalDecided>),
+    Pins(Box<PinsChanged>),
     /// Write out everything before this, then answer.
     Flush(SyncSender<()>),
 }
@@ -112,6 +113,15 @@ struct DecisionLine<'a> {
     time: SystemTime,
     #[serde(flatten)]
     decision: &'a ApprovalDecided,
+}
+
+#[derive(Serialize)]
+struct PinsLine<'a> {
+    event: &'static str,
+    #[serde(serialize_with = "super::event::unix_seconds")]
+    time: SystemTime,
+    #[serde(flatten)]
+    pins: &'a PinsChanged,
 }
 
 #[derive(Serialize)]
@@ -277,6 +287,10 @@ impl ToolObserver for AuditLog {
     fn approval_decided(&self, decision: &ApprovalDecided) {
         self.offer(Message::Decision(Box::new(decision.clone())));
     }
+
+    fn pins_changed(&self, event: &PinsChanged) {
+        self.offer(Message::Pins(Box::new(event.clone())));
+    }
 }
 
 /// The log's sizes; tests make them small.
@@ -346,6 +360,11 @@ impl<W: Write> Writer<W> {
                     event: "approval_decided",
                     time: decision.at,
                     decision: &decision,
+                }),
+                Message::Pins(pins) => self.event(&PinsLine {
+                    event: "pins_changed",
+                    time: pins.at,
+                    pins: &pins,
                 }),
                 Message::Flush(done) => {
                     self.report_dropped();

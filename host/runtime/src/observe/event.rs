@@ -279,6 +279,26 @@ impl PolicyDenial {
     }
 }
 
+/// An operator pinned a server's tool definitions (`quiver registry pin`, the admin API):
+/// each tool whose pin changed, with the old and the new digest.
+#[derive(Clone, Debug, Serialize)]
+pub struct PinsChanged {
+    pub server_id: String,
+    /// Who pinned: the admin API's caller, or `cli`.
+    pub by: String,
+    pub changes: Vec<PinChange>,
+    #[serde(serialize_with = "unix_seconds")]
+    pub at: SystemTime,
+}
+
+/// One tool's pin before and after (`None`: there was none).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PinChange {
+    pub tool: String,
+    pub old: Option<String>,
+    pub new: String,
+}
+
 /// A decision on a tool call that waited for approval, as the host's approver gave it.
 #[derive(Clone, Debug, Serialize)]
 pub struct ApprovalDecided {

@@ -21,8 +21,8 @@ use std::time::Instant;
 pub use audit::AuditLog;
 pub(crate) use event::unix_seconds;
 pub use event::{
-    ApprovalDecided, ArgumentsSummary, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome,
-    Via,
+    ApprovalDecided, ArgumentsSummary, PinChange, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd,
+    ToolKind, ToolOutcome, Via,
 };
 pub use metrics::Metrics;
 pub(crate) use metrics::{LiveStatus, ServerGauges};
@@ -38,6 +38,8 @@ pub trait ToolObserver: Send + Sync + 'static {
     fn policy_denied(&self, _denial: &PolicyDenial) {}
     /// The approver decided a call that waited for approval (not a timeout).
     fn approval_decided(&self, _decision: &ApprovalDecided) {}
+    /// An operator accepted tool definitions by pinning them.
+    fn pins_changed(&self, _event: &PinsChanged) {}
 }
 
 /// The observers of one host, or of one task (then every event carries the task's
@@ -138,6 +140,12 @@ impl Observers {
     pub(crate) fn approval_decided(&self, decision: &ApprovalDecided) {
         for observer in self.all.iter() {
             observer.approval_decided(decision);
+        }
+    }
+
+    pub(crate) fn pins_changed(&self, event: &PinsChanged) {
+        for observer in self.all.iter() {
+            observer.pins_changed(event);
         }
     }
 }

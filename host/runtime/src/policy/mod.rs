@@ -35,7 +35,9 @@ pub use pattern::Pattern;
 pub use principal::{PrincipalConfig, PrincipalConfigError, PrincipalLayer, PrincipalRules};
 pub use report::PolicyReport;
 
-use crate::registry::{ApprovalPolicy, Registry, ServerEntry};
+use rmcp::model::Tool;
+
+use crate::registry::{ApprovalPolicy, Registry, ServerEntry, ServerRecord, tool_digest};
 
 /// The task layer, resolved against the registry (profiles applied).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -226,6 +228,12 @@ pub enum Denial {
     /// The server's `approval_policy` asks for an approval and this host has no approver.
     /// (Policy never says this itself: the capability does, when it has no approver.)
     ApprovalRequired(ApprovalPolicy),
+    /// The tool's listed definition no longer has the digest the record's `pins` holds.
+    DefinitionDrifted { pinned: String, current: String },
+    /// The record pins the tool, and the server does not list it.
+    PinnedToolMissing { pinned: String },
+    /// The record sets `pin_required` and has no pin for the tool.
+    NotPinned,
 }
 
 impl Denial {
@@ -234,6 +242,9 @@ impl Denial {
             Denial::NotInAllowlist(..) => Reason::NotInAllowlist,
             Denial::DeniedByPattern(..) => Reason::DeniedByPattern,
             Denial::ApprovalRequired(_) => Reason::ApprovalRequired,
+            Denial::DefinitionDrifted { .. } => Reason::ToolDefinitionDrifted,
+            Denial::PinnedToolMissing { .. } => Reason::PinnedToolMissing,
+            Denial::NotPinned => Reason::ToolNotPinned,
         }
     }
 
@@ -241,7 +252,10 @@ impl Denial {
     pub fn layer(&self) -> Option<Layer> {
         match self {
             Denial::NotInAllowlist(_, layer) | Denial::DeniedByPattern(_, layer, _) => Some(*layer),
-            Denial::ApprovalRequired(_) => None,
+            Denial::ApprovalRequired(_)
+            | Denial::DefinitionDrifted { .. }
+            | Denial::PinnedToolMissing { .. }
+            | Denial::NotPinned => Some(Layer::Registry),
         }
     }
 }
@@ -268,6 +282,17 @@ impl fmt::Display for Denial {
                 f,
                 "the registry's approval_policy for this server is `{}` and this host has no approver (configure one: HostBuilder::with_approver, or `quiver run --approve prompt|allow`)",
                 policy.as_str()
+            ),
+            Denial::DefinitionDrifted { pinned, current } => write!(
+                f,
+                "the server's definition of the tool changed since it was pinned (pinned {pinned}, now {current}); review it, then accept it with `quiver registry pin` or the admin API's pin endpoint"
+            ),
+            Denial::PinnedToolMissing { pinned } => write!(
+                f,
+                "the registry pins this tool ({pinned}) and the server does not list it"
+            ),
+            Denial::NotPinned => f.write_str(
+                "the registry's record sets pin_required and has no pin for this tool; pin it with `quiver registry pin`",
             ),
         }
     }
@@ -349,6 +374,12 @@ pub enum Reason {
     ApprovalDenied,
     /// No decision came within the approval timeout.
     ApprovalTimeout,
+    /// The tool's definition differs from the record's pin (both digests in the detail).
+    ToolDefinitionDrifted,
+    /// The record pins a tool the server does not list.
+    PinnedToolMissing,
+    /// The record sets `pin_required` and does not pin the tool.
+    ToolNotPinned,
 }
 
 /// One entry of the decision log: something left out, and why.
@@ -440,7 +471,40 @@ impl Grant {
     }
 }
 
+/// Whether `tool`'s definition, as the server listed it (`None`: not listed), matches the
+/// record's `pins`. An unpinned tool passes unless the record sets `pin_required`; a
+/// record without pins checks nothing.
+pub fn check_definition(
+    record: &ServerRecord,
+    name: &str,
+    listed: Option<&Tool>,
+) -> Result<(), Denial> {
+    match (record.pins.get(name), listed) {
+        (Some(pinned), Some(tool)) => {
+            let current = tool_digest(tool);
+            if &current == pinned {
+                Ok(())
+            } else {
+                Err(Denial::DefinitionDrifted {
+                    pinned: pinned.clone(),
+                    current,
+                })
+            }
+        }
+        (Some(pinned), None) => Err(Denial::PinnedToolMissing {
+            pinned: pinned.clone(),
+        }),
+        (None, _) if record.pin_required => Err(Denial::NotPinned),
+        (None, _) => Ok(()),
+    }
+}
+
 impl Grant {
+    /// [`check_definition`] under this grant's record.
+    pub fn check_definition(&self, tool: &Tool) -> Result<(), Denial> {
+        check_definition(&self.entry.record, &tool.name, Some(tool))
+    }
+
     /// Whether a guest may see or read the resource at `uri`: the registry's
     /// `allowed_resources` (URI patterns; empty allows none), then every layer's resource
     /// lists.

@@ -66,6 +66,10 @@ struct ServerFile {
     protocol_version: Option<String>,
     #[serde(default)]
     audit_arguments: bool,
+    #[serde(default)]
+    pins: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pin_required: bool,
 }
 
 /// Parses and checks one file, then holds it to the operator's `rules` (before any
@@ -385,6 +389,7 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
         )?
         .map(Duration::from_millis),
     };
+    check_pins(&file.pins)?;
     Ok(ServerRecord {
         display_name: file.display_name.unwrap_or_else(|| file.server_id.clone()),
         server_id: file.server_id,
@@ -403,5 +408,44 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
         lifecycle: file.lifecycle,
         protocol_version,
         audit_arguments: file.audit_arguments,
+        pins: file.pins,
+        pin_required: file.pin_required,
     })
+}
+
+/// `pins`: at most [`defaults::MAX_TOOL_PINS`] entries, each a tool name an MCP server may
+/// have and a pin as [`tool_digest`](super::tool_digest) writes it.
+fn check_pins(pins: &std::collections::BTreeMap<String, String>) -> Result<(), FieldError> {
+    if pins.len() > defaults::MAX_TOOL_PINS {
+        return Err(field_err(
+            "pins",
+            format!(
+                "{} pins, more than the {} a record may hold; pin only the tools allowed_tools lets through",
+                pins.len(),
+                defaults::MAX_TOOL_PINS
+            ),
+        ));
+    }
+    for (tool, pin) in pins {
+        if tool.is_empty() || tool.len() > defaults::MAX_TOOL_NAME_BYTES {
+            return Err(field_err(
+                "pins",
+                format!(
+                    "a pinned tool name is 1 to {} bytes; remove the entry {:?}",
+                    defaults::MAX_TOOL_NAME_BYTES,
+                    crate::text::cut(tool, defaults::MAX_TOOL_NAME_BYTES)
+                ),
+            ));
+        }
+        if !super::pin::is_valid_pin(pin) {
+            return Err(field_err(
+                format!("pins.{tool}"),
+                format!(
+                    "{:?} is not a pin: write `sha256:` and 64 lowercase hex digits, as `quiver registry pin` does (run it to pin the tool's current definition)",
+                    crate::text::cut(pin, 80)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

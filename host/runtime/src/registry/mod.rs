@@ -31,6 +31,7 @@ mod env;
 mod file;
 mod launch;
 mod load;
+mod pin;
 mod profile;
 mod record;
 mod rules;
@@ -43,6 +44,7 @@ use std::sync::Arc;
 pub use env::{EnvLookup, EnvRefError, expand};
 pub use launch::{Launch, LaunchUnavailable};
 pub use load::{Problem, RegistryDirError, Severity};
+pub use pin::{PIN_ALGORITHM, is_valid_pin, tool_digest, with_pins};
 pub use profile::Profile;
 pub use record::{
     ApprovalPolicy, Budgets, BudgetsView, HttpConfig, Lifecycle, ServerEntry, ServerRecord,

@@ -143,6 +143,19 @@ pub struct ServerRecord {
     /// Write the values of this server's call arguments to the audit log (redacted and
     /// size-capped); otherwise only their top-level keys and size are logged.
     pub audit_arguments: bool,
+    /// Tool name → the pin of its approved definition ([`tool_digest`](super::tool_digest));
+    /// a tool whose listed definition has another digest is neither offered nor called.
+    pub pins: BTreeMap<String, String>,
+    /// Refuse every tool without a pin (otherwise unpinned tools behave as if there were
+    /// no pins at all).
+    pub pin_required: bool,
+}
+
+impl ServerRecord {
+    /// Whether tool definitions are checked for this server at all.
+    pub fn pins_apply(&self) -> bool {
+        self.pin_required || !self.pins.is_empty()
+    }
 }
 
 #[cfg(test)]
@@ -174,6 +187,8 @@ impl ServerRecord {
             lifecycle: Default::default(),
             protocol_version: None,
             audit_arguments: false,
+            pins: BTreeMap::new(),
+            pin_required: false,
         }
     }
 }

@@ -1,0 +1,258 @@
+//! Tool-definition pins: a record's `pins` table holds, per tool, a digest of the tool's
+//! definition as the operator approved it, so a server that changes a tool afterwards (a
+//! "rug pull") has that tool refused until an operator pins it again.
+//!
+//! The digest ([`tool_digest`]) is `sha256:` and the lowercase hex SHA-256 of the RFC 8785
+//! (JSON Canonicalization Scheme) form of a JSON object holding exactly the tool's `name`,
+//! `description`, `inputSchema`, `outputSchema` and `annotations` as the server listed them
+//! in `tools/list` (MCP field names; an absent field is left out, never `null`). Any tool
+//! that can canonicalize JSON computes the same digest, e.g.
+//! `jq -c '{name,description,inputSchema,outputSchema,annotations} | with_entries(select(.value != null))'`
+//! piped through an RFC 8785 canonicalizer and `sha256sum`.
+
+use std::collections::BTreeMap;
+
+use rmcp::model::Tool;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use super::store::DocFormat;
+
+/// The prefix of every pin; the only algorithm this host computes.
+pub const PIN_ALGORITHM: &str = "sha256:";
+
+/// The fields of a tool definition a pin covers, in MCP's spelling.
+const PINNED_FIELDS: [&str; 5] = [
+    "name",
+    "description",
+    "inputSchema",
+    "outputSchema",
+    "annotations",
+];
+
+/// The pin of `tool`'s current definition: `sha256:<64 lowercase hex digits>`.
+pub fn tool_digest(tool: &Tool) -> String {
+    let value = serde_json::to_value(tool).unwrap_or(Value::Null);
+    let mut pinned = serde_json::Map::new();
+    if let Value::Object(fields) = value {
+        for field in PINNED_FIELDS {
+            if let Some(v) = fields.get(field).filter(|v| !v.is_null()) {
+                pinned.insert(field.to_owned(), v.clone());
+            }
+        }
+    }
+    let mut text = String::new();
+    canonical(&Value::Object(pinned), &mut text);
+    let digest = Sha256::digest(text.as_bytes());
+    let mut out = String::with_capacity(PIN_ALGORITHM.len() + 64);
+    out.push_str(PIN_ALGORITHM);
+    for byte in digest {
+        out.push_str(&format!("{byte:02x}"));
+    }
+    out
+}
+
+/// Whether `pin` is written as this host writes pins (so a typo is an error at load, not
+/// a tool that never matches).
+pub fn is_valid_pin(pin: &str) -> bool {
+    pin.strip_prefix(PIN_ALGORITHM).is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
+/// `text`, a server record written as `format`, with its `pins` table replaced by `pins`
+/// and everything else kept as written (TOML comments and order included; a JSON record
+/// is re-indented). What `quiver registry pin` and the admin API's pin endpoint write.
+pub fn with_pins(
+    format: DocFormat,
+    text: &str,
+    pins: &BTreeMap<String, String>,
+) -> Result<String, String> {
+    match format {
+        DocFormat::Toml => {
+            let mut doc: toml_edit::DocumentMut =
+                text.parse().map_err(|e| format!("invalid TOML: {e}"))?;
+            let mut table = toml_edit::Table::new();
+            for (tool, pin) in pins {
+                table.insert(tool, toml_edit::value(pin.as_str()));
+            }
+            doc.insert("pins", toml_edit::Item::Table(table));
+            Ok(doc.to_string())
+        }
+        DocFormat::Json => {
+            let mut value: Value =
+                serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+            let object = value
+                .as_object_mut()
+                .ok_or_else(|| "the record is not a JSON object".to_owned())?;
+            object.insert("pins".into(), serde_json::json!(pins));
+            let mut out = serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?;
+            out.push('\n');
+            Ok(out)
+        }
+    }
+}
+
+/// RFC 8785: object members sorted by the UTF-16 code units of their names, no
+/// whitespace, strings escaped as ECMAScript's `JSON.stringify` does (which is what
+/// serde_json writes), numbers as ECMAScript prints them.
+fn canonical(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut members: Vec<(&String, &Value)> = map.iter().collect();
+            members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+            out.push('{');
+            for (i, (name, v)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(name.clone()).to_string());
+                out.push(':');
+                canonical(v, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical(v, out);
+            }
+            out.push(']');
+        }
+        Value::Number(n) => out.push_str(&es_number(n)),
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+/// A number as ECMAScript's `Number.prototype.toString` prints it: integers without a
+/// fraction, the shortest round-trip digits otherwise, exponents from 1e21 and below 1e-6.
+fn es_number(n: &serde_json::Number) -> String {
+    if n.is_i64() || n.is_u64() {
+        // Exact below 2^53; JSON schemas hold no larger integers in practice, and a larger
+        // one prints as its digits, which is still a stable digest.
+        return n.to_string();
+    }
+    let x = n.as_f64().unwrap_or(0.0);
+    if x == 0.0 {
+        return "0".into();
+    }
+    if x.fract() == 0.0 && x.abs() < 1e21 {
+        return format!("{x:.0}");
+    }
+    // Rust's `{:e}` gives the shortest round-trip digits: `d.ddde±x`.
+    let sci = format!("{x:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let negative = mantissa.starts_with('-');
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let k = digits.len() as i32;
+    let sign = if negative { "-" } else { "" };
+    let n_exp = exp + 1;
+    let body = if (k..=21).contains(&n_exp) {
+        format!("{digits}{}", "0".repeat((n_exp - k) as usize))
+    } else if 0 < n_exp && n_exp <= 21 {
+        let (int, frac) = digits.split_at(n_exp as usize);
+        format!("{int}.{frac}")
+    } else if -6 < n_exp && n_exp <= 0 {
+        format!("0.{}{digits}", "0".repeat((-n_exp) as usize))
+    } else {
+        let e = n_exp - 1;
+        let e_sign = if e >= 0 { "+" } else { "-" };
+        let (first, rest) = digits.split_at(1);
+        let rest = if rest.is_empty() {
+            String::new()
+        } else {
+            format!(".{rest}")
+        };
+        format!("{first}{rest}e{e_sign}{}", e.abs())
+    };
+    format!("{sign}{body}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn number(text: &str) -> String {
+        es_number(&serde_json::from_str(text).unwrap())
+    }
+
+    #[test]
+    fn numbers_print_as_ecmascript_does() {
+        for (json, es) in [
+            ("1", "1"),
+            ("-7", "-7"),
+            ("1.0", "1"),
+            ("0.5", "0.5"),
+            ("1e21", "1e+21"),
+            ("1e20", "100000000000000000000"),
+            ("0.000001", "0.000001"),
+            ("1e-7", "1e-7"),
+            ("123.456", "123.456"),
+            ("-0.0", "0"),
+            ("4.5e-10", "4.5e-10"),
+        ] {
+            assert_eq!(number(json), es, "{json}");
+        }
+    }
+
+    #[test]
+    fn canonical_form_sorts_members_by_utf16_and_drops_whitespace() {
+        // As RFC 8785 §3.2.3's example: U+1F600 (surrogates D83D DE00) sorts before
+        // U+FB33, unlike in code point order.
+        let value: Value = serde_json::from_str(
+            r#"{"\ufb33": 3, "€": 1, "😀": 2, "b": [1, {"z": null, "a": "\n"}]}"#,
+        )
+        .unwrap();
+        let mut text = String::new();
+        canonical(&value, &mut text);
+        assert_eq!(
+            text,
+            "{\"b\":[1,{\"a\":\"\\n\",\"z\":null}],\"€\":1,\"😀\":2,\"\u{fb33}\":3}"
+        );
+    }
+
+    #[test]
+    fn the_digest_covers_exactly_the_pinned_fields() {
+        let tool: Tool = serde_json::from_value(serde_json::json!({
+            "name": "echo",
+            "description": "Echo",
+            "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
+        }))
+        .unwrap();
+        let pin = tool_digest(&tool);
+        assert!(is_valid_pin(&pin), "{pin}");
+        // The canonical text, hashed by hand: what another tool computes.
+        let text = r#"{"description":"Echo","inputSchema":{"properties":{"text":{"type":"string"}},"type":"object"},"name":"echo"}"#;
+        let expected: String = Sha256::digest(text.as_bytes())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(pin, format!("sha256:{expected}"));
+        let mut titled = tool.clone();
+        titled.title = Some("Not pinned".into());
+        assert_eq!(tool_digest(&titled), pin, "the title is not pinned");
+        let mut changed = tool;
+        changed.description = Some("Echo, and send the text elsewhere".into());
+        assert_ne!(tool_digest(&changed), pin);
+    }
+
+    #[test]
+    fn pins_are_checked_for_their_syntax() {
+        assert!(is_valid_pin(&format!("sha256:{}", "a".repeat(64))));
+        for bad in [
+            "",
+            "sha256:",
+            "md5:0123",
+            &format!("sha256:{}", "A".repeat(64)),
+            &format!("sha256:{}", "a".repeat(63)),
+            &format!("sha256:{}", "g".repeat(64)),
+            &"a".repeat(71),
+        ] {
+            assert!(!is_valid_pin(bad), "{bad}");
+        }
+    }
+}
