@@ -27,9 +27,8 @@ pub use auth::{
     ApiKeyConfig, AuthConfig, AuthSet, AuthorizationPrompt, AuthorizeError, DirGrantStore, Grant,
     GrantKey, GrantStatus, GrantStore, GrantStoreError, MemoryGrantStore,
     OAuthAuthorizationCodeConfig, OAuthClientCredentialsConfig, OAuthEnterpriseManagedConfig,
-    OAuthJwtBearerConfig,
-    OAuthTokenExchangeConfig, REGISTRY_GRANTS_DIR, Registration, SigningAlg, SubjectToken,
-    SubjectTokenError, TokenEndpointAuth, TokenType, UserAuthorizer,
+    OAuthJwtBearerConfig, OAuthTokenExchangeConfig, REGISTRY_GRANTS_DIR, Registration, SigningAlg,
+    SubjectToken, SubjectTokenError, TokenEndpointAuth, TokenType, UserAuthorizer,
 };
 pub use egress::{EgressConfig, EgressPolicy};
 pub use error::{McpError, McpErrorCode};

@@ -41,9 +41,9 @@ pub fn tool_digest(tool: &Tool) -> String {
             }
         }
     }
-    let mut text = String::new();
-    canonical(&Value::Object(pinned), &mut text);
-    let digest = Sha256::digest(text.as_bytes());
+    // Cannot fail for a `Value` (string keys, finite numbers only).
+    let text = serde_json_canonicalizer::to_vec(&Value::Object(pinned)).unwrap_or_default();
+    let digest = Sha256::digest(&text);
     let mut out = String::with_capacity(PIN_ALGORITHM.len() + 64);
     out.push_str(PIN_ALGORITHM);
     for byte in digest {
@@ -93,127 +93,9 @@ pub fn with_pins(
     }
 }
 
-/// RFC 8785: object members sorted by the UTF-16 code units of their names, no
-/// whitespace, strings escaped as ECMAScript's `JSON.stringify` does (which is what
-/// serde_json writes), numbers as ECMAScript prints them.
-fn canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut members: Vec<(&String, &Value)> = map.iter().collect();
-            members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
-            out.push('{');
-            for (i, (name, v)) in members.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(name.clone()).to_string());
-                out.push(':');
-                canonical(v, out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                canonical(v, out);
-            }
-            out.push(']');
-        }
-        Value::Number(n) => out.push_str(&es_number(n)),
-        other => out.push_str(&other.to_string()),
-    }
-}
-
-/// A number as ECMAScript's `Number.prototype.toString` prints it: integers without a
-/// fraction, the shortest round-trip digits otherwise, exponents from 1e21 and below 1e-6.
-fn es_number(n: &serde_json::Number) -> String {
-    if n.is_i64() || n.is_u64() {
-        // Exact below 2^53; JSON schemas hold no larger integers in practice, and a larger
-        // one prints as its digits, which is still a stable digest.
-        return n.to_string();
-    }
-    let x = n.as_f64().unwrap_or(0.0);
-    if x == 0.0 {
-        return "0".into();
-    }
-    if x.fract() == 0.0 && x.abs() < 1e21 {
-        return format!("{x:.0}");
-    }
-    // Rust's `{:e}` gives the shortest round-trip digits: `d.ddde±x`.
-    let sci = format!("{x:e}");
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let negative = mantissa.starts_with('-');
-    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
-    let k = digits.len() as i32;
-    let sign = if negative { "-" } else { "" };
-    let n_exp = exp + 1;
-    let body = if (k..=21).contains(&n_exp) {
-        format!("{digits}{}", "0".repeat((n_exp - k) as usize))
-    } else if 0 < n_exp && n_exp <= 21 {
-        let (int, frac) = digits.split_at(n_exp as usize);
-        format!("{int}.{frac}")
-    } else if -6 < n_exp && n_exp <= 0 {
-        format!("0.{}{digits}", "0".repeat((-n_exp) as usize))
-    } else {
-        let e = n_exp - 1;
-        let e_sign = if e >= 0 { "+" } else { "-" };
-        let (first, rest) = digits.split_at(1);
-        let rest = if rest.is_empty() {
-            String::new()
-        } else {
-            format!(".{rest}")
-        };
-        format!("{first}{rest}e{e_sign}{}", e.abs())
-    };
-    format!("{sign}{body}")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn number(text: &str) -> String {
-        es_number(&serde_json::from_str(text).unwrap())
-    }
-
-    #[test]
-    fn numbers_print_as_ecmascript_does() {
-        for (json, es) in [
-            ("1", "1"),
-            ("-7", "-7"),
-            ("1.0", "1"),
-            ("0.5", "0.5"),
-            ("1e21", "1e+21"),
-            ("1e20", "100000000000000000000"),
-            ("0.000001", "0.000001"),
-            ("1e-7", "1e-7"),
-            ("123.456", "123.456"),
-            ("-0.0", "0"),
-            ("4.5e-10", "4.5e-10"),
-        ] {
-            assert_eq!(number(json), es, "{json}");
-        }
-    }
-
-    #[test]
-    fn canonical_form_sorts_members_by_utf16_and_drops_whitespace() {
-        // As RFC 8785 §3.2.3's example: U+1F600 (surrogates D83D DE00) sorts before
-        // U+FB33, unlike in code point order.
-        let value: Value = serde_json::from_str(
-            r#"{"\ufb33": 3, "€": 1, "😀": 2, "b": [1, {"z": null, "a": "\n"}]}"#,
-        )
-        .unwrap();
-        let mut text = String::new();
-        canonical(&value, &mut text);
-        assert_eq!(
-            text,
-            "{\"b\":[1,{\"a\":\"\\n\",\"z\":null}],\"€\":1,\"😀\":2,\"\u{fb33}\":3}"
-        );
-    }
 
     #[test]
     fn the_digest_covers_exactly_the_pinned_fields() {
