@@ -160,11 +160,59 @@ impl Fixture {
         )
     }
 
-    /// Starts a flow; its authorization URL.
+    /// Starts a flow; the node URL a person opens.
     async fn start_flow(&self, token: &str, principal: &str) -> String {
         let (status, body) = self.call(Method::POST, &Self::path(principal), token).await;
         assert_eq!(status, StatusCode::OK, "{body}");
-        body["authorization_url"].as_str().unwrap().to_owned()
+        let url = body["authorization_url"].as_str().unwrap().to_owned();
+        assert!(
+            url.starts_with(&format!("{}/oauth/authorize/", self.base)),
+            "the start answers a node URL, not the authorization server's: {url}"
+        );
+        url
+    }
+
+    /// The person opens the node URL and presses its button, as a browser does (the page
+    /// cross-site from a link, the form same-origin): the authorization server's URL it is
+    /// sent on to, and the cookie it got (`name=value`).
+    async fn proceed(&self, url: &str, principal: &str) -> (String, String) {
+        let page = client()
+            .get(url)
+            .header("sec-fetch-site", "cross-site")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(page.status(), StatusCode::OK, "{page:?}");
+        let text = page.text().await.unwrap();
+        assert!(
+            text.contains(&format!("Continue only if you are {principal}"))
+                && text.contains("<form method=\"post\""),
+            "{text}"
+        );
+        let answer = client()
+            .post(url)
+            .header("origin", &self.base)
+            .header("sec-fetch-site", "same-origin")
+            .header("content-type", "application/x-www-form-urlencoded")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::SEE_OTHER, "{answer:?}");
+        let location = answer.headers()[reqwest::header::LOCATION]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(location.starts_with(&self.tokens.issuer()), "{location}");
+        let set = answer.headers()[reqwest::header::SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        for attribute in ["Path=/", "Secure", "HttpOnly", "SameSite=Lax"] {
+            assert!(set.contains(attribute), "{set}");
+        }
+        assert!(set.starts_with("__Host-"), "{set}");
+        let cookie = set.split(';').next().unwrap().to_owned();
+        (location, cookie)
     }
 
     /// The person logs in at the authorization URL as `user`; where the authorization
@@ -189,16 +237,26 @@ impl Fixture {
     }
 
     /// The browser follows the redirect to the node, as a browser does after another
-    /// site's redirect (cross-site, no token).
-    async fn follow(&self, location: &str) -> (StatusCode, String) {
-        let answer = client()
+    /// site's redirect (cross-site, no token), with `cookie` if it has one.
+    async fn follow(&self, location: &str, cookie: Option<&str>) -> (StatusCode, String) {
+        let mut request = client()
             .get(location)
-            .header("sec-fetch-site", "cross-site")
-            .send()
-            .await
-            .unwrap();
+            .header("sec-fetch-site", "cross-site");
+        if let Some(cookie) = cookie {
+            request = request.header("cookie", cookie);
+        }
+        let answer = request.send().await.unwrap();
         let status = answer.status();
         (status, answer.text().await.unwrap())
+    }
+
+    /// The whole flow for `principal` in one browser, logging in as `user`: the
+    /// callback's page.
+    async fn authorize(&self, principal: &str, user: &str) -> (StatusCode, String) {
+        let url = self.start_flow(PORTAL, principal).await;
+        let (authorization, cookie) = self.proceed(&url, principal).await;
+        let location = self.log_in(&authorization, user).await;
+        self.follow(&location, Some(&cookie)).await
     }
 
     /// Runs a task submitted by `token` for `principal` that calls the server's `whoami`;
@@ -252,8 +310,9 @@ async fn a_person_authorizes_through_the_node_and_only_that_principal_gets_the_g
     let url = fx.start_flow(PORTAL, ANN).await;
     let (_, pending) = fx.call(Method::GET, &Fixture::path(ANN), PORTAL).await;
     assert_eq!(pending["pending"], true, "{pending}");
-    let location = fx.log_in(&url, ANN).await;
-    let (status, page) = fx.follow(&location).await;
+    let (authorization, cookie) = fx.proceed(&url, ANN).await;
+    let location = fx.log_in(&authorization, ANN).await;
+    let (status, page) = fx.follow(&location, Some(&cookie)).await;
     assert_eq!(status, StatusCode::OK, "{page}");
     assert!(page.contains("Authorized"), "{page}");
 
@@ -279,7 +338,7 @@ async fn a_person_authorizes_through_the_node_and_only_that_principal_gets_the_g
     );
 
     // The callback's URL again (a replay): refused, and Ann's grant stands.
-    let (status, page) = fx.follow(&location).await;
+    let (status, page) = fx.follow(&location, Some(&cookie)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
     assert!(page.contains("already used"), "{page}");
 
@@ -320,7 +379,8 @@ async fn only_a_client_that_may_act_for_the_principal_may_start_read_or_revoke()
     }
     // A client acting as itself may.
     let url = fx.start_flow(OTHER, "other").await;
-    assert!(url.contains("state="), "{url}");
+    let (authorization, _) = fx.proceed(&url, "other").await;
+    assert!(authorization.contains("state="), "{authorization}");
     // An unknown server is named.
     let (status, body) = fx
         .call(Method::POST, "/v1/authorizations/nope/other", OTHER)
@@ -333,7 +393,8 @@ async fn only_a_client_that_may_act_for_the_principal_may_start_read_or_revoke()
 async fn forged_and_expired_states_are_refused_with_a_page() {
     let fx = start(Duration::from_secs(4)).await;
     let url = fx.start_flow(PORTAL, ANN).await;
-    let location = fx.log_in(&url, ANN).await;
+    let (authorization, cookie) = fx.proceed(&url, ANN).await;
+    let location = fx.log_in(&authorization, ANN).await;
 
     // A forged state, no state, hostile text: a 400 page that echoes nothing unescaped.
     for query in [
@@ -343,7 +404,10 @@ async fn forged_and_expired_states_are_refused_with_a_page() {
         format!("state={}", "a".repeat(5000)),
     ] {
         let (status, page) = fx
-            .follow(&format!("{}/oauth/callback?{query}", fx.base))
+            .follow(
+                &format!("{}/oauth/callback?{query}", fx.base),
+                Some(&cookie),
+            )
             .await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {page}");
         assert!(
@@ -351,9 +415,22 @@ async fn forged_and_expired_states_are_refused_with_a_page() {
             "{page}"
         );
     }
+    // The real redirect with a parameter repeated: refused, whichever value is the real one.
+    for extra in [
+        "&code=again",
+        "&state=again",
+        "&iss=again",
+        "&error=a&error=b",
+    ] {
+        let (status, page) = fx
+            .follow(&format!("{location}{extra}"), Some(&cookie))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{extra}: {page}");
+        assert!(page.contains("repeats"), "{page}");
+    }
     // The real redirect, after the flow expired.
     tokio::time::sleep(Duration::from_millis(4500)).await;
-    let (status, page) = fx.follow(&location).await;
+    let (status, page) = fx.follow(&location, Some(&cookie)).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
     assert!(page.contains("expired"), "{page}");
     let (_, body) = fx.call(Method::GET, &Fixture::path(ANN), PORTAL).await;
@@ -361,7 +438,8 @@ async fn forged_and_expired_states_are_refused_with_a_page() {
 
     // The authorization server's error comes back escaped.
     let url = fx.start_flow(PORTAL, ANN).await;
-    let state = reqwest::Url::parse(&url)
+    let (authorization, cookie) = fx.proceed(&url, ANN).await;
+    let state = reqwest::Url::parse(&authorization)
         .unwrap()
         .query_pairs()
         .find(|(k, _)| k == "state")
@@ -372,11 +450,95 @@ async fn forged_and_expired_states_are_refused_with_a_page() {
         .follow(&format!(
             "{}/oauth/callback?state={state}&error=access_denied&error_description=%3Cimg%20src%3Dx%3E",
             fx.base
-        ))
+        ), Some(&cookie))
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
     assert!(page.contains("access_denied"), "{page}");
     assert!(page.contains("&lt;img") && !page.contains("<img"), "{page}");
+}
+
+#[tokio::test]
+async fn a_leaked_authorization_server_url_is_refused_in_another_browser() {
+    let fx = start(Duration::from_secs(120)).await;
+    let url = fx.start_flow(PORTAL, ANN).await;
+    let (authorization, cookie) = fx.proceed(&url, ANN).await;
+
+    // Mallory got the authorization server's URL and logs in with her own account: the
+    // node refuses her browser, which has no cookie of the flow, or a forged one.
+    let stolen = fx.log_in(&authorization, "mallory").await;
+    let name = cookie.split('=').next().unwrap();
+    for forged in [None, Some(format!("{name}={}", "0".repeat(64)))] {
+        let (status, page) = fx.follow(&stolen, forged.as_deref()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+        assert!(page.contains("did not start"), "{page}");
+    }
+    let (_, body) = fx.call(Method::GET, &Fixture::path(ANN), PORTAL).await;
+    assert_eq!(body["authorized"], false, "{body}");
+
+    // The node URL is single use: nobody gets a second cookie from it.
+    let again = client()
+        .post(&url)
+        .header("origin", &fx.base)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), StatusCode::BAD_REQUEST);
+    assert!(again.headers().get(reqwest::header::SET_COOKIE).is_none());
+    let (status, page) = fx.follow(&url, None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{page}");
+    // A form posted from another site is refused before it uses anything.
+    let url = fx.start_flow(PORTAL, BOB).await;
+    let cross = client()
+        .post(&url)
+        .header("origin", "http://attacker.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cross.status(), StatusCode::FORBIDDEN);
+    fx.proceed(&url, BOB).await;
+
+    // Ann, in the browser that proceeded, finishes; the node asked for the consent screen,
+    // and clears the cookie.
+    let location = fx.log_in(&authorization, ANN).await;
+    let done = client()
+        .get(&location)
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(done.status(), StatusCode::OK);
+    let cleared = done.headers()[reqwest::header::SET_COOKIE]
+        .to_str()
+        .unwrap();
+    assert!(
+        cleared.starts_with(&format!("{name}=;")) && cleared.contains("Max-Age=0"),
+        "{cleared}"
+    );
+    assert!(
+        fx.tokens
+            .authorizations()
+            .iter()
+            .all(|a| a.prompt.as_deref() == Some("consent")),
+        "{:?}",
+        fx.tokens.authorizations()
+    );
+    assert_eq!(whoami(&fx.host, ANN).await.unwrap(), "ann@ex");
+}
+
+#[tokio::test]
+async fn one_client_cannot_take_every_pending_place() {
+    let fx = start(Duration::from_secs(120)).await;
+    for i in 0..16 {
+        fx.start_flow(PORTAL, &format!("u{i}@example.com")).await;
+    }
+    let (status, body) = fx
+        .call(Method::POST, &Fixture::path("u16@example.com"), PORTAL)
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert!(body.to_string().contains("client `portal`"), "{body}");
+    // Restarting one of its own replaces it, and another client still may start.
+    fx.start_flow(PORTAL, "u3@example.com").await;
+    fx.start_flow(OTHER, "other").await;
 }
 
 /// `whoami` called by the library as `principal`: the token's first 6 characters.
@@ -417,9 +579,7 @@ async fn a_grant_made_through_one_node_serves_another_from_etcd_sealed() {
         dir,
     )
     .await;
-    let url = fx.start_flow(PORTAL, ANN).await;
-    let location = fx.log_in(&url, ANN).await;
-    let (status, page) = fx.follow(&location).await;
+    let (status, page) = fx.authorize(ANN, ANN).await;
     assert_eq!(status, StatusCode::OK, "{page}");
 
     // Another node of the fleet, same etcd and key: Ann's grant serves it.
@@ -471,4 +631,41 @@ async fn a_grant_made_through_one_node_serves_another_from_etcd_sealed() {
         .unwrap();
     let refused = whoami(&fx.host, BOB).await.unwrap_err();
     assert!(refused.contains("grant_key_env"), "{refused}");
+}
+
+fn sample_grant(principal: &str) -> quiver::Grant {
+    serde_json::from_value(json!({
+        "server_id": SERVER, "principal": principal,
+        "registration": {"client_id": "c1"}
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_grant_revoked_or_changed_by_one_node_is_not_written_back_by_another() {
+    let etcd = Etcd::start();
+    let prefix = unique_id("grants-race");
+    let a = etcd_grants(&etcd, &prefix, SEAL_KEY).await;
+    let b = etcd_grants(&etcd, &prefix, SEAL_KEY).await;
+    let ann = quiver::GrantKey::new(SERVER, ANN);
+    a.save(sample_grant(ANN)).await.unwrap();
+
+    // Node B loads Ann's grant to refresh it; node A revokes it meanwhile. B's save is
+    // refused, and the grant stays revoked.
+    let loaded = b.load(&ann).await.unwrap().unwrap();
+    assert!(a.remove(&ann).await.unwrap());
+    let refused = b.save(loaded).await.unwrap_err().to_string();
+    assert!(refused.contains("changed in etcd"), "{refused}");
+    assert!(a.load(&ann).await.unwrap().is_none());
+
+    // Two nodes refresh the same grant: the later save fails instead of overwriting.
+    a.save(sample_grant(ANN)).await.unwrap();
+    let on_a = a.load(&ann).await.unwrap().unwrap();
+    let on_b = b.load(&ann).await.unwrap().unwrap();
+    a.save(on_a).await.unwrap();
+    assert!(b.save(on_b).await.is_err());
+    // Read again, B's save goes through; a grant made anew where one exists does not.
+    let again = b.load(&ann).await.unwrap().unwrap();
+    b.save(again).await.unwrap();
+    assert!(a.save(sample_grant(ANN)).await.is_err());
 }

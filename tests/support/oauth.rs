@@ -134,6 +134,8 @@ pub struct AuthorizeRequest {
     pub redirect_uri: String,
     pub scope: Option<String>,
     pub resource: String,
+    /// The OpenID Connect `prompt` parameter (`consent` asks for the consent screen).
+    pub prompt: Option<String>,
 }
 
 /// The header a test's browser names its user in at `GET /authorize`.
@@ -800,6 +802,7 @@ async fn authorize(
         redirect_uri: redirect_uri.clone(),
         scope,
         resource: grant.resource,
+        prompt: query.get("prompt").cloned(),
     });
     drop(inner);
     let iss = shared

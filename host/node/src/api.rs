@@ -111,6 +111,11 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
         .merge(authorize)
         // A browser sent back by an authorization server: no token, its `state` instead.
         .route(authorize::CALLBACK_PATH, get(authorize::callback))
+        // The person's browser: a handle in the path instead of a token.
+        .route(
+            &format!("{}/{{handle}}", authorize::START_PATH),
+            get(authorize::consent).post(authorize::proceed),
+        )
         .merge(any_client)
         .fallback(|| async {
             ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint").with_field("path")

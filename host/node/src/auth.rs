@@ -170,7 +170,7 @@ fn forbidden(caller: &Caller, role: Role) -> ApiError {
 
 /// Compares two SHA-256 digests without an early exit, so neither the time taken nor
 /// where a guess went wrong tells how much of it was right, or how long the token is.
-fn same_digest(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same_digest(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 

@@ -329,6 +329,31 @@ impl NodeFileConfig {
                 None => Ok(None),
             };
         };
+        // Launched servers get only the variables `[mcp.launch]` lets records read: none of
+        // those may be the key every grant of the fleet is sealed with.
+        if let Some(launch) = &self.host.mcp.launch {
+            let rule = if launch.unrestricted {
+                Some((
+                    "mcp.launch.unrestricted",
+                    "`unrestricted = true`".to_owned(),
+                ))
+            } else {
+                let matching = launch
+                    .env
+                    .iter()
+                    .find(|p| Pattern::new(p.as_str()).matches(var));
+                matching.map(|p| ("mcp.launch.env", format!("the pattern {p:?}")))
+            };
+            if let Some((field, rule)) = rule {
+                return Err(ConfigError::new(
+                    file,
+                    field,
+                    format!(
+                        "{rule} lets a record pass `{var}`, the grant key of `[etcd] grant_key_env`, to a server it launches; list only the variables servers need in `[mcp.launch] env`, none matching `{var}`"
+                    ),
+                ));
+            }
+        }
         let text = std::env::var(var).map_err(|_| {
             ConfigError::new(
                 file,
@@ -878,6 +903,21 @@ mod tests {
         ))
         .expect_err("unset");
         assert!(unset.contains("is not set"), "{unset}");
+        // A launch rule that lets records read the key variable.
+        let key_env = format!("{user}[etcd]\ngrant_key_env = \"QUIVER_GRANT_KEY\"\n");
+        for (launch, field) in [
+            ("env = [\"GITHUB_TOKEN\", \"QUIVER_*\"]", "mcp.launch.env"),
+            ("unrestricted = true", "mcp.launch.unrestricted"),
+        ] {
+            let passed = grant_key(&format!("{key_env}[mcp.launch]\n{launch}\n"))
+                .expect_err("passes the key");
+            assert!(
+                passed.contains(field) && passed.contains("QUIVER_GRANT_KEY"),
+                "{passed}"
+            );
+        }
+        let narrow = grant_key(&format!("{key_env}[mcp.launch]\nenv = [\"GITHUB_*\"]\n"));
+        assert!(narrow.expect_err("unset").contains("is not set"));
         // Nothing to seal without user authorization.
         assert_eq!(grant_key(""), Ok(false));
     }

@@ -137,6 +137,11 @@ pub const AUTHORIZATION_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// so nobody can fill the node with pending flows.
 pub const AUTHORIZATION_MAX_PENDING: usize = 64;
 
+/// User authorization through the node: flows one client may have waiting for a browser
+/// at once, so one client (or its leaked token) cannot take every place of
+/// [`AUTHORIZATION_MAX_PENDING`] from the others.
+pub const AUTHORIZATION_MAX_PENDING_PER_CLIENT: usize = 16;
+
 /// User authorization through the node: longest a start waits for the authorization
 /// URL (discovery and registration at the authorization server take up to the library's
 /// `OAUTH_DISCOVERY_TIMEOUT`, 30 s, plus a registration request).

@@ -11,10 +11,15 @@
 //! (another principal's) fails to open. A value too large, not sealed with this key,
 //! changed, or not the grant of its key is an error naming the key and the fix, never a
 //! panic; nothing here shows a token.
+//!
+//! A grant is saved only over the `mod_revision` it was loaded at (an etcd transaction;
+//! a new one only where the key is absent), so a node's refresh cannot write back a grant
+//! another node revoked meanwhile, nor two refreshing nodes lose each other's update: the
+//! later save fails, and the next call reads the grant again.
 
 use std::sync::Arc;
 
-use etcd_client::KvClient;
+use etcd_client::{Compare, CompareOp, KvClient, Txn, TxnOp};
 use futures::future::BoxFuture;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
 use ring::rand::{SecureRandom, SystemRandom};
@@ -158,10 +163,15 @@ impl EtcdGrantStore {
                     "cannot open the grant with the key in `[etcd] grant_key_env`: it was sealed with another key, for another etcd key, or changed; give every node the same key, or revoke the grant and authorize again",
                 )
             })?;
+        // Where only: serde's message may quote the value, which holds tokens.
         let grant: Grant = serde_json::from_slice(plain).map_err(|e| {
             self.error(
                 etcd_key,
-                format!("not a grant ({e}); revoke it and authorize again"),
+                format!(
+                    "not a grant (at line {}, column {}); revoke it and authorize again",
+                    e.line(),
+                    e.column()
+                ),
             )
         })?;
         if grant.server_id != key.server_id || grant.principal != key.principal {
@@ -181,24 +191,47 @@ impl EtcdGrantStore {
             })
             .await
             .map_err(|e| self.error(&etcd_key, e))?;
-        match resp.kvs().first() {
-            Some(kv) => self.open(&etcd_key, kv.value(), key).map(Some),
-            None => Ok(None),
-        }
+        let Some(kv) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        let mut grant = self.open(&etcd_key, kv.value(), key)?;
+        grant.set_revision(u64::try_from(kv.mod_revision()).ok());
+        Ok(Some(grant))
     }
 
     async fn save_inner(&self, grant: Grant) -> Result<(), GrantStoreError> {
         let key = GrantKey::new(&grant.server_id, &grant.principal);
         let etcd_key = self.etcd_key(&key);
         let value = self.seal(&etcd_key, &grant)?;
-        self.store
+        // Only over the version it was loaded at (a missing key has mod_revision 0, so a
+        // new grant only where there is none): a node that refreshed a grant meanwhile
+        // revoked or changed by another must not write it back.
+        let expected = grant
+            .revision()
+            .and_then(|r| i64::try_from(r).ok())
+            .unwrap_or(0);
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                etcd_key.clone(),
+                CompareOp::Equal,
+                expected,
+            )])
+            .and_then([TxnOp::put(etcd_key.clone(), value, None)]);
+        let resp = self
+            .store
             .call(|| {
                 let mut kv = self.kv.clone();
-                let (etcd_key, value) = (etcd_key.clone(), value.clone());
-                async move { kv.put(etcd_key, value, None).await }
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
             })
             .await
             .map_err(|e| self.error(&etcd_key, e))?;
+        if !resp.succeeded() {
+            return Err(self.error(
+                &etcd_key,
+                "the grant changed in etcd since this node read it (another node refreshed, re-authorized or revoked it); it is read again on the next call",
+            ));
+        }
         Ok(())
     }
 

@@ -168,9 +168,15 @@ pub(crate) async fn browsers(
     next: Next,
 ) -> Response {
     let rules = &state.config.browsers;
-    // The callback is authorised by its single-use `state` alone (see `authorize`).
-    let navigation =
-        request.method() == axum::http::Method::GET && request.uri().path() == CALLBACK_PATH;
+    // A person reaches the authorization page by a link from anywhere and the callback by
+    // the authorization server's redirect; both are authorised by their own secrets (see
+    // `authorize`), and the page's form posts same-origin, under the usual rules.
+    let path = request.uri().path();
+    let navigation = request.method() == axum::http::Method::GET
+        && (path == CALLBACK_PATH
+            || path
+                .strip_prefix(START_PATH)
+                .is_some_and(|rest| rest.starts_with('/')));
     match rules.refusal(request.headers(), request.uri().authority(), navigation) {
         None => next.run(request).await,
         Some(refusal) => {
@@ -183,6 +189,10 @@ pub(crate) async fn browsers(
 /// The node's OAuth redirect endpoint (user authorization, under `[serve] public_url`):
 /// the one path a browser reaches by another site's redirect.
 pub(crate) const CALLBACK_PATH: &str = "/oauth/callback";
+
+/// The node's page of one user authorization (`START_PATH/{handle}`), which a person
+/// opens from a link and which sends the browser on to the authorization server.
+pub(crate) const START_PATH: &str = "/oauth/authorize";
 
 const SEC_FETCH_SITE: HeaderName = HeaderName::from_static("sec-fetch-site");
 

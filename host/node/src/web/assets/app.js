@@ -256,15 +256,21 @@
     return `/v1/authorizations/${enc(id)}/${enc(principal)}`;
   }
 
-  /** Starts the flow at the node and opens the authorization server's page in a new window. */
+  /**
+   * Starts the flow at the node and opens the node's own page for it in a new window: that
+   * page names the server and principal, and its button sends this browser on to the
+   * authorization server (the flow is bound to the browser that presses it).
+   */
   async function authorizeServer(id) {
     const principal = askPrincipal(id);
     if (!principal) return;
     const answer = await api('POST', authorizationPath(id, principal));
     const url = text(answer.authorization_url);
-    if (!/^https?:\/\//.test(url)) throw new Failure(0, 'bad_answer', 'the node answered no authorization URL', null);
+    if (!/^https?:\/\/[^/]+\/(.*\/)?oauth\/authorize\/[0-9a-f]{64}$/.test(url)) {
+      throw new Failure(0, 'bad_answer', 'the node answered no authorization link of its own', null);
+    }
     window.open(url, '_blank', 'noopener,noreferrer');
-    showResult(`Authorize ${id} for ${principal}`, 'the authorization page opened in a new window; log in there, then check Grant', 'pending');
+    showResult(`Authorize ${id} for ${principal}`, `the node's authorization page opened in a new window: continue there only if you are ${principal}, log in, then check Grant`, 'pending');
   }
 
   /** Shows whether the principal holds a grant for the server: scopes and expiry, never a token. */

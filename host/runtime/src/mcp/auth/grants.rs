@@ -63,6 +63,11 @@ pub struct Grant {
     /// its tokens are bound to; as secret as they are.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dpop_key: Option<String>,
+    /// The store's version of the grant when it was loaded (etcd's `mod_revision`): a
+    /// store shared by a fleet saves it only over that version, so a refresh cannot undo
+    /// another node's revocation or update. Not kept in the value.
+    #[serde(skip)]
+    revision: Option<u64>,
 }
 
 impl std::fmt::Debug for Grant {
@@ -90,7 +95,20 @@ impl Grant {
             registration: None,
             credentials: None,
             dpop_key: None,
+            revision: None,
         }
+    }
+
+    /// The store's version of this grant when it was loaded, if the store keeps one;
+    /// `None` for a grant the store did not hold.
+    pub fn revision(&self) -> Option<u64> {
+        self.revision
+    }
+
+    /// Marks a grant a store loaded with the store's version of it (see
+    /// [`revision`](Self::revision)).
+    pub fn set_revision(&mut self, revision: Option<u64>) {
+        self.revision = revision;
     }
 
     /// Whether it holds tokens (a registration alone authorizes nothing).
@@ -455,6 +473,7 @@ impl Grants {
         GrantCredentials {
             grants: self.clone(),
             key,
+            refresh: Arc::default(),
         }
     }
 }
@@ -464,6 +483,37 @@ impl Grants {
 pub(crate) struct GrantCredentials {
     grants: Grants,
     key: GrantKey,
+    refresh: Arc<Mutex<Refresh>>,
+}
+
+/// Where a refresh is: rmcp takes the refresh guard, loads the grant, asks the
+/// authorization server (which takes a while) and saves. The save must find the grant the
+/// load found: another node may have revoked or refreshed it meanwhile.
+#[derive(Default)]
+enum Refresh {
+    #[default]
+    Idle,
+    Guarded,
+    /// The load inside the guard found the grant at this revision.
+    Loaded(Option<u64>),
+}
+
+/// Ends the refresh state with the refresh guard.
+struct RefreshGuard {
+    _lock: tokio::sync::OwnedMutexGuard<()>,
+    refresh: Arc<Mutex<Refresh>>,
+}
+
+impl Drop for RefreshGuard {
+    fn drop(&mut self) {
+        *self.refresh.lock().unwrap_or_else(|e| e.into_inner()) = Refresh::Idle;
+    }
+}
+
+impl GrantCredentials {
+    fn refresh(&self) -> std::sync::MutexGuard<'_, Refresh> {
+        self.refresh.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 fn store_error(e: GrantStoreError) -> RmcpAuthError {
@@ -479,16 +529,36 @@ impl CredentialStore for GrantCredentials {
             .load(&self.key)
             .await
             .map_err(store_error)?;
+        let mut refresh = self.refresh();
+        if let (Some(found), Refresh::Guarded) = (&grant, &*refresh) {
+            *refresh = Refresh::Loaded(found.revision);
+        }
+        drop(refresh);
         Ok(grant.and_then(|g| g.credentials))
     }
 
     async fn save(&self, credentials: StoredCredentials) -> Result<(), RmcpAuthError> {
         let store = &self.grants.store;
-        let mut grant = store
-            .load(&self.key)
-            .await
-            .map_err(store_error)?
-            .unwrap_or_else(|| Grant::empty(&self.key));
+        let loaded = store.load(&self.key).await.map_err(store_error)?;
+        let refreshed = {
+            let mut refresh = self.refresh();
+            match *refresh {
+                Refresh::Loaded(revision) => {
+                    *refresh = Refresh::Guarded;
+                    Some(revision)
+                }
+                _ => None,
+            }
+        };
+        if let Some(revision) = refreshed
+            && loaded.as_ref().is_none_or(|g| g.revision != revision)
+        {
+            return Err(RmcpAuthError::CredentialStoreError(format!(
+                "the grant of `{}` for `{}` changed while its tokens were refreshed (another node revoked, refreshed or re-authorized it); the next call reads it again",
+                self.key.server_id, self.key.principal
+            )));
+        }
+        let mut grant = loaded.unwrap_or_else(|| Grant::empty(&self.key));
         grant.credentials = Some(credentials);
         store.save(grant).await.map_err(store_error)
     }
@@ -503,8 +573,12 @@ impl CredentialStore for GrantCredentials {
     }
 
     async fn acquire_refresh_guard(&self) -> Result<Option<CredentialRefreshGuard>, RmcpAuthError> {
-        let guard = self.grants.lock_of(&self.key).lock_owned().await;
-        Ok(Some(CredentialRefreshGuard::new(guard)))
+        let lock = self.grants.lock_of(&self.key).lock_owned().await;
+        *self.refresh() = Refresh::Guarded;
+        Ok(Some(CredentialRefreshGuard::new(RefreshGuard {
+            _lock: lock,
+            refresh: self.refresh.clone(),
+        })))
     }
 }
 
@@ -547,6 +621,36 @@ pub(crate) async fn save_registration(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn credentials() -> StoredCredentials {
+        serde_json::from_value(serde_json::json!({"client_id": "c1", "token_response": null}))
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_refresh_does_not_write_back_a_grant_revoked_meanwhile() {
+        let grants = Grants::default();
+        let key = GrantKey::new("gh", "alice");
+        let mut held = grant("gh", "alice");
+        held.credentials = Some(credentials());
+        grants.store.save(held).await.unwrap();
+        let rmcp = grants.credentials(key.clone());
+        // rmcp's refresh: guard, load, (the authorization server), save.
+        let guard = rmcp.acquire_refresh_guard().await.unwrap();
+        assert!(rmcp.load().await.unwrap().is_some());
+        // Another node revokes meanwhile (not through this node's lock).
+        assert!(grants.store.remove(&key).await.unwrap());
+        let refused = rmcp.save(credentials()).await.unwrap_err().to_string();
+        assert!(
+            refused.contains("changed while its tokens were refreshed"),
+            "{refused}"
+        );
+        assert!(grants.store.load(&key).await.unwrap().is_none());
+        drop(guard);
+        // Outside a refresh (a new authorization) a save makes the grant.
+        rmcp.save(credentials()).await.unwrap();
+        assert!(grants.store.load(&key).await.unwrap().is_some());
+    }
 
     fn grant(server: &str, principal: &str) -> Grant {
         Grant {
