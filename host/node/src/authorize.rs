@@ -417,6 +417,10 @@ fn refused(error: PreviewError) -> ApiError {
             ApiError::new(StatusCode::BAD_GATEWAY, "authorization_failed", e.message)
                 .with_field("server_id")
         }
+        // Only pinning refuses this way; an authorization never does.
+        PreviewError::NotPinnable(message) => {
+            ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "not_pinnable", message)
+        }
     }
 }
 
