@@ -23,7 +23,7 @@ use crate::defaults;
 use crate::mcp::{McpError, Tool};
 use crate::observe::{PinChange, PinsChanged};
 use crate::policy::{Denial, TaskMcpPolicy, ToolFilter, check_definition};
-use crate::registry::tool_digest;
+use crate::registry::{ServerEntry, tool_digest};
 use crate::text::{cut, printable};
 
 /// What a connection test found. New fields may be added.
@@ -145,25 +145,34 @@ impl Host {
         principal: Option<&str>,
     ) -> Result<Arc<[Tool]>, PreviewError> {
         let span = tracing::info_span!("server_tools", server_id);
-        self.server_tools_inner(server_id, principal)
+        let (_, tools) = self
+            .server_tools_inner(server_id, principal)
             .instrument(span)
-            .await
+            .await?;
+        Ok(tools)
     }
 
+    /// The registry entry of `server_id` and the tools it lists as `principal` sees them.
     async fn server_tools_inner(
         &self,
         server_id: &str,
         principal: Option<&str>,
-    ) -> Result<Arc<[Tool]>, PreviewError> {
-        let registry = self.registry();
-        let entry = registry
-            .get(server_id)
-            .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
-        self.inner
+    ) -> Result<(Arc<ServerEntry>, Arc<[Tool]>), PreviewError> {
+        let entry = self.server_entry(server_id)?;
+        let tools = self
+            .inner
             .pool
-            .list_tools(entry, principal)
+            .list_tools(&entry, principal)
             .await
-            .map_err(PreviewError::Unavailable)
+            .map_err(PreviewError::Unavailable)?;
+        Ok((entry, tools))
+    }
+
+    fn server_entry(&self, server_id: &str) -> Result<Arc<ServerEntry>, PreviewError> {
+        self.registry()
+            .get(server_id)
+            .cloned()
+            .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))
     }
 
     /// The tools of `server_id` a task could be offered: its listing (through the pool)
@@ -193,11 +202,7 @@ impl Host {
         server_id: &str,
         principal: Option<&str>,
     ) -> Result<Vec<PinStatus>, PreviewError> {
-        let tools = self.server_tools_inner(server_id, principal).await?;
-        let registry = self.registry();
-        let entry = registry
-            .get(server_id)
-            .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
+        let (entry, tools) = self.server_tools_inner(server_id, principal).await?;
         let record = &entry.record;
         let filter = ToolFilter::new(&record.allowed_tools, &TaskMcpPolicy::default());
         let status = |name: &str, listed: Option<&Tool>| PinStatus {
@@ -233,11 +238,7 @@ impl Host {
         tools: &[String],
         principal: Option<&str>,
     ) -> Result<BTreeMap<String, String>, PreviewError> {
-        let listed = self.server_tools_inner(server_id, principal).await?;
-        let registry = self.registry();
-        let entry = registry
-            .get(server_id)
-            .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
+        let (entry, listed) = self.server_tools_inner(server_id, principal).await?;
         let record = &entry.record;
         let filter = ToolFilter::new(&record.allowed_tools, &TaskMcpPolicy::default());
         let mut pins = record.pins.clone();
@@ -310,11 +311,7 @@ impl Host {
         server_id: &str,
         principal: Option<&str>,
     ) -> Result<Vec<ToolPreview>, PreviewError> {
-        let tools = self.server_tools_inner(server_id, principal).await?;
-        let registry = self.registry();
-        let entry = registry
-            .get(server_id)
-            .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
+        let (entry, tools) = self.server_tools_inner(server_id, principal).await?;
         let filter = ToolFilter::new(&entry.record.allowed_tools, &TaskMcpPolicy::default());
         // A tool that drifted from its pin is not offered either ([`Host::pin_report`] says why).
         let mut allowed: Vec<_> = tools
@@ -375,13 +372,10 @@ impl Host {
     ) -> Result<(), PreviewError> {
         let span = tracing::info_span!("authorize_server", server_id, principal);
         async {
-            let registry = self.registry();
-            let entry = registry
-                .get(server_id)
-                .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
+            let entry = self.server_entry(server_id)?;
             self.inner
                 .pool
-                .authorize(entry, principal, authorizer)
+                .authorize(&entry, principal, authorizer)
                 .await
                 .map_err(PreviewError::Unavailable)
         }
@@ -397,13 +391,10 @@ impl Host {
         server_id: &str,
         principal: &str,
     ) -> Result<Option<crate::GrantStatus>, PreviewError> {
-        let registry = self.registry();
-        let entry = registry
-            .get(server_id)
-            .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
+        let entry = self.server_entry(server_id)?;
         self.inner
             .pool
-            .grant_status(entry, principal)
+            .grant_status(&entry, principal)
             .await
             .map_err(PreviewError::Unavailable)
     }
@@ -417,13 +408,10 @@ impl Host {
     ) -> Result<bool, PreviewError> {
         let span = tracing::info_span!("revoke_server", server_id, principal);
         async {
-            let registry = self.registry();
-            let entry = registry
-                .get(server_id)
-                .ok_or_else(|| PreviewError::UnknownServer(server_id.to_owned()))?;
+            let entry = self.server_entry(server_id)?;
             self.inner
                 .pool
-                .revoke(entry, principal)
+                .revoke(&entry, principal)
                 .await
                 .map_err(PreviewError::Unavailable)
         }
