@@ -1,7 +1,8 @@
 //! The web admin page in a real headless Chromium, driven as a person would by
 //! tests/browser/admin_page.mjs (puppeteer-core from fixtures/npm): sign in with the admin
 //! token, add a stdio server with the form, see it listed, test it, see its tools with
-//! their model-facing names, edit it, edit a record whose arguments and environment the
+//! their model-facing names, pin them (the record gains its `[pins]`, which the form then
+//! keeps), edit it, edit a record whose arguments and environment the
 //! form cannot show exactly (they stay read-only and come back byte-identical; a save
 //! after another write is refused with a 412 the page explains), see a refused record's
 //! error, delete it after the confirmation, see a record full of markup rendered as text, import a file (dry run,
@@ -145,11 +146,23 @@ async fn check(node: &Node, checkpoint: &str, data: &Value) -> Result<(), String
                 .then_some(())
                 .ok_or(format!("the page showed {data}, the API says {tools:?}"))
         }
+        "pinned" => {
+            let pins = &fx.json["fields"]["pins"];
+            let ok = ["echo", "add"].iter().all(|tool| {
+                pins[tool]
+                    .as_str()
+                    .is_some_and(quiver::registry::is_valid_pin)
+            }) && pins.as_object().map(|p| p.len()) == Some(2);
+            ok.then_some(())
+                .ok_or(format!("after the pin the record is {fx:?}"))
+        }
         "edited" => {
             let body = fx.json["body"].as_str().unwrap_or_default();
             // The form keeps a TOML record TOML.
+            // The form keeps what it does not show: the pins stay.
             let ok = fx.json["format"] == "toml"
                 && body.contains("allowed_tools = [\"echo\", \"add\", \"sleep\"]")
+                && fx.json["fields"]["pins"].as_object().map(|p| p.len()) == Some(2)
                 && fx.json["fields"]["display_name"] == "Fixture server";
             ok.then_some(())
                 .ok_or(format!("after the edit the record is {fx:?}"))
@@ -347,6 +360,7 @@ async fn a_person_manages_servers_from_the_admin_page() {
             "created",
             "tested",
             "tools",
+            "pinned",
             "edited",
             "spaced-open",
             "spaced-saved",

@@ -220,6 +220,18 @@ async function main() {
   log(`tools: ${names.join(', ')}`);
   await checkpoint('tools', { model_names: names });
 
+  step = 'pin the tools of fx';
+  dialogs = [];
+  await page.click(`${row('fx')} button.pin`);
+  const pinned = await result();
+  expect(dialogs.length === 1 && dialogs[0].includes('fx'), `confirmations: ${JSON.stringify(dialogs)}`);
+  expect(
+    pinned.outcome === 'ok' && /^2 tools pinned; changed: /.test(pinned.text) && pinned.text.includes('echo (new) → sha256:'),
+    `the pin of fx says: ${pinned.text}`,
+  );
+  log(`pin: ${pinned.text}`);
+  await checkpoint('pinned');
+
   step = 'edit fx with the form';
   await page.click(`${row('fx')} button.edit`);
   await visible('#server-form');

@@ -233,6 +233,7 @@
         actionButton('Edit', id, 'edit', () => editServer(id)),
         actionButton('Test', id, 'test', () => testServer(id)),
         actionButton('Tools', id, 'tools', () => showTools(id)),
+        actionButton('Pin', id, 'pin', () => pinServer(id)),
         ...(typeof server.auth_ref === 'string' && has('authorize')
           ? [
               actionButton('Authorize', id, 'authorize', () => authorizeServer(id)),
@@ -310,6 +311,23 @@
     } else {
       showResult(`Test of ${id}`, `failed after ${elapsed}: ${text(answer.error)}`, 'failed');
     }
+  }
+
+  /**
+   * Pins the definitions the server lists now for every allowed tool: what the operator
+   * reviewed (Tools) is what tasks get; a later change is refused until pinned again.
+   */
+  async function pinServer(id) {
+    if (!window.confirm(`Pin the tool definitions ${id} lists now? Tasks are then refused any tool whose definition changes. Review them first (Tools).`)) return;
+    showResult(`Pinning ${id}…`, 'listing…', 'pending');
+    const answer = await api('POST', `servers/${enc(id)}/pin`, {});
+    const pinned = isObject(answer.pins) ? Object.keys(answer.pins).length : 0;
+    const changes = Array.isArray(answer.changes) ? answer.changes.filter(isObject) : [];
+    const changed = changes
+      .map((c) => `${text(c.tool)} ${c.old ? text(c.old).slice(0, 19) + '…' : '(new)'} → ${text(c.new).slice(0, 19)}…`)
+      .join(', ');
+    showResult(`Pins of ${id}`, `${pinned} tools pinned; ${changed ? 'changed: ' + changed : 'nothing changed'}`, 'ok');
+    await loadServers();
   }
 
   async function showTools(id) {
