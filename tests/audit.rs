@@ -139,7 +139,11 @@ async fn the_log_holds_one_line_per_call_and_denial_with_values_only_where_opted
     assert_eq!(audited["server_id"], "audited");
     assert_eq!(audited["via"], "mcp_call");
     assert_eq!(audited["session_fd"], fd);
-    assert_eq!(audited["arguments"]["keys"], json!(["n", "text"]));
+    assert_eq!(
+        audited["arguments"]["keys"],
+        json!(["text", "n"]),
+        "in the order the guest wrote them"
+    );
     assert_eq!(audited["arguments"]["bytes"], secret_args.len());
     assert_eq!(
         audited["argument_values"],

@@ -945,7 +945,7 @@ async fn a_turn_past_the_host_cap_on_tool_calls_ends_the_send_whatever_the_sessi
 
 #[tokio::test]
 async fn guest_tool_outputs_past_the_budget_fail_alone_and_are_never_copied() {
-    // A hundred 14 KiB outputs cannot all be held in 1 MiB; the ones that do not fit fail
+    // A hundred 14 KiB outputs cannot all be held in 1.5 MiB; the ones that do not fit fail
     // as tool results the model sees, and the send still answers.
     let calls = (0..100).map(|i| (format!("g{i}"), "fourteen", json!({})));
     let setup = setup(vec![Reply::tool_calls(calls), Reply::text("done")]).await;
@@ -957,7 +957,7 @@ async fn guest_tool_outputs_past_the_budget_fail_alone_and_are_never_copied() {
         &[("fourteen", 8)],
         SEND_AND_RECV,
     );
-    let limit = MIB;
+    let limit = MIB + MIB / 2;
     let run = run_ok(&setup, &guest, &budgeted("guest-turn", limit)).await;
     let r = &run.results;
     assert!(

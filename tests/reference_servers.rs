@@ -637,3 +637,47 @@ async fn task_and_session_lists_narrow_what_a_guest_reads_and_gets() {
         ]
     );
 }
+
+/// Tool schemas reach a guest exactly as the server wrote them, key order included: the
+/// everything server writes `$schema`, `type`, `properties`, `required` (and `type` before
+/// `description` inside a property), which a sorted map would reorder.
+#[tokio::test]
+async fn a_tool_schema_reaches_the_guest_in_the_servers_own_key_order() {
+    let registry = RegistryDir::new();
+    registry.write(
+        "everything.toml",
+        &stdio_record(
+            "everything",
+            &npm_bin("mcp-server-everything"),
+            &[],
+            &["echo"],
+        ),
+    );
+    let host = host(&registry);
+    let body = r#"(func $main (local $fd i32)
+      (local.set $fd (call $mcp_open (i32.const 1024) (i32.const 10)))
+      (call $cap (i32.const 8192) (i32.const 200000))
+      (call $out (call $mcp_list_tools (local.get $fd) (i32.const 16384) (i32.const 8192)))
+      (call $emit (i32.const 16384) (call $len (i32.const 8192))))"#;
+    let guest = wat::guest(&[(1024, b"everything")], body);
+    let run = wat::run(&host, &guest, &mcp_task("schema", &["everything"])).await;
+    host.shutdown().await;
+    assert!(run.results[0] > 0, "{:?} {:?}", run.results, run.emitted);
+    let listing = &run.emitted[0];
+    let schema_at = listing.find(r#""inputSchema":"#).expect("a schema");
+    let schema = &listing[schema_at..];
+    let position = |key: &str| {
+        schema
+            .find(&format!("\"{key}\":"))
+            .unwrap_or_else(|| panic!("no {key} in {schema}"))
+    };
+    let order = ["$schema", "type", "properties", "required"].map(position);
+    assert!(
+        order.is_sorted(),
+        "keys out of the server's order: {schema}"
+    );
+    assert!(
+        schema.contains(r#""message":{"type":"string","description":"Message to echo"}"#),
+        "{schema}"
+    );
+}

@@ -37,7 +37,8 @@ pub enum ToolKind {
     Guest,
 }
 
-/// The shape of a call's arguments: their top-level keys and size, never their values.
+/// The shape of a call's arguments: their top-level keys (in the order the caller wrote them)
+/// and size, never their values.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct ArgumentsSummary {
     pub keys: Vec<String>,
