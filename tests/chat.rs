@@ -6,7 +6,7 @@ use quiver::{Host, TaskFailure};
 use quiver_tests::chat_wat::{
     ACCENTS, ChatGuest, ECHO_ARGS, NEEDS_ROOM, TRAP, WEATHER, scripted_host,
 };
-use quiver_tests::llm::{Reply, ScriptedLlm, roles, tool_names, tool_results};
+use quiver_tests::llm::{Reply, ScriptedLlm, Wire, roles, tool_names, tool_results};
 use quiver_tests::wat::{self, WatRun};
 use quiver_tests::{RegistryDir, call_tool_text, mcp_task};
 use serde_json::{Value, json};
@@ -1262,4 +1262,314 @@ async fn anthropic_params_and_usage_are_translated() {
     let metrics = emitted_json(&run, 1);
     assert_eq!(metrics["prompt_tokens"], 1103);
     assert_eq!(metrics["total_tokens"], 1105);
+}
+
+async fn wire_setup(wire: Wire, script: Vec<Reply>) -> Setup {
+    let llm = ScriptedLlm::start_wire(script, wire);
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["echo", "image"], "");
+    let host = scripted_host(&registry, &llm);
+    Setup {
+        llm,
+        host,
+        _registry: registry,
+    }
+}
+
+/// The same guest, its tool loop of three turns, against every wire format: the guest sees
+/// the same answer and summary, and each request was one its API accepts (the scripted
+/// servers refuse the rest).
+#[tokio::test]
+async fn one_guest_runs_its_tool_loop_against_every_backend_kind() {
+    let guest = ChatGuest::new()
+        .msg("system", "be brief")
+        .msg("user", "echo twice")
+        .param("model", json!("gemini-3-pro-preview"))
+        .send(2)
+        .recv()
+        .metrics();
+    for wire in [Wire::OpenAi, Wire::Responses, Wire::Anthropic, Wire::Gemini] {
+        let setup = wire_setup(
+            wire,
+            vec![
+                Reply::tool_call("e1", "mcp__fixture__echo", json!({"text": "one"})),
+                Reply::tool_call("e2", "mcp__fixture__echo", json!({"text": "two"})),
+                Reply::text("one, two"),
+            ],
+        )
+        .await;
+        let run = run(&setup, &guest).await;
+        let response = emitted_json(&run, 0);
+        assert_eq!(
+            response["choices"][0]["message"]["content"], "one, two",
+            "{wire:?}: {response}"
+        );
+        assert_eq!(response["choices"][0]["finish_reason"], "stop", "{wire:?}");
+        let calls = response["_spear"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 2, "{wire:?}: {response}");
+        assert!(calls.iter().all(|c| c["ok"] == true), "{wire:?}: {calls:?}");
+        let metrics = emitted_json(&run, 1);
+        assert_eq!(metrics["iterations"], 3, "{wire:?}");
+        assert_eq!(
+            metrics["llm_requests"], 3,
+            "{wire:?}: no request was refused"
+        );
+        let last = setup.llm.request(2).to_string();
+        assert!(
+            last.contains("one") && last.contains("two"),
+            "{wire:?}: both results go back: {last}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn responses_carry_reasoning_and_mcp_images_as_input_images() {
+    let setup = wire_setup(
+        Wire::Responses,
+        vec![
+            Reply::tool_calls([
+                ("e", "mcp__fixture__echo", json!({"text": "hey"})),
+                ("i", "mcp__fixture__image", json!({})),
+            ]),
+            Reply::text("a red pixel"),
+        ],
+    )
+    .await;
+    let guest = ChatGuest::new()
+        .msg("system", "sys")
+        .msg("user", "look")
+        .send(2)
+        .recv();
+    let run = run(&setup, &guest).await;
+    let response = emitted_json(&run, 0);
+    assert_eq!(
+        response["choices"][0]["message"]["content"], "a red pixel",
+        "{response}"
+    );
+    let recorded = &setup.llm.recorded()[1];
+    assert_eq!(recorded.path, "/v1/responses");
+    let second = &recorded.body;
+    assert_eq!(second["store"], false);
+    assert_eq!(second["instructions"], "sys");
+    let input = second["input"].as_array().unwrap();
+    assert_eq!(
+        input[1],
+        json!({"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "enc-1"}),
+        "the reasoning item goes back before the calls it led to: {second}"
+    );
+    assert_eq!(input[2]["call_id"], "e");
+    assert_eq!(
+        input[4],
+        json!({"type": "function_call_output", "call_id": "e", "output": "hey"})
+    );
+    assert_eq!(
+        input[5]["output"],
+        json!([
+            {"type": "input_text", "text": "a 1x1 red pixel\n[image: image/png, 69 B]"},
+            {"type": "input_image", "image_url": format!("data:image/png;base64,{RED_PIXEL_PNG_BASE64}"), "detail": "auto"},
+        ])
+    );
+}
+
+#[tokio::test]
+async fn gemini_takes_mcp_images_inside_the_response_on_models_that_accept_them() {
+    let script = || {
+        vec![
+            Reply::tool_call("i", "mcp__fixture__image", json!({})),
+            Reply::text("a red pixel"),
+        ]
+    };
+    for (model, inline) in [("gemini-3-pro-preview", true), ("gemini-2.5-flash", false)] {
+        let setup = wire_setup(Wire::Gemini, script()).await;
+        let guest = ChatGuest::new()
+            .msg("user", "look")
+            .param("model", json!(model))
+            .send(2)
+            .recv();
+        let run = run(&setup, &guest).await;
+        let response = emitted_json(&run, 0);
+        assert_eq!(
+            response["choices"][0]["message"]["content"], "a red pixel",
+            "{model}: {response}"
+        );
+        let recorded = &setup.llm.recorded()[1];
+        assert_eq!(recorded.path, format!("/v1/models/{model}:generateContent"));
+        let answer = &recorded.body["contents"][2]["parts"][0]["functionResponse"];
+        assert_eq!(answer["name"], "mcp__fixture__image");
+        assert_eq!(
+            answer["response"]["output"],
+            "a 1x1 red pixel\n[image: image/png, 69 B]"
+        );
+        if inline {
+            assert_eq!(answer["id"], "i");
+            assert_eq!(
+                answer["parts"],
+                json!([{"inlineData": {"mimeType": "image/png", "data": RED_PIXEL_PNG_BASE64}}])
+            );
+            assert_eq!(
+                recorded.body["contents"][1]["parts"][0]["thoughtSignature"], "sig-1",
+                "the call's signature goes back"
+            );
+        } else {
+            assert!(answer.get("parts").is_none(), "{model}: {answer}");
+            assert!(!recorded.body.to_string().contains(RED_PIXEL_PNG_BASE64));
+        }
+    }
+}
+
+#[tokio::test]
+async fn refusals_and_safety_blocks_are_content_filter() {
+    let responses = Reply::Json(json!({
+        "id": "resp_r", "status": "completed", "output": [{"type": "message", "role": "assistant",
+            "content": [{"type": "refusal", "refusal": "I can't help with that."}]}],
+    }));
+    let gemini = Reply::Json(json!({
+        "promptFeedback": {"blockReason": "SAFETY", "safetyRatings": []},
+        "usageMetadata": {"promptTokenCount": 4, "totalTokenCount": 4},
+    }));
+    for (wire, reply, refusal) in [
+        (Wire::Responses, responses, "I can't help with that."),
+        (Wire::Gemini, gemini, "the prompt was blocked (SAFETY)"),
+    ] {
+        let setup = wire_setup(wire, vec![reply]).await;
+        let run = run(&setup, &ChatGuest::new().msg("user", "bad").send(2).recv()).await;
+        let response = emitted_json(&run, 0);
+        let choice = &response["choices"][0];
+        assert_eq!(
+            choice["finish_reason"], "content_filter",
+            "{wire:?}: {response}"
+        );
+        assert_eq!(choice["message"]["refusal"], refusal, "{wire:?}");
+    }
+}
+
+#[tokio::test]
+async fn truncated_tool_calls_are_not_run_on_the_new_backends() {
+    let responses = Reply::Json(json!({
+        "id": "resp_t", "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"},
+        "output": [{"type": "function_call", "call_id": "w", "name": "get_weather", "arguments": "{\"ci"}],
+    }));
+    let gemini = Reply::Json(
+        json!({"candidates": [{"finishReason": "MAX_TOKENS", "content": {"role": "model",
+        "parts": [{"functionCall": {"name": "get_weather", "args": {}}}]}}]}),
+    );
+    for (wire, reply) in [(Wire::Responses, responses), (Wire::Gemini, gemini)] {
+        let setup = wire_setup(wire, vec![reply]).await;
+        let guest = ChatGuest::new()
+            .msg("user", "weather?")
+            .tool(WEATHER, "get_weather")
+            .arena()
+            .send(2)
+            .recv()
+            .metrics();
+        let run = run(&setup, &guest).await;
+        let response = emitted_json(&run, 0);
+        assert_eq!(
+            response["error"]["code"], "tool_calls_truncated",
+            "{wire:?}: {response}"
+        );
+        assert_eq!(emitted_json(&run, 1)["tool_calls"]["guest"], 0);
+        assert_eq!(setup.llm.request_count(), 1);
+    }
+}
+
+#[tokio::test]
+async fn gemini_rate_limits_wait_the_retry_delay_it_asks_for() {
+    let limited = Reply::status(
+        429,
+        json!({"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "message": "quota", "details": [
+            {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "1.2s"}]}})
+        .to_string(),
+    );
+    let setup = wire_setup(Wire::Gemini, vec![limited, Reply::text("fine")]).await;
+    let started = std::time::Instant::now();
+    let run = run(
+        &setup,
+        &ChatGuest::new().msg("user", "hi").send(0).recv().metrics(),
+    )
+    .await;
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1100),
+        "the backoff alone would be 200 ms: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        emitted_json(&run, 0)["choices"][0]["message"]["content"],
+        "fine"
+    );
+    assert_eq!(emitted_json(&run, 1)["llm_retries"], 1);
+}
+
+#[tokio::test]
+async fn a_tool_schema_gemini_cannot_express_is_llm_invalid_request() {
+    let setup = wire_setup(Wire::Gemini, vec![Reply::text("unused")]).await;
+    let mut guest = ChatGuest::new().msg("user", "hi");
+    let definition = json!({"type": "function", "function": {"name": "free", "parameters": {
+        "type": "object", "properties": {"anything": {}}}}});
+    let (p, l) = guest.bytes(definition.to_string().as_bytes());
+    let guest = guest
+        .raw(&format!("(call $out (call $cchat_write_fn (local.get $s) (i32.const {WEATHER}) (i32.const {p}) (i32.const {l})))"))
+        .send(0)
+        .recv();
+    let run = run(&setup, &guest).await;
+    let error = &emitted_json(&run, 0)["error"];
+    assert_eq!(error["code"], "llm_invalid_request", "{error}");
+    let message = error["message"].as_str().unwrap();
+    assert!(
+        message.contains("tool `free`") && message.contains(".anything: a schema without a `type`"),
+        "{message}"
+    );
+    assert_eq!(setup.llm.request_count(), 0, "nothing was sent");
+}
+
+#[tokio::test]
+async fn chained_responses_send_only_what_follows_the_stored_response() {
+    let llm = ScriptedLlm::start_responses(vec![
+        Reply::tool_call("e", "mcp__fixture__echo", json!({"text": "hey"})),
+        Reply::text("done"),
+    ])
+    .await;
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["echo"], "");
+    let backend = quiver::llm::BackendConfig {
+        kind: quiver::llm::BackendKind::OpenaiResponses,
+        base_url: Some(llm.base_url()),
+        default_model: Some("gpt-x".into()),
+        chain_responses: Some(true),
+        ..Default::default()
+    };
+    let config = quiver::HostConfig {
+        backends: std::collections::BTreeMap::from([("chained".into(), backend)]),
+        ..Default::default()
+    };
+    let host = quiver_tests::host_builder(&registry)
+        .with_config(config, ".")
+        .build()
+        .unwrap();
+    let setup = Setup {
+        llm,
+        host,
+        _registry: registry,
+    };
+    let guest = ChatGuest::new()
+        .msg("system", "sys")
+        .msg("user", "go")
+        .send(2)
+        .recv();
+    let run = run(&setup, &guest).await;
+    let response = emitted_json(&run, 0);
+    assert_eq!(
+        response["choices"][0]["message"]["content"], "done",
+        "{response}"
+    );
+    let first = setup.llm.request(0);
+    assert_eq!(first["store"], true);
+    assert!(first.get("include").is_none());
+    let second = setup.llm.request(1);
+    assert_eq!(second["previous_response_id"], "resp_scripted_1");
+    assert_eq!(second["instructions"], "sys");
+    assert_eq!(
+        second["input"],
+        json!([{"type": "function_call_output", "call_id": "e", "output": "hey"}])
+    );
 }

@@ -5,7 +5,7 @@
 use std::process::Command;
 
 use quiver_tests::chat_wat::scripted_host;
-use quiver_tests::llm::{Reply, ScriptedLlm, tool_names, tool_results};
+use quiver_tests::llm::{Reply, ScriptedLlm, Wire, tool_names, tool_results};
 use quiver_tests::{
     RegistryDir, example_guest, fixture_server, mcp_task, quiver_cli, run, workspace,
 };
@@ -50,6 +50,42 @@ async fn the_rust_chat_guest_runs_a_guest_tool_and_an_mcp_tool() {
         ]
     );
     host.shutdown().await;
+}
+
+/// The same guest, unchanged, on every wire format: the same output, and every request one
+/// its API accepts (the scripted servers refuse the rest).
+#[tokio::test]
+async fn the_rust_chat_guest_runs_unchanged_on_every_backend_kind() {
+    for wire in [Wire::OpenAi, Wire::Responses, Wire::Anthropic, Wire::Gemini] {
+        let llm = ScriptedLlm::start_wire(script(), wire);
+        let registry = RegistryDir::new();
+        registry.fixture("fixture", &["add"], "");
+        let host = scripted_host(&registry, &llm);
+        let out = run(
+            &host,
+            &example_guest("chat-tools"),
+            &mcp_task("chat-tools", &["fixture"]),
+        )
+        .await;
+        assert!(
+            out.success(),
+            "{wire:?}: {}{}",
+            out.stdout_text(),
+            out.stderr_text()
+        );
+        assert_eq!(
+            out.stdout_text(),
+            "Sunny in Paris; 2+3=5.\ntools used: get_weather (guest), mcp__fixture__add (mcp)\n",
+            "{wire:?}"
+        );
+        assert_eq!(llm.request_count(), 2, "{wire:?}");
+        let second = llm.request(1).to_string();
+        assert!(
+            second.contains("Sunny, 21°C in Paris"),
+            "{wire:?}: the guest tool's result goes back: {second}"
+        );
+        host.shutdown().await;
+    }
 }
 
 fn quiver() -> Command {

@@ -578,7 +578,7 @@ impl Response {
 
     /// The host's `error` object if the request failed (`llm_unavailable`,
     /// `llm_timeout`, `llm_http_error`, `llm_invalid_response`, `llm_response_too_large`,
-    /// `backend_unknown`, `tool_call_limit`), `None` on success.
+    /// `llm_invalid_request`, `backend_unknown`, `tool_call_limit`), `None` on success.
     pub fn error(&self) -> Result<Option<&ChatError>> {
         Ok(self.parsed()?.error.as_ref())
     }

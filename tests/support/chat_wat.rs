@@ -156,13 +156,8 @@ pub fn scripted_host_builder(
     registry: &crate::RegistryDir,
     llm: &crate::llm::ScriptedLlm,
 ) -> quiver::HostBuilder {
-    let kind = if llm.is_anthropic() {
-        quiver::llm::BackendKind::Anthropic
-    } else {
-        quiver::llm::BackendKind::Openai
-    };
     let backend = quiver::llm::BackendConfig {
-        kind,
+        kind: llm.wire().backend_kind(),
         base_url: Some(llm.base_url()),
         default_model: Some("scripted-default".into()),
         ..Default::default()

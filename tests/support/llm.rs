@@ -37,6 +37,11 @@
 //! every `tool_use` answered by a `tool_result` at the start of the next turn and every
 //! `tool_result` answering one; images of the four types the API takes, of at most 5 MB
 //! of base64, at most 100 of them.
+//!
+//! [`ScriptedLlm::start_responses`] serves it as the OpenAI Responses API
+//! (`POST /v1/responses`) and [`ScriptedLlm::start_gemini`] as Gemini `generateContent`
+//! (`POST /v1/models/{model}:generateContent`); each checks the rules of its API, kept in
+//! one place ([`responses`], [`gemini`]'s module docs list them).
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -51,6 +56,9 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use crate::serve::{BackgroundServer, Bound};
+
+mod gemini;
+mod responses;
 
 /// Prompt tokens reported per request message (`prompt_tokens = 10 * messages.len()`).
 pub const PROMPT_TOKENS_PER_MESSAGE: u64 = 10;
@@ -214,11 +222,33 @@ struct Inner {
     recorded: Vec<Recorded>,
     /// Chat-completions requests seen so far (numbering for ids and error messages).
     chat_requests: usize,
+    /// Responses: the stored responses (`store: true`) by id, with their calls' ids.
+    stored: std::collections::HashMap<String, Vec<String>>,
+}
+
+/// The wire format a [`ScriptedLlm`] speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    OpenAi,
+    Anthropic,
+    Responses,
+    Gemini,
+}
+
+impl Wire {
+    /// The backend kind that speaks it.
+    pub fn backend_kind(self) -> quiver::llm::BackendKind {
+        match self {
+            Wire::OpenAi => quiver::llm::BackendKind::Openai,
+            Wire::Anthropic => quiver::llm::BackendKind::Anthropic,
+            Wire::Responses => quiver::llm::BackendKind::OpenaiResponses,
+            Wire::Gemini => quiver::llm::BackendKind::Gemini,
+        }
+    }
 }
 
 struct Shared {
-    /// Speaks the Anthropic Messages API instead of OpenAI chat completions.
-    anthropic: bool,
+    wire: Wire,
     inner: Mutex<Inner>,
     shutdown: watch::Receiver<bool>,
 }
@@ -244,24 +274,35 @@ impl ScriptedLlm {
 
     /// [`ScriptedLlm::start`] for synchronous tests; needs no Tokio runtime.
     pub fn start_blocking(script: Vec<Reply>) -> ScriptedLlm {
-        Self::start_wire(script, false)
+        Self::start_wire(script, Wire::OpenAi)
     }
 
     /// A scripted Anthropic Messages server (`POST /v1/messages`); see the module docs.
     pub async fn start_anthropic(script: Vec<Reply>) -> ScriptedLlm {
-        Self::start_wire(script, true)
+        Self::start_wire(script, Wire::Anthropic)
     }
 
-    /// Whether this server speaks the Anthropic Messages API.
-    pub fn is_anthropic(&self) -> bool {
-        self.shared.anthropic
+    /// A scripted OpenAI Responses server (`POST /v1/responses`); see [`responses`].
+    pub async fn start_responses(script: Vec<Reply>) -> ScriptedLlm {
+        Self::start_wire(script, Wire::Responses)
     }
 
-    fn start_wire(script: Vec<Reply>, anthropic: bool) -> ScriptedLlm {
+    /// A scripted Gemini server (`POST /v1/models/{model}:generateContent`); see [`gemini`].
+    pub async fn start_gemini(script: Vec<Reply>) -> ScriptedLlm {
+        Self::start_wire(script, Wire::Gemini)
+    }
+
+    /// The wire format this server speaks.
+    pub fn wire(&self) -> Wire {
+        self.shared.wire
+    }
+
+    /// A server speaking `wire`.
+    pub fn start_wire(script: Vec<Reply>, wire: Wire) -> ScriptedLlm {
         let bound = Bound::new("scripted LLM");
         let addr = bound.addr;
         let shared = Arc::new(Shared {
-            anthropic,
+            wire,
             inner: Mutex::new(Inner {
                 script: script.into(),
                 ..Inner::default()
@@ -359,7 +400,7 @@ impl ScriptedLlm {
             .lock()
             .recorded
             .iter()
-            .filter(|r| is_chat(&r.method, &r.path, self.shared.anthropic))
+            .filter(|r| is_chat(&r.method, &r.path, self.shared.wire))
             .cloned()
             .collect()
     }
@@ -446,11 +487,15 @@ pub fn expected_usage(message_count: usize) -> (u64, u64, u64) {
     (prompt, COMPLETION_TOKENS, prompt + COMPLETION_TOKENS)
 }
 
-fn is_chat(method: &str, path: &str, anthropic: bool) -> bool {
-    let route = if anthropic {
-        "/v1/messages"
-    } else {
-        "/v1/chat/completions"
+fn is_chat(method: &str, path: &str, wire: Wire) -> bool {
+    if wire == Wire::Gemini {
+        return method == "POST" && !gemini::model(path).is_empty();
+    }
+    let route = match wire {
+        Wire::OpenAi => "/v1/chat/completions",
+        Wire::Anthropic => "/v1/messages",
+        Wire::Responses => "/v1/responses",
+        Wire::Gemini => unreachable!("matched above"),
     };
     method == "POST" && path.trim_end_matches('/') == route
 }
@@ -482,14 +527,19 @@ async fn handle(
             .collect(),
         body,
     };
-    let chat = is_chat(&recorded.method, &recorded.path, shared.anthropic);
-    let fault = (chat && shared.anthropic)
-        .then(|| anthropic_fault(&recorded))
-        .flatten();
+    let chat = is_chat(&recorded.method, &recorded.path, shared.wire);
     let request = recorded.body.clone();
 
     let (number, reply) = {
         let mut inner = shared.lock();
+        let fault = match shared.wire {
+            _ if !chat => None,
+            Wire::OpenAi => None,
+            Wire::Anthropic => anthropic_fault(&recorded),
+            Wire::Responses => responses::fault(&recorded, &inner.stored),
+            Wire::Gemini => gemini::fault(&recorded),
+        };
+        let path = recorded.path.clone();
         inner.recorded.push(recorded);
         if !chat {
             drop(inner);
@@ -501,15 +551,29 @@ async fn handle(
         inner.chat_requests += 1;
         if let Some(fault) = fault {
             drop(inner);
-            return json_response(
-                StatusCode::BAD_REQUEST,
-                anthropic_error(400, &fault).to_string(),
-                None,
-            );
+            let body = match shared.wire {
+                Wire::Anthropic => anthropic_error(400, &fault),
+                Wire::Gemini => gemini::error_body(400, &fault),
+                _ => openai_error(&fault, "invalid_request_error"),
+            };
+            return json_response(StatusCode::BAD_REQUEST, body.to_string(), None);
         }
-        (inner.chat_requests, inner.script.pop_front())
+        let number = inner.chat_requests;
+        let reply = inner.script.pop_front();
+        if shared.wire == Wire::Gemini
+            && let Some(answer) = gemini::answer(number, &path, &request, reply.as_ref())
+        {
+            return json_response(StatusCode::OK, answer.to_string(), None);
+        }
+        if shared.wire == Wire::Responses
+            && let Some(answer) =
+                responses::answer(number, &request, reply.as_ref(), &mut inner.stored)
+        {
+            return json_response(StatusCode::OK, answer.to_string(), None);
+        }
+        (number, reply)
     };
-    if shared.anthropic {
+    if shared.wire == Wire::Anthropic {
         match reply {
             Some(Reply::Text(text)) => {
                 let blocks = json!([{"type": "text", "text": text}]);

@@ -390,6 +390,9 @@ open_enum! {
         LlmInvalidResponse = "llm_invalid_response",
         /// The backend's answer was larger than the host reads (16 MiB).
         LlmResponseTooLarge = "llm_response_too_large",
+        /// The session holds what the backend's API cannot be sent (a tool schema it
+        /// cannot express); nothing was sent.
+        LlmInvalidRequest = "llm_invalid_request",
         /// The session names a backend the host does not have.
         BackendUnknown = "backend_unknown",
         /// The model still wanted tools when a budget ran out.

@@ -420,6 +420,37 @@ pub const ANTHROPIC_MAX_IMAGE_BYTES_PER_REQUEST: usize = 20 * 1000 * 1000;
 /// are about 30 bytes; without a bound a model's 8 MiB id would be echoed every turn.
 pub const ANTHROPIC_TOOL_ID_MAX_BYTES: usize = 128;
 
+/// Images one OpenAI Responses or Gemini request carries at most, newest first (as
+/// [`ANTHROPIC_MAX_IMAGES_PER_REQUEST`]): a session re-sends its images on every turn.
+pub const LLM_MAX_IMAGES_PER_REQUEST: usize = 20;
+
+/// Base64 bytes of images one OpenAI Responses request carries at most, newest first: the
+/// API takes 50 MB of images per request, and this leaves room for the rest.
+pub const RESPONSES_MAX_IMAGE_BYTES_PER_REQUEST: usize = 20 * 1000 * 1000;
+
+/// The least `max_output_tokens` the Responses API takes; a smaller `max_tokens` is raised
+/// to it rather than refused.
+pub const RESPONSES_MIN_OUTPUT_TOKENS: u64 = 16;
+
+/// Longest tool call id (bytes) sent back to an OpenAI Responses or Gemini model as is; a
+/// longer, invalid (not `^[a-zA-Z0-9_-]+$`) or repeated one is replaced by
+/// `call_quiver_<n>`.
+pub const LLM_TOOL_ID_MAX_BYTES: usize = 64;
+
+/// Base URL of `kind = "gemini"` backends that set none.
+pub const GEMINI_DEFAULT_BASE_URL: &str = "https://generativelanguage.googleapis.com/v1beta";
+
+/// Model of `kind = "gemini"` backends that set neither `default_model` nor `GEMINI_MODEL`.
+pub const GEMINI_DEFAULT_MODEL: &str = "gemini-2.5-flash";
+
+/// Gemini models that take images inside a function response (Gemini 3; Gemini 2 answers
+/// 400), as `image_result_models` patterns; others get a text note.
+pub const GEMINI_IMAGE_RESULT_MODELS: &[&str] = &["gemini-3*"];
+
+/// Base64 bytes of images one Gemini request carries at most, newest first: the API refuses
+/// requests over 20 MB, and this leaves the rest for text.
+pub const GEMINI_MAX_IMAGE_BYTES_PER_REQUEST: usize = 14 * 1000 * 1000;
+
 /// Model requests per `cchat_send` with AUTO_TOOL_CALL (session param `max_iterations`).
 pub const CHAT_MAX_ITERATIONS: u32 = 8;
 

@@ -1,6 +1,7 @@
 //! Images a model may be sent: the checks every image passes before it goes to a backend
-//! that takes images (the Anthropic Messages API), whoever supplied it (an MCP tool result,
-//! or the guest through a message).
+//! that takes images (the Anthropic Messages API, the OpenAI Responses API, Gemini),
+//! whoever supplied it (an MCP tool result, or the guest through a message), and the
+//! per-request [`Budget`] the translations keep them to.
 //!
 //! The API refuses a whole request for one bad image (a type it does not take, bytes that
 //! are not of the declared type, a base64 string over 5 MB), and a session sends its
@@ -56,6 +57,45 @@ impl Image {
         });
         block["source"]["data"] = Value::String(self.data);
         block
+    }
+}
+
+/// How many images, of how many base64 bytes, a request still has room for: the
+/// translations admit a conversation's images newest first and send the rest as notes.
+pub(crate) struct Budget {
+    count: usize,
+    bytes: usize,
+    max_count: usize,
+    max_bytes: usize,
+}
+
+impl Budget {
+    pub(crate) fn new(max_count: usize, max_bytes: usize) -> Self {
+        Self {
+            count: 0,
+            bytes: 0,
+            max_count,
+            max_bytes,
+        }
+    }
+
+    /// Takes an image of `len` base64 bytes if the request has room for it.
+    pub(crate) fn admit(&mut self, len: usize) -> bool {
+        let bytes = self.bytes.saturating_add(len);
+        if self.count >= self.max_count || bytes > self.max_bytes {
+            return false;
+        }
+        self.count += 1;
+        self.bytes = bytes;
+        true
+    }
+
+    /// The note an image the request has no room for becomes.
+    pub(crate) fn full_note(&self) -> String {
+        format!(
+            "[image not sent: a request carries only the newest {} images, of at most {} bytes of base64]",
+            self.max_count, self.max_bytes
+        )
     }
 }
 

@@ -21,6 +21,15 @@
 //! anthropic_version = "2023-06-01"       # the `anthropic-version` header
 //! max_tokens = 4096                      # for requests that set none
 //!
+//! [backends.responses]
+//! kind = "openai_responses"              # OpenAI Responses API (images in tool results)
+//! chain_responses = false                # true: store responses, chain by previous_response_id
+//!
+//! [backends.gemini]
+//! kind = "gemini"                        # generateContent; key sent as `x-goog-api-key`
+//! api_key_env = "GEMINI_API_KEY"
+//! image_result_models = ["gemini-3*"]    # models taking images in tool results
+//!
 //! [backends.demo]
 //! kind = "replay"
 //! transcript = "transcripts/chat-demo.json"   # relative to this file
@@ -298,6 +307,33 @@ mod tests {
             error.to_string().contains("backends.c.max_tokens"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn responses_and_gemini_fields_belong_to_their_kinds() {
+        let config = load(
+            "[backends.r]\nkind = \"openai_responses\"\nchain_responses = true\n[backends.g]\nkind = \"gemini\"\nimage_result_models = [\"gemini-3*\"]\ndefault_backend_unused = 1\n",
+        );
+        assert!(config.is_err(), "a typo is still refused");
+        let config = load(
+            "default_backend = \"g\"\n[backends.r]\nkind = \"openai_responses\"\nchain_responses = true\n[backends.g]\nkind = \"gemini\"\nimage_result_models = [\"gemini-3*\"]\n",
+        )
+        .expect("both kinds");
+        assert_eq!(config.backends["r"].kind, BackendKind::OpenaiResponses);
+        assert_eq!(config.backends["g"].kind, BackendKind::Gemini);
+        for (text, field) in [
+            (
+                "[backends.o]\nchain_responses = true\n",
+                "backends.o.chain_responses: only openai_responses",
+            ),
+            (
+                "[backends.o]\nkind = \"anthropic\"\nimage_result_models = []\n",
+                "backends.o.image_result_models: only gemini",
+            ),
+        ] {
+            let error = load(text).expect_err(field);
+            assert!(error.to_string().contains(field), "{error}");
+        }
     }
 
     #[test]

@@ -14,8 +14,19 @@ use crate::config::{ConfigError, ConfigOrigin};
 pub enum BackendKind {
     #[default]
     Openai,
+    /// The OpenAI Responses API (`POST {base_url}/responses`), translated.
+    OpenaiResponses,
     Anthropic,
+    /// Gemini `generateContent` (`POST {base_url}/models/{model}:generateContent`), translated.
+    Gemini,
     Replay,
+}
+
+impl BackendKind {
+    /// Whether backends of this kind speak HTTP (all but `replay`).
+    fn is_http(self) -> bool {
+        self != BackendKind::Replay
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -37,6 +48,12 @@ pub struct BackendConfig {
     /// Anthropic backends: `max_tokens` for requests that set none
     /// ([`crate::defaults::ANTHROPIC_MAX_TOKENS`]).
     pub max_tokens: Option<u32>,
+    /// OpenAI Responses backends: store each response and send only what is new since the
+    /// last one, with `previous_response_id` (default false: stateless, `store: false`).
+    pub chain_responses: Option<bool>,
+    /// Gemini backends: the models (`*`/`?` patterns) that take images inside a function
+    /// response ([`crate::defaults::GEMINI_IMAGE_RESULT_MODELS`]); others get a text note.
+    pub image_result_models: Option<Vec<String>>,
 }
 
 impl BackendConfig {
@@ -52,19 +69,40 @@ impl BackendConfig {
             BackendKind::Replay if self.transcript.is_none() => {
                 return Err(("transcript", "a replay backend needs a transcript file"));
             }
-            BackendKind::Openai | BackendKind::Anthropic if self.transcript.is_some() => {
+            kind if kind.is_http() && self.transcript.is_some() => {
                 return Err(("transcript", "only replay backends read transcripts"));
             }
             _ => {}
         }
-        if self.kind != BackendKind::Anthropic {
-            for (set, name) in [
-                (self.anthropic_version.is_some(), "anthropic_version"),
-                (self.max_tokens.is_some(), "max_tokens"),
-            ] {
-                if set {
-                    return Err((name, "only anthropic backends take it"));
-                }
+        let only = [
+            (
+                self.anthropic_version.is_some(),
+                "anthropic_version",
+                BackendKind::Anthropic,
+                "only anthropic backends take it",
+            ),
+            (
+                self.max_tokens.is_some(),
+                "max_tokens",
+                BackendKind::Anthropic,
+                "only anthropic backends take it",
+            ),
+            (
+                self.chain_responses.is_some(),
+                "chain_responses",
+                BackendKind::OpenaiResponses,
+                "only openai_responses backends take it",
+            ),
+            (
+                self.image_result_models.is_some(),
+                "image_result_models",
+                BackendKind::Gemini,
+                "only gemini backends take it",
+            ),
+        ];
+        for (set, name, kind, why) in only {
+            if set && self.kind != kind {
+                return Err((name, why));
             }
         }
         if self.max_tokens == Some(0) {

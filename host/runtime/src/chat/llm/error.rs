@@ -36,6 +36,10 @@ pub enum LlmError {
         "the LLM backend `{backend}` sent a response larger than {limit} bytes, the most the host reads"
     )]
     ResponseTooLarge { backend: String, limit: usize },
+    /// The session holds what the backend's API cannot be sent (a tool schema Gemini cannot
+    /// express, a model name that cannot be part of a URL); nothing was sent.
+    #[error("cannot send this request to the LLM backend `{backend}`: {message}")]
+    InvalidRequest { backend: String, message: String },
     #[error("no LLM backend named `{name}` (configured: {})", known.join(", "))]
     BackendUnknown { name: String, known: Vec<String> },
 }
@@ -48,6 +52,7 @@ impl LlmError {
             LlmError::Http { .. } => "llm_http_error",
             LlmError::InvalidResponse { .. } => "llm_invalid_response",
             LlmError::ResponseTooLarge { .. } => "llm_response_too_large",
+            LlmError::InvalidRequest { .. } => "llm_invalid_request",
             LlmError::BackendUnknown { .. } => "backend_unknown",
         }
     }

@@ -2,16 +2,21 @@
 //!
 //! A backend takes a complete OpenAI chat-completions request body and returns the response
 //! body, read as a [`ChatCompletion`] (unknown fields kept), or a structured [`LlmError`]. It does not know where tools come from; the chat loop
-//! does. Three kinds exist: [`openai`] speaks the OpenAI wire format over HTTP (any compatible
-//! server), [`anthropic`] the Anthropic Messages API (translated, over the same client), and [`replay`] answers from a transcript file, for offline demos and tests. A
-//! [`Recorder`] can wrap either to write such a transcript from a real conversation.
+//! does. [`openai`] speaks the OpenAI wire format over HTTP (any compatible server);
+//! [`anthropic`] the Anthropic Messages API, [`responses`] the OpenAI Responses API and
+//! [`gemini`] Gemini's `generateContent`, translated, over the same client; [`replay`] answers from a transcript file, for offline
+//! demos and tests. A [`Recorder`] can wrap any of them to write such a transcript from a
+//! real conversation.
 
 mod anthropic;
 mod config;
 mod error;
+mod gemini;
+mod ids;
 mod openai;
 mod record;
 mod replay;
+mod responses;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,6 +31,22 @@ pub use error::LlmError;
 pub use record::Recorder;
 
 pub(crate) use anthropic::RICH_CONTENT_FIELD;
+
+/// Why a translated API's response body is not an answer.
+#[derive(Debug, thiserror::Error)]
+enum AnswerError {
+    #[error(transparent)]
+    NotJson(#[from] serde_json::Error),
+    /// JSON without what an answer needs, or an answer saying it failed.
+    #[error("{0}")]
+    Shape(String),
+}
+
+impl AnswerError {
+    fn shape(what: impl Into<String>) -> Self {
+        Self::Shape(what.into())
+    }
+}
 
 /// A successful exchange.
 #[derive(Clone, Debug)]
@@ -66,7 +87,8 @@ impl Backend {
         &self.default_model
     }
 
-    /// Whether tool messages should keep MCP image parts (`anthropic` sends them as images).
+    /// Whether tool messages should keep MCP image parts (every translated API sends them
+    /// as images; `openai` chat completions cannot).
     pub fn takes_rich_results(&self) -> bool {
         matches!(&self.kind, BackendImpl::OpenAi(backend) if backend.takes_rich_results())
     }
@@ -110,7 +132,10 @@ impl Backends {
         let mut backends = BTreeMap::new();
         for (name, backend) in &configs {
             let kind = match backend.kind {
-                BackendKind::Openai | BackendKind::Anthropic => {
+                BackendKind::Openai
+                | BackendKind::OpenaiResponses
+                | BackendKind::Anthropic
+                | BackendKind::Gemini => {
                     BackendImpl::OpenAi(openai::OpenAiBackend::new(name, backend, &origin.file)?)
                 }
                 BackendKind::Replay => {
@@ -151,10 +176,12 @@ impl Backends {
 
 fn default_model(kind: BackendKind) -> String {
     match kind {
-        BackendKind::Openai => std::env::var("OPENAI_MODEL")
+        BackendKind::Openai | BackendKind::OpenaiResponses => std::env::var("OPENAI_MODEL")
             .unwrap_or_else(|_| crate::defaults::OPENAI_DEFAULT_MODEL.into()),
         BackendKind::Anthropic => std::env::var("ANTHROPIC_MODEL")
             .unwrap_or_else(|_| crate::defaults::ANTHROPIC_DEFAULT_MODEL.into()),
+        BackendKind::Gemini => std::env::var("GEMINI_MODEL")
+            .unwrap_or_else(|_| crate::defaults::GEMINI_DEFAULT_MODEL.into()),
         BackendKind::Replay => "replay".into(),
     }
 }

@@ -1,5 +1,6 @@
-//! LLM backends over HTTP: OpenAI-compatible chat completions, and the Anthropic Messages
-//! API through [`super::anthropic`]'s translation (the same client, retries and caps).
+//! LLM backends over HTTP: OpenAI-compatible chat completions, and through translations
+//! the Anthropic Messages API ([`super::anthropic`]) and the OpenAI Responses API
+//! ([`super::responses`]), all with the same client, retries and caps.
 //!
 //! 429 and 5xx answers and network errors are retried with bounded exponential backoff,
 //! honouring `Retry-After`; everything else, including a body that is not a chat
@@ -17,8 +18,11 @@ use reqwest::StatusCode;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
 use serde_json::Value;
 
-use super::anthropic::{self, MessagesError};
+use super::AnswerError;
+use super::anthropic;
 use super::config::{BackendConfig, BackendKind};
+use super::gemini;
+use super::responses;
 use super::{LlmError, LlmFailure, LlmReply};
 use crate::Cause;
 use crate::chat::wire::ChatCompletion;
@@ -41,6 +45,10 @@ enum Wire {
     Anthropic {
         max_tokens: u32,
     },
+    /// OpenAI Responses, stateless or chained.
+    Responses(responses::State),
+    /// Gemini `generateContent`; the URL names the model.
+    Gemini(gemini::ImageModels),
 }
 
 impl OpenAiBackend {
@@ -52,13 +60,14 @@ impl OpenAiBackend {
         crate::mcp::ensure_tls_provider();
         let at = |field: &str| format!("backends.{name}.{field}");
         let anthropic = config.kind == BackendKind::Anthropic;
-        let base = config.base_url.clone().unwrap_or_else(|| {
-            if anthropic {
-                defaults::ANTHROPIC_DEFAULT_BASE_URL.into()
-            } else {
-                defaults::OPENAI_DEFAULT_BASE_URL.into()
-            }
-        });
+        let base = config
+            .base_url
+            .clone()
+            .unwrap_or_else(|| match config.kind {
+                BackendKind::Anthropic => defaults::ANTHROPIC_DEFAULT_BASE_URL.into(),
+                BackendKind::Gemini => defaults::GEMINI_DEFAULT_BASE_URL.into(),
+                _ => defaults::OPENAI_DEFAULT_BASE_URL.into(),
+            });
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(ConfigError::new(
                 config_path,
@@ -95,11 +104,24 @@ impl OpenAiBackend {
             )
             .with_source(e)
         })?;
-        let (path, wire) = if anthropic {
-            let max_tokens = config.max_tokens.unwrap_or(defaults::ANTHROPIC_MAX_TOKENS);
-            ("messages", Wire::Anthropic { max_tokens })
-        } else {
-            ("chat/completions", Wire::OpenAi)
+        let (path, wire) = match config.kind {
+            BackendKind::Anthropic => {
+                let max_tokens = config.max_tokens.unwrap_or(defaults::ANTHROPIC_MAX_TOKENS);
+                ("messages", Wire::Anthropic { max_tokens })
+            }
+            BackendKind::OpenaiResponses => {
+                let state = if config.chain_responses == Some(true) {
+                    responses::State::Chained
+                } else {
+                    responses::State::Stateless
+                };
+                ("responses", Wire::Responses(state))
+            }
+            BackendKind::Gemini => {
+                let models = gemini::ImageModels::new(config.image_result_models.as_deref());
+                ("models", Wire::Gemini(models))
+            }
+            _ => ("chat/completions", Wire::OpenAi),
         };
         Ok(Self {
             name: name.to_owned(),
@@ -151,27 +173,44 @@ impl OpenAiBackend {
     }
 
     pub(super) fn takes_rich_results(&self) -> bool {
-        matches!(self.wire, Wire::Anthropic { .. })
+        !matches!(self.wire, Wire::OpenAi)
     }
 
     /// The header carrying API key `key`, marked sensitive so no debug output shows it;
     /// `None` for a key that cannot be a header value.
     fn auth_header(&self, key: &str) -> Option<(HeaderName, HeaderValue)> {
         let (name, value) = match self.wire {
-            Wire::OpenAi => (AUTHORIZATION, format!("Bearer {key}")),
+            Wire::OpenAi | Wire::Responses(_) => (AUTHORIZATION, format!("Bearer {key}")),
             Wire::Anthropic { .. } => (HeaderName::from_static("x-api-key"), key.to_owned()),
+            Wire::Gemini(_) => (HeaderName::from_static("x-goog-api-key"), key.to_owned()),
         };
         let mut value = HeaderValue::try_from(value).ok()?;
         value.set_sensitive(true);
         Some((name, value))
     }
 
-    /// `body` as this backend's wire format sends it.
-    fn request_body<'a>(&self, body: &'a Value) -> Cow<'a, Value> {
-        match self.wire {
-            Wire::OpenAi => without_rich_content(body),
-            Wire::Anthropic { max_tokens } => Cow::Owned(anthropic::to_messages(body, max_tokens)),
-        }
+    /// Where `body` goes and as what, in this backend's wire format; an error when the
+    /// API cannot be sent what it holds.
+    fn request<'a>(&self, body: &'a Value) -> Result<(Cow<'_, str>, Cow<'a, Value>), LlmError> {
+        let url = Cow::Borrowed(self.url.as_str());
+        Ok(match &self.wire {
+            Wire::OpenAi => (url, without_rich_content(body)),
+            Wire::Anthropic { max_tokens } => {
+                (url, Cow::Owned(anthropic::to_messages(body, *max_tokens)))
+            }
+            Wire::Responses(state) => (url, Cow::Owned(responses::to_responses(body, *state))),
+            Wire::Gemini(models) => {
+                let invalid = |message| LlmError::InvalidRequest {
+                    backend: self.name.clone(),
+                    message,
+                };
+                let model = body["model"].as_str().unwrap_or_default();
+                let segment = gemini::model_segment(model).map_err(invalid)?;
+                let request = gemini::to_gemini(body, &models.options(model)).map_err(invalid)?;
+                let url = format!("{}/{segment}:generateContent", self.url);
+                (Cow::Owned(url), Cow::Owned(request))
+            }
+        })
     }
 
     async fn attempt(&self, body: &Value, timeout: Duration) -> Result<ChatCompletion, Attempt> {
@@ -191,22 +230,18 @@ impl OpenAiBackend {
                 }
             }
         }
+        let (url, request) = self.request(body).map_err(Attempt::Final)?;
         let response = self
             .client
-            .post(&self.url)
+            .post(url.as_ref())
             .headers(headers)
             .timeout(timeout)
-            .json(&*self.request_body(body))
+            .json(&*request)
             .send()
             .await
             .map_err(|e| self.transport_error(e, timeout))?;
         let status = response.status();
-        let retry_after = response
-            .headers()
-            .get(RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+        let retry_after = retry_after(response.headers());
         let cap = if status.is_success() {
             defaults::LLM_MAX_RESPONSE_BYTES
         } else {
@@ -240,6 +275,7 @@ impl OpenAiBackend {
             };
             let retryable = status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error();
             return Err(if retryable {
+                let retry_after = retry_after.or_else(|| retry_delay(&bytes));
                 Attempt::Retryable { error, retry_after }
             } else {
                 Attempt::Final(error)
@@ -252,14 +288,27 @@ impl OpenAiBackend {
                 source,
             })
         };
-        match self.wire {
-            Wire::OpenAi => ChatCompletion::from_slice(&bytes)
-                .map_err(|e| invalid(e.to_string(), Some(Cause::new(e)))),
-            Wire::Anthropic { .. } => anthropic::from_messages(&bytes).map_err(|e| match e {
-                MessagesError::NotJson(e) => invalid(e.to_string(), Some(Cause::new(e))),
-                MessagesError::Shape(what) => invalid(what.to_owned(), None),
-            }),
-        }
+        let answer = match &self.wire {
+            Wire::OpenAi => {
+                return ChatCompletion::from_slice(&bytes)
+                    .map_err(|e| invalid(e.to_string(), Some(Cause::new(e))));
+            }
+            Wire::Anthropic { .. } => anthropic::from_messages(&bytes),
+            Wire::Responses(state) => responses::from_responses(&bytes, *state),
+            Wire::Gemini(_) => {
+                let offered: Vec<&str> = body["tools"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|t| t["function"]["name"].as_str())
+                    .collect();
+                gemini::from_gemini(&bytes, &offered)
+            }
+        };
+        answer.map_err(|e| match e {
+            AnswerError::NotJson(e) => invalid(e.to_string(), Some(Cause::new(e))),
+            AnswerError::Shape(what) => invalid(what, None),
+        })
     }
 
     fn transport_error(&self, error: reqwest::Error, timeout: Duration) -> Attempt {
@@ -330,6 +379,36 @@ fn without_rich_content(body: &Value) -> Cow<'_, Value> {
     Cow::Owned(body)
 }
 
+/// The wait a 429 or 5xx asks for: OpenAI's `retry-after-ms`, or `Retry-After` seconds.
+fn retry_after(headers: &HeaderMap) -> Option<Duration> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let millis = header("retry-after-ms")
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|ms| ms.is_finite() && *ms >= 0.0)
+        .map(|ms| Duration::from_secs_f64(ms.min(1e9) / 1000.0));
+    millis.or_else(|| {
+        header(RETRY_AFTER.as_str())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs)
+    })
+}
+
+/// The wait a Google API error body asks for: the `retryDelay` (`"17s"`, `"0.5s"`) of its
+/// `google.rpc.RetryInfo` detail, when the body was read whole.
+fn retry_delay(body: &[u8]) -> Option<Duration> {
+    let error: Value = serde_json::from_slice(body).ok()?;
+    let details = error["error"]["details"].as_array()?;
+    let info = details
+        .iter()
+        .find(|d| d["@type"] == "type.googleapis.com/google.rpc.RetryInfo")?;
+    let seconds: f64 = info["retryDelay"]
+        .as_str()?
+        .strip_suffix('s')?
+        .parse()
+        .ok()?;
+    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds.min(1e9)))
+}
+
 /// Bytes of an error body read, for the start [`snippet`] quotes.
 const ERROR_BODY_BYTES: usize = 4 * 1024;
 
@@ -366,10 +445,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn retry_waits_come_from_headers_or_googles_retry_info() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(retry_after(&headers), None);
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("2"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(2)));
+        headers.insert("retry-after-ms", HeaderValue::from_static("250.5"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_micros(250_500)));
+        headers.insert("retry-after-ms", HeaderValue::from_static("-1"));
+        assert_eq!(retry_after(&headers), Some(Duration::from_secs(2)));
+
+        let body = serde_json::json!({"error": {"code": 429, "status": "RESOURCE_EXHAUSTED", "details": [
+            {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": []},
+            {"@type": "type.googleapis.com/google.rpc.RetryInfo", "retryDelay": "1.5s"},
+        ]}});
+        assert_eq!(
+            retry_delay(body.to_string().as_bytes()),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(retry_delay(b"{\"error\": {\"details\": [{\"@type\": \"type.googleapis.com/google.rpc.RetryInfo\", \"retryDelay\": \"soon\"}]}}"), None);
+        assert_eq!(retry_delay(b"<html>"), None);
+    }
+
+    #[test]
     fn api_keys_go_in_sensitive_headers() {
         for (kind, header) in [
             (BackendKind::Openai, "authorization"),
+            (BackendKind::OpenaiResponses, "authorization"),
             (BackendKind::Anthropic, "x-api-key"),
+            (BackendKind::Gemini, "x-goog-api-key"),
         ] {
             let config = BackendConfig {
                 kind,

@@ -12,12 +12,11 @@
 //! the session holds (a model's odd answer, a guest's own messages), and says in text notes
 //! what it could not send.
 
-mod ids;
 mod request;
 mod response;
 
-pub(super) use request::to_messages;
-pub(super) use response::{MessagesError, from_messages};
+pub(super) use request::{text_of, to_messages, tool_name};
+pub(super) use response::from_messages;
 
 /// The field of a `tool` message holding the MCP image parts only this wire format sends.
 pub(crate) const RICH_CONTENT_FIELD: &str = "quiver_content";

@@ -9,7 +9,7 @@
 //! - text that is empty or only whitespace is left out, and a turn left with nothing is
 //!   dropped; turns of the same role in a row are merged (tool results first), as the API
 //!   would combine them;
-//! - tool call ids are made valid and unique ([`super::ids`]), tool names valid; a
+//! - tool call ids are made valid and unique ([`crate::chat::llm::ids`]), tool names valid; a
 //!   `tool_use` without its `tool_result` in the next turn gets an error result, and a
 //!   `tool_result` that answers no `tool_use` of the turn before becomes text;
 //! - images are checked ([`images::check`]) and only the newest
@@ -22,8 +22,8 @@
 use serde_json::{Map, Value, json};
 
 use super::RICH_CONTENT_FIELD;
-use super::ids::Ids;
 use crate::chat::images;
+use crate::chat::llm::ids::{self, Ids};
 use crate::defaults;
 
 /// The Messages request for an OpenAI chat-completions `body`.
@@ -168,8 +168,9 @@ fn tool_use(i: usize, call: &Value) -> Value {
     })
 }
 
-/// `name` if the API takes it as a tool name (`^[a-zA-Z0-9_-]{1,64}$`), else a close one.
-fn tool_name(name: &str) -> String {
+/// `name` if the API takes it as a tool name (`^[a-zA-Z0-9_-]{1,64}$`), else a close one
+/// (the Responses API and Gemini take these too).
+pub(in crate::chat::llm) fn tool_name(name: &str) -> String {
     let name: String = name
         .chars()
         .take(64)
@@ -253,6 +254,7 @@ fn image_url(part: &Value) -> Value {
 /// only place the API looks for it.
 fn pair_tool_calls(turns: &mut Vec<Turn>) {
     let mut ids = Ids::new(
+        ids::ANTHROPIC,
         turns
             .iter()
             .filter(|t| t.role == Role::Assistant)
@@ -328,17 +330,13 @@ fn orphan_result(mut block: Value) -> Vec<Value> {
     blocks
 }
 
-/// How many images, of how many base64 bytes, a request has taken so far.
-#[derive(Default)]
-struct ImageBudget {
-    count: usize,
-    bytes: usize,
-}
-
 /// Checks the images of `turns`, newest first, keeping those the request has room for
 /// and turning the rest into notes.
 fn keep_newest_images(turns: &mut [Turn]) {
-    let mut budget = ImageBudget::default();
+    let mut budget = images::Budget::new(
+        defaults::ANTHROPIC_MAX_IMAGES_PER_REQUEST,
+        defaults::ANTHROPIC_MAX_IMAGE_BYTES_PER_REQUEST,
+    );
     for turn in turns.iter_mut().rev() {
         for block in turn.blocks.iter_mut().rev() {
             if block["type"] == "image" {
@@ -354,34 +352,15 @@ fn keep_newest_images(turns: &mut [Turn]) {
     }
 }
 
-fn admit_image(block: &mut Value, budget: &mut ImageBudget) {
-    let full = || {
-        note(format!(
-            "[image not sent: a request carries only the newest {} images, of at most {} bytes of base64]",
-            defaults::ANTHROPIC_MAX_IMAGES_PER_REQUEST,
-            defaults::ANTHROPIC_MAX_IMAGE_BYTES_PER_REQUEST,
-        ))
-    };
-    if budget.count >= defaults::ANTHROPIC_MAX_IMAGES_PER_REQUEST {
-        *block = full();
-        return;
-    }
+fn admit_image(block: &mut Value, budget: &mut images::Budget) {
     let source = &block["source"];
     match source["type"].as_str() {
         Some("base64") => {
             let media_type = source["media_type"].as_str().unwrap_or("");
             let data = source["data"].as_str().unwrap_or("");
-            let bytes = budget.bytes.saturating_add(data.len());
-            if bytes > defaults::ANTHROPIC_MAX_IMAGE_BYTES_PER_REQUEST {
-                *block = full();
-                return;
-            }
             match images::check(media_type, data) {
-                Ok(media_type) => {
-                    block["source"]["media_type"] = json!(media_type);
-                    budget.count += 1;
-                    budget.bytes = bytes;
-                }
+                Ok(_) if !budget.admit(data.len()) => *block = note(budget.full_note()),
+                Ok(media_type) => block["source"]["media_type"] = json!(media_type),
                 Err(why) => *block = note(format!("[image not sent: {why}]")),
             }
         }
@@ -390,15 +369,18 @@ fn admit_image(block: &mut Value, budget: &mut ImageBudget) {
                 .as_str()
                 .is_some_and(|u| u.starts_with("https://")) =>
         {
-            *block = json!({"type": "image", "source": {"type": "url", "url": source["url"]}});
-            budget.count += 1;
+            if budget.admit(0) {
+                *block = json!({"type": "image", "source": {"type": "url", "url": source["url"]}});
+            } else {
+                *block = note(budget.full_note());
+            }
         }
         _ => *block = note("[image not sent: not base64 data or an https: URL]".into()),
     }
 }
 
 /// The text of an OpenAI `content`: a string, or its text parts joined.
-fn text_of(content: &Value) -> String {
+pub(in crate::chat::llm) fn text_of(content: &Value) -> String {
     match content {
         Value::String(text) => text.clone(),
         Value::Array(parts) => parts

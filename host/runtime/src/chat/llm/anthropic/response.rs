@@ -1,7 +1,7 @@
 //! A Messages response as a `chat.completion`.
 //!
 //! `text` blocks become the message's `content`, `tool_use` blocks its `tool_calls` (ids
-//! made valid and unique, see [`super::ids`]), `stop_reason` the `finish_reason`, and the
+//! made valid and unique, see [`crate::chat::llm::ids`]), `stop_reason` the `finish_reason`, and the
 //! usage counts `prompt_tokens` (input tokens, cached ones included) and
 //! `completion_tokens`. Other blocks (thinking) are not the model's answer and are left
 //! out.
@@ -14,7 +14,8 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use super::ids::{self, Ids};
+use crate::chat::llm::AnswerError as MessagesError;
+use crate::chat::llm::ids::{self, Ids};
 use crate::chat::wire::{AssistantMessage, ChatCompletion, Choice, FunctionCall, ToolCall, Usage};
 
 #[derive(Deserialize)]
@@ -52,36 +53,29 @@ fn count(raw: &Option<Box<RawValue>>) -> Option<u64> {
     raw.as_ref().and_then(|raw| raw.get().parse().ok())
 }
 
-/// Why a Messages response body is not an answer.
-#[derive(Debug, thiserror::Error)]
-pub(in crate::chat::llm) enum MessagesError {
-    #[error(transparent)]
-    NotJson(#[from] serde_json::Error),
-    /// JSON without what an answer needs.
-    #[error("{0}")]
-    Shape(&'static str),
-}
-
 /// The `chat.completion` for a Messages response body, or why it is not one.
 pub(in crate::chat::llm) fn from_messages(body: &[u8]) -> Result<ChatCompletion, MessagesError> {
     let response: Response = serde_json::from_slice(body)?;
     if response.kind.as_deref() == Some("error") {
-        return Err(MessagesError::Shape("an error body"));
+        return Err(MessagesError::shape("an error body"));
     }
     let blocks = response
         .content
-        .ok_or(MessagesError::Shape("no `content` array of content blocks"))?;
+        .ok_or_else(|| MessagesError::shape("no `content` array of content blocks"))?;
     let given_ids: Vec<Option<String>> = blocks.iter().map(tool_use_id).collect();
-    let mut ids = Ids::new(given_ids.iter().flatten().map(String::as_str));
+    let mut ids = Ids::new(
+        ids::ANTHROPIC,
+        given_ids.iter().flatten().map(String::as_str),
+    );
     let mut text = String::new();
     let mut tool_calls = Vec::new();
     for (block, given_id) in blocks.into_iter().zip(given_ids) {
         match block.kind.as_str() {
             "text" => text.push_str(block.text.as_deref().unwrap_or_default()),
             "tool_use" => {
-                let name = block.name.ok_or(MessagesError::Shape(
-                    "a `tool_use` block without a string `name`",
-                ))?;
+                let name = block.name.ok_or_else(|| {
+                    MessagesError::shape("a `tool_use` block without a string `name`")
+                })?;
                 let arguments = block
                     .input
                     .map_or_else(|| "{}".to_owned(), |raw| Box::<str>::from(raw).into());
@@ -140,13 +134,7 @@ fn tool_use_id(block: &Block) -> Option<String> {
         .as_ref()
         .filter(|_| block.kind == "tool_use")?
         .get();
-    // Quotes, and room for a few escapes; anything longer is replaced unread.
-    if raw.len() > crate::defaults::ANTHROPIC_TOOL_ID_MAX_BYTES * 2 + 2 {
-        return None;
-    }
-    serde_json::from_str::<String>(raw)
-        .ok()
-        .filter(|id| ids::is_valid(id))
+    ids::ANTHROPIC.parse_raw(raw)
 }
 
 /// OpenAI usage: prompt tokens are all input tokens, those read from or written to the

@@ -1,7 +1,7 @@
 use base64::Engine as _;
 
-use super::super::ids;
 use super::*;
+use crate::chat::llm::ids::ANTHROPIC;
 
 /// A PNG's signature and a little more, as base64.
 fn png(len: usize) -> String {
@@ -61,10 +61,10 @@ fn api_fault(request: &Value) -> Option<String> {
             match block["type"].as_str() {
                 Some("tool_use") => {
                     let id = block["id"].as_str().unwrap_or("");
-                    if !ids::is_valid(id) || !seen_ids.insert(id.to_owned()) {
+                    if !ANTHROPIC.is_valid(id) || !seen_ids.insert(id.to_owned()) {
                         return Some(format!("messages.{i}: bad or repeated id {id}"));
                     }
-                    if !ids::is_valid(block["name"].as_str().unwrap_or("")) {
+                    if !ANTHROPIC.is_valid(block["name"].as_str().unwrap_or("")) {
                         return Some(format!("messages.{i}: bad tool name"));
                     }
                 }
