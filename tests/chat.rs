@@ -1335,9 +1335,11 @@ async fn responses_carry_reasoning_and_mcp_images_as_input_images() {
         ],
     )
     .await;
+    // A reasoning model (the backend's `reasoning_models`): its reasoning comes encrypted.
     let guest = ChatGuest::new()
         .msg("system", "sys")
         .msg("user", "look")
+        .param("model", json!("gpt-5-mini"))
         .send(2)
         .recv();
     let run = run(&setup, &guest).await;
@@ -1345,6 +1347,10 @@ async fn responses_carry_reasoning_and_mcp_images_as_input_images() {
     assert_eq!(
         response["choices"][0]["message"]["content"], "a red pixel",
         "{response}"
+    );
+    assert_eq!(
+        setup.llm.recorded()[0].body["include"],
+        json!(["reasoning.encrypted_content"])
     );
     let recorded = &setup.llm.recorded()[1];
     assert_eq!(recorded.path, "/v1/responses");
@@ -1571,5 +1577,79 @@ async fn chained_responses_send_only_what_follows_the_stored_response() {
     assert_eq!(
         second["input"],
         json!([{"type": "function_call_output", "call_id": "e", "output": "hey"}])
+    );
+}
+
+/// A backend that answers 307 to another host: neither the API key nor the conversation
+/// follows it; the send fails with the 307 as an HTTP error.
+#[tokio::test]
+async fn a_redirect_from_the_model_api_is_never_followed() {
+    use axum::Router;
+    use axum::http::{HeaderMap, StatusCode, header};
+    use std::sync::{Arc, Mutex};
+
+    const KEY: &str = "redirect-test-key-s3cr3t";
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let elsewhere = {
+        let seen = seen.clone();
+        Router::new().fallback(move |headers: HeaderMap| {
+            let seen = seen.clone();
+            async move {
+                seen.lock().unwrap().push(format!("{headers:?}"));
+                StatusCode::OK
+            }
+        })
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let target = format!("http://{}/stolen", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, elsewhere).await });
+    let gateway = Router::new().fallback(move || {
+        let target = target.clone();
+        async move { (StatusCode::TEMPORARY_REDIRECT, [(header::LOCATION, target)]) }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}/v1", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, gateway).await });
+
+    // SAFETY: a variable no other test reads, set before any host reads it.
+    unsafe { std::env::set_var("QV_REDIRECT_TEST_KEY", KEY) };
+    let registry = RegistryDir::new();
+    for kind in [
+        quiver::llm::BackendKind::Gemini,
+        quiver::llm::BackendKind::Anthropic,
+        quiver::llm::BackendKind::Openai,
+    ] {
+        let backend = quiver::llm::BackendConfig {
+            kind,
+            base_url: Some(base.clone()),
+            default_model: Some("gemini-3-pro-preview".into()),
+            api_key_env: Some("QV_REDIRECT_TEST_KEY".into()),
+            ..Default::default()
+        };
+        let config = quiver::HostConfig {
+            default_backend: Some("gw".into()),
+            backends: std::collections::BTreeMap::from([("gw".into(), backend)]),
+            ..Default::default()
+        };
+        let host = quiver_tests::host_builder(&registry)
+            .with_config(config, ".")
+            .build()
+            .unwrap();
+        let guest = ChatGuest::new().msg("user", "hello").send(0).recv();
+        let run = wat::run(&host, &guest.build(), &mcp_task("redirect", &[])).await;
+        host.shutdown().await;
+        let answer = run.emitted.join("\n");
+        assert!(
+            answer.contains("llm_http_error") && answer.contains("307"),
+            "{kind:?}: {:?} {answer}",
+            run.results
+        );
+        let shown = format!("{}{:?}", run.outcome.stderr_text(), run.emitted);
+        assert!(!shown.contains(KEY), "{shown}");
+    }
+    assert!(
+        seen.lock().unwrap().is_empty(),
+        "a redirect was followed: {:?}",
+        seen.lock().unwrap()
     );
 }

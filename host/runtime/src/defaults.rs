@@ -437,6 +437,11 @@ pub const RESPONSES_MIN_OUTPUT_TOKENS: u64 = 16;
 /// `call_quiver_<n>`.
 pub const LLM_TOOL_ID_MAX_BYTES: usize = 64;
 
+/// Models a stateless `kind = "openai_responses"` backend asks for encrypted reasoning items
+/// (carried to the next turn of a send), as `reasoning_models` patterns; OpenAI refuses the
+/// request for models without reasoning.
+pub const RESPONSES_REASONING_MODELS: &[&str] = &["o1*", "o3*", "o4*", "gpt-5*", "codex-*"];
+
 /// Base URL of `kind = "gemini"` backends that set none.
 pub const GEMINI_DEFAULT_BASE_URL: &str = "https://generativelanguage.googleapis.com/v1beta";
 

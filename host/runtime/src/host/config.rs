@@ -24,6 +24,7 @@
 //! [backends.responses]
 //! kind = "openai_responses"              # OpenAI Responses API (images in tool results)
 //! chain_responses = false                # true: store responses, chain by previous_response_id
+//! reasoning_models = ["gpt-5*"]          # models asked for encrypted reasoning (stateless)
 //!
 //! [backends.gemini]
 //! kind = "gemini"                        # generateContent; key sent as `x-goog-api-key`

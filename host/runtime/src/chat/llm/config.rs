@@ -51,6 +51,10 @@ pub struct BackendConfig {
     /// OpenAI Responses backends: store each response and send only what is new since the
     /// last one, with `previous_response_id` (default false: stateless, `store: false`).
     pub chain_responses: Option<bool>,
+    /// OpenAI Responses backends, stateless: the models (`*`/`?` patterns) asked to return
+    /// their reasoning encrypted (`include: ["reasoning.encrypted_content"]`), which models
+    /// without reasoning refuse ([`crate::defaults::RESPONSES_REASONING_MODELS`]).
+    pub reasoning_models: Option<Vec<String>>,
     /// Gemini backends: the models (`*`/`?` patterns) that take images inside a function
     /// response ([`crate::defaults::GEMINI_IMAGE_RESULT_MODELS`]); others get a text note.
     pub image_result_models: Option<Vec<String>>,
@@ -90,6 +94,12 @@ impl BackendConfig {
             (
                 self.chain_responses.is_some(),
                 "chain_responses",
+                BackendKind::OpenaiResponses,
+                "only openai_responses backends take it",
+            ),
+            (
+                self.reasoning_models.is_some(),
+                "reasoning_models",
                 BackendKind::OpenaiResponses,
                 "only openai_responses backends take it",
             ),

@@ -32,6 +32,23 @@ pub use record::Recorder;
 
 pub(crate) use anthropic::RICH_CONTENT_FIELD;
 
+/// Model names a backend option applies to: the configured `*`/`?` patterns, or the
+/// option's default ones.
+struct ModelPatterns(Vec<crate::Pattern>);
+
+impl ModelPatterns {
+    fn new(configured: Option<&[String]>, default: &[&str]) -> Self {
+        Self(match configured {
+            Some(patterns) => patterns.iter().map(crate::Pattern::new).collect(),
+            None => default.iter().map(|p| crate::Pattern::new(*p)).collect(),
+        })
+    }
+
+    fn matches(&self, model: &str) -> bool {
+        self.0.iter().any(|p| p.matches(model))
+    }
+}
+
 /// Why a translated API's response body is not an answer.
 #[derive(Debug, thiserror::Error)]
 enum AnswerError {

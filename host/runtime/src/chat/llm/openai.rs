@@ -23,7 +23,7 @@ use super::anthropic;
 use super::config::{BackendConfig, BackendKind};
 use super::gemini;
 use super::responses;
-use super::{LlmError, LlmFailure, LlmReply};
+use super::{LlmError, LlmFailure, LlmReply, ModelPatterns};
 use crate::Cause;
 use crate::chat::wire::ChatCompletion;
 use crate::config::ConfigError;
@@ -45,8 +45,8 @@ enum Wire {
     Anthropic {
         max_tokens: u32,
     },
-    /// OpenAI Responses, stateless or chained.
-    Responses(responses::State),
+    /// OpenAI Responses, stateless or chained, and the models that reason.
+    Responses(responses::State, ModelPatterns),
     /// Gemini `generateContent`; the URL names the model.
     Gemini(gemini::ImageModels),
 }
@@ -96,14 +96,20 @@ impl OpenAiBackend {
                 .map_err(|e| header_error(&e).with_source(e))?;
             headers.insert(name, value);
         }
-        let client = reqwest::Client::builder().build().map_err(|e| {
-            ConfigError::new(
-                config_path,
-                at("base_url"),
-                format!("cannot build an HTTP client: {e}"),
-            )
-            .with_source(e)
-        })?;
+        // No redirects: a hop to another host would carry the API key (reqwest strips only
+        // `Authorization` and cookies, not `x-api-key` or `x-goog-api-key`) and the whole
+        // conversation, to an address the operator never configured. A 3xx is an error.
+        let client = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| {
+                ConfigError::new(
+                    config_path,
+                    at("base_url"),
+                    format!("cannot build an HTTP client: {e}"),
+                )
+                .with_source(e)
+            })?;
         let (path, wire) = match config.kind {
             BackendKind::Anthropic => {
                 let max_tokens = config.max_tokens.unwrap_or(defaults::ANTHROPIC_MAX_TOKENS);
@@ -115,7 +121,11 @@ impl OpenAiBackend {
                 } else {
                     responses::State::Stateless
                 };
-                ("responses", Wire::Responses(state))
+                let reasoning = ModelPatterns::new(
+                    config.reasoning_models.as_deref(),
+                    defaults::RESPONSES_REASONING_MODELS,
+                );
+                ("responses", Wire::Responses(state, reasoning))
             }
             BackendKind::Gemini => {
                 let models = gemini::ImageModels::new(config.image_result_models.as_deref());
@@ -180,7 +190,7 @@ impl OpenAiBackend {
     /// `None` for a key that cannot be a header value.
     fn auth_header(&self, key: &str) -> Option<(HeaderName, HeaderValue)> {
         let (name, value) = match self.wire {
-            Wire::OpenAi | Wire::Responses(_) => (AUTHORIZATION, format!("Bearer {key}")),
+            Wire::OpenAi | Wire::Responses(..) => (AUTHORIZATION, format!("Bearer {key}")),
             Wire::Anthropic { .. } => (HeaderName::from_static("x-api-key"), key.to_owned()),
             Wire::Gemini(_) => (HeaderName::from_static("x-goog-api-key"), key.to_owned()),
         };
@@ -198,7 +208,13 @@ impl OpenAiBackend {
             Wire::Anthropic { max_tokens } => {
                 (url, Cow::Owned(anthropic::to_messages(body, *max_tokens)))
             }
-            Wire::Responses(state) => (url, Cow::Owned(responses::to_responses(body, *state))),
+            Wire::Responses(state, reasoning) => {
+                let reasons = reasoning.matches(body["model"].as_str().unwrap_or(""));
+                (
+                    url,
+                    Cow::Owned(responses::to_responses(body, *state, reasons)),
+                )
+            }
             Wire::Gemini(models) => {
                 let invalid = |message| LlmError::InvalidRequest {
                     backend: self.name.clone(),
@@ -294,7 +310,7 @@ impl OpenAiBackend {
                     .map_err(|e| invalid(e.to_string(), Some(Cause::new(e))));
             }
             Wire::Anthropic { .. } => anthropic::from_messages(&bytes),
-            Wire::Responses(state) => responses::from_responses(&bytes, *state),
+            Wire::Responses(state, _) => responses::from_responses(&bytes, *state),
             Wire::Gemini(_) => {
                 let offered: Vec<&str> = body["tools"]
                     .as_array()

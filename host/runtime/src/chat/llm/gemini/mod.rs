@@ -10,7 +10,7 @@ mod schema;
 pub(super) use request::to_gemini;
 pub(super) use response::from_gemini;
 
-use crate::Pattern;
+use super::ModelPatterns;
 
 /// What a request's translation depends on besides its body.
 pub(super) struct Options {
@@ -19,24 +19,20 @@ pub(super) struct Options {
 }
 
 /// Which models take images inside function responses: `image_result_models` patterns.
-pub(super) struct ImageModels(Vec<Pattern>);
+pub(super) struct ImageModels(ModelPatterns);
 
 impl ImageModels {
     pub(super) fn new(patterns: Option<&[String]>) -> Self {
-        let patterns = match patterns {
-            Some(patterns) => patterns.iter().map(Pattern::new).collect(),
-            None => crate::defaults::GEMINI_IMAGE_RESULT_MODELS
-                .iter()
-                .map(|p| Pattern::new(*p))
-                .collect(),
-        };
-        Self(patterns)
+        Self(ModelPatterns::new(
+            patterns,
+            crate::defaults::GEMINI_IMAGE_RESULT_MODELS,
+        ))
     }
 
     pub(super) fn options(&self, model: &str) -> Options {
         let model = model.strip_prefix("models/").unwrap_or(model);
         Options {
-            images_in_results: self.0.iter().any(|p| p.matches(model)),
+            images_in_results: self.0.matches(model),
         }
     }
 }

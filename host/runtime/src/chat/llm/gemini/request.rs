@@ -332,7 +332,7 @@ fn keep_newest_images(turns: &mut [Turn]) {
         let mut notes = Vec::new();
         for part in turn.parts.iter_mut().rev() {
             if part.get("inlineData").is_some() {
-                if let Err(why) = admit(&part["inlineData"], &mut budget) {
+                if let Err(why) = admit(&mut part["inlineData"], &mut budget) {
                     *part = note(&why);
                 }
             } else if let Some(inline) = part
@@ -341,7 +341,7 @@ fn keep_newest_images(turns: &mut [Turn]) {
                 .and_then(Value::as_array_mut)
             {
                 inline.reverse();
-                inline.retain(|p| match admit(&p["inlineData"], &mut budget) {
+                inline.retain_mut(|p| match admit(&mut p["inlineData"], &mut budget) {
                     Ok(()) => true,
                     Err(why) => {
                         notes.push(note(&why));
@@ -361,7 +361,9 @@ fn keep_newest_images(turns: &mut [Turn]) {
 }
 
 /// Whether an `inlineData` blob may go, or the note it becomes.
-fn admit(blob: &Value, budget: &mut images::Budget) -> Result<(), String> {
+/// On success the blob's `mimeType` is the checked spelling (`IMAGE/PNG` goes as
+/// `image/png`), so a type Gemini would refuse never makes every later turn fail.
+fn admit(blob: &mut Value, budget: &mut images::Budget) -> Result<(), String> {
     let media_type = blob["mimeType"].as_str().unwrap_or("");
     let data = blob["data"].as_str().unwrap_or("");
     let checked =
@@ -372,6 +374,7 @@ fn admit(blob: &Value, budget: &mut images::Budget) -> Result<(), String> {
     if !budget.admit(data.len()) {
         return Err(budget.full_note());
     }
+    blob["mimeType"] = Value::from(checked);
     Ok(())
 }
 

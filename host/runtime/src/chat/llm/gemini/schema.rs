@@ -11,8 +11,9 @@
 //!
 //! What cannot be expressed is an error naming the path: a recursive or non-local `$ref`,
 //! an `allOf` of several schemas, `not`, a schema of any type (`{}` or `true`), an array
-//! without `items`, a nested object without properties (Gemini needs at least one), or
-//! nesting deeper than [`MAX_DEPTH`].
+//! without `items`, a nested object without properties (Gemini needs at least one),
+//! nesting deeper than [`MAX_DEPTH`], or `$ref`s that inline to more than
+//! [`MAX_INLINED_BYTES`].
 
 use serde_json::{Map, Value, json};
 
@@ -22,11 +23,18 @@ const MAX_DEPTH: usize = 64;
 /// Schemas one reduction visits at most: inlined `$ref`s may fan out exponentially.
 const MAX_NODES: usize = 10_000;
 
-/// Where a reduction is: the `$ref`s being inlined (for recursion) and the schemas seen.
+/// JSON bytes the inlined `$ref`s of one schema may add up to. A definition is copied at
+/// each use, so a few small bytes of `$ref`s can ask for gigabytes; a node count alone
+/// does not bound that (one definition may hold a megabyte of description).
+const MAX_INLINED_BYTES: u64 = 256 * 1024;
+
+/// Where a reduction is: the `$ref`s being inlined (for recursion), the schemas seen and
+/// the bytes inlined so far.
 #[derive(Default)]
 struct Walk {
     refs: Vec<String>,
     nodes: usize,
+    inlined_bytes: u64,
 }
 
 /// Formats Gemini takes, by type.
@@ -118,6 +126,18 @@ fn reduce(schema: &Value, root: &Value, path: &str, walk: &mut Walk) -> Result<V
         walk.refs.push(reference.to_owned());
         let mut inlined = reduce(target, root, path, walk)?;
         walk.refs.pop();
+        // Counted as each use returns, inner uses first: what is held never passes the cap
+        // by more than one definition's own (input-bounded) size.
+        walk.inlined_bytes = walk
+            .inlined_bytes
+            .saturating_add(crate::sandbox::heap::json_len(&inlined));
+        if walk.inlined_bytes > MAX_INLINED_BYTES {
+            return Err(format!(
+                "{}: its `$ref`s inline to more than {} KiB of schema",
+                at(path),
+                MAX_INLINED_BYTES / 1024
+            ));
+        }
         // A description beside the `$ref` describes this use of it.
         if let Some(description) = map.get("description").and_then(Value::as_str) {
             inlined["description"] = json!(description);
@@ -424,10 +444,27 @@ mod tests {
         defs.insert("D20".into(), json!({"type": "string"}));
         let wide =
             json!({"type": "object", "properties": {"x": {"$ref": "#/$defs/D0"}}, "$defs": defs});
+        let error = parameters(&wide).unwrap_err();
         assert!(
-            parameters(&wide)
-                .unwrap_err()
-                .contains("more than 10000 schemas")
+            error.contains("`$ref`s inline") || error.contains("schemas once"),
+            "{error}"
+        );
+        // Few schemas, but one definition of 100 KB used three times.
+        let big = "d".repeat(100_000);
+        let fan = json!({"type": "object",
+            "properties": {"a": {"$ref": "#/$defs/B"}, "b": {"$ref": "#/$defs/B"}, "c": {"$ref": "#/$defs/B"}},
+            "$defs": {"B": {"type": "string", "description": big}}});
+        let error = parameters(&fan).unwrap_err();
+        assert!(
+            error.starts_with(".c: its `$ref`s inline to more than 256 KiB"),
+            "{error}"
+        );
+        let two = json!({"type": "object",
+            "properties": {"a": {"$ref": "#/$defs/B"}, "b": {"$ref": "#/$defs/B"}},
+            "$defs": {"B": {"type": "string", "description": "d".repeat(100_000)}}});
+        assert!(
+            parameters(&two).is_ok(),
+            "200 KB of inlined schema is allowed"
         );
     }
 }

@@ -40,7 +40,8 @@ struct Item {
 }
 
 /// The Responses request for an OpenAI chat-completions `body`.
-pub(in crate::chat::llm) fn to_responses(body: &Value, state: State) -> Value {
+/// `reasons`: the model reasons, so a stateless request asks for its reasoning encrypted.
+pub(in crate::chat::llm) fn to_responses(body: &Value, state: State, reasons: bool) -> Value {
     let messages: &[Value] = body["messages"].as_array().map_or(&[], Vec::as_slice);
     let mut instructions = Vec::new();
     let mut input = Input {
@@ -86,7 +87,9 @@ pub(in crate::chat::llm) fn to_responses(body: &Value, state: State) -> Value {
     match state {
         State::Stateless => {
             request.insert("store".into(), json!(false));
-            request.insert("include".into(), json!(["reasoning.encrypted_content"]));
+            if reasons {
+                request.insert("include".into(), json!(["reasoning.encrypted_content"]));
+            }
         }
         State::Chained => {
             request.insert("store".into(), json!(true));

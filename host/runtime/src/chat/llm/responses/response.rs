@@ -194,7 +194,8 @@ pub(in crate::chat::llm) fn from_responses(
         (Some("incomplete"), Some(reason)) => match reason.as_str() {
             "max_output_tokens" => "length".to_owned(),
             "content_filter" => "content_filter".to_owned(),
-            _ => reason,
+            // Cut: the server's text reaches the guest and the observers.
+            _ => reason.chars().take(64).collect(),
         },
         _ if !refusal.is_empty() => "content_filter".to_owned(),
         _ if !tool_calls.is_empty() => "tool_calls".to_owned(),

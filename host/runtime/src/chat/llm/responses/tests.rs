@@ -39,10 +39,15 @@ fn a_tool_loop_becomes_items_with_images_in_the_output() {
         "max_tokens": 5, "temperature": 1.5, "stop": ["x"], "seed": 3,
         "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}},
     });
-    let request = to_responses(&body, State::Stateless);
+    let request = to_responses(&body, State::Stateless, true);
     assert_eq!(request["instructions"], "be brief");
     assert_eq!(request["store"], false);
     assert_eq!(request["include"], json!(["reasoning.encrypted_content"]));
+    let plain = to_responses(&body, State::Stateless, false);
+    assert!(
+        plain.get("include").is_none(),
+        "a model without reasoning refuses the include: {plain}"
+    );
     assert_eq!(
         request["max_output_tokens"], 16,
         "raised to the API's least"
@@ -113,6 +118,7 @@ fn bad_and_surplus_images_become_notes() {
     let one = to_responses(
         &json!({"model": "m", "messages": messages.clone()}),
         State::Stateless,
+        true,
     );
     assert_eq!(
         one["input"][0]["content"][2]["detail"], "high",
@@ -129,6 +135,7 @@ fn bad_and_surplus_images_become_notes() {
     let request = to_responses(
         &json!({"model": "m", "messages": messages}),
         State::Stateless,
+        true,
     );
     let input = request["input"].as_array().unwrap();
     let user = &input[0]["content"];
@@ -170,7 +177,7 @@ fn chained_requests_send_what_follows_the_stored_response() {
          "tool_calls": [{"id": "c", "type": "function", "function": {"name": "t", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c", "content": "done"},
     ]});
-    let request = to_responses(&body, State::Chained);
+    let request = to_responses(&body, State::Chained, true);
     assert_eq!(request["store"], true);
     assert!(request.get("include").is_none());
     assert_eq!(request["previous_response_id"], "resp_2");
@@ -185,7 +192,7 @@ fn chained_requests_send_what_follows_the_stored_response() {
     // Nothing new after the stored response: the whole conversation goes.
     let mut body = body;
     body["messages"].as_array_mut().unwrap().truncate(3);
-    let request = to_responses(&body, State::Chained);
+    let request = to_responses(&body, State::Chained, true);
     assert!(request.get("previous_response_id").is_none());
     assert_eq!(request["input"].as_array().unwrap().len(), 2);
 }
