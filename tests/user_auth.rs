@@ -468,6 +468,17 @@ fn the_cli_logs_in_calls_and_logs_out_per_principal_without_showing_tokens() {
     assert!(out.status.success(), "{out:?}");
     outputs.push(out);
     assert_eq!(grant_files(&grants).len(), 1, "bob's grant file is gone");
+    // Bob's refresh and access tokens were revoked at the authorization server (RFC 7009).
+    let revoked: Vec<(String, String)> = tokens
+        .revocations()
+        .into_iter()
+        .filter_map(|r| Some((r.revoked?, r.token)))
+        .collect();
+    assert_eq!(revoked.len(), 2, "{revoked:?}");
+    assert_eq!(revoked[0].0, "refresh_token");
+    assert!(revoked[0].1.starts_with("rt-bob-"), "{revoked:?}");
+    assert_eq!(revoked[1].0, "access_token");
+    assert!(revoked[1].1.starts_with("bob-"), "{revoked:?}");
     let out = quiver(
         &registry,
         &config,
@@ -497,6 +508,57 @@ fn the_cli_logs_in_calls_and_logs_out_per_principal_without_showing_tokens() {
         assert_no_token_in(&tokens, "stderr", &String::from_utf8_lossy(&out.stderr));
         assert_no_token_in(&tokens, "stdout", &String::from_utf8_lossy(&out.stdout));
     }
+}
+
+#[test]
+fn logout_forgets_the_grant_when_the_authorization_server_does_not_answer_the_revocation() {
+    let options = AsOptions {
+        revocation_delay: Duration::from_secs(300),
+        ..AsOptions::default()
+    };
+    let tokens = TokenServer::start_with("unused", "unused", Duration::from_secs(3600), options);
+    let server = protected_fixture(&tokens);
+    let registry = registry_for(&server);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("quiver.toml");
+    std::fs::write(
+        &config,
+        format!("[auth.people]\n{AUTH_TOML}\n[egress]\nallow_private = [\"127.0.0.0/8\"]\n"),
+    )
+    .unwrap();
+    let browser = browser_script(dir.path());
+    let login = quiver(
+        &registry,
+        &config,
+        "alice",
+        &["login", SERVER, "--as", "alice", "--open-with", &browser],
+    );
+    assert!(login.status.success(), "{login:?}");
+    let grants = registry.path().join(".grants");
+    assert_eq!(grant_files(&grants).len(), 1);
+
+    let started = Instant::now();
+    let out = quiver(
+        &registry,
+        &config,
+        "alice",
+        &["logout", SERVER, "--as", "alice"],
+    );
+    let took = started.elapsed();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        took < quiver::defaults::OAUTH_REVOCATION_TIMEOUT + Duration::from_secs(20),
+        "logout took {took:?}"
+    );
+    assert!(grant_files(&grants).is_empty(), "the grant is gone here");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("could not be revoked at the authorization server")
+            && stderr.contains("did not answer within"),
+        "{stderr}"
+    );
+    assert_no_token_in(&tokens, "stderr", &stderr);
+    assert_eq!(tokens.revocations().len(), 0, "none answered");
 }
 
 // ---- Hostile authorization servers ----
