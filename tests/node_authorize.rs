@@ -767,3 +767,54 @@ async fn a_slow_revocation_endpoint_is_bounded_and_the_grant_is_gone_all_the_sam
     let refused = whoami(&fx.host, ANN).await.unwrap_err();
     assert!(refused.contains("authoriz"), "{refused}");
 }
+
+#[tokio::test]
+async fn two_nodes_refreshing_one_grant_at_once_both_go_on_with_the_winners_tokens() {
+    let etcd = Etcd::start();
+    let prefix = unique_id("grants-refresh");
+    let dir = tempfile::tempdir().unwrap();
+    // Refresh tokens rotate, a used one is refused, and each refresh takes a while, so
+    // the two nodes' refreshes overlap at the authorization server.
+    let options = AsOptions {
+        refresh_delay: Duration::from_secs(2),
+        ..AsOptions::default()
+    };
+    let fx = start_with_as(
+        Duration::from_secs(120),
+        etcd_grants(&etcd, &prefix, SEAL_KEY).await,
+        dir,
+        options,
+    )
+    .await;
+    let (status, page) = fx.authorize(ANN, ANN).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let other = user_host(&fx.registry, etcd_grants(&etcd, &prefix, SEAL_KEY).await);
+    assert_eq!(whoami(&fx.host, ANN).await.unwrap(), "ann@ex");
+    assert_eq!(whoami(&other, ANN).await.unwrap(), "ann@ex");
+
+    // The access token stops working: both nodes' next calls refresh at once.
+    fx.tokens.revoke_all();
+    let (here, there) = tokio::join!(whoami(&fx.host, ANN), whoami(&other, ANN));
+    let refreshes: Vec<bool> = fx
+        .tokens
+        .token_requests()
+        .iter()
+        .filter(|r| r.grant_type == "refresh_token")
+        .map(|r| r.issued.is_some())
+        .collect();
+    assert_eq!(
+        refreshes,
+        [true, false],
+        "one refresh won, the other's refresh token was already used"
+    );
+    assert_eq!(here.unwrap(), "ann@ex");
+    assert_eq!(there.unwrap(), "ann@ex");
+
+    // The grant stands with the winner's tokens, which serve both nodes from now on.
+    let (_, body) = fx.call(Method::GET, &Fixture::path(ANN), PORTAL).await;
+    assert_eq!(body["authorized"], true, "{body}");
+    assert_eq!(whoami(&other, ANN).await.unwrap(), "ann@ex");
+    assert_eq!(whoami(&fx.host, ANN).await.unwrap(), "ann@ex");
+    assert_eq!(fx.tokens.refresh_count(), 1);
+    other.shutdown().await;
+}

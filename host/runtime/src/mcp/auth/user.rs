@@ -212,12 +212,47 @@ impl UserToken {
                 None => Err(self.needs_authorization()),
             };
         }
+        let held = grant.as_ref().and_then(access_token);
         let mut guard = self.manager.lock().await;
         let ready = self.ready(&mut guard, None).await?;
         match ready.manager.get_access_token().await {
             Ok(token) => Ok(Some(token)),
-            Err(RmcpAuthError::AuthorizationRequired) if self.authorizer.is_some() => Ok(None),
-            Err(e) => Err(self.rmcp(e)),
+            // An expired token's refresh failed: another node may have refreshed first.
+            Err(e) => match self.winners_token(held.as_deref()).await {
+                Some(token) => Ok(Some(token)),
+                None if matches!(e, RmcpAuthError::AuthorizationRequired)
+                    && self.authorizer.is_some() =>
+                {
+                    Ok(None)
+                }
+                None => Err(self.rmcp(e)),
+            },
+        }
+    }
+
+    /// The access token another caller saved after a refresh of this grant failed here:
+    /// two nodes sharing the grant store that refresh it at once both present the same
+    /// refresh token, and an authorization server that rotates them refuses the second
+    /// (or the second save finds the grant changed). The winner saves its new tokens
+    /// shortly after; they are waited for (up to [`defaults::GRANT_REFRESH_RACE_WAIT`])
+    /// and used, so the loser neither fails its call nor sends a person to authorize
+    /// again. `None` when the grant is gone or still holds `held` (the refresh token was
+    /// really refused).
+    async fn winners_token(&self, held: Option<&str>) -> Option<String> {
+        let deadline = tokio::time::Instant::now() + defaults::GRANT_REFRESH_RACE_WAIT;
+        let mut pause = std::time::Duration::from_millis(25);
+        loop {
+            let grant = self.grants.store.load(&self.key).await.ok()??;
+            let token = access_token(&grant)?;
+            if Some(token.as_str()) != held {
+                tracing::info!(server_id = %self.key.server_id, principal = %self.key.principal, "using the tokens another caller refreshed the grant to");
+                return Some(token);
+            }
+            if tokio::time::Instant::now() + pause > deadline {
+                return None;
+            }
+            tokio::time::sleep(pause).await;
+            pause *= 2;
         }
     }
 
@@ -242,12 +277,19 @@ impl UserToken {
                 Ok(tokens) => {
                     return Ok(tokens.access_token().secret().clone());
                 }
-                // The authorization server could not be asked: the grant stands, so no
-                // person is bothered for it.
-                Err(e @ RmcpAuthError::TokenRefreshFailed(_)) => return Err(self.rmcp(e)),
-                // No refresh token, a refused one, or no client any more (the server
-                // moved to another authorization server): a person authorizes again.
-                Err(_) => {}
+                Err(e) => {
+                    // Refused, or not saved: another node may have refreshed it first.
+                    if let Some(token) = self.winners_token(rejected).await {
+                        return Ok(token);
+                    }
+                    // The authorization server could not be asked: the grant stands, so
+                    // no person is bothered for it. Otherwise (no refresh token, a refused
+                    // one, no client any more as the server moved to another
+                    // authorization server) a person authorizes again.
+                    if let RmcpAuthError::TokenRefreshFailed(_) = e {
+                        return Err(self.rmcp(e));
+                    }
+                }
             }
         }
         let Some(authorizer) = self.authorizer.clone() else {
@@ -730,6 +772,12 @@ impl UserToken {
             .map_err(|e| self.fail(OAuthProblem::Store(e.0)))?;
         Ok(registration)
     }
+}
+
+/// The access token `grant` holds, if any.
+fn access_token(grant: &Grant) -> Option<String> {
+    let tokens = grant.credentials.as_ref()?.token_response.as_ref()?;
+    Some(tokens.access_token().secret().clone())
 }
 
 /// A registration kept in a grant, if it is still this host's client at the authorization
