@@ -217,8 +217,9 @@ impl UserToken {
         let ready = self.ready(&mut guard, None).await?;
         match ready.manager.get_access_token().await {
             Ok(token) => Ok(Some(token)),
-            // An expired token's refresh failed: another node may have refreshed first.
-            Err(e) => match self.winners_token(held.as_deref()).await {
+            // An expired token's refresh was refused or not saved: another node may have
+            // refreshed first. (An authorization server that could not be asked is no race.)
+            Err(e) => match self.winners_token(held.as_deref(), &e).await {
                 Some(token) => Ok(Some(token)),
                 None if matches!(e, RmcpAuthError::AuthorizationRequired)
                     && self.authorizer.is_some() =>
@@ -237,8 +238,12 @@ impl UserToken {
     /// shortly after; they are waited for (up to [`defaults::GRANT_REFRESH_RACE_WAIT`])
     /// and used, so the loser neither fails its call nor sends a person to authorize
     /// again. `None` when the grant is gone or still holds `held` (the refresh token was
-    /// really refused).
-    async fn winners_token(&self, held: Option<&str>) -> Option<String> {
+    /// really refused), and at once when `failed` says the authorization server could not
+    /// be asked (that is no race).
+    async fn winners_token(&self, held: Option<&str>, failed: &RmcpAuthError) -> Option<String> {
+        if let RmcpAuthError::TokenRefreshFailed(_) = failed {
+            return None;
+        }
         let deadline = tokio::time::Instant::now() + defaults::GRANT_REFRESH_RACE_WAIT;
         let mut pause = std::time::Duration::from_millis(25);
         loop {
@@ -279,7 +284,7 @@ impl UserToken {
                 }
                 Err(e) => {
                     // Refused, or not saved: another node may have refreshed it first.
-                    if let Some(token) = self.winners_token(rejected).await {
+                    if let Some(token) = self.winners_token(rejected, &e).await {
                         return Ok(token);
                     }
                     // The authorization server could not be asked: the grant stands, so
