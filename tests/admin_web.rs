@@ -576,3 +576,175 @@ async fn the_page_is_served_without_a_token_with_strict_headers() {
     let (listing, _) = get(&node, "/admin/api/mcp/servers").await;
     assert_eq!(listing.status, 401, "{listing:?}");
 }
+
+/// A free loopback port, known before the node binds it (its public URL names it).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+/// User authorization through `quiver serve` in a real Chromium
+/// (tests/browser/authorize_page.mjs): Authorize on the admin page opens the node's page,
+/// whose button sets the `__Host-` cookie on `http://127.0.0.1` and sends the browser to
+/// the authorization server's login page; a second browser context with that URL but
+/// without the cookie is refused at the callback, and the first one's consent comes back
+/// to `/oauth/callback` and makes the grant a task of that principal then uses at the
+/// protected MCP server.
+#[tokio::test]
+async fn a_person_authorizes_a_server_from_the_admin_page_in_a_browser() {
+    const PORTAL: &str = "authorize-web-portal-token";
+    const ANN: &str = "ann@example.com";
+    const MALLORY: &str = "mallory@example.com";
+    let tokens = quiver_tests::oauth::TokenServer::start("unused", "unused", RUN).await;
+    let server = quiver_tests::FixtureHttp::spawn(
+        "http",
+        &[
+            "--bearer-introspect",
+            &tokens.introspect_url(),
+            "--protected-resource",
+            &tokens.issuer(),
+        ],
+    );
+    let registry = RegistryDir::new();
+    registry.write(
+        "users.toml",
+        &format!(
+            "server_id = \"users\"\ntransport = \"streamable_http\"\nallowed_tools = [\"*\"]\n[http]\nurl = {:?}\nauth_ref = \"people\"\n",
+            server.url()
+        ),
+    );
+    let listen = format!("127.0.0.1:{}", free_port());
+    let config = format!(
+        "[serve]\npublic_url = \"http://{listen}\"\n\
+         [clients.portal]\ntoken_env = \"QUIVER_TEST_TOKEN\"\nroles = [\"registry\", \"authorize\", \"submit\"]\nact_for = [\"*@example.com\"]\n\
+         [auth.people]\nkind = \"oauth_authorization_code\"\nservers = [\"users\"]\n\
+         [egress]\nallow_private = [\"127.0.0.0/8\"]\n"
+    );
+    let node = Node::start_listening(
+        &listen,
+        &registry,
+        &config,
+        &[("QUIVER_TEST_TOKEN", PORTAL)],
+    );
+    let status_path = "/v1/authorizations/users/ann%40example.com";
+    let module = node
+        .upload(wat::mcp_calls(&[("users", "whoami", "{}")], 1).as_bytes())
+        .await;
+    let whoami = async || {
+        let task = json!({
+            "task_id": quiver_tests::unique_id("authorize-web"),
+            "config": {"mcp.enabled": "true", "mcp.default_server_ids": "[\"users\"]"},
+            "limits": {"deadline_ms": 60000},
+        });
+        let submitted = Node::send(
+            node.request(Method::POST, "/v1/tasks")
+                .json(&json!({"module": module, "task": task, "principal": ANN})),
+        )
+        .await;
+        let id = submitted.json["id"].as_str().unwrap_or_default().to_owned();
+        let done = node.task(&id, 50).await;
+        (
+            done.json["status"].clone(),
+            done.json["stderr"].as_str().unwrap_or_default().to_owned(),
+        )
+    };
+
+    let scratch = tempfile::tempdir().expect("tempdir");
+    let issuer = tokens.issuer();
+    let envs: [(&str, &std::ffi::OsStr); 5] = [
+        ("PORTAL_TOKEN", PORTAL.as_ref()),
+        ("SERVER_ID", "users".as_ref()),
+        ("PRINCIPAL", ANN.as_ref()),
+        ("INTRUDER", MALLORY.as_ref()),
+        ("AS_URL", issuer.as_ref()),
+    ];
+    let (passed, log) = drive(
+        &node,
+        "authorize_page.mjs",
+        &envs,
+        &scratch,
+        async |name: &str, data: &Value| {
+            let status = node.get_json(status_path).await;
+            match name {
+                "at-authorization-server" => {
+                    // Chromium kept the node's __Host- cookie on plain-http loopback.
+                    let cookie = &data["cookies"][0];
+                    let ok = data["cookies"].as_array().map(Vec::len) == Some(1)
+                        && cookie["secure"] == true
+                        && cookie["http_only"] == true
+                        && cookie["same_site"] == "Lax"
+                        && cookie["path"] == "/"
+                        && data["prompt"] == "consent"
+                        && status["pending"] == true
+                        && status["authorized"] == false;
+                    ok.then_some(())
+                        .ok_or(format!("the browser holds {data}; the node says {status}"))
+                }
+                "other-browser" => {
+                    let text = data["text"].as_str().unwrap_or_default();
+                    let ok = data["url_is_callback"] == true
+                        && data["status"] == 400
+                        && text.contains("This browser did not start this authorization")
+                        && status["authorized"] == false
+                        && status["pending"] == true;
+                    ok.then_some(()).ok_or(format!(
+                        "the other browser got {data}; the node says {status}"
+                    ))
+                }
+                "authorized" => {
+                    let text = data["text"].as_str().unwrap_or_default();
+                    let page_ok = data["url_is_callback"] == true
+                        && data["status"] == 200
+                        && text.contains("Quiver may now use server `users` for `ann@example.com`")
+                        && data["cookies_left"] == json!([]);
+                    let granted = status["authorized"] == true
+                        && status["pending"] == false
+                        && status["refreshable"] == true;
+                    if !(page_ok && granted) {
+                        return Err(format!("the browser got {data}; the node says {status}"));
+                    }
+                    // Ann's task calls the protected server with her token.
+                    let (task_status, stderr) = whoami().await;
+                    (task_status == "finished"
+                        && stderr.contains("ann@ex")
+                        && !stderr.contains("mallory"))
+                    .then_some(())
+                    .ok_or(format!("Ann's task: {task_status} {stderr}"))
+                }
+                "grant-shown" => {
+                    let summary = data["summary"].as_str().unwrap_or_default();
+                    summary
+                        .starts_with("authorized; scopes:")
+                        .then_some(())
+                        .ok_or(format!("the page shows {data}"))
+                }
+                other => Err(format!("unknown checkpoint {other}")),
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        passed,
+        [
+            "at-authorization-server",
+            "other-browser",
+            "authorized",
+            "grant-shown"
+        ],
+        "{log}"
+    );
+    // Both people logged in at the authorization server; only Ann's code made the grant.
+    let users: Vec<String> = tokens
+        .authorizations()
+        .into_iter()
+        .map(|a| a.user)
+        .collect();
+    assert_eq!(users, [MALLORY, ANN]);
+    let stderr = node.stderr();
+    for token in tokens.all_tokens() {
+        assert!(!stderr.contains(&token), "the node logged a token");
+    }
+}

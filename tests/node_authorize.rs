@@ -13,7 +13,7 @@ use std::time::Duration;
 use quiver::{AuthConfig, DirGrantStore, EgressConfig, GrantStore, Host, HostConfig};
 use quiver_node::{EtcdGrantStore, EtcdStore, GrantSealKey, Node, NodeConfig, NodeControl, Role};
 use quiver_tests::etcd::Etcd;
-use quiver_tests::oauth::{TokenServer, USER_HEADER};
+use quiver_tests::oauth::{AsOptions, TokenServer, USER_HEADER};
 use quiver_tests::{FixtureHttp, RegistryDir, host_builder, unique_id, wat};
 use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
@@ -86,8 +86,18 @@ async fn start_with(
     store: Arc<dyn GrantStore>,
     grants: tempfile::TempDir,
 ) -> Fixture {
+    start_with_as(timeout, store, grants, AsOptions::default()).await
+}
+
+/// [`start_with`] whose authorization server behaves as `options` say.
+async fn start_with_as(
+    timeout: Duration,
+    store: Arc<dyn GrantStore>,
+    grants: tempfile::TempDir,
+    options: AsOptions,
+) -> Fixture {
     quiver_tests::init_logging();
-    let tokens = TokenServer::start("unused", "unused", Duration::from_secs(3600)).await;
+    let tokens = TokenServer::start_with("unused", "unused", Duration::from_secs(3600), options);
     let server = FixtureHttp::spawn(
         "http",
         &[
@@ -668,4 +678,143 @@ async fn a_grant_revoked_or_changed_by_one_node_is_not_written_back_by_another()
     let again = b.load(&ann).await.unwrap().unwrap();
     b.save(again).await.unwrap();
     assert!(a.save(sample_grant(ANN)).await.is_err());
+}
+
+/// The access and refresh token the last authorization code grant issued.
+fn issued_by_code(tokens: &TokenServer) -> (String, String) {
+    let request = tokens
+        .token_requests()
+        .into_iter()
+        .rfind(|r| r.grant_type == "authorization_code" && r.issued.is_some())
+        .expect("an authorization code grant");
+    (request.issued.unwrap(), request.refresh_issued.unwrap())
+}
+
+#[tokio::test]
+async fn a_revocation_revokes_the_tokens_at_the_authorization_server_too() {
+    let fx = start(Duration::from_secs(120)).await;
+    let (status, page) = fx.authorize(ANN, ANN).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let (access, refresh) = issued_by_code(&fx.tokens);
+    assert!(fx.tokens.is_active(&access));
+
+    let (status, body) = fx.call(Method::DELETE, &Fixture::path(ANN), PORTAL).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["revoked"], true, "{body}");
+    // RFC 7009: the refresh token, then the access token, as the client the grant was
+    // made with (a public client registered dynamically: its client_id in the form).
+    let revocations = fx.tokens.revocations();
+    let seen: Vec<_> = revocations
+        .iter()
+        .map(|r| {
+            (
+                r.token.as_str(),
+                r.token_type_hint.as_deref(),
+                r.revoked.as_deref(),
+                r.auth_method.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (
+                refresh.as_str(),
+                Some("refresh_token"),
+                Some("refresh_token"),
+                "none"
+            ),
+            (
+                access.as_str(),
+                Some("access_token"),
+                Some("access_token"),
+                "none"
+            ),
+        ]
+    );
+    assert!(
+        revocations
+            .iter()
+            .all(|r| r.client_id.as_deref() == Some("dyn-1"))
+    );
+    assert!(!fx.tokens.is_active(&access));
+}
+
+#[tokio::test]
+async fn a_slow_revocation_endpoint_is_bounded_and_the_grant_is_gone_all_the_same() {
+    let grants = tempfile::tempdir().unwrap();
+    let store = Arc::new(DirGrantStore::new(grants.path()));
+    let options = AsOptions {
+        revocation_delay: Duration::from_secs(300),
+        ..AsOptions::default()
+    };
+    let fx = start_with_as(Duration::from_secs(120), store, grants, options).await;
+    let (status, page) = fx.authorize(ANN, ANN).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+
+    let started = std::time::Instant::now();
+    let (status, body) = fx.call(Method::DELETE, &Fixture::path(ANN), PORTAL).await;
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["revoked"], true, "{body}");
+    assert!(
+        took >= quiver::defaults::OAUTH_REVOCATION_TIMEOUT
+            && took < quiver::defaults::OAUTH_REVOCATION_TIMEOUT + Duration::from_secs(20),
+        "the revocation took {took:?}"
+    );
+    let (_, body) = fx.call(Method::GET, &Fixture::path(ANN), PORTAL).await;
+    assert_eq!(body["authorized"], false, "{body}");
+    let refused = whoami(&fx.host, ANN).await.unwrap_err();
+    assert!(refused.contains("authoriz"), "{refused}");
+}
+
+#[tokio::test]
+async fn two_nodes_refreshing_one_grant_at_once_both_go_on_with_the_winners_tokens() {
+    let etcd = Etcd::start();
+    let prefix = unique_id("grants-refresh");
+    let dir = tempfile::tempdir().unwrap();
+    // Refresh tokens rotate, a used one is refused, and each refresh takes a while, so
+    // the two nodes' refreshes overlap at the authorization server.
+    let options = AsOptions {
+        refresh_delay: Duration::from_secs(2),
+        ..AsOptions::default()
+    };
+    let fx = start_with_as(
+        Duration::from_secs(120),
+        etcd_grants(&etcd, &prefix, SEAL_KEY).await,
+        dir,
+        options,
+    )
+    .await;
+    let (status, page) = fx.authorize(ANN, ANN).await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let other = user_host(&fx.registry, etcd_grants(&etcd, &prefix, SEAL_KEY).await);
+    assert_eq!(whoami(&fx.host, ANN).await.unwrap(), "ann@ex");
+    assert_eq!(whoami(&other, ANN).await.unwrap(), "ann@ex");
+
+    // The access token stops working: both nodes' next calls refresh at once.
+    fx.tokens.revoke_all();
+    let (here, there) = tokio::join!(whoami(&fx.host, ANN), whoami(&other, ANN));
+    let refreshes: Vec<bool> = fx
+        .tokens
+        .token_requests()
+        .iter()
+        .filter(|r| r.grant_type == "refresh_token")
+        .map(|r| r.issued.is_some())
+        .collect();
+    assert_eq!(
+        refreshes,
+        [true, false],
+        "one refresh won, the other's refresh token was already used"
+    );
+    assert_eq!(here.unwrap(), "ann@ex");
+    assert_eq!(there.unwrap(), "ann@ex");
+
+    // The grant stands with the winner's tokens, which serve both nodes from now on.
+    let (_, body) = fx.call(Method::GET, &Fixture::path(ANN), PORTAL).await;
+    assert_eq!(body["authorized"], true, "{body}");
+    assert_eq!(whoami(&other, ANN).await.unwrap(), "ann@ex");
+    assert_eq!(whoami(&fx.host, ANN).await.unwrap(), "ann@ex");
+    assert_eq!(fx.tokens.refresh_count(), 1);
+    other.shutdown().await;
 }

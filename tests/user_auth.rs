@@ -468,6 +468,17 @@ fn the_cli_logs_in_calls_and_logs_out_per_principal_without_showing_tokens() {
     assert!(out.status.success(), "{out:?}");
     outputs.push(out);
     assert_eq!(grant_files(&grants).len(), 1, "bob's grant file is gone");
+    // Bob's refresh and access tokens were revoked at the authorization server (RFC 7009).
+    let revoked: Vec<(String, String)> = tokens
+        .revocations()
+        .into_iter()
+        .filter_map(|r| Some((r.revoked?, r.token)))
+        .collect();
+    assert_eq!(revoked.len(), 2, "{revoked:?}");
+    assert_eq!(revoked[0].0, "refresh_token");
+    assert!(revoked[0].1.starts_with("rt-bob-"), "{revoked:?}");
+    assert_eq!(revoked[1].0, "access_token");
+    assert!(revoked[1].1.starts_with("bob-"), "{revoked:?}");
     let out = quiver(
         &registry,
         &config,
@@ -497,6 +508,200 @@ fn the_cli_logs_in_calls_and_logs_out_per_principal_without_showing_tokens() {
         assert_no_token_in(&tokens, "stderr", &String::from_utf8_lossy(&out.stderr));
         assert_no_token_in(&tokens, "stdout", &String::from_utf8_lossy(&out.stdout));
     }
+}
+
+#[test]
+fn logout_forgets_the_grant_when_the_authorization_server_does_not_answer_the_revocation() {
+    let options = AsOptions {
+        revocation_delay: Duration::from_secs(300),
+        ..AsOptions::default()
+    };
+    let tokens = TokenServer::start_with("unused", "unused", Duration::from_secs(3600), options);
+    let server = protected_fixture(&tokens);
+    let registry = registry_for(&server);
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("quiver.toml");
+    std::fs::write(
+        &config,
+        format!("[auth.people]\n{AUTH_TOML}\n[egress]\nallow_private = [\"127.0.0.0/8\"]\n"),
+    )
+    .unwrap();
+    let browser = browser_script(dir.path());
+    let login = quiver(
+        &registry,
+        &config,
+        "alice",
+        &["login", SERVER, "--as", "alice", "--open-with", &browser],
+    );
+    assert!(login.status.success(), "{login:?}");
+    let grants = registry.path().join(".grants");
+    assert_eq!(grant_files(&grants).len(), 1);
+
+    let started = Instant::now();
+    let out = quiver(
+        &registry,
+        &config,
+        "alice",
+        &["logout", SERVER, "--as", "alice"],
+    );
+    let took = started.elapsed();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        took < quiver::defaults::OAUTH_REVOCATION_TIMEOUT + Duration::from_secs(20),
+        "logout took {took:?}"
+    );
+    assert!(grant_files(&grants).is_empty(), "the grant is gone here");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("could not be revoked at the authorization server")
+            && stderr.contains("did not answer within"),
+        "{stderr}"
+    );
+    assert_no_token_in(&tokens, "stderr", &stderr);
+    assert_eq!(tokens.revocations().len(), 0, "none answered");
+}
+
+const SEAL_KEY: &str = "3b8e1f0a9c2d4e6f8a0b1c3d5e7f9a1b2c4d6e8f0a1b3c5d7e9f1a2b4c6d8e0f";
+
+/// `quiver mcp ARGS --registry REGISTRY [--config CONFIG]`, the browser logging in as
+/// `user`, with the fleet's grant key in `QV_GRANT_KEY`.
+fn quiver_on(registry: &str, config: Option<&Path>, user: &str, args: &[&str]) -> Output {
+    let mut command = Command::new(quiver_cli());
+    command
+        .args(["mcp"])
+        .args(args)
+        .args(["--registry", registry]);
+    if let Some(config) = config {
+        command.arg("--config").arg(config);
+    }
+    command
+        .env("QUIVER_TEST_BROWSER_USER", user)
+        .env("QV_GRANT_KEY", SEAL_KEY)
+        .env_remove("QUIVER_REGISTRY")
+        .env_remove("QUIVER_CONFIG")
+        .output()
+        .unwrap()
+}
+
+/// `quiver mcp login` against an etcd registry keeps the grant in the fleet's etcd grant
+/// store (sealed with `[etcd] grant_key_env`, as a node does): a node's host with the same
+/// etcd and key calls the server as that principal, etcd holds no token, and `logout`
+/// there revokes it for the whole fleet.
+#[tokio::test]
+async fn the_cli_logs_in_to_an_etcd_registry_and_the_fleet_uses_the_grant() {
+    let tokens = TokenServer::start("unused", "unused", Duration::from_secs(3600)).await;
+    let server = protected_fixture(&tokens);
+    let registry = registry_for(&server);
+    let etcd = quiver_tests::etcd::Etcd::start();
+    let prefix = quiver_tests::unique_id("cli-grants");
+    let store = quiver_node::EtcdStore::connect(vec![etcd.endpoint()], format!("/{prefix}"))
+        .await
+        .unwrap();
+    let record = std::fs::read(registry.path().join("users.toml")).unwrap();
+    use quiver::registry::RegistryStore as _;
+    store
+        .upsert(
+            quiver::registry::DocKind::Server,
+            SERVER,
+            quiver::registry::DocFormat::Toml,
+            record,
+        )
+        .await
+        .unwrap();
+    let url = format!(
+        "etcd://{}/{prefix}",
+        etcd.endpoint().trim_start_matches("http://")
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("quiver.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[auth.people]\n{AUTH_TOML}\n[egress]\nallow_private = [\"127.0.0.0/8\"]\n[etcd]\ngrant_key_env = \"QV_GRANT_KEY\"\n"
+        ),
+    )
+    .unwrap();
+    let browser = browser_script(dir.path());
+
+    // Without the nodes' config there is no key: refused, saying what to pass.
+    let out = quiver_on(&url, None, "alice", &["login", SERVER, "--as", "alice"]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--config") && stderr.contains("grant_key_env"),
+        "{stderr}"
+    );
+
+    let out = quiver_on(
+        &url,
+        Some(&config),
+        "alice",
+        &["login", SERVER, "--as", "alice", "--open-with", &browser],
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_no_token_in(&tokens, "stderr", &String::from_utf8_lossy(&out.stderr));
+    assert!(
+        grant_files(&registry.path().join(".grants")).is_empty(),
+        "nothing on disk"
+    );
+
+    // A node of the fleet: same etcd, same key.
+    let sealed = quiver_node::GrantSealKey::from_hex(SEAL_KEY).unwrap();
+    let node_host = host_builder(&registry)
+        .with_config(host_config(), ".")
+        .with_connect_timeout(Duration::from_secs(10))
+        .with_grant_store(Arc::new(quiver_node::EtcdGrantStore::new(&store, sealed)))
+        .build()
+        .unwrap();
+    assert_eq!(
+        whoami(&node_host, &task_as("alice")).await.unwrap(),
+        "alice-"
+    );
+    let mut client = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    let listed = client
+        .get(
+            format!("/{prefix}-grants/"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(listed.kvs().len(), 1, "alice's grant is in etcd");
+    assert_no_token_in(
+        &tokens,
+        "etcd",
+        &String::from_utf8_lossy(listed.kvs()[0].value()),
+    );
+
+    // Logout from the terminal: gone for the fleet, and revoked at the authorization server.
+    let out = quiver_on(
+        &url,
+        Some(&config),
+        "alice",
+        &["logout", SERVER, "--as", "alice"],
+    );
+    assert!(out.status.success(), "{out:?}");
+    node_host.shutdown().await;
+    let node_host = host_builder(&registry)
+        .with_config(host_config(), ".")
+        .with_grant_store(Arc::new(quiver_node::EtcdGrantStore::new(
+            &store,
+            quiver_node::GrantSealKey::from_hex(SEAL_KEY).unwrap(),
+        )))
+        .build()
+        .unwrap();
+    let refused = whoami(&node_host, &task_as("alice")).await.unwrap_err();
+    assert!(refused.message.contains("quiver mcp login"), "{refused}");
+    assert_eq!(
+        tokens
+            .revocations()
+            .iter()
+            .filter(|r| r.revoked.is_some())
+            .count(),
+        2
+    );
+    node_host.shutdown().await;
 }
 
 // ---- Hostile authorization servers ----

@@ -113,7 +113,36 @@ impl Node {
         Self::start_launching(registry.path().as_os_str(), config, env, &[], false)
     }
 
+    /// [`Node::start`] listening on `listen` (e.g. `127.0.0.1:PORT`, for a node whose
+    /// `[serve] public_url` names its port).
+    pub fn start_listening(
+        listen: &str,
+        registry: &RegistryDir,
+        config: &str,
+        env: &[(&str, &str)],
+    ) -> Node {
+        Self::start_launching_on(
+            listen,
+            registry.path().as_os_str(),
+            Some(config),
+            env,
+            &[],
+            true,
+        )
+    }
+
     fn start_launching(
+        registry: &std::ffi::OsStr,
+        config: Option<&str>,
+        env: &[(&str, &str)],
+        args: &[&std::ffi::OsStr],
+        fixtures: bool,
+    ) -> Node {
+        Self::start_launching_on("127.0.0.1:0", registry, config, env, args, fixtures)
+    }
+
+    fn start_launching_on(
+        listen: &str,
         registry: &std::ffi::OsStr,
         config: Option<&str>,
         env: &[(&str, &str)],
@@ -126,17 +155,11 @@ impl Node {
             (true, None) => Some(with_fixture_launch_rules("")),
             (false, config) => config.map(str::to_owned),
         };
-        let (child, base, stderr) = Self::spawn_on(
-            "127.0.0.1:0",
-            registry,
-            config.as_deref(),
-            &config_dir,
-            env,
-            args,
-        )
-        .unwrap_or_else(|(status, err)| {
-            panic!("quiver serve did not start ({status:?}); stderr:\n{err}")
-        });
+        let (child, base, stderr) =
+            Self::spawn_on(listen, registry, config.as_deref(), &config_dir, env, args)
+                .unwrap_or_else(|(status, err)| {
+                    panic!("quiver serve did not start ({status:?}); stderr:\n{err}")
+                });
         let token = env
             .iter()
             .find(|(k, _)| *k == "QUIVER_TEST_TOKEN")

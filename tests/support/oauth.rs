@@ -43,7 +43,10 @@
 //!   metadata, listing `auth_methods`.
 //!
 //! - `GET /authorize`: "logs in" the user named by the `x-test-user` header the test's
-//!   browser sends ([`USER_HEADER`]); needs `response_type=code`, a registered `client_id`
+//!   HTTP client sends ([`USER_HEADER`]); without it, a login and consent page for a real
+//!   browser: a form with the request's parameters, a `user` field and an Approve button
+//!   that posts to `POST /authorize`, which then answers as `GET` with that header would.
+//!   Both need `response_type=code`, a registered `client_id`
 //!   (or the configured one) with its `redirect_uri` (any `http://127.0.0.1:` one for the
 //!   configured client), `code_challenge_method=S256` with a `code_challenge`, `state`
 //!   and `resource`. Answers `302` to `redirect_uri?code=..&state=..&iss=<issuer>`
@@ -56,6 +59,12 @@
 //!   Both issue `<user>-<n>-<random>` access tokens (so the fixture's `whoami` tells users
 //!   apart) and `rt-<user>-<n>-<random>` refresh tokens; a bad code or refresh token is
 //!   `400 {"error": "invalid_grant"}`.
+//! - `POST /revoke` (RFC 7009, form `token=..` and maybe `token_type_hint`), listed as
+//!   `revocation_endpoint` unless [`AsOptions::no_revocation`]: the client authenticates as
+//!   at the token endpoint (a public client by `client_id`); an access token is deactivated,
+//!   a refresh token forgotten, when it is that client's; always `200` (the RFC's answer to
+//!   an unknown token) after [`AsOptions::revocation_delay`]. Every request is recorded,
+//!   see [`TokenServer::revocations`].
 //! - `POST /register` (RFC 7591, JSON): registers a public client for its `redirect_uris`
 //!   and answers `201` with `client_id` `dyn-<n>`.
 //!
@@ -138,6 +147,22 @@ pub struct AuthorizeRequest {
     pub prompt: Option<String>,
 }
 
+/// One `POST /revoke` request (RFC 7009).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevocationRequest {
+    /// The `token` form field.
+    pub token: String,
+    /// The `token_type_hint` form field.
+    pub token_type_hint: Option<String>,
+    /// The client id presented (Basic or form), if any.
+    pub client_id: Option<String>,
+    /// `"client_secret_basic"`, `"client_secret_post"` or `"none"`.
+    pub auth_method: String,
+    /// What was revoked: `"access_token"`, `"refresh_token"`, or `None` (unknown, or
+    /// another client's).
+    pub revoked: Option<String>,
+}
+
 /// The header a test's browser names its user in at `GET /authorize`.
 pub const USER_HEADER: &str = "x-test-user";
 
@@ -172,6 +197,7 @@ struct Inner {
     codes: HashMap<String, UserGrant>,
     refresh_tokens: HashMap<String, UserGrant>,
     authorizations: Vec<AuthorizeRequest>,
+    revocations: Vec<RevocationRequest>,
     metadata_requests: usize,
     /// The `jti`s of DPoP proofs seen.
     dpop_jtis: std::collections::HashSet<String>,
@@ -211,6 +237,12 @@ pub struct AsOptions {
     pub id_jag_client_id: Option<String>,
     /// DPoP at the token endpoint for user grants.
     pub dpop: Option<DpopMode>,
+    /// No `revocation_endpoint` in the metadata (and no `/revoke`).
+    pub no_revocation: bool,
+    /// Hostile: wait this long before answering a revocation.
+    pub revocation_delay: Duration,
+    /// Wait this long before answering a refresh grant (so two refreshes overlap).
+    pub refresh_delay: Duration,
 }
 
 /// How a [`TokenServer`] treats DPoP proofs.
@@ -237,6 +269,9 @@ impl Default for AsOptions {
             authorize_iss: None,
             id_jag_client_id: None,
             dpop: None,
+            no_revocation: false,
+            revocation_delay: Duration::ZERO,
+            refresh_delay: Duration::ZERO,
         }
     }
 }
@@ -301,7 +336,8 @@ impl TokenServer {
         let router = Router::new()
             .route("/token", post(token))
             .route("/introspect", post(introspect))
-            .route("/authorize", get(authorize))
+            .route("/authorize", get(authorize).post(authorize_form))
+            .route("/revoke", post(revoke))
             .route("/register", post(register))
             .route(metadata_path, get(metadata))
             .with_state(shared.clone());
@@ -390,6 +426,11 @@ impl TokenServer {
             }
         }
         inner.refresh_tokens.retain(|_, grant| grant.user != user);
+    }
+
+    /// Every `POST /revoke` request, in order.
+    pub fn revocations(&self) -> Vec<RevocationRequest> {
+        self.shared.lock().revocations.clone()
     }
 
     /// Every accepted `GET /authorize` request, in order.
@@ -517,6 +558,9 @@ async fn token(
         "authorization_code" | "refresh_token"
     ) {
         let client_id = client_id.or_else(|| field("client_id"));
+        if request.grant_type == "refresh_token" {
+            tokio::time::sleep(shared.options.refresh_delay).await;
+        }
         let bound = match check_dpop(&shared, &headers, &mut request) {
             Ok(bound) => bound,
             Err(refused) => {
@@ -737,6 +781,9 @@ async fn metadata(State(shared): State<Arc<Shared>>) -> Response<Body> {
     if options.dpop.is_some() {
         body["dpop_signing_alg_values_supported"] = json!(["ES256"]);
     }
+    if !options.no_revocation {
+        body["revocation_endpoint"] = json!(format!("{issuer}/revoke"));
+    }
     json_response(StatusCode::OK, body)
 }
 
@@ -747,19 +794,70 @@ async fn authorize(
     uri: axum::http::Uri,
 ) -> Response<Body> {
     let query = parse_form(uri.query().unwrap_or_default().as_bytes());
+    match headers
+        .get(USER_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .filter(|u| !u.is_empty())
+    {
+        Some(user) => grant_code(&shared, &query, user),
+        None => login_page(&query),
+    }
+}
+
+/// `POST /authorize`: the login page's form, its `user` the person who approves.
+async fn authorize_form(State(shared): State<Arc<Shared>>, body: Bytes) -> Response<Body> {
+    let mut form = parse_form(&body);
+    let user = form.remove("user").unwrap_or_default();
+    if user.is_empty() {
+        return login_page(&form);
+    }
+    grant_code(&shared, &form, &user)
+}
+
+/// The login and consent page a real browser sees: the request's parameters kept in
+/// hidden fields, a `user` field, and an Approve button.
+fn login_page(query: &HashMap<String, String>) -> Response<Body> {
+    let hidden: String = query
+        .iter()
+        .map(|(name, value)| {
+            format!(
+                "<input type=\"hidden\" name=\"{}\" value=\"{}\">",
+                html_escape(name),
+                html_escape(value)
+            )
+        })
+        .collect();
+    let client = html_escape(query.get("client_id").map_or("", String::as_str));
+    let body = format!(
+        "<!doctype html><html><head><title>Test authorization server</title></head><body>\
+         <h1>Log in to the test authorization server</h1>\
+         <p>Client <b id=\"client\">{client}</b> asks for access to your account.</p>\
+         <form method=\"post\" action=\"/authorize\">{hidden}\
+         <label>User <input id=\"user\" name=\"user\"></label>\
+         <button id=\"approve\" type=\"submit\">Approve</button></form></body></html>"
+    );
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/html; charset=utf-8")
+        .body(Body::from(body))
+        .expect("token server: build login page")
+}
+
+fn html_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// `user` approves the authorization request `query`: a code, redirected to the client.
+fn grant_code(shared: &Shared, query: &HashMap<String, String>, user: &str) -> Response<Body> {
     let field = |name: &str| query.get(name).cloned().unwrap_or_default();
     let refuse = |why: String| {
         Response::builder()
             .status(StatusCode::BAD_REQUEST)
             .body(Body::from(why))
             .expect("token server: build refusal")
-    };
-    let Some(user) = headers
-        .get(USER_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .filter(|u| !u.is_empty())
-    else {
-        return refuse(format!("nobody logged in (no {USER_HEADER} header)"));
     };
     let (client_id, redirect_uri) = (field("client_id"), field("redirect_uri"));
     let mut inner = shared.lock();
@@ -822,6 +920,71 @@ async fn authorize(
         .header(header::LOCATION, location)
         .body(Body::empty())
         .expect("token server: build redirect")
+}
+
+/// `POST /revoke` (RFC 7009): the client authenticated as at the token endpoint (a
+/// public client by `client_id` alone) revokes one of its tokens; `200` whatever the token.
+async fn revoke(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response<Body> {
+    if shared.options.no_revocation {
+        return json_response(StatusCode::NOT_FOUND, json!({"error": "not_found"}));
+    }
+    tokio::time::sleep(shared.options.revocation_delay).await;
+    let form = parse_form(&body);
+    let field = |name: &str| form.get(name).cloned();
+    let basic = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(parse_basic);
+    let (auth_method, client_id, secret) = match basic {
+        Some((id, secret)) => ("client_secret_basic", Some(id), Some(secret)),
+        None if form.contains_key("client_secret") => (
+            "client_secret_post",
+            field("client_id"),
+            field("client_secret"),
+        ),
+        None => ("none", field("client_id"), None),
+    };
+    let mut inner = shared.lock();
+    let known_client = client_id.as_ref().is_some_and(|id| {
+        inner.clients.contains_key(id)
+            || (*id == shared.client_id
+                && secret.as_ref().is_none_or(|s| *s == shared.client_secret))
+    });
+    let token = field("token").unwrap_or_default();
+    let mut request = RevocationRequest {
+        token: token.clone(),
+        token_type_hint: field("token_type_hint"),
+        client_id: client_id.clone(),
+        auth_method: auth_method.to_owned(),
+        revoked: None,
+    };
+    if !known_client {
+        inner.revocations.push(request);
+        return json_response(StatusCode::UNAUTHORIZED, json!({"error": "invalid_client"}));
+    }
+    if let Some(issued) = inner.tokens.get_mut(&token)
+        && Some(&issued.client_id) == client_id.as_ref()
+    {
+        issued.revoked = true;
+        request.revoked = Some("access_token".into());
+    } else if inner
+        .refresh_tokens
+        .get(&token)
+        .is_some_and(|grant| Some(&grant.client_id) == client_id.as_ref())
+    {
+        inner.refresh_tokens.remove(&token);
+        request.revoked = Some("refresh_token".into());
+    }
+    inner.revocations.push(request);
+    drop(inner);
+    Response::builder()
+        .status(StatusCode::OK)
+        .body(Body::empty())
+        .expect("token server: build revocation answer")
 }
 
 /// `POST /register` (RFC 7591): a public client for the redirect URIs given.

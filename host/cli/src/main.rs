@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand};
 use std::sync::Arc;
 
 use quiver::config::{ConfigError, ConfigOrigin};
-use quiver::registry::{Registry, ServerEntry};
+use quiver::registry::{Registry, RegistryStore, ServerEntry};
 use quiver::telemetry::{self, LogFormat};
 use quiver::{AllowAll, ApprovalQueue, Approver, DirGrantStore, TerminalApprover};
 use quiver::{Host, HostBuilder, StoreFollower, TaskSpec, ToolCallRequest};
@@ -194,23 +194,25 @@ enum McpCommand {
     /// Authorize a server that asks for a user's authorization (its credential is an
     /// `[auth.NAME]` with kind = "oauth_authorization_code") for a principal: prints the
     /// authorization URL (and opens it with --open-with), waits for the browser to come
-    /// back to a loopback listener, and keeps the grant under the registry's `.grants/`.
+    /// back to a loopback listener, and keeps the grant under the registry's `.grants/`
+    /// (an etcd registry: in the fleet's etcd, sealed as the nodes seal it).
     Login {
         server_id: String,
         #[command(flatten)]
         identity: Identity,
         #[command(flatten)]
-        source: ServerSource,
+        source: GrantSource,
     },
     /// Forget a principal's authorization of a server (its tokens and client
-    /// registration). Exits 1 if there was none.
+    /// registration) and revoke its tokens at the authorization server when it offers
+    /// that. Exits 1 if there was none.
     Logout {
         server_id: String,
         /// Whose authorization: default the OS login name.
         #[arg(long = "as", value_name = "NAME", value_parser = principal::parse)]
         principal: Option<String>,
         #[command(flatten)]
-        source: ServerSource,
+        source: GrantSource,
     },
     /// Connect to every server of a registry (listing its tools) and print each one's
     /// health; with --node, print a running node's instead. Exits 1 if a server is down.
@@ -260,6 +262,20 @@ struct ServerSource {
     #[arg(long, env = "QUIVER_REGISTRY")]
     registry: PathBuf,
     /// Host config (quiver.toml): credentials (`[auth.*]`) and the egress policy.
+    #[arg(long, env = "QUIVER_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+/// Where `quiver mcp login` / `logout` find the server and keep the grant.
+#[derive(clap::Args)]
+struct GrantSource {
+    /// MCP registry: a directory (grants under its `.grants/`), or
+    /// `etcd://HOST:PORT/PREFIX` for a fleet's registry (grants in that etcd, sealed with
+    /// the key `[etcd] grant_key_env` of --config names, as every node of the fleet does).
+    #[arg(long, env = "QUIVER_REGISTRY", value_parser = RegistrySource::parse)]
+    registry: RegistrySource,
+    /// Host config (quiver.toml): credentials (`[auth.*]`), the egress policy and, for an
+    /// etcd registry, `[etcd]` (how to reach it, and `grant_key_env`).
     #[arg(long, env = "QUIVER_CONFIG")]
     config: Option<PathBuf>,
 }
@@ -921,9 +937,80 @@ async fn mcp_call(
     }
 }
 
-async fn mcp_login(server_id: &str, identity: Identity, source: ServerSource) -> i32 {
-    let (host, _) =
-        match server_host(server_id, &source, None, Some(identity.open_with.clone())).await {
+/// A host for `quiver mcp login` / `logout` on `source` (asking a person through the
+/// loopback listener when `ask_person` says so), and the follower of an etcd registry,
+/// kept while the host is used.
+async fn grant_host(
+    server_id: &str,
+    source: GrantSource,
+    ask_person: Option<Option<String>>,
+) -> Result<(Host, Option<StoreFollower>), i32> {
+    let (endpoints, prefix) = match source.registry {
+        RegistrySource::Dir(registry) => {
+            let source = ServerSource {
+                registry,
+                config: source.config,
+            };
+            let (host, _) = server_host(server_id, &source, None, ask_person).await?;
+            return Ok((host, None));
+        }
+        RegistrySource::Etcd { endpoints, prefix } => (endpoints, prefix),
+    };
+    // The same store, key and associated data as a node's, so every node of the fleet
+    // uses (and can revoke) the grant; records under the node's default launch rules.
+    let Some(path) = &source.config else {
+        return Err(fail(
+            "an etcd:// registry keeps grants in etcd, sealed with the key the fleet's nodes share: pass --config with their quiver.toml (its [etcd] grant_key_env, with that variable set)",
+        ));
+    };
+    let builder = Host::builder()
+        .without_disk_cache()
+        .with_default_launch_rules(quiver::LaunchRules::default());
+    let (mut builder, config) = with_config_file(builder, path).map_err(fail)?;
+    let etcd = config.etcd.resolve(path).map_err(fail)?;
+    let key = config.etcd_grant_key(path).map_err(fail)?.ok_or_else(|| {
+        fail(format!(
+            "{}: etcd.grant_key_env: not set, and no [auth.NAME] is kind = \"oauth_authorization_code\": there is no user authorization to keep in etcd",
+            path.display()
+        ))
+    })?;
+    let store = EtcdStore::connect_with_access(endpoints, prefix, &etcd)
+        .await
+        .map_err(fail)?;
+    builder = builder.with_grant_store(Arc::new(EtcdGrantStore::new(&store, key)));
+    let store: Arc<dyn RegistryStore> = Arc::new(store);
+    builder = builder.with_registry_store(store.clone());
+    if let Some(open_with) = ask_person {
+        let authorizer = login::LoopbackAuthorizer::start(open_with)
+            .await
+            .map_err(|e| fail(format!("cannot listen on loopback for the login: {e}")))?;
+        builder = builder.with_user_authorizer(authorizer);
+    }
+    let host = builder.build().map_err(fail)?;
+    let follower = match host.follow_store(store.clone()) {
+        Ok(follower) => follower,
+        Err(e) => {
+            host.shutdown().await;
+            return Err(fail(e));
+        }
+    };
+    if !follower
+        .first_sync(quiver::defaults::REGISTRY_STORE_TIMEOUT)
+        .await
+    {
+        host.shutdown().await;
+        return Err(fail(format!(
+            "{} did not answer within {} s",
+            store.describe(),
+            quiver::defaults::REGISTRY_STORE_TIMEOUT.as_secs()
+        )));
+    }
+    Ok((host, Some(follower)))
+}
+
+async fn mcp_login(server_id: &str, identity: Identity, source: GrantSource) -> i32 {
+    let (host, _follower) =
+        match grant_host(server_id, source, Some(identity.open_with.clone())).await {
             Ok(found) => found,
             Err(status) => return status,
         };
@@ -942,8 +1029,8 @@ async fn mcp_login(server_id: &str, identity: Identity, source: ServerSource) ->
     }
 }
 
-async fn mcp_logout(server_id: &str, principal: &str, source: ServerSource) -> i32 {
-    let (host, _) = match server_host(server_id, &source, None, None).await {
+async fn mcp_logout(server_id: &str, principal: &str, source: GrantSource) -> i32 {
+    let (host, _follower) = match grant_host(server_id, source, None).await {
         Ok(found) => found,
         Err(status) => return status,
     };

@@ -678,7 +678,15 @@ pub(super) async fn consent(
          <form method=\"post\" action=\"{}\"><button type=\"submit\">Continue to log in</button></form>",
         escape(&action)
     );
-    page_html(StatusCode::OK, "Authorize a server", &body)
+    let mut response = page_html(StatusCode::OK, "Authorize a server", &body);
+    // Under `no-referrer` a browser posts the form with `Origin: null` (Fetch), which the
+    // node's guard refuses; `same-origin` gives the node its own origin and still sends
+    // the handle in this URL to no one else.
+    response.headers_mut().insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    response
 }
 
 /// `POST /oauth/authorize/{handle}`: the browser proceeds from the node's page (single

@@ -523,6 +523,19 @@ pub const OAUTH_HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 /// token lock (and every call waiting on it) for minutes.
 pub const OAUTH_DISCOVERY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Longest a caller whose refresh of a user grant failed waits for another caller's
+/// refreshed tokens to appear in the grant store (two nodes of a fleet refreshing at once;
+/// with rotating refresh tokens the authorization server refuses the second). The winner
+/// saves within a round trip to the store; a refresh token that was really refused costs
+/// this much before the call fails.
+pub const GRANT_REFRESH_RACE_WAIT: Duration = Duration::from_secs(2);
+
+/// Longest revoking a grant's tokens at its authorization server (RFC 7009) may take:
+/// discovery and the two requests. The grant is forgotten locally whatever happens; this
+/// bounds how long `quiver mcp logout` or `DELETE /v1/authorizations/...` waits for a slow
+/// or hostile authorization server.
+pub const OAUTH_REVOCATION_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// How long a failed OAuth discovery is remembered: calls to that server meanwhile fail at
 /// once with the same error instead of each running discovery again; the first call after
 /// it tries again. Short, so a fixed authorization server is picked up quickly.

@@ -205,6 +205,9 @@ impl HostConfig {
             .iter()
             .filter_map(|name| table.remove(*name).map(|value| ((*name).to_owned(), value)))
             .collect();
+        if let Some((field, message)) = table.get("auth").and_then(crate::mcp::misplaced_dpop) {
+            return Err(ConfigError::new(path, field, message));
+        }
         let config: Self = read_section(path, "", toml::Value::Table(table))?;
         config.check(path)?;
         Ok((config, others))
@@ -335,6 +338,32 @@ mod tests {
             let error = load(text).expect_err(field);
             assert!(error.to_string().contains(field), "{error}");
         }
+    }
+
+    #[test]
+    fn dpop_is_refused_where_it_is_not_built_naming_the_kind_that_has_it() {
+        let error = load(
+            "[auth.corp]\nkind = \"oauth_client_credentials\"\nclient_id = \"c\"\ndpop = true\n",
+        )
+        .expect_err("no DPoP for client credentials");
+        let text = error.to_string();
+        assert!(
+            text.contains("auth.corp.dpop")
+                && text.contains("oauth_authorization_code")
+                && text.contains("oauth_client_credentials"),
+            "{text}"
+        );
+        let error = load(
+            "[auth.x]\nkind = \"oauth_token_exchange\"\ndpop = false\n[auth.y]\nkind = \"oauth_authorization_code\"\ndpop = true\n",
+        )
+        .expect_err("not even dpop = false");
+        assert!(error.to_string().contains("auth.x.dpop"), "{error}");
+        let config = load("[auth.y]\nkind = \"oauth_authorization_code\"\ndpop = true\n")
+            .expect("DPoP for user grants");
+        assert!(matches!(
+            &config.auth["y"],
+            AuthConfig::OauthAuthorizationCode(c) if c.dpop
+        ));
     }
 
     #[test]

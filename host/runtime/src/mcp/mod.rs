@@ -23,6 +23,7 @@ mod rules;
 mod session;
 mod tool_headers;
 
+pub(crate) use auth::misplaced_dpop;
 pub use auth::{
     ApiKeyConfig, AuthConfig, AuthSet, AuthorizationPrompt, AuthorizeError, DirGrantStore, Grant,
     GrantKey, GrantStatus, GrantStore, GrantStoreError, MemoryGrantStore,

@@ -462,10 +462,23 @@ impl Grants {
     }
 
     /// Removes the grant of `key` under its refresh lock, so a refresh in flight cannot
-    /// write it back after a logout; whether there was one.
-    pub(crate) async fn revoke(&self, key: &GrantKey) -> Result<bool, GrantStoreError> {
+    /// write it back after a logout: whether there was one, and what it held if it could
+    /// be read (for revoking its tokens at the authorization server). One that cannot be
+    /// read (damaged, sealed with another key) is removed all the same.
+    pub(crate) async fn take(
+        &self,
+        key: &GrantKey,
+    ) -> Result<(bool, Option<Grant>), GrantStoreError> {
         let _refreshing = self.lock_of(key).lock_owned().await;
-        self.store.remove(key).await
+        let held = match self.store.load(key).await {
+            Ok(held) => held,
+            Err(e) => {
+                tracing::warn!(server_id = %key.server_id, principal = %key.principal, error = %e, "removing a grant that cannot be read; its tokens are not revoked at the authorization server");
+                None
+            }
+        };
+        let removed = self.store.remove(key).await?;
+        Ok((removed, held.filter(|_| removed)))
     }
 
     /// rmcp's view of the grant of `key`.

@@ -320,6 +320,28 @@ pub(crate) enum OAuthProblem {
     StepUpNeedsPerson { scopes: String },
 }
 
+/// The first `[auth.NAME]` of the raw `[auth]` table that sets `dpop` with another kind
+/// than `oauth_authorization_code`, as the field and a message naming the fix: DPoP is
+/// built for user grants only, and serde alone would call the field unknown.
+pub(crate) fn misplaced_dpop(auth: &toml::Value) -> Option<(String, String)> {
+    let (name, kind) = auth.as_table()?.iter().find_map(|(name, table)| {
+        let table = table.as_table()?;
+        let kind = table
+            .get("kind")
+            .and_then(toml::Value::as_str)
+            .unwrap_or("");
+        (kind != "oauth_authorization_code" && table.contains_key("dpop")).then_some((name, kind))
+    })?;
+    let kind = crate::text::printable(kind);
+    Some((
+        format!("auth.{name}.dpop"),
+        format!(
+            "DPoP (RFC 9449) is built for kind = \"oauth_authorization_code\" only, not `{}`: remove `dpop` (tokens of this kind are bearer tokens)",
+            crate::text::cut(&kind, 64)
+        ),
+    ))
+}
+
 /// `[auth.NAME]` of the host config.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
 #[serde(tag = "kind", rename_all = "snake_case")]

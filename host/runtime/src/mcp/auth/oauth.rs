@@ -1011,7 +1011,7 @@ fn error_code(body: &Value) -> String {
 }
 
 /// `application/x-www-form-urlencoded` encoding of one value.
-fn form_encode(value: &str) -> String {
+pub(super) fn form_encode(value: &str) -> String {
     let mut out = String::with_capacity(value.len());
     for b in value.bytes() {
         match b {

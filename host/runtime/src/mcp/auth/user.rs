@@ -22,13 +22,13 @@ use std::sync::Arc;
 
 use oauth2::TokenResponse;
 use rmcp::transport::auth::{
-    AuthError as RmcpAuthError, AuthorizationManager, AuthorizationRequest, AuthorizationSession,
-    WWWAuthenticateParams,
+    AuthError as RmcpAuthError, AuthorizationManager, AuthorizationMetadata, AuthorizationRequest,
+    AuthorizationSession, WWWAuthenticateParams,
 };
 use serde::Deserialize;
 
 use super::dpop::{DpopHttp, DpopKey};
-use super::grants::{GrantKey, Grants, Registration, dpop_key, save_registration};
+use super::grants::{Grant, GrantKey, Grants, Registration, dpop_key, save_registration};
 use super::{AuthError, OAuthProblem};
 use crate::defaults;
 use crate::mcp::error::error_chain;
@@ -212,12 +212,52 @@ impl UserToken {
                 None => Err(self.needs_authorization()),
             };
         }
+        let held = grant.as_ref().and_then(access_token);
         let mut guard = self.manager.lock().await;
         let ready = self.ready(&mut guard, None).await?;
         match ready.manager.get_access_token().await {
             Ok(token) => Ok(Some(token)),
-            Err(RmcpAuthError::AuthorizationRequired) if self.authorizer.is_some() => Ok(None),
-            Err(e) => Err(self.rmcp(e)),
+            // An expired token's refresh was refused or not saved: another node may have
+            // refreshed first. (An authorization server that could not be asked is no race.)
+            Err(e) => match self.winners_token(held.as_deref(), &e).await {
+                Some(token) => Ok(Some(token)),
+                None if matches!(e, RmcpAuthError::AuthorizationRequired)
+                    && self.authorizer.is_some() =>
+                {
+                    Ok(None)
+                }
+                None => Err(self.rmcp(e)),
+            },
+        }
+    }
+
+    /// The access token another caller saved after a refresh of this grant failed here:
+    /// two nodes sharing the grant store that refresh it at once both present the same
+    /// refresh token, and an authorization server that rotates them refuses the second
+    /// (or the second save finds the grant changed). The winner saves its new tokens
+    /// shortly after; they are waited for (up to [`defaults::GRANT_REFRESH_RACE_WAIT`])
+    /// and used, so the loser neither fails its call nor sends a person to authorize
+    /// again. `None` when the grant is gone or still holds `held` (the refresh token was
+    /// really refused), and at once when `failed` says the authorization server could not
+    /// be asked (that is no race).
+    async fn winners_token(&self, held: Option<&str>, failed: &RmcpAuthError) -> Option<String> {
+        if let RmcpAuthError::TokenRefreshFailed(_) = failed {
+            return None;
+        }
+        let deadline = tokio::time::Instant::now() + defaults::GRANT_REFRESH_RACE_WAIT;
+        let mut pause = std::time::Duration::from_millis(25);
+        loop {
+            let grant = self.grants.store.load(&self.key).await.ok()??;
+            let token = access_token(&grant)?;
+            if Some(token.as_str()) != held {
+                tracing::info!(server_id = %self.key.server_id, principal = %self.key.principal, "using the tokens another caller refreshed the grant to");
+                return Some(token);
+            }
+            if tokio::time::Instant::now() + pause > deadline {
+                return None;
+            }
+            tokio::time::sleep(pause).await;
+            pause *= 2;
         }
     }
 
@@ -242,12 +282,19 @@ impl UserToken {
                 Ok(tokens) => {
                     return Ok(tokens.access_token().secret().clone());
                 }
-                // The authorization server could not be asked: the grant stands, so no
-                // person is bothered for it.
-                Err(e @ RmcpAuthError::TokenRefreshFailed(_)) => return Err(self.rmcp(e)),
-                // No refresh token, a refused one, or no client any more (the server
-                // moved to another authorization server): a person authorizes again.
-                Err(_) => {}
+                Err(e) => {
+                    // Refused, or not saved: another node may have refreshed it first.
+                    if let Some(token) = self.winners_token(rejected, &e).await {
+                        return Ok(token);
+                    }
+                    // The authorization server could not be asked: the grant stands, so
+                    // no person is bothered for it. Otherwise (no refresh token, a refused
+                    // one, no client any more as the server moved to another
+                    // authorization server) a person authorizes again.
+                    if let RmcpAuthError::TokenRefreshFailed(_) = e {
+                        return Err(self.rmcp(e));
+                    }
+                }
             }
         }
         let Some(authorizer) = self.authorizer.clone() else {
@@ -318,6 +365,42 @@ impl UserToken {
         Ok(Some(token))
     }
 
+    /// rmcp's manager over `http`, and the authorization server's metadata, found from
+    /// `challenge` or the well-known paths within [`defaults::OAUTH_DISCOVERY_TIMEOUT`] and
+    /// checked (https next to an https server; a configured secret's token endpoint).
+    async fn discover(
+        &self,
+        http: Arc<dyn rmcp::transport::auth::OAuthHttpClient>,
+        challenge: Option<&str>,
+    ) -> Result<(AuthorizationManager, AuthorizationMetadata), AuthError> {
+        let manager =
+            AuthorizationManager::new_with_oauth_http_client(self.server_url.as_str(), http)
+                .await
+                .map_err(|e| self.rmcp(e))?;
+        // One deadline for the whole discovery: each request has its own, and a slow
+        // server could otherwise hold a call for several of them.
+        let timeout = defaults::OAUTH_DISCOVERY_TIMEOUT;
+        let resolution = tokio::time::timeout(
+            timeout,
+            Box::pin(manager.resolve_metadata_from_challenge(challenge)),
+        )
+        .await
+        .map_err(|_| {
+            self.fail(OAuthProblem::DiscoveryTimeout {
+                ms: timeout.as_millis() as u64,
+            })
+        })?
+        .map_err(|e| {
+            let chain = crate::text::printable(&error_chain(&e));
+            let chain = crate::text::cut(&chain, defaults::OAUTH_FLOW_ERROR_MAX_BYTES);
+            self.fail(OAuthProblem::Discovery(chain.to_owned()))
+        })?;
+        let metadata = resolution.metadata;
+        self.check_in_clear(&metadata)?;
+        self.check_secret_bound(&metadata)?;
+        Ok((manager, metadata))
+    }
+
     /// The manager with discovery done and the grant's client configured.
     async fn ready<'a>(
         &self,
@@ -341,31 +424,7 @@ impl UserToken {
                 }
                 false => Arc::new(self.http.clone()),
             };
-            let mut manager =
-                AuthorizationManager::new_with_oauth_http_client(self.server_url.as_str(), http)
-                    .await
-                    .map_err(|e| self.rmcp(e))?;
-            // One deadline for the whole discovery: each request has its own, and a slow
-            // server could otherwise hold a call for several of them.
-            let timeout = defaults::OAUTH_DISCOVERY_TIMEOUT;
-            let resolution = tokio::time::timeout(
-                timeout,
-                Box::pin(manager.resolve_metadata_from_challenge(challenge)),
-            )
-            .await
-            .map_err(|_| {
-                self.fail(OAuthProblem::DiscoveryTimeout {
-                    ms: timeout.as_millis() as u64,
-                })
-            })?
-            .map_err(|e| {
-                let chain = crate::text::printable(&error_chain(&e));
-                let chain = crate::text::cut(&chain, defaults::OAUTH_FLOW_ERROR_MAX_BYTES);
-                self.fail(OAuthProblem::Discovery(chain.to_owned()))
-            })?;
-            let metadata = resolution.metadata;
-            self.check_in_clear(&metadata)?;
-            self.check_secret_bound(&metadata)?;
+            let (mut manager, metadata) = self.discover(http, challenge).await?;
             if self.config.dpop {
                 self.check_dpop_offered(&metadata)?;
                 *token_endpoint.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -401,10 +460,7 @@ impl UserToken {
 
     /// An https server's authorization endpoints must be https too: the code, the PKCE
     /// verifier and the tokens would otherwise travel in clear.
-    fn check_in_clear(
-        &self,
-        metadata: &rmcp::transport::auth::AuthorizationMetadata,
-    ) -> Result<(), AuthError> {
+    fn check_in_clear(&self, metadata: &AuthorizationMetadata) -> Result<(), AuthError> {
         if !self.server_url.starts_with("https://") {
             return Ok(());
         }
@@ -427,10 +483,7 @@ impl UserToken {
     }
 
     /// `dpop = true` needs an authorization server that binds tokens to ES256 keys.
-    fn check_dpop_offered(
-        &self,
-        metadata: &rmcp::transport::auth::AuthorizationMetadata,
-    ) -> Result<(), AuthError> {
+    fn check_dpop_offered(&self, metadata: &AuthorizationMetadata) -> Result<(), AuthError> {
         let offered: Vec<String> = metadata
             .additional_fields
             .get("dpop_signing_alg_values_supported")
@@ -452,20 +505,21 @@ impl UserToken {
     /// A configured client secret goes only to a token endpoint whose origin the host
     /// config lists: the server's metadata names it, and a hostile server would name its
     /// own.
-    fn check_secret_bound(
-        &self,
-        metadata: &rmcp::transport::auth::AuthorizationMetadata,
-    ) -> Result<(), AuthError> {
+    fn check_secret_bound(&self, metadata: &AuthorizationMetadata) -> Result<(), AuthError> {
+        self.secret_bound(&metadata.token_endpoint)
+    }
+
+    /// A configured client secret goes to `url` only if the host config lists its origin.
+    fn secret_bound(&self, url: &str) -> Result<(), AuthError> {
         if self.config.client_secret_env.is_none() {
             return Ok(());
         }
-        let url = &metadata.token_endpoint;
         let origin = super::origin_of(url);
         if super::origin_listed(&self.config.origins, origin.as_deref()) {
             return Ok(());
         }
         Err(self.fail(OAuthProblem::TokenEndpointNotBound {
-            url: url.clone(),
+            url: url.to_owned(),
             origin: origin.unwrap_or_else(|| "(none)".into()),
             auth_ref: self.auth_ref.clone(),
         }))
@@ -494,9 +548,10 @@ impl UserToken {
             .load(&self.key)
             .await
             .map_err(|e| self.fail(OAuthProblem::Store(e.0)))?;
-        Ok(grant
-            .and_then(|g| g.registration)
-            .filter(|r| r.issuer.as_deref() == issuer || r.client_id.starts_with("https://")))
+        Ok(kept_registration(
+            grant.and_then(|g| g.registration),
+            issuer,
+        ))
     }
 
     fn configured_secret(&self) -> Result<Option<String>, AuthError> {
@@ -587,6 +642,118 @@ impl UserToken {
         Ok((ready, token))
     }
 
+    /// Revokes the tokens of `grant` (already gone from the store) at the authorization
+    /// server (RFC 7009), when its metadata lists a `revocation_endpoint`: the refresh
+    /// token, then the access token, the client authenticated as at the token endpoint.
+    /// Within [`defaults::OAUTH_REVOCATION_TIMEOUT`]; a failure is logged (the endpoint and
+    /// the answer's status, never a token) and changes nothing here.
+    pub(crate) async fn revoke_at_server(&self, grant: Grant) {
+        let timeout = defaults::OAUTH_REVOCATION_TIMEOUT;
+        let outcome = match tokio::time::timeout(timeout, self.revoke_tokens(grant)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(format!(
+                "the authorization server did not answer within {} ms",
+                timeout.as_millis()
+            )),
+        };
+        let (server_id, principal) = (&self.key.server_id, &self.key.principal);
+        match outcome {
+            Ok(0) => {
+                tracing::debug!(%server_id, %principal, "the authorization server lists no revocation endpoint")
+            }
+            Ok(revoked) => {
+                tracing::info!(%server_id, %principal, revoked, "tokens revoked at the authorization server")
+            }
+            Err(error) => {
+                let error = crate::text::printable(&error);
+                let error = crate::text::cut(&error, defaults::OAUTH_FLOW_ERROR_MAX_BYTES);
+                tracing::warn!(%server_id, %principal, %error, "the grant is forgotten here, but its tokens could not be revoked at the authorization server")
+            }
+        }
+    }
+
+    /// How many of `grant`'s tokens the authorization server took back.
+    async fn revoke_tokens(&self, grant: Grant) -> Result<usize, String> {
+        let Some(tokens) = grant.credentials.and_then(|c| c.token_response) else {
+            return Ok(0);
+        };
+        let (_, metadata) = self
+            .discover(Arc::new(self.http.clone()), None)
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(endpoint) = metadata
+            .additional_fields
+            .get("revocation_endpoint")
+            .and_then(serde_json::Value::as_str)
+        else {
+            return Ok(0);
+        };
+        let shown = crate::text::cut(endpoint, 200);
+        if self.server_url.starts_with("https://") && !endpoint.starts_with("https://") {
+            return Err(format!(
+                "the revocation endpoint {shown} is plain http next to an https server; no token was sent there"
+            ));
+        }
+        self.secret_bound(endpoint).map_err(|e| e.to_string())?;
+        let registration = match &self.config.client_id {
+            Some(client_id) => Registration {
+                client_id: client_id.clone(),
+                client_secret: self.configured_secret().map_err(|e| e.to_string())?,
+                issuer: None,
+            },
+            None => kept_registration(grant.registration, metadata.issuer.as_deref())
+                .ok_or("the grant holds no client registration of this authorization server")?,
+        };
+        // As rmcp chooses at the token endpoint: Basic unless only post is offered.
+        let post_only = metadata
+            .additional_fields
+            .get("token_endpoint_auth_methods_supported")
+            .and_then(serde_json::Value::as_array)
+            .is_some_and(|methods| {
+                let has = |m: &str| methods.iter().any(|v| v.as_str() == Some(m));
+                has("client_secret_post") && !has("client_secret_basic")
+            });
+        let mut revoked = 0;
+        let refresh = tokens.refresh_token().map(|t| t.secret().clone());
+        let access = Some(tokens.access_token().secret().clone());
+        for (token, hint) in [(refresh, "refresh_token"), (access, "access_token")] {
+            let Some(token) = token else { continue };
+            let mut form = vec![("token", token), ("token_type_hint", hint.to_owned())];
+            let mut request = self
+                .http
+                .post(endpoint)
+                .map_err(|e| format!("the revocation endpoint {shown}: {e}"))?
+                .timeout(defaults::OAUTH_HTTP_TIMEOUT);
+            match &registration.client_secret {
+                Some(secret) if !post_only => {
+                    // RFC 6749 §2.3.1: both parts form-encoded before Basic.
+                    request = request.basic_auth(
+                        super::oauth::form_encode(&registration.client_id),
+                        Some(super::oauth::form_encode(secret)),
+                    );
+                }
+                Some(secret) => {
+                    form.push(("client_id", registration.client_id.clone()));
+                    form.push(("client_secret", secret.clone()));
+                }
+                None => form.push(("client_id", registration.client_id.clone())),
+            }
+            let answer = request
+                .form(&form)
+                .send()
+                .await
+                .map_err(|e| format!("the revocation endpoint {shown}: {e}"))?;
+            if !answer.status().is_success() {
+                return Err(format!(
+                    "the revocation endpoint {shown} answered {} to the {hint}",
+                    answer.status()
+                ));
+            }
+            revoked += 1;
+        }
+        Ok(revoked)
+    }
+
     /// Dynamic client registration (RFC 7591), kept in the grant with its issuer.
     async fn register(
         &self,
@@ -610,6 +777,18 @@ impl UserToken {
             .map_err(|e| self.fail(OAuthProblem::Store(e.0)))?;
         Ok(registration)
     }
+}
+
+/// The access token `grant` holds, if any.
+fn access_token(grant: &Grant) -> Option<String> {
+    let tokens = grant.credentials.as_ref()?.token_response.as_ref()?;
+    Some(tokens.access_token().secret().clone())
+}
+
+/// A registration kept in a grant, if it is still this host's client at the authorization
+/// server `issuer`: one made there, or a Client ID Metadata Document (valid anywhere).
+fn kept_registration(kept: Option<Registration>, issuer: Option<&str>) -> Option<Registration> {
+    kept.filter(|r| r.issuer.as_deref() == issuer || r.client_id.starts_with("https://"))
 }
 
 fn client_config(

@@ -28,22 +28,31 @@ impl McpPool {
         Ok(())
     }
 
-    /// Forgets `principal`'s grant for `entry`'s server and closes the connection made
-    /// with it; whether there was a grant.
+    /// Forgets `principal`'s grant for `entry`'s server, closes the connection made with
+    /// it, and revokes its tokens at the authorization server (RFC 7009, bounded; a failure
+    /// there is logged, the grant is gone here all the same); whether there was a grant.
     pub(crate) async fn revoke(
         &self,
         entry: &Arc<ServerEntry>,
         principal: &str,
     ) -> Result<bool, McpError> {
         let key = GrantKey::new(entry.server_id(), principal);
-        let removed = self
+        let (removed, held) = self
             .rules()
             .auth
             .grants()
-            .revoke(&key)
+            .take(&key)
             .await
             .map_err(|e| McpError::new(McpErrorCode::Unavailable, e.to_string()))?;
         self.forget_principal(entry, principal);
+        if let Some(grant) = held.filter(|g| g.has_tokens()) {
+            match self.connector.user_token(entry, principal) {
+                Ok(user) => user.revoke_at_server(grant).await,
+                Err(e) => {
+                    tracing::warn!(server_id = %key.server_id, principal, error = %e.message, "the grant is forgotten, but its tokens cannot be revoked at the authorization server")
+                }
+            }
+        }
         Ok(removed)
     }
 
