@@ -195,9 +195,9 @@ async fn floods_of_epoll_sets_and_watches_are_bounded() {
     (br $more)))
   (call $out (local.get $i))
   (call $out (local.get $last)))"#;
-    let run = run_ok(body).await;
-    assert_eq!(run.results[0], 64, "{:?}", run.results);
-    assert_eq!(run.results[1], EMFILE);
+    let sets = run_ok(body).await;
+    assert_eq!(sets.results[0], 64, "{:?}", sets.results);
+    assert_eq!(sets.results[1], EMFILE);
 
     // A task whose host memory budget is small runs out while adding watches, and the host
     // stays within it.
@@ -212,7 +212,7 @@ async fn floods_of_epoll_sets_and_watches_are_bounded() {
     (br $more)))
   (call $out (local.get $n))
   (call $out (local.get $rc)))"#;
-    let task = task().with_config("limits.host_memory_bytes", "65536");
+    let task = task().with_host_memory_limit(65536);
     let run = run(&task, body).await;
     assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
     let (n, rc) = (run.results[0], run.results[1]);

@@ -29,20 +29,23 @@ type Answer = (Vec<u8>, Charge);
 
 /// A call fd: the call running, then its answer (or why there is none).
 pub struct McpCall {
-    work: Background<Result<Answer, Errno>>,
+    /// The call while it runs; dropped once its end is in `answer`, which frees its slot.
+    work: Option<Background<Result<Answer, Errno>>>,
     answer: Option<Result<Answer, Errno>>,
 }
 
 impl McpCall {
     /// Moves the call's end into the fd once it is there; false while it runs.
     fn settle(&mut self) -> bool {
-        if self.answer.is_none() {
-            match self.work.take() {
-                Err(Errno::EAGAIN) => return false,
-                Ok(answer) => self.answer = Some(answer),
-                Err(errno) => self.answer = Some(Err(errno)),
-            }
-        }
+        let Some(work) = &mut self.work else {
+            return true;
+        };
+        self.answer = match work.take() {
+            Err(Errno::EAGAIN) => return false,
+            Ok(answer) => Some(answer),
+            Err(errno) => Some(Err(errno)),
+        };
+        self.work = None;
         true
     }
 
@@ -151,7 +154,10 @@ fn start<T: McpView>(
     };
     let sandbox = caller.data_mut().sandbox();
     let work = sandbox.work.spawn(&budget, work.instrument(span.clone()))?;
-    let call_fd = sandbox.fds.insert_as(McpCall { work, answer: None })?;
+    let call_fd = sandbox.fds.insert_as(McpCall {
+        work: Some(work),
+        answer: None,
+    })?;
     span.in_scope(|| tracing::debug!(call_fd, "started"));
     Ok(call_fd)
 }

@@ -5,18 +5,20 @@
 //! it. When the work ends it stores its answer, then signals the task's [`ReadySignal`], in
 //! that order, so a `spear_epoll_wait` woken by the signal finds the answer on its rescan.
 //!
-//! Bounded per task: [`defaults::MAX_IN_FLIGHT`] pieces run at once (one more is
-//! `-EAGAIN`), and each holds [`defaults::IN_FLIGHT_BYTES`] of the task's memory budget
-//! while it runs, besides what its own work charges.
+//! Bounded per task: [`defaults::MAX_IN_FLIGHT`] pieces at once (one more is `-EAGAIN`),
+//! each holding [`defaults::IN_FLIGHT_BYTES`] of the task's memory budget besides what its
+//! own work charges. The slot and the charge belong to the [`Background`], not to the
+//! tokio task, so closing the fd gives them back at once, not when the runtime gets round
+//! to dropping the aborted task.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use quiver_abi::Errno;
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio_util::task::AbortOnDropHandle;
 
-use super::{MemoryBudget, ReadySignal};
+use super::{Charge, MemoryBudget, ReadySignal};
 use crate::defaults;
 
 /// A task's background work: its wake-up signal and its slots.
@@ -59,7 +61,6 @@ impl BackgroundWork {
         let signal = self.signal.clone();
         let task = tokio::spawn(async move {
             let answer = work.await;
-            drop((permit, charge));
             // The answer first, then the signal: a woken wait must find it.
             let _ = tx.send(answer);
             signal.signal();
@@ -69,6 +70,7 @@ impl BackgroundWork {
                 answer: rx,
                 _task: AbortOnDropHandle::new(task),
             },
+            _slot: (permit, charge),
         })
     }
 }
@@ -84,9 +86,11 @@ enum State<T> {
     Taken,
 }
 
-/// One piece of background work, owned by its fd; dropping it aborts the work.
+/// One piece of background work, owned by its fd; dropping it aborts the work and gives
+/// its slot back.
 pub struct Background<T> {
     state: State<T>,
+    _slot: (OwnedSemaphorePermit, Charge),
 }
 
 impl<T> Background<T> {
