@@ -76,7 +76,7 @@ impl Epoll {
         let mut len = (records.len() * 4) as u32;
         // SAFETY: `records` is writable for `len` bytes; `len` is a readable u32.
         let ret = unsafe {
-            sys::spear_epoll_wait(self.0, addr(records.as_mut_ptr()), addr(&mut len), -1)
+            sys::spear_epoll_wait(self.0, addr(records.as_mut_ptr()), addr(&raw mut len), -1)
         };
         let waited = check(op, ret).map(drop);
         for &fd in fds {
