@@ -187,7 +187,11 @@ async fn calls_in_flight_keep_policy_bounds_and_cancel_on_close() {
   ;; Closing a call that runs cancels it and frees its place.
   (call $out (call $mcp_close (local.get $first)))
   (local.set $rc {echo})
-  (call $out (i32.ge_s (local.get $rc) (i32.const 0))))"#,
+  (call $out (i32.ge_s (local.get $rc) (i32.const 0)))
+  ;; Reading it with bad pointers is EFAULT, whether the answer is there or not.
+  (call $cap (i32.const 8192) (i32.const 64))
+  (call $out (call $mcp_call_recv (local.get $rc) (i32.const -1) (i32.const 8192)))
+  (call $out (call $mcp_call_recv (local.get $rc) (i32.const 16384) (i32.const -1))))"#,
         crash = start((1140, 5), (1120, 13)),
         not_json = start(SLOW, (1160, 8)),
         slow = start(SLOW, MS_60000),
@@ -213,7 +217,7 @@ async fn calls_in_flight_keep_policy_bounds_and_cancel_on_close() {
     assert_eq!(&r[1..5], &[EBADF, EFAULT, EFAULT, EINVAL], "{r:?}");
     assert_eq!(r[5], quiver_tests::errno::EIO, "{r:?}");
     assert_eq!(r[6], EBADF, "a session is not a call fd");
-    assert_eq!(&r[7..], &[64, EAGAIN, 0, 1], "{r:?}");
+    assert_eq!(&r[7..], &[64, EAGAIN, 0, 1, EFAULT, EFAULT], "{r:?}");
 }
 
 #[tokio::test]
