@@ -195,3 +195,33 @@ async fn the_headers_helpers_escape_grow_bound_and_report_errors() {
     assert_eq!(sent["long"], "v".repeat(60_000));
     host.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_c_guest_waits_for_three_mcp_calls_at_once_with_sp_ep() {
+    let guest = c_guest("tests/c/epoll_calls.c", "epoll-calls", &[]);
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["slow"], "");
+    let host = quiver_tests::host(&registry);
+    // A first run starts the server, so the second times the calls alone.
+    let task = mcp_task("epoll-calls", &["fixture"]);
+    run(&host, &guest, &task).await;
+    let out = run(&host, &guest, &task).await;
+    host.shutdown().await;
+    assert!(out.success(), "{}{}", out.stdout_text(), out.stderr_text());
+    let stdout = out.stdout_text();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 4, "{stdout}");
+    for line in &lines[..3] {
+        let answer: Value = serde_json::from_str(line).expect("a CallToolResult");
+        assert_eq!(answer["content"][0]["text"], "slept 300ms");
+    }
+    let took: u64 = lines[3]
+        .strip_prefix("took ")
+        .and_then(|t| t.strip_suffix(" ms"))
+        .and_then(|t| t.parse().ok())
+        .expect("took N ms");
+    assert!(
+        (300..600).contains(&took),
+        "three 300 ms calls took {took} ms: they did not overlap"
+    );
+}

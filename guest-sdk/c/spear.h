@@ -49,7 +49,7 @@ enum {
     SPEAR_ENOENT = 2, /* unknown name, e.g. an MCP server id the registry does not have */
     SPEAR_EIO = 5, /* malformed JSON argument, internal or upstream protocol failure */
     SPEAR_EBADF = 9, /* not an open fd, or an fd of another kind */
-    SPEAR_EAGAIN = 11, /* try again */
+    SPEAR_EAGAIN = 11, /* try again: a nonblocking call's answer is not there yet */
     SPEAR_ENOMEM = 12, /* the task's host memory budget is spent, or an input is over 16 MiB */
     SPEAR_EACCES = 13, /* denied by policy (registry, profile, task or session layer) */
     SPEAR_EFAULT = 14, /* pointer or length outside guest memory */
@@ -57,7 +57,7 @@ enum {
     SPEAR_EMFILE = 24, /* the task's fd table is full */
     SPEAR_ENOSPC = 28, /* output buffer too small */
     SPEAR_EPIPE = 32, /* the peer went away */
-    SPEAR_ENOSYS = 38, /* no such hostcall: not running under a Quiver host (the SDKs' native stand-ins) */
+    SPEAR_ENOSYS = 38, /* no such hostcall: not running under a Quiver host (the SDKs' native stand-ins), or hardware the host lacks (`mic_*`, `rtasr_*`) */
     SPEAR_ENOTCONN = 107, /* the backing service is not connected or cannot be started */
     SPEAR_ETIMEDOUT = 110, /* a timeout passed */
 };
@@ -85,6 +85,30 @@ enum {
     SP_LOG_ERROR = 4,
 };
 
+/* spear_epoll_ctl operations. */
+enum {
+    SPEAR_EPOLL_CTL_ADD = 1, /* watch an fd for the given events */
+    SPEAR_EPOLL_CTL_MOD = 2, /* change the events of a watched fd */
+    SPEAR_EPOLL_CTL_DEL = 3, /* stop watching an fd */
+};
+
+/* epoll readiness bits. */
+enum {
+    SPEAR_EPOLLIN = 1, /* readable */
+    SPEAR_EPOLLOUT = 4, /* writable */
+    SPEAR_EPOLLERR = 8, /* failed; always reported */
+    SPEAR_EPOLLHUP = 16, /* closed; always reported */
+};
+
+/* spear_fd_ctl commands. */
+enum {
+    SPEAR_FD_CTL_SET_FLAGS = 1, /* set or clear O_NONBLOCK */
+    SPEAR_FD_CTL_GET_FLAGS = 2, /* read the fd's flags */
+    SPEAR_FD_CTL_GET_KIND = 3, /* read the fd's kind */
+    SPEAR_FD_CTL_GET_STATUS = 4, /* read kind, flags and readiness */
+    SPEAR_FD_CTL_GET_METRICS = 5, /* read the fd's metrics */
+};
+
 /* The hostcalls. Pointers are offsets into this module's memory. */
 SPEAR_IMPORT("log") int32_t sp_log(int32_t level, int32_t ptr, int32_t len);
 SPEAR_IMPORT("time_now_ms") int64_t sp_time_now_ms(void);
@@ -100,6 +124,8 @@ SPEAR_IMPORT("mcp_read_resource") int32_t sp_mcp_read_resource(int32_t fd, int32
 SPEAR_IMPORT("mcp_list_prompts") int32_t sp_mcp_list_prompts(int32_t fd, int32_t out_ptr, int32_t out_len_ptr);
 SPEAR_IMPORT("mcp_get_prompt") int32_t sp_mcp_get_prompt(int32_t fd, int32_t name_ptr, int32_t name_len, int32_t args_ptr, int32_t args_len, int32_t out_ptr, int32_t out_len_ptr);
 SPEAR_IMPORT("mcp_set_param") int32_t sp_mcp_set_param(int32_t fd, int32_t param_ptr, int32_t param_len);
+SPEAR_IMPORT("mcp_call_start") int32_t sp_mcp_call_start(int32_t fd, int32_t name_ptr, int32_t name_len, int32_t args_ptr, int32_t args_len);
+SPEAR_IMPORT("mcp_call_recv") int32_t sp_mcp_call_recv(int32_t call_fd, int32_t out_ptr, int32_t out_len_ptr);
 SPEAR_IMPORT("cchat_create") int32_t sp_cchat_create(void);
 SPEAR_IMPORT("cchat_write_msg") int32_t sp_cchat_write_msg(int32_t fd, int32_t role_ptr, int32_t role_len, int32_t content_ptr, int32_t content_len);
 SPEAR_IMPORT("cchat_write_fn") int32_t sp_cchat_write_fn(int32_t fd, int32_t fn_offset, int32_t fn_json_ptr, int32_t fn_json_len);
@@ -107,6 +133,23 @@ SPEAR_IMPORT("cchat_ctl") int32_t sp_cchat_ctl(int32_t fd, int32_t cmd, int32_t 
 SPEAR_IMPORT("cchat_send") int32_t sp_cchat_send(int32_t fd, int32_t flags);
 SPEAR_IMPORT("cchat_recv") int32_t sp_cchat_recv(int32_t response_fd, int32_t out_ptr, int32_t out_len_ptr);
 SPEAR_IMPORT("cchat_close") int32_t sp_cchat_close(int32_t fd);
+SPEAR_IMPORT("wall_time_s") int64_t sp_wall_time_s(void);
+SPEAR_IMPORT("sleep_ms") void sp_sleep_ms(int32_t ms);
+SPEAR_IMPORT("random_i64") int64_t sp_random_i64(void);
+SPEAR_IMPORT("spear_epoll_create") int32_t sp_epoll_create(void);
+SPEAR_IMPORT("spear_epoll_ctl") int32_t sp_epoll_ctl(int32_t epfd, int32_t op, int32_t fd, int32_t events);
+SPEAR_IMPORT("spear_epoll_wait") int32_t sp_epoll_wait(int32_t epfd, int32_t out_ptr, int32_t out_len_ptr, int32_t timeout_ms);
+SPEAR_IMPORT("spear_epoll_close") int32_t sp_epoll_close(int32_t epfd);
+SPEAR_IMPORT("spear_fd_ctl") int32_t sp_fd_ctl(int32_t fd, int32_t cmd, int32_t arg_ptr, int32_t arg_len_ptr);
+SPEAR_IMPORT("mic_create") int32_t sp_mic_create(void);
+SPEAR_IMPORT("mic_ctl") int32_t sp_mic_ctl(int32_t fd, int32_t cmd, int32_t arg_ptr, int32_t arg_len_ptr);
+SPEAR_IMPORT("mic_read") int32_t sp_mic_read(int32_t fd, int32_t out_ptr, int32_t out_len_ptr);
+SPEAR_IMPORT("mic_close") int32_t sp_mic_close(int32_t fd);
+SPEAR_IMPORT("rtasr_create") int32_t sp_rtasr_create(void);
+SPEAR_IMPORT("rtasr_ctl") int32_t sp_rtasr_ctl(int32_t fd, int32_t cmd, int32_t arg_ptr, int32_t arg_len_ptr);
+SPEAR_IMPORT("rtasr_write") int32_t sp_rtasr_write(int32_t fd, int32_t buf_ptr, int32_t buf_len);
+SPEAR_IMPORT("rtasr_read") int32_t sp_rtasr_read(int32_t fd, int32_t out_ptr, int32_t out_len_ptr);
+SPEAR_IMPORT("rtasr_close") int32_t sp_rtasr_close(int32_t fd);
 /* END GENERATED by quiver-abi */
 
 /* SPEAR's names for the errors of the cchat helpers. */
@@ -316,6 +359,8 @@ enum {
     SP__READ_MCP_CALL_TOOL,
     SP__READ_MCP_REGISTRY_LIST,
     SP__READ_MCP_REGISTRY_GET,
+    SP__READ_MCP_CALL_RECV,
+    SP__READ_FD_CTL,
 };
 
 static inline int32_t sp__read_once(const struct sp__read *r, int32_t out, int32_t out_len) {
@@ -335,6 +380,10 @@ static inline int32_t sp__read_once(const struct sp__read *r, int32_t out, int32
         return sp_mcp_registry_list(out, out_len);
     case SP__READ_MCP_REGISTRY_GET:
         return sp_mcp_registry_get(sp__ptr(r->a), (int32_t)r->a_len, out, out_len);
+    case SP__READ_MCP_CALL_RECV:
+        return sp_mcp_call_recv(r->fd, out, out_len);
+    case SP__READ_FD_CTL:
+        return sp_fd_ctl(r->fd, (int32_t)r->a_len, out, out_len);
     default:
         return -SPEAR_EINVAL;
     }
@@ -576,6 +625,81 @@ __attribute__((format(printf, 2, 3))) static inline int sp_fprintf(FILE *stream,
 /* puts that logs the line at info level; EOF on failure. */
 static inline int sp_puts_log(const char *s) {
     return sp_log_str(SP_LOG_INFO, s) < 0 ? EOF : 0;
+}
+
+/* ---- MCP calls in flight (Quiver extension) ----------------------------------------- */
+
+/* Starts a call of `name` with the JSON object args_json (NULL or "" means {}) and returns
+ * its call fd at once, or -errno. Read the answer with sp_mcp_call_recv_alloc once the fd
+ * is readable (SPEAR_EPOLLIN); close it with sp_mcp_close. */
+static inline int32_t sp_mcp_call_start_str(int32_t fd, const char *name, const char *args_json) {
+    if (!name) {
+        return -SPEAR_EFAULT;
+    }
+    const char *args = args_json ? args_json : "";
+    return sp_mcp_call_start(fd, sp__ptr(name), (int32_t)strlen(name), sp__ptr(args),
+                             (int32_t)strlen(args));
+}
+
+/* The answer of a call fd (as sp_mcp_call_tool_alloc's); NULL with -SPEAR_EAGAIN in *rc
+ * while the call runs. */
+static inline uint8_t *sp_mcp_call_recv_alloc(int32_t call_fd, uint32_t *out_len, int32_t *rc) {
+    struct sp__read r = {SP__READ_MCP_CALL_RECV, call_fd, NULL, 0, NULL, 0};
+    return sp__read_alloc(&r, out_len, rc);
+}
+
+/* ---- fds and epoll (SPEAR's helpers) ----------------------------------------------- */
+
+#define SPEAR_EP_CTL_ADD SPEAR_EPOLL_CTL_ADD
+#define SPEAR_EP_CTL_MOD SPEAR_EPOLL_CTL_MOD
+#define SPEAR_EP_CTL_DEL SPEAR_EPOLL_CTL_DEL
+
+static inline int32_t sp_ep_create(void) {
+    return sp_epoll_create();
+}
+
+static inline int32_t sp_ep_ctl(int32_t epfd, int32_t op, int32_t fd, int32_t events) {
+    return sp_epoll_ctl(epfd, op, fd, events);
+}
+
+static inline int32_t sp_ep_wait(int32_t epfd, int32_t out_ptr, int32_t out_len_ptr,
+                                 int32_t timeout_ms) {
+    return sp_epoll_wait(epfd, out_ptr, out_len_ptr, timeout_ms);
+}
+
+static inline int32_t sp_ep_close(int32_t epfd) {
+    return sp_epoll_close(epfd);
+}
+
+/* One record of spear_epoll_wait (packed little-endian, as wasm32 lays this out). */
+typedef struct {
+    int32_t fd;
+    int32_t events;
+} sp_ep_event_t;
+
+/* Waits for at most `max` ready fds into `events` (timeout_ms: 0 polls, < 0 waits until
+ * one is ready); returns how many, or -errno. */
+static inline int32_t sp_ep_wait_events(int32_t epfd, sp_ep_event_t *events, uint32_t max,
+                                        int32_t timeout_ms) {
+    if (!events || max == 0 || max > UINT32_MAX / sizeof(sp_ep_event_t)) {
+        return -SPEAR_EINVAL;
+    }
+    uint32_t len = max * (uint32_t)sizeof(sp_ep_event_t);
+    return sp_epoll_wait(epfd, sp__ptr(events), sp__ptr(&len), timeout_ms);
+}
+
+/* Sets (on != 0) or clears O_NONBLOCK on fd. */
+static inline int32_t sp_fd_set_nonblock(int32_t fd, int on) {
+    const char *json = on ? "{\"set\":[\"O_NONBLOCK\"]}" : "{\"clear\":[\"O_NONBLOCK\"]}";
+    uint32_t len = (uint32_t)strlen(json);
+    return sp_fd_ctl(fd, SPEAR_FD_CTL_SET_FLAGS, sp__ptr(json), sp__ptr(&len));
+}
+
+/* The JSON answer of a GET command of spear_fd_ctl (SPEAR_FD_CTL_GET_FLAGS, _KIND, _STATUS,
+ * _METRICS). */
+static inline uint8_t *sp_fd_get_alloc(int32_t fd, int32_t cmd, uint32_t *out_len, int32_t *rc) {
+    struct sp__read r = {SP__READ_FD_CTL, fd, NULL, (size_t)cmd, NULL, 0};
+    return sp__read_alloc(&r, out_len, rc);
 }
 
 #ifdef __cplusplus

@@ -8,12 +8,16 @@
 
 use std::cell::OnceCell;
 use std::fmt;
+use std::future::Future;
 use std::ops::{BitOr, BitOrAssign};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::buffer::{INITIAL_CAPACITY, addr, arg, call_json, call_with_buffer, check};
+use crate::rt::InFlight;
 use crate::{Errno, Error, Result, Tool, sys, tool};
 
 mod arena;
@@ -393,6 +397,36 @@ impl Chat {
         Ok(Response::from_fd(fd))
     }
 
+    /// Sends the session without waiting (`cchat_send` with the session's `O_NONBLOCK` set
+    /// for the call) and returns a future of its [`Response`] at once (see
+    /// [`rt`](crate::rt)); the host runs the send, with its MCP tool calls, meanwhile. The
+    /// messages it adds join the session once the response is read. Dropping the future
+    /// before it is done cancels the send.
+    ///
+    /// # Errors
+    ///
+    /// As [`send`](Chat::send); [`Errno::EINVAL`] if the session has guest tools (they
+    /// run only in a blocking send), [`Errno::EAGAIN`] with 64 calls and sends in flight.
+    pub fn send_async(&mut self, flags: SendFlags) -> Result<PendingResponse> {
+        let op = format!("cchat_send({}, {flags:?})", self.fd);
+        set_nonblocking(self.fd, true)?;
+        // SAFETY: no pointer arguments.
+        let ret = unsafe { sys::cchat_send(self.fd, flags.bits()) };
+        let cleared = set_nonblocking(self.fd, false);
+        let fd = check(|| op.clone(), ret)?;
+        let pending = PendingResponse {
+            inner: InFlight {
+                fd,
+                op: format!("cchat_recv({fd})"),
+                // SAFETY (at the call): the executor passes a writable buffer and length.
+                read: |fd, out, out_len| unsafe { sys::cchat_recv(fd, out, out_len) },
+            },
+            done: false,
+        };
+        cleared?;
+        Ok(pending)
+    }
+
     /// Sends the session with [`SendFlags::AUTO_TOOL_CALL`] and [`SendFlags::METRICS`]: the
     /// host runs the model's tool calls until it answers. The answer is appended to the
     /// session, so the conversation can go on with [`user`](Chat::user).
@@ -617,6 +651,64 @@ impl fmt::Debug for Response {
             .field("fd", &self.fd)
             .field("body", &self.body.get().map(|(json, _)| json))
             .finish()
+    }
+}
+
+/// Sets or clears `O_NONBLOCK` on `fd` (`spear_fd_ctl`).
+fn set_nonblocking(fd: i32, on: bool) -> Result<()> {
+    let json: &[u8] = if on {
+        br#"{"set":["O_NONBLOCK"]}"#
+    } else {
+        br#"{"clear":["O_NONBLOCK"]}"#
+    };
+    let op = || format!("spear_fd_ctl({fd}, SET_FLAGS)");
+    let len = json.len() as u32;
+    // SAFETY: `json` and `len` are readable for the call.
+    let ret = unsafe {
+        sys::spear_fd_ctl(
+            fd,
+            quiver_abi::fd_ctl::SET_FLAGS,
+            addr(json.as_ptr()),
+            addr(&len),
+        )
+    };
+    check(op, ret).map(drop)
+}
+
+/// A send in flight ([`Chat::send_async`]): a future of its [`Response`]. Dropping it
+/// before it is done closes the response fd, which cancels the send.
+pub struct PendingResponse {
+    inner: InFlight<fn(i32, i32, i32) -> i32>,
+    done: bool,
+}
+
+impl PendingResponse {
+    /// The response fd (readable once the answer is there).
+    pub fn fd(&self) -> i32 {
+        self.inner.fd
+    }
+}
+
+impl Future for PendingResponse {
+    type Output = Result<Response>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        Pin::new(&mut this.inner).poll(cx).map(|read| {
+            read?;
+            // The fd is the response's now.
+            this.done = true;
+            Ok(Response::from_fd(this.inner.fd))
+        })
+    }
+}
+
+impl Drop for PendingResponse {
+    fn drop(&mut self) {
+        if !self.done {
+            // SAFETY: no pointer arguments. Errors cannot be reported from `drop`.
+            unsafe { sys::cchat_close(self.inner.fd) };
+        }
     }
 }
 

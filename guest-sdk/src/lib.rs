@@ -148,12 +148,13 @@ mod lenient;
 pub mod log;
 pub mod mcp;
 pub mod registry;
+pub mod rt;
 pub mod sys;
 mod tool;
 
-pub use chat::{Chat, DEFAULT_TOOL_ARENA_BYTES, Response, SendFlags};
+pub use chat::{Chat, DEFAULT_TOOL_ARENA_BYTES, PendingResponse, Response, SendFlags};
 pub use error::{Errno, Error, Result};
-pub use mcp::{Mcp, ToolResult};
+pub use mcp::{Mcp, PendingCall, ToolResult};
 #[cfg(feature = "schema")]
 pub use tool::parameters_schema;
 pub use tool::{Tool, ToolFn};

@@ -4,10 +4,15 @@
 //! [`Mcp`] and [`ToolResult`] are re-exported at the crate root; this module also holds the
 //! typed views of what the host answers ([`ToolList`], [`Content`], [`HostError`], ..).
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::buffer::{INITIAL_CAPACITY, addr, arg, call_json, call_with_buffer, check};
+use crate::rt::InFlight;
 use crate::{Errno, Error, Result, lenient, sys};
 
 mod types;
@@ -255,12 +260,74 @@ impl Mcp {
         })
     }
 
+    /// Starts calling the tool `name` with `args` (`mcp_call_start`) and returns at once;
+    /// the returned future (see [`rt`](crate::rt)) gives what [`call_tool`](Mcp::call_tool)
+    /// would. Dropping it before it is done cancels the call.
+    ///
+    /// # Errors
+    ///
+    /// As [`call_tool`](Mcp::call_tool), and [`Errno::EAGAIN`] when the task has 64 calls
+    /// and sends in flight.
+    pub fn call_tool_async(&self, name: &str, args: impl serde::Serialize) -> Result<PendingCall> {
+        let op = format!("mcp_call_start({:?}, {name:?})", self.server_id);
+        let args = serde_json::to_value(args).unwrap_or(Value::Null);
+        if !args.is_object() {
+            return Err(Error::from_errno(op, Errno::EINVAL));
+        }
+        let args = args.to_string();
+        let (name_ptr, name_len) = arg(&op, name.as_bytes())?;
+        let (args_ptr, args_len) = arg(&op, args.as_bytes())?;
+        // SAFETY: `name` and `args` are readable for their lengths.
+        let ret = unsafe { sys::mcp_call_start(self.fd, name_ptr, name_len, args_ptr, args_len) };
+        let fd = check(|| op.clone(), ret)?;
+        Ok(PendingCall {
+            inner: InFlight {
+                fd,
+                op: format!("mcp_call_recv({:?}, {name:?})", self.server_id),
+                // SAFETY (at the call): the executor passes a writable buffer and length.
+                read: |fd, out, out_len| unsafe { sys::mcp_call_recv(fd, out, out_len) },
+            },
+        })
+    }
+
     /// Closes the session, reporting the host's error if there is one.
     pub fn close(mut self) -> Result<()> {
         let fd = std::mem::replace(&mut self.fd, -1);
         // SAFETY: no pointer arguments.
         let ret = unsafe { sys::mcp_close(fd) };
         check(|| format!("mcp_close({:?})", self.server_id), ret).map(drop)
+    }
+}
+
+/// A tool call in flight ([`Mcp::call_tool_async`]): a future of its [`ToolResult`].
+/// Dropping it closes its call fd, which cancels the call if it still runs.
+pub struct PendingCall {
+    inner: InFlight<fn(i32, i32, i32) -> i32>,
+}
+
+impl PendingCall {
+    /// The call fd (readable once the answer is there).
+    pub fn fd(&self) -> i32 {
+        self.inner.fd
+    }
+}
+
+impl Future for PendingCall {
+    type Output = Result<ToolResult>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        Pin::new(&mut this.inner).poll(cx).map(|read| {
+            let bytes = read?;
+            ToolResult::from_slice(&bytes).map_err(|e| Error::from_json(this.inner.op.clone(), e))
+        })
+    }
+}
+
+impl Drop for PendingCall {
+    fn drop(&mut self) {
+        // SAFETY: no pointer arguments. Errors cannot be reported from `drop`.
+        unsafe { sys::mcp_close(self.inner.fd) };
     }
 }
 

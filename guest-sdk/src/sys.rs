@@ -27,11 +27,12 @@ pub use quiver_abi::send_flags::{AUTO_TOOL_CALL as SEND_AUTO_TOOL_CALL, METRICS 
 
 #[cfg(target_arch = "wasm32")]
 macro_rules! declare_imports {
-    ($( fn $name:ident($($param:ident),*) -> $ret:ident; )*) => {
+    ($( fn $name:ident($($param:ident),*) -> $ret:tt; )*) => {
         #[link(wasm_import_module = "spear")]
         unsafe extern "C" {
             $(
                 #[doc = concat!("The `", stringify!($name), "` hostcall (see `docs/abi.md`).")]
+                #[allow(clippy::unused_unit)]
                 pub fn $name($($param: i32),*) -> $ret;
             )*
         }
@@ -40,10 +41,10 @@ macro_rules! declare_imports {
 
 #[cfg(not(target_arch = "wasm32"))]
 macro_rules! declare_imports {
-    ($( fn $name:ident($($param:ident),*) -> $ret:ident; )*) => {
+    ($( fn $name:ident($($param:ident),*) -> $ret:tt; )*) => {
         $(
-            #[doc = concat!("Native stand-in for the `", stringify!($name), "` hostcall: there is no host, so it fails with `-ENOSYS` (`time_now_ms` returns 0).")]
-            #[allow(clippy::missing_safety_doc, clippy::too_many_arguments, unused_variables)]
+            #[doc = concat!("Native stand-in for the `", stringify!($name), "` hostcall: there is no host, so it fails with `-ENOSYS` (the clocks and `random_i64` return 0, `sleep_ms` returns at once).")]
+            #[allow(clippy::missing_safety_doc, clippy::too_many_arguments, clippy::unused_unit, unused_variables)]
             pub unsafe fn $name($($param: i32),*) -> $ret {
                 fallback_result()
             }
@@ -70,6 +71,11 @@ impl Fallback for i32 {
 #[cfg(not(target_arch = "wasm32"))]
 impl Fallback for i64 {
     const FALLBACK: i64 = 0;
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl Fallback for () {
+    const FALLBACK: () = ();
 }
 
 quiver_abi::spear_imports!(declare_imports);

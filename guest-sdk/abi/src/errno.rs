@@ -41,7 +41,7 @@ errnos! {
     ENOENT = 2, "unknown name, e.g. an MCP server id the registry does not have";
     EIO = 5, "malformed JSON argument, internal or upstream protocol failure";
     EBADF = 9, "not an open fd, or an fd of another kind";
-    EAGAIN = 11, "try again";
+    EAGAIN = 11, "try again: a nonblocking call's answer is not there yet";
     ENOMEM = 12, "the task's host memory budget is spent, or an input is over 16 MiB";
     EACCES = 13, "denied by policy (registry, profile, task or session layer)";
     EFAULT = 14, "pointer or length outside guest memory";
@@ -49,7 +49,7 @@ errnos! {
     EMFILE = 24, "the task's fd table is full";
     ENOSPC = 28, "output buffer too small";
     EPIPE = 32, "the peer went away";
-    ENOSYS = 38, "no such hostcall: not running under a Quiver host (the SDKs' native stand-ins)";
+    ENOSYS = 38, "no such hostcall: not running under a Quiver host (the SDKs' native stand-ins), or hardware the host lacks (`mic_*`, `rtasr_*`)";
     ENOTCONN = 107, "the backing service is not connected or cannot be started";
     ETIMEDOUT = 110, "a timeout passed";
 }

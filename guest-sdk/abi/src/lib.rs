@@ -1,5 +1,5 @@
 //! The `spear` hostcall ABI as data: errno values, `cchat_ctl` commands, `cchat_send`
-//! flags and every import's signature.
+//! flags, the epoll and `spear_fd_ctl` numbers and every import's signature.
 //!
 //! This crate is the one place these numbers are written. The host and the Rust guest SDK
 //! use its constants and [`spear_imports!`]; the C header's constants and import
@@ -129,6 +129,120 @@ pub mod log_level {
     ];
 }
 
+/// `spear_epoll_ctl` operations (SPEAR's numbers).
+pub mod epoll_op {
+    use super::Named;
+
+    pub const ADD: i32 = 1;
+    pub const MOD: i32 = 2;
+    pub const DEL: i32 = 3;
+
+    /// Every operation, in value order.
+    pub const ALL: &[Named] = &[
+        Named {
+            name: "ADD",
+            value: ADD,
+            meaning: "watch an fd for the given events",
+        },
+        Named {
+            name: "MOD",
+            value: MOD,
+            meaning: "change the events of a watched fd",
+        },
+        Named {
+            name: "DEL",
+            value: DEL,
+            meaning: "stop watching an fd",
+        },
+    ];
+}
+
+/// Readiness bits of `spear_epoll_ctl` and the records of `spear_epoll_wait` (SPEAR's, which
+/// are Linux's).
+pub mod epoll_events {
+    use super::Named;
+
+    /// The fd has something to read (a response, a call's answer).
+    pub const IN: i32 = 0x001;
+    /// The fd accepts a request.
+    pub const OUT: i32 = 0x004;
+    /// The work behind the fd failed; reading it says how.
+    pub const ERR: i32 = 0x008;
+    /// The fd was closed.
+    pub const HUP: i32 = 0x010;
+    /// Every bit the host knows; others are ignored, as in SPEAR.
+    pub const KNOWN: i32 = IN | OUT | ERR | HUP;
+
+    /// Every bit, in value order.
+    pub const ALL: &[Named] = &[
+        Named {
+            name: "IN",
+            value: IN,
+            meaning: "readable",
+        },
+        Named {
+            name: "OUT",
+            value: OUT,
+            meaning: "writable",
+        },
+        Named {
+            name: "ERR",
+            value: ERR,
+            meaning: "failed; always reported",
+        },
+        Named {
+            name: "HUP",
+            value: HUP,
+            meaning: "closed; always reported",
+        },
+    ];
+}
+
+/// `spear_fd_ctl` commands (SPEAR's numbers).
+pub mod fd_ctl {
+    use super::Named;
+
+    /// `{"set": ["O_NONBLOCK"], "clear": []}`, its length in `*arg_len_ptr`.
+    pub const SET_FLAGS: i32 = 1;
+    /// `{"flags": [...]}`, with the output buffer protocol.
+    pub const GET_FLAGS: i32 = 2;
+    /// `{"kind": "ChatSession"}`, with the output buffer protocol.
+    pub const GET_KIND: i32 = 3;
+    /// `{"kind", "flags", "poll_mask", "closed"}`, with the output buffer protocol.
+    pub const GET_STATUS: i32 = 4;
+    /// The fd's metrics JSON (`{}` for most kinds), with the output buffer protocol.
+    pub const GET_METRICS: i32 = 5;
+
+    /// Every command, in value order.
+    pub const ALL: &[Named] = &[
+        Named {
+            name: "SET_FLAGS",
+            value: SET_FLAGS,
+            meaning: "set or clear O_NONBLOCK",
+        },
+        Named {
+            name: "GET_FLAGS",
+            value: GET_FLAGS,
+            meaning: "read the fd's flags",
+        },
+        Named {
+            name: "GET_KIND",
+            value: GET_KIND,
+            meaning: "read the fd's kind",
+        },
+        Named {
+            name: "GET_STATUS",
+            value: GET_STATUS,
+            meaning: "read kind, flags and readiness",
+        },
+        Named {
+            name: "GET_METRICS",
+            value: GET_METRICS,
+            meaning: "read the fd's metrics",
+        },
+    ];
+}
+
 /// A core wasm value type of a hostcall signature.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ValType {
@@ -142,13 +256,14 @@ pub struct Import {
     pub name: &'static str,
     /// Parameter names, as the docs write them; every parameter is an `i32`.
     pub params: &'static [&'static str],
-    pub result: ValType,
+    /// `None` for a call that returns nothing (`sleep_ms`).
+    pub result: Option<ValType>,
 }
 
 /// Expands `$callback! { $( fn name(param, ...) -> ty; )* }` with every `spear` import,
 /// so that declarations of the imports (the Rust SDK's `extern` block, its native
 /// fallbacks, the [`IMPORTS`] table) are all generated from this one list. Every
-/// parameter is an `i32`; `ty` is `i32` or `i64`.
+/// parameter is an `i32`; `ty` is `i32`, `i64` or `()`.
 #[macro_export]
 macro_rules! spear_imports {
     ($callback:ident) => {
@@ -167,6 +282,8 @@ macro_rules! spear_imports {
             fn mcp_list_prompts(fd, out_ptr, out_len_ptr) -> i32;
             fn mcp_get_prompt(fd, name_ptr, name_len, args_ptr, args_len, out_ptr, out_len_ptr) -> i32;
             fn mcp_set_param(fd, param_ptr, param_len) -> i32;
+            fn mcp_call_start(fd, name_ptr, name_len, args_ptr, args_len) -> i32;
+            fn mcp_call_recv(call_fd, out_ptr, out_len_ptr) -> i32;
             fn cchat_create() -> i32;
             fn cchat_write_msg(fd, role_ptr, role_len, content_ptr, content_len) -> i32;
             fn cchat_write_fn(fd, fn_offset, fn_json_ptr, fn_json_len) -> i32;
@@ -174,12 +291,29 @@ macro_rules! spear_imports {
             fn cchat_send(fd, flags) -> i32;
             fn cchat_recv(response_fd, out_ptr, out_len_ptr) -> i32;
             fn cchat_close(fd) -> i32;
+            fn wall_time_s() -> i64;
+            fn sleep_ms(ms) -> ();
+            fn random_i64() -> i64;
+            fn spear_epoll_create() -> i32;
+            fn spear_epoll_ctl(epfd, op, fd, events) -> i32;
+            fn spear_epoll_wait(epfd, out_ptr, out_len_ptr, timeout_ms) -> i32;
+            fn spear_epoll_close(epfd) -> i32;
+            fn spear_fd_ctl(fd, cmd, arg_ptr, arg_len_ptr) -> i32;
+            fn mic_create() -> i32;
+            fn mic_ctl(fd, cmd, arg_ptr, arg_len_ptr) -> i32;
+            fn mic_read(fd, out_ptr, out_len_ptr) -> i32;
+            fn mic_close(fd) -> i32;
+            fn rtasr_create() -> i32;
+            fn rtasr_ctl(fd, cmd, arg_ptr, arg_len_ptr) -> i32;
+            fn rtasr_write(fd, buf_ptr, buf_len) -> i32;
+            fn rtasr_read(fd, out_ptr, out_len_ptr) -> i32;
+            fn rtasr_close(fd) -> i32;
         }
     };
 }
 
 macro_rules! import_table {
-    ($( fn $name:ident($($param:ident),*) -> $ret:ident; )*) => {
+    ($( fn $name:ident($($param:ident),*) -> $ret:tt; )*) => {
         /// Every `spear` import, in declaration order.
         pub const IMPORTS: &[Import] = &[$(
             Import {
@@ -189,8 +323,9 @@ macro_rules! import_table {
             },
         )*];
     };
-    (@ty i32) => { ValType::I32 };
-    (@ty i64) => { ValType::I64 };
+    (@ty i32) => { Some(ValType::I32) };
+    (@ty i64) => { Some(ValType::I64) };
+    (@ty ()) => { None };
 }
 
 spear_imports!(import_table);

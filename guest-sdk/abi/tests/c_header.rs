@@ -63,7 +63,10 @@ fn the_generated_block_declares_every_import_and_number() {
     for import in quiver_abi::IMPORTS {
         assert!(
             block.contains(&format!("SPEAR_IMPORT(\"{0}\") ", import.name))
-                && block.contains(&format!(" sp_{}(", import.name)),
+                && block.contains(&format!(
+                    " sp_{}(",
+                    import.name.strip_prefix("spear_").unwrap_or(import.name)
+                )),
             "{} is not declared:\n{block}",
             import.name
         );
@@ -76,6 +79,14 @@ fn the_generated_block_declares_every_import_and_number() {
     assert!(block.contains("SPEAR_CCHAT_SEND_FLAG_AUTO_TOOL_CALL = 2,"));
     assert!(block.contains("SPEAR_CCHAT_CTL_SET_PARAM = 1,"));
     assert!(block.contains("SP_LOG_ERROR = 4,"));
+    assert!(block.contains("SPEAR_EPOLLIN = 1,"));
+    assert!(block.contains("SPEAR_EPOLLHUP = 16,"));
+    assert!(block.contains("SPEAR_EPOLL_CTL_DEL = 3,"));
+    assert!(block.contains("SPEAR_FD_CTL_GET_METRICS = 5,"));
+    assert!(block.contains("SPEAR_IMPORT(\"sleep_ms\") void sp_sleep_ms(int32_t ms);"));
+    assert!(block.contains(
+        "SPEAR_IMPORT(\"spear_epoll_wait\") int32_t sp_epoll_wait(int32_t epfd, int32_t out_ptr, int32_t out_len_ptr, int32_t timeout_ms);"
+    ));
     assert!(block.contains("SPEAR_IMPORT(\"time_now_ms\") int64_t sp_time_now_ms(void);"));
     assert!(block.contains(
         "SPEAR_IMPORT(\"log\") int32_t sp_log(int32_t level, int32_t ptr, int32_t len);"

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use quiver_abi::{Errno, IMPORTS, ValType, ctl, send_flags};
+use quiver_abi::{Errno, IMPORTS, ValType, ctl, epoll_events, epoll_op, fd_ctl, send_flags};
 
 fn workspace_file(path: &str) -> String {
     let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -81,7 +81,7 @@ fn every_import_is_documented_with_its_parameters() {
         .iter()
         .map(|i| {
             let params = i.params.iter().map(|p| p.to_string()).collect();
-            (i.name.to_owned(), params, i.result == ValType::I64)
+            (i.name.to_owned(), params, i.result == Some(ValType::I64))
         })
         .collect();
     assert_eq!(documented, defined);
@@ -101,6 +101,9 @@ fn ctl_commands_and_send_flags_are_documented() {
     };
     assert_eq!(pairs("| cmd | name |"), defined(ctl::ALL));
     assert_eq!(pairs("| flag | name |"), defined(send_flags::ALL));
+    assert_eq!(pairs("| op | name |"), defined(epoll_op::ALL));
+    assert_eq!(pairs("| bit | name |"), defined(epoll_events::ALL));
+    assert_eq!(pairs("| fd_ctl cmd | name |"), defined(fd_ctl::ALL));
 }
 
 #[test]

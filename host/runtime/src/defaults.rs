@@ -104,6 +104,21 @@ pub const MIN_SECRET_BYTES: usize = 4;
 /// Open fds one task may hold; one more is `-EMFILE`.
 pub const MAX_FDS_PER_TASK: usize = 1024;
 
+/// Epoll sets one task may hold open; one more `spear_epoll_create` is `-EMFILE`.
+pub const MAX_EPOLL_SETS: usize = 64;
+
+/// Fds one epoll set may watch; one more `spear_epoll_ctl` ADD is `-ENOSPC` (as Linux's
+/// `max_user_watches`). As many as a task may open by default.
+pub const MAX_EPOLL_WATCHES: usize = MAX_FDS_PER_TASK;
+
+/// Background work (nonblocking chat sends, MCP calls in flight) one task may have running
+/// at once; one more is `-EAGAIN`.
+pub const MAX_IN_FLIGHT: usize = 64;
+
+/// Charged to a task's memory budget per piece of background work while it runs: its
+/// future and task (an MCP call's future is about 22 KB), besides what the work charges.
+pub const IN_FLIGHT_BYTES: u64 = 32 * 1024;
+
 /// Entries of a task's WASI table (open files, directories, streams) beyond its `max_fds`
 /// and its preopens: room for the standard streams and the few a call holds for a moment.
 /// One more open is an error to the guest, not a host descriptor.

@@ -16,6 +16,7 @@ use wasmtime::{Caller, Linker};
 
 use super::guest_tools::{CallerTools, tool_func};
 use super::params::shown;
+use super::pending::{self, Owned, PendingSend};
 use super::session::{ChatResponse, ChatSession, ChatView, SetParamError, text_message_cost};
 use super::{GuestTool, ParamError, ROLES, SendContext, run};
 use crate::sandbox::{HostcallError, before_deadline, finish, guest, heap};
@@ -208,6 +209,7 @@ fn ctl<T: ChatView>(
         }
         GET_METRICS => {
             let out = mem.out_buf(arg_ptr, arg_len_ptr)?;
+            pending::settle(&mut state.sandbox().fds, fd)?;
             let metrics = &response(state, fd)?.metrics;
             Ok(mem.deliver(out, metrics)?)
         }
@@ -243,6 +245,21 @@ async fn send<T: ChatView>(
     let (task_id, deadline) = (sandbox.task_id.clone(), sandbox.deadline);
     let budget = sandbox.budget.clone();
     let span = tracing::info_span!("cchat_send", task_id = %task_id, fd, flags);
+    let auto = flags & send_flags::AUTO_TOOL_CALL != 0;
+    if sandbox.fds.nonblocking(fd)? {
+        let owned = Owned {
+            task_id,
+            session_fd: fd,
+            mcp,
+            chat,
+            deadline,
+            budget: budget.clone(),
+        };
+        let send = PendingSend::start(snapshot, owned, auto, span, &sandbox.work)?;
+        return Ok(sandbox
+            .fds
+            .insert_as(ChatResponse::pending(send, &budget))?);
+    }
     let send_ctx = SendContext {
         task_id: &task_id,
         session_fd: fd,
@@ -259,7 +276,6 @@ async fn send<T: ChatView>(
         max_output: settings.max_tool_output_bytes,
         budget: budget.clone(),
     };
-    let auto = flags & send_flags::AUTO_TOOL_CALL != 0;
     let outcome = before_deadline(
         deadline,
         tracing::Instrument::instrument(run::send(&snapshot, &send_ctx, &mut tools, auto), span),
@@ -292,6 +308,7 @@ fn recv<T: ChatView>(
     let _span =
         tracing::debug_span!("cchat_recv", task_id = %state.sandbox().task_id, fd).entered();
     let out = mem.out_buf(out_ptr, out_len_ptr)?;
+    pending::settle(&mut state.sandbox().fds, fd)?;
     let body = &response(state, fd)?.body;
     Ok(mem.deliver(out, body)?)
 }

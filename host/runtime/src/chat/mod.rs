@@ -16,6 +16,7 @@ mod images;
 pub mod llm;
 mod metrics;
 mod params;
+mod pending;
 mod response;
 mod results;
 pub(crate) mod run;

@@ -13,6 +13,7 @@ use quiver_abi::Errno;
 use serde_json::{Map, Value};
 
 use super::llm::Backends;
+use super::pending::PendingSend;
 use super::{GuestTool, ParamError, SessionMcp, Settings};
 use crate::mcp::McpView;
 use crate::policy::TaskMcpPolicy;
@@ -225,6 +226,9 @@ pub struct ChatResponse {
     pub(crate) body: Vec<u8>,
     pub(crate) metrics: Vec<u8>,
     _charge: Charge,
+    /// A nonblocking send still to be settled into this response.
+    /// Boxed: the send's outcome holds a response in turn.
+    pub(crate) pending: Option<Box<PendingSend>>,
 }
 
 impl ChatResponse {
@@ -240,7 +244,31 @@ impl ChatResponse {
             _charge: budget.charge("chat response", bytes)?,
             body,
             metrics,
+            pending: None,
         })
+    }
+
+    /// The response fd of a nonblocking send, empty until [`super::pending::settle`].
+    pub(crate) fn pending(send: PendingSend, budget: &MemoryBudget) -> Self {
+        Self {
+            body: Vec::new(),
+            metrics: Vec::new(),
+            _charge: budget.empty("chat response"),
+            pending: Some(Box::new(send)),
+        }
+    }
+
+    /// `epoll_events` bits: readable once the answer is there.
+    pub(crate) fn readiness(&mut self) -> i32 {
+        match &mut self.pending {
+            Some(send) => send.readiness(),
+            None => quiver_abi::epoll_events::IN,
+        }
+    }
+
+    /// The metrics, once the answer is there.
+    pub(crate) fn metrics(&self) -> Option<&[u8]> {
+        self.pending.is_none().then_some(&self.metrics[..])
     }
 }
 

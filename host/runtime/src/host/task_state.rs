@@ -7,14 +7,75 @@ use std::sync::Arc;
 use wasmtime::Linker;
 
 use crate::chat::{self, ChatResponse, ChatSession, ChatTask, ChatView};
-use crate::mcp::{self, McpSession, McpTask, McpView};
-use crate::sandbox::{FdKindOf, Sandbox, SandboxView};
+use crate::mcp::{self, McpCall, McpSession, McpTask, McpView};
+use quiver_abi::epoll_events::OUT;
+
+use crate::sandbox::{EpollSet, FdKindOf, Pollable, Sandbox, SandboxView};
 
 /// What an fd refers to.
 pub(crate) enum FdKind {
     McpSession(McpSession),
+    McpCall(McpCall),
     ChatSession(ChatSession),
     ChatResponse(ChatResponse),
+    Epoll(EpollSet),
+}
+
+impl Pollable for FdKind {
+    fn kind_name(&self) -> &'static str {
+        match self {
+            FdKind::McpSession(_) => "McpSession",
+            FdKind::McpCall(_) => "McpCall",
+            FdKind::ChatSession(_) => "ChatSession",
+            FdKind::ChatResponse(_) => "ChatResponse",
+            FdKind::Epoll(_) => "Epoll",
+        }
+    }
+
+    fn readiness(&mut self) -> i32 {
+        match self {
+            // A session always takes another request.
+            FdKind::McpSession(_) | FdKind::ChatSession(_) => OUT,
+            FdKind::ChatResponse(response) => response.readiness(),
+            FdKind::McpCall(call) => call.readiness(),
+            FdKind::Epoll(_) => 0,
+        }
+    }
+
+    fn metrics(&self) -> Option<&[u8]> {
+        match self {
+            FdKind::ChatResponse(response) => response.metrics(),
+            _ => None,
+        }
+    }
+
+    fn is_epoll(&self) -> bool {
+        matches!(self, FdKind::Epoll(_))
+    }
+}
+
+impl FdKindOf<McpCall> for FdKind {
+    fn wrap(value: McpCall) -> Self {
+        FdKind::McpCall(value)
+    }
+    fn peek(&mut self) -> Option<&mut McpCall> {
+        match self {
+            FdKind::McpCall(call) => Some(call),
+            _ => None,
+        }
+    }
+}
+
+impl FdKindOf<EpollSet> for FdKind {
+    fn wrap(value: EpollSet) -> Self {
+        FdKind::Epoll(value)
+    }
+    fn peek(&mut self) -> Option<&mut EpollSet> {
+        match self {
+            FdKind::Epoll(set) => Some(set),
+            _ => None,
+        }
+    }
 }
 
 impl FdKindOf<McpSession> for FdKind {
@@ -81,6 +142,7 @@ impl ChatView for TaskState {
 
 /// Every capability's `spear` imports (the sandbox adds its own and WASI).
 pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
+    crate::sandbox::add_fd_to_linker(linker)?;
     mcp::add_to_linker(linker)?;
     chat::add_to_linker(linker)
 }
@@ -102,12 +164,13 @@ mod tests {
             .map(|import| {
                 let params = " i32".repeat(import.params.len());
                 let result = match (import.name, import.result) {
-                    ("time_now_ms", _) => time_result,
-                    (_, ValType::I32) => "i32",
-                    (_, ValType::I64) => "i64",
+                    ("time_now_ms", _) => format!(" (result {time_result})"),
+                    (_, Some(ValType::I32)) => " (result i32)".to_owned(),
+                    (_, Some(ValType::I64)) => " (result i64)".to_owned(),
+                    (_, None) => String::new(),
                 };
                 format!(
-                    "(import \"spear\" \"{}\" (func (param{params}) (result {result})))\n",
+                    "(import \"spear\" \"{}\" (func (param{params}){result}))\n",
                     import.name
                 )
             })

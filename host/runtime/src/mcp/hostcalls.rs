@@ -39,6 +39,7 @@ use crate::sandbox::{
 
 /// Registers the `mcp_*` imports.
 pub fn add_to_linker<T: McpView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
+    super::in_flight::add_to_linker(linker)?;
     linker.func_wrap(
         "spear",
         "mcp_open",
@@ -179,7 +180,10 @@ fn open<T: McpView>(caller: &mut Caller<'_, T>, ptr: i32, len: i32) -> Result<i3
 fn close<T: McpView>(caller: &mut Caller<'_, T>, fd: i32) -> Result<i32, HostcallError> {
     let sandbox = caller.data_mut().sandbox();
     let _span = tracing::debug_span!("mcp_close", task_id = %sandbox.task_id, fd).entered();
-    sandbox.fds.get_as::<McpSession>(fd)?;
+    // A session, or a call in flight (which closing cancels).
+    if sandbox.fds.get_as::<McpSession>(fd).is_err() {
+        sandbox.fds.get_as::<super::McpCall>(fd)?;
+    }
     sandbox.fds.remove(fd)?;
     Ok(0)
 }
@@ -235,7 +239,7 @@ fn server_id_arg<'a>(mem: &'a GuestMemory<'_>, ptr: i32, len: i32) -> Result<&'a
     mem.str(ptr, len)
 }
 
-fn encode(value: &impl serde::Serialize) -> Vec<u8> {
+pub(super) fn encode(value: &impl serde::Serialize) -> Vec<u8> {
     serde_json::to_vec(value).expect("host-built JSON values always serialise")
 }
 
@@ -781,7 +785,7 @@ type Arguments = (serde_json::Map<String, Value>, Charge);
 /// Empty input means `{}`; text that is not JSON is `-EIO` (a malformed argument); JSON that
 /// is not an object is an `mcp_invalid_arguments` result, as a server would answer. The
 /// parsed value is charged to `budget` before it is built (`-ENOMEM`).
-fn parse_arguments(
+pub(super) fn parse_arguments(
     args: &[u8],
     budget: &MemoryBudget,
 ) -> Result<Result<Arguments, McpError>, Errno> {

@@ -28,7 +28,7 @@ pub struct McpTask {
 }
 
 /// Store data through which the `mcp_*` hostcalls reach their task state and fds.
-pub trait McpView: SandboxView<Fd: FdKindOf<McpSession>> {
+pub trait McpView: SandboxView<Fd: FdKindOf<McpSession> + FdKindOf<super::McpCall>> {
     fn mcp(&self) -> &Arc<McpTask>;
 }
 

@@ -8,6 +8,9 @@
 //! knows no capability; a capability reaches its own entries through [`FdKindOf`], and an
 //! fd of another kind is `-EBADF`.
 //!
+//! Each entry carries its fd flags (SPEAR's `O_NONBLOCK`, set with `spear_fd_ctl`) beside
+//! what it holds, so every kind has them without knowing of them.
+//!
 //! The table charges the task's memory budget for its slots and, per open fd,
 //! [`FD_STATE_BYTES`] for the fixed-size state behind it; what an entry grows beyond that
 //! (messages, kept output) is charged by the entry itself.
@@ -28,8 +31,18 @@ pub trait FdKindOf<V>: Sized {
     fn peek(&mut self) -> Option<&mut V>;
 }
 
+/// SPEAR's `O_NONBLOCK` fd flag: calls that would wait answer `-EAGAIN` or start work in
+/// the background instead.
+pub const O_NONBLOCK: u32 = 0x1;
+
+struct Entry<K> {
+    fd: i32,
+    flags: u32,
+    kind: K,
+}
+
 pub struct FdTable<K> {
-    entries: Slab<(i32, K)>,
+    entries: Slab<Entry<K>>,
     cap: usize,
     slot_bits: u32,
     next_serial: u32,
@@ -54,7 +67,7 @@ impl<K> FdTable<K> {
     /// What `len` open fds in a slab of `capacity` slots cost.
     fn cost(capacity: usize, len: usize) -> u64 {
         // A slab slot is an enum of the entry or a free-list link, with its tag.
-        let slot = (std::mem::size_of::<(i32, K)>().max(8) + 8) as u64;
+        let slot = (std::mem::size_of::<Entry<K>>().max(8) + 8) as u64;
         super::heap::alloc(slot.saturating_mul(capacity as u64))
             .saturating_add(FD_STATE_BYTES.saturating_mul(len as u64))
     }
@@ -79,7 +92,7 @@ impl<K> FdTable<K> {
         self.entries.reserve_exact(capacity - self.entries.len());
         let entry = self.entries.vacant_entry();
         let fd = ((self.next_serial << self.slot_bits) | entry.key() as u32) as i32;
-        entry.insert((fd, kind));
+        entry.insert(Entry { fd, flags: 0, kind });
         self.next_serial += 1;
         Ok(fd)
     }
@@ -88,12 +101,31 @@ impl<K> FdTable<K> {
         (fd >= 0).then(|| (fd as u32 & ((1u32 << self.slot_bits) - 1)) as usize)
     }
 
-    pub fn get_mut(&mut self, fd: i32) -> Result<&mut K, Errno> {
+    fn entry(&mut self, fd: i32) -> Result<&mut Entry<K>, Errno> {
         let slot = self.slot(fd).ok_or(Errno::EBADF)?;
         match self.entries.get_mut(slot) {
-            Some((stored, kind)) if *stored == fd => Ok(kind),
+            Some(entry) if entry.fd == fd => Ok(entry),
             _ => Err(Errno::EBADF),
         }
+    }
+
+    pub fn get_mut(&mut self, fd: i32) -> Result<&mut K, Errno> {
+        Ok(&mut self.entry(fd)?.kind)
+    }
+
+    /// `fd`'s flags ([`O_NONBLOCK`]).
+    pub fn flags(&mut self, fd: i32) -> Result<u32, Errno> {
+        Ok(self.entry(fd)?.flags)
+    }
+
+    pub fn set_flags(&mut self, fd: i32, flags: u32) -> Result<(), Errno> {
+        self.entry(fd)?.flags = flags;
+        Ok(())
+    }
+
+    /// Whether `fd` is open with [`O_NONBLOCK`].
+    pub fn nonblocking(&mut self, fd: i32) -> Result<bool, Errno> {
+        Ok(self.flags(fd)? & O_NONBLOCK != 0)
     }
 
     pub fn is_full(&self) -> bool {
@@ -104,7 +136,7 @@ impl<K> FdTable<K> {
     pub fn remove(&mut self, fd: i32) -> Result<K, Errno> {
         self.get_mut(fd)?;
         let slot = self.slot(fd).ok_or(Errno::EBADF)?;
-        let (_, kind) = self.entries.remove(slot);
+        let Entry { kind, .. } = self.entries.remove(slot);
         let cost = Self::cost(self.entries.capacity(), self.entries.len());
         // Shrinking never fails.
         let _ = self.charge.resize(cost);
@@ -194,6 +226,20 @@ mod tests {
         table.remove(fds[1]).unwrap();
         assert!(table.insert(session()).is_ok());
         assert_eq!(table.len(), 3);
+    }
+
+    #[test]
+    fn flags_belong_to_one_fd_and_go_with_it() {
+        let mut table = FdTable::new(4, &budget());
+        let a = table.insert(session()).unwrap();
+        let b = table.insert(session()).unwrap();
+        assert_eq!(table.nonblocking(a), Ok(false));
+        table.set_flags(a, O_NONBLOCK).unwrap();
+        assert_eq!(table.nonblocking(a), Ok(true));
+        assert_eq!(table.nonblocking(b), Ok(false));
+        table.remove(a).unwrap();
+        assert_eq!(table.flags(a), Err(Errno::EBADF));
+        assert_eq!(table.set_flags(a, 0), Err(Errno::EBADF));
     }
 
     #[test]

@@ -9,17 +9,23 @@
 //! Each task's [`MemoryBudget`] lives here too: capabilities charge it through the same view
 //! for the host state a guest grows, and [`heap`] says what that state costs.
 
+mod absent;
+mod background;
 mod budget;
 mod cache;
 mod capture;
+mod clock;
 mod deadline;
+mod epoll;
 mod fd;
+mod fd_ctl;
 mod guest_log;
 mod guest_memory;
 pub mod heap;
 mod hostcall;
 mod memory;
 mod misc;
+mod poll;
 mod run;
 mod runtime;
 mod wasi;
@@ -31,9 +37,11 @@ use wasmtime_wasi::p1::WasiP1Ctx;
 
 use guest_log::GuestLogSink;
 
+pub use background::{Background, BackgroundWork};
 pub use budget::{Charge, HostMemory, HostMemoryStatus, HostMemoryUse, MemoryBudget};
 pub use capture::CapturedOutput;
 pub use deadline::{Deadline, DeadlineExceeded};
+pub use epoll::{EpollFd, EpollSet};
 #[cfg(test)]
 pub(crate) use fd::FD_STATE_BYTES;
 pub use fd::{FdKindOf, FdTable};
@@ -43,6 +51,7 @@ pub use guest_memory::{
 };
 pub use hostcall::{HostcallError, before_deadline, finish};
 pub use memory::{GuestMemory, OutBuf, guest};
+pub use poll::{Pollable, ReadySignal};
 pub use run::TaskFailure;
 pub use runtime::{ModuleOrigin, Runtime, RuntimeOptions, default_cache_dir};
 pub use wasi::SandboxSetupError;
@@ -61,6 +70,10 @@ pub struct Sandbox<K> {
     /// Guest tools running now, one inside another (each holds a fiber stack of the host's
     /// shared pool); at most [`MAX_GUEST_TOOL_NESTING`](crate::defaults::MAX_GUEST_TOOL_NESTING).
     pub guest_tool_depth: u32,
+    /// The task's background work, and the signal that wakes its `spear_epoll_wait`.
+    pub work: BackgroundWork,
+    /// Open epoll sets, at most [`MAX_EPOLL_SETS`](crate::defaults::MAX_EPOLL_SETS).
+    epoll_sets: usize,
     /// Where the guest's `log` lines go.
     guest_log: GuestLogSink,
     wasi: WasiP1Ctx,
@@ -74,8 +87,22 @@ pub trait SandboxView: Send + 'static {
     fn sandbox(&mut self) -> &mut Sandbox<Self::Fd>;
 }
 
-/// The sandbox's own imports: WASI preview 1, `spear.log` and `spear.time_now_ms`.
+/// The sandbox's own imports: WASI preview 1, `log`, the clocks, `sleep_ms`, `random_i64`
+/// and the `-ENOSYS` stand-ins for SPEAR's `mic_*` and `rtasr_*`.
 pub fn add_to_linker<T: SandboxView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     wasmtime_wasi::p1::add_to_linker_async(linker, |state: &mut T| &mut state.sandbox().wasi)?;
-    misc::add_to_linker(linker)
+    misc::add_to_linker(linker)?;
+    clock::add_to_linker(linker)?;
+    absent::add_to_linker(linker)
+}
+
+/// `spear_epoll_*` and `spear_fd_ctl`, for a store whose fd kinds report their readiness
+/// and can hold an epoll set.
+pub fn add_fd_to_linker<T>(linker: &mut Linker<T>) -> wasmtime::Result<()>
+where
+    T: SandboxView,
+    T::Fd: EpollFd,
+{
+    epoll::add_to_linker(linker)?;
+    fd_ctl::add_to_linker(linker)
 }

@@ -8,7 +8,9 @@ use wasmtime_wasi::{FsPerms, WasiCtxBuilder, WasiView};
 
 use super::guest_log::{GuestLogSink, HostStderr};
 use super::guest_memory::Limits;
-use super::{CapturedOutput, Deadline, FdTable, GuestMemoryHold, MemoryBudget, Sandbox};
+use super::{
+    BackgroundWork, CapturedOutput, Deadline, FdTable, GuestMemoryHold, MemoryBudget, Sandbox,
+};
 use crate::defaults;
 use crate::task::{GuestLogs, TaskSpec};
 
@@ -107,6 +109,8 @@ impl<K> Sandbox<K> {
             memory: None,
             table: None,
             guest_tool_depth: 0,
+            work: BackgroundWork::default(),
+            epoll_sets: 0,
             guest_log,
             wasi,
             limits: Limits {
