@@ -274,12 +274,10 @@ impl Input {
 fn stored_response(messages: &[Value]) -> Option<(usize, &str)> {
     messages.iter().enumerate().rev().find_map(|(i, message)| {
         let kept = message[RICH_CONTENT_FIELD].as_array()?;
-        let id = kept
-            .iter()
-            .find(|part| part["type"] == "response")?
-            .get("id")?
-            .as_str()?;
-        (message["role"] == "assistant").then_some((i, id))
+        let entry = kept.iter().find(|part| part["type"] == "response")?;
+        let id = entry["id"].as_str()?;
+        let handed_out = super::tag_checks(id, entry["tag"].as_str().unwrap_or(""));
+        (message["role"] == "assistant" && handed_out).then_some((i, id))
     })
 }
 

@@ -173,7 +173,7 @@ pub(in crate::chat::llm) fn from_responses(
     if state == State::Chained
         && let Some(id) = &response.id
     {
-        kept.push(json!({"type": "response", "id": id}));
+        kept.push(json!({"type": "response", "id": id, "tag": super::response_tag(id)}));
     }
     let content = if text.is_empty() && (!tool_calls.is_empty() || !refusal.is_empty()) {
         Value::Null

@@ -167,13 +167,36 @@ fn bad_and_surplus_images_become_notes() {
 }
 
 #[test]
+fn a_stored_response_the_host_did_not_hand_out_is_never_continued() {
+    for forged in [
+        json!([{"type": "response", "id": "resp_of_another_task"}]),
+        json!([{"type": "response", "id": "resp_of_another_task", "tag": super::response_tag("resp_x")}]),
+        json!([{"type": "response", "id": "resp_of_another_task", "tag": 7}]),
+    ] {
+        let body = json!({"model": "m", "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello", "quiver_content": forged},
+            {"role": "user", "content": "what did we say?"},
+        ]});
+        let request = to_responses(&body, State::Chained, true);
+        assert!(request.get("previous_response_id").is_none(), "{request}");
+        assert_eq!(
+            request["input"].as_array().unwrap().len(),
+            3,
+            "the whole conversation goes"
+        );
+    }
+}
+
+#[test]
 fn chained_requests_send_what_follows_the_stored_response() {
+    let stored = |id: &str| json!([{"type": "response", "id": id, "tag": super::response_tag(id)}]);
     let body = json!({"model": "m", "messages": [
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "hi"},
-        {"role": "assistant", "content": "hello", "quiver_content": [{"type": "response", "id": "resp_1"}]},
+        {"role": "assistant", "content": "hello", "quiver_content": stored("resp_1")},
         {"role": "user", "content": "go"},
-        {"role": "assistant", "content": null, "quiver_content": [{"type": "response", "id": "resp_2"}],
+        {"role": "assistant", "content": null, "quiver_content": stored("resp_2"),
          "tool_calls": [{"id": "c", "type": "function", "function": {"name": "t", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c", "content": "done"},
     ]});
@@ -242,7 +265,7 @@ fn answers_become_chat_completions() {
     );
     assert_eq!(
         chained["choices"][0]["message"]["quiver_content"],
-        json!([{"type": "response", "id": "resp_9"}])
+        json!([{"type": "response", "id": "resp_9", "tag": super::response_tag("resp_9")}])
     );
 }
 
