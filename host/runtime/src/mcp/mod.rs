@@ -16,6 +16,7 @@ mod egress;
 mod error;
 mod hostcalls;
 mod http;
+pub(crate) mod input;
 mod launch;
 mod outbound;
 mod pool;
