@@ -437,7 +437,7 @@ fn check_value(property: &Value, value: &Value) -> Result<(), String> {
 #[derive(Default)]
 pub(crate) struct InFlight {
     next: std::sync::atomic::AtomicU64,
-    askers: Mutex<Vec<(u64, Arc<Asker>, Arc<ServerEntry>, &'static str, String)>>,
+    requests: Mutex<Vec<(u64, InFlightRequest)>>,
 }
 
 /// A request's place in [`InFlight`], left when dropped.
@@ -448,12 +448,12 @@ pub(crate) struct Entered<'a> {
 
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
-        let mut askers = self
+        let mut requests = self
             .in_flight
-            .askers
+            .requests
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        askers.retain(|(id, ..)| *id != self.id);
+        requests.retain(|(id, _)| *id != self.id);
     }
 }
 
@@ -466,9 +466,14 @@ impl InFlight {
         name: &str,
     ) -> Entered<'_> {
         let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut askers = self.askers.lock().unwrap_or_else(|e| e.into_inner());
-        let name = cut(name, defaults::MAX_RESOURCE_URI_BYTES).to_owned();
-        askers.push((id, Arc::new(asker.clone()), entry.clone(), method, name));
+        let request = InFlightRequest {
+            asker: Arc::new(asker.clone()),
+            entry: entry.clone(),
+            method,
+            name: cut(name, defaults::MAX_RESOURCE_URI_BYTES).to_owned(),
+        };
+        let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        requests.push((id, request));
         Entered {
             in_flight: self,
             id,
@@ -477,30 +482,26 @@ impl InFlight {
 
     /// The one task whose requests are in flight, with one of its requests (`None` when
     /// there are none, or more than one task's).
-    pub(crate) fn sole(&self) -> Option<Sole> {
-        let askers = self.askers.lock().unwrap_or_else(|e| e.into_inner());
-        let (_, asker, entry, method, name) = askers.first()?;
-        askers
+    pub(crate) fn sole(&self) -> Option<InFlightRequest> {
+        let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        let (_, first) = requests.first()?;
+        requests
             .iter()
-            .all(|(_, other, ..)| other.task_id == asker.task_id)
-            .then(|| Sole {
-                asker: asker.clone(),
-                entry: entry.clone(),
-                method,
-                name: name.clone(),
-            })
+            .all(|(_, other)| other.asker.task_id == first.asker.task_id)
+            .then(|| first.clone())
     }
 }
 
-/// The one task whose requests are in flight on a connection, and one of them.
-pub(crate) struct Sole {
+/// One request in flight on a connection, with whoever answers for its task.
+#[derive(Clone)]
+pub(crate) struct InFlightRequest {
     pub(crate) asker: Arc<Asker>,
     pub(crate) entry: Arc<ServerEntry>,
     pub(crate) method: &'static str,
     pub(crate) name: String,
 }
 
-impl Sole {
+impl InFlightRequest {
     pub(crate) fn asked(&self) -> Asked<'_> {
         Asked {
             entry: &self.entry,
