@@ -50,7 +50,7 @@ pub struct ElicitationRequest {
 /// An answer to an [`ElicitationRequest`]. Deserialises from `{"action": "accept",
 /// "content": {...}}`, `{"action": "decline"}` or `{"action": "cancel"}`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "action", rename_all = "lowercase", deny_unknown_fields)]
+#[serde(tag = "action", rename_all = "lowercase", try_from = "AnswerWire")]
 pub enum ElicitationAnswer {
     /// The fields filled in; the form's defaults are added for those left out.
     Accept {
@@ -59,6 +59,38 @@ pub enum ElicitationAnswer {
     },
     Decline,
     Cancel,
+}
+
+/// An answer as JSON, read strictly: serde ignores unknown fields of a unit variant of a
+/// tagged enum, so the fields are checked here.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AnswerWire {
+    action: Action,
+    content: Option<Map<String, Value>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum Action {
+    Accept,
+    Decline,
+    Cancel,
+}
+
+impl TryFrom<AnswerWire> for ElicitationAnswer {
+    type Error = &'static str;
+
+    fn try_from(wire: AnswerWire) -> Result<Self, Self::Error> {
+        match (wire.action, wire.content) {
+            (Action::Accept, content) => Ok(Self::Accept {
+                content: content.unwrap_or_default(),
+            }),
+            (Action::Decline, None) => Ok(Self::Decline),
+            (Action::Cancel, None) => Ok(Self::Cancel),
+            (_, Some(_)) => Err("`content` goes only with `\"action\": \"accept\"`"),
+        }
+    }
 }
 
 /// The future of one answer; `None`: this approver answers no questions (the host
@@ -128,5 +160,15 @@ mod tests {
                 .is_err()
         );
         assert!(serde_json::from_value::<ElicitationAnswer>(json!({"action": "maybe"})).is_err());
+        assert!(
+            serde_json::from_value::<ElicitationAnswer>(json!({"action": "cancel", "content": {}}))
+                .is_err()
+        );
+        assert_eq!(
+            serde_json::from_value::<ElicitationAnswer>(json!({"action": "accept"})).unwrap(),
+            ElicitationAnswer::Accept {
+                content: Map::new()
+            }
+        );
     }
 }
