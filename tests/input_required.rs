@@ -220,3 +220,48 @@ async fn a_server_that_never_stops_asking_is_given_up_on() {
     // The server is fine for the next call.
     assert_eq!(setup.call("ask_roots").await.unwrap(), r#"{"roots":[]}"#);
 }
+
+/// Answers each question with the asking task's id as the name.
+struct ByTask;
+
+impl Approver for ByTask {
+    fn ask(&self, _request: ApprovalRequest) -> ApprovalFuture<'_> {
+        Box::pin(std::future::ready(ApprovalDecision::approve()))
+    }
+
+    fn elicit(&self, request: ElicitationRequest) -> ElicitationFuture<'_> {
+        Box::pin(async move {
+            // Both tasks' questions are out before either is answered.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            accept(json!({"name": &*request.task_id}))
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_of_two_tasks_keep_their_own_rounds() {
+    init_logging();
+    let registry = RegistryDir::new();
+    registry.fixture_with_args("asks", &["*"], &["--ask-tools"], "");
+    let host = host_builder(&registry)
+        .with_approver(Arc::new(ByTask))
+        .build()
+        .unwrap();
+    let call = |task_id: &'static str| {
+        let host = &host;
+        async move {
+            let task = TaskSpec::new(task_id)
+                .with_config("mcp.enabled", "true")
+                .with_config("mcp.default_server_ids", json!(["asks"]));
+            let output = host
+                .call_tool(&task, ToolCallRequest::new("asks", "ask_name"))
+                .await
+                .unwrap();
+            output.result.content[0].as_text().unwrap().text.clone()
+        }
+    };
+    let (a, b) = tokio::join!(call("task-a"), call("task-b"));
+    assert_eq!(a, r#"accept {"greeting":"hello","name":"task-a"}"#);
+    assert_eq!(b, r#"accept {"greeting":"hello","name":"task-b"}"#);
+    host.shutdown().await;
+}
