@@ -637,3 +637,8 @@ pub const MAX_ELICITATION_MESSAGE_BYTES: usize = 4 * 1024;
 /// Largest elicitation answer (`content` as JSON) the host sends a server; a larger one is
 /// declined instead.
 pub const MAX_ELICITATION_ANSWER_BYTES: usize = 64 * 1024;
+
+/// Longest a request on a 2025-era Streamable HTTP session waits for the session's
+/// standalone GET stream to open (once per session): a server may send its questions
+/// during a call there, and a question sent before the stream is open is lost.
+pub const COMMON_STREAM_WAIT: Duration = Duration::from_millis(500);

@@ -43,7 +43,7 @@ use tracing::Instrument;
 
 use super::ServerRules;
 use super::error::{McpError, McpErrorCode, error_chain};
-use super::http::{AuthRefusal, SseConnectError};
+use super::http::{AuthRefusal, CommonStream, SseConnectError};
 use super::input::InFlight;
 use super::outbound::{ClientBuildError, OutboundClient};
 use super::tool_headers::LeftOut;
@@ -126,6 +126,8 @@ pub(super) struct Connection {
     pub(super) auth_refusal: AuthRefusal,
     /// The requests in flight, for the server's own questions (2025 protocol).
     pub(in crate::mcp) in_flight: Arc<InFlight>,
+    /// A Streamable HTTP session's standalone GET stream (`None` for other transports).
+    common_stream: Option<CommonStream>,
 }
 
 /// The end of a transport: a flag to read and a wake-up for whoever stops the server.
@@ -151,6 +153,29 @@ impl Connection {
     fn with_auth_refusal(mut self, refusal: AuthRefusal) -> Self {
         self.auth_refusal = refusal;
         self
+    }
+
+    fn with_common_stream(mut self, common_stream: CommonStream) -> Self {
+        self.common_stream = Some(common_stream);
+        self
+    }
+
+    /// Before a request on a Streamable HTTP session of the 2025 protocol: waits (at most
+    /// [`defaults::COMMON_STREAM_WAIT`], once) for its standalone GET stream, where some
+    /// servers send their questions during a call; a stateless 2026-07-28 session has none.
+    pub(in crate::mcp) async fn common_stream_ready(&self) {
+        let session = self
+            .service
+            .peer()
+            .peer_info()
+            .is_some_and(|info| info.protocol_version < ProtocolVersion::V_2026_07_28);
+        if let Some(common_stream) = self
+            .common_stream
+            .as_ref()
+            .filter(|_| self.streamable && session)
+        {
+            common_stream.wait(defaults::COMMON_STREAM_WAIT).await;
+        }
     }
 
     /// Whether the session is open and, for a stdio server, its first process still runs:
@@ -431,6 +456,7 @@ impl Connector {
             ended,
             auth_refusal: AuthRefusal::default(),
             in_flight,
+            common_stream: None,
         })
     }
 }

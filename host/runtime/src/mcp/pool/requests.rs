@@ -220,6 +220,7 @@ impl McpPool {
         self.check_listed(entry, slot, &conn, name, principal)
             .await?;
         let _asking = conn.in_flight.enter(asker, entry, "tools/call", name);
+        conn.common_stream_ready().await;
         let timeout = entry.record.budgets.tool_timeout;
         let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
         let call = async {
@@ -353,6 +354,7 @@ impl McpPool {
             params.request_state = state;
             self.request(entry, principal, what, move |conn, phase| async move {
                 let _asking = conn.in_flight.enter(asker, entry, what, uri);
+                conn.common_stream_ready().await;
                 match conn.service.read_resource_once(params).await {
                     Ok(ReadResourceResponse::Complete(result)) => Ok(Round::Complete(result)),
                     Ok(ReadResourceResponse::InputRequired(input)) => {
@@ -430,6 +432,7 @@ impl McpPool {
             params.request_state = state;
             self.request(entry, principal, what, move |conn, phase| async move {
                 let _asking = conn.in_flight.enter(asker, entry, what, name);
+                conn.common_stream_ready().await;
                 match conn.service.get_prompt_once(params).await {
                     Ok(GetPromptResponse::Complete(result)) => Ok(Round::Complete(result)),
                     Ok(GetPromptResponse::InputRequired(input)) => Ok(Round::InputRequired(input)),
