@@ -27,14 +27,6 @@ use serde_json::Value;
 /// one that starts passing fails its test until it is taken off this list.
 const EXPECTED_FAILURES: &[(&str, &str)] = &[
     (
-        "elicitation-sep1034-client-defaults",
-        "Quiver's MCP client declares no elicitation capability: nothing could answer a server's question",
-    ),
-    (
-        "sep-2322-client-request-state",
-        "`quiver mcp call` makes one call per process and finishes its input_required retries alone, so no unrelated request is ever sent while one is pending",
-    ),
-    (
         "sep-2640-client-no-prefetch",
         "Quiver's client does not implement the skills extension (SEP-2640): it never calls skills/list",
     ),

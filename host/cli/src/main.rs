@@ -21,7 +21,7 @@ use std::sync::Arc;
 use quiver::config::{ConfigError, ConfigOrigin};
 use quiver::registry::{Registry, RegistryStore, ServerEntry};
 use quiver::telemetry::{self, LogFormat};
-use quiver::{AllowAll, ApprovalQueue, Approver, DirGrantStore, TerminalApprover};
+use quiver::{AcceptDefaults, AllowAll, ApprovalQueue, Approver, DirGrantStore, TerminalApprover};
 use quiver::{Host, HostBuilder, StoreFollower, TaskSpec, ToolCallRequest};
 use quiver_node::{
     EtcdAccess, EtcdGrantStore, EtcdStore, Node, NodeConfig, NodeFileConfig, RegistrySource,
@@ -154,6 +154,25 @@ impl ApproveMode {
     }
 }
 
+/// Who answers a server's questions (MCP elicitation) during `quiver mcp call`.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum ElicitMode {
+    /// Decline every question.
+    Decline,
+    /// Accept a question whose form has a default for every required field, with the
+    /// defaults; decline the others.
+    Defaults,
+}
+
+impl ElicitMode {
+    fn elicitor(self) -> Option<Arc<dyn Approver>> {
+        match self {
+            ElicitMode::Decline => None,
+            ElicitMode::Defaults => Some(Arc::new(AcceptDefaults)),
+        }
+    }
+}
+
 #[derive(Subcommand)]
 enum McpCommand {
     /// Connect to a server and list its tools after the registry's allowed_tools filter.
@@ -181,6 +200,11 @@ enum McpCommand {
         /// (/dev/tty), deny them, or allow them.
         #[arg(long, value_enum, default_value = "deny")]
         approve: ApproveMode,
+        /// Questions the server asks during the call (MCP elicitation): decline them, or
+        /// accept those whose form has defaults with the defaults. Default: `--approve
+        /// prompt` offers the defaults on the terminal, else they are declined.
+        #[arg(long, value_enum)]
+        elicit: Option<ElicitMode>,
         /// Environment variable holding a subject token from the platform this runs for (an
         /// OIDC ID token or an access token): exchanged for a token of each server whose
         /// credential is `kind = "oauth_token_exchange"`. Never printed.
@@ -336,6 +360,7 @@ fn main() -> ExitCode {
                 tool,
                 args,
                 approve,
+                elicit,
                 identity,
                 subject_token_env,
                 source,
@@ -345,6 +370,7 @@ fn main() -> ExitCode {
                     tool: &tool,
                     args: &args,
                     subject_token_env: subject_token_env.as_deref(),
+                    elicit,
                 };
                 mcp_call(call, approve, identity, source).await
             }
@@ -731,6 +757,14 @@ fn fail(error: impl std::fmt::Display) -> i32 {
     2
 }
 
+/// Who decides for a host: calls that need approval, and servers' questions (`None`: the
+/// approver answers them).
+#[derive(Default)]
+struct Deciders {
+    approver: Option<Arc<dyn Approver>>,
+    elicitor: Option<Option<Arc<dyn Approver>>>,
+}
+
 /// A host on `source` for one server (asking `approver` about calls that need approval),
 /// or the exit status to give up with.
 async fn server_host(
@@ -739,14 +773,19 @@ async fn server_host(
     approver: Option<Arc<dyn Approver>>,
     ask_person: Option<Option<String>>,
 ) -> Result<(Host, Arc<ServerEntry>), i32> {
-    server_host_with(server_id, source, approver, ask_person, None).await
+    let deciders = Deciders {
+        approver,
+        elicitor: None,
+    };
+    server_host_with(server_id, source, deciders, ask_person, None).await
 }
 
-/// [`server_host`] whose observers include the audit log at `audit_log`.
+/// [`server_host`] with its `deciders`, whose observers include the audit log at
+/// `audit_log`.
 async fn server_host_with(
     server_id: &str,
     source: &ServerSource,
-    approver: Option<Arc<dyn Approver>>,
+    deciders: Deciders,
     ask_person: Option<Option<String>>,
     audit_log: Option<&std::path::Path>,
 ) -> Result<(Host, Arc<ServerEntry>), i32> {
@@ -780,8 +819,11 @@ async fn server_host_with(
     if let Some(config) = &source.config {
         builder = with_config_file(builder, config).map_err(fail)?.0;
     }
-    if let Some(approver) = approver {
+    if let Some(approver) = deciders.approver {
         builder = builder.with_approver(approver);
+    }
+    if let Some(elicitor) = deciders.elicitor {
+        builder = builder.with_elicitor(elicitor);
     }
     if let Some(path) = audit_log {
         builder = builder.with_audit_log(path);
@@ -871,6 +913,7 @@ struct McpCall<'a> {
     tool: &'a str,
     args: &'a str,
     subject_token_env: Option<&'a str>,
+    elicit: Option<ElicitMode>,
 }
 
 /// The subject token in the variable `--subject-token-env` names, checked; its errors name
@@ -898,6 +941,7 @@ async fn mcp_call(
         tool,
         args,
         subject_token_env,
+        elicit,
     } = call;
     let subject_token = match subject_token(subject_token_env) {
         Ok(token) => token,
@@ -911,7 +955,11 @@ async fn mcp_call(
         }
     };
     let ask = identity.open_with.clone().map(Some);
-    let (host, _) = match server_host(server_id, &source, approve.approver(), ask).await {
+    let deciders = Deciders {
+        approver: approve.approver(),
+        elicitor: elicit.map(ElicitMode::elicitor),
+    };
+    let (host, _) = match server_host_with(server_id, &source, deciders, ask, None).await {
         Ok(found) => found,
         Err(status) => return status,
     };

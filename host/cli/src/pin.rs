@@ -36,11 +36,18 @@ pub(crate) async fn run(args: PinArgs) -> i32 {
         source,
     } = args;
     let ask = identity.open_with.clone().map(Some);
-    let (host, entry) =
-        match server_host_with(&server_id, &source, None, ask, audit_log.as_deref()).await {
-            Ok(found) => found,
-            Err(status) => return status,
-        };
+    let (host, entry) = match server_host_with(
+        &server_id,
+        &source,
+        Default::default(),
+        ask,
+        audit_log.as_deref(),
+    )
+    .await
+    {
+        Ok(found) => found,
+        Err(status) => return status,
+    };
     let principal = identity.principal();
     let pinned = host
         .pins_from_server(&server_id, &tools, Some(principal.as_str()))

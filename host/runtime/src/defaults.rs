@@ -672,3 +672,37 @@ pub const DPOP_NONCE_RETRIES: u32 = 1;
 
 /// Largest `DPoP-Nonce` the host sends back; a server's longer one is refused.
 pub const DPOP_MAX_NONCE_BYTES: usize = 512;
+
+/// `input_required` rounds (SEP-2322) one `tools/call`, `prompts/get` or `resources/read`
+/// may take before the host fails it (`tool_exec_failed`): a server that keeps asking would
+/// otherwise hold the call until its timeout. rmcp and the other SDKs use 10.
+pub const MAX_INPUT_ROUNDS: usize = 10;
+
+/// Input requests one `input_required` answer may carry; more fail the call. A server needs
+/// a few (a question, the roots); hundreds would make the host ask its approver hundreds
+/// of times.
+pub const MAX_INPUT_REQUESTS: usize = 16;
+
+/// Longest wait before retrying an `input_required` answer that asked for nothing (only
+/// `requestState`: the server sheds load); the wait starts at 50 ms and doubles.
+pub const INPUT_STATE_ONLY_BACKOFF_MAX: Duration = Duration::from_millis(1_000);
+
+/// Largest elicitation schema (`requestedSchema` as JSON) the host passes to whoever
+/// answers; a larger one is declined. The spec's schemas are flat forms of a few fields.
+pub const MAX_ELICITATION_SCHEMA_BYTES: usize = 64 * 1024;
+
+/// Fields one elicitation form may have; more is declined.
+pub const MAX_ELICITATION_FIELDS: usize = 64;
+
+/// Longest elicitation `message` shown to an approver, in bytes (cut at a character
+/// boundary, then made printable).
+pub const MAX_ELICITATION_MESSAGE_BYTES: usize = 4 * 1024;
+
+/// Largest elicitation answer (`content` as JSON) the host sends a server; a larger one is
+/// declined instead.
+pub const MAX_ELICITATION_ANSWER_BYTES: usize = 64 * 1024;
+
+/// Longest a request on a 2025-era Streamable HTTP session waits for the session's
+/// standalone GET stream to open (once per session): a server may send its questions
+/// during a call there, and a question sent before the stream is open is lost.
+pub const COMMON_STREAM_WAIT: Duration = Duration::from_millis(500);

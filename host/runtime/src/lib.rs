@@ -62,8 +62,9 @@ pub mod llm {
 }
 
 pub use approval::{
-    AllowAll, ApprovalDecision, ApprovalError, ApprovalFuture, ApprovalQueue, ApprovalRequest,
-    Approver, DenyAll, TerminalApprover,
+    AcceptDefaults, AllowAll, ApprovalDecision, ApprovalError, ApprovalFuture, ApprovalQueue,
+    ApprovalRequest, Approver, DenyAll, ElicitationAnswer, ElicitationFuture, ElicitationRequest,
+    TerminalApprover,
 };
 pub use cause::Cause;
 #[cfg(feature = "watch")]
@@ -90,8 +91,8 @@ pub use mcp::{
     TokenType, Tool, ToolCallOutput, UserAuthorizer, ensure_tls_provider,
 };
 pub use observe::{
-    ApprovalDecided, ArgumentsSummary, AuditLog, Metrics, PinChange, PinsChanged, PolicyDenial,
-    ToolCall, ToolCallEnd, ToolKind, ToolObserver, ToolOutcome, Via,
+    ApprovalDecided, ArgumentsSummary, AuditLog, InputAnswered, InputRound, Metrics, PinChange,
+    PinsChanged, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolObserver, ToolOutcome, Via,
 };
 pub use policy::{Layer, Pattern, PolicyReport, PrincipalConfig, Reason};
 pub use quiver_abi::Errno;

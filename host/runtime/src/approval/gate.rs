@@ -7,7 +7,7 @@ use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
-use super::{ApprovalRequest, Approver};
+use super::{ApprovalRequest, Approver, ElicitationAnswer, ElicitationRequest};
 use crate::defaults;
 use crate::observe::{ApprovalDecided, ArgumentsSummary, Observers, Via};
 use crate::policy::{Denial, Reason};
@@ -15,10 +15,12 @@ use crate::registry::{ApprovalPolicy, ServerEntry};
 use crate::sandbox::Deadline;
 use crate::text;
 
-/// The host's approver, if it has one; cheap to clone.
+/// The host's approver, if it has one, and who answers servers' questions; cheap to clone.
 #[derive(Clone, Default)]
 pub struct Approvals {
     approver: Option<Arc<dyn Approver>>,
+    /// `None` until set: the approver answers.
+    elicitor: Option<Option<Arc<dyn Approver>>>,
 }
 
 impl fmt::Debug for Approvals {
@@ -54,7 +56,7 @@ pub(crate) struct Refusal {
 }
 
 /// Ids unique in this process; the random prefix keeps them apart across restarts.
-fn next_id() -> String {
+pub(crate) fn next_id() -> String {
     static PREFIX: LazyLock<u64> =
         LazyLock::new(|| std::collections::hash_map::RandomState::new().hash_one(0u8));
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -69,8 +71,39 @@ pub(super) fn clean_reason(reason: &str) -> String {
 }
 
 impl Approvals {
-    pub(crate) fn new(approver: Option<Arc<dyn Approver>>) -> Self {
-        Self { approver }
+    pub(crate) fn with_approver(self, approver: Arc<dyn Approver>) -> Self {
+        Self {
+            approver: Some(approver),
+            ..self
+        }
+    }
+
+    pub(crate) fn with_elicitor(self, elicitor: Option<Arc<dyn Approver>>) -> Self {
+        Self {
+            elicitor: Some(elicitor),
+            ..self
+        }
+    }
+
+    /// Asks whoever answers servers' questions about `request`, until `until` (the caller
+    /// makes it the request's `expires_at`); `None` when nobody answers or the time passed.
+    pub(crate) async fn elicit(
+        &self,
+        request: ElicitationRequest,
+        until: tokio::time::Instant,
+    ) -> Option<ElicitationAnswer> {
+        let elicitor = match &self.elicitor {
+            Some(elicitor) => elicitor.as_ref(),
+            None => self.approver.as_ref(),
+        }?;
+        let id = request.id.clone();
+        match tokio::time::timeout_at(until, elicitor.elicit(request)).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                tracing::info!(elicitation_id = %id, "no answer to the server's question in time");
+                None
+            }
+        }
     }
 
     /// Whether the host has an approver (without one, calls needing approval are refused

@@ -9,7 +9,13 @@
 //! state (like [`ApprovalQueue`]) must clean up on drop. The approver sees the shape of the
 //! arguments (keys and size), never their values; its reason is cut and cleaned, since it
 //! may come from an HTTP client.
+//!
+//! The same approver answers the questions servers ask during a task's requests
+//! ([`Approver::elicit`], MCP elicitation), unless the embedder gave the host another
+//! ([`HostBuilder::with_elicitor`](crate::HostBuilder::with_elicitor)); an approver that
+//! answers none leaves them declined.
 
+mod elicit;
 mod gate;
 mod queue;
 mod terminal;
@@ -21,8 +27,10 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
+pub(crate) use elicit::required_fields;
+pub use elicit::{ElicitationAnswer, ElicitationFuture, ElicitationRequest, accept_defaults};
 pub use gate::Approvals;
-pub(crate) use gate::{AskFor, Refusal, timeout_of};
+pub(crate) use gate::{AskFor, Refusal, next_id, timeout_of};
 pub use queue::{ApprovalError, ApprovalQueue};
 pub use terminal::TerminalApprover;
 
@@ -114,6 +122,15 @@ pub trait Approver: Send + Sync + 'static {
     /// Decides `request`. The host stops waiting at `request.expires_at` (and when the task
     /// ends) by dropping the future.
     fn ask(&self, request: ApprovalRequest) -> ApprovalFuture<'_>;
+
+    /// Answers a server's question (`elicitation/create`, form mode) asked during one of a
+    /// task's requests; `None` (the default) answers none, and the host declines it. The
+    /// host stops waiting at `request.expires_at` (and when the task ends) by dropping the
+    /// future, and checks the answer against the form before sending it.
+    fn elicit(&self, request: ElicitationRequest) -> ElicitationFuture<'_> {
+        let _ = request;
+        Box::pin(std::future::ready(None))
+    }
 }
 
 /// Approves every call.
@@ -123,6 +140,26 @@ pub struct AllowAll;
 impl Approver for AllowAll {
     fn ask(&self, _request: ApprovalRequest) -> ApprovalFuture<'_> {
         Box::pin(std::future::ready(ApprovalDecision::approve()))
+    }
+}
+
+/// Accepts every question whose form gives a default for each required field, with the
+/// defaults (`quiver mcp call --elicit defaults`); declines the others. Decides no call: as
+/// an approver it denies every one.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AcceptDefaults;
+
+impl Approver for AcceptDefaults {
+    fn ask(&self, _request: ApprovalRequest) -> ApprovalFuture<'_> {
+        Box::pin(std::future::ready(ApprovalDecision::deny(
+            "this approver only answers servers' questions",
+        )))
+    }
+
+    fn elicit(&self, request: ElicitationRequest) -> ElicitationFuture<'_> {
+        Box::pin(std::future::ready(accept_defaults(
+            &request.requested_schema,
+        )))
     }
 }
 

@@ -1,5 +1,5 @@
 //! [`TerminalApprover`]: asks a person on the controlling terminal (`quiver run --approve
-//! prompt`).
+//! prompt`), about calls and about servers' questions (accepting a form's defaults).
 //!
 //! It opens `/dev/tty`, never the guest's stdin or stdout, so a guest cannot answer its own
 //! request through them. Every name shown (task, server, tool, argument keys) may come from
@@ -19,9 +19,12 @@ use std::os::unix::io::AsRawFd;
 use tokio::io::unix::AsyncFd;
 use tokio::sync::Mutex;
 
-use super::{ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver};
+use super::{
+    ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver, ElicitationAnswer,
+    ElicitationFuture, ElicitationRequest, accept_defaults,
+};
 use crate::defaults::MAX_TERMINAL_ANSWER_BYTES;
-use crate::text::printable;
+use crate::text::{cut, printable};
 
 /// Ends whatever a guest's output left set: attributes and colours (SGR 0), a scroll
 /// region (DECSTBM), a hidden cursor, and a charset switch (SI: back to G0).
@@ -45,7 +48,7 @@ impl Approver for TerminalApprover {
     fn ask(&self, request: ApprovalRequest) -> ApprovalFuture<'_> {
         Box::pin(async move {
             let _turn = self.turn.lock().await;
-            match prompt(&request).await {
+            match prompt(&question(&request)).await {
                 Ok(answer) if is_yes(&answer) => ApprovalDecision::approve(),
                 Ok(_) => ApprovalDecision::deny("denied at the terminal"),
                 Err(e) => ApprovalDecision::deny(format!(
@@ -54,6 +57,50 @@ impl Approver for TerminalApprover {
             }
         })
     }
+
+    /// Offers the form's defaults for acceptance; a form with a required field that has
+    /// none, or no terminal, is left to the host (declined). No field is typed in: the
+    /// terminal may be shared with the guest's output.
+    fn elicit(&self, request: ElicitationRequest) -> ElicitationFuture<'_> {
+        Box::pin(async move {
+            let defaults = accept_defaults(&request.requested_schema)?;
+            let _turn = self.turn.lock().await;
+            match prompt(&elicitation_question(&request, &defaults)).await {
+                Ok(answer) if is_yes(&answer) => Some(defaults),
+                Ok(_) => Some(ElicitationAnswer::Decline),
+                Err(_) => None,
+            }
+        })
+    }
+}
+
+fn elicitation_question(request: &ElicitationRequest, defaults: &ElicitationAnswer) -> String {
+    let seconds = request
+        .expires_at
+        .duration_since(request.requested_at)
+        .map_or(0, |d| d.as_secs());
+    let fields: Vec<String> = match defaults {
+        ElicitationAnswer::Accept { content } => content
+            .iter()
+            .map(|(name, value)| {
+                format!(
+                    "{} = {}",
+                    printable(cut(name, 64)),
+                    printable(cut(&value.to_string(), 64))
+                )
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    format!(
+        "{RESET}\nquiver: MCP server `{}` asks task `{}` (during {} `{}`):\n  {}\n  answer: {{{}}}\nAccept? [y/N] (declined in {seconds} s) ",
+        printable(&request.server_id),
+        printable(&request.task_id),
+        request.method,
+        printable(&request.name),
+        request.message,
+        fields.join(", "),
+    )
 }
 
 fn is_yes(answer: &str) -> bool {
@@ -85,8 +132,8 @@ fn question(request: &ApprovalRequest) -> String {
     )
 }
 
-/// Writes the question to the terminal and reads one answer line.
-async fn prompt(request: &ApprovalRequest) -> io::Result<String> {
+/// Writes `question` to the terminal and reads one answer line.
+async fn prompt(question: &str) -> io::Result<String> {
     let mut tty = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -95,7 +142,7 @@ async fn prompt(request: &ApprovalRequest) -> io::Result<String> {
     // An answer typed for an earlier question (one that timed out) must not answer this one.
     // SAFETY: tcflush on an fd the File owns; an error (not a terminal) changes nothing.
     unsafe { libc::tcflush(tty.as_raw_fd(), libc::TCIFLUSH) };
-    tty.write_all(question(request).as_bytes())?;
+    tty.write_all(question.as_bytes())?;
     // SAFETY: the File owns its fd, open until the AsyncFd (which owns the File) drops.
     let tty = unsafe { AsyncFd::register(tty) }.map_err(io::Error::from)?;
     let mut line = Vec::new();
@@ -164,5 +211,35 @@ mod tests {
             "{q}"
         );
         assert!(is_yes(" Yes\n") && is_yes("y") && !is_yes("") && !is_yes("no"));
+    }
+
+    #[test]
+    fn a_servers_question_shows_its_defaults_without_escapes() {
+        let now = SystemTime::now();
+        let schema = serde_json::json!({"type": "object", "properties": {
+            "na\u{1b}me": {"type": "string", "default": "x\u{202e}y"}}});
+        let request = ElicitationRequest {
+            id: "1".into(),
+            task_id: Arc::from("t"),
+            principal: None,
+            client: None,
+            via: Via::McpCall,
+            server_id: "fs".into(),
+            method: "tools/call",
+            name: "ask".into(),
+            message: "Who?".into(),
+            requested_schema: schema.clone(),
+            requested_at: now,
+            expires_at: now + Duration::from_secs(30),
+        };
+        let defaults = accept_defaults(&schema).unwrap();
+        let q = elicitation_question(&request, &defaults);
+        assert!(q.starts_with(RESET), "{q:?}");
+        assert!(q.contains("Who?") && q.contains("declined in 30 s"), "{q}");
+        let shown = q.strip_prefix(RESET).unwrap();
+        assert!(
+            !shown.contains('\u{1b}') && !shown.contains('\u{202e}'),
+            "{q}"
+        );
     }
 }

@@ -377,8 +377,18 @@ impl HostBuilder {
     /// Decides tool calls of servers whose `approval_policy` asks for approval (see
     /// [`crate::approval`]). Without one such calls are refused and their tools are not
     /// offered to models.
+    /// It also answers the questions servers ask during a task's requests
+    /// ([`Approver::elicit`]), unless [`Self::with_elicitor`] says who does.
     pub fn with_approver(mut self, approver: Arc<dyn Approver>) -> Self {
-        self.approvals = Approvals::new(Some(approver));
+        self.approvals = self.approvals.with_approver(approver);
+        self
+    }
+
+    /// Who answers the questions servers ask during a task's requests (MCP elicitation)
+    /// when the task's guest does not: `elicitor`'s [`Approver::elicit`] (its `ask` is never
+    /// called), or nobody (`None`: every question is declined). By default the approver.
+    pub fn with_elicitor(mut self, elicitor: Option<Arc<dyn Approver>>) -> Self {
+        self.approvals = self.approvals.with_elicitor(elicitor);
         self
     }
 

@@ -21,6 +21,7 @@ use std::time::SystemTime;
 use rmcp::model::JsonObject;
 use serde_json::Value;
 
+use super::input::Asker;
 use super::pool::ToolCallOutput;
 use super::session::McpTask;
 use super::{McpError, McpErrorCode};
@@ -47,6 +48,18 @@ pub(crate) struct Origin {
 }
 
 impl Origin {
+    /// Who answers what a server asks during this caller's requests: the task.
+    pub(crate) fn asker(&self, mcp: &McpTask) -> Asker {
+        Asker {
+            task_id: self.task_id.clone(),
+            observers: mcp.observers.clone(),
+            approvals: mcp.approvals.clone(),
+            session_fd: self.session_fd,
+            via: self.via,
+            deadline: self.deadline,
+        }
+    }
+
     /// The hostcall a refused call is reported under: the chat loop's calls belong to the
     /// guest's `cchat_send`.
     fn action(&self) -> &'static str {
@@ -170,7 +183,11 @@ pub(crate) async fn run(
     });
     // Boxed: the call's future is about 22 KB, and moved around on the task's fiber stack it
     // kept about 40 KiB more of every waiting task's stack resident (BENCHMARKS.md).
-    let called = Box::pin(mcp.pool.call_tool(entry, tool, arguments, mcp.principal()));
+    let asker = origin.asker(mcp);
+    let called = Box::pin(
+        mcp.pool
+            .call_tool(entry, tool, arguments, mcp.principal(), &asker),
+    );
     let (ended, outcome, output_bytes) = match before(origin.deadline, called).await? {
         Ok(output) => {
             let outcome = match output.result.is_error {

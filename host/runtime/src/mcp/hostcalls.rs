@@ -694,10 +694,12 @@ async fn read_resource<T: McpView>(
     caller: &mut Caller<'_, T>,
     request: Request,
 ) -> Result<i32, HostcallError> {
+    let asker = origin(&request.task_id, request.fd, request.deadline).asker(&request.mcp);
     let read = request.mcp.pool.read_resource(
         &request.grant.entry,
         request.mcp.principal(),
         request.name(),
+        &asker,
     );
     let bytes = request
         .run(read)
@@ -725,11 +727,13 @@ async fn get_prompt<T: McpView>(
         Ok(arguments) => arguments,
         Err(error) => return request.deliver(caller, encode(&error.to_json())),
     };
+    let asker = origin(&request.task_id, request.fd, request.deadline).asker(&request.mcp);
     let got = request.mcp.pool.get_prompt(
         &request.grant.entry,
         request.mcp.principal(),
         request.name(),
         arguments,
+        &asker,
     );
     let bytes = request
         .run(got)

@@ -164,6 +164,37 @@ pub(crate) struct AuthedClient {
     pub(crate) refusal: AuthRefusal,
     /// Notes the listed tools rmcp will leave out for invalid `x-mcp-header` declarations.
     pub(crate) left_out: LeftOut,
+    /// Notes when the session's first standalone GET stream was answered.
+    pub(crate) common_stream: CommonStream,
+}
+
+/// Whether a 2025-era session's standalone GET stream (where a server sends what belongs
+/// to no request, like some servers' questions during a call) was answered yet, opened or
+/// refused. rmcp opens it in the background after the handshake; a call sent before it is
+/// open can have such a server's question go nowhere, so calls wait for it a little.
+#[derive(Clone, Default)]
+pub(crate) struct CommonStream(Arc<(std::sync::atomic::AtomicBool, tokio::sync::Notify)>);
+
+impl CommonStream {
+    fn answered(&self) {
+        if !self.0.0.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            self.0.1.notify_waiters();
+        }
+    }
+
+    /// Waits until the stream was answered, at most `up_to`.
+    pub(crate) async fn wait(&self, up_to: std::time::Duration) {
+        let answered = || self.0.0.load(std::sync::atomic::Ordering::SeqCst);
+        if answered() {
+            return;
+        }
+        let notified = self.0.1.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if !answered() {
+            let _ = tokio::time::timeout(up_to, notified).await;
+        }
+    }
 }
 
 /// The last refusal of a connection's requests that only a person can fix (a grant
@@ -494,22 +525,28 @@ impl StreamableHttpClient for AuthedClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
-        self.with_token(
-            auth_header,
-            "GET",
-            &uri,
-            &custom_headers,
-            |token, headers| {
-                self.inner.get_stream(
-                    uri.clone(),
-                    session_id.clone(),
-                    last_event_id.clone(),
-                    token,
-                    headers,
-                )
-            },
-        )
-        .await
+        let first = last_event_id.is_none();
+        let stream = self
+            .with_token(
+                auth_header,
+                "GET",
+                &uri,
+                &custom_headers,
+                |token, headers| {
+                    self.inner.get_stream(
+                        uri.clone(),
+                        session_id.clone(),
+                        last_event_id.clone(),
+                        token,
+                        headers,
+                    )
+                },
+            )
+            .await;
+        if first {
+            self.common_stream.answered();
+        }
+        stream
     }
 
     async fn get_stream_with_max_sse_event_size(
@@ -522,24 +559,30 @@ impl StreamableHttpClient for AuthedClient {
         max_sse_event_size: usize,
     ) -> Result<BoxStream<'static, Result<Sse, SseError>>, HttpError> {
         let max = self.limits.largest_message().min(max_sse_event_size);
-        self.with_token(
-            auth_header,
-            "GET",
-            &uri,
-            &custom_headers,
-            |token, headers| {
-                self.inner.get_stream_with_max_sse_event_size(
-                    uri.clone(),
-                    session_id.clone(),
-                    last_event_id.clone(),
-                    token,
-                    headers,
-                    max,
-                )
-            },
-        )
-        .await
-        .map(bound_retry)
+        let first = last_event_id.is_none();
+        let stream = self
+            .with_token(
+                auth_header,
+                "GET",
+                &uri,
+                &custom_headers,
+                |token, headers| {
+                    self.inner.get_stream_with_max_sse_event_size(
+                        uri.clone(),
+                        session_id.clone(),
+                        last_event_id.clone(),
+                        token,
+                        headers,
+                        max,
+                    )
+                },
+            )
+            .await
+            .map(bound_retry);
+        if first {
+            self.common_stream.answered();
+        }
+        stream
     }
 }
 

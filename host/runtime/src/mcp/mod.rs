@@ -17,6 +17,7 @@ mod error;
 mod hostcalls;
 mod http;
 mod in_flight;
+pub(crate) mod input;
 mod launch;
 mod outbound;
 mod pool;

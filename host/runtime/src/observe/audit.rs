@@ -37,7 +37,9 @@ use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 
-use super::{ApprovalDecided, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd, ToolObserver};
+use super::{
+    ApprovalDecided, InputRound, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd, ToolObserver,
+};
 use crate::defaults;
 
 /// A [`ToolObserver`] that appends one JSON line per tool call end and per policy denial
@@ -82,6 +84,7 @@ enum Message {
     Denial(Box<PolicyDenial>),
     Decision(Box<ApprovalDecided>),
     Pins(Box<PinsChanged>),
+    Input(Box<InputRound>),
     /// Write out everything before this, then answer.
     Flush(SyncSender<()>),
 }
@@ -122,6 +125,15 @@ struct PinsLine<'a> {
     time: SystemTime,
     #[serde(flatten)]
     pins: &'a PinsChanged,
+}
+
+#[derive(Serialize)]
+struct InputLine<'a> {
+    event: &'static str,
+    #[serde(serialize_with = "super::event::unix_seconds")]
+    time: SystemTime,
+    #[serde(flatten)]
+    round: &'a InputRound,
 }
 
 #[derive(Serialize)]
@@ -291,6 +303,10 @@ impl ToolObserver for AuditLog {
     fn pins_changed(&self, event: &PinsChanged) {
         self.offer(Message::Pins(Box::new(event.clone())));
     }
+
+    fn input_round(&self, round: &InputRound) {
+        self.offer(Message::Input(Box::new(round.clone())));
+    }
 }
 
 /// The log's sizes; tests make them small.
@@ -365,6 +381,11 @@ impl<W: Write> Writer<W> {
                     event: "pins_changed",
                     time: pins.at,
                     pins: &pins,
+                }),
+                Message::Input(round) => self.event(&InputLine {
+                    event: "input_round",
+                    time: round.at,
+                    round: &round,
                 }),
                 Message::Flush(done) => {
                     self.report_dropped();

@@ -300,6 +300,46 @@ pub struct PinChange {
     pub new: String,
 }
 
+/// One `input_required` round (SEP-2322) of a task's request: what the server asked and
+/// how each question was answered, before the request is sent again (or failed).
+#[derive(Clone, Debug, Serialize)]
+pub struct InputRound {
+    pub task_id: Arc<str>,
+    /// Set by the observers from the task's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<Arc<str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<Arc<str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_fd: Option<i32>,
+    pub via: Via,
+    pub server_id: String,
+    /// `tools/call`, `prompts/get` or `resources/read`.
+    pub method: &'static str,
+    /// The tool, prompt or resource URI (cut).
+    pub name: String,
+    /// 1 for the server's first `input_required` answer.
+    pub round: u32,
+    /// Each request of the round, in the server's key order.
+    pub inputs: Vec<InputAnswered>,
+    #[serde(serialize_with = "unix_seconds")]
+    pub at: SystemTime,
+}
+
+/// One input request of a round and what became of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct InputAnswered {
+    /// The server's key for it (cut).
+    pub key: String,
+    /// `elicitation`, `sampling` or `roots`.
+    pub kind: &'static str,
+    /// `accept`, `decline` or `cancel` (a question), `answered` (roots), `refused` (the
+    /// request fails: nothing may answer it).
+    pub outcome: &'static str,
+    /// Who answered: `approver`, `host` (a decline nobody else gave, the roots).
+    pub by: &'static str,
+}
+
 /// A decision on a tool call that waited for approval, as the host's approver gave it.
 #[derive(Clone, Debug, Serialize)]
 pub struct ApprovalDecided {

@@ -21,8 +21,8 @@ use std::time::Instant;
 pub use audit::AuditLog;
 pub(crate) use event::unix_seconds;
 pub use event::{
-    ApprovalDecided, ArgumentsSummary, PinChange, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd,
-    ToolKind, ToolOutcome, Via,
+    ApprovalDecided, ArgumentsSummary, InputAnswered, InputRound, PinChange, PinsChanged,
+    PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
 };
 pub use metrics::Metrics;
 pub(crate) use metrics::{LiveStatus, ServerGauges};
@@ -40,6 +40,9 @@ pub trait ToolObserver: Send + Sync + 'static {
     fn approval_decided(&self, _decision: &ApprovalDecided) {}
     /// An operator accepted tool definitions by pinning them.
     fn pins_changed(&self, _event: &PinsChanged) {}
+    /// A server answered one of a task's requests with `input_required`, and the host
+    /// answered its input requests (or refused them).
+    fn input_round(&self, _round: &InputRound) {}
 }
 
 /// The observers of one host, or of one task (then every event carries the task's
@@ -140,6 +143,17 @@ impl Observers {
     pub(crate) fn approval_decided(&self, decision: &ApprovalDecided) {
         for observer in self.all.iter() {
             observer.approval_decided(decision);
+        }
+    }
+
+    pub(crate) fn input_round(&self, round: &InputRound) {
+        let stamped = InputRound {
+            principal: self.principal.clone(),
+            client: self.client.clone(),
+            ..round.clone()
+        };
+        for observer in self.all.iter() {
+            observer.input_round(&stamped);
         }
     }
 

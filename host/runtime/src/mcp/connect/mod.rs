@@ -26,8 +26,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use rmcp::model::{ClientConfig, ClientJsonRpcMessage, ProtocolVersion, ServerJsonRpcMessage};
-use rmcp::service::{NotificationContext, RunningService, RunningServiceCancellationToken};
+use rmcp::model::{
+    ClientCapabilities, ClientConfig, ClientJsonRpcMessage, ElicitRequestParams, ElicitResult,
+    ElicitationAction, ElicitationCapability, FormElicitationCapability, ProtocolVersion,
+    ServerJsonRpcMessage,
+};
+use rmcp::service::{
+    NotificationContext, RequestContext, RunningService, RunningServiceCancellationToken,
+};
 use rmcp::transport::{IntoTransport, Transport};
 use rmcp::{
     ClientCacheConfig, ClientHandler, ClientLifecycleMode, ClientServiceExt, RoleClient, ServiceExt,
@@ -37,7 +43,8 @@ use tracing::Instrument;
 
 use super::ServerRules;
 use super::error::{McpError, McpErrorCode, error_chain};
-use super::http::{AuthRefusal, SseConnectError};
+use super::http::{AuthRefusal, CommonStream, SseConnectError};
+use super::input::InFlight;
 use super::outbound::{ClientBuildError, OutboundClient};
 use super::tool_headers::LeftOut;
 use crate::defaults;
@@ -57,9 +64,26 @@ pub(super) struct ClientEvents {
     /// version that has that handshake (rmcp's own default is its newest version, which
     /// has none, and the spec's `initialize` must name one that does).
     protocol_version: ProtocolVersion,
+    /// The requests in flight, whose task answers the server's questions.
+    in_flight: Arc<InFlight>,
 }
 
 impl ClientHandler for ClientEvents {
+    /// A 2025-protocol server's question during a call: answered for the task whose call
+    /// it must be, as an `input_required` round's would be (see [`InFlight`]).
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, rmcp::ErrorData> {
+        let Some(sole) = self.in_flight.sole() else {
+            tracing::info!(server_id = %self.server_id, "declined a question that no single task's request can own");
+            return Ok(ElicitResult::new(ElicitationAction::Decline));
+        };
+        let (result, _) = sole.asker.elicit(sole.asked(), request).await;
+        Ok(result)
+    }
+
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
         tracing::debug!(server_id = %self.server_id, "tools/list_changed: dropping cached tools");
         self.tools_stale.store(true, Ordering::SeqCst);
@@ -70,6 +94,12 @@ impl ClientHandler for ClientEvents {
         config.client_info.name = "quiver".into();
         config.client_info.version = env!("CARGO_PKG_VERSION").into();
         config.protocol_version = self.protocol_version.clone();
+        // Questions are answered (or declined) for the task; roots are the task's (none).
+        let mut capabilities = ClientCapabilities::default();
+        capabilities.elicitation =
+            Some(ElicitationCapability::new().with_form(FormElicitationCapability::new()));
+        capabilities.roots = Some(Default::default());
+        config.capabilities = capabilities;
         config
     }
 }
@@ -94,6 +124,10 @@ pub(super) struct Connection {
     ended: Arc<Ended>,
     /// Why the session's requests were refused credentials, when only a person can fix it.
     pub(super) auth_refusal: AuthRefusal,
+    /// The requests in flight, for the server's own questions (2025 protocol).
+    pub(in crate::mcp) in_flight: Arc<InFlight>,
+    /// A Streamable HTTP session's standalone GET stream (`None` for other transports).
+    common_stream: Option<CommonStream>,
 }
 
 /// The end of a transport: a flag to read and a wake-up for whoever stops the server.
@@ -119,6 +153,29 @@ impl Connection {
     fn with_auth_refusal(mut self, refusal: AuthRefusal) -> Self {
         self.auth_refusal = refusal;
         self
+    }
+
+    fn with_common_stream(mut self, common_stream: CommonStream) -> Self {
+        self.common_stream = Some(common_stream);
+        self
+    }
+
+    /// Before a request on a Streamable HTTP session of the 2025 protocol: waits (at most
+    /// [`defaults::COMMON_STREAM_WAIT`], once) for its standalone GET stream, where some
+    /// servers send their questions during a call; a stateless 2026-07-28 session has none.
+    pub(in crate::mcp) async fn common_stream_ready(&self) {
+        let session = self
+            .service
+            .peer()
+            .peer_info()
+            .is_some_and(|info| info.protocol_version < ProtocolVersion::V_2026_07_28);
+        if let Some(common_stream) = self
+            .common_stream
+            .as_ref()
+            .filter(|_| self.streamable && session)
+        {
+            common_stream.wait(defaults::COMMON_STREAM_WAIT).await;
+        }
     }
 
     /// Whether the session is open and, for a stdio server, its first process still runs:
@@ -326,6 +383,7 @@ impl Connector {
             None => format!("server `{server_id}`"),
         };
         let tools_stale = Arc::new(AtomicBool::new(false));
+        let in_flight = Arc::new(InFlight::default());
         let ended = Arc::new(Ended::default());
         let watched = ended.clone();
         let events = ClientEvents {
@@ -336,6 +394,7 @@ impl Connector {
                 .protocol_version
                 .clone()
                 .unwrap_or(ProtocolVersion::LATEST_WITH_INITIALIZE),
+            in_flight: in_flight.clone(),
         };
         // A connection outlives the task that happened to open it: detach it from the
         // caller's span so its logs are not filed under that task.
@@ -396,6 +455,8 @@ impl Connector {
             left_out,
             ended,
             auth_refusal: AuthRefusal::default(),
+            in_flight,
+            common_stream: None,
         })
     }
 }

@@ -13,7 +13,9 @@ use std::sync::Arc;
 
 use crate::mcp::auth::{AuthError, Credentials, UserToken};
 use crate::mcp::error::McpError;
-use crate::mcp::http::{AuthRefusal, AuthedClient, LegacySse, header_map, streamable_http};
+use crate::mcp::http::{
+    AuthRefusal, AuthedClient, CommonStream, LegacySse, header_map, streamable_http,
+};
 use crate::mcp::tool_headers::LeftOut;
 use crate::registry::{ServerEntry, Transport};
 
@@ -106,12 +108,14 @@ impl Connector {
         let oauth = credentials.as_ref().and_then(Credentials::tokens);
         let refusal = AuthRefusal::default();
         let left_out = LeftOut::default();
+        let common_stream = CommonStream::default();
         let client = AuthedClient {
             inner: http,
             oauth,
             limits: super::Limits::of(entry),
             refusal: refusal.clone(),
             left_out: left_out.clone(),
+            common_stream: common_stream.clone(),
         };
         let peer = Peer::Url(url, left_out);
         let connected = match entry.record.transport {
@@ -129,7 +133,10 @@ impl Connector {
                     .await
             }
         };
-        connected.map(|conn| conn.with_auth_refusal(refusal))
+        connected.map(|conn| {
+            conn.with_auth_refusal(refusal)
+                .with_common_stream(common_stream)
+        })
     }
 }
 

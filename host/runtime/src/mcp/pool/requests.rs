@@ -8,8 +8,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, GetPromptRequestParams, JsonObject, PaginatedRequestParams, Prompt,
-    ReadResourceRequestParams, Resource, ResourceTemplate,
+    CallToolRequestParams, CallToolResponse, GetPromptRequestParams, GetPromptResponse, JsonObject,
+    PaginatedRequestParams, Prompt, ReadResourceRequestParams, ReadResourceResponse, Resource,
+    ResourceTemplate,
 };
 
 use super::failure::{CallPhase, server_failure, service_failed, timed_out};
@@ -18,6 +19,7 @@ use super::slot::{CachedTools, ServerSlot};
 use super::{Connection, McpPool};
 use crate::defaults;
 use crate::mcp::capped::{Encode, encode_capped};
+use crate::mcp::input::{Asked, Asker, Round, rounds};
 use crate::mcp::{CallToolResult, McpError, McpErrorCode, Tool};
 use crate::registry::{Launch, ServerEntry};
 
@@ -157,68 +159,32 @@ impl McpPool {
     /// Calls `name` on the server within its budgets. `arguments` is the JSON object sent.
     /// The caller has decided policy ([`Grant::check_call`](crate::policy::Grant::check_call)).
     /// `principal` is whom the call is made for: a server whose credential is a user's
-    /// grant is reached over that principal's own connection, with its token.
+    /// grant is reached over that principal's own connection, with its token. A server
+    /// that asks for input (SEP-2322) is answered for `asker`'s task, and each round is
+    /// one request with its own `tool_timeout_ms` (see [`crate::mcp::input`]).
     pub(crate) async fn call_tool(
         &self,
         entry: &Arc<ServerEntry>,
         name: &str,
         arguments: JsonObject,
         principal: Option<&str>,
+        asker: &Asker,
     ) -> Result<ToolCallOutput, McpError> {
         let server_id = entry.server_id();
         let record = &entry.record;
-        let in_flight = self.enter(entry, principal);
-        let slot = &in_flight.slot;
-        let conn = self.connect(slot).await?;
-        self.check_listed(entry, slot, &conn, name, principal)
-            .await?;
-        let timeout = record.budgets.tool_timeout;
+        let asked = Asked {
+            entry,
+            method: "tools/call",
+            name,
+        };
         let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
-        let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
-        let call = async {
-            let _permit = slot.permits.acquire().await.map_err(|_| {
-                McpError::new(
-                    McpErrorCode::Unavailable,
-                    format!("server `{server_id}` is shutting down"),
-                )
-            })?;
-            phase.set(CallPhase::WAITING_FOR_HOST);
-            let _host_permit = self.call_permit().await?;
-            phase.set(CallPhase::ON_WIRE);
-            let sent = Instant::now();
-            let result = conn
-                .service
-                .call_tool(params)
-                .await
-                .map_err(|e| service_failed(server_id, name, e, &phase))?;
-            Ok((result, sent.elapsed()))
-        };
-        let outcome = match tokio::time::timeout(timeout, call).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(self.call_timed_out(slot, name, timeout, &phase)),
-        };
-        let result = match outcome {
-            Ok((result, latency)) => {
-                // An `isError` result is an answer too: the server is fine.
-                slot.health.answered(latency);
-                result
-            }
-            Err(error) => {
-                let mut error = error.redacted(entry.secrets());
-                if error.code == McpErrorCode::Unavailable {
-                    self.discard(slot, &conn).await;
-                    // The session ended because its grant was revoked or refused: say so,
-                    // not "went away", and do not hold it against the server.
-                    if let Some(refusal) = conn.auth_refusal.take() {
-                        error = refusal;
-                    }
-                }
-                if server_failure(error.code) && phase.on_wire() {
-                    slot.health.failed(&error.message);
-                }
-                return Err(error);
-            }
-        };
+        let result = rounds(asker, asked, |responses, state| {
+            let mut params = params.clone();
+            params.input_responses = responses;
+            params.request_state = state;
+            self.call_round(entry, params, principal, asker)
+        })
+        .await?;
         // The transport capped the answer as it was read; the guest gets it re-encoded,
         // which is checked again while it is written, so no more than the cap is buffered.
         let cap = record.budgets.max_tool_output_bytes;
@@ -235,6 +201,82 @@ impl McpPool {
             ),
         })?;
         Ok(ToolCallOutput { result, json })
+    }
+
+    /// One `tools/call` request of [`Self::call_tool`], within the server's budgets.
+    async fn call_round(
+        &self,
+        entry: &Arc<ServerEntry>,
+        params: CallToolRequestParams,
+        principal: Option<&str>,
+        asker: &Asker,
+    ) -> Result<Round<CallToolResult>, McpError> {
+        let server_id = entry.server_id();
+        let name = params.name.to_string();
+        let name = name.as_str();
+        let in_flight = self.enter(entry, principal);
+        let slot = &in_flight.slot;
+        let conn = self.connect(slot).await?;
+        self.check_listed(entry, slot, &conn, name, principal)
+            .await?;
+        let _asking = conn.in_flight.enter(asker, entry, "tools/call", name);
+        conn.common_stream_ready().await;
+        let timeout = entry.record.budgets.tool_timeout;
+        let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
+        let call = async {
+            let _permit = slot.permits.acquire().await.map_err(|_| {
+                McpError::new(
+                    McpErrorCode::Unavailable,
+                    format!("server `{server_id}` is shutting down"),
+                )
+            })?;
+            phase.set(CallPhase::WAITING_FOR_HOST);
+            let _host_permit = self.call_permit().await?;
+            phase.set(CallPhase::ON_WIRE);
+            let sent = Instant::now();
+            let result = conn
+                .service
+                .call_tool_once(params)
+                .await
+                .map_err(|e| service_failed(server_id, name, e, &phase))?;
+            Ok((result, sent.elapsed()))
+        };
+        let outcome = match tokio::time::timeout(timeout, call).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(self.call_timed_out(slot, name, timeout, &phase)),
+        };
+        match outcome {
+            Ok((response, latency)) => {
+                // An `isError` result is an answer too: the server is fine.
+                slot.health.answered(latency);
+                match response {
+                    CallToolResponse::Complete(result) => Ok(Round::Complete(result)),
+                    CallToolResponse::InputRequired(input) => Ok(Round::InputRequired(input)),
+                    // The host does not declare the tasks extension, so a server may not.
+                    _ => Err(McpError::new(
+                        McpErrorCode::ToolExecFailed,
+                        format!(
+                            "server `{server_id}` answered tool `{name}` with a task (resultType \"task\"), which this host did not ask for"
+                        ),
+                    )),
+                }
+            }
+            Err(error) => {
+                let mut error = error.redacted(entry.secrets());
+                if error.code == McpErrorCode::Unavailable {
+                    self.discard(slot, &conn).await;
+                    // The session ended because its grant was revoked or refused: say so,
+                    // not "went away", and do not hold it against the server.
+                    if let Some(refusal) = conn.auth_refusal.take() {
+                        error = refusal;
+                    }
+                }
+                if server_failure(error.code) && phase.on_wire() {
+                    slot.health.failed(&error.message);
+                }
+                Err(error)
+            }
+        }
     }
 
     /// Every resource the server lists (all pages, at most `budgets.max_tool_list_bytes`).
@@ -290,34 +332,55 @@ impl McpPool {
 
     /// Reads `uri`; the result's JSON, at most `budgets.max_tool_output_bytes`. The caller
     /// has decided policy ([`Grant::check_resource`](crate::policy::Grant::check_resource)).
+    /// Input the server asks for is answered for `asker`'s task, as for a tool call.
     pub(crate) async fn read_resource(
         &self,
         entry: &Arc<ServerEntry>,
         principal: Option<&str>,
         uri: &str,
+        asker: &Asker,
     ) -> Result<Vec<u8>, McpError> {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_output_bytes;
-        self.request(entry, principal, "resources/read", |conn, phase| async move {
-            let result = conn
-                .service
-                .read_resource(ReadResourceRequestParams::new(uri))
-                .await
-                .map_err(|e| service_failed(server_id, "resources/read", e, &phase))?;
-            encode_capped(&result, cap).map_err(|error| match error {
-                Encode::TooLarge => McpError::new(
-                    McpErrorCode::OutputTooLarge,
-                    format!(
-                        "resource `{uri}` on server `{server_id}` is more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
-                    ),
-                ),
-                Encode::Failed(e) => McpError::new(
-                    McpErrorCode::ToolExecFailed,
-                    format!("cannot encode the resource: {e}"),
-                ),
+        let what = "resources/read";
+        let asked = Asked {
+            entry,
+            method: what,
+            name: uri,
+        };
+        let result = rounds(asker, asked, |responses, state| {
+            let mut params = ReadResourceRequestParams::new(uri);
+            params.input_responses = responses;
+            params.request_state = state;
+            self.request(entry, principal, what, move |conn, phase| async move {
+                let _asking = conn.in_flight.enter(asker, entry, what, uri);
+                conn.common_stream_ready().await;
+                match conn.service.read_resource_once(params).await {
+                    Ok(ReadResourceResponse::Complete(result)) => Ok(Round::Complete(result)),
+                    Ok(ReadResourceResponse::InputRequired(input)) => {
+                        Ok(Round::InputRequired(input))
+                    }
+                    Ok(_) => Err(McpError::new(
+                        McpErrorCode::ToolExecFailed,
+                        format!("server `{server_id}` answered {what} with an unknown result"),
+                    )),
+                    Err(e) => Err(service_failed(server_id, what, e, &phase)),
+                }
             })
         })
-        .await
+        .await?;
+        encode_capped(&result, cap).map_err(|error| match error {
+            Encode::TooLarge => McpError::new(
+                McpErrorCode::OutputTooLarge,
+                format!(
+                    "resource `{uri}` on server `{server_id}` is more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
+                ),
+            ),
+            Encode::Failed(e) => McpError::new(
+                McpErrorCode::ToolExecFailed,
+                format!("cannot encode the resource: {e}"),
+            ),
+        })
     }
 
     /// Every prompt the server lists, bounded like [`Self::list_resources`].
@@ -344,37 +407,56 @@ impl McpPool {
 
     /// Gets the prompt `name` with `arguments`; the result's JSON, at most
     /// `budgets.max_tool_output_bytes`. The caller has decided policy
-    /// ([`Grant::check_prompt`](crate::policy::Grant::check_prompt)).
+    /// ([`Grant::check_prompt`](crate::policy::Grant::check_prompt)). Input the server asks
+    /// for is answered for `asker`'s task, as for a tool call.
     pub(crate) async fn get_prompt(
         &self,
         entry: &Arc<ServerEntry>,
         principal: Option<&str>,
         name: &str,
         arguments: JsonObject,
+        asker: &Asker,
     ) -> Result<Vec<u8>, McpError> {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_output_bytes;
+        let what = "prompts/get";
+        let asked = Asked {
+            entry,
+            method: what,
+            name,
+        };
         let params = GetPromptRequestParams::new(name).with_arguments(arguments);
-        self.request(entry, principal, "prompts/get", |conn, phase| async move {
-            let result = conn
-                .service
-                .get_prompt(params)
-                .await
-                .map_err(|e| service_failed(server_id, "prompts/get", e, &phase))?;
-            encode_capped(&result, cap).map_err(|error| match error {
-                Encode::TooLarge => McpError::new(
-                    McpErrorCode::OutputTooLarge,
-                    format!(
-                        "prompt `{name}` on server `{server_id}` is more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
-                    ),
-                ),
-                Encode::Failed(e) => McpError::new(
-                    McpErrorCode::ToolExecFailed,
-                    format!("cannot encode the prompt: {e}"),
-                ),
+        let result = rounds(asker, asked, |responses, state| {
+            let mut params = params.clone();
+            params.input_responses = responses;
+            params.request_state = state;
+            self.request(entry, principal, what, move |conn, phase| async move {
+                let _asking = conn.in_flight.enter(asker, entry, what, name);
+                conn.common_stream_ready().await;
+                match conn.service.get_prompt_once(params).await {
+                    Ok(GetPromptResponse::Complete(result)) => Ok(Round::Complete(result)),
+                    Ok(GetPromptResponse::InputRequired(input)) => Ok(Round::InputRequired(input)),
+                    Ok(_) => Err(McpError::new(
+                        McpErrorCode::ToolExecFailed,
+                        format!("server `{server_id}` answered {what} with an unknown result"),
+                    )),
+                    Err(e) => Err(service_failed(server_id, what, e, &phase)),
+                }
             })
         })
-        .await
+        .await?;
+        encode_capped(&result, cap).map_err(|error| match error {
+            Encode::TooLarge => McpError::new(
+                McpErrorCode::OutputTooLarge,
+                format!(
+                    "prompt `{name}` on server `{server_id}` is more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
+                ),
+            ),
+            Encode::Failed(e) => McpError::new(
+                McpErrorCode::ToolExecFailed,
+                format!("cannot encode the prompt: {e}"),
+            ),
+        })
     }
 
     /// Runs one request other than a tool call on `entry`'s server: within its

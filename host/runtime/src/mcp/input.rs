@@ -1,0 +1,560 @@
+//! Multi round-trip requests (SEP-2322): a server may answer `tools/call`, `prompts/get`
+//! or `resources/read` with `resultType: "input_required"`, asking the client questions
+//! (`elicitation/create`), for a model's completion (`sampling/createMessage`) or for its
+//! roots (`roots/list`). The host answers them for the task the request belongs to and
+//! sends the request again: with a fresh JSON-RPC id (rmcp numbers every request), the
+//! answers as `inputResponses`, and `requestState` echoed exactly as the server sent it
+//! (and only if it sent one). Nothing of one request's rounds reaches another: each
+//! [`rounds`] holds its own state.
+//!
+//! Who answers, for the task ([`Asker`]): a question goes to the host's elicitor (by
+//! default its [approver](crate::approval)), within the server's `approval_timeout_ms` and
+//! the task's deadline, else it is declined; its form is checked and bounded before it is
+//! shown, and an accepted answer is checked against it, the form's defaults filled in for
+//! fields left out (SEP-1034), or it is declined. Roots are the task's own (none). Sampling
+//! is refused: the request fails with `mcp_policy_denied`. Each round, with what became of
+//! each input request, reaches the observers (and so the audit log).
+//!
+//! Rounds are bounded ([`defaults::MAX_INPUT_ROUNDS`]), as are the input requests of one
+//! round; each round is one request to the server with its own `tool_timeout_ms`, so time
+//! a person takes to answer is not the server's: it is bounded by the approval timeout and
+//! the task's deadline instead.
+//!
+//! Servers of the 2025 protocol ask the same questions as requests of their own during a
+//! call; the connection's handler routes them here too ([`InFlight`]).
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use rmcp::model::{
+    ElicitRequestParams, ElicitResult, ElicitationAction, InputRequest, InputRequests,
+    InputRequiredResult, InputResponses,
+};
+use serde_json::{Map, Value};
+
+use super::{McpError, McpErrorCode};
+use crate::approval::{Approvals, ElicitationAnswer, ElicitationRequest, next_id, timeout_of};
+use crate::defaults;
+use crate::observe::{InputAnswered, InputRound, Observers, Via};
+use crate::registry::ServerEntry;
+use crate::sandbox::Deadline;
+use crate::text::{cut, printable};
+
+/// Who answers the input requests of one task's request.
+#[derive(Clone, Debug)]
+pub(crate) struct Asker {
+    pub(crate) task_id: Arc<str>,
+    pub(crate) observers: Observers,
+    pub(crate) approvals: Approvals,
+    pub(crate) session_fd: Option<i32>,
+    pub(crate) via: Via,
+    pub(crate) deadline: Deadline,
+}
+
+/// What the server answered one round.
+pub(crate) enum Round<T> {
+    Complete(T),
+    InputRequired(InputRequiredResult),
+}
+
+/// The request being made, for errors, questions and observers.
+#[derive(Clone, Copy)]
+pub(crate) struct Asked<'a> {
+    pub(crate) entry: &'a ServerEntry,
+    /// `tools/call`, `prompts/get` or `resources/read`.
+    pub(crate) method: &'static str,
+    /// The tool, prompt or URI.
+    pub(crate) name: &'a str,
+}
+
+/// Sends a request until the server completes it: `send` makes one round, given the
+/// previous round's answers and the server's `requestState` (both `None` the first time).
+pub(crate) async fn rounds<T, F, Fut>(
+    asker: &Asker,
+    asked: Asked<'_>,
+    mut send: F,
+) -> Result<T, McpError>
+where
+    F: FnMut(Option<InputResponses>, Option<String>) -> Fut,
+    Fut: Future<Output = Result<Round<T>, McpError>>,
+{
+    let (mut responses, mut state) = (None, None);
+    let mut backoff = Duration::from_millis(50);
+    for round in 1..=defaults::MAX_INPUT_ROUNDS {
+        let input = match send(responses.take(), state.take()).await? {
+            Round::Complete(done) => return Ok(done),
+            Round::InputRequired(input) => input,
+        };
+        let requests = input.input_requests.unwrap_or_default();
+        if requests.is_empty() {
+            // Only `requestState`: the server sheds load; wait a little before retrying.
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(defaults::INPUT_STATE_ONLY_BACKOFF_MAX);
+        } else {
+            let answers = asker.answer(asked, round as u32, requests).await?;
+            responses = Some(answers);
+        }
+        state = input.request_state;
+    }
+    Err(McpError::new(
+        McpErrorCode::ToolExecFailed,
+        format!(
+            "server `{}` still asked for input after {} rounds of {} `{}`; the host gives up (at most {} rounds)",
+            asked.entry.server_id(),
+            defaults::MAX_INPUT_ROUNDS,
+            asked.method,
+            cut(asked.name, defaults::MAX_TOOL_NAME_BYTES),
+            defaults::MAX_INPUT_ROUNDS,
+        ),
+    ))
+}
+
+impl Asker {
+    /// Answers one round's `requests`, and reports the round to the observers. `Err` when
+    /// one may not be answered (sampling), or there are too many.
+    async fn answer(
+        &self,
+        asked: Asked<'_>,
+        round: u32,
+        requests: InputRequests,
+    ) -> Result<InputResponses, McpError> {
+        let server_id = asked.entry.server_id();
+        if requests.len() > defaults::MAX_INPUT_REQUESTS {
+            let error = McpError::new(
+                McpErrorCode::ToolExecFailed,
+                format!(
+                    "server `{server_id}` asked for {} inputs at once during {}; at most {} are answered",
+                    requests.len(),
+                    asked.method,
+                    defaults::MAX_INPUT_REQUESTS
+                ),
+            );
+            self.report(asked, round, Vec::new());
+            return Err(error);
+        }
+        let mut responses = InputResponses::new();
+        let mut inputs = Vec::with_capacity(requests.len());
+        let mut refused = None;
+        for (key, request) in requests {
+            let shown_key = cut(&key, defaults::MAX_TOOL_NAME_BYTES).to_owned();
+            match request {
+                InputRequest::Elicitation(request) => {
+                    let (result, by) = self.elicit(asked, request.params).await;
+                    inputs.push(InputAnswered {
+                        key: shown_key,
+                        kind: "elicitation",
+                        outcome: action_name(&result.action),
+                        by,
+                    });
+                    responses.insert(key, to_json(&result));
+                }
+                InputRequest::ListRoots(_) => {
+                    inputs.push(InputAnswered {
+                        key: shown_key,
+                        kind: "roots",
+                        outcome: "answered",
+                        by: "host",
+                    });
+                    responses.insert(key, serde_json::json!({"roots": []}));
+                }
+                other => {
+                    let kind = match other {
+                        InputRequest::CreateMessage(_) => "sampling",
+                        _ => "unknown",
+                    };
+                    inputs.push(InputAnswered {
+                        key: shown_key,
+                        kind,
+                        outcome: "refused",
+                        by: "host",
+                    });
+                    refused.get_or_insert(McpError::new(
+                        McpErrorCode::PolicyDenied,
+                        format!(
+                            "server `{server_id}` asked for {kind} during {} `{}`; this host does not let servers use a task's model, so the request is refused",
+                            asked.method,
+                            cut(asked.name, defaults::MAX_TOOL_NAME_BYTES),
+                        ),
+                    ));
+                }
+            }
+        }
+        tracing::info!(task_id = %self.task_id, server_id, method = asked.method, round, inputs = ?inputs, "answered the server's input requests");
+        self.report(asked, round, inputs);
+        match refused {
+            Some(error) => Err(error),
+            None => Ok(responses),
+        }
+    }
+
+    fn report(&self, asked: Asked<'_>, round: u32, inputs: Vec<InputAnswered>) {
+        self.observers.input_round(&InputRound {
+            task_id: self.task_id.clone(),
+            // Set by the observers from the task's.
+            principal: None,
+            client: None,
+            session_fd: self.session_fd,
+            via: self.via,
+            server_id: asked.entry.server_id().to_owned(),
+            method: asked.method,
+            name: cut(asked.name, defaults::MAX_RESOURCE_URI_BYTES).to_owned(),
+            round,
+            inputs,
+            at: SystemTime::now(),
+        });
+    }
+
+    /// One question's answer and who gave it: the elicitor's, checked, or a decline.
+    pub(crate) async fn elicit(
+        &self,
+        asked: Asked<'_>,
+        params: ElicitRequestParams,
+    ) -> (ElicitResult, &'static str) {
+        let server_id = asked.entry.server_id();
+        let decline = |why: &str| {
+            tracing::info!(task_id = %self.task_id, server_id, why, "declined the server's question");
+            (ElicitResult::new(ElicitationAction::Decline), "host")
+        };
+        let (message, schema) = match params {
+            ElicitRequestParams::FormElicitationParams {
+                message,
+                requested_schema,
+                ..
+            } => (message, requested_schema),
+            // The host opens no page a server names.
+            _ => return decline("a URL elicitation"),
+        };
+        let schema = match check_schema(&schema) {
+            Ok(schema) => schema,
+            Err(why) => return decline(&why),
+        };
+        let timeout = timeout_of(asked.entry).min(self.deadline.remaining());
+        let requested_at = SystemTime::now();
+        let request = ElicitationRequest {
+            id: next_id(),
+            task_id: self.task_id.clone(),
+            principal: self.observers.principal().cloned(),
+            client: self.observers.client().cloned(),
+            via: self.via,
+            server_id: server_id.to_owned(),
+            method: asked.method,
+            name: printable(cut(asked.name, defaults::MAX_RESOURCE_URI_BYTES)),
+            message: printable(cut(&message, defaults::MAX_ELICITATION_MESSAGE_BYTES)),
+            requested_schema: schema.clone(),
+            requested_at,
+            expires_at: requested_at.checked_add(timeout).unwrap_or(requested_at),
+        };
+        let until = tokio::time::Instant::now() + timeout;
+        match self.approvals.elicit(request, until).await {
+            None => decline("nobody answers servers' questions on this host"),
+            Some(ElicitationAnswer::Decline) => {
+                (ElicitResult::new(ElicitationAction::Decline), "approver")
+            }
+            Some(ElicitationAnswer::Cancel) => {
+                (ElicitResult::new(ElicitationAction::Cancel), "approver")
+            }
+            Some(ElicitationAnswer::Accept { content }) => match check_answer(&schema, content) {
+                Ok(content) => (
+                    ElicitResult::new(ElicitationAction::Accept)
+                        .with_content(Value::Object(content)),
+                    "approver",
+                ),
+                Err(why) => decline(&format!("the answer does not fit the form: {why}")),
+            },
+        }
+    }
+}
+
+fn action_name(action: &ElicitationAction) -> &'static str {
+    match action {
+        ElicitationAction::Accept => "accept",
+        ElicitationAction::Decline => "decline",
+        _ => "cancel",
+    }
+}
+
+fn to_json<T: serde::Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).expect("rmcp's result types always serialise")
+}
+
+/// The form as JSON, if it is within the host's bounds (rmcp has already refused one that
+/// is not a flat object of primitive fields).
+fn check_schema(schema: &rmcp::model::ElicitationSchema) -> Result<Value, String> {
+    if schema.properties.len() > defaults::MAX_ELICITATION_FIELDS {
+        return Err(format!(
+            "the form has {} fields; at most {} are shown",
+            schema.properties.len(),
+            defaults::MAX_ELICITATION_FIELDS
+        ));
+    }
+    let json = to_json(schema);
+    let size = serde_json::to_vec(&json).map_or(usize::MAX, |b| b.len());
+    if size > defaults::MAX_ELICITATION_SCHEMA_BYTES {
+        return Err(format!(
+            "the form takes {size} bytes as JSON; at most {} are shown",
+            defaults::MAX_ELICITATION_SCHEMA_BYTES
+        ));
+    }
+    Ok(json)
+}
+
+/// `content` with the form's defaults filled in for fields it left out (SEP-1034), if each
+/// field is one of the form's and of its type, every required field is there, and it is
+/// within the answer cap.
+pub(crate) fn check_answer(
+    schema: &Value,
+    mut content: Map<String, Value>,
+) -> Result<Map<String, Value>, String> {
+    let empty = Map::new();
+    let properties = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    for (name, property) in properties {
+        if !content.contains_key(name)
+            && let Some(default) = property.get("default")
+        {
+            content.insert(name.clone(), default.clone());
+        }
+    }
+    for (name, value) in &content {
+        let Some(property) = properties.get(name) else {
+            return Err(format!(
+                "`{}` is not a field of the form",
+                printable(cut(name, 64))
+            ));
+        };
+        check_value(property, value)
+            .map_err(|why| format!("field `{}`: {why}", printable(cut(name, 64))))?;
+    }
+    for name in crate::approval::required_fields(schema) {
+        if !content.contains_key(name) {
+            return Err(format!(
+                "required field `{}` is missing",
+                printable(cut(name, 64))
+            ));
+        }
+    }
+    let size = serde_json::to_vec(&content).map_or(usize::MAX, |b| b.len());
+    if size > defaults::MAX_ELICITATION_ANSWER_BYTES {
+        return Err(format!(
+            "the answer takes {size} bytes as JSON; at most {} are sent",
+            defaults::MAX_ELICITATION_ANSWER_BYTES
+        ));
+    }
+    Ok(content)
+}
+
+/// Whether `value` fits one field of a form: its type, its enum (or `oneOf` consts), and
+/// its length or range bounds.
+fn check_value(property: &Value, value: &Value) -> Result<(), String> {
+    let allowed = |values: &[Value], value: &Value| {
+        values
+            .iter()
+            .any(|v| v == value || v.get("const") == Some(value))
+    };
+    let choices = property
+        .get("enum")
+        .or_else(|| property.get("oneOf"))
+        .and_then(Value::as_array);
+    match property.get("type").and_then(Value::as_str) {
+        Some("string") => {
+            let text = value.as_str().ok_or("expected a string")?;
+            if let Some(choices) = choices
+                && !allowed(choices, value)
+            {
+                return Err("not one of the form's choices".into());
+            }
+            let chars = text.chars().count() as u64;
+            if property
+                .get("maxLength")
+                .and_then(Value::as_u64)
+                .is_some_and(|max| chars > max)
+            {
+                return Err("longer than its maxLength".into());
+            }
+            if property
+                .get("minLength")
+                .and_then(Value::as_u64)
+                .is_some_and(|min| chars < min)
+            {
+                return Err("shorter than its minLength".into());
+            }
+        }
+        Some(kind @ ("number" | "integer")) => {
+            let number = value.as_f64().ok_or("expected a number")?;
+            if kind == "integer" && !(value.is_i64() || value.is_u64()) {
+                return Err("expected an integer".into());
+            }
+            if property
+                .get("minimum")
+                .and_then(Value::as_f64)
+                .is_some_and(|min| number < min)
+            {
+                return Err("below its minimum".into());
+            }
+            if property
+                .get("maximum")
+                .and_then(Value::as_f64)
+                .is_some_and(|max| number > max)
+            {
+                return Err("above its maximum".into());
+            }
+        }
+        Some("boolean") => {
+            value.as_bool().ok_or("expected a boolean")?;
+        }
+        Some("array") => {
+            let items = value.as_array().ok_or("expected an array")?;
+            let item_choices = property.get("items").and_then(|items| {
+                items
+                    .get("enum")
+                    .or_else(|| items.get("anyOf"))
+                    .and_then(Value::as_array)
+            });
+            for item in items {
+                if !item.is_string() {
+                    return Err("expected an array of strings".into());
+                }
+                if let Some(choices) = item_choices
+                    && !allowed(choices, item)
+                {
+                    return Err("an item is not one of the form's choices".into());
+                }
+            }
+        }
+        _ => return Err("the form gives this field no type the host knows".into()),
+    }
+    Ok(())
+}
+
+/// The questions servers of the 2025 protocol ask during a call, as requests of their own:
+/// the requests in flight on one connection, so its handler can tell whose call a
+/// question belongs to. The protocol does not say which call it came with; the host asks
+/// the task only when every request in flight on the connection is that task's, and
+/// declines otherwise.
+#[derive(Default)]
+pub(crate) struct InFlight {
+    next: std::sync::atomic::AtomicU64,
+    requests: Mutex<Vec<(u64, InFlightRequest)>>,
+}
+
+/// A request's place in [`InFlight`], left when dropped.
+pub(crate) struct Entered<'a> {
+    in_flight: &'a InFlight,
+    id: u64,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        let mut requests = self
+            .in_flight
+            .requests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        requests.retain(|(id, _)| *id != self.id);
+    }
+}
+
+impl InFlight {
+    pub(crate) fn enter(
+        &self,
+        asker: &Asker,
+        entry: &Arc<ServerEntry>,
+        method: &'static str,
+        name: &str,
+    ) -> Entered<'_> {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let request = InFlightRequest {
+            asker: Arc::new(asker.clone()),
+            entry: entry.clone(),
+            method,
+            name: cut(name, defaults::MAX_RESOURCE_URI_BYTES).to_owned(),
+        };
+        let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        requests.push((id, request));
+        Entered {
+            in_flight: self,
+            id,
+        }
+    }
+
+    /// The one task whose requests are in flight, with one of its requests (`None` when
+    /// there are none, or more than one task's).
+    pub(crate) fn sole(&self) -> Option<InFlightRequest> {
+        let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        let (_, first) = requests.first()?;
+        requests
+            .iter()
+            .all(|(_, other)| other.asker.task_id == first.asker.task_id)
+            .then(|| first.clone())
+    }
+}
+
+/// One request in flight on a connection, with whoever answers for its task.
+#[derive(Clone)]
+pub(crate) struct InFlightRequest {
+    pub(crate) asker: Arc<Asker>,
+    pub(crate) entry: Arc<ServerEntry>,
+    pub(crate) method: &'static str,
+    pub(crate) name: String,
+}
+
+impl InFlightRequest {
+    pub(crate) fn asked(&self) -> Asked<'_> {
+        Asked {
+            entry: &self.entry,
+            method: self.method,
+            name: &self.name,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn form() -> Value {
+        json!({"type": "object", "properties": {
+            "name": {"type": "string", "default": "John Doe", "maxLength": 20},
+            "age": {"type": "integer", "default": 30},
+            "score": {"type": "number", "default": 95.5},
+            "status": {"type": "string", "enum": ["active", "inactive"], "default": "active"},
+            "verified": {"type": "boolean", "default": true},
+            "email": {"type": "string"}},
+            "required": ["email"]})
+    }
+
+    fn object(value: Value) -> Map<String, Value> {
+        value.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn an_answer_gets_the_forms_defaults_and_is_checked_against_it() {
+        let filled = check_answer(&form(), object(json!({"email": "a@b"}))).unwrap();
+        assert_eq!(
+            Value::Object(filled),
+            json!({"name": "John Doe", "age": 30, "score": 95.5, "status": "active",
+                   "verified": true, "email": "a@b"})
+        );
+        let wrong = [
+            json!({}),
+            json!({"email": 1}),
+            json!({"email": "x", "age": 1.5}),
+            json!({"email": "x", "status": "gone"}),
+            json!({"email": "x", "name": "n".repeat(21)}),
+            json!({"email": "x", "extra": "field"}),
+        ];
+        for answer in wrong {
+            assert!(
+                check_answer(&form(), object(answer.clone())).is_err(),
+                "{answer}"
+            );
+        }
+        let huge = json!({"type": "object", "properties": {"t": {"type": "string"}}});
+        let big = "x".repeat(defaults::MAX_ELICITATION_ANSWER_BYTES);
+        assert!(check_answer(&huge, object(json!({"t": big}))).is_err());
+    }
+}
