@@ -674,7 +674,11 @@ impl UserToken {
 
     /// How many of `grant`'s tokens the authorization server took back.
     async fn revoke_tokens(&self, grant: Grant) -> Result<usize, String> {
-        let Some(tokens) = grant.credentials.and_then(|c| c.token_response) else {
+        let Some(credentials) = grant.credentials else {
+            return Ok(0);
+        };
+        let minted_by = credentials.issuer;
+        let Some(tokens) = credentials.token_response else {
             return Ok(0);
         };
         let (_, metadata) = self
@@ -689,6 +693,28 @@ impl UserToken {
             return Ok(0);
         };
         let shown = crate::text::cut(endpoint, 200);
+        // The tokens go back only to the server that minted them: the resource's metadata
+        // may name another authorization server by now (a hostile or moved server), and
+        // its revocation endpoint must be on that issuer's origin (or one `origins` lists).
+        let issuer = match (&minted_by, &metadata.issuer) {
+            (Some(minted), Some(now)) if minted == now => now,
+            _ => {
+                return Err(format!(
+                    "the authorization server is now {:?}, not {:?} that issued the tokens; none was sent to it",
+                    metadata.issuer.as_deref().map(|i| crate::text::cut(i, 200)),
+                    minted_by.as_deref().map(|i| crate::text::cut(i, 200)),
+                ));
+            }
+        };
+        let endpoint_origin = super::origin_of(endpoint);
+        if endpoint_origin.is_none()
+            || (endpoint_origin != super::origin_of(issuer)
+                && !super::origin_listed(&self.config.origins, endpoint_origin.as_deref()))
+        {
+            return Err(format!(
+                "the revocation endpoint {shown} is not on the origin of its issuer; no token was sent there (list its origin in `origins` to allow it)"
+            ));
+        }
         if self.server_url.starts_with("https://") && !endpoint.starts_with("https://") {
             return Err(format!(
                 "the revocation endpoint {shown} is plain http next to an https server; no token was sent there"
