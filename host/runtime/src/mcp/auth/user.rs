@@ -215,7 +215,10 @@ impl UserToken {
         let held = grant.as_ref().and_then(access_token);
         let mut guard = self.manager.lock().await;
         let ready = self.ready(&mut guard, None).await?;
-        match ready.manager.get_access_token().await {
+        let current = ready.manager.get_access_token().await;
+        // Other calls of this principal need not queue behind a wait for another node.
+        drop(guard);
+        match current {
             Ok(token) => Ok(Some(token)),
             // An expired token's refresh was refused or not saved: another node may have
             // refreshed first. (An authorization server that could not be asked is no race.)
@@ -247,13 +250,20 @@ impl UserToken {
         let deadline = tokio::time::Instant::now() + defaults::GRANT_REFRESH_RACE_WAIT;
         let mut pause = std::time::Duration::from_millis(25);
         loop {
-            let grant = self.grants.store.load(&self.key).await.ok()??;
+            let load = self.grants.store.load(&self.key);
+            let grant = tokio::time::timeout_at(deadline, load).await.ok()?.ok()??;
             let token = access_token(&grant)?;
             if Some(token.as_str()) != held {
                 tracing::info!(server_id = %self.key.server_id, principal = %self.key.principal, "using the tokens another caller refreshed the grant to");
                 return Some(token);
             }
-            if tokio::time::Instant::now() + pause > deadline {
+            // Without a refresh token there was no refresh to lose: nothing to wait for.
+            let refreshable = grant
+                .credentials
+                .as_ref()
+                .and_then(|c| c.token_response.as_ref())
+                .is_some_and(|t| oauth2::TokenResponse::refresh_token(t).is_some());
+            if !refreshable || tokio::time::Instant::now() + pause > deadline {
                 return None;
             }
             tokio::time::sleep(pause).await;
