@@ -21,6 +21,7 @@ mod outbound;
 mod pool;
 mod rules;
 mod session;
+mod spans;
 mod tool_headers;
 
 pub use auth::{

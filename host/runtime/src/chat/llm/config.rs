@@ -18,6 +18,17 @@ pub enum BackendKind {
     Replay,
 }
 
+impl BackendKind {
+    /// The `gen_ai.provider.name` of its requests' spans.
+    pub(crate) fn provider(self) -> &'static str {
+        match self {
+            Self::Openai => "openai",
+            Self::Anthropic => "anthropic",
+            Self::Replay => "quiver.replay",
+        }
+    }
+}
+
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct BackendConfig {

@@ -191,6 +191,7 @@ impl OpenAiBackend {
                 }
             }
         }
+        headers.extend(crate::trace::headers());
         let response = self
             .client
             .post(&self.url)

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use rmcp::model::{
     CallToolRequestParams, GetPromptRequestParams, JsonObject, PaginatedRequestParams, Prompt,
     ReadResourceRequestParams, Resource, ResourceTemplate,
@@ -18,6 +20,7 @@ use super::slot::{CachedTools, ServerSlot};
 use super::{Connection, McpPool};
 use crate::defaults;
 use crate::mcp::capped::{Encode, encode_capped};
+use crate::mcp::spans;
 use crate::mcp::{CallToolResult, McpError, McpErrorCode, Tool};
 use crate::registry::{Launch, ServerEntry};
 
@@ -173,7 +176,10 @@ impl McpPool {
         self.check_listed(entry, slot, &conn, name, principal)
             .await?;
         let timeout = record.budgets.tool_timeout;
-        let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+        let span = spans::request(entry, "tools/call", Some(name));
+        let mut params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+        spans::propagate(&span, &mut params);
+        spans::record_peer(&span, conn.service.peer_info().as_deref());
         let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
         let call = async {
             let _permit = slot.permits.acquire().await.map_err(|_| {
@@ -193,7 +199,7 @@ impl McpPool {
                 .map_err(|e| service_failed(server_id, name, e, &phase))?;
             Ok((result, sent.elapsed()))
         };
-        let outcome = match tokio::time::timeout(timeout, call).await {
+        let outcome = match tokio::time::timeout(timeout, call).instrument(span.clone()).await {
             Ok(outcome) => outcome,
             Err(_) => Err(self.call_timed_out(slot, name, timeout, &phase)),
         };
@@ -201,9 +207,13 @@ impl McpPool {
             Ok((result, latency)) => {
                 // An `isError` result is an answer too: the server is fine.
                 slot.health.answered(latency);
+                if result.is_error == Some(true) {
+                    spans::record_tool_error(&span);
+                }
                 result
             }
             Err(error) => {
+                spans::record_error(&span, &error);
                 let mut error = error.redacted(entry.secrets());
                 if error.code == McpErrorCode::Unavailable {
                     self.discard(slot, &conn).await;
@@ -401,11 +411,13 @@ impl McpPool {
             phase.set(CallPhase::ON_WIRE);
             request(conn.clone(), phase.clone()).await
         };
-        let result = match tokio::time::timeout(timeout, run).await {
+        let span = spans::request(entry, what, None);
+        let result = match tokio::time::timeout(timeout, run).instrument(span.clone()).await {
             Ok(result) => result.map_err(|error| error.redacted(entry.secrets())),
             Err(_) => Err(self.call_timed_out(slot, what, timeout, &phase)),
         };
         if let Err(error) = &result {
+            spans::record_error(&span, error);
             if error.code == McpErrorCode::Unavailable {
                 self.discard(slot, &conn).await;
             }
