@@ -297,4 +297,37 @@ mod tests {
         clean_attribute(&mut long);
         assert!(long.value.as_str().len() <= defaults::TELEMETRY_MAX_ATTRIBUTE_BYTES);
     }
+
+    #[test]
+    fn a_full_queue_drops_and_counts_never_waits() {
+        use opentelemetry::InstrumentationScope;
+        use opentelemetry::trace::{SpanContext, SpanId, SpanKind, Status};
+        use opentelemetry_sdk::trace::{SpanEvents, SpanLinks};
+        let span = || SpanData {
+            span_context: SpanContext::empty_context(),
+            parent_span_id: SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: "task".into(),
+            start_time: std::time::SystemTime::now(),
+            end_time: std::time::SystemTime::now(),
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: SpanEvents::default(),
+            links: SpanLinks::default(),
+            status: Status::Unset,
+            instrumentation_scope: InstrumentationScope::default(),
+        };
+        // Nothing reads the queue, as when the collector hangs.
+        let (queue, _spans) = mpsc::channel(2);
+        let processor = QueueProcessor { queue };
+        let before = DROPPED.load(Ordering::Relaxed);
+        let started = std::time::Instant::now();
+        for _ in 0..5 {
+            processor.on_end(span());
+        }
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert_eq!(DROPPED.load(Ordering::Relaxed) - before, 3);
+        assert!(metrics_text().contains("quiver_telemetry_spans_dropped_total "));
+    }
 }
