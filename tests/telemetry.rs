@@ -27,7 +27,11 @@ fn script() -> Vec<Reply> {
         Reply::tool_calls([
             ("w", "get_weather", json!({"city": "Paris"})),
             ("a", "mcp__fixture__add", json!({"a": 2, "b": 3})),
-            ("b", "mcp__fixture__add", json!({"a": ARGUMENT_VALUE, "b": 1})),
+            (
+                "b",
+                "mcp__fixture__add",
+                json!({"a": ARGUMENT_VALUE, "b": 1}),
+            ),
         ]),
         Reply::text("Sunny in Paris; 2+3=5."),
     ]
@@ -102,7 +106,10 @@ async fn a_task_is_one_trace_in_phoenix_continuing_the_callers() {
     let registry = RegistryDir::new();
     registry.fixture("fixture", &["add"], "");
     let headers = format!("authorization=Bearer {COLLECTOR_KEY}");
-    let config = format!("{}[serve]\ntoken_env = \"QUIVER_TEST_TOKEN\"\n", config(&llm));
+    let config = format!(
+        "{}[serve]\ntoken_env = \"QUIVER_TEST_TOKEN\"\n",
+        config(&llm)
+    );
     let node = Node::start(
         &registry,
         Some(&config),
@@ -115,7 +122,11 @@ async fn a_task_is_one_trace_in_phoenix_continuing_the_callers() {
         ],
     );
     let traceparent = format!("00-{CALLER_TRACE}-{CALLER_SPAN}-01");
-    let done = run_task(&node, &[("traceparent", &traceparent), ("tracestate", "caller=1")]).await;
+    let done = run_task(
+        &node,
+        &[("traceparent", &traceparent), ("tracestate", "caller=1")],
+    )
+    .await;
     assert_eq!(
         done["stdout"].as_str().unwrap_or_default().lines().next(),
         Some("Sunny in Paris; 2+3=5."),
@@ -131,7 +142,10 @@ async fn a_task_is_one_trace_in_phoenix_continuing_the_callers() {
     eprintln!("spans of the trace: {names:?}");
     let text = serde_json::to_string(&spans).unwrap();
     for secret in [LLM_KEY, COLLECTOR_KEY, ARGUMENT_VALUE, "Paris", "Sunny"] {
-        assert!(!text.contains(secret), "{secret:?} reached the trace: {text}");
+        assert!(
+            !text.contains(secret),
+            "{secret:?} reached the trace: {text}"
+        );
     }
     assert!(
         spans.iter().all(|s| s["trace_id"] == CALLER_TRACE),
@@ -141,9 +155,15 @@ async fn a_task_is_one_trace_in_phoenix_continuing_the_callers() {
     let task = one(&spans, "task");
     assert_eq!(task["parent_span_id"], CALLER_SPAN, "{task:#}");
     assert!(attribute(task, "quiver.module.digest").is_some_and(|d| d.starts_with("sha256:")));
-    assert_eq!(attribute(task, "quiver.task.outcome").as_deref(), Some("ok"));
+    assert_eq!(
+        attribute(task, "quiver.task.outcome").as_deref(),
+        Some("ok")
+    );
     assert_eq!(attribute(task, "process.exit.code").as_deref(), Some("0"));
-    assert_eq!(attribute(task, "quiver.principal").as_deref(), Some("serve"));
+    assert_eq!(
+        attribute(task, "quiver.principal").as_deref(),
+        Some("serve")
+    );
 
     let send = one(&spans, "cchat_send");
     assert_eq!(send["parent_span_id"], task["span_id"]);
@@ -152,15 +172,30 @@ async fn a_task_is_one_trace_in_phoenix_continuing_the_callers() {
     assert_eq!(requests.len(), 2, "{spans:#?}");
     for request in &requests {
         assert_eq!(request["parent_span_id"], send["span_id"]);
-        assert_eq!(attribute(request, "gen_ai.operation.name").as_deref(), Some("chat"));
-        assert_eq!(attribute(request, "gen_ai.provider.name").as_deref(), Some("openai"));
+        assert_eq!(
+            attribute(request, "gen_ai.operation.name").as_deref(),
+            Some("chat")
+        );
+        assert_eq!(
+            attribute(request, "gen_ai.provider.name").as_deref(),
+            Some("openai")
+        );
         assert_eq!(
             attribute(request, "gen_ai.request.model").as_deref(),
             Some("scripted-default")
         );
-        assert!(attribute(request, "gen_ai.response.model").is_some(), "{request:#}");
-        assert!(attribute(request, "gen_ai.usage.input_tokens").is_some(), "{request:#}");
-        assert!(attribute(request, "gen_ai.usage.output_tokens").is_some(), "{request:#}");
+        assert!(
+            attribute(request, "gen_ai.response.model").is_some(),
+            "{request:#}"
+        );
+        assert!(
+            attribute(request, "gen_ai.usage.input_tokens").is_some(),
+            "{request:#}"
+        );
+        assert!(
+            attribute(request, "gen_ai.usage.output_tokens").is_some(),
+            "{request:#}"
+        );
     }
     let reasons: Vec<String> = requests
         .iter()
@@ -171,16 +206,28 @@ async fn a_task_is_one_trace_in_phoenix_continuing_the_callers() {
 
     let weather = one(&spans, "execute_tool get_weather");
     assert_eq!(weather["parent_span_id"], send["span_id"]);
-    assert_eq!(attribute(weather, "gen_ai.tool.name").as_deref(), Some("get_weather"));
+    assert_eq!(
+        attribute(weather, "gen_ai.tool.name").as_deref(),
+        Some("get_weather")
+    );
 
     let calls = named(&spans, "tools/call add");
     assert_eq!(calls.len(), 2, "{spans:#?}");
     for call in &calls {
         assert!(descends_from(&spans, call, send), "{call:#}");
-        assert_eq!(attribute(call, "mcp.method.name").as_deref(), Some("tools/call"));
+        assert_eq!(
+            attribute(call, "mcp.method.name").as_deref(),
+            Some("tools/call")
+        );
         assert_eq!(attribute(call, "gen_ai.tool.name").as_deref(), Some("add"));
-        assert_eq!(attribute(call, "network.transport").as_deref(), Some("pipe"));
-        assert!(attribute(call, "mcp.protocol.version").is_some(), "{call:#}");
+        assert_eq!(
+            attribute(call, "network.transport").as_deref(),
+            Some("pipe")
+        );
+        assert!(
+            attribute(call, "mcp.protocol.version").is_some(),
+            "{call:#}"
+        );
     }
     let failed: Vec<_> = calls
         .iter()
@@ -244,5 +291,72 @@ async fn an_unreachable_collector_costs_a_task_nothing() {
     assert!(
         on < off + Duration::from_secs(2),
         "export to a closed port slowed the task: {on:?} with it, {off:?} without"
+    );
+}
+
+/// `quiver run`: a `[telemetry]` typo names the file and field, and bad export headers
+/// name the variable and entry without showing a header value; neither runs the guest.
+#[test]
+fn bad_telemetry_settings_are_named_and_secrets_never_shown() {
+    use std::process::Command;
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("quiver.toml");
+    std::fs::write(&config, "[telemetry]\nendpont = \"http://c:4318\"\n").unwrap();
+    let module = dir.path().join("noop.wat");
+    std::fs::write(&module, "(module (func (export \"_start\")))").unwrap();
+    let run = |config: Option<&std::path::Path>, env: &[(&str, &str)]| {
+        let mut cmd = Command::new(quiver_tests::quiver_cli());
+        cmd.arg("run").arg("--no-cache").arg(&module);
+        if let Some(config) = config {
+            cmd.arg("--config").arg(config);
+        }
+        for var in [
+            "QUIVER_CONFIG",
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ] {
+            cmd.env_remove(var);
+        }
+        cmd.envs(env.iter().copied());
+        let output = cmd.output().unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = run(Some(&config), &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("quiver.toml") && stderr.contains("telemetry.endpont"),
+        "{stderr}"
+    );
+    let (code, stderr) = run(
+        None,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+            (
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "authorization=Bearer hdr-secret-41,oops-hdr-secret-41",
+            ),
+        ],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("OTEL_EXPORTER_OTLP_HEADERS: entry 2"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("hdr-secret-41"), "{stderr}");
+    // A working export to a closed port: the guest runs and the command exits at once.
+    let started = std::time::Instant::now();
+    let (code, stderr) = run(
+        None,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
     );
 }

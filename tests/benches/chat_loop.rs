@@ -38,7 +38,8 @@ static EXPORT: AtomicBool = AtomicBool::new(false);
 async fn export_on_switch() -> (BackgroundServer, quiver_node::telemetry::Telemetry) {
     let sink = Bound::new("otlp-sink").serve(
         "otlp-sink",
-        axum::Router::new().fallback(|| async { ([("content-type", "application/x-protobuf")], "") }),
+        axum::Router::new()
+            .fallback(|| async { ([("content-type", "application/x-protobuf")], "") }),
     );
     let endpoint = format!("http://{}", sink.addr());
     let settings = quiver_node::telemetry::TelemetryConfig {

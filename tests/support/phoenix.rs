@@ -71,7 +71,10 @@ impl Phoenix {
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-        panic!("phoenix did not answer /healthz in {READY_WITHIN:?}:\n{}", self.stderr());
+        panic!(
+            "phoenix did not answer /healthz in {READY_WITHIN:?}:\n{}",
+            self.stderr()
+        );
     }
 
     /// `GET /healthz` answers 200 (plain HTTP/1.0 over a socket: the start is blocking).

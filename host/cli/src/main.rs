@@ -284,11 +284,14 @@ pub(crate) fn with_config_file(
 /// variables; `None` when export is off. A config file that does not load is reported
 /// when the command reads it, so here it only leaves the variables to decide.
 fn trace_export(config: Option<&std::path::Path>) -> Result<Option<TelemetrySettings>, String> {
-    config
-        .and_then(|path| NodeFileConfig::load(path).ok())
-        .map(|config| config.telemetry)
-        .unwrap_or_default()
-        .resolve()
+    let file = config.and_then(|path| Some((path, NodeFileConfig::load(path).ok()?)));
+    match file {
+        Some((path, config)) => config
+            .telemetry
+            .resolve()
+            .map_err(|e| format!("{}: {e}", path.display())),
+        None => quiver_node::telemetry::TelemetryConfig::default().resolve(),
+    }
 }
 
 /// `--log-format`: one of [`LogFormat::NAMES`], listed in `--help`.

@@ -296,9 +296,6 @@ impl NodeFileConfig {
             read_section(path, "clients", section("clients"))?;
         let telemetry: crate::telemetry::TelemetryConfig =
             read_section(path, "telemetry", section("telemetry"))?;
-        telemetry
-            .resolve()
-            .map_err(|message| ConfigError::new(path, "telemetry", message))?;
         let checked = serve.check().and_then(|()| admin.check());
         checked.map_err(|(field, message)| ConfigError::new(path, field, message))?;
         check_clients(&clients)

@@ -122,7 +122,11 @@ fn valid_tracestate(text: &str) -> bool {
         && text
             .split(',')
             .map(|m| m.trim_matches([' ', '\t']))
-            .all(|m| m.is_empty() || m.split_once('=').is_some_and(|(k, v)| !k.is_empty() && !v.is_empty()))
+            .all(|m| {
+                m.is_empty()
+                    || m.split_once('=')
+                        .is_some_and(|(k, v)| !k.is_empty() && !v.is_empty())
+            })
 }
 
 /// Reads and sets the trace context of `tracing` spans, for a subscriber that gives spans

@@ -108,14 +108,25 @@ impl TelemetryConfig {
         {
             return Ok(None);
         }
-        let protocol = match (self.protocol, set("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL").map(|v| ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", v)).or_else(|| set("OTEL_EXPORTER_OTLP_PROTOCOL").map(|v| ("OTEL_EXPORTER_OTLP_PROTOCOL", v)))) {
+        let protocol = match (
+            self.protocol,
+            set("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                .map(|v| ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", v))
+                .or_else(|| {
+                    set("OTEL_EXPORTER_OTLP_PROTOCOL").map(|v| ("OTEL_EXPORTER_OTLP_PROTOCOL", v))
+                }),
+        ) {
             (Some(protocol), _) => protocol,
             (None, Some((var, value))) => Protocol::parse(&value).ok_or_else(|| {
                 format!("{var}: {value:?} is not a supported protocol; use http/protobuf or grpc")
             })?,
             (None, None) => Protocol::default(),
         };
-        let (field, endpoint, as_is) = match (&self.endpoint, set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), set("OTEL_EXPORTER_OTLP_ENDPOINT")) {
+        let (field, endpoint, as_is) = match (
+            &self.endpoint,
+            set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
+            set("OTEL_EXPORTER_OTLP_ENDPOINT"),
+        ) {
             (Some(url), _, _) => ("telemetry.endpoint", url.clone(), false),
             (None, Some(url), _) => ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", url, true),
             (None, None, Some(url)) => ("OTEL_EXPORTER_OTLP_ENDPOINT", url, false),
@@ -140,8 +151,9 @@ impl TelemetryConfig {
             }
             None => match set("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
                 .map(|v| ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", v))
-                .or_else(|| set("OTEL_EXPORTER_OTLP_HEADERS").map(|v| ("OTEL_EXPORTER_OTLP_HEADERS", v)))
-            {
+                .or_else(|| {
+                    set("OTEL_EXPORTER_OTLP_HEADERS").map(|v| ("OTEL_EXPORTER_OTLP_HEADERS", v))
+                }) {
                 Some((var, text)) => parse_headers(var, &text)?,
                 None => HashMap::new(),
             },
@@ -189,9 +201,8 @@ impl TelemetryConfig {
 /// An `http(s)` URL with a host and no credentials in it; the error shows only the
 /// scheme and host (a URL may carry a token in its query).
 fn check_endpoint(field: &str, text: &str) -> Result<String, String> {
-    let url = url::Url::parse(text).map_err(|e| {
-        format!("{field}: not a URL ({e}); use e.g. http://collector:4318")
-    })?;
+    let url = url::Url::parse(text)
+        .map_err(|e| format!("{field}: not a URL ({e}); use e.g. http://collector:4318"))?;
     if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
         return Err(format!(
             "{field}: the scheme must be http or https with a host, e.g. http://collector:4318"
@@ -209,15 +220,21 @@ fn check_endpoint(field: &str, text: &str) -> Result<String, String> {
 /// variable and the entry's position, never its content.
 fn parse_headers(var: &str, text: &str) -> Result<HashMap<String, String>, String> {
     let mut headers = HashMap::new();
-    for (i, entry) in text.split(',').enumerate().filter(|(_, e)| !e.trim().is_empty()) {
+    for (i, entry) in text
+        .split(',')
+        .enumerate()
+        .filter(|(_, e)| !e.trim().is_empty())
+    {
         let position = i + 1;
-        let (key, value) = entry.split_once('=').ok_or_else(|| {
-            format!("{var}: entry {position} is not key=value")
-        })?;
+        let (key, value) = entry
+            .split_once('=')
+            .ok_or_else(|| format!("{var}: entry {position} is not key=value"))?;
         let key = key.trim();
         let value = percent_encoding::percent_decode_str(value.trim())
             .decode_utf8()
-            .map_err(|_| format!("{var}: the value of entry {position} is not UTF-8 once decoded"))?;
+            .map_err(|_| {
+                format!("{var}: the value of entry {position} is not UTF-8 once decoded")
+            })?;
         if http::HeaderName::from_bytes(key.as_bytes()).is_err()
             || http::HeaderValue::from_str(&value).is_err()
         {
@@ -292,7 +309,10 @@ mod tests {
     #[test]
     fn bad_values_are_named_and_secrets_never_shown() {
         let cases: [(&[(&str, &str)], &str); 4] = [
-            (&[("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://c")], "OTEL_EXPORTER_OTLP_ENDPOINT"),
+            (
+                &[("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://c")],
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+            ),
             (
                 &[
                     ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
@@ -303,7 +323,10 @@ mod tests {
             (
                 &[
                     ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
-                    ("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer sekrit7,broken-sekrit7"),
+                    (
+                        "OTEL_EXPORTER_OTLP_HEADERS",
+                        "authorization=Bearer sekrit7,broken-sekrit7",
+                    ),
                 ],
                 "OTEL_EXPORTER_OTLP_HEADERS: entry 2",
             ),

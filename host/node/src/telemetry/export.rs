@@ -284,7 +284,8 @@ mod tests {
     #[test]
     fn attributes_are_redacted_cut_and_reasons_become_an_array() {
         let _secrets = quiver::registry::Secrets::new(["otel-secret-77f1"]);
-        let mut reasons = KeyValue::new("gen_ai.response.finish_reasons", r#"["tool_calls","stop"]"#);
+        let mut reasons =
+            KeyValue::new("gen_ai.response.finish_reasons", r#"["tool_calls","stop"]"#);
         clean_attribute(&mut reasons);
         assert_eq!(
             reasons.value,

@@ -1,9 +1,7 @@
 //! The host's [`Propagator`]: W3C context in and out of `tracing` spans through the
 //! `tracing-opentelemetry` layer.
 
-use opentelemetry::trace::{
-    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState,
-};
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use quiver::TraceContext;
 use quiver::telemetry::Propagator;
 use tracing_opentelemetry::OpenTelemetrySpanExt;

@@ -31,6 +31,7 @@ use crate::approval::Approvals;
 use crate::chat::llm::Backends;
 use crate::chat::tools::ToolSet;
 use crate::chat::{ChatSession, ChatTask};
+use crate::defaults;
 use crate::mcp::{McpPool, McpTask, PoolLimits, PoolUsage, ServerStatus};
 use crate::observe::{AuditLog, Metrics, Observers};
 use crate::policy::{self, PolicyReport, PrincipalRules, SessionRequest};
@@ -42,7 +43,6 @@ pub use crate::sandbox::{
 use crate::sandbox::{HostMemory, MemoryBudget, Runtime, Sandbox};
 use crate::task::{TaskError, TaskSpec};
 use crate::text::cut;
-use crate::defaults;
 use admission::Admission;
 pub use admission::{BusyReason, TaskStatus};
 pub use builder::{HostBuilder, HostError, ModuleError};

@@ -152,7 +152,9 @@ pub(crate) async fn run(
             gen_ai.tool.name = tool,
             quiver.approval.decision = tracing::field::Empty,
         );
-        let asked = before(origin.deadline, asked).instrument(span.clone()).await?;
+        let asked = before(origin.deadline, asked)
+            .instrument(span.clone())
+            .await?;
         span.record(
             "quiver.approval.decision",
             if asked.is_ok() { "approved" } else { "refused" },

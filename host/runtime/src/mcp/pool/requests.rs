@@ -199,7 +199,10 @@ impl McpPool {
                 .map_err(|e| service_failed(server_id, name, e, &phase))?;
             Ok((result, sent.elapsed()))
         };
-        let outcome = match tokio::time::timeout(timeout, call).instrument(span.clone()).await {
+        let outcome = match tokio::time::timeout(timeout, call)
+            .instrument(span.clone())
+            .await
+        {
             Ok(outcome) => outcome,
             Err(_) => Err(self.call_timed_out(slot, name, timeout, &phase)),
         };
@@ -412,7 +415,10 @@ impl McpPool {
             request(conn.clone(), phase.clone()).await
         };
         let span = spans::request(entry, what, None);
-        let result = match tokio::time::timeout(timeout, run).instrument(span.clone()).await {
+        let result = match tokio::time::timeout(timeout, run)
+            .instrument(span.clone())
+            .await
+        {
             Ok(result) => result.map_err(|error| error.redacted(entry.secrets())),
             Err(_) => Err(self.call_timed_out(slot, what, timeout, &phase)),
         };
