@@ -10,7 +10,9 @@
 # - protoc (the etcd-client crate compiles etcd's protos at build time) and the etcd server
 #   (tests/etcd_store.rs starts a real one), from the system's package manager;
 # - Chromium, which tests/admin_web.rs drives headless (through fixtures/npm's
-#   puppeteer-core, which downloads no browser of its own), from the system's packages.
+#   puppeteer-core, which downloads no browser of its own), from the system's packages;
+# - Arize Phoenix 20.26.1 from PyPI in a venv under fixtures/phoenix, the OTLP trace
+#   backend tests/telemetry.rs exports to and reads spans back from.
 # Safe to run again; each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -74,4 +76,16 @@ if command -v npm >/dev/null 2>&1; then
 else
   echo "setup: npm not found; tests that use the Node.js reference MCP servers or the" \
     "conformance suite will fail" >&2
+fi
+# Arize Phoenix (PyPI), the real trace backend tests/telemetry.rs exports to, in a venv of
+# the project's own (fixtures/phoenix/venv) so the system's Python stays untouched.
+if [ ! -x fixtures/phoenix/venv/bin/phoenix ]; then
+  if command -v python3 >/dev/null 2>&1; then
+    echo "setup: installing arize-phoenix into fixtures/phoenix/venv (trace export tests)" >&2
+    python3 -m venv fixtures/phoenix/venv
+    fixtures/phoenix/venv/bin/pip install --quiet arize-phoenix==20.26.1
+  else
+    echo "setup: python3 not found; tests/telemetry.rs needs Arize Phoenix" \
+      "(python3 -m venv fixtures/phoenix/venv && fixtures/phoenix/venv/bin/pip install arize-phoenix)" >&2
+  fi
 fi

@@ -1,7 +1,7 @@
 //! The example embedder (examples/embedder) is what the library promises a scheduler: it
-//! builds from the library alone, with no HTTP server, gRPC, etcd or CLI crate in its tree,
-//! and runs a real guest against a real MCP server with a store, an approver and an
-//! observer of its own.
+//! builds from the library alone, with no HTTP server, gRPC, etcd, OpenTelemetry exporter
+//! or CLI crate in its tree, and runs a real guest against a real MCP server with a store,
+//! an approver and an observer of its own.
 
 use std::process::Command;
 
@@ -55,7 +55,9 @@ fn the_embedders_approver_observer_and_store_decide_a_real_guests_calls() {
 fn the_library_alone_pulls_in_no_server_grpc_etcd_or_cli_crate() {
     let node = crate_names("quiver-node");
     assert!(
-        node.iter().any(|n| n == "axum") && node.iter().any(|n| n == "etcd-client"),
+        node.iter().any(|n| n == "axum")
+            && node.iter().any(|n| n == "etcd-client")
+            && node.iter().any(|n| n == "opentelemetry-otlp"),
         "the check sees a node's server crates: {node:?}"
     );
     for package in ["quiver", "quiver-embedder"] {
@@ -67,6 +69,10 @@ fn the_library_alone_pulls_in_no_server_grpc_etcd_or_cli_crate() {
             "prost",
             "clap",
             "quiver-node",
+            "opentelemetry",
+            "opentelemetry_sdk",
+            "opentelemetry-otlp",
+            "tracing-opentelemetry",
         ] {
             assert!(
                 !names.iter().any(|n| n == forbidden),

@@ -9,16 +9,53 @@
 //! tool set, request bodies, routing, the guest tool call through the funcref table and the
 //! tool arena, and the bookkeeping. The figure is the median over rounds.
 //!
+//! Each round also runs the guest once more with OpenTelemetry export on (the node's
+//! exporter, `quiver_node::telemetry`, sending to a local OTLP sink that answers 200), so
+//! the cost of tracing shows as the ratio of the two, in the same process and round. The
+//! export layer is installed once and switched by a flag its filter reads.
+//!
 //! Run: `cargo bench -p quiver-tests --bench chat_loop` (`QUIVER_BENCH_ROUNDS`,
 //! `QUIVER_BENCH_SENDS` override the defaults).
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use quiver::{TaskSpec, ToolCallRequest};
 use quiver_tests::chat_wat::scripted_host;
 use quiver_tests::llm::{Reply, ScriptedLlm};
+use quiver_tests::serve::{BackgroundServer, Bound};
 use quiver_tests::{RegistryDir, wat};
 use serde_json::{Value, json};
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// Whether spans go to the exporter (the "on" runs of each round).
+static EXPORT: AtomicBool = AtomicBool::new(false);
+
+/// A local OTLP/HTTP receiver that accepts every export (an empty
+/// `ExportTraceServiceResponse`), and the exporter sending to it, switched by [`EXPORT`].
+async fn export_on_switch() -> (BackgroundServer, quiver_node::telemetry::Telemetry) {
+    let sink = Bound::new("otlp-sink").serve(
+        "otlp-sink",
+        axum::Router::new()
+            .fallback(|| async { ([("content-type", "application/x-protobuf")], "") }),
+    );
+    let endpoint = format!("http://{}", sink.addr());
+    let settings = quiver_node::telemetry::TelemetryConfig {
+        endpoint: Some(endpoint),
+        ..Default::default()
+    }
+    .resolve_with(|_| None)
+    .unwrap()
+    .unwrap();
+    let (telemetry, layer) = quiver_node::telemetry::Telemetry::start(&settings).unwrap();
+    let layer = layer.with_filter(tracing_subscriber::filter::filter_fn(|_| {
+        EXPORT.load(Ordering::Relaxed)
+    }));
+    tracing_subscriber::registry().with(layer).init();
+    (sink, telemetry)
+}
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -88,6 +125,7 @@ async fn main() {
     let rounds = env_usize("QUIVER_BENCH_ROUNDS", 15);
     let sends = env_usize("QUIVER_BENCH_SENDS", 50);
 
+    let (_sink, telemetry) = export_on_switch().await;
     let llm = ScriptedLlm::start(vec![]).await;
     let registry = RegistryDir::new();
     registry.fixture("fixture", &["add"], "");
@@ -118,6 +156,7 @@ async fn main() {
 
     let (mut overhead, mut guest_per_send, mut baseline_per_send) =
         (Vec::new(), Vec::new(), Vec::new());
+    let (mut exported_per_send, mut exported_overhead) = (Vec::new(), Vec::new());
     for round in 0..rounds {
         eprint!("\rround {}/{rounds}", round + 1);
         for _ in 0..sends {
@@ -127,6 +166,16 @@ async fn main() {
         let outcome = host.run_task(&module, &task).await.unwrap();
         assert!(outcome.success());
         let guest = started.elapsed() / sends as u32;
+
+        for _ in 0..sends {
+            script_one_send(&llm);
+        }
+        EXPORT.store(true, Ordering::Relaxed);
+        let started = Instant::now();
+        let outcome = host.run_task(&module, &task).await.unwrap();
+        EXPORT.store(false, Ordering::Relaxed);
+        assert!(outcome.success());
+        let exported = started.elapsed() / sends as u32;
 
         for _ in 0..sends {
             script_one_send(&llm);
@@ -151,16 +200,19 @@ async fn main() {
         guest_per_send.push(guest);
         baseline_per_send.push(baseline);
         overhead.push(guest.saturating_sub(baseline));
+        exported_per_send.push(exported);
+        exported_overhead.push(exported.saturating_sub(baseline));
     }
     eprintln!();
     host.shutdown().await;
+    telemetry.shutdown(Duration::from_secs(3)).await;
     let micros = |d: Duration| d.as_secs_f64() * 1e6;
     println!(
         "chat loop, median of {rounds} rounds x {sends} sends (1 iteration with a guest tool and an MCP tool + the final answer)"
     );
     println!(
         "  through the host (guest send)            {:>10.1} µs/send",
-        micros(median(guest_per_send))
+        micros(median(guest_per_send.clone()))
     );
     println!(
         "  baseline (same HTTP + MCP calls direct)  {:>10.1} µs/send",
@@ -169,5 +221,18 @@ async fn main() {
     println!(
         "  host-side overhead per iteration         {:>10.1} µs",
         micros(median(overhead))
+    );
+    let (off, on) = (median(guest_per_send), median(exported_per_send));
+    println!(
+        "  through the host, trace export on        {:>10.1} µs/send",
+        micros(on)
+    );
+    println!(
+        "  host-side overhead, export on            {:>10.1} µs",
+        micros(median(exported_overhead))
+    );
+    println!(
+        "  export on / off per send                 {:>10.3}",
+        on.as_secs_f64() / off.as_secs_f64()
     );
 }

@@ -25,6 +25,7 @@ pub mod llm;
 pub mod node;
 pub mod oauth;
 pub mod openmetrics;
+pub mod phoenix;
 pub mod serve;
 pub mod wat;
 

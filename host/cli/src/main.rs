@@ -23,6 +23,7 @@ use quiver::registry::{Registry, RegistryStore, ServerEntry};
 use quiver::telemetry::{self, LogFormat};
 use quiver::{AcceptDefaults, AllowAll, ApprovalQueue, Approver, DirGrantStore, TerminalApprover};
 use quiver::{Host, HostBuilder, StoreFollower, TaskSpec, ToolCallRequest};
+use quiver_node::telemetry::{Telemetry, TelemetrySettings};
 use quiver_node::{
     EtcdAccess, EtcdGrantStore, EtcdStore, Node, NodeConfig, NodeFileConfig, RegistrySource,
 };
@@ -319,6 +320,20 @@ pub(crate) fn with_config_file(
     ))
 }
 
+/// Where traces go: `[telemetry]` of the host config at `config`, else the `OTEL_*`
+/// variables; `None` when export is off. A config file that does not load is reported
+/// when the command reads it, so here it only leaves the variables to decide.
+fn trace_export(config: Option<&std::path::Path>) -> Result<Option<TelemetrySettings>, String> {
+    let file = config.and_then(|path| Some((path, NodeFileConfig::load(path).ok()?)));
+    match file {
+        Some((path, config)) => config
+            .telemetry
+            .resolve()
+            .map_err(|e| format!("{}: {e}", path.display())),
+        None => quiver_node::telemetry::TelemetryConfig::default().resolve(),
+    }
+}
+
 /// `--log-format`: one of [`LogFormat::NAMES`], listed in `--help`.
 fn log_format() -> impl clap::builder::TypedValueParser<Value = LogFormat> {
     use clap::builder::TypedValueParser as _;
@@ -332,10 +347,6 @@ fn main() -> ExitCode {
         Command::Serve(_) => "info",
         _ => "warn",
     };
-    telemetry::init(
-        cli.log_level.as_deref().unwrap_or(default_level),
-        cli.log_format,
-    );
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -346,6 +357,38 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Trace export, for the commands that run tasks: set up before the log, whose
+    // subscriber carries its layer.
+    let config = match &cli.command {
+        Command::Run(args) => Some(args.config.as_deref()),
+        Command::Serve(args) => Some(args.config.as_deref()),
+        _ => None,
+    };
+    let exporter = match config.map(trace_export).transpose() {
+        Ok(exporter) => exporter.flatten(),
+        Err(e) => {
+            eprintln!("quiver: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (exporter, layer) = match exporter {
+        Some(settings) => {
+            let _runtime = runtime.enter();
+            match Telemetry::start(&settings) {
+                Ok((exporter, layer)) => (Some(exporter), Some(layer)),
+                Err(e) => {
+                    eprintln!("quiver: {e}");
+                    return ExitCode::from(2);
+                }
+            }
+        }
+        None => (None, None),
+    };
+    telemetry::init_with(
+        cli.log_level.as_deref().unwrap_or(default_level),
+        cli.log_format,
+        layer,
+    );
     let status = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run(args).await,
@@ -405,6 +448,9 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve(args).await,
         }
     });
+    if let Some(exporter) = exporter {
+        runtime.block_on(exporter.shutdown(quiver_node::defaults::TELEMETRY_SHUTDOWN_TIMEOUT));
+    }
     ExitCode::from(status.clamp(0, 255) as u8)
 }
 

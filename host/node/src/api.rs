@@ -347,6 +347,7 @@ async fn submit_task(
     task.principal = principal;
     task.client = caller.client.as_deref().map(str::to_owned);
     task.subject_token = subject_token(&headers)?;
+    task.trace_parent = trace_parent(&headers);
     let module = state.modules.get(&sha256).ok_or_else(|| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -412,6 +413,23 @@ fn subject_token(headers: &HeaderMap) -> Result<Option<quiver::SubjectToken>, Ap
     quiver::SubjectToken::new(text)
         .map(Some)
         .map_err(|e| ApiError::bad(field, e.to_string()))
+}
+
+/// The caller's W3C trace context (`traceparent`, `tracestate`), which the task's trace
+/// continues. One that is malformed, repeated or not text is ignored (W3C: the trace
+/// starts anew), never refused: it only links traces and grants nothing.
+fn trace_parent(headers: &HeaderMap) -> Option<quiver::TraceContext> {
+    let mut parents = headers.get_all("traceparent").iter();
+    let parent = parents.next()?.to_str().ok()?;
+    if parents.next().is_some() {
+        return None;
+    }
+    let mut states = headers.get_all("tracestate").iter();
+    let state = match (states.next(), states.next()) {
+        (Some(state), None) => state.to_str().ok(),
+        _ => None,
+    };
+    quiver::TraceContext::parse(parent, state).ok()
 }
 
 /// The task of a submission: task.json's fields, checked as `TaskSpec::from_json` does,
@@ -503,9 +521,19 @@ async fn cancel_task(
 async fn metrics(State(state): State<Arc<NodeState>>) -> Response {
     (
         [(header::CONTENT_TYPE, Metrics::CONTENT_TYPE)],
-        state.host.metrics().encode(),
+        with_telemetry_metrics(state.host.metrics().encode()),
     )
         .into_response()
+}
+
+/// The host's OpenMetrics text with the trace exporter's counters before its `# EOF`.
+fn with_telemetry_metrics(mut text: String) -> String {
+    if text.ends_with("# EOF\n") {
+        text.truncate(text.len() - "# EOF\n".len());
+    }
+    text.push_str(&crate::telemetry::metrics_text());
+    text.push_str("# EOF\n");
+    text
 }
 
 /// `GET /v1/mcp/servers`: every registry server's health, without process ids (a remote

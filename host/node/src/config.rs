@@ -262,7 +262,7 @@ fn check_clients(clients: &BTreeMap<String, ClientConfig>) -> Result<(), (String
 }
 
 /// `quiver.toml` as a node reads it: the host's sections ([`HostConfig`]) and the node's
-/// own `[serve]`, `[admin]`, `[clients]` and `[etcd]`, each checked, every error naming the file and
+/// own `[serve]`, `[admin]`, `[clients]`, `[etcd]` and `[telemetry]`, each checked, every error naming the file and
 /// the field.
 #[derive(Clone, Debug, Default)]
 pub struct NodeFileConfig {
@@ -273,11 +273,13 @@ pub struct NodeFileConfig {
     pub etcd: EtcdConfig,
     /// `[clients.NAME]`, by name.
     pub clients: BTreeMap<String, ClientConfig>,
+    /// `[telemetry]`: where traces go ([`crate::telemetry`]).
+    pub telemetry: crate::telemetry::TelemetryConfig,
 }
 
 impl NodeFileConfig {
     /// The top-level tables of `quiver.toml` that belong to the node, not the host.
-    pub const SECTIONS: [&'static str; 4] = ["serve", "admin", "clients", "etcd"];
+    pub const SECTIONS: [&'static str; 5] = ["serve", "admin", "clients", "etcd", "telemetry"];
 
     /// Reads `quiver.toml`.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
@@ -292,6 +294,8 @@ impl NodeFileConfig {
         let etcd: EtcdConfig = read_section(path, "etcd", section("etcd"))?;
         let clients: BTreeMap<String, ClientConfig> =
             read_section(path, "clients", section("clients"))?;
+        let telemetry: crate::telemetry::TelemetryConfig =
+            read_section(path, "telemetry", section("telemetry"))?;
         let checked = serve.check().and_then(|()| admin.check());
         checked.map_err(|(field, message)| ConfigError::new(path, field, message))?;
         check_clients(&clients)
@@ -302,6 +306,7 @@ impl NodeFileConfig {
             admin,
             etcd,
             clients,
+            telemetry,
         })
     }
 }

@@ -154,3 +154,33 @@ pub const AUTHORIZATION_FINISH_TIMEOUT: Duration = Duration::from_secs(45);
 /// User authorization through the node: bytes of an authorization server's `error` and
 /// `error_description` shown on the callback page (escaped), enough for a sentence.
 pub const AUTHORIZATION_ERROR_MAX_BYTES: usize = 300;
+
+/// Trace export: spans waiting to be sent; past it spans are dropped and counted
+/// (`quiver_telemetry_spans_dropped_total`) so a slow collector never slows a task.
+/// `[telemetry] max_queue_size`.
+pub const TELEMETRY_MAX_QUEUE: usize = 4096;
+
+/// Trace export: the largest `max_queue_size` accepted (a span is a few KiB at most).
+pub const TELEMETRY_MAX_QUEUE_LIMIT: usize = 1 << 20;
+
+/// Trace export: most spans in one export request.
+pub const TELEMETRY_MAX_BATCH: usize = 512;
+
+/// Trace export: longest a span waits for its batch to fill before it is sent.
+pub const TELEMETRY_BATCH_DELAY: Duration = Duration::from_secs(1);
+
+/// Trace export: longest one export request takes. `[telemetry] export_timeout_ms`.
+pub const TELEMETRY_EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Trace export: the largest `export_timeout_ms` accepted.
+pub const TELEMETRY_EXPORT_TIMEOUT_MAX: Duration = Duration::from_secs(60);
+
+/// Trace export: longest `quiver run` and `quiver serve` wait at exit for the last spans
+/// to be sent; an unreachable collector holds the exit no longer.
+pub const TELEMETRY_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Trace export: longest text attribute, event or span name sent; the rest is cut.
+pub const TELEMETRY_MAX_ATTRIBUTE_BYTES: usize = 4096;
+
+/// Trace export: longest `service.name`.
+pub const TELEMETRY_MAX_SERVICE_NAME_BYTES: usize = 256;

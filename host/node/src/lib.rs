@@ -66,6 +66,7 @@ mod listen;
 mod modules;
 mod source;
 mod tasks;
+pub mod telemetry;
 mod web;
 
 use std::net::SocketAddr;

@@ -332,6 +332,20 @@ pub const AUDIT_BUFFER_BYTES: usize = 1024 * 1024;
 /// the stop.
 pub const AUDIT_FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Longest `traceparent` accepted (a later W3C version may append fields to the 55
+/// bytes of version 00; anything longer is refused as malformed).
+pub const MAX_TRACEPARENT_BYTES: usize = 256;
+
+/// Longest `tracestate` passed on; W3C lets a vendor drop one that is longer.
+pub const MAX_TRACESTATE_BYTES: usize = 512;
+
+/// Longest text a span attribute holds (a model name, an error type, a session id): the
+/// rest is cut, so a hostile server or backend cannot make spans large.
+pub const MAX_SPAN_ATTRIBUTE_BYTES: usize = 256;
+
+/// Most finish reasons (one per choice) a model request's span lists.
+pub const MAX_SPAN_FINISH_REASONS: usize = 8;
+
 /// Longest guest log line kept; the rest is cut with a marker.
 pub const MAX_LOG_LINE_BYTES: usize = 16 * 1024;
 

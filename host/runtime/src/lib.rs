@@ -55,6 +55,7 @@ mod sandbox;
 mod task;
 pub mod telemetry;
 pub mod text;
+mod trace;
 
 /// LLM backends as `quiver.toml` names them (`[backends.NAME]`).
 pub mod llm {
@@ -98,3 +99,4 @@ pub use policy::{Layer, Pattern, PolicyReport, PrincipalConfig, Reason};
 pub use quiver_abi::Errno;
 pub use sandbox::SandboxSetupError;
 pub use task::{GuestLogs, Preopen, TaskError, TaskSpec};
+pub use trace::TraceContext;

@@ -132,6 +132,12 @@ pub struct TaskSpec {
     /// never read from task.json, never serialised, shown or given to the guest.
     #[serde(skip)]
     pub subject_token: Option<crate::identity::SubjectToken>,
+    /// The caller's W3C trace context: the task's span continues that trace (a node takes
+    /// it from the `traceparent`/`tracestate` headers of `POST /v1/tasks`). Only used when
+    /// a [`Propagator`](crate::telemetry::Propagator) is installed. Never read from
+    /// task.json.
+    #[serde(skip)]
+    pub trace_parent: Option<crate::TraceContext>,
 }
 
 /// Where a task's `log` lines go. Guests use `log` as their `printf`, so by default a line is
@@ -173,6 +179,7 @@ impl TaskSpec {
             principal: None,
             client: None,
             subject_token: None,
+            trace_parent: None,
         }
     }
 

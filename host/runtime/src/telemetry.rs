@@ -6,16 +6,28 @@
 //! a registry `${ENV:..}` reference resolved to: the pool cleans its own messages, but
 //! libraries (rmcp, reqwest, hyper) log on their own, at debug and trace level with URLs.
 //! Library users with their own subscriber can wrap their writer the same way.
+//!
+//! Traces: the host opens one `task` span per task with a child for each chat send, model
+//! request, MCP request, guest tool call and approval wait, named and attributed after the
+//! OpenTelemetry GenAI and MCP conventions (docs/telemetry.md). The library exports
+//! nothing; [`init_with`] takes the exporting layer a binary builds, and a [`Propagator`]
+//! lets the host continue a caller's trace and send `traceparent` on.
 
 use std::io::{self, IsTerminal, Write};
 
-use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer, Registry};
 
 use crate::defaults;
 use crate::registry::redact_known;
 
 pub use crate::sandbox::flush_guest_stderr;
+pub use crate::trace::{InvalidTraceparent, Propagator, TraceContext, set_propagator};
+
+/// A layer beside the log (an exporter's), with its own filter.
+pub type ExtraLayer = Box<dyn Layer<Registry> + Send + Sync>;
 
 /// Log line format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,18 +59,25 @@ impl std::str::FromStr for LogFormat {
 /// Installs the global subscriber; `level` is a level (`info`) or a full filter
 /// (`quiver=debug,rmcp=warn`). Calling it twice is harmless.
 pub fn init(level: &str, format: LogFormat) {
+    init_with(level, format, None);
+}
+
+/// [`init`], with `extra` beside the log: it sees every span and event its own filter
+/// lets through, whatever `level` says (the log's filter is the log's alone).
+pub fn init_with(level: &str, format: LogFormat, extra: Option<ExtraLayer>) {
     let (filter, bad_filter) = match EnvFilter::try_new(level) {
         Ok(filter) => (filter, None),
         Err(e) => (EnvFilter::new("warn"), Some(e)),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(RedactingWriter::new(stderr_after_guest_output));
-    let _ = match format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let log: ExtraLayer = match format {
+        LogFormat::Text => log.with_filter(filter).boxed(),
+        LogFormat::Json => log.json().with_filter(filter).boxed(),
     };
+    let layers: Vec<ExtraLayer> = std::iter::once(log).chain(extra).collect();
+    let _ = tracing_subscriber::registry().with(layers).try_init();
     if let Some(e) = bad_filter {
         tracing::warn!("--log-level {level:?} is not a level or filter ({e}); using warn");
     }

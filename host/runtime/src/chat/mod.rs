@@ -21,6 +21,7 @@ mod response;
 mod results;
 pub(crate) mod run;
 mod session;
+mod spans;
 pub(crate) mod tools;
 pub mod wire;
 

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{Map, Value, json};
+use tracing::Instrument;
 
 use quiver_abi::Errno;
 
@@ -20,6 +21,7 @@ use super::results::{
     ToolErrorCode, ToolFailure, mcp_result_images, mcp_result_text, truncate_output,
 };
 use super::session::message_cost;
+use super::spans;
 use super::tools::{Resolution, Route, ToolSet};
 use super::wire::{AssistantMessage, ChatCompletion, ToolCall};
 use super::{ChatResponse, ChatSession, Metrics};
@@ -367,8 +369,17 @@ async fn request(
         .unwrap_or(backend.timeout());
     let remaining = ctx.deadline.remaining();
     let started = Instant::now();
-    let reply = backend.complete(body, configured.min(remaining)).await;
+    let model = body.get("model").and_then(Value::as_str);
+    let span = spans::model_request(backend, model.unwrap_or(backend.default_model()));
+    let reply = backend
+        .complete(body, configured.min(remaining))
+        .instrument(span.clone())
+        .await;
     metrics.latency_ms.llm += ms(started.elapsed());
+    match &reply {
+        Ok(reply) => spans::record_reply(&span, &reply.body),
+        Err(failure) => spans::record_error(&span, &failure.error),
+    }
     match reply {
         Ok(reply) => {
             metrics.llm_requests += 1 + reply.retries;
@@ -633,13 +644,18 @@ async fn run_tool_calls<G: GuestTools>(
             if let Step::Guest { table_index, args } = &p.step {
                 let started = Instant::now();
                 let observed = ctx.mcp.observers.start(observed_guest_call(ctx, p));
+                let span = spans::guest_tool(&p.name, &p.id);
                 let result = guest
                     .call(*table_index, args)
+                    .instrument(span.clone())
                     .await
                     .map_err(HostcallError::Trap)?;
                 match &result {
                     Ok((text, _)) => observed.finish(ToolOutcome::Ok, text.len() as u64),
-                    Err(_) => observed.finish(ToolOutcome::ToolError, 0),
+                    Err(_) => {
+                        spans::record_tool_error(&span);
+                        observed.finish(ToolOutcome::ToolError, 0)
+                    }
                 }
                 let result = result
                     .map(|(text, charge)| {

@@ -24,12 +24,14 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 use wasmtime::InstancePre;
 
 use crate::approval::Approvals;
 use crate::chat::llm::Backends;
 use crate::chat::tools::ToolSet;
 use crate::chat::{ChatSession, ChatTask};
+use crate::defaults;
 use crate::mcp::{McpPool, McpTask, PoolLimits, PoolUsage, ServerStatus};
 use crate::observe::{AuditLog, Metrics, Observers};
 use crate::policy::{self, PolicyReport, PrincipalRules, SessionRequest};
@@ -40,6 +42,7 @@ pub use crate::sandbox::{
 };
 use crate::sandbox::{HostMemory, MemoryBudget, Runtime, Sandbox};
 use crate::task::{TaskError, TaskSpec};
+use crate::text::cut;
 use admission::Admission;
 pub use admission::{BusyReason, TaskStatus};
 pub use builder::{HostBuilder, HostError, ModuleError};
@@ -91,6 +94,8 @@ pub struct GuestModule {
     pre: InstancePre<TaskState>,
     origin: ModuleOrigin,
     name: String,
+    /// `sha256:` and the hex SHA-256 of the module's bytes, as the node names modules.
+    digest: Arc<str>,
     /// Linear memory instantiation needs, reserved from the host's total at admission.
     initial_memory: u64,
 }
@@ -104,6 +109,11 @@ impl GuestModule {
     /// The name guests see as argv[0].
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// `sha256:` and the hex SHA-256 of the module's bytes (on each task's span).
+    pub fn digest(&self) -> &str {
+        &self.digest
     }
 
     /// Bytes of compiled code and data this module keeps mapped (its wasmtime image).
@@ -136,6 +146,27 @@ impl Drop for TaskCounted<'_> {
     fn drop(&mut self) {
         self.metrics.task_finished(self.outcome);
     }
+}
+
+/// The root span of `task`'s trace (docs/telemetry.md): who it acts for and which module,
+/// continuing the caller's trace if the task names one; the outcome is recorded at the end.
+fn task_span(module: &GuestModule, task: &TaskSpec) -> tracing::Span {
+    let span = tracing::info_span!(
+        "task",
+        task_id = %task.task_id,
+        quiver.principal = task.principal.as_deref(),
+        quiver.client = task.client.as_deref(),
+        quiver.module.name = cut(&module.name, defaults::MAX_SPAN_ATTRIBUTE_BYTES),
+        quiver.module.digest = &*module.digest,
+        quiver.task.outcome = tracing::field::Empty,
+        process.exit.code = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        error.type = tracing::field::Empty,
+    );
+    if let Some(parent) = &task.trace_parent {
+        crate::trace::continue_from(&span, parent);
+    }
+    span
 }
 
 /// How a task ended.
@@ -281,10 +312,15 @@ impl Host {
         let initial_memory = u64::from(needs.num_memories)
             .saturating_mul(needs.max_initial_memory_size.unwrap_or(0))
             .saturating_mul(WASM_PAGE);
+        let digest: String = Sha256::digest(bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
         Ok(GuestModule {
             pre,
             origin,
             name: name.to_owned(),
+            digest: format!("sha256:{digest}").into(),
             initial_memory,
         })
     }
@@ -318,7 +354,8 @@ impl Host {
             metrics: &self.inner.metrics,
             outcome: "cancelled",
         };
-        let result = self.run_admitted(module, task, admitted).await;
+        let span = task_span(module, task);
+        let result = self.run_admitted(module, task, admitted, &span).await;
         counted.outcome = match &result {
             Ok(outcome) => match outcome.failure {
                 None if outcome.exit_code == 0 => "ok",
@@ -329,6 +366,14 @@ impl Host {
             Err(HostError::Busy { .. }) => "busy",
             Err(_) => "setup_failed",
         };
+        span.record("quiver.task.outcome", counted.outcome);
+        if let Ok(outcome) = &result {
+            span.record("process.exit.code", outcome.exit_code);
+        }
+        if counted.outcome != "ok" {
+            span.record("otel.status_code", "error");
+            span.record("error.type", counted.outcome);
+        }
         result
     }
 
@@ -337,6 +382,7 @@ impl Host {
         module: &GuestModule,
         task: &TaskSpec,
         admitted: impl FnOnce(),
+        span: &tracing::Span,
     ) -> Result<TaskOutcome, HostError> {
         let setup_error = |module: String, source| HostError::TaskSetup {
             task_id: task.task_id.clone(),
@@ -388,12 +434,11 @@ impl Host {
                 metrics: self.inner.metrics.clone(),
             }),
         };
-        let span = tracing::info_span!("task", task_id = %task.task_id);
         let entry = task.entry.as_deref().unwrap_or("_start");
         let run = self
             .inner
             .runtime
-            .run(&module.pre, state, entry, span)
+            .run(&module.pre, state, entry, span.clone())
             .await
             .map_err(|e| setup_error(format!("{}: ", module.name), e))?;
         let (stdout, stderr) = captured.map(|c| c.take()).unwrap_or_default();

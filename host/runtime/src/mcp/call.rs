@@ -20,6 +20,7 @@ use std::time::SystemTime;
 
 use rmcp::model::JsonObject;
 use serde_json::Value;
+use tracing::Instrument;
 
 use super::input::Asker;
 use super::pool::ToolCallOutput;
@@ -158,7 +159,20 @@ pub(crate) async fn run(
             policy,
             task_deadline: origin.deadline,
         });
-        if let Err(refusal) = before(origin.deadline, asked).await? {
+        let span = tracing::info_span!(
+            "approval_wait",
+            quiver.server.id = server_id,
+            gen_ai.tool.name = tool,
+            quiver.approval.decision = tracing::field::Empty,
+        );
+        let asked = before(origin.deadline, asked)
+            .instrument(span.clone())
+            .await?;
+        span.record(
+            "quiver.approval.decision",
+            if asked.is_ok() { "approved" } else { "refused" },
+        );
+        if let Err(refusal) = asked {
             let detail = refusal.detail.clone();
             origin.report_denial(mcp, (server_id, tool), refusal.reason, detail);
             return Ok(Ended::Refused(refusal));

@@ -23,6 +23,7 @@ mod outbound;
 mod pool;
 mod rules;
 mod session;
+mod spans;
 mod tool_headers;
 
 pub(crate) use auth::misplaced_dpop;

@@ -340,6 +340,7 @@ impl StreamableHttpClient for OutboundClient {
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
         self.checked_uri(&uri).await?;
+        let custom_headers = super::spans::with_trace_headers(&message, custom_headers);
         self.http
             .post_message(uri, message, session_id, auth_header, custom_headers)
             .await
@@ -355,6 +356,7 @@ impl StreamableHttpClient for OutboundClient {
         max_sse_event_size: usize,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
         self.checked_uri(&uri).await?;
+        let custom_headers = super::spans::with_trace_headers(&message, custom_headers);
         self.http
             .post_message_with_max_sse_event_size(
                 uri,

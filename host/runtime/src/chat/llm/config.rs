@@ -27,6 +27,16 @@ impl BackendKind {
     fn is_http(self) -> bool {
         self != BackendKind::Replay
     }
+
+    /// The `gen_ai.provider.name` of its requests' spans.
+    pub(crate) fn provider(self) -> &'static str {
+        match self {
+            Self::Openai | Self::OpenaiResponses => "openai",
+            Self::Anthropic => "anthropic",
+            Self::Gemini => "gcp.gemini",
+            Self::Replay => "quiver.replay",
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]

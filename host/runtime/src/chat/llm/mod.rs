@@ -84,6 +84,8 @@ pub struct LlmFailure {
 /// One configured backend.
 pub struct Backend {
     name: String,
+    /// The `gen_ai.provider.name` of its spans.
+    provider: &'static str,
     default_model: String,
     timeout: Duration,
     kind: BackendImpl,
@@ -98,6 +100,10 @@ enum BackendImpl {
 impl Backend {
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    pub fn provider(&self) -> &'static str {
+        self.provider
     }
 
     pub fn default_model(&self) -> &str {
@@ -161,6 +167,7 @@ impl Backends {
             };
             let built = Backend {
                 name: name.clone(),
+                provider: backend.kind.provider(),
                 default_model: backend
                     .default_model
                     .clone()

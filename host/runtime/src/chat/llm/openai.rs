@@ -246,6 +246,7 @@ impl OpenAiBackend {
                 }
             }
         }
+        headers.extend(crate::trace::headers());
         let (url, request) = self.request(body).map_err(Attempt::Final)?;
         let response = self
             .client

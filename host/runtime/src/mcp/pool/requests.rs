@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use tracing::Instrument;
+
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, GetPromptRequestParams, GetPromptResponse, JsonObject,
     PaginatedRequestParams, Prompt, ReadResourceRequestParams, ReadResourceResponse, Resource,
@@ -20,6 +22,7 @@ use super::{Connection, McpPool};
 use crate::defaults;
 use crate::mcp::capped::{Encode, encode_capped};
 use crate::mcp::input::{Asked, Asker, Round, rounds};
+use crate::mcp::spans;
 use crate::mcp::{CallToolResult, McpError, McpErrorCode, Tool};
 use crate::registry::{Launch, ServerEntry};
 
@@ -222,6 +225,10 @@ impl McpPool {
         let _asking = conn.in_flight.enter(asker, entry, "tools/call", name);
         conn.common_stream_ready().await;
         let timeout = entry.record.budgets.tool_timeout;
+        let span = spans::request(entry, "tools/call", Some(name));
+        let mut params = params;
+        spans::propagate(&span, &mut params);
+        spans::record_peer(&span, conn.service.peer_info().as_deref());
         let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
         let call = async {
             let _permit = slot.permits.acquire().await.map_err(|_| {
@@ -241,7 +248,10 @@ impl McpPool {
                 .map_err(|e| service_failed(server_id, name, e, &phase))?;
             Ok((result, sent.elapsed()))
         };
-        let outcome = match tokio::time::timeout(timeout, call).await {
+        let outcome = match tokio::time::timeout(timeout, call)
+            .instrument(span.clone())
+            .await
+        {
             Ok(outcome) => outcome,
             Err(_) => Err(self.call_timed_out(slot, name, timeout, &phase)),
         };
@@ -250,7 +260,12 @@ impl McpPool {
                 // An `isError` result is an answer too: the server is fine.
                 slot.health.answered(latency);
                 match response {
-                    CallToolResponse::Complete(result) => Ok(Round::Complete(result)),
+                    CallToolResponse::Complete(result) => {
+                        if result.is_error == Some(true) {
+                            spans::record_tool_error(&span);
+                        }
+                        Ok(Round::Complete(result))
+                    }
                     CallToolResponse::InputRequired(input) => Ok(Round::InputRequired(input)),
                     // The host does not declare the tasks extension, so a server may not.
                     _ => Err(McpError::new(
@@ -262,6 +277,7 @@ impl McpPool {
                 }
             }
             Err(error) => {
+                spans::record_error(&span, &error);
                 let mut error = error.redacted(entry.secrets());
                 if error.code == McpErrorCode::Unavailable {
                     self.discard(slot, &conn).await;
@@ -483,11 +499,16 @@ impl McpPool {
             phase.set(CallPhase::ON_WIRE);
             request(conn.clone(), phase.clone()).await
         };
-        let result = match tokio::time::timeout(timeout, run).await {
+        let span = spans::request(entry, what, None);
+        let result = match tokio::time::timeout(timeout, run)
+            .instrument(span.clone())
+            .await
+        {
             Ok(result) => result.map_err(|error| error.redacted(entry.secrets())),
             Err(_) => Err(self.call_timed_out(slot, what, timeout, &phase)),
         };
         if let Err(error) = &result {
+            spans::record_error(&span, error);
             if error.code == McpErrorCode::Unavailable {
                 self.discard(slot, &conn).await;
             }
