@@ -136,7 +136,7 @@ async fn the_approver_answers_a_question_and_the_forms_defaults_are_filled_in() 
     let text = setup.call("ask_name").await.unwrap();
     // The server saw its requestState again (it fails the call otherwise) and the answer
     // with the default the approver left out.
-    assert_eq!(text, r#"accept {"greeting":"hello","name":"Ada"}"#);
+    assert_eq!(text, r#"accept {"name":"Ada","greeting":"hello"}"#);
     let asked = setup.asked();
     assert_eq!(asked.len(), 1);
     assert_eq!(asked[0].server_id, "asks");
@@ -261,7 +261,7 @@ async fn concurrent_requests_of_two_tasks_keep_their_own_rounds() {
         }
     };
     let (a, b) = tokio::join!(call("task-a"), call("task-b"));
-    assert_eq!(a, r#"accept {"greeting":"hello","name":"task-a"}"#);
-    assert_eq!(b, r#"accept {"greeting":"hello","name":"task-b"}"#);
+    assert_eq!(a, r#"accept {"name":"task-a","greeting":"hello"}"#);
+    assert_eq!(b, r#"accept {"name":"task-b","greeting":"hello"}"#);
     host.shutdown().await;
 }

@@ -208,9 +208,9 @@ fn check_endpoint(field: &str, text: &str) -> Result<String, String> {
             "{field}: the scheme must be http or https with a host, e.g. http://collector:4318"
         ));
     }
-    if !url.username().is_empty() || url.password().is_some() {
+    if !url.username().is_empty() || url.password().is_some() || url.query().is_some() {
         return Err(format!(
-            "{field}: credentials in the URL are refused (they would be logged with it); pass them as headers (headers_env)"
+            "{field}: credentials or a query in the URL are refused (they would be logged with it); pass them as headers (headers_env)"
         ));
     }
     Ok(text.to_owned())
@@ -308,7 +308,7 @@ mod tests {
 
     #[test]
     fn bad_values_are_named_and_secrets_never_shown() {
-        let cases: [(&[(&str, &str)], &str); 4] = [
+        let cases: [(&[(&str, &str)], &str); 5] = [
             (
                 &[("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://c")],
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -332,7 +332,11 @@ mod tests {
             ),
             (
                 &[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://user:sekrit7@c:4318")],
-                "credentials in the URL",
+                "credentials or a query in the URL",
+            ),
+            (
+                &[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c/v1?token=sekrit7")],
+                "credentials or a query in the URL",
             ),
         ];
         for (vars, named) in cases {

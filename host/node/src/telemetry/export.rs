@@ -161,13 +161,34 @@ impl Telemetry {
 }
 
 /// The host's own spans and events at info and above; not the per-server connection spans,
-/// which live as long as a server and belong to no task.
+/// which live as long as a server and belong to no task, nor a guest's log lines.
 fn exported(meta: &tracing::Metadata<'_>) -> bool {
     let target = meta.target();
     (target == "quiver" || target.starts_with("quiver::") || target.starts_with("quiver_node"))
+        && !target.starts_with("quiver::guest")
         && *meta.level() <= tracing::Level::INFO
         && !(meta.is_span() && matches!(meta.name(), "mcp_server" | "mcp_server_stderr"))
 }
+
+/// The fields of a log event that may go to a collector: names, ids and codes. Free text
+/// (`error`, `detail`, `message` of a server or model, a resource URI) may echo argument
+/// values, so an event keeps only these.
+const EVENT_FIELDS: &[&str] = &[
+    "task_id",
+    "action",
+    "via",
+    "server_id",
+    "tool",
+    "reason",
+    "code",
+    "error.type",
+    "status",
+    "principal",
+    "backend",
+    "model",
+    "level",
+    "target",
+];
 
 /// Queues each ended span, cleaned; a full queue drops it (counted).
 #[derive(Debug)]
@@ -249,6 +270,9 @@ fn clean(span: &mut SpanData) {
     }
     for event in &mut span.events.events {
         event.name = Cow::Owned(clean_text(&event.name));
+        event
+            .attributes
+            .retain(|a| EVENT_FIELDS.contains(&a.key.as_str()));
         for attribute in &mut event.attributes {
             clean_attribute(attribute);
         }

@@ -274,8 +274,10 @@ fn action_name(action: &ElicitationAction) -> &'static str {
     }
 }
 
+/// `value` as JSON; `null` if it does not serialise (rmcp's types always do), which the
+/// callers treat as a declined answer or a form too large to show.
 fn to_json<T: serde::Serialize>(value: &T) -> Value {
-    serde_json::to_value(value).expect("rmcp's result types always serialise")
+    serde_json::to_value(value).unwrap_or(Value::Null)
 }
 
 /// The form as JSON, if it is within the host's bounds (rmcp has already refused one that
@@ -290,7 +292,7 @@ fn check_schema(schema: &rmcp::model::ElicitationSchema) -> Result<Value, String
     }
     let json = to_json(schema);
     let size = serde_json::to_vec(&json).map_or(usize::MAX, |b| b.len());
-    if size > defaults::MAX_ELICITATION_SCHEMA_BYTES {
+    if json.is_null() || size > defaults::MAX_ELICITATION_SCHEMA_BYTES {
         return Err(format!(
             "the form takes {size} bytes as JSON; at most {} are shown",
             defaults::MAX_ELICITATION_SCHEMA_BYTES
@@ -432,12 +434,13 @@ fn check_value(property: &Value, value: &Value) -> Result<(), String> {
 /// The questions servers of the 2025 protocol ask during a call, as requests of their own:
 /// the requests in flight on one connection, so its handler can tell whose call a
 /// question belongs to. The protocol does not say which call it came with; the host asks
-/// the task only when every request in flight on the connection is that task's, and
-/// declines otherwise.
+/// a task only when that task's one request is the only request in flight on the
+/// connection (listings count, with no task), and declines otherwise: a question can never
+/// reach another task, or another principal, than the one whose request it came with.
 #[derive(Default)]
 pub(crate) struct InFlight {
     next: std::sync::atomic::AtomicU64,
-    requests: Mutex<Vec<(u64, InFlightRequest)>>,
+    requests: Mutex<Vec<(u64, Option<InFlightRequest>)>>,
 }
 
 /// A request's place in [`InFlight`], left when dropped.
@@ -465,13 +468,24 @@ impl InFlight {
         method: &'static str,
         name: &str,
     ) -> Entered<'_> {
-        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let request = InFlightRequest {
             asker: Arc::new(asker.clone()),
             entry: entry.clone(),
             method,
             name: cut(name, defaults::MAX_RESOURCE_URI_BYTES).to_owned(),
+            questions: Arc::default(),
         };
+        self.push(Some(request))
+    }
+
+    /// A request no task answers for (a listing): while it is in flight, no question is
+    /// put to anyone.
+    pub(crate) fn enter_unowned(&self) -> Entered<'_> {
+        self.push(None)
+    }
+
+    fn push(&self, request: Option<InFlightRequest>) -> Entered<'_> {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
         requests.push((id, request));
         Entered {
@@ -480,15 +494,13 @@ impl InFlight {
         }
     }
 
-    /// The one task whose requests are in flight, with one of its requests (`None` when
-    /// there are none, or more than one task's).
+    /// The request in flight when it is the only one and a task's (`None` otherwise).
     pub(crate) fn sole(&self) -> Option<InFlightRequest> {
         let requests = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        let (_, first) = requests.first()?;
-        requests
-            .iter()
-            .all(|(_, other)| other.asker.task_id == first.asker.task_id)
-            .then(|| first.clone())
+        match requests.as_slice() {
+            [(_, Some(only))] => Some(only.clone()),
+            _ => None,
+        }
     }
 }
 
@@ -499,9 +511,18 @@ pub(crate) struct InFlightRequest {
     pub(crate) entry: Arc<ServerEntry>,
     pub(crate) method: &'static str,
     pub(crate) name: String,
+    /// Questions the server asked during it, at most [`defaults::MAX_INPUT_REQUESTS`].
+    questions: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl InFlightRequest {
+    /// Counts one more question during this request; false past the cap.
+    pub(crate) fn may_ask(&self) -> bool {
+        self.questions
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            < defaults::MAX_INPUT_REQUESTS
+    }
+
     pub(crate) fn asked(&self) -> Asked<'_> {
         Asked {
             entry: &self.entry,

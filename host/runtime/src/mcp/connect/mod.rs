@@ -66,6 +66,8 @@ pub(super) struct ClientEvents {
     protocol_version: ProtocolVersion,
     /// The requests in flight, whose task answers the server's questions.
     in_flight: Arc<InFlight>,
+    /// One question at a time: a server's flood of them is declined, not queued.
+    asking: Arc<tokio::sync::Semaphore>,
 }
 
 impl ClientHandler for ClientEvents {
@@ -74,14 +76,27 @@ impl ClientHandler for ClientEvents {
     async fn create_elicitation(
         &self,
         request: ElicitRequestParams,
-        _context: RequestContext<RoleClient>,
+        context: RequestContext<RoleClient>,
     ) -> Result<ElicitResult, rmcp::ErrorData> {
+        let decline = || Ok(ElicitResult::new(ElicitationAction::Decline));
         let Some(sole) = self.in_flight.sole() else {
             tracing::info!(server_id = %self.server_id, "declined a question that no single task's request can own");
-            return Ok(ElicitResult::new(ElicitationAction::Decline));
+            return decline();
         };
-        let (result, _) = sole.asker.elicit(sole.asked(), request).await;
-        Ok(result)
+        let Ok(_one) = self.asking.try_acquire() else {
+            tracing::info!(server_id = %self.server_id, "declined a question asked while another waits");
+            return decline();
+        };
+        if !sole.may_ask() {
+            tracing::info!(server_id = %self.server_id, "declined a question past the request's limit");
+            return decline();
+        }
+        // The server may withdraw it; the request it came with may end first (then the
+        // question has nobody to ask for).
+        tokio::select! {
+            (result, _) = sole.asker.elicit(sole.asked(), request) => Ok(result),
+            () = context.ct.cancelled() => decline(),
+        }
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
@@ -395,6 +410,7 @@ impl Connector {
                 .clone()
                 .unwrap_or(ProtocolVersion::LATEST_WITH_INITIALIZE),
             in_flight: in_flight.clone(),
+            asking: Arc::new(tokio::sync::Semaphore::new(1)),
         };
         // A connection outlives the task that happened to open it: detach it from the
         // caller's span so its logs are not filed under that task.

@@ -65,6 +65,7 @@ impl McpPool {
             }
         }
         let server_id = entry.server_id();
+        let _listing = conn.in_flight.enter_unowned();
         conn.tools_stale.store(false, Ordering::SeqCst);
         let timeout = entry.record.budgets.tool_timeout;
         let cap = entry.record.budgets.max_tool_list_bytes;
@@ -220,9 +221,10 @@ impl McpPool {
         let in_flight = self.enter(entry, principal);
         let slot = &in_flight.slot;
         let conn = self.connect(slot).await?;
+        // Entered first: the listing `check_listed` may make is then not this call's alone.
+        let _asking = conn.in_flight.enter(asker, entry, "tools/call", name);
         self.check_listed(entry, slot, &conn, name, principal)
             .await?;
-        let _asking = conn.in_flight.enter(asker, entry, "tools/call", name);
         conn.common_stream_ready().await;
         let timeout = entry.record.budgets.tool_timeout;
         let span = spans::request(entry, "tools/call", Some(name));
@@ -309,6 +311,7 @@ impl McpPool {
             principal,
             "resources/list",
             |conn, phase| async move {
+                let _listing = conn.in_flight.enter_unowned();
                 list_pages(server_id, "resources/list", cap, &phase, |cursor| {
                     let conn = conn.clone();
                     async move {
@@ -333,6 +336,7 @@ impl McpPool {
         let cap = entry.record.budgets.max_tool_list_bytes;
         let what = "resources/templates/list";
         self.request(entry, principal, what, |conn, phase| async move {
+            let _listing = conn.in_flight.enter_unowned();
             list_pages(server_id, what, cap, &phase, |cursor| {
                 let conn = conn.clone();
                 async move {
@@ -408,6 +412,7 @@ impl McpPool {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_list_bytes;
         self.request(entry, principal, "prompts/list", |conn, phase| async move {
+            let _listing = conn.in_flight.enter_unowned();
             list_pages(server_id, "prompts/list", cap, &phase, |cursor| {
                 let conn = conn.clone();
                 async move {
