@@ -182,7 +182,8 @@ impl CommonStream {
         }
     }
 
-    /// Waits until the stream was answered, at most `up_to`.
+    /// Waits until the stream was answered, at most `up_to`, and only once a session: a
+    /// server that never answers it costs the first request the wait, not every request.
     pub(crate) async fn wait(&self, up_to: std::time::Duration) {
         let answered = || self.0.0.load(std::sync::atomic::Ordering::SeqCst);
         if answered() {
@@ -191,8 +192,8 @@ impl CommonStream {
         let notified = self.0.1.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        if !answered() {
-            let _ = tokio::time::timeout(up_to, notified).await;
+        if !answered() && tokio::time::timeout(up_to, notified).await.is_err() {
+            self.answered();
         }
     }
 }
