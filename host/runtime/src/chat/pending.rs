@@ -65,7 +65,10 @@ impl std::fmt::Debug for PendingSend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PendingSend")
             .field("session_fd", &self.session_fd)
-            .field("failed", &self.ended.as_ref().and_then(|ended| ended.as_ref().err()))
+            .field(
+                "failed",
+                &self.ended.as_ref().and_then(|ended| ended.as_ref().err()),
+            )
             .finish_non_exhaustive()
     }
 }

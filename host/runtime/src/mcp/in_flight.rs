@@ -26,9 +26,9 @@ use wasmtime::{Caller, Linker};
 use super::call::{self, Ended, Origin};
 use super::hostcalls::{encode, parse_arguments};
 use super::session::{McpSession, McpView};
-use crate::registry::ServerEntry;
 use crate::defaults;
 use crate::observe::Via;
+use crate::registry::ServerEntry;
 use crate::sandbox::{Background, Charge, HostcallError, finish, guest, heap};
 
 /// An answer, and what holding it costs.
@@ -50,9 +50,12 @@ impl PerServer {
     /// A place for one more call to `entry`'s server; `-EAGAIN` when the task holds its
     /// share of the server's `max_concurrency` already.
     fn place(&self, entry: &ServerEntry) -> Result<OwnedSemaphorePermit, Errno> {
-        let share = (entry.record.budgets.max_concurrency / defaults::IN_FLIGHT_SERVER_SHARE)
-            .max(1) as usize;
-        let mut shares = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let share = (entry.record.budgets.max_concurrency / defaults::IN_FLIGHT_SERVER_SHARE).max(1)
+            as usize;
+        let mut shares = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let share = shares
             .entry(entry.server_id().to_owned())
             .or_insert_with(|| Arc::new(Semaphore::new(share)))

@@ -326,14 +326,22 @@ mod tests {
         let reserved = budget.used();
         assert!(reserved >= FD_STATE_BYTES, "{reserved}");
         let a = room.insert(session());
-        assert_eq!(budget.used(), reserved, "storing in the room charges nothing more");
+        assert_eq!(
+            budget.used(),
+            reserved,
+            "storing in the room charges nothing more"
+        );
         assert!(table.get_mut(a).is_ok());
         let before = budget.used();
         let room = table.vacant().unwrap();
         assert!(budget.used() > before);
         drop(room);
         assert_eq!(table.len(), 1);
-        assert_eq!(budget.used(), before, "an unused room gives its charge back");
+        assert_eq!(
+            budget.used(),
+            before,
+            "an unused room gives its charge back"
+        );
         // The budget cannot hold a third fd: the room is refused, nothing is stored.
         let _b = table.insert(session()).unwrap();
         assert_eq!(table.vacant().err(), Some(Errno::ENOMEM));
