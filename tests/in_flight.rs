@@ -160,7 +160,8 @@ async fn calls_in_flight_keep_policy_bounds_and_cancel_on_close() {
     registry.fixture(
         "fixture",
         &["slow", "echo"],
-        "[budgets]\ntool_timeout_ms = 120000\n",
+        // Room for the flood: the task's share of the server is more than 64.
+        "[budgets]\ntool_timeout_ms = 120000\nmax_concurrency = 200\n",
     );
     let body = format!(
         r#"(func $main (local $fd i32) (local $i i32) (local $rc i32) (local $first i32)
@@ -294,6 +295,142 @@ async fn a_nonblocking_send_cannot_run_guest_tools() {
     assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
     assert_eq!(run.results.last(), Some(&EINVAL), "{:?}", run.results);
     assert!(llm.requests().is_empty());
+}
+
+#[tokio::test]
+async fn one_task_holds_at_most_half_a_servers_permits_with_calls_in_flight() {
+    let registry = RegistryDir::new();
+    registry.fixture(
+        "fixture",
+        &["slow", "echo"],
+        "[budgets]\ntool_timeout_ms = 120000\nmax_concurrency = 4\n",
+    );
+    let body = format!(
+        r#"(func $main (local $fd i32) (local $a i32)
+  (local.set $fd (call $mcp_open (i32.const 1024) (i32.const 7)))
+  (local.set $a {slow})
+  (call $out (i32.ge_s (local.get $a) (i32.const 0)))
+  (call $out (i32.ge_s {slow} (i32.const 0)))
+  ;; Two of the server's four permits: a third call, of any tool, waits for one to end.
+  (call $out {slow})
+  (call $out {echo})
+  (call $out (call $mcp_close (local.get $a)))
+  (call $out (i32.ge_s {echo} (i32.const 0))))"#,
+        slow = start(SLOW, MS_60000),
+        echo = start((1100, 4), (1120, 13)),
+    );
+    let host = host(&registry);
+    let run = wat::run(
+        &host,
+        &wat::guest(DATA, &body),
+        &mcp_task("share", &["fixture"]).with_deadline(Duration::from_secs(30)),
+    )
+    .await;
+    host.shutdown().await;
+    assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
+    assert_eq!(run.results, [1, 1, EAGAIN, EAGAIN, 0, 1]);
+}
+
+/// A nonblocking chat session with the user message "hi": `$s` is the session.
+fn nonblocking_chat() -> ChatGuest {
+    let mut guest = ChatGuest::new().msg("user", "hi");
+    let (nb, nb_len) = guest.bytes(br#"{"set":["O_NONBLOCK"]}"#);
+    guest.raw(&format!(
+        "(call $cap (i32.const 8200) (i32.const {nb_len})) (call $out (call $fd_ctl (local.get $s) (i32.const 1) (i32.const {nb}) (i32.const 8200)))"
+    ))
+}
+
+/// Waits until the response `$r` is readable; records the wait's count.
+const WAIT_FOR_R: &str = "(i32.store (i32.const 90008) (call $epoll_create))
+  (drop (call $epoll_ctl (i32.load (i32.const 90008)) (i32.const 1) (local.get $r) (i32.const 1)))
+  (call $cap (i32.const 8192) (i32.const 64))
+  (call $out (call $epoll_wait (i32.load (i32.const 90008)) (i32.const 16384) (i32.const 8192) (i32.const -1)))";
+
+#[tokio::test]
+async fn a_session_has_one_nonblocking_send_in_flight_or_unread() {
+    let llm = ScriptedLlm::start(vec![
+        Reply::delayed(Duration::from_millis(200), Reply::text("first")),
+        Reply::text("second"),
+    ])
+    .await;
+    let registry = RegistryDir::new();
+    let host = scripted_host(&registry, &llm);
+    let guest = nonblocking_chat()
+        .send(0)
+        // In flight, then ended but unread: a second send would not see the first's turn.
+        .raw("(call $out (call $cchat_send (local.get $s) (i32.const 0)))")
+        .raw(WAIT_FOR_R)
+        .raw("(call $out (call $cchat_send (local.get $s) (i32.const 0)))")
+        .recv()
+        // Read: the session has the first turn, and the next send starts from it.
+        .send(0)
+        .raw(WAIT_FOR_R)
+        .recv()
+        .raw("(call $cap (i32.const 8192) (i32.const 65536)) (call $out (call $cchat_ctl (local.get $s) (i32.const 4) (i32.const 16384) (i32.const 8192))) (call $emit (i32.const 16384) (call $len (i32.const 8192)))");
+    let run = wat::run(&host, &guest.build(), &mcp_task("nb", &[])).await;
+    host.shutdown().await;
+    assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
+    let r = &run.results;
+    // session, write_msg, fd_ctl, send, send, wait, send, recv, send, wait, recv, messages
+    assert!(r[3] >= 0, "{r:?}");
+    assert_eq!(&r[4..7], &[EAGAIN, 1, EAGAIN], "{r:?}");
+    assert!(r[7] > 0 && r[8] >= 0 && r[9] == 1 && r[10] > 0, "{r:?}");
+    let messages: Value = serde_json::from_str(&run.emitted[2]).expect("messages");
+    let contents: Vec<&str> = messages
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(contents, ["hi", "first", "second"], "{messages}");
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[1]["messages"][1]["content"], "first",
+        "the second send starts from the first one's turn"
+    );
+}
+
+#[tokio::test]
+async fn a_send_whose_end_was_seen_gives_its_slot_of_background_work_back() {
+    let llm = ScriptedLlm::start(vec![Reply::text("done")]).await;
+    let registry = RegistryDir::new();
+    registry.fixture(
+        "fixture",
+        &["slow"],
+        "[budgets]\ntool_timeout_ms = 120000\nmax_concurrency = 200\n",
+    );
+    let host = scripted_host(&registry, &llm);
+    let mut guest = nonblocking_chat().send(0).raw(WAIT_FOR_R);
+    let (server, server_len) = guest.bytes(b"fixture");
+    let (slow, slow_len) = guest.bytes(b"slow");
+    let (ms, ms_len) = guest.bytes(br#"{"ms":60000}"#);
+    // The send ended and a wait saw it, unread: all 64 slots are free for calls.
+    let guest = guest
+        .raw(&format!(
+            "(i32.store (i32.const 90100) (call $mcp_open (i32.const {server}) (i32.const {server_len})))
+  (block $done (loop $more
+    (i32.store (i32.const 90104) (call $mcp_call_start (i32.load (i32.const 90100))
+      (i32.const {slow}) (i32.const {slow_len}) (i32.const {ms}) (i32.const {ms_len})))
+    (br_if $done (i32.lt_s (i32.load (i32.const 90104)) (i32.const 0)))
+    (i32.store (i32.const 90108) (i32.add (i32.load (i32.const 90108)) (i32.const 1)))
+    (br $more)))
+  (call $out (i32.load (i32.const 90108)))
+  (call $out (i32.load (i32.const 90104)))"
+        ))
+        .recv();
+    let run = wat::run(
+        &host,
+        &guest.build(),
+        &mcp_task("slots", &["fixture"]).with_deadline(Duration::from_secs(30)),
+    )
+    .await;
+    host.shutdown().await;
+    assert!(run.outcome.failure.is_none(), "{:?}", run.outcome.failure);
+    let r = &run.results;
+    // session, write_msg, fd_ctl, send, wait, calls, last, recv
+    assert_eq!(&r[4..7], &[1, 64, EAGAIN], "{r:?}");
+    assert!(r[7] > 0, "the answer still reads: {r:?}");
 }
 
 #[tokio::test]

@@ -406,7 +406,8 @@ impl Chat {
     /// # Errors
     ///
     /// As [`send`](Chat::send); [`Errno::EINVAL`] if the session has guest tools (they
-    /// run only in a blocking send), [`Errno::EAGAIN`] with 64 calls and sends in flight.
+    /// run only in a blocking send), [`Errno::EAGAIN`] with 64 calls and sends in flight, or
+    /// while this session's last `send_async` is in flight or its response unread.
     pub fn send_async(&mut self, flags: SendFlags) -> Result<PendingResponse> {
         let op = format!("cchat_send({}, {flags:?})", self.fd);
         set_nonblocking(self.fd, true)?;

@@ -267,7 +267,7 @@ impl Mcp {
     /// # Errors
     ///
     /// As [`call_tool`](Mcp::call_tool), and [`Errno::EAGAIN`] when the task has 64 calls
-    /// and sends in flight.
+    /// and sends in flight, or half of the server's `max_concurrency` in calls in flight.
     pub fn call_tool_async(&self, name: &str, args: impl serde::Serialize) -> Result<PendingCall> {
         let op = format!("mcp_call_start({:?}, {name:?})", self.server_id);
         let args = serde_json::to_value(args).unwrap_or(Value::Null);

@@ -115,6 +115,11 @@ pub const MAX_EPOLL_WATCHES: usize = MAX_FDS_PER_TASK;
 /// at once; one more is `-EAGAIN`.
 pub const MAX_IN_FLIGHT: usize = 64;
 
+/// One task's share of a server's `budgets.max_concurrency` with MCP calls in flight, as a
+/// divisor (at least one call): half, so one task starting calls cannot hold every permit
+/// of a server other tasks share. One more call to that server is `-EAGAIN`.
+pub const IN_FLIGHT_SERVER_SHARE: u32 = 2;
+
 /// Charged to a task's memory budget per piece of background work while it runs: its
 /// future and task (an MCP call's future is about 22 KB), besides what the work charges.
 pub const IN_FLIGHT_BYTES: u64 = 32 * 1024;

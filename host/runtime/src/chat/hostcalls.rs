@@ -235,6 +235,10 @@ async fn send<T: ChatView>(
         return Err(Errno::EINVAL.into());
     }
     let state = caller.data_mut();
+    if pending::unread(&mut state.sandbox().fds, fd)? {
+        tracing::info!(task_id = %state.sandbox().task_id, fd, "cchat_send: the session's last nonblocking send is still in flight or unread; read its response (cchat_recv) or close it first");
+        return Err(Errno::EAGAIN.into());
+    }
     // Shares the session's content: a guest tool may write or close the session meanwhile.
     let snapshot = session(state, fd)?.snapshot();
     let (mcp, chat) = (state.mcp().clone(), state.chat().clone());
@@ -255,10 +259,12 @@ async fn send<T: ChatView>(
             deadline,
             budget: budget.clone(),
         };
+        // The fd first: nothing is sent unless the guest gets it.
+        let room = sandbox.fds.vacant()?;
         let send = PendingSend::start(snapshot, owned, auto, span, &sandbox.work)?;
-        return Ok(sandbox
-            .fds
-            .insert_as(ChatResponse::pending(send, &budget))?);
+        let response_fd = room.insert_as(ChatResponse::pending(send, &budget));
+        session(state, fd)?.sending = Some(response_fd);
+        return Ok(response_fd);
     }
     let send_ctx = SendContext {
         task_id: &task_id,

@@ -1,8 +1,14 @@
 //! Nonblocking sends: `cchat_send` on a session with `O_NONBLOCK` returns its response fd
 //! at once, and the send (with its whole tool-call loop) runs as the task's background
 //! work, owned by that fd. `cchat_recv` answers `-EAGAIN` until it ends, the response fd
-//! reports EPOLLIN then, and the first read settles it: the response takes the answer and
-//! the session the messages the send added, as a blocking send does when it returns.
+//! reports EPOLLIN then, and the first read settles it: the session takes the messages the
+//! send added and then the response the answer, as a blocking send does when it returns.
+//! Its slot of background work is given back as soon as its end is seen; only the outcome
+//! stays until the read.
+//!
+//! A session has at most one send in flight or unread ([`unread`]): each send starts from
+//! the session's messages, so a second one would not see the first one's turn, and the two
+//! would append their turns in the order they are read.
 //!
 //! The loop runs outside the guest, so it cannot call guest tools: a nonblocking send on a
 //! session that has any is `-EINVAL` (MCP tools run as usual).
@@ -23,9 +29,10 @@ use crate::sandbox::{
 /// A send running in the background, held by its response fd.
 pub struct PendingSend {
     session_fd: i32,
-    work: Background<Result<SendOutcome, HostcallError>>,
-    /// Why the send failed, once a read found out.
-    failed: Option<Errno>,
+    /// The send while it runs; dropped once its end is in `ended`, which frees its slot.
+    work: Option<Background<Result<SendOutcome, HostcallError>>>,
+    /// How it ended: the outcome the first read settles, or why it failed.
+    ended: Option<Result<SendOutcome, Errno>>,
 }
 
 /// What a send needs beyond its session, owned so it can outlive the hostcall.
@@ -58,7 +65,10 @@ impl std::fmt::Debug for PendingSend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PendingSend")
             .field("session_fd", &self.session_fd)
-            .field("failed", &self.failed)
+            .field(
+                "failed",
+                &self.ended.as_ref().and_then(|ended| ended.as_ref().err()),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -101,19 +111,49 @@ impl PendingSend {
         };
         Ok(Self {
             session_fd,
-            work: work.spawn(&budget, send)?,
-            failed: None,
+            work: Some(work.spawn(&budget, send)?),
+            ended: None,
         })
     }
 
-    /// `epoll_events` bits: IN once the send ended, with ERR once a read found it failed.
+    /// How the send ended, moved out of its work (which is dropped then); `None` while it
+    /// runs.
+    fn ended(&mut self) -> Option<&Result<SendOutcome, Errno>> {
+        if let Some(work) = &mut self.work {
+            self.ended = Some(match work.take() {
+                Err(Errno::EAGAIN) => return None,
+                Ok(Ok(outcome)) => Ok(outcome),
+                Ok(Err(HostcallError::Errno(errno))) | Err(errno) => Err(errno),
+                // Only the deadline, which ends the task anyway.
+                Ok(Err(HostcallError::Trap(_))) => Err(Errno::ETIMEDOUT),
+            });
+            self.work = None;
+        }
+        self.ended.as_ref()
+    }
+
+    /// `epoll_events` bits: IN once the send ended, with ERR if it failed.
     pub(crate) fn readiness(&mut self) -> i32 {
-        match self.failed {
-            Some(_) => IN | ERR,
-            None if self.work.is_done() => IN,
+        match self.ended() {
             None => 0,
+            Some(Ok(_)) => IN,
+            Some(Err(_)) => IN | ERR,
         }
     }
+}
+
+/// Whether the session at `session_fd` has a nonblocking send in flight or unread: its
+/// response fd is open and not settled yet.
+pub(crate) fn unread<K>(fds: &mut FdTable<K>, session_fd: i32) -> Result<bool, Errno>
+where
+    K: FdKindOf<ChatResponse> + FdKindOf<ChatSession>,
+{
+    let Some(response_fd) = fds.get_as::<ChatSession>(session_fd)?.sending else {
+        return Ok(false);
+    };
+    Ok(fds
+        .get_as::<ChatResponse>(response_fd)
+        .is_ok_and(|response| response.pending.is_some()))
 }
 
 /// Settles the response at `fd` if a nonblocking send made it: `-EAGAIN` while the send
@@ -127,26 +167,25 @@ where
     let Some(pending) = response.pending.as_mut() else {
         return Ok(());
     };
-    if let Some(errno) = pending.failed {
+    let session_fd = pending.session_fd;
+    match pending.ended() {
+        None => return Err(Errno::EAGAIN),
+        Some(Err(errno)) => return Err(*errno),
+        Some(Ok(_)) => {}
+    }
+    let Some(Ok(outcome)) = pending.ended.take() else {
+        return Err(Errno::EIO);
+    };
+    // The session first: a send whose turn the session cannot take failed, as a blocking
+    // send does, rather than its answer being read without its turn in the history.
+    if let Ok(session) = fds.get_as::<ChatSession>(session_fd)
+        && let Err(errno) = session.append_messages(outcome.added, outcome.added_charge)
+    {
+        if let Some(pending) = fds.get_as::<ChatResponse>(fd)?.pending.as_mut() {
+            pending.ended = Some(Err(errno));
+        }
         return Err(errno);
     }
-    let outcome = match pending.work.take() {
-        Ok(Ok(outcome)) => outcome,
-        Err(Errno::EAGAIN) => return Err(Errno::EAGAIN),
-        Ok(Err(HostcallError::Errno(errno))) | Err(errno) => {
-            pending.failed = Some(errno);
-            return Err(errno);
-        }
-        // Only the deadline, which ends the task anyway.
-        Ok(Err(HostcallError::Trap(_))) => {
-            pending.failed = Some(Errno::ETIMEDOUT);
-            return Err(Errno::ETIMEDOUT);
-        }
-    };
-    let session_fd = pending.session_fd;
-    *response = outcome.response;
-    if let Ok(session) = fds.get_as::<ChatSession>(session_fd) {
-        session.append_messages(outcome.added, outcome.added_charge)?;
-    }
+    *fds.get_as::<ChatResponse>(fd)? = outcome.response;
     Ok(())
 }

@@ -40,6 +40,9 @@ pub trait ChatView: McpView<Fd: FdKindOf<ChatSession> + FdKindOf<ChatResponse>> 
 /// One chat session (`cchat_create`); reads go to its [`SessionContent`].
 pub struct ChatSession {
     content: Arc<SessionContent>,
+    /// The response fd of the session's last nonblocking send, which may still be in
+    /// flight or unread (see [`super::pending::unread`]).
+    pub(crate) sending: Option<i32>,
 }
 
 /// What a session holds.
@@ -123,6 +126,7 @@ impl ChatSession {
                 tools_bytes: 0,
                 charge: budget.empty("chat session"),
             }),
+            sending: None,
         }
     }
 
@@ -130,6 +134,7 @@ impl ChatSession {
     pub(crate) fn snapshot(&self) -> ChatSession {
         Self {
             content: self.content.clone(),
+            sending: None,
         }
     }
 

@@ -538,6 +538,7 @@ impl Host {
                 .observers
                 .for_principal(task.principal.as_deref(), task.client.as_deref()),
             approvals: self.inner.approvals.clone(),
+            in_flight: Default::default(),
             _subject: task.subject_token.clone().map(|token| {
                 self.inner
                     .pool

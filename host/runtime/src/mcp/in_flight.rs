@@ -10,10 +10,16 @@
 //! task's background work, never past its deadline. Closing the call fd, or the task
 //! ending, drops the call, and rmcp tells the server (`notifications/cancelled`). Calls in
 //! flight count against the task's background work and its memory budget; the answer is
-//! charged when it arrives and given back when the call fd is closed.
+//! charged when it arrives and given back when the call fd is closed. A task holds at most
+//! [`defaults::IN_FLIGHT_SERVER_SHARE`]'s share of one server's `max_concurrency` with
+//! calls in flight ([`PerServer`]), so it cannot take every permit other tasks share.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use quiver_abi::Errno;
 use quiver_abi::epoll_events::{ERR, IN};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 use wasmtime::{Caller, Linker};
 
@@ -22,6 +28,7 @@ use super::hostcalls::{encode, parse_arguments};
 use super::session::{McpSession, McpView};
 use crate::defaults;
 use crate::observe::Via;
+use crate::registry::ServerEntry;
 use crate::sandbox::{Background, Charge, HostcallError, finish, guest, heap};
 
 /// An answer, and what holding it costs.
@@ -29,15 +36,42 @@ type Answer = (Vec<u8>, Charge);
 
 /// A call fd: the call running, then its answer (or why there is none).
 pub struct McpCall {
-    /// The call while it runs; dropped once its end is in `answer`, which frees its slot.
-    work: Option<Background<Result<Answer, Errno>>>,
+    /// The call while it runs, with its place in the task's share of the server; dropped
+    /// once its end is in `answer`, which frees both.
+    work: Option<(Background<Result<Answer, Errno>>, OwnedSemaphorePermit)>,
     answer: Option<Result<Answer, Errno>>,
+}
+
+/// A task's calls in flight per server: each server's share, made on the first call.
+#[derive(Debug, Default)]
+pub(crate) struct PerServer(Mutex<HashMap<String, Arc<Semaphore>>>);
+
+impl PerServer {
+    /// A place for one more call to `entry`'s server; `-EAGAIN` when the task holds its
+    /// share of the server's `max_concurrency` already.
+    fn place(&self, entry: &ServerEntry) -> Result<OwnedSemaphorePermit, Errno> {
+        let share = (entry.record.budgets.max_concurrency / defaults::IN_FLIGHT_SERVER_SHARE).max(1)
+            as usize;
+        let mut shares = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let share = shares
+            .entry(entry.server_id().to_owned())
+            .or_insert_with(|| Arc::new(Semaphore::new(share)))
+            .clone();
+        drop(shares);
+        share.try_acquire_owned().map_err(|_| {
+            tracing::info!("mcp_call_start: the task has its share of the server's budgets.max_concurrency in flight already; wait for a call to end");
+            Errno::EAGAIN
+        })
+    }
 }
 
 impl McpCall {
     /// Moves the call's end into the fd once it is there; false while it runs.
     fn settle(&mut self) -> bool {
-        let Some(work) = &mut self.work else {
+        let Some((work, _)) = &mut self.work else {
             return true;
         };
         self.answer = match work.take() {
@@ -121,6 +155,7 @@ fn start<T: McpView>(
         deadline,
     };
     let approval = call::check(&mcp, &origin, &grant, name).map_err(|_| Errno::EACCES)?;
+    let place = mcp.in_flight.place(&grant.entry)?;
     // The call keeps copies of the name and the arguments while it runs.
     let copies = budget.charge(
         "mcp_call_start",
@@ -153,11 +188,13 @@ fn start<T: McpView>(
         Ok((json, charge))
     };
     let sandbox = caller.data_mut().sandbox();
+    // The fd first: nothing is called unless the guest gets it.
+    let room = sandbox.fds.vacant()?;
     let work = sandbox.work.spawn(&budget, work.instrument(span.clone()))?;
-    let call_fd = sandbox.fds.insert_as(McpCall {
-        work: Some(work),
+    let call_fd = room.insert_as(McpCall {
+        work: Some((work, place)),
         answer: None,
-    })?;
+    });
     span.in_scope(|| tracing::debug!(call_fd, "started"));
     Ok(call_fd)
 }

@@ -23,6 +23,8 @@ pub struct McpTask {
     pub observers: Observers,
     /// Asked about every call that needs approval.
     pub approvals: Approvals,
+    /// The task's MCP calls in flight, per server.
+    pub(crate) in_flight: super::in_flight::PerServer,
     /// The task's subject token, registered for token exchange while the task runs.
     pub(crate) _subject: Option<crate::mcp::auth::SubjectRegistration>,
 }

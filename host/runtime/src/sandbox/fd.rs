@@ -41,6 +41,42 @@ struct Entry<K> {
     kind: K,
 }
 
+/// Room for one fd in an [`FdTable`], from [`FdTable::vacant`].
+pub struct VacantFd<'a, K> {
+    table: &'a mut FdTable<K>,
+    /// The slab capacity charged for.
+    capacity: usize,
+}
+
+impl<K> VacantFd<'_, K> {
+    /// Stores `kind` in the room and returns its new fd.
+    pub fn insert(self, kind: K) -> i32 {
+        let table = &mut *self.table;
+        let entry = table.entries.vacant_entry();
+        let fd = ((table.next_serial << table.slot_bits) | entry.key() as u32) as i32;
+        entry.insert(Entry { fd, flags: 0, kind });
+        table.next_serial += 1;
+        fd
+    }
+
+    /// Stores one capability's state in the room.
+    pub fn insert_as<V>(self, value: V) -> i32
+    where
+        K: FdKindOf<V>,
+    {
+        self.insert(K::wrap(value))
+    }
+}
+
+impl<K> Drop for VacantFd<'_, K> {
+    /// Charges what the table holds now: the same once the room is used, the fd's part
+    /// less if it was not (shrinking never fails).
+    fn drop(&mut self) {
+        let cost = FdTable::<K>::cost(self.capacity, self.table.entries.len());
+        let _ = self.table.charge.resize(cost);
+    }
+}
+
 pub struct FdTable<K> {
     entries: Slab<Entry<K>>,
     cap: usize,
@@ -76,6 +112,14 @@ impl<K> FdTable<K> {
     /// billions of opens, when fresh numbers run out), or `-ENOMEM` when the task's memory
     /// budget cannot hold another fd.
     pub fn insert(&mut self, kind: K) -> Result<i32, Errno> {
+        Ok(self.vacant()?.insert(kind))
+    }
+
+    /// Room for one more fd, charged already, so that storing in it cannot fail: a hostcall
+    /// that starts work for its new fd reserves it first, and nothing starts unless the
+    /// guest gets the fd. Errors as [`FdTable::insert`]; dropping the room unused gives
+    /// its charge back.
+    pub fn vacant(&mut self) -> Result<VacantFd<'_, K>, Errno> {
         if self.entries.len() >= self.cap {
             return Err(Errno::EMFILE);
         }
@@ -90,11 +134,10 @@ impl<K> FdTable<K> {
         };
         self.charge.resize(Self::cost(capacity, len))?;
         self.entries.reserve_exact(capacity - self.entries.len());
-        let entry = self.entries.vacant_entry();
-        let fd = ((self.next_serial << self.slot_bits) | entry.key() as u32) as i32;
-        entry.insert(Entry { fd, flags: 0, kind });
-        self.next_serial += 1;
-        Ok(fd)
+        Ok(VacantFd {
+            table: self,
+            capacity,
+        })
     }
 
     fn slot(&self, fd: i32) -> Option<usize> {
@@ -273,5 +316,35 @@ mod tests {
         }
         drop(table);
         assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_vacant_fd_is_charged_first_and_gives_the_charge_back_unused() {
+        let budget = MemoryBudget::new(Arc::from("t"), 2 * FD_STATE_BYTES + 512);
+        let mut table = FdTable::new(100, &budget);
+        let room = table.vacant().unwrap();
+        let reserved = budget.used();
+        assert!(reserved >= FD_STATE_BYTES, "{reserved}");
+        let a = room.insert(session());
+        assert_eq!(
+            budget.used(),
+            reserved,
+            "storing in the room charges nothing more"
+        );
+        assert!(table.get_mut(a).is_ok());
+        let before = budget.used();
+        let room = table.vacant().unwrap();
+        assert!(budget.used() > before);
+        drop(room);
+        assert_eq!(table.len(), 1);
+        assert_eq!(
+            budget.used(),
+            before,
+            "an unused room gives its charge back"
+        );
+        // The budget cannot hold a third fd: the room is refused, nothing is stored.
+        let _b = table.insert(session()).unwrap();
+        assert_eq!(table.vacant().err(), Some(Errno::ENOMEM));
+        assert_eq!(table.len(), 2);
     }
 }
