@@ -179,6 +179,31 @@ impl<'de> Deserialize<'de> for Usage {
 }
 
 impl ChatCompletion {
+    /// The one-choice `chat.completion` a translated API's answer becomes: `id` and
+    /// `model` as that API named them (any JSON it gave, `null` if none).
+    pub(crate) fn translated(
+        id: Value,
+        model: Value,
+        message: AssistantMessage,
+        finish_reason: Option<String>,
+        usage: Option<Usage>,
+    ) -> Self {
+        let rest = Map::from_iter([
+            ("id".to_owned(), id),
+            ("object".to_owned(), Value::from("chat.completion")),
+            ("model".to_owned(), model),
+        ]);
+        Self {
+            choices: vec![Choice {
+                message,
+                finish_reason: Some(finish_reason),
+                rest: Map::from_iter([("index".to_owned(), Value::from(0))]),
+            }],
+            usage: Some(usage),
+            rest,
+        }
+    }
+
     /// The first choice's message, the one the loop acts on.
     pub fn message(&self) -> Option<&AssistantMessage> {
         self.choices.first().map(|c| &c.message)

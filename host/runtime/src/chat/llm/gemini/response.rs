@@ -18,7 +18,7 @@ use super::request::gemini_name;
 use crate::chat::llm::AnswerError;
 use crate::chat::llm::RICH_CONTENT_FIELD;
 use crate::chat::llm::ids::{self, Ids};
-use crate::chat::wire::{AssistantMessage, ChatCompletion, Choice, FunctionCall, ToolCall, Usage};
+use crate::chat::wire::{AssistantMessage, ChatCompletion, FunctionCall, ToolCall, Usage};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -174,19 +174,13 @@ pub(in crate::chat::llm) fn from_gemini(
         tool_calls: (!tool_calls.is_empty()).then_some(Some(tool_calls)),
         rest,
     };
-    let mut rest = Map::new();
-    rest.insert("id".into(), json!(response.response_id));
-    rest.insert("object".into(), json!("chat.completion"));
-    rest.insert("model".into(), json!(response.model_version));
-    Ok(ChatCompletion {
-        choices: vec![Choice {
-            message,
-            finish_reason: Some(Some(finish_reason)),
-            rest: Map::from_iter([("index".to_owned(), json!(0))]),
-        }],
-        usage: Some(response.usage_metadata.as_ref().and_then(usage)),
-        rest,
-    })
+    Ok(ChatCompletion::translated(
+        json!(response.response_id),
+        json!(response.model_version),
+        message,
+        Some(finish_reason),
+        response.usage_metadata.as_ref().and_then(usage),
+    ))
 }
 
 /// OpenAI chat usage: tool-use prompt tokens are prompt tokens, thoughts completion

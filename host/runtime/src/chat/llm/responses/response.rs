@@ -16,7 +16,7 @@ use super::State;
 use crate::chat::llm::AnswerError;
 use crate::chat::llm::RICH_CONTENT_FIELD;
 use crate::chat::llm::ids::{self, Ids};
-use crate::chat::wire::{AssistantMessage, ChatCompletion, Choice, FunctionCall, ToolCall, Usage};
+use crate::chat::wire::{AssistantMessage, ChatCompletion, FunctionCall, ToolCall, Usage};
 
 #[derive(Deserialize)]
 struct Response {
@@ -207,19 +207,13 @@ pub(in crate::chat::llm) fn from_responses(
         tool_calls: (!tool_calls.is_empty()).then_some(Some(tool_calls)),
         rest,
     };
-    let mut rest = Map::new();
-    rest.insert("id".into(), json!(response.id));
-    rest.insert("object".into(), json!("chat.completion"));
-    rest.insert("model".into(), json!(response.model));
-    Ok(ChatCompletion {
-        choices: vec![Choice {
-            message,
-            finish_reason: Some(Some(finish_reason)),
-            rest: Map::from_iter([("index".to_owned(), json!(0))]),
-        }],
-        usage: Some(response.usage.as_ref().and_then(usage)),
-        rest,
-    })
+    Ok(ChatCompletion::translated(
+        json!(response.id),
+        json!(response.model),
+        message,
+        Some(finish_reason),
+        response.usage.as_ref().and_then(usage),
+    ))
 }
 
 /// OpenAI chat usage: cached input tokens as `prompt_tokens_details.cached_tokens`,
