@@ -2,13 +2,36 @@
 //! never buffers (or, when only the size matters, allocates) more than the budget.
 
 /// Why [`encode_capped`] gave up.
-pub(super) enum Encode {
+enum Encode {
     TooLarge,
     Failed(serde_json::Error),
 }
 
+/// A server's answer (`what`: "tool `x`", "resource `u`", "prompt `p`") as the JSON a
+/// guest gets, at most `cap` bytes (`budgets.max_tool_output_bytes`).
+pub(super) fn encode_answer(
+    value: &impl serde::Serialize,
+    cap: u64,
+    what: &str,
+    server_id: &str,
+) -> Result<Vec<u8>, super::McpError> {
+    use super::{McpError, McpErrorCode};
+    encode_capped(value, cap).map_err(|error| match error {
+        Encode::TooLarge => McpError::new(
+            McpErrorCode::OutputTooLarge,
+            format!(
+                "{what} on server `{server_id}` answered more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
+            ),
+        ),
+        Encode::Failed(e) => McpError::new(
+            McpErrorCode::ToolExecFailed,
+            format!("cannot encode the answer of {what}: {e}"),
+        ),
+    })
+}
+
 /// `value` as JSON, unless that takes more than `cap` bytes (then it stops writing there).
-pub(super) fn encode_capped(value: &impl serde::Serialize, cap: u64) -> Result<Vec<u8>, Encode> {
+fn encode_capped(value: &impl serde::Serialize, cap: u64) -> Result<Vec<u8>, Encode> {
     let mut out = Capped {
         bytes: Vec::new(),
         left: cap,

@@ -20,7 +20,7 @@ use super::paging::{list_all_pages, list_pages};
 use super::slot::{CachedTools, ServerSlot};
 use super::{Connection, McpPool};
 use crate::defaults;
-use crate::mcp::capped::{Encode, encode_capped};
+use crate::mcp::capped::encode_answer;
 use crate::mcp::input::{Asked, Asker, Round, rounds};
 use crate::mcp::spans;
 use crate::mcp::{CallToolResult, McpError, McpErrorCode, Tool};
@@ -192,18 +192,7 @@ impl McpPool {
         // The transport capped the answer as it was read; the guest gets it re-encoded,
         // which is checked again while it is written, so no more than the cap is buffered.
         let cap = record.budgets.max_tool_output_bytes;
-        let json = encode_capped(&result, cap).map_err(|error| match error {
-            Encode::TooLarge => McpError::new(
-                McpErrorCode::OutputTooLarge,
-                format!(
-                    "tool `{name}` on server `{server_id}` returned more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
-                ),
-            ),
-            Encode::Failed(e) => McpError::new(
-                McpErrorCode::ToolExecFailed,
-                format!("cannot encode the result: {e}"),
-            ),
-        })?;
+        let json = encode_answer(&result, cap, &format!("tool `{name}`"), server_id)?;
         Ok(ToolCallOutput { result, json })
     }
 
@@ -389,18 +378,7 @@ impl McpPool {
             })
         })
         .await?;
-        encode_capped(&result, cap).map_err(|error| match error {
-            Encode::TooLarge => McpError::new(
-                McpErrorCode::OutputTooLarge,
-                format!(
-                    "resource `{uri}` on server `{server_id}` is more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
-                ),
-            ),
-            Encode::Failed(e) => McpError::new(
-                McpErrorCode::ToolExecFailed,
-                format!("cannot encode the resource: {e}"),
-            ),
-        })
+        encode_answer(&result, cap, &format!("resource `{uri}`"), server_id)
     }
 
     /// Every prompt the server lists, bounded like [`Self::list_resources`].
@@ -466,18 +444,7 @@ impl McpPool {
             })
         })
         .await?;
-        encode_capped(&result, cap).map_err(|error| match error {
-            Encode::TooLarge => McpError::new(
-                McpErrorCode::OutputTooLarge,
-                format!(
-                    "prompt `{name}` on server `{server_id}` is more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
-                ),
-            ),
-            Encode::Failed(e) => McpError::new(
-                McpErrorCode::ToolExecFailed,
-                format!("cannot encode the prompt: {e}"),
-            ),
-        })
+        encode_answer(&result, cap, &format!("prompt `{name}`"), server_id)
     }
 
     /// Runs one request other than a tool call on `entry`'s server: within its
