@@ -1723,7 +1723,15 @@ mod tests {
             let headers: Vec<(&str, &str)> = user.map(|u| (USER_HEADER, u)).into_iter().collect();
             async move { send(server.addr(), "GET", &path, &headers, "").await }
         };
-        assert_eq!(authorize(None, "http://127.0.0.1:9/cb").await.status, 400);
+        // No person named: the login page a browser fills in, carrying the request on.
+        let login = authorize(None, "http://127.0.0.1:9/cb").await;
+        assert_eq!(login.status, 200, "{}", login.body);
+        assert!(
+            login.body.contains("<form method=\"post\" action=\"/authorize\">")
+                && login.body.contains("name=\"code_challenge\""),
+            "{}",
+            login.body
+        );
         assert_eq!(
             authorize(Some("alice"), "http://evil:9/cb").await.status,
             400,
