@@ -1727,7 +1727,9 @@ mod tests {
         let login = authorize(None, "http://127.0.0.1:9/cb").await;
         assert_eq!(login.status, 200, "{}", login.body);
         assert!(
-            login.body.contains("<form method=\"post\" action=\"/authorize\">")
+            login
+                .body
+                .contains("<form method=\"post\" action=\"/authorize\">")
                 && login.body.contains("name=\"code_challenge\""),
             "{}",
             login.body

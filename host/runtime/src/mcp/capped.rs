@@ -20,7 +20,7 @@ pub(super) fn encode_answer(
         Encode::TooLarge => McpError::new(
             McpErrorCode::OutputTooLarge,
             format!(
-                "{what} on server `{server_id}` answered more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
+                "{what} on server `{server_id}` returned more than {cap} bytes once encoded; the limit (budgets.max_tool_output_bytes) is {cap}"
             ),
         ),
         Encode::Failed(e) => McpError::new(
