@@ -456,7 +456,14 @@ impl Drop for Entered<'_> {
             .requests
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        requests.retain(|(id, _)| *id != self.id);
+        requests.retain(|(id, request)| {
+            let ended = *id == self.id;
+            if let (true, Some(request)) = (ended, request) {
+                // A question the server asked during it has nobody to answer for now.
+                request.ended.cancel();
+            }
+            !ended
+        });
     }
 }
 
@@ -474,6 +481,7 @@ impl InFlight {
             method,
             name: cut(name, defaults::MAX_RESOURCE_URI_BYTES).to_owned(),
             questions: Arc::default(),
+            ended: tokio_util::sync::CancellationToken::new(),
         };
         self.push(Some(request))
     }
@@ -513,6 +521,8 @@ pub(crate) struct InFlightRequest {
     pub(crate) name: String,
     /// Questions the server asked during it, at most [`defaults::MAX_INPUT_REQUESTS`].
     questions: Arc<std::sync::atomic::AtomicUsize>,
+    /// Cancelled when the request ends (answered, timed out, its fd closed, its task gone).
+    pub(crate) ended: tokio_util::sync::CancellationToken,
 }
 
 impl InFlightRequest {

@@ -96,6 +96,7 @@ impl ClientHandler for ClientEvents {
         tokio::select! {
             (result, _) = sole.asker.elicit(sole.asked(), request) => Ok(result),
             () = context.ct.cancelled() => decline(),
+            () = sole.ended.cancelled() => decline(),
         }
     }
 

@@ -210,8 +210,6 @@ impl McpPool {
         let in_flight = self.enter(entry, principal);
         let slot = &in_flight.slot;
         let conn = self.connect(slot).await?;
-        // Entered first: the listing `check_listed` may make is then not this call's alone.
-        let _asking = conn.in_flight.enter(asker, entry, "tools/call", name);
         self.check_listed(entry, slot, &conn, name, principal)
             .await?;
         conn.common_stream_ready().await;
@@ -230,6 +228,9 @@ impl McpPool {
             })?;
             phase.set(CallPhase::WAITING_FOR_HOST);
             let _host_permit = self.call_permit().await?;
+            // In flight once it holds its permits: calls still queued for them are not
+            // on the wire, so they do not make a question's owner ambiguous.
+            let _asking = conn.in_flight.enter(asker, entry, "tools/call", name);
             phase.set(CallPhase::ON_WIRE);
             let sent = Instant::now();
             let result = conn
