@@ -180,14 +180,23 @@ impl<'de> Deserialize<'de> for Usage {
 
 impl ChatCompletion {
     /// The one-choice `chat.completion` a translated API's answer becomes: `id` and
-    /// `model` as that API named them (any JSON it gave, `null` if none).
+    /// `model` as that API named them (any JSON it gave, `null` if none); the assistant
+    /// message of `content`, `tool_calls` (left out when none) and `rest`.
     pub(crate) fn translated(
         id: Value,
         model: Value,
-        message: AssistantMessage,
+        content: Value,
+        tool_calls: Vec<ToolCall>,
+        rest: Map<String, Value>,
         finish_reason: Option<String>,
         usage: Option<Usage>,
     ) -> Self {
+        let message = AssistantMessage {
+            role: Some(Some("assistant".into())),
+            content: Some(content),
+            tool_calls: (!tool_calls.is_empty()).then_some(Some(tool_calls)),
+            rest,
+        };
         let rest = Map::from_iter([
             ("id".to_owned(), id),
             ("object".to_owned(), Value::from("chat.completion")),

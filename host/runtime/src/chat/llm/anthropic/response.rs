@@ -16,7 +16,7 @@ use serde_json::{Map, Value, json};
 
 use crate::chat::llm::AnswerError as MessagesError;
 use crate::chat::llm::ids::{self, Ids};
-use crate::chat::wire::{AssistantMessage, ChatCompletion, FunctionCall, ToolCall, Usage};
+use crate::chat::wire::{ChatCompletion, FunctionCall, ToolCall, Usage};
 
 #[derive(Deserialize)]
 struct Response {
@@ -99,12 +99,6 @@ pub(in crate::chat::llm) fn from_messages(body: &[u8]) -> Result<ChatCompletion,
     } else {
         Value::String(text)
     };
-    let message = AssistantMessage {
-        role: Some(Some("assistant".into())),
-        content: Some(content),
-        tool_calls: (!tool_calls.is_empty()).then_some(Some(tool_calls)),
-        rest: Map::new(),
-    };
     let finish_reason = response.stop_reason.map(|reason| match reason.as_str() {
         "end_turn" | "stop_sequence" | "pause_turn" => "stop".to_owned(),
         "max_tokens" => "length".to_owned(),
@@ -116,7 +110,9 @@ pub(in crate::chat::llm) fn from_messages(body: &[u8]) -> Result<ChatCompletion,
     Ok(ChatCompletion::translated(
         json!(response.id),
         json!(response.model),
-        message,
+        content,
+        tool_calls,
+        Map::new(),
         finish_reason,
         response.usage.as_ref().and_then(usage),
     ))

@@ -18,7 +18,7 @@ use super::request::gemini_name;
 use crate::chat::llm::AnswerError;
 use crate::chat::llm::RICH_CONTENT_FIELD;
 use crate::chat::llm::ids::{self, Ids};
-use crate::chat::wire::{AssistantMessage, ChatCompletion, FunctionCall, ToolCall, Usage};
+use crate::chat::wire::{ChatCompletion, FunctionCall, ToolCall, Usage};
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -168,16 +168,12 @@ pub(in crate::chat::llm) fn from_gemini(
     } else {
         Value::String(text)
     };
-    let message = AssistantMessage {
-        role: Some(Some("assistant".into())),
-        content: Some(content),
-        tool_calls: (!tool_calls.is_empty()).then_some(Some(tool_calls)),
-        rest,
-    };
     Ok(ChatCompletion::translated(
         json!(response.response_id),
         json!(response.model_version),
-        message,
+        content,
+        tool_calls,
+        rest,
         Some(finish_reason),
         response.usage_metadata.as_ref().and_then(usage),
     ))

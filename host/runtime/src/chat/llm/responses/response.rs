@@ -16,7 +16,7 @@ use super::State;
 use crate::chat::llm::AnswerError;
 use crate::chat::llm::RICH_CONTENT_FIELD;
 use crate::chat::llm::ids::{self, Ids};
-use crate::chat::wire::{AssistantMessage, ChatCompletion, FunctionCall, ToolCall, Usage};
+use crate::chat::wire::{ChatCompletion, FunctionCall, ToolCall, Usage};
 
 #[derive(Deserialize)]
 struct Response {
@@ -201,16 +201,12 @@ pub(in crate::chat::llm) fn from_responses(
         _ if !tool_calls.is_empty() => "tool_calls".to_owned(),
         _ => "stop".to_owned(),
     };
-    let message = AssistantMessage {
-        role: Some(Some("assistant".into())),
-        content: Some(content),
-        tool_calls: (!tool_calls.is_empty()).then_some(Some(tool_calls)),
-        rest,
-    };
     Ok(ChatCompletion::translated(
         json!(response.id),
         json!(response.model),
-        message,
+        content,
+        tool_calls,
+        rest,
         Some(finish_reason),
         response.usage.as_ref().and_then(usage),
     ))
