@@ -300,6 +300,7 @@ impl McpPool {
             entry,
             principal,
             "resources/list",
+            None,
             |conn, phase| async move {
                 let _listing = conn.in_flight.enter_unowned();
                 list_pages(server_id, "resources/list", cap, &phase, |cursor| {
@@ -325,7 +326,7 @@ impl McpPool {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_list_bytes;
         let what = "resources/templates/list";
-        self.request(entry, principal, what, |conn, phase| async move {
+        self.request(entry, principal, what, None, |conn, phase| async move {
             let _listing = conn.in_flight.enter_unowned();
             list_pages(server_id, what, cap, &phase, |cursor| {
                 let conn = conn.clone();
@@ -362,21 +363,29 @@ impl McpPool {
             let mut params = ReadResourceRequestParams::new(uri);
             params.input_responses = responses;
             params.request_state = state;
-            self.request(entry, principal, what, move |conn, phase| async move {
-                let _asking = conn.in_flight.enter(asker, entry, what, uri);
-                conn.common_stream_ready().await;
-                match conn.service.read_resource_once(params).await {
-                    Ok(ReadResourceResponse::Complete(result)) => Ok(Round::Complete(result)),
-                    Ok(ReadResourceResponse::InputRequired(input)) => {
-                        Ok(Round::InputRequired(input))
+            self.request(
+                entry,
+                principal,
+                what,
+                None,
+                move |conn, phase| async move {
+                    let mut params = params;
+                    spans::propagate(&tracing::Span::current(), &mut params);
+                    let _asking = conn.in_flight.enter(asker, entry, what, uri);
+                    conn.common_stream_ready().await;
+                    match conn.service.read_resource_once(params).await {
+                        Ok(ReadResourceResponse::Complete(result)) => Ok(Round::Complete(result)),
+                        Ok(ReadResourceResponse::InputRequired(input)) => {
+                            Ok(Round::InputRequired(input))
+                        }
+                        Ok(_) => Err(McpError::new(
+                            McpErrorCode::ToolExecFailed,
+                            format!("server `{server_id}` answered {what} with an unknown result"),
+                        )),
+                        Err(e) => Err(service_failed(server_id, what, e, &phase)),
                     }
-                    Ok(_) => Err(McpError::new(
-                        McpErrorCode::ToolExecFailed,
-                        format!("server `{server_id}` answered {what} with an unknown result"),
-                    )),
-                    Err(e) => Err(service_failed(server_id, what, e, &phase)),
-                }
-            })
+                },
+            )
         })
         .await?;
         encode_answer(&result, cap, &format!("resource `{uri}`"), server_id)
@@ -390,18 +399,24 @@ impl McpPool {
     ) -> Result<Vec<Prompt>, McpError> {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_list_bytes;
-        self.request(entry, principal, "prompts/list", |conn, phase| async move {
-            let _listing = conn.in_flight.enter_unowned();
-            list_pages(server_id, "prompts/list", cap, &phase, |cursor| {
-                let conn = conn.clone();
-                async move {
-                    let params = PaginatedRequestParams::default().with_cursor(cursor);
-                    let page = conn.service.list_prompts(Some(params)).await?;
-                    Ok((page.prompts, page.next_cursor))
-                }
-            })
-            .await
-        })
+        self.request(
+            entry,
+            principal,
+            "prompts/list",
+            None,
+            |conn, phase| async move {
+                let _listing = conn.in_flight.enter_unowned();
+                list_pages(server_id, "prompts/list", cap, &phase, |cursor| {
+                    let conn = conn.clone();
+                    async move {
+                        let params = PaginatedRequestParams::default().with_cursor(cursor);
+                        let page = conn.service.list_prompts(Some(params)).await?;
+                        Ok((page.prompts, page.next_cursor))
+                    }
+                })
+                .await
+            },
+        )
         .await
     }
 
@@ -430,19 +445,29 @@ impl McpPool {
             let mut params = params.clone();
             params.input_responses = responses;
             params.request_state = state;
-            self.request(entry, principal, what, move |conn, phase| async move {
-                let _asking = conn.in_flight.enter(asker, entry, what, name);
-                conn.common_stream_ready().await;
-                match conn.service.get_prompt_once(params).await {
-                    Ok(GetPromptResponse::Complete(result)) => Ok(Round::Complete(result)),
-                    Ok(GetPromptResponse::InputRequired(input)) => Ok(Round::InputRequired(input)),
-                    Ok(_) => Err(McpError::new(
-                        McpErrorCode::ToolExecFailed,
-                        format!("server `{server_id}` answered {what} with an unknown result"),
-                    )),
-                    Err(e) => Err(service_failed(server_id, what, e, &phase)),
-                }
-            })
+            self.request(
+                entry,
+                principal,
+                what,
+                Some(name),
+                move |conn, phase| async move {
+                    let mut params = params;
+                    spans::propagate(&tracing::Span::current(), &mut params);
+                    let _asking = conn.in_flight.enter(asker, entry, what, name);
+                    conn.common_stream_ready().await;
+                    match conn.service.get_prompt_once(params).await {
+                        Ok(GetPromptResponse::Complete(result)) => Ok(Round::Complete(result)),
+                        Ok(GetPromptResponse::InputRequired(input)) => {
+                            Ok(Round::InputRequired(input))
+                        }
+                        Ok(_) => Err(McpError::new(
+                            McpErrorCode::ToolExecFailed,
+                            format!("server `{server_id}` answered {what} with an unknown result"),
+                        )),
+                        Err(e) => Err(service_failed(server_id, what, e, &phase)),
+                    }
+                },
+            )
         })
         .await?;
         encode_answer(&result, cap, &format!("prompt `{name}`"), server_id)
@@ -450,12 +475,15 @@ impl McpPool {
 
     /// Runs one request other than a tool call on `entry`'s server: within its
     /// `tool_timeout` and a host call permit, its failures counted to the server's health
-    /// and redacted as `tools/list`'s are.
+    /// and redacted as `tools/list`'s are. `request` runs inside the request's span
+    /// (named after `what` and its `target`, a prompt's name: never a resource URI, which
+    /// may carry argument values), whose context it may propagate.
     async fn request<'a, T, F, Fut>(
         &self,
         entry: &'a Arc<ServerEntry>,
         principal: Option<&str>,
         what: &str,
+        target: Option<&str>,
         request: F,
     ) -> Result<T, McpError>
     where
@@ -472,7 +500,7 @@ impl McpPool {
             phase.set(CallPhase::ON_WIRE);
             request(conn.clone(), phase.clone()).await
         };
-        let span = spans::request(entry, what, None);
+        let span = spans::request(entry, what, target);
         let result = match tokio::time::timeout(timeout, run)
             .instrument(span.clone())
             .await
