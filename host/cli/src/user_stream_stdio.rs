@@ -1,8 +1,8 @@
 //! `quiver run --user-stream-stdio`: user stream 0 of the task on the terminal. Each read
 //! of stdin (at most [`CHUNK`] bytes) is one SSF DATA frame to the guest; the data of each
 //! frame the guest writes goes to stdout. At the end of stdin the session closes once the
-//! guest has read every frame, so an echoing guest answers the last line before it hears
-//! the session close.
+//! guest has read every frame (and had a moment to answer the last), so an echoing guest
+//! answers the last line before it hears the session close.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,6 +16,10 @@ const CHUNK: usize = 64 * 1024;
 
 /// How long the frames the guest wrote before it ended may take to reach stdout.
 const DRAIN: Duration = Duration::from_secs(2);
+
+/// After the guest has read the end of stdin, the moment it gets to answer before it
+/// hears the session close (an echo writes right after its read).
+const ANSWER_GRACE: Duration = Duration::from_millis(200);
 
 pub(crate) struct Stdio {
     input: JoinHandle<()>,
@@ -41,6 +45,7 @@ pub(crate) fn start(client: StreamClient) -> Stdio {
             }
         }
         sender.drained().await;
+        tokio::time::sleep(ANSWER_GRACE).await;
         sender.close();
     });
     let output = tokio::spawn(async move {
