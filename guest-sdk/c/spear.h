@@ -11,7 +11,9 @@
  *
  * It declares every import under the `sp_` names and with the helpers of SPEAR's own C
  * header, so SPEAR guests that use chat, log and time build unchanged against it, and adds
- * the MCP calls (`sp_mcp_*`) and helpers that grow their buffer on -SPEAR_ENOSPC.
+ * the MCP calls (`sp_mcp_*`) and helpers that grow their buffer on -SPEAR_ENOSPC. SPEAR's
+ * epoll (`sp_ep_*`) and user stream (`sp_user_stream_*`) helpers are here too, so its
+ * samples/wasm-c/user_stream_echo.c builds unchanged.
  *
  * The block between BEGIN GENERATED and END GENERATED (constants and import declarations)
  * is written by the quiver-abi crate (guest-sdk/abi/src/c.rs), the one place the ABI's
@@ -109,6 +111,19 @@ enum {
     SPEAR_FD_CTL_GET_METRICS = 5, /* read the fd's metrics */
 };
 
+/* user_stream_open directions. */
+enum {
+    SPEAR_USER_STREAM_DIR_INBOUND = 1, /* client to guest: the fd reads */
+    SPEAR_USER_STREAM_DIR_OUTBOUND = 2, /* guest to client: the fd writes */
+    SPEAR_USER_STREAM_DIR_BIDIRECTIONAL = 3, /* both */
+};
+
+/* user_stream_ctl_read event kinds. */
+enum {
+    SPEAR_USER_STREAM_CTL_EVENT_STREAM_CONNECTED = 1, /* a client sent its first frame on stream_id */
+    SPEAR_USER_STREAM_CTL_EVENT_SESSION_CLOSED = 2, /* the client went away */
+};
+
 /* The hostcalls. Pointers are offsets into this module's memory. */
 SPEAR_IMPORT("log") int32_t sp_log(int32_t level, int32_t ptr, int32_t len);
 SPEAR_IMPORT("time_now_ms") int64_t sp_time_now_ms(void);
@@ -141,6 +156,12 @@ SPEAR_IMPORT("spear_epoll_ctl") int32_t sp_epoll_ctl(int32_t epfd, int32_t op, i
 SPEAR_IMPORT("spear_epoll_wait") int32_t sp_epoll_wait(int32_t epfd, int32_t out_ptr, int32_t out_len_ptr, int32_t timeout_ms);
 SPEAR_IMPORT("spear_epoll_close") int32_t sp_epoll_close(int32_t epfd);
 SPEAR_IMPORT("spear_fd_ctl") int32_t sp_fd_ctl(int32_t fd, int32_t cmd, int32_t arg_ptr, int32_t arg_len_ptr);
+SPEAR_IMPORT("user_stream_open") int32_t sp_user_stream_open(int32_t stream_id, int32_t direction);
+SPEAR_IMPORT("user_stream_read") int32_t sp_user_stream_read(int32_t fd, int32_t out_ptr, int32_t out_len_ptr);
+SPEAR_IMPORT("user_stream_write") int32_t sp_user_stream_write(int32_t fd, int32_t buf_ptr, int32_t buf_len);
+SPEAR_IMPORT("user_stream_close") int32_t sp_user_stream_close(int32_t fd);
+SPEAR_IMPORT("user_stream_ctl_open") int32_t sp_user_stream_ctl_open(void);
+SPEAR_IMPORT("user_stream_ctl_read") int32_t sp_user_stream_ctl_read(int32_t fd, int32_t out_ptr, int32_t out_len_ptr);
 SPEAR_IMPORT("mic_create") int32_t sp_mic_create(void);
 SPEAR_IMPORT("mic_ctl") int32_t sp_mic_ctl(int32_t fd, int32_t cmd, int32_t arg_ptr, int32_t arg_len_ptr);
 SPEAR_IMPORT("mic_read") int32_t sp_mic_read(int32_t fd, int32_t out_ptr, int32_t out_len_ptr);
@@ -361,6 +382,7 @@ enum {
     SP__READ_MCP_REGISTRY_GET,
     SP__READ_MCP_CALL_RECV,
     SP__READ_FD_CTL,
+    SP__READ_USER_STREAM,
 };
 
 static inline int32_t sp__read_once(const struct sp__read *r, int32_t out, int32_t out_len) {
@@ -384,6 +406,8 @@ static inline int32_t sp__read_once(const struct sp__read *r, int32_t out, int32
         return sp_mcp_call_recv(r->fd, out, out_len);
     case SP__READ_FD_CTL:
         return sp_fd_ctl(r->fd, (int32_t)r->a_len, out, out_len);
+    case SP__READ_USER_STREAM:
+        return sp_user_stream_read(r->fd, out, out_len);
     default:
         return -SPEAR_EINVAL;
     }
@@ -700,6 +724,30 @@ static inline int32_t sp_fd_set_nonblock(int32_t fd, int on) {
 static inline uint8_t *sp_fd_get_alloc(int32_t fd, int32_t cmd, uint32_t *out_len, int32_t *rc) {
     struct sp__read r = {SP__READ_FD_CTL, fd, NULL, (size_t)cmd, NULL, 0};
     return sp__read_alloc(&r, out_len, rc);
+}
+
+/* ---- user streams (SPEAR's helpers) ----------------------------------------------- */
+
+/* One event of user_stream_ctl_read: kind is SPEAR_USER_STREAM_CTL_EVENT_*. */
+typedef struct {
+    uint32_t stream_id;
+    uint32_t kind;
+} sp_user_stream_ctl_event_t;
+
+/* The next inbound SSF frame of a stream fd (SPEAR's helper): NULL when there is none
+ * (-SPEAR_EAGAIN) or on failure. */
+static inline uint8_t *sp_user_stream_read_alloc(int32_t fd, uint32_t *out_len) {
+    struct sp__read r = {SP__READ_USER_STREAM, fd, NULL, 0, NULL, 0};
+    return sp__read_alloc(&r, out_len, NULL);
+}
+
+/* The next event of a control fd into *out_evt: 8, or -errno (-SPEAR_EAGAIN: none yet). */
+static inline int32_t sp_user_stream_ctl_read_event(int32_t fd, sp_user_stream_ctl_event_t *out_evt) {
+    if (!out_evt) {
+        return SPEAR_CCHAT_ERR_INVALID_PTR;
+    }
+    uint32_t len = (uint32_t)sizeof(*out_evt);
+    return sp_user_stream_ctl_read(fd, sp__ptr(out_evt), sp__ptr(&len));
 }
 
 #ifdef __cplusplus

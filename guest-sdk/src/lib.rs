@@ -13,6 +13,7 @@
 //!   ([`mcp::ToolList`]) and call them, getting a [`ToolResult`] back, with typed content
 //!   parts and the host's typed errors ([`mcp`] has the types);
 //! - [`registry`]: read-only views of the MCP server registry;
+//! - [`stream`]: SPEAR's user streams, frames between the task and its client;
 //! - [`log`]: log lines, shown as the guest's own stderr output, and [`time_now_ms`];
 //! - [`sys`]: the raw hostcall imports, for anything the wrappers do not cover.
 //!
@@ -149,6 +150,7 @@ pub mod log;
 pub mod mcp;
 pub mod registry;
 pub mod rt;
+pub mod stream;
 pub mod sys;
 mod tool;
 

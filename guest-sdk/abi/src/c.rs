@@ -11,7 +11,7 @@ use core::fmt::{self, Write};
 
 use crate::{
     Errno, IMPORT_MODULE, IMPORTS, Named, ValType, ctl, epoll_events, epoll_op, fd_ctl, log_level,
-    send_flags,
+    send_flags, user_stream,
 };
 
 /// The line that opens the generated block in the header.
@@ -145,6 +145,21 @@ pub fn write_header_block(out: &mut impl Write) -> fmt::Result {
         "spear_fd_ctl commands.",
         "SPEAR_FD_CTL_",
         fd_ctl::ALL,
+        |n| n,
+    )?;
+
+    named_enum(
+        out,
+        "user_stream_open directions.",
+        "SPEAR_USER_STREAM_DIR_",
+        user_stream::DIRECTIONS,
+        |n| n,
+    )?;
+    named_enum(
+        out,
+        "user_stream_ctl_read event kinds.",
+        "SPEAR_USER_STREAM_CTL_EVENT_",
+        user_stream::CTL_EVENTS,
         |n| n,
     )?;
 

@@ -243,6 +243,72 @@ pub mod fd_ctl {
     ];
 }
 
+/// User streams (SPEAR's `user_stream_*`): the directions of `user_stream_open` and the
+/// kinds of the 8-byte events `user_stream_ctl_read` returns.
+pub mod user_stream {
+    use super::Named;
+
+    /// Client to guest: the fd reads.
+    pub const DIR_INBOUND: i32 = 1;
+    /// Guest to client: the fd writes.
+    pub const DIR_OUTBOUND: i32 = 2;
+    /// Both.
+    pub const DIR_BIDIRECTIONAL: i32 = 3;
+
+    /// Every direction, in value order.
+    pub const DIRECTIONS: &[Named] = &[
+        Named {
+            name: "INBOUND",
+            value: DIR_INBOUND,
+            meaning: "client to guest: the fd reads",
+        },
+        Named {
+            name: "OUTBOUND",
+            value: DIR_OUTBOUND,
+            meaning: "guest to client: the fd writes",
+        },
+        Named {
+            name: "BIDIRECTIONAL",
+            value: DIR_BIDIRECTIONAL,
+            meaning: "both",
+        },
+    ];
+
+    /// A client sent its first frame on the event's stream id.
+    pub const CTL_EVENT_STREAM_CONNECTED: i32 = 1;
+    /// The client went away (or never can come); no stream carries more.
+    pub const CTL_EVENT_SESSION_CLOSED: i32 = 2;
+
+    /// Every control event kind, in value order.
+    pub const CTL_EVENTS: &[Named] = &[
+        Named {
+            name: "STREAM_CONNECTED",
+            value: CTL_EVENT_STREAM_CONNECTED,
+            meaning: "a client sent its first frame on stream_id",
+        },
+        Named {
+            name: "SESSION_CLOSED",
+            value: CTL_EVENT_SESSION_CLOSED,
+            meaning: "the client went away",
+        },
+    ];
+
+    /// The bytes of one control event: `stream_id: u32, kind: u32`, little-endian.
+    pub const CTL_EVENT_BYTES: u32 = 8;
+
+    /// SSF v1 (Spear Stream Frame), the one frame a read returns and a write takes: a
+    /// 32-byte little-endian header `magic "SPST", version u16 = 1, header_len u16 >= 32,
+    /// msg_type u16, flags u16, stream_id u32, seq u64, meta_len u32, data_len u32`, then
+    /// `header_len - 32` ignored bytes, `meta_len` bytes of metadata and `data_len` of data.
+    pub mod ssf {
+        pub const MAGIC: [u8; 4] = *b"SPST";
+        pub const VERSION: u16 = 1;
+        pub const HEADER_BYTES: usize = 32;
+        /// SPEAR's `DATA` message type.
+        pub const MSG_DATA: u16 = 2;
+    }
+}
+
 /// A core wasm value type of a hostcall signature.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ValType {
@@ -299,6 +365,12 @@ macro_rules! spear_imports {
             fn spear_epoll_wait(epfd, out_ptr, out_len_ptr, timeout_ms) -> i32;
             fn spear_epoll_close(epfd) -> i32;
             fn spear_fd_ctl(fd, cmd, arg_ptr, arg_len_ptr) -> i32;
+            fn user_stream_open(stream_id, direction) -> i32;
+            fn user_stream_read(fd, out_ptr, out_len_ptr) -> i32;
+            fn user_stream_write(fd, buf_ptr, buf_len) -> i32;
+            fn user_stream_close(fd) -> i32;
+            fn user_stream_ctl_open() -> i32;
+            fn user_stream_ctl_read(fd, out_ptr, out_len_ptr) -> i32;
             fn mic_create() -> i32;
             fn mic_ctl(fd, cmd, arg_ptr, arg_len_ptr) -> i32;
             fn mic_read(fd, out_ptr, out_len_ptr) -> i32;

@@ -11,6 +11,7 @@ mod principal;
 mod registry;
 mod status;
 mod table;
+mod user_stream_stdio;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -130,6 +131,11 @@ struct RunArgs {
     /// credential is `kind = "oauth_token_exchange"`. Never printed.
     #[arg(long, value_name = "VAR")]
     subject_token_env: Option<String>,
+    /// Binds user stream 0 (`user_stream_*`) to this terminal: each read of stdin reaches
+    /// the guest as one SSF frame, and the data of each frame it writes goes to stdout.
+    /// At the end of stdin, once the guest has read everything, the session closes.
+    #[arg(long)]
+    user_stream_stdio: bool,
     /// Guest arguments, replacing the task's `args`.
     #[arg(last = true)]
     args: Vec<String>,
@@ -520,6 +526,21 @@ async fn run(args: RunArgs) -> i32 {
         Ok(module) => module,
         Err(e) => return fail(e),
     };
+    let stdio = if args.user_stream_stdio {
+        if task.inherit_stdin {
+            return fail(
+                "--user-stream-stdio reads stdin, which the task's `inherit_stdin` also asks for; drop one",
+            );
+        }
+        let streams = quiver::UserStreams::new();
+        task.user_streams = Some(streams.clone());
+        match streams.attach() {
+            Ok(client) => Some(user_stream_stdio::start(client)),
+            Err(e) => return fail(e),
+        }
+    } else {
+        None
+    };
     let outcome = tokio::select! {
         outcome = host.run_task(&module, &task) => outcome,
         signal = signals.next() => {
@@ -529,6 +550,9 @@ async fn run(args: RunArgs) -> i32 {
             return signal.status;
         }
     };
+    if let Some(stdio) = stdio {
+        stdio.finish().await;
+    }
     stop(&host, &mut signals).await;
     flush_guest_logs().await;
     match outcome {

@@ -24,7 +24,7 @@ use super::body::{Media, field_path, parse_json, read_body};
 use super::error::ApiError;
 use super::modules::TooLarge;
 use super::tasks::{Refused, Scope};
-use super::{NodeState, admin, authorize, guard, web};
+use super::{NodeState, admin, authorize, guard, streams, web};
 use crate::config::Role;
 use crate::defaults;
 use quiver::Metrics;
@@ -39,6 +39,7 @@ pub(crate) fn router(state: Arc<NodeState>) -> Router {
         .route("/v1/modules/{sha256}", put(put_module))
         .route("/v1/tasks", axum::routing::post(submit_task))
         .route("/v1/tasks/{id}", get(get_task).delete(cancel_task))
+        .route("/v1/tasks/{id}/streams", get(streams::attach))
         .route_layer(require(Some(Role::Submit)));
     let approve = Router::new()
         .route("/v1/approvals", get(list_approvals))
@@ -646,7 +647,7 @@ fn parse_wait(query: Option<&str>) -> Result<Duration, ApiError> {
 }
 
 /// A path parameter of exactly `len` hex digits, lowercased.
-fn hex_param(
+pub(crate) fn hex_param(
     param: Result<Path<String>, PathRejection>,
     field: &str,
     len: usize,

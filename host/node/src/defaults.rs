@@ -184,3 +184,21 @@ pub const TELEMETRY_MAX_ATTRIBUTE_BYTES: usize = 4096;
 
 /// Trace export: longest `service.name`.
 pub const TELEMETRY_MAX_SERVICE_NAME_BYTES: usize = 256;
+
+/// The WebSocket subprotocol of a task's user streams (SPEAR's).
+pub const STREAM_SUBPROTOCOL: &str = "spear.stream.v1";
+
+/// Frames a stream client may send per second (a burst of as many is allowed); one more
+/// closes its WebSocket with 1008.
+pub const STREAM_MAX_FRAMES_PER_SEC: u32 = 500;
+
+/// A stream WebSocket with no frame either way for this long is closed (1001).
+pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+
+/// How long a closing stream WebSocket waits to hand the client its close frame.
+pub const STREAM_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What a stream WebSocket buffers for a client before its sends wait on the socket: one
+/// frame's worth, so a client that never reads holds the guest's writes in the task's
+/// bounded queue, not here.
+pub const STREAM_WRITE_BUFFER_BYTES: usize = 64 * 1024;

@@ -65,6 +65,7 @@ mod guard;
 mod listen;
 mod modules;
 mod source;
+mod streams;
 mod tasks;
 pub mod telemetry;
 mod web;

@@ -4,7 +4,9 @@
 //! waits), one client address may hold only a share of them (past it the connection is
 //! closed at once), its headers (and, on a kept-alive connection, the next request's) must
 //! arrive within the header timeout, its read buffer is small, and a stop lets requests in
-//! flight finish for a moment before the rest are cut. Connections are tasks of a
+//! flight finish for a moment before the rest are cut. A connection may upgrade to a
+//! WebSocket (a task's user streams, [`crate::streams`]); the session then runs on its own
+//! task, bounded by the node's tasks (one session each) and ended with its task. Connections are tasks of a
 //! [`JoinSet`] that the stop aborts and awaits, so no handler outlives [`serve`] (and so
 //! none runs after the node has shut its host down).
 
@@ -16,10 +18,9 @@ use std::time::Duration;
 use axum::Router;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, oneshot};
+use tokio::sync::{Semaphore, oneshot, watch};
 use tokio::task::JoinSet;
 
 use crate::defaults;
@@ -38,7 +39,9 @@ pub(crate) async fn serve(
     limits: Limits,
     mut stop: oneshot::Receiver<()>,
 ) {
-    let graceful = GracefulShutdown::new();
+    // hyper-util's GracefulShutdown cannot watch a connection that may upgrade, so each
+    // connection task watches this instead.
+    let (stopping_tx, stopping_rx) = watch::channel(false);
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let peers = Peers::new(limits.max_per_ip);
     let mut connections = JoinSet::new();
@@ -73,17 +76,30 @@ pub(crate) async fn serve(
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
             .max_buf_size(defaults::SERVE_MAX_BUF_BYTES)
-            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router.clone()));
-        let connection = graceful.watch(connection);
+            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router.clone()))
+            // A task's user streams upgrade to a WebSocket (`streams`).
+            .with_upgrades();
+        let mut stopping = stopping_rx.clone();
         connections.spawn(async move {
-            if let Err(e) = connection.await {
+            let mut connection = std::pin::pin!(connection);
+            let ended = tokio::select! {
+                ended = connection.as_mut() => ended,
+                _ = stopping.changed() => {
+                    // Requests in flight finish; the connection is not kept alive.
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(e) = ended {
                 tracing::debug!("connection ended: {e}");
             }
             drop((permit, peer_slot));
         });
     }
     drop(listener);
-    if tokio::time::timeout(defaults::SERVE_HTTP_SHUTDOWN_GRACE, graceful.shutdown())
+    let _ = stopping_tx.send(true);
+    let finished = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(defaults::SERVE_HTTP_SHUTDOWN_GRACE, finished)
         .await
         .is_err()
     {

@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use tokio::sync::{Notify, watch};
 use tokio::task::AbortHandle;
 
-use quiver::{GuestModule, Host, HostError, TaskOutcome, TaskSpec};
+use quiver::{GuestModule, Host, HostError, TaskOutcome, TaskSpec, UserStreams};
 
 /// Where a task is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -107,6 +107,8 @@ struct Record {
     ended: Option<Instant>,
     /// Order of submission, to forget the oldest finished first.
     seq: u64,
+    /// The task's user streams, which its submitter attaches to over a WebSocket.
+    streams: UserStreams,
 }
 
 /// Which tasks a caller may see and cancel.
@@ -193,9 +195,11 @@ impl TaskTable {
         host: &Host,
         module_sha: &str,
         module: GuestModule,
-        task: TaskSpec,
+        mut task: TaskSpec,
         owner: Option<Arc<str>>,
     ) -> Result<String, Refused> {
+        let streams = UserStreams::new();
+        task.user_streams = Some(streams.clone());
         let id = self.new_id();
         let mut records = self.lock();
         if records.closed {
@@ -246,6 +250,7 @@ impl TaskTable {
                 abort: Some(handle.abort_handle()),
                 ended: None,
                 seq,
+                streams,
             },
         );
         Ok(id)
@@ -353,6 +358,15 @@ impl TaskTable {
             .get(id)
             .filter(|r| scope.covers(r))
             .map(|r| (r.view.clone(), r.phase.subscribe()))
+    }
+
+    /// The user streams of a task that `client` submitted, and whether it has ended.
+    pub(crate) fn streams(&self, id: &str, client: Option<&str>) -> Option<(UserStreams, bool)> {
+        self.lock()
+            .by_id
+            .get(id)
+            .filter(|r| Scope::SubmittedBy(client).covers(r))
+            .map(|r| (r.streams.clone(), r.view.status.is_done()))
     }
 
     /// The task's view, if it exists in `scope`.

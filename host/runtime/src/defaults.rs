@@ -111,6 +111,20 @@ pub const MAX_EPOLL_SETS: usize = 64;
 /// `max_user_watches`). As many as a task may open by default.
 pub const MAX_EPOLL_WATCHES: usize = MAX_FDS_PER_TASK;
 
+/// User streams one task may have (stream ids a guest opened or a client sent on); a
+/// client's frame on one more is refused, a guest's open is `-EMFILE`.
+pub const MAX_USER_STREAMS: usize = 16;
+
+/// The largest SSF frame a user stream carries either way (SPEAR's `max_frame_bytes`).
+pub const USER_STREAM_MAX_FRAME_BYTES: usize = 256 * 1024;
+
+/// Bytes queued per user stream and direction: past them a guest's write is `-EAGAIN`
+/// and a client's send waits. Charged to the task's host memory budget as they queue.
+pub const USER_STREAM_QUEUE_BYTES: usize = 1024 * 1024;
+
+/// Frames queued per user stream and direction, so tiny frames cannot pile up either.
+pub const USER_STREAM_QUEUE_FRAMES: usize = 256;
+
 /// Background work (nonblocking chat sends, MCP calls in flight) one task may have running
 /// at once; one more is `-EAGAIN`.
 pub const MAX_IN_FLIGHT: usize = 64;

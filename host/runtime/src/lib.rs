@@ -52,6 +52,7 @@ mod observe;
 mod policy;
 pub mod registry;
 mod sandbox;
+mod stream;
 mod task;
 pub mod telemetry;
 pub mod text;
@@ -98,5 +99,9 @@ pub use observe::{
 pub use policy::{Layer, Pattern, PolicyReport, PrincipalConfig, Reason};
 pub use quiver_abi::Errno;
 pub use sandbox::SandboxSetupError;
+pub use stream::{
+    AttachError, FrameError, SendError, StreamClient, UserStreams, data_frame as ssf_data_frame,
+    frame_data as ssf_frame_data,
+};
 pub use task::{GuestLogs, Preopen, TaskError, TaskSpec};
 pub use trace::TraceContext;

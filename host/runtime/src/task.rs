@@ -138,6 +138,12 @@ pub struct TaskSpec {
     /// task.json.
     #[serde(skip)]
     pub trace_parent: Option<crate::TraceContext>,
+    /// The task's user streams (`user_stream_*`), which the embedder attaches a client to
+    /// with [`UserStreams::attach`](crate::UserStreams::attach) while the task runs.
+    /// Without them the guest's `user_stream_open` is `-ENOTCONN`. Never read from
+    /// task.json.
+    #[serde(skip)]
+    pub user_streams: Option<crate::UserStreams>,
 }
 
 /// Where a task's `log` lines go. Guests use `log` as their `printf`, so by default a line is
@@ -180,6 +186,7 @@ impl TaskSpec {
             client: None,
             subject_token: None,
             trace_parent: None,
+            user_streams: None,
         }
     }
 

@@ -425,8 +425,16 @@ impl Host {
             budget.clone(),
         )
         .map_err(|e| setup_error(String::new(), e))?;
+        let streams = task.user_streams.as_ref().and_then(|streams| {
+            let bound = streams.bind(sandbox.work.signal().clone(), budget.clone());
+            if bound.is_none() {
+                tracing::warn!(task_id = %task.task_id, "the task's user streams belong to another task run; its guest gets -ENOTCONN");
+            }
+            bound
+        });
         let state = TaskState {
             sandbox,
+            streams,
             mcp: Arc::new(mcp),
             chat: Arc::new(ChatTask {
                 backends: self.inner.backends.clone(),

@@ -11,6 +11,7 @@ use crate::mcp::{self, McpCall, McpSession, McpTask, McpView};
 use quiver_abi::epoll_events::OUT;
 
 use crate::sandbox::{EpollSet, FdKindOf, Pollable, Sandbox, SandboxView};
+use crate::stream::{self, StreamView, UserStreamCtlFd, UserStreamFd};
 
 /// What an fd refers to.
 pub(crate) enum FdKind {
@@ -19,6 +20,8 @@ pub(crate) enum FdKind {
     ChatSession(ChatSession),
     ChatResponse(ChatResponse),
     Epoll(EpollSet),
+    UserStream(UserStreamFd),
+    UserStreamCtl(UserStreamCtlFd),
 }
 
 impl Pollable for FdKind {
@@ -29,6 +32,8 @@ impl Pollable for FdKind {
             FdKind::ChatSession(_) => "ChatSession",
             FdKind::ChatResponse(_) => "ChatResponse",
             FdKind::Epoll(_) => "Epoll",
+            FdKind::UserStream(_) => "UserStream",
+            FdKind::UserStreamCtl(_) => "UserStreamCtl",
         }
     }
 
@@ -39,6 +44,8 @@ impl Pollable for FdKind {
             FdKind::ChatResponse(response) => response.readiness(),
             FdKind::McpCall(call) => call.readiness(),
             FdKind::Epoll(_) => 0,
+            FdKind::UserStream(stream) => stream.readiness(),
+            FdKind::UserStreamCtl(ctl) => ctl.readiness(),
         }
     }
 
@@ -61,6 +68,30 @@ impl FdKindOf<McpCall> for FdKind {
     fn peek(&mut self) -> Option<&mut McpCall> {
         match self {
             FdKind::McpCall(call) => Some(call),
+            _ => None,
+        }
+    }
+}
+
+impl FdKindOf<UserStreamFd> for FdKind {
+    fn wrap(value: UserStreamFd) -> Self {
+        FdKind::UserStream(value)
+    }
+    fn peek(&mut self) -> Option<&mut UserStreamFd> {
+        match self {
+            FdKind::UserStream(stream) => Some(stream),
+            _ => None,
+        }
+    }
+}
+
+impl FdKindOf<UserStreamCtlFd> for FdKind {
+    fn wrap(value: UserStreamCtlFd) -> Self {
+        FdKind::UserStreamCtl(value)
+    }
+    fn peek(&mut self) -> Option<&mut UserStreamCtlFd> {
+        match self {
+            FdKind::UserStreamCtl(ctl) => Some(ctl),
             _ => None,
         }
     }
@@ -119,6 +150,8 @@ pub(crate) struct TaskState {
     pub(crate) sandbox: Sandbox<FdKind>,
     pub(crate) mcp: Arc<McpTask>,
     pub(crate) chat: Arc<ChatTask>,
+    /// The task's user streams, while it runs; dropping it (the store) ends their session.
+    pub(crate) streams: Option<stream::Bound>,
 }
 
 impl SandboxView for TaskState {
@@ -134,6 +167,12 @@ impl McpView for TaskState {
     }
 }
 
+impl StreamView for TaskState {
+    fn user_streams(&self) -> Option<stream::GuestSide> {
+        self.streams.as_ref().map(stream::Bound::guest)
+    }
+}
+
 impl ChatView for TaskState {
     fn chat(&self) -> &Arc<ChatTask> {
         &self.chat
@@ -144,6 +183,7 @@ impl ChatView for TaskState {
 pub(crate) fn add_to_linker(linker: &mut Linker<TaskState>) -> wasmtime::Result<()> {
     crate::sandbox::add_fd_to_linker(linker)?;
     mcp::add_to_linker(linker)?;
+    stream::add_to_linker(linker)?;
     chat::add_to_linker(linker)
 }
 
