@@ -17,7 +17,10 @@ use sha2::{Digest, Sha256};
 
 /// The vendored files and the sha256 recorded for each (also in the directory's README).
 const VENDORED: [(&str, &str); 3] = [
-    ("js-chat_completion.wasm", "4ac3040ca8f1369afff9fb1f2f5d67c3dbc7f655aec4e2dccdc4db1f4602fa1e"),
+    (
+        "js-chat_completion.wasm",
+        "4ac3040ca8f1369afff9fb1f2f5d67c3dbc7f655aec4e2dccdc4db1f4602fa1e",
+    ),
     (
         "js-chat_completion_tool_sum.wasm",
         "c6aaf804fbbd0219d5ff61c50a7b64866f90eb40752ab3bee6c5e806519ab1a6",
