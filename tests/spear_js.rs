@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 
 use quiver_tests::llm::{Reply, ScriptedLlm, messages, tool_names, tool_results};
+use quiver_tests::node::sha256_hex;
 use quiver_tests::{quiver_cli, workspace};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 
 /// The vendored files and the sha256 recorded for each (also in the directory's README).
 const VENDORED: [(&str, &str); 3] = [
@@ -81,10 +81,7 @@ fn vendored_samples_are_the_recorded_builds() {
     let readme = std::fs::read_to_string(dir().join("README.md")).unwrap();
     for (file, recorded) in VENDORED {
         let bytes = std::fs::read(dir().join(file)).unwrap();
-        let sha256: String = Sha256::digest(&bytes)
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
+        let sha256 = sha256_hex(&bytes);
         assert_eq!(
             sha256, recorded,
             "{file} is not the build recorded here: rebuild it with scripts/build-spear-js.sh, \
