@@ -17,8 +17,8 @@ use quiver::defaults::{
 };
 use quiver::{
     ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver, ElicitationAnswer,
-    ElicitationFuture, ElicitationRequest, Host, InputRound, McpErrorCode, McpTaskStatus,
-    TaskSpec, ToolCallError, ToolCallRequest, ToolObserver,
+    ElicitationFuture, ElicitationRequest, Host, InputRound, McpErrorCode, McpTaskStatus, TaskSpec,
+    ToolCallError, ToolCallRequest, ToolObserver,
 };
 use quiver_tests::{RegistryDir, fixture_server, host_builder, init_logging};
 use serde_json::{Value, json};
@@ -144,7 +144,11 @@ impl Setup {
     }
 
     async fn polls(&self) -> u64 {
-        self.call("polls", json!({})).await.unwrap().parse().unwrap()
+        self.call("polls", json!({}))
+            .await
+            .unwrap()
+            .parse()
+            .unwrap()
     }
 }
 
@@ -179,7 +183,11 @@ async fn a_task_is_polled_to_its_result_and_its_statuses_are_observed_and_audite
     );
     let first = &setup.statuses()[0];
     assert_eq!(
-        (first.task_id.as_ref(), first.server_id.as_str(), first.tool.as_str()),
+        (
+            first.task_id.as_ref(),
+            first.server_id.as_str(),
+            first.tool.as_str()
+        ),
         ("tasked", "tasks", "count_polls")
     );
     assert_eq!(first.server_task_id, "task-0");
@@ -330,7 +338,11 @@ async fn resource_and_prompt_listings_are_cached_for_their_ttl_in_order() {
     // With `ttlMs`: the second listing within it is the kept one; after it, the server's.
     let cached = setup_with(30_000, &["--list-ttl-ms", "1500"]);
     let listed = run(&cached).await;
-    assert!(listed.results.iter().all(|r| *r >= 0), "{:?}", listed.results);
+    assert!(
+        listed.results.iter().all(|r| *r >= 0),
+        "{:?}",
+        listed.results
+    );
     let resources: Value = serde_json::from_str(&listed.emitted[0]).unwrap();
     let uris: Vec<&str> = resources["resources"]
         .as_array()

@@ -38,7 +38,8 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use super::{
-    ApprovalDecided, InputRound, McpTaskStatus, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd, ToolObserver,
+    ApprovalDecided, InputRound, McpTaskStatus, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd,
+    ToolObserver,
 };
 use crate::defaults;
 

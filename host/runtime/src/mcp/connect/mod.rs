@@ -42,12 +42,12 @@ use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tracing::Instrument;
 
 use super::ServerRules;
+use super::cache::ListCaches;
 use super::error::{McpError, McpErrorCode, error_chain};
 use super::http::{AuthRefusal, CommonStream, SseConnectError};
 use super::input::InFlight;
 use super::outbound::{ClientBuildError, OutboundClient};
 use super::tool_headers::LeftOut;
-use super::cache::ListCaches;
 use crate::defaults;
 use crate::registry::{Launch, Lifecycle, ServerEntry, Transport as Wire};
 pub(super) use guard::{Guard, Guarded, Incoming, Kind, Limits, Problem};
@@ -130,9 +130,12 @@ impl ClientHandler for ClientEvents {
         capabilities.roots = Some(Default::default());
         // Long-running calls as tasks (SEP-2663): the pool follows them (`pool::tasks`).
         capabilities.extensions = Some(
-            [(rmcp::model::TASKS_EXTENSION_ID.to_owned(), Default::default())]
-                .into_iter()
-                .collect(),
+            [(
+                rmcp::model::TASKS_EXTENSION_ID.to_owned(),
+                Default::default(),
+            )]
+            .into_iter()
+            .collect(),
         );
         config.capabilities = capabilities;
         config

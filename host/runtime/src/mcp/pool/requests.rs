@@ -275,7 +275,9 @@ impl McpPool {
                     }
                     _ => Err(McpError::new(
                         McpErrorCode::ToolExecFailed,
-                        format!("server `{server_id}` answered tool `{name}` with an unknown result"),
+                        format!(
+                            "server `{server_id}` answered tool `{name}` with an unknown result"
+                        ),
                     )),
                 }
             }
@@ -318,15 +320,21 @@ impl McpPool {
         principal: Option<&str>,
     ) -> Result<Vec<Resource>, McpError> {
         let cache: fn(&ListCaches) -> &ListCache<_> = |lists| &lists.resources;
-        self.list_cached(entry, principal, "resources/list", cache, |conn, params| async move {
-            let page = conn.service.list_resources(Some(params)).await?;
-            Ok(Page {
-                items: page.resources,
-                next: page.next_cursor,
-                ttl_ms: page.ttl_ms,
-                scope: page.cache_scope,
-            })
-        })
+        self.list_cached(
+            entry,
+            principal,
+            "resources/list",
+            cache,
+            |conn, params| async move {
+                let page = conn.service.list_resources(Some(params)).await?;
+                Ok(Page {
+                    items: page.resources,
+                    next: page.next_cursor,
+                    ttl_ms: page.ttl_ms,
+                    scope: page.cache_scope,
+                })
+            },
+        )
         .await
     }
 
@@ -440,15 +448,21 @@ impl McpPool {
         principal: Option<&str>,
     ) -> Result<Vec<Prompt>, McpError> {
         let cache: fn(&ListCaches) -> &ListCache<_> = |lists| &lists.prompts;
-        self.list_cached(entry, principal, "prompts/list", cache, |conn, params| async move {
-            let page = conn.service.list_prompts(Some(params)).await?;
-            Ok(Page {
-                items: page.prompts,
-                next: page.next_cursor,
-                ttl_ms: page.ttl_ms,
-                scope: page.cache_scope,
-            })
-        })
+        self.list_cached(
+            entry,
+            principal,
+            "prompts/list",
+            cache,
+            |conn, params| async move {
+                let page = conn.service.list_prompts(Some(params)).await?;
+                Ok(Page {
+                    items: page.prompts,
+                    next: page.next_cursor,
+                    ttl_ms: page.ttl_ms,
+                    scope: page.cache_scope,
+                })
+            },
+        )
         .await
     }
 

@@ -105,9 +105,11 @@ impl McpPool {
             let polled = self.on_wire(until, call.conn.service.get_task(GetTaskParams::new(&id)));
             let detailed = match polled.await {
                 None => return Err(timed_out()),
-                Some(polled) => polled
-                    .map_err(|e| service_failed(server_id, "tasks/get", e, call.phase))?
-                    .task,
+                Some(polled) => {
+                    polled
+                        .map_err(|e| service_failed(server_id, "tasks/get", e, call.phase))?
+                        .task
+                }
             };
             if detailed.task.task_id != id {
                 return Err(McpError::new(
@@ -115,7 +117,10 @@ impl McpPool {
                     format!(
                         "server `{server_id}` answered tasks/get for task `{}` with another task (`{}`)",
                         printable(&id),
-                        printable(cut(&detailed.task.task_id, defaults::MAX_SERVER_TASK_ID_BYTES))
+                        printable(cut(
+                            &detailed.task.task_id,
+                            defaults::MAX_SERVER_TASK_ID_BYTES
+                        ))
                     ),
                 ));
             }
@@ -376,7 +381,10 @@ mod tests {
     fn a_servers_poll_interval_is_clamped_to_the_hosts_bounds() {
         assert_eq!(poll_interval(None), defaults::TASK_POLL_INTERVAL);
         assert_eq!(poll_interval(Some(0)), defaults::TASK_POLL_INTERVAL_MIN);
-        assert_eq!(poll_interval(Some(u64::MAX)), defaults::TASK_POLL_INTERVAL_MAX);
+        assert_eq!(
+            poll_interval(Some(u64::MAX)),
+            defaults::TASK_POLL_INTERVAL_MAX
+        );
         assert_eq!(poll_interval(Some(700)), Duration::from_millis(700));
     }
 
