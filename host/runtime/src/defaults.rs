@@ -739,3 +739,32 @@ pub const MAX_ELICITATION_ANSWER_BYTES: usize = 64 * 1024;
 /// standalone GET stream to open (once per session): a server may send its questions
 /// during a call there, and a question sent before the stream is open is lost.
 pub const COMMON_STREAM_WAIT: Duration = Duration::from_millis(500);
+
+/// Shortest wait between two `tasks/get` polls of a server's task (the tasks extension,
+/// SEP-2663), whatever `pollIntervalMs` the server asks for (`0` included): a task is
+/// never polled in a busy loop.
+pub const TASK_POLL_INTERVAL_MIN: Duration = Duration::from_millis(50);
+
+/// Longest wait between two polls, whatever the server asks for: a huge `pollIntervalMs`
+/// cannot park a call past this between looks (the call's timeout still ends it).
+pub const TASK_POLL_INTERVAL_MAX: Duration = Duration::from_secs(5);
+
+/// The wait between polls when the server suggests none.
+pub const TASK_POLL_INTERVAL: Duration = Duration::from_millis(500);
+
+/// Longest task id (`taskId`) the host accepts from a server; a longer or empty one fails
+/// the call (and is not polled). Ids are server-minted handles, a UUID or so.
+pub const MAX_SERVER_TASK_ID_BYTES: usize = 256;
+
+/// Longest task `statusMessage` passed to observers (cut at a character boundary, then
+/// made printable).
+pub const MAX_TASK_STATUS_MESSAGE_BYTES: usize = 1024;
+
+/// Status changes of one server task reported to observers (and the audit log); later
+/// ones are only logged, so a server that changes its message at every poll cannot flood
+/// them.
+pub const MAX_TASK_STATUS_REPORTS: usize = 32;
+
+/// How long a `tasks/cancel` for a task the host gave up on (a timeout, the guest's call
+/// or the task ended) may take; it is sent in the background, best effort.
+pub const TASK_CANCEL_TIMEOUT: Duration = Duration::from_secs(5);

@@ -93,8 +93,9 @@ pub use mcp::{
     TokenType, Tool, ToolCallOutput, UserAuthorizer, ensure_tls_provider,
 };
 pub use observe::{
-    ApprovalDecided, ArgumentsSummary, AuditLog, InputAnswered, InputRound, Metrics, PinChange,
-    PinsChanged, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolObserver, ToolOutcome, Via,
+    ApprovalDecided, ArgumentsSummary, AuditLog, InputAnswered, InputRound, McpTaskStatus, Metrics,
+    PinChange, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolObserver,
+    ToolOutcome, Via,
 };
 pub use policy::{Layer, Pattern, PolicyReport, PrincipalConfig, Reason};
 pub use quiver_abi::Errno;

@@ -8,7 +8,8 @@
 //! before the call fd exists (a denial is `-EACCES`, reported to the observers), and the
 //! call runs [`call::run`] (pins, approvals, observers, audit, the pool's budgets) as the
 //! task's background work, never past its deadline. Closing the call fd, or the task
-//! ending, drops the call, and rmcp tells the server (`notifications/cancelled`). Calls in
+//! ending, drops the call, and rmcp tells the server (`notifications/cancelled`; a call the
+//! server runs as a task gets `tasks/cancel`, see the pool's `tasks`). Calls in
 //! flight count against the task's background work and its memory budget; the answer is
 //! charged when it arrives and given back when the call fd is closed. A task holds at most
 //! [`defaults::IN_FLIGHT_SERVER_SHARE`]'s share of one server's `max_concurrency` with

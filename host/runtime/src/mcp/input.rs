@@ -112,8 +112,9 @@ where
 
 impl Asker {
     /// Answers one round's `requests`, and reports the round to the observers. `Err` when
-    /// one may not be answered (sampling), or there are too many.
-    async fn answer(
+    /// one may not be answered (sampling), or there are too many. Also answers a server
+    /// task's input requests (`tasks/update`, see the pool's `tasks`).
+    pub(crate) async fn answer(
         &self,
         asked: Asked<'_>,
         round: u32,

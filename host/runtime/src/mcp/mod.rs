@@ -9,6 +9,7 @@
 //! a guest's `mcp_call_tool` or from [`Host::call_tool`](crate::Host::call_tool).
 
 mod auth;
+mod cache;
 pub(crate) mod call;
 mod capped;
 mod connect;

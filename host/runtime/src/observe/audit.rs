@@ -38,7 +38,8 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use super::{
-    ApprovalDecided, InputRound, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd, ToolObserver,
+    ApprovalDecided, InputRound, McpTaskStatus, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd,
+    ToolObserver,
 };
 use crate::defaults;
 
@@ -85,6 +86,7 @@ enum Message {
     Decision(Box<ApprovalDecided>),
     Pins(Box<PinsChanged>),
     Input(Box<InputRound>),
+    TaskStatus(Box<McpTaskStatus>),
     /// Write out everything before this, then answer.
     Flush(SyncSender<()>),
 }
@@ -134,6 +136,15 @@ struct InputLine<'a> {
     time: SystemTime,
     #[serde(flatten)]
     round: &'a InputRound,
+}
+
+#[derive(Serialize)]
+struct TaskStatusLine<'a> {
+    event: &'static str,
+    #[serde(serialize_with = "super::event::unix_seconds")]
+    time: SystemTime,
+    #[serde(flatten)]
+    status: &'a McpTaskStatus,
 }
 
 #[derive(Serialize)]
@@ -307,6 +318,10 @@ impl ToolObserver for AuditLog {
     fn input_round(&self, round: &InputRound) {
         self.offer(Message::Input(Box::new(round.clone())));
     }
+
+    fn mcp_task_status(&self, status: &McpTaskStatus) {
+        self.offer(Message::TaskStatus(Box::new(status.clone())));
+    }
 }
 
 /// The log's sizes; tests make them small.
@@ -386,6 +401,11 @@ impl<W: Write> Writer<W> {
                     event: "input_round",
                     time: round.at,
                     round: &round,
+                }),
+                Message::TaskStatus(status) => self.event(&TaskStatusLine {
+                    event: "mcp_task_status",
+                    time: status.at,
+                    status: &status,
                 }),
                 Message::Flush(done) => {
                     self.report_dropped();

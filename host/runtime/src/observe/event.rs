@@ -340,6 +340,35 @@ pub struct InputAnswered {
     pub by: &'static str,
 }
 
+/// A status of a server's task (the MCP tasks extension, SEP-2663) running one of a task's
+/// tool calls, as the host saw it when it polled: reported when the status or its message
+/// changes, at most [`MAX_TASK_STATUS_REPORTS`](crate::defaults::MAX_TASK_STATUS_REPORTS)
+/// times per server task.
+#[derive(Clone, Debug, Serialize)]
+pub struct McpTaskStatus {
+    pub task_id: Arc<str>,
+    /// Set by the observers from the task's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<Arc<str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<Arc<str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_fd: Option<i32>,
+    pub via: Via,
+    pub server_id: String,
+    pub tool: String,
+    /// The server's id of its task (printable).
+    pub server_task_id: String,
+    /// `working`, `input_required`, `completed`, `failed` or `cancelled`.
+    pub status: &'static str,
+    /// The server's `statusMessage`, cut, made printable and without the server's
+    /// secrets.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(serialize_with = "unix_seconds")]
+    pub at: SystemTime,
+}
+
 /// A decision on a tool call that waited for approval, as the host's approver gave it.
 #[derive(Clone, Debug, Serialize)]
 pub struct ApprovalDecided {

@@ -21,8 +21,8 @@ use std::time::Instant;
 pub use audit::AuditLog;
 pub(crate) use event::unix_seconds;
 pub use event::{
-    ApprovalDecided, ArgumentsSummary, InputAnswered, InputRound, PinChange, PinsChanged,
-    PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
+    ApprovalDecided, ArgumentsSummary, InputAnswered, InputRound, McpTaskStatus, PinChange,
+    PinsChanged, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
 };
 pub use metrics::Metrics;
 pub(crate) use metrics::{LiveStatus, ServerGauges};
@@ -43,6 +43,8 @@ pub trait ToolObserver: Send + Sync + 'static {
     /// A server answered one of a task's requests with `input_required`, and the host
     /// answered its input requests (or refused them).
     fn input_round(&self, _round: &InputRound) {}
+    /// A server's task running one of a task's tool calls changed its status or message.
+    fn mcp_task_status(&self, _status: &McpTaskStatus) {}
 }
 
 /// The observers of one host, or of one task (then every event carries the task's
@@ -154,6 +156,17 @@ impl Observers {
         };
         for observer in self.all.iter() {
             observer.input_round(&stamped);
+        }
+    }
+
+    pub(crate) fn mcp_task_status(&self, status: &McpTaskStatus) {
+        let stamped = McpTaskStatus {
+            principal: self.principal.clone(),
+            client: self.client.clone(),
+            ..status.clone()
+        };
+        for observer in self.all.iter() {
+            observer.mcp_task_status(&stamped);
         }
     }
 

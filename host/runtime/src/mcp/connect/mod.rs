@@ -42,6 +42,7 @@ use tokio::sync::{Notify, OwnedSemaphorePermit};
 use tracing::Instrument;
 
 use super::ServerRules;
+use super::cache::ListCaches;
 use super::error::{McpError, McpErrorCode, error_chain};
 use super::http::{AuthRefusal, CommonStream, SseConnectError};
 use super::input::InFlight;
@@ -60,6 +61,8 @@ pub(super) use sse::{SseEvent, SseReader};
 pub(super) struct ClientEvents {
     server_id: Arc<str>,
     tools_stale: Arc<AtomicBool>,
+    /// The connection's other listings, dropped when the server says they changed.
+    lists: Arc<ListCaches>,
     /// What `initialize` asks for: the record's `protocol_version`, else rmcp's newest
     /// version that has that handshake (rmcp's own default is its newest version, which
     /// has none, and the spec's `initialize` must name one that does).
@@ -105,6 +108,16 @@ impl ClientHandler for ClientEvents {
         self.tools_stale.store(true, Ordering::SeqCst);
     }
 
+    async fn on_resource_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        tracing::debug!(server_id = %self.server_id, "resources/list_changed: dropping cached listings");
+        self.lists.resources_changed();
+    }
+
+    async fn on_prompt_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        tracing::debug!(server_id = %self.server_id, "prompts/list_changed: dropping cached prompts");
+        self.lists.prompts_changed();
+    }
+
     fn get_info(&self) -> ClientConfig {
         let mut config = ClientConfig::default();
         config.client_info.name = "quiver".into();
@@ -115,6 +128,15 @@ impl ClientHandler for ClientEvents {
         capabilities.elicitation =
             Some(ElicitationCapability::new().with_form(FormElicitationCapability::new()));
         capabilities.roots = Some(Default::default());
+        // Long-running calls as tasks (SEP-2663): the pool follows them (`pool::tasks`).
+        capabilities.extensions = Some(
+            [(
+                rmcp::model::TASKS_EXTENSION_ID.to_owned(),
+                Default::default(),
+            )]
+            .into_iter()
+            .collect(),
+        );
         config.capabilities = capabilities;
         config
     }
@@ -130,6 +152,8 @@ pub(super) struct Connection {
     process: Option<Arc<ServerProcess>>,
     /// Set by a `tools/list_changed` notification.
     pub(super) tools_stale: Arc<AtomicBool>,
+    /// The resource, template and prompt listings, as the server's hints allow.
+    pub(in crate::mcp) lists: Arc<ListCaches>,
     /// Streamable HTTP, whose transport mirrors tool parameters into headers.
     streamable: bool,
     /// The listed tools the transport left out for invalid `x-mcp-header` declarations.
@@ -399,12 +423,14 @@ impl Connector {
             None => format!("server `{server_id}`"),
         };
         let tools_stale = Arc::new(AtomicBool::new(false));
+        let lists = Arc::new(ListCaches::default());
         let in_flight = Arc::new(InFlight::default());
         let ended = Arc::new(Ended::default());
         let watched = ended.clone();
         let events = ClientEvents {
             server_id: server_id.into(),
             tools_stale: tools_stale.clone(),
+            lists: lists.clone(),
             protocol_version: entry
                 .record
                 .protocol_version
@@ -468,6 +494,7 @@ impl Connector {
             serial,
             process,
             tools_stale,
+            lists,
             streamable: entry.record.transport == Wire::StreamableHttp,
             left_out,
             ended,

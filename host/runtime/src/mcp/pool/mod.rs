@@ -6,7 +6,9 @@
 //! `max_concurrency`, a timeout for `tool_timeout_ms`, a cap for `max_tool_output_bytes`.
 //! `tools/list` is read in full (at most `max_tool_list_bytes` over all pages, refused whole
 //! past it) and cached until the server says the list changed or the TTL passes, so listing
-//! is never on a hot path.
+//! is never on a hot path; resource and prompt listings are kept when the server's hints
+//! say for how long ([`crate::mcp::cache`]). A call the server runs as a task is followed
+//! to its end here ([`tasks`]).
 //!
 //! The host's own limits ([`PoolLimits`]) live here too. A call takes its server's permit,
 //! then one of the host's `max_concurrent_calls` permits, both within its
@@ -26,7 +28,7 @@
 //!
 //! By job: [`slot`] (slots in flight, following registry snapshots), [`connecting`]
 //! (connect, backoff, stopping replaced connections), [`processes`] (the process cap),
-//! [`requests`] (every request the pool sends) with [`paging`] and [`failure`] (where a
+//! [`requests`] (every request the pool sends) with [`paging`], [`tasks`] and [`failure`] (where a
 //! request failed and what error it becomes), [`status`] and [`health`] (what it reports),
 //! [`limits`] and [`reaper`].
 
@@ -41,6 +43,7 @@ mod reaper;
 mod requests;
 mod slot;
 mod status;
+mod tasks;
 #[cfg(test)]
 mod tests;
 

@@ -32,6 +32,21 @@ impl CacheHint {
     pub(super) fn ttl(&self, host_max: Duration) -> Duration {
         self.ttl.map_or(host_max, |ttl| ttl.min(host_max))
     }
+
+    /// How long a listing kept only on the server's word may be served: its TTL, at most
+    /// `host_max`; none without one.
+    pub(super) fn given_ttl(&self, host_max: Duration) -> Duration {
+        self.ttl.map_or(Duration::ZERO, |ttl| ttl.min(host_max))
+    }
+}
+
+/// One page of a listing other than tools: its items, the next page's cursor and the
+/// page's cache hints.
+pub(super) struct Page<T> {
+    pub(super) items: Vec<T>,
+    pub(super) next: Option<String>,
+    pub(super) ttl_ms: Option<u64>,
+    pub(super) scope: Option<CacheScope>,
 }
 
 /// Every page of the server's `tools/list`, the tools' JSON at most `cap` bytes in all
@@ -81,24 +96,31 @@ pub(super) async fn list_all_pages(
 }
 
 /// Reads every page of a `what` listing, at most `cap` bytes of items (encoded) and
-/// [`defaults::MAX_TOOL_LIST_PAGES`] pages; a server paging past that gets what was read.
+/// [`defaults::MAX_TOOL_LIST_PAGES`] pages (a server paging past that gets what was read),
+/// in the server's order, and what the pages said about caching them.
 pub(super) async fn list_pages<T, F, Fut>(
     server_id: &str,
     what: &str,
     cap: u64,
     phase: &CallPhase,
     mut page: F,
-) -> Result<Vec<T>, McpError>
+) -> Result<(Vec<T>, CacheHint), McpError>
 where
     T: serde::Serialize,
     F: FnMut(Option<String>) -> Fut,
-    Fut: Future<Output = Result<(Vec<T>, Option<String>), ServiceError>>,
+    Fut: Future<Output = Result<Page<T>, ServiceError>>,
 {
+    let mut hint = CacheHint::default();
     let mut items = Vec::new();
     let mut cursor = None;
     let mut total: u64 = 0;
     for _ in 0..defaults::MAX_TOOL_LIST_PAGES {
-        let (listed, next) = page(cursor)
+        let Page {
+            items: listed,
+            next,
+            ttl_ms,
+            scope,
+        } = page(cursor)
             .await
             .map_err(|e| service_failed(server_id, what, e, phase))?;
         total = match encoded_len(&listed, cap.saturating_sub(total)) {
@@ -113,10 +135,11 @@ where
                 ));
             }
         };
+        hint.add(ttl_ms, scope);
         items.extend(listed);
         cursor = next;
         if cursor.is_none() {
-            return Ok(items);
+            return Ok((items, hint));
         }
     }
     tracing::warn!(
@@ -124,5 +147,5 @@ where
         what,
         "kept paging; using what was read"
     );
-    Ok(items)
+    Ok((items, hint))
 }

@@ -16,10 +16,12 @@ use rmcp::model::{
 };
 
 use super::failure::{CallPhase, server_failure, service_failed, timed_out};
-use super::paging::{list_all_pages, list_pages};
+use super::paging::{Page, list_all_pages, list_pages};
 use super::slot::{CachedTools, ServerSlot};
+use super::tasks::TaskCall;
 use super::{Connection, McpPool};
 use crate::defaults;
+use crate::mcp::cache::{ListCache, ListCaches};
 use crate::mcp::capped::encode_answer;
 use crate::mcp::input::{Asked, Asker, Round, rounds};
 use crate::mcp::spans;
@@ -36,7 +38,7 @@ pub struct ToolCallOutput {
 
 impl McpPool {
     /// A host-wide call permit, or why not. Waits (within the caller's timeout).
-    async fn call_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, McpError> {
+    pub(super) async fn call_permit(&self) -> Result<tokio::sync::SemaphorePermit<'_>, McpError> {
         self.shared
             .calls
             .acquire()
@@ -165,7 +167,9 @@ impl McpPool {
     /// `principal` is whom the call is made for: a server whose credential is a user's
     /// grant is reached over that principal's own connection, with its token. A server
     /// that asks for input (SEP-2322) is answered for `asker`'s task, and each round is
-    /// one request with its own `tool_timeout_ms` (see [`crate::mcp::input`]).
+    /// one request with its own `tool_timeout_ms` (see [`crate::mcp::input`]). A server
+    /// that runs the call as a task (SEP-2663) is followed until the task ends, within
+    /// the same `tool_timeout_ms` (see [`super::tasks`]).
     pub(crate) async fn call_tool(
         &self,
         entry: &Arc<ServerEntry>,
@@ -232,13 +236,13 @@ impl McpPool {
             // on the wire, so they do not make a question's owner ambiguous.
             let _asking = conn.in_flight.enter(asker, entry, "tools/call", name);
             phase.set(CallPhase::ON_WIRE);
-            let sent = Instant::now();
+            let sent = tokio::time::Instant::now();
             let result = conn
                 .service
                 .call_tool_once(params)
                 .await
                 .map_err(|e| service_failed(server_id, name, e, &phase))?;
-            Ok((result, sent.elapsed()))
+            Ok((result, sent, _permit))
         };
         let outcome = match tokio::time::timeout(timeout, call)
             .instrument(span.clone())
@@ -247,26 +251,46 @@ impl McpPool {
             Ok(outcome) => outcome,
             Err(_) => Err(self.call_timed_out(slot, name, timeout, &phase)),
         };
-        match outcome {
-            Ok((response, latency)) => {
+        let outcome = match outcome {
+            Ok((response, sent, _permit)) => {
                 // An `isError` result is an answer too: the server is fine.
-                slot.health.answered(latency);
+                slot.health.answered(sent.elapsed());
                 match response {
-                    CallToolResponse::Complete(result) => {
-                        if result.is_error == Some(true) {
-                            spans::record_tool_error(&span);
-                        }
-                        Ok(Round::Complete(result))
-                    }
+                    CallToolResponse::Complete(result) => Ok(Round::Complete(result)),
                     CallToolResponse::InputRequired(input) => Ok(Round::InputRequired(input)),
-                    // The host does not declare the tasks extension, so a server may not.
+                    // The server's permit stays held: the task is this call, still running.
+                    CallToolResponse::Task(created) => {
+                        let call = TaskCall {
+                            entry,
+                            conn: &conn,
+                            tool: name,
+                            asker,
+                            sent,
+                            phase: &phase,
+                        };
+                        self.follow_task(call, created)
+                            .instrument(span.clone())
+                            .await
+                            .map(Round::Complete)
+                    }
                     _ => Err(McpError::new(
                         McpErrorCode::ToolExecFailed,
                         format!(
-                            "server `{server_id}` answered tool `{name}` with a task (resultType \"task\"), which this host did not ask for"
+                            "server `{server_id}` answered tool `{name}` with an unknown result"
                         ),
                     )),
                 }
+            }
+            Err(error) => Err(error),
+        };
+        match outcome {
+            Ok(round) => {
+                if let Round::Complete(result) = &round
+                    && result.is_error == Some(true)
+                {
+                    spans::record_tool_error(&span);
+                }
+                Ok(round)
             }
             Err(error) => {
                 spans::record_error(&span, &error);
@@ -287,56 +311,90 @@ impl McpPool {
         }
     }
 
-    /// Every resource the server lists (all pages, at most `budgets.max_tool_list_bytes`).
-    /// Not cached: resource lists change more often than tools and are read rarely.
+    /// Every resource the server lists (all pages, at most `budgets.max_tool_list_bytes`),
+    /// from the connection's cache while the server's hints keep it
+    /// ([`crate::mcp::cache`]).
     pub(crate) async fn list_resources(
         &self,
         entry: &Arc<ServerEntry>,
         principal: Option<&str>,
     ) -> Result<Vec<Resource>, McpError> {
-        let server_id = entry.server_id();
-        let cap = entry.record.budgets.max_tool_list_bytes;
-        self.request(
+        let cache: fn(&ListCaches) -> &ListCache<_> = |lists| &lists.resources;
+        self.list_cached(
             entry,
             principal,
             "resources/list",
-            None,
-            |conn, phase| async move {
-                let _listing = conn.in_flight.enter_unowned();
-                list_pages(server_id, "resources/list", cap, &phase, |cursor| {
-                    let conn = conn.clone();
-                    async move {
-                        let params = PaginatedRequestParams::default().with_cursor(cursor);
-                        let page = conn.service.list_resources(Some(params)).await?;
-                        Ok((page.resources, page.next_cursor))
-                    }
+            cache,
+            |conn, params| async move {
+                let page = conn.service.list_resources(Some(params)).await?;
+                Ok(Page {
+                    items: page.resources,
+                    next: page.next_cursor,
+                    ttl_ms: page.ttl_ms,
+                    scope: page.cache_scope,
                 })
-                .await
             },
         )
         .await
     }
 
-    /// Every resource template the server lists, bounded like [`Self::list_resources`].
+    /// Every resource template the server lists, bounded and cached like
+    /// [`Self::list_resources`].
     pub(crate) async fn list_resource_templates(
         &self,
         entry: &Arc<ServerEntry>,
         principal: Option<&str>,
     ) -> Result<Vec<ResourceTemplate>, McpError> {
+        let cache: fn(&ListCaches) -> &ListCache<_> = |lists| &lists.templates;
+        let what = "resources/templates/list";
+        self.list_cached(entry, principal, what, cache, |conn, params| async move {
+            let page = conn.service.list_resource_templates(Some(params)).await?;
+            Ok(Page {
+                items: page.resource_templates,
+                next: page.next_cursor,
+                ttl_ms: page.ttl_ms,
+                scope: page.cache_scope,
+            })
+        })
+        .await
+    }
+
+    /// One listing other than tools: the connection's kept one while fresh, else every
+    /// page read through `page`, kept as the pages' hints allow (at most the host's tools
+    /// TTL).
+    async fn list_cached<T, F, Fut>(
+        &self,
+        entry: &Arc<ServerEntry>,
+        principal: Option<&str>,
+        what: &'static str,
+        cache: fn(&ListCaches) -> &ListCache<T>,
+        page: F,
+    ) -> Result<Vec<T>, McpError>
+    where
+        T: Clone + serde::Serialize,
+        F: Fn(Arc<Connection>, PaginatedRequestParams) -> Fut,
+        Fut: Future<Output = Result<Page<T>, rmcp::ServiceError>>,
+    {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_list_bytes;
-        let what = "resources/templates/list";
+        let host_max = self.tools_ttl;
         self.request(entry, principal, what, None, |conn, phase| async move {
+            let cache = cache(&conn.lists);
+            let miss = match cache.fresh(principal) {
+                Ok(items) => return Ok(items),
+                Err(miss) => miss,
+            };
             let _listing = conn.in_flight.enter_unowned();
-            list_pages(server_id, what, cap, &phase, |cursor| {
-                let conn = conn.clone();
-                async move {
-                    let params = PaginatedRequestParams::default().with_cursor(cursor);
-                    let page = conn.service.list_resource_templates(Some(params)).await?;
-                    Ok((page.resource_templates, page.next_cursor))
-                }
+            let (items, hint) = list_pages(server_id, what, cap, &phase, |cursor| {
+                page(
+                    conn.clone(),
+                    PaginatedRequestParams::default().with_cursor(cursor),
+                )
             })
-            .await
+            .await?;
+            let ttl = hint.given_ttl(host_max);
+            cache.keep(miss, ttl, hint.private, principal, &items);
+            Ok(items)
         })
         .await
     }
@@ -391,30 +449,26 @@ impl McpPool {
         encode_answer(&result, cap, &format!("resource `{uri}`"), server_id)
     }
 
-    /// Every prompt the server lists, bounded like [`Self::list_resources`].
+    /// Every prompt the server lists, bounded and cached like [`Self::list_resources`].
     pub(crate) async fn list_prompts(
         &self,
         entry: &Arc<ServerEntry>,
         principal: Option<&str>,
     ) -> Result<Vec<Prompt>, McpError> {
-        let server_id = entry.server_id();
-        let cap = entry.record.budgets.max_tool_list_bytes;
-        self.request(
+        let cache: fn(&ListCaches) -> &ListCache<_> = |lists| &lists.prompts;
+        self.list_cached(
             entry,
             principal,
             "prompts/list",
-            None,
-            |conn, phase| async move {
-                let _listing = conn.in_flight.enter_unowned();
-                list_pages(server_id, "prompts/list", cap, &phase, |cursor| {
-                    let conn = conn.clone();
-                    async move {
-                        let params = PaginatedRequestParams::default().with_cursor(cursor);
-                        let page = conn.service.list_prompts(Some(params)).await?;
-                        Ok((page.prompts, page.next_cursor))
-                    }
+            cache,
+            |conn, params| async move {
+                let page = conn.service.list_prompts(Some(params)).await?;
+                Ok(Page {
+                    items: page.prompts,
+                    next: page.next_cursor,
+                    ttl_ms: page.ttl_ms,
+                    scope: page.cache_scope,
                 })
-                .await
             },
         )
         .await
