@@ -93,7 +93,8 @@ pub use mcp::{
 };
 pub use observe::{
     ApprovalDecided, ArgumentsSummary, AuditLog, InputAnswered, InputRound, Metrics, PinChange,
-    PinsChanged, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolObserver, ToolOutcome, Via,
+    PinsChanged, PolicyDenial, SamplingDone, ToolCall, ToolCallEnd, ToolKind, ToolObserver,
+    ToolOutcome, Via,
 };
 pub use policy::{Layer, Pattern, PolicyReport, PrincipalConfig, Reason};
 pub use quiver_abi::Errno;

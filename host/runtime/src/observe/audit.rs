@@ -1,5 +1,5 @@
-//! The audit log: one JSON line per finished tool call, per policy denial and per approval
-//! decision, saying who called what (the task, its `principal` and the `client` that submitted it), how it ended and with
+//! The audit log: one JSON line per finished tool call, per policy denial, per approval
+//! decision, per `input_required` round and per sampling request, saying who called what (the task, its `principal` and the `client` that submitted it), how it ended and with
 //! what shape of arguments, and who decided a call that waited for approval.
 //!
 //! Observers run on the task's path, so the log never writes there: each event is queued
@@ -38,7 +38,8 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use super::{
-    ApprovalDecided, InputRound, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd, ToolObserver,
+    ApprovalDecided, InputRound, PinsChanged, PolicyDenial, SamplingDone, ToolCall, ToolCallEnd,
+    ToolObserver,
 };
 use crate::defaults;
 
@@ -85,6 +86,7 @@ enum Message {
     Decision(Box<ApprovalDecided>),
     Pins(Box<PinsChanged>),
     Input(Box<InputRound>),
+    Sampling(Box<SamplingDone>),
     /// Write out everything before this, then answer.
     Flush(SyncSender<()>),
 }
@@ -134,6 +136,15 @@ struct InputLine<'a> {
     time: SystemTime,
     #[serde(flatten)]
     round: &'a InputRound,
+}
+
+#[derive(Serialize)]
+struct SamplingLine<'a> {
+    event: &'static str,
+    #[serde(serialize_with = "super::event::unix_seconds")]
+    time: SystemTime,
+    #[serde(flatten)]
+    sampling: &'a SamplingDone,
 }
 
 #[derive(Serialize)]
@@ -307,6 +318,10 @@ impl ToolObserver for AuditLog {
     fn input_round(&self, round: &InputRound) {
         self.offer(Message::Input(Box::new(round.clone())));
     }
+
+    fn sampling(&self, event: &SamplingDone) {
+        self.offer(Message::Sampling(Box::new(event.clone())));
+    }
 }
 
 /// The log's sizes; tests make them small.
@@ -386,6 +401,11 @@ impl<W: Write> Writer<W> {
                     event: "input_round",
                     time: round.at,
                     round: &round,
+                }),
+                Message::Sampling(sampling) => self.event(&SamplingLine {
+                    event: "sampling",
+                    time: sampling.at,
+                    sampling: &sampling,
                 }),
                 Message::Flush(done) => {
                     self.report_dropped();

@@ -22,7 +22,7 @@ pub use audit::AuditLog;
 pub(crate) use event::unix_seconds;
 pub use event::{
     ApprovalDecided, ArgumentsSummary, InputAnswered, InputRound, PinChange, PinsChanged,
-    PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
+    PolicyDenial, SamplingDone, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
 };
 pub use metrics::Metrics;
 pub(crate) use metrics::{LiveStatus, ServerGauges};
@@ -43,6 +43,8 @@ pub trait ToolObserver: Send + Sync + 'static {
     /// A server answered one of a task's requests with `input_required`, and the host
     /// answered its input requests (or refused them).
     fn input_round(&self, _round: &InputRound) {}
+    /// A server's sampling request was answered by the task's model, or refused.
+    fn sampling(&self, _event: &SamplingDone) {}
 }
 
 /// The observers of one host, or of one task (then every event carries the task's
@@ -154,6 +156,17 @@ impl Observers {
         };
         for observer in self.all.iter() {
             observer.input_round(&stamped);
+        }
+    }
+
+    pub(crate) fn sampling(&self, event: &SamplingDone) {
+        let stamped = SamplingDone {
+            principal: self.principal.clone(),
+            client: self.client.clone(),
+            ..event.clone()
+        };
+        for observer in self.all.iter() {
+            observer.sampling(&stamped);
         }
     }
 
