@@ -9,7 +9,7 @@
 //! task holds one token budget over all its servers ([`Sampler`]; a task's
 //! `mcp.sampling_max_tokens` only lowers it): each request reserves its `maxTokens` and an
 //! estimate of its prompt first and is refused when they do not fit, and the tokens the
-//! backend reports replace the reservation once it answers.
+//! backend reports (else the reservation) replace it once it answers.
 //!
 //! A request is checked and bounded before anything is built from it (message count,
 //! bytes, tools, stop sequences; images checked as the chat loop checks them; audio only
@@ -168,8 +168,9 @@ impl Sampler {
             refused
         };
         let body = request_body(&backend, &model, &params).map_err(with_model)?;
+        let max_tokens = u64::from(params.max_tokens);
         drop(params);
-        let reserved = prompt.saturating_add(u64::from(cap.min(u32::MAX)));
+        let reserved = prompt.saturating_add(max_tokens);
         self.reserve(server_id, config, reserved)
             .map_err(with_model)?;
         let timeout = config
@@ -212,7 +213,7 @@ impl Sampler {
         let prompt_tokens = usage.and_then(|u| u.prompt_tokens).unwrap_or(prompt);
         let completion_tokens = usage
             .and_then(|u| u.completion_tokens)
-            .unwrap_or(u64::from(cap));
+            .unwrap_or(max_tokens);
         self.settle(reserved, prompt_tokens.saturating_add(completion_tokens));
         self.metrics
             .llm_tokens(backend.name(), prompt_tokens, completion_tokens);

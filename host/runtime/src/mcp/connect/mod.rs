@@ -122,10 +122,11 @@ impl ClientHandler for ClientEvents {
             )));
         };
         let asked = sole.asked();
+        let max_tokens = params.max_tokens;
         let refuse = |why: &str| {
             let refused = busy(why);
             sole.asker
-                .report_refused(asked, Generation::Request, &refused, params.max_tokens);
+                .report_refused(asked, Generation::Request, &refused, max_tokens);
             Err(to_error_data(&refused))
         };
         let Ok(_one) = self.asking.try_acquire() else {
@@ -135,7 +136,7 @@ impl ClientHandler for ClientEvents {
             return refuse("the server asked too often during this request");
         }
         tokio::select! {
-            sampled = sole.asker.sample(asked, Generation::Request, params.clone()) => {
+            sampled = sole.asker.sample(asked, Generation::Request, params) => {
                 sampled.map_err(|refused| to_error_data(&refused))
             }
             () = context.ct.cancelled() => Err(to_error_data(&busy("the server cancelled it"))),
