@@ -300,7 +300,6 @@ fn bounded(params: &CreateMessageRequestParams) -> Result<u64, Refused> {
         )));
     }
     let (mut bytes, mut media) = (0usize, 0u64);
-    let json_len = |value: &dyn erased::Len| value.len();
     let blocks = params.messages.iter().flat_map(|m| m.content.iter());
     for block in blocks {
         bytes = bytes.saturating_add(match block {
@@ -317,7 +316,7 @@ fn bounded(params: &CreateMessageRequestParams) -> Result<u64, Refused> {
             SamplingMessageContentBlock::ToolResult(result) => result
                 .content
                 .iter()
-                .map(|c| json_len(c))
+                .map(json_len)
                 .fold(0, usize::saturating_add),
             _ => 0,
         });
@@ -325,12 +324,7 @@ fn bounded(params: &CreateMessageRequestParams) -> Result<u64, Refused> {
     bytes = bytes
         .saturating_add(params.system_prompt.as_deref().map_or(0, str::len))
         .saturating_add(stops.iter().map(String::len).fold(0, usize::saturating_add))
-        .saturating_add(
-            tools
-                .iter()
-                .map(|t| json_len(t))
-                .fold(0, usize::saturating_add),
-        );
+        .saturating_add(tools.iter().map(json_len).fold(0, usize::saturating_add));
     if bytes > defaults::SAMPLING_MAX_REQUEST_BYTES {
         return Err(too_large(format!(
             "the request holds more than {} bytes (messages, system prompt, tools); it is not sent to a model",
@@ -340,30 +334,22 @@ fn bounded(params: &CreateMessageRequestParams) -> Result<u64, Refused> {
     Ok((bytes as u64 / 4).saturating_add(media.saturating_mul(defaults::SAMPLING_MEDIA_TOKENS)))
 }
 
-/// Sizes of values as JSON, without building the text.
-mod erased {
-    pub(super) trait Len {
-        fn len(&self) -> usize;
-    }
-
-    impl<T: serde::Serialize> Len for T {
-        fn len(&self) -> usize {
-            struct Count(usize);
-            impl std::io::Write for Count {
-                fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-                    self.0 = self.0.saturating_add(bytes.len());
-                    Ok(bytes.len())
-                }
-                fn flush(&mut self) -> std::io::Result<()> {
-                    Ok(())
-                }
-            }
-            let mut count = Count(0);
-            match serde_json::to_writer(&mut count, self) {
-                Ok(()) => count.0,
-                Err(_) => usize::MAX,
-            }
+/// `value`'s size as JSON, without building the text.
+fn json_len<T: serde::Serialize>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 = self.0.saturating_add(bytes.len());
+            Ok(bytes.len())
         }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
     }
 }
 
