@@ -768,3 +768,37 @@ pub const MAX_TASK_STATUS_REPORTS: usize = 32;
 /// How long a `tasks/cancel` for a task the host gave up on (a timeout, the guest's call
 /// or the task ended) may take; it is sent in the background, best effort.
 pub const TASK_CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Largest `maxTokens` a server's sampling request may ask for when its record's
+/// `[sampling]` sets no `max_tokens`; a larger one is refused.
+pub const SAMPLING_MAX_TOKENS: u32 = 4_096;
+
+/// Sampling requests one task answers for one server when its record's `[sampling]` sets
+/// no `max_requests`; more are refused.
+pub const SAMPLING_MAX_REQUESTS: u32 = 16;
+
+/// Tokens (prompt and completion, over every server) a task's sampling may use; a task's
+/// `mcp.sampling_max_tokens` can only lower it. Before a request the host reserves its
+/// `maxTokens` and an estimate of its prompt, and refuses it when they do not fit.
+pub const SAMPLING_TASK_MAX_TOKENS: u64 = 100_000;
+
+/// Messages one sampling request may hold; more are refused before anything is built.
+pub const SAMPLING_MAX_MESSAGES: usize = 256;
+
+/// Bytes one sampling request's messages, system prompt, tools and stop sequences may
+/// hold together (text, base64 image and audio data, tool inputs and schemas as JSON);
+/// more are refused before anything is built.
+pub const SAMPLING_MAX_REQUEST_BYTES: usize = 8 * 1024 * 1024;
+
+/// Tools one sampling request may offer the model (SEP-1577); more are refused.
+pub const SAMPLING_MAX_TOOLS: usize = 64;
+
+/// Stop sequences one sampling request may give; more are refused.
+pub const SAMPLING_MAX_STOP_SEQUENCES: usize = 16;
+
+/// Prompt tokens a sampling request's image or audio block is reckoned at before the
+/// backend reports what it used (a typical image costs one to two thousand).
+pub const SAMPLING_MEDIA_TOKENS: u64 = 1_500;
+
+/// Longest backend or model name a registry record's `[sampling]` may give, in bytes.
+pub const MAX_MODEL_NAME_BYTES: usize = 256;

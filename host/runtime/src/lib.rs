@@ -94,8 +94,8 @@ pub use mcp::{
 };
 pub use observe::{
     ApprovalDecided, ArgumentsSummary, AuditLog, InputAnswered, InputRound, McpTaskStatus, Metrics,
-    PinChange, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolObserver,
-    ToolOutcome, Via,
+    PinChange, PinsChanged, PolicyDenial, SamplingDone, ToolCall, ToolCallEnd, ToolKind,
+    ToolObserver, ToolOutcome, Via,
 };
 pub use policy::{Layer, Pattern, PolicyReport, PrincipalConfig, Reason};
 pub use quiver_abi::Errno;

@@ -161,12 +161,16 @@ pub enum GuestLogs {
 }
 
 /// The `mcp.*` keys besides the lists ([`ListKey`]).
-const MCP_KEYS: [&str; 4] = [
+const MCP_KEYS: [&str; 5] = [
     "mcp.enabled",
     "mcp.profile",
     "mcp.default_server_ids",
     "mcp.allowed_server_ids",
+    SAMPLING_MAX_TOKENS_KEY,
 ];
+
+/// The task key lowering the tokens its servers' sampling may use.
+const SAMPLING_MAX_TOKENS_KEY: &str = "mcp.sampling_max_tokens";
 
 impl TaskSpec {
     /// A task with nothing granted.
@@ -426,6 +430,31 @@ impl TaskSpec {
             allowed_server_ids,
             narrowing,
         })
+    }
+
+    /// Tokens the task's servers may use through sampling: the host's
+    /// [`defaults::SAMPLING_TASK_MAX_TOKENS`], lowered by `mcp.sampling_max_tokens` (0
+    /// refuses every sampling request; a larger value changes nothing, since a task can
+    /// only narrow what the operator allows).
+    pub fn sampling_max_tokens(&self) -> Result<u64, TaskError> {
+        let Some(value) = self.config.get(SAMPLING_MAX_TOKENS_KEY) else {
+            return Ok(defaults::SAMPLING_TASK_MAX_TOKENS);
+        };
+        let tokens = match value {
+            Value::Number(n) => n.as_u64(),
+            Value::String(s) => s.trim().parse::<u64>().ok(),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            config_error(
+                SAMPLING_MAX_TOKENS_KEY,
+                format!(
+                    "expected a number of tokens (0 or more), got {}",
+                    shown(value.to_string())
+                ),
+            )
+        })?;
+        Ok(tokens.min(defaults::SAMPLING_TASK_MAX_TOKENS))
     }
 
     /// A list of patterns: at most [`defaults::MAX_TASK_PATTERNS`] of at most

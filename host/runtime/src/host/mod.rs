@@ -547,6 +547,11 @@ impl Host {
                 .for_principal(task.principal.as_deref(), task.client.as_deref()),
             approvals: self.inner.approvals.clone(),
             in_flight: Default::default(),
+            sampler: Arc::new(crate::chat::Sampler::new(
+                self.inner.backends.clone(),
+                self.inner.metrics.clone(),
+                task.sampling_max_tokens()?,
+            )),
             _subject: task.subject_token.clone().map(|token| {
                 self.inner
                     .pool

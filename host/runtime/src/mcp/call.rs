@@ -55,6 +55,7 @@ impl Origin {
             task_id: self.task_id.clone(),
             observers: mcp.observers.clone(),
             approvals: mcp.approvals.clone(),
+            sampler: mcp.sampler.clone(),
             session_fd: self.session_fd,
             via: self.via,
             deadline: self.deadline,

@@ -12,8 +12,10 @@
 //! the task's deadline, else it is declined; its form is checked and bounded before it is
 //! shown, and an accepted answer is checked against it, the form's defaults filled in for
 //! fields left out (SEP-1034), or it is declined. Roots are the task's own (none). Sampling
-//! is refused: the request fails with `mcp_policy_denied`. Each round, with what became of
-//! each input request, reaches the observers (and so the audit log).
+//! is answered by the task's model when the server's record allows it
+//! ([`super::sampling`]); a refused one fails the request (`mcp_policy_denied` when policy
+//! refused it), since an `inputResponses` entry cannot carry an error. Each round, with what
+//! became of each input request, reaches the observers (and so the audit log).
 //!
 //! Rounds are bounded ([`defaults::MAX_INPUT_ROUNDS`]), as are the input requests of one
 //! round; each round is one request to the server with its own `tool_timeout_ms`, so time
@@ -33,6 +35,7 @@ use rmcp::model::{
 };
 use serde_json::{Map, Value};
 
+use super::sampling::{self, Generation};
 use super::{McpError, McpErrorCode};
 use crate::approval::{Approvals, ElicitationAnswer, ElicitationRequest, next_id, timeout_of};
 use crate::defaults;
@@ -47,6 +50,8 @@ pub(crate) struct Asker {
     pub(crate) task_id: Arc<str>,
     pub(crate) observers: Observers,
     pub(crate) approvals: Approvals,
+    /// Answers the server's sampling requests for the task.
+    pub(crate) sampler: Arc<crate::chat::Sampler>,
     pub(crate) session_fd: Option<i32>,
     pub(crate) via: Via,
     pub(crate) deadline: Deadline,
@@ -112,8 +117,8 @@ where
 
 impl Asker {
     /// Answers one round's `requests`, and reports the round to the observers. `Err` when
-    /// one may not be answered (sampling), or there are too many. Also answers a server
-    /// task's input requests (`tasks/update`, see the pool's `tasks`).
+    /// one was refused (sampling), or there are too many. Also answers a server task's
+    /// input requests (`tasks/update`, see the pool's `tasks`).
     pub(crate) async fn answer(
         &self,
         asked: Asked<'_>,
@@ -159,21 +164,38 @@ impl Asker {
                     });
                     responses.insert(key, serde_json::json!({"roots": []}));
                 }
-                other => {
-                    let kind = match other {
-                        InputRequest::CreateMessage(_) => "sampling",
-                        _ => "unknown",
+                InputRequest::CreateMessage(request) => {
+                    let sampled = self
+                        .sample(asked, Generation::InputRequired, request.params)
+                        .await;
+                    let (outcome, by) = match sampled {
+                        Ok(result) => {
+                            responses.insert(key, to_json(&result));
+                            ("answered", "model")
+                        }
+                        Err(why) => {
+                            refused.get_or_insert(sampling::to_mcp_error(asked, &why));
+                            ("refused", "host")
+                        }
                     };
                     inputs.push(InputAnswered {
                         key: shown_key,
-                        kind,
+                        kind: "sampling",
+                        outcome,
+                        by,
+                    });
+                }
+                _ => {
+                    inputs.push(InputAnswered {
+                        key: shown_key,
+                        kind: "unknown",
                         outcome: "refused",
                         by: "host",
                     });
                     refused.get_or_insert(McpError::new(
-                        McpErrorCode::PolicyDenied,
+                        McpErrorCode::ToolExecFailed,
                         format!(
-                            "server `{server_id}` asked for {kind} during {} `{}`; this host does not let servers use a task's model, so the request is refused",
+                            "server `{server_id}` asked for input of a kind this host does not know during {} `{}`",
                             asked.method,
                             cut(asked.name, defaults::MAX_TOOL_NAME_BYTES),
                         ),

@@ -23,6 +23,7 @@ mod launch;
 mod outbound;
 mod pool;
 mod rules;
+mod sampling;
 mod session;
 mod spans;
 mod tool_headers;

@@ -25,6 +25,8 @@ pub struct McpTask {
     pub approvals: Approvals,
     /// The task's MCP calls in flight, per server.
     pub(crate) in_flight: super::in_flight::PerServer,
+    /// Answers the sampling requests of the task's servers, within the task's budget.
+    pub(crate) sampler: Arc<crate::chat::Sampler>,
     /// The task's subject token, registered for token exchange while the task runs.
     pub(crate) _subject: Option<crate::mcp::auth::SubjectRegistration>,
 }

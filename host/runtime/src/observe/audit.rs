@@ -1,5 +1,5 @@
-//! The audit log: one JSON line per finished tool call, per policy denial and per approval
-//! decision, saying who called what (the task, its `principal` and the `client` that submitted it), how it ended and with
+//! The audit log: one JSON line per finished tool call, per policy denial, per approval
+//! decision, per `input_required` round and per sampling request, saying who called what (the task, its `principal` and the `client` that submitted it), how it ended and with
 //! what shape of arguments, and who decided a call that waited for approval.
 //!
 //! Observers run on the task's path, so the log never writes there: each event is queued
@@ -38,8 +38,8 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 
 use super::{
-    ApprovalDecided, InputRound, McpTaskStatus, PinsChanged, PolicyDenial, ToolCall, ToolCallEnd,
-    ToolObserver,
+    ApprovalDecided, InputRound, McpTaskStatus, PinsChanged, PolicyDenial, SamplingDone, ToolCall,
+    ToolCallEnd, ToolObserver,
 };
 use crate::defaults;
 
@@ -87,6 +87,7 @@ enum Message {
     Pins(Box<PinsChanged>),
     Input(Box<InputRound>),
     TaskStatus(Box<McpTaskStatus>),
+    Sampling(Box<SamplingDone>),
     /// Write out everything before this, then answer.
     Flush(SyncSender<()>),
 }
@@ -145,6 +146,15 @@ struct TaskStatusLine<'a> {
     time: SystemTime,
     #[serde(flatten)]
     status: &'a McpTaskStatus,
+}
+
+#[derive(Serialize)]
+struct SamplingLine<'a> {
+    event: &'static str,
+    #[serde(serialize_with = "super::event::unix_seconds")]
+    time: SystemTime,
+    #[serde(flatten)]
+    sampling: &'a SamplingDone,
 }
 
 #[derive(Serialize)]
@@ -322,6 +332,10 @@ impl ToolObserver for AuditLog {
     fn mcp_task_status(&self, status: &McpTaskStatus) {
         self.offer(Message::TaskStatus(Box::new(status.clone())));
     }
+
+    fn sampling(&self, event: &SamplingDone) {
+        self.offer(Message::Sampling(Box::new(event.clone())));
+    }
 }
 
 /// The log's sizes; tests make them small.
@@ -406,6 +420,11 @@ impl<W: Write> Writer<W> {
                     event: "mcp_task_status",
                     time: status.at,
                     status: &status,
+                }),
+                Message::Sampling(sampling) => self.event(&SamplingLine {
+                    event: "sampling",
+                    time: sampling.at,
+                    sampling: &sampling,
                 }),
                 Message::Flush(done) => {
                     self.report_dropped();

@@ -326,6 +326,55 @@ pub struct InputRound {
     pub at: SystemTime,
 }
 
+/// A server's sampling request during one of a task's requests, and what became of it:
+/// the model that answered and the tokens it used, or why it was refused. It holds no
+/// prompt or answer text.
+#[derive(Clone, Debug, Serialize)]
+pub struct SamplingDone {
+    pub task_id: Arc<str>,
+    /// Set by the observers from the task's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub principal: Option<Arc<str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub client: Option<Arc<str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_fd: Option<i32>,
+    pub via: Via,
+    pub server_id: String,
+    /// The task's request it came with: `tools/call`, `prompts/get` or `resources/read`.
+    pub method: &'static str,
+    /// The tool, prompt or resource URI (cut).
+    pub name: String,
+    /// `input_required` (SEP-2322) or `request` (a 2025-era server's own request).
+    pub generation: &'static str,
+    /// `answered` or `refused`.
+    pub outcome: &'static str,
+    /// Why it was refused: `not_allowed` (the record does not allow sampling),
+    /// `max_tokens`, `max_requests`, `task_budget`, `too_large`, `unsupported` (content or
+    /// audio the backend does not take), `no_backend`, `timeout`, `llm_error`, `busy`
+    /// (another request of the connection owns it, or it came too often).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<&'static str>,
+    /// What the server was told, for a refusal.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The request's `maxTokens`.
+    pub max_tokens: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
+    pub duration_ms: u64,
+    #[serde(serialize_with = "unix_seconds")]
+    pub at: SystemTime,
+}
+
 /// One input request of a round and what became of it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct InputAnswered {
@@ -333,10 +382,11 @@ pub struct InputAnswered {
     pub key: String,
     /// `elicitation`, `sampling` or `roots`.
     pub kind: &'static str,
-    /// `accept`, `decline` or `cancel` (a question), `answered` (roots), `refused` (the
+    /// `accept`, `decline` or `cancel` (a question), `answered` (roots, sampling), `refused` (the
     /// request fails: nothing may answer it).
     pub outcome: &'static str,
-    /// Who answered: `approver`, `host` (a decline nobody else gave, the roots).
+    /// Who answered: `approver`, `host` (a decline nobody else gave, the roots, a
+    /// refusal), `model` (sampling; its [`SamplingDone`] event says more).
     pub by: &'static str,
 }
 

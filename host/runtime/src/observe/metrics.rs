@@ -181,7 +181,7 @@ impl Metrics {
         let budget_hits = Family::default();
         registry.register(
             "quiver_chat_budget_hits",
-            "Chat sends ended by a budget (max_iterations, max_total_tool_calls, max_tool_calls_per_turn, host_memory, max_tokens)",
+            "Chat sends ended by a budget (max_iterations, max_total_tool_calls, max_tool_calls_per_turn, host_memory, max_tokens), and servers' sampling requests refused by one (sampling_max_tokens, sampling_requests, sampling_tokens)",
             budget_hits.clone(),
         );
         let policy_denials = Family::default();

@@ -22,7 +22,7 @@ pub use audit::AuditLog;
 pub(crate) use event::unix_seconds;
 pub use event::{
     ApprovalDecided, ArgumentsSummary, InputAnswered, InputRound, McpTaskStatus, PinChange,
-    PinsChanged, PolicyDenial, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
+    PinsChanged, PolicyDenial, SamplingDone, ToolCall, ToolCallEnd, ToolKind, ToolOutcome, Via,
 };
 pub use metrics::Metrics;
 pub(crate) use metrics::{LiveStatus, ServerGauges};
@@ -45,6 +45,9 @@ pub trait ToolObserver: Send + Sync + 'static {
     fn input_round(&self, _round: &InputRound) {}
     /// A server's task running one of a task's tool calls changed its status or message.
     fn mcp_task_status(&self, _status: &McpTaskStatus) {}
+
+    /// A server's sampling request was answered by the task's model, or refused.
+    fn sampling(&self, _event: &SamplingDone) {}
 }
 
 /// The observers of one host, or of one task (then every event carries the task's
@@ -167,6 +170,17 @@ impl Observers {
         };
         for observer in self.all.iter() {
             observer.mcp_task_status(&stamped);
+        }
+    }
+
+    pub(crate) fn sampling(&self, event: &SamplingDone) {
+        let stamped = SamplingDone {
+            principal: self.principal.clone(),
+            client: self.client.clone(),
+            ..event.clone()
+        };
+        for observer in self.all.iter() {
+            observer.sampling(&stamped);
         }
     }
 

@@ -12,8 +12,8 @@ use super::env::{EnvLookup, check_refs};
 use super::launch::{Launch, resolve_launch};
 use super::load::{Problem, file_problem};
 use super::record::{
-    ApprovalPolicy, Budgets, HttpConfig, Lifecycle, ServerEntry, ServerRecord, StdioConfig,
-    Transport, is_valid_server_id,
+    ApprovalPolicy, Budgets, HttpConfig, Lifecycle, SamplingConfig, ServerEntry, ServerRecord,
+    StdioConfig, Transport, is_valid_server_id,
 };
 use super::rules::{RecordRules, RuleViolation};
 use super::store::DocFormat;
@@ -70,6 +70,8 @@ struct ServerFile {
     pins: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     pin_required: bool,
+    #[serde(default)]
+    sampling: SamplingConfig,
 }
 
 /// Parses and checks one file, then holds it to the operator's `rules` (before any
@@ -390,6 +392,7 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
         .map(Duration::from_millis),
     };
     check_pins(&file.pins)?;
+    check_sampling(&file.sampling)?;
     Ok(ServerRecord {
         display_name: file.display_name.unwrap_or_else(|| file.server_id.clone()),
         server_id: file.server_id,
@@ -410,7 +413,50 @@ fn check_record(file: ServerFile) -> Result<ServerRecord, FieldError> {
         audit_arguments: file.audit_arguments,
         pins: file.pins,
         pin_required: file.pin_required,
+        sampling: file.sampling,
     })
+}
+
+/// `[sampling]`: limits only beside `allow = true` (a limit on what is refused anyway is a
+/// mistake worth naming), positive, and names a host could hold.
+fn check_sampling(sampling: &SamplingConfig) -> Result<(), FieldError> {
+    let set = [
+        ("sampling.backend", sampling.backend.is_some()),
+        ("sampling.model", sampling.model.is_some()),
+        ("sampling.max_tokens", sampling.max_tokens.is_some()),
+        ("sampling.max_requests", sampling.max_requests.is_some()),
+        ("sampling.timeout_ms", sampling.timeout_ms.is_some()),
+    ];
+    if !sampling.allow
+        && let Some((field, _)) = set.iter().find(|(_, set)| *set)
+    {
+        return Err(field_err(
+            *field,
+            "applies only with sampling.allow = true; set that to let the server use the task's model, or remove it",
+        ));
+    }
+    positive("sampling.max_tokens", sampling.max_tokens)?;
+    positive("sampling.max_requests", sampling.max_requests)?;
+    positive("sampling.timeout_ms", sampling.timeout_ms)?;
+    for (field, name) in [
+        ("sampling.backend", &sampling.backend),
+        ("sampling.model", &sampling.model),
+    ] {
+        if let Some(name) = name
+            && (name.trim().is_empty()
+                || name.len() > defaults::MAX_MODEL_NAME_BYTES
+                || name.chars().any(char::is_control))
+        {
+            return Err(field_err(
+                field,
+                format!(
+                    "must be 1 to {} bytes without control characters; omit it for the host's default",
+                    defaults::MAX_MODEL_NAME_BYTES
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// `pins`: at most [`defaults::MAX_TOOL_PINS`] entries, each a tool name an MCP server may

@@ -47,8 +47,8 @@ pub use load::{Problem, RegistryDirError, Severity};
 pub use pin::{PIN_ALGORITHM, is_valid_pin, tool_digest, with_pins};
 pub use profile::Profile;
 pub use record::{
-    ApprovalPolicy, Budgets, BudgetsView, HttpConfig, Lifecycle, ServerEntry, ServerRecord,
-    ServerView, StdioConfig, Transport, is_valid_server_id,
+    ApprovalPolicy, Budgets, BudgetsView, HttpConfig, Lifecycle, SamplingConfig, ServerEntry,
+    ServerRecord, ServerView, StdioConfig, Transport, is_valid_server_id,
 };
 pub use rules::{RecordRules, RuleViolation, Unrestricted};
 pub use secrets::{REDACTED, Secrets, redact_known};

@@ -94,6 +94,36 @@ pub struct HttpConfig {
     pub auth_ref: Option<String>,
 }
 
+/// `[sampling]` of a record: whether the server may have the task's model complete its
+/// `sampling/createMessage` requests, and within what. Absent (or `allow = false`), every
+/// sampling request of the server is refused: deny by default.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct SamplingConfig {
+    /// Let the server's sampling requests reach the task's model.
+    #[serde(default)]
+    pub allow: bool,
+    /// The host backend (`[backends.NAME]`) that answers; absent: the host's default one.
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// The model asked for; absent: the backend's `default_model`. The server's
+    /// `modelPreferences` are hints only and never choose another.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// Largest `maxTokens` a request may ask for; a larger one is refused
+    /// ([`defaults::SAMPLING_MAX_TOKENS`](crate::defaults::SAMPLING_MAX_TOKENS)).
+    #[serde(default)]
+    pub max_tokens: Option<u32>,
+    /// Sampling requests one task answers for this server
+    /// ([`defaults::SAMPLING_MAX_REQUESTS`](crate::defaults::SAMPLING_MAX_REQUESTS)).
+    #[serde(default)]
+    pub max_requests: Option<u32>,
+    /// Longest one request to the model may take (the backend's `request_timeout_ms`
+    /// otherwise); never past the task's deadline.
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+}
+
 /// Per-server budgets with the [`defaults`](crate::defaults) filled in; never zero.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budgets {
@@ -149,6 +179,8 @@ pub struct ServerRecord {
     /// Refuse every tool without a pin (otherwise unpinned tools behave as if there were
     /// no pins at all).
     pub pin_required: bool,
+    /// Whether and how the server's sampling requests are answered (default: refused).
+    pub sampling: SamplingConfig,
 }
 
 impl ServerRecord {
@@ -189,6 +221,7 @@ impl ServerRecord {
             audit_arguments: false,
             pins: BTreeMap::new(),
             pin_required: false,
+            sampling: SamplingConfig::default(),
         }
     }
 }

@@ -116,6 +116,12 @@ impl Backend {
         matches!(&self.kind, BackendImpl::OpenAi(backend) if backend.takes_rich_results())
     }
 
+    /// Whether user messages may carry OpenAI `input_audio` parts: only the chat
+    /// completions wire takes them (the translations would turn them into notes).
+    pub fn takes_audio(&self) -> bool {
+        matches!(&self.kind, BackendImpl::OpenAi(backend) if !backend.takes_rich_results())
+    }
+
     /// The backend's request timeout (a session's `timeout_ms` overrides it).
     pub fn timeout(&self) -> Duration {
         self.timeout

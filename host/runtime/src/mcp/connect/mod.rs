@@ -26,9 +26,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+#[allow(deprecated)] // sampling (SEP-2577), which 2025-era servers still use
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, ClientJsonRpcMessage, ElicitRequestParams, ElicitResult,
-    ElicitationAction, ElicitationCapability, FormElicitationCapability, ProtocolVersion,
+    ClientCapabilities, ClientConfig, ClientJsonRpcMessage, CreateMessageRequestParams,
+    CreateMessageResult, ElicitRequestParams, ElicitResult, ElicitationAction,
+    ElicitationCapability, FormElicitationCapability, ProtocolVersion, SamplingCapability,
     ServerJsonRpcMessage,
 };
 use rmcp::service::{
@@ -47,6 +49,7 @@ use super::error::{McpError, McpErrorCode, error_chain};
 use super::http::{AuthRefusal, CommonStream, SseConnectError};
 use super::input::InFlight;
 use super::outbound::{ClientBuildError, OutboundClient};
+use super::sampling::{Generation, busy, to_error_data};
 use super::tool_headers::LeftOut;
 use crate::defaults;
 use crate::registry::{Launch, Lifecycle, ServerEntry, Transport as Wire};
@@ -71,6 +74,8 @@ pub(super) struct ClientEvents {
     in_flight: Arc<InFlight>,
     /// One question at a time: a server's flood of them is declined, not queued.
     asking: Arc<tokio::sync::Semaphore>,
+    /// The record lets the server sample, so the client says it can.
+    sampling: bool,
 }
 
 impl ClientHandler for ClientEvents {
@@ -100,6 +105,45 @@ impl ClientHandler for ClientEvents {
             (result, _) = sole.asker.elicit(sole.asked(), request) => Ok(result),
             () = context.ct.cancelled() => decline(),
             () = sole.ended.cancelled() => decline(),
+        }
+    }
+
+    /// A 2025-protocol server's sampling request during a call: answered for the task
+    /// whose call it must be, as an `input_required` round's would be; refused (a JSON-RPC
+    /// error the server may handle) when its record does not allow it, over a budget, or
+    /// when no single task's request owns it.
+    #[allow(deprecated)] // sampling (SEP-2577), which 2025-era servers still use
+    async fn create_message(
+        &self,
+        params: CreateMessageRequestParams,
+        context: RequestContext<RoleClient>,
+    ) -> Result<CreateMessageResult, rmcp::ErrorData> {
+        let Some(sole) = self.in_flight.sole() else {
+            tracing::info!(server_id = %self.server_id, "refused a sampling request that no single task's request can own");
+            return Err(to_error_data(&busy(
+                "no single request of a task is in flight on this connection",
+            )));
+        };
+        let asked = sole.asked();
+        let max_tokens = params.max_tokens;
+        let refuse = |why: &str| {
+            let refused = busy(why);
+            sole.asker
+                .report_refused(asked, Generation::Request, &refused, max_tokens);
+            Err(to_error_data(&refused))
+        };
+        let Ok(_one) = self.asking.try_acquire() else {
+            return refuse("another question or sampling request of this server is waiting");
+        };
+        if !sole.may_ask() {
+            return refuse("the server asked too often during this request");
+        }
+        tokio::select! {
+            sampled = sole.asker.sample(asked, Generation::Request, params) => {
+                sampled.map_err(|refused| to_error_data(&refused))
+            }
+            () = context.ct.cancelled() => Err(to_error_data(&busy("the server cancelled it"))),
+            () = sole.ended.cancelled() => Err(to_error_data(&busy("the request it came with has ended"))),
         }
     }
 
@@ -137,6 +181,12 @@ impl ClientHandler for ClientEvents {
             .into_iter()
             .collect(),
         );
+        if self.sampling {
+            // Tools in sampling (SEP-1577) are passed to the model as its tools.
+            let mut sampling = SamplingCapability::default();
+            sampling.tools = Some(Default::default());
+            capabilities.sampling = Some(sampling);
+        }
         config.capabilities = capabilities;
         config
     }
@@ -438,6 +488,7 @@ impl Connector {
                 .unwrap_or(ProtocolVersion::LATEST_WITH_INITIALIZE),
             in_flight: in_flight.clone(),
             asking: Arc::new(tokio::sync::Semaphore::new(1)),
+            sampling: entry.record.sampling.allow,
         };
         // A connection outlives the task that happened to open it: detach it from the
         // caller's span so its logs are not filed under that task.
