@@ -98,5 +98,5 @@ pub use observe::{
 pub use policy::{Layer, Pattern, PolicyReport, PrincipalConfig, Reason};
 pub use quiver_abi::Errno;
 pub use sandbox::SandboxSetupError;
-pub use task::{GuestLogs, Preopen, TaskError, TaskSpec};
+pub use task::{GuestLogs, Preopen, TaskError, TaskRoot, TaskSpec};
 pub use trace::TraceContext;

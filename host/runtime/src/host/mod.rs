@@ -539,6 +539,8 @@ impl Host {
                 .for_principal(task.principal.as_deref(), task.client.as_deref()),
             approvals: self.inner.approvals.clone(),
             in_flight: Default::default(),
+            guest_callbacks: self.inner.guest_tool_stacks.clone(),
+            roots: task.roots.clone().into(),
             _subject: task.subject_token.clone().map(|token| {
                 self.inner
                     .pool

@@ -14,6 +14,7 @@ mod capped;
 mod connect;
 mod egress;
 mod error;
+mod guest_answers;
 mod hostcalls;
 mod http;
 mod in_flight;

@@ -336,7 +336,8 @@ pub struct InputAnswered {
     /// `accept`, `decline` or `cancel` (a question), `answered` (roots), `refused` (the
     /// request fails: nothing may answer it).
     pub outcome: &'static str,
-    /// Who answered: `approver`, `host` (a decline nobody else gave, the roots).
+    /// Who answered: `guest` (its `mcp_elicit_fn` callback), `approver`, `host` (a decline
+    /// nobody else gave, the roots).
     pub by: &'static str,
 }
 

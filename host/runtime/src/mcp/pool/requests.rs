@@ -21,7 +21,7 @@ use super::slot::{CachedTools, ServerSlot};
 use super::{Connection, McpPool};
 use crate::defaults;
 use crate::mcp::capped::encode_answer;
-use crate::mcp::input::{Asked, Asker, Round, rounds};
+use crate::mcp::input::{Asked, Asker, Asking, Round, rounds, timeout_besides_questions};
 use crate::mcp::spans;
 use crate::mcp::{CallToolResult, McpError, McpErrorCode, Tool};
 use crate::registry::{Launch, ServerEntry};
@@ -219,6 +219,7 @@ impl McpPool {
         spans::propagate(&span, &mut params);
         spans::record_peer(&span, conn.service.peer_info().as_deref());
         let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
+        let asking = Arc::<Asking>::default();
         let call = async {
             let _permit = slot.permits.acquire().await.map_err(|_| {
                 McpError::new(
@@ -230,7 +231,9 @@ impl McpPool {
             let _host_permit = self.call_permit().await?;
             // In flight once it holds its permits: calls still queued for them are not
             // on the wire, so they do not make a question's owner ambiguous.
-            let _asking = conn.in_flight.enter(asker, entry, "tools/call", name);
+            let _asking = conn
+                .in_flight
+                .enter(asker, entry, ("tools/call", name), &asking);
             phase.set(CallPhase::ON_WIRE);
             let sent = Instant::now();
             let result = conn
@@ -240,7 +243,7 @@ impl McpPool {
                 .map_err(|e| service_failed(server_id, name, e, &phase))?;
             Ok((result, sent.elapsed()))
         };
-        let outcome = match tokio::time::timeout(timeout, call)
+        let outcome = match timeout_besides_questions(timeout, &asking, call)
             .instrument(span.clone())
             .await
         {
@@ -300,7 +303,7 @@ impl McpPool {
             entry,
             principal,
             "resources/list",
-            |conn, phase| async move {
+            |conn, phase, _| async move {
                 let _listing = conn.in_flight.enter_unowned();
                 list_pages(server_id, "resources/list", cap, &phase, |cursor| {
                     let conn = conn.clone();
@@ -325,7 +328,7 @@ impl McpPool {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_list_bytes;
         let what = "resources/templates/list";
-        self.request(entry, principal, what, |conn, phase| async move {
+        self.request(entry, principal, what, |conn, phase, _| async move {
             let _listing = conn.in_flight.enter_unowned();
             list_pages(server_id, what, cap, &phase, |cursor| {
                 let conn = conn.clone();
@@ -362,21 +365,26 @@ impl McpPool {
             let mut params = ReadResourceRequestParams::new(uri);
             params.input_responses = responses;
             params.request_state = state;
-            self.request(entry, principal, what, move |conn, phase| async move {
-                let _asking = conn.in_flight.enter(asker, entry, what, uri);
-                conn.common_stream_ready().await;
-                match conn.service.read_resource_once(params).await {
-                    Ok(ReadResourceResponse::Complete(result)) => Ok(Round::Complete(result)),
-                    Ok(ReadResourceResponse::InputRequired(input)) => {
-                        Ok(Round::InputRequired(input))
+            self.request(
+                entry,
+                principal,
+                what,
+                move |conn, phase, asking| async move {
+                    let _asking = conn.in_flight.enter(asker, entry, (what, uri), &asking);
+                    conn.common_stream_ready().await;
+                    match conn.service.read_resource_once(params).await {
+                        Ok(ReadResourceResponse::Complete(result)) => Ok(Round::Complete(result)),
+                        Ok(ReadResourceResponse::InputRequired(input)) => {
+                            Ok(Round::InputRequired(input))
+                        }
+                        Ok(_) => Err(McpError::new(
+                            McpErrorCode::ToolExecFailed,
+                            format!("server `{server_id}` answered {what} with an unknown result"),
+                        )),
+                        Err(e) => Err(service_failed(server_id, what, e, &phase)),
                     }
-                    Ok(_) => Err(McpError::new(
-                        McpErrorCode::ToolExecFailed,
-                        format!("server `{server_id}` answered {what} with an unknown result"),
-                    )),
-                    Err(e) => Err(service_failed(server_id, what, e, &phase)),
-                }
-            })
+                },
+            )
         })
         .await?;
         encode_answer(&result, cap, &format!("resource `{uri}`"), server_id)
@@ -390,18 +398,23 @@ impl McpPool {
     ) -> Result<Vec<Prompt>, McpError> {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_list_bytes;
-        self.request(entry, principal, "prompts/list", |conn, phase| async move {
-            let _listing = conn.in_flight.enter_unowned();
-            list_pages(server_id, "prompts/list", cap, &phase, |cursor| {
-                let conn = conn.clone();
-                async move {
-                    let params = PaginatedRequestParams::default().with_cursor(cursor);
-                    let page = conn.service.list_prompts(Some(params)).await?;
-                    Ok((page.prompts, page.next_cursor))
-                }
-            })
-            .await
-        })
+        self.request(
+            entry,
+            principal,
+            "prompts/list",
+            |conn, phase, _| async move {
+                let _listing = conn.in_flight.enter_unowned();
+                list_pages(server_id, "prompts/list", cap, &phase, |cursor| {
+                    let conn = conn.clone();
+                    async move {
+                        let params = PaginatedRequestParams::default().with_cursor(cursor);
+                        let page = conn.service.list_prompts(Some(params)).await?;
+                        Ok((page.prompts, page.next_cursor))
+                    }
+                })
+                .await
+            },
+        )
         .await
     }
 
@@ -430,19 +443,26 @@ impl McpPool {
             let mut params = params.clone();
             params.input_responses = responses;
             params.request_state = state;
-            self.request(entry, principal, what, move |conn, phase| async move {
-                let _asking = conn.in_flight.enter(asker, entry, what, name);
-                conn.common_stream_ready().await;
-                match conn.service.get_prompt_once(params).await {
-                    Ok(GetPromptResponse::Complete(result)) => Ok(Round::Complete(result)),
-                    Ok(GetPromptResponse::InputRequired(input)) => Ok(Round::InputRequired(input)),
-                    Ok(_) => Err(McpError::new(
-                        McpErrorCode::ToolExecFailed,
-                        format!("server `{server_id}` answered {what} with an unknown result"),
-                    )),
-                    Err(e) => Err(service_failed(server_id, what, e, &phase)),
-                }
-            })
+            self.request(
+                entry,
+                principal,
+                what,
+                move |conn, phase, asking| async move {
+                    let _asking = conn.in_flight.enter(asker, entry, (what, name), &asking);
+                    conn.common_stream_ready().await;
+                    match conn.service.get_prompt_once(params).await {
+                        Ok(GetPromptResponse::Complete(result)) => Ok(Round::Complete(result)),
+                        Ok(GetPromptResponse::InputRequired(input)) => {
+                            Ok(Round::InputRequired(input))
+                        }
+                        Ok(_) => Err(McpError::new(
+                            McpErrorCode::ToolExecFailed,
+                            format!("server `{server_id}` answered {what} with an unknown result"),
+                        )),
+                        Err(e) => Err(service_failed(server_id, what, e, &phase)),
+                    }
+                },
+            )
         })
         .await?;
         encode_answer(&result, cap, &format!("prompt `{name}`"), server_id)
@@ -459,7 +479,7 @@ impl McpPool {
         request: F,
     ) -> Result<T, McpError>
     where
-        F: FnOnce(Arc<Connection>, Arc<CallPhase>) -> Fut,
+        F: FnOnce(Arc<Connection>, Arc<CallPhase>, Arc<Asking>) -> Fut,
         Fut: Future<Output = Result<T, McpError>> + 'a,
     {
         let in_flight = self.enter(entry, principal);
@@ -467,13 +487,14 @@ impl McpPool {
         let conn = self.connect(slot).await?;
         let timeout = entry.record.budgets.tool_timeout;
         let phase = Arc::new(CallPhase::new(CallPhase::WAITING_FOR_HOST));
+        let asking = Arc::<Asking>::default();
         let run = async {
             let _permit = self.call_permit().await?;
             phase.set(CallPhase::ON_WIRE);
-            request(conn.clone(), phase.clone()).await
+            request(conn.clone(), phase.clone(), asking.clone()).await
         };
         let span = spans::request(entry, what, None);
-        let result = match tokio::time::timeout(timeout, run)
+        let result = match timeout_besides_questions(timeout, &asking, run)
             .instrument(span.clone())
             .await
         {
