@@ -13,7 +13,9 @@ use quiver::{
     ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver, ElicitationAnswer,
     ElicitationFuture, ElicitationRequest, Host, InputRound, TaskOutcome, ToolObserver,
 };
-use quiver_tests::{RegistryDir, example_guest, host_builder, init_logging, mcp_task, run};
+use quiver_tests::{
+    RegistryDir, example_guest, fixture_toml_with_args, host_builder, init_logging, mcp_task, run,
+};
 use serde_json::json;
 
 /// An approver that would accept with another name, so a test sees who answered.
@@ -30,7 +32,9 @@ impl Approver for Approver2 {
     fn elicit(&self, _request: ElicitationRequest) -> ElicitationFuture<'_> {
         *self.asked.lock().unwrap() += 1;
         let content = json!({"name": "Approver"}).as_object().unwrap().clone();
-        Box::pin(std::future::ready(Some(ElicitationAnswer::Accept { content })))
+        Box::pin(std::future::ready(Some(ElicitationAnswer::Accept {
+            content,
+        })))
     }
 }
 
@@ -50,18 +54,26 @@ struct Setup {
     _registry: RegistryDir,
 }
 
-/// The fixture server as `asks` (2026-07-28) and `old` (2025-06-18 only), each with an
+/// The fixture server as `asks` (2026-07-28) and `old` (2025-11-25 only), each with an
 /// approval timeout of 1 s.
 fn setup() -> Setup {
     init_logging();
     let registry = RegistryDir::new();
-    registry.fixture_with_args("asks", &["*"], &["--ask-tools"], "approval_timeout_ms = 1000\n");
-    registry.fixture_with_args(
-        "old",
-        &["*"],
-        &["--ask-tools", "--protocol-version", "2025-06-18"],
-        "approval_timeout_ms = 1000\n",
-    );
+    for (server, args) in [
+        ("asks", &["--ask-tools"][..]),
+        (
+            "old",
+            &["--ask-tools", "--protocol-version", "2025-11-25"][..],
+        ),
+    ] {
+        registry.write(
+            &format!("{server}.toml"),
+            &format!(
+                "approval_timeout_ms = 1000\n{}",
+                fixture_toml_with_args(server, &["*"], args, "")
+            ),
+        );
+    }
     let approver = Arc::new(Approver2::default());
     let rounds = Arc::new(Rounds::default());
     let host = host_builder(&registry)
@@ -112,9 +124,16 @@ async fn the_guest_answers_both_generations_questions_before_the_approver() {
             r#"accept {"name":"Ada","greeting":"hello"}"#,
             "{server}: the guest's answer with the form's default filled in"
         );
-        assert_eq!(setup.answered(server, tool, "decline").await, "decline null");
+        assert_eq!(
+            setup.answered(server, tool, "decline").await,
+            "decline null"
+        );
     }
-    assert_eq!(setup.approver_asked(), 0, "the guest answered every question");
+    assert_eq!(
+        setup.approver_asked(),
+        0,
+        "the guest answered every question"
+    );
     let rounds = setup.rounds.0.lock().unwrap().clone();
     assert!(!rounds.is_empty());
     assert!(

@@ -34,7 +34,10 @@ async fn questions_are_listed_with_their_form_and_answered_over_http() {
     let mut servers = Vec::new();
     for (args, tool) in [
         (&["--ask-tools"][..], "ask_name"),
-        (&["--ask-tools", "--protocol-version", "2025-06-18"][..], "ask_name_2025"),
+        (
+            &["--ask-tools", "--protocol-version", "2025-11-25"][..],
+            "ask_name_2025",
+        ),
     ] {
         let server = unique_id("asks");
         registry.write(
@@ -70,7 +73,10 @@ async fn questions_are_listed_with_their_form_and_answered_over_http() {
             {
                 break listed.json;
             }
-            assert!(start.elapsed() < Duration::from_secs(60), "no question: {listed:?}");
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "no question: {listed:?}"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         let question = &listed["questions"][0];
@@ -85,9 +91,8 @@ async fn questions_are_listed_with_their_form_and_answered_over_http() {
             "{question}"
         );
         let id = question["id"].as_str().expect("id").to_owned();
-        let answer = |body: Value| {
-            Node::send(ops(Method::POST, &format!("/v1/approvals/{id}")).json(&body))
-        };
+        let answer =
+            |body: Value| Node::send(ops(Method::POST, &format!("/v1/approvals/{id}")).json(&body));
         // The submitter may not answer its own task's question.
         let own = Node::send(
             node.request(Method::POST, &format!("/v1/approvals/{id}"))
@@ -123,7 +128,11 @@ async fn questions_are_listed_with_their_form_and_answered_over_http() {
             "the form's default filled in: {done:?}"
         );
         let again = answer(json!({"action": "decline"})).await;
-        assert_eq!((again.status, again.code()), (409, "no_longer_waiting"), "{again:?}");
+        assert_eq!(
+            (again.status, again.code()),
+            (409, "no_longer_waiting"),
+            "{again:?}"
+        );
     }
     let empty = Node::send(ops(Method::GET, "/v1/approvals")).await;
     assert_eq!(empty.json, json!({"approvals": [], "questions": []}));

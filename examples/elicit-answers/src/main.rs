@@ -101,6 +101,10 @@ fn main() -> Result<()> {
         }
     }
     let result = mcp.call_tool(tool, json!({}))?;
-    println!("{}", result.text());
+    match result.text() {
+        // An error answer has no text: show it whole.
+        text if text.is_empty() => println!("{}", result.json()),
+        text => println!("{text}"),
+    }
     Ok(())
 }

@@ -615,7 +615,11 @@ async fn decide_approval(
             "expected a JSON object: {\"approve\": true|false, \"reason\": \"...\"}, or for a question {\"action\": \"accept\"|\"decline\"|\"cancel\", \"content\": {...}}",
         ));
     }
-    if queue.is_question(&id) {
+    // A question, or an answer's shape for an id no longer waiting (told apart below).
+    let answers = queue.is_question(&id)
+        || serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes)
+            .is_ok_and(|body| body.contains_key("action"));
+    if answers {
         let answer: quiver::ElicitationAnswer = parse_json(&bytes, "")?;
         let action = match &answer {
             quiver::ElicitationAnswer::Accept { .. } => "accept",
