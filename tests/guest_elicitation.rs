@@ -4,7 +4,8 @@
 //! call); the answer is checked against the form and its defaults filled in, the host's
 //! approver is not asked, and a guest that answers badly (garbage, too large, another
 //! question's id, a field of the wrong type, too late, or traps) has the question declined
-//! or its task ended.
+//! or its task ended. And a task's declared roots answer `roots/list` of both
+//! generations (none by default).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -181,5 +182,42 @@ async fn without_opting_in_the_approver_answers() {
         r#"accept {"name":"Approver","greeting":"hello"}"#
     );
     assert_eq!(setup.approver_asked(), 1);
+    setup.host.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_declared_roots_answer_roots_list_in_both_generations() {
+    let setup = setup();
+    let declared =
+        mcp_task("roots", &["asks", "old"]).with_root("file:///srv/project", Some("project"));
+    let plain = mcp_task("plain", &["asks", "old"]);
+    for (server, tool) in [("asks", "ask_roots"), ("old", "ask_roots_2025")] {
+        for (task, expected) in [
+            (
+                &declared,
+                r#"{"roots":[{"uri":"file:///srv/project","name":"project"}]}"#,
+            ),
+            (&plain, r#"{"roots":[]}"#),
+        ] {
+            let out = setup
+                .host
+                .call_tool(task, quiver::ToolCallRequest::new(server, tool))
+                .await
+                .unwrap();
+            assert_eq!(
+                out.result.content[0].as_text().unwrap().text,
+                expected,
+                "{server}, task {}",
+                task.task_id
+            );
+        }
+    }
+    let rounds = setup.rounds.0.lock().unwrap().clone();
+    assert!(
+        rounds
+            .iter()
+            .any(|r| r.server_id == "old" && r.inputs.iter().any(|i| i.kind == "roots")),
+        "a 2025-era roots/list is a round too: {rounds:?}"
+    );
     setup.host.shutdown().await;
 }

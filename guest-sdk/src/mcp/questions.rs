@@ -31,6 +31,7 @@ pub struct Question {
     pub id: String,
     /// The MCP session fd the request that brought it came through.
     pub fd: i32,
+    /// The server that asks.
     pub server_id: String,
     /// `tools/call`, `resources/read` or `prompts/get`.
     pub method: String,
@@ -49,7 +50,9 @@ pub struct Question {
 pub enum Answer {
     /// The fields filled in; the host adds the form's defaults for fields left out.
     Accept(Map<String, Value>),
+    /// The guest will not answer this one.
     Decline,
+    /// The guest stops the exchange.
     Cancel,
 }
 
