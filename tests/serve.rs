@@ -992,7 +992,7 @@ async fn approvals_are_listed_and_decided_over_http() {
         "{error}"
     );
     let empty = Node::send(ops(Method::GET, "/v1/approvals")).await;
-    assert_eq!(empty.json, json!({"approvals": []}));
+    assert_eq!(empty.json, json!({"approvals": [], "questions": []}));
 
     // Each decision is an audit line naming the approver and the submitter; the task's
     // tool call and denial name the submitter.

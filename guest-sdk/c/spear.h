@@ -141,6 +141,7 @@ SPEAR_IMPORT("mcp_get_prompt") int32_t sp_mcp_get_prompt(int32_t fd, int32_t nam
 SPEAR_IMPORT("mcp_set_param") int32_t sp_mcp_set_param(int32_t fd, int32_t param_ptr, int32_t param_len);
 SPEAR_IMPORT("mcp_call_start") int32_t sp_mcp_call_start(int32_t fd, int32_t name_ptr, int32_t name_len, int32_t args_ptr, int32_t args_len);
 SPEAR_IMPORT("mcp_call_recv") int32_t sp_mcp_call_recv(int32_t call_fd, int32_t out_ptr, int32_t out_len_ptr);
+SPEAR_IMPORT("mcp_elicit_fn") int32_t sp_mcp_elicit_fn(int32_t fd, int32_t fn_offset, int32_t arena_ptr, int32_t arena_len);
 SPEAR_IMPORT("cchat_create") int32_t sp_cchat_create(void);
 SPEAR_IMPORT("cchat_write_msg") int32_t sp_cchat_write_msg(int32_t fd, int32_t role_ptr, int32_t role_len, int32_t content_ptr, int32_t content_len);
 SPEAR_IMPORT("cchat_write_fn") int32_t sp_cchat_write_fn(int32_t fd, int32_t fn_offset, int32_t fn_json_ptr, int32_t fn_json_len);
@@ -670,6 +671,25 @@ static inline int32_t sp_mcp_call_start_str(int32_t fd, const char *name, const 
 static inline uint8_t *sp_mcp_call_recv_alloc(int32_t call_fd, uint32_t *out_len, int32_t *rc) {
     struct sp__read r = {SP__READ_MCP_CALL_RECV, call_fd, NULL, 0, NULL, 0};
     return sp__read_alloc(&r, out_len, rc);
+}
+
+/* ---- Answering a server's questions (Quiver extension) ------------------------------ */
+
+/* The callback the host calls with a server's question (JSON, NUL-terminated, at
+ * question_ptr) during a blocking request on the session; it writes its answer
+ * {"id": <the question's>, "action": "accept"|"decline"|"cancel", "content": {...}} at
+ * out_ptr (capacity at *out_len_ptr), stores its length there and returns it, or returns
+ * -errno to decline. See docs/abi.md, mcp_elicit_fn. */
+typedef int32_t (*sp_elicit_fn)(int32_t question_ptr, int32_t question_len, int32_t out_ptr,
+                                 int32_t out_len_ptr);
+
+/* Answers the questions of session fd's blocking requests with fn, lending the host arena
+ * (at least 4096 bytes; 192 KiB holds any question and answer) for good. fn NULL with
+ * arena_len 0 opts out again. */
+static inline int32_t sp_mcp_answer_questions(int32_t fd, sp_elicit_fn fn, void *arena,
+                                              uint32_t arena_len) {
+    int32_t offset = fn ? (int32_t)(uintptr_t)fn : -1;
+    return sp_mcp_elicit_fn(fd, offset, sp__ptr(arena), (int32_t)arena_len);
 }
 
 /* ---- fds and epoll (SPEAR's helpers) ----------------------------------------------- */

@@ -15,8 +15,10 @@ use crate::buffer::{INITIAL_CAPACITY, addr, arg, call_json, call_with_buffer, ch
 use crate::rt::InFlight;
 use crate::{Errno, Error, Result, lenient, sys};
 
+mod questions;
 mod types;
 
+pub use questions::{Answer, Answerer, QUESTION_ARENA_BYTES, Question};
 pub use types::{
     Content, EmbeddedResource, HostError, HostErrorCode, McpTool, MediaContent, ResourceContents,
     ResourceLink, TextContent, ToolList,
@@ -293,6 +295,7 @@ impl Mcp {
     /// Closes the session, reporting the host's error if there is one.
     pub fn close(mut self) -> Result<()> {
         let fd = std::mem::replace(&mut self.fd, -1);
+        questions::forget(fd);
         // SAFETY: no pointer arguments.
         let ret = unsafe { sys::mcp_close(fd) };
         check(|| format!("mcp_close({:?})", self.server_id), ret).map(drop)
@@ -334,6 +337,7 @@ impl Drop for PendingCall {
 impl Drop for Mcp {
     fn drop(&mut self) {
         if self.fd >= 0 {
+            questions::forget(self.fd);
             // SAFETY: no pointer arguments. Errors cannot be reported from `drop`.
             unsafe { sys::mcp_close(self.fd) };
         }

@@ -350,6 +350,7 @@ macro_rules! spear_imports {
             fn mcp_set_param(fd, param_ptr, param_len) -> i32;
             fn mcp_call_start(fd, name_ptr, name_len, args_ptr, args_len) -> i32;
             fn mcp_call_recv(call_fd, out_ptr, out_len_ptr) -> i32;
+            fn mcp_elicit_fn(fd, fn_offset, arena_ptr, arena_len) -> i32;
             fn cchat_create() -> i32;
             fn cchat_write_msg(fd, role_ptr, role_len, content_ptr, content_len) -> i32;
             fn cchat_write_fn(fd, fn_offset, fn_json_ptr, fn_json_len) -> i32;

@@ -572,14 +572,18 @@ fn approval_queue(state: &NodeState) -> Result<&ApprovalQueue, ApiError> {
     })
 }
 
-/// `GET /v1/approvals`: the tool calls waiting for a decision, oldest first.
+/// `GET /v1/approvals`: the tool calls waiting for a decision and the servers' questions
+/// waiting for an answer (each with its form), oldest first.
 async fn list_approvals(State(state): State<Arc<NodeState>>) -> Result<Response, ApiError> {
-    let pending = approval_queue(&state)?.pending();
-    Ok(axum::Json(json!({"approvals": pending})).into_response())
+    let queue = approval_queue(&state)?;
+    let (pending, questions) = (queue.pending(), queue.pending_questions());
+    Ok(axum::Json(json!({"approvals": pending, "questions": questions})).into_response())
 }
 
 /// `POST /v1/approvals/{id}` with `{"approve": bool, "reason": "..."}`: decides a waiting
-/// call. Taken while draining too: running tasks may wait on it.
+/// call; for a server's question, `{"action": "accept", "content": {...}}` (or `decline`,
+/// `cancel`) answers it, the content checked against its form. Taken while draining too:
+/// running tasks may wait on it.
 async fn decide_approval(
     State(state): State<Arc<NodeState>>,
     Extension(caller): Extension<Caller>,
@@ -609,8 +613,23 @@ async fn decide_approval(
     if bytes.trim_ascii_start().first() != Some(&b'{') {
         return Err(ApiError::bad(
             "body",
-            "expected a JSON object: {\"approve\": true|false, \"reason\": \"...\"}",
+            "expected a JSON object: {\"approve\": true|false, \"reason\": \"...\"}, or for a question {\"action\": \"accept\"|\"decline\"|\"cancel\", \"content\": {...}}",
         ));
+    }
+    // A question, or an answer's shape for an id no longer waiting (told apart below).
+    let answers = queue.is_question(&id)
+        || serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes)
+            .is_ok_and(|body| body.contains_key("action"));
+    if answers {
+        let answer: quiver::ElicitationAnswer = parse_json(&bytes, "")?;
+        let action = match &answer {
+            quiver::ElicitationAnswer::Accept { .. } => "accept",
+            quiver::ElicitationAnswer::Decline => "decline",
+            quiver::ElicitationAnswer::Cancel => "cancel",
+        };
+        queue.answer(&id, answer)?;
+        tracing::info!(question = %id, action, client = caller.name(), "server's question answered");
+        return Ok(axum::Json(json!({"id": id, "action": action})).into_response());
     }
     let decision: ApprovalDecision = parse_json(&bytes, "")?;
     let approved = decision.approve;

@@ -149,6 +149,14 @@ impl From<ApprovalError> for ApiError {
         let (status, code) = match error {
             ApprovalError::NotPending { .. } => (StatusCode::NOT_FOUND, "not_found"),
             ApprovalError::NoLongerWaiting { .. } => (StatusCode::CONFLICT, "no_longer_waiting"),
+            ApprovalError::Unfit { .. } => {
+                return Self::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_answer",
+                    error.to_string(),
+                )
+                .with_field("body");
+            }
         };
         Self::new(status, code, error.to_string()).with_field("id")
     }

@@ -735,6 +735,23 @@ pub const MAX_ELICITATION_MESSAGE_BYTES: usize = 4 * 1024;
 /// declined instead.
 pub const MAX_ELICITATION_ANSWER_BYTES: usize = 64 * 1024;
 
+/// Largest answer a guest's elicitation callback may write (`mcp_elicit_fn`): the content
+/// cap plus room for its `id` and `action`; a larger one is declined.
+pub const MAX_GUEST_ELICIT_ANSWER_BYTES: u32 = MAX_ELICITATION_ANSWER_BYTES as u32 + 1024;
+
+/// Roots one task may declare to its MCP servers (`roots`); a server needs a few.
+pub const MAX_TASK_ROOTS: usize = 16;
+
+/// Longest root URI a task may declare, in bytes.
+pub const MAX_ROOT_URI_BYTES: usize = 1024;
+
+/// Longest root name a task may declare, in bytes.
+pub const MAX_ROOT_NAME_BYTES: usize = 256;
+
+/// Smallest arena `mcp_elicit_fn` takes: room for a small question and its answer. A
+/// question that does not fit the guest's arena is declined.
+pub const MIN_ELICIT_ARENA_BYTES: u32 = 4096;
+
 /// Longest a request on a 2025-era Streamable HTTP session waits for the session's
 /// standalone GET stream to open (once per session): a server may send its questions
 /// during a call there, and a question sent before the stream is open is lost.

@@ -104,5 +104,5 @@ pub use stream::{
     AttachError, FrameError, SendError, StreamClient, UserStreams, data_frame as ssf_data_frame,
     frame_data as ssf_frame_data,
 };
-pub use task::{GuestLogs, Preopen, TaskError, TaskSpec};
+pub use task::{GuestLogs, Preopen, TaskError, TaskRoot, TaskSpec};
 pub use trace::TraceContext;

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::defaults;
@@ -71,6 +71,58 @@ pub struct Preopen {
     pub read_only: bool,
 }
 
+/// A root the task declares to the MCP servers it uses (MCP `roots/list`): information
+/// for the server about where the task works. It grants nothing: the guest's files are
+/// its `preopens`, and a server reaches what its own process or endpoint can.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct TaskRoot {
+    /// A `file://` URI, at most [`defaults::MAX_ROOT_URI_BYTES`] bytes.
+    pub uri: String,
+    /// A name for people, at most [`defaults::MAX_ROOT_NAME_BYTES`] bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl TaskRoot {
+    /// Why this root may not be declared, if it may not.
+    fn check(&self) -> Result<(), String> {
+        let uri = &self.uri;
+        if !uri.starts_with("file:///") && !uri.starts_with("file://localhost/") {
+            return Err(format!(
+                "`{}` is not a file:// URI of an absolute path (e.g. file:///home/me/project); roots are file URIs",
+                crate::text::printable(crate::text::cut(uri, 64))
+            ));
+        }
+        if uri.len() > defaults::MAX_ROOT_URI_BYTES {
+            return Err(format!(
+                "the URI is {} bytes; at most {} are allowed",
+                uri.len(),
+                defaults::MAX_ROOT_URI_BYTES
+            ));
+        }
+        if uri.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(
+                "the URI must not hold whitespace or control characters; percent-encode them"
+                    .into(),
+            );
+        }
+        if let Some(name) = &self.name {
+            if name.len() > defaults::MAX_ROOT_NAME_BYTES {
+                return Err(format!(
+                    "the name is {} bytes; at most {} are allowed",
+                    name.len(),
+                    defaults::MAX_ROOT_NAME_BYTES
+                ));
+            }
+            if name.chars().any(char::is_control) {
+                return Err("the name must not hold control characters".into());
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Per-task limits; absent fields take the [`defaults`].
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -102,6 +154,10 @@ pub struct TaskSpec {
     pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub preopens: Vec<Preopen>,
+    /// The roots the task declares to its MCP servers (`roots/list`); none by default.
+    /// At most [`defaults::MAX_TASK_ROOTS`]. Information only: they widen nothing.
+    #[serde(default)]
+    pub roots: Vec<TaskRoot>,
     #[serde(default)]
     pub limits: Limits,
     /// Export to call instead of `_start`.
@@ -181,6 +237,7 @@ impl TaskSpec {
             args: Vec::new(),
             env: BTreeMap::new(),
             preopens: Vec::new(),
+            roots: Vec::new(),
             limits: Limits::default(),
             entry: None,
             inherit_stdin: false,
@@ -284,6 +341,22 @@ impl TaskSpec {
                 check_principal(name).map_err(|message| TaskError::Field { field, message })?;
             }
         }
+        if self.roots.len() > defaults::MAX_TASK_ROOTS {
+            return Err(TaskError::Field {
+                field: "roots",
+                message: format!(
+                    "declares {} roots; at most {} are allowed",
+                    self.roots.len(),
+                    defaults::MAX_TASK_ROOTS
+                ),
+            });
+        }
+        for root in &self.roots {
+            root.check().map_err(|message| TaskError::Field {
+                field: "roots",
+                message,
+            })?;
+        }
         self.mcp_config()?;
         Ok(())
     }
@@ -301,6 +374,16 @@ impl TaskSpec {
         S: Into<String>,
     {
         self.args = args.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Declares `root` to the task's MCP servers (checked by [`validate`](Self::validate)).
+    #[must_use]
+    pub fn with_root(mut self, uri: impl Into<String>, name: Option<&str>) -> Self {
+        self.roots.push(TaskRoot {
+            uri: uri.into(),
+            name: name.map(str::to_owned),
+        });
         self
     }
 
@@ -746,5 +829,43 @@ mod tests {
             let err = TaskSpec::from_json(&json(&bad)).unwrap_err();
             assert!(err.to_string().contains("task_id"), "{err}");
         }
+    }
+
+    #[test]
+    fn roots_are_file_uris_bounded_in_count_and_length() {
+        let spec = TaskSpec::from_json(
+            r#"{"task_id":"t","roots":[{"uri":"file:///srv/project","name":"project"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.roots[0].uri, "file:///srv/project");
+        assert!(TaskSpec::new("t").roots.is_empty(), "none by default");
+        let long = format!("file:///{}", "a".repeat(defaults::MAX_ROOT_URI_BYTES));
+        let many: Vec<String> = (0..=defaults::MAX_TASK_ROOTS)
+            .map(|i| format!(r#"{{"uri":"file:///r{i}"}}"#))
+            .collect();
+        for (roots, says) in [
+            (r#"[{"uri":"https://example.com/x"}]"#.to_owned(), "file://"),
+            (r#"[{"uri":"file://relative"}]"#.to_owned(), "file://"),
+            (r#"[{"uri":"file:///a b"}]"#.to_owned(), "whitespace"),
+            (r#"[{"uri":"file:///a\u0007"}]"#.to_owned(), "control"),
+            (format!(r#"[{{"uri":"{long}"}}]"#), "at most 1024"),
+            (format!("[{}]", many.join(",")), "at most 16"),
+            (
+                r#"[{"uri":"file:///a","name":"x\ny"}]"#.to_owned(),
+                "control",
+            ),
+        ] {
+            let err = TaskSpec::from_json(&format!(r#"{{"task_id":"t","roots":{roots}}}"#))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("roots") && err.contains(says),
+                "{roots}: {err}"
+            );
+        }
+        assert!(
+            TaskSpec::from_json(r#"{"task_id":"t","roots":[{"uri":"file:///a","x":1}]}"#).is_err(),
+            "unknown fields"
+        );
     }
 }

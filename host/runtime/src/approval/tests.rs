@@ -161,3 +161,75 @@ async fn one_task_holds_at_most_its_share_of_the_queue() {
     drop((held, other));
     assert!(queue.pending().is_empty());
 }
+
+fn question(id: &str) -> ElicitationRequest {
+    ElicitationRequest {
+        id: id.into(),
+        task_id: Arc::from("t1"),
+        principal: None,
+        client: None,
+        via: Via::McpCall,
+        server_id: "asks".into(),
+        method: "tools/call",
+        name: "ask_name".into(),
+        message: "Who are you?".into(),
+        requested_schema: serde_json::json!({"type": "object", "properties": {
+            "name": {"type": "string"}, "greeting": {"type": "string", "default": "hello"}},
+            "required": ["name"]}),
+        requested_at: SystemTime::now(),
+        expires_at: SystemTime::now() + Duration::from_secs(60),
+    }
+}
+
+#[tokio::test]
+async fn a_queue_holds_questions_and_checks_answers_against_the_form() {
+    let queue = ApprovalQueue::with_capacity(2);
+    let call = queue.ask(request("a"));
+    let asked = queue.elicit(question("q"));
+    assert_eq!(
+        queue.pending().len(),
+        1,
+        "calls and questions are listed apart"
+    );
+    assert_eq!(queue.pending_questions()[0].id, "q");
+    assert!(queue.is_question("q") && !queue.is_question("a"));
+    // Full: calls and questions count together.
+    assert_eq!(queue.elicit(question("r")).await, None);
+    // The wrong kind of answer, and an answer that does not fit, leave it waiting.
+    assert!(matches!(
+        queue.decide("q", ApprovalDecision::approve()),
+        Err(ApprovalError::Unfit { .. })
+    ));
+    let unfit = serde_json::json!({"name": 5}).as_object().unwrap().clone();
+    let error = queue
+        .answer("q", ElicitationAnswer::Accept { content: unfit })
+        .unwrap_err();
+    assert!(error.to_string().contains("field `name`"), "{error}");
+    assert!(matches!(
+        queue.answer("a", ElicitationAnswer::Decline),
+        Err(ApprovalError::Unfit { .. })
+    ));
+    let content = serde_json::json!({"name": "Ada"})
+        .as_object()
+        .unwrap()
+        .clone();
+    queue
+        .answer("q", ElicitationAnswer::Accept { content })
+        .unwrap();
+    assert_eq!(
+        asked.await,
+        Some(ElicitationAnswer::Accept {
+            content: serde_json::json!({"name": "Ada", "greeting": "hello"})
+                .as_object()
+                .unwrap()
+                .clone()
+        }),
+        "the form's defaults filled in"
+    );
+    assert!(queue.pending_questions().is_empty());
+    assert!(matches!(
+        queue.answer("q", ElicitationAnswer::Decline),
+        Err(ApprovalError::NoLongerWaiting { .. })
+    ));
+    drop(call);
+}

@@ -534,6 +534,8 @@ async fn run_tool_calls<G: GuestTools>(
         session_fd: Some(ctx.session_fd),
         via: Via::Chat,
         deadline: ctx.deadline,
+        // A guest's callback is called only from its own waiting hostcall.
+        to_guest: None,
     };
     let planned: Vec<Planned<'_>> = calls
         .iter()

@@ -149,6 +149,7 @@ impl Host {
             session_fd: None,
             via: Via::Library,
             deadline: Deadline::after(task.deadline()),
+            to_guest: None,
         };
         let grant = grant(&mcp, &origin, &server_id, &tool)?;
         let approval = call::check(&mcp, &origin, &grant, &tool)

@@ -552,6 +552,8 @@ impl Host {
                 self.inner.metrics.clone(),
                 task.sampling_max_tokens()?,
             )),
+            guest_callbacks: self.inner.guest_tool_stacks.clone(),
+            roots: task.roots.clone().into(),
             _subject: task.subject_token.clone().map(|token| {
                 self.inner
                     .pool

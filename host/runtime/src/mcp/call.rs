@@ -22,6 +22,7 @@ use rmcp::model::JsonObject;
 use serde_json::Value;
 use tracing::Instrument;
 
+use super::guest_answers::ToGuest;
 use super::input::Asker;
 use super::pool::ToolCallOutput;
 use super::session::McpTask;
@@ -46,6 +47,8 @@ pub(crate) struct Origin {
     pub(crate) session_fd: Option<i32>,
     pub(crate) via: Via,
     pub(crate) deadline: Deadline,
+    /// Where the server's questions go when the guest answers them itself.
+    pub(crate) to_guest: Option<ToGuest>,
 }
 
 impl Origin {
@@ -59,6 +62,8 @@ impl Origin {
             session_fd: self.session_fd,
             via: self.via,
             deadline: self.deadline,
+            to_guest: self.to_guest.clone(),
+            roots: mcp.roots.clone(),
         }
     }
 

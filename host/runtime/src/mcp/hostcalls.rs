@@ -26,6 +26,7 @@ use tracing::{Instrument, Span};
 use wasmtime::{Caller, Linker};
 
 use super::call::{self, Ended, Origin};
+use super::guest_answers::{self, Answerer, FromServer, serving};
 use super::session::{McpSession, McpTask, McpView, Op, PendingKey};
 use super::{McpError, McpErrorCode, McpPool, Tool};
 use crate::defaults;
@@ -40,6 +41,7 @@ use crate::sandbox::{
 /// Registers the `mcp_*` imports.
 pub fn add_to_linker<T: McpView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
     super::in_flight::add_to_linker(linker)?;
+    guest_answers::add_to_linker(linker)?;
     linker.func_wrap(
         "spear",
         "mcp_open",
@@ -432,6 +434,7 @@ fn origin(task_id: &Arc<str>, fd: i32, deadline: Deadline) -> Origin {
         session_fd: Some(fd),
         via: Via::McpCall,
         deadline,
+        to_guest: None,
     }
 }
 
@@ -448,6 +451,8 @@ struct Request {
     key: PendingKey,
     out: OutBuf,
     approval: Approval,
+    /// The fd's guest answerer of the server's questions, if it opted in.
+    answerer: Option<Answerer>,
     _copies: Charge,
     /// The hostcall's span, for the wait on the server.
     span: Span,
@@ -525,6 +530,7 @@ fn begin<T: McpView>(
         op,
         out,
         approval,
+        answerer: session.answerer,
         _copies: copies,
         span: span.clone(),
     }))
@@ -556,6 +562,17 @@ fn report_denial(
 impl Request {
     fn name(&self) -> &str {
         &self.key.name
+    }
+
+    /// The request's origin, with the channel its questions take to the guest when the
+    /// fd's guest answers them; the hostcall serves the other end while it waits.
+    fn origin(&self) -> (Origin, Option<FromServer>) {
+        let (to_guest, from_server) = guest_answers::channel(self.answerer, self.fd);
+        let origin = Origin {
+            to_guest,
+            ..origin(&self.task_id, self.fd, self.deadline)
+        };
+        (origin, from_server)
     }
 
     /// Waits for `work` (the request to the server) in the hostcall's span, never past the
@@ -694,16 +711,16 @@ async fn read_resource<T: McpView>(
     caller: &mut Caller<'_, T>,
     request: Request,
 ) -> Result<i32, HostcallError> {
-    let asker = origin(&request.task_id, request.fd, request.deadline).asker(&request.mcp);
+    let (origin, from_server) = request.origin();
+    let asker = origin.asker(&request.mcp);
     let read = request.mcp.pool.read_resource(
         &request.grant.entry,
         request.mcp.principal(),
         request.name(),
         &asker,
     );
-    let bytes = request
-        .run(read)
-        .await?
+    let bytes = serving(caller, from_server, request.run(read))
+        .await??
         .unwrap_or_else(|error| request.failed(&error));
     request.deliver(caller, bytes)
 }
@@ -727,7 +744,8 @@ async fn get_prompt<T: McpView>(
         Ok(arguments) => arguments,
         Err(error) => return request.deliver(caller, encode(&error.to_json())),
     };
-    let asker = origin(&request.task_id, request.fd, request.deadline).asker(&request.mcp);
+    let (origin, from_server) = request.origin();
+    let asker = origin.asker(&request.mcp);
     let got = request.mcp.pool.get_prompt(
         &request.grant.entry,
         request.mcp.principal(),
@@ -735,9 +753,8 @@ async fn get_prompt<T: McpView>(
         arguments,
         &asker,
     );
-    let bytes = request
-        .run(got)
-        .await?
+    let bytes = serving(caller, from_server, request.run(got))
+        .await??
         .unwrap_or_else(|error| request.failed(&error));
     request.deliver(caller, bytes)
 }
@@ -755,7 +772,7 @@ async fn call_tool<T: McpView>(
         Ok(arguments) => arguments,
         Err(error) => return request.deliver(caller, encode(&error.to_json())),
     };
-    let origin = origin(&request.task_id, request.fd, request.deadline);
+    let (origin, from_server) = request.origin();
     let ran = call::run(
         &request.mcp,
         &origin,
@@ -765,7 +782,8 @@ async fn call_tool<T: McpView>(
         arguments,
         raw,
     );
-    let bytes = match ran.instrument(request.span.clone()).await.map_err(trap)? {
+    let ran = serving(caller, from_server, ran.instrument(request.span.clone()));
+    let bytes = match ran.await?.map_err(trap)? {
         Ended::Answered(output) => output.json,
         Ended::Failed { json, .. } => json,
         Ended::Refused(_) if request.deadline.remaining().is_zero() => {

@@ -154,6 +154,9 @@ fn start<T: McpView>(
         session_fd: Some(fd),
         via: Via::McpCall,
         deadline,
+        // Its questions go to the host's elicitor: the guest is not waiting in a hostcall
+        // that could call it back.
+        to_guest: None,
     };
     let approval = call::check(&mcp, &origin, &grant, name).map_err(|_| Errno::EACCES)?;
     let place = mcp.in_flight.place(&grant.entry)?;

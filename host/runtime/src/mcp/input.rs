@@ -11,11 +11,12 @@
 //! default its [approver](crate::approval)), within the server's `approval_timeout_ms` and
 //! the task's deadline, else it is declined; its form is checked and bounded before it is
 //! shown, and an accepted answer is checked against it, the form's defaults filled in for
-//! fields left out (SEP-1034), or it is declined. Roots are the task's own (none). Sampling
-//! is answered by the task's model when the server's record allows it
-//! ([`super::sampling`]); a refused one fails the request (`mcp_policy_denied` when policy
-//! refused it), since an `inputResponses` entry cannot carry an error. Each round, with what
-//! became of each input request, reaches the observers (and so the audit log).
+//! fields left out (SEP-1034), or it is declined. Roots are the task's declared ones
+//! (`TaskSpec::roots`, none by default; they widen nothing). Sampling is answered by the
+//! task's model when the server's record allows it ([`super::sampling`]); a refused one
+//! fails the request (`mcp_policy_denied` when policy refused it), since an
+//! `inputResponses` entry cannot carry an error. Each round, with what became of each input
+//! request, reaches the observers (and so the audit log).
 //!
 //! Rounds are bounded ([`defaults::MAX_INPUT_ROUNDS`]), as are the input requests of one
 //! round; each round is one request to the server with its own `tool_timeout_ms`, so time
@@ -35,6 +36,7 @@ use rmcp::model::{
 };
 use serde_json::{Map, Value};
 
+use super::guest_answers::{Question, ToGuest};
 use super::sampling::{self, Generation};
 use super::{McpError, McpErrorCode};
 use crate::approval::{Approvals, ElicitationAnswer, ElicitationRequest, next_id, timeout_of};
@@ -55,6 +57,11 @@ pub(crate) struct Asker {
     pub(crate) session_fd: Option<i32>,
     pub(crate) via: Via,
     pub(crate) deadline: Deadline,
+    /// The guest's own answerer, when it opted in on the fd (`mcp_elicit_fn`): asked
+    /// instead of the host's elicitor.
+    pub(crate) to_guest: Option<ToGuest>,
+    /// The task's declared roots, the answer to `roots/list`.
+    pub(crate) roots: Arc<[crate::TaskRoot]>,
 }
 
 /// What the server answered one round.
@@ -162,7 +169,7 @@ impl Asker {
                         outcome: "answered",
                         by: "host",
                     });
-                    responses.insert(key, serde_json::json!({"roots": []}));
+                    responses.insert(key, serde_json::json!({"roots": &*self.roots}));
                 }
                 InputRequest::CreateMessage(request) => {
                     let sampled = self
@@ -269,24 +276,49 @@ impl Asker {
             expires_at: requested_at.checked_add(timeout).unwrap_or(requested_at),
         };
         let until = tokio::time::Instant::now() + timeout;
-        match self.approvals.elicit(request, until).await {
+        let (answer, by) = match &self.to_guest {
+            Some(to_guest) => (ask_guest(to_guest, request, until).await, "guest"),
+            None => (self.approvals.elicit(request, until).await, "approver"),
+        };
+        match answer {
+            None if by == "guest" => {
+                tracing::info!(task_id = %self.task_id, server_id, "declined the server's question: the guest gave no answer in time");
+                (ElicitResult::new(ElicitationAction::Decline), by)
+            }
             None => decline("nobody answers servers' questions on this host"),
-            Some(ElicitationAnswer::Decline) => {
-                (ElicitResult::new(ElicitationAction::Decline), "approver")
-            }
-            Some(ElicitationAnswer::Cancel) => {
-                (ElicitResult::new(ElicitationAction::Cancel), "approver")
-            }
+            Some(ElicitationAnswer::Decline) => (ElicitResult::new(ElicitationAction::Decline), by),
+            Some(ElicitationAnswer::Cancel) => (ElicitResult::new(ElicitationAction::Cancel), by),
             Some(ElicitationAnswer::Accept { content }) => match check_answer(&schema, content) {
                 Ok(content) => (
                     ElicitResult::new(ElicitationAction::Accept)
                         .with_content(Value::Object(content)),
-                    "approver",
+                    by,
                 ),
-                Err(why) => decline(&format!("the answer does not fit the form: {why}")),
+                Err(why) => {
+                    tracing::info!(task_id = %self.task_id, server_id, by, why, "declined the server's question: the answer does not fit the form");
+                    (ElicitResult::new(ElicitationAction::Decline), by)
+                }
             },
         }
     }
+}
+
+/// Puts `request` to the guest's callback through the hostcall waiting for the request;
+/// `None` when it gives no answer by `until` (or the hostcall is gone).
+async fn ask_guest(
+    to_guest: &ToGuest,
+    request: ElicitationRequest,
+    until: tokio::time::Instant,
+) -> Option<ElicitationAnswer> {
+    let (reply, answer) = tokio::sync::oneshot::channel();
+    let asked = async {
+        to_guest.send(Question { request, reply }).await.ok()?;
+        answer.await.ok().flatten()
+    };
+    let answer = tokio::time::timeout_at(until, asked).await.ok().flatten();
+    // The hostcall polls this only once the guest's callback has returned: an answer that
+    // came after the time passed is too late all the same.
+    answer.filter(|_| tokio::time::Instant::now() <= until)
 }
 
 fn action_name(action: &ElicitationAction) -> &'static str {
@@ -491,12 +523,14 @@ impl Drop for Entered<'_> {
 }
 
 impl InFlight {
+    /// `asking` keeps the time the request's questions wait for an answer, which its
+    /// timeout does not count ([`timeout_besides_questions`]).
     pub(crate) fn enter(
         &self,
         asker: &Asker,
         entry: &Arc<ServerEntry>,
-        method: &'static str,
-        name: &str,
+        (method, name): (&'static str, &str),
+        asking: &Arc<Asking>,
     ) -> Entered<'_> {
         let request = InFlightRequest {
             asker: Arc::new(asker.clone()),
@@ -504,6 +538,7 @@ impl InFlight {
             method,
             name: cut(name, defaults::MAX_RESOURCE_URI_BYTES).to_owned(),
             questions: Arc::default(),
+            asking: asking.clone(),
             ended: tokio_util::sync::CancellationToken::new(),
         };
         self.push(Some(request))
@@ -544,6 +579,8 @@ pub(crate) struct InFlightRequest {
     pub(crate) name: String,
     /// Questions the server asked during it, at most [`defaults::MAX_INPUT_REQUESTS`].
     questions: Arc<std::sync::atomic::AtomicUsize>,
+    /// The time its questions waited, which its timeout does not count.
+    asking: Arc<Asking>,
     /// Cancelled when the request ends (answered, timed out, its fd closed, its task gone).
     pub(crate) ended: tokio_util::sync::CancellationToken,
 }
@@ -561,6 +598,110 @@ impl InFlightRequest {
             entry: &self.entry,
             method: self.method,
             name: &self.name,
+        }
+    }
+
+    /// The task's roots, for a `roots/list` the server sent during this request (2025
+    /// protocol); reported to the observers as a round of its own.
+    pub(crate) fn list_roots(&self) -> Value {
+        let input = InputAnswered {
+            key: "roots/list".into(),
+            kind: "roots",
+            outcome: "answered",
+            by: "host",
+        };
+        let number = self.questions.load(std::sync::atomic::Ordering::Relaxed) as u32;
+        self.asker.report(self.asked(), number, vec![input]);
+        serde_json::json!({"roots": &*self.asker.roots})
+    }
+
+    /// Answers a question the server asked during this request (2025 protocol) for its
+    /// task, as an `input_required` round's would be: the wait is not counted against the
+    /// request's timeout, and the question and its outcome reach the observers (and so
+    /// the audit log) as a round of its own.
+    pub(crate) async fn elicit(&self, params: ElicitRequestParams) -> ElicitResult {
+        let number = self.questions.load(std::sync::atomic::Ordering::Relaxed) as u32;
+        let (result, by) = {
+            let _waiting = self.asking.start();
+            self.asker.elicit(self.asked(), params).await
+        };
+        let input = InputAnswered {
+            key: "elicitation/create".into(),
+            kind: "elicitation",
+            outcome: action_name(&result.action),
+            by,
+        };
+        tracing::info!(task_id = %self.asker.task_id, server_id = self.entry.server_id(), method = self.method, question = number, input = ?input, "answered the server's question");
+        self.asker.report(self.asked(), number, vec![input]);
+        result
+    }
+}
+
+/// The time a request's questions (2025 protocol) have waited for an answer so far.
+#[derive(Debug, Default)]
+pub(crate) struct Asking {
+    state: Mutex<AskingState>,
+    changed: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct AskingState {
+    waited: Duration,
+    /// Since when a question waits now; one at a time per connection.
+    since: Option<tokio::time::Instant>,
+}
+
+/// A question waiting; its time is added when it is dropped.
+pub(crate) struct Waiting<'a>(&'a Asking);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut state = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(since) = state.since.take() {
+            state.waited += since.elapsed();
+        }
+        drop(state);
+        self.0.changed.notify_one();
+    }
+}
+
+impl Asking {
+    fn start(&self) -> Waiting<'_> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.since.get_or_insert_with(tokio::time::Instant::now);
+        drop(state);
+        self.changed.notify_one();
+        Waiting(self)
+    }
+
+    /// The time waited so far, and whether a question waits now.
+    fn waited(&self) -> (Duration, bool) {
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        (state.waited, state.since.is_some())
+    }
+}
+
+/// `work` within `limit`, not counting the time its questions wait for an answer (bounded
+/// by the approval timeout and the task's deadline instead): a person's answer time is not
+/// the server's. `Err` when it passed.
+pub(crate) async fn timeout_besides_questions<F: Future>(
+    limit: Duration,
+    asking: &Asking,
+    work: F,
+) -> Result<F::Output, ()> {
+    let started = tokio::time::Instant::now();
+    let mut work = std::pin::pin!(work);
+    loop {
+        let (waited, now_asking) = asking.waited();
+        let until = started + limit + waited;
+        tokio::select! {
+            done = &mut work => return Ok(done),
+            () = asking.changed.notified() => {}
+            () = tokio::time::sleep_until(until), if !now_asking => {
+                if asking.waited() == (waited, false) {
+                    return Err(());
+                }
+            }
         }
     }
 }
@@ -583,6 +724,34 @@ mod tests {
 
     fn object(value: Value) -> Map<String, Value> {
         value.as_object().unwrap().clone()
+    }
+
+    #[tokio::test]
+    async fn the_time_a_question_waits_does_not_count_against_the_timeout() {
+        let limit = Duration::from_millis(200);
+        let asking = Asking::default();
+        let asks = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            {
+                let _waiting = asking.start();
+                tokio::time::sleep(Duration::from_millis(400)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            "answered"
+        };
+        assert_eq!(
+            timeout_besides_questions(limit, &asking, asks).await,
+            Ok("answered")
+        );
+        let slow = async {
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            "late"
+        };
+        let asking = Asking::default();
+        assert_eq!(
+            timeout_besides_questions(limit, &asking, slow).await,
+            Err(())
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ mod capped;
 mod connect;
 mod egress;
 mod error;
+mod guest_answers;
 mod hostcalls;
 mod http;
 mod in_flight;

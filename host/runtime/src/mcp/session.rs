@@ -27,6 +27,11 @@ pub struct McpTask {
     pub(crate) in_flight: super::in_flight::PerServer,
     /// Answers the sampling requests of the task's servers, within the task's budget.
     pub(crate) sampler: Arc<crate::chat::Sampler>,
+    /// The roots the task declares to its servers (`roots/list`), none by default.
+    pub(crate) roots: Arc<[crate::TaskRoot]>,
+    /// Fiber stacks for calls back into the guest (the host's share for guest tools,
+    /// shared with the chat loop's), taken by a guest's elicitation callback.
+    pub(crate) guest_callbacks: Arc<tokio::sync::Semaphore>,
     /// The task's subject token, registered for token exchange while the task runs.
     pub(crate) _subject: Option<crate::mcp::auth::SubjectRegistration>,
 }
@@ -169,6 +174,8 @@ pub struct McpSession {
     /// they hold (twice: here and in the grant's filters). Boxed: most fds have none.
     lists: Option<Box<(Narrowing, Charge)>>,
     pending: Option<Pending>,
+    /// The guest's own answerer of the server's questions (`mcp_elicit_fn`), if it opted in.
+    pub(crate) answerer: Option<super::guest_answers::Answerer>,
 }
 
 impl McpSession {
@@ -177,6 +184,7 @@ impl McpSession {
             grant: Arc::new(grant),
             lists: None,
             pending: None,
+            answerer: None,
         }
     }
 

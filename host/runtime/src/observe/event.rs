@@ -385,8 +385,9 @@ pub struct InputAnswered {
     /// `accept`, `decline` or `cancel` (a question), `answered` (roots, sampling), `refused` (the
     /// request fails: nothing may answer it).
     pub outcome: &'static str,
-    /// Who answered: `approver`, `host` (a decline nobody else gave, the roots, a
-    /// refusal), `model` (sampling; its [`SamplingDone`] event says more).
+    /// Who answered: `guest` (its `mcp_elicit_fn` callback), `approver`, `host` (a decline
+    /// nobody else gave, the roots, a refusal), `model` (sampling; its [`SamplingDone`]
+    /// event says more).
     pub by: &'static str,
 }
 

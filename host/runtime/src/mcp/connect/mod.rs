@@ -102,7 +102,7 @@ impl ClientHandler for ClientEvents {
         // The server may withdraw it; the request it came with may end first (then the
         // question has nobody to ask for).
         tokio::select! {
-            (result, _) = sole.asker.elicit(sole.asked(), request) => Ok(result),
+            result = sole.elicit(request) => Ok(result),
             () = context.ct.cancelled() => decline(),
             () = sole.ended.cancelled() => decline(),
         }
@@ -145,6 +145,25 @@ impl ClientHandler for ClientEvents {
             () = context.ct.cancelled() => Err(to_error_data(&busy("the server cancelled it"))),
             () = sole.ended.cancelled() => Err(to_error_data(&busy("the request it came with has ended"))),
         }
+    }
+
+    /// A 2025-protocol server asks for the client's roots: the declared roots of the task
+    /// whose request is the only one in flight on the connection, else none (the
+    /// connection is shared: another task's roots must never reach the server for it).
+    #[expect(
+        deprecated,
+        reason = "rmcp marks roots deprecated (SEP-2577); 2025 servers still ask"
+    )]
+    async fn list_roots(
+        &self,
+        _context: RequestContext<RoleClient>,
+    ) -> Result<rmcp::model::ListRootsResult, rmcp::ErrorData> {
+        let roots = match self.in_flight.sole() {
+            Some(sole) => sole.list_roots(),
+            None => serde_json::json!({"roots": []}),
+        };
+        serde_json::from_value(roots)
+            .map_err(|e| rmcp::ErrorData::internal_error(format!("roots: {e}"), None))
     }
 
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {

@@ -23,7 +23,7 @@ use super::{Connection, McpPool};
 use crate::defaults;
 use crate::mcp::cache::{ListCache, ListCaches};
 use crate::mcp::capped::encode_answer;
-use crate::mcp::input::{Asked, Asker, Round, rounds};
+use crate::mcp::input::{Asked, Asker, Asking, Round, rounds, timeout_besides_questions};
 use crate::mcp::spans;
 use crate::mcp::{CallToolResult, McpError, McpErrorCode, Tool};
 use crate::registry::{Launch, ServerEntry};
@@ -223,6 +223,7 @@ impl McpPool {
         spans::propagate(&span, &mut params);
         spans::record_peer(&span, conn.service.peer_info().as_deref());
         let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
+        let asking = Arc::<Asking>::default();
         let call = async {
             let _permit = slot.permits.acquire().await.map_err(|_| {
                 McpError::new(
@@ -234,7 +235,9 @@ impl McpPool {
             let _host_permit = self.call_permit().await?;
             // In flight once it holds its permits: calls still queued for them are not
             // on the wire, so they do not make a question's owner ambiguous.
-            let _asking = conn.in_flight.enter(asker, entry, "tools/call", name);
+            let _asking = conn
+                .in_flight
+                .enter(asker, entry, ("tools/call", name), &asking);
             phase.set(CallPhase::ON_WIRE);
             let sent = tokio::time::Instant::now();
             let result = conn
@@ -244,7 +247,7 @@ impl McpPool {
                 .map_err(|e| service_failed(server_id, name, e, &phase))?;
             Ok((result, sent, _permit))
         };
-        let outcome = match tokio::time::timeout(timeout, call)
+        let outcome = match timeout_besides_questions(timeout, &asking, call)
             .instrument(span.clone())
             .await
         {
@@ -378,7 +381,7 @@ impl McpPool {
         let server_id = entry.server_id();
         let cap = entry.record.budgets.max_tool_list_bytes;
         let host_max = self.tools_ttl;
-        self.request(entry, principal, what, None, |conn, phase| async move {
+        self.request(entry, principal, what, None, |conn, phase, _| async move {
             let cache = cache(&conn.lists);
             let miss = match cache.fresh(principal) {
                 Ok(items) => return Ok(items),
@@ -426,10 +429,10 @@ impl McpPool {
                 principal,
                 what,
                 None,
-                move |conn, phase| async move {
+                move |conn, phase, asking| async move {
                     let mut params = params;
                     spans::propagate(&tracing::Span::current(), &mut params);
-                    let _asking = conn.in_flight.enter(asker, entry, what, uri);
+                    let _asking = conn.in_flight.enter(asker, entry, (what, uri), &asking);
                     conn.common_stream_ready().await;
                     match conn.service.read_resource_once(params).await {
                         Ok(ReadResourceResponse::Complete(result)) => Ok(Round::Complete(result)),
@@ -504,10 +507,10 @@ impl McpPool {
                 principal,
                 what,
                 Some(name),
-                move |conn, phase| async move {
+                move |conn, phase, asking| async move {
                     let mut params = params;
                     spans::propagate(&tracing::Span::current(), &mut params);
-                    let _asking = conn.in_flight.enter(asker, entry, what, name);
+                    let _asking = conn.in_flight.enter(asker, entry, (what, name), &asking);
                     conn.common_stream_ready().await;
                     match conn.service.get_prompt_once(params).await {
                         Ok(GetPromptResponse::Complete(result)) => Ok(Round::Complete(result)),
@@ -541,7 +544,7 @@ impl McpPool {
         request: F,
     ) -> Result<T, McpError>
     where
-        F: FnOnce(Arc<Connection>, Arc<CallPhase>) -> Fut,
+        F: FnOnce(Arc<Connection>, Arc<CallPhase>, Arc<Asking>) -> Fut,
         Fut: Future<Output = Result<T, McpError>> + 'a,
     {
         let in_flight = self.enter(entry, principal);
@@ -549,13 +552,14 @@ impl McpPool {
         let conn = self.connect(slot).await?;
         let timeout = entry.record.budgets.tool_timeout;
         let phase = Arc::new(CallPhase::new(CallPhase::WAITING_FOR_HOST));
+        let asking = Arc::<Asking>::default();
         let run = async {
             let _permit = self.call_permit().await?;
             phase.set(CallPhase::ON_WIRE);
-            request(conn.clone(), phase.clone()).await
+            request(conn.clone(), phase.clone(), asking.clone()).await
         };
         let span = spans::request(entry, what, target);
-        let result = match tokio::time::timeout(timeout, run)
+        let result = match timeout_besides_questions(timeout, &asking, run)
             .instrument(span.clone())
             .await
         {
