@@ -201,11 +201,13 @@ impl Sampler {
                     } else {
                         "llm_error"
                     },
-                    format!(
-                        "the model did not answer ({}): {}",
-                        failure.error.code(),
-                        cut(&failure.error.to_string(), 300)
-                    ),
+                    // Only the code goes back to the server: the error's text names the
+                    // backend's URL and quotes the provider's answer, which are the
+                    // operator's, not the server's. The log has the detail.
+                    {
+                        tracing::info!(server_id, error = %cut(&failure.error.to_string(), 300), "a sampling request's model call failed");
+                        format!("the model did not answer ({})", failure.error.code())
+                    },
                 )));
             }
         };
@@ -331,7 +333,10 @@ fn bounded(params: &CreateMessageRequestParams) -> Result<u64, Refused> {
             defaults::SAMPLING_MAX_REQUEST_BYTES
         )));
     }
-    Ok((bytes as u64 / 4).saturating_add(media.saturating_mul(defaults::SAMPLING_MEDIA_TOKENS)))
+    // One token per byte: an upper bound for any tokenizer on text (token-dense text, such
+    // as rare symbols, can take a token per byte), so a reservation is never exceeded by
+    // the prompt a server chose.
+    Ok((bytes as u64).saturating_add(media.saturating_mul(defaults::SAMPLING_MEDIA_TOKENS)))
 }
 
 /// `value`'s size as JSON, without building the text.

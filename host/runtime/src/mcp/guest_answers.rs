@@ -221,14 +221,26 @@ async fn ask<T: McpView>(
 
 /// An answer as the guest writes it: `{"id": ..., "action": ..., "content": {...}}`.
 fn parse(id: &str, bytes: &[u8]) -> Result<ElicitationAnswer, String> {
-    let mut object: Map<String, Value> = serde_json::from_slice(bytes)
-        .map_err(|e| format!("the answer is not a JSON object: {e}"))?;
+    let mut object: Map<String, Value> = serde_json::from_slice(bytes).map_err(|e| {
+        format!(
+            "the answer is not a JSON object (line {}, column {})",
+            e.line(),
+            e.column()
+        )
+    })?;
     match object.remove("id") {
         Some(Value::String(answered)) if answered == id => {}
         Some(_) => return Err("the answer names another question's `id`".into()),
         None => return Err("the answer has no `id`".into()),
     }
-    serde_json::from_value(Value::Object(object)).map_err(|e| format!("the answer: {e}"))
+    // serde's message quotes the offending value, which is the guest's answer: only its
+    // position and category reach the log.
+    serde_json::from_value(Value::Object(object)).map_err(|e| {
+        format!(
+            "the answer does not have the expected shape ({:?})",
+            e.classify()
+        )
+    })
 }
 
 /// The arena protocol of guest tools: the question (NUL-terminated) at the arena's start,

@@ -294,8 +294,9 @@ impl<'a> Statuses<'a> {
         let entry = self.call.entry;
         let status = status_name(task.status);
         let message = task.status_message.as_deref().map(|message| {
-            let shown = printable(cut(message, defaults::MAX_TASK_STATUS_MESSAGE_BYTES));
-            entry.secrets().redact(&shown).into_owned()
+            // Redacted before it is cut, so no secret straddling the cut leaves a prefix.
+            let redacted = entry.secrets().redact(message);
+            printable(cut(&redacted, defaults::MAX_TASK_STATUS_MESSAGE_BYTES))
         });
         let now = (status, message);
         if self.last.as_ref() == Some(&now) {
