@@ -235,7 +235,7 @@ impl McpPool {
             let _host_permit = self.call_permit().await?;
             // In flight once it holds its permits: calls still queued for them are not
             // on the wire, so they do not make a question's owner ambiguous.
-            let _asking = conn
+            let entered = conn
                 .in_flight
                 .enter(asker, entry, ("tools/call", name), &asking);
             phase.set(CallPhase::ON_WIRE);
@@ -245,7 +245,7 @@ impl McpPool {
                 .call_tool_once(params)
                 .await
                 .map_err(|e| service_failed(server_id, name, e, &phase))?;
-            Ok((result, sent, _permit))
+            Ok((result, sent, _permit, entered))
         };
         let outcome = match timeout_besides_questions(timeout, &asking, call)
             .instrument(span.clone())
@@ -255,7 +255,9 @@ impl McpPool {
             Err(_) => Err(self.call_timed_out(slot, name, timeout, &phase)),
         };
         let outcome = match outcome {
-            Ok((response, sent, _permit)) => {
+            // The call stays in flight (its questions and sampling requests are its own)
+            // while the server runs it as a task, too.
+            Ok((response, sent, _permit, _entered)) => {
                 // An `isError` result is an answer too: the server is fine.
                 slot.health.answered(sent.elapsed());
                 match response {
