@@ -1,6 +1,7 @@
 //! Bounds for the whole host, not just per task (issue 20): the host-wide total of guest
 //! linear memory, and outbound HTTP that no proxy from the environment can take around the
-//! egress rules.
+//! egress rules. Also what a task slot carries from one task to the next (issue 25): the
+//! host's stacks for guest tools a store keeps, and linear memory reset between tasks.
 //!
 //! The memory tests run real guests that grow and touch their memory at once against a
 //! small total, and read the host's own counter while they run. The proxy tests run a
@@ -430,3 +431,109 @@ fn a_configured_proxy_only_gets_targets_that_pass_the_rules() {
     );
     assert_eq!(from_env.seen.load(Ordering::SeqCst), 0);
 }
+
+/// A chat guest whose one send runs the guest tool `weather` (if the model asks for it),
+/// and which then waits `ms` in the fixture's `slow` tool.
+fn tool_then_wait(ms: u32) -> String {
+    use quiver_tests::chat_wat::{ChatGuest, WEATHER};
+    let mut guest = ChatGuest::new()
+        .msg("user", "hi")
+        .arena()
+        .param("max_iterations", serde_json::json!(2))
+        .tool(WEATHER, "weather");
+    let (server, server_len) = guest.bytes(b"fixture");
+    let (tool, tool_len) = guest.bytes(b"slow");
+    let (args, args_len) = guest.bytes(format!(r#"{{"ms":{ms}}}"#).as_bytes());
+    guest.send(0).raw(&format!(
+        "(local.set $r (call $mcp_open (i32.const {server}) (i32.const {server_len}))) (call $out (local.get $r))
+         (call $cap (i32.const 8192) (i32.const 65536))
+         (call $out (call $mcp_call_tool (local.get $r) (i32.const {tool}) (i32.const {tool_len}) (i32.const {args}) (i32.const {args_len}) (i32.const 16384) (i32.const 8192)))"
+    ))
+    .build()
+}
+
+/// wasmtime keeps the fiber stack of a guest tool that returned cached in the task's store
+/// until the task ends, so that stack's permit stays with the task too. On a host with 8
+/// slots (2 stacks for guest tools), 8 tasks that each run a guest tool and then wait: the
+/// first two keep theirs, the other six are refused cleanly (the model is told why), and all
+/// eight run to the end. Counting only running tools, the pool ran out of stacks while the
+/// permits said there were some, and the sixth task failed to start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guest_tool_stack_cached_in_the_store_keeps_its_permit_until_the_task_ends() {
+    use quiver_tests::llm::{Reply, ScriptedLlm};
+    let llm = ScriptedLlm::start(vec![]).await;
+    let registry = RegistryDir::new();
+    registry.fixture(
+        "fixture",
+        &["slow"],
+        "[budgets]\nmax_concurrency = 64\ntool_timeout_ms = 60000\n",
+    );
+    let host = quiver_tests::chat_wat::scripted_host_builder(&registry, &llm)
+        .with_max_concurrent_tasks(8)
+        .build()
+        .expect("host");
+    let waiting = host
+        .load_module("wait.wat", tool_then_wait(5_000).as_bytes())
+        .expect("module");
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        llm.push(Reply::tool_call(format!("c{i}"), "weather", serde_json::json!({})));
+        llm.push(Reply::text("done"));
+        let (host, module) = (host.clone(), waiting.clone());
+        let task = quiver_tests::mcp_task(&format!("wait-{i}"), &["fixture"]);
+        let running = tokio::spawn(async move { host.run_task(&module, &task).await });
+        // The second request carries the tool's result: the tool has returned and its
+        // stack is cached in the task's store while the task goes on to wait.
+        quiver_tests::until("the task's guest tool returned", || {
+            llm.request_count() >= 2 * (i + 1) || running.is_finished()
+        })
+        .await;
+        tasks.push(running);
+    }
+    for (i, running) in tasks.into_iter().enumerate() {
+        match running.await.unwrap() {
+            Ok(outcome) => {
+                assert!(outcome.failure.is_none(), "task {i}: {:?}", outcome.failure);
+                let results = quiver_tests::wat::results(&outcome.stdout);
+                assert!(
+                    results.iter().all(|&r| r >= 0),
+                    "task {i}: {results:?} {}",
+                    outcome.stderr_text()
+                );
+            }
+            Err(error) => panic!("task {i} could not start: {error}"),
+        }
+    }
+    let results: Vec<String> = llm
+        .requests()
+        .iter()
+        .flat_map(|request| quiver_tests::llm::tool_results(request))
+        .map(|(_, content)| content)
+        .collect();
+    let ran = results.iter().filter(|c| c.contains("Sunny")).count();
+    let refused = results
+        .iter()
+        .filter(|c| c.contains("stacks for guest tool calls are all in use"))
+        .count();
+    assert_eq!((ran, refused), (2, 6), "{results:?}");
+    // Every permit came back with its task: a guest tool runs again.
+    llm.clear_recorded();
+    llm.push(Reply::tool_call("again", "weather", serde_json::json!({})));
+    llm.push(Reply::text("done"));
+    let again = host
+        .load_module("again.wat", tool_then_wait(0).as_bytes())
+        .expect("module");
+    let outcome = host
+        .run_task(&again, &quiver_tests::mcp_task("again", &["fixture"]))
+        .await
+        .expect("task starts");
+    assert!(outcome.failure.is_none(), "{:?}", outcome.failure);
+    let answered = llm.requests().iter().any(|request| {
+        quiver_tests::llm::tool_results(request)
+            .iter()
+            .any(|(_, content)| content.contains("Sunny"))
+    });
+    assert!(answered, "{:?}", llm.requests());
+    host.shutdown().await;
+}
+

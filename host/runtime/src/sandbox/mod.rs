@@ -70,6 +70,13 @@ pub struct Sandbox<K> {
     /// Guest tools running now, one inside another (each holds a fiber stack of the host's
     /// shared pool); at most [`MAX_GUEST_TOOL_NESTING`](crate::defaults::MAX_GUEST_TOOL_NESTING).
     pub guest_tool_depth: u32,
+    /// Permits of the host's share of stacks for guest tools ([`guest_tool_stacks`]) that
+    /// this task's store holds: one per guest tool running, plus one for the stack wasmtime
+    /// keeps cached in the store after a guest tool returns (until the task ends). Dropped
+    /// with the store, after wasmtime has given the stacks back.
+    ///
+    /// [`guest_tool_stacks`]: crate::defaults::guest_tool_stacks
+    pub guest_tool_stacks: Vec<tokio::sync::OwnedSemaphorePermit>,
     /// The task's background work, and the signal that wakes its `spear_epoll_wait`.
     pub work: BackgroundWork,
     /// Open epoll sets, at most [`MAX_EPOLL_SETS`](crate::defaults::MAX_EPOLL_SETS).

@@ -109,6 +109,7 @@ impl<K> Sandbox<K> {
             memory: None,
             table: None,
             guest_tool_depth: 0,
+            guest_tool_stacks: Vec::new(),
             work: BackgroundWork::default(),
             epoll_sets: 0,
             guest_log,
