@@ -432,8 +432,8 @@ fn a_configured_proxy_only_gets_targets_that_pass_the_rules() {
     assert_eq!(from_env.seen.load(Ordering::SeqCst), 0);
 }
 
-/// A chat guest whose one send runs the guest tool `weather` (if the model asks for it),
-/// and which then waits `ms` in the fixture's `slow` tool.
+/// A chat guest whose one send (AUTO_TOOL_CALL) runs the guest tool `weather` if the model
+/// asks for it, and which then waits `ms` in the fixture's `slow` tool.
 fn tool_then_wait(ms: u32) -> String {
     use quiver_tests::chat_wat::{ChatGuest, WEATHER};
     let mut guest = ChatGuest::new()
@@ -444,7 +444,7 @@ fn tool_then_wait(ms: u32) -> String {
     let (server, server_len) = guest.bytes(b"fixture");
     let (tool, tool_len) = guest.bytes(b"slow");
     let (args, args_len) = guest.bytes(format!(r#"{{"ms":{ms}}}"#).as_bytes());
-    guest.send(0).raw(&format!(
+    guest.send(2).raw(&format!(
         "(local.set $r (call $mcp_open (i32.const {server}) (i32.const {server_len}))) (call $out (local.get $r))
          (call $cap (i32.const 8192) (i32.const 65536))
          (call $out (call $mcp_call_tool (local.get $r) (i32.const {tool}) (i32.const {tool_len}) (i32.const {args}) (i32.const {args_len}) (i32.const 16384) (i32.const 8192)))"
@@ -477,7 +477,11 @@ async fn a_guest_tool_stack_cached_in_the_store_keeps_its_permit_until_the_task_
         .expect("module");
     let mut tasks = Vec::new();
     for i in 0..8 {
-        llm.push(Reply::tool_call(format!("c{i}"), "weather", serde_json::json!({})));
+        llm.push(Reply::tool_call(
+            format!("c{i}"),
+            "weather",
+            serde_json::json!({}),
+        ));
         llm.push(Reply::text("done"));
         let (host, module) = (host.clone(), waiting.clone());
         let task = quiver_tests::mcp_task(&format!("wait-{i}"), &["fixture"]);
