@@ -541,3 +541,55 @@ async fn a_guest_tool_stack_cached_in_the_store_keeps_its_permit_until_the_task_
     host.shutdown().await;
 }
 
+/// `dirty` writes a byte into every 4 KiB page of its two pages of memory and of a third it
+/// grows, and over its data segment; `check` exits 1 if it finds any of those bytes, 2 if
+/// the data segment is not as the module has it, 3 if the memory is not back to two pages.
+const DIRTY_THEN_CHECK: &str = r#"(module
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 2 4)
+  (data (i32.const 100) "image")
+  (func (export "dirty") (local $at i32)
+    (drop (memory.grow (i32.const 1)))
+    (block $done (loop $next
+      (br_if $done (i32.ge_u (local.get $at) (i32.const 196608)))
+      (i32.store8 (i32.add (local.get $at) (i32.const 7)) (i32.const 171))
+      (local.set $at (i32.add (local.get $at) (i32.const 4096)))
+      (br $next)))
+    (i32.store8 (i32.const 100) (i32.const 88)))
+  (func (export "check") (local $at i32)
+    (if (i32.ne (memory.size) (i32.const 2)) (then (call $exit (i32.const 3))))
+    (block $done (loop $next
+      (br_if $done (i32.ge_u (local.get $at) (i32.const 131072)))
+      (if (i32.load8_u (i32.add (local.get $at) (i32.const 7))) (then (call $exit (i32.const 1))))
+      (local.set $at (i32.add (local.get $at) (i32.const 4096)))
+      (br $next)))
+    (if (i32.ne (i32.load8_u (i32.const 100)) (i32.const 105)) (then (call $exit (i32.const 2))))))
+"#;
+
+/// A slot's linear memory is reset between tasks however much of it is kept resident: on a
+/// one-slot host, a task that finds what the task before it wrote (inside the bytes reset in
+/// place, past them, in its data segment or in a page it grew) exits non-zero.
+#[tokio::test]
+async fn the_next_task_in_a_slot_never_sees_what_the_last_one_wrote() {
+    for keep_resident in [0, quiver::defaults::TASK_KEEP_RESIDENT, 1 << 20] {
+        let host = Host::builder()
+            .without_disk_cache()
+            .with_max_concurrent_tasks(1)
+            .with_keep_resident(keep_resident)
+            .build()
+            .expect("host");
+        let module = host
+            .load_module("dirty.wat", DIRTY_THEN_CHECK.as_bytes())
+            .expect("module");
+        for round in 0..3 {
+            for entry in ["dirty", "check"] {
+                let task = TaskSpec::new(entry).with_entry(entry);
+                let outcome = host.run_task(&module, &task).await.expect("task starts");
+                assert!(
+                    outcome.success(),
+                    "keep_resident {keep_resident}, round {round}, {entry}: {outcome:?}"
+                );
+            }
+        }
+    }
+}

@@ -141,6 +141,7 @@ pub struct HostBuilder {
     task_queue_capacity: Option<u32>,
     task_queue_timeout: Option<Duration>,
     max_task_memory: u64,
+    keep_resident: Option<usize>,
     task_host_memory: Option<u64>,
     host_memory_total: Option<u64>,
     guest_memory_total: Option<u64>,
@@ -174,6 +175,7 @@ impl Default for HostBuilder {
             task_queue_capacity: None,
             task_queue_timeout: None,
             max_task_memory: defaults::TASK_MEMORY_BYTES,
+            keep_resident: None,
             task_host_memory: None,
             host_memory_total: None,
             guest_memory_total: None,
@@ -259,6 +261,15 @@ impl HostBuilder {
     /// The most linear memory any task may ask for; a task's own limit is capped by it.
     pub fn with_max_task_memory(mut self, bytes: u64) -> Self {
         self.max_task_memory = bytes;
+        self
+    }
+
+    /// Bytes of each slot's fiber stack and linear memory reset in place when a task ends
+    /// instead of given back to the kernel: faster task starts for up to this much memory
+    /// kept per slot a task has used. Overrides `[tasks] keep_resident_bytes`; default
+    /// [`defaults::TASK_KEEP_RESIDENT`]; 0 gives everything back.
+    pub fn with_keep_resident(mut self, bytes: usize) -> Self {
+        self.keep_resident = Some(bytes);
         self
     }
 
@@ -492,6 +503,10 @@ impl HostBuilder {
             cache_dir,
             max_concurrent_tasks,
             max_task_memory: self.max_task_memory,
+            keep_resident: self
+                .keep_resident
+                .or(tasks.keep_resident_bytes)
+                .unwrap_or(defaults::TASK_KEEP_RESIDENT),
         };
         let file = &self.config_origin.file;
         let egress = EgressPolicy::from_config(&self.config.egress)

@@ -68,6 +68,7 @@
 //! host_memory_bytes = 67108864           # each task's host memory budget
 //! host_memory_total_bytes = 8589934592   # all tasks together (default: half the RAM)
 //! guest_memory_total_bytes = 8589934592  # all guests' linear memory (default: half the RAM)
+//! keep_resident_bytes = 32768            # per slot, reset in place when a task ends
 //! ```
 //!
 //! A node (`quiver-node`) keeps `[serve]` and `[admin]` in the same file and reads them
@@ -130,6 +131,9 @@ pub struct TasksConfig {
     /// ([`crate::defaults::guest_memory_total`]); tasks wait for room at admission and a
     /// grow past it traps.
     pub guest_memory_total_bytes: Option<u64>,
+    /// Bytes of each slot's fiber stack and linear memory reset in place when a task ends
+    /// ([`crate::defaults::TASK_KEEP_RESIDENT`]); 0 gives them all back to the kernel.
+    pub keep_resident_bytes: Option<usize>,
 }
 
 impl TasksConfig {

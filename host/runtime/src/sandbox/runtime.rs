@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use wasmtime::{
-    Config, Engine, InstanceAllocationStrategy, InstancePre, Linker, PoolingAllocationConfig,
+    Config, Enabled, Engine, InstanceAllocationStrategy, InstancePre, Linker,
+    PoolingAllocationConfig,
 };
 
 use super::SandboxView;
@@ -24,6 +25,9 @@ pub struct RuntimeOptions {
     pub cache_dir: Option<PathBuf>,
     pub max_concurrent_tasks: u32,
     pub max_task_memory: u64,
+    /// Bytes of each slot's fiber stack and linear memory reset in place when a task ends,
+    /// rather than given back to the kernel ([`defaults::TASK_KEEP_RESIDENT`]).
+    pub keep_resident: usize,
 }
 
 /// The engine, the linker with every import, and the module cache, for store data `T`.
@@ -59,13 +63,18 @@ impl<T: SandboxView> Runtime<T> {
             // per task here but keeps up to cores x (batch - 1) freed memories resident
             // until a flush; tasks run for seconds, so that is not worth it.
             .decommit_batch_size(1)
-            // Nothing of a fiber stack stays resident after its task: see zeroing below.
-            .async_stack_keep_resident(0)
-            // Linear memory stays at wasmtime's default of nothing kept resident after a
-            // task, so a slot that is not running costs only its page tables and image
-            // mapping; the number of warm slots kept (wasmtime's 100) then only steers
-            // which slot is reused, not memory.
-            .linear_memory_keep_resident(0);
+            // When a task ends, the top `keep_resident` bytes of its fiber stack (where a
+            // stack is used first) are zeroed with memset and the rest is given back to the
+            // kernel; see zeroing below. Giving back pages a task touched costs a TLB flush
+            // on every core running a worker and a page fault per page in the next task,
+            // about 4 µs for even an empty task; pages it never touched cost nothing.
+            .async_stack_keep_resident(options.keep_resident)
+            // Linear memory: the pages a task wrote within the first `keep_resident` bytes
+            // are found with PAGEMAP_SCAN (Linux 6.7+) and reset in place; pages beyond
+            // them are given back to the kernel. Without PAGEMAP_SCAN the first
+            // `keep_resident` bytes are reset with memset.
+            .linear_memory_keep_resident(options.keep_resident)
+            .pagemap_scan(Enabled::Auto);
         let mut config = Config::new();
         // 4 GiB of address space per slot (all a 32-bit memory can address) plus a 32 MiB
         // guard lets compiled guests skip bounds checks. It is reserved, not committed:
@@ -76,11 +85,11 @@ impl<T: SandboxView> Runtime<T> {
         // Host code of async hostcalls runs on the task's fiber stack; only touched pages
         // are resident (about 30 KiB for a task waiting on an MCP call).
         config.async_stack_size(defaults::TASK_STACK_BYTES);
-        // Zero each fiber stack when its task ends, by giving its pages back to the kernel:
-        // without it every stack keeps the deepest use it ever had (up to the 512 KiB a
-        // guest may recurse into, times the slots) resident for the life of the host, and
-        // one task's stack contents would be the next task's starting stack. Costs about
-        // 4 µs per task (BENCHMARKS.md).
+        // Zero each fiber stack when its task ends (memset of the top, the rest given back
+        // to the kernel, see above): without it every stack keeps the deepest use it ever
+        // had (up to the 512 KiB a guest may recurse into, times the slots) resident for
+        // the life of the host, and one task's stack contents would be the next task's
+        // starting stack.
         config.async_stack_zeroing(true);
         config.epoch_interruption(true);
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
