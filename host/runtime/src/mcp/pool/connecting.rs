@@ -28,7 +28,23 @@ impl McpPool {
             .check_subject(&slot.entry, slot.principal.as_deref())
             .map_err(|e| McpError::new(McpErrorCode::Unavailable, e.to_string()))?;
         let shutdowns = self.shared.shutdowns.load(Ordering::SeqCst);
+        if let Some(live) = slot.conn.lock().await.as_ref().filter(|c| c.is_alive()) {
+            return Ok(live.clone());
+        }
+        // Boxed: opening a connection (a process, the handshake, HTTP and OAuth) is most of
+        // this future's size, which every call's future would carry while the call waits.
+        Box::pin(self.reconnect(slot, shutdowns)).await
+    }
+
+    /// [`Self::connect`] when the slot had no live connection: `shutdowns` is the pool's
+    /// count of shutdowns when the call began.
+    async fn reconnect(
+        &self,
+        slot: &ServerSlot,
+        shutdowns: u64,
+    ) -> Result<Arc<Connection>, McpError> {
         let mut conn = slot.conn.lock().await;
+        // Another call may have connected while this one waited for the lock.
         if let Some(live) = conn.as_ref().filter(|c| c.is_alive()) {
             return Ok(live.clone());
         }

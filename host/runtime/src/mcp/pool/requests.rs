@@ -149,7 +149,8 @@ impl McpPool {
         if known == Some(true) {
             return Ok(());
         }
-        let tools = self.list_tools(entry, principal).await?;
+        // Boxed: listing is rare here and its future large (every call's would carry it).
+        let tools = Box::pin(self.list_tools(entry, principal)).await?;
         if tools.iter().any(|tool| tool.name == name) {
             return Ok(());
         }

@@ -110,3 +110,49 @@ fn only_errors_on_the_wire_count_against_a_servers_health() {
     );
     assert!(!CallPhase::new(CallPhase::WAITING_FOR_SERVER).on_wire());
 }
+
+/// Prints how large the futures of a task's MCP path are before their first poll: what a
+/// waiting call keeps on the heap (the boxed call) and copies across the task's fiber stack
+/// (BENCHMARKS.md, memory per waiting task). Prints only: sizes differ by compiler and
+/// profile. `cargo test -p quiver --lib future_sizes -- --nocapture`.
+#[tokio::test]
+async fn future_sizes() {
+    use crate::mcp::input::Asker;
+    use crate::observe::Via;
+    let pool = McpPool::default();
+    let (registry, entry) = snapshot("a");
+    pool.apply_registry(&registry);
+    let asker = Asker {
+        task_id: "t".into(),
+        observers: Default::default(),
+        approvals: Default::default(),
+        session_fd: None,
+        via: Via::McpCall,
+        deadline: crate::sandbox::Deadline::after(std::time::Duration::from_secs(1)),
+    };
+    let slot = pool.enter(&entry, None);
+    let params = rmcp::model::CallToolRequestParams::new("t");
+    let sizes = [
+        (
+            "McpPool::call_tool",
+            size_of_val(&pool.call_tool(&entry, "t", Default::default(), None, &asker)),
+        ),
+        (
+            "McpPool::call_round",
+            size_of_val(&pool.call_round(&entry, params, None, &asker)),
+        ),
+        ("McpPool::connect", size_of_val(&pool.connect(&slot.slot))),
+        ("McpPool::list_tools", size_of_val(&pool.list_tools(&entry, None))),
+    ];
+    let host = crate::Host::builder()
+        .without_disk_cache()
+        .with_max_concurrent_tasks(1)
+        .build()
+        .unwrap();
+    let module = host.load_module("m.wat", b"(module)").unwrap();
+    let task = crate::TaskSpec::new("t");
+    let run_task = size_of_val(&host.run_task(&module, &task));
+    for (name, size) in sizes.into_iter().chain([("Host::run_task", run_task)]) {
+        println!("future size: {name:<24} {size:>6} bytes");
+    }
+}
