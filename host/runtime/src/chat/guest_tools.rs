@@ -84,26 +84,20 @@ impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
                     defaults::MAX_GUEST_TOOL_NESTING
                 )));
             }
-            // `depth` tools run on a stack each; a permit beyond those is for the stack
-            // wasmtime kept cached in the store after an earlier tool, which this call
-            // reuses. Only without one does the call need a new stack.
-            if self.caller.data_mut().sandbox().guest_tool_stacks.len() <= depth as usize {
-                let stacks = self.caller.data().chat().guest_tool_stacks.clone();
-                let Ok(permit) = stacks.try_acquire_owned() else {
-                    return Ok(Err(
-                        "the host's stacks for guest tool calls are all in use by other tasks; try again later"
-                            .into(),
-                    ));
-                };
-                self.caller.data_mut().sandbox().guest_tool_stacks.push(permit);
+            let stacks = self.caller.data().chat().guest_tool_stacks.clone();
+            if !self
+                .caller
+                .data_mut()
+                .sandbox()
+                .enter_guest_call(depth, &stacks)
+            {
+                return Ok(Err(
+                    "the host's stacks for guest tool calls are all in use by other tasks; try again later"
+                        .into(),
+                ));
             }
-            self.caller.data_mut().sandbox().guest_tool_depth = depth + 1;
             let rc = func.call_async(&mut *self.caller, params).await;
-            let sandbox = self.caller.data_mut().sandbox();
-            sandbox.guest_tool_depth = depth;
-            // The returned tool's stack stays cached in the store (replacing any cached
-            // before), so its permit stays held with the task: `depth` running plus one.
-            sandbox.guest_tool_stacks.truncate(depth as usize + 1);
+            self.caller.data_mut().sandbox().leave_guest_call(depth);
             let rc = rc?;
             let Ok((mem, _)) = guest(self.caller) else {
                 return Ok(Err("guest memory is gone".into()));

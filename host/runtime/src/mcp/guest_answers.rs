@@ -287,20 +287,19 @@ async fn call<T: McpView>(
         )));
     }
     let stacks = caller.data().mcp().guest_callbacks.clone();
-    let Ok(_stack) = stacks.try_acquire_owned() else {
+    if !caller.data_mut().sandbox().enter_guest_call(depth, &stacks) {
         return Ok(Err(
             "the host's stacks for guest callbacks are all in use by other tasks".into(),
         ));
-    };
+    }
     let params = (
         arena_ptr as i32,
         question.len() as i32,
         out_ptr as i32,
         len_ptr as i32,
     );
-    caller.data_mut().sandbox().guest_tool_depth = depth + 1;
     let rc = func.call_async(&mut *caller, params).await;
-    caller.data_mut().sandbox().guest_tool_depth = depth;
+    caller.data_mut().sandbox().leave_guest_call(depth);
     let rc = rc.map_err(HostcallError::Trap)?;
     let (mem, _) = guest(caller)?;
     let Ok(len) = mem.read_u32(len_ptr as u32) else {

@@ -87,6 +87,31 @@ pub struct Sandbox<K> {
     limits: guest_memory::Limits,
 }
 
+impl<K> Sandbox<K> {
+    /// Enters a call back into the guest (a guest tool, an elicitation callback) at
+    /// nesting `depth`: it runs on a fiber stack of the host's shared pool, so it needs a
+    /// permit of `stacks` unless the task holds one for the stack wasmtime kept cached in
+    /// the store after an earlier call. `false` when every permit is taken.
+    pub fn enter_guest_call(&mut self, depth: u32, stacks: &Arc<tokio::sync::Semaphore>) -> bool {
+        if self.guest_tool_stacks.len() <= depth as usize {
+            let Ok(permit) = stacks.clone().try_acquire_owned() else {
+                return false;
+            };
+            self.guest_tool_stacks.push(permit);
+        }
+        self.guest_tool_depth = depth + 1;
+        true
+    }
+
+    /// Leaves a call entered with [`Self::enter_guest_call`]. Its stack stays cached in the
+    /// store (replacing any cached before), so its permit stays with the task: `depth`
+    /// calls running plus one.
+    pub fn leave_guest_call(&mut self, depth: u32) {
+        self.guest_tool_depth = depth;
+        self.guest_tool_stacks.truncate(depth as usize + 1);
+    }
+}
+
 /// Store data that has a sandbox; every capability's view builds on it.
 pub trait SandboxView: Send + 'static {
     /// What the fd table holds (the host's `FdKind`).

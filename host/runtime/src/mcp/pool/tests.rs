@@ -142,7 +142,10 @@ async fn future_sizes() {
             size_of_val(&pool.call_round(&entry, params, None, &asker)),
         ),
         ("McpPool::connect", size_of_val(&pool.connect(&slot.slot))),
-        ("McpPool::list_tools", size_of_val(&pool.list_tools(&entry, None))),
+        (
+            "McpPool::list_tools",
+            size_of_val(&pool.list_tools(&entry, None)),
+        ),
     ];
     let host = crate::Host::builder()
         .without_disk_cache()
