@@ -32,7 +32,9 @@
 //!
 //! Run: `cargo bench -p quiver-tests --bench mcp_call`. `QUIVER_BENCH_ROUNDS`,
 //! `QUIVER_BENCH_CALLS` and `QUIVER_BENCH_SPAWNS` override the defaults;
-//! `QUIVER_BENCH_ONLY=everything` (a server id) measures one server only.
+//! `QUIVER_BENCH_ONLY=everything` (a server id) measures one server only, and
+//! `QUIVER_BENCH_ROWS=guest,spawned` (of guest, spawned, native, ts, floor) only those rows,
+//! for a profile of them.
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
@@ -171,7 +173,10 @@ impl FloorClient {
     fn answer(&mut self) {
         loop {
             self.line.clear();
-            assert!(self.stdout.read_line(&mut self.line).unwrap() > 0, "the server exited");
+            assert!(
+                self.stdout.read_line(&mut self.line).unwrap() > 0,
+                "the server exited"
+            );
             if self.line.contains("\"result\"") && !self.line.contains("\"method\"") {
                 return;
             }
@@ -266,6 +271,16 @@ enum Row {
 }
 
 impl Row {
+    fn name(self) -> &'static str {
+        match self {
+            Row::Guest => "guest",
+            Row::Spawned => "spawned",
+            Row::Native => "native",
+            Row::Ts => "ts",
+            Row::Floor => "floor",
+        }
+    }
+
     fn label(self) -> &'static str {
         match self {
             Row::Guest => "guest  (wasm -> host -> pool, block_on)",
@@ -357,13 +372,21 @@ async fn measure(
         let switches = context_switches(pid).saturating_sub(switches) as f64 / calls as f64;
         (elapsed, switches)
     };
-    let mut rows = vec![Row::Guest, Row::Spawned, Row::Native];
-    if ts.is_some() {
-        rows.push(Row::Ts);
-    }
-    if floor.is_some() {
-        rows.push(Row::Floor);
-    }
+    // `QUIVER_BENCH_ROWS=guest,spawned` (say) runs only those, for a profile of them.
+    let only_rows = std::env::var("QUIVER_BENCH_ROWS").ok();
+    let rows: Vec<Row> = [Row::Guest, Row::Spawned, Row::Native, Row::Ts, Row::Floor]
+        .into_iter()
+        .filter(|row| match row {
+            Row::Ts => ts.is_some(),
+            Row::Floor => floor.is_some(),
+            _ => true,
+        })
+        .filter(|row| {
+            only_rows
+                .as_deref()
+                .is_none_or(|only| only.split(',').any(|name| name == row.name()))
+        })
+        .collect();
     // Warm up: connect the server, fill caches, let the CPU settle.
     for &row in &rows {
         run(row, &mut ts, &mut floor).await;
@@ -401,12 +424,15 @@ async fn measure(
             switches[switches.len() / 2]
         );
     }
-    let guest = of(Row::Guest).unwrap();
-    let spawned_guest = of(Row::Spawned).unwrap();
-    println!(
-        "  guest / native (median of round pairs)     {:>10.3}x",
-        paired(guest, of(Row::Native).unwrap())
-    );
+    let (Some(guest), Some(spawned_guest)) = (of(Row::Guest), of(Row::Spawned)) else {
+        return Duration::ZERO;
+    };
+    if let Some(native) = of(Row::Native) {
+        println!(
+            "  guest / native (median of round pairs)     {:>10.3}x",
+            paired(guest, native)
+        );
+    }
     for (name, baseline) in [("TS SDK", of(Row::Ts)), ("floor", of(Row::Floor))] {
         if let Some(baseline) = baseline {
             println!(
