@@ -48,8 +48,8 @@ struct Discard {
 enum Step {
     More,
     Line,
-    /// A whole line that sat in the read buffer, parsed there.
-    Parsed(Incoming),
+    /// A whole line that sat in the read buffer, parsed there (into `parsed`).
+    Parsed,
     Discarding,
     Discarded,
 }
@@ -88,6 +88,7 @@ where
         loop {
             let read_cap = self.guard.read_cap();
             let smallest = self.guard.limits().smallest_message();
+            let mut parsed = None;
             let (consumed, step) = {
                 let available = match self.reader.fill_buf().await {
                     Ok(available) => available,
@@ -146,7 +147,8 @@ where
                         }
                     } else if ends && self.line.is_empty() {
                         // The whole line is in the read buffer: no copy into `line`.
-                        Step::Parsed(parse(&self.guard, self.scan.as_ref(), chunk))
+                        parsed = Some(parse(&self.guard, self.scan.as_ref(), chunk));
+                        Step::Parsed
                     } else {
                         self.line.extend_from_slice(chunk);
                         if ends { Step::Line } else { Step::More }
@@ -157,9 +159,9 @@ where
             self.reader.consume(consumed);
             match step {
                 Step::More => {}
-                Step::Parsed(incoming) => {
+                Step::Parsed => {
                     self.scan = None;
-                    return Some(incoming);
+                    return parsed;
                 }
                 Step::Line => {
                     let incoming = parse(&self.guard, self.scan.as_ref(), &self.line);
