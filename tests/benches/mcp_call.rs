@@ -7,6 +7,21 @@
 //! 3. **spawn**: what a naive host does: a fresh server process, MCP handshake and call for
 //!    every tool call.
 //!
+//! Two baselines outside the host, for stdio servers, in the same rounds:
+//!
+//! - **TS SDK**: the official TypeScript SDK's `Client` over `StdioClientTransport`
+//!   (`ts_client.mjs`, a long-lived Node.js process connected once), the client the issue's
+//!   target compares against;
+//! - **floor**: a blocking line client on `std::process` pipes (a hand-written `initialize`,
+//!   then one `tools/call` line and one `read_line` per call, no JSON parse): the pipe round
+//!   trip plus the server's own time, the least any client can take.
+//!
+//! The guest also runs **spawned** (`tokio::spawn`, as `quiver serve` runs tasks) beside
+//! the run on the `block_on` thread. Each row prints the voluntary context switches per
+//! call of the process doing the calling (this one, or the Node.js client's), summed over
+//! its threads from `/proc/PID/task/*/status`: a count of wakeups that a noisy machine does
+//! not blur as it does times.
+//!
 //! Against the fixture server (Rust, starts in milliseconds) over stdio and over Streamable
 //! HTTP on loopback, and, when `scripts/setup.sh`
 //! has installed it, the public reference server `@modelcontextprotocol/server-everything`
@@ -16,8 +31,13 @@
 //! per-round ratios, each round's pair having run back to back.
 //!
 //! Run: `cargo bench -p quiver-tests --bench mcp_call`. `QUIVER_BENCH_ROUNDS`,
-//! `QUIVER_BENCH_CALLS` and `QUIVER_BENCH_SPAWNS` override the defaults.
+//! `QUIVER_BENCH_CALLS` and `QUIVER_BENCH_SPAWNS` override the defaults;
+//! `QUIVER_BENCH_ONLY=everything` (a server id) measures one server only, and
+//! `QUIVER_BENCH_ROWS=guest,spawned` (of guest, spawned, native, ts, floor) only those rows,
+//! for a profile of them.
 
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
 
 use quiver::EgressConfig;
@@ -89,6 +109,207 @@ async fn spawn_per_call(target: &Target) -> Duration {
     started.elapsed()
 }
 
+/// Voluntary context switches of process `pid` so far, summed over its threads.
+fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .filter_map(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// The MCP handshake and `tools/call` lines written by hand on blocking pipes: the pipe
+/// round trip plus the server's own time, with nothing of a client's own.
+struct FloorClient {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    line: String,
+    next_id: u64,
+    /// The `params` of every call: `{"name":..,"arguments":..}`.
+    params: String,
+}
+
+impl FloorClient {
+    fn start(command: &[String], tool: &str, args: &Map<String, Value>) -> Self {
+        let mut child = std::process::Command::new(&command[0])
+            .args(&command[1..])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the server");
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut client = Self {
+            child,
+            stdin,
+            stdout,
+            line: String::new(),
+            next_id: 1,
+            params: json!({"name": tool, "arguments": args}).to_string(),
+        };
+        client.send(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"floor","version":"1.0.0"}}}"#);
+        client.answer();
+        client.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        client
+    }
+
+    fn send(&mut self, line: &str) {
+        self.stdin.write_all(line.as_bytes()).unwrap();
+        self.stdin.write_all(b"\n").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// Reads lines until an answer (skipping the server's notifications and requests).
+    fn answer(&mut self) {
+        loop {
+            self.line.clear();
+            assert!(
+                self.stdout.read_line(&mut self.line).unwrap() > 0,
+                "the server exited"
+            );
+            if self.line.contains("\"result\"") && !self.line.contains("\"method\"") {
+                return;
+            }
+            assert!(!self.line.contains("\"error\""), "{}", self.line);
+        }
+    }
+
+    fn round(&mut self, calls: usize) -> Duration {
+        let started = Instant::now();
+        for _ in 0..calls {
+            let line = format!(
+                r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{}}}"#,
+                self.next_id, self.params
+            );
+            self.next_id += 1;
+            self.send(&line);
+            self.answer();
+        }
+        started.elapsed() / calls as u32
+    }
+}
+
+impl Drop for FloorClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The official TypeScript SDK client (`ts_client.mjs`) connected to the server, driven a
+/// round at a time over its stdin.
+struct TsClient {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl TsClient {
+    /// `None` without Node.js or the SDK (run `scripts/setup.sh`).
+    fn start(command: &[String], tool: &str, args: &Map<String, Value>) -> Option<Self> {
+        let node_modules = workspace().join("fixtures/npm/node_modules");
+        if !node_modules.join("@modelcontextprotocol/sdk").exists() {
+            return None;
+        }
+        let script = workspace().join("tests/benches/ts_client.mjs");
+        let mut child = std::process::Command::new("node")
+            .arg(script)
+            .arg(node_modules)
+            .arg(tool)
+            .arg(Value::Object(args.clone()).to_string())
+            .args(command)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .ok()?;
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut ready = String::new();
+        stdout.read_line(&mut ready).ok()?;
+        (ready.trim() == "ready").then_some(Self {
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    fn round(&mut self, calls: usize) -> Duration {
+        writeln!(self.stdin, "{calls}").unwrap();
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        let micros: f64 = line.trim().parse().expect("µs per call");
+        Duration::from_secs_f64(micros / 1e6)
+    }
+}
+
+impl Drop for TsClient {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One way of calling, its per-round means and context switches per call.
+#[derive(Clone, Copy, PartialEq)]
+enum Row {
+    Guest,
+    Spawned,
+    Native,
+    Ts,
+    Floor,
+}
+
+impl Row {
+    fn name(self) -> &'static str {
+        match self {
+            Row::Guest => "guest",
+            Row::Spawned => "spawned",
+            Row::Native => "native",
+            Row::Ts => "ts",
+            Row::Floor => "floor",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Row::Guest => "guest  (wasm -> host -> pool, block_on)",
+            Row::Spawned => "guest  (same, in tokio::spawn)",
+            Row::Native => "native (Host::call_tool, same conn)",
+            Row::Ts => "TS SDK (Client + StdioClientTransport)",
+            Row::Floor => "floor  (blocking pipe line client)",
+        }
+    }
+}
+
+#[derive(Default)]
+struct Samples {
+    times: Vec<Duration>,
+    switches: Vec<f64>,
+}
+
+/// The median over rounds of `a / b`, each round's pair having run in the same round.
+fn paired(a: &Samples, b: &Samples) -> f64 {
+    let mut ratios: Vec<f64> = a
+        .times
+        .iter()
+        .zip(&b.times)
+        .map(|(a, b)| micros(*a) / micros(*b))
+        .collect();
+    ratios.sort_by(f64::total_cmp);
+    ratios[ratios.len() / 2]
+}
+
 /// Prints the figures of `target` and returns its median guest latency.
 async fn measure(
     host: &Host,
@@ -104,63 +325,124 @@ async fn measure(
         .with_config("mcp.enabled", "true")
         .with_config("mcp.default_server_ids", target.server_id)
         .with_captured_output();
-    let native_round = || async {
-        let started = Instant::now();
-        for _ in 0..calls {
-            let request = ToolCallRequest::new(target.server_id, "echo")
-                .with_arguments(Value::Object(target.args.clone()));
-            host.call_tool(&task, request).await.unwrap();
-        }
-        started.elapsed() / calls as u32
+    let mut ts = target
+        .command
+        .as_ref()
+        .and_then(|command| TsClient::start(command, "echo", &target.args));
+    let mut floor = target
+        .command
+        .as_ref()
+        .map(|command| FloorClient::start(command, "echo", &target.args));
+    let me = std::process::id();
+    let run = async |row: Row, ts: &mut Option<TsClient>, floor: &mut Option<FloorClient>| {
+        let pid = match (row, &ts) {
+            (Row::Ts, Some(ts)) => ts.child.id(),
+            _ => me,
+        };
+        let switches = context_switches(pid);
+        let elapsed = match row {
+            Row::Guest => {
+                let started = Instant::now();
+                let outcome = host.run_task(&module, &task).await.unwrap();
+                assert!(outcome.success(), "{:?}", outcome.failure);
+                started.elapsed() / calls as u32
+            }
+            Row::Spawned => {
+                let (host, module, task) = (host.clone(), module.clone(), task.clone());
+                let started = Instant::now();
+                let outcome = tokio::spawn(async move { host.run_task(&module, &task).await })
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert!(outcome.success(), "{:?}", outcome.failure);
+                started.elapsed() / calls as u32
+            }
+            Row::Native => {
+                let started = Instant::now();
+                for _ in 0..calls {
+                    let request = ToolCallRequest::new(target.server_id, "echo")
+                        .with_arguments(Value::Object(target.args.clone()));
+                    host.call_tool(&task, request).await.unwrap();
+                }
+                started.elapsed() / calls as u32
+            }
+            Row::Ts => tokio::task::block_in_place(|| ts.as_mut().unwrap().round(calls)),
+            Row::Floor => tokio::task::block_in_place(|| floor.as_mut().unwrap().round(calls)),
+        };
+        let switches = context_switches(pid).saturating_sub(switches) as f64 / calls as f64;
+        (elapsed, switches)
     };
-    let guest_round = || async {
-        let started = Instant::now();
-        let outcome = host.run_task(&module, &task).await.unwrap();
-        assert!(outcome.success(), "{:?}", outcome.failure);
-        started.elapsed() / calls as u32
-    };
+    // `QUIVER_BENCH_ROWS=guest,spawned` (say) runs only those, for a profile of them.
+    let only_rows = std::env::var("QUIVER_BENCH_ROWS").ok();
+    let rows: Vec<Row> = [Row::Guest, Row::Spawned, Row::Native, Row::Ts, Row::Floor]
+        .into_iter()
+        .filter(|row| match row {
+            Row::Ts => ts.is_some(),
+            Row::Floor => floor.is_some(),
+            _ => true,
+        })
+        .filter(|row| {
+            only_rows
+                .as_deref()
+                .is_none_or(|only| only.split(',').any(|name| name == row.name()))
+        })
+        .collect();
     // Warm up: connect the server, fill caches, let the CPU settle.
-    guest_round().await;
-    native_round().await;
-    let (mut guest, mut native) = (Vec::new(), Vec::new());
+    for &row in &rows {
+        run(row, &mut ts, &mut floor).await;
+    }
+    let mut samples: Vec<Samples> = rows.iter().map(|_| Samples::default()).collect();
     for round in 0..rounds {
         eprint!("\r{}: round {}/{rounds}", target.server_id, round + 1);
-        // Alternate which side goes first, so neither always runs on a warmer machine.
-        if round % 2 == 0 {
-            guest.push(guest_round().await);
-            native.push(native_round().await);
-        } else {
-            native.push(native_round().await);
-            guest.push(guest_round().await);
+        // Rotate which row goes first, so none always runs on a warmer machine.
+        for i in 0..rows.len() {
+            let at = (i + round) % rows.len();
+            let (elapsed, switches) = run(rows[at], &mut ts, &mut floor).await;
+            samples[at].times.push(elapsed);
+            samples[at].switches.push(switches);
         }
     }
+    drop((ts, floor));
     let mut spawned = Vec::new();
     for run in 0..if target.command.is_some() { spawns } else { 0 } {
         eprint!("\r{}: spawn {}/{spawns}   ", target.server_id, run + 1);
         spawned.push(spawn_per_call(target).await);
     }
     eprintln!();
-    let mut ratios: Vec<f64> = guest
-        .iter()
-        .zip(&native)
-        .map(|(g, n)| micros(*g) / micros(*n))
-        .collect();
-    ratios.sort_by(f64::total_cmp);
-    let paired_ratio = ratios[ratios.len() / 2];
-    let (guest, native) = (median(guest), median(native));
+    let of = |row: Row| rows.iter().position(|r| *r == row).map(|at| &samples[at]);
     println!(
         "{} echo: median of {rounds} rounds x {calls} calls",
         target.server_id
     );
-    println!(
-        "  guest  (wasm -> host -> pooled connection) {:>10.1} µs/call",
-        micros(guest)
-    );
-    println!(
-        "  native (pool.call_tool, same conn)         {:>10.1} µs/call",
-        micros(native)
-    );
-    println!("  guest / native (median of round pairs)     {paired_ratio:>10.3}x");
+    for (row, samples) in rows.iter().zip(&samples) {
+        let mut switches = samples.switches.clone();
+        switches.sort_by(f64::total_cmp);
+        println!(
+            "  {:<42} {:>8.1} µs/call {:>6.2} ctx switches/call",
+            row.label(),
+            micros(median(samples.times.clone())),
+            switches[switches.len() / 2]
+        );
+    }
+    let (Some(guest), Some(spawned_guest)) = (of(Row::Guest), of(Row::Spawned)) else {
+        return Duration::ZERO;
+    };
+    if let Some(native) = of(Row::Native) {
+        println!(
+            "  guest / native (median of round pairs)     {:>10.3}x",
+            paired(guest, native)
+        );
+    }
+    for (name, baseline) in [("TS SDK", of(Row::Ts)), ("floor", of(Row::Floor))] {
+        if let Some(baseline) = baseline {
+            println!(
+                "  guest / {name:<6} (block_on; spawned)         {:>6.3}x {:>6.3}x",
+                paired(guest, baseline),
+                paired(spawned_guest, baseline)
+            );
+        }
+    }
+    let guest = median(guest.times.clone());
     if !spawned.is_empty() {
         let spawned = median(spawned);
         println!(
@@ -224,16 +506,25 @@ async fn main() {
         .with_config(config, ".")
         .build()
         .unwrap();
-    let stdio = measure(&host, &fixture, rounds, calls, spawns).await;
-    let http = measure(&host, &fixture_http, rounds, calls, spawns).await;
-    println!(
-        "fixture over Streamable HTTP / over stdio (guest path): {:.2}x",
-        micros(http) / micros(stdio)
-    );
+    let only = std::env::var("QUIVER_BENCH_ONLY").ok();
+    let wanted = |target: &Target| only.as_deref().is_none_or(|id| id == target.server_id);
+    if wanted(&fixture) && wanted(&fixture_http) {
+        let stdio = measure(&host, &fixture, rounds, calls, spawns).await;
+        let http = measure(&host, &fixture_http, rounds, calls, spawns).await;
+        println!(
+            "fixture over Streamable HTTP / over stdio (guest path): {:.2}x",
+            micros(http) / micros(stdio)
+        );
+    } else {
+        for target in [&fixture, &fixture_http].into_iter().filter(|t| wanted(t)) {
+            measure(&host, target, rounds, calls, spawns).await;
+        }
+    }
     match &everything {
-        Some(target) => {
+        Some(target) if wanted(target) => {
             measure(&host, target, rounds, calls / 4, spawns).await;
         }
+        Some(_) => {}
         None => println!(
             "(server-everything not installed: run scripts/setup.sh for the Node.js figures)"
         ),

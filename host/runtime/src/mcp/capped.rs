@@ -1,18 +1,22 @@
 //! JSON encoding that stops at a byte cap, so checking a server's answer against its budget
 //! never buffers (or, when only the size matters, allocates) more than the budget.
 
+/// What an encoding starts with.
+const INITIAL_BYTES: usize = 256;
+
 /// Why [`encode_capped`] gave up.
 enum Encode {
     TooLarge,
     Failed(serde_json::Error),
 }
 
-/// A server's answer (`what`: "tool `x`", "resource `u`", "prompt `p`") as the JSON a
-/// guest gets, at most `cap` bytes (`budgets.max_tool_output_bytes`).
+/// A server's answer (`what`: "tool `x`", "resource `u`", "prompt `p`", formatted only
+/// for an error) as the JSON a guest gets, at most `cap` bytes
+/// (`budgets.max_tool_output_bytes`).
 pub(super) fn encode_answer(
     value: &impl serde::Serialize,
     cap: u64,
-    what: &str,
+    what: std::fmt::Arguments<'_>,
     server_id: &str,
 ) -> Result<Vec<u8>, super::McpError> {
     use super::{McpError, McpErrorCode};
@@ -33,7 +37,12 @@ pub(super) fn encode_answer(
 /// `value` as JSON, unless that takes more than `cap` bytes (then it stops writing there).
 fn encode_capped(value: &impl serde::Serialize, cap: u64) -> Result<Vec<u8>, Encode> {
     let mut out = Capped {
-        bytes: Vec::new(),
+        // Most answers are small: room for one at once, not a series of regrowths.
+        bytes: Vec::with_capacity(
+            usize::try_from(cap)
+                .unwrap_or(usize::MAX)
+                .min(INITIAL_BYTES),
+        ),
         left: cap,
     };
     match serde_json::to_writer(&mut out, value) {

@@ -18,10 +18,6 @@ use crate::text::cut;
 /// name, if the method has one.
 pub(crate) fn request(entry: &ServerEntry, method: &str, target: Option<&str>) -> tracing::Span {
     let target = target.map(|t| cut(t, defaults::MAX_TOOL_NAME_BYTES));
-    let name = match target {
-        Some(target) => format!("{method} {target}"),
-        None => method.to_owned(),
-    };
     let transport = match entry.record.transport {
         Transport::Stdio => "pipe",
         Transport::StreamableHttp | Transport::HttpSseLegacy => "tcp",
@@ -29,7 +25,7 @@ pub(crate) fn request(entry: &ServerEntry, method: &str, target: Option<&str>) -
     let tool = (method == "tools/call").then_some(target).flatten();
     tracing::info_span!(
         "mcp_request",
-        otel.name = %name,
+        otel.name = %SpanName(method, target),
         otel.kind = "client",
         otel.status_code = Empty,
         mcp.method.name = method,
@@ -43,8 +39,23 @@ pub(crate) fn request(entry: &ServerEntry, method: &str, target: Option<&str>) -
     )
 }
 
+/// `{method} {target}`, formatted only by a subscriber that records the span.
+struct SpanName<'a>(&'a str, Option<&'a str>);
+
+impl std::fmt::Display for SpanName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.1 {
+            Some(target) => write!(f, "{} {target}", self.0),
+            None => f.write_str(self.0),
+        }
+    }
+}
+
 /// What the server said in its handshake (its protocol version).
 pub(crate) fn record_peer(span: &tracing::Span, info: Option<&ServerPeerInfo>) {
+    if span.is_disabled() {
+        return;
+    }
     if let Some(info) = info {
         let version = info.protocol_version.to_string();
         span.record(

@@ -20,9 +20,9 @@
 //! own there, else `other`, so a flood of made-up names cannot add series. Without the
 //! section they carry no such label.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -73,8 +73,9 @@ struct Inner {
     /// The principals labelled by name (those listed in `[principals]`); `None`: no
     /// `principal` label at all.
     principals: Option<BTreeSet<String>>,
-    /// The tools given their own series so far, by server id (`""`: guest tools).
-    series: Mutex<HashMap<String, HashSet<String>>>,
+    /// The tools given their own series so far, by server id (`""`: guest tools), with
+    /// their series resolved, so a call's end is a map lookup and a few atomics.
+    series: RwLock<HashMap<String, ServerSeries>>,
     /// Tools with their own series per server id.
     max_series: usize,
     live: Arc<Live>,
@@ -204,7 +205,7 @@ impl Metrics {
                 budget_hits,
                 policy_denials,
                 principals,
-                series: Mutex::new(HashMap::new()),
+                series: RwLock::new(HashMap::new()),
                 max_series: max_tool_series,
                 live,
             }),
@@ -271,23 +272,66 @@ impl Metrics {
         self.inner.budget_hits.get_or_create(&labels).inc();
     }
 
-    /// The tool label for `tool` of `server_id`: itself while that server's series cap has
-    /// room or it already has a series, else [`OTHER_TOOL`].
-    fn tool_label(&self, server_id: &str, tool: &str) -> String {
+    /// The series of `tool` of `server_id`: its own while that server's series cap has
+    /// room or it already has them, else the server's [`OTHER_TOOL`] series.
+    fn tool_series(&self, server_id: &str, tool: &str) -> Arc<ToolSeries> {
         let tool = cut(tool, defaults::MAX_TOOL_NAME_BYTES);
-        let mut series = self.inner.series.lock().unwrap_or_else(|e| e.into_inner());
-        let tools = match series.get_mut(server_id) {
-            Some(tools) => tools,
+        {
+            let series = self.inner.series.read().unwrap_or_else(|e| e.into_inner());
+            let max = self.inner.max_series;
+            if let Some(found) = series.get(server_id).and_then(|s| s.find(tool, max)) {
+                return found;
+            }
+        }
+        let mut series = self.inner.series.write().unwrap_or_else(|e| e.into_inner());
+        let server = match series.get_mut(server_id) {
+            Some(server) => server,
             None => series.entry(server_id.to_owned()).or_default(),
         };
-        if tools.contains(tool) {
-            return tool.to_owned();
+        if let Some(found) = server.find(tool, self.inner.max_series) {
+            return found;
         }
-        if tools.len() < self.inner.max_series {
-            tools.insert(tool.to_owned());
-            return tool.to_owned();
+        if server.tools.len() < self.inner.max_series {
+            let own = Arc::new(self.resolve(server_id, tool));
+            server.tools.insert(tool.to_owned(), own.clone());
+            return own;
         }
-        OTHER_TOOL.to_owned()
+        server
+            .other
+            .get_or_insert_with(|| Arc::new(self.resolve(server_id, OTHER_TOOL)))
+            .clone()
+    }
+
+    fn resolve(&self, server_id: &str, tool: &str) -> ToolSeries {
+        let labels = [
+            ("server_id", server_id.to_owned()),
+            ("tool", tool.to_owned()),
+        ];
+        ToolSeries {
+            duration: self.inner.tool_duration.get_or_create(&labels).clone(),
+            output: self.inner.tool_output.get_or_create(&labels).clone(),
+            calls: Default::default(),
+            labels,
+        }
+    }
+}
+
+/// One server's tool series: those of the tools with their own, and the shared one of the
+/// rest once the cap is reached.
+#[derive(Default)]
+struct ServerSeries {
+    tools: HashMap<String, Arc<ToolSeries>>,
+    other: Option<Arc<ToolSeries>>,
+}
+
+impl ServerSeries {
+    /// The series `tool` counts under, if resolved already (`max`: the cap).
+    fn find(&self, tool: &str, max: usize) -> Option<Arc<ToolSeries>> {
+        match self.tools.get(tool) {
+            Some(own) => Some(own.clone()),
+            None if self.tools.len() >= max => self.other.clone(),
+            None => None,
+        }
     }
 }
 
@@ -302,23 +346,54 @@ impl Metrics {
     }
 }
 
+/// The resolved series of one tool label of one server.
+struct ToolSeries {
+    labels: Labels<2>,
+    duration: Histogram,
+    output: Histogram,
+    /// The call counters by outcome, resolved on first use; only where calls carry no
+    /// `principal` label (with one, the label set varies per call).
+    calls: [OnceLock<Counter>; OUTCOMES],
+}
+
+/// How many [`ToolOutcome`](super::ToolOutcome) labels there are.
+const OUTCOMES: usize = 5;
+
+fn outcome_index(outcome: super::ToolOutcome) -> usize {
+    use super::ToolOutcome;
+    match outcome {
+        ToolOutcome::Ok => 0,
+        ToolOutcome::ToolError => 1,
+        ToolOutcome::Failed(_) => 2,
+        ToolOutcome::Timeout => 3,
+        ToolOutcome::Cancelled => 4,
+    }
+}
+
 impl ToolObserver for Metrics {
     fn after_tool_call(&self, call: &ToolCall, end: &ToolCallEnd) {
         let server_id = call.server_id().unwrap_or("");
-        let tool = self.tool_label(server_id, &call.tool);
-        let series = [("server_id", server_id.to_owned()), ("tool", tool)];
-        let [server, tool] = series.clone();
-        let mut counted = vec![server, tool, ("outcome", end.outcome.label().to_owned())];
-        counted.extend(self.principal_label(call.principal.as_deref()));
-        self.inner.tool_calls.get_or_create(&counted).inc();
-        self.inner
-            .tool_duration
-            .get_or_create(&series)
-            .observe(end.duration.as_secs_f64());
-        self.inner
-            .tool_output
-            .get_or_create(&series)
-            .observe(end.output_bytes as f64);
+        let series = self.tool_series(server_id, &call.tool);
+        let counter_labels = || {
+            let [server, tool] = series.labels.clone();
+            let mut counted = vec![server, tool, ("outcome", end.outcome.label().to_owned())];
+            counted.extend(self.principal_label(call.principal.as_deref()));
+            counted
+        };
+        if self.inner.principals.is_some() {
+            self.inner.tool_calls.get_or_create(&counter_labels()).inc();
+        } else {
+            series.calls[outcome_index(end.outcome)]
+                .get_or_init(|| {
+                    self.inner
+                        .tool_calls
+                        .get_or_create(&counter_labels())
+                        .clone()
+                })
+                .inc();
+        }
+        series.duration.observe(end.duration.as_secs_f64());
+        series.output.observe(end.output_bytes as f64);
     }
 
     fn policy_denied(&self, denial: &PolicyDenial) {

@@ -370,6 +370,13 @@ impl Guard {
         self.limits.message_cap(kind.unwrap_or(&Kind::Other("")))
     }
 
+    /// Whether `id` is a `tools/call` still waiting for its answer.
+    pub(in crate::mcp) fn is_pending_call(&self, id: &RequestId) -> bool {
+        self.pending
+            .get(&key(id))
+            .is_some_and(|p| matches!(p.kind, Kind::Call(_)))
+    }
+
     /// The next message for rmcp, if one is ready.
     pub(in crate::mcp) fn pop(&mut self) -> Option<ServerJsonRpcMessage> {
         self.ready.pop_front()

@@ -12,13 +12,16 @@
 //! Writes are whole lines behind one lock; a write that cannot finish within the server's
 //! `tool_timeout_ms` means the server stopped reading, and its stdin is closed.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 
 use rmcp::RoleClient;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
+use super::answer::call_answer;
 use super::guard::{Guard, Incoming, Limits, Problem};
 use super::scan::IdScan;
 use crate::defaults;
@@ -45,6 +48,8 @@ struct Discard {
 enum Step {
     More,
     Line,
+    /// A whole line that sat in the read buffer, parsed there (into `parsed`).
+    Parsed,
     Discarding,
     Discarded,
 }
@@ -83,6 +88,7 @@ where
         loop {
             let read_cap = self.guard.read_cap();
             let smallest = self.guard.limits().smallest_message();
+            let mut parsed = None;
             let (consumed, step) = {
                 let available = match self.reader.fill_buf().await {
                     Ok(available) => available,
@@ -139,6 +145,10 @@ where
                         } else {
                             Step::Discarding
                         }
+                    } else if ends && self.line.is_empty() {
+                        // The whole line is in the read buffer: no copy into `line`.
+                        parsed = Some(parse(&self.guard, self.scan.as_ref(), chunk));
+                        Step::Parsed
                     } else {
                         self.line.extend_from_slice(chunk);
                         if ends { Step::Line } else { Step::More }
@@ -149,8 +159,12 @@ where
             self.reader.consume(consumed);
             match step {
                 Step::More => {}
+                Step::Parsed => {
+                    self.scan = None;
+                    return parsed;
+                }
                 Step::Line => {
-                    let incoming = self.parse_line();
+                    let incoming = parse(&self.guard, self.scan.as_ref(), &self.line);
                     self.line.clear();
                     self.line.shrink_to(KEEP_LINE_CAPACITY);
                     self.scan = None;
@@ -192,54 +206,74 @@ where
         }
     }
 
-    /// The complete line in `self.line` (within the read cap, and scanned in `self.scan`
-    /// if longer than the smallest cap).
-    fn parse_line(&self) -> Incoming {
-        let line = self.line.strip_suffix(b"\n").unwrap_or(&self.line);
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let line = line.strip_prefix(UTF8_BOM).unwrap_or(line);
-        if line.iter().all(u8::is_ascii_whitespace) {
-            return Incoming::Blank;
-        }
-        // A line over its own cap that the read cap let through: one that turned out not
-        // to be an answer (a notification may not be as large as a list).
-        if let Some(scan) = &self.scan
-            && line.len() > self.guard.cap_of(scan.id(), scan.is_answer())
-        {
-            return Incoming::Unreadable {
-                id: scan.id().cloned(),
-                answer: scan.is_answer(),
-                problem: Problem::TooLarge {
-                    seen: line.len() as u64,
-                },
-            };
-        }
-        match serde_json::from_slice::<ServerJsonRpcMessage>(line) {
-            Ok(message) => Incoming::Message(message),
-            Err(error) => {
-                let fresh;
-                let scan = match &self.scan {
-                    Some(scan) => scan,
-                    None => {
-                        let mut scan = IdScan::default();
-                        scan.feed(line);
-                        fresh = scan;
-                        &fresh
-                    }
-                };
-                Incoming::Unreadable {
-                    id: scan.id().cloned(),
-                    answer: scan.is_answer(),
-                    problem: Problem::Invalid(error.to_string()),
-                }
-            }
-        }
-    }
-
     /// Closes the server's stdin (the MCP way to ask a stdio server to exit).
     pub(super) async fn close_input(&mut self) {
         self.writer.lock().await.take();
     }
+}
+
+/// A complete `line` read within the read cap (and scanned in `scan` if longer than the
+/// smallest cap). An answer to a pending `tools/call` is read as one ([`call_answer`]);
+/// everything else goes through rmcp's generic parse.
+fn parse(guard: &Guard, scan: Option<&IdScan>, line: &[u8]) -> Incoming {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let line = line.strip_prefix(UTF8_BOM).unwrap_or(line);
+    if line.iter().all(u8::is_ascii_whitespace) {
+        return Incoming::Blank;
+    }
+    // A line over its own cap that the read cap let through: one that turned out not
+    // to be an answer (a notification may not be as large as a list).
+    if let Some(scan) = scan
+        && line.len() > guard.cap_of(scan.id(), scan.is_answer())
+    {
+        return Incoming::Unreadable {
+            id: scan.id().cloned(),
+            answer: scan.is_answer(),
+            problem: Problem::TooLarge {
+                seen: line.len() as u64,
+            },
+        };
+    }
+    if let Some(message) = call_answer(line, |id| guard.is_pending_call(id)) {
+        return Incoming::Message(message);
+    }
+    match serde_json::from_slice::<ServerJsonRpcMessage>(line) {
+        Ok(message) => Incoming::Message(message),
+        Err(error) => {
+            let fresh;
+            let scan = match scan {
+                Some(scan) => scan,
+                None => {
+                    let mut scan = IdScan::default();
+                    scan.feed(line);
+                    fresh = scan;
+                    &fresh
+                }
+            };
+            Incoming::Unreadable {
+                id: scan.id().cloned(),
+                answer: scan.is_answer(),
+                problem: Problem::Invalid(error.to_string()),
+            }
+        }
+    }
+}
+
+/// Writes as much of `bytes` to `pipe` as it takes without waiting: how many bytes, and
+/// whether all of them were flushed too. An error stops here; the caller's retry of the
+/// rest reports it.
+fn write_now<W: AsyncWrite + Unpin>(pipe: &mut W, bytes: &[u8]) -> (usize, bool) {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut written = 0;
+    while written < bytes.len() {
+        match Pin::new(&mut *pipe).poll_write(&mut cx, &bytes[written..]) {
+            Poll::Ready(Ok(n)) if n > 0 => written += n,
+            _ => return (written, false),
+        }
+    }
+    let flushed = matches!(Pin::new(pipe).poll_flush(&mut cx), Poll::Ready(Ok(())));
+    (written, flushed)
 }
 
 impl<R, W> Transport<RoleClient> for LineTransport<R, W>
@@ -261,17 +295,37 @@ where
         let writer = self.writer.clone();
         let timeout = self.guard.limits().write_timeout;
         let server_id = self.guard.limits().server_id.clone();
+        // rmcp runs the returned future as a task of its own, so a line left to it reaches
+        // the server only once that task is scheduled. When no other write holds the lock
+        // (tokio's is fair: none is queued either) the line is written here, as far as the
+        // pipe takes it without waiting; the rest, if any, goes on below as before.
+        let mut held = None;
+        let (mut written, mut done) = (0, false);
+        if let Ok(bytes) = &encoded
+            && let Ok(mut stdin) = writer.clone().try_lock_owned()
+        {
+            if let Some(pipe) = stdin.as_mut() {
+                (written, done) = write_now(pipe, bytes);
+            }
+            held = Some(stdin);
+        }
         async move {
             let bytes = encoded.map_err(std::io::Error::other)?;
-            let mut writer = writer.lock().await;
+            let mut writer = match held {
+                Some(held) => held,
+                None => writer.lock_owned().await,
+            };
             let Some(stdin) = writer.as_mut() else {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::NotConnected,
                     "the server's stdin is closed",
                 ));
             };
+            if done {
+                return Ok(());
+            }
             let write = async {
-                stdin.write_all(&bytes).await?;
+                stdin.write_all(&bytes[written..]).await?;
                 stdin.flush().await
             };
             match tokio::time::timeout(timeout, write).await {
@@ -460,6 +514,52 @@ mod tests {
         assert_eq!(error.kind(), std::io::ErrorKind::NotConnected);
         let mut sink = Vec::new();
         server_in.read_to_end(&mut sink).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_line_is_on_the_wire_before_its_future_runs_and_lines_keep_their_order() {
+        let (mut transport, _server_out, mut server_in) = transport();
+        // Not polled: rmcp spawns it as a task, which may run much later.
+        let sent = transport.send(call(1));
+        let mut line = vec![0; 256];
+        let n = tokio::time::timeout(Duration::from_secs(5), server_in.read(&mut line))
+            .await
+            .expect("written by send itself")
+            .unwrap();
+        assert!(line[..n].ends_with(b"\n"), "a whole line");
+        sent.await.unwrap();
+
+        // A line the pipe cannot take at once goes on in its future; a line sent after it
+        // waits for it, so nothing interleaves.
+        let mut big = call(2);
+        if let rmcp::model::JsonRpcMessage::Request(request) = &mut big
+            && let ClientRequest::CallToolRequest(call) = &mut request.request
+        {
+            let mut args = rmcp::model::JsonObject::new();
+            args.insert("x".into(), "z".repeat(200_000).into());
+            call.params.arguments = Some(args);
+        }
+        let big = tokio::spawn(transport.send(big));
+        let small = tokio::spawn(transport.send(call(3)));
+        let mut all = Vec::new();
+        let mut buf = vec![0; 1 << 16];
+        while all.iter().filter(|&&b| b == b'\n').count() < 2 {
+            let n = server_in.read(&mut buf).await.unwrap();
+            assert!(n > 0);
+            all.extend_from_slice(&buf[..n]);
+        }
+        let lines: Vec<serde_json::Value> = all
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).expect("whole lines"))
+            .collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(
+            (lines[0]["id"].as_i64(), lines[1]["id"].as_i64()),
+            (Some(2), Some(3))
+        );
+        big.await.unwrap().unwrap();
+        small.await.unwrap().unwrap();
     }
 
     impl<R, W> LineTransport<R, W> {

@@ -13,6 +13,7 @@
 //! [`Secrets`](crate::registry::Secrets): URLs, commands and library errors may carry what
 //! a `${ENV:..}` reference resolved to.
 
+mod answer;
 mod guard;
 mod lines;
 mod probe;

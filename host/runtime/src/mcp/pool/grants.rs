@@ -80,7 +80,7 @@ impl McpPool {
     /// last call.
     fn forget_principal(&self, entry: &ServerEntry, principal: &str) {
         let key = slot_key(entry.server_id(), Some(principal));
-        if let Some(slot) = self.shared.slots().remove(&key)
+        if let Some(slot) = self.shared.slots().remove(&*key)
             && let Ok(mut conn) = slot.conn.try_lock()
             && let Some(conn) = conn.take()
         {

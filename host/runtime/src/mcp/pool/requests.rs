@@ -197,7 +197,7 @@ impl McpPool {
         // The transport capped the answer as it was read; the guest gets it re-encoded,
         // which is checked again while it is written, so no more than the cap is buffered.
         let cap = record.budgets.max_tool_output_bytes;
-        let json = encode_answer(&result, cap, &format!("tool `{name}`"), server_id)?;
+        let json = encode_answer(&result, cap, format_args!("tool `{name}`"), server_id)?;
         Ok(ToolCallOutput { result, json })
     }
 
@@ -452,7 +452,7 @@ impl McpPool {
             )
         })
         .await?;
-        encode_answer(&result, cap, &format!("resource `{uri}`"), server_id)
+        encode_answer(&result, cap, format_args!("resource `{uri}`"), server_id)
     }
 
     /// Every prompt the server lists, bounded and cached like [`Self::list_resources`].
@@ -530,7 +530,7 @@ impl McpPool {
             )
         })
         .await?;
-        encode_answer(&result, cap, &format!("prompt `{name}`"), server_id)
+        encode_answer(&result, cap, format_args!("prompt `{name}`"), server_id)
     }
 
     /// Runs one request other than a tool call on `entry`'s server: within its

@@ -2,6 +2,7 @@
 //! and how they follow registry snapshots: a changed or removed server's slot is retired
 //! (its server stopped once its last call ends), never reused for a current entry.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -129,11 +130,12 @@ impl Drop for InFlight {
 }
 
 /// The slot map's key: the server id, and the principal for a per-principal slot (after
-/// a NUL, which neither may contain).
-pub(super) fn slot_key(server_id: &str, principal: Option<&str>) -> String {
+/// a NUL, which neither may contain). Borrowed without a principal: the common lookup
+/// allocates nothing.
+pub(super) fn slot_key<'a>(server_id: &'a str, principal: Option<&str>) -> Cow<'a, str> {
     match principal {
-        Some(principal) => format!("{server_id}\0{principal}"),
-        None => server_id.to_owned(),
+        Some(principal) => Cow::Owned(format!("{server_id}\0{principal}")),
+        None => Cow::Borrowed(server_id),
     }
 }
 
@@ -151,7 +153,7 @@ impl McpPool {
         let key = slot_key(entry.server_id(), principal);
         let mut slots = self.shared.slots();
         let server_id = entry.server_id();
-        if let Some(slot) = slots.get(&key)
+        if let Some(slot) = slots.get(&*key)
             && (Arc::ptr_eq(&slot.entry, entry) || slot.entry.connects_like(entry))
         {
             return slot.begin();
@@ -194,7 +196,7 @@ impl McpPool {
         if outdated {
             slot.retired.store(true, Ordering::SeqCst);
             retired.push(slot);
-        } else if let Some(old) = slots.insert(key, slot) {
+        } else if let Some(old) = slots.insert(key.into_owned(), slot) {
             old.retired.store(true, Ordering::SeqCst);
             retired.push(old);
             self.shared.reaper_wake.notify_one();
@@ -215,7 +217,7 @@ impl McpPool {
         let slot = self
             .shared
             .slots()
-            .get(&slot_key(entry.server_id(), principal))
+            .get(&*slot_key(entry.server_id(), principal))
             .cloned();
         slot.and_then(|slot| {
             let cache = slot.tools.lock().unwrap_or_else(|e| e.into_inner());
