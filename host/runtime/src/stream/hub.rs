@@ -561,7 +561,11 @@ mod tests {
 
     fn outbound_frames(streams: &UserStreams) -> usize {
         let state = streams.hub.lock();
-        state.streams.values().map(|c| c.outbound.frames.len()).sum()
+        state
+            .streams
+            .values()
+            .map(|c| c.outbound.frames.len())
+            .sum()
     }
 
     /// A task refused or cancelled before it started never binds: its client must hear
@@ -584,7 +588,11 @@ mod tests {
             .expect("the send ends")
             .expect("join");
         assert_eq!(sent, Err(SendError::Ended));
-        assert!(streams.bind(ReadySignal::default(), MemoryBudget::unlimited()).is_none());
+        assert!(
+            streams
+                .bind(ReadySignal::default(), MemoryBudget::unlimited())
+                .is_none()
+        );
     }
 
     /// Frames the guest wrote are dropped once no client can take them: when the client
