@@ -70,10 +70,16 @@ type Socket =
 
 impl Fixture {
     async fn start() -> Self {
+        Self::start_with("").await
+    }
+
+    /// A node with `extra` appended to [`CONFIG`].
+    async fn start_with(extra: &str) -> Self {
         let registry = RegistryDir::new();
+        let config = format!("{CONFIG}{extra}");
         let node = Node::start(
             &registry,
-            Some(CONFIG),
+            Some(&config),
             &[("ALICE_TOKEN", ALICE), ("BOB_TOKEN", BOB)],
         );
         let wasm = std::fs::read(echo_guest()).expect("read the guest");
@@ -371,6 +377,42 @@ async fn hostile_frames_close_the_socket_with_the_reason_and_the_guest_sees_it()
     assert_eq!(health["status"], "ok");
 }
 
+/// A client attached to a task waiting in the queue is told when the task is cancelled
+/// there (it never started, so never bound its streams): its session ends, not hangs.
+#[tokio::test]
+async fn a_client_of_a_task_cancelled_in_the_queue_has_its_session_ended() {
+    let fixture = Fixture::start_with("[tasks]\nmax_concurrent = 1\n").await;
+    // Holds the one slot: the echo guest waits for a client that never comes.
+    let running = fixture.submit("holds-the-slot").await;
+    let queued = fixture.submit("queued").await;
+    let mut socket = fixture.attach(&queued).await;
+    socket
+        .send(Message::Binary(frame(1, 1, b"anyone?").into()))
+        .await
+        .expect("send");
+    let answer = Node::send(
+        fixture
+            .node
+            .anonymous(Method::DELETE, &format!("/v1/tasks/{queued}"))
+            .bearer_auth(ALICE),
+    )
+    .await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.json["status"], "cancelled", "{answer:?}");
+    let (code, reason) = close_of(&mut socket).await;
+    assert_eq!(code, CloseCode::Normal);
+    assert_eq!(reason, "the task ended");
+    for id in [&running, &queued] {
+        let _ = Node::send(
+            fixture
+                .node
+                .anonymous(Method::DELETE, &format!("/v1/tasks/{id}"))
+                .bearer_auth(ALICE),
+        )
+        .await;
+    }
+}
+
 /// The library's queues against a client that sends much and never reads: the guest's
 /// writes wait in a bounded queue (it sees -EAGAIN), the client's sends wait for room, and
 /// the task's host memory stays within the two queues however much is sent.
@@ -448,4 +490,46 @@ fn quiver_run_binds_stream_0_to_the_terminal() {
         stderr.contains("user_stream_ctl_open failed: -107"),
         "{stderr}"
     );
+}
+
+/// The guest ends (its deadline) while stdin stays open: `quiver run` exits anyway, not
+/// at the next line of input.
+#[test]
+fn quiver_run_exits_when_the_guest_ends_though_stdin_stays_open() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let task = dir.path().join("task.json");
+    std::fs::write(
+        &task,
+        r#"{"task_id": "stdin-open", "limits": {"deadline_ms": 1500}}"#,
+    )
+    .expect("write task.json");
+    let mut child = Command::new(quiver_cli())
+        .env_remove("QUIVER_LOG")
+        .env_remove("QUIVER_CONFIG")
+        .env_remove("QUIVER_REGISTRY")
+        .args(["run", "--no-cache", "--user-stream-stdio", "--task"])
+        .arg(&task)
+        .arg(echo_guest())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run quiver");
+    let stdin = child.stdin.take();
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    drop(stdin);
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("quiver run still waits for stdin 30 s after its guest's 1.5 s deadline");
+    }
 }

@@ -4,11 +4,13 @@
 //! guest has read every frame (and had a moment to answer the last), so an echoing guest
 //! answers the last line before it hears the session close.
 
+use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
 
 use quiver::StreamClient;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
 /// The most of stdin one frame carries.
@@ -29,17 +31,13 @@ pub(crate) struct Stdio {
 pub(crate) fn start(client: StreamClient) -> Stdio {
     let client = Arc::new(client);
     let sender = client.clone();
+    let chunks = read_stdin();
     let input = tokio::spawn(async move {
-        let mut stdin = tokio::io::stdin();
-        let mut buf = vec![0u8; CHUNK];
+        let mut chunks = chunks;
         let mut seq = 0u64;
-        loop {
-            let n = match stdin.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
+        while let Some(chunk) = chunks.recv().await {
             seq += 1;
-            if let Err(e) = sender.send(quiver::ssf_data_frame(0, seq, &buf[..n])).await {
+            if let Err(e) = sender.send(quiver::ssf_data_frame(0, seq, &chunk)).await {
                 eprintln!("quiver: user stream: {e}");
                 return;
             }
@@ -60,6 +58,31 @@ pub(crate) fn start(client: StreamClient) -> Stdio {
         }
     });
     Stdio { input, output }
+}
+
+/// Stdin's chunks, read on a detached thread: a blocking read cannot be stopped, and
+/// tokio's stdin would hold the runtime's shutdown (and the exit) until the next line.
+fn read_stdin() -> mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = mpsc::channel(1);
+    let spawned = std::thread::Builder::new()
+        .name("user-stream-stdin".into())
+        .spawn(move || {
+            let mut stdin = std::io::stdin().lock();
+            let mut buf = vec![0u8; CHUNK];
+            loop {
+                let n = match stdin.read(&mut buf) {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => n,
+                };
+                if tx.blocking_send(buf[..n].to_vec()).is_err() {
+                    return;
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        eprintln!("quiver: user stream: cannot read stdin: {e}");
+    }
+    rx
 }
 
 impl Stdio {

@@ -198,6 +198,10 @@ pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 /// How long a closing stream WebSocket waits to hand the client its close frame.
 pub const STREAM_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// How long a stream session lasts after its task ended, for the client to read what the
+/// guest wrote last; then it ends, read or not.
+pub const STREAM_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// What a stream WebSocket buffers for a client before its sends wait on the socket: one
 /// frame's worth, so a client that never reads holds the guest's writes in the task's
 /// bounded queue, not here.

@@ -5,9 +5,11 @@
 //!
 //! The upgrade goes through the node's own listener, guard and token check. The session
 //! is bounded: a message is at most one frame ([`quiver::defaults::USER_STREAM_MAX_FRAME_BYTES`]),
-//! at most [`defaults::STREAM_MAX_FRAMES_PER_SEC`] frames a second are taken, a session
-//! idle for [`defaults::STREAM_IDLE_TIMEOUT`] is closed, and one client at a time may hold a
-//! task's streams (so sessions are bounded by the node's tasks). Backpressure is the
+//! at most [`defaults::STREAM_MAX_FRAMES_PER_SEC`] messages a second are taken (pings
+//! included), a session idle for [`defaults::STREAM_IDLE_TIMEOUT`] is closed (pings do not
+//! count; a send stuck that long is idle), a session outlives its task by at most
+//! [`defaults::STREAM_DRAIN_TIMEOUT`], and one client at a time may hold a task's streams
+//! (so sessions are bounded by the node's tasks). Backpressure is the
 //! library's: while the guest's inbound queue is full the socket is not read, and while the
 //! client does not read, the guest's writes wait in its bounded queue. A frame the library
 //! refuses (not SSF v1, too many streams) closes the socket with 1008 and the reason, and
@@ -41,7 +43,7 @@ pub(crate) async fn attach(
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let id = hex_param(id, "id", 24)?;
-    let (streams, done) = state
+    let streams = state
         .tasks
         .streams(&id, caller.client.as_deref())
         .ok_or_else(|| ApiError::not_found("task", "id"))?;
@@ -68,14 +70,14 @@ pub(crate) async fn attach(
             format!("offer the subprotocol {}", defaults::STREAM_SUBPROTOCOL),
         ));
     }
-    if done {
+    let Some(streams) = streams else {
         return Err(ApiError::new(
             StatusCode::CONFLICT,
             "task_ended",
             "the task has ended; its streams are closed",
         )
         .with_field("id"));
-    }
+    };
     let client = streams.attach().map_err(|e| {
         let code = match e {
             AttachError::Busy => "stream_busy",
@@ -108,36 +110,31 @@ enum End {
 async fn session(socket: WebSocket, client: StreamClient, id: String) {
     let (mut tx, mut rx) = socket.split();
     let started = Instant::now();
+    let idle = defaults::STREAM_IDLE_TIMEOUT;
     // Milliseconds since `started` of the last frame either way, for the idle timeout.
+    // Pings and pongs do not count: they would keep a silent session forever.
     let last = AtomicU64::new(0);
     let touch = || {
         let now = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
         last.store(now, Ordering::Relaxed);
     };
+    let idle_left = || {
+        let since = started
+            .elapsed()
+            .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
+        idle.saturating_sub(since)
+    };
     let inbound = async {
         let mut window = (Instant::now(), 0u32);
         loop {
-            let idle = defaults::STREAM_IDLE_TIMEOUT;
-            let message = match tokio::time::timeout(idle, rx.next()).await {
+            let left = idle_left();
+            if left.is_zero() {
+                return End::Idle;
+            }
+            let message = match tokio::time::timeout(left, rx.next()).await {
                 Ok(Some(Ok(message))) => message,
                 Ok(_) => return End::Client,
-                Err(_) => {
-                    let since = started
-                        .elapsed()
-                        .saturating_sub(Duration::from_millis(last.load(Ordering::Relaxed)));
-                    if since >= idle {
-                        return End::Idle;
-                    }
-                    continue;
-                }
-            };
-            let frame = match message {
-                Message::Binary(frame) => frame,
-                Message::Close(_) => return End::Client,
-                Message::Ping(_) | Message::Pong(_) => continue,
-                Message::Text(_) => {
-                    return End::Refused("binary SSF v1 frames only".into());
-                }
+                Err(_) => continue,
             };
             if window.0.elapsed() >= Duration::from_secs(1) {
                 window = (Instant::now(), 0);
@@ -149,26 +146,48 @@ async fn session(socket: WebSocket, client: StreamClient, id: String) {
                     defaults::STREAM_MAX_FRAMES_PER_SEC
                 ));
             }
+            let frame = match message {
+                Message::Binary(frame) => frame,
+                Message::Close(_) => return End::Client,
+                Message::Ping(_) | Message::Pong(_) => continue,
+                Message::Text(_) => {
+                    return End::Refused("binary SSF v1 frames only".into());
+                }
+            };
             touch();
-            match client.send(frame.into()).await {
-                Ok(()) => {}
-                Err(quiver::SendError::Ended) => return End::Task,
-                Err(e) => return End::Refused(e.to_string()),
+            // A guest that never reads (or a task that never starts) must not hold the
+            // session: the wait for room is an idle time too.
+            match tokio::time::timeout(idle, client.send(frame.into())).await {
+                Ok(Ok(())) => {}
+                Ok(Err(quiver::SendError::Ended)) => return End::Task,
+                Ok(Err(e)) => return End::Refused(e.to_string()),
+                Err(_) => return End::Idle,
             }
         }
     };
     let outbound = async {
         while let Some(frame) = client.recv().await {
             touch();
-            if tx.send(Message::Binary(frame.into())).await.is_err() {
-                return End::Client;
+            // A client that does not read stalls this send; it may not hold the session.
+            match tokio::time::timeout(idle, tx.send(Message::Binary(frame.into()))).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return End::Client,
+                Err(_) => return End::Idle,
             }
         }
+        End::Task
+    };
+    // Once the task has ended, what it wrote has a short while to reach the client; then
+    // the session ends whether or not the client read it.
+    let drained = async {
+        client.ended().await;
+        tokio::time::sleep(defaults::STREAM_DRAIN_TIMEOUT).await;
         End::Task
     };
     let end = tokio::select! {
         end = inbound => end,
         end = outbound => end,
+        end = drained => end,
     };
     let (code, reason) = match &end {
         End::Client => (close_code::NORMAL, String::new()),

@@ -107,8 +107,9 @@ struct Record {
     ended: Option<Instant>,
     /// Order of submission, to forget the oldest finished first.
     seq: u64,
-    /// The task's user streams, which its submitter attaches to over a WebSocket.
-    streams: UserStreams,
+    /// The task's user streams, which its submitter attaches to over a WebSocket; taken
+    /// when the task ends, so a finished record holds no frames.
+    streams: Option<UserStreams>,
 }
 
 /// Which tasks a caller may see and cancel.
@@ -250,7 +251,7 @@ impl TaskTable {
                 abort: Some(handle.abort_handle()),
                 ended: None,
                 seq,
-                streams,
+                streams: Some(streams),
             },
         );
         Ok(id)
@@ -336,6 +337,9 @@ impl TaskTable {
         view.status = phase;
         record.ended = Some(Instant::now());
         record.abort = None;
+        if let Some(streams) = record.streams.take() {
+            streams.end();
+        }
         record.phase.send_replace(phase);
         self.ended.notify_waiters();
     }
@@ -360,13 +364,14 @@ impl TaskTable {
             .map(|r| (r.view.clone(), r.phase.subscribe()))
     }
 
-    /// The user streams of a task that `client` submitted, and whether it has ended.
-    pub(crate) fn streams(&self, id: &str, client: Option<&str>) -> Option<(UserStreams, bool)> {
+    /// The user streams of a task that `client` submitted, if it exists: `None` inside
+    /// once it has ended.
+    pub(crate) fn streams(&self, id: &str, client: Option<&str>) -> Option<Option<UserStreams>> {
         self.lock()
             .by_id
             .get(id)
             .filter(|r| Scope::SubmittedBy(client).covers(r))
-            .map(|r| (r.streams.clone(), r.view.status.is_done()))
+            .map(|r| r.streams.clone())
     }
 
     /// The task's view, if it exists in `scope`.
@@ -400,6 +405,10 @@ impl TaskTable {
             message: why.to_owned(),
         });
         record.ended = Some(Instant::now());
+        // A client attached to a task cancelled in the queue is told at once.
+        if let Some(streams) = record.streams.take() {
+            streams.end();
+        }
         record.phase.send_replace(TaskPhase::Cancelled);
         tracing::info!(id, task_id = %record.view.task_id, "task cancelled: {why}");
     }

@@ -137,6 +137,17 @@ pub struct HostStatus {
 
 /// Counts a task in `quiver_tasks_total` once it ends: with its outcome, or `cancelled`
 /// when its future is dropped first.
+/// Ends a task's user streams when its run is over or dropped ([`UserStreams::end`]).
+struct StreamsEnd<'a>(Option<&'a crate::UserStreams>);
+
+impl Drop for StreamsEnd<'_> {
+    fn drop(&mut self) {
+        if let Some(streams) = self.0 {
+            streams.end();
+        }
+    }
+}
+
 struct TaskCounted<'a> {
     metrics: &'a Metrics,
     outcome: &'static str,
@@ -354,6 +365,9 @@ impl Host {
             metrics: &self.inner.metrics,
             outcome: "cancelled",
         };
+        // However the run ends, even before it bound the streams (refused, failed setup,
+        // dropped in the queue), a client waiting on them learns that it ended.
+        let _streams_end = StreamsEnd(task.user_streams.as_ref());
         let span = task_span(module, task);
         let result = self.run_admitted(module, task, admitted, &span).await;
         counted.outcome = match &result {

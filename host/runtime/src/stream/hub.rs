@@ -216,6 +216,20 @@ impl UserStreams {
         }
     }
 
+    /// Ends the session of a task that ended before it started (refused, failed to set
+    /// up, cancelled in the queue): a client waiting for it is told the task ended. A
+    /// task that started ends its session itself; then this does nothing.
+    pub fn end(&self) {
+        let mut state = self.hub.lock();
+        if !matches!(state.task, TaskLink::Waiting) {
+            return;
+        }
+        state.task = TaskLink::Ended;
+        state.streams.clear();
+        drop(state);
+        self.hub.client.notify_waiters();
+    }
+
     /// Binds the streams to a starting task; `None` if another task has them already.
     pub(crate) fn bind(&self, signal: ReadySignal, budget: MemoryBudget) -> Option<Bound> {
         let mut state = self.hub.lock();
@@ -241,12 +255,18 @@ impl Drop for Bound {
     fn drop(&mut self) {
         let mut state = self.hub.lock();
         state.task = TaskLink::Ended;
-        // What the guest did not read is dropped; what it wrote still reaches the client,
-        // no longer charged to a task that is gone (the queues bound it).
+        // What the guest did not read is dropped; what it wrote still reaches an attached
+        // client, no longer charged to a task that is gone (the queues and the client's
+        // drain deadline bound it). With no client to take them, they are dropped too.
+        let attached = state.client == ClientLink::Attached;
         for channel in state.streams.values_mut() {
             channel.inbound = Queue::default();
-            for frame in &mut channel.outbound.frames {
-                frame._charge = None;
+            if attached {
+                for frame in &mut channel.outbound.frames {
+                    frame._charge = None;
+                }
+            } else {
+                channel.outbound = Queue::default();
             }
         }
         drop(state);
@@ -491,6 +511,19 @@ impl StreamClient {
         }
     }
 
+    /// Waits until the task has ended (or ended before it started).
+    pub async fn ended(&self) {
+        loop {
+            let more = self.hub.client.notified();
+            tokio::pin!(more);
+            more.as_mut().enable();
+            if matches!(self.hub.lock().task, TaskLink::Ended) {
+                return;
+            }
+            more.await;
+        }
+    }
+
     /// Closes the session (as dropping the client does) while frames the guest wrote can
     /// still be received.
     pub fn close(&self) {
@@ -506,6 +539,94 @@ impl StreamClient {
 
 impl Drop for StreamClient {
     fn drop(&mut self) {
-        self.hub.lock().close_session(false);
+        let mut state = self.hub.lock();
+        state.close_session(false);
+        // Nobody can take them any more (no other client may attach); the guest's writes
+        // now fail with -EPIPE.
+        for channel in state.streams.values_mut() {
+            channel.outbound = Queue::default();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn data(stream_id: u32) -> Vec<u8> {
+        ssf::data_frame(stream_id, 1, b"hello")
+    }
+
+    fn outbound_frames(streams: &UserStreams) -> usize {
+        let state = streams.hub.lock();
+        state
+            .streams
+            .values()
+            .map(|c| c.outbound.frames.len())
+            .sum()
+    }
+
+    /// A task refused or cancelled before it started never binds: its client must hear
+    /// that it ended, not wait forever.
+    #[tokio::test]
+    async fn a_task_that_never_started_ends_its_session() {
+        let streams = UserStreams::new();
+        let client = streams.attach().expect("attach");
+        let sending = tokio::spawn({
+            let streams = streams.clone();
+            async move {
+                let _keep = streams;
+                client.send(data(1)).await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        streams.end();
+        let sent = tokio::time::timeout(Duration::from_secs(5), sending)
+            .await
+            .expect("the send ends")
+            .expect("join");
+        assert_eq!(sent, Err(SendError::Ended));
+        assert!(
+            streams
+                .bind(ReadySignal::default(), MemoryBudget::unlimited())
+                .is_none()
+        );
+    }
+
+    /// Frames the guest wrote are dropped once no client can take them: when the client
+    /// goes, and when the task ends without one.
+    #[tokio::test]
+    async fn frames_nobody_can_take_are_not_kept() {
+        let budget = MemoryBudget::new(Arc::from("t"), 1 << 20);
+        let streams = UserStreams::new();
+        let bound = streams
+            .bind(ReadySignal::default(), budget.clone())
+            .expect("bind");
+        let client = streams.attach().expect("attach");
+        client.send(data(1)).await.expect("send");
+        bound.guest().write(1, &data(1)).expect("write");
+        assert_eq!(outbound_frames(&streams), 1);
+        drop(client);
+        assert_eq!(outbound_frames(&streams), 0, "the client went away");
+        drop(bound);
+        assert_eq!(budget.used(), 0);
+
+        // Attached when the task ends: kept (uncharged) for the client to drain.
+        let streams = UserStreams::new();
+        let bound = streams
+            .bind(ReadySignal::default(), budget.clone())
+            .expect("bind");
+        let client = streams.attach().expect("attach");
+        client.send(data(2)).await.expect("send");
+        bound.guest().write(2, &data(2)).expect("write");
+        drop(bound);
+        assert_eq!(budget.used(), 0);
+        tokio::time::timeout(Duration::from_secs(5), client.ended())
+            .await
+            .expect("ended");
+        assert_eq!(client.recv().await, Some(data(2)));
+        assert_eq!(client.recv().await, None);
     }
 }
