@@ -511,7 +511,7 @@ async fn a_guest_tool_stack_cached_in_the_store_keeps_its_permit_until_the_task_
     let results: Vec<String> = llm
         .requests()
         .iter()
-        .flat_map(|request| quiver_tests::llm::tool_results(request))
+        .flat_map(quiver_tests::llm::tool_results)
         .map(|(_, content)| content)
         .collect();
     let ran = results.iter().filter(|c| c.contains("Sunny")).count();
