@@ -184,8 +184,11 @@ fn question(id: &str) -> ElicitationRequest {
 #[tokio::test]
 async fn a_queue_holds_questions_and_checks_answers_against_the_form() {
     let queue = ApprovalQueue::with_capacity(2);
-    let call = queue.ask(request("a"));
-    let asked = queue.elicit(question("q"));
+    // Another task's call: a task's share of a queue of 2 is 1.
+    let call = queue.ask(request_of("t2", "a"));
+    // A question is queued when its future first runs.
+    let mut asked = Box::pin(queue.elicit(question("q")));
+    assert!(futures::poll!(asked.as_mut()).is_pending());
     assert_eq!(
         queue.pending().len(),
         1,
