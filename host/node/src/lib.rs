@@ -64,6 +64,7 @@ mod etcd_grants;
 mod guard;
 mod listen;
 mod modules;
+mod params;
 mod source;
 mod streams;
 mod tasks;

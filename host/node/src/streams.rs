@@ -29,9 +29,9 @@ use futures::{SinkExt, StreamExt};
 use quiver::{AttachError, StreamClient};
 
 use super::NodeState;
-use super::api::hex_param;
 use super::auth::Caller;
 use super::error::ApiError;
+use super::params::hex_param;
 use crate::defaults;
 
 /// Upgrades to the task's stream session, after the checks an HTTP request gets.

@@ -99,10 +99,10 @@ pub use observe::{
 };
 pub use policy::{Layer, Pattern, PolicyReport, PrincipalConfig, Reason};
 pub use quiver_abi::Errno;
-pub use sandbox::SandboxSetupError;
+pub use sandbox::{GuestLogs, Preopen, SandboxSetupError};
 pub use stream::{
     AttachError, FrameError, SendError, StreamClient, UserStreams, data_frame as ssf_data_frame,
     frame_data as ssf_frame_data,
 };
-pub use task::{GuestLogs, Preopen, TaskError, TaskRoot, TaskSpec};
+pub use task::{TaskError, TaskRoot, TaskSpec};
 pub use trace::TraceContext;

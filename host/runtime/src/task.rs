@@ -17,6 +17,7 @@ use serde_json::Value;
 use crate::defaults;
 use crate::identity::check_principal;
 use crate::policy::{ListKey, Narrowing, Pattern, TaskMcpConfig};
+use crate::sandbox::{Grants, GuestLogs, Preopen};
 
 /// A task file or task config that cannot be used, with the place and the fix.
 #[derive(Debug, thiserror::Error)]
@@ -56,19 +57,6 @@ pub enum TaskError {
         field: &'static str,
         message: String,
     },
-}
-
-/// One directory the guest may see.
-#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct Preopen {
-    /// Host directory; relative paths are relative to the task file.
-    pub host: PathBuf,
-    /// Path the guest sees, e.g. `/data`.
-    pub guest: String,
-    /// When true the guest may read but not create, write or delete.
-    #[serde(default)]
-    pub read_only: bool,
 }
 
 /// A root the task declares to the MCP servers it uses (MCP `roots/list`): information
@@ -200,20 +188,6 @@ pub struct TaskSpec {
     /// task.json.
     #[serde(skip)]
     pub user_streams: Option<crate::UserStreams>,
-}
-
-/// Where a task's `log` lines go. Guests use `log` as their `printf`, so by default a line is
-/// the guest's own output.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum GuestLogs {
-    /// The guest's stderr, one line per call as written (control characters escaped): the
-    /// task's captured stderr when output is captured, else the host's stderr. The host's
-    /// own log gets a `debug`/`trace` event (target `quiver::guest`) for each line.
-    #[default]
-    Stderr,
-    /// Only host log events at the guest's level (target `quiver::guest`, with the task id),
-    /// for embedders that collect guest lines with their own logs.
-    Tracing,
 }
 
 /// The `mcp.*` keys besides the lists ([`ListKey`]).
@@ -447,6 +421,21 @@ impl TaskSpec {
 
     pub fn max_fds(&self) -> usize {
         self.limits.max_fds.unwrap_or(defaults::MAX_FDS_PER_TASK)
+    }
+
+    /// What the task's sandbox grants its guest.
+    pub(crate) fn grants(&self) -> Grants<'_> {
+        Grants {
+            task_id: &self.task_id,
+            args: &self.args,
+            env: &self.env,
+            preopens: &self.preopens,
+            inherit_stdin: self.inherit_stdin,
+            capture_output: self.capture_output,
+            guest_logs: self.guest_logs,
+            max_fds: self.max_fds(),
+            deadline: self.deadline(),
+        }
     }
 
     /// The task's host memory budget, given the host's: the task's own limit can only

@@ -12,7 +12,9 @@ use std::time::SystemTime;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::defaults;
 use crate::observe::{Via, unix_seconds};
+use crate::text::{cut, printable};
 
 /// One question a server asked during a request of a task: what
 /// [`Approver::elicit`](super::Approver::elicit) is given.
@@ -117,12 +119,142 @@ pub fn accept_defaults(schema: &Value) -> Option<ElicitationAnswer> {
 }
 
 /// The names the form's `required` lists.
-pub(crate) fn required_fields(schema: &Value) -> Vec<&str> {
+fn required_fields(schema: &Value) -> Vec<&str> {
     schema
         .get("required")
         .and_then(Value::as_array)
         .map(|names| names.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default()
+}
+
+/// `content` with the form's defaults filled in for fields it left out (SEP-1034), if each
+/// field is one of the form's and of its type, every required field is there, and it is
+/// within the answer cap.
+pub(crate) fn check_answer(
+    schema: &Value,
+    mut content: Map<String, Value>,
+) -> Result<Map<String, Value>, String> {
+    let empty = Map::new();
+    let properties = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    for (name, property) in properties {
+        if !content.contains_key(name)
+            && let Some(default) = property.get("default")
+        {
+            content.insert(name.clone(), default.clone());
+        }
+    }
+    for (name, value) in &content {
+        let Some(property) = properties.get(name) else {
+            return Err(format!(
+                "`{}` is not a field of the form",
+                printable(cut(name, 64))
+            ));
+        };
+        check_value(property, value)
+            .map_err(|why| format!("field `{}`: {why}", printable(cut(name, 64))))?;
+    }
+    for name in required_fields(schema) {
+        if !content.contains_key(name) {
+            return Err(format!(
+                "required field `{}` is missing",
+                printable(cut(name, 64))
+            ));
+        }
+    }
+    let size = serde_json::to_vec(&content).map_or(usize::MAX, |b| b.len());
+    if size > defaults::MAX_ELICITATION_ANSWER_BYTES {
+        return Err(format!(
+            "the answer takes {size} bytes as JSON; at most {} are sent",
+            defaults::MAX_ELICITATION_ANSWER_BYTES
+        ));
+    }
+    Ok(content)
+}
+
+/// Whether `value` fits one field of a form: its type, its enum (or `oneOf` consts), and
+/// its length or range bounds.
+fn check_value(property: &Value, value: &Value) -> Result<(), String> {
+    let allowed = |values: &[Value], value: &Value| {
+        values
+            .iter()
+            .any(|v| v == value || v.get("const") == Some(value))
+    };
+    let choices = property
+        .get("enum")
+        .or_else(|| property.get("oneOf"))
+        .and_then(Value::as_array);
+    match property.get("type").and_then(Value::as_str) {
+        Some("string") => {
+            let text = value.as_str().ok_or("expected a string")?;
+            if let Some(choices) = choices
+                && !allowed(choices, value)
+            {
+                return Err("not one of the form's choices".into());
+            }
+            let chars = text.chars().count() as u64;
+            if property
+                .get("maxLength")
+                .and_then(Value::as_u64)
+                .is_some_and(|max| chars > max)
+            {
+                return Err("longer than its maxLength".into());
+            }
+            if property
+                .get("minLength")
+                .and_then(Value::as_u64)
+                .is_some_and(|min| chars < min)
+            {
+                return Err("shorter than its minLength".into());
+            }
+        }
+        Some(kind @ ("number" | "integer")) => {
+            let number = value.as_f64().ok_or("expected a number")?;
+            if kind == "integer" && !(value.is_i64() || value.is_u64()) {
+                return Err("expected an integer".into());
+            }
+            if property
+                .get("minimum")
+                .and_then(Value::as_f64)
+                .is_some_and(|min| number < min)
+            {
+                return Err("below its minimum".into());
+            }
+            if property
+                .get("maximum")
+                .and_then(Value::as_f64)
+                .is_some_and(|max| number > max)
+            {
+                return Err("above its maximum".into());
+            }
+        }
+        Some("boolean") => {
+            value.as_bool().ok_or("expected a boolean")?;
+        }
+        Some("array") => {
+            let items = value.as_array().ok_or("expected an array")?;
+            let item_choices = property.get("items").and_then(|items| {
+                items
+                    .get("enum")
+                    .or_else(|| items.get("anyOf"))
+                    .and_then(Value::as_array)
+            });
+            for item in items {
+                if !item.is_string() {
+                    return Err("expected an array of strings".into());
+                }
+                if let Some(choices) = item_choices
+                    && !allowed(choices, item)
+                {
+                    return Err("an item is not one of the form's choices".into());
+                }
+            }
+        }
+        _ => return Err("the form gives this field no type the host knows".into()),
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -170,5 +302,47 @@ mod tests {
                 content: Map::new()
             }
         );
+    }
+
+    fn form() -> Value {
+        json!({"type": "object", "properties": {
+            "name": {"type": "string", "default": "John Doe", "maxLength": 20},
+            "age": {"type": "integer", "default": 30},
+            "score": {"type": "number", "default": 95.5},
+            "status": {"type": "string", "enum": ["active", "inactive"], "default": "active"},
+            "verified": {"type": "boolean", "default": true},
+            "email": {"type": "string"}},
+            "required": ["email"]})
+    }
+
+    fn object(value: Value) -> Map<String, Value> {
+        value.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn an_answer_gets_the_forms_defaults_and_is_checked_against_it() {
+        let filled = check_answer(&form(), object(json!({"email": "a@b"}))).unwrap();
+        assert_eq!(
+            Value::Object(filled),
+            json!({"name": "John Doe", "age": 30, "score": 95.5, "status": "active",
+                   "verified": true, "email": "a@b"})
+        );
+        let wrong = [
+            json!({}),
+            json!({"email": 1}),
+            json!({"email": "x", "age": 1.5}),
+            json!({"email": "x", "status": "gone"}),
+            json!({"email": "x", "name": "n".repeat(21)}),
+            json!({"email": "x", "extra": "field"}),
+        ];
+        for answer in wrong {
+            assert!(
+                check_answer(&form(), object(answer.clone())).is_err(),
+                "{answer}"
+            );
+        }
+        let huge = json!({"type": "object", "properties": {"t": {"type": "string"}}});
+        let big = "x".repeat(defaults::MAX_ELICITATION_ANSWER_BYTES);
+        assert!(check_answer(&huge, object(json!({"t": big}))).is_err());
     }
 }

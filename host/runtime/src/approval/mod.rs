@@ -27,7 +27,7 @@ use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
-pub(crate) use elicit::required_fields;
+pub(crate) use elicit::check_answer;
 pub use elicit::{ElicitationAnswer, ElicitationFuture, ElicitationRequest, accept_defaults};
 pub use gate::Approvals;
 pub(crate) use gate::{AskFor, Refusal, next_id, timeout_of};

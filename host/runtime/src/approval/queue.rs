@@ -9,10 +9,9 @@ use tokio::sync::oneshot;
 
 use super::{
     ApprovalDecision, ApprovalFuture, ApprovalRequest, Approver, ElicitationAnswer,
-    ElicitationFuture, ElicitationRequest,
+    ElicitationFuture, ElicitationRequest, check_answer,
 };
 use crate::defaults;
-use crate::mcp::input::check_answer;
 
 /// A decision that could not be delivered.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -31,7 +31,7 @@ pub use hostcalls::add_to_linker;
 pub(crate) use metrics::Metrics;
 pub(crate) use params::{ParamError, SessionMcp, Settings};
 pub(crate) use run::{GuestTools, SendContext};
-pub(crate) use sampling::{Refused as SamplingRefused, Sampler, Served as Sampled};
+pub(crate) use sampling::Sampler;
 pub(crate) use session::ROLES;
 pub use session::{ChatResponse, ChatSession, ChatTask, ChatView};
 

@@ -27,6 +27,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use rmcp::model::{
     ContentBlock, CreateMessageRequestParams, CreateMessageResult, Role, SamplingMessage,
     SamplingMessageContentBlock, ToolChoiceMode,
@@ -37,6 +38,7 @@ use super::images;
 use super::llm::{Backend, Backends};
 use super::wire::ChatCompletion;
 use crate::defaults;
+use crate::mcp::{Sampled, SamplingRefused, TaskSampler};
 use crate::observe::Metrics;
 use crate::registry::SamplingConfig;
 use crate::sandbox::Deadline;
@@ -66,44 +68,6 @@ impl std::fmt::Debug for Sampler {
     }
 }
 
-/// Why a sampling request was not answered: a short stable `reason` for observers and
-/// metrics, and the message the server (or the guest) is told.
-#[derive(Clone, Debug)]
-pub(crate) struct Refused {
-    pub(crate) reason: &'static str,
-    pub(crate) message: String,
-    /// The backend and model asked, when it got that far.
-    pub(crate) model: Option<(String, String)>,
-}
-
-impl Refused {
-    fn new(reason: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            reason,
-            message: message.into(),
-            model: None,
-        }
-    }
-
-    /// Whether the host's policy refused it (otherwise the request or the model failed).
-    pub(crate) fn is_policy(&self) -> bool {
-        matches!(
-            self.reason,
-            "not_allowed" | "max_tokens" | "max_requests" | "task_budget"
-        )
-    }
-}
-
-/// A request the model answered.
-#[derive(Clone, Debug)]
-pub(crate) struct Served {
-    pub(crate) result: CreateMessageResult,
-    pub(crate) backend: String,
-    pub(crate) model: String,
-    pub(crate) prompt_tokens: u64,
-    pub(crate) completion_tokens: u64,
-}
-
 impl Sampler {
     pub(crate) fn new(backends: Arc<Backends>, metrics: Metrics, max_tokens: u64) -> Self {
         Self {
@@ -120,15 +84,15 @@ impl Sampler {
 
     /// Answers `params` of server `server_id`, whose record says `config`, before
     /// `deadline`.
-    pub(crate) async fn sample(
+    async fn sample(
         &self,
         server_id: &str,
         config: &SamplingConfig,
         params: CreateMessageRequestParams,
         deadline: Deadline,
-    ) -> Result<Served, Refused> {
+    ) -> Result<Sampled, SamplingRefused> {
         if !config.allow {
-            return Err(Refused::new(
+            return Err(SamplingRefused::new(
                 "not_allowed",
                 format!(
                     "server `{server_id}` may not use the task's model: its registry record does not set [sampling] allow = true (docs/registry.md)"
@@ -138,7 +102,7 @@ impl Sampler {
         let cap = config.max_tokens.unwrap_or(defaults::SAMPLING_MAX_TOKENS);
         if params.max_tokens == 0 || params.max_tokens > cap {
             self.metrics.budget_hit("sampling_max_tokens");
-            return Err(Refused::new(
+            return Err(SamplingRefused::new(
                 "max_tokens",
                 format!(
                     "the request asks for maxTokens {}; server `{server_id}` may ask for 1 to {cap} (its record's sampling.max_tokens)",
@@ -151,7 +115,7 @@ impl Sampler {
             .backends
             .get(config.backend.as_deref())
             .map_err(|e| {
-                Refused::new(
+                SamplingRefused::new(
                     "no_backend",
                     format!(
                         "server `{server_id}`'s record names a backend this host does not have (sampling.backend): {}",
@@ -163,7 +127,7 @@ impl Sampler {
             .model
             .clone()
             .unwrap_or_else(|| backend.default_model().to_owned());
-        let with_model = |mut refused: Refused| {
+        let with_model = |mut refused: SamplingRefused| {
             refused.model = Some((backend.name().to_owned(), model.clone()));
             refused
         };
@@ -179,7 +143,7 @@ impl Sampler {
             .min(deadline.remaining());
         if timeout.is_zero() {
             self.settle(reserved, 0);
-            return Err(with_model(Refused::new(
+            return Err(with_model(SamplingRefused::new(
                 "timeout",
                 "the task's deadline has passed; the model was not asked",
             )));
@@ -195,7 +159,7 @@ impl Sampler {
                 self.settle(reserved, 0);
                 self.metrics
                     .llm_request(backend.name(), failure.error.code());
-                return Err(with_model(Refused::new(
+                return Err(with_model(SamplingRefused::new(
                     if failure.error.code() == "llm_timeout" {
                         "timeout"
                     } else {
@@ -220,7 +184,7 @@ impl Sampler {
         self.metrics
             .llm_tokens(backend.name(), prompt_tokens, completion_tokens);
         let result = answer(&completion, &model).map_err(with_model)?;
-        Ok(Served {
+        Ok(Sampled {
             backend: backend.name().to_owned(),
             model: result.model.clone(),
             result,
@@ -235,7 +199,7 @@ impl Sampler {
         server_id: &str,
         config: &SamplingConfig,
         tokens: u64,
-    ) -> Result<(), Refused> {
+    ) -> Result<(), SamplingRefused> {
         let max_requests = config
             .max_requests
             .unwrap_or(defaults::SAMPLING_MAX_REQUESTS);
@@ -243,7 +207,7 @@ impl Sampler {
         let left = self.max_tokens.saturating_sub(used.tokens);
         if tokens > left {
             self.metrics.budget_hit("sampling_tokens");
-            return Err(Refused::new(
+            return Err(SamplingRefused::new(
                 "task_budget",
                 format!(
                     "the task's sampling budget has {left} of {} tokens left and this request may take {tokens} (its maxTokens and prompt); ask for fewer tokens, or the operator may raise the budget",
@@ -254,7 +218,7 @@ impl Sampler {
         let count = used.requests.entry(server_id.to_owned()).or_default();
         if *count >= max_requests {
             self.metrics.budget_hit("sampling_requests");
-            return Err(Refused::new(
+            return Err(SamplingRefused::new(
                 "max_requests",
                 format!(
                     "server `{server_id}` has had its {max_requests} sampling requests for this task (its record's sampling.max_requests)"
@@ -273,11 +237,23 @@ impl Sampler {
     }
 }
 
+impl TaskSampler for Sampler {
+    fn sample<'a>(
+        &'a self,
+        server_id: &'a str,
+        config: &'a SamplingConfig,
+        params: CreateMessageRequestParams,
+        deadline: Deadline,
+    ) -> BoxFuture<'a, Result<Sampled, SamplingRefused>> {
+        Box::pin(Sampler::sample(self, server_id, config, params, deadline))
+    }
+}
+
 /// Checks the request's size before anything is built from it, and returns its estimated
 /// prompt tokens (a token per four bytes of text, [`defaults::SAMPLING_MEDIA_TOKENS`] per
 /// image or audio block).
-fn bounded(params: &CreateMessageRequestParams) -> Result<u64, Refused> {
-    let too_large = |what: String| Refused::new("too_large", what);
+fn bounded(params: &CreateMessageRequestParams) -> Result<u64, SamplingRefused> {
+    let too_large = |what: String| SamplingRefused::new("too_large", what);
     if params.messages.len() > defaults::SAMPLING_MAX_MESSAGES {
         return Err(too_large(format!(
             "the request has {} messages; at most {} are sent to a model",
@@ -358,8 +334,8 @@ fn json_len<T: serde::Serialize>(value: &T) -> usize {
     }
 }
 
-fn unsupported(what: impl Into<String>) -> Refused {
-    Refused::new("unsupported", what)
+fn unsupported(what: impl Into<String>) -> SamplingRefused {
+    SamplingRefused::new("unsupported", what)
 }
 
 /// The chat-completions body for `params`, which [`bounded`] has checked.
@@ -367,7 +343,7 @@ fn request_body(
     backend: &Backend,
     model: &str,
     params: &CreateMessageRequestParams,
-) -> Result<Value, Refused> {
+) -> Result<Value, SamplingRefused> {
     let mut messages = Vec::with_capacity(params.messages.len() + 1);
     if let Some(system) = &params.system_prompt {
         messages.push(json!({"role": "system", "content": system}));
@@ -419,7 +395,7 @@ fn user_messages(
     i: usize,
     message: &SamplingMessage,
     out: &mut Vec<Value>,
-) -> Result<(), Refused> {
+) -> Result<(), SamplingRefused> {
     let mut parts = Vec::new();
     for block in message.content.iter() {
         match block {
@@ -493,7 +469,7 @@ fn user_messages(
 }
 
 /// An assistant message: its text, and its tool uses as tool calls.
-fn assistant_message(i: usize, message: &SamplingMessage) -> Result<Value, Refused> {
+fn assistant_message(i: usize, message: &SamplingMessage) -> Result<Value, SamplingRefused> {
     let mut text = Vec::new();
     let mut calls = Vec::new();
     for block in message.content.iter() {
@@ -519,8 +495,12 @@ fn assistant_message(i: usize, message: &SamplingMessage) -> Result<Value, Refus
 }
 
 /// The backend's answer as a `CreateMessageResult`.
-fn answer(completion: &ChatCompletion, asked: &str) -> Result<CreateMessageResult, Refused> {
-    let invalid = |what: &str| Refused::new("llm_error", format!("the model's answer {what}"));
+fn answer(
+    completion: &ChatCompletion,
+    asked: &str,
+) -> Result<CreateMessageResult, SamplingRefused> {
+    let invalid =
+        |what: &str| SamplingRefused::new("llm_error", format!("the model's answer {what}"));
     let message = completion
         .message()
         .ok_or_else(|| invalid("has no choices[0].message"))?;

@@ -432,7 +432,7 @@ impl Host {
             &self.inner.host_memory,
         );
         let (sandbox, captured) = Sandbox::for_task(
-            task,
+            &task.grants(),
             &module.name,
             memory_limit,
             held.guest_memory.clone(),

@@ -34,12 +34,14 @@ use rmcp::model::{
     ElicitRequestParams, ElicitResult, ElicitationAction, InputRequest, InputRequests,
     InputRequiredResult, InputResponses,
 };
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::guest_answers::{Question, ToGuest};
-use super::sampling::{self, Generation};
+use super::sampling::{self, Generation, TaskSampler};
 use super::{McpError, McpErrorCode};
-use crate::approval::{Approvals, ElicitationAnswer, ElicitationRequest, next_id, timeout_of};
+use crate::approval::{
+    Approvals, ElicitationAnswer, ElicitationRequest, check_answer, next_id, timeout_of,
+};
 use crate::defaults;
 use crate::observe::{InputAnswered, InputRound, Observers, Via};
 use crate::registry::ServerEntry;
@@ -53,7 +55,7 @@ pub(crate) struct Asker {
     pub(crate) observers: Observers,
     pub(crate) approvals: Approvals,
     /// Answers the server's sampling requests for the task.
-    pub(crate) sampler: Arc<crate::chat::Sampler>,
+    pub(crate) sampler: Arc<dyn TaskSampler>,
     pub(crate) session_fd: Option<i32>,
     pub(crate) via: Via,
     pub(crate) deadline: Deadline,
@@ -356,136 +358,6 @@ fn check_schema(schema: &rmcp::model::ElicitationSchema) -> Result<Value, String
     Ok(json)
 }
 
-/// `content` with the form's defaults filled in for fields it left out (SEP-1034), if each
-/// field is one of the form's and of its type, every required field is there, and it is
-/// within the answer cap.
-pub(crate) fn check_answer(
-    schema: &Value,
-    mut content: Map<String, Value>,
-) -> Result<Map<String, Value>, String> {
-    let empty = Map::new();
-    let properties = schema
-        .get("properties")
-        .and_then(Value::as_object)
-        .unwrap_or(&empty);
-    for (name, property) in properties {
-        if !content.contains_key(name)
-            && let Some(default) = property.get("default")
-        {
-            content.insert(name.clone(), default.clone());
-        }
-    }
-    for (name, value) in &content {
-        let Some(property) = properties.get(name) else {
-            return Err(format!(
-                "`{}` is not a field of the form",
-                printable(cut(name, 64))
-            ));
-        };
-        check_value(property, value)
-            .map_err(|why| format!("field `{}`: {why}", printable(cut(name, 64))))?;
-    }
-    for name in crate::approval::required_fields(schema) {
-        if !content.contains_key(name) {
-            return Err(format!(
-                "required field `{}` is missing",
-                printable(cut(name, 64))
-            ));
-        }
-    }
-    let size = serde_json::to_vec(&content).map_or(usize::MAX, |b| b.len());
-    if size > defaults::MAX_ELICITATION_ANSWER_BYTES {
-        return Err(format!(
-            "the answer takes {size} bytes as JSON; at most {} are sent",
-            defaults::MAX_ELICITATION_ANSWER_BYTES
-        ));
-    }
-    Ok(content)
-}
-
-/// Whether `value` fits one field of a form: its type, its enum (or `oneOf` consts), and
-/// its length or range bounds.
-fn check_value(property: &Value, value: &Value) -> Result<(), String> {
-    let allowed = |values: &[Value], value: &Value| {
-        values
-            .iter()
-            .any(|v| v == value || v.get("const") == Some(value))
-    };
-    let choices = property
-        .get("enum")
-        .or_else(|| property.get("oneOf"))
-        .and_then(Value::as_array);
-    match property.get("type").and_then(Value::as_str) {
-        Some("string") => {
-            let text = value.as_str().ok_or("expected a string")?;
-            if let Some(choices) = choices
-                && !allowed(choices, value)
-            {
-                return Err("not one of the form's choices".into());
-            }
-            let chars = text.chars().count() as u64;
-            if property
-                .get("maxLength")
-                .and_then(Value::as_u64)
-                .is_some_and(|max| chars > max)
-            {
-                return Err("longer than its maxLength".into());
-            }
-            if property
-                .get("minLength")
-                .and_then(Value::as_u64)
-                .is_some_and(|min| chars < min)
-            {
-                return Err("shorter than its minLength".into());
-            }
-        }
-        Some(kind @ ("number" | "integer")) => {
-            let number = value.as_f64().ok_or("expected a number")?;
-            if kind == "integer" && !(value.is_i64() || value.is_u64()) {
-                return Err("expected an integer".into());
-            }
-            if property
-                .get("minimum")
-                .and_then(Value::as_f64)
-                .is_some_and(|min| number < min)
-            {
-                return Err("below its minimum".into());
-            }
-            if property
-                .get("maximum")
-                .and_then(Value::as_f64)
-                .is_some_and(|max| number > max)
-            {
-                return Err("above its maximum".into());
-            }
-        }
-        Some("boolean") => {
-            value.as_bool().ok_or("expected a boolean")?;
-        }
-        Some("array") => {
-            let items = value.as_array().ok_or("expected an array")?;
-            let item_choices = property.get("items").and_then(|items| {
-                items
-                    .get("enum")
-                    .or_else(|| items.get("anyOf"))
-                    .and_then(Value::as_array)
-            });
-            for item in items {
-                if !item.is_string() {
-                    return Err("expected an array of strings".into());
-                }
-                if let Some(choices) = item_choices
-                    && !allowed(choices, item)
-                {
-                    return Err("an item is not one of the form's choices".into());
-                }
-            }
-        }
-        _ => return Err("the form gives this field no type the host knows".into()),
-    }
-    Ok(())
-}
-
 /// The questions servers of the 2025 protocol ask during a call, as requests of their own:
 /// the requests in flight on one connection, so its handler can tell whose call a
 /// question belongs to. The protocol does not say which call it came with; the host asks
@@ -709,22 +581,6 @@ pub(crate) async fn timeout_besides_questions<F: Future>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
-
-    fn form() -> Value {
-        json!({"type": "object", "properties": {
-            "name": {"type": "string", "default": "John Doe", "maxLength": 20},
-            "age": {"type": "integer", "default": 30},
-            "score": {"type": "number", "default": 95.5},
-            "status": {"type": "string", "enum": ["active", "inactive"], "default": "active"},
-            "verified": {"type": "boolean", "default": true},
-            "email": {"type": "string"}},
-            "required": ["email"]})
-    }
-
-    fn object(value: Value) -> Map<String, Value> {
-        value.as_object().unwrap().clone()
-    }
 
     #[tokio::test]
     async fn the_time_a_question_waits_does_not_count_against_the_timeout() {
@@ -752,32 +608,5 @@ mod tests {
             timeout_besides_questions(limit, &asking, slow).await,
             Err(())
         );
-    }
-
-    #[test]
-    fn an_answer_gets_the_forms_defaults_and_is_checked_against_it() {
-        let filled = check_answer(&form(), object(json!({"email": "a@b"}))).unwrap();
-        assert_eq!(
-            Value::Object(filled),
-            json!({"name": "John Doe", "age": 30, "score": 95.5, "status": "active",
-                   "verified": true, "email": "a@b"})
-        );
-        let wrong = [
-            json!({}),
-            json!({"email": 1}),
-            json!({"email": "x", "age": 1.5}),
-            json!({"email": "x", "status": "gone"}),
-            json!({"email": "x", "name": "n".repeat(21)}),
-            json!({"email": "x", "extra": "field"}),
-        ];
-        for answer in wrong {
-            assert!(
-                check_answer(&form(), object(answer.clone())).is_err(),
-                "{answer}"
-            );
-        }
-        let huge = json!({"type": "object", "properties": {"t": {"type": "string"}}});
-        let big = "x".repeat(defaults::MAX_ELICITATION_ANSWER_BYTES);
-        assert!(check_answer(&huge, object(json!({"t": big}))).is_err());
     }
 }

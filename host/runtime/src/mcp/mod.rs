@@ -46,6 +46,7 @@ pub use launch::{LaunchConfig, LaunchRules};
 pub use pool::{McpHostConfig, PoolLimits, PoolUsage, ServerState, ServerStatus, ToolCallOutput};
 pub(crate) use pool::{McpPool, RemoteOptions};
 pub(crate) use rules::ServerRules;
+pub(crate) use sampling::{Sampled, SamplingRefused, TaskSampler};
 pub use session::{McpSession, McpTask, McpView};
 
 /// A tool as a server lists it (rmcp's model type: `name`, `description`, `inputSchema`, ...).

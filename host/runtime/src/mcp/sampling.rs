@@ -1,6 +1,6 @@
 //! A server's sampling request during a task's request, whichever way it came (an
 //! `input_required` input, or a 2025-era server's own `sampling/createMessage`): answered
-//! by the task's [`Sampler`](crate::chat::Sampler) under the server's record and the task's
+//! by the task's [`TaskSampler`] (the chat unit's sampler) under the server's record and the task's
 //! budget, logged without its text, and reported to the observers (and so to the audit log
 //! and the metrics) as a [`SamplingDone`].
 
@@ -9,14 +9,68 @@
 
 use std::time::{Instant, SystemTime};
 
+use futures::future::BoxFuture;
 use rmcp::model::{CreateMessageRequestParams, CreateMessageResult, ErrorCode};
 
 use super::input::{Asked, Asker};
 use super::{McpError, McpErrorCode};
-use crate::chat::{Sampled, SamplingRefused};
 use crate::defaults;
 use crate::observe::SamplingDone;
+use crate::registry::SamplingConfig;
+use crate::sandbox::Deadline;
 use crate::text::cut;
+
+/// What answers a task's sampling requests: the chat unit's sampler, over the host's LLM
+/// backends and the task's budget (mcp asks it and never speaks to a model itself).
+pub(crate) trait TaskSampler: Send + Sync + std::fmt::Debug {
+    /// Answers `params` of server `server_id`, whose record says `config`, before
+    /// `deadline`.
+    fn sample<'a>(
+        &'a self,
+        server_id: &'a str,
+        config: &'a SamplingConfig,
+        params: CreateMessageRequestParams,
+        deadline: Deadline,
+    ) -> BoxFuture<'a, Result<Sampled, SamplingRefused>>;
+}
+
+/// Why a sampling request was not answered: a short stable `reason` for observers and
+/// metrics, and the message the server (or the guest) is told.
+#[derive(Clone, Debug)]
+pub(crate) struct SamplingRefused {
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
+    /// The backend and model asked, when it got that far.
+    pub(crate) model: Option<(String, String)>,
+}
+
+impl SamplingRefused {
+    pub(crate) fn new(reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            reason,
+            message: message.into(),
+            model: None,
+        }
+    }
+
+    /// Whether the host's policy refused it (otherwise the request or the model failed).
+    pub(crate) fn is_policy(&self) -> bool {
+        matches!(
+            self.reason,
+            "not_allowed" | "max_tokens" | "max_requests" | "task_budget"
+        )
+    }
+}
+
+/// A request the model answered.
+#[derive(Clone, Debug)]
+pub(crate) struct Sampled {
+    pub(crate) result: CreateMessageResult,
+    pub(crate) backend: String,
+    pub(crate) model: String,
+    pub(crate) prompt_tokens: u64,
+    pub(crate) completion_tokens: u64,
+}
 
 /// How the request came.
 #[derive(Clone, Copy)]
@@ -131,11 +185,7 @@ impl Asker {
 /// A refusal the host must report without asking the sampler: the request came while
 /// another request of the connection was in flight, or past the request's limit.
 pub(crate) fn busy(why: &str) -> SamplingRefused {
-    SamplingRefused {
-        reason: "busy",
-        message: format!("the sampling request is refused: {why}"),
-        model: None,
-    }
+    SamplingRefused::new("busy", format!("the sampling request is refused: {why}"))
 }
 
 /// How an `input_required` request whose sampling was refused fails, for the guest.

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use quiver_abi::Errno;
 
-use super::McpPool;
+use super::{McpPool, TaskSampler};
 use crate::approval::Approvals;
 use crate::observe::{Observers, PolicyDenial};
 use crate::policy::{
@@ -26,7 +26,7 @@ pub struct McpTask {
     /// The task's MCP calls in flight, per server.
     pub(crate) in_flight: super::in_flight::PerServer,
     /// Answers the sampling requests of the task's servers, within the task's budget.
-    pub(crate) sampler: Arc<crate::chat::Sampler>,
+    pub(crate) sampler: Arc<dyn TaskSampler>,
     /// The roots the task declares to its servers (`roots/list`), none by default.
     pub(crate) roots: Arc<[crate::TaskRoot]>,
     /// Fiber stacks for calls back into the guest (the host's share for guest tools,

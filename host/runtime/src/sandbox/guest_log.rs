@@ -31,7 +31,7 @@ use crate::defaults;
 use crate::registry::redact_known;
 use crate::text;
 
-/// Where one task's `log` lines go (from [`GuestLogs`](crate::task::GuestLogs) and capture).
+/// Where one task's `log` lines go (from [`GuestLogs`](super::GuestLogs) and capture).
 pub(super) enum GuestLogSink {
     /// The host's stderr, through the writer thread.
     Stderr,

@@ -54,7 +54,8 @@ pub use memory::{GuestMemory, OutBuf, guest};
 pub use poll::{Pollable, ReadySignal};
 pub use run::TaskFailure;
 pub use runtime::{ModuleOrigin, Runtime, RuntimeOptions, default_cache_dir};
-pub use wasi::SandboxSetupError;
+pub(crate) use wasi::Grants;
+pub use wasi::{GuestLogs, Preopen, SandboxSetupError};
 
 /// One task's sandbox: everything of a store that is not a capability's.
 pub struct Sandbox<K> {

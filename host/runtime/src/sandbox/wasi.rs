@@ -1,8 +1,13 @@
 //! The WASI grants of a task: args, env, preopens, stdin and where output goes (the guest's
-//! `log` lines with its stderr, through one ordered queue when that is the host's). Everything not granted by the task spec is denied.
+//! `log` lines with its stderr, through one ordered queue when that is the host's).
+//! Everything not granted by the task spec is denied.
 
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
+use serde::Deserialize;
 use wasmtime::StoreLimitsBuilder;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder, WasiView};
 
@@ -12,7 +17,48 @@ use super::{
     BackgroundWork, CapturedOutput, Deadline, FdTable, GuestMemoryHold, MemoryBudget, Sandbox,
 };
 use crate::defaults;
-use crate::task::{GuestLogs, TaskSpec};
+
+/// One directory the guest may see.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Preopen {
+    /// Host directory; relative paths are relative to the task file.
+    pub host: PathBuf,
+    /// Path the guest sees, e.g. `/data`.
+    pub guest: String,
+    /// When true the guest may read but not create, write or delete.
+    #[serde(default)]
+    pub read_only: bool,
+}
+
+/// Where a task's `log` lines go. Guests use `log` as their `printf`, so by default a line is
+/// the guest's own output.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GuestLogs {
+    /// The guest's stderr, one line per call as written (control characters escaped): the
+    /// task's captured stderr when output is captured, else the host's stderr. The host's
+    /// own log gets a `debug`/`trace` event (target `quiver::guest`) for each line.
+    #[default]
+    Stderr,
+    /// Only host log events at the guest's level (target `quiver::guest`, with the task id),
+    /// for embedders that collect guest lines with their own logs.
+    Tracing,
+}
+
+/// What a task's sandbox grants its guest, as the task's spec says
+/// ([`TaskSpec::grants`](crate::TaskSpec)); nothing else reaches the guest.
+pub(crate) struct Grants<'a> {
+    pub(crate) task_id: &'a str,
+    /// The guest's args after its module name.
+    pub(crate) args: &'a [String],
+    pub(crate) env: &'a BTreeMap<String, String>,
+    pub(crate) preopens: &'a [Preopen],
+    pub(crate) inherit_stdin: bool,
+    pub(crate) capture_output: bool,
+    pub(crate) guest_logs: GuestLogs,
+    pub(crate) max_fds: usize,
+    pub(crate) deadline: Duration,
+}
 
 /// A task whose sandbox cannot be set up as its spec asks; names the task field at fault.
 #[derive(Debug, thiserror::Error)]
@@ -40,25 +86,25 @@ pub enum SandboxSetupError {
 }
 
 impl<K> Sandbox<K> {
-    /// The sandbox `task` asks for; `argv0` is the module's name, `memory_limit` the linear
+    /// The sandbox `task` is granted; `argv0` is the module's name, `memory_limit` the linear
     /// memory it may grow to, `guest_memory` its share of the host's total of it, and
     /// `budget` its host memory budget. The error names the task field at fault.
-    pub fn for_task(
-        task: &TaskSpec,
+    pub(crate) fn for_task(
+        task: &Grants<'_>,
         argv0: &str,
         memory_limit: u64,
         guest_memory: GuestMemoryHold,
         budget: MemoryBudget,
     ) -> Result<(Self, Option<CapturedOutput>), SandboxSetupError> {
-        let task_id: Arc<str> = Arc::from(task.task_id.as_str());
+        let task_id: Arc<str> = Arc::from(task.task_id);
         let mut wasi = WasiCtxBuilder::new();
         let mut argv = vec![argv0.to_owned()];
         argv.extend(task.args.iter().cloned());
         wasi.args(&argv);
-        for (key, value) in &task.env {
+        for (key, value) in task.env {
             wasi.env(key, value);
         }
-        for preopen in &task.preopens {
+        for preopen in task.preopens {
             let perms = if preopen.read_only {
                 FsPerms::ReadOnly
             } else {
@@ -97,14 +143,14 @@ impl<K> Sandbox<K> {
         // host descriptor: bounded like the task's own fds, so one guest opening files in a
         // loop cannot use up the process's descriptors that every other task needs.
         let wasi_cap = task
-            .max_fds()
+            .max_fds
             .saturating_add(task.preopens.len())
             .saturating_add(defaults::WASI_TABLE_SLACK);
         wasi.ctx().table.set_max_capacity(wasi_cap);
         let sandbox = Sandbox {
             task_id,
-            deadline: Deadline::after(task.deadline()),
-            fds: FdTable::new(task.max_fds(), &budget),
+            deadline: Deadline::after(task.deadline),
+            fds: FdTable::new(task.max_fds, &budget),
             budget,
             memory: None,
             table: None,
@@ -130,19 +176,28 @@ impl<K> Sandbox<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::task::Preopen;
 
     #[test]
     fn a_preopen_that_cannot_be_opened_names_the_field_and_no_env_value() {
-        let mut task = TaskSpec::new("t");
-        task.env.insert("API_TOKEN".into(), "s3cret-value".into());
-        task.preopens.push(Preopen {
+        let env = BTreeMap::from([("API_TOKEN".to_owned(), "s3cret-value".to_owned())]);
+        let preopens = [Preopen {
             host: "/nonexistent/quiver-unit-test".into(),
             guest: "/data".into(),
             read_only: true,
-        });
+        }];
+        let grants = Grants {
+            task_id: "t",
+            args: &[],
+            env: &env,
+            preopens: &preopens,
+            inherit_stdin: false,
+            capture_output: false,
+            guest_logs: GuestLogs::Stderr,
+            max_fds: 8,
+            deadline: Duration::from_secs(1),
+        };
         let Err(error) = Sandbox::<()>::for_task(
-            &task,
+            &grants,
             "guest.wasm",
             1 << 20,
             crate::sandbox::GuestMemoryTotal::new(1 << 20)
