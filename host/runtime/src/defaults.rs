@@ -78,11 +78,21 @@ pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(3);
 pub const PROCESS_EXIT_POLL: Duration = Duration::from_millis(10);
 
 /// MCP calls (`tools/call`, `tools/list`) in flight at once across the whole host, in front
-/// of each server's own `max_concurrency`. Waiting for a slot counts against the call's
-/// `tool_timeout_ms`. Sized so that 1000 concurrent tasks can each have a call in flight
-/// with room to spare (4x): an in-flight call costs a few KiB of host memory, so the cap
+/// of each server's own `max_concurrency`, at least: a host gets
+/// [`max_concurrent_mcp_calls`] of its task slots. Waiting for a slot counts against the
+/// call's `tool_timeout_ms`. An in-flight call costs a few KiB of host memory, so the cap
 /// bounds that to tens of MiB while never being what limits an I/O-bound host first.
 pub const MAX_CONCURRENT_MCP_CALLS: usize = 4096;
+
+/// MCP calls in flight across the host when `[mcp] max_concurrent_calls` is not set: room
+/// for every running task to have 4 at once (at least [`MAX_CONCURRENT_MCP_CALLS`]). A cap
+/// below the slots made the tasks past it wait in waves: 10 000 tasks on 10 000 slots
+/// took 3 waves of a 2 s tool against a cap of 4096 (BENCHMARKS.md).
+pub fn max_concurrent_mcp_calls(slots: u32) -> usize {
+    (slots as usize)
+        .saturating_mul(4)
+        .max(MAX_CONCURRENT_MCP_CALLS)
+}
 
 /// Stdio MCP server processes the host runs at once. When a new server must start at the
 /// cap, the least recently used server with no call in flight is stopped; if every one is
@@ -384,11 +394,13 @@ pub const GUEST_STDERR_FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 pub const MAX_SERVER_STDERR_LINE_BYTES: usize = 4 * 1024;
 
 /// Tasks running at once: the pooling allocator reserves one instance, linear memory, table
-/// and fiber stack per running task, and admission control never starts more. 1024 lets a
-/// 2-core host keep 1000 tasks waiting on I/O (a waiting task costs about 64 KiB of resident
-/// memory, see BENCHMARKS.md); each slot reserves about 4 GiB of address space and no
-/// memory until used. `HostBuilder::with_max_concurrent_tasks`, `[tasks] max_concurrent`.
-pub const MAX_CONCURRENT_TASKS: u32 = 1024;
+/// and fiber stack per running task, and admission control never starts more. 5000 lets a
+/// 2-core host run 10 000 tasks that each wait 3 s on I/O in two waves, under 10 s (a
+/// waiting task costs about 40 KiB of resident memory, see BENCHMARKS.md). Each slot
+/// reserves about 4 GiB of address space and no memory until used: 5000 slots take 20 TiB
+/// of the 128 TiB a process may address, so about six such hosts fit in one process.
+/// `HostBuilder::with_max_concurrent_tasks`, `[tasks] max_concurrent`.
+pub const MAX_CONCURRENT_TASKS: u32 = 5000;
 
 /// Tasks that may wait for a running slot when all are taken; one more gets
 /// `HostError::Busy` at once. A waiting task holds no slot and no guest memory, only its

@@ -343,7 +343,7 @@ impl HostBuilder {
     }
 
     /// MCP calls in flight at once across the host (default
-    /// [`defaults::MAX_CONCURRENT_MCP_CALLS`]; overrides the host config's
+    /// [`defaults::max_concurrent_mcp_calls`] of the task slots; overrides the host config's
     /// `mcp.max_concurrent_calls`). Waiting for one counts against a call's tool timeout.
     pub fn with_max_concurrent_mcp_calls(mut self, calls: usize) -> Self {
         self.max_concurrent_mcp_calls = Some(calls.max(1));
@@ -534,7 +534,7 @@ impl HostBuilder {
             max_concurrent_calls: self
                 .max_concurrent_mcp_calls
                 .or(mcp.max_concurrent_calls)
-                .unwrap_or(defaults::MAX_CONCURRENT_MCP_CALLS),
+                .unwrap_or_else(|| defaults::max_concurrent_mcp_calls(max_concurrent_tasks)),
             max_server_processes: self
                 .max_server_processes
                 .or(mcp.max_server_processes)
@@ -832,6 +832,33 @@ mod tests {
             defaults::TASK_QUEUE_TIMEOUT.as_millis()
         );
         assert_eq!((defaults.running, defaults.queued), (0, 0));
+    }
+
+    /// The host-wide MCP call cap follows the slots unless set: a cap below them made
+    /// the tasks past it wait in waves (BENCHMARKS.md, 10 000 tasks).
+    #[test]
+    fn the_mcp_call_cap_follows_the_task_slots_unless_set() {
+        let cap = |builder: HostBuilder| {
+            builder
+                .without_disk_cache()
+                .build()
+                .unwrap()
+                .inner
+                .pool
+                .limits()
+                .max_concurrent_calls
+        };
+        assert_eq!(cap(Host::builder().with_max_concurrent_tasks(2000)), 8000);
+        assert_eq!(
+            cap(Host::builder().with_max_concurrent_tasks(10)),
+            defaults::MAX_CONCURRENT_MCP_CALLS
+        );
+        assert_eq!(
+            cap(Host::builder()
+                .with_max_concurrent_tasks(2000)
+                .with_max_concurrent_mcp_calls(7)),
+            7
+        );
     }
 
     #[test]

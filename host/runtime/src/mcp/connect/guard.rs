@@ -26,8 +26,9 @@ use crate::mcp::error::{McpError, McpErrorCode, host_error};
 use crate::registry::ServerEntry;
 use crate::text;
 
-/// Requests one connection tracks; past it the oldest is given up (its caller has long
-/// timed out: the pool's calls are bounded by `max_concurrency` and `tool_timeout_ms`).
+/// Requests one connection tracks on top of the server's `max_concurrency` calls; past
+/// them the oldest is given up (its caller has long timed out: the pool's calls are bounded
+/// by `max_concurrency` and `tool_timeout_ms`).
 const MAX_PENDING: usize = 4096;
 
 /// Longest parse error quoted in a `tool_exec_failed` message.
@@ -44,6 +45,9 @@ pub(in crate::mcp) struct Limits {
     max_tool_list_bytes: u64,
     /// How long one write to the server may block before it counts as not reading.
     pub(in crate::mcp) write_timeout: Duration,
+    /// Requests tracked at once: [`MAX_PENDING`] beyond the calls the server may run, so a
+    /// server allowed more than [`MAX_PENDING`] calls never has live ones given up.
+    max_pending: usize,
 }
 
 impl Limits {
@@ -54,6 +58,7 @@ impl Limits {
             max_tool_output_bytes: budgets.max_tool_output_bytes,
             max_tool_list_bytes: budgets.max_tool_list_bytes,
             write_timeout: budgets.tool_timeout,
+            max_pending: MAX_PENDING.saturating_add(budgets.max_concurrency as usize),
         }
     }
 
@@ -64,6 +69,7 @@ impl Limits {
             max_tool_output_bytes: output,
             max_tool_list_bytes: list,
             write_timeout,
+            max_pending: MAX_PENDING,
         }
     }
 
@@ -323,7 +329,7 @@ impl Guard {
                     ));
                     return;
                 }
-                if self.pending.len() >= MAX_PENDING {
+                if self.pending.len() >= self.limits.max_pending {
                     self.give_up_oldest();
                 }
                 let kind = Kind::of(&request.request);
@@ -509,8 +515,8 @@ impl Guard {
             let error = McpError::new(
                 McpErrorCode::Unavailable,
                 format!(
-                    "server `{}` left more than {MAX_PENDING} requests unanswered; the oldest was given up",
-                    self.limits.server_id
+                    "server `{}` left more than {} requests unanswered; the oldest was given up",
+                    self.limits.server_id, self.limits.max_pending
                 ),
             );
             self.ready.push_back(ServerJsonRpcMessage::error(
@@ -802,5 +808,31 @@ mod tests {
         assert_eq!(given_up.len(), 5);
         assert_eq!(given_up[0].0, Some(RequestId::Number(1)));
         assert_eq!(given_up[0].1.code, McpErrorCode::Unavailable);
+    }
+
+    /// A server allowed more calls at once than the table's own bound has none of its live
+    /// calls given up: with 10 000 tasks on a 10 000-slot host, calls past 4096 failed.
+    #[test]
+    fn a_server_allowed_many_calls_keeps_them_all_pending() {
+        let mut record = crate::registry::ServerRecord::for_tests("s");
+        record.budgets.max_concurrency = 6000;
+        let entry = ServerEntry {
+            record,
+            source: "s.toml".into(),
+            launch: Ok(crate::registry::Launch::Stdio {
+                command: "s".into(),
+                args: vec![],
+                env: Default::default(),
+                cwd: None,
+                vars: Default::default(),
+                secrets: Default::default(),
+            }),
+        };
+        let mut guard = Guard::new(Limits::of(&entry));
+        for id in 1..=6000 {
+            guard.on_send(&call(id, "t"));
+        }
+        assert_eq!(guard.pending.len(), 6000);
+        assert!(guard.pop().is_none(), "a live call was given up");
     }
 }
