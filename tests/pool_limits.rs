@@ -421,7 +421,13 @@ fn the_host_config_sets_the_limits_and_builder_options_win() {
             .build()
             .unwrap()
             .mcp_limits(),
-        &PoolLimits::default()
+        &PoolLimits {
+            // The host-wide call cap follows the task slots when nothing sets it.
+            max_concurrent_calls: quiver::defaults::max_concurrent_mcp_calls(
+                quiver::defaults::MAX_CONCURRENT_TASKS
+            ),
+            ..PoolLimits::default()
+        }
     );
     for (text, field) in [
         (
