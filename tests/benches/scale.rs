@@ -4,21 +4,26 @@
 //! 1. **Per-task overhead**: a task whose entry returns at once, run one after another
 //!    through `Host::run_task`, against bare wasmtime (an `InstancePre` on an engine with the
 //!    pooling allocator and epoch interruption) instantiating the same module and calling the
-//!    same export, with wasmtime's default stack handling and with the host's zeroed stacks.
-//!    Each round runs all three, in rotating order; each figure is the median over rounds of
-//!    the mean per task, each ratio the median of per-round ratios.
+//!    same export: with wasmtime's default settings, and with the host's (zeroed stacks,
+//!    `defaults::TASK_KEEP_RESIDENT` of each stack and memory reset in place). A second host
+//!    and a third bare engine keep nothing resident (`with_keep_resident(0)`, the host before
+//!    that setting). Each round runs all five, in rotating order; each figure is the median
+//!    over rounds of the mean per task, each ratio the median of per-round ratios.
 //! 2. **Waiting tasks**: N tasks submitted at once, each calling the fixture server's `slow`
 //!    tool over stdio (the guest waits on I/O for `QUIVER_BENCH_SLEEP_MS`). The host keeps
 //!    its default capacity and queue, so tasks beyond the capacity queue; when N is larger,
-//!    a second host with N slots runs them all at once. The bare baseline runs the same
+//!    a second host with N slots runs them all at once, and (past 4096) a third with N slots
+//!    and the host-wide MCP call cap of 4096 it had before the cap followed the slots. The
+//!    bare baseline runs the same
 //!    module with the MCP imports as host functions (the call sleeps as long), all N at once
 //!    on a pool sized to N. Memory per task is the peak RSS during the run (`VmHWM` after
 //!    resetting it through `/proc/self/clear_refs`, or sampled `VmRSS` where that is not
-//!    allowed) minus the RSS before, divided by N. After each host run, `malloc_trim` hands
-//!    the allocator's free pages back, so every run starts from the same heap and what the
-//!    run kept shows.
+//!    allowed) minus the RSS before, divided by N. Halfway through the first wave,
+//!    `/proc/self/smaps` splits what grew into fiber stacks, linear memory and the rest
+//!    (heap), per running task. After each host run, `malloc_trim` hands the allocator's
+//!    free pages back, so every run starts from the same heap and what the run kept shows.
 //!
-//! Run: `cargo bench -p quiver-tests --bench scale`. `QUIVER_BENCH_ROUNDS`,
+//! Run: `cargo bench -p quiver-tests --bench scale`. `QUIVER_BENCH_ROUNDS` (0 skips part 1),
 //! `QUIVER_BENCH_TASKS` (tasks per overhead round), `QUIVER_BENCH_SLEEP_MS` and
 //! `QUIVER_BENCH_WAITING` (comma-separated N) override the defaults.
 
@@ -69,16 +74,25 @@ fn guest(sleep_ms: u64) -> String {
     )
 }
 
+/// The engine settings of a [`Bare`] run, beyond the pooling allocator and epochs.
+#[derive(Clone, Copy)]
+enum Settings {
+    /// wasmtime's defaults: stacks keep their contents, memories are given back whole.
+    Wasmtime,
+    /// The host's: stacks zeroed, `keep_resident` bytes of each stack and memory reset in
+    /// place (memories through PAGEMAP_SCAN), the rest given back to the kernel.
+    Host { keep_resident: usize },
+}
+
 /// Bare wasmtime: the module on an engine with the pooling allocator (`slots` slots) and
-/// epoch interruption, the MCP imports as plain host functions. `zeroed_stacks` adds the
-/// one engine setting in which the host departs from wasmtime's defaults.
+/// epoch interruption, the MCP imports as plain host functions.
 struct Bare {
     engine: Engine,
     pre: InstancePre<()>,
 }
 
 impl Bare {
-    fn new(wat: &str, slots: u32, sleep: Duration, zeroed_stacks: bool) -> Bare {
+    fn new(wat: &str, slots: u32, sleep: Duration, settings: Settings) -> Bare {
         let mut pooling = PoolingAllocationConfig::default();
         pooling
             .total_core_instances(slots)
@@ -87,7 +101,13 @@ impl Bare {
             .total_stacks(slots);
         let mut config = Config::new();
         config.epoch_interruption(true);
-        config.async_stack_zeroing(zeroed_stacks);
+        if let Settings::Host { keep_resident } = settings {
+            config.async_stack_zeroing(true);
+            pooling
+                .async_stack_keep_resident(keep_resident)
+                .linear_memory_keep_resident(keep_resident)
+                .pagemap_scan(wasmtime::Enabled::Auto);
+        }
         config.allocation_strategy(InstanceAllocationStrategy::Pooling(pooling));
         let engine = Engine::new(&config).unwrap();
         let module = Module::new(&engine, wat).unwrap();
@@ -194,6 +214,111 @@ fn kib(bytes: u64, per: usize) -> f64 {
     bytes as f64 / 1024.0 / per as f64
 }
 
+/// Resident memory by where it lives, from `/proc/self/smaps`, in bytes.
+#[derive(Clone, Copy, Default)]
+struct Resident {
+    /// Fiber stacks: 2 MiB read-write mappings right above a 4 KiB guard page (each pooled
+    /// stack is two mappings once its guard page is protected).
+    stacks: u64,
+    /// Linear memories: mappings inside a reservation of more than 64 GiB (the memory pool).
+    memories: u64,
+    /// Every other anonymous page: the heap (malloc arenas), thread stacks, tokio.
+    heap: u64,
+    /// Page tables (`VmPTE`): not part of RSS, counted separately.
+    page_tables: u64,
+}
+
+impl Resident {
+    fn now() -> Resident {
+        struct Vma {
+            start: u64,
+            end: u64,
+            guard: bool,
+            writable: bool,
+            rss: u64,
+            anonymous: u64,
+        }
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+        let kb = |v: &str| v.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) * 1024;
+        let mut vmas: Vec<Vma> = Vec::new();
+        for line in smaps.lines() {
+            let mut words = line.split_whitespace();
+            let first = words.next().unwrap_or_default();
+            if let Some((start, end)) = first.split_once('-')
+                && let (Ok(start), Ok(end)) =
+                    (u64::from_str_radix(start, 16), u64::from_str_radix(end, 16))
+            {
+                let perms = words.next().unwrap_or_default();
+                vmas.push(Vma {
+                    start,
+                    end,
+                    guard: perms.starts_with("---"),
+                    writable: perms.starts_with("rw"),
+                    rss: 0,
+                    anonymous: 0,
+                });
+            } else if let Some(vma) = vmas.last_mut() {
+                if let Some(v) = line.strip_prefix("Rss:") {
+                    vma.rss = kb(v);
+                } else if let Some(v) = line.strip_prefix("Anonymous:") {
+                    vma.anonymous = kb(v);
+                }
+            }
+        }
+        let mut resident = Resident {
+            page_tables: proc_status("VmPTE"),
+            ..Resident::default()
+        };
+        // Runs of adjacent mappings; a run spanning more than 64 GiB is a memory pool.
+        let mut run_start = 0;
+        for i in 0..=vmas.len() {
+            if i < vmas.len() && i > run_start && vmas[i].start == vmas[i - 1].end {
+                continue;
+            }
+            if run_start < i {
+                let run = &vmas[run_start..i];
+                let span = run[run.len() - 1].end - run[0].start;
+                for (k, vma) in run.iter().enumerate() {
+                    let stack = vma.writable
+                        && vma.end - vma.start == defaults::TASK_STACK_BYTES as u64
+                        && k > 0
+                        && run[k - 1].guard
+                        && run[k - 1].end - run[k - 1].start == 4096;
+                    if span > 64 << 30 {
+                        resident.memories += vma.rss;
+                    } else if stack {
+                        resident.stacks += vma.rss;
+                    } else {
+                        resident.heap += vma.anonymous;
+                    }
+                }
+            }
+            run_start = i;
+        }
+        resident
+    }
+
+    /// What grew since `before`, per task.
+    fn line(&self, before: &Resident, n: usize) -> String {
+        let per = |now: u64, was: u64| kib(now.saturating_sub(was), n);
+        format!(
+            "stacks {:.1}, linear memory {:.1}, other anonymous (heap) {:.1} KiB/task; page tables {:.1} KiB/task (not in RSS)",
+            per(self.stacks, before.stacks),
+            per(self.memories, before.memories),
+            per(self.heap, before.heap),
+            per(self.page_tables, before.page_tables),
+        )
+    }
+}
+
+/// Reads [`Resident`] `after` from now, in the middle of a run of waiting tasks.
+fn resident_after(after: Duration) -> tokio::task::JoinHandle<Resident> {
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        tokio::task::spawn_blocking(Resident::now).await.unwrap()
+    })
+}
+
 /// Mean time per task over `tasks` sequential runs of `one`.
 async fn per_task<F: std::future::Future<Output = ()>>(tasks: usize, one: impl Fn() -> F) -> f64 {
     let started = Instant::now();
@@ -203,31 +328,54 @@ async fn per_task<F: std::future::Future<Output = ()>>(tasks: usize, one: impl F
     started.elapsed().as_secs_f64() / tasks as f64
 }
 
-async fn overhead(host: &Host, module: &GuestModule, wat: &str, rounds: usize, tasks: usize) {
+async fn overhead(
+    host: &Host,
+    kept_nothing: &Host,
+    module: &GuestModule,
+    wat: &str,
+    rounds: usize,
+    tasks: usize,
+) {
     let task = TaskSpec::new("noop")
         .with_entry("noop")
         .with_config("mcp.enabled", "true")
         .with_config("mcp.default_server_ids", "fixture");
+    let old_module = kept_nothing
+        .load_module("scale.wat", wat.as_bytes())
+        .unwrap();
     let slots = defaults::MAX_CONCURRENT_TASKS;
-    let bare = Bare::new(wat, slots, Duration::ZERO, false);
-    let bare_zeroed = Bare::new(wat, slots, Duration::ZERO, true);
-    let on_host = || async {
-        let outcome = host.run_task(module, &task).await.unwrap();
-        assert!(outcome.success(), "{:?}", outcome.failure);
+    let keep_resident = defaults::TASK_KEEP_RESIDENT;
+    let bare = Bare::new(wat, slots, Duration::ZERO, Settings::Wasmtime);
+    let bare_host = Bare::new(wat, slots, Duration::ZERO, Settings::Host { keep_resident });
+    let bare_nothing = Bare::new(
+        wat,
+        slots,
+        Duration::ZERO,
+        Settings::Host { keep_resident: 0 },
+    );
+    let on = |host: &Host, module: &GuestModule| {
+        let (host, module, task) = (host.clone(), module.clone(), task.clone());
+        async move {
+            let outcome = host.run_task(&module, &task).await.unwrap();
+            assert!(outcome.success(), "{:?}", outcome.failure);
+        }
     };
-    // Columns: host, bare, bare with zeroed stacks.
-    let mut samples: [Vec<f64>; 3] = Default::default();
-    let mut ratios: [Vec<f64>; 2] = Default::default();
+    const VARIANTS: usize = 5;
+    let mut samples: [Vec<f64>; VARIANTS] = Default::default();
+    // host / bare, host / bare with the host's settings, the same two kept nothing.
+    let mut ratios: [Vec<f64>; 4] = Default::default();
     for round in 0..=rounds {
         eprint!("\roverhead: round {round}/{rounds}");
-        let mut row = [0.0; 3];
+        let mut row = [0.0; VARIANTS];
         // Rotate the order, so no variant always runs on a warmer machine.
-        for k in 0..3 {
-            let which = (round + k) % 3;
+        for k in 0..VARIANTS {
+            let which = (round + k) % VARIANTS;
             row[which] = match which {
-                0 => per_task(tasks, on_host).await,
-                1 => per_task(tasks, || bare.run("noop")).await,
-                _ => per_task(tasks, || bare_zeroed.run("noop")).await,
+                0 => per_task(tasks, || on(host, module)).await,
+                1 => per_task(tasks, || on(kept_nothing, &old_module)).await,
+                2 => per_task(tasks, || bare.run("noop")).await,
+                3 => per_task(tasks, || bare_host.run("noop")).await,
+                _ => per_task(tasks, || bare_nothing.run("noop")).await,
             };
         }
         // Round 0 warms up.
@@ -235,50 +383,62 @@ async fn overhead(host: &Host, module: &GuestModule, wat: &str, rounds: usize, t
             for (column, value) in samples.iter_mut().zip(row) {
                 column.push(value);
             }
-            ratios[0].push(row[0] / row[1]);
-            ratios[1].push(row[0] / row[2]);
+            ratios[0].push(row[0] / row[2]);
+            ratios[1].push(row[0] / row[3]);
+            ratios[2].push(row[1] / row[2]);
+            ratios[3].push(row[1] / row[4]);
         }
     }
     eprintln!();
-    let [h, b, z] = samples.map(median);
+    let [h, h0, b, bh, b0] = samples.map(median);
     let us = |s: f64| s * 1e6;
     println!(
         "per-task overhead: a task that returns at once, median of {rounds} rounds x {tasks} tasks"
     );
+    let k = keep_resident / 1024;
+    for (what, value) in [
+        (format!("host (Host::run_task), keeps {k} KiB"), h),
+        ("host with keep_resident 0".to_owned(), h0),
+        ("bare (instantiate + call, same module)".to_owned(), b),
+        (format!("bare with the host's settings ({k} KiB)"), bh),
+        ("bare with the host's settings, keeps 0".to_owned(), b0),
+    ] {
+        println!("  {what:<50} {:>7.2} µs/task", us(value));
+    }
+    let [r_b, r_bh, r0_b, r0_b0] = ratios.map(median);
     println!(
-        "  host (Host::run_task)                              {:>7.1} µs/task",
-        us(h)
-    );
-    println!(
-        "  bare (instantiate + call, same module)             {:>7.1} µs/task",
-        us(b)
-    );
-    println!(
-        "  bare with the host's stack zeroing                 {:>7.1} µs/task",
-        us(z)
-    );
-    println!(
-        "  host / bare: {:.2}x ({:+.1} µs); host / bare with stack zeroing: {:.2}x ({:+.1} µs)",
-        median(ratios[0].clone()),
+        "  host / bare: {r_b:.2}x ({:+.2} µs); host / bare with the host's settings: {r_bh:.2}x ({:+.2} µs)",
         us(h - b),
-        median(ratios[1].clone()),
-        us(h - z)
+        us(h - bh)
+    );
+    println!(
+        "  keeping nothing: host / bare: {r0_b:.2}x ({:+.2} µs); host / bare keeping nothing: {r0_b0:.2}x ({:+.2} µs)",
+        us(h0 - b),
+        us(h0 - b0)
     );
 }
 
-/// Runs `n` waiting tasks on the host, all submitted at once; returns the time they took,
-/// the peak RSS over the RSS before, and the RSS kept after they ended: as the process
-/// holds it, and after `malloc_trim` gives the allocator's free pages back.
-async fn waiting_on_host(
-    host: &Host,
-    module: &GuestModule,
-    n: usize,
-) -> (Duration, u64, (u64, u64)) {
+/// What a run of waiting tasks took.
+struct Waited {
+    elapsed: Duration,
+    /// Peak RSS over the RSS before.
+    peak: u64,
+    /// RSS kept after the tasks ended: as the process holds it, and after `malloc_trim`
+    /// gives the allocator's free pages back.
+    kept: (u64, u64),
+    /// Where memory was, halfway through the first wave, against before the run.
+    midway: (Resident, Resident),
+}
+
+/// Runs `n` waiting tasks on the host, all submitted at once.
+async fn waiting_on_host(host: &Host, module: &GuestModule, n: usize, sleep: Duration) -> Waited {
     let task = TaskSpec::new("wait")
         .with_config("mcp.enabled", "true")
         .with_config("mcp.default_server_ids", "fixture");
+    let resident_before = Resident::now();
     let rss = PeakRss::start();
     let rss_before = rss.before;
+    let midway = resident_after(sleep / 2);
     let started = Instant::now();
     let mut running = tokio::task::JoinSet::new();
     for _ in 0..n {
@@ -301,14 +461,26 @@ async fn waiting_on_host(
         failed.len(),
         failed[0]
     );
+    let midway = (midway.await.unwrap(), resident_before);
     // SAFETY: malloc_trim only returns free heap pages to the kernel.
     unsafe { libc::malloc_trim(0) };
     let trimmed = proc_status("VmRSS").saturating_sub(rss_before);
-    (elapsed, peak, (kept, trimmed))
+    Waited {
+        elapsed,
+        peak,
+        kept: (kept, trimmed),
+        midway,
+    }
 }
 
-async fn waiting_on_bare(bare: Arc<Bare>, n: usize) -> (Duration, u64) {
+async fn waiting_on_bare(
+    bare: Arc<Bare>,
+    n: usize,
+    sleep: Duration,
+) -> (Duration, u64, (Resident, Resident)) {
+    let resident_before = Resident::now();
     let rss = PeakRss::start();
+    let midway = resident_after(sleep / 2);
     let started = Instant::now();
     let mut running = tokio::task::JoinSet::new();
     for _ in 0..n {
@@ -318,7 +490,9 @@ async fn waiting_on_bare(bare: Arc<Bare>, n: usize) -> (Duration, u64) {
     while let Some(done) = running.join_next().await {
         done.unwrap();
     }
-    (started.elapsed(), rss.finish().0)
+    let elapsed = started.elapsed();
+    let peak = rss.finish().0;
+    (elapsed, peak, (midway.await.unwrap(), resident_before))
 }
 
 #[tokio::main]
@@ -352,40 +526,71 @@ async fn main() {
     let capacity = host.status().tasks.capacity;
     assert_eq!(capacity, defaults::MAX_CONCURRENT_TASKS);
 
-    overhead(&host, &module, &wat, rounds, tasks).await;
+    if rounds > 0 {
+        // The same host keeping nothing resident: what tasks cost before keep_resident.
+        let kept_nothing = quiver_tests::host_builder(&registry)
+            .with_keep_resident(0)
+            .build()
+            .unwrap();
+        overhead(&host, &kept_nothing, &module, &wat, rounds, tasks).await;
+        kept_nothing.shutdown().await;
+    }
 
     // Connect the server and fill caches before measuring.
-    waiting_on_host(&host, &module, 8).await;
+    waiting_on_host(&host, &module, 8, sleep).await;
     println!(
         "waiting tasks: each waits {sleep_ms} ms on a tool call; host with default settings \
          ({capacity} running, queue {}), bare with all at once",
         host.status().tasks.queue_capacity
     );
     for &n in &waiting {
-        let (h_elapsed, h_rss, h_kept) = waiting_on_host(&host, &module, n).await;
+        let on_host = waiting_on_host(&host, &module, n, sleep).await;
+        let (h_elapsed, h_rss, h_kept) = (on_host.elapsed, on_host.peak, on_host.kept);
         // Beyond the default capacity, also a host whose capacity is raised to N: what the
         // queue costs against running everything at once.
+        let slots = u32::try_from(n).unwrap();
+        let raised_host = |calls: Option<usize>| {
+            let mut builder = quiver_tests::host_builder(&registry).with_max_concurrent_tasks(slots);
+            if let Some(calls) = calls {
+                builder = builder.with_max_concurrent_mcp_calls(calls);
+            }
+            let wat = &wat;
+            async move {
+                let raised = builder.build().unwrap();
+                let module = raised.load_module("scale.wat", wat.as_bytes()).unwrap();
+                waiting_on_host(&raised, &module, 8, sleep).await;
+                let waited = waiting_on_host(&raised, &module, n, sleep).await;
+                raised.shutdown().await;
+                waited
+            }
+        };
         let raised = if n > capacity as usize {
-            let slots = u32::try_from(n).unwrap();
-            let raised = quiver_tests::host_builder(&registry)
-                .with_max_concurrent_tasks(slots)
-                .build()
-                .unwrap();
-            let module = raised.load_module("scale.wat", wat.as_bytes()).unwrap();
-            waiting_on_host(&raised, &module, 8).await;
-            let (elapsed, peak, _) = waiting_on_host(&raised, &module, n).await;
-            raised.shutdown().await;
-            Some((elapsed, peak))
+            let waited = raised_host(None).await;
+            Some((waited.elapsed, waited.peak, waited.midway))
         } else {
             None
         };
-        let bare = Arc::new(Bare::new(&wat, u32::try_from(n).unwrap(), sleep, false));
-        let (b_elapsed, b_rss) = waiting_on_bare(bare, n).await;
+        // The host-wide MCP call cap before it followed the slots: calls past it wait, so
+        // the tasks run in waves of it.
+        let old_cap = defaults::MAX_CONCURRENT_MCP_CALLS;
+        let capped = if n > old_cap {
+            let waited = raised_host(Some(old_cap)).await;
+            Some((waited.elapsed, waited.peak))
+        } else {
+            None
+        };
+        let bare = Arc::new(Bare::new(
+            &wat,
+            u32::try_from(n).unwrap(),
+            sleep,
+            Settings::Wasmtime,
+        ));
+        let (b_elapsed, b_rss, b_midway) = waiting_on_bare(bare, n, sleep).await;
         let waves = n.div_ceil(capacity as usize);
         let row = |what: &str, elapsed: Duration, rss: u64, waves: usize| {
             let ideal = sleep * waves as u32;
             println!(
-                "    {what:<22} {:>6.2} s  {:>6.0} tasks/s  {:>5.2}x the ideal {:>4.1} s ({waves} waves)  {:>6.1} KiB/task",
+                "    {what:<30} {:>6.2} s  {:>6.0} tasks/s  {:>5.2}x the ideal {:>4.1} s ({waves} waves)  {:>6.1} KiB/task",
                 elapsed.as_secs_f64(),
                 n as f64 / elapsed.as_secs_f64(),
                 elapsed.as_secs_f64() / ideal.as_secs_f64(),
@@ -402,14 +607,41 @@ async fn main() {
         };
         println!("  {n} tasks:");
         row("host (defaults)", h_elapsed, h_rss, waves);
-        if let Some((elapsed, rss)) = raised {
+        if let Some((elapsed, rss, _)) = raised {
             row(&format!("host ({n} slots)"), elapsed, rss, 1);
+        }
+        if let Some((elapsed, rss)) = capped {
+            row(
+                &format!("host ({n} slots, {old_cap} calls)"),
+                elapsed,
+                rss,
+                n.div_ceil(old_cap),
+            );
         }
         row("bare", b_elapsed, b_rss, 1);
         ratio("host (defaults)", h_elapsed, h_rss);
-        if let Some((elapsed, rss)) = raised {
+        if let Some((elapsed, rss, _)) = raised {
             ratio(&format!("host ({n} slots)"), elapsed, rss);
         }
+        if let Some((elapsed, rss)) = capped {
+            ratio(&format!("host ({n} slots, {old_cap} calls)"), elapsed, rss);
+        }
+        // Per task that was running halfway through the first wave.
+        let running = n.min(capacity as usize);
+        println!(
+            "    halfway, host (defaults), per running task: {}",
+            on_host.midway.0.line(&on_host.midway.1, running)
+        );
+        if let Some((_, _, (midway, before))) = raised {
+            println!(
+                "    halfway, host ({n} slots), per task: {}",
+                midway.line(&before, n)
+            );
+        }
+        println!(
+            "    halfway, bare, per task: {}",
+            b_midway.0.line(&b_midway.1, n)
+        );
         println!(
             "    kept after the default host's run: {:.1} KiB/task, {:.1} KiB/task after malloc_trim",
             kib(h_kept.0, n),
