@@ -379,6 +379,26 @@ async fn hostile_frames_close_the_socket_with_the_reason_and_the_guest_sees_it()
 
 /// A client attached to a task waiting in the queue is told when the task is cancelled
 /// there (it never started, so never bound its streams): its session ends, not hangs.
+/// An upgraded connection keeps its place under `[serve] max_connections`: while the one
+/// place is a stream session, the next request waits; once the session closes, it is served.
+#[tokio::test]
+async fn a_stream_session_counts_against_the_connection_cap_until_it_closes() {
+    let fixture = Fixture::start_with("[serve]\nmax_connections = 1\n").await;
+    let id = fixture.submit("holds-the-place").await;
+    let mut socket = fixture.attach(&id).await;
+    let waiting = fixture
+        .node
+        .anonymous(Method::GET, &format!("/v1/tasks/{id}"))
+        .bearer_auth(ALICE)
+        .timeout(Duration::from_secs(1))
+        .send()
+        .await;
+    assert!(waiting.is_err(), "served past the cap: {waiting:?}");
+    socket.close(None).await.expect("close");
+    let view = fixture.ended(&id).await;
+    assert_eq!(view["status"], "finished", "{view}");
+}
+
 #[tokio::test]
 async fn a_client_of_a_task_cancelled_in_the_queue_has_its_session_ended() {
     let fixture = Fixture::start_with("[tasks]\nmax_concurrent = 1\n").await;

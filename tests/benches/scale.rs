@@ -239,7 +239,14 @@ impl Resident {
             anonymous: u64,
         }
         let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
-        let kb = |v: &str| v.trim().trim_end_matches("kB").trim().parse::<u64>().unwrap_or(0) * 1024;
+        let kb = |v: &str| {
+            v.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .unwrap_or(0)
+                * 1024
+        };
         let mut vmas: Vec<Vma> = Vec::new();
         for line in smaps.lines() {
             let mut words = line.split_whitespace();
@@ -550,7 +557,8 @@ async fn main() {
         // queue costs against running everything at once.
         let slots = u32::try_from(n).unwrap();
         let raised_host = |calls: Option<usize>| {
-            let mut builder = quiver_tests::host_builder(&registry).with_max_concurrent_tasks(slots);
+            let mut builder =
+                quiver_tests::host_builder(&registry).with_max_concurrent_tasks(slots);
             if let Some(calls) = calls {
                 builder = builder.with_max_concurrent_mcp_calls(calls);
             }

@@ -6,9 +6,11 @@
 //! arrive within the header timeout, its read buffer is small, and a stop lets requests in
 //! flight finish for a moment before the rest are cut. A connection may upgrade to a
 //! WebSocket (a task's user streams, [`crate::streams`]); the session then runs on its own
-//! task, bounded by the node's tasks (one session each) and ended with its task. Connections are tasks of a
-//! [`JoinSet`] that the stop aborts and awaits, so no handler outlives [`serve`] (and so
-//! none runs after the node has shut its host down).
+//! task and takes the connection's [`Connection`] with it: it keeps counting against the
+//! node's connection cap and its client's share, and it ends when the node stops.
+//! Connections are tasks of a [`JoinSet`] that the stop aborts and awaits, so no handler
+//! outlives [`serve`] (and so none runs after the node has shut its host down); the stop
+//! also waits, for the same grace, for upgraded sessions to close.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv6Addr};
@@ -20,8 +22,9 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::{Semaphore, oneshot, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot, watch};
 use tokio::task::JoinSet;
+use tower_layer::Layer;
 
 use crate::defaults;
 
@@ -30,6 +33,26 @@ pub(crate) struct Limits {
     pub(crate) max_connections: usize,
     pub(crate) max_per_ip: usize,
     pub(crate) header_timeout: Duration,
+}
+
+/// One open connection's places (a permit of the node's connection cap and one of its
+/// client address's share) and the node's stop signal, in every request's extensions. The
+/// places are given back when the connection and every session it upgraded to have ended.
+#[derive(Clone)]
+pub(crate) struct Connection(Arc<Held>);
+
+struct Held {
+    _permit: OwnedSemaphorePermit,
+    _peer: PeerSlot,
+    stopping: watch::Receiver<bool>,
+}
+
+impl Connection {
+    /// Resolves once the node stops serving.
+    pub(crate) async fn stopping(&self) {
+        let mut stopping = self.0.stopping.clone();
+        let _ = stopping.wait_for(|stopping| *stopping).await;
+    }
 }
 
 /// Serves `router` on `listener` until `stop` fires (or its sender is dropped).
@@ -42,7 +65,8 @@ pub(crate) async fn serve(
     // hyper-util's GracefulShutdown cannot watch a connection that may upgrade, so each
     // connection task watches this instead.
     let (stopping_tx, stopping_rx) = watch::channel(false);
-    let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let max_connections = limits.max_connections.clamp(1, Semaphore::MAX_PERMITS);
+    let permits = Arc::new(Semaphore::new(max_connections));
     let peers = Peers::new(limits.max_per_ip);
     let mut connections = JoinSet::new();
     loop {
@@ -72,11 +96,17 @@ pub(crate) async fn serve(
         };
         // Small JSON answers must not wait for delayed ACKs.
         let _ = tcp.set_nodelay(true);
+        let held = Connection(Arc::new(Held {
+            _permit: permit,
+            _peer: peer_slot,
+            stopping: stopping_rx.clone(),
+        }));
+        let service = axum::Extension(held.clone()).layer(router.clone());
         let connection = http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(limits.header_timeout)
             .max_buf_size(defaults::SERVE_MAX_BUF_BYTES)
-            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(router.clone()))
+            .serve_connection(TokioIo::new(tcp), TowerToHyperService::new(service))
             // A task's user streams upgrade to a WebSocket (`streams`).
             .with_upgrades();
         let mut stopping = stopping_rx.clone();
@@ -93,12 +123,17 @@ pub(crate) async fn serve(
             if let Err(e) = ended {
                 tracing::debug!("connection ended: {e}");
             }
-            drop((permit, peer_slot));
+            drop(held);
         });
     }
     drop(listener);
     let _ = stopping_tx.send(true);
-    let finished = async { while connections.join_next().await.is_some() {} };
+    // Every place back means every connection and upgraded session has ended.
+    let all_places = u32::try_from(max_connections).unwrap_or(u32::MAX);
+    let finished = async {
+        while connections.join_next().await.is_some() {}
+        let _ = permits.acquire_many(all_places).await;
+    };
     if tokio::time::timeout(defaults::SERVE_HTTP_SHUTDOWN_GRACE, finished)
         .await
         .is_err()
@@ -209,5 +244,71 @@ mod tests {
             client_key("::ffff:10.0.0.1".parse().expect("ip")),
             client_key("10.0.0.1".parse().expect("ip"))
         );
+    }
+
+    /// What an upgraded session does with its connection's place, without the upgrade: a
+    /// handler hands the place to a task that outlives the request.
+    #[tokio::test]
+    async fn a_place_handed_on_counts_until_dropped_and_hears_the_stop() {
+        use axum::routing::get;
+        let (held_tx, held_rx) = tokio::sync::mpsc::unbounded_channel::<Connection>();
+        let router = Router::new()
+            .route(
+                "/hold",
+                get(move |axum::Extension(place): axum::Extension<Connection>| {
+                    let held_tx = held_tx.clone();
+                    async move {
+                        let _ = held_tx.send(place);
+                        "held"
+                    }
+                }),
+            )
+            .route("/ok", get(|| async { "ok" }));
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let base = format!("http://{}", listener.local_addr().expect("addr"));
+        let limits = Limits {
+            max_connections: 1,
+            max_per_ip: 1,
+            header_timeout: Duration::from_secs(5),
+        };
+        let (stop, stopped) = oneshot::channel();
+        let server = tokio::spawn(serve(listener, router, limits, stopped));
+        quiver::ensure_tls_provider();
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .expect("client");
+        let answer = client
+            .get(format!("{base}/hold"))
+            .send()
+            .await
+            .expect("hold");
+        assert_eq!(answer.text().await.expect("body"), "held");
+        let mut held_rx = held_rx;
+        let place = held_rx
+            .recv()
+            .await
+            .expect("the handler handed its place on");
+        // The connection has closed, yet its place is still taken.
+        let waiting = client
+            .get(format!("{base}/ok"))
+            .timeout(Duration::from_millis(500))
+            .send()
+            .await;
+        assert!(waiting.is_err(), "served past the cap: {waiting:?}");
+        // The holder hears the stop; once it lets go, the server finishes.
+        let holder = tokio::spawn(async move {
+            place.stopping().await;
+            drop(place);
+        });
+        let _ = stop.send(());
+        tokio::time::timeout(Duration::from_secs(5), holder)
+            .await
+            .expect("the holder heard the stop")
+            .expect("holder");
+        tokio::time::timeout(Duration::from_secs(5), server)
+            .await
+            .expect("the server stopped")
+            .expect("server");
     }
 }

@@ -9,7 +9,9 @@
 //! included), a session idle for [`defaults::STREAM_IDLE_TIMEOUT`] is closed (pings do not
 //! count; a send stuck that long is idle), a session outlives its task by at most
 //! [`defaults::STREAM_DRAIN_TIMEOUT`], and one client at a time may hold a task's streams
-//! (so sessions are bounded by the node's tasks). Backpressure is the
+//! (so sessions are bounded by the node's tasks). A session keeps the place of the
+//! connection it upgraded (the node's `max_connections` and the client address's share
+//! count it until it closes), and the node's stop closes it with 1001. Backpressure is the
 //! library's: while the guest's inbound queue is full the socket is not read, and while the
 //! client does not read, the guest's writes wait in its bounded queue. A frame the library
 //! refuses (not SSF v1, too many streams) closes the socket with 1008 and the reason, and
@@ -31,6 +33,7 @@ use quiver::{AttachError, StreamClient};
 use super::NodeState;
 use super::auth::Caller;
 use super::error::ApiError;
+use super::listen::Connection;
 use super::params::hex_param;
 use crate::defaults;
 
@@ -39,6 +42,7 @@ pub(crate) async fn attach(
     State(state): State<Arc<NodeState>>,
     Extension(caller): Extension<Caller>,
     id: Result<Path<String>, PathRejection>,
+    Extension(connection): Extension<Connection>,
     headers: HeaderMap,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
@@ -93,7 +97,7 @@ pub(crate) async fn attach(
         .max_frame_size(frame)
         .write_buffer_size(0)
         .max_write_buffer_size(defaults::STREAM_WRITE_BUFFER_BYTES.max(frame * 2))
-        .on_upgrade(move |socket| session(socket, client, id)))
+        .on_upgrade(move |socket| session(socket, client, id, connection)))
 }
 
 /// How a session ends.
@@ -103,11 +107,13 @@ enum End {
     /// The task ended.
     Task,
     Idle,
+    /// The node stops serving.
+    NodeStopping,
     /// The client broke a rule; the reason goes into the close frame.
     Refused(String),
 }
 
-async fn session(socket: WebSocket, client: StreamClient, id: String) {
+async fn session(socket: WebSocket, client: StreamClient, id: String, connection: Connection) {
     let (mut tx, mut rx) = socket.split();
     let started = Instant::now();
     let idle = defaults::STREAM_IDLE_TIMEOUT;
@@ -188,11 +194,13 @@ async fn session(socket: WebSocket, client: StreamClient, id: String) {
         end = inbound => end,
         end = outbound => end,
         end = drained => end,
+        () = connection.stopping() => End::NodeStopping,
     };
     let (code, reason) = match &end {
         End::Client => (close_code::NORMAL, String::new()),
         End::Task => (close_code::NORMAL, "the task ended".to_owned()),
         End::Idle => (close_code::AWAY, "idle".to_owned()),
+        End::NodeStopping => (close_code::AWAY, "the node is stopping".to_owned()),
         End::Refused(reason) => (close_code::POLICY, reason.clone()),
     };
     match end {
