@@ -366,14 +366,13 @@ async fn plain_echo() -> String {
         get(|ws: WebSocketUpgrade| async move {
             ws.on_upgrade(|mut socket| async move {
                 while let Some(Ok(message)) = socket.next().await {
-                    match message {
-                        AxumMessage::Binary(bytes) => {
-                            if socket.send(AxumMessage::Binary(bytes)).await.is_err() {
-                                break;
-                            }
-                        }
+                    let echo = match message {
+                        AxumMessage::Binary(bytes) => AxumMessage::Binary(bytes),
                         AxumMessage::Close(_) => break,
-                        _ => {}
+                        _ => continue,
+                    };
+                    if socket.send(echo).await.is_err() {
+                        break;
                     }
                 }
             })
