@@ -23,9 +23,16 @@
 //!    (heap), per running task. After each host run, `malloc_trim` hands the allocator's
 //!    free pages back, so every run starts from the same heap and what the run kept shows.
 //!
+//!    Next to the blocking `mcp_call_tool` guest, the same host runs a guest that waits the
+//!    other way (issue 23): it starts the call with `mcp_call_start`, adds the call's fd to
+//!    an epoll set and blocks in `spear_epoll_wait`, then reads the answer.
+//!
 //! Run: `cargo bench -p quiver-tests --bench scale`. `QUIVER_BENCH_ROUNDS` (0 skips part 1),
 //! `QUIVER_BENCH_TASKS` (tasks per overhead round), `QUIVER_BENCH_SLEEP_MS` and
-//! `QUIVER_BENCH_WAITING` (comma-separated N) override the defaults.
+//! `QUIVER_BENCH_WAITING` (comma-separated N) override the defaults. `QUIVER_BENCH_ROWS`
+//! picks part 2's rows (comma-separated, default all): `host` (defaults, blocking call),
+//! `epoll` (defaults, the epoll wait), `slots` (N slots), `capped` (N slots, the old call
+//! cap) and `bare`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -70,6 +77,42 @@ fn guest(sleep_ms: u64) -> String {
     (if (i32.lt_s (call $mcp_call_tool (local.get $fd) (i32.const 1100) (i32.const 4) (i32.const 1200) (i32.const {len}) (i32.const 16384) (i32.const 8192)) (i32.const 0))
       (then unreachable)))
   (func (export "noop")))"#,
+        len = args.len()
+    )
+}
+
+/// The guest of the epoll row: `_start` opens `fixture`, starts `slow` with `ms` through
+/// `mcp_call_start`, waits for the call's fd in `spear_epoll_wait` and reads the answer.
+fn epoll_guest(sleep_ms: u64) -> String {
+    let args = format!(r#"{{"ms":{sleep_ms}}}"#);
+    let escaped: String = args.bytes().map(|b| format!("\\{b:02x}")).collect();
+    format!(
+        r#"(module
+  (import "spear" "mcp_open" (func $mcp_open (param i32 i32) (result i32)))
+  (import "spear" "mcp_call_start" (func $mcp_call_start (param i32 i32 i32 i32 i32) (result i32)))
+  (import "spear" "mcp_call_recv" (func $mcp_call_recv (param i32 i32 i32) (result i32)))
+  (import "spear" "spear_epoll_create" (func $epoll_create (result i32)))
+  (import "spear" "spear_epoll_ctl" (func $epoll_ctl (param i32 i32 i32 i32) (result i32)))
+  (import "spear" "spear_epoll_wait" (func $epoll_wait (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (data (i32.const 1024) "fixture")
+  (data (i32.const 1100) "slow")
+  (data (i32.const 1200) "{escaped}")
+  (func (export "_start") (local $fd i32) (local $call i32) (local $ep i32)
+    (local.set $fd (call $mcp_open (i32.const 1024) (i32.const 7)))
+    (if (i32.lt_s (local.get $fd) (i32.const 0)) (then unreachable))
+    (local.set $call (call $mcp_call_start (local.get $fd) (i32.const 1100) (i32.const 4) (i32.const 1200) (i32.const {len})))
+    (if (i32.lt_s (local.get $call) (i32.const 0)) (then unreachable))
+    (local.set $ep (call $epoll_create))
+    (if (i32.lt_s (local.get $ep) (i32.const 0)) (then unreachable))
+    ;; ADD the call's fd for EPOLLIN, then wait without a timeout: one record, the call.
+    (if (call $epoll_ctl (local.get $ep) (i32.const 1) (local.get $call) (i32.const 1)) (then unreachable))
+    (i32.store (i32.const 8192) (i32.const 64))
+    (if (i32.ne (call $epoll_wait (local.get $ep) (i32.const 8200) (i32.const 8192) (i32.const -1)) (i32.const 1))
+      (then unreachable))
+    (i32.store (i32.const 8192) (i32.const 4096))
+    (if (i32.lt_s (call $mcp_call_recv (local.get $call) (i32.const 16384) (i32.const 8192)) (i32.const 0))
+      (then unreachable))))"#,
         len = args.len()
     )
 }
@@ -544,6 +587,11 @@ async fn main() {
     }
 
     // Connect the server and fill caches before measuring.
+    let rows = std::env::var("QUIVER_BENCH_ROWS")
+        .unwrap_or_else(|_| "host,epoll,slots,capped,bare".into());
+    let rows: Vec<&str> = rows.split(',').map(str::trim).collect();
+    let row_on = |name: &str| rows.contains(&name);
+    let epoll_wat = epoll_guest(sleep_ms);
     waiting_on_host(&host, &module, 8, sleep).await;
     println!(
         "waiting tasks: each waits {sleep_ms} ms on a tool call; host with default settings \
@@ -551,8 +599,27 @@ async fn main() {
         host.status().tasks.queue_capacity
     );
     for &n in &waiting {
-        let on_host = waiting_on_host(&host, &module, n, sleep).await;
-        let (h_elapsed, h_rss, h_kept) = (on_host.elapsed, on_host.peak, on_host.kept);
+        let on_host = if row_on("host") {
+            Some(waiting_on_host(&host, &module, n, sleep).await)
+        } else {
+            None
+        };
+        // The same tasks waiting in `spear_epoll_wait` on a call started with
+        // `mcp_call_start`, instead of in `mcp_call_tool`: on a host of its own with default
+        // settings, warmed up as the first was, since slots a run used keep up to
+        // `TASK_KEEP_RESIDENT` resident and would lower a second run's peak on the same host.
+        let on_epoll = if row_on("epoll") {
+            let fresh = quiver_tests::host_builder(&registry).build().unwrap();
+            let module = fresh
+                .load_module("scale-epoll.wat", epoll_wat.as_bytes())
+                .unwrap();
+            waiting_on_host(&fresh, &module, 8, sleep).await;
+            let waited = waiting_on_host(&fresh, &module, n, sleep).await;
+            fresh.shutdown().await;
+            Some(waited)
+        } else {
+            None
+        };
         // Beyond the default capacity, also a host whose capacity is raised to N: what the
         // queue costs against running everything at once.
         let slots = u32::try_from(n).unwrap();
@@ -572,7 +639,7 @@ async fn main() {
                 waited
             }
         };
-        let raised = if n > capacity as usize {
+        let raised = if n > capacity as usize && row_on("slots") {
             let waited = raised_host(None).await;
             Some((waited.elapsed, waited.peak, waited.midway))
         } else {
@@ -581,19 +648,23 @@ async fn main() {
         // The host-wide MCP call cap before it followed the slots: calls past it wait, so
         // the tasks run in waves of it.
         let old_cap = defaults::MAX_CONCURRENT_MCP_CALLS;
-        let capped = if n > old_cap {
+        let capped = if n > old_cap && row_on("capped") {
             let waited = raised_host(Some(old_cap)).await;
             Some((waited.elapsed, waited.peak))
         } else {
             None
         };
-        let bare = Arc::new(Bare::new(
-            &wat,
-            u32::try_from(n).unwrap(),
-            sleep,
-            Settings::Wasmtime,
-        ));
-        let (b_elapsed, b_rss, b_midway) = waiting_on_bare(bare, n, sleep).await;
+        let bare = if row_on("bare") {
+            let bare = Arc::new(Bare::new(
+                &wat,
+                u32::try_from(n).unwrap(),
+                sleep,
+                Settings::Wasmtime,
+            ));
+            Some(waiting_on_bare(bare, n, sleep).await)
+        } else {
+            None
+        };
         let waves = n.div_ceil(capacity as usize);
         let row = |what: &str, elapsed: Duration, rss: u64, waves: usize| {
             let ideal = sleep * waves as u32;
@@ -607,14 +678,26 @@ async fn main() {
             );
         };
         let ratio = |what: &str, elapsed: Duration, rss: u64| {
-            println!(
-                "    {what} / bare: {:.2}x the time, {:.2}x the memory per task",
-                elapsed.as_secs_f64() / b_elapsed.as_secs_f64(),
-                rss as f64 / b_rss.max(1) as f64
-            );
+            if let Some((b_elapsed, b_rss, _)) = &bare {
+                println!(
+                    "    {what} / bare: {:.2}x the time, {:.2}x the memory per task",
+                    elapsed.as_secs_f64() / b_elapsed.as_secs_f64(),
+                    rss as f64 / (*b_rss).max(1) as f64
+                );
+            }
         };
         println!("  {n} tasks:");
-        row("host (defaults)", h_elapsed, h_rss, waves);
+        if let Some(waited) = &on_host {
+            row("host (defaults)", waited.elapsed, waited.peak, waves);
+        }
+        if let Some(waited) = &on_epoll {
+            row(
+                "host (defaults), epoll wait",
+                waited.elapsed,
+                waited.peak,
+                waves,
+            );
+        }
         if let Some((elapsed, rss, _)) = raised {
             row(&format!("host ({n} slots)"), elapsed, rss, 1);
         }
@@ -626,8 +709,23 @@ async fn main() {
                 n.div_ceil(old_cap),
             );
         }
-        row("bare", b_elapsed, b_rss, 1);
-        ratio("host (defaults)", h_elapsed, h_rss);
+        if let Some((elapsed, rss, _)) = &bare {
+            row("bare", *elapsed, *rss, 1);
+        }
+        if let Some(waited) = &on_host {
+            ratio("host (defaults)", waited.elapsed, waited.peak);
+        }
+        if let Some(waited) = &on_epoll {
+            ratio("host (defaults), epoll wait", waited.elapsed, waited.peak);
+        }
+        if let (Some(blocking), Some(epoll)) = (&on_host, &on_epoll) {
+            println!(
+                "    epoll wait / blocking call: {:.2}x the time, {:.2}x the memory per task ({:+.1} KiB/task)",
+                epoll.elapsed.as_secs_f64() / blocking.elapsed.as_secs_f64(),
+                epoll.peak as f64 / blocking.peak.max(1) as f64,
+                kib(epoll.peak, n) - kib(blocking.peak, n)
+            );
+        }
         if let Some((elapsed, rss, _)) = raised {
             ratio(&format!("host ({n} slots)"), elapsed, rss);
         }
@@ -636,25 +734,36 @@ async fn main() {
         }
         // Per task that was running halfway through the first wave.
         let running = n.min(capacity as usize);
-        println!(
-            "    halfway, host (defaults), per running task: {}",
-            on_host.midway.0.line(&on_host.midway.1, running)
-        );
+        if let Some(waited) = &on_host {
+            println!(
+                "    halfway, host (defaults), per running task: {}",
+                waited.midway.0.line(&waited.midway.1, running)
+            );
+        }
+        if let Some(waited) = &on_epoll {
+            println!(
+                "    halfway, host (defaults), epoll wait, per running task: {}",
+                waited.midway.0.line(&waited.midway.1, running)
+            );
+        }
         if let Some((_, _, (midway, before))) = raised {
             println!(
                 "    halfway, host ({n} slots), per task: {}",
                 midway.line(&before, n)
             );
         }
-        println!(
-            "    halfway, bare, per task: {}",
-            b_midway.0.line(&b_midway.1, n)
-        );
-        println!(
-            "    kept after the default host's run: {:.1} KiB/task, {:.1} KiB/task after malloc_trim",
-            kib(h_kept.0, n),
-            kib(h_kept.1, n)
-        );
+        if let Some((_, _, (midway, before))) = &bare {
+            println!("    halfway, bare, per task: {}", midway.line(before, n));
+        }
+        for (what, waited) in [("default host", &on_host), ("epoll wait", &on_epoll)] {
+            if let Some(waited) = waited {
+                println!(
+                    "    kept after the {what}'s run: {:.1} KiB/task, {:.1} KiB/task after malloc_trim",
+                    kib(waited.kept.0, n),
+                    kib(waited.kept.1, n)
+                );
+            }
+        }
     }
     host.shutdown().await;
 }
