@@ -334,10 +334,11 @@ impl Resident {
                         && k > 0
                         && run[k - 1].guard
                         && run[k - 1].end - run[k - 1].start == 4096;
-                    if span > 64 << 30 {
-                        resident.memories += vma.rss;
-                    } else if stack {
+                    // The stack pool may sit right next to the memory pool, in one run.
+                    if stack {
                         resident.stacks += vma.rss;
+                    } else if span > 64 << 30 {
+                        resident.memories += vma.rss;
                     } else {
                         resident.heap += vma.anonymous;
                     }
