@@ -331,10 +331,6 @@ impl ToolSet {
             why,
         }
     }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.definitions.is_empty()
-    }
 }
 
 /// `(server_id, tool)` of `mcp.<server_id>.<tool>` or `mcp__<server_id>__<tool>`.
