@@ -534,6 +534,32 @@ mod tests {
     }
 
     #[test]
+    fn repeated_keys_and_escaped_keys_read_as_serde_reads_them() {
+        let error = ChatCompletion::from_slice(br#"{"choices": [], "choices": []}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("duplicate field `choices`"), "{error}");
+        let error = ChatCompletion::from_slice(
+            br#"{"choices": [{"message": {"role": "a", "role": "b"}}]}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("choices[0].message") && error.contains("duplicate field `role`"),
+            "{error}"
+        );
+        // An unknown key given twice keeps its first place and its last value.
+        let body =
+            br#"{"x": 1, "choi\u0063es": [{"message": {"c\u006fntent": "hi"}}], "y": 2, "x": 3}"#;
+        let completion = ChatCompletion::from_slice(body).unwrap();
+        assert_eq!(completion.message().unwrap().content, Some(json!("hi")));
+        assert_eq!(
+            serde_json::to_string(&completion.rest).unwrap(),
+            r#"{"x":3,"y":2}"#
+        );
+    }
+
+    #[test]
     fn bodies_that_are_not_json_are_told_apart() {
         assert!(matches!(
             ChatCompletion::from_slice(b"<html>"),
