@@ -17,6 +17,7 @@ pub mod llm;
 mod metrics;
 mod params;
 mod pending;
+mod request;
 mod response;
 mod results;
 pub(crate) mod run;

@@ -9,7 +9,6 @@ use super::Metrics;
 use super::llm::LlmError;
 use super::tools::ToolSet;
 use super::wire::ChatCompletion;
-use crate::sandbox::heap;
 
 /// Why a send ended without an answer: the `error` of the response.
 #[derive(Debug, thiserror::Error)]
@@ -206,11 +205,14 @@ pub(super) fn body(outcome: Result<ChatCompletion, SendError>, spear: &Spear<'_>
 }
 
 /// `value` as JSON in a buffer of exactly its length (a response body is kept, and charged,
-/// until the guest closes it; a grown buffer would hold up to twice that).
+/// until the guest closes it; a grown buffer would hold up to twice that). One pass, then
+/// the spare room is given back (a shrink the allocator does in place).
 pub(super) fn encode(value: &impl serde::Serialize) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(usize::try_from(heap::json_len(value)).unwrap_or(0));
-    match serde_json::to_writer(&mut bytes, value) {
-        Ok(()) => bytes,
+    match serde_json::to_vec(value) {
+        Ok(mut bytes) => {
+            bytes.shrink_to_fit();
+            bytes
+        }
         Err(_) => Vec::new(),
     }
 }

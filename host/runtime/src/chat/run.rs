@@ -15,7 +15,8 @@ use tracing::Instrument;
 use quiver_abi::Errno;
 
 use super::images::Image;
-use super::llm::{Backend, Backends, LlmError, RICH_CONTENT_FIELD};
+use super::llm::{Backend, Backends, LlmError, Payload, RICH_CONTENT_FIELD};
+use super::request::{self, RequestBody};
 use super::response::{self, SendError};
 use super::results::{
     ToolErrorCode, ToolFailure, mcp_result_images, mcp_result_text, truncate_output,
@@ -272,28 +273,98 @@ impl Loop<'_, '_> {
         }
     }
 
-    /// One request with the session, what the send added and the tool set, its copies
-    /// charged while it is out.
+    /// One request with the session, what the send added and the tool set. Its body
+    /// borrows them; its JSON text is charged as it is written (a backend that translates
+    /// the body gets a copy as a value, charged with its serialised form).
     async fn ask(
         &self,
         progress: &mut Progress,
     ) -> Result<Result<ChatCompletion, SendError>, HostcallError> {
-        let (session, ctx) = (self.session, self.ctx);
-        let copied = session
-            .charged_bytes()
-            .saturating_sub(session.tools_bytes())
-            .saturating_add(progress.added.charge.bytes())
-            .saturating_add(self.tools_charge.bytes());
-        let mut request_charge = ctx.budget.charge(
-            "cchat_send request",
-            copied.saturating_add(REQUEST_OVERHEAD),
-        )?;
-        let body = request_body(session, self.model, &progress.added.messages, self.tools);
-        // The backend serialises the body once more.
-        request_charge.grow(heap::alloc(heap::json_len(&body)))?;
-        let reply = request(self.backend, &body, session, ctx, &mut progress.metrics).await;
-        drop((body, request_charge));
+        let (session, ctx, backend) = (self.session, self.ctx, self.backend);
+        let tools = self.tools;
+        let body = RequestBody {
+            upstream: &session.upstream,
+            tool_choice: session
+                .upstream
+                .get("tool_choice")
+                .and_then(|c| tools.map_tool_choice(c)),
+            model: self.model,
+            messages: &session.messages,
+            added: &progress.added.messages,
+            tools: &tools.definitions,
+            plain: !backend.takes_rich_results(),
+        };
+        let mut request_charge = ctx.budget.empty("cchat_send request");
+        let reply = if backend.sends_json_as_is() {
+            let json = request::encode(&body, &mut request_charge).map_err(|_| Errno::ENOMEM)?;
+            let body = Payload::Json(json.into());
+            self.request(body, &mut progress.metrics).await
+        } else {
+            let copied = session
+                .charged_bytes()
+                .saturating_sub(session.tools_bytes())
+                .saturating_add(progress.added.charge.bytes())
+                .saturating_add(self.tools_charge.bytes());
+            request_charge.grow(copied.saturating_add(REQUEST_OVERHEAD))?;
+            let value = serde_json::to_value(&body).unwrap_or_default();
+            // The backend serialises what it translates this into.
+            request_charge.grow(heap::alloc(heap::json_len(&value)))?;
+            self.request(Payload::Value(&value), &mut progress.metrics)
+                .await
+        };
+        drop(request_charge);
         Ok(reply.map_err(SendError::from))
+    }
+
+    async fn request(
+        &self,
+        body: Payload<'_>,
+        metrics: &mut Metrics,
+    ) -> Result<ChatCompletion, LlmError> {
+        let (backend, session, ctx) = (self.backend, self.session, self.ctx);
+        let configured = session
+            .settings
+            .timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(backend.timeout());
+        let remaining = ctx.deadline.remaining();
+        let started = Instant::now();
+        let span = spans::model_request(backend, self.model);
+        let reply = backend
+            .send(body, configured.min(remaining))
+            .instrument(span.clone())
+            .await;
+        metrics.latency_ms.llm += ms(started.elapsed());
+        match &reply {
+            Ok(reply) => spans::record_reply(&span, &reply.body),
+            Err(failure) => spans::record_error(&span, &failure.error),
+        }
+        match reply {
+            Ok(reply) => {
+                metrics.llm_requests += 1 + reply.retries;
+                metrics.llm_retries += reply.retries;
+                ctx.metrics.llm_request(backend.name(), "ok");
+                if let Some(usage) = reply.body.usage() {
+                    metrics.add_usage(usage);
+                    let tokens = |n: Option<u64>| n.unwrap_or(0);
+                    ctx.metrics.llm_tokens(
+                        backend.name(),
+                        tokens(usage.prompt_tokens),
+                        tokens(usage.completion_tokens),
+                    );
+                }
+                Ok(reply.body)
+            }
+            Err(failure) => {
+                ctx.metrics
+                    .llm_request(backend.name(), failure.error.code());
+                metrics.llm_requests += 1 + failure.retries;
+                metrics.llm_retries += failure.retries;
+                metrics.llm_errors += 1;
+                tracing::warn!(task_id = ctx.task_id, backend = backend.name(), error = %failure.error, "LLM request failed");
+                Err(failure.error)
+            }
+        }
     }
 }
 
@@ -334,78 +405,6 @@ fn finish(
 /// The assistant message as it goes into the session, unknown fields and all.
 fn message_value(message: &AssistantMessage) -> Value {
     serde_json::to_value(message).unwrap_or_default()
-}
-
-/// The upstream body: forwarded params, then what the host owns; the messages are the
-/// session's and those the send `added`.
-fn request_body(session: &ChatSession, model: &str, added: &[Value], tools: &ToolSet) -> Value {
-    let mut body = session.upstream.clone();
-    body.insert("model".into(), json!(model));
-    let messages = session.messages.iter().chain(added).cloned().collect();
-    body.insert("messages".into(), Value::Array(messages));
-    if !tools.is_empty() {
-        body.insert("tools".into(), json!(tools.definitions));
-    }
-    if let Some(mapped) = body
-        .get("tool_choice")
-        .and_then(|c| tools.map_tool_choice(c))
-    {
-        body.insert("tool_choice".into(), mapped);
-    }
-    Value::Object(body)
-}
-
-async fn request(
-    backend: &Backend,
-    body: &Value,
-    session: &ChatSession,
-    ctx: &SendContext<'_>,
-    metrics: &mut Metrics,
-) -> Result<ChatCompletion, LlmError> {
-    let configured = session
-        .settings
-        .timeout_ms
-        .map(Duration::from_millis)
-        .unwrap_or(backend.timeout());
-    let remaining = ctx.deadline.remaining();
-    let started = Instant::now();
-    let model = body.get("model").and_then(Value::as_str);
-    let span = spans::model_request(backend, model.unwrap_or(backend.default_model()));
-    let reply = backend
-        .complete(body, configured.min(remaining))
-        .instrument(span.clone())
-        .await;
-    metrics.latency_ms.llm += ms(started.elapsed());
-    match &reply {
-        Ok(reply) => spans::record_reply(&span, &reply.body),
-        Err(failure) => spans::record_error(&span, &failure.error),
-    }
-    match reply {
-        Ok(reply) => {
-            metrics.llm_requests += 1 + reply.retries;
-            metrics.llm_retries += reply.retries;
-            ctx.metrics.llm_request(backend.name(), "ok");
-            if let Some(usage) = reply.body.usage() {
-                metrics.add_usage(usage);
-                let tokens = |n: Option<u64>| n.unwrap_or(0);
-                ctx.metrics.llm_tokens(
-                    backend.name(),
-                    tokens(usage.prompt_tokens),
-                    tokens(usage.completion_tokens),
-                );
-            }
-            Ok(reply.body)
-        }
-        Err(failure) => {
-            ctx.metrics
-                .llm_request(backend.name(), failure.error.code());
-            metrics.llm_requests += 1 + failure.retries;
-            metrics.llm_retries += failure.retries;
-            metrics.llm_errors += 1;
-            tracing::warn!(task_id = ctx.task_id, backend = backend.name(), error = %failure.error, "LLM request failed");
-            Err(failure.error)
-        }
-    }
 }
 
 /// Arguments for an MCP tool, with the charge for holding them.

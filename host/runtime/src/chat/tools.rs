@@ -9,7 +9,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
 use super::ChatSession;
@@ -223,12 +223,22 @@ impl ToolSet {
                 let namespace = &grant.entry.record.tool_namespace;
                 let name = mcp_model_name(namespace, &server_id, &tool.name, &taken);
                 taken.insert(name.clone());
-                let mut function = json!({"name": name, "parameters": Value::Object((*tool.input_schema).clone())});
+                // Built as values: `json!` would serialise the schema's clone, and then the
+                // whole function, into further copies.
+                let mut function = Map::from_iter([
+                    ("name".to_owned(), Value::from(name.as_str())),
+                    (
+                        "parameters".to_owned(),
+                        Value::Object((*tool.input_schema).clone()),
+                    ),
+                ]);
                 if let Some(description) = &tool.description {
-                    function["description"] = json!(description);
+                    function.insert("description".into(), Value::from(description.as_ref()));
                 }
-                set.definitions
-                    .push(json!({"type": "function", "function": function}));
+                set.definitions.push(Value::Object(Map::from_iter([
+                    ("type".to_owned(), Value::from("function")),
+                    ("function".to_owned(), Value::Object(function)),
+                ])));
                 set.mcp_names
                     .insert((server_id.clone(), tool.name.to_string()), name.clone());
                 set.namespaced
@@ -330,10 +340,6 @@ impl ToolSet {
             reason,
             why,
         }
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.definitions.is_empty()
     }
 }
 

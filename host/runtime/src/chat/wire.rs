@@ -11,88 +11,133 @@
 //! tool call whose `function.name` is not a string, ...) fail to deserialise, which the
 //! backends report as `llm_invalid_response` naming the path. Token counts that are not
 //! `u64` (negative, fractional, beyond `u64::MAX`) are not counted but still passed on.
+//!
+//! The objects are read in one pass by hand-written visitors (a known key into its field,
+//! any other into `rest`, a known key given twice an error as with serde's derive), not by
+//! `#[serde(flatten)]`, which buffers each nested object once per level; the path of a
+//! shape error is worked out only when there is one.
 
-use serde::de::{self, Deserializer};
+use std::borrow::Cow;
+use std::marker::PhantomData;
+
+use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-/// `absent` → `None`, `null` → `Some(None)`, a value → `Some(Some(v))`.
-fn nullable<'de, D, T>(deserializer: D) -> Result<Option<Option<T>>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Option::<T>::deserialize(deserializer).map(Some)
+/// A JSON object read key by key into a wire type.
+trait Object<'de>: Sized {
+    /// What serde's error says was expected.
+    const EXPECTING: &'static str;
+    fn read<A: MapAccess<'de>>(map: A) -> Result<Self, A::Error>;
 }
 
-/// `content` keeps `null` (`Some(Value::Null)`); absent is `None`.
-fn present<'de, D>(deserializer: D) -> Result<Option<Value>, D::Error>
-where
-    D: Deserializer<'de>,
-{
-    Value::deserialize(deserializer).map(Some)
+struct ObjectVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Object<'de>> Visitor<'de> for ObjectVisitor<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(T::EXPECTING)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::read(map)
+    }
+}
+
+fn read_object<'de, D: Deserializer<'de>, T: Object<'de>>(deserializer: D) -> Result<T, D::Error> {
+    deserializer.deserialize_map(ObjectVisitor(PhantomData))
+}
+
+/// An object's key, borrowed from the input unless it has escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
+}
+
+/// Reads field `name` into `slot`, unless it was already read. For a nullable field
+/// (`Option<Option<T>>`), absent stays `None` and `null` is `Some(None)`.
+fn once<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
+    map: &mut A,
+    slot: &mut Option<T>,
+    name: &'static str,
+) -> Result<(), A::Error> {
+    if slot.is_some() {
+        return Err(de::Error::duplicate_field(name));
+    }
+    *slot = Some(map.next_value()?);
+    Ok(())
+}
+
+fn required<T, E: de::Error>(slot: Option<T>, name: &'static str) -> Result<T, E> {
+    slot.ok_or_else(|| E::missing_field(name))
+}
+
+/// Keeps an unknown field in `rest` (a repeated one: the last value, at the first place).
+fn keep<'de, A: MapAccess<'de>>(
+    map: &mut A,
+    rest: &mut Map<String, Value>,
+    key: Cow<'de, str>,
+) -> Result<(), A::Error> {
+    let value = map.next_value()?;
+    rest.insert(key.into_owned(), value);
+    Ok(())
 }
 
 /// A JSON string as is, an object (or any other value) as its JSON text, `null` as `""`.
-fn arguments<'de, D>(deserializer: D) -> Result<String, D::Error>
-where
-    D: Deserializer<'de>,
-{
-    Ok(match Value::deserialize(deserializer)? {
+fn arguments(value: Value) -> String {
+    match value {
         Value::String(s) => s,
         Value::Null => String::new(),
         other => other.to_string(),
-    })
+    }
 }
 
 /// A `chat.completion` object.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct ChatCompletion {
     pub choices: Vec<Choice>,
-    #[serde(
-        default,
-        deserialize_with = "nullable",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<Usage>>,
     #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct Choice {
     pub message: AssistantMessage,
-    #[serde(
-        default,
-        deserialize_with = "nullable",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<Option<String>>,
     #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
 
 /// `choices[i].message`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct AssistantMessage {
-    #[serde(
-        default,
-        deserialize_with = "nullable",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<Option<String>>,
     /// A string, content parts, or `null` (`Some(Value::Null)`); `None` when absent.
-    #[serde(
-        default,
-        deserialize_with = "present",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<Value>,
-    #[serde(
-        default,
-        deserialize_with = "nullable",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Option<Vec<ToolCall>>>,
     #[serde(flatten)]
     pub rest: Map<String, Value>,
@@ -108,21 +153,12 @@ impl AssistantMessage {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct ToolCall {
     /// The call's id; the loop names a call without one `call_<index>`.
-    #[serde(
-        default,
-        deserialize_with = "nullable",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<Option<String>>,
-    #[serde(
-        rename = "type",
-        default,
-        deserialize_with = "nullable",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
     pub kind: Option<Option<String>>,
     pub function: FunctionCall,
     #[serde(flatten)]
@@ -135,15 +171,127 @@ impl ToolCall {
     }
 }
 
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct FunctionCall {
     pub name: String,
     /// The arguments as JSON text, as the model sent them.
-    #[serde(default, deserialize_with = "arguments")]
     pub arguments: String,
     #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
+
+impl<'de> Object<'de> for ChatCompletion {
+    const EXPECTING: &'static str = "struct ChatCompletion";
+    fn read<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let (mut choices, mut usage, mut rest) = (None, None, Map::new());
+        while let Some(Key(key)) = map.next_key()? {
+            match &*key {
+                "choices" => once(&mut map, &mut choices, "choices")?,
+                "usage" => once(&mut map, &mut usage, "usage")?,
+                _ => keep(&mut map, &mut rest, key)?,
+            }
+        }
+        Ok(Self {
+            choices: required(choices, "choices")?,
+            usage,
+            rest,
+        })
+    }
+}
+
+impl<'de> Object<'de> for Choice {
+    const EXPECTING: &'static str = "struct Choice";
+    fn read<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let (mut message, mut finish_reason, mut rest) = (None, None, Map::new());
+        while let Some(Key(key)) = map.next_key()? {
+            match &*key {
+                "message" => once(&mut map, &mut message, "message")?,
+                "finish_reason" => once(&mut map, &mut finish_reason, "finish_reason")?,
+                _ => keep(&mut map, &mut rest, key)?,
+            }
+        }
+        Ok(Self {
+            message: required(message, "message")?,
+            finish_reason,
+            rest,
+        })
+    }
+}
+
+impl<'de> Object<'de> for AssistantMessage {
+    const EXPECTING: &'static str = "struct AssistantMessage";
+    fn read<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let mut message = Self::default();
+        while let Some(Key(key)) = map.next_key()? {
+            match &*key {
+                "role" => once(&mut map, &mut message.role, "role")?,
+                // `null` is kept as `Some(Value::Null)`.
+                "content" => once(&mut map, &mut message.content, "content")?,
+                "tool_calls" => once(&mut map, &mut message.tool_calls, "tool_calls")?,
+                _ => keep(&mut map, &mut message.rest, key)?,
+            }
+        }
+        Ok(message)
+    }
+}
+
+impl<'de> Object<'de> for ToolCall {
+    const EXPECTING: &'static str = "struct ToolCall";
+    fn read<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let (mut id, mut kind, mut function, mut rest) = (None, None, None, Map::new());
+        while let Some(Key(key)) = map.next_key()? {
+            match &*key {
+                "id" => once(&mut map, &mut id, "id")?,
+                "type" => once(&mut map, &mut kind, "type")?,
+                "function" => once(&mut map, &mut function, "function")?,
+                _ => keep(&mut map, &mut rest, key)?,
+            }
+        }
+        Ok(Self {
+            id,
+            kind,
+            function: required(function, "function")?,
+            rest,
+        })
+    }
+}
+
+impl<'de> Object<'de> for FunctionCall {
+    const EXPECTING: &'static str = "struct FunctionCall";
+    fn read<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let (mut name, mut raw, mut rest) = (None, None::<Value>, Map::new());
+        while let Some(Key(key)) = map.next_key()? {
+            match &*key {
+                "name" => once(&mut map, &mut name, "name")?,
+                "arguments" => once(&mut map, &mut raw, "arguments")?,
+                _ => keep(&mut map, &mut rest, key)?,
+            }
+        }
+        Ok(Self {
+            name: required(name, "name")?,
+            arguments: raw.map(arguments).unwrap_or_default(),
+            rest,
+        })
+    }
+}
+
+macro_rules! deserialize_as_object {
+    ($($ty:ty),*) => {$(
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                read_object(deserializer)
+            }
+        }
+    )*};
+}
+
+deserialize_as_object!(
+    ChatCompletion,
+    Choice,
+    AssistantMessage,
+    ToolCall,
+    FunctionCall
+);
 
 /// `usage`. A count that is not a `u64` stays in `rest`, uncounted.
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -239,6 +387,10 @@ impl ChatCompletion {
 
     /// Reads a completion from a response body.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, WireError> {
+        if let Ok(completion) = serde_json::from_slice(bytes) {
+            return Ok(completion);
+        }
+        // Read again, tracking the path, for the error to name it.
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let parsed: Result<Self, _> = serde_path_to_error::deserialize(de);
         match parsed {
@@ -379,6 +531,32 @@ mod tests {
         assert_eq!(usage.completion_tokens, None);
         assert_eq!(usage.total_tokens, Some(u64::MAX));
         assert_eq!(back, huge, "uncountable values are still passed on");
+    }
+
+    #[test]
+    fn repeated_keys_and_escaped_keys_read_as_serde_reads_them() {
+        let error = ChatCompletion::from_slice(br#"{"choices": [], "choices": []}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("duplicate field `choices`"), "{error}");
+        let error = ChatCompletion::from_slice(
+            br#"{"choices": [{"message": {"role": "a", "role": "b"}}]}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("choices[0].message") && error.contains("duplicate field `role`"),
+            "{error}"
+        );
+        // An unknown key given twice keeps its first place and its last value.
+        let body =
+            br#"{"x": 1, "choi\u0063es": [{"message": {"c\u006fntent": "hi"}}], "y": 2, "x": 3}"#;
+        let completion = ChatCompletion::from_slice(body).unwrap();
+        assert_eq!(completion.message().unwrap().content, Some(json!("hi")));
+        assert_eq!(
+            serde_json::to_string(&completion.rest).unwrap(),
+            r#"{"x":3,"y":2}"#
+        );
     }
 
     #[test]

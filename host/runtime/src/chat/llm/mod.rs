@@ -65,6 +65,25 @@ impl AnswerError {
     }
 }
 
+/// A request body as the chat loop hands it to a backend.
+pub(crate) enum Payload<'a> {
+    Value(&'a Value),
+    /// The JSON text of a chat-completions body, encoded (and charged) once by the loop,
+    /// for a backend that [sends it as is](Backend::sends_json_as_is).
+    Json(bytes::Bytes),
+}
+
+impl Payload<'_> {
+    /// The body as a value: borrowed, or parsed back from its text (for a backend that
+    /// translates it or a recorder, which the loop does not encode for).
+    fn value(&self) -> Result<std::borrow::Cow<'_, Value>, serde_json::Error> {
+        match self {
+            Payload::Value(value) => Ok(std::borrow::Cow::Borrowed(*value)),
+            Payload::Json(json) => serde_json::from_slice(json).map(std::borrow::Cow::Owned),
+        }
+    }
+}
+
 /// A successful exchange.
 #[derive(Clone, Debug)]
 pub struct LlmReply {
@@ -127,16 +146,46 @@ impl Backend {
         self.timeout
     }
 
+    /// Whether the backend sends a chat-completions body's JSON text as is (OpenAI chat
+    /// completions, no recorder): the chat loop then hands it [`Payload::Json`].
+    pub(crate) fn sends_json_as_is(&self) -> bool {
+        self.recorder.is_none() && self.takes_audio()
+    }
+
     /// Sends one request body and returns the response body.
     pub async fn complete(&self, body: &Value, timeout: Duration) -> Result<LlmReply, LlmFailure> {
-        let reply = match &self.kind {
-            BackendImpl::OpenAi(backend) => backend.complete(body, timeout).await,
-            BackendImpl::Replay(backend) => backend.complete(body),
+        self.send(Payload::Value(body), timeout).await
+    }
+
+    /// [`complete`](Self::complete) of a body in either form.
+    pub(crate) async fn send(
+        &self,
+        body: Payload<'_>,
+        timeout: Duration,
+    ) -> Result<LlmReply, LlmFailure> {
+        let reply = match (&self.kind, &body) {
+            (BackendImpl::OpenAi(backend), _) => backend.complete(&body, timeout).await,
+            (BackendImpl::Replay(backend), _) => match body.value() {
+                Ok(value) => backend.complete(&value),
+                Err(e) => Err(self.unencodable(e)),
+            },
         };
-        if let (Ok(reply), Some(recorder)) = (&reply, &self.recorder) {
-            recorder.record(body, &reply.body);
+        if let (Ok(reply), Some(recorder)) = (&reply, &self.recorder)
+            && let Ok(value) = body.value()
+        {
+            recorder.record(&value, &reply.body);
         }
         reply
+    }
+
+    fn unencodable(&self, error: serde_json::Error) -> LlmFailure {
+        LlmFailure {
+            error: LlmError::InvalidRequest {
+                backend: self.name.clone(),
+                message: format!("the request body is not JSON: {error}"),
+            },
+            retries: 0,
+        }
     }
 }
 

@@ -15,7 +15,9 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use reqwest::header::{
+    AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER,
+};
 use serde_json::Value;
 
 use super::AnswerError;
@@ -23,7 +25,7 @@ use super::anthropic;
 use super::config::{BackendConfig, BackendKind};
 use super::gemini;
 use super::responses;
-use super::{LlmError, LlmFailure, LlmReply, ModelPatterns};
+use super::{LlmError, LlmFailure, LlmReply, ModelPatterns, Payload};
 use crate::Cause;
 use crate::chat::wire::ChatCompletion;
 use crate::config::ConfigError;
@@ -145,12 +147,34 @@ impl OpenAiBackend {
 
     pub(super) async fn complete(
         &self,
-        body: &Value,
+        body: &Payload<'_>,
         timeout: Duration,
     ) -> Result<LlmReply, LlmFailure> {
+        let failed = |error| LlmFailure { error, retries: 0 };
+        let invalid = |e: serde_json::Error| {
+            failed(LlmError::InvalidRequest {
+                backend: self.name.clone(),
+                message: format!("the request body cannot be encoded: {e}"),
+            })
+        };
+        // What the wire sends, encoded once for every attempt; the value, for a wire that
+        // translates it (and reads the answer by it).
+        let (url, json, value) = match (&self.wire, body) {
+            (Wire::OpenAi, Payload::Json(json)) => {
+                (Cow::Borrowed(self.url.as_str()), json.clone(), None)
+            }
+            _ => {
+                let value = body.value().map_err(invalid)?;
+                let (url, request) = self.request(&value).map_err(failed)?;
+                let json = serde_json::to_vec(&*request).map_err(invalid)?;
+                (url, bytes::Bytes::from(json), Some(value))
+            }
+        };
         let mut retries = 0;
         loop {
-            let outcome = self.attempt(body, timeout).await;
+            let outcome = self
+                .attempt(&url, json.clone(), value.as_deref(), timeout)
+                .await;
             let delay = match &outcome {
                 Ok(_) => None,
                 Err(Attempt::Retryable { retry_after, .. })
@@ -229,7 +253,14 @@ impl OpenAiBackend {
         })
     }
 
-    async fn attempt(&self, body: &Value, timeout: Duration) -> Result<ChatCompletion, Attempt> {
+    /// One POST of `json` to `url`; `body`: the value it was translated from, if it was.
+    async fn attempt(
+        &self,
+        url: &str,
+        json: bytes::Bytes,
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> Result<ChatCompletion, Attempt> {
         let mut headers = self.headers.clone();
         if let Some(key) = self
             .api_key_env
@@ -247,13 +278,16 @@ impl OpenAiBackend {
             }
         }
         headers.extend(crate::trace::headers());
-        let (url, request) = self.request(body).map_err(Attempt::Final)?;
+        // As reqwest's `.json()` would: unless a configured header says otherwise.
+        headers
+            .entry(CONTENT_TYPE)
+            .or_insert(HeaderValue::from_static("application/json"));
         let response = self
             .client
-            .post(url.as_ref())
+            .post(url)
             .headers(headers)
             .timeout(timeout)
-            .json(&*request)
+            .body(json)
             .send()
             .await
             .map_err(|e| self.transport_error(e, timeout))?;
@@ -313,8 +347,8 @@ impl OpenAiBackend {
             Wire::Anthropic { .. } => anthropic::from_messages(&bytes),
             Wire::Responses(state, _) => responses::from_responses(&bytes, *state),
             Wire::Gemini(_) => {
-                let offered: Vec<&str> = body["tools"]
-                    .as_array()
+                let offered: Vec<&str> = body
+                    .and_then(|body| body["tools"].as_array())
                     .into_iter()
                     .flatten()
                     .filter_map(|t| t["function"]["name"].as_str())

@@ -1,0 +1,193 @@
+//! The upstream request body of one model request, borrowed from the session, the send and
+//! its tool set instead of copied out of them, and its JSON text written once into a
+//! buffer charged before it grows.
+
+use std::io;
+
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+use serde_json::{Map, Value};
+
+use super::llm::RICH_CONTENT_FIELD;
+use crate::sandbox::{Charge, heap};
+
+/// The body: forwarded params (a forced `tool_choice` mapped to the offered name), then
+/// what the host owns: `model`, the session's messages and those the send added, and the
+/// tools. It serialises to what a `Map` built in that order would.
+pub(super) struct RequestBody<'a> {
+    pub(super) upstream: &'a Map<String, Value>,
+    /// `tool_choice` rewritten to the name offered, when it needs that.
+    pub(super) tool_choice: Option<Value>,
+    pub(super) model: &'a str,
+    pub(super) messages: &'a [Value],
+    pub(super) added: &'a [Value],
+    pub(super) tools: &'a [Value],
+    /// Leave out the tool messages' image parts: a wire that cannot carry them would refuse
+    /// them as unknown fields.
+    pub(super) plain: bool,
+}
+
+impl Serialize for RequestBody<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(None)?;
+        for (key, value) in self.upstream {
+            match &self.tool_choice {
+                Some(mapped) if key == "tool_choice" => map.serialize_entry(key, mapped)?,
+                _ => map.serialize_entry(key, value)?,
+            }
+        }
+        map.serialize_entry("model", self.model)?;
+        map.serialize_entry("messages", &Messages(self))?;
+        if !self.tools.is_empty() {
+            map.serialize_entry("tools", self.tools)?;
+        }
+        map.end()
+    }
+}
+
+struct Messages<'a, 'b>(&'a RequestBody<'b>);
+
+impl Serialize for Messages<'_, '_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let body = self.0;
+        let all = body.messages.iter().chain(body.added);
+        let mut seq = serializer.serialize_seq(Some(body.messages.len() + body.added.len()))?;
+        for message in all {
+            match message {
+                Value::Object(fields) if body.plain && fields.contains_key(RICH_CONTENT_FIELD) => {
+                    seq.serialize_element(&Plain(fields))?
+                }
+                _ => seq.serialize_element(message)?,
+            }
+        }
+        seq.end()
+    }
+}
+
+/// A message without its image parts.
+struct Plain<'a>(&'a Map<String, Value>);
+
+impl Serialize for Plain<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().filter(|(k, _)| *k != RICH_CONTENT_FIELD))
+    }
+}
+
+/// The first buffer a body is written into; it doubles as it fills.
+const FIRST_BYTES: usize = 4096;
+
+/// `body` as JSON text, each growth of its buffer charged to `charge` before it is made;
+/// `-ENOMEM` (as an I/O error of kind `OutOfMemory`) when the budget cannot hold it.
+pub(super) fn encode(body: &impl Serialize, charge: &mut Charge) -> io::Result<Vec<u8>> {
+    let mut out = Charged {
+        bytes: Vec::new(),
+        charge,
+    };
+    serde_json::to_writer(&mut out, body).map_err(io::Error::from)?;
+    Ok(out.bytes)
+}
+
+struct Charged<'a> {
+    bytes: Vec<u8>,
+    charge: &'a mut Charge,
+}
+
+impl io::Write for Charged<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let needed = self.bytes.len().saturating_add(buf.len());
+        let capacity = self.bytes.capacity();
+        if needed > capacity {
+            let wanted = needed.max(capacity.saturating_mul(2)).max(FIRST_BYTES);
+            let held = self
+                .charge
+                .resize_between(heap::alloc(needed as u64), heap::alloc(wanted as u64))
+                .map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
+            let room = if held >= heap::alloc(wanted as u64) {
+                wanted
+            } else {
+                needed
+            };
+            self.bytes.reserve_exact(room - self.bytes.len());
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::sandbox::MemoryBudget;
+
+    fn body<'a>(
+        upstream: &'a Map<String, Value>,
+        messages: &'a [Value],
+        added: &'a [Value],
+        tools: &'a [Value],
+        plain: bool,
+    ) -> RequestBody<'a> {
+        RequestBody {
+            upstream,
+            tool_choice: None,
+            model: "m",
+            messages,
+            added,
+            tools,
+            plain,
+        }
+    }
+
+    #[test]
+    fn the_body_is_what_a_map_built_in_order_would_be() {
+        let upstream = json!({"temperature": 0.5, "tool_choice": {"type": "function", "function": {"name": "mcp.fs.read"}}, "seed": 1});
+        let upstream = upstream.as_object().unwrap();
+        let messages = [json!({"role": "user", "content": "hi"})];
+        let rich = json!({"role": "tool", "tool_call_id": "a", "content": "x", RICH_CONTENT_FIELD: [{"type": "image"}]});
+        let added = [rich.clone()];
+        let tools = [json!({"type": "function", "function": {"name": "f", "parameters": {}}})];
+        let mapped = json!({"type": "function", "function": {"name": "mcp__fs__read"}});
+
+        let mut expected = upstream.clone();
+        expected.insert("model".into(), json!("m"));
+        expected.insert("messages".into(), json!([messages[0], rich]));
+        expected.insert("tools".into(), json!(tools));
+        expected.insert("tool_choice".into(), mapped.clone());
+        let mut built = body(upstream, &messages, &added, &tools, false);
+        built.tool_choice = Some(mapped);
+        let budget = MemoryBudget::new("t".into(), 1 << 20);
+        let mut charge = budget.empty("request");
+        let text = encode(&built, &mut charge).unwrap();
+        assert_eq!(text, serde_json::to_vec(&expected).unwrap());
+        assert!(charge.bytes() >= heap::alloc(text.len() as u64));
+        assert_eq!(budget.used(), charge.bytes());
+
+        built.plain = true;
+        let plain = serde_json::to_value(&built).unwrap();
+        assert_eq!(
+            plain["messages"][1],
+            json!({"role": "tool", "tool_call_id": "a", "content": "x"})
+        );
+        let bare = serde_json::to_value(body(&Map::new(), &[], &[], &[], true)).unwrap();
+        assert_eq!(
+            bare,
+            json!({"model": "m", "messages": []}),
+            "no tools, no key"
+        );
+    }
+
+    #[test]
+    fn a_body_the_budget_cannot_hold_is_refused_before_it_is_written() {
+        let messages = vec![json!({"role": "user", "content": "x".repeat(100_000)})];
+        let budget = MemoryBudget::new("t".into(), 50_000);
+        let mut charge = budget.empty("request");
+        let upstream = Map::new();
+        let error = encode(&body(&upstream, &messages, &[], &[], false), &mut charge).unwrap_err();
+        assert_eq!(error.kind(), io::ErrorKind::OutOfMemory);
+        assert!(budget.used() <= 50_000);
+    }
+}
