@@ -75,6 +75,9 @@ impl Serialize for Plain<'_> {
 /// The first buffer a body is written into; it doubles as it fills.
 const FIRST_BYTES: usize = 4096;
 
+/// The least a buffer grows by when the budget has no room to double it.
+const STEP_BYTES: usize = 64 * 1024;
+
 /// `body` as JSON text, each growth of its buffer charged to `charge` before it is made;
 /// `-ENOMEM` (as an I/O error of kind `OutOfMemory`) when the budget cannot hold it.
 pub(super) fn encode(body: &impl Serialize, charge: &mut Charge) -> io::Result<Vec<u8>> {
@@ -82,8 +85,21 @@ pub(super) fn encode(body: &impl Serialize, charge: &mut Charge) -> io::Result<V
         bytes: Vec::new(),
         charge,
     };
-    serde_json::to_writer(&mut out, body).map_err(io::Error::from)?;
-    Ok(out.bytes)
+    match serde_json::to_writer(&mut out, body) {
+        Ok(()) => return Ok(out.bytes),
+        Err(e) if e.io_error_kind() == Some(io::ErrorKind::OutOfMemory) => {}
+        Err(e) => return Err(e.into()),
+    }
+    // Near the budget's end, growing step by step would copy the buffer on every small
+    // write: count the body once and hold exactly that, or refuse it.
+    drop(out.bytes);
+    let len = heap::json_len(body);
+    charge
+        .resize(heap::alloc(len))
+        .map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
+    let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(usize::MAX));
+    serde_json::to_writer(&mut bytes, body).map_err(io::Error::from)?;
+    Ok(bytes)
 }
 
 struct Charged<'a> {
@@ -96,15 +112,20 @@ impl io::Write for Charged<'_> {
         let needed = self.bytes.len().saturating_add(buf.len());
         let capacity = self.bytes.capacity();
         if needed > capacity {
+            // Double, else grow by a step (an eighth, at least STEP_BYTES); never by less,
+            // so the buffer is copied O(log n) times whatever the budget.
             let wanted = needed.max(capacity.saturating_mul(2)).max(FIRST_BYTES);
+            let step = needed
+                .saturating_add((capacity / 8).max(STEP_BYTES))
+                .min(wanted);
             let held = self
                 .charge
-                .resize_between(heap::alloc(needed as u64), heap::alloc(wanted as u64))
+                .resize_between(heap::alloc(step as u64), heap::alloc(wanted as u64))
                 .map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
             let room = if held >= heap::alloc(wanted as u64) {
                 wanted
             } else {
-                needed
+                step
             };
             self.bytes.reserve_exact(room - self.bytes.len());
         }
@@ -189,5 +210,24 @@ mod tests {
         let error = encode(&body(&upstream, &messages, &[], &[], false), &mut charge).unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::OutOfMemory);
         assert!(budget.used() <= 50_000);
+    }
+
+    /// Near the budget's end the buffer is sized once to the body, not grown write by
+    /// write: a body of many small values that just fits is written, and what is held is
+    /// what it takes.
+    #[test]
+    fn a_body_that_just_fits_is_sized_once() {
+        let messages: Vec<Value> = (0..20_000)
+            .map(|i| json!({"role": "user", "content": i.to_string()}))
+            .collect();
+        let upstream = Map::new();
+        let built = body(&upstream, &messages, &[], &[], false);
+        let len = heap::json_len(&built);
+        let budget = MemoryBudget::new("t".into(), heap::alloc(len) + 1024);
+        let mut charge = budget.empty("request");
+        let text = encode(&built, &mut charge).expect("it fits");
+        assert_eq!(text.len() as u64, len);
+        assert_eq!(charge.bytes(), heap::alloc(len));
+        assert_eq!(text.capacity(), text.len());
     }
 }

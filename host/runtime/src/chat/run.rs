@@ -292,7 +292,7 @@ impl Loop<'_, '_> {
             messages: &session.messages,
             added: &progress.added.messages,
             tools: &tools.definitions,
-            plain: !backend.takes_rich_results(),
+            plain: backend.drops_rich_results(),
         };
         let mut request_charge = ctx.budget.empty("cchat_send request");
         let reply = if backend.sends_json_as_is() {

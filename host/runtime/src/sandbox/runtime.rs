@@ -78,8 +78,9 @@ impl<T: SandboxView> Runtime<T> {
         let mut config = Config::new();
         // 4 GiB of address space per slot (all a 32-bit memory can address) plus a 32 MiB
         // guard lets compiled guests skip bounds checks. It is reserved, not committed:
-        // 1024 slots take about 4 TiB of the 128 TiB x86-64 user address space and no
-        // memory until a task touches its pages.
+        // the default 5000 slots take about 20 TiB of the 128 TiB x86-64 user address space
+        // (so about six such hosts fit in one process) and no memory until a task touches
+        // its pages. A host that does not fit fails to build with the setting to lower.
         config.memory_reservation(defaults::TASK_MEMORY_RESERVATION);
         config.memory_guard_size(defaults::TASK_MEMORY_GUARD);
         // Host code of async hostcalls runs on the task's fiber stack; only touched pages

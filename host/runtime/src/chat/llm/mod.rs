@@ -135,6 +135,12 @@ impl Backend {
         matches!(&self.kind, BackendImpl::OpenAi(backend) if backend.takes_rich_results())
     }
 
+    /// Whether tool messages lose their MCP image parts on the way out: only the chat
+    /// completions wire, which cannot carry them (replay and recordings keep them).
+    pub fn drops_rich_results(&self) -> bool {
+        matches!(&self.kind, BackendImpl::OpenAi(backend) if !backend.takes_rich_results())
+    }
+
     /// Whether user messages may carry OpenAI `input_audio` parts: only the chat
     /// completions wire takes them (the translations would turn them into notes).
     pub fn takes_audio(&self) -> bool {

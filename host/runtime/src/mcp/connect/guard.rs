@@ -31,6 +31,11 @@ use crate::text;
 /// by `max_concurrency` and `tool_timeout_ms`).
 const MAX_PENDING: usize = 4096;
 
+/// The most of a server's `max_concurrency` a connection tracks beyond [`MAX_PENDING`]: a
+/// record may say any `u32`, and stale entries of a server that never answers must stay
+/// bounded (a few MiB at most).
+const MAX_LIVE_CALLS: usize = 1 << 16;
+
 /// Longest parse error quoted in a `tool_exec_failed` message.
 const MAX_REASON_CHARS: usize = 200;
 
@@ -58,7 +63,8 @@ impl Limits {
             max_tool_output_bytes: budgets.max_tool_output_bytes,
             max_tool_list_bytes: budgets.max_tool_list_bytes,
             write_timeout: budgets.tool_timeout,
-            max_pending: MAX_PENDING.saturating_add(budgets.max_concurrency as usize),
+            max_pending: MAX_PENDING
+                .saturating_add((budgets.max_concurrency as usize).min(MAX_LIVE_CALLS)),
         }
     }
 
