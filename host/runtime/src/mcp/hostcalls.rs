@@ -96,7 +96,12 @@ pub fn add_to_linker<T: McpView>(linker: &mut Linker<T>) -> wasmtime::Result<()>
                         );
                         finish(match begin(&mut caller, $op, args, span) {
                             Ok(ControlFlow::Break(kept_len)) => Ok(kept_len),
-                            Ok(ControlFlow::Continue(request)) => $run(&mut caller, request).await,
+                            // Boxed where it is awaited: this block is built on the task's fiber
+                            // stack, and a frame holding a large future keeps every page of
+                            // it resident while the task waits (BENCHMARKS.md, issue 25).
+                            Ok(ControlFlow::Continue(request)) => {
+                                Box::pin($run(&mut caller, request)).await
+                            }
                             Err(error) => Err(error),
                         })
                     })
@@ -773,7 +778,7 @@ async fn call_tool<T: McpView>(
         Err(error) => return request.deliver(caller, encode(&error.to_json())),
     };
     let (origin, from_server) = request.origin();
-    let ran = call::run(
+    let ran = Box::pin(call::run(
         &request.mcp,
         &origin,
         entry,
@@ -781,7 +786,7 @@ async fn call_tool<T: McpView>(
         request.approval,
         arguments,
         raw,
-    );
+    ));
     let ran = serving(caller, from_server, ran.instrument(request.span.clone()));
     let bytes = match ran.await?.map_err(trap)? {
         Ended::Answered(output) => output.json,

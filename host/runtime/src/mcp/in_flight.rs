@@ -176,7 +176,11 @@ fn start<T: McpView>(
             Err(error) => return Ok(encode(&error.to_json())),
         };
         let entry = &grant.entry;
-        let ended = call::run(&mcp, &origin, entry, &name, approval, arguments, &raw).await;
+        // Boxed: this future is built on the task's fiber stack (BENCHMARKS.md).
+        let ended = Box::pin(call::run(
+            &mcp, &origin, entry, &name, approval, arguments, &raw,
+        ))
+        .await;
         Ok(match ended.map_err(|_| Errno::ETIMEDOUT)? {
             Ended::Answered(output) => output.json,
             Ended::Failed { json, .. } => json,

@@ -191,7 +191,7 @@ impl McpPool {
             let mut params = params.clone();
             params.input_responses = responses;
             params.request_state = state;
-            self.call_round(entry, params, principal, asker)
+            Box::pin(self.call_round(entry, params, principal, asker))
         })
         .await?;
         // The transport capped the answer as it was read; the guest gets it re-encoded,
@@ -274,7 +274,7 @@ impl McpPool {
                             sent,
                             phase: &phase,
                         };
-                        self.follow_task(call, created)
+                        Box::pin(self.follow_task(call, created))
                             .instrument(span.clone())
                             .await
                             .map(Round::Complete)
