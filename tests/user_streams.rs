@@ -14,6 +14,7 @@ use futures::{SinkExt, StreamExt};
 use quiver::{Host, TaskSpec, UserStreams};
 use quiver_tests::c::c_guest;
 use quiver_tests::node::{Node, sha256_hex};
+use quiver_tests::ssf::data_frame;
 use quiver_tests::{RegistryDir, quiver_cli};
 use reqwest::Method;
 use serde_json::json;
@@ -41,22 +42,6 @@ fn echo_guest() -> PathBuf {
         "spear_user_stream_echo",
         &[],
     )
-}
-
-/// An SSF v1 DATA frame as a client writes it by hand.
-fn frame(stream_id: u32, seq: u64, data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    out.extend_from_slice(b"SPST");
-    out.extend_from_slice(&1u16.to_le_bytes());
-    out.extend_from_slice(&32u16.to_le_bytes());
-    out.extend_from_slice(&2u16.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes());
-    out.extend_from_slice(&stream_id.to_le_bytes());
-    out.extend_from_slice(&seq.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
-    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    out.extend_from_slice(data);
-    out
 }
 
 struct Fixture {
@@ -225,12 +210,12 @@ async fn spears_c_echo_answers_its_submitter_over_a_websocket_and_nobody_else() 
     assert_eq!(refused_status(second), 409);
 
     for (stream_id, text) in [(1u32, "hello"), (2, "second stream"), (1, "again")] {
-        let sent = frame(stream_id, 1, text.as_bytes());
+        let sent = data_frame(stream_id, 1, text.as_bytes());
         socket.send(Message::binary(sent.clone())).await.unwrap();
         assert_eq!(next_binary(&mut socket).await, sent, "{text}");
     }
     // A frame with metadata and a longer header comes back whole too.
-    let mut long = frame(1, 9, b"");
+    let mut long = data_frame(1, 9, b"");
     long[6..8].copy_from_slice(&40u16.to_le_bytes());
     long[24..28].copy_from_slice(&2u32.to_le_bytes());
     long[28..32].copy_from_slice(&3u32.to_le_bytes());
@@ -271,12 +256,12 @@ async fn spears_c_echo_answers_its_submitter_over_a_websocket_and_nobody_else() 
 async fn hostile_frames_close_the_socket_with_the_reason_and_the_guest_sees_it() {
     let fixture = Fixture::start().await;
     let bad_magic = {
-        let mut f = frame(1, 1, b"x");
+        let mut f = data_frame(1, 1, b"x");
         f[0] = b'X';
         f
     };
     let bad_lengths = {
-        let mut f = frame(1, 1, b"x");
+        let mut f = data_frame(1, 1, b"x");
         f[28..32].copy_from_slice(&u32::MAX.to_le_bytes());
         f
     };
@@ -289,7 +274,7 @@ async fn hostile_frames_close_the_socket_with_the_reason_and_the_guest_sees_it()
         ),
         (
             "stream id",
-            vec![Message::binary(frame(0x8000_0000, 1, b"x"))],
+            vec![Message::binary(data_frame(0x8000_0000, 1, b"x"))],
             "stream_id 2147483648",
         ),
         (
@@ -300,7 +285,7 @@ async fn hostile_frames_close_the_socket_with_the_reason_and_the_guest_sees_it()
         (
             "too many streams",
             (0..17)
-                .map(|s| Message::binary(frame(100 + s, 1, b"x")))
+                .map(|s| Message::binary(data_frame(100 + s, 1, b"x")))
                 .collect(),
             "16 user streams",
         ),
@@ -326,7 +311,7 @@ async fn hostile_frames_close_the_socket_with_the_reason_and_the_guest_sees_it()
     let id = fixture.submit("huge").await;
     let mut socket = fixture.attach(&id).await;
     let _ = socket
-        .send(Message::binary(frame(1, 1, &vec![7u8; 300 * 1024])))
+        .send(Message::binary(data_frame(1, 1, &vec![7u8; 300 * 1024])))
         .await;
     let ended = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
@@ -349,7 +334,7 @@ async fn hostile_frames_close_the_socket_with_the_reason_and_the_guest_sees_it()
     let flood = tokio::spawn(async move {
         for seq in 0..5_000u64 {
             if sink
-                .send(Message::binary(frame(1, seq, b"f")))
+                .send(Message::binary(data_frame(1, seq, b"f")))
                 .await
                 .is_err()
             {
@@ -407,7 +392,7 @@ async fn a_client_of_a_task_cancelled_in_the_queue_has_its_session_ended() {
     let queued = fixture.submit("queued").await;
     let mut socket = fixture.attach(&queued).await;
     socket
-        .send(Message::Binary(frame(1, 1, b"anyone?").into()))
+        .send(Message::Binary(data_frame(1, 1, b"anyone?").into()))
         .await
         .expect("send");
     let answer = Node::send(
@@ -452,10 +437,13 @@ async fn a_client_that_never_reads_costs_the_bounded_queues_not_what_it_sent() {
     // 24 MiB in 96 frames of 256 KiB, while nothing is read back.
     let chunk = vec![b'z'; 256 * 1024 - 32];
     for seq in 0..96u64 {
-        tokio::time::timeout(Duration::from_secs(30), client.send(frame(1, seq, &chunk)))
-            .await
-            .expect("the guest keeps reading")
-            .expect("send");
+        tokio::time::timeout(
+            Duration::from_secs(30),
+            client.send(data_frame(1, seq, &chunk)),
+        )
+        .await
+        .expect("the guest keeps reading")
+        .expect("send");
     }
     client.drained().await;
     drop(client);

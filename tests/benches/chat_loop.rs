@@ -17,6 +17,7 @@
 //! Run: `cargo bench -p quiver-tests --bench chat_loop` (`QUIVER_BENCH_ROUNDS`,
 //! `QUIVER_BENCH_SENDS` override the defaults).
 
+use quiver_tests::bench::{env_usize, median};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -55,13 +56,6 @@ async fn export_on_switch() -> (BackgroundServer, quiver_node::telemetry::Teleme
     }));
     tracing_subscriber::registry().with(layer).init();
     (sink, telemetry)
-}
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 fn guest(sends: usize) -> String {
@@ -113,11 +107,6 @@ fn script_one_send(llm: &ScriptedLlm) {
         ("a", "mcp__fixture__add", json!({"a": 2, "b": 3})),
     ]));
     llm.push(Reply::text("done"));
-}
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
 }
 
 #[tokio::main]

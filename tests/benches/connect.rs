@@ -2,16 +2,12 @@
 //! against the fixture server over Streamable HTTP on loopback: the time from a cold pool
 //! to the first `tools/list` answer. Run: `cargo bench -p quiver-tests --bench connect`.
 
-use std::time::{Duration, Instant};
+use quiver_tests::bench::median;
+use std::time::Instant;
 
 use quiver::EgressConfig;
 use quiver::HostConfig;
 use quiver_tests::{FixtureHttp, RegistryDir, host_builder};
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
 
 #[tokio::main]
 async fn main() {

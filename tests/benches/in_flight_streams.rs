@@ -23,6 +23,8 @@
 //! `QUIVER_BENCH_MESSAGES` (round trips per round and size, default 200, at most 450)
 //! narrow or widen a run. No figure is asserted; a wrong answer panics.
 
+use quiver_tests::bench::{env_usize, median};
+use quiver_tests::ssf::data_frame;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
@@ -36,18 +38,6 @@ use quiver_tests::RegistryDir;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::http::HeaderValue;
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
-}
 
 fn percentile(mut samples: Vec<f64>, p: f64) -> f64 {
     samples.sort_by(f64::total_cmp);
@@ -213,22 +203,6 @@ const ECHO: &str = r#"(module
       ;; HUP or ERR with nothing left to read: the client went away.
       (br_if $next (i32.eqz (i32.and (local.get $events) (i32.const 24)))))))"#;
 
-/// An SSF v1 DATA frame on `stream_id` carrying `data`.
-fn frame(stream_id: u32, seq: u64, data: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(32 + data.len());
-    out.extend_from_slice(b"SPST");
-    out.extend_from_slice(&1u16.to_le_bytes());
-    out.extend_from_slice(&32u16.to_le_bytes());
-    out.extend_from_slice(&2u16.to_le_bytes());
-    out.extend_from_slice(&0u16.to_le_bytes());
-    out.extend_from_slice(&stream_id.to_le_bytes());
-    out.extend_from_slice(&seq.to_le_bytes());
-    out.extend_from_slice(&0u32.to_le_bytes());
-    out.extend_from_slice(&(data.len() as u32).to_le_bytes());
-    out.extend_from_slice(data);
-    out
-}
-
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
@@ -256,7 +230,7 @@ async fn connect(url: &str, token: Option<&str>) -> Socket {
 async fn echo_round(socket: &mut Socket, payload: &[u8], count: usize) -> Vec<f64> {
     let mut times = Vec::with_capacity(count);
     for seq in 0..=count {
-        let sent = frame(0, seq as u64, payload);
+        let sent = data_frame(0, seq as u64, payload);
         let started = Instant::now();
         socket.send(Message::binary(sent.clone())).await.unwrap();
         let echoed = loop {

@@ -36,6 +36,7 @@
 //! `QUIVER_BENCH_ROWS=guest,spawned` (of guest, spawned, native, ts, floor) only those rows,
 //! for a profile of them.
 
+use quiver_tests::bench::{env_usize, median};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
@@ -48,18 +49,6 @@ use rmcp::ServiceExt;
 use rmcp::model::CallToolRequestParams;
 use rmcp::transport::TokioChildProcess;
 use serde_json::{Map, Value, json};
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(mut samples: Vec<Duration>) -> Duration {
-    samples.sort();
-    samples[samples.len() / 2]
-}
 
 fn micros(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6

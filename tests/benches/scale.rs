@@ -34,6 +34,7 @@
 //! `epoll` (defaults, the epoll wait), `slots` (N slots), `capped` (N slots, the old call
 //! cap) and `bare`.
 
+use quiver_tests::bench::{env_usize, median};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -44,18 +45,6 @@ use wasmtime::{
     Caller, Config, Engine, InstanceAllocationStrategy, InstancePre, Linker, Module,
     PoolingAllocationConfig, Store,
 };
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(mut samples: Vec<f64>) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
-}
 
 /// The guest of both scenarios: `_start` opens `fixture` and calls `slow` with `ms`; `noop`
 /// returns at once.

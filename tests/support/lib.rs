@@ -15,6 +15,7 @@ use quiver::McpError;
 use quiver::{Host, TaskOutcome, TaskSpec, ToolCallError, ToolCallRequest};
 use tempfile::TempDir;
 
+pub mod bench;
 pub mod c;
 pub mod chat_wat;
 pub mod errno;
@@ -27,6 +28,7 @@ pub mod oauth;
 pub mod openmetrics;
 pub mod phoenix;
 pub mod serve;
+pub mod ssf;
 pub mod wat;
 
 /// The workspace root.
