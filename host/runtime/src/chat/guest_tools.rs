@@ -5,24 +5,11 @@
 
 use quiver_abi::Errno;
 use serde_json::{Value, json};
-use wasmtime::{Caller, Func, Ref};
+use wasmtime::Caller;
 
 use super::{ChatView, GuestTools};
 use crate::defaults;
-use crate::sandbox::{Charge, MemoryBudget, guest, heap};
-
-/// The guest's funcref table: `__indirect_function_table`, else `table`, else the first
-/// exported table (looked up once at instantiation).
-pub(super) fn tool_func<T: ChatView>(caller: &mut Caller<'_, T>, table_index: u32) -> Option<Func> {
-    let table = caller.data_mut().sandbox().table?;
-    match table.get(&mut *caller, u64::from(table_index))? {
-        Ref::Func(Some(func)) => {
-            func.typed::<(i32, i32, i32, i32), i32>(&*caller).ok()?;
-            Some(func)
-        }
-        _ => None,
-    }
-}
+use crate::sandbox::{Charge, MemoryBudget, guest, guest_callback, heap};
 
 /// Guest tools, called through the funcref table with the tool arena protocol.
 pub(super) struct CallerTools<'a, 'b, T: 'static> {
@@ -45,7 +32,7 @@ impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
                     .into(),
             ));
         };
-        let Some(func) = tool_func(self.caller, table_index) else {
+        let Some(func) = guest_callback(self.caller, table_index) else {
             return Ok(Err(format!(
                 "no tool function at table index {table_index}"
             )));

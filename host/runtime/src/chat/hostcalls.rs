@@ -14,12 +14,12 @@ use quiver_abi::send_flags;
 use serde_json::{Value, json};
 use wasmtime::{Caller, Linker};
 
-use super::guest_tools::{CallerTools, tool_func};
+use super::guest_tools::CallerTools;
 use super::params::shown;
 use super::pending::{self, Owned, PendingSend};
 use super::session::{ChatResponse, ChatSession, ChatView, SetParamError, text_message_cost};
 use super::{GuestTool, ParamError, ROLES, SendContext, run};
-use crate::sandbox::{HostcallError, before_deadline, finish, guest, heap};
+use crate::sandbox::{HostcallError, before_deadline, finish, guest, guest_callback, heap};
 
 /// Registers the `cchat_*` imports.
 pub fn add_to_linker<T: ChatView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
@@ -147,7 +147,7 @@ fn write_fn<T: ChatView>(
         tracing::info!(%reason, "cchat_write_fn: refused tool definition");
         Errno::EINVAL
     })?;
-    if tool_func(caller, table_index).is_none() {
+    if guest_callback(caller, table_index).is_none() {
         tracing::info!(
             table_index,
             "cchat_write_fn: no function of type (i32, i32, i32, i32) -> i32 at this table index"

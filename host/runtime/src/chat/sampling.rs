@@ -41,7 +41,7 @@ use crate::defaults;
 use crate::mcp::{Sampled, SamplingRefused, TaskSampler};
 use crate::observe::Metrics;
 use crate::registry::SamplingConfig;
-use crate::sandbox::Deadline;
+use crate::sandbox::{Deadline, heap};
 use crate::text::cut;
 
 /// One task's sampling: the host's backends and the task's token budget, shared by every
@@ -317,21 +317,7 @@ fn bounded(params: &CreateMessageRequestParams) -> Result<u64, SamplingRefused> 
 
 /// `value`'s size as JSON, without building the text.
 fn json_len<T: serde::Serialize>(value: &T) -> usize {
-    struct Count(usize);
-    impl std::io::Write for Count {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0 = self.0.saturating_add(bytes.len());
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let mut count = Count(0);
-    match serde_json::to_writer(&mut count, value) {
-        Ok(()) => count.0,
-        Err(_) => usize::MAX,
-    }
+    usize::try_from(heap::json_len(value)).unwrap_or(usize::MAX)
 }
 
 fn unsupported(what: impl Into<String>) -> SamplingRefused {

@@ -22,13 +22,13 @@ use quiver_abi::Errno;
 use serde::Serialize;
 use serde_json::{Map, Value};
 use tokio::sync::{mpsc, oneshot};
-use wasmtime::{Caller, Linker, Ref};
+use wasmtime::{Caller, Linker};
 
 use super::session::{McpSession, McpView};
 use crate::approval::{ElicitationAnswer, ElicitationRequest};
 use crate::defaults;
 use crate::observe::unix_seconds;
-use crate::sandbox::{HostcallError, finish, guest};
+use crate::sandbox::{HostcallError, finish, guest, guest_callback};
 
 /// What `mcp_elicit_fn` registered on a session fd: the guest's function and its arena.
 #[derive(Clone, Copy, Debug)]
@@ -106,7 +106,7 @@ fn register<T: McpView>(
         return Ok(0);
     }
     let table_index = u32::try_from(fn_offset).map_err(|_| Errno::EINVAL)?;
-    if callback(caller, table_index).is_none() {
+    if guest_callback(caller, table_index).is_none() {
         tracing::info!(
             table_index,
             "no function of type (i32, i32, i32, i32) -> i32 at this table index"
@@ -132,18 +132,6 @@ fn register<T: McpView>(
         .get_as::<McpSession>(fd)?
         .answerer = Some(Answerer { table_index, arena });
     Ok(0)
-}
-
-/// The guest's function at `table_index`, if it has the callback's type.
-fn callback<T: McpView>(caller: &mut Caller<'_, T>, table_index: u32) -> Option<wasmtime::Func> {
-    let table = caller.data_mut().sandbox().table?;
-    match table.get(&mut *caller, u64::from(table_index))? {
-        Ref::Func(Some(func)) => {
-            func.typed::<(i32, i32, i32, i32), i32>(&*caller).ok()?;
-            Some(func)
-        }
-        _ => None,
-    }
 }
 
 /// Waits for `work` (a request to a server) while putting the questions the server asks
@@ -255,7 +243,7 @@ async fn call<T: McpView>(
         table_index,
         arena: (arena_ptr, arena_len),
     } = answerer;
-    let Some(func) = callback(caller, table_index) else {
+    let Some(func) = guest_callback(caller, table_index) else {
         return Ok(Err(format!("no callback at table index {table_index}")));
     };
     let func = func

@@ -32,7 +32,7 @@ mod wasi;
 
 use std::sync::Arc;
 
-use wasmtime::{Linker, Memory, Table};
+use wasmtime::{Caller, Func, Linker, Memory, Ref, Table};
 use wasmtime_wasi::p1::WasiP1Ctx;
 
 use guest_log::GuestLogSink;
@@ -110,6 +110,23 @@ impl<K> Sandbox<K> {
     pub fn leave_guest_call(&mut self, depth: u32) {
         self.guest_tool_depth = depth;
         self.guest_tool_stacks.truncate(depth as usize + 1);
+    }
+}
+
+/// The guest function at `table_index` of the task's funcref table, if it has the type of
+/// a call back into the guest, `(i32, i32, i32, i32) -> i32` (guest tools and elicitation
+/// callbacks, `docs/abi.md`).
+pub fn guest_callback<T: SandboxView>(
+    caller: &mut Caller<'_, T>,
+    table_index: u32,
+) -> Option<Func> {
+    let table = caller.data_mut().sandbox().table?;
+    match table.get(&mut *caller, u64::from(table_index))? {
+        Ref::Func(Some(func)) => {
+            func.typed::<(i32, i32, i32, i32), i32>(&*caller).ok()?;
+            Some(func)
+        }
+        _ => None,
     }
 }
 
