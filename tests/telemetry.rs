@@ -294,8 +294,9 @@ async fn an_unreachable_collector_costs_a_task_nothing() {
     );
 }
 
-/// `quiver run`: a `[telemetry]` typo names the file and field, and bad export headers
-/// name the variable and entry without showing a header value; neither runs the guest.
+/// `quiver run`: a `[telemetry]` typo names the file and field, bad export headers
+/// name the variable and entry without showing a header value, and a bad sampler ratio
+/// names its variable; none of them runs the guest.
 #[test]
 fn bad_telemetry_settings_are_named_and_secrets_never_shown() {
     use std::process::Command;
@@ -315,6 +316,8 @@ fn bad_telemetry_settings_are_named_and_secrets_never_shown() {
             "QUIVER_CONFIG",
             "OTEL_EXPORTER_OTLP_ENDPOINT",
             "OTEL_EXPORTER_OTLP_HEADERS",
+            "OTEL_TRACES_SAMPLER",
+            "OTEL_TRACES_SAMPLER_ARG",
         ] {
             cmd.env_remove(var);
         }
@@ -347,6 +350,17 @@ fn bad_telemetry_settings_are_named_and_secrets_never_shown() {
         "{stderr}"
     );
     assert!(!stderr.contains("hdr-secret-41"), "{stderr}");
+    // A sampler the SDK would quietly replace with its default is refused by name.
+    let (code, stderr) = run(
+        None,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "10%"),
+        ],
+    );
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("OTEL_TRACES_SAMPLER_ARG: "), "{stderr}");
     // A working export to a closed port: the guest runs and the command exits at once.
     let started = std::time::Instant::now();
     let (code, stderr) = run(

@@ -11,7 +11,7 @@ use crate::defaults;
 
 /// `[telemetry]`: where traces go. Every field is optional; the matching `OTEL_*`
 /// variable fills what the file leaves out.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct TelemetryConfig {
     /// `false` turns export off whatever the environment says (`OTEL_SDK_DISABLED=true`
@@ -36,6 +36,64 @@ pub struct TelemetryConfig {
     pub max_queue_size: Option<usize>,
     /// Longest one export request may take ([`defaults::TELEMETRY_EXPORT_TIMEOUT`]).
     pub export_timeout_ms: Option<u64>,
+    /// Which traces are recorded, by the OpenTelemetry names; else `OTEL_TRACES_SAMPLER`,
+    /// else `parentbased_always_on` (a caller's sampled flag decides, new traces are all
+    /// recorded). `always_on` records every task even when the caller does not sample.
+    pub sampler: Option<SamplerKind>,
+    /// The ratio (0 to 1) of new traces a `traceidratio` sampler records; else
+    /// `OTEL_TRACES_SAMPLER_ARG`, else 1.
+    pub sampler_arg: Option<f64>,
+}
+
+/// A sampler named as in `OTEL_TRACES_SAMPLER`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SamplerKind {
+    AlwaysOn,
+    AlwaysOff,
+    Traceidratio,
+    #[default]
+    ParentbasedAlwaysOn,
+    ParentbasedAlwaysOff,
+    ParentbasedTraceidratio,
+}
+
+impl SamplerKind {
+    const ALL: [(&str, Self); 6] = [
+        ("always_on", Self::AlwaysOn),
+        ("always_off", Self::AlwaysOff),
+        ("traceidratio", Self::Traceidratio),
+        ("parentbased_always_on", Self::ParentbasedAlwaysOn),
+        ("parentbased_always_off", Self::ParentbasedAlwaysOff),
+        ("parentbased_traceidratio", Self::ParentbasedTraceidratio),
+    ];
+
+    fn parse(text: &str) -> Option<Self> {
+        let text = text.trim();
+        Self::ALL
+            .iter()
+            .find(|(name, _)| *name == text)
+            .map(|(_, kind)| *kind)
+    }
+
+    fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, kind)| *kind == self)
+            .map_or("", |(name, _)| name)
+    }
+
+    fn takes_ratio(self) -> bool {
+        matches!(self, Self::Traceidratio | Self::ParentbasedTraceidratio)
+    }
+}
+
+/// Which traces one exporter records.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Sampling {
+    pub kind: SamplerKind,
+    /// For the ratio samplers: the share of new traces recorded, 0 to 1.
+    pub ratio: f64,
 }
 
 /// The OTLP transport.
@@ -59,7 +117,7 @@ impl Protocol {
 }
 
 /// What one exporter is built with.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq)]
 pub struct TelemetrySettings {
     /// The URL spans are sent to (for HTTP, with `/v1/traces`).
     pub endpoint: String,
@@ -69,6 +127,7 @@ pub struct TelemetrySettings {
     pub service_name: String,
     pub max_queue_size: usize,
     pub export_timeout: Duration,
+    pub sampling: Sampling,
 }
 
 impl std::fmt::Debug for TelemetrySettings {
@@ -82,6 +141,7 @@ impl std::fmt::Debug for TelemetrySettings {
             .field("service_name", &self.service_name)
             .field("max_queue_size", &self.max_queue_size)
             .field("export_timeout", &self.export_timeout)
+            .field("sampling", &self.sampling)
             .finish()
     }
 }
@@ -187,6 +247,7 @@ impl TelemetryConfig {
                 defaults::TELEMETRY_EXPORT_TIMEOUT_MAX.as_millis()
             ));
         }
+        let sampling = self.sampling(&set)?;
         Ok(Some(TelemetrySettings {
             endpoint,
             protocol,
@@ -194,7 +255,54 @@ impl TelemetryConfig {
             service_name,
             max_queue_size,
             export_timeout,
+            sampling,
         }))
+    }
+
+    /// `sampler` and `sampler_arg`, else their `OTEL_TRACES_SAMPLER*` variables. As the
+    /// specification says, the variable's argument is ignored by a sampler that takes
+    /// none; the file's is refused there (it says something that would not happen).
+    fn sampling(&self, set: &impl Fn(&str) -> Option<String>) -> Result<Sampling, String> {
+        let kind = match self.sampler {
+            Some(kind) => kind,
+            None => match set("OTEL_TRACES_SAMPLER") {
+                Some(name) => SamplerKind::parse(&name).ok_or_else(|| {
+                    format!(
+                        "OTEL_TRACES_SAMPLER: {:?} is not a supported sampler; use one of {}",
+                        quiver::text::cut(&name, 64),
+                        SamplerKind::ALL.map(|(name, _)| name).join(", ")
+                    )
+                })?,
+                None => SamplerKind::default(),
+            },
+        };
+        let ratio = match (self.sampler_arg, kind.takes_ratio()) {
+            (Some(_), false) => {
+                return Err(format!(
+                    "telemetry.sampler_arg: only a traceidratio sampler takes a ratio; set telemetry.sampler = \"parentbased_traceidratio\" or remove sampler_arg ({} has none)",
+                    kind.name()
+                ));
+            }
+            (Some(ratio), true) => ("telemetry.sampler_arg", Some(ratio)),
+            (None, true) => match set("OTEL_TRACES_SAMPLER_ARG") {
+                Some(text) => (
+                    "OTEL_TRACES_SAMPLER_ARG",
+                    Some(text.trim().parse::<f64>().unwrap_or(f64::NAN)),
+                ),
+                None => ("", None),
+            },
+            (None, false) => ("", None),
+        };
+        let ratio = match ratio {
+            (field, Some(ratio)) if !(0.0..=1.0).contains(&ratio) => {
+                return Err(format!(
+                    "{field}: the ratio of traces to record must be a number from 0 to 1"
+                ));
+            }
+            (_, Some(ratio)) => ratio,
+            (_, None) => 1.0,
+        };
+        Ok(Sampling { kind, ratio })
     }
 }
 
@@ -354,5 +462,79 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(error.contains("endpont"), "{error}");
+    }
+
+    #[test]
+    fn the_sampler_comes_from_the_file_or_otel_traces_sampler() {
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
+        let sampling = |config: &TelemetryConfig, vars: &[(&str, &str)]| {
+            config.resolve_with(env(vars)).map(|s| s.unwrap().sampling)
+        };
+        let default = TelemetryConfig::default();
+        assert_eq!(
+            sampling(&default, &[endpoint]).unwrap(),
+            Sampling {
+                kind: SamplerKind::ParentbasedAlwaysOn,
+                ratio: 1.0
+            }
+        );
+        let vars = [
+            endpoint,
+            ("OTEL_TRACES_SAMPLER", "parentbased_traceidratio"),
+            ("OTEL_TRACES_SAMPLER_ARG", "0.25"),
+        ];
+        assert_eq!(
+            sampling(&default, &vars).unwrap(),
+            Sampling {
+                kind: SamplerKind::ParentbasedTraceidratio,
+                ratio: 0.25
+            }
+        );
+        let vars_no_arg = [endpoint, ("OTEL_TRACES_SAMPLER", "traceidratio")];
+        assert_eq!(sampling(&default, &vars_no_arg).unwrap().ratio, 1.0);
+        // The file wins, and the variable's argument means nothing to always_on.
+        let file: TelemetryConfig = toml::from_str("sampler = \"always_on\"").unwrap();
+        assert_eq!(sampling(&file, &vars).unwrap().kind, SamplerKind::AlwaysOn);
+        let file: TelemetryConfig =
+            toml::from_str("sampler = \"traceidratio\"\nsampler_arg = 0.5").unwrap();
+        assert_eq!(
+            sampling(&file, &vars).unwrap(),
+            Sampling {
+                kind: SamplerKind::Traceidratio,
+                ratio: 0.5
+            }
+        );
+    }
+
+    #[test]
+    fn a_bad_sampler_is_named_with_the_fix() {
+        let endpoint = ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318");
+        let default = TelemetryConfig::default();
+        let vars = [endpoint, ("OTEL_TRACES_SAMPLER", "jaeger_remote")];
+        let error = default.resolve_with(env(&vars)).unwrap_err();
+        assert!(
+            error.starts_with("OTEL_TRACES_SAMPLER: \"jaeger_remote\" is not a supported sampler; use one of always_on"),
+            "{error}"
+        );
+        for arg in ["1.5", "-0.1", "NaN", "half", "inf"] {
+            let vars = [
+                endpoint,
+                ("OTEL_TRACES_SAMPLER", "traceidratio"),
+                ("OTEL_TRACES_SAMPLER_ARG", arg),
+            ];
+            let error = default.resolve_with(env(&vars)).unwrap_err();
+            assert!(error.starts_with("OTEL_TRACES_SAMPLER_ARG: "), "{error}");
+        }
+        let file: TelemetryConfig =
+            toml::from_str("sampler = \"always_on\"\nsampler_arg = 0.5").unwrap();
+        let error = file.resolve_with(env(&[endpoint])).unwrap_err();
+        assert!(
+            error.starts_with("telemetry.sampler_arg: only a traceidratio"),
+            "{error}"
+        );
+        let error = toml::from_str::<TelemetryConfig>("sampler = \"sometimes\"")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("parentbased_always_on"), "{error}");
     }
 }

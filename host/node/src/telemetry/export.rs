@@ -16,13 +16,15 @@ use opentelemetry::{Array, Context, KeyValue, StringValue, Value};
 use opentelemetry_otlp::{WithExportConfig, WithHttpConfig, WithTonicConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SdkTracerProvider, Span, SpanData, SpanExporter, SpanProcessor};
+use opentelemetry_sdk::trace::{
+    Sampler, SdkTracerProvider, Span, SpanData, SpanExporter, SpanProcessor,
+};
 use quiver::registry::redact_known;
 use quiver::telemetry::ExtraLayer;
 use tokio::sync::{mpsc, oneshot};
 use tracing_subscriber::Layer;
 
-use super::config::{Protocol, TelemetrySettings};
+use super::config::{Protocol, SamplerKind, Sampling, TelemetrySettings};
 use super::propagate::OtelPropagator;
 use crate::defaults;
 
@@ -126,10 +128,7 @@ impl Telemetry {
         let (queue, spans) = mpsc::channel(settings.max_queue_size);
         let (stop, stopped) = oneshot::channel();
         let done = tokio::spawn(export_loop(exporter, spans, stopped));
-        let provider = SdkTracerProvider::builder()
-            .with_span_processor(QueueProcessor { queue })
-            .with_resource(resource)
-            .build();
+        let provider = provider(QueueProcessor { queue }, settings.sampling, resource);
         let layer = tracing_opentelemetry::layer()
             .with_tracer(provider.tracer("quiver"))
             .with_location(false)
@@ -158,6 +157,23 @@ impl Telemetry {
         self.done.abort();
         let _ = self.provider.shutdown();
     }
+}
+
+fn provider(queue: QueueProcessor, sampling: Sampling, resource: Resource) -> SdkTracerProvider {
+    let ratio = || Box::new(Sampler::TraceIdRatioBased(sampling.ratio));
+    let sampler = match sampling.kind {
+        SamplerKind::AlwaysOn => Sampler::AlwaysOn,
+        SamplerKind::AlwaysOff => Sampler::AlwaysOff,
+        SamplerKind::Traceidratio => *ratio(),
+        SamplerKind::ParentbasedAlwaysOn => Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
+        SamplerKind::ParentbasedAlwaysOff => Sampler::ParentBased(Box::new(Sampler::AlwaysOff)),
+        SamplerKind::ParentbasedTraceidratio => Sampler::ParentBased(ratio()),
+    };
+    SdkTracerProvider::builder()
+        .with_span_processor(queue)
+        .with_sampler(sampler)
+        .with_resource(resource)
+        .build()
 }
 
 /// The host's own spans and events at info and above; not the per-server connection spans,
@@ -354,5 +370,54 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(1));
         assert_eq!(DROPPED.load(Ordering::Relaxed) - before, 3);
         assert!(metrics_text().contains("quiver_telemetry_spans_dropped_total "));
+    }
+
+    /// Spans each sampler records: a root, and a child of a caller's sampled and
+    /// unsampled remote span.
+    #[test]
+    fn the_sampler_decides_what_is_queued() {
+        use opentelemetry::trace::{
+            Span as _, SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState,
+            Tracer,
+        };
+        let recorded = |kind, ratio| {
+            let (queue, mut spans) = mpsc::channel(16);
+            let sampling = Sampling { kind, ratio };
+            let provider = provider(
+                QueueProcessor { queue },
+                sampling,
+                Resource::builder().build(),
+            );
+            let tracer = provider.tracer("test");
+            let caller = |flags| {
+                Context::new().with_remote_span_context(SpanContext::new(
+                    TraceId::from_hex("4bf92f3577b34da6a3ce929d0e0e4736").unwrap(),
+                    SpanId::from_hex("00f067aa0ba902b7").unwrap(),
+                    flags,
+                    true,
+                    TraceState::default(),
+                ))
+            };
+            let mut names = Vec::new();
+            for (name, parent) in [
+                ("root", Context::new()),
+                ("sampled", caller(TraceFlags::SAMPLED)),
+                ("unsampled", caller(TraceFlags::default())),
+            ] {
+                tracer.start_with_context(name, &parent).end();
+                if let Ok(span) = spans.try_recv() {
+                    names.push(span.name.into_owned());
+                }
+            }
+            names
+        };
+        use SamplerKind::*;
+        assert_eq!(recorded(ParentbasedAlwaysOn, 1.0), ["root", "sampled"]);
+        assert_eq!(recorded(AlwaysOn, 1.0), ["root", "sampled", "unsampled"]);
+        assert_eq!(recorded(AlwaysOff, 1.0), Vec::<String>::new());
+        assert_eq!(recorded(ParentbasedAlwaysOff, 1.0), ["sampled"]);
+        assert_eq!(recorded(Traceidratio, 0.0), Vec::<String>::new());
+        assert_eq!(recorded(ParentbasedTraceidratio, 0.0), ["sampled"]);
+        assert_eq!(recorded(ParentbasedTraceidratio, 1.0), ["root", "sampled"]);
     }
 }

@@ -16,5 +16,5 @@ mod config;
 mod export;
 mod propagate;
 
-pub use config::{Protocol, TelemetryConfig, TelemetrySettings};
+pub use config::{Protocol, SamplerKind, Sampling, TelemetryConfig, TelemetrySettings};
 pub use export::{Telemetry, TelemetryError, metrics_text};
