@@ -222,8 +222,9 @@ impl Loop<'_, '_> {
         let mut total_calls = 0u32;
         loop {
             progress.metrics.iterations += 1;
-            let completion = match self.ask(progress).await? {
-                Ok(completion) => completion,
+            // The answer's charge is held while the answer is.
+            let (completion, _answer) = match self.ask(progress).await? {
+                Ok(answer) => answer,
                 Err(error) => return Ok(Err(error)),
             };
             let Some(message) = completion.message() else {
@@ -279,7 +280,7 @@ impl Loop<'_, '_> {
     async fn ask(
         &self,
         progress: &mut Progress,
-    ) -> Result<Result<ChatCompletion, SendError>, HostcallError> {
+    ) -> Result<Result<(ChatCompletion, Charge), SendError>, HostcallError> {
         let (session, ctx, backend) = (self.session, self.ctx, self.backend);
         let tools = self.tools;
         let body = RequestBody {
@@ -313,14 +314,18 @@ impl Loop<'_, '_> {
                 .await
         };
         drop(request_charge);
-        Ok(reply.map_err(SendError::from))
+        match reply {
+            // As for the request: the guest learns that its budget is spent.
+            Err(LlmError::AnswerOverBudget { .. }) => Err(Errno::ENOMEM.into()),
+            reply => Ok(reply.map_err(SendError::from)),
+        }
     }
 
     async fn request(
         &self,
         body: Payload<'_>,
         metrics: &mut Metrics,
-    ) -> Result<ChatCompletion, LlmError> {
+    ) -> Result<(ChatCompletion, Charge), LlmError> {
         let (backend, session, ctx) = (self.backend, self.session, self.ctx);
         let configured = session
             .settings
@@ -330,8 +335,9 @@ impl Loop<'_, '_> {
         let remaining = ctx.deadline.remaining();
         let started = Instant::now();
         let span = spans::model_request(backend, self.model);
+        let mut answer = ctx.budget.empty("cchat_send answer");
         let reply = backend
-            .send(body, configured.min(remaining))
+            .send(body, configured.min(remaining), &mut answer)
             .instrument(span.clone())
             .await;
         metrics.latency_ms.llm += ms(started.elapsed());
@@ -353,7 +359,7 @@ impl Loop<'_, '_> {
                         tokens(usage.completion_tokens),
                     );
                 }
-                Ok(reply.body)
+                Ok((reply.body, answer))
             }
             Err(failure) => {
                 ctx.metrics

@@ -41,7 +41,7 @@ use crate::defaults;
 use crate::mcp::{Sampled, SamplingRefused, TaskSampler};
 use crate::observe::Metrics;
 use crate::registry::SamplingConfig;
-use crate::sandbox::{Deadline, heap};
+use crate::sandbox::{Deadline, MemoryBudget, heap};
 use crate::text::cut;
 
 /// One task's sampling: the host's backends and the task's token budget, shared by every
@@ -52,6 +52,8 @@ pub(crate) struct Sampler {
     /// Tokens the task's sampling may use in all.
     max_tokens: u64,
     used: Mutex<Used>,
+    /// The task's host memory, which holds each model answer.
+    budget: MemoryBudget,
 }
 
 #[derive(Default)]
@@ -69,12 +71,18 @@ impl std::fmt::Debug for Sampler {
 }
 
 impl Sampler {
-    pub(crate) fn new(backends: Arc<Backends>, metrics: Metrics, max_tokens: u64) -> Self {
+    pub(crate) fn new(
+        backends: Arc<Backends>,
+        metrics: Metrics,
+        max_tokens: u64,
+        budget: MemoryBudget,
+    ) -> Self {
         Self {
             backends,
             metrics,
             max_tokens,
             used: Mutex::default(),
+            budget,
         }
     }
 
@@ -148,7 +156,8 @@ impl Sampler {
                 "the task's deadline has passed; the model was not asked",
             )));
         }
-        let reply = backend.complete(&body, timeout).await;
+        let mut held = self.budget.empty("sampling answer");
+        let reply = backend.complete(&body, timeout, &mut held).await;
         drop(body);
         let completion = match reply {
             Ok(reply) => {

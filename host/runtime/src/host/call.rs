@@ -143,9 +143,15 @@ impl Host {
         check_lengths(&server_id, &tool)?;
         span.record("server_id", server_id.as_str());
         span.record("tool", tool.as_str());
-        let mcp = self.mcp_task(task)?;
+        let task_id: Arc<str> = Arc::from(task.task_id.as_str());
+        let budget = MemoryBudget::within(
+            task_id.clone(),
+            task.host_memory_limit(self.inner.task_host_memory),
+            &self.inner.host_memory,
+        );
+        let mcp = self.mcp_task(task, &budget)?;
         let origin = Origin {
-            task_id: Arc::from(task.task_id.as_str()),
+            task_id,
             session_fd: None,
             via: Via::Library,
             deadline: Deadline::after(task.deadline()),
@@ -154,11 +160,6 @@ impl Host {
         let grant = grant(&mcp, &origin, &server_id, &tool)?;
         let approval = call::check(&mcp, &origin, &grant, &tool)
             .map_err(|denial| ToolCallError::Denied(refusal_of(&server_id, &tool, &denial)))?;
-        let budget = MemoryBudget::within(
-            origin.task_id.clone(),
-            task.host_memory_limit(self.inner.task_host_memory),
-            &self.inner.host_memory,
-        );
         let (arguments, raw, _charge) = held_arguments(arguments, &budget)?;
         let ended = call::run(
             &mcp,

@@ -403,7 +403,13 @@ impl Host {
             module,
             source,
         };
-        let mcp = self.mcp_task(task)?;
+        let host_memory_limit = task.host_memory_limit(self.inner.task_host_memory);
+        let budget = MemoryBudget::within(
+            Arc::from(task.task_id.as_str()),
+            host_memory_limit,
+            &self.inner.host_memory,
+        );
+        let mcp = self.mcp_task(task, &budget)?;
         for warning in mcp.policy.warnings() {
             tracing::warn!(task_id = %task.task_id, "{warning}");
         }
@@ -425,12 +431,6 @@ impl Host {
         admitted();
         let started = Instant::now();
         let memory_limit = task.memory_limit().min(self.inner.runtime.max_task_memory);
-        let host_memory_limit = task.host_memory_limit(self.inner.task_host_memory);
-        let budget = MemoryBudget::within(
-            Arc::from(task.task_id.as_str()),
-            host_memory_limit,
-            &self.inner.host_memory,
-        );
         let (sandbox, captured) = Sandbox::for_task(
             &task.grants(),
             &module.name,
@@ -492,7 +492,7 @@ impl Host {
     /// tools, so servers may be started), what they may enable, and why everything else
     /// in the registry is left out.
     pub async fn explain_policy(&self, task: &TaskSpec) -> Result<PolicyReport, HostError> {
-        let mcp = self.mcp_task(task)?;
+        let mcp = self.mcp_task(task, &MemoryBudget::unlimited())?;
         let session = ChatSession::new(&mcp.policy, &MemoryBudget::unlimited());
         let tools = ToolSet::build(&session, &mcp).await;
         let McpTask {
@@ -528,8 +528,9 @@ impl Host {
     }
 
     /// The MCP side of `task`: the current registry snapshot, the task layer of policy
-    /// resolved against it (profiles applied), and the pool.
-    fn mcp_task(&self, task: &TaskSpec) -> Result<McpTask, TaskError> {
+    /// resolved against it (profiles applied), and the pool; `budget` holds what its
+    /// servers' sampling requests get back.
+    fn mcp_task(&self, task: &TaskSpec, budget: &MemoryBudget) -> Result<McpTask, TaskError> {
         // An embedder's principal is checked as a node's or the CLI's is.
         for (field, name) in [("principal", &task.principal), ("client", &task.client)] {
             if let Some(name) = name {
@@ -565,6 +566,7 @@ impl Host {
                 self.inner.backends.clone(),
                 self.inner.metrics.clone(),
                 task.sampling_max_tokens()?,
+                budget.clone(),
             )),
             guest_callbacks: self.inner.guest_tool_stacks.clone(),
             roots: task.roots.clone().into(),

@@ -36,6 +36,12 @@ pub enum LlmError {
         "the LLM backend `{backend}` sent a response larger than {limit} bytes, the most the host reads"
     )]
     ResponseTooLarge { backend: String, limit: usize },
+    /// The answer (as read, or as parsed) is more than the caller's host memory budget
+    /// has left.
+    #[error(
+        "the answer of the LLM backend `{backend}` does not fit the task's host memory budget (limits.host_memory_bytes)"
+    )]
+    AnswerOverBudget { backend: String },
     /// The session holds what the backend's API cannot be sent (a tool schema Gemini cannot
     /// express, a model name that cannot be part of a URL); nothing was sent.
     #[error("cannot send this request to the LLM backend `{backend}`: {message}")]
@@ -52,6 +58,7 @@ impl LlmError {
             LlmError::Http { .. } => "llm_http_error",
             LlmError::InvalidResponse { .. } => "llm_invalid_response",
             LlmError::ResponseTooLarge { .. } => "llm_response_too_large",
+            LlmError::AnswerOverBudget { .. } => "host_memory_exhausted",
             LlmError::InvalidRequest { .. } => "llm_invalid_request",
             LlmError::BackendUnknown { .. } => "backend_unknown",
         }

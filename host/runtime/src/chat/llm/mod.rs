@@ -26,6 +26,7 @@ use serde_json::Value;
 
 use super::wire::ChatCompletion;
 use crate::config::{ConfigError, ConfigOrigin};
+use crate::sandbox::Charge;
 pub use config::{BackendConfig, BackendKind};
 pub use error::LlmError;
 pub use record::Recorder;
@@ -158,9 +159,15 @@ impl Backend {
         self.recorder.is_none() && self.takes_audio()
     }
 
-    /// Sends one request body and returns the response body.
-    pub async fn complete(&self, body: &Value, timeout: Duration) -> Result<LlmReply, LlmFailure> {
-        self.send(Payload::Value(body), timeout).await
+    /// Sends one request body and returns the response body, which `answer` holds (it is
+    /// charged as it is read, then for what it parsed to).
+    pub async fn complete(
+        &self,
+        body: &Value,
+        timeout: Duration,
+        answer: &mut Charge,
+    ) -> Result<LlmReply, LlmFailure> {
+        self.send(Payload::Value(body), timeout, answer).await
     }
 
     /// [`complete`](Self::complete) of a body in either form.
@@ -168,11 +175,12 @@ impl Backend {
         &self,
         body: Payload<'_>,
         timeout: Duration,
+        answer: &mut Charge,
     ) -> Result<LlmReply, LlmFailure> {
         let reply = match (&self.kind, &body) {
-            (BackendImpl::OpenAi(backend), _) => backend.complete(&body, timeout).await,
+            (BackendImpl::OpenAi(backend), _) => backend.complete(&body, timeout, answer).await,
             (BackendImpl::Replay(backend), _) => match body.value() {
-                Ok(value) => backend.complete(&value),
+                Ok(value) => backend.complete(&value, answer),
                 Err(e) => Err(self.unencodable(e)),
             },
         };

@@ -9,7 +9,9 @@
 //!
 //! A body is read only up to [`defaults::LLM_MAX_RESPONSE_BYTES`]: a larger one (by its
 //! `Content-Length` or as it streams in) is `llm_response_too_large`, not a cut-off JSON
-//! text reported as invalid. An error body is read only as far as its quoted start.
+//! text reported as invalid. An error body is read only as far as its quoted start. The
+//! body, and then what it parses to, is charged to the caller's budget before it is held:
+//! an answer the task cannot hold is `host_memory_exhausted`.
 
 use std::borrow::Cow;
 use std::time::Duration;
@@ -30,6 +32,7 @@ use crate::Cause;
 use crate::chat::wire::ChatCompletion;
 use crate::config::ConfigError;
 use crate::defaults;
+use crate::sandbox::{Charge, heap};
 
 pub(super) struct OpenAiBackend {
     name: String,
@@ -149,6 +152,7 @@ impl OpenAiBackend {
         &self,
         body: &Payload<'_>,
         timeout: Duration,
+        answer: &mut Charge,
     ) -> Result<LlmReply, LlmFailure> {
         let failed = |error| LlmFailure { error, retries: 0 };
         let invalid = |e: serde_json::Error| {
@@ -173,7 +177,7 @@ impl OpenAiBackend {
         let mut retries = 0;
         loop {
             let outcome = self
-                .attempt(&url, json.clone(), value.as_deref(), timeout)
+                .attempt(&url, json.clone(), value.as_deref(), timeout, answer)
                 .await;
             let delay = match &outcome {
                 Ok(_) => None,
@@ -260,6 +264,7 @@ impl OpenAiBackend {
         json: bytes::Bytes,
         body: Option<&Value>,
         timeout: Duration,
+        answer: &mut Charge,
     ) -> Result<ChatCompletion, Attempt> {
         let mut headers = self.headers.clone();
         if let Some(key) = self
@@ -311,11 +316,19 @@ impl OpenAiBackend {
         {
             return Err(too_large());
         }
-        let bytes = match read_capped(response, cap).await {
+        let over_budget = || {
+            Attempt::Final(LlmError::AnswerOverBudget {
+                backend: self.name.clone(),
+            })
+        };
+        // An earlier attempt's answer is gone.
+        answer.shrink(answer.bytes());
+        let bytes = match read_capped(response, cap, answer).await {
             Ok(Body::Whole(bytes)) => bytes,
             // The start of an error body is all its message quotes.
             Ok(Body::Cut(bytes)) if !status.is_success() => bytes,
             Ok(Body::Cut(_)) => return Err(too_large()),
+            Ok(Body::OverBudget) => return Err(over_budget()),
             Err(e) => return Err(self.transport_error(e, timeout)),
         };
         if !status.is_success() {
@@ -339,13 +352,31 @@ impl OpenAiBackend {
                 source,
             })
         };
+        // What the text parses to, charged before it is built (text that is not JSON is
+        // refused by the parse below, charging nothing).
+        let parsed = heap::json_text(&bytes).unwrap_or(0);
+        answer.grow(parsed).map_err(|_| over_budget())?;
+        let completion = self
+            .parse(&bytes, body)
+            .map_err(|(message, source)| invalid(message, source));
+        drop(bytes);
+        answer.resize(parsed).map_err(|_| over_budget())?;
+        completion
+    }
+
+    /// `bytes`, this wire's answer to `body`, as a chat completion; else why not.
+    fn parse(
+        &self,
+        bytes: &[u8],
+        body: Option<&Value>,
+    ) -> Result<ChatCompletion, (String, Option<Cause>)> {
         let answer = match &self.wire {
             Wire::OpenAi => {
-                return ChatCompletion::from_slice(&bytes)
-                    .map_err(|e| invalid(e.to_string(), Some(Cause::new(e))));
+                return ChatCompletion::from_slice(bytes)
+                    .map_err(|e| (e.to_string(), Some(Cause::new(e))));
             }
-            Wire::Anthropic { .. } => anthropic::from_messages(&bytes),
-            Wire::Responses(state, _) => responses::from_responses(&bytes, *state),
+            Wire::Anthropic { .. } => anthropic::from_messages(bytes),
+            Wire::Responses(state, _) => responses::from_responses(bytes, *state),
             Wire::Gemini(_) => {
                 let offered: Vec<&str> = body
                     .and_then(|body| body["tools"].as_array())
@@ -353,12 +384,12 @@ impl OpenAiBackend {
                     .flatten()
                     .filter_map(|t| t["function"]["name"].as_str())
                     .collect();
-                gemini::from_gemini(&bytes, &offered)
+                gemini::from_gemini(bytes, &offered)
             }
         };
         answer.map_err(|e| match e {
-            AnswerError::NotJson(e) => invalid(e.to_string(), Some(Cause::new(e))),
-            AnswerError::Shape(what) => invalid(what, None),
+            AnswerError::NotJson(e) => (e.to_string(), Some(Cause::new(e))),
+            AnswerError::Shape(what) => (what, None),
         })
     }
 
@@ -468,18 +499,45 @@ enum Body {
     Whole(Vec<u8>),
     /// The body was longer than the cap; these are its first `cap` bytes.
     Cut(Vec<u8>),
+    /// The budget could not hold the body read so far.
+    OverBudget,
 }
 
-/// Reads at most `cap` bytes of `response`, never buffering more.
-async fn read_capped(mut response: reqwest::Response, cap: usize) -> Result<Body, reqwest::Error> {
+/// Reads `response` up to `cap` bytes, `charge` holding what the buffer takes before it
+/// grows (its declared length at once, else doubling).
+async fn read_capped(
+    mut response: reqwest::Response,
+    cap: usize,
+    charge: &mut Charge,
+) -> Result<Body, reqwest::Error> {
     let mut body = Vec::new();
+    if let Some(len) = response.content_length().filter(|&len| len <= cap as u64) {
+        if charge.resize(heap::alloc(len)).is_err() {
+            return Ok(Body::OverBudget);
+        }
+        body.reserve_exact(len as usize);
+    }
     while let Some(chunk) = response.chunk().await? {
-        let room = cap - body.len();
-        if chunk.len() > room {
-            body.extend_from_slice(&chunk[..room]);
+        let take = chunk.len().min(cap - body.len());
+        let needed = body.len() + take;
+        if needed > body.capacity() {
+            let wanted = needed.max(body.capacity() * 2).min(cap);
+            let Ok(held) =
+                charge.resize_between(heap::alloc(needed as u64), heap::alloc(wanted as u64))
+            else {
+                return Ok(Body::OverBudget);
+            };
+            let room = if held >= heap::alloc(wanted as u64) {
+                wanted
+            } else {
+                needed
+            };
+            body.reserve_exact(room - body.len());
+        }
+        body.extend_from_slice(&chunk[..take]);
+        if take < chunk.len() {
             return Ok(Body::Cut(body));
         }
-        body.extend_from_slice(&chunk);
     }
     Ok(Body::Whole(body))
 }

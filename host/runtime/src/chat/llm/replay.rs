@@ -26,6 +26,7 @@ use super::config::BackendConfig;
 use super::{LlmError, LlmFailure, LlmReply};
 use crate::chat::wire::ChatCompletion;
 use crate::config::{ConfigError, ConfigOrigin};
+use crate::sandbox::{Charge, heap};
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
@@ -103,21 +104,24 @@ impl Matcher {
 }
 
 /// The first exchange whose response takes more than `limit` bytes as JSON, and its size.
-fn oversized_response(transcript: &Transcript, limit: usize) -> Option<(usize, usize)> {
+/// Each exchange's response: the length of its JSON text, and the heap a copy of it takes.
+fn response_sizes(transcript: &Transcript) -> Vec<(usize, u64)> {
     transcript
         .exchanges
         .iter()
-        .enumerate()
-        .find_map(|(i, exchange)| {
-            let len = serde_json::to_vec(&exchange.response).map_or(0, |bytes| bytes.len());
-            (len > limit).then_some((i, len))
+        .map(|exchange| {
+            let json = serde_json::to_vec(&exchange.response).unwrap_or_default();
+            (json.len(), heap::json_text(&json).unwrap_or(0))
         })
+        .collect()
 }
 
 pub(super) struct ReplayBackend {
     name: String,
     path: PathBuf,
     transcript: Transcript,
+    /// What each exchange's answer is charged.
+    costs: Vec<u64>,
 }
 
 impl ReplayBackend {
@@ -156,7 +160,8 @@ impl ReplayBackend {
         })?;
         // What a live backend could not send, a transcript cannot answer with either.
         let limit = crate::defaults::LLM_MAX_RESPONSE_BYTES;
-        if let Some((i, len)) = oversized_response(&transcript, limit) {
+        let sizes = response_sizes(&transcript);
+        if let Some((i, (len, _))) = sizes.iter().enumerate().find(|(_, (len, _))| *len > limit) {
             return Err(ConfigError::new(
                 &path,
                 format!("exchanges[{i}].response"),
@@ -177,17 +182,31 @@ impl ReplayBackend {
             name: name.to_owned(),
             path,
             transcript,
+            costs: sizes.into_iter().map(|(_, cost)| cost).collect(),
         })
     }
 
-    pub(super) fn complete(&self, body: &Value) -> Result<LlmReply, LlmFailure> {
+    pub(super) fn complete(
+        &self,
+        body: &Value,
+        answer: &mut Charge,
+    ) -> Result<LlmReply, LlmFailure> {
         match self
             .transcript
             .exchanges
             .iter()
-            .find(|x| x.matcher.matches(body))
+            .zip(&self.costs)
+            .find(|(x, _)| x.matcher.matches(body))
         {
-            Some(exchange) => {
+            Some((exchange, &cost)) => {
+                if answer.resize(cost).is_err() {
+                    return Err(LlmFailure {
+                        error: LlmError::AnswerOverBudget {
+                            backend: self.name.clone(),
+                        },
+                        retries: 0,
+                    });
+                }
                 let mut response = exchange.response.clone();
                 if let Some(model) = body["model"].as_str()
                     && !response.rest.contains_key("model")
@@ -225,7 +244,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_response_over_the_limit_is_found_by_its_index() {
+    fn each_response_is_sized_as_text_and_as_heap() {
         let transcript: Transcript = serde_json::from_value(serde_json::json!({
             "version": 1,
             "exchanges": [
@@ -237,9 +256,10 @@ mod tests {
         let first = serde_json::to_vec(&transcript.exchanges[0].response)
             .unwrap()
             .len();
-        assert_eq!(oversized_response(&transcript, 1000), None);
-        let (index, len) = oversized_response(&transcript, first).expect("the second is larger");
-        assert_eq!(index, 1);
-        assert!(len > 200);
+        let sizes = response_sizes(&transcript);
+        assert_eq!(sizes[0].0, first);
+        assert!(sizes[1].0 > first + 200);
+        // A copy takes more heap than its text, and a longer text more.
+        assert!(sizes[0].1 > first as u64 && sizes[1].1 > sizes[0].1);
     }
 }
