@@ -297,3 +297,38 @@ async fn hostile_requests_and_spent_budgets_are_refused_before_the_model_is_aske
         assert!(reasons.contains(&reason), "{reason}: {reasons:?}");
     }
 }
+
+/// A model answer is charged to the task's host memory budget: one larger than the budget,
+/// or one whose tool input would grow past it once parsed (short text, many objects), is
+/// refused as `host_memory`, and the task's next request is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_past_the_tasks_host_memory_is_refused_and_the_next_is_served() {
+    let amplified = json!({"a": vec![json!({"a": 0}); 25_000]});
+    let setup = setup(vec![
+        Reply::text("x".repeat(1536 * 1024)),
+        Reply::tool_call("call_1", "lookup", amplified),
+        Reply::text("fits"),
+    ])
+    .await;
+    let small = task("allowed").with_host_memory_limit(1024 * 1024);
+    for _ in 0..2 {
+        let error = failed(
+            setup
+                .call_in(&small, "allowed", "ask_sample", json!({}))
+                .await,
+        );
+        assert_eq!(error.code, McpErrorCode::PolicyDenied, "{error}");
+        assert!(
+            error.message.contains("limits.host_memory_bytes"),
+            "{error}"
+        );
+    }
+    let text = setup
+        .call_in(&small, "allowed", "ask_sample", json!({}))
+        .await
+        .unwrap();
+    assert!(text.contains("fits"), "{text}");
+    assert_eq!(setup.llm.requests().len(), 3);
+    let reasons: Vec<_> = setup.events().iter().filter_map(|e| e.reason).collect();
+    assert_eq!(reasons, ["host_memory", "host_memory"]);
+}

@@ -72,7 +72,7 @@ impl SamplerKind {
         let text = text.trim();
         Self::ALL
             .iter()
-            .find(|(name, _)| *name == text)
+            .find(|(name, _)| name.eq_ignore_ascii_case(text))
             .map(|(_, kind)| *kind)
     }
 
@@ -151,7 +151,9 @@ impl TelemetryConfig {
     /// is off (nothing names an endpoint, `enabled = false`, `OTEL_SDK_DISABLED=true`).
     /// The error names the field or variable at fault.
     pub fn resolve(&self) -> Result<Option<TelemetrySettings>, String> {
-        self.resolve_with(|name| std::env::var(name).ok())
+        // A value that is not UTF-8 is kept (lossily), to be refused by name rather than
+        // taken as unset.
+        self.resolve_with(|name| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned()))
     }
 
     /// [`Self::resolve`] with `env` for the environment.
@@ -490,7 +492,7 @@ mod tests {
                 ratio: 0.25
             }
         );
-        let vars_no_arg = [endpoint, ("OTEL_TRACES_SAMPLER", "traceidratio")];
+        let vars_no_arg = [endpoint, ("OTEL_TRACES_SAMPLER", "TraceIdRatio")];
         assert_eq!(sampling(&default, &vars_no_arg).unwrap().ratio, 1.0);
         // The file wins, and the variable's argument means nothing to always_on.
         let file: TelemetryConfig = toml::from_str("sampler = \"always_on\"").unwrap();

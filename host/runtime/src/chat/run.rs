@@ -115,6 +115,9 @@ struct Progress {
     metrics: Metrics,
     added: Added,
     summary: Vec<Value>,
+    /// The charge of the model's latest answer, held until the send's response is built
+    /// from it.
+    answer: Option<Charge>,
 }
 
 /// Sends `session`. Tool failures and upstream errors end up in the response; an `Err` is
@@ -133,6 +136,7 @@ pub(crate) async fn send<G: GuestTools>(
             charge: ctx.budget.empty("cchat_send messages"),
         },
         summary: Vec::new(),
+        answer: None,
     };
     let backend = match ctx.backends.get(session.settings.backend.as_deref()) {
         Ok(backend) => backend,
@@ -222,9 +226,11 @@ impl Loop<'_, '_> {
         let mut total_calls = 0u32;
         loop {
             progress.metrics.iterations += 1;
-            // The answer's charge is held while the answer is.
-            let (completion, _answer) = match self.ask(progress).await? {
-                Ok(answer) => answer,
+            let completion = match self.ask(progress).await? {
+                Ok((completion, charge)) => {
+                    progress.answer = Some(charge);
+                    completion
+                }
                 Err(error) => return Ok(Err(error)),
             };
             let Some(message) = completion.message() else {

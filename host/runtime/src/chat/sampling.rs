@@ -35,7 +35,7 @@ use rmcp::model::{
 use serde_json::{Map, Value, json};
 
 use super::images;
-use super::llm::{Backend, Backends};
+use super::llm::{Backend, Backends, LlmError};
 use super::wire::ChatCompletion;
 use crate::defaults;
 use crate::mcp::{Sampled, SamplingRefused, TaskSampler};
@@ -168,6 +168,9 @@ impl Sampler {
                 self.settle(reserved, 0);
                 self.metrics
                     .llm_request(backend.name(), failure.error.code());
+                if let LlmError::AnswerOverBudget { .. } = failure.error {
+                    return Err(with_model(over_budget()));
+                }
                 return Err(with_model(SamplingRefused::new(
                     if failure.error.code() == "llm_timeout" {
                         "timeout"
@@ -192,6 +195,9 @@ impl Sampler {
         self.settle(reserved, prompt_tokens.saturating_add(completion_tokens));
         self.metrics
             .llm_tokens(backend.name(), prompt_tokens, completion_tokens);
+        // The copies the result makes of the answer's texts and tool inputs.
+        held.grow(answer_cost(&completion))
+            .map_err(|_| with_model(over_budget()))?;
         let result = answer(&completion, &model).map_err(with_model)?;
         Ok(Sampled {
             backend: backend.name().to_owned(),
@@ -490,6 +496,35 @@ fn assistant_message(i: usize, message: &SamplingMessage) -> Result<Value, Sampl
 }
 
 /// The backend's answer as a `CreateMessageResult`.
+/// The refusal of an answer the task's host memory budget cannot hold.
+fn over_budget() -> SamplingRefused {
+    SamplingRefused::new(
+        "host_memory",
+        "the model's answer does not fit the task's host memory budget (limits.host_memory_bytes)",
+    )
+}
+
+/// The heap [`answer`] takes for `completion`: its texts copied, each tool call's
+/// arguments parsed.
+fn answer_cost(completion: &ChatCompletion) -> u64 {
+    let Some(message) = completion.message() else {
+        return 0;
+    };
+    let text = |t: &str| heap::string(t.len() as u64);
+    let texts = match &message.content {
+        Some(Value::String(t)) => text(t),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .fold(0u64, |sum, t| sum.saturating_add(text(t))),
+        _ => 0,
+    };
+    message.tool_calls().iter().fold(texts, |sum, call| {
+        let arguments = heap::json_text(call.function.arguments.as_bytes()).unwrap_or(0);
+        sum.saturating_add(arguments)
+    })
+}
+
 fn answer(
     completion: &ChatCompletion,
     asked: &str,

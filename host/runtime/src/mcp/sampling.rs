@@ -57,7 +57,7 @@ impl SamplingRefused {
     pub(crate) fn is_policy(&self) -> bool {
         matches!(
             self.reason,
-            "not_allowed" | "max_tokens" | "max_requests" | "task_budget"
+            "not_allowed" | "max_tokens" | "max_requests" | "task_budget" | "host_memory"
         )
     }
 }

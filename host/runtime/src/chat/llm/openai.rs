@@ -193,6 +193,10 @@ impl OpenAiBackend {
                 }
                 Err(_) => None,
             };
+            if outcome.is_err() {
+                // Nothing of a failed attempt's answer is held through the wait.
+                answer.shrink(answer.bytes());
+            }
             match (outcome, delay) {
                 (Ok(body), _) => return Ok(LlmReply { body, retries }),
                 (Err(failure), Some(delay)) => {
@@ -321,8 +325,6 @@ impl OpenAiBackend {
                 backend: self.name.clone(),
             })
         };
-        // An earlier attempt's answer is gone.
-        answer.shrink(answer.bytes());
         let bytes = match read_capped(response, cap, answer).await {
             Ok(Body::Whole(bytes)) => bytes,
             // The start of an error body is all its message quotes.
@@ -355,7 +357,13 @@ impl OpenAiBackend {
         // What the text parses to, charged before it is built (text that is not JSON is
         // refused by the parse below, charging nothing).
         let parsed = heap::json_text(&bytes).unwrap_or(0);
-        answer.grow(parsed).map_err(|_| over_budget())?;
+        let peak = match self.wire {
+            Wire::OpenAi => parsed,
+            // A translation holds the typed answer and the completion it builds (texts
+            // joined, parts copied) at once.
+            _ => parsed.saturating_mul(2),
+        };
+        answer.grow(peak).map_err(|_| over_budget())?;
         let completion = self
             .parse(&bytes, body)
             .map_err(|(message, source)| invalid(message, source));
