@@ -35,6 +35,7 @@
 //! cap) and `bare`.
 
 use quiver_tests::bench::{env_usize, median};
+use std::io::BufRead;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -270,7 +271,9 @@ impl Resident {
             rss: u64,
             anonymous: u64,
         }
-        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+        // Read line by line: read whole, the file (about 16 MB with a default host's 15 000
+        // mappings) was itself most of the heap the run's peak RSS counted per task.
+        let smaps = std::fs::File::open("/proc/self/smaps").map(std::io::BufReader::new);
         let kb = |v: &str| {
             v.trim()
                 .trim_end_matches("kB")
@@ -280,7 +283,11 @@ impl Resident {
                 * 1024
         };
         let mut vmas: Vec<Vma> = Vec::new();
-        for line in smaps.lines() {
+        for line in smaps
+            .into_iter()
+            .flat_map(|s| s.lines().map_while(Result::ok))
+        {
+            let line = line.as_str();
             let mut words = line.split_whitespace();
             let first = words.next().unwrap_or_default();
             if let Some((start, end)) = first.split_once('-')
@@ -308,7 +315,7 @@ impl Resident {
             page_tables: proc_status("VmPTE"),
             ..Resident::default()
         };
-        // Runs of adjacent mappings; a run spanning more than 64 GiB is a memory pool.
+        // Runs of adjacent mappings; a run spanning more than 64 GiB holds a memory pool.
         let mut run_start = 0;
         for i in 0..=vmas.len() {
             if i < vmas.len() && i > run_start && vmas[i].start == vmas[i - 1].end {
@@ -317,16 +324,28 @@ impl Resident {
             if run_start < i {
                 let run = &vmas[run_start..i];
                 let span = run[run.len() - 1].end - run[0].start;
-                for (k, vma) in run.iter().enumerate() {
-                    let stack = vma.writable
+                let stack = |k: usize| {
+                    let vma = &run[k];
+                    vma.writable
                         && vma.end - vma.start == defaults::TASK_STACK_BYTES as u64
                         && k > 0
                         && run[k - 1].guard
-                        && run[k - 1].end - run[k - 1].start == 4096;
+                        && run[k - 1].end - run[k - 1].start == 4096
+                };
+                // A slot's linear memory is followed by the inaccessible rest of its slot
+                // (gigabytes): malloc's thread arenas (64 MiB each) can sit right next to
+                // the pool, in the same run, and are heap.
+                let big_none = |k: usize| run[k].guard && run[k].end - run[k].start >= 1 << 30;
+                let last_big_none = (0..run.len()).rev().find(|&k| big_none(k));
+                let first_pool = (0..run.len()).find(|&k| big_none(k) || stack(k));
+                for (k, vma) in run.iter().enumerate() {
                     // The stack pool may sit right next to the memory pool, in one run.
-                    if stack {
+                    if stack(k) {
                         resident.stacks += vma.rss;
-                    } else if span > 64 << 30 {
+                    } else if span > 64 << 30
+                        && first_pool.is_some_and(|first| first < k)
+                        && last_big_none.is_some_and(|last| k < last)
+                    {
                         resident.memories += vma.rss;
                     } else {
                         resident.heap += vma.anonymous;

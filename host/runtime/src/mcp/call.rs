@@ -32,7 +32,7 @@ use crate::defaults;
 use crate::observe::{ArgumentsSummary, PolicyDenial, ToolCall, ToolKind, ToolOutcome, Via};
 use crate::policy::{Approval, Denial, Grant, Reason, check_definition};
 use crate::registry::ServerEntry;
-use crate::sandbox::{Deadline, DeadlineExceeded};
+use crate::sandbox::{Deadline, DeadlineExceeded, off_stack};
 use crate::text::cut;
 
 /// What observers see as the `action` of a refused direct tool call, from a guest or a
@@ -145,7 +145,8 @@ pub(crate) async fn run(
     raw: &[u8],
 ) -> Result<Ended, DeadlineExceeded> {
     let server_id = entry.server_id();
-    if let Err(refusal) = before(origin.deadline, Box::pin(check_pin(mcp, entry, tool))).await? {
+    if let Err(refusal) = before(origin.deadline, off_stack(|| check_pin(mcp, entry, tool))).await?
+    {
         let detail = refusal.detail.clone();
         origin.report_denial(mcp, (server_id, tool), refusal.reason, detail);
         return Ok(Ended::Refused(refusal));
@@ -154,16 +155,18 @@ pub(crate) async fn run(
     if let Approval::Needed(policy) = approval {
         // The gate ends the wait at the task's deadline itself, so the refusal is reported
         // below before the deadline ends the call.
-        let asked = mcp.approvals.ask(AskFor {
-            task_id: &origin.task_id,
-            observers: &mcp.observers,
-            session_fd: origin.session_fd,
-            via: origin.via,
-            entry,
-            tool,
-            arguments: summary.clone(),
-            policy,
-            task_deadline: origin.deadline,
+        let asked = off_stack(|| {
+            mcp.approvals.ask(AskFor {
+                task_id: &origin.task_id,
+                observers: &mcp.observers,
+                session_fd: origin.session_fd,
+                via: origin.via,
+                entry,
+                tool,
+                arguments: summary.clone(),
+                policy,
+                task_deadline: origin.deadline,
+            })
         });
         let span = tracing::info_span!(
             "approval_wait",
@@ -171,7 +174,7 @@ pub(crate) async fn run(
             gen_ai.tool.name = tool,
             quiver.approval.decision = tracing::field::Empty,
         );
-        let asked = before(origin.deadline, Box::pin(asked))
+        let asked = before(origin.deadline, asked)
             .instrument(span.clone())
             .await?;
         span.record(
@@ -201,13 +204,12 @@ pub(crate) async fn run(
             .and_then(|text| ToolCall::audited_arguments(entry, text)),
         started_at: SystemTime::now(),
     });
-    // Boxed, as every large future of the call path is: one held in a frame keeps that
-    // much of every waiting task's fiber stack resident (BENCHMARKS.md).
+    // Off the stack, as every large future of the call path is (see `off_stack`).
     let asker = origin.asker(mcp);
-    let called = Box::pin(
+    let called = off_stack(|| {
         mcp.pool
-            .call_tool(entry, tool, arguments, mcp.principal(), &asker),
-    );
+            .call_tool(entry, tool, arguments, mcp.principal(), &asker)
+    });
     let (ended, outcome, output_bytes) = match before(origin.deadline, called).await? {
         Ok(output) => {
             let outcome = match output.result.is_error {

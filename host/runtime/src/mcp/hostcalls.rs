@@ -35,7 +35,7 @@ use crate::policy::{Approval, Denial, Grant, ListKey, Pattern};
 use crate::registry::ServerEntry;
 use crate::sandbox::{
     Charge, Deadline, DeadlineExceeded, GuestMemory, HostcallError, MemoryBudget, OutBuf,
-    before_deadline, finish, guest, heap,
+    before_deadline, finish, guest, heap, off_stack,
 };
 
 /// Registers the `mcp_*` imports.
@@ -96,11 +96,10 @@ pub fn add_to_linker<T: McpView>(linker: &mut Linker<T>) -> wasmtime::Result<()>
                         );
                         finish(match begin(&mut caller, $op, args, span) {
                             Ok(ControlFlow::Break(kept_len)) => Ok(kept_len),
-                            // Boxed where it is awaited: this block is built on the task's fiber
-                            // stack, and a frame holding a large future keeps every page of
-                            // it resident while the task waits (BENCHMARKS.md, issue 25).
+                            // Off the stack: this block runs on the task's fiber stack, where
+                            // a large frame stays resident while the task waits (`off_stack`).
                             Ok(ControlFlow::Continue(request)) => {
-                                Box::pin($run(&mut caller, request)).await
+                                off_stack(|| $run(&mut caller, request)).await
                             }
                             Err(error) => Err(error),
                         })
@@ -615,13 +614,16 @@ async fn list<T, L, I, F>(
 ) -> Result<i32, HostcallError>
 where
     T: McpView,
-    F: Future<Output = Result<L, McpError>>,
+    F: Future<Output = Result<L, McpError>> + Send,
     L: AsRef<[I]>,
     I: serde::Serialize,
 {
     let (pool, entry) = (request.mcp.pool.clone(), request.grant.entry.clone());
     let principal = request.mcp.observers.principal().cloned();
-    let listed = request.run(fetch(pool, entry, principal)).await?;
+    // Off the stack, as every pool request's future (see `off_stack`).
+    let listed = request
+        .run(off_stack(|| fetch(pool, entry, principal)))
+        .await?;
     let server_id = request.grant.entry.server_id();
     let items = listed.map_err(|error| {
         tracing::warn!(task_id = %request.task_id, server_id, method = request.op.method(), %error, "listing failed");
@@ -718,12 +720,14 @@ async fn read_resource<T: McpView>(
 ) -> Result<i32, HostcallError> {
     let (origin, from_server) = request.origin();
     let asker = origin.asker(&request.mcp);
-    let read = request.mcp.pool.read_resource(
-        &request.grant.entry,
-        request.mcp.principal(),
-        request.name(),
-        &asker,
-    );
+    let read = off_stack(|| {
+        request.mcp.pool.read_resource(
+            &request.grant.entry,
+            request.mcp.principal(),
+            request.name(),
+            &asker,
+        )
+    });
     let bytes = serving(caller, from_server, request.run(read))
         .await??
         .unwrap_or_else(|error| request.failed(&error));
@@ -751,13 +755,15 @@ async fn get_prompt<T: McpView>(
     };
     let (origin, from_server) = request.origin();
     let asker = origin.asker(&request.mcp);
-    let got = request.mcp.pool.get_prompt(
-        &request.grant.entry,
-        request.mcp.principal(),
-        request.name(),
-        arguments,
-        &asker,
-    );
+    let got = off_stack(|| {
+        request.mcp.pool.get_prompt(
+            &request.grant.entry,
+            request.mcp.principal(),
+            request.name(),
+            arguments,
+            &asker,
+        )
+    });
     let bytes = serving(caller, from_server, request.run(got))
         .await??
         .unwrap_or_else(|error| request.failed(&error));
@@ -778,15 +784,17 @@ async fn call_tool<T: McpView>(
         Err(error) => return request.deliver(caller, encode(&error.to_json())),
     };
     let (origin, from_server) = request.origin();
-    let ran = Box::pin(call::run(
-        &request.mcp,
-        &origin,
-        entry,
-        name,
-        request.approval,
-        arguments,
-        raw,
-    ));
+    let ran = off_stack(|| {
+        call::run(
+            &request.mcp,
+            &origin,
+            entry,
+            name,
+            request.approval,
+            arguments,
+            raw,
+        )
+    });
     let ran = serving(caller, from_server, ran.instrument(request.span.clone()));
     let bytes = match ran.await?.map_err(trap)? {
         Ended::Answered(output) => output.json,

@@ -30,7 +30,7 @@ use super::session::{McpSession, McpView};
 use crate::defaults;
 use crate::observe::Via;
 use crate::registry::ServerEntry;
-use crate::sandbox::{Background, Charge, HostcallError, finish, guest, heap};
+use crate::sandbox::{Background, Charge, HostcallError, finish, guest, heap, off_stack};
 
 /// An answer, and what holding it costs.
 type Answer = (Vec<u8>, Charge);
@@ -176,11 +176,9 @@ fn start<T: McpView>(
             Err(error) => return Ok(encode(&error.to_json())),
         };
         let entry = &grant.entry;
-        // Boxed: this future is built on the task's fiber stack (BENCHMARKS.md).
-        let ended = Box::pin(call::run(
-            &mcp, &origin, entry, &name, approval, arguments, &raw,
-        ))
-        .await;
+        // Off the stack: this runs on the task's fiber stack (`off_stack`).
+        let ended =
+            off_stack(|| call::run(&mcp, &origin, entry, &name, approval, arguments, &raw)).await;
         Ok(match ended.map_err(|_| Errno::ETIMEDOUT)? {
             Ended::Answered(output) => output.json,
             Ended::Failed { json, .. } => json,

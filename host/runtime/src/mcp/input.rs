@@ -45,7 +45,7 @@ use crate::approval::{
 use crate::defaults;
 use crate::observe::{InputAnswered, InputRound, Observers, Via};
 use crate::registry::ServerEntry;
-use crate::sandbox::Deadline;
+use crate::sandbox::{Deadline, off_stack};
 use crate::text::{cut, printable};
 
 /// Who answers the input requests of one task's request.
@@ -106,7 +106,9 @@ where
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(defaults::INPUT_STATE_ONLY_BACKOFF_MAX);
         } else {
-            let answers = asker.answer(asked, round as u32, requests).await?;
+            // Off the stack: answering is rare, and its future would make every request's
+            // larger (see `off_stack`).
+            let answers = off_stack(|| asker.answer(asked, round as u32, requests)).await?;
             responses = Some(answers);
         }
         state = input.request_state;

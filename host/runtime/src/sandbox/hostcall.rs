@@ -6,6 +6,7 @@
 //! inside a guest tool produces one.
 
 use std::future::Future;
+use std::pin::Pin;
 
 use quiver_abi::Errno;
 
@@ -44,4 +45,24 @@ pub async fn before_deadline<F: Future>(
     tokio::time::timeout_at(deadline.instant(), work)
         .await
         .map_err(|_| HostcallError::Trap(wasmtime::Error::new(deadline.exceeded())))
+}
+
+/// A future boxed where `make` builds it, in a frame of its own, and polled through a
+/// vtable.
+///
+/// The host code of an async hostcall runs on the task's fiber stack, where every page a
+/// frame touches stays resident until the task ends, and stack probes touch every page of
+/// a frame on entry. `Box::pin(f())` builds `f`'s whole future in the caller's frame
+/// first, and a boxed future of a known type has its poll inlined into its caller's; on
+/// the MCP call path that made 68 KiB of stack resident per waiting task (BENCHMARKS.md,
+/// issue 25). Built here, a future's bytes are on the stack only while this call runs,
+/// and each poll keeps a frame of its own size.
+#[inline(never)]
+pub fn off_stack<'a, F>(
+    make: impl FnOnce() -> F,
+) -> Pin<Box<dyn Future<Output = F::Output> + Send + 'a>>
+where
+    F: Future + Send + 'a,
+{
+    Box::pin(make())
 }

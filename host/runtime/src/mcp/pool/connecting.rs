@@ -10,6 +10,7 @@ use super::{Connection, McpPool, reaper};
 use crate::defaults;
 use crate::mcp::{McpError, McpErrorCode};
 use crate::registry::Launch;
+use crate::sandbox::off_stack;
 
 pub(super) struct Backoff {
     pub(super) failures: u32,
@@ -31,9 +32,9 @@ impl McpPool {
         if let Some(live) = slot.conn.lock().await.as_ref().filter(|c| c.is_alive()) {
             return Ok(live.clone());
         }
-        // Boxed: opening a connection (a process, the handshake, HTTP and OAuth) is most of
-        // this future's size, which every call's future would carry while the call waits.
-        Box::pin(self.reconnect(slot, shutdowns)).await
+        // Off the stack: opening a connection (a process, the handshake, HTTP and OAuth) is
+        // a large future, which every call would otherwise carry in its future and frames.
+        off_stack(|| self.reconnect(slot, shutdowns)).await
     }
 
     /// [`Self::connect`] when the slot had no live connection: `shutdowns` is the pool's

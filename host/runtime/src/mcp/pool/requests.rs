@@ -27,6 +27,7 @@ use crate::mcp::input::{Asked, Asker, Asking, Round, rounds, timeout_besides_que
 use crate::mcp::spans;
 use crate::mcp::{CallToolResult, McpError, McpErrorCode, Tool};
 use crate::registry::{Launch, ServerEntry};
+use crate::sandbox::off_stack;
 
 /// A successful `tools/call`: the result and its JSON encoding (what guests receive). Its
 /// `result` may be a tool's own error (`isError`).
@@ -149,8 +150,8 @@ impl McpPool {
         if known == Some(true) {
             return Ok(());
         }
-        // Boxed: listing is rare here and its future large (every call's would carry it).
-        let tools = Box::pin(self.list_tools(entry, principal)).await?;
+        // Off the stack: listing is rare here and its future large (see `off_stack`).
+        let tools = off_stack(|| self.list_tools(entry, principal)).await?;
         if tools.iter().any(|tool| tool.name == name) {
             return Ok(());
         }
@@ -191,7 +192,7 @@ impl McpPool {
             let mut params = params.clone();
             params.input_responses = responses;
             params.request_state = state;
-            Box::pin(self.call_round(entry, params, principal, asker))
+            off_stack(move || self.call_round(entry, params, principal, asker))
         })
         .await?;
         // The transport capped the answer as it was read; the guest gets it re-encoded,
@@ -241,9 +242,8 @@ impl McpPool {
                 .enter(asker, entry, ("tools/call", name), &asking);
             phase.set(CallPhase::ON_WIRE);
             let sent = tokio::time::Instant::now();
-            let result = conn
-                .service
-                .call_tool_once(params)
+            // Off the stack: rmcp's request future is large (see `off_stack`).
+            let result = off_stack(|| conn.service.call_tool_once(params))
                 .await
                 .map_err(|e| service_failed(server_id, name, e, &phase))?;
             Ok((result, sent, _permit, entered))
@@ -274,7 +274,7 @@ impl McpPool {
                             sent,
                             phase: &phase,
                         };
-                        Box::pin(self.follow_task(call, created))
+                        off_stack(|| self.follow_task(call, created))
                             .instrument(span.clone())
                             .await
                             .map(Round::Complete)
