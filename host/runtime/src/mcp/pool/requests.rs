@@ -242,7 +242,6 @@ impl McpPool {
             phase.set(CallPhase::ON_WIRE);
             let sent = tokio::time::Instant::now();
             let result = conn
-                .service
                 .call_tool_once(params)
                 .await
                 .map_err(|e| service_failed(server_id, name, e, &phase))?;
