@@ -170,6 +170,11 @@ pub(in crate::mcp) enum Kind {
 }
 
 impl Kind {
+    /// A `tools/call` of `name`.
+    pub(in crate::mcp) fn call(name: &str) -> Self {
+        Kind::Call(bounded_name(name))
+    }
+
     pub(in crate::mcp) fn of(request: &ClientRequest) -> Self {
         match request {
             ClientRequest::CallToolRequest(call) => Kind::Call(bounded_name(&call.params.name)),
@@ -235,7 +240,13 @@ struct Pending {
     id: RequestId,
     kind: Kind,
     sent: Instant,
+    /// Where the answer goes when the host sent the request itself (a direct call, see
+    /// [`super::direct`]); `None`: to rmcp.
+    reply: Option<Reply>,
 }
+
+/// The answer to a direct call: whatever would have gone to rmcp for it.
+pub(in crate::mcp) type Reply = tokio::sync::oneshot::Sender<ServerJsonRpcMessage>;
 
 /// A token bucket: `capacity` at once, refilled at `per_sec`.
 #[derive(Debug)]
@@ -283,6 +294,8 @@ pub(in crate::mcp) struct Guard {
     ready: VecDeque<ServerJsonRpcMessage>,
     /// Why the connection was closed, once it was.
     closed: Option<McpError>,
+    /// The transport read its end (or is gone): a direct call can have no answer.
+    ended: bool,
     rate: Bucket,
     drops: Bucket,
     dropped: u64,
@@ -299,6 +312,7 @@ impl Guard {
             lists: 0,
             ready: VecDeque::new(),
             closed: None,
+            ended: false,
             rate: Bucket::new(
                 defaults::MCP_SERVER_MESSAGES_PER_SEC,
                 defaults::MCP_SERVER_MESSAGES_PER_SEC,
@@ -318,10 +332,6 @@ impl Guard {
         self.dropped
     }
 
-    pub(in crate::mcp) fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     /// Notes what the host sends: requests become pending, a cancellation ends one.
     pub(in crate::mcp) fn on_send(&mut self, message: &ClientJsonRpcMessage) {
         match message {
@@ -335,19 +345,7 @@ impl Guard {
                     ));
                     return;
                 }
-                if self.pending.len() >= self.limits.max_pending {
-                    self.give_up_oldest();
-                }
-                let kind = Kind::of(&request.request);
-                self.count(&kind, true);
-                let pending = Pending {
-                    id: request.id.clone(),
-                    kind,
-                    sent: Instant::now(),
-                };
-                if let Some(replaced) = self.pending.insert(key(&request.id), pending) {
-                    self.count(&replaced.kind, false);
-                }
+                self.add_pending(request.id.clone(), Kind::of(&request.request), None);
             }
             JsonRpcMessage::Notification(note) => {
                 if let ClientNotification::CancelledNotification(cancelled) = &note.notification
@@ -357,6 +355,63 @@ impl Guard {
                 }
             }
             JsonRpcMessage::Response(_) | JsonRpcMessage::Error(_) => {}
+        }
+    }
+
+    /// Notes a request the host writes itself (a direct call): its answer, or the error
+    /// that fails it, goes to `reply` instead of rmcp. `false` when it must not be written:
+    /// the connection is closed (`reply` has the reason) or ended (`reply` is dropped).
+    pub(in crate::mcp) fn on_direct_call(
+        &mut self,
+        id: RequestId,
+        kind: Kind,
+        reply: Reply,
+    ) -> bool {
+        if let Some(error) = &self.closed {
+            let _ = reply.send(ServerJsonRpcMessage::error(host_error(error), Some(id)));
+            return false;
+        }
+        if self.ended {
+            return false;
+        }
+        self.add_pending(id, kind, Some(reply));
+        true
+    }
+
+    fn add_pending(&mut self, id: RequestId, kind: Kind, reply: Option<Reply>) {
+        if self.pending.len() >= self.limits.max_pending {
+            self.give_up_oldest();
+        }
+        self.count(&kind, true);
+        let pending = Pending {
+            id: id.clone(),
+            kind,
+            sent: Instant::now(),
+            reply,
+        };
+        if let Some(replaced) = self.pending.insert(key(&id), pending) {
+            self.count(&replaced.kind, false);
+        }
+    }
+
+    /// Forgets the direct call `id` its caller gave up; whether it was still pending
+    /// (then the server should hear it was cancelled).
+    pub(in crate::mcp) fn forget(&mut self, id: &RequestId) -> bool {
+        self.answered(id).is_some()
+    }
+
+    /// The transport is at its end: direct calls still pending fail as rmcp's do when
+    /// its transport closes (their reply is dropped), and none can start.
+    pub(in crate::mcp) fn end(&mut self) {
+        self.ended = true;
+        let direct: Vec<RequestId> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| p.reply.is_some())
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in direct {
+            self.answered(&key);
         }
     }
 
@@ -436,11 +491,11 @@ impl Guard {
                 match (pending, problem) {
                     (Some(pending), Problem::TooLarge { seen }) => {
                         let error = self.limits.too_large(&pending.kind, seen);
-                        self.fail(pending.id, &error);
+                        self.fail(pending, &error);
                     }
                     (Some(pending), Problem::Invalid(reason)) => {
                         let error = self.limits.invalid(&pending.kind, &reason);
-                        self.fail(pending.id, &error);
+                        self.fail(pending, &error);
                     }
                     (None, Problem::TooLarge { seen }) => {
                         self.drop_one(&format!("a message of at least {seen} bytes, over the cap"))
@@ -465,8 +520,8 @@ impl Guard {
         };
         match answers {
             Some(id) => {
-                if self.answered(id).is_some() {
-                    self.ready.push_back(message);
+                if let Some(pending) = self.answered(id) {
+                    self.deliver(pending, message);
                 } else {
                     self.drop_one("an answer to no pending request (unknown or repeated id)");
                 }
@@ -499,11 +554,20 @@ impl Guard {
         };
     }
 
-    /// Hands rmcp `error` as the answer to request `id`.
-    fn fail(&mut self, id: RequestId, error: &McpError) {
+    /// Hands `error` as the answer to the request `pending`.
+    fn fail(&mut self, pending: Pending, error: &McpError) {
         tracing::warn!(server_id = %self.limits.server_id, %error, "failing one request");
-        self.ready
-            .push_back(ServerJsonRpcMessage::error(host_error(error), Some(id)));
+        let message = ServerJsonRpcMessage::error(host_error(error), Some(pending.id.clone()));
+        self.deliver(pending, message);
+    }
+
+    /// Hands the answer to `pending` to whoever waits for it: its direct caller, or rmcp.
+    fn deliver(&mut self, pending: Pending, message: ServerJsonRpcMessage) {
+        match pending.reply {
+            // A caller that is gone gave up: like an answer rmcp finds no responder for.
+            Some(reply) => drop(reply.send(message)),
+            None => self.ready.push_back(message),
+        }
     }
 
     /// Gives up the oldest pending request, so rmcp forgets it too.
@@ -525,10 +589,8 @@ impl Guard {
                     self.limits.server_id, self.limits.max_pending
                 ),
             );
-            self.ready.push_back(ServerJsonRpcMessage::error(
-                host_error(&error),
-                Some(pending.id),
-            ));
+            let message = ServerJsonRpcMessage::error(host_error(&error), Some(pending.id.clone()));
+            self.deliver(pending, message);
         }
     }
 
@@ -559,10 +621,8 @@ impl Guard {
         let error = McpError::new(McpErrorCode::Unavailable, message);
         tracing::warn!(server_id = %self.limits.server_id, %error, "closing the connection to an MCP server");
         for (_, pending) in std::mem::take(&mut self.pending) {
-            self.ready.push_back(ServerJsonRpcMessage::error(
-                host_error(&error),
-                Some(pending.id),
-            ));
+            let message = ServerJsonRpcMessage::error(host_error(&error), Some(pending.id.clone()));
+            self.deliver(pending, message);
         }
         self.calls = 0;
         self.lists = 0;

@@ -10,11 +10,14 @@
 //! lines included: they count against the server's message rate like any other line).
 //!
 //! Writes are whole lines behind one lock; a write that cannot finish within the server's
-//! `tool_timeout_ms` means the server stopped reading, and its stdin is closed.
+//! `tool_timeout_ms` means the server stopped reading, and its stdin is closed. The guard
+//! and the writer are shared with the connection's [`DirectCalls`], whose `tools/call`s
+//! bypass rmcp's loop: they register in the same guard and write under the same lock.
 
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use rmcp::RoleClient;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
@@ -22,6 +25,7 @@ use rmcp::transport::Transport;
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 use super::answer::call_answer;
+use super::direct::DirectCalls;
 use super::guard::{Guard, Incoming, Limits, Problem};
 use super::scan::IdScan;
 use crate::defaults;
@@ -61,8 +65,21 @@ pub(super) struct LineTransport<R, W> {
     /// The scan of `line`, once it is longer than the smallest cap.
     scan: Option<IdScan>,
     discard: Option<Discard>,
-    writer: Arc<tokio::sync::Mutex<Option<W>>>,
-    guard: Guard,
+    writer: Writer<W>,
+    /// Shared with the connection's [`DirectCalls`], which register their requests in it.
+    guard: Arc<Mutex<Guard>>,
+    limits: Limits,
+}
+
+/// The server's stdin; `None` once closed.
+pub(super) type Writer<W> = Arc<tokio::sync::Mutex<Option<W>>>;
+
+/// The guard, whatever a panic elsewhere left it in (its state stays consistent: every
+/// change is a single call).
+pub(super) fn lock(guard: &Mutex<Guard>) -> MutexGuard<'_, Guard> {
+    guard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl<R, W> LineTransport<R, W>
@@ -77,8 +94,14 @@ where
             scan: None,
             discard: None,
             writer: Arc::new(tokio::sync::Mutex::new(Some(write))),
-            guard: Guard::new(limits),
+            guard: Arc::new(Mutex::new(Guard::new(limits.clone()))),
+            limits,
         }
+    }
+
+    /// The host's own `tools/call` path on this connection (see [`super::direct`]).
+    pub(super) fn direct_calls(&self) -> DirectCalls<W> {
+        DirectCalls::new(self.guard.clone(), self.writer.clone(), self.limits.clone())
     }
 
     /// Reads until something for the guard: a message, an unreadable one, or `None` at the
@@ -86,14 +109,14 @@ where
     /// only after they were handled, so a cancelled read resumes where it was.
     async fn read_incoming(&mut self) -> Option<Incoming> {
         loop {
-            let read_cap = self.guard.read_cap();
-            let smallest = self.guard.limits().smallest_message();
+            let read_cap = lock(&self.guard).read_cap();
+            let smallest = self.limits.smallest_message();
             let mut parsed = None;
             let (consumed, step) = {
                 let available = match self.reader.fill_buf().await {
                     Ok(available) => available,
                     Err(error) => {
-                        tracing::warn!(server_id = %self.guard.limits().server_id, %error, "cannot read from the MCP server");
+                        tracing::warn!(server_id = %self.limits.server_id, %error, "cannot read from the MCP server");
                         return None;
                     }
                 };
@@ -127,7 +150,7 @@ where
                         });
                         scan.feed(chunk);
                         if scan.is_answer() && scan.id().is_some() {
-                            limit = limit.min(self.guard.cap_of(scan.id(), true));
+                            limit = limit.min(lock(&self.guard).cap_of(scan.id(), true));
                         }
                     }
                     if len > limit {
@@ -207,15 +230,16 @@ where
     }
 
     /// Closes the server's stdin (the MCP way to ask a stdio server to exit).
-    pub(super) async fn close_input(&mut self) {
+    async fn close_input(&mut self) {
         self.writer.lock().await.take();
     }
 }
 
 /// A complete `line` read within the read cap (and scanned in `scan` if longer than the
 /// smallest cap). An answer to a pending `tools/call` is read as one ([`call_answer`]);
-/// everything else goes through rmcp's generic parse.
-fn parse(guard: &Guard, scan: Option<&IdScan>, line: &[u8]) -> Incoming {
+/// everything else goes through rmcp's generic parse. The guard is locked only to look
+/// up ids, not while a line is parsed.
+fn parse(guard: &Mutex<Guard>, scan: Option<&IdScan>, line: &[u8]) -> Incoming {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     let line = line.strip_prefix(UTF8_BOM).unwrap_or(line);
@@ -225,7 +249,7 @@ fn parse(guard: &Guard, scan: Option<&IdScan>, line: &[u8]) -> Incoming {
     // A line over its own cap that the read cap let through: one that turned out not
     // to be an answer (a notification may not be as large as a list).
     if let Some(scan) = scan
-        && line.len() > guard.cap_of(scan.id(), scan.is_answer())
+        && line.len() > lock(guard).cap_of(scan.id(), scan.is_answer())
     {
         return Incoming::Unreadable {
             id: scan.id().cloned(),
@@ -235,7 +259,7 @@ fn parse(guard: &Guard, scan: Option<&IdScan>, line: &[u8]) -> Incoming {
             },
         };
     }
-    if let Some(message) = call_answer(line, |id| guard.is_pending_call(id)) {
+    if let Some(message) = call_answer(line, |id| lock(guard).is_pending_call(id)) {
         return Incoming::Message(message);
     }
     match serde_json::from_slice::<ServerJsonRpcMessage>(line) {
@@ -258,6 +282,80 @@ fn parse(guard: &Guard, scan: Option<&IdScan>, line: &[u8]) -> Incoming {
             }
         }
     }
+}
+
+impl<R, W> Drop for LineTransport<R, W> {
+    /// rmcp dropped the transport (the session ended): no direct call can be answered.
+    fn drop(&mut self) {
+        lock(&self.guard).end();
+    }
+}
+
+/// Writes `line` (a whole line) to `writer`: at once, as far as the pipe takes it without
+/// waiting, when no other write holds the pipe (tokio's lock is fair: none is queued
+/// either); the rest, if any, in the returned future, which waits its turn and gives up
+/// after `timeout` (the server stopped reading: its stdin is closed). The flag says the
+/// future will not wait (the line is written, or cannot be).
+///
+/// rmcp runs a send's future as a task of its own, so a line left to it would reach the
+/// server only once that task is scheduled.
+pub(super) fn write_line<W>(
+    writer: &Writer<W>,
+    bytes: Vec<u8>,
+    timeout: Duration,
+    server_id: Arc<str>,
+) -> (
+    bool,
+    impl Future<Output = std::io::Result<()>> + Send + 'static,
+)
+where
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let mut held = None;
+    let (mut written, mut done) = (0, false);
+    if let Ok(mut stdin) = writer.clone().try_lock_owned() {
+        match stdin.as_mut() {
+            Some(pipe) => (written, done) = write_now(pipe, &bytes),
+            None => done = true,
+        }
+        held = Some(stdin);
+    }
+    let writer = writer.clone();
+    let write = async move {
+        let mut writer = match held {
+            Some(held) => held,
+            None => writer.lock_owned().await,
+        };
+        let Some(stdin) = writer.as_mut() else {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotConnected,
+                "the server's stdin is closed",
+            ));
+        };
+        if done {
+            return Ok(());
+        }
+        let write = async {
+            stdin.write_all(&bytes[written..]).await?;
+            stdin.flush().await
+        };
+        match tokio::time::timeout(timeout, write).await {
+            Ok(written) => written,
+            Err(_) => {
+                // A partial line is on the wire: nothing more can be sent after it.
+                writer.take();
+                tracing::warn!(server_id = %server_id, timeout_ms = timeout.as_millis() as u64, "the MCP server stopped reading its stdin; closed it");
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "the server did not read its input within {} ms",
+                        timeout.as_millis()
+                    ),
+                ))
+            }
+        }
+    };
+    (done, write)
 }
 
 /// Writes as much of `bytes` to `pipe` as it takes without waiting: how many bytes, and
@@ -287,72 +385,33 @@ where
         &mut self,
         item: ClientJsonRpcMessage,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        self.guard.on_send(&item);
+        lock(&self.guard).on_send(&item);
         let encoded = serde_json::to_vec(&item).map(|mut bytes| {
             bytes.push(b'\n');
             bytes
         });
-        let writer = self.writer.clone();
-        let timeout = self.guard.limits().write_timeout;
-        let server_id = self.guard.limits().server_id.clone();
-        // rmcp runs the returned future as a task of its own, so a line left to it reaches
-        // the server only once that task is scheduled. When no other write holds the lock
-        // (tokio's is fair: none is queued either) the line is written here, as far as the
-        // pipe takes it without waiting; the rest, if any, goes on below as before.
-        let mut held = None;
-        let (mut written, mut done) = (0, false);
-        if let Ok(bytes) = &encoded
-            && let Ok(mut stdin) = writer.clone().try_lock_owned()
-        {
-            if let Some(pipe) = stdin.as_mut() {
-                (written, done) = write_now(pipe, bytes);
-            }
-            held = Some(stdin);
-        }
-        async move {
-            let bytes = encoded.map_err(std::io::Error::other)?;
-            let mut writer = match held {
-                Some(held) => held,
-                None => writer.lock_owned().await,
-            };
-            let Some(stdin) = writer.as_mut() else {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::NotConnected,
-                    "the server's stdin is closed",
-                ));
-            };
-            if done {
-                return Ok(());
-            }
-            let write = async {
-                stdin.write_all(&bytes[written..]).await?;
-                stdin.flush().await
-            };
-            match tokio::time::timeout(timeout, write).await {
-                Ok(written) => written,
-                Err(_) => {
-                    // A partial line is on the wire: nothing more can be sent after it.
-                    writer.take();
-                    tracing::warn!(server_id = %server_id, timeout_ms = timeout.as_millis() as u64, "the MCP server stopped reading its stdin; closed it");
-                    Err(std::io::Error::new(
-                        std::io::ErrorKind::TimedOut,
-                        format!(
-                            "the server did not read its input within {} ms",
-                            timeout.as_millis()
-                        ),
-                    ))
-                }
-            }
-        }
+        let write = encoded.map(|bytes| {
+            write_line(
+                &self.writer,
+                bytes,
+                self.limits.write_timeout,
+                self.limits.server_id.clone(),
+            )
+            .1
+        });
+        async move { write.map_err(std::io::Error::other)?.await }
     }
 
     async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
         loop {
-            if let Some(next) = self.guard.next_ready() {
+            if let Some(next) = lock(&self.guard).next_ready() {
                 return next;
             }
-            let incoming = self.read_incoming().await?;
-            self.guard.take(incoming);
+            let Some(incoming) = self.read_incoming().await else {
+                lock(&self.guard).end();
+                return None;
+            };
+            lock(&self.guard).take(incoming);
         }
     }
 
@@ -564,7 +623,7 @@ mod tests {
 
     impl<R, W> LineTransport<R, W> {
         fn guard_dropped(&self) -> u64 {
-            self.guard.dropped()
+            lock(&self.guard).dropped()
         }
     }
 }

@@ -14,6 +14,7 @@
 //! a `${ENV:..}` reference resolved to.
 
 mod answer;
+mod direct;
 mod guard;
 mod lines;
 mod probe;
@@ -29,10 +30,10 @@ use std::time::Duration;
 
 #[allow(deprecated)] // sampling (SEP-2577), which 2025-era servers still use
 use rmcp::model::{
-    ClientCapabilities, ClientConfig, ClientJsonRpcMessage, CreateMessageRequestParams,
-    CreateMessageResult, ElicitRequestParams, ElicitResult, ElicitationAction,
-    ElicitationCapability, FormElicitationCapability, ProtocolVersion, SamplingCapability,
-    ServerJsonRpcMessage,
+    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig,
+    ClientJsonRpcMessage, CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams,
+    ElicitResult, ElicitationAction, ElicitationCapability, FormElicitationCapability,
+    ProtocolVersion, RequestMetaObject, SamplingCapability, ServerJsonRpcMessage,
 };
 use rmcp::service::{
     NotificationContext, RequestContext, RunningService, RunningServiceCancellationToken,
@@ -54,6 +55,7 @@ use super::sampling::{Generation, busy, to_error_data};
 use super::tool_headers::LeftOut;
 use crate::defaults;
 use crate::registry::{Launch, Lifecycle, ServerEntry, Transport as Wire};
+use direct::DirectCalls;
 pub(super) use guard::{Guard, Guarded, Incoming, Kind, Limits, Problem};
 use probe::{Probe, Probing};
 use process::ServerProcess;
@@ -238,6 +240,8 @@ pub(super) struct Connection {
     pub(in crate::mcp) in_flight: Arc<InFlight>,
     /// A Streamable HTTP session's standalone GET stream (`None` for other transports).
     common_stream: Option<CommonStream>,
+    /// A stdio session's own `tools/call` path, beside rmcp's loop.
+    direct: Option<DirectCalls<tokio::process::ChildStdin>>,
 }
 
 /// The end of a transport: a flag to read and a wake-up for whoever stops the server.
@@ -268,6 +272,35 @@ impl Connection {
     fn with_common_stream(mut self, common_stream: CommonStream) -> Self {
         self.common_stream = Some(common_stream);
         self
+    }
+
+    /// Calls go through `direct` from now on, with the `_meta` rmcp would add to them.
+    fn with_direct_calls(mut self, direct: DirectCalls<tokio::process::ChildStdin>) -> Self {
+        let peer = self.service.peer().peer_info();
+        let meta = peer
+            .filter(|peer| !peer.protocol_version.has_initialize())
+            .map(|peer| {
+                let info = self.service.service().get_info();
+                RequestMetaObject::with_client_context(
+                    peer.protocol_version.clone(),
+                    info.client_info,
+                    info.capabilities,
+                )
+            });
+        self.direct = Some(direct.with_meta(meta));
+        self
+    }
+
+    /// One `tools/call`, as rmcp's `call_tool_once` does it: on a stdio session written by
+    /// the caller itself ([`direct`]), elsewhere through rmcp.
+    pub(super) async fn call_tool_once(
+        &self,
+        params: CallToolRequestParams,
+    ) -> Result<CallToolResponse, rmcp::ServiceError> {
+        match &self.direct {
+            Some(direct) => direct.call_tool(params).await,
+            None => self.service.call_tool_once(params).await,
+        }
     }
 
     /// Before a request on a Streamable HTTP session of the 2025 protocol: waits (at most
@@ -452,8 +485,10 @@ impl Connector {
                 match stdio::spawn(limits, command, args, env, cwd.as_ref(), secrets, permit) {
                     Ok((transport, process)) => {
                         let peer = Peer::Process(Box::new(process));
+                        let direct = transport.direct_calls();
                         self.establish(entry, serial, peer, async { Ok(transport) })
                             .await
+                            .map(|conn| conn.with_direct_calls(direct))
                     }
                     Err(error) => Err(error),
                 }
@@ -572,6 +607,7 @@ impl Connector {
             auth_refusal: AuthRefusal::default(),
             in_flight,
             common_stream: None,
+            direct: None,
         })
     }
 }

@@ -243,7 +243,7 @@ impl McpPool {
             phase.set(CallPhase::ON_WIRE);
             let sent = tokio::time::Instant::now();
             // Off the stack: rmcp's request future is large (see `off_stack`).
-            let result = off_stack(|| conn.service.call_tool_once(params))
+            let result = off_stack(|| conn.call_tool_once(params))
                 .await
                 .map_err(|e| service_failed(server_id, name, e, &phase))?;
             Ok((result, sent, _permit, entered))

@@ -1,0 +1,425 @@
+//! The host's own `tools/call` on a stdio connection, beside rmcp's service loop.
+//!
+//! Through rmcp, a call is a message to the service loop's task, which registers it and
+//! writes the line; the answer comes back through that task to the caller. The caller and
+//! the loop are two tasks, so each call costs a wake-up (often a thread switch) on the way
+//! out. A [`DirectCalls`] call skips the loop on the way out: the caller registers its
+//! request in the connection's [`Guard`] (with its id, its kind for the caps, and a
+//! oneshot for the answer) and writes the line itself under the transport's writer lock.
+//! The reader (still inside rmcp's loop) hands the guard every message as before; an
+//! answer to a direct call, or the error the guard makes for it (too large, unreadable,
+//! flood, given up), goes to that oneshot and never reaches rmcp. Everything else the
+//! server sends (its requests, notifications, answers to rmcp's own requests) still goes
+//! to rmcp.
+//!
+//! What rmcp would do is kept: the request carries the same `_meta` (a progress token, and
+//! at 2026-07-28 the client's protocol version, info and capabilities), a dropped call
+//! sends `notifications/cancelled` with rmcp's reason, an error answer is an
+//! `McpError`, and the end of the transport fails the call as `TransportClosed`. Ids are
+//! negative numbers (-1, -2, ...), which JSON-RPC allows and rmcp's ids (counting up from
+//! 0) never are; a number, because servers that answer `"7"` for 7 are matched as before.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use rmcp::ServiceError;
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResponse, CancelledNotification,
+    CancelledNotificationParam, ClientJsonRpcMessage, ClientNotification, ClientRequest, GetMeta,
+    JsonRpcMessage, NumberOrString, ProgressToken, RequestId, RequestMetaObject, ServerResult,
+};
+use tokio::io::AsyncWrite;
+
+use super::guard::{Guard, Kind, Limits};
+use super::lines::{Writer, lock, write_line};
+
+/// The reason rmcp gives when a caller drops its request.
+const ABANDONED: &str = "request abandoned by the caller";
+
+/// A stdio connection's direct `tools/call` path (see the module docs).
+pub(in crate::mcp) struct DirectCalls<W> {
+    guard: Arc<Mutex<Guard>>,
+    writer: Writer<W>,
+    limits: Limits,
+    /// The last id used, counting down.
+    last_id: AtomicI64,
+    /// The client context rmcp puts in every request's `_meta` on a session without
+    /// `initialize` (2026-07-28); `None` before.
+    meta: Option<RequestMetaObject>,
+}
+
+impl<W> DirectCalls<W>
+where
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    pub(super) fn new(guard: Arc<Mutex<Guard>>, writer: Writer<W>, limits: Limits) -> Self {
+        Self {
+            guard,
+            writer,
+            limits,
+            last_id: AtomicI64::new(0),
+            meta: None,
+        }
+    }
+
+    /// With the `_meta` rmcp adds to every request once the session is open.
+    pub(super) fn with_meta(mut self, meta: Option<RequestMetaObject>) -> Self {
+        self.meta = meta;
+        self
+    }
+
+    /// One `tools/call`, as rmcp's `call_tool_once` makes it and with what it returns.
+    pub(in crate::mcp) async fn call_tool(
+        &self,
+        params: CallToolRequestParams,
+    ) -> Result<CallToolResponse, ServiceError> {
+        let n = self.last_id.fetch_sub(1, Ordering::Relaxed) - 1;
+        let id = RequestId::Number(n);
+        let kind = Kind::call(&params.name);
+        let mut request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let meta = request.get_meta_mut();
+        if let Some(context) = &self.meta {
+            meta.extend(context.clone());
+        }
+        meta.set_progress_token(ProgressToken(NumberOrString::Number(n)));
+        let line = encode(&ClientJsonRpcMessage::request(request, id.clone()))
+            .map_err(|_| ServiceError::TransportClosed)?;
+
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        // Registered before the line is written, so the answer cannot come first.
+        if lock(&self.guard).on_direct_call(id.clone(), kind, reply) {
+            let _abandoned = Abandoned { calls: self, id };
+            let (now, write) = write_line(
+                &self.writer,
+                line,
+                self.limits.write_timeout,
+                self.limits.server_id.clone(),
+            );
+            let written = if now {
+                write.await
+            } else {
+                // A line half on the wire must be finished whatever becomes of the call.
+                tokio::spawn(write)
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)))
+            };
+            if written.is_err() {
+                // Not sent (or cut off, and stdin closed): nothing to cancel.
+                lock(&self.guard).forget(&_abandoned.id);
+                return Err(ServiceError::TransportClosed);
+            }
+            return answered(answer.await);
+        }
+        answered(answer.await)
+    }
+}
+
+/// What the answer (or its absence) means, as rmcp's `call_tool_once` reports it.
+fn answered(
+    answer: Result<rmcp::model::ServerJsonRpcMessage, tokio::sync::oneshot::error::RecvError>,
+) -> Result<CallToolResponse, ServiceError> {
+    match answer {
+        Ok(JsonRpcMessage::Response(response)) => match response.result {
+            ServerResult::CallToolResult(result) => Ok(CallToolResponse::Complete(result)),
+            ServerResult::InputRequiredResult(result) => {
+                Ok(CallToolResponse::InputRequired(result))
+            }
+            ServerResult::CreateTaskResult(result) => Ok(CallToolResponse::Task(result)),
+            _ => Err(ServiceError::UnexpectedResponse),
+        },
+        Ok(JsonRpcMessage::Error(error)) => Err(ServiceError::McpError(error.error)),
+        Ok(_) => Err(ServiceError::UnexpectedResponse),
+        // The transport ended before an answer came.
+        Err(_) => Err(ServiceError::TransportClosed),
+    }
+}
+
+fn encode(message: &ClientJsonRpcMessage) -> serde_json::Result<Vec<u8>> {
+    let mut line = serde_json::to_vec(message)?;
+    line.push(b'\n');
+    Ok(line)
+}
+
+/// A direct call on the wire: dropped before its answer (a timeout, the task ended), it
+/// stops waiting and tells the server, as rmcp does for its own requests.
+struct Abandoned<'a, W: AsyncWrite + Unpin + Send + 'static> {
+    calls: &'a DirectCalls<W>,
+    id: RequestId,
+}
+
+impl<W: AsyncWrite + Unpin + Send + 'static> Drop for Abandoned<'_, W> {
+    fn drop(&mut self) {
+        if !lock(&self.calls.guard).forget(&self.id) {
+            return;
+        }
+        let cancelled = ClientNotification::CancelledNotification(CancelledNotification::new(
+            CancelledNotificationParam::new(Some(self.id.clone()), Some(ABANDONED.to_owned())),
+        ));
+        let Ok(line) = encode(&ClientJsonRpcMessage::notification(cancelled)) else {
+            return;
+        };
+        let limits = &self.calls.limits;
+        let (now, write) = write_line(
+            &self.calls.writer,
+            line,
+            limits.write_timeout,
+            limits.server_id.clone(),
+        );
+        // Best effort, like rmcp's: a pipe that is busy or full gets it from a task.
+        if !now && let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(write);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rmcp::model::{CallToolRequestParams, ServerJsonRpcMessage};
+    use rmcp::transport::Transport;
+    use serde_json::{Value, json};
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines, duplex};
+    use tokio::sync::mpsc;
+
+    use super::*;
+    use crate::mcp::connect::lines::LineTransport;
+    use crate::mcp::error::{McpErrorCode, from_host_error};
+
+    const CAP: u64 = 1000;
+    const SOON: Duration = Duration::from_secs(5);
+
+    /// A direct path on a transport whose reader runs as rmcp's loop would run it; what
+    /// reaches rmcp comes out of the receiver. The server side: what it writes, and the
+    /// lines it reads.
+    struct Wire {
+        calls: Arc<DirectCalls<DuplexStream>>,
+        to_rmcp: mpsc::UnboundedReceiver<ServerJsonRpcMessage>,
+        server_out: DuplexStream,
+        server_in: Lines<BufReader<DuplexStream>>,
+        dropped: Arc<Mutex<Guard>>,
+    }
+
+    fn wire(meta: Option<RequestMetaObject>) -> Wire {
+        let (server_out, host_in) = duplex(1 << 16);
+        let (host_out, server_in) = duplex(1 << 16);
+        let limits = Limits::for_tests(CAP, CAP, Duration::from_millis(300));
+        let mut transport = LineTransport::new(host_in, host_out, limits);
+        let calls = transport.direct_calls().with_meta(meta);
+        let dropped = calls.guard.clone();
+        let (tx, to_rmcp) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(message) = transport.receive().await {
+                let _ = tx.send(message);
+            }
+        });
+        Wire {
+            calls: Arc::new(calls),
+            to_rmcp,
+            server_out,
+            server_in: BufReader::new(server_in).lines(),
+            dropped,
+        }
+    }
+
+    impl Wire {
+        /// Starts a call of `tool`; returns it and the line the server read.
+        async fn call(
+            &mut self,
+            tool: &str,
+        ) -> (
+            tokio::task::JoinHandle<Result<CallToolResponse, ServiceError>>,
+            Value,
+        ) {
+            let calls = self.calls.clone();
+            let params = CallToolRequestParams::new(tool.to_owned())
+                .with_arguments(json!({"text": "hi"}).as_object().unwrap().clone());
+            let call = tokio::spawn(async move { calls.call_tool(params).await });
+            (call, self.read().await)
+        }
+
+        async fn read(&mut self) -> Value {
+            let line = tokio::time::timeout(SOON, self.server_in.next_line())
+                .await
+                .expect("a line")
+                .unwrap()
+                .expect("open");
+            serde_json::from_str(&line).unwrap()
+        }
+
+        async fn answer(&mut self, line: Value) {
+            let mut line = line.to_string().into_bytes();
+            line.push(b'\n');
+            self.server_out.write_all(&line).await.unwrap();
+        }
+
+        fn dropped(&self) -> u64 {
+            lock(&self.dropped).dropped()
+        }
+
+        /// Nothing reached rmcp (within a short wait for stragglers).
+        async fn rmcp_got_nothing(&mut self) {
+            let got = tokio::time::timeout(Duration::from_millis(100), self.to_rmcp.recv()).await;
+            assert!(got.is_err(), "{got:?}");
+        }
+    }
+
+    fn ok(id: &Value, text: &str) -> Value {
+        json!({"jsonrpc": "2.0", "id": id, "result": {"content": [{"type": "text", "text": text}]}})
+    }
+
+    async fn finished(
+        call: tokio::task::JoinHandle<Result<CallToolResponse, ServiceError>>,
+    ) -> Result<CallToolResponse, ServiceError> {
+        tokio::time::timeout(SOON, call)
+            .await
+            .expect("answered at once")
+            .unwrap()
+    }
+
+    fn text_of(response: CallToolResponse) -> String {
+        let CallToolResponse::Complete(result) = response else {
+            panic!("{response:?}");
+        };
+        serde_json::to_value(&result).unwrap()["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_call_goes_out_as_rmcp_writes_it_and_its_answer_never_reaches_rmcp() {
+        let meta = RequestMetaObject::with_client_context(
+            rmcp::model::ProtocolVersion::V_2026_07_28,
+            rmcp::model::Implementation::new("quiver", "1"),
+            Default::default(),
+        );
+        let mut wire = wire(Some(meta.clone()));
+        let (call, sent) = wire.call("echo").await;
+        let id = sent["id"].clone();
+        assert!(id.as_i64().is_some_and(|n| n < 0), "own id space: {sent}");
+
+        // What rmcp writes for the same request, with its id and progress token.
+        let mut request = ClientRequest::CallToolRequest(CallToolRequest::new(
+            CallToolRequestParams::new("echo")
+                .with_arguments(json!({"text": "hi"}).as_object().unwrap().clone()),
+        ));
+        request.get_meta_mut().extend(meta);
+        request
+            .get_meta_mut()
+            .set_progress_token(ProgressToken(NumberOrString::Number(id.as_i64().unwrap())));
+        let id_as_sent = RequestId::Number(id.as_i64().unwrap());
+        let rmcp =
+            serde_json::to_value(ClientJsonRpcMessage::request(request, id_as_sent)).unwrap();
+        assert_eq!(sent, rmcp);
+        assert_eq!(
+            sent["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"],
+            "2026-07-28"
+        );
+
+        // A request of the server's during the call goes to rmcp; the answer does not.
+        wire.answer(json!({"jsonrpc": "2.0", "id": "s1", "method": "ping"}))
+            .await;
+        wire.answer(ok(&id, "hi")).await;
+        assert_eq!(text_of(finished(call).await.unwrap()), "hi");
+        let to_rmcp = wire.to_rmcp.recv().await.unwrap();
+        assert!(matches!(to_rmcp, JsonRpcMessage::Request(_)), "{to_rmcp:?}");
+        wire.rmcp_got_nothing().await;
+
+        // Before 2026-07-28 rmcp adds only the progress token.
+        let mut wire = self::wire(None);
+        let (_call, sent) = wire.call("echo").await;
+        let keys: Vec<&String> = sent["params"]["_meta"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect();
+        assert_eq!(keys, ["progressToken"]);
+    }
+
+    #[tokio::test]
+    async fn answers_under_unknown_ids_and_repeated_answers_are_dropped() {
+        let mut wire = wire(None);
+        let (call, sent) = wire.call("echo").await;
+        let id = sent["id"].clone();
+        wire.answer(ok(&json!(id.as_i64().unwrap() - 1), "someone else's"))
+            .await;
+        wire.answer(ok(&json!(12345), "nobody's")).await;
+        // The id as a string answers it, as it answers rmcp's requests.
+        wire.answer(ok(&json!(id.to_string()), "mine")).await;
+        wire.answer(ok(&id, "again")).await;
+        assert_eq!(text_of(finished(call).await.unwrap()), "mine");
+        wire.rmcp_got_nothing().await;
+        assert_eq!(wire.dropped(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_call_is_cancelled_and_its_late_answer_dropped() {
+        let mut wire = wire(None);
+        let (call, sent) = wire.call("slow").await;
+        call.abort();
+        let cancelled = wire.read().await;
+        assert_eq!(
+            cancelled,
+            json!({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                   "params": {"requestId": sent["id"], "reason": ABANDONED}})
+        );
+        wire.answer(ok(&sent["id"], "late")).await;
+        let (call, next) = wire.call("echo").await;
+        wire.answer(ok(&next["id"], "next")).await;
+        assert_eq!(text_of(finished(call).await.unwrap()), "next");
+        wire.rmcp_got_nothing().await;
+        assert_eq!(wire.dropped(), 1, "the late answer answered nothing");
+    }
+
+    #[tokio::test]
+    async fn an_answer_over_the_cap_fails_the_call_at_once_and_an_error_is_the_servers() {
+        let mut wire = wire(None);
+        let (call, sent) = wire.call("huge").await;
+        let big = ok(&sent["id"], &"x".repeat(CAP as usize * 200));
+        let writing = {
+            let mut line = big.to_string().into_bytes();
+            line.push(b'\n');
+            let mut out = std::mem::replace(&mut wire.server_out, duplex(1).0);
+            tokio::spawn(async move {
+                out.write_all(&line).await.unwrap();
+                out
+            })
+        };
+        let Err(ServiceError::McpError(data)) = finished(call).await else {
+            panic!("not an error");
+        };
+        let error = from_host_error(&data).expect("the host's");
+        assert_eq!(error.code, McpErrorCode::OutputTooLarge, "{error:?}");
+        wire.server_out = writing.await.unwrap();
+
+        let (call, sent) = wire.call("fails").await;
+        wire.answer(
+            json!({"jsonrpc": "2.0", "id": sent["id"], "error": {"code": -32000, "message": "no"}}),
+        )
+        .await;
+        let Err(ServiceError::McpError(data)) = finished(call).await else {
+            panic!("not an error");
+        };
+        assert!(from_host_error(&data).is_none());
+        assert_eq!(data.message, "no");
+        wire.rmcp_got_nothing().await;
+    }
+
+    #[tokio::test]
+    async fn a_server_that_dies_mid_call_fails_it_at_once_and_later_calls_too() {
+        let mut wire = wire(None);
+        let (call, _) = wire.call("echo").await;
+        drop(std::mem::replace(&mut wire.server_out, duplex(1).0));
+        assert!(matches!(
+            finished(call).await,
+            Err(ServiceError::TransportClosed)
+        ));
+        let params = CallToolRequestParams::new("echo");
+        let after = tokio::time::timeout(SOON, wire.calls.call_tool(params)).await;
+        assert!(
+            matches!(after, Ok(Err(ServiceError::TransportClosed))),
+            "{after:?}"
+        );
+    }
+}
