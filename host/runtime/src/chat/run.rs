@@ -146,14 +146,13 @@ pub(crate) async fn send<G: GuestTools>(
         .model
         .clone()
         .unwrap_or_else(|| backend.default_model().to_owned());
-    let (tools, tools_charge) = charged_tool_set(session, ctx).await?;
+    let (tools, _tools_charge) = charged_tool_set(session, ctx).await?;
     let send = Loop {
         session,
         ctx,
         backend: &backend,
         model: &model,
         tools: &tools,
-        tools_charge: &tools_charge,
         auto_tool_call,
     };
     let outcome = send.run(&mut progress, guest).await?;
@@ -171,26 +170,20 @@ pub(crate) async fn send<G: GuestTools>(
     Ok(finish(body, progress, started, ctx.budget)?)
 }
 
-/// The send's tool set (the guest tools' definitions copied, the MCP tools' added), charged
-/// to the budget; every policy decision behind it is logged.
-async fn charged_tool_set(
-    session: &ChatSession,
+/// The send's tool set, charged to the budget for what it holds beyond the session; every
+/// policy decision behind it is logged.
+async fn charged_tool_set<'s>(
+    session: &'s ChatSession,
     ctx: &SendContext<'_>,
-) -> Result<(ToolSet, Charge), HostcallError> {
-    let mut charge = ctx
-        .budget
-        .charge("cchat_send tool set", session.tools_bytes())?;
+) -> Result<(ToolSet<'s>, Charge), HostcallError> {
     let tools = ToolSet::build(session, ctx.mcp).await;
-    charge.resize(
-        tools
-            .definitions
-            .iter()
-            .fold(0u64, |sum, d| sum.saturating_add(message_cost(d))),
-    )?;
-    for decision in &tools.decisions {
-        tracing::info!(task_id = ctx.task_id, session_fd = ctx.session_fd, server_id = %decision.server_id, tool = decision.tool.as_deref(), reason = ?decision.reason, detail = %decision.detail, "MCP policy decision");
+    let charge = ctx.budget.charge("cchat_send tool set", tools.held())?;
+    if tracing::enabled!(tracing::Level::INFO) {
+        for decision in tools.decisions() {
+            tracing::info!(task_id = ctx.task_id, session_fd = ctx.session_fd, server_id = %decision.server_id, tool = decision.tool.as_deref(), reason = ?decision.reason, detail = %decision.detail, "MCP policy decision");
+        }
     }
-    if session.mcp.enabled && tools.servers.is_empty() && !session.mcp.server_ids.is_empty() {
+    if session.mcp.enabled && tools.servers().is_empty() && !session.mcp.server_ids.is_empty() {
         tracing::warn!(
             task_id = ctx.task_id,
             session_fd = ctx.session_fd,
@@ -206,8 +199,7 @@ struct Loop<'a, 'c> {
     ctx: &'a SendContext<'c>,
     backend: &'a Backend,
     model: &'a str,
-    tools: &'a ToolSet,
-    tools_charge: &'a Charge,
+    tools: &'a ToolSet<'a>,
     auto_tool_call: bool,
 }
 
@@ -291,7 +283,7 @@ impl Loop<'_, '_> {
             model: self.model,
             messages: &session.messages,
             added: &progress.added.messages,
-            tools: &tools.definitions,
+            tools: tools.definitions(),
             plain: backend.drops_rich_results(),
         };
         let mut request_charge = ctx.budget.empty("cchat_send request");
@@ -300,11 +292,12 @@ impl Loop<'_, '_> {
             let body = Payload::Json(json.into());
             self.request(body, &mut progress.metrics).await
         } else {
+            // The session (its guest tools' definitions included), what the send added and
+            // the MCP tools' definitions, copied into the value.
             let copied = session
                 .charged_bytes()
-                .saturating_sub(session.tools_bytes())
                 .saturating_add(progress.added.charge.bytes())
-                .saturating_add(self.tools_charge.bytes());
+                .saturating_add(tools.mcp_value_cost());
             request_charge.grow(copied.saturating_add(REQUEST_OVERHEAD))?;
             let value = serde_json::to_value(&body).unwrap_or_default();
             // The backend serialises what it translates this into.
@@ -497,7 +490,7 @@ type ToolResults = Vec<Option<(Result<(String, Vec<Image>), ToolFailure>, Durati
 struct Turn<'a, 'c> {
     /// The backend sends images of MCP results to the model, so tool messages keep them.
     rich_results: bool,
-    tools: &'a ToolSet,
+    tools: &'a ToolSet<'a>,
     session: &'a ChatSession,
     ctx: &'a SendContext<'c>,
     metrics: &'a mut Metrics,
