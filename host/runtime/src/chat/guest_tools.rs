@@ -3,6 +3,8 @@
 //! through the [`GuestTools`] trait, so the loop never touches wasm. [`GuestTool`] is what
 //! `cchat_write_fn` registers.
 
+use std::sync::{Arc, Mutex};
+
 use quiver_abi::Errno;
 use serde_json::{Value, json};
 use wasmtime::Caller;

@@ -30,6 +30,8 @@ pub struct ChatTask {
     pub guest_tool_stacks: Arc<tokio::sync::Semaphore>,
     /// The host's metrics, which the chat loop adds LLM use and budget hits to.
     pub metrics: crate::observe::Metrics,
+    /// The last guest tool definition the task wrote, parsed and checked.
+    pub(crate) last_tool: super::guest_tools::LastTool,
 }
 
 /// Store data through which the `cchat_*` hostcalls reach their task state and fds.

@@ -454,6 +454,7 @@ impl Host {
                 backends: self.inner.backends.clone(),
                 guest_tool_stacks: self.inner.guest_tool_stacks.clone(),
                 metrics: self.inner.metrics.clone(),
+                last_tool: Default::default(),
             }),
         };
         let entry = task.entry.as_deref().unwrap_or("_start");
