@@ -24,7 +24,7 @@ use super::results::{
 use super::session::message_cost;
 use super::spans;
 use super::tools::{Resolution, Route, ToolSet};
-use super::wire::{AssistantMessage, ChatCompletion, ToolCall};
+use super::wire::{AssistantMessage, ChatCompletion};
 use super::{ChatResponse, ChatSession, Metrics};
 use crate::defaults;
 use crate::mcp::call::{self, Ended, Origin};
@@ -249,7 +249,12 @@ impl Loop<'_, '_> {
                 return Ok(Err(SendError::limit(limit, max, completion)));
             }
             total_calls += wanted;
-            progress.added.push(message_value(message))?;
+            // Done with the answer: its message moves into the session as is (charged
+            // first), and the turn reads its calls from there.
+            let assistant = completion.into_message().unwrap_or_default().into_value();
+            progress.added.charge.grow(message_cost(&assistant))?;
+            let calls = calls_of(&assistant);
+            let at = progress.added.messages.len();
             let tools_started = Instant::now();
             let turn = Turn {
                 rich_results: self.backend.takes_rich_results(),
@@ -260,7 +265,8 @@ impl Loop<'_, '_> {
                 summary: &mut progress.summary,
                 added: &mut progress.added,
             };
-            run_tool_calls(calls, turn, guest).await?;
+            run_tool_calls(&calls, turn, guest).await?;
+            progress.added.messages.insert(at, assistant);
             progress.metrics.latency_ms.tools += ms(tools_started.elapsed());
         }
     }
@@ -400,6 +406,27 @@ fn message_value(message: &AssistantMessage) -> Value {
     serde_json::to_value(message).unwrap_or_default()
 }
 
+/// A tool call of the assistant message a turn runs, read from that message.
+struct Call<'a> {
+    id: Option<&'a str>,
+    name: &'a str,
+    arguments: &'a str,
+}
+
+/// The calls of `message`, an [`AssistantMessage::into_value`] (whose calls' names and
+/// arguments are strings).
+fn calls_of(message: &Value) -> Vec<Call<'_>> {
+    let calls = message["tool_calls"].as_array().map_or(&[][..], Vec::as_slice);
+    calls
+        .iter()
+        .map(|call| Call {
+            id: call["id"].as_str(),
+            name: call["function"]["name"].as_str().unwrap_or_default(),
+            arguments: call["function"]["arguments"].as_str().unwrap_or_default(),
+        })
+        .collect()
+}
+
 /// Arguments for an MCP tool, with the charge for holding them.
 type McpArguments = (Map<String, Value>, Charge);
 
@@ -504,7 +531,7 @@ struct Turn<'a, 'c> {
 /// copied); one the budget cannot hold fails that call alone, and each is given back once
 /// cut for its message.
 async fn run_tool_calls<G: GuestTools>(
-    calls: &[ToolCall],
+    calls: &[Call<'_>],
     turn: Turn<'_, '_>,
     guest: &mut G,
 ) -> Result<(), HostcallError> {
@@ -533,11 +560,9 @@ async fn run_tool_calls<G: GuestTools>(
         .iter()
         .enumerate()
         .map(|(i, call)| {
-            let id = call
-                .id()
-                .map_or_else(|| format!("call_{i}"), str::to_owned);
-            let name = call.function.name.clone();
-            let raw = call.function.arguments.as_str();
+            let id = call.id.map_or_else(|| format!("call_{i}"), str::to_owned);
+            let name = call.name.to_owned();
+            let raw = call.arguments;
             let step = match tools.resolve(&name) {
                 Resolution::Route(Route::Guest { table_index }) => Step::Guest {
                     table_index: *table_index,
@@ -600,7 +625,7 @@ async fn run_tool_calls<G: GuestTools>(
                 let started = Instant::now();
                 let result = match args {
                     Ok((args, args_charge)) => {
-                        let raw = calls[i].function.arguments.as_bytes();
+                        let raw = calls[i].arguments.as_bytes();
                         let ended =
                             call::run(ctx.mcp, origin, entry, tool, *approval, args, raw).await;
                         drop(args_charge);
