@@ -1686,7 +1686,10 @@ async fn a_send_offers_only_what_the_policy_still_allows_after_it_changes() {
     let results = tool_results(&setup.llm.request(2));
     let error: Value = serde_json::from_str(&results[0].1).unwrap();
     assert_eq!(error["error"]["code"], "mcp_policy_denied", "{results:?}");
-    assert_eq!(emitted_json(&first, 0)["_spear"]["tool_calls"][0]["ok"], false);
+    assert_eq!(
+        emitted_json(&first, 0)["_spear"]["tool_calls"][0]["ok"],
+        false
+    );
 
     setup._registry.write(
         "fixture.toml",

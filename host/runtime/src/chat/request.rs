@@ -172,7 +172,11 @@ mod tests {
         let messages = [json!({"role": "user", "content": "hi"})];
         let rich = json!({"role": "tool", "tool_call_id": "a", "content": "x", RICH_CONTENT_FIELD: [{"type": "image"}]});
         let added = [rich.clone()];
-        let tools = [GuestTool::parse(1, r#"{"type": "function", "function": {"name": "f", "parameters": {}}}"#).unwrap()];
+        let tools = [GuestTool::parse(
+            1,
+            r#"{"type": "function", "function": {"name": "f", "parameters": {}}}"#,
+        )
+        .unwrap()];
         let mapped = json!({"type": "function", "function": {"name": "mcp__fs__read"}});
 
         let mut expected = upstream.clone();

@@ -169,7 +169,8 @@ pub(super) fn spear<'a>(
                 .take(MAX_DECISIONS_SHOWN)
                 .collect::<Vec<_>>()
         );
-        mcp["decisions_omitted"] = json!(tools.decisions().len().saturating_sub(MAX_DECISIONS_SHOWN));
+        mcp["decisions_omitted"] =
+            json!(tools.decisions().len().saturating_sub(MAX_DECISIONS_SHOWN));
     }
     Spear {
         backend: Some(backend),

@@ -416,7 +416,9 @@ struct Call<'a> {
 /// The calls of `message`, an [`AssistantMessage::into_value`] (whose calls' names and
 /// arguments are strings).
 fn calls_of(message: &Value) -> Vec<Call<'_>> {
-    let calls = message["tool_calls"].as_array().map_or(&[][..], Vec::as_slice);
+    let calls = message["tool_calls"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
     calls
         .iter()
         .map(|call| Call {

@@ -176,8 +176,9 @@ impl McpDefinition {
     /// What [`Self`] takes as a JSON value (its slot in the `tools` array included).
     fn value_cost(&self) -> u64 {
         let strings = |lens: &[usize]| {
-            lens.iter()
-                .fold(0u64, |sum, len| sum.saturating_add(heap::string(*len as u64)))
+            lens.iter().fold(0u64, |sum, len| {
+                sum.saturating_add(heap::string(*len as u64))
+            })
         };
         let description = self.description.as_ref().map_or(0, |d| d.len());
         heap::vec_slot::<Value>()
@@ -599,9 +600,10 @@ impl McpTools {
         if !all_listed {
             set.key.listings.clear();
         }
-        set.held = set.decisions.iter().fold(set.held, |sum, d| {
-            sum.saturating_add(decision_cost(d))
-        });
+        set.held = set
+            .decisions
+            .iter()
+            .fold(set.held, |sum, d| sum.saturating_add(decision_cost(d)));
         set.held = set.servers.iter().fold(set.held, |sum, s| {
             sum.saturating_add(heap::string(s.len() as u64))
         });

@@ -506,7 +506,11 @@ mod tests {
         for choice in &completion.choices {
             let moved = choice.message.clone().into_value();
             let serialised = serde_json::to_value(&choice.message).unwrap();
-            assert_eq!(moved.to_string(), serialised.to_string(), "same keys, same order");
+            assert_eq!(
+                moved.to_string(),
+                serialised.to_string(),
+                "same keys, same order"
+            );
         }
         let message = completion.message().unwrap();
         assert_eq!(message.tool_calls()[0].id(), Some("c1"));
