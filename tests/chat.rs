@@ -1653,3 +1653,50 @@ async fn a_redirect_from_the_model_api_is_never_followed() {
         seen.lock().unwrap()
     );
 }
+
+/// A task reuses the MCP half of its tool set from send to send only while what it was
+/// built from holds: after the session denies a tool, the next send neither offers it nor
+/// runs the model's call of it; after the registry drops the tool, a new task is not
+/// offered it.
+#[tokio::test]
+async fn a_send_offers_only_what_the_policy_still_allows_after_it_changes() {
+    let setup = setup(vec![
+        Reply::text("first"),
+        Reply::tool_calls([("d1", "mcp__fixture__add", json!({"a": 1, "b": 2}))]),
+        Reply::text("done"),
+        Reply::text("after the reload"),
+    ])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("user", "go")
+        .send(2)
+        .param("mcp.tool_denylist", json!(["add"]))
+        .send(2)
+        .recv();
+    let first = run(&setup, &guest).await;
+    let offered = |i: usize| tool_names(&setup.llm.request(i));
+    assert!(offered(0).contains(&"mcp__fixture__add".to_owned()));
+    assert!(offered(0).contains(&"mcp__fixture__echo".to_owned()));
+    assert!(
+        !offered(1).contains(&"mcp__fixture__add".to_owned()),
+        "a denied tool was offered from the last send's tool set: {:?}",
+        offered(1)
+    );
+    assert!(offered(1).contains(&"mcp__fixture__echo".to_owned()));
+    let results = tool_results(&setup.llm.request(2));
+    let error: Value = serde_json::from_str(&results[0].1).unwrap();
+    assert_eq!(error["error"]["code"], "mcp_policy_denied", "{results:?}");
+    assert_eq!(
+        emitted_json(&first, 0)["_spear"]["tool_calls"][0]["ok"],
+        false
+    );
+
+    setup._registry.write(
+        "fixture.toml",
+        &quiver_tests::fixture_toml("fixture", &["echo"], ""),
+    );
+    setup.host.reload_registry().unwrap();
+    run(&setup, &ChatGuest::new().msg("user", "again").send(2)).await;
+    assert!(!offered(3).contains(&"mcp__fixture__add".to_owned()));
+    assert!(offered(3).contains(&"mcp__fixture__echo".to_owned()));
+}

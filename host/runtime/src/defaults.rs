@@ -216,6 +216,11 @@ pub const GUEST_MEMORY_TOTAL_MIN: u64 = 1024 * 1024;
 /// result the model sees; 4 leaves room for a tool that runs a sub-conversation of its own.
 pub const MAX_GUEST_TOOL_NESTING: u32 = 4;
 
+/// The longest guest tool definition a task keeps after `cchat_write_fn` accepted it, so
+/// that writing the same definition again (in the next session) skips parsing and checking
+/// it. One is kept per task, uncharged, so this bounds what that costs.
+pub const MAX_REUSED_TOOL_DEFINITION_BYTES: usize = 4096;
+
 /// Fiber stacks the engine reserves for guest tool calls, as a percentage of the running
 /// slots, at least one. Each
 /// guest tool call runs on a stack of its own; the host hands these out with a permit, so

@@ -3,6 +3,8 @@
 //! through the [`GuestTools`] trait, so the loop never touches wasm. [`GuestTool`] is what
 //! `cchat_write_fn` registers.
 
+use std::sync::{Arc, Mutex};
+
 use quiver_abi::Errno;
 use serde_json::{Value, json};
 use wasmtime::Caller;
@@ -148,10 +150,36 @@ impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
 #[derive(Clone, Debug)]
 pub(crate) struct GuestTool {
     pub(crate) name: String,
-    /// `{"type": "function", "function": {...}}` as sent upstream.
-    pub(crate) definition: Value,
+    /// `{"type": "function", "function": {...}}` as sent upstream; shared by the copies of
+    /// a session and by the task's [`LastTool`].
+    pub(crate) definition: Arc<Value>,
     /// Index into the guest's funcref table.
     pub(crate) table_index: u32,
+}
+
+/// The last tool definition a task's `cchat_write_fn` accepted, as the guest wrote it and
+/// as checked, so a guest that registers the same tool in every session (as most do) has it
+/// parsed and checked once. Definitions above
+/// [`MAX_REUSED_TOOL_DEFINITION_BYTES`](defaults::MAX_REUSED_TOOL_DEFINITION_BYTES) are not
+/// kept.
+#[derive(Default)]
+pub(crate) struct LastTool(Mutex<Option<(Box<[u8]>, GuestTool)>>);
+
+impl LastTool {
+    /// The tool `text` defines if it is the last one accepted (its table index is the
+    /// caller's to set).
+    pub(crate) fn reuse(&self, text: &[u8]) -> Option<GuestTool> {
+        let last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let (_, tool) = last.as_ref().filter(|(kept, _)| **kept == *text)?;
+        Some(tool.clone())
+    }
+
+    /// Keeps `tool`, which `text` defines, unless `text` is too long to keep.
+    pub(crate) fn keep(&self, text: &[u8], tool: &GuestTool) {
+        if text.len() <= defaults::MAX_REUSED_TOOL_DEFINITION_BYTES {
+            *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((text.into(), tool.clone()));
+        }
+    }
 }
 
 /// OpenAI's rule for function names.
@@ -192,7 +220,7 @@ impl GuestTool {
         }
         Ok(Self {
             name: name.to_owned(),
-            definition: json!({"type": "function", "function": function}),
+            definition: Arc::new(json!({"type": "function", "function": function})),
             table_index,
         })
     }

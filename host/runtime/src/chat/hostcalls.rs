@@ -126,27 +126,36 @@ fn write_fn<T: ChatView>(
 ) -> Result<i32, HostcallError> {
     let task_id = caller.data_mut().sandbox().task_id.clone();
     let _span = tracing::debug_span!("cchat_write_fn", task_id = %task_id, fd, fn_offset).entered();
-    let (definition, _input) = {
+    let mut tool = {
         let (mem, state) = guest(caller)?;
         let budget = state.sandbox().budget.clone();
         session(state, fd)?;
         let text = mem.str(json_ptr, json_len)?;
-        budget
-            .parse_json("guest tool", text.as_bytes())
-            .map_err(|errno| match errno {
-                // A definition that is not JSON is a bad definition, as in SPEAR.
-                Errno::EIO => {
-                    tracing::info!("cchat_write_fn: the tool definition is not JSON");
+        let last = &state.chat().last_tool;
+        match last.reuse(text.as_bytes()) {
+            Some(tool) => tool,
+            None => {
+                let (definition, _input) = budget
+                    .parse_json("guest tool", text.as_bytes())
+                    .map_err(|errno| match errno {
+                        // A definition that is not JSON is a bad definition, as in SPEAR.
+                        Errno::EIO => {
+                            tracing::info!("cchat_write_fn: the tool definition is not JSON");
+                            Errno::EINVAL
+                        }
+                        other => other,
+                    })?;
+                let tool = GuestTool::from_json(0, definition).map_err(|reason| {
+                    tracing::info!(%reason, "cchat_write_fn: refused tool definition");
                     Errno::EINVAL
-                }
-                other => other,
-            })?
+                })?;
+                last.keep(text.as_bytes(), &tool);
+                tool
+            }
+        }
     };
     let table_index = u32::try_from(fn_offset).map_err(|_| Errno::EINVAL)?;
-    let tool = GuestTool::from_json(table_index, definition).map_err(|reason| {
-        tracing::info!(%reason, "cchat_write_fn: refused tool definition");
-        Errno::EINVAL
-    })?;
+    tool.table_index = table_index;
     if guest_callback(caller, table_index).is_none() {
         tracing::info!(
             table_index,

@@ -4,7 +4,8 @@
 //! A session holds what a guest built with `cchat_*`: messages, params (some consumed by
 //! the host, the rest forwarded upstream), its own tools and its MCP settings, which can
 //! only narrow the task's. `cchat_send` runs [`run::send`]: it builds the tool set once
-//! (guest tools plus the MCP tools the session may use, from the pool's cache), asks the
+//! (guest tools plus the MCP tools the session may use, from the pool's cache; the MCP
+//! half is the task's last one while nothing it was built from changed), asks the
 //! backend (whose answer is read as the [`wire`] types), runs the tool calls the model makes through the session's own name map, and
 //! loops until the model answers or a budget is hit. Guest tools are called through a
 //! [`GuestTools`] implementation the ABI layer provides, so this module never touches

@@ -8,6 +8,7 @@ use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Value};
 
 use super::llm::RICH_CONTENT_FIELD;
+use super::tools::Definitions;
 use crate::sandbox::{Charge, heap};
 
 /// The body: forwarded params (a forced `tool_choice` mapped to the offered name), then
@@ -20,7 +21,7 @@ pub(super) struct RequestBody<'a> {
     pub(super) model: &'a str,
     pub(super) messages: &'a [Value],
     pub(super) added: &'a [Value],
-    pub(super) tools: &'a [Value],
+    pub(super) tools: Definitions<'a>,
     /// Leave out the tool messages' image parts: a wire that cannot carry them would refuse
     /// them as unknown fields.
     pub(super) plain: bool,
@@ -38,7 +39,7 @@ impl Serialize for RequestBody<'_> {
         map.serialize_entry("model", self.model)?;
         map.serialize_entry("messages", &Messages(self))?;
         if !self.tools.is_empty() {
-            map.serialize_entry("tools", self.tools)?;
+            map.serialize_entry("tools", &self.tools)?;
         }
         map.end()
     }
@@ -143,13 +144,14 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::chat::GuestTool;
     use crate::sandbox::MemoryBudget;
 
     fn body<'a>(
         upstream: &'a Map<String, Value>,
         messages: &'a [Value],
         added: &'a [Value],
-        tools: &'a [Value],
+        tools: &'a [GuestTool],
         plain: bool,
     ) -> RequestBody<'a> {
         RequestBody {
@@ -158,7 +160,7 @@ mod tests {
             model: "m",
             messages,
             added,
-            tools,
+            tools: tools.into(),
             plain,
         }
     }
@@ -170,13 +172,17 @@ mod tests {
         let messages = [json!({"role": "user", "content": "hi"})];
         let rich = json!({"role": "tool", "tool_call_id": "a", "content": "x", RICH_CONTENT_FIELD: [{"type": "image"}]});
         let added = [rich.clone()];
-        let tools = [json!({"type": "function", "function": {"name": "f", "parameters": {}}})];
+        let tools = [GuestTool::parse(
+            1,
+            r#"{"type": "function", "function": {"name": "f", "parameters": {}}}"#,
+        )
+        .unwrap()];
         let mapped = json!({"type": "function", "function": {"name": "mcp__fs__read"}});
 
         let mut expected = upstream.clone();
         expected.insert("model".into(), json!("m"));
         expected.insert("messages".into(), json!([messages[0], rich]));
-        expected.insert("tools".into(), json!(tools));
+        expected.insert("tools".into(), json!([*tools[0].definition]));
         expected.insert("tool_choice".into(), mapped.clone());
         let mut built = body(upstream, &messages, &added, &tools, false);
         built.tool_choice = Some(mapped);

@@ -157,19 +157,20 @@ pub(super) fn spear<'a>(
     model: &'a str,
     metrics: &Metrics,
     summary: &'a [Value],
-    tools: &ToolSet,
+    tools: &ToolSet<'_>,
     decision_log: bool,
 ) -> Spear<'a> {
-    let mut mcp = json!({"servers": tools.servers});
+    let mut mcp = json!({"servers": tools.servers()});
     if decision_log {
         mcp["decisions"] = json!(
             tools
-                .decisions
+                .decisions()
                 .iter()
                 .take(MAX_DECISIONS_SHOWN)
                 .collect::<Vec<_>>()
         );
-        mcp["decisions_omitted"] = json!(tools.decisions.len().saturating_sub(MAX_DECISIONS_SHOWN));
+        mcp["decisions_omitted"] =
+            json!(tools.decisions().len().saturating_sub(MAX_DECISIONS_SHOWN));
     }
     Spear {
         backend: Some(backend),

@@ -24,7 +24,7 @@ use super::results::{
 use super::session::message_cost;
 use super::spans;
 use super::tools::{Resolution, Route, ToolSet};
-use super::wire::{AssistantMessage, ChatCompletion, ToolCall};
+use super::wire::{AssistantMessage, ChatCompletion};
 use super::{ChatResponse, ChatSession, Metrics};
 use crate::defaults;
 use crate::mcp::call::{self, Ended, Origin};
@@ -150,14 +150,13 @@ pub(crate) async fn send<G: GuestTools>(
         .model
         .clone()
         .unwrap_or_else(|| backend.default_model().to_owned());
-    let (tools, tools_charge) = charged_tool_set(session, ctx).await?;
+    let (tools, _tools_charge) = charged_tool_set(session, ctx).await?;
     let send = Loop {
         session,
         ctx,
         backend: &backend,
         model: &model,
         tools: &tools,
-        tools_charge: &tools_charge,
         auto_tool_call,
     };
     let outcome = send.run(&mut progress, guest).await?;
@@ -175,26 +174,20 @@ pub(crate) async fn send<G: GuestTools>(
     Ok(finish(body, progress, started, ctx.budget)?)
 }
 
-/// The send's tool set (the guest tools' definitions copied, the MCP tools' added), charged
-/// to the budget; every policy decision behind it is logged.
-async fn charged_tool_set(
-    session: &ChatSession,
+/// The send's tool set, charged to the budget for what it holds beyond the session; every
+/// policy decision behind it is logged.
+async fn charged_tool_set<'s>(
+    session: &'s ChatSession,
     ctx: &SendContext<'_>,
-) -> Result<(ToolSet, Charge), HostcallError> {
-    let mut charge = ctx
-        .budget
-        .charge("cchat_send tool set", session.tools_bytes())?;
+) -> Result<(ToolSet<'s>, Charge), HostcallError> {
     let tools = ToolSet::build(session, ctx.mcp).await;
-    charge.resize(
-        tools
-            .definitions
-            .iter()
-            .fold(0u64, |sum, d| sum.saturating_add(message_cost(d))),
-    )?;
-    for decision in &tools.decisions {
-        tracing::info!(task_id = ctx.task_id, session_fd = ctx.session_fd, server_id = %decision.server_id, tool = decision.tool.as_deref(), reason = ?decision.reason, detail = %decision.detail, "MCP policy decision");
+    let charge = ctx.budget.charge("cchat_send tool set", tools.held())?;
+    if tracing::enabled!(tracing::Level::INFO) {
+        for decision in tools.decisions() {
+            tracing::info!(task_id = ctx.task_id, session_fd = ctx.session_fd, server_id = %decision.server_id, tool = decision.tool.as_deref(), reason = ?decision.reason, detail = %decision.detail, "MCP policy decision");
+        }
     }
-    if session.mcp.enabled && tools.servers.is_empty() && !session.mcp.server_ids.is_empty() {
+    if session.mcp.enabled && tools.servers().is_empty() && !session.mcp.server_ids.is_empty() {
         tracing::warn!(
             task_id = ctx.task_id,
             session_fd = ctx.session_fd,
@@ -210,8 +203,7 @@ struct Loop<'a, 'c> {
     ctx: &'a SendContext<'c>,
     backend: &'a Backend,
     model: &'a str,
-    tools: &'a ToolSet,
-    tools_charge: &'a Charge,
+    tools: &'a ToolSet<'a>,
     auto_tool_call: bool,
 }
 
@@ -264,7 +256,14 @@ impl Loop<'_, '_> {
                 return Ok(Err(SendError::limit(limit, max, completion)));
             }
             total_calls += wanted;
-            progress.added.push(message_value(message))?;
+            // Done with the answer: its message moves into the session as is (charged
+            // first), and the turn reads its calls from there.
+            let assistant = completion.into_message().unwrap_or_default().into_value();
+            progress.added.charge.grow(message_cost(&assistant))?;
+            // The rest of the answer is gone; the message is the session's charge now.
+            progress.answer = None;
+            let calls = calls_of(&assistant);
+            let at = progress.added.messages.len();
             let tools_started = Instant::now();
             let turn = Turn {
                 rich_results: self.backend.takes_rich_results(),
@@ -275,7 +274,8 @@ impl Loop<'_, '_> {
                 summary: &mut progress.summary,
                 added: &mut progress.added,
             };
-            run_tool_calls(calls, turn, guest).await?;
+            run_tool_calls(&calls, turn, guest).await?;
+            progress.added.messages.insert(at, assistant);
             progress.metrics.latency_ms.tools += ms(tools_started.elapsed());
         }
     }
@@ -298,7 +298,7 @@ impl Loop<'_, '_> {
             model: self.model,
             messages: &session.messages,
             added: &progress.added.messages,
-            tools: &tools.definitions,
+            tools: tools.definitions(),
             plain: backend.drops_rich_results(),
         };
         let mut request_charge = ctx.budget.empty("cchat_send request");
@@ -307,11 +307,12 @@ impl Loop<'_, '_> {
             let body = Payload::Json(json.into());
             self.request(body, &mut progress.metrics).await
         } else {
+            // The session (its guest tools' definitions included), what the send added and
+            // the MCP tools' definitions, copied into the value.
             let copied = session
                 .charged_bytes()
-                .saturating_sub(session.tools_bytes())
                 .saturating_add(progress.added.charge.bytes())
-                .saturating_add(self.tools_charge.bytes());
+                .saturating_add(tools.mcp_value_cost());
             request_charge.grow(copied.saturating_add(REQUEST_OVERHEAD))?;
             let value = serde_json::to_value(&body).unwrap_or_default();
             // The backend serialises what it translates this into.
@@ -419,6 +420,29 @@ fn message_value(message: &AssistantMessage) -> Value {
     serde_json::to_value(message).unwrap_or_default()
 }
 
+/// A tool call of the assistant message a turn runs, read from that message.
+struct Call<'a> {
+    id: Option<&'a str>,
+    name: &'a str,
+    arguments: &'a str,
+}
+
+/// The calls of `message`, an [`AssistantMessage::into_value`] (whose calls' names and
+/// arguments are strings).
+fn calls_of(message: &Value) -> Vec<Call<'_>> {
+    let calls = message["tool_calls"]
+        .as_array()
+        .map_or(&[][..], Vec::as_slice);
+    calls
+        .iter()
+        .map(|call| Call {
+            id: call["id"].as_str(),
+            name: call["function"]["name"].as_str().unwrap_or_default(),
+            arguments: call["function"]["arguments"].as_str().unwrap_or_default(),
+        })
+        .collect()
+}
+
 /// Arguments for an MCP tool, with the charge for holding them.
 type McpArguments = (Map<String, Value>, Charge);
 
@@ -509,7 +533,7 @@ type ToolResults = Vec<Option<(Result<(String, Vec<Image>), ToolFailure>, Durati
 struct Turn<'a, 'c> {
     /// The backend sends images of MCP results to the model, so tool messages keep them.
     rich_results: bool,
-    tools: &'a ToolSet,
+    tools: &'a ToolSet<'a>,
     session: &'a ChatSession,
     ctx: &'a SendContext<'c>,
     metrics: &'a mut Metrics,
@@ -523,7 +547,7 @@ struct Turn<'a, 'c> {
 /// copied); one the budget cannot hold fails that call alone, and each is given back once
 /// cut for its message.
 async fn run_tool_calls<G: GuestTools>(
-    calls: &[ToolCall],
+    calls: &[Call<'_>],
     turn: Turn<'_, '_>,
     guest: &mut G,
 ) -> Result<(), HostcallError> {
@@ -552,11 +576,9 @@ async fn run_tool_calls<G: GuestTools>(
         .iter()
         .enumerate()
         .map(|(i, call)| {
-            let id = call
-                .id()
-                .map_or_else(|| format!("call_{i}"), str::to_owned);
-            let name = call.function.name.clone();
-            let raw = call.function.arguments.as_str();
+            let id = call.id.map_or_else(|| format!("call_{i}"), str::to_owned);
+            let name = call.name.to_owned();
+            let raw = call.arguments;
             let step = match tools.resolve(&name) {
                 Resolution::Route(Route::Guest { table_index }) => Step::Guest {
                     table_index: *table_index,
@@ -619,7 +641,7 @@ async fn run_tool_calls<G: GuestTools>(
                 let started = Instant::now();
                 let result = match args {
                     Ok((args, args_charge)) => {
-                        let raw = calls[i].function.arguments.as_bytes();
+                        let raw = calls[i].arguments.as_bytes();
                         let ended =
                             call::run(ctx.mcp, origin, entry, tool, *approval, args, raw).await;
                         drop(args_charge);

@@ -30,6 +30,8 @@ pub struct ChatTask {
     pub guest_tool_stacks: Arc<tokio::sync::Semaphore>,
     /// The host's metrics, which the chat loop adds LLM use and budget hits to.
     pub metrics: crate::observe::Metrics,
+    /// The last guest tool definition the task wrote, parsed and checked.
+    pub(crate) last_tool: super::guest_tools::LastTool,
 }
 
 /// Store data through which the `cchat_*` hostcalls reach their task state and fds.
@@ -53,9 +55,7 @@ pub struct SessionContent {
     pub(crate) settings: Settings,
     pub(crate) mcp: SessionMcp,
     pub(crate) guest_tools: Vec<GuestTool>,
-    /// The part of `charge` that is guest tools (a send copies them into its tool set).
-    tools_bytes: u64,
-    /// Everything above that a guest grew.
+    /// Everything above, charged as a guest grew it.
     charge: Charge,
 }
 
@@ -94,11 +94,6 @@ impl SessionContent {
         self.charge.bytes()
     }
 
-    /// Bytes charged for the guest tools alone.
-    pub(crate) fn tools_bytes(&self) -> u64 {
-        self.tools_bytes
-    }
-
     /// A copy, charged as much again.
     fn try_clone(&self) -> Result<Self, Errno> {
         Ok(Self {
@@ -108,7 +103,6 @@ impl SessionContent {
             settings: self.settings.clone(),
             mcp: self.mcp.clone(),
             guest_tools: self.guest_tools.clone(),
-            tools_bytes: self.tools_bytes,
         })
     }
 }
@@ -123,7 +117,6 @@ impl ChatSession {
                 settings: Settings::default(),
                 mcp: SessionMcp::from_task(task),
                 guest_tools: Vec::new(),
-                tools_bytes: 0,
                 charge: budget.empty("chat session"),
             }),
             sending: None,
@@ -176,10 +169,6 @@ impl ChatSession {
         let freed = replaced.map_or(0, |i| content.guest_tools[i].cost());
         content.charge.grow(cost.saturating_sub(freed))?;
         content.charge.shrink(freed.saturating_sub(cost));
-        content.tools_bytes = content
-            .tools_bytes
-            .saturating_sub(freed)
-            .saturating_add(cost);
         match replaced {
             Some(i) => content.guest_tools[i] = tool,
             None => content.guest_tools.push(tool),
@@ -363,7 +352,7 @@ mod tests {
                 .unwrap();
         }
         assert!(budget.used() < 100_000, "{}", budget.used());
-        assert_eq!(session.tools_bytes(), session.guest_tools[0].cost());
+        assert_eq!(session.guest_tools.len(), 1, "replaced, not added");
     }
 
     #[test]

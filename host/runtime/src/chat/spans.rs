@@ -34,6 +34,10 @@ pub(super) fn model_request(backend: &Backend, model: &str) -> tracing::Span {
 
 /// What the backend answered: its model, id, finish reasons and token usage.
 pub(super) fn record_reply(span: &tracing::Span, reply: &ChatCompletion) {
+    // Nothing listens: skip cutting texts and encoding the finish reasons.
+    if span.is_disabled() {
+        return;
+    }
     let text = |key: &str| {
         reply
             .rest

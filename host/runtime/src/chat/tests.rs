@@ -223,7 +223,7 @@ proptest! {
 
     #[test]
     fn nothing_outside_every_layer_is_offered_or_executed(case in case()) {
-        let registry = case.registry();
+        let registry = Arc::new(case.registry());
         let task = case.task();
         let session = case.session(&task);
         let request = crate::chat::tools::session_request(&session);
@@ -232,7 +232,8 @@ proptest! {
         let tools = ToolSet::assemble(&session, &registry, effective, listings, false);
 
         // Offered: exactly what every layer allows.
-        let offered: Vec<String> = tools.definitions.iter().map(|d| d["function"]["name"].as_str().unwrap().to_owned()).collect();
+        let definitions = serde_json::to_value(tools.definitions()).unwrap();
+        let offered: Vec<String> = definitions.as_array().unwrap().iter().map(|d| d["function"]["name"].as_str().unwrap().to_owned()).collect();
         for server in SERVERS {
             for tool in TOOLS {
                 let name = format!("mcp__{server}__{tool}");

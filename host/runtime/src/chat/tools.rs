@@ -6,17 +6,22 @@
 //!
 //! [`Grant::check_call`]: crate::policy::Grant::check_call
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
+use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
-use super::ChatSession;
+use super::{ChatSession, GuestTool};
 use crate::approval;
 use crate::mcp::{McpError, McpErrorCode, McpTask, Tool};
-use crate::policy::{self, Approval, Decision, Denial, Effective, Reason, SessionRequest};
+use crate::policy::{
+    self, Approval, Decision, Denial, Effective, Narrowing, Reason, SessionRequest,
+};
 use crate::registry::{Registry, ServerEntry};
+use crate::sandbox::heap;
 
 /// Where a model-facing tool name leads.
 #[derive(Clone, Debug)]
@@ -44,19 +49,175 @@ pub(crate) enum Resolution<'a> {
     Unknown,
 }
 
-/// The tools offered in one send, and the name map used to route the model's calls.
-pub(crate) struct ToolSet {
-    pub(crate) definitions: Vec<Value>,
+/// The tools offered in one send, and the name map used to route the model's calls: the
+/// session's guest tools (borrowed) and the MCP half, which a task reuses from send to send
+/// while nothing it was built from changes ([`McpTools`]).
+pub(crate) struct ToolSet<'s> {
+    guest: &'s [GuestTool],
+    guest_routes: Vec<(&'s str, Route)>,
+    mcp: Arc<McpTools>,
+}
+
+/// The MCP half of a send's tool set: each granted server's offered tools, their routes and
+/// the decision log, built from the registry snapshot, the task's and the session's policy,
+/// each server's listing, the guest tools' names (which MCP names must not take) and
+/// whether the host has an approver. [`ToolSet::build`] reuses it only while all of these
+/// are the same, so a tool the policy no longer offers is never served from it.
+pub(crate) struct McpTools {
+    key: McpKey,
+    definitions: Vec<McpDefinition>,
     routes: HashMap<String, Route>,
     /// (server id, MCP-native tool) → model-facing name.
     mcp_names: HashMap<(String, String), String>,
     /// `<tool_namespace>.<tool>` → model-facing name, for names written the dotted way.
     namespaced: HashMap<String, String>,
-    registry_ids: HashSet<String>,
     /// MCP servers whose tools were offered.
-    pub(crate) servers: Vec<String>,
+    servers: Vec<String>,
     /// The decision log: every requested server and listed tool left out, and why.
-    pub(crate) decisions: Vec<Decision>,
+    decisions: Vec<Decision>,
+    /// What the names, routes and decisions above hold (the schemas are the listing's).
+    held: u64,
+    /// What the definitions take as JSON values, for a backend that translates a body.
+    value_cost: u64,
+}
+
+/// What an [`McpTools`] was built from. The registry and the listings are kept (not just
+/// their addresses), so a new snapshot or listing can never reuse an old one's address.
+struct McpKey {
+    registry: Arc<Registry>,
+    enabled: bool,
+    server_ids: Vec<String>,
+    narrowing: Narrowing,
+    guest_names: Vec<String>,
+    approver: bool,
+    /// The granted servers, in grant order, with the listing each was offered from and the
+    /// tools that listing left out.
+    entries: Vec<Arc<ServerEntry>>,
+    listings: Vec<Arc<[Tool]>>,
+    left_out: Vec<Arc<[(String, String)]>>,
+}
+
+impl McpKey {
+    /// Whether the policy side (registry, session, guest names, approver) is the same, so
+    /// the grants are too.
+    fn asks_like(&self, session: &ChatSession, mcp: &McpTask, approver: bool) -> bool {
+        Arc::ptr_eq(&self.registry, &mcp.registry)
+            && self.approver == approver
+            && self.enabled == session.mcp.enabled
+            && self.server_ids == session.mcp.server_ids
+            && self.narrowing == session.mcp.narrowing
+            && self
+                .guest_names
+                .iter()
+                .map(String::as_str)
+                .eq(session.guest_tools.iter().map(|t| t.name.as_str()))
+    }
+
+    /// Whether each server lists, and leaves out, what it did when this was built.
+    fn lists_like(&self, listings: &[Listed]) -> bool {
+        self.listings.len() == listings.len()
+            && self.listings.iter().zip(&self.left_out).zip(listings).all(
+                |((listing, left_out), (now, now_left_out))| {
+                    now.as_ref().is_ok_and(|now| Arc::ptr_eq(listing, now))
+                        && (Arc::ptr_eq(left_out, now_left_out) || left_out[..] == now_left_out[..])
+                },
+            )
+    }
+}
+
+/// A task's last [`McpTools`], kept in its [`McpTask`] for the next send.
+#[derive(Default)]
+pub(crate) struct ToolCache(Mutex<Option<Arc<McpTools>>>);
+
+impl ToolCache {
+    fn get(&self) -> Option<Arc<McpTools>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn set(&self, tools: Arc<McpTools>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(tools);
+    }
+}
+
+/// A server's listing (from the pool's cache) and what it left out.
+type Listed = (Result<Arc<[Tool]>, McpError>, Arc<[(String, String)]>);
+
+/// An offered MCP tool's definition, `{"type": "function", "function": {"name",
+/// "parameters", "description"?}}` when serialised; its schema is the listing's, shared.
+struct McpDefinition {
+    name: String,
+    parameters: Arc<Map<String, Value>>,
+    description: Option<Cow<'static, str>>,
+}
+
+impl Serialize for McpDefinition {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        struct Function<'a>(&'a McpDefinition);
+        impl Serialize for Function<'_> {
+            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                let d = self.0;
+                let mut map = serializer.serialize_map(None)?;
+                map.serialize_entry("name", &d.name)?;
+                map.serialize_entry("parameters", &*d.parameters)?;
+                if let Some(description) = &d.description {
+                    map.serialize_entry("description", description)?;
+                }
+                map.end()
+            }
+        }
+        let mut map = serializer.serialize_map(Some(2))?;
+        map.serialize_entry("type", "function")?;
+        map.serialize_entry("function", &Function(self))?;
+        map.end()
+    }
+}
+
+impl McpDefinition {
+    /// What [`Self`] takes as a JSON value (its slot in the `tools` array included).
+    fn value_cost(&self) -> u64 {
+        let strings = |lens: &[usize]| {
+            lens.iter().fold(0u64, |sum, len| {
+                sum.saturating_add(heap::string(*len as u64))
+            })
+        };
+        let description = self.description.as_ref().map_or(0, |d| d.len());
+        heap::vec_slot::<Value>()
+            .saturating_add(heap::object(2).saturating_mul(2))
+            .saturating_add(strings(&[4, 8, 8, 4, self.name.len(), 10, 11, description]))
+            .saturating_add(heap::map(&self.parameters))
+    }
+}
+
+/// The `tools` of a request: the guest tools' definitions, then the MCP tools'.
+#[derive(Clone, Copy)]
+pub(crate) struct Definitions<'a> {
+    pub(super) guest: &'a [GuestTool],
+    mcp: &'a [McpDefinition],
+}
+
+impl Definitions<'_> {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.guest.is_empty() && self.mcp.is_empty()
+    }
+}
+
+impl<'a> From<&'a [GuestTool]> for Definitions<'a> {
+    fn from(guest: &'a [GuestTool]) -> Self {
+        Self { guest, mcp: &[] }
+    }
+}
+
+impl Serialize for Definitions<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.guest.len() + self.mcp.len()))?;
+        for tool in self.guest {
+            seq.serialize_element(&*tool.definition)?;
+        }
+        for definition in self.mcp {
+            seq.serialize_element(definition)?;
+        }
+        seq.end()
+    }
 }
 
 /// The name the model sees for `tool` of the server with `namespace` (its registry
@@ -99,22 +260,209 @@ pub(crate) fn session_request(session: &ChatSession) -> SessionRequest<'_> {
     }
 }
 
-impl ToolSet {
+/// Each server's listing from the pool's cache, and what it left out.
+async fn list(entries: &[Arc<ServerEntry>], mcp: &McpTask) -> Vec<Listed> {
+    let listings = futures::future::join_all(
+        entries
+            .iter()
+            .map(|entry| mcp.pool.list_tools(entry, mcp.principal())),
+    )
+    .await;
+    listings
+        .into_iter()
+        .zip(entries)
+        .map(|(listed, entry)| (listed, mcp.pool.left_out(entry, mcp.principal())))
+        .collect()
+}
+
+impl<'s> ToolSet<'s> {
     /// Guest tools plus the MCP tools the effective policy grants. Listing comes from the
-    /// pool's cache; a server that cannot list is left out with its reason.
-    pub(crate) async fn build(session: &ChatSession, mcp: &McpTask) -> Self {
+    /// pool's cache; a server that cannot list is left out with its reason. The MCP half is
+    /// the task's last one when everything it depends on is the same.
+    pub(crate) async fn build(session: &'s ChatSession, mcp: &McpTask) -> Self {
+        let approver = mcp.approvals.configured();
+        if let Some(cached) = mcp.chat_tools.get()
+            && cached.key.asks_like(session, mcp, approver)
+            && cached.key.lists_like(&list(&cached.key.entries, mcp).await)
+        {
+            return Self::new(&session.guest_tools, cached);
+        }
         let effective = policy::effective(&mcp.registry, &mcp.policy, &session_request(session));
-        let listings = futures::future::join_all(
-            effective
-                .servers
-                .iter()
-                .map(|grant| mcp.pool.list_tools(&grant.entry, mcp.principal())),
-        )
-        .await;
-        let mut effective = effective;
-        for grant in &effective.servers {
+        let entries: Vec<_> = effective.servers.iter().map(|g| g.entry.clone()).collect();
+        let listed = list(&entries, mcp).await;
+        let mut half = McpTools::assemble(session, &mcp.registry, effective, listed, approver);
+        if half.key.listings.len() == entries.len() {
+            // Every server listed: worth keeping (a failure is retried next send).
+            half.key.entries = entries;
+            let half = Arc::new(half);
+            mcp.chat_tools.set(half.clone());
+            return Self::new(&session.guest_tools, half);
+        }
+        Self::new(&session.guest_tools, Arc::new(half))
+    }
+
+    fn new(guest: &'s [GuestTool], mcp: Arc<McpTools>) -> Self {
+        let guest_routes = guest
+            .iter()
+            .map(|t| {
+                let route = Route::Guest {
+                    table_index: t.table_index,
+                };
+                (t.name.as_str(), route)
+            })
+            .collect();
+        Self {
+            guest,
+            guest_routes,
+            mcp,
+        }
+    }
+
+    /// [`McpTools::assemble`] with the session's guest tools.
+    #[cfg(test)]
+    pub(crate) fn assemble(
+        session: &'s ChatSession,
+        registry: &Arc<Registry>,
+        effective: Effective,
+        listings: Vec<Result<Arc<[Tool]>, McpError>>,
+        approver: bool,
+    ) -> Self {
+        let listed = listings.into_iter().map(|l| (l, Arc::from([]))).collect();
+        let half = McpTools::assemble(session, registry, effective, listed, approver);
+        Self::new(&session.guest_tools, Arc::new(half))
+    }
+
+    /// The `tools` of a request.
+    pub(crate) fn definitions(&self) -> Definitions<'_> {
+        Definitions {
+            guest: self.guest,
+            mcp: &self.mcp.definitions,
+        }
+    }
+
+    /// MCP servers whose tools were offered.
+    pub(crate) fn servers(&self) -> &[String] {
+        &self.mcp.servers
+    }
+
+    /// The decision log: every requested server and listed tool left out, and why.
+    pub(crate) fn decisions(&self) -> &[Decision] {
+        &self.mcp.decisions
+    }
+
+    /// What the send holds for its tool set beyond the session (the MCP half's names,
+    /// routes and decisions; the guest tools are the session's).
+    pub(crate) fn held(&self) -> u64 {
+        self.mcp.held
+    }
+
+    /// What the MCP tools' definitions take as JSON values (the guest tools' are in the
+    /// session's charge).
+    pub(crate) fn mcp_value_cost(&self) -> u64 {
+        self.mcp.value_cost
+    }
+
+    fn route(&self, name: &str) -> Option<&Route> {
+        self.guest_routes
+            .iter()
+            .find(|(guest, _)| *guest == name)
+            .map(|(_, route)| route)
+            .or_else(|| self.mcp.routes.get(name))
+    }
+
+    /// The offered name a name the model or guest used stands for: itself if offered, else
+    /// the offered name of `<tool_namespace>.<tool>`, `mcp.<server_id>.<tool>` or
+    /// `mcp__<server_id>__<tool>`.
+    pub(crate) fn offered_name<'a>(&'a self, name: &'a str) -> Option<&'a str> {
+        if self.route(name).is_some() {
+            return Some(name);
+        }
+        if let Some((server_id, tool)) = split_server_tool(name)
+            && let Some(offered) = self
+                .mcp
+                .mcp_names
+                .get(&(server_id.to_owned(), tool.to_owned()))
+        {
+            return Some(offered);
+        }
+        self.mcp.namespaced.get(name).map(String::as_str)
+    }
+
+    /// The model-facing names offered for `server_id`'s tools, sorted.
+    pub(crate) fn offered_for(&self, server_id: &str) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .mcp
+            .mcp_names
+            .iter()
+            .filter(|((server, _), _)| server == server_id)
+            .map(|(_, name)| name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// A forced `tool_choice` naming a tool the way a guest knows it (`mcp.<server>.<tool>`,
+    /// the namespaced form, or the `mcp__` form) rewritten to the name actually offered;
+    /// `None` when it needs no change.
+    pub(crate) fn map_tool_choice(&self, choice: &Value) -> Option<Value> {
+        let name = choice["function"]["name"].as_str()?;
+        let offered = self.offered_name(name)?;
+        (offered != name).then(|| {
+            let mut mapped = choice.clone();
+            mapped["function"]["name"] = json!(offered);
+            mapped
+        })
+    }
+
+    /// Routes a name the model used: an offered name, or one of the forms
+    /// [`offered_name`](Self::offered_name) maps. Nothing else runs.
+    pub(crate) fn resolve(&self, name: &str) -> Resolution<'_> {
+        if let Some(route) = self.offered_name(name).and_then(|o| self.route(o)) {
+            return Resolution::Route(route);
+        }
+        let Some((server_id, tool)) = split_server_tool(name) else {
+            return Resolution::Unknown;
+        };
+        if self.mcp.key.registry.get(server_id).is_none() {
+            return Resolution::Unknown;
+        }
+        let (reason, why) = self
+            .decisions()
+            .iter()
+            .find(|d| d.server_id == server_id && d.tool.as_deref().is_none_or(|t| t == tool))
+            .map_or_else(
+                || {
+                    let why = "the session does not enable this server (mcp.server_ids)";
+                    (Reason::NotInSession, why.to_owned())
+                },
+                |d| (d.reason, d.to_string()),
+            );
+        Resolution::Denied {
+            server_id: server_id.to_owned(),
+            tool: tool.to_owned(),
+            reason,
+            why,
+        }
+    }
+}
+
+impl McpTools {
+    /// The pure part of [`ToolSet::build`]: names, definitions and the decision log from the
+    /// effective policy and each granted server's listing and what it left out (in grant
+    /// order); `approver`: whether the host can approve calls. Its key records the listings
+    /// only when every server listed.
+    fn assemble(
+        session: &ChatSession,
+        registry: &Arc<Registry>,
+        mut effective: Effective,
+        listed: Vec<Listed>,
+        approver: bool,
+    ) -> Self {
+        let guest_names: Vec<String> = session.guest_tools.iter().map(|t| t.name.clone()).collect();
+        let mut taken: HashSet<String> = guest_names.iter().cloned().collect();
+        for (grant, (_, left_out)) in effective.servers.iter().zip(&listed) {
             let server_id = grant.entry.server_id();
-            for (tool, detail) in mcp.pool.left_out(&grant.entry, mcp.principal()).iter() {
+            for (tool, detail) in left_out.iter() {
                 effective.decisions.push(Decision {
                     server_id: server_id.to_owned(),
                     tool: Some(tool.clone()),
@@ -123,53 +471,34 @@ impl ToolSet {
                 });
             }
         }
-        let approver = mcp.approvals.configured();
-        Self::assemble(session, &mcp.registry, effective, listings, approver)
-    }
-
-    /// The pure part of [`build`](Self::build): names, definitions and the decision log from
-    /// the effective policy and each granted server's listing (in grant order); `approver`:
-    /// whether the host can approve calls.
-    pub(crate) fn assemble(
-        session: &ChatSession,
-        registry: &Registry,
-        effective: Effective,
-        listings: Vec<Result<Arc<[Tool]>, McpError>>,
-        approver: bool,
-    ) -> Self {
-        let mut set = ToolSet {
-            definitions: session
-                .guest_tools
-                .iter()
-                .map(|t| t.definition.clone())
-                .collect(),
-            routes: session
-                .guest_tools
-                .iter()
-                .map(|t| {
-                    (
-                        t.name.clone(),
-                        Route::Guest {
-                            table_index: t.table_index,
-                        },
-                    )
-                })
-                .collect(),
+        let mut set = McpTools {
+            key: McpKey {
+                registry: registry.clone(),
+                enabled: session.mcp.enabled,
+                server_ids: session.mcp.server_ids.clone(),
+                narrowing: session.mcp.narrowing.clone(),
+                guest_names,
+                approver,
+                entries: Vec::new(),
+                listings: Vec::new(),
+                left_out: Vec::new(),
+            },
+            definitions: Vec::new(),
+            routes: HashMap::new(),
             mcp_names: HashMap::new(),
             namespaced: HashMap::new(),
-            registry_ids: registry
-                .servers()
-                .map(|s| s.server_id().to_owned())
-                .collect(),
             servers: Vec::new(),
             decisions: effective.decisions,
+            held: 0,
+            value_cost: 0,
         };
-        let mut taken: HashSet<String> = set.routes.keys().cloned().collect();
-        for (grant, listed) in effective.servers.into_iter().zip(listings) {
+        let mut all_listed = true;
+        for (grant, (listed, left_out)) in effective.servers.into_iter().zip(listed) {
             let server_id = grant.entry.server_id().to_owned();
             let tools = match listed {
                 Ok(tools) => tools,
                 Err(error) => {
+                    all_listed = false;
                     let reason = if error.code == McpErrorCode::Timeout {
                         Reason::ListTimeout
                     } else {
@@ -223,22 +552,20 @@ impl ToolSet {
                 let namespace = &grant.entry.record.tool_namespace;
                 let name = mcp_model_name(namespace, &server_id, &tool.name, &taken);
                 taken.insert(name.clone());
-                // Built as values: `json!` would serialise the schema's clone, and then the
-                // whole function, into further copies.
-                let mut function = Map::from_iter([
-                    ("name".to_owned(), Value::from(name.as_str())),
-                    (
-                        "parameters".to_owned(),
-                        Value::Object((*tool.input_schema).clone()),
-                    ),
-                ]);
-                if let Some(description) = &tool.description {
-                    function.insert("description".into(), Value::from(description.as_ref()));
-                }
-                set.definitions.push(Value::Object(Map::from_iter([
-                    ("type".to_owned(), Value::from("function")),
-                    ("function".to_owned(), Value::Object(function)),
-                ])));
+                let definition = McpDefinition {
+                    name: name.clone(),
+                    parameters: tool.input_schema.clone(),
+                    description: tool.description.clone(),
+                };
+                set.value_cost = set.value_cost.saturating_add(definition.value_cost());
+                set.held = set.held.saturating_add(offered_cost(
+                    &name,
+                    &server_id,
+                    namespace,
+                    &tool.name,
+                    definition.description.as_deref(),
+                ));
+                set.definitions.push(definition);
                 set.mcp_names
                     .insert((server_id.clone(), tool.name.to_string()), name.clone());
                 set.namespaced
@@ -266,81 +593,53 @@ impl ToolSet {
                     });
                 }
             }
+            set.key.listings.push(tools);
+            set.key.left_out.push(left_out);
             set.servers.push(server_id);
         }
-        set
-    }
-
-    /// The offered name a name the model or guest used stands for: itself if offered, else
-    /// the offered name of `<tool_namespace>.<tool>`, `mcp.<server_id>.<tool>` or
-    /// `mcp__<server_id>__<tool>`.
-    pub(crate) fn offered_name<'a>(&'a self, name: &'a str) -> Option<&'a str> {
-        if self.routes.contains_key(name) {
-            return Some(name);
+        if !all_listed {
+            set.key.listings.clear();
         }
-        if let Some((server_id, tool)) = split_server_tool(name)
-            && let Some(offered) = self.mcp_names.get(&(server_id.to_owned(), tool.to_owned()))
-        {
-            return Some(offered);
-        }
-        self.namespaced.get(name).map(String::as_str)
-    }
-
-    /// The model-facing names offered for `server_id`'s tools, sorted.
-    pub(crate) fn offered_for(&self, server_id: &str) -> Vec<String> {
-        let mut names: Vec<String> = self
-            .mcp_names
-            .iter()
-            .filter(|((server, _), _)| server == server_id)
-            .map(|(_, name)| name.clone())
-            .collect();
-        names.sort();
-        names
-    }
-
-    /// A forced `tool_choice` naming a tool the way a guest knows it (`mcp.<server>.<tool>`,
-    /// the namespaced form, or the `mcp__` form) rewritten to the name actually offered;
-    /// `None` when it needs no change.
-    pub(crate) fn map_tool_choice(&self, choice: &Value) -> Option<Value> {
-        let name = choice["function"]["name"].as_str()?;
-        let offered = self.offered_name(name)?;
-        (offered != name).then(|| {
-            let mut mapped = choice.clone();
-            mapped["function"]["name"] = json!(offered);
-            mapped
-        })
-    }
-
-    /// Routes a name the model used: an offered name, or one of the forms
-    /// [`offered_name`](Self::offered_name) maps. Nothing else runs.
-    pub(crate) fn resolve(&self, name: &str) -> Resolution<'_> {
-        if let Some(offered) = self.offered_name(name) {
-            return Resolution::Route(&self.routes[offered]);
-        }
-        let Some((server_id, tool)) = split_server_tool(name) else {
-            return Resolution::Unknown;
-        };
-        if !self.registry_ids.contains(server_id) {
-            return Resolution::Unknown;
-        }
-        let (reason, why) = self
+        set.held = set
             .decisions
             .iter()
-            .find(|d| d.server_id == server_id && d.tool.as_deref().is_none_or(|t| t == tool))
-            .map_or_else(
-                || {
-                    let why = "the session does not enable this server (mcp.server_ids)";
-                    (Reason::NotInSession, why.to_owned())
-                },
-                |d| (d.reason, d.to_string()),
-            );
-        Resolution::Denied {
-            server_id: server_id.to_owned(),
-            tool: tool.to_owned(),
-            reason,
-            why,
-        }
+            .fold(set.held, |sum, d| sum.saturating_add(decision_cost(d)));
+        set.held = set.servers.iter().fold(set.held, |sum, s| {
+            sum.saturating_add(heap::string(s.len() as u64))
+        });
+        set
     }
+}
+
+/// A map entry of a name map (its slot, hash and index share), beyond its strings.
+const MAP_ENTRY: u64 = 128;
+
+/// What one offered MCP tool holds in the maps and its definition.
+fn offered_cost(
+    name: &str,
+    server_id: &str,
+    namespace: &str,
+    tool: &str,
+    description: Option<&str>,
+) -> u64 {
+    let namespaced = namespace.len() + 1 + tool.len();
+    let description = description.map_or(0, str::len);
+    [name.len(); 4]
+        .into_iter()
+        .chain([tool.len(); 3])
+        .chain([server_id.len(), namespaced, description])
+        .fold(3 * MAP_ENTRY, |sum, len| {
+            sum.saturating_add(heap::string(len as u64))
+        })
+}
+
+/// What one decision holds.
+fn decision_cost(decision: &Decision) -> u64 {
+    let tool = decision.tool.as_deref().map_or(0, str::len);
+    heap::vec_slot::<Decision>()
+        .saturating_add(heap::string(decision.server_id.len() as u64))
+        .saturating_add(heap::string(tool as u64))
+        .saturating_add(heap::string(decision.detail.len() as u64))
 }
 
 /// `(server_id, tool)` of `mcp.<server_id>.<tool>` or `mcp__<server_id>__<tool>`.

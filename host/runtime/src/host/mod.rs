@@ -454,6 +454,7 @@ impl Host {
                 backends: self.inner.backends.clone(),
                 guest_tool_stacks: self.inner.guest_tool_stacks.clone(),
                 metrics: self.inner.metrics.clone(),
+                last_tool: Default::default(),
             }),
         };
         let entry = task.entry.as_deref().unwrap_or("_start");
@@ -499,11 +500,11 @@ impl Host {
             policy, registry, ..
         } = mcp;
         let offered = tools
-            .servers
+            .servers()
             .iter()
             .map(|server| (server.clone(), tools.offered_for(server)))
             .collect();
-        let mut decisions = tools.decisions;
+        let mut decisions = tools.decisions().to_vec();
         let mut allowed_not_default = Vec::new();
         for entry in registry
             .servers()
@@ -562,6 +563,7 @@ impl Host {
                 .for_principal(task.principal.as_deref(), task.client.as_deref()),
             approvals: self.inner.approvals.clone(),
             in_flight: Default::default(),
+            chat_tools: Default::default(),
             sampler: Arc::new(crate::chat::Sampler::new(
                 self.inner.backends.clone(),
                 self.inner.metrics.clone(),

@@ -12,7 +12,7 @@ use std::mem::size_of;
 
 use serde::Serialize;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// The allocator's bookkeeping per block, with blocks rounded to 16 bytes (as glibc does).
 const ALLOC_OVERHEAD: u64 = 16;
@@ -91,12 +91,17 @@ pub fn json(value: &Value) -> u64 {
         Value::Array(items) => items.iter().fold(array(items.len() as u64), |sum, v| {
             sum.saturating_add(json(v))
         }),
-        Value::Object(map) => map.iter().fold(object(map.len() as u64), |sum, (k, v)| {
-            sum.saturating_add(string(k.len() as u64))
-                .saturating_add(json(v))
-        }),
+        Value::Object(map) => self::map(map),
         Value::Null | Value::Bool(_) | Value::Number(_) => 0,
     }
+}
+
+/// [`json`] of a JSON object, from its map.
+pub fn map(map: &Map<String, Value>) -> u64 {
+    map.iter().fold(object(map.len() as u64), |sum, (k, v)| {
+        sum.saturating_add(string(k.len() as u64))
+            .saturating_add(json(v))
+    })
 }
 
 /// [`json`] of the value `text` parses to, without parsing it into one; an error for text
