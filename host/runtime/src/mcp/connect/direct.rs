@@ -12,8 +12,12 @@
 //! server sends (its requests, notifications, answers to rmcp's own requests) still goes
 //! to rmcp.
 //!
-//! What rmcp would do is kept: the request carries the same `_meta` (a progress token, and
-//! at 2026-07-28 the client's protocol version, info and capabilities), a dropped call
+//! Only sessions older than 2026-07-28 use it: on a 2026-07-28 session rmcp accepts a
+//! server's own roots, sampling or elicitation request (SEP-2260) only while one of its
+//! own requests is in flight, which a direct call is not.
+//!
+//! What rmcp would do is kept: the request carries the same `_meta` (a progress token; at
+//! 2026-07-28 the client's protocol version, info and capabilities too), a dropped call
 //! sends `notifications/cancelled` with rmcp's reason, an error answer is an
 //! `McpError`, and the end of the transport fails the call as `TransportClosed`. Ids are
 //! negative numbers (-1, -2, ...), which JSON-RPC allows and rmcp's ids (counting up from
@@ -62,7 +66,9 @@ where
         }
     }
 
-    /// With the `_meta` rmcp adds to every request once the session is open.
+    /// With the `_meta` rmcp adds to every request of a 2026-07-28 session (which keeps
+    /// rmcp's path for now: see `Connection::with_direct_calls`).
+    #[cfg(test)]
     pub(super) fn with_meta(mut self, meta: Option<RequestMetaObject>) -> Self {
         self.meta = meta;
         self

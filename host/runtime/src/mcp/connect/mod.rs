@@ -33,7 +33,7 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig,
     ClientJsonRpcMessage, CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams,
     ElicitResult, ElicitationAction, ElicitationCapability, FormElicitationCapability,
-    ProtocolVersion, RequestMetaObject, SamplingCapability, ServerJsonRpcMessage,
+    ProtocolVersion, SamplingCapability, ServerJsonRpcMessage,
 };
 use rmcp::service::{
     NotificationContext, RequestContext, RunningService, RunningServiceCancellationToken,
@@ -274,20 +274,15 @@ impl Connection {
         self
     }
 
-    /// Calls go through `direct` from now on, with the `_meta` rmcp would add to them.
+    /// Calls go through `direct` from now on, on a session older than 2026-07-28. A
+    /// 2026-07-28 session keeps rmcp's path: there rmcp accepts a server's own request
+    /// (roots, sampling, elicitation; SEP-2260) only while one of its own requests is in
+    /// flight, and a direct call is not one of them.
     fn with_direct_calls(mut self, direct: DirectCalls<tokio::process::ChildStdin>) -> Self {
         let peer = self.service.peer().peer_info();
-        let meta = peer
-            .filter(|peer| !peer.protocol_version.has_initialize())
-            .map(|peer| {
-                let info = self.service.service().get_info();
-                RequestMetaObject::with_client_context(
-                    peer.protocol_version.clone(),
-                    info.client_info,
-                    info.capabilities,
-                )
-            });
-        self.direct = Some(direct.with_meta(meta));
+        if peer.is_some_and(|peer| peer.protocol_version < ProtocolVersion::V_2026_07_28) {
+            self.direct = Some(direct);
+        }
         self
     }
 
