@@ -218,7 +218,7 @@ pub const MAX_GUEST_TOOL_NESTING: u32 = 4;
 
 /// The longest guest tool definition a task keeps after `cchat_write_fn` accepted it, so
 /// that writing the same definition again (in the next session) skips parsing and checking
-/// it. One is kept per task, uncharged, so this bounds what that costs.
+/// it. One is kept per task, charged to its budget.
 pub const MAX_REUSED_TOOL_DEFINITION_BYTES: usize = 4096;
 
 /// Fiber stacks the engine reserves for guest tool calls, as a percentage of the running

@@ -161,23 +161,43 @@ pub(crate) struct GuestTool {
 /// as checked, so a guest that registers the same tool in every session (as most do) has it
 /// parsed and checked once. Definitions above
 /// [`MAX_REUSED_TOOL_DEFINITION_BYTES`](defaults::MAX_REUSED_TOOL_DEFINITION_BYTES) are not
-/// kept.
+/// kept; a kept one is charged to the task's budget (its text and what it parsed to),
+/// and one the budget cannot hold is not kept.
 #[derive(Default)]
-pub(crate) struct LastTool(Mutex<Option<(Box<[u8]>, GuestTool)>>);
+pub(crate) struct LastTool(Mutex<Option<KeptTool>>);
+
+/// A kept definition: the guest's text, the tool it defines, what holding both costs.
+struct KeptTool {
+    text: Box<[u8]>,
+    tool: GuestTool,
+    _charge: Charge,
+}
 
 impl LastTool {
     /// The tool `text` defines if it is the last one accepted (its table index is the
     /// caller's to set).
     pub(crate) fn reuse(&self, text: &[u8]) -> Option<GuestTool> {
         let last = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        let (_, tool) = last.as_ref().filter(|(kept, _)| **kept == *text)?;
-        Some(tool.clone())
+        let kept = last.as_ref().filter(|kept| *kept.text == *text)?;
+        Some(kept.tool.clone())
     }
 
-    /// Keeps `tool`, which `text` defines, unless `text` is too long to keep.
-    pub(crate) fn keep(&self, text: &[u8], tool: &GuestTool) {
-        if text.len() <= defaults::MAX_REUSED_TOOL_DEFINITION_BYTES {
-            *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some((text.into(), tool.clone()));
+    /// Keeps `tool`, which `text` defines, unless `text` is too long to keep or `budget`
+    /// cannot hold it.
+    pub(crate) fn keep(&self, text: &[u8], tool: &GuestTool, budget: &MemoryBudget) {
+        if text.len() > defaults::MAX_REUSED_TOOL_DEFINITION_BYTES {
+            return;
+        }
+        let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // The one kept before is given back first.
+        *last = None;
+        let cost = heap::alloc(text.len() as u64).saturating_add(heap::json(&tool.definition));
+        if let Ok(charge) = budget.charge("kept guest tool definition", cost) {
+            *last = Some(KeptTool {
+                text: text.into(),
+                tool: tool.clone(),
+                _charge: charge,
+            });
         }
     }
 }

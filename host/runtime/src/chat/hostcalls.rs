@@ -149,7 +149,7 @@ fn write_fn<T: ChatView>(
                     tracing::info!(%reason, "cchat_write_fn: refused tool definition");
                     Errno::EINVAL
                 })?;
-                last.keep(text.as_bytes(), &tool);
+                last.keep(text.as_bytes(), &tool, &budget);
                 tool
             }
         }
