@@ -166,6 +166,25 @@ impl Etcd {
     /// Freezes etcd (SIGSTOP): its port stays open and nothing answers, like a hung peer.
     pub fn freeze(&self) {
         self.signal(libc::SIGSTOP);
+        // SIGSTOP lands as each thread is next scheduled: on a loaded machine a request can
+        // still be answered in between, so wait until every thread is stopped.
+        let pid = self.child.as_ref().expect("etcd is running").id();
+        let stopped = || {
+            let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+                return false;
+            };
+            threads.flatten().all(|thread| {
+                std::fs::read_to_string(thread.path().join("stat")).is_ok_and(|stat| {
+                    // The state follows the parenthesised command name.
+                    stat.rsplit_once(") ")
+                        .is_some_and(|(_, rest)| rest.starts_with('T'))
+                })
+            })
+        };
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !stopped() && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     /// Lets a frozen etcd run again (SIGCONT).
