@@ -283,6 +283,7 @@ async fn send<T: ChatView>(
         metrics: &chat.metrics,
         deadline,
         budget: &budget,
+        tool_cache: &chat.tool_cache,
     };
     let settings = &snapshot.settings;
     let mut tools = CallerTools {

@@ -97,6 +97,7 @@ impl PendingSend {
                 metrics: &owned.chat.metrics,
                 deadline: owned.deadline,
                 budget: &owned.budget,
+                tool_cache: &owned.chat.tool_cache,
             };
             let mut no_guest_tools = NoGuestTools;
             let sent = run::send(&snapshot, &ctx, &mut no_guest_tools, auto_tool_call);

@@ -23,7 +23,7 @@ use super::results::{
 };
 use super::session::message_cost;
 use super::spans;
-use super::tools::{Resolution, Route, ToolSet};
+use super::tools::{Resolution, Route, ToolCache, ToolSet};
 use super::wire::{AssistantMessage, ChatCompletion};
 use super::{ChatResponse, ChatSession, Metrics};
 use crate::defaults;
@@ -55,6 +55,8 @@ pub(crate) struct SendContext<'a> {
     pub(crate) metrics: &'a HostMetrics,
     pub(crate) deadline: Deadline,
     pub(crate) budget: &'a MemoryBudget,
+    /// The task's last MCP half of a tool set.
+    pub(crate) tool_cache: &'a ToolCache,
 }
 
 /// The response, and the messages the send adds to its session (already charged).
@@ -180,7 +182,7 @@ async fn charged_tool_set<'s>(
     session: &'s ChatSession,
     ctx: &SendContext<'_>,
 ) -> Result<(ToolSet<'s>, Charge), HostcallError> {
-    let tools = ToolSet::build(session, ctx.mcp).await;
+    let tools = ToolSet::build(session, ctx.mcp, Some(ctx.tool_cache)).await;
     let charge = ctx.budget.charge("cchat_send tool set", tools.held())?;
     if tracing::enabled!(tracing::Level::INFO) {
         for decision in tools.decisions() {

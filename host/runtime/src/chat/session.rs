@@ -32,6 +32,8 @@ pub struct ChatTask {
     pub metrics: crate::observe::Metrics,
     /// The last guest tool definition the task wrote, parsed and checked.
     pub(crate) last_tool: super::guest_tools::LastTool,
+    /// The MCP half of the last send's tool set, reused while it is still current.
+    pub(crate) tool_cache: super::tools::ToolCache,
 }
 
 /// Store data through which the `cchat_*` hostcalls reach their task state and fds.

@@ -278,10 +278,14 @@ async fn list(entries: &[Arc<ServerEntry>], mcp: &McpTask) -> Vec<Listed> {
 impl<'s> ToolSet<'s> {
     /// Guest tools plus the MCP tools the effective policy grants. Listing comes from the
     /// pool's cache; a server that cannot list is left out with its reason. The MCP half is
-    /// the task's last one when everything it depends on is the same.
-    pub(crate) async fn build(session: &'s ChatSession, mcp: &McpTask) -> Self {
+    /// the task's last one (`cache`) when everything it depends on is the same.
+    pub(crate) async fn build(
+        session: &'s ChatSession,
+        mcp: &McpTask,
+        cache: Option<&ToolCache>,
+    ) -> Self {
         let approver = mcp.approvals.configured();
-        if let Some(cached) = mcp.chat_tools.get()
+        if let Some(cached) = cache.and_then(ToolCache::get)
             && cached.key.asks_like(session, mcp, approver)
             && cached.key.lists_like(&list(&cached.key.entries, mcp).await)
         {
@@ -291,11 +295,13 @@ impl<'s> ToolSet<'s> {
         let entries: Vec<_> = effective.servers.iter().map(|g| g.entry.clone()).collect();
         let listed = list(&entries, mcp).await;
         let mut half = McpTools::assemble(session, &mcp.registry, effective, listed, approver);
-        if half.key.listings.len() == entries.len() {
+        if let Some(cache) = cache
+            && half.key.listings.len() == entries.len()
+        {
             // Every server listed: worth keeping (a failure is retried next send).
             half.key.entries = entries;
             let half = Arc::new(half);
-            mcp.chat_tools.set(half.clone());
+            cache.set(half.clone());
             return Self::new(&session.guest_tools, half);
         }
         Self::new(&session.guest_tools, Arc::new(half))

@@ -455,6 +455,7 @@ impl Host {
                 guest_tool_stacks: self.inner.guest_tool_stacks.clone(),
                 metrics: self.inner.metrics.clone(),
                 last_tool: Default::default(),
+                tool_cache: Default::default(),
             }),
         };
         let entry = task.entry.as_deref().unwrap_or("_start");
@@ -495,7 +496,7 @@ impl Host {
     pub async fn explain_policy(&self, task: &TaskSpec) -> Result<PolicyReport, HostError> {
         let mcp = self.mcp_task(task, &MemoryBudget::unlimited())?;
         let session = ChatSession::new(&mcp.policy, &MemoryBudget::unlimited());
-        let tools = ToolSet::build(&session, &mcp).await;
+        let tools = ToolSet::build(&session, &mcp, None).await;
         let McpTask {
             policy, registry, ..
         } = mcp;
@@ -563,7 +564,6 @@ impl Host {
                 .for_principal(task.principal.as_deref(), task.client.as_deref()),
             approvals: self.inner.approvals.clone(),
             in_flight: Default::default(),
-            chat_tools: Default::default(),
             sampler: Arc::new(crate::chat::Sampler::new(
                 self.inner.backends.clone(),
                 self.inner.metrics.clone(),

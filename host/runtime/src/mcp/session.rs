@@ -25,8 +25,6 @@ pub struct McpTask {
     pub approvals: Approvals,
     /// The task's MCP calls in flight, per server.
     pub(crate) in_flight: super::in_flight::PerServer,
-    /// The MCP half of the last chat send's tool set, reused while it is still current.
-    pub(crate) chat_tools: crate::chat::tools::ToolCache,
     /// Answers the sampling requests of the task's servers, within the task's budget.
     pub(crate) sampler: Arc<dyn TaskSampler>,
     /// The roots the task declares to its servers (`roots/list`), none by default.
