@@ -412,13 +412,6 @@ async fn overhead(
         Duration::ZERO,
         Settings::Host { keep_resident: 0 },
     );
-    let on = |host: &Host, module: &GuestModule| {
-        let (host, module, task) = (host.clone(), module.clone(), task.clone());
-        async move {
-            let outcome = host.run_task(&module, &task).await.unwrap();
-            assert!(outcome.success(), "{:?}", outcome.failure);
-        }
-    };
     const VARIANTS: usize = 5;
     let mut samples: [Vec<f64>; VARIANTS] = Default::default();
     // host / bare, host / bare with the host's settings, the same two kept nothing.
@@ -430,8 +423,9 @@ async fn overhead(
         for k in 0..VARIANTS {
             let which = (round + k) % VARIANTS;
             row[which] = match which {
-                0 => per_task(tasks, || on(host, module)).await,
-                1 => per_task(tasks, || on(kept_nothing, &old_module)).await,
+                // Borrowed, as bare's module is: a clone per task would be the bench's own cost.
+                0 => per_task(tasks, || run_noop(host, module, &task)).await,
+                1 => per_task(tasks, || run_noop(kept_nothing, &old_module, &task)).await,
                 2 => per_task(tasks, || bare.run("noop")).await,
                 3 => per_task(tasks, || bare_host.run("noop")).await,
                 _ => per_task(tasks, || bare_nothing.run("noop")).await,
@@ -475,6 +469,11 @@ async fn overhead(
         us(h0 - b),
         us(h0 - b0)
     );
+}
+
+async fn run_noop(host: &Host, module: &GuestModule, task: &TaskSpec) {
+    let outcome = host.run_task(module, task).await.unwrap();
+    assert!(outcome.success(), "{:?}", outcome.failure);
 }
 
 /// What a run of waiting tasks took.

@@ -69,10 +69,9 @@ impl<T: SandboxView> Runtime<T> {
             .await
             .map_err(|source| SandboxSetupError::Instantiate { source })?;
         let memory = instance.get_memory(&mut store, "memory");
-        let table = funcref_table(&instance, &mut store);
         let sandbox = store.data_mut().sandbox();
         sandbox.memory = memory;
-        sandbox.table = table;
+        sandbox.instance = Some(instance);
         let func = instance
             .get_typed_func::<(), ()>(&mut store, entry)
             .map_err(|source| SandboxSetupError::NoEntry {
@@ -91,24 +90,6 @@ impl<T: SandboxView> Runtime<T> {
         };
         Ok(TaskRun { exit_code, failure })
     }
-}
-
-/// The table guest tools are called through: `__indirect_function_table`, else `table`,
-/// else the first exported table.
-fn funcref_table<T>(
-    instance: &wasmtime::Instance,
-    store: &mut Store<T>,
-) -> Option<wasmtime::Table> {
-    for name in ["__indirect_function_table", "table"] {
-        if let Some(table) = instance.get_table(&mut *store, name) {
-            return Some(table);
-        }
-    }
-    let exports: Vec<_> = instance
-        .exports(&mut *store)
-        .filter_map(|e| e.into_table())
-        .collect();
-    exports.into_iter().next()
 }
 
 fn classify(error: wasmtime::Error) -> (i32, Option<TaskFailure>) {
