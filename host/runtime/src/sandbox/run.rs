@@ -43,15 +43,10 @@ pub struct TaskRun {
 }
 
 impl<T: SandboxView> Runtime<T> {
-    /// Instantiates `pre` on `data` and calls `entry` (a `() -> ()` export) until it returns,
-    /// traps or the deadline passes. An `Err` means the task could not start.
-    pub async fn run(
-        &self,
-        pre: &InstancePre<T>,
-        mut data: T,
-        entry: &str,
-        span: tracing::Span,
-    ) -> Result<TaskRun, SandboxSetupError> {
+    /// The store a task runs in: `data` with its limits and its deadline. Built apart from
+    /// [`Runtime::run`] so the task's state never sits in a future (each waiting task's
+    /// future is on the heap for as long as it waits).
+    pub fn store(&self, mut data: T) -> Store<T> {
         let deadline = data.sandbox().deadline;
         let mut store = Store::new(self.engine(), data);
         store.limiter(|state| &mut state.sandbox().limits);
@@ -63,6 +58,19 @@ impl<T: SandboxView> Runtime<T> {
                 Ok(UpdateDeadline::Yield(1))
             }
         });
+        store
+    }
+
+    /// Instantiates `pre` in `store` and calls `entry` (a `() -> ()` export) until it
+    /// returns, traps or the deadline passes. An `Err` means the task could not start.
+    pub async fn run(
+        &self,
+        pre: &InstancePre<T>,
+        mut store: Store<T>,
+        entry: &str,
+        span: tracing::Span,
+    ) -> Result<TaskRun, SandboxSetupError> {
+        let deadline = store.data_mut().sandbox().deadline;
         let instance = pre
             .instantiate_async(&mut store)
             .instrument(span.clone())
