@@ -32,7 +32,8 @@
 //! `QUIVER_BENCH_WAITING` (comma-separated N) override the defaults. `QUIVER_BENCH_ROWS`
 //! picks part 2's rows (comma-separated, default all): `host` (defaults, blocking call),
 //! `epoll` (defaults, the epoll wait), `slots` (N slots), `capped` (N slots, the old call
-//! cap) and `bare`.
+//! cap) and `bare`. `QUIVER_BENCH_KEEP_RESIDENT` (bytes) sets the default hosts'
+//! `with_keep_resident`, to weigh that setting.
 
 use quiver_tests::bench::{env_usize, median};
 use std::io::BufRead;
@@ -573,7 +574,19 @@ async fn main() {
     );
     let vm_before = proc_status("VmSize");
     let built = Instant::now();
-    let host = quiver_tests::host_builder(&registry).build().unwrap();
+    let keep_resident = std::env::var("QUIVER_BENCH_KEEP_RESIDENT")
+        .ok()
+        .and_then(|bytes| bytes.parse().ok());
+    let default_host = || {
+        let builder = quiver_tests::host_builder(&registry);
+        match keep_resident {
+            Some(bytes) => builder.with_keep_resident(bytes),
+            None => builder,
+        }
+        .build()
+        .unwrap()
+    };
+    let host = default_host();
     println!(
         "host with default settings: built in {:.1} ms, {:.2} TiB of address space reserved",
         built.elapsed().as_secs_f64() * 1e3,
@@ -617,7 +630,7 @@ async fn main() {
         // settings, warmed up as the first was, since slots a run used keep up to
         // `TASK_KEEP_RESIDENT` resident and would lower a second run's peak on the same host.
         let on_epoll = if row_on("epoll") {
-            let fresh = quiver_tests::host_builder(&registry).build().unwrap();
+            let fresh = default_host();
             let module = fresh
                 .load_module("scale-epoll.wat", epoll_wat.as_bytes())
                 .unwrap();

@@ -9,6 +9,7 @@ use std::future::Future;
 use std::pin::Pin;
 
 use quiver_abi::Errno;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::Deadline;
 
@@ -65,4 +66,29 @@ where
     F: Future + Send + 'a,
 {
     Box::pin(make())
+}
+
+/// Runs the future `make` builds as a tokio task of its own and waits for it, so none of
+/// its polls run on the task's fiber stack; dropping the wait aborts the work.
+///
+/// A task waiting in a hostcall keeps resident every page of its fiber stack that the
+/// hostcall's polls touched. A request to an MCP server polls through the pool, rmcp and
+/// tokio's channels, about 20 KiB of frames even with [`off_stack`]; spawned, they run on a
+/// worker thread's stack, which every task shares, and the fiber keeps only the wait for
+/// the join handle. The future is built and boxed on the worker too, so its size never
+/// touches the fiber. The price is a spawn per request (BENCHMARKS.md, issue 25). `-EIO`
+/// if the runtime shuts down under the work; a panic in it goes on unwinding here, as it
+/// would have inline.
+pub async fn off_fiber<M, F>(make: M) -> Result<F::Output, Errno>
+where
+    M: FnOnce() -> F + Send + 'static,
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let work = async move { Box::pin(make()).await };
+    match AbortOnDropHandle::new(tokio::spawn(work)).await {
+        Ok(output) => Ok(output),
+        Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+        Err(_) => Err(Errno::EIO),
+    }
 }

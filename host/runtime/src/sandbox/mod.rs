@@ -49,7 +49,7 @@ pub use guest_log::flush_guest_stderr;
 pub use guest_memory::{
     GuestMemoryExhausted, GuestMemoryHold, GuestMemoryStatus, GuestMemoryTotal,
 };
-pub use hostcall::{HostcallError, before_deadline, finish, off_stack};
+pub use hostcall::{HostcallError, before_deadline, finish, off_fiber, off_stack};
 pub use memory::{GuestMemory, OutBuf, guest};
 pub use poll::{Pollable, ReadySignal};
 pub use run::TaskFailure;
