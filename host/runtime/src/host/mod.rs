@@ -36,12 +36,12 @@ use crate::mcp::{McpPool, McpTask, PoolLimits, PoolUsage, ServerStatus};
 use crate::observe::{AuditLog, Metrics, Observers};
 use crate::policy::{self, PolicyReport, PrincipalRules, SessionRequest};
 use crate::registry::{Registry, RegistryStore};
+use crate::sandbox::{
+    CapturedOutput, GuestMemoryHold, HostMemory, MemoryBudget, Runtime, Sandbox, SandboxSetupError,
+};
 pub use crate::sandbox::{
     GuestMemoryExhausted, GuestMemoryStatus, HostMemoryStatus, HostMemoryUse, ModuleOrigin,
     TaskFailure,
-};
-use crate::sandbox::{
-    CapturedOutput, GuestMemoryHold, HostMemory, MemoryBudget, Runtime, Sandbox, SandboxSetupError,
 };
 use crate::task::{TaskError, TaskSpec};
 use crate::text::cut;

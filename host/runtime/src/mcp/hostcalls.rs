@@ -623,7 +623,9 @@ where
     let span = request.span.clone();
     // Off the fiber, as every pool request (see `off_fiber`).
     let listed = request
-        .run(off_fiber(move || fetch(pool, entry, principal).instrument(span)))
+        .run(off_fiber(move || {
+            fetch(pool, entry, principal).instrument(span)
+        }))
         .await??;
     let server_id = request.grant.entry.server_id();
     let items = listed.map_err(|error| {
@@ -724,7 +726,10 @@ async fn read_resource<T: McpView>(
     let read = off_fiber(move || async move {
         let r = &request;
         let asker = origin.asker(&r.mcp);
-        let read = r.mcp.pool.read_resource(&r.grant.entry, r.mcp.principal(), r.name(), &asker);
+        let read = r
+            .mcp
+            .pool
+            .read_resource(&r.grant.entry, r.mcp.principal(), r.name(), &asker);
         let read = r.run(read).await;
         (request, read)
     });
@@ -740,8 +745,7 @@ async fn get_prompt<T: McpView>(
     caller: &mut Caller<'_, T>,
     request: Request,
 ) -> Result<i32, HostcallError> {
-    let (arguments, arguments_charge) = match parse_arguments(&request.key.args, &request.budget)?
-    {
+    let (arguments, arguments_charge) = match parse_arguments(&request.key.args, &request.budget)? {
         Ok((arguments, _)) if arguments.values().any(|v| !v.is_string()) => {
             let error = McpError::new(
                 McpErrorCode::InvalidArguments,
@@ -759,7 +763,10 @@ async fn get_prompt<T: McpView>(
         let r = &request;
         let asker = origin.asker(&r.mcp);
         let (entry, principal) = (&r.grant.entry, r.mcp.principal());
-        let got = r.mcp.pool.get_prompt(entry, principal, r.name(), arguments, &asker);
+        let got = r
+            .mcp
+            .pool
+            .get_prompt(entry, principal, r.name(), arguments, &asker);
         let got = r.run(got).await;
         (request, got)
     });
@@ -776,8 +783,7 @@ async fn call_tool<T: McpView>(
     caller: &mut Caller<'_, T>,
     request: Request,
 ) -> Result<i32, HostcallError> {
-    let (arguments, arguments_charge) = match parse_arguments(&request.key.args, &request.budget)?
-    {
+    let (arguments, arguments_charge) = match parse_arguments(&request.key.args, &request.budget)? {
         Ok(arguments) => arguments,
         Err(error) => return request.deliver(caller, encode(&error.to_json())),
     };

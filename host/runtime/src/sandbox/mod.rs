@@ -182,3 +182,32 @@ where
     epoll::add_to_linker(linker)?;
     fd_ctl::add_to_linker(linker)
 }
+
+#[cfg(test)]
+mod funcref_table_tests {
+    use wasmtime::{Engine, Instance, Module, Store};
+
+    use super::funcref_table;
+
+    fn exported(tables: &str) -> (Store<()>, Instance) {
+        let engine = Engine::default();
+        let module = Module::new(&engine, format!("(module {tables})")).unwrap();
+        let mut store = Store::new(&engine, ());
+        let instance = Instance::new(&mut store, &module, &[]).unwrap();
+        (store, instance)
+    }
+
+    #[test]
+    fn the_usual_name_wins_then_any_exported_table() {
+        let (mut store, instance) = exported(
+            r#"(table (export "other") 1 funcref) (table (export "__indirect_function_table") 2 funcref)"#,
+        );
+        let table = funcref_table(&instance, &mut store).unwrap();
+        assert_eq!(table.size(&store), 2);
+        let (mut store, instance) = exported(r#"(table (export "funcs") 3 funcref)"#);
+        let table = funcref_table(&instance, &mut store).unwrap();
+        assert_eq!(table.size(&store), 3);
+        let (mut store, instance) = exported(r#"(memory (export "memory") 1)"#);
+        assert!(funcref_table(&instance, &mut store).is_none());
+    }
+}
