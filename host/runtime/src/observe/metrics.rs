@@ -50,11 +50,6 @@ type Histograms = Family<Labels<2>, Histogram, fn() -> Histogram>;
 /// A per-server counter read at scrape time: name, help, value.
 type ServerCounter = (&'static str, &'static str, fn(&ServerGauges) -> u64);
 
-/// A host's metrics. Cheap to clone; clones share everything.
-///
-/// Serve [`encode`](Self::encode) with [`CONTENT_TYPE`](Self::CONTENT_TYPE), or hand
-/// [`registry`](Self::registry) to your own exporter, e.g.
-/// `prometheus_client::encoding::text::encode(&mut text, host.metrics().registry())`.
 /// The outcomes of `quiver_tasks_total` (README, metrics).
 const TASK_OUTCOMES: [&str; 7] = [
     "ok",
@@ -66,6 +61,11 @@ const TASK_OUTCOMES: [&str; 7] = [
     "setup_failed",
 ];
 
+/// A host's metrics. Cheap to clone; clones share everything.
+///
+/// Serve [`encode`](Self::encode) with [`CONTENT_TYPE`](Self::CONTENT_TYPE), or hand
+/// [`registry`](Self::registry) to your own exporter, e.g.
+/// `prometheus_client::encoding::text::encode(&mut text, host.metrics().registry())`.
 #[derive(Clone)]
 pub struct Metrics {
     inner: Arc<Inner>,

@@ -225,8 +225,9 @@ impl McpPool {
         spans::record_peer(&span, conn.service.peer_info().as_deref());
         let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
         let asking = Arc::<Asking>::default();
-        // Built (not sent) here and boxed: the call block holds a pointer, not another copy
-        // of the params, and rmcp's request future is large (see `off_stack`).
+        // Built (not sent: nothing runs until it is polled, with the permits held) and boxed
+        // here: the call block holds a pointer, not another copy of the params, and rmcp's
+        // request future is large (see `off_stack`). A call queued for permits holds it.
         let request = off_stack(|| conn.call_tool_once(params));
         let call = async {
             let _permit = slot.permits.acquire().await.map_err(|_| {
