@@ -5,7 +5,8 @@
 //! approver is not asked, and a guest that answers badly (garbage, too large, another
 //! question's id, a field of the wrong type, too late, or traps) has the question declined
 //! or its task ended. And a task's declared roots answer `roots/list` of both
-//! generations (none by default).
+//! generations (none by default). Each task runs in a tokio task of its own, as the node
+//! runs them.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -91,11 +92,24 @@ fn setup() -> Setup {
 }
 
 impl Setup {
+    /// Runs the guest in a tokio task of its own, as `quiver serve` runs tasks: its
+    /// requests then run off the task's fiber, and the server's questions cross from that
+    /// work to the waiting hostcall. However the task ends (a trap in the callback too),
+    /// every byte it charged is given back by then.
     async fn guest(&self, server: &str, tool: &str, mode: &str) -> TaskOutcome {
         let task = mcp_task("elicit", &["asks", "old"])
             .with_args([server, tool, mode])
             .with_deadline(Duration::from_secs(30));
-        run(&self.host, &example_guest("elicit-answers"), &task).await
+        let (host, guest) = (self.host.clone(), example_guest("elicit-answers"));
+        let out = tokio::spawn(async move { run(&host, &guest, &task).await })
+            .await
+            .unwrap();
+        assert_eq!(
+            out.host_memory.unreleased_bytes, 0,
+            "{mode}: {:?}",
+            out.host_memory
+        );
+        out
     }
 
     /// Runs the guest and returns what the tool said: `ACTION CONTENT`.

@@ -32,7 +32,8 @@
 //! `QUIVER_BENCH_WAITING` (comma-separated N) override the defaults. `QUIVER_BENCH_ROWS`
 //! picks part 2's rows (comma-separated, default all): `host` (defaults, blocking call),
 //! `epoll` (defaults, the epoll wait), `slots` (N slots), `capped` (N slots, the old call
-//! cap) and `bare`.
+//! cap) and `bare`. `QUIVER_BENCH_KEEP_RESIDENT` (bytes) sets the default hosts'
+//! `with_keep_resident`, to weigh that setting.
 
 use quiver_tests::bench::{env_usize, median};
 use std::io::BufRead;
@@ -412,13 +413,6 @@ async fn overhead(
         Duration::ZERO,
         Settings::Host { keep_resident: 0 },
     );
-    let on = |host: &Host, module: &GuestModule| {
-        let (host, module, task) = (host.clone(), module.clone(), task.clone());
-        async move {
-            let outcome = host.run_task(&module, &task).await.unwrap();
-            assert!(outcome.success(), "{:?}", outcome.failure);
-        }
-    };
     const VARIANTS: usize = 5;
     let mut samples: [Vec<f64>; VARIANTS] = Default::default();
     // host / bare, host / bare with the host's settings, the same two kept nothing.
@@ -430,8 +424,9 @@ async fn overhead(
         for k in 0..VARIANTS {
             let which = (round + k) % VARIANTS;
             row[which] = match which {
-                0 => per_task(tasks, || on(host, module)).await,
-                1 => per_task(tasks, || on(kept_nothing, &old_module)).await,
+                // Borrowed, as bare's module is: a clone per task would be the bench's own cost.
+                0 => per_task(tasks, || run_noop(host, module, &task)).await,
+                1 => per_task(tasks, || run_noop(kept_nothing, &old_module, &task)).await,
                 2 => per_task(tasks, || bare.run("noop")).await,
                 3 => per_task(tasks, || bare_host.run("noop")).await,
                 _ => per_task(tasks, || bare_nothing.run("noop")).await,
@@ -475,6 +470,11 @@ async fn overhead(
         us(h0 - b),
         us(h0 - b0)
     );
+}
+
+async fn run_noop(host: &Host, module: &GuestModule, task: &TaskSpec) {
+    let outcome = host.run_task(module, task).await.unwrap();
+    assert!(outcome.success(), "{:?}", outcome.failure);
 }
 
 /// What a run of waiting tasks took.
@@ -574,7 +574,19 @@ async fn main() {
     );
     let vm_before = proc_status("VmSize");
     let built = Instant::now();
-    let host = quiver_tests::host_builder(&registry).build().unwrap();
+    let keep_resident = std::env::var("QUIVER_BENCH_KEEP_RESIDENT")
+        .ok()
+        .and_then(|bytes| bytes.parse().ok());
+    let default_host = || {
+        let builder = quiver_tests::host_builder(&registry);
+        match keep_resident {
+            Some(bytes) => builder.with_keep_resident(bytes),
+            None => builder,
+        }
+        .build()
+        .unwrap()
+    };
+    let host = default_host();
     println!(
         "host with default settings: built in {:.1} ms, {:.2} TiB of address space reserved",
         built.elapsed().as_secs_f64() * 1e3,
@@ -618,7 +630,7 @@ async fn main() {
         // settings, warmed up as the first was, since slots a run used keep up to
         // `TASK_KEEP_RESIDENT` resident and would lower a second run's peak on the same host.
         let on_epoll = if row_on("epoll") {
-            let fresh = quiver_tests::host_builder(&registry).build().unwrap();
+            let fresh = default_host();
             let module = fresh
                 .load_module("scale-epoll.wat", epoll_wat.as_bytes())
                 .unwrap();

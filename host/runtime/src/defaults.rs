@@ -429,13 +429,15 @@ pub const TASK_MEMORY_GUARD: u64 = 32 * 1024 * 1024;
 
 /// Bytes of each task slot's fiber stack, and at most as many of its linear memory, reset
 /// in place (memset) when a task ends instead of given back to the kernel; the rest is
-/// given back. A task that stays within them (an empty task touches a few KiB of stack, a
-/// task waiting on an MCP call about 20 KiB) starts the next one on pages that are
-/// already mapped: no TLB flush across cores when it ends, no page faults when the next
-/// starts. The cost is memory kept after a burst: at most this much per stack and per
-/// memory that a task has used (BENCHMARKS.md). `[tasks] keep_resident_bytes`,
-/// `HostBuilder::with_keep_resident`; 0 gives everything back.
-pub const TASK_KEEP_RESIDENT: usize = 32 * 1024;
+/// given back. A task that stays within them (an empty task touches a few KiB of stack; a
+/// task waiting on an MCP call about 12 KiB, its request running off the fiber) starts the
+/// next one on pages that are already mapped: no TLB flush across cores when it ends, no
+/// page faults when the next starts. The cost is memory: every stack a task has used keeps
+/// this much resident (memset touches it all), and it is in the peak of a burst of waiting
+/// tasks; 8 KiB keeps that below what a waiting task's stack holds anyway (BENCHMARKS.md,
+/// issue 25). `[tasks] keep_resident_bytes`, `HostBuilder::with_keep_resident`; 0 gives
+/// everything back.
+pub const TASK_KEEP_RESIDENT: usize = 8 * 1024;
 
 /// Fiber stack of a running task: the guest's own stack (wasmtime's 512 KiB) plus room for
 /// the host code of async hostcalls, which runs on it. Only touched pages are resident.

@@ -68,7 +68,7 @@
 //! host_memory_bytes = 67108864           # each task's host memory budget
 //! host_memory_total_bytes = 8589934592   # all tasks together (default: half the RAM)
 //! guest_memory_total_bytes = 8589934592  # all guests' linear memory (default: half the RAM)
-//! keep_resident_bytes = 32768            # per slot, reset in place when a task ends
+//! keep_resident_bytes = 8192             # per slot, reset in place when a task ends
 //! ```
 //!
 //! A node (`quiver-node`) keeps `[serve]` and `[admin]` in the same file and reads them

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use sha2::{Digest, Sha256};
-use wasmtime::InstancePre;
+use wasmtime::{InstancePre, Store};
 
 use crate::approval::Approvals;
 use crate::chat::llm::Backends;
@@ -36,11 +36,13 @@ use crate::mcp::{McpPool, McpTask, PoolLimits, PoolUsage, ServerStatus};
 use crate::observe::{AuditLog, Metrics, Observers};
 use crate::policy::{self, PolicyReport, PrincipalRules, SessionRequest};
 use crate::registry::{Registry, RegistryStore};
+use crate::sandbox::{
+    CapturedOutput, GuestMemoryHold, HostMemory, MemoryBudget, Runtime, Sandbox, SandboxSetupError,
+};
 pub use crate::sandbox::{
     GuestMemoryExhausted, GuestMemoryStatus, HostMemoryStatus, HostMemoryUse, ModuleOrigin,
     TaskFailure,
 };
-use crate::sandbox::{HostMemory, MemoryBudget, Runtime, Sandbox};
 use crate::task::{TaskError, TaskSpec};
 use crate::text::cut;
 use admission::Admission;
@@ -409,7 +411,7 @@ impl Host {
             host_memory_limit,
             &self.inner.host_memory,
         );
-        let mcp = self.mcp_task(task, &budget)?;
+        let mcp = Arc::new(self.mcp_task(task, &budget)?);
         for warning in mcp.policy.warnings() {
             tracing::warn!(task_id = %task.task_id, "{warning}");
         }
@@ -430,39 +432,14 @@ impl Host {
             })?;
         admitted();
         let started = Instant::now();
-        let memory_limit = task.memory_limit().min(self.inner.runtime.max_task_memory);
-        let (sandbox, captured) = Sandbox::for_task(
-            &task.grants(),
-            &module.name,
-            memory_limit,
-            held.guest_memory.clone(),
-            budget.clone(),
-        )
-        .map_err(|e| setup_error(String::new(), e))?;
-        let streams = task.user_streams.as_ref().and_then(|streams| {
-            let bound = streams.bind(sandbox.work.signal().clone(), budget.clone());
-            if bound.is_none() {
-                tracing::warn!(task_id = %task.task_id, "the task's user streams belong to another task run; its guest gets -ENOTCONN");
-            }
-            bound
-        });
-        let state = TaskState {
-            sandbox,
-            streams,
-            mcp: Arc::new(mcp),
-            chat: Arc::new(ChatTask {
-                backends: self.inner.backends.clone(),
-                guest_tool_stacks: self.inner.guest_tool_stacks.clone(),
-                metrics: self.inner.metrics.clone(),
-                last_tool: Default::default(),
-                tool_cache: Default::default(),
-            }),
-        };
+        let (store, captured) = self
+            .task_store(task, module, held.guest_memory.clone(), &budget, mcp)
+            .map_err(|e| setup_error(String::new(), e))?;
         let entry = task.entry.as_deref().unwrap_or("_start");
         let run = self
             .inner
             .runtime
-            .run(&module.pre, state, entry, span.clone())
+            .run(&module.pre, store, entry, span.clone())
             .await
             .map_err(|e| setup_error(format!("{}: ", module.name), e))?;
         let (stdout, stderr) = captured.map(|c| c.take()).unwrap_or_default();
@@ -488,6 +465,47 @@ impl Host {
             }
         }
         Ok(outcome)
+    }
+
+    /// The store `task` runs in, with its sandbox and each capability's state, and its
+    /// captured output. Not async: what it builds goes straight into the store, never into
+    /// the task's future.
+    fn task_store(
+        &self,
+        task: &TaskSpec,
+        module: &GuestModule,
+        guest_memory: GuestMemoryHold,
+        budget: &MemoryBudget,
+        mcp: Arc<McpTask>,
+    ) -> Result<(Store<TaskState>, Option<CapturedOutput>), SandboxSetupError> {
+        let memory_limit = task.memory_limit().min(self.inner.runtime.max_task_memory);
+        let (sandbox, captured) = Sandbox::for_task(
+            &task.grants(),
+            &module.name,
+            memory_limit,
+            guest_memory,
+            budget.clone(),
+        )?;
+        let streams = task.user_streams.as_ref().and_then(|streams| {
+            let bound = streams.bind(sandbox.work.signal().clone(), budget.clone());
+            if bound.is_none() {
+                tracing::warn!(task_id = %task.task_id, "the task's user streams belong to another task run; its guest gets -ENOTCONN");
+            }
+            bound
+        });
+        let state = TaskState {
+            sandbox,
+            streams,
+            mcp,
+            chat: Arc::new(ChatTask {
+                backends: self.inner.backends.clone(),
+                guest_tool_stacks: self.inner.guest_tool_stacks.clone(),
+                metrics: self.inner.metrics.clone(),
+                last_tool: Default::default(),
+                tool_cache: Default::default(),
+            }),
+        };
+        Ok((self.inner.runtime.store(state), captured))
     }
 
     /// The decision log of `task`: what its chat sessions start with (listing each server's

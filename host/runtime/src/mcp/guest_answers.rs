@@ -28,7 +28,7 @@ use super::session::{McpSession, McpView};
 use crate::approval::{ElicitationAnswer, ElicitationRequest};
 use crate::defaults;
 use crate::observe::unix_seconds;
-use crate::sandbox::{HostcallError, finish, guest, guest_callback};
+use crate::sandbox::{HostcallError, finish, guest, guest_callback, off_stack};
 
 /// What `mcp_elicit_fn` registered on a session fd: the guest's function and its arena.
 #[derive(Clone, Copy, Debug)]
@@ -156,7 +156,9 @@ pub(super) async fn serving<T: McpView, F: Future>(
             biased;
             done = &mut work => return Ok(done),
             Some(question) = questions.recv() => {
-                let answer = ask(caller, answerer, fd, &question.request).await?;
+                // Boxed: calling the guest back is rare, and its future would make every
+                // waiting hostcall's larger.
+                let answer = off_stack(|| ask(caller, answerer, fd, &question.request)).await?;
                 // The asker may have stopped waiting (its timeout); then nobody needs it.
                 let _ = question.reply.send(answer);
             }

@@ -35,7 +35,7 @@ use crate::policy::{Approval, Denial, Grant, ListKey, Pattern};
 use crate::registry::ServerEntry;
 use crate::sandbox::{
     Charge, Deadline, DeadlineExceeded, GuestMemory, HostcallError, MemoryBudget, OutBuf,
-    before_deadline, finish, guest, heap, off_stack,
+    before_deadline, finish, guest, heap, off_fiber, off_stack,
 };
 
 /// Registers the `mcp_*` imports.
@@ -564,6 +564,14 @@ fn report_denial(
 }
 
 impl Request {
+    /// The charge for the input's copies, for the hostcall to hold while the request runs
+    /// off the fiber: work that is aborted (its task trapped or ended) is dropped only when
+    /// the runtime gets to it, and the task's budget must be whole when the task ends.
+    fn hold_copies(&mut self) -> Charge {
+        let empty = self.budget.empty(self.op.hostcall());
+        std::mem::replace(&mut self._copies, empty)
+    }
+
     fn name(&self) -> &str {
         &self.key.name
     }
@@ -609,21 +617,24 @@ async fn list<T, L, I, F>(
     caller: &mut Caller<'_, T>,
     request: Request,
     field: &str,
-    fetch: impl FnOnce(Arc<McpPool>, Arc<ServerEntry>, Option<Arc<str>>) -> F,
+    fetch: impl FnOnce(Arc<McpPool>, Arc<ServerEntry>, Option<Arc<str>>) -> F + Send + 'static,
     keep: impl Fn(&Grant, &I) -> bool,
 ) -> Result<i32, HostcallError>
 where
     T: McpView,
-    F: Future<Output = Result<L, McpError>> + Send,
-    L: AsRef<[I]>,
+    F: Future<Output = Result<L, McpError>> + Send + 'static,
+    L: AsRef<[I]> + Send + 'static,
     I: serde::Serialize,
 {
     let (pool, entry) = (request.mcp.pool.clone(), request.grant.entry.clone());
     let principal = request.mcp.observers.principal().cloned();
-    // Off the stack, as every pool request's future (see `off_stack`).
+    let span = request.span.clone();
+    // Off the fiber, as every pool request (see `off_fiber`).
     let listed = request
-        .run(off_stack(|| fetch(pool, entry, principal)))
-        .await?;
+        .run(off_fiber(move || {
+            fetch(pool, entry, principal).instrument(span)
+        }))
+        .await??;
     let server_id = request.grant.entry.server_id();
     let items = listed.map_err(|error| {
         tracing::warn!(task_id = %request.task_id, server_id, method = request.op.method(), %error, "listing failed");
@@ -716,21 +727,23 @@ async fn list_prompts<T: McpView>(
 /// server's errors are MCP error objects, as for `mcp_call_tool`.
 async fn read_resource<T: McpView>(
     caller: &mut Caller<'_, T>,
-    request: Request,
+    mut request: Request,
 ) -> Result<i32, HostcallError> {
+    let _copies = request.hold_copies();
     let (origin, from_server) = request.origin();
-    let asker = origin.asker(&request.mcp);
-    let read = off_stack(|| {
-        request.mcp.pool.read_resource(
-            &request.grant.entry,
-            request.mcp.principal(),
-            request.name(),
-            &asker,
-        )
+    // Off the fiber, as every pool request (see `off_fiber`).
+    let read = off_fiber(move || async move {
+        let r = &request;
+        let asker = origin.asker(&r.mcp);
+        let read = r
+            .mcp
+            .pool
+            .read_resource(&r.grant.entry, r.mcp.principal(), r.name(), &asker);
+        let read = r.run(read).await;
+        (request, read)
     });
-    let bytes = serving(caller, from_server, request.run(read))
-        .await??
-        .unwrap_or_else(|error| request.failed(&error));
+    let (request, read) = serving(caller, from_server, read).await??;
+    let bytes = read?.unwrap_or_else(|error| request.failed(&error));
     request.deliver(caller, bytes)
 }
 
@@ -739,10 +752,9 @@ async fn read_resource<T: McpView>(
 /// object of strings are MCP error objects.
 async fn get_prompt<T: McpView>(
     caller: &mut Caller<'_, T>,
-    request: Request,
+    mut request: Request,
 ) -> Result<i32, HostcallError> {
-    let (arguments, _arguments_charge) = match parse_arguments(&request.key.args, &request.budget)?
-    {
+    let (arguments, arguments_charge) = match parse_arguments(&request.key.args, &request.budget)? {
         Ok((arguments, _)) if arguments.values().any(|v| !v.is_string()) => {
             let error = McpError::new(
                 McpErrorCode::InvalidArguments,
@@ -753,20 +765,23 @@ async fn get_prompt<T: McpView>(
         Ok(arguments) => arguments,
         Err(error) => return request.deliver(caller, encode(&error.to_json())),
     };
+    // The charges stay with the hostcall (see `Request::hold_copies`).
+    let _charges = (request.hold_copies(), arguments_charge);
     let (origin, from_server) = request.origin();
-    let asker = origin.asker(&request.mcp);
-    let got = off_stack(|| {
-        request.mcp.pool.get_prompt(
-            &request.grant.entry,
-            request.mcp.principal(),
-            request.name(),
-            arguments,
-            &asker,
-        )
+    // Off the fiber, as every pool request (see `off_fiber`).
+    let got = off_fiber(move || async move {
+        let r = &request;
+        let asker = origin.asker(&r.mcp);
+        let (entry, principal) = (&r.grant.entry, r.mcp.principal());
+        let got = r
+            .mcp
+            .pool
+            .get_prompt(entry, principal, r.name(), arguments, &asker);
+        let got = r.run(got).await;
+        (request, got)
     });
-    let bytes = serving(caller, from_server, request.run(got))
-        .await??
-        .unwrap_or_else(|error| request.failed(&error));
+    let (request, got) = serving(caller, from_server, got).await??;
+    let bytes = got?.unwrap_or_else(|error| request.failed(&error));
     request.deliver(caller, bytes)
 }
 
@@ -776,27 +791,30 @@ async fn get_prompt<T: McpView>(
 /// wait.
 async fn call_tool<T: McpView>(
     caller: &mut Caller<'_, T>,
-    request: Request,
+    mut request: Request,
 ) -> Result<i32, HostcallError> {
-    let (entry, name, raw) = (&request.grant.entry, request.name(), &request.key.args);
-    let (arguments, _arguments_charge) = match parse_arguments(raw, &request.budget)? {
+    let (arguments, arguments_charge) = match parse_arguments(&request.key.args, &request.budget)? {
         Ok(arguments) => arguments,
         Err(error) => return request.deliver(caller, encode(&error.to_json())),
     };
+    // The charges stay with the hostcall (see `Request::hold_copies`).
+    let _charges = (request.hold_copies(), arguments_charge);
     let (origin, from_server) = request.origin();
-    let ran = off_stack(|| {
-        call::run(
-            &request.mcp,
-            &origin,
-            entry,
-            name,
-            request.approval,
-            arguments,
-            raw,
-        )
+    let span = request.span.clone();
+    // Off the fiber: the pool's, rmcp's and tokio's polls would keep about 16 KiB of the
+    // task's stack resident while it waits (`off_fiber`).
+    let ran = off_fiber(move || {
+        async move {
+            let r = &request;
+            let (entry, name, raw) = (&r.grant.entry, r.name(), &r.key.args);
+            let ended = call::run(&r.mcp, &origin, entry, name, r.approval, arguments, raw).await;
+            (request, ended)
+        }
+        .instrument(span)
     });
-    let ran = serving(caller, from_server, ran.instrument(request.span.clone()));
-    let bytes = match ran.await?.map_err(trap)? {
+    let (request, ended) = serving(caller, from_server, ran).await??;
+    let (entry, name) = (&request.grant.entry, request.name());
+    let bytes = match ended.map_err(trap)? {
         Ended::Answered(output) => output.json,
         Ended::Failed { json, .. } => json,
         Ended::Refused(_) if request.deadline.remaining().is_zero() => {

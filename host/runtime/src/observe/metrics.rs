@@ -50,6 +50,17 @@ type Histograms = Family<Labels<2>, Histogram, fn() -> Histogram>;
 /// A per-server counter read at scrape time: name, help, value.
 type ServerCounter = (&'static str, &'static str, fn(&ServerGauges) -> u64);
 
+/// The outcomes of `quiver_tasks_total` (README, metrics).
+const TASK_OUTCOMES: [&str; 7] = [
+    "ok",
+    "exit_nonzero",
+    "trapped",
+    "deadline",
+    "cancelled",
+    "busy",
+    "setup_failed",
+];
+
 /// A host's metrics. Cheap to clone; clones share everything.
 ///
 /// Serve [`encode`](Self::encode) with [`CONTENT_TYPE`](Self::CONTENT_TYPE), or hand
@@ -66,6 +77,9 @@ struct Inner {
     tool_duration: Histograms,
     tool_output: Histograms,
     tasks: Family<Labels<1>, Counter>,
+    /// Each outcome's series of `tasks`, resolved at its first use (an unused outcome has
+    /// no series), so a task's end is an atomic add.
+    task_outcomes: [OnceLock<Counter>; TASK_OUTCOMES.len()],
     llm_requests: Family<Labels<2>, Counter>,
     llm_tokens: Family<Labels<2>, Counter>,
     budget_hits: Family<Labels<1>, Counter>,
@@ -200,6 +214,7 @@ impl Metrics {
                 tool_duration,
                 tool_output,
                 tasks,
+                task_outcomes: Default::default(),
                 llm_requests,
                 llm_tokens,
                 budget_hits,
@@ -246,10 +261,16 @@ impl Metrics {
 
     /// A task ended (or was refused) with `outcome`, one of a fixed set.
     pub(crate) fn task_finished(&self, outcome: &'static str) {
-        self.inner
-            .tasks
-            .get_or_create(&[("outcome", outcome.into())])
-            .inc();
+        let series = || {
+            self.inner
+                .tasks
+                .get_or_create(&[("outcome", outcome.into())])
+                .clone()
+        };
+        match TASK_OUTCOMES.iter().position(|known| *known == outcome) {
+            Some(at) => self.inner.task_outcomes[at].get_or_init(series).inc(),
+            None => series().inc(),
+        };
     }
 
     /// One LLM exchange with `backend` ended with `outcome` (`ok` or an error code).

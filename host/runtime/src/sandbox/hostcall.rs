@@ -7,8 +7,10 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use quiver_abi::Errno;
+use tokio_util::task::AbortOnDropHandle;
 
 use super::Deadline;
 
@@ -65,4 +67,140 @@ where
     F: Future + Send + 'a,
 {
     Box::pin(make())
+}
+
+/// Starts the future `make` builds as a tokio task of its own; awaiting the result waits
+/// for its output. None of its polls run on the task's fiber stack, and dropping the
+/// result aborts the work.
+///
+/// A task waiting in a hostcall keeps resident every page of its fiber stack that the
+/// hostcall's polls touched. A request to an MCP server polls through the pool, rmcp and
+/// tokio's channels, about 16 KiB of frames even with [`off_stack`]; spawned, they run on a
+/// worker thread's stack, which every task shares, and the fiber keeps only the wait for
+/// the join handle. The future is built and boxed on the worker too, so its size never
+/// touches the fiber, and what `make` captures is moved to the heap once, not into every
+/// future that waits on it.
+///
+/// Only from inside a tokio task (how `quiver serve` and the scale runs start tasks): there
+/// the spawned work goes to the same worker's next slot, and costs no thread switch. A
+/// task driven by `block_on` (`quiver run`) would hand each request to a worker thread
+/// and back; it runs the work inline, as [`off_stack`] does (BENCHMARKS.md, issue 25).
+pub fn off_fiber<M, F>(make: M) -> OffFiber<F::Output>
+where
+    M: FnOnce() -> F + Send + 'static,
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    if tokio::task::try_id().is_none() {
+        return OffFiber::Inline(off_stack(make));
+    }
+    OffFiber::Spawned(AbortOnDropHandle::new(tokio::spawn(async move {
+        Box::pin(make()).await
+    })))
+}
+
+/// Work started by [`off_fiber`]: its output, or `-EIO` if the runtime shut down under it.
+/// A panic in the work goes on unwinding here, as it would have inline.
+pub enum OffFiber<T> {
+    Spawned(AbortOnDropHandle<T>),
+    Inline(Pin<Box<dyn Future<Output = T> + Send>>),
+}
+
+impl<T> Future for OffFiber<T> {
+    type Output = Result<T, Errno>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        // Both variants are `Unpin` (a handle, a box).
+        match self.get_mut() {
+            OffFiber::Inline(work) => work.as_mut().poll(cx).map(Ok),
+            OffFiber::Spawned(handle) => {
+                Poll::Ready(match std::task::ready!(Pin::new(handle).poll(cx)) {
+                    Ok(output) => Ok(output),
+                    Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+                    Err(_) => Err(Errno::EIO),
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// Sets its flag when dropped.
+    struct Dropped(Arc<AtomicBool>);
+
+    impl Drop for Dropped {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[tokio::test]
+    async fn inside_a_task_the_work_is_a_task_of_its_own_and_outside_it_runs_inline() {
+        let outside = off_fiber(|| async { tokio::task::try_id() });
+        assert!(matches!(outside, OffFiber::Inline(_)));
+        assert_eq!(outside.await, Ok(None));
+        let inside = tokio::spawn(async {
+            let waiter = tokio::task::id();
+            let ran_in = off_fiber(|| async {
+                tokio::task::yield_now().await;
+                tokio::task::id()
+            });
+            assert!(matches!(ran_in, OffFiber::Spawned(_)));
+            (waiter, ran_in.await.unwrap())
+        });
+        let (waiter, worker) = inside.await.unwrap();
+        assert_ne!(waiter, worker);
+    }
+
+    #[tokio::test]
+    #[expect(
+        clippy::async_yields_async,
+        reason = "the work is started inside a task and dropped outside it"
+    )]
+    async fn dropping_the_wait_aborts_the_work() {
+        let dropped = Arc::new(AtomicBool::new(false));
+        let guard = Dropped(dropped.clone());
+        let started = tokio::spawn(async move {
+            off_fiber(move || async move {
+                let _guard = guard;
+                std::future::pending::<()>().await
+            })
+        });
+        let wait = started.await.unwrap();
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            !dropped.load(Ordering::SeqCst),
+            "the work runs while awaited"
+        );
+        drop(wait);
+        for _ in 0..100 {
+            if dropped.load(Ordering::SeqCst) {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the work was not dropped after its wait was");
+    }
+
+    #[tokio::test]
+    async fn a_panic_in_the_work_goes_on_in_the_waiter() {
+        let waiter = tokio::spawn(async {
+            let work = off_fiber(|| async { panic!("the work's own panic") });
+            assert!(matches!(work, OffFiber::Spawned(_)));
+            let _ = work.await;
+        });
+        let error = waiter.await.expect_err("the waiter panics too");
+        let payload = error.into_panic();
+        assert_eq!(
+            payload.downcast_ref::<&str>(),
+            Some(&"the work's own panic")
+        );
+    }
 }

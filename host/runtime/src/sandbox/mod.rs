@@ -32,7 +32,7 @@ mod wasi;
 
 use std::sync::Arc;
 
-use wasmtime::{Caller, Func, Linker, Memory, Ref, Table};
+use wasmtime::{AsContextMut, Caller, Func, Instance, Linker, Memory, Ref, Table};
 use wasmtime_wasi::p1::WasiP1Ctx;
 
 use guest_log::GuestLogSink;
@@ -49,7 +49,7 @@ pub use guest_log::flush_guest_stderr;
 pub use guest_memory::{
     GuestMemoryExhausted, GuestMemoryHold, GuestMemoryStatus, GuestMemoryTotal,
 };
-pub use hostcall::{HostcallError, before_deadline, finish, off_stack};
+pub use hostcall::{HostcallError, before_deadline, finish, off_fiber, off_stack};
 pub use memory::{GuestMemory, OutBuf, guest};
 pub use poll::{Pollable, ReadySignal};
 pub use run::TaskFailure;
@@ -66,8 +66,12 @@ pub struct Sandbox<K> {
     pub fds: FdTable<K>,
     /// The guest's exported memory, looked up once after instantiation.
     pub memory: Option<Memory>,
-    /// The guest's funcref table (for guest tools), looked up once after instantiation.
-    pub table: Option<Table>,
+    /// The guest's instance, set once it is instantiated.
+    pub instance: Option<Instance>,
+    /// The guest's funcref table (for guest tools), looked up when a guest tool is first
+    /// called: most tasks call none, and finding a table exported under another name than
+    /// the usual two walks every export.
+    funcref_table: Option<Option<Table>>,
     /// Guest tools running now, one inside another (each holds a fiber stack of the host's
     /// shared pool); at most [`MAX_GUEST_TOOL_NESTING`](crate::defaults::MAX_GUEST_TOOL_NESTING).
     pub guest_tool_depth: u32,
@@ -120,7 +124,16 @@ pub fn guest_callback<T: SandboxView>(
     caller: &mut Caller<'_, T>,
     table_index: u32,
 ) -> Option<Func> {
-    let table = caller.data_mut().sandbox().table?;
+    let sandbox = caller.data_mut().sandbox();
+    let table = match sandbox.funcref_table {
+        Some(table) => table,
+        None => {
+            let instance = sandbox.instance?;
+            let table = funcref_table(&instance, &mut *caller);
+            caller.data_mut().sandbox().funcref_table = Some(table);
+            table
+        }
+    }?;
     match table.get(&mut *caller, u64::from(table_index))? {
         Ref::Func(Some(func)) => {
             func.typed::<(i32, i32, i32, i32), i32>(&*caller).ok()?;
@@ -128,6 +141,19 @@ pub fn guest_callback<T: SandboxView>(
         }
         _ => None,
     }
+}
+
+/// The table guest tools are called through: `__indirect_function_table`, else `table`,
+/// else the first exported table.
+fn funcref_table(instance: &Instance, mut store: impl AsContextMut) -> Option<Table> {
+    for name in ["__indirect_function_table", "table"] {
+        if let Some(table) = instance.get_table(&mut store, name) {
+            return Some(table);
+        }
+    }
+    instance
+        .exports(&mut store)
+        .find_map(|export| export.into_table())
 }
 
 /// Store data that has a sandbox; every capability's view builds on it.
@@ -155,4 +181,33 @@ where
 {
     epoll::add_to_linker(linker)?;
     fd_ctl::add_to_linker(linker)
+}
+
+#[cfg(test)]
+mod funcref_table_tests {
+    use wasmtime::{Engine, Instance, Module, Store};
+
+    use super::funcref_table;
+
+    fn exported(tables: &str) -> (Store<()>, Instance) {
+        let engine = Engine::default();
+        let module = Module::new(&engine, format!("(module {tables})")).unwrap();
+        let mut store = Store::new(&engine, ());
+        let instance = Instance::new(&mut store, &module, &[]).unwrap();
+        (store, instance)
+    }
+
+    #[test]
+    fn the_usual_name_wins_then_any_exported_table() {
+        let (mut store, instance) = exported(
+            r#"(table (export "other") 1 funcref) (table (export "__indirect_function_table") 2 funcref)"#,
+        );
+        let table = funcref_table(&instance, &mut store).unwrap();
+        assert_eq!(table.size(&store), 2);
+        let (mut store, instance) = exported(r#"(table (export "funcs") 3 funcref)"#);
+        let table = funcref_table(&instance, &mut store).unwrap();
+        assert_eq!(table.size(&store), 3);
+        let (mut store, instance) = exported(r#"(memory (export "memory") 1)"#);
+        assert!(funcref_table(&instance, &mut store).is_none());
+    }
 }

@@ -43,15 +43,10 @@ pub struct TaskRun {
 }
 
 impl<T: SandboxView> Runtime<T> {
-    /// Instantiates `pre` on `data` and calls `entry` (a `() -> ()` export) until it returns,
-    /// traps or the deadline passes. An `Err` means the task could not start.
-    pub async fn run(
-        &self,
-        pre: &InstancePre<T>,
-        mut data: T,
-        entry: &str,
-        span: tracing::Span,
-    ) -> Result<TaskRun, SandboxSetupError> {
+    /// The store a task runs in: `data` with its limits and its deadline. Built apart from
+    /// [`Runtime::run`] so the task's state never sits in a future (each waiting task's
+    /// future is on the heap for as long as it waits).
+    pub fn store(&self, mut data: T) -> Store<T> {
         let deadline = data.sandbox().deadline;
         let mut store = Store::new(self.engine(), data);
         store.limiter(|state| &mut state.sandbox().limits);
@@ -63,16 +58,28 @@ impl<T: SandboxView> Runtime<T> {
                 Ok(UpdateDeadline::Yield(1))
             }
         });
+        store
+    }
+
+    /// Instantiates `pre` in `store` and calls `entry` (a `() -> ()` export) until it
+    /// returns, traps or the deadline passes. An `Err` means the task could not start.
+    pub async fn run(
+        &self,
+        pre: &InstancePre<T>,
+        mut store: Store<T>,
+        entry: &str,
+        span: tracing::Span,
+    ) -> Result<TaskRun, SandboxSetupError> {
+        let deadline = store.data_mut().sandbox().deadline;
         let instance = pre
             .instantiate_async(&mut store)
             .instrument(span.clone())
             .await
             .map_err(|source| SandboxSetupError::Instantiate { source })?;
         let memory = instance.get_memory(&mut store, "memory");
-        let table = funcref_table(&instance, &mut store);
         let sandbox = store.data_mut().sandbox();
         sandbox.memory = memory;
-        sandbox.table = table;
+        sandbox.instance = Some(instance);
         let func = instance
             .get_typed_func::<(), ()>(&mut store, entry)
             .map_err(|source| SandboxSetupError::NoEntry {
@@ -91,24 +98,6 @@ impl<T: SandboxView> Runtime<T> {
         };
         Ok(TaskRun { exit_code, failure })
     }
-}
-
-/// The table guest tools are called through: `__indirect_function_table`, else `table`,
-/// else the first exported table.
-fn funcref_table<T>(
-    instance: &wasmtime::Instance,
-    store: &mut Store<T>,
-) -> Option<wasmtime::Table> {
-    for name in ["__indirect_function_table", "table"] {
-        if let Some(table) = instance.get_table(&mut *store, name) {
-            return Some(table);
-        }
-    }
-    let exports: Vec<_> = instance
-        .exports(&mut *store)
-        .filter_map(|e| e.into_table())
-        .collect();
-    exports.into_iter().next()
 }
 
 fn classify(error: wasmtime::Error) -> (i32, Option<TaskFailure>) {

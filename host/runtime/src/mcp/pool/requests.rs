@@ -206,7 +206,7 @@ impl McpPool {
     async fn call_round(
         &self,
         entry: &Arc<ServerEntry>,
-        params: CallToolRequestParams,
+        mut params: CallToolRequestParams,
         principal: Option<&str>,
         asker: &Asker,
     ) -> Result<Round<CallToolResult>, McpError> {
@@ -221,11 +221,14 @@ impl McpPool {
         conn.common_stream_ready().await;
         let timeout = entry.record.budgets.tool_timeout;
         let span = spans::request(entry, "tools/call", Some(name));
-        let mut params = params;
         spans::propagate(&span, &mut params);
         spans::record_peer(&span, conn.service.peer_info().as_deref());
         let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
         let asking = Arc::<Asking>::default();
+        // Built (not sent: nothing runs until it is polled, with the permits held) and boxed
+        // here: the call block holds a pointer, not another copy of the params, and rmcp's
+        // request future is large (see `off_stack`). A call queued for permits holds it.
+        let request = off_stack(|| conn.call_tool_once(params));
         let call = async {
             let _permit = slot.permits.acquire().await.map_err(|_| {
                 McpError::new(
@@ -242,8 +245,7 @@ impl McpPool {
                 .enter(asker, entry, ("tools/call", name), &asking);
             phase.set(CallPhase::ON_WIRE);
             let sent = tokio::time::Instant::now();
-            // Off the stack: rmcp's request future is large (see `off_stack`).
-            let result = off_stack(|| conn.call_tool_once(params))
+            let result = request
                 .await
                 .map_err(|e| service_failed(server_id, name, e, &phase))?;
             Ok((result, sent, _permit, entered))
