@@ -160,14 +160,14 @@ impl Telemetry {
 }
 
 fn provider(queue: QueueProcessor, sampling: Sampling, resource: Resource) -> SdkTracerProvider {
-    let ratio = || Box::new(Sampler::TraceIdRatioBased(sampling.ratio));
+    let ratio = Sampler::TraceIdRatioBased(sampling.ratio);
     let sampler = match sampling.kind {
         SamplerKind::AlwaysOn => Sampler::AlwaysOn,
         SamplerKind::AlwaysOff => Sampler::AlwaysOff,
-        SamplerKind::Traceidratio => *ratio(),
+        SamplerKind::Traceidratio => ratio,
         SamplerKind::ParentbasedAlwaysOn => Sampler::ParentBased(Box::new(Sampler::AlwaysOn)),
         SamplerKind::ParentbasedAlwaysOff => Sampler::ParentBased(Box::new(Sampler::AlwaysOff)),
-        SamplerKind::ParentbasedTraceidratio => Sampler::ParentBased(ratio()),
+        SamplerKind::ParentbasedTraceidratio => Sampler::ParentBased(Box::new(ratio)),
     };
     SdkTracerProvider::builder()
         .with_span_processor(queue)

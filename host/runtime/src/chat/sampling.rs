@@ -495,7 +495,6 @@ fn assistant_message(i: usize, message: &SamplingMessage) -> Result<Value, Sampl
     Ok(out)
 }
 
-/// The backend's answer as a `CreateMessageResult`.
 /// The refusal of an answer the task's host memory budget cannot hold.
 fn over_budget() -> SamplingRefused {
     SamplingRefused::new(
@@ -525,6 +524,7 @@ fn answer_cost(completion: &ChatCompletion) -> u64 {
     })
 }
 
+/// The backend's answer as a `CreateMessageResult`.
 fn answer(
     completion: &ChatCompletion,
     asked: &str,

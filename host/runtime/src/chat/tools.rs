@@ -79,6 +79,8 @@ pub(crate) struct McpTools {
     held: u64,
     /// What the definitions take as JSON values, for a backend that translates a body.
     value_cost: u64,
+    /// Every granted server listed: worth keeping for the next send (a failure is retried).
+    reusable: bool,
 }
 
 /// What an [`McpTools`] was built from. The registry and the listings are kept (not just
@@ -125,7 +127,7 @@ impl McpKey {
     }
 }
 
-/// A task's last [`McpTools`], kept in its [`McpTask`] for the next send.
+/// A task's last [`McpTools`], kept in its [`ChatTask`](super::ChatTask) for the next send.
 #[derive(Default)]
 pub(crate) struct ToolCache(Mutex<Option<Arc<McpTools>>>);
 
@@ -294,17 +296,19 @@ impl<'s> ToolSet<'s> {
         let effective = policy::effective(&mcp.registry, &mcp.policy, &session_request(session));
         let entries: Vec<_> = effective.servers.iter().map(|g| g.entry.clone()).collect();
         let listed = list(&entries, mcp).await;
-        let mut half = McpTools::assemble(session, &mcp.registry, effective, listed, approver);
+        let half = Arc::new(McpTools::assemble(
+            session,
+            &mcp.registry,
+            effective,
+            listed,
+            approver,
+        ));
         if let Some(cache) = cache
-            && half.key.listings.len() == entries.len()
+            && half.reusable
         {
-            // Every server listed: worth keeping (a failure is retried next send).
-            half.key.entries = entries;
-            let half = Arc::new(half);
             cache.set(half.clone());
-            return Self::new(&session.guest_tools, half);
         }
-        Self::new(&session.guest_tools, Arc::new(half))
+        Self::new(&session.guest_tools, half)
     }
 
     fn new(guest: &'s [GuestTool], mcp: Arc<McpTools>) -> Self {
@@ -455,8 +459,8 @@ impl<'s> ToolSet<'s> {
 impl McpTools {
     /// The pure part of [`ToolSet::build`]: names, definitions and the decision log from the
     /// effective policy and each granted server's listing and what it left out (in grant
-    /// order); `approver`: whether the host can approve calls. Its key records the listings
-    /// only when every server listed.
+    /// order); `approver`: whether the host can approve calls. It is reusable only when
+    /// every server listed.
     fn assemble(
         session: &ChatSession,
         registry: &Arc<Registry>,
@@ -497,14 +501,14 @@ impl McpTools {
             decisions: effective.decisions,
             held: 0,
             value_cost: 0,
+            reusable: true,
         };
-        let mut all_listed = true;
         for (grant, (listed, left_out)) in effective.servers.into_iter().zip(listed) {
             let server_id = grant.entry.server_id().to_owned();
             let tools = match listed {
                 Ok(tools) => tools,
                 Err(error) => {
-                    all_listed = false;
+                    set.reusable = false;
                     let reason = if error.code == McpErrorCode::Timeout {
                         Reason::ListTimeout
                     } else {
@@ -599,12 +603,10 @@ impl McpTools {
                     });
                 }
             }
+            set.key.entries.push(grant.entry);
             set.key.listings.push(tools);
             set.key.left_out.push(left_out);
             set.servers.push(server_id);
-        }
-        if !all_listed {
-            set.key.listings.clear();
         }
         set.held = set
             .decisions

@@ -103,7 +103,6 @@ impl Matcher {
     }
 }
 
-/// The first exchange whose response takes more than `limit` bytes as JSON, and its size.
 /// Each exchange's response: the length of its JSON text, and the heap a copy of it takes.
 fn response_sizes(transcript: &Transcript) -> Vec<(usize, u64)> {
     transcript
