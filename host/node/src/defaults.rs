@@ -195,7 +195,8 @@ pub const STREAM_MAX_FRAMES_PER_SEC: u32 = 500;
 /// A stream WebSocket with no frame either way for this long is closed (1001).
 pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
-/// How long a closing stream WebSocket waits to hand the client its close frame.
+/// How long a closing stream WebSocket waits to hand the client its close frame and to
+/// read until the client's close reply.
 pub const STREAM_CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long a stream session lasts after its task ended, for the client to read what the

@@ -222,5 +222,17 @@ async fn session(socket: WebSocket, client: StreamClient, id: String, connection
         code,
         reason: reason.into(),
     }));
-    let _ = tokio::time::timeout(defaults::STREAM_CLOSE_TIMEOUT, tx.send(close)).await;
+    // The closing handshake: read (and drop) what the client still sends until its close
+    // reply. Dropping the socket with unread bytes makes the kernel answer with a reset,
+    // and a client that is still writing (a flood) would lose the close frame and reason.
+    let _ = tokio::time::timeout(defaults::STREAM_CLOSE_TIMEOUT, async {
+        if tx.send(close).await.is_ok() {
+            while let Some(Ok(message)) = rx.next().await {
+                if matches!(message, Message::Close(_)) {
+                    break;
+                }
+            }
+        }
+    })
+    .await;
 }
