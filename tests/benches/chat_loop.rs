@@ -17,7 +17,7 @@
 //! Run: `cargo bench -p quiver-tests --bench chat_loop` (`QUIVER_BENCH_ROUNDS`,
 //! `QUIVER_BENCH_SENDS` override the defaults).
 
-use quiver_tests::bench::{env_usize, median};
+use quiver_tests::bench::{context_switches, cpu_time, env_usize, median};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -146,15 +146,31 @@ async fn main() {
     let (mut overhead, mut guest_per_send, mut baseline_per_send) =
         (Vec::new(), Vec::new(), Vec::new());
     let (mut exported_per_send, mut exported_overhead) = (Vec::new(), Vec::new());
+    // Voluntary context switches of this process per send: each is a wait handed to another
+    // thread and back, which the machine's noise does not blur.
+    let (mut guest_switches, mut baseline_switches) = (Vec::new(), Vec::new());
+    // CPU time per send of this process (the scripted LLM server included) and of the
+    // thread that runs the guest and the baseline's calls.
+    let (mut guest_cpu, mut baseline_cpu) = (Vec::new(), Vec::new());
+    let cpu = || (cpu_time(false), cpu_time(true));
+    let cpu_per_send = |(process, thread): (Duration, Duration)| {
+        let (p, t) = cpu();
+        ((p - process) / sends as u32, (t - thread) / sends as u32)
+    };
+    let pid = std::process::id();
     for round in 0..rounds {
         eprint!("\rround {}/{rounds}", round + 1);
         for _ in 0..sends {
             script_one_send(&llm);
         }
+        let switches = context_switches(pid);
+        let used = cpu();
         let started = Instant::now();
         let outcome = host.run_task(&module, &task).await.unwrap();
         assert!(outcome.success());
         let guest = started.elapsed() / sends as u32;
+        guest_cpu.push(cpu_per_send(used));
+        guest_switches.push(context_switches(pid).saturating_sub(switches) as f64 / sends as f64);
 
         for _ in 0..sends {
             script_one_send(&llm);
@@ -169,6 +185,8 @@ async fn main() {
         for _ in 0..sends {
             script_one_send(&llm);
         }
+        let switches = context_switches(pid);
+        let used = cpu();
         let started = Instant::now();
         for _ in 0..sends {
             for body in &bodies {
@@ -186,6 +204,9 @@ async fn main() {
             host.call_tool(&task, add.clone()).await.unwrap();
         }
         let baseline = started.elapsed() / sends as u32;
+        baseline_cpu.push(cpu_per_send(used));
+        baseline_switches
+            .push(context_switches(pid).saturating_sub(switches) as f64 / sends as f64);
         guest_per_send.push(guest);
         baseline_per_send.push(baseline);
         overhead.push(guest.saturating_sub(baseline));
@@ -210,6 +231,19 @@ async fn main() {
     println!(
         "  host-side overhead per iteration         {:>10.1} µs",
         micros(median(overhead))
+    );
+    println!(
+        "  context switches per send, host / baseline {:>6.1} / {:.1}",
+        median(guest_switches),
+        median(baseline_switches)
+    );
+    let split = |samples: Vec<(Duration, Duration)>| {
+        let (process, thread): (Vec<_>, Vec<_>) = samples.into_iter().unzip();
+        (micros(median(process)), micros(median(thread)))
+    };
+    let ((gp, gt), (bp, bt)) = (split(guest_cpu), split(baseline_cpu));
+    println!(
+        "  CPU per send, host / baseline: process {gp:.1} / {bp:.1} µs, its thread {gt:.1} / {bt:.1} µs"
     );
     let (off, on) = (median(guest_per_send), median(exported_per_send));
     println!(

@@ -36,7 +36,7 @@
 //! `QUIVER_BENCH_ROWS=guest,spawned` (of guest, spawned, native, ts, floor) only those rows,
 //! for a profile of them.
 
-use quiver_tests::bench::{env_usize, median};
+use quiver_tests::bench::{context_switches, env_usize, median};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
@@ -96,23 +96,6 @@ async fn spawn_per_call(target: &Target) -> Duration {
     client.call_tool(params).await.unwrap();
     client.cancel().await.unwrap();
     started.elapsed()
-}
-
-/// Voluntary context switches of process `pid` so far, summed over its threads.
-fn context_switches(pid: u32) -> u64 {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return 0;
-    };
-    tasks
-        .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
-        .filter_map(|status| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
-                .and_then(|n| n.trim().parse::<u64>().ok())
-        })
-        .sum()
 }
 
 /// The MCP handshake and `tools/call` lines written by hand on blocking pipes: the pipe

@@ -28,7 +28,9 @@
 //!    an epoll set and blocks in `spear_epoll_wait`, then reads the answer.
 //!
 //! Run: `cargo bench -p quiver-tests --bench scale`. `QUIVER_BENCH_ROUNDS` (0 skips part 1),
-//! `QUIVER_BENCH_TASKS` (tasks per overhead round), `QUIVER_BENCH_SLEEP_MS` and
+//! `QUIVER_BENCH_TASKS` (tasks per overhead round), `QUIVER_BENCH_START_ROWS` (part 1's rows
+//! to run, comma-separated, for profiling one: `host`, `host0`, `bare`, `bare_host`,
+//! `bare0`), `QUIVER_BENCH_SLEEP_MS` and
 //! `QUIVER_BENCH_WAITING` (comma-separated N) override the defaults. `QUIVER_BENCH_ROWS`
 //! picks part 2's rows (comma-separated, default all): `host` (defaults, blocking call),
 //! `epoll` (defaults, the epoll wait), `slots` (N slots), `capped` (N slots, the old call
@@ -414,6 +416,11 @@ async fn overhead(
         Settings::Host { keep_resident: 0 },
     );
     const VARIANTS: usize = 5;
+    const VARIANT_NAMES: [&str; VARIANTS] = ["host", "host0", "bare", "bare_host", "bare0"];
+    // Only some rows, to profile one (a row left out reads as 0, its ratios as NaN or inf).
+    let start_rows =
+        std::env::var("QUIVER_BENCH_START_ROWS").unwrap_or_else(|_| VARIANT_NAMES.join(","));
+    let start_rows: Vec<&str> = start_rows.split(',').collect();
     let mut samples: [Vec<f64>; VARIANTS] = Default::default();
     // host / bare, host / bare with the host's settings, the same two kept nothing.
     let mut ratios: [Vec<f64>; 4] = Default::default();
@@ -423,6 +430,9 @@ async fn overhead(
         // Rotate the order, so no variant always runs on a warmer machine.
         for k in 0..VARIANTS {
             let which = (round + k) % VARIANTS;
+            if !start_rows.contains(&VARIANT_NAMES[which]) {
+                continue;
+            }
             row[which] = match which {
                 // Borrowed, as bare's module is: a clone per task would be the bench's own cost.
                 0 => per_task(tasks, || run_noop(host, module, &task)).await,

@@ -13,3 +13,39 @@ pub fn median<T: PartialOrd + Copy>(mut samples: Vec<T>) -> T {
     samples.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
     samples[samples.len() / 2]
 }
+
+/// Voluntary context switches of process `pid` so far, summed over its threads.
+pub fn context_switches(pid: u32) -> u64 {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
+        .filter_map(|status| {
+            status
+                .lines()
+                .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// CPU time (user and system) used so far by this process's threads, or by the calling
+/// thread alone with `thread`.
+pub fn cpu_time(thread: bool) -> std::time::Duration {
+    let who = if thread {
+        libc::RUSAGE_THREAD
+    } else {
+        libc::RUSAGE_SELF
+    };
+    // SAFETY: `getrusage` writes one `rusage` into the zeroed struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        libc::getrusage(who, &mut usage);
+        usage
+    };
+    let time =
+        |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
