@@ -156,6 +156,11 @@ pub const WASI_TABLE_SLACK: usize = 16;
 /// Wall-clock time a task may run when its task file names no deadline.
 pub const TASK_DEADLINE: Duration = Duration::from_secs(300);
 
+/// How long a task's end waits for the work it started off its fiber, aborted when the
+/// task ended, to be dropped (a worker drops it at its next turn), so that the memory and
+/// the events the task reports are final.
+pub const TASK_WORK_DRAIN: Duration = Duration::from_secs(1);
+
 /// Longest deadline a task may ask for; larger `limits.deadline_ms` values are cut to it, so
 /// adding a deadline to the clock can never overflow.
 pub const TASK_DEADLINE_MAX: Duration = Duration::from_secs(365 * 24 * 60 * 60);

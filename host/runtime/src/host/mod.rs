@@ -436,12 +436,17 @@ impl Host {
             .task_store(task, module, held.guest_memory.clone(), &budget, mcp)
             .map_err(|e| setup_error(String::new(), e))?;
         let entry = task.entry.as_deref().unwrap_or("_start");
+        let work = store.data().sandbox.work.clone();
         let run = self
             .inner
             .runtime
             .run(&module.pre, store, entry, span.clone())
-            .await
-            .map_err(|e| setup_error(format!("{}: ", module.name), e))?;
+            .await;
+        // The store is gone, with the fds and hostcalls that owned the task's work.
+        if !work.drained(crate::defaults::TASK_WORK_DRAIN).await {
+            tracing::warn!(task_id = %task.task_id, "work the task started was still running when it ended");
+        }
+        let run = run.map_err(|e| setup_error(format!("{}: ", module.name), e))?;
         let (stdout, stderr) = captured.map(|c| c.take()).unwrap_or_default();
         let outcome = TaskOutcome {
             exit_code: run.exit_code,

@@ -631,7 +631,7 @@ where
     let span = request.span.clone();
     // Off the fiber, as every pool request (see `off_fiber`).
     let listed = request
-        .run(off_fiber(move || {
+        .run(off_fiber(&caller.data_mut().sandbox().work, move || {
             fetch(pool, entry, principal).instrument(span)
         }))
         .await??;
@@ -732,7 +732,7 @@ async fn read_resource<T: McpView>(
     let _copies = request.hold_copies();
     let (origin, from_server) = request.origin();
     // Off the fiber, as every pool request (see `off_fiber`).
-    let read = off_fiber(move || async move {
+    let read = off_fiber(&caller.data_mut().sandbox().work, move || async move {
         let r = &request;
         let asker = origin.asker(&r.mcp);
         let read = r
@@ -769,7 +769,7 @@ async fn get_prompt<T: McpView>(
     let _charges = (request.hold_copies(), arguments_charge);
     let (origin, from_server) = request.origin();
     // Off the fiber, as every pool request (see `off_fiber`).
-    let got = off_fiber(move || async move {
+    let got = off_fiber(&caller.data_mut().sandbox().work, move || async move {
         let r = &request;
         let asker = origin.asker(&r.mcp);
         let (entry, principal) = (&r.grant.entry, r.mcp.principal());
@@ -803,7 +803,7 @@ async fn call_tool<T: McpView>(
     let span = request.span.clone();
     // Off the fiber: the pool's, rmcp's and tokio's polls would keep about 16 KiB of the
     // task's stack resident while it waits (`off_fiber`).
-    let ran = off_fiber(move || {
+    let ran = off_fiber(&caller.data_mut().sandbox().work, move || {
         async move {
             let r = &request;
             let (entry, name, raw) = (&r.grant.entry, r.name(), &r.key.args);

@@ -10,22 +10,30 @@
 //! own work charges. The slot and the charge belong to the [`Background`], not to the
 //! tokio task, so closing the fd gives them back at once, not when the runtime gets round
 //! to dropping the aborted task.
+//!
+//! What the aborted work itself holds (a sampling request's charge, an MCP request's
+//! cancellation and its observers' event) goes when the runtime drops it. Every piece, and
+//! every request run off the task's fiber ([`off_fiber`](super::off_fiber)), is tracked, so
+//! the task's end waits for them ([`BackgroundWork::drained`]): what a finished task
+//! reports (its memory, its events) is final.
 
 use std::future::Future;
 use std::sync::Arc;
 
 use quiver_abi::Errno;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
-use tokio_util::task::AbortOnDropHandle;
+use tokio_util::task::{AbortOnDropHandle, TaskTracker};
 
 use super::{Charge, MemoryBudget, ReadySignal};
 use crate::defaults;
 
-/// A task's background work: its wake-up signal and its slots.
+/// A task's background work: its wake-up signal, its slots, and every tokio task it
+/// started.
 #[derive(Clone, Debug)]
 pub struct BackgroundWork {
     signal: ReadySignal,
     slots: Arc<Semaphore>,
+    started: TaskTracker,
 }
 
 impl Default for BackgroundWork {
@@ -33,11 +41,31 @@ impl Default for BackgroundWork {
         Self {
             signal: ReadySignal::default(),
             slots: Arc::new(Semaphore::new(defaults::MAX_IN_FLIGHT)),
+            started: TaskTracker::new(),
         }
     }
 }
 
 impl BackgroundWork {
+    /// Runs `work` as a tokio task that [`Self::drained`] waits for.
+    pub(super) fn track<F>(&self, work: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        self.started.spawn(work)
+    }
+
+    /// Waits, at most `within`, until every tokio task the work started has been dropped
+    /// (once the task's fds and hostcalls are gone, each is aborted and goes at the
+    /// runtime's next turn). `false` if some were still there.
+    pub async fn drained(&self, within: std::time::Duration) -> bool {
+        self.started.close();
+        tokio::time::timeout(within, self.started.wait())
+            .await
+            .is_ok()
+    }
+
     /// The signal background work raises when it ends.
     pub fn signal(&self) -> &ReadySignal {
         &self.signal
@@ -59,7 +87,7 @@ impl BackgroundWork {
         let charge = budget.charge("work in flight", defaults::IN_FLIGHT_BYTES)?;
         let (tx, rx) = oneshot::channel();
         let signal = self.signal.clone();
-        let task = tokio::spawn(async move {
+        let task = self.track(async move {
             let answer = work.await;
             // The answer first, then the signal: a woken wait must find it.
             let _ = tx.send(answer);

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 use quiver_abi::Errno;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::Deadline;
+use super::{BackgroundWork, Deadline};
 
 /// Why a hostcall did not succeed.
 #[derive(Debug)]
@@ -85,7 +85,10 @@ where
 /// the spawned work goes to the same worker's next slot, and costs no thread switch. A
 /// task driven by `block_on` (`quiver run`) would hand each request to a worker thread
 /// and back; it runs the work inline, as [`off_stack`] does (BENCHMARKS.md, issue 25).
-pub fn off_fiber<M, F>(make: M) -> OffFiber<F::Output>
+///
+/// The spawned work is one of the task's `work` ([`BackgroundWork`]): the task's end waits
+/// until an aborted one has been dropped.
+pub fn off_fiber<M, F>(work: &BackgroundWork, make: M) -> OffFiber<F::Output>
 where
     M: FnOnce() -> F + Send + 'static,
     F: Future + Send + 'static,
@@ -94,9 +97,9 @@ where
     if tokio::task::try_id().is_none() {
         return OffFiber::Inline(off_stack(make));
     }
-    OffFiber::Spawned(AbortOnDropHandle::new(tokio::spawn(async move {
-        Box::pin(make()).await
-    })))
+    OffFiber::Spawned(AbortOnDropHandle::new(
+        work.track(async move { Box::pin(make()).await }),
+    ))
 }
 
 /// Work started by [`off_fiber`]: its output, or `-EIO` if the runtime shut down under it.
@@ -143,12 +146,13 @@ mod tests {
 
     #[tokio::test]
     async fn inside_a_task_the_work_is_a_task_of_its_own_and_outside_it_runs_inline() {
-        let outside = off_fiber(|| async { tokio::task::try_id() });
+        let work = BackgroundWork::default();
+        let outside = off_fiber(&work, || async { tokio::task::try_id() });
         assert!(matches!(outside, OffFiber::Inline(_)));
         assert_eq!(outside.await, Ok(None));
-        let inside = tokio::spawn(async {
+        let inside = tokio::spawn(async move {
             let waiter = tokio::task::id();
-            let ran_in = off_fiber(|| async {
+            let ran_in = off_fiber(&work, || async {
                 tokio::task::yield_now().await;
                 tokio::task::id()
             });
@@ -164,35 +168,39 @@ mod tests {
         clippy::async_yields_async,
         reason = "the work is started inside a task and dropped outside it"
     )]
-    async fn dropping_the_wait_aborts_the_work() {
+    async fn dropping_the_wait_aborts_the_work_and_the_task_end_waits_until_it_is_gone() {
+        let work = BackgroundWork::default();
         let dropped = Arc::new(AtomicBool::new(false));
         let guard = Dropped(dropped.clone());
-        let started = tokio::spawn(async move {
-            off_fiber(move || async move {
-                let _guard = guard;
-                std::future::pending::<()>().await
-            })
+        let started = tokio::spawn({
+            let work = work.clone();
+            async move {
+                off_fiber(&work, move || async move {
+                    let _guard = guard;
+                    std::future::pending::<()>().await
+                })
+            }
         });
         let wait = started.await.unwrap();
-        tokio::time::sleep(Duration::from_millis(10)).await;
         assert!(
-            !dropped.load(Ordering::SeqCst),
+            !work.drained(Duration::from_millis(10)).await,
             "the work runs while awaited"
         );
+        assert!(!dropped.load(Ordering::SeqCst));
         drop(wait);
-        for _ in 0..100 {
-            if dropped.load(Ordering::SeqCst) {
-                return;
-            }
-            tokio::task::yield_now().await;
-        }
-        panic!("the work was not dropped after its wait was");
+        assert!(work.drained(Duration::from_secs(5)).await);
+        assert!(
+            dropped.load(Ordering::SeqCst),
+            "drained means the work was dropped"
+        );
     }
 
     #[tokio::test]
     async fn a_panic_in_the_work_goes_on_in_the_waiter() {
         let waiter = tokio::spawn(async {
-            let work = off_fiber(|| async { panic!("the work's own panic") });
+            let work = off_fiber(&BackgroundWork::default(), || async {
+                panic!("the work's own panic")
+            });
             assert!(matches!(work, OffFiber::Spawned(_)));
             let _ = work.await;
         });
