@@ -4,11 +4,12 @@
 
 use std::time::{Duration, Instant};
 
+use quiver::{ToolCall, ToolCallEnd, ToolObserver, ToolOutcome};
 use quiver_tests::chat_wat::{ChatGuest, WEATHER, scripted_host};
 use quiver_tests::errno::{EACCES, EAGAIN, EBADF, EFAULT, EINVAL, ENOSPC};
 use quiver_tests::llm::{Reply, ScriptedLlm};
 use quiver_tests::wat::{self, WatRun};
-use quiver_tests::{RegistryDir, host, mcp_task};
+use quiver_tests::{RegistryDir, host, host_builder, mcp_task};
 use serde_json::{Value, json};
 
 const EPOLLIN: i32 = 0x001;
@@ -457,4 +458,63 @@ async fn the_rust_example_joins_three_calls_in_flight() {
         (300..600).contains(&took),
         "three 300 ms calls took {took} ms: they did not overlap"
     );
+}
+
+/// Records each tool call's tool and how it ended.
+#[derive(Default)]
+struct Ends(std::sync::Mutex<Vec<(String, ToolOutcome)>>);
+
+impl ToolObserver for Ends {
+    fn after_tool_call(&self, call: &ToolCall, end: &ToolCallEnd) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((call.tool.clone(), end.outcome));
+    }
+}
+
+/// A guest that returns while a call it started still runs: ending the task aborts the
+/// call, and `run_task` returns only once the aborted work is gone, so the observers were
+/// already told the call was cancelled and the task's memory is all given back. Run on
+/// worker threads, where the abort is handled on another thread than the task's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_left_running_is_cancelled_and_reported_before_its_task_ends() {
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["*"], "[budgets]\ntool_timeout_ms = 120000\n");
+    let ends = std::sync::Arc::new(Ends::default());
+    let host = host_builder(&registry)
+        .with_tool_observer(ends.clone())
+        .build()
+        .unwrap();
+    // The blocking echo after the start gives the started call time to reach the server.
+    let body = format!(
+        r#"(func $main (local $fd i32) (local $a i32)
+  (local.set $fd (call $mcp_open (i32.const 1024) (i32.const 7)))
+  (local.set $a {start})
+  (call $out (i32.gt_s (local.get $a) (i32.const 0)))
+  (call $cap (i32.const 8192) (i32.const 65536))
+  (call $out (call $mcp_call_tool (local.get $fd) (i32.const 1100) (i32.const 4) (i32.const 1120) (i32.const 13) (i32.const 16384) (i32.const 8192))))"#,
+        start = start(SLOW, MS_60000)
+    );
+    let module = wat::guest(DATA, &body);
+    for round in 0..5 {
+        ends.0.lock().unwrap().clear();
+        let task = mcp_task(&format!("left-{round}"), &["fixture"]);
+        let run = wat::run(&host, &module, &task).await;
+        assert!(run.outcome.success(), "{:?}", run.outcome.failure);
+        assert_eq!(run.results[0], 1, "round {round}: the call started");
+        assert!(run.results[1] > 0, "round {round}: echo answered");
+        assert_eq!(run.outcome.host_memory.unreleased_bytes, 0, "round {round}");
+        let mut seen = ends.0.lock().unwrap().clone();
+        seen.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            seen,
+            [
+                ("echo".to_owned(), ToolOutcome::Ok),
+                ("slow".to_owned(), ToolOutcome::Cancelled)
+            ],
+            "round {round}: both calls' ends are reported before the task's"
+        );
+    }
+    host.shutdown().await;
 }

@@ -225,6 +225,11 @@ async fn spears_c_echo_answers_its_submitter_over_a_websocket_and_nobody_else() 
     assert_eq!(next_binary(&mut socket).await, long);
 
     socket.close(None).await.unwrap();
+    // The node answers the client's close: a clean close, not a dropped connection.
+    let reply = tokio::time::timeout(Duration::from_secs(5), socket.next())
+        .await
+        .expect("the node answers the close");
+    assert!(matches!(reply, Some(Ok(Message::Close(_)))), "{reply:?}");
     let view = fixture.ended(&id).await;
     assert_eq!(view["status"], "finished", "{view}");
     assert_eq!(view["exit_code"], 0, "{view}");

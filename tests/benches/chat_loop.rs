@@ -15,7 +15,8 @@
 //! export layer is installed once and switched by a flag its filter reads.
 //!
 //! Run: `cargo bench -p quiver-tests --bench chat_loop` (`QUIVER_BENCH_ROUNDS`,
-//! `QUIVER_BENCH_SENDS` override the defaults).
+//! `QUIVER_BENCH_SENDS` override the defaults; `QUIVER_BENCH_PROFILE=host` or `baseline`
+//! runs only that side's sends, with no report, to profile it).
 
 use quiver_tests::bench::{context_switches, cpu_time, env_usize, median};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,6 +102,39 @@ fn guest(sends: usize) -> String {
     wat::guest(&data, &body)
 }
 
+/// The baseline's calls: the host's two request bodies sent with reqwest, and the MCP call.
+struct Direct<'a> {
+    http: reqwest::Client,
+    url: String,
+    bodies: Vec<Value>,
+    host: &'a quiver::Host,
+    task: &'a TaskSpec,
+    add: ToolCallRequest,
+}
+
+async fn baseline_sends(direct: &Direct<'_>, sends: usize) {
+    for _ in 0..sends {
+        for body in &direct.bodies {
+            let reply: Value = direct
+                .http
+                .post(&direct.url)
+                .json(body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert!(reply["choices"].is_array());
+        }
+        direct
+            .host
+            .call_tool(direct.task, direct.add.clone())
+            .await
+            .unwrap();
+    }
+}
+
 fn script_one_send(llm: &ScriptedLlm) {
     llm.push(Reply::tool_calls([
         ("w", "get_weather", json!({"city": "Paris"})),
@@ -142,6 +176,28 @@ async fn main() {
     );
     let bodies: Vec<Value> = llm.requests().into_iter().take(2).collect();
     let add = ToolCallRequest::new("fixture", "add").with_arguments(json!({"a": 2, "b": 3}));
+
+    let direct = Direct {
+        http,
+        url,
+        bodies,
+        host: &host,
+        task: &task,
+        add,
+    };
+    // Profiling one side (`perf record` this): only its runs, and no report.
+    if let Ok(side) = std::env::var("QUIVER_BENCH_PROFILE") {
+        for _ in 0..rounds {
+            for _ in 0..sends {
+                script_one_send(&llm);
+            }
+            match side.as_str() {
+                "host" => assert!(host.run_task(&module, &task).await.unwrap().success()),
+                _ => baseline_sends(&direct, sends).await,
+            }
+        }
+        return;
+    }
 
     let (mut overhead, mut guest_per_send, mut baseline_per_send) =
         (Vec::new(), Vec::new(), Vec::new());
@@ -188,21 +244,7 @@ async fn main() {
         let switches = context_switches(pid);
         let used = cpu();
         let started = Instant::now();
-        for _ in 0..sends {
-            for body in &bodies {
-                let reply: Value = http
-                    .post(&url)
-                    .json(body)
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
-                assert!(reply["choices"].is_array());
-            }
-            host.call_tool(&task, add.clone()).await.unwrap();
-        }
+        baseline_sends(&direct, sends).await;
         let baseline = started.elapsed() / sends as u32;
         baseline_cpu.push(cpu_per_send(used));
         baseline_switches

@@ -225,12 +225,13 @@ async fn session(socket: WebSocket, client: StreamClient, id: String, connection
     // The closing handshake: read (and drop) what the client still sends until its close
     // reply. Dropping the socket with unread bytes makes the kernel answer with a reset,
     // and a client that is still writing (a flood) would lose the close frame and reason.
+    // When the client closed first, the send fails and the library has queued the reply
+    // instead: the next read writes it out and ends.
     let _ = tokio::time::timeout(defaults::STREAM_CLOSE_TIMEOUT, async {
-        if tx.send(close).await.is_ok() {
-            while let Some(Ok(message)) = rx.next().await {
-                if matches!(message, Message::Close(_)) {
-                    break;
-                }
+        let _ = tx.send(close).await;
+        while let Some(Ok(message)) = rx.next().await {
+            if matches!(message, Message::Close(_)) {
+                break;
             }
         }
     })

@@ -11,11 +11,13 @@
 //! tokio task, so closing the fd gives them back at once, not when the runtime gets round
 //! to dropping the aborted task.
 //!
-//! What the aborted work itself holds (a sampling request's charge, an MCP request's
+//! What the aborted work itself holds (what its request charged, the request's
 //! cancellation and its observers' event) goes when the runtime drops it. Every piece, and
 //! every request run off the task's fiber ([`off_fiber`](super::off_fiber)), is tracked, so
-//! the task's end waits for them ([`BackgroundWork::drained`]): what a finished task
-//! reports (its memory, its events) is final.
+//! the task's end waits for them ([`BackgroundWork::drained`]). Not tracked: an answer to
+//! a server's own question (a 2025-protocol sampling or elicitation request) runs in the
+//! connection's handler and stops when the request it came with ends, possibly just after
+//! the task does.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -61,9 +63,11 @@ impl BackgroundWork {
     /// runtime's next turn). `false` if some were still there.
     pub async fn drained(&self, within: std::time::Duration) -> bool {
         self.started.close();
-        tokio::time::timeout(within, self.started.wait())
-            .await
-            .is_ok()
+        // Most tasks started none: no timer for them.
+        self.started.is_empty()
+            || tokio::time::timeout(within, self.started.wait())
+                .await
+                .is_ok()
     }
 
     /// The signal background work raises when it ends.
