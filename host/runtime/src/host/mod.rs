@@ -137,8 +137,6 @@ pub struct HostStatus {
     pub mcp_servers: Vec<ServerStatus>,
 }
 
-/// Counts a task in `quiver_tasks_total` once it ends: with its outcome, or `cancelled`
-/// when its future is dropped first.
 /// Ends a task's user streams when its run is over or dropped ([`UserStreams::end`]).
 struct StreamsEnd<'a>(Option<&'a crate::UserStreams>);
 
@@ -150,6 +148,8 @@ impl Drop for StreamsEnd<'_> {
     }
 }
 
+/// Counts a task in `quiver_tasks_total` once it ends: with its outcome, or `cancelled`
+/// when its future is dropped first.
 struct TaskCounted<'a> {
     metrics: &'a Metrics,
     outcome: &'static str,
