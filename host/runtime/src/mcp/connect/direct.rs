@@ -13,10 +13,11 @@
 //! to rmcp.
 //!
 //! Any stdio session uses it. A 2026-07-28 server asks its questions (roots, sampling,
-//! elicitation) in `input_required` results, which are answers like any other; the
-//! revision has no server-initiated requests (the multi round-trip pattern replaced them),
-//! and rmcp refuses one that comes while none of its own requests is in flight (SEP-2260),
-//! as it would on its own path.
+//! elicitation) in `input_required` results, which are answers like any other: the
+//! revision has no server-initiated requests (the multi round-trip pattern replaced them).
+//! A server that sends one anyway during a direct call gets rmcp's -32602 (SEP-2260: none
+//! of rmcp's own requests is in flight), or, if an rmcp request happens to be, the host's
+//! refusal for want of a single request to own it; on rmcp's path it was answered.
 //!
 //! What rmcp would do is kept: the request carries the same `_meta` (a progress token; at
 //! 2026-07-28 the client's protocol version, info and capabilities too), a dropped call
