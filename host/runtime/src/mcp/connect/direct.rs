@@ -12,12 +12,15 @@
 //! server sends (its requests, notifications, answers to rmcp's own requests) still goes
 //! to rmcp.
 //!
-//! Only sessions older than 2026-07-28 use it: on a 2026-07-28 session rmcp accepts a
-//! server's own roots, sampling or elicitation request (SEP-2260) only while one of its
-//! own requests is in flight, which a direct call is not.
+//! Any stdio session uses it. A 2026-07-28 server asks its questions (roots, sampling,
+//! elicitation) in `input_required` results, which are answers like any other: the
+//! revision has no server-initiated requests (the multi round-trip pattern replaced them).
+//! A server that sends one anyway during a direct call gets rmcp's -32602 (SEP-2260: none
+//! of rmcp's own requests is in flight), or, if an rmcp request happens to be, the host's
+//! refusal for want of a single request to own it; on rmcp's path it was answered.
 //!
-//! What rmcp would do is kept: the request carries the same `_meta` (before 2026-07-28 a
-//! progress token, nothing else), a dropped call
+//! What rmcp would do is kept: the request carries the same `_meta` (a progress token; at
+//! 2026-07-28 the client's protocol version, info and capabilities too), a dropped call
 //! sends `notifications/cancelled` with rmcp's reason, an error answer is an
 //! `McpError`, and the end of the transport fails the call as `TransportClosed`. Ids are
 //! negative numbers (-1, -2, ...), which JSON-RPC allows and rmcp's ids (counting up from
@@ -30,7 +33,7 @@ use rmcp::ServiceError;
 use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CallToolResponse, CancelledNotification,
     CancelledNotificationParam, ClientJsonRpcMessage, ClientNotification, ClientRequest, GetMeta,
-    JsonRpcMessage, NumberOrString, ProgressToken, RequestId, ServerResult,
+    JsonRpcMessage, NumberOrString, ProgressToken, RequestId, RequestMetaObject, ServerResult,
 };
 use tokio::io::AsyncWrite;
 
@@ -47,6 +50,9 @@ pub(in crate::mcp) struct DirectCalls<W> {
     limits: Limits,
     /// The last id used, counting down.
     last_id: AtomicI64,
+    /// The client context rmcp puts in every request's `_meta` on a session without
+    /// `initialize` (2026-07-28); `None` before.
+    meta: Option<RequestMetaObject>,
 }
 
 impl<W> DirectCalls<W>
@@ -59,7 +65,15 @@ where
             writer,
             limits,
             last_id: AtomicI64::new(0),
+            meta: None,
         }
+    }
+
+    /// With the `_meta` rmcp adds to every request of a session without `initialize`
+    /// (2026-07-28).
+    pub(super) fn with_meta(mut self, meta: Option<RequestMetaObject>) -> Self {
+        self.meta = meta;
+        self
     }
 
     /// One `tools/call`, as rmcp's `call_tool_once` makes it and with what it returns.
@@ -71,9 +85,11 @@ where
         let id = RequestId::Number(n);
         let kind = Kind::call(&params.name);
         let mut request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        request
-            .get_meta_mut()
-            .set_progress_token(ProgressToken(NumberOrString::Number(n)));
+        let meta = request.get_meta_mut();
+        if let Some(context) = &self.meta {
+            meta.extend(context.clone());
+        }
+        meta.set_progress_token(ProgressToken(NumberOrString::Number(n)));
         let line = encode(&ClientJsonRpcMessage::request(request, id.clone()))
             .map_err(|_| ServiceError::TransportClosed)?;
 
@@ -192,12 +208,12 @@ mod tests {
         dropped: Arc<Mutex<Guard>>,
     }
 
-    fn wire() -> Wire {
+    fn wire(meta: Option<RequestMetaObject>) -> Wire {
         let (server_out, host_in) = duplex(1 << 16);
         let (host_out, server_in) = duplex(1 << 16);
         let limits = Limits::for_tests(CAP, CAP, Duration::from_millis(300));
         let mut transport = LineTransport::new(host_in, host_out, limits);
-        let calls = transport.direct_calls();
+        let calls = transport.direct_calls().with_meta(meta);
         let dropped = calls.guard.clone();
         let (tx, to_rmcp) = mpsc::unbounded_channel();
         tokio::spawn(async move {
@@ -281,17 +297,22 @@ mod tests {
 
     #[tokio::test]
     async fn a_call_goes_out_as_rmcp_writes_it_and_its_answer_never_reaches_rmcp() {
-        let mut wire = wire();
+        let meta = RequestMetaObject::with_client_context(
+            rmcp::model::ProtocolVersion::V_2026_07_28,
+            rmcp::model::Implementation::new("quiver", "1"),
+            Default::default(),
+        );
+        let mut wire = wire(Some(meta.clone()));
         let (call, sent) = wire.call("echo").await;
         let id = sent["id"].clone();
         assert!(id.as_i64().is_some_and(|n| n < 0), "own id space: {sent}");
 
-        // What rmcp writes for the same request, with its id and progress token (before
-        // 2026-07-28, the only `_meta` it adds).
+        // What rmcp writes for the same request, with its id and progress token.
         let mut request = ClientRequest::CallToolRequest(CallToolRequest::new(
             CallToolRequestParams::new("echo")
                 .with_arguments(json!({"text": "hi"}).as_object().unwrap().clone()),
         ));
+        request.get_meta_mut().extend(meta);
         request
             .get_meta_mut()
             .set_progress_token(ProgressToken(NumberOrString::Number(id.as_i64().unwrap())));
@@ -299,12 +320,10 @@ mod tests {
         let rmcp =
             serde_json::to_value(ClientJsonRpcMessage::request(request, id_as_sent)).unwrap();
         assert_eq!(sent, rmcp);
-        let keys: Vec<&String> = sent["params"]["_meta"]
-            .as_object()
-            .unwrap()
-            .keys()
-            .collect();
-        assert_eq!(keys, ["progressToken"]);
+        assert_eq!(
+            sent["params"]["_meta"]["io.modelcontextprotocol/protocolVersion"],
+            "2026-07-28"
+        );
 
         // A request of the server's during the call goes to rmcp; the answer does not.
         wire.answer(json!({"jsonrpc": "2.0", "id": "s1", "method": "ping"}))
@@ -314,11 +333,21 @@ mod tests {
         let to_rmcp = wire.to_rmcp.recv().await.unwrap();
         assert!(matches!(to_rmcp, JsonRpcMessage::Request(_)), "{to_rmcp:?}");
         wire.rmcp_got_nothing().await;
+
+        // Before 2026-07-28 rmcp adds only the progress token.
+        let mut wire = self::wire(None);
+        let (_call, sent) = wire.call("echo").await;
+        let keys: Vec<&String> = sent["params"]["_meta"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .collect();
+        assert_eq!(keys, ["progressToken"]);
     }
 
     #[tokio::test]
     async fn answers_under_unknown_ids_and_repeated_answers_are_dropped() {
-        let mut wire = wire();
+        let mut wire = wire(None);
         let (call, sent) = wire.call("echo").await;
         let id = sent["id"].clone();
         wire.answer(ok(&json!(id.as_i64().unwrap() - 1), "someone else's"))
@@ -334,7 +363,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_dropped_call_is_cancelled_and_its_late_answer_dropped() {
-        let mut wire = wire();
+        let mut wire = wire(None);
         let (call, sent) = wire.call("slow").await;
         call.abort();
         let cancelled = wire.read().await;
@@ -353,7 +382,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_over_the_cap_fails_the_call_at_once_and_an_error_is_the_servers() {
-        let mut wire = wire();
+        let mut wire = wire(None);
         let (call, sent) = wire.call("huge").await;
         let big = ok(&sent["id"], &"x".repeat(CAP as usize * 200));
         let writing = {
@@ -387,7 +416,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_server_that_dies_mid_call_fails_it_at_once_and_later_calls_too() {
-        let mut wire = wire();
+        let mut wire = wire(None);
         let (call, _) = wire.call("echo").await;
         drop(std::mem::replace(&mut wire.server_out, duplex(1).0));
         assert!(matches!(

@@ -33,7 +33,7 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig,
     ClientJsonRpcMessage, CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams,
     ElicitResult, ElicitationAction, ElicitationCapability, FormElicitationCapability,
-    ProtocolVersion, SamplingCapability, ServerJsonRpcMessage,
+    ProtocolVersion, RequestMetaObject, SamplingCapability, ServerJsonRpcMessage,
 };
 use rmcp::service::{
     NotificationContext, RequestContext, RunningService, RunningServiceCancellationToken,
@@ -274,15 +274,23 @@ impl Connection {
         self
     }
 
-    /// Calls go through `direct` from now on, on a session older than 2026-07-28. A
-    /// 2026-07-28 session keeps rmcp's path: there rmcp accepts a server's own request
-    /// (roots, sampling, elicitation; SEP-2260) only while one of its own requests is in
-    /// flight, and a direct call is not one of them.
+    /// Calls go through `direct` from now on. On a session without `initialize`
+    /// (2026-07-28) each carries the client context rmcp puts in every request's `_meta`:
+    /// the negotiated version, and the client's info and capabilities.
     fn with_direct_calls(mut self, direct: DirectCalls<tokio::process::ChildStdin>) -> Self {
-        let peer = self.service.peer().peer_info();
-        if peer.is_some_and(|peer| peer.protocol_version < ProtocolVersion::V_2026_07_28) {
-            self.direct = Some(direct);
-        }
+        let Some(version) = self
+            .service
+            .peer()
+            .peer_info()
+            .map(|peer| peer.protocol_version.clone())
+        else {
+            return self;
+        };
+        let meta = (!version.has_initialize()).then(|| {
+            let client = self.service.service().get_info();
+            RequestMetaObject::with_client_context(version, client.client_info, client.capabilities)
+        });
+        self.direct = Some(direct.with_meta(meta));
         self
     }
 
