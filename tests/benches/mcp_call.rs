@@ -36,7 +36,7 @@
 //! `QUIVER_BENCH_ROWS=guest,spawned` (of guest, spawned, native, ts, floor) only those rows,
 //! for a profile of them.
 
-use quiver_tests::bench::{context_switches, env_usize, median};
+use quiver_tests::bench::{context_switches, env_picks, env_usize, median};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
@@ -345,7 +345,7 @@ async fn measure(
         (elapsed, switches)
     };
     // `QUIVER_BENCH_ROWS=guest,spawned` (say) runs only those, for a profile of them.
-    let only_rows = std::env::var("QUIVER_BENCH_ROWS").ok();
+    let picked = env_picks("QUIVER_BENCH_ROWS");
     let rows: Vec<Row> = [Row::Guest, Row::Spawned, Row::Native, Row::Ts, Row::Floor]
         .into_iter()
         .filter(|row| match row {
@@ -353,11 +353,7 @@ async fn measure(
             Row::Floor => floor.is_some(),
             _ => true,
         })
-        .filter(|row| {
-            only_rows
-                .as_deref()
-                .is_none_or(|only| only.split(',').any(|name| name == row.name()))
-        })
+        .filter(|row| picked(row.name()))
         .collect();
     // Warm up: connect the server, fill caches, let the CPU settle.
     for &row in &rows {

@@ -37,7 +37,7 @@
 //! cap) and `bare`. `QUIVER_BENCH_KEEP_RESIDENT` (bytes) sets the default hosts'
 //! `with_keep_resident`, to weigh that setting.
 
-use quiver_tests::bench::{env_usize, median};
+use quiver_tests::bench::{env_picks, env_usize, median};
 use std::io::BufRead;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -418,9 +418,7 @@ async fn overhead(
     const VARIANTS: usize = 5;
     const VARIANT_NAMES: [&str; VARIANTS] = ["host", "host0", "bare", "bare_host", "bare0"];
     // Only some rows, to profile one (a row left out reads as 0, its ratios as NaN or inf).
-    let start_rows =
-        std::env::var("QUIVER_BENCH_START_ROWS").unwrap_or_else(|_| VARIANT_NAMES.join(","));
-    let start_rows: Vec<&str> = start_rows.split(',').collect();
+    let start_row_on = env_picks("QUIVER_BENCH_START_ROWS");
     let mut samples: [Vec<f64>; VARIANTS] = Default::default();
     // host / bare, host / bare with the host's settings, the same two kept nothing.
     let mut ratios: [Vec<f64>; 4] = Default::default();
@@ -430,7 +428,7 @@ async fn overhead(
         // Rotate the order, so no variant always runs on a warmer machine.
         for k in 0..VARIANTS {
             let which = (round + k) % VARIANTS;
-            if !start_rows.contains(&VARIANT_NAMES[which]) {
+            if !start_row_on(VARIANT_NAMES[which]) {
                 continue;
             }
             row[which] = match which {
@@ -618,10 +616,7 @@ async fn main() {
     }
 
     // Connect the server and fill caches before measuring.
-    let rows = std::env::var("QUIVER_BENCH_ROWS")
-        .unwrap_or_else(|_| "host,epoll,slots,capped,bare".into());
-    let rows: Vec<&str> = rows.split(',').map(str::trim).collect();
-    let row_on = |name: &str| rows.contains(&name);
+    let row_on = env_picks("QUIVER_BENCH_ROWS");
     let epoll_wat = epoll_guest(sleep_ms);
     waiting_on_host(&host, &module, 8, sleep).await;
     println!(

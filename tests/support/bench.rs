@@ -8,6 +8,19 @@ pub fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// Which rows the comma-separated environment variable `name` picks (to profile some
+/// alone): every row when it is unset.
+pub fn env_picks(name: &str) -> impl Fn(&str) -> bool + use<> {
+    let picked: Option<Vec<String>> = std::env::var(name)
+        .ok()
+        .map(|list| list.split(',').map(|row| row.trim().to_owned()).collect());
+    move |row| {
+        picked
+            .as_ref()
+            .is_none_or(|picked| picked.iter().any(|p| p == row))
+    }
+}
+
 /// The median of `samples` (the upper one of an even count); `samples` must not be empty.
 pub fn median<T: PartialOrd + Copy>(mut samples: Vec<T>) -> T {
     samples.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
