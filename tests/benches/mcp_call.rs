@@ -20,7 +20,9 @@
 //! the run on the `block_on` thread. Each row prints the voluntary context switches per
 //! call of the process doing the calling (this one, or the Node.js client's), summed over
 //! its threads from `/proc/PID/task/*/status`: a count of wakeups that a noisy machine does
-//! not blur as it does times.
+//! not blur as it does times. Beside it, the CPU time per call of that process's threads
+//! (`/proc/PID/task/*/schedstat`): the client's own work, apart from the server's and the
+//! waits.
 //!
 //! Against the fixture server (Rust, starts in milliseconds) over stdio and over Streamable
 //! HTTP on loopback, and, when `scripts/setup.sh`
@@ -36,7 +38,7 @@
 //! `QUIVER_BENCH_ROWS=guest,spawned` (of guest, spawned, native, ts, floor) only those rows,
 //! for a profile of them.
 
-use quiver_tests::bench::{context_switches, env_picks, env_usize, median};
+use quiver_tests::bench::{context_switches, env_picks, env_usize, median, process_cpu_time};
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::{Duration, Instant};
@@ -232,7 +234,7 @@ impl Drop for TsClient {
     }
 }
 
-/// One way of calling, its per-round means and context switches per call.
+/// One way of calling, its per-round means, context switches and CPU time per call.
 #[derive(Clone, Copy, PartialEq)]
 enum Row {
     Guest,
@@ -268,6 +270,7 @@ impl Row {
 struct Samples {
     times: Vec<Duration>,
     switches: Vec<f64>,
+    cpu: Vec<Duration>,
 }
 
 /// The median over rounds of `a / b`, each round's pair having run in the same round.
@@ -311,7 +314,7 @@ async fn measure(
             (Row::Ts, Some(ts)) => ts.child.id(),
             _ => me,
         };
-        let switches = context_switches(pid);
+        let (switches, cpu) = (context_switches(pid), process_cpu_time(pid));
         let elapsed = match row {
             Row::Guest => {
                 let started = Instant::now();
@@ -342,7 +345,8 @@ async fn measure(
             Row::Floor => tokio::task::block_in_place(|| floor.as_mut().unwrap().round(calls)),
         };
         let switches = context_switches(pid).saturating_sub(switches) as f64 / calls as f64;
-        (elapsed, switches)
+        let cpu = process_cpu_time(pid).saturating_sub(cpu) / calls as u32;
+        (elapsed, switches, cpu)
     };
     // `QUIVER_BENCH_ROWS=guest,spawned` (say) runs only those, for a profile of them.
     let picked = env_picks("QUIVER_BENCH_ROWS");
@@ -365,9 +369,10 @@ async fn measure(
         // Rotate which row goes first, so none always runs on a warmer machine.
         for i in 0..rows.len() {
             let at = (i + round) % rows.len();
-            let (elapsed, switches) = run(rows[at], &mut ts, &mut floor).await;
+            let (elapsed, switches, cpu) = run(rows[at], &mut ts, &mut floor).await;
             samples[at].times.push(elapsed);
             samples[at].switches.push(switches);
+            samples[at].cpu.push(cpu);
         }
     }
     drop((ts, floor));
@@ -386,10 +391,11 @@ async fn measure(
         let mut switches = samples.switches.clone();
         switches.sort_by(f64::total_cmp);
         println!(
-            "  {:<42} {:>8.1} µs/call {:>6.2} ctx switches/call",
+            "  {:<42} {:>8.1} µs/call {:>6.2} ctx switches/call {:>6.1} µs CPU/call",
             row.label(),
             micros(median(samples.times.clone())),
-            switches[switches.len() / 2]
+            switches[switches.len() / 2],
+            micros(median(samples.cpu.clone())),
         );
     }
     let (Some(guest), Some(spawned_guest)) = (of(Row::Guest), of(Row::Spawned)) else {

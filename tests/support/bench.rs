@@ -44,6 +44,20 @@ pub fn context_switches(pid: u32) -> u64 {
         .sum()
 }
 
+/// CPU time process `pid`'s live threads have run so far (`/proc/PID/task/*/schedstat`,
+/// in nanoseconds, where `/proc/PID/stat` counts whole clock ticks).
+pub fn process_cpu_time(pid: u32) -> std::time::Duration {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return std::time::Duration::ZERO;
+    };
+    let nanos = tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
+        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    std::time::Duration::from_nanos(nanos)
+}
+
 /// CPU time (user and system) used so far by this process's threads, or by the calling
 /// thread alone with `thread`.
 pub fn cpu_time(thread: bool) -> std::time::Duration {

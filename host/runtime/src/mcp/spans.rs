@@ -6,7 +6,9 @@
 use std::collections::HashMap;
 
 use http::{HeaderName, HeaderValue};
-use rmcp::model::{ClientJsonRpcMessage, ClientRequest, RequestParamsMeta, ServerPeerInfo};
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientRequest, RequestMetaObject, RequestParamsMeta, ServerPeerInfo,
+};
 use tracing::field::Empty;
 
 use super::McpError;
@@ -81,12 +83,21 @@ pub(crate) fn record_tool_error(span: &tracing::Span) {
 /// Puts `span`'s trace context into `params`' `_meta` (`traceparent`, `tracestate`), if a
 /// propagator knows it.
 pub(crate) fn propagate(span: &tracing::Span, params: &mut impl RequestParamsMeta) {
-    if let Some(context) = crate::trace::context_of(span) {
-        params.set_traceparent(context.traceparent());
-        if let Some(state) = context.tracestate() {
-            params.set_tracestate(state);
-        }
+    if let Some(meta) = trace_meta(span) {
+        params.meta_or_default().extend(meta);
     }
+}
+
+/// `span`'s trace context as a request's `_meta` (what [`propagate`] adds), if a
+/// propagator knows it.
+pub(crate) fn trace_meta(span: &tracing::Span) -> Option<RequestMetaObject> {
+    let context = crate::trace::context_of(span)?;
+    let mut meta = RequestMetaObject::new();
+    meta.set_traceparent(context.traceparent());
+    if let Some(state) = context.tracestate() {
+        meta.set_tracestate(state);
+    }
+    Some(meta)
 }
 
 /// The HTTP headers for `message`: its `_meta` trace context, as `traceparent` and

@@ -22,7 +22,9 @@
 //! What rmcp would do is kept: the request carries the same `_meta` (a progress token; at
 //! 2026-07-28 the client's protocol version, info and capabilities too), a dropped call
 //! sends `notifications/cancelled` with rmcp's reason, an error answer is an
-//! `McpError`, and the end of the transport fails the call as `TransportClosed`. Ids are
+//! `McpError`, and the end of the transport fails the call as `TransportClosed`. The line
+//! is serialised straight from the call's borrowed parts ([`CallRound`]): building rmcp's
+//! request first would copy the arguments and the client context for every call. Ids are
 //! negative numbers (-1, -2, ...), which JSON-RPC allows and rmcp's ids (counting up from
 //! 0) never are; a number, because servers that answer `"7"` for 7 are matched as before.
 
@@ -31,10 +33,11 @@ use std::sync::{Arc, Mutex};
 
 use rmcp::ServiceError;
 use rmcp::model::{
-    CallToolRequest, CallToolRequestParams, CallToolResponse, CancelledNotification,
-    CancelledNotificationParam, ClientJsonRpcMessage, ClientNotification, ClientRequest, GetMeta,
-    JsonRpcMessage, NumberOrString, ProgressToken, RequestId, RequestMetaObject, ServerResult,
+    CallToolRequestParams, CallToolResponse, CancelledNotification, CancelledNotificationParam,
+    ClientJsonRpcMessage, ClientNotification, InputResponses, JsonObject, JsonRpcMessage,
+    RequestId, RequestMetaObject, ServerResult,
 };
+use serde::Serialize;
 use tokio::io::AsyncWrite;
 
 use super::guard::{Guard, Kind, Limits};
@@ -79,18 +82,13 @@ where
     /// One `tools/call`, as rmcp's `call_tool_once` makes it and with what it returns.
     pub(in crate::mcp) async fn call_tool(
         &self,
-        params: CallToolRequestParams,
+        round: &CallRound<'_>,
     ) -> Result<CallToolResponse, ServiceError> {
         let n = self.last_id.fetch_sub(1, Ordering::Relaxed) - 1;
         let id = RequestId::Number(n);
-        let kind = Kind::call(&params.name);
-        let mut request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
-        let meta = request.get_meta_mut();
-        if let Some(context) = &self.meta {
-            meta.extend(context.clone());
-        }
-        meta.set_progress_token(ProgressToken(NumberOrString::Number(n)));
-        let line = encode(&ClientJsonRpcMessage::request(request, id.clone()))
+        let kind = Kind::call(round.name);
+        let line = round
+            .line(n, self.meta.as_ref())
             .map_err(|_| ServiceError::TransportClosed)?;
 
         let (reply, answer) = tokio::sync::oneshot::channel();
@@ -142,10 +140,101 @@ fn answered(
     }
 }
 
-fn encode(message: &ClientJsonRpcMessage) -> serde_json::Result<Vec<u8>> {
+fn encode(message: &impl Serialize) -> serde_json::Result<Vec<u8>> {
     let mut line = serde_json::to_vec(message)?;
     line.push(b'\n');
     Ok(line)
+}
+
+/// One round of a `tools/call` (SEP-2322 retries are further rounds), borrowed from the
+/// call: the direct path writes its line from these parts, where rmcp's path would copy
+/// the arguments and the client context into its request first.
+pub(in crate::mcp) struct CallRound<'a> {
+    pub name: &'a str,
+    pub arguments: &'a JsonObject,
+    pub input_responses: Option<InputResponses>,
+    pub request_state: Option<String>,
+    /// What the caller puts in `_meta` (the trace context).
+    pub meta: Option<RequestMetaObject>,
+}
+
+impl<'a> CallRound<'a> {
+    /// The first round of a call of `name` with `arguments`.
+    pub(in crate::mcp) fn new(name: &'a str, arguments: &'a JsonObject) -> Self {
+        Self {
+            name,
+            arguments,
+            input_responses: None,
+            request_state: None,
+            meta: None,
+        }
+    }
+
+    /// As rmcp's own request parameters, for rmcp's path.
+    pub(in crate::mcp) fn to_params(&self) -> CallToolRequestParams {
+        let mut params =
+            CallToolRequestParams::new(self.name.to_owned()).with_arguments(self.arguments.clone());
+        params.input_responses = self.input_responses.clone();
+        params.request_state = self.request_state.clone();
+        params.meta = self.meta.clone();
+        params
+    }
+
+    /// The request line rmcp writes for this round under id `n` (its progress token is
+    /// the id too), with `context` (a 2026-07-28 session's client context) in `_meta`.
+    fn line(&self, n: i64, context: Option<&RequestMetaObject>) -> serde_json::Result<Vec<u8>> {
+        encode(&CallLine {
+            jsonrpc: "2.0",
+            id: n,
+            method: "tools/call",
+            params: CallParams {
+                meta: CallMeta {
+                    own: self.meta.as_ref(),
+                    context,
+                    progress_token: n,
+                },
+                name: self.name,
+                arguments: self.arguments,
+                input_responses: self.input_responses.as_ref(),
+                request_state: self.request_state.as_deref(),
+            },
+        })
+    }
+}
+
+/// A `tools/call` request as rmcp serialises it (`CallToolRequestParams` in a JSON-RPC
+/// request), written from borrowed parts.
+#[derive(Serialize)]
+struct CallLine<'a> {
+    jsonrpc: &'static str,
+    id: i64,
+    method: &'static str,
+    params: CallParams<'a>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CallParams<'a> {
+    #[serde(rename = "_meta")]
+    meta: CallMeta<'a>,
+    name: &'a str,
+    arguments: &'a JsonObject,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    input_responses: Option<&'a InputResponses>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    request_state: Option<&'a str>,
+}
+
+/// The caller's `_meta` keys (trace context), the session's client context and the
+/// progress token: distinct keys, as rmcp's merge of the three leaves them.
+#[derive(Serialize)]
+struct CallMeta<'a> {
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    own: Option<&'a RequestMetaObject>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    context: Option<&'a RequestMetaObject>,
+    #[serde(rename = "progressToken")]
+    progress_token: i64,
 }
 
 /// A direct call on the wire: dropped before its answer (a timeout, the task ended), it
@@ -184,7 +273,10 @@ impl<W: AsyncWrite + Unpin + Send + 'static> Drop for Abandoned<'_, W> {
 mod tests {
     use std::time::Duration;
 
-    use rmcp::model::{CallToolRequestParams, ServerJsonRpcMessage};
+    use rmcp::model::{
+        CallToolRequest, ClientRequest, GetMeta, NumberOrString, ProgressToken,
+        ServerJsonRpcMessage,
+    };
     use rmcp::transport::Transport;
     use serde_json::{Value, json};
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines, duplex};
@@ -240,9 +332,11 @@ mod tests {
             Value,
         ) {
             let calls = self.calls.clone();
-            let params = CallToolRequestParams::new(tool.to_owned())
-                .with_arguments(json!({"text": "hi"}).as_object().unwrap().clone());
-            let call = tokio::spawn(async move { calls.call_tool(params).await });
+            let tool = tool.to_owned();
+            let call = tokio::spawn(async move {
+                let arguments = json!({"text": "hi"}).as_object().unwrap().clone();
+                calls.call_tool(&CallRound::new(&tool, &arguments)).await
+            });
             (call, self.read().await)
         }
 
@@ -345,6 +439,48 @@ mod tests {
         assert_eq!(keys, ["progressToken"]);
     }
 
+    /// What rmcp writes for `round` under id `n` on a session with `context`.
+    fn rmcp_line(round: &CallRound<'_>, n: i64, context: Option<RequestMetaObject>) -> Value {
+        let mut request = ClientRequest::CallToolRequest(CallToolRequest::new(round.to_params()));
+        if let Some(context) = context {
+            request.get_meta_mut().extend(context);
+        }
+        request
+            .get_meta_mut()
+            .set_progress_token(ProgressToken(NumberOrString::Number(n)));
+        serde_json::to_value(ClientJsonRpcMessage::request(request, RequestId::Number(n))).unwrap()
+    }
+
+    #[test]
+    fn every_part_of_a_later_round_is_written_as_rmcp_writes_it() {
+        let arguments = json!({"text": "hi", "nested": {"a": [1, 2]}});
+        let mut trace = RequestMetaObject::new();
+        trace.set_traceparent("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01");
+        trace.set_tracestate("vendor=1");
+        let round = CallRound {
+            input_responses: Some([("ask-1".to_owned(), json!({"action": "accept"}))].into()),
+            request_state: Some("opaque \"state\"".to_owned()),
+            meta: Some(trace),
+            ..CallRound::new("echo", arguments.as_object().unwrap())
+        };
+        let context = RequestMetaObject::with_client_context(
+            rmcp::model::ProtocolVersion::V_2026_07_28,
+            rmcp::model::Implementation::new("quiver", "1"),
+            Default::default(),
+        );
+        for context in [Some(context), None] {
+            let line = round.line(-7, context.as_ref()).unwrap();
+            assert_eq!(line.last(), Some(&b'\n'));
+            let ours: Value = serde_json::from_slice(&line).unwrap();
+            assert_eq!(ours, rmcp_line(&round, -7, context));
+        }
+        // A first round: no responses, no state, no trace context.
+        let empty = JsonObject::new();
+        let first = CallRound::new("noop", &empty);
+        let ours: Value = serde_json::from_slice(&first.line(-1, None).unwrap()).unwrap();
+        assert_eq!(ours, rmcp_line(&first, -1, None));
+    }
+
     #[tokio::test]
     async fn answers_under_unknown_ids_and_repeated_answers_are_dropped() {
         let mut wire = wire(None);
@@ -423,8 +559,9 @@ mod tests {
             finished(call).await,
             Err(ServiceError::TransportClosed)
         ));
-        let params = CallToolRequestParams::new("echo");
-        let after = tokio::time::timeout(SOON, wire.calls.call_tool(params)).await;
+        let arguments = JsonObject::new();
+        let round = CallRound::new("echo", &arguments);
+        let after = tokio::time::timeout(SOON, wire.calls.call_tool(&round)).await;
         assert!(
             matches!(after, Ok(Err(ServiceError::TransportClosed))),
             "{after:?}"

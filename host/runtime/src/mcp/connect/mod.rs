@@ -30,10 +30,10 @@ use std::time::Duration;
 
 #[allow(deprecated)] // sampling (SEP-2577), which 2025-era servers still use
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ClientCapabilities, ClientConfig,
-    ClientJsonRpcMessage, CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams,
-    ElicitResult, ElicitationAction, ElicitationCapability, FormElicitationCapability,
-    ProtocolVersion, RequestMetaObject, SamplingCapability, ServerJsonRpcMessage,
+    CallToolResponse, ClientCapabilities, ClientConfig, ClientJsonRpcMessage,
+    CreateMessageRequestParams, CreateMessageResult, ElicitRequestParams, ElicitResult,
+    ElicitationAction, ElicitationCapability, FormElicitationCapability, ProtocolVersion,
+    RequestMetaObject, SamplingCapability, ServerJsonRpcMessage,
 };
 use rmcp::service::{
     NotificationContext, RequestContext, RunningService, RunningServiceCancellationToken,
@@ -55,6 +55,7 @@ use super::sampling::{Generation, busy, to_error_data};
 use super::tool_headers::LeftOut;
 use crate::defaults;
 use crate::registry::{Launch, Lifecycle, ServerEntry, Transport as Wire};
+pub(super) use direct::CallRound;
 use direct::DirectCalls;
 pub(super) use guard::{Guard, Guarded, Incoming, Kind, Limits, Problem};
 use probe::{Probe, Probing};
@@ -298,11 +299,11 @@ impl Connection {
     /// the caller itself ([`direct`]), elsewhere through rmcp.
     pub(super) async fn call_tool_once(
         &self,
-        params: CallToolRequestParams,
+        round: CallRound<'_>,
     ) -> Result<CallToolResponse, rmcp::ServiceError> {
         match &self.direct {
-            Some(direct) => direct.call_tool(params).await,
-            None => self.service.call_tool_once(params).await,
+            Some(direct) => direct.call_tool(&round).await,
+            None => self.service.call_tool_once(round.to_params()).await,
         }
     }
 

@@ -55,7 +55,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, Semaphore};
 
 use super::auth::AuthSet;
-use super::connect::{Connection, Connector};
+use super::connect::{CallRound, Connection, Connector};
 use super::egress::EgressPolicy;
 use crate::defaults;
 use crate::mcp::{LaunchRules, ServerRules};

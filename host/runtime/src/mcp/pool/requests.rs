@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tracing::Instrument;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, GetPromptRequestParams, GetPromptResponse, JsonObject,
+    CallToolResponse, GetPromptRequestParams, GetPromptResponse, JsonObject,
     PaginatedRequestParams, Prompt, ReadResourceRequestParams, ReadResourceResponse, Resource,
     ResourceTemplate,
 };
@@ -19,7 +19,7 @@ use super::failure::{CallPhase, server_failure, service_failed, timed_out};
 use super::paging::{Page, list_all_pages, list_pages};
 use super::slot::{CachedTools, ServerSlot};
 use super::tasks::TaskCall;
-use super::{Connection, McpPool};
+use super::{CallRound, Connection, McpPool};
 use crate::defaults;
 use crate::mcp::cache::{ListCache, ListCaches};
 use crate::mcp::capped::encode_answer;
@@ -187,12 +187,14 @@ impl McpPool {
             method: "tools/call",
             name,
         };
-        let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
-        let result = rounds(asker, asked, |responses, state| {
-            let mut params = params.clone();
-            params.input_responses = responses;
-            params.request_state = state;
-            off_stack(move || self.call_round(entry, params, principal, asker))
+        let arguments = &arguments;
+        let result = rounds(asker, asked, |input_responses, request_state| {
+            let round = CallRound {
+                input_responses,
+                request_state,
+                ..CallRound::new(name, arguments)
+            };
+            off_stack(move || self.call_round(entry, round, principal, asker))
         })
         .await?;
         // The transport capped the answer as it was read; the guest gets it re-encoded,
@@ -206,13 +208,12 @@ impl McpPool {
     async fn call_round(
         &self,
         entry: &Arc<ServerEntry>,
-        mut params: CallToolRequestParams,
+        mut round: CallRound<'_>,
         principal: Option<&str>,
         asker: &Asker,
     ) -> Result<Round<CallToolResult>, McpError> {
         let server_id = entry.server_id();
-        let name = params.name.to_string();
-        let name = name.as_str();
+        let name = round.name;
         let in_flight = self.enter(entry, principal);
         let slot = &in_flight.slot;
         let conn = self.connect(slot).await?;
@@ -221,14 +222,14 @@ impl McpPool {
         conn.common_stream_ready().await;
         let timeout = entry.record.budgets.tool_timeout;
         let span = spans::request(entry, "tools/call", Some(name));
-        spans::propagate(&span, &mut params);
+        round.meta = spans::trace_meta(&span);
         spans::record_peer(&span, conn.service.peer_info().as_deref());
         let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
         let asking = Arc::<Asking>::default();
         // Built (not sent: nothing runs until it is polled, with the permits held) and boxed
         // here: the call block holds a pointer, not another copy of the params, and rmcp's
         // request future is large (see `off_stack`). A call queued for permits holds it.
-        let request = off_stack(|| conn.call_tool_once(params));
+        let request = off_stack(|| conn.call_tool_once(round));
         let call = async {
             let _permit = slot.permits.acquire().await.map_err(|_| {
                 McpError::new(
