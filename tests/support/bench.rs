@@ -45,7 +45,8 @@ pub fn context_switches(pid: u32) -> u64 {
 }
 
 /// CPU time process `pid`'s live threads have run so far (`/proc/PID/task/*/schedstat`,
-/// in nanoseconds, where `/proc/PID/stat` counts whole clock ticks).
+/// in nanoseconds, where `/proc/PID/stat` counts whole clock ticks). A thread that exits
+/// between two readings takes its time with it, so a difference can read low.
 pub fn process_cpu_time(pid: u32) -> std::time::Duration {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return std::time::Duration::ZERO;

@@ -154,7 +154,8 @@ pub(in crate::mcp) struct CallRound<'a> {
     pub arguments: &'a JsonObject,
     pub input_responses: Option<InputResponses>,
     pub request_state: Option<String>,
-    /// What the caller puts in `_meta` (the trace context).
+    /// What the caller puts in `_meta` (the trace context); the client context and the
+    /// progress token take precedence over it, as in rmcp's merge.
     pub meta: Option<RequestMetaObject>,
 }
 
@@ -170,18 +171,20 @@ impl<'a> CallRound<'a> {
         }
     }
 
-    /// As rmcp's own request parameters, for rmcp's path.
-    pub(in crate::mcp) fn to_params(&self) -> CallToolRequestParams {
+    /// As rmcp's own request parameters, for rmcp's path. When rmcp's
+    /// `CallToolRequestParams` gains a field, [`CallParams`] and this need it too.
+    pub(in crate::mcp) fn into_params(self) -> CallToolRequestParams {
         let mut params =
             CallToolRequestParams::new(self.name.to_owned()).with_arguments(self.arguments.clone());
-        params.input_responses = self.input_responses.clone();
-        params.request_state = self.request_state.clone();
-        params.meta = self.meta.clone();
+        params.input_responses = self.input_responses;
+        params.request_state = self.request_state;
+        params.meta = self.meta;
         params
     }
 
-    /// The request line rmcp writes for this round under id `n` (its progress token is
-    /// the id too), with `context` (a 2026-07-28 session's client context) in `_meta`.
+    /// The line rmcp would write for this round under id `n`, with `context` (a
+    /// 2026-07-28 session's client context) in `_meta`; the direct path's progress token
+    /// is the id.
     fn line(&self, n: i64, context: Option<&RequestMetaObject>) -> serde_json::Result<Vec<u8>> {
         encode(&CallLine {
             jsonrpc: "2.0",
@@ -203,7 +206,9 @@ impl<'a> CallRound<'a> {
 }
 
 /// A `tools/call` request as rmcp serialises it (`CallToolRequestParams` in a JSON-RPC
-/// request), written from borrowed parts.
+/// request), written from borrowed parts. The same keys and values; rmcp's order of the
+/// params' keys after `_meta` is an artifact of how it splices `_meta` in, and JSON objects
+/// are unordered.
 #[derive(Serialize)]
 struct CallLine<'a> {
     jsonrpc: &'static str,
@@ -225,16 +230,45 @@ struct CallParams<'a> {
     request_state: Option<&'a str>,
 }
 
-/// The caller's `_meta` keys (trace context), the session's client context and the
-/// progress token: distinct keys, as rmcp's merge of the three leaves them.
-#[derive(Serialize)]
+/// The request's `_meta` as rmcp merges it: the caller's keys (the trace context), then the
+/// session's client context, then the progress token, a later one replacing an earlier
+/// one's value in that key's first place (`preserve_order`'s insert), so no key is written
+/// twice whatever the caller put there.
 struct CallMeta<'a> {
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
     own: Option<&'a RequestMetaObject>,
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
     context: Option<&'a RequestMetaObject>,
-    #[serde(rename = "progressToken")]
     progress_token: i64,
+}
+
+const PROGRESS_TOKEN: &str = "progressToken";
+
+fn entries(
+    meta: Option<&RequestMetaObject>,
+) -> impl Iterator<Item = (&String, &serde_json::Value)> {
+    meta.into_iter().flat_map(|meta| meta.iter())
+}
+
+impl Serialize for CallMeta<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let in_own = |key: &str| self.own.is_some_and(|own| own.contains_key(key));
+        let mut map = serializer.serialize_map(None)?;
+        let mut token_written = false;
+        let layers = entries(self.own).chain(entries(self.context).filter(|(key, _)| !in_own(key)));
+        for (key, value) in layers {
+            if key == PROGRESS_TOKEN {
+                token_written = true;
+                map.serialize_entry(key, &self.progress_token)?;
+            } else {
+                let latest = self.context.and_then(|c| c.get(key)).unwrap_or(value);
+                map.serialize_entry(key, latest)?;
+            }
+        }
+        if !token_written {
+            map.serialize_entry(PROGRESS_TOKEN, &self.progress_token)?;
+        }
+        map.end()
+    }
 }
 
 /// A direct call on the wire: dropped before its answer (a timeout, the task ended), it
@@ -439,16 +473,26 @@ mod tests {
         assert_eq!(keys, ["progressToken"]);
     }
 
-    /// What rmcp writes for `round` under id `n` on a session with `context`.
-    fn rmcp_line(round: &CallRound<'_>, n: i64, context: Option<RequestMetaObject>) -> Value {
-        let mut request = ClientRequest::CallToolRequest(CallToolRequest::new(round.to_params()));
+    /// The line rmcp writes for `round` under id `n` on a session with `context`.
+    fn rmcp_line(round: &CallRound<'_>, n: i64, context: Option<RequestMetaObject>) -> Vec<u8> {
+        let round = CallRound {
+            input_responses: round.input_responses.clone(),
+            request_state: round.request_state.clone(),
+            meta: round.meta.clone(),
+            ..CallRound::new(round.name, round.arguments)
+        };
+        let mut request = ClientRequest::CallToolRequest(CallToolRequest::new(round.into_params()));
         if let Some(context) = context {
             request.get_meta_mut().extend(context);
         }
         request
             .get_meta_mut()
             .set_progress_token(ProgressToken(NumberOrString::Number(n)));
-        serde_json::to_value(ClientJsonRpcMessage::request(request, RequestId::Number(n))).unwrap()
+        encode(&ClientJsonRpcMessage::request(
+            request,
+            RequestId::Number(n),
+        ))
+        .unwrap()
     }
 
     #[test]
@@ -468,17 +512,53 @@ mod tests {
             rmcp::model::Implementation::new("quiver", "1"),
             Default::default(),
         );
-        for context in [Some(context), None] {
-            let line = round.line(-7, context.as_ref()).unwrap();
+        // The same keys and values, and (parsing keeps only the last of a repeated key) no
+        // `_meta` key written twice: its keys in the same order as rmcp's.
+        let same = |round: &CallRound<'_>, context: Option<&RequestMetaObject>| {
+            let line = round.line(-7, context).unwrap();
             assert_eq!(line.last(), Some(&b'\n'));
             let ours: Value = serde_json::from_slice(&line).unwrap();
-            assert_eq!(ours, rmcp_line(&round, -7, context));
+            let rmcp: Value =
+                serde_json::from_slice(&rmcp_line(round, -7, context.cloned())).unwrap();
+            assert_eq!(ours, rmcp);
+            let text = String::from_utf8(line).unwrap();
+            let meta_keys = |v: &Value| -> Vec<String> {
+                v["params"]["_meta"]
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .cloned()
+                    .collect()
+            };
+            assert_eq!(meta_keys(&ours), meta_keys(&rmcp), "{text}");
+            for key in meta_keys(&ours) {
+                assert_eq!(
+                    text.matches(&format!("\"{key}\":")).count(),
+                    1,
+                    "{key} in {text}"
+                );
+            }
+        };
+        for context in [Some(&context), None] {
+            same(&round, context);
         }
         // A first round: no responses, no state, no trace context.
         let empty = JsonObject::new();
-        let first = CallRound::new("noop", &empty);
-        let ours: Value = serde_json::from_slice(&first.line(-1, None).unwrap()).unwrap();
-        assert_eq!(ours, rmcp_line(&first, -1, None));
+        same(&CallRound::new("noop", &empty), None);
+
+        // A caller's `_meta` that names the context's keys or the progress token: rmcp's
+        // merge keeps each key once, the later layer's value in its first place.
+        let mut clashing = RequestMetaObject::new();
+        clashing.set_tracestate("first");
+        clashing.set_progress_token(ProgressToken(NumberOrString::Number(99)));
+        clashing.set_protocol_version(rmcp::model::ProtocolVersion::V_2025_06_18);
+        let round = CallRound {
+            meta: Some(clashing),
+            ..CallRound::new("echo", arguments.as_object().unwrap())
+        };
+        for context in [Some(&context), None] {
+            same(&round, context);
+        }
     }
 
     #[tokio::test]

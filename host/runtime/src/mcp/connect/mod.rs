@@ -303,7 +303,7 @@ impl Connection {
     ) -> Result<CallToolResponse, rmcp::ServiceError> {
         match &self.direct {
             Some(direct) => direct.call_tool(&round).await,
-            None => self.service.call_tool_once(round.to_params()).await,
+            None => self.service.call_tool_once(round.into_params()).await,
         }
     }
 

@@ -222,7 +222,9 @@ impl McpPool {
         conn.common_stream_ready().await;
         let timeout = entry.record.budgets.tool_timeout;
         let span = spans::request(entry, "tools/call", Some(name));
-        round.meta = spans::trace_meta(&span);
+        if let Some(trace) = spans::trace_meta(&span) {
+            round.meta.get_or_insert_default().extend(trace);
+        }
         spans::record_peer(&span, conn.service.peer_info().as_deref());
         let phase = CallPhase::new(CallPhase::WAITING_FOR_SERVER);
         let asking = Arc::<Asking>::default();
