@@ -27,36 +27,36 @@ pub fn median<T: PartialOrd + Copy>(mut samples: Vec<T>) -> T {
     samples[samples.len() / 2]
 }
 
-/// Voluntary context switches of process `pid` so far, summed over its threads.
-pub fn context_switches(pid: u32) -> u64 {
+/// `field` of each of process `pid`'s live threads (read from `/proc/PID/task/*/FILE`),
+/// summed; 0 when the process is gone.
+fn sum_over_threads(pid: u32, file: &str, field: impl Fn(&str) -> Option<u64>) -> u64 {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
         return 0;
     };
     tasks
         .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.path().join("status")).ok())
-        .filter_map(|status| {
-            status
-                .lines()
-                .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
-                .and_then(|n| n.trim().parse::<u64>().ok())
-        })
+        .filter_map(|task| std::fs::read_to_string(task.path().join(file)).ok())
+        .filter_map(|text| field(&text))
         .sum()
+}
+
+/// Voluntary context switches of process `pid` so far, summed over its threads.
+pub fn context_switches(pid: u32) -> u64 {
+    sum_over_threads(pid, "status", |status| {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("voluntary_ctxt_switches:"))
+            .and_then(|n| n.trim().parse().ok())
+    })
 }
 
 /// CPU time process `pid`'s live threads have run so far (`/proc/PID/task/*/schedstat`,
 /// in nanoseconds, where `/proc/PID/stat` counts whole clock ticks). A thread that exits
 /// between two readings takes its time with it, so a difference can read low.
 pub fn process_cpu_time(pid: u32) -> std::time::Duration {
-    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-        return std::time::Duration::ZERO;
-    };
-    let nanos = tasks
-        .flatten()
-        .filter_map(|task| std::fs::read_to_string(task.path().join("schedstat")).ok())
-        .filter_map(|stat| stat.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    std::time::Duration::from_nanos(nanos)
+    std::time::Duration::from_nanos(sum_over_threads(pid, "schedstat", |stat| {
+        stat.split_whitespace().next()?.parse().ok()
+    }))
 }
 
 /// CPU time (user and system) used so far by this process's threads, or by the calling
