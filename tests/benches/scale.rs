@@ -7,7 +7,9 @@
 //!    same export: with wasmtime's default settings, and with the host's (zeroed stacks,
 //!    `defaults::TASK_KEEP_RESIDENT` of each stack and memory reset in place). A second host
 //!    and a third bare engine keep nothing resident (`with_keep_resident(0)`, the host before
-//!    that setting). Each round runs all five, in rotating order; each figure is the median
+//!    that setting). A module that also imports WASI (as every Rust or C guest does) runs on
+//!    the host and on bare wasmtime with the host's settings and a WASI context per store.
+//!    Each round runs all seven, in rotating order; each figure is the median
 //!    over rounds of the mean per task, each ratio the median of per-round ratios.
 //! 2. **Waiting tasks**: N tasks submitted at once, each calling the fixture server's `slow`
 //!    tool over stdio (the guest waits on I/O for `QUIVER_BENCH_SLEEP_MS`). The host keeps
@@ -30,7 +32,7 @@
 //! Run: `cargo bench -p quiver-tests --bench scale`. `QUIVER_BENCH_ROUNDS` (0 skips part 1),
 //! `QUIVER_BENCH_TASKS` (tasks per overhead round), `QUIVER_BENCH_START_ROWS` (part 1's rows
 //! to run, comma-separated, for profiling one: `host`, `host0`, `bare`, `bare_host`,
-//! `bare0`), `QUIVER_BENCH_SLEEP_MS` and
+//! `bare0`, `host_wasi`, `bare_wasi`), `QUIVER_BENCH_SLEEP_MS` and
 //! `QUIVER_BENCH_WAITING` (comma-separated N) override the defaults. `QUIVER_BENCH_ROWS`
 //! picks part 2's rows (comma-separated, default all): `host` (defaults, blocking call),
 //! `epoll` (defaults, the epoll wait), `slots` (N slots), `capped` (N slots, the old call
@@ -49,6 +51,8 @@ use wasmtime::{
     Caller, Config, Engine, InstanceAllocationStrategy, InstancePre, Linker, Module,
     PoolingAllocationConfig, Store,
 };
+use wasmtime_wasi::WasiCtxBuilder;
+use wasmtime_wasi::p1::WasiP1Ctx;
 
 /// The guest of both scenarios: `_start` opens `fixture` and calls `slow` with `ms`; `noop`
 /// returns at once.
@@ -121,14 +125,50 @@ enum Settings {
 }
 
 /// Bare wasmtime: the module on an engine with the pooling allocator (`slots` slots) and
-/// epoch interruption, the MCP imports as plain host functions.
-struct Bare {
+/// epoch interruption, the MCP imports as plain host functions; each store's data made by
+/// `data` (a WASI context for a module that imports WASI).
+struct Bare<T: 'static> {
     engine: Engine,
-    pre: InstancePre<()>,
+    pre: InstancePre<T>,
+    data: fn() -> T,
 }
 
-impl Bare {
-    fn new(wat: &str, slots: u32, sleep: Duration, settings: Settings) -> Bare {
+impl Bare<()> {
+    fn new(wat: &str, slots: u32, sleep: Duration, settings: Settings) -> Bare<()> {
+        Bare::with_data(wat, slots, sleep, settings, || (), |_| Ok(()))
+    }
+}
+
+impl Bare<WasiP1Ctx> {
+    /// A WASI preview 1 context per store, as the host grants one by default: argv[0], the
+    /// process's stdout and stderr.
+    fn with_wasi(wat: &str, slots: u32, settings: Settings) -> Bare<WasiP1Ctx> {
+        Bare::with_data(
+            wat,
+            slots,
+            Duration::ZERO,
+            settings,
+            || {
+                WasiCtxBuilder::new()
+                    .arg("scale.wat")
+                    .inherit_stdout()
+                    .inherit_stderr()
+                    .build_p1()
+            },
+            |linker| wasmtime_wasi::p1::add_to_linker_async(linker, |ctx| ctx),
+        )
+    }
+}
+
+impl<T: Send + 'static> Bare<T> {
+    fn with_data(
+        wat: &str,
+        slots: u32,
+        sleep: Duration,
+        settings: Settings,
+        data: fn() -> T,
+        more_imports: impl FnOnce(&mut Linker<T>) -> wasmtime::Result<()>,
+    ) -> Bare<T> {
         let mut pooling = PoolingAllocationConfig::default();
         pooling
             .total_core_instances(slots)
@@ -149,13 +189,13 @@ impl Bare {
         let module = Module::new(&engine, wat).unwrap();
         let mut linker = Linker::new(&engine);
         linker
-            .func_wrap("spear", "mcp_open", |_: Caller<'_, ()>, _: i32, _: i32| 3)
+            .func_wrap("spear", "mcp_open", |_: Caller<'_, T>, _: i32, _: i32| 3)
             .unwrap();
         linker
             .func_wrap_async(
                 "spear",
                 "mcp_call_tool",
-                move |_: Caller<'_, ()>, _: (i32, i32, i32, i32, i32, i32, i32)| {
+                move |_: Caller<'_, T>, _: (i32, i32, i32, i32, i32, i32, i32)| {
                     Box::new(async move {
                         tokio::time::sleep(sleep).await;
                         0i32
@@ -163,12 +203,13 @@ impl Bare {
                 },
             )
             .unwrap();
+        more_imports(&mut linker).unwrap();
         let pre = linker.instantiate_pre(&module).unwrap();
-        Bare { engine, pre }
+        Bare { engine, pre, data }
     }
 
     async fn run(&self, entry: &str) {
-        let mut store = Store::new(&self.engine, ());
+        let mut store = Store::new(&self.engine, (self.data)());
         store.set_epoch_deadline(u64::MAX / 2);
         let instance = self.pre.instantiate_async(&mut store).await.unwrap();
         let func = instance
@@ -176,6 +217,15 @@ impl Bare {
             .unwrap();
         func.call_async(&mut store, ()).await.unwrap();
     }
+}
+
+/// `wat` importing one WASI function as well, as every Rust or C guest imports WASI.
+fn with_wasi_import(wat: &str) -> String {
+    wat.replacen(
+        "(module",
+        "(module\n  (import \"wasi_snapshot_preview1\" \"proc_exit\" (func (param i32)))",
+        1,
+    )
 }
 
 /// A field of `/proc/self/status`, in bytes.
@@ -405,6 +455,10 @@ async fn overhead(
     let old_module = kept_nothing
         .load_module("scale.wat", wat.as_bytes())
         .unwrap();
+    let wasi_wat = with_wasi_import(wat);
+    let wasi_module = host
+        .load_module("scale-wasi.wat", wasi_wat.as_bytes())
+        .unwrap();
     let slots = defaults::MAX_CONCURRENT_TASKS;
     let keep_resident = defaults::TASK_KEEP_RESIDENT;
     let bare = Bare::new(wat, slots, Duration::ZERO, Settings::Wasmtime);
@@ -415,13 +469,23 @@ async fn overhead(
         Duration::ZERO,
         Settings::Host { keep_resident: 0 },
     );
-    const VARIANTS: usize = 5;
-    const VARIANT_NAMES: [&str; VARIANTS] = ["host", "host0", "bare", "bare_host", "bare0"];
+    let bare_wasi = Bare::with_wasi(&wasi_wat, slots, Settings::Host { keep_resident });
+    const VARIANTS: usize = 7;
+    const VARIANT_NAMES: [&str; VARIANTS] = [
+        "host",
+        "host0",
+        "bare",
+        "bare_host",
+        "bare0",
+        "host_wasi",
+        "bare_wasi",
+    ];
     // Only some rows, to profile one (a row left out reads as 0, its ratios as NaN or inf).
     let start_row_on = env_picks("QUIVER_BENCH_START_ROWS");
     let mut samples: [Vec<f64>; VARIANTS] = Default::default();
-    // host / bare, host / bare with the host's settings, the same two kept nothing.
-    let mut ratios: [Vec<f64>; 4] = Default::default();
+    // host / bare, host / bare with the host's settings, the same two kept nothing, and the
+    // module importing WASI on both.
+    let mut ratios: [Vec<f64>; 5] = Default::default();
     for round in 0..=rounds {
         eprint!("\roverhead: round {round}/{rounds}");
         let mut row = [0.0; VARIANTS];
@@ -437,7 +501,9 @@ async fn overhead(
                 1 => per_task(tasks, || run_noop(kept_nothing, &old_module, &task)).await,
                 2 => per_task(tasks, || bare.run("noop")).await,
                 3 => per_task(tasks, || bare_host.run("noop")).await,
-                _ => per_task(tasks, || bare_nothing.run("noop")).await,
+                4 => per_task(tasks, || bare_nothing.run("noop")).await,
+                5 => per_task(tasks, || run_noop(host, &wasi_module, &task)).await,
+                _ => per_task(tasks, || bare_wasi.run("noop")).await,
             };
         }
         // Round 0 warms up.
@@ -449,10 +515,11 @@ async fn overhead(
             ratios[1].push(row[0] / row[3]);
             ratios[2].push(row[1] / row[2]);
             ratios[3].push(row[1] / row[4]);
+            ratios[4].push(row[5] / row[6]);
         }
     }
     eprintln!();
-    let [h, h0, b, bh, b0] = samples.map(median);
+    let [h, h0, b, bh, b0, hw, bw] = samples.map(median);
     let us = |s: f64| s * 1e6;
     println!(
         "per-task overhead: a task that returns at once, median of {rounds} rounds x {tasks} tasks"
@@ -464,10 +531,15 @@ async fn overhead(
         ("bare (instantiate + call, same module)".to_owned(), b),
         (format!("bare with the host's settings ({k} KiB)"), bh),
         ("bare with the host's settings, keeps 0".to_owned(), b0),
+        ("host, the module importing WASI".to_owned(), hw),
+        (
+            "bare with the host's settings and a WASI context".to_owned(),
+            bw,
+        ),
     ] {
         println!("  {what:<50} {:>7.2} µs/task", us(value));
     }
-    let [r_b, r_bh, r0_b, r0_b0] = ratios.map(median);
+    let [r_b, r_bh, r0_b, r0_b0, r_w] = ratios.map(median);
     println!(
         "  host / bare: {r_b:.2}x ({:+.2} µs); host / bare with the host's settings: {r_bh:.2}x ({:+.2} µs)",
         us(h - b),
@@ -477,6 +549,10 @@ async fn overhead(
         "  keeping nothing: host / bare: {r0_b:.2}x ({:+.2} µs); host / bare keeping nothing: {r0_b0:.2}x ({:+.2} µs)",
         us(h0 - b),
         us(h0 - b0)
+    );
+    println!(
+        "  importing WASI: host / bare with the host's settings and a WASI context: {r_w:.2}x ({:+.2} µs)",
+        us(hw - bw)
     );
 }
 
@@ -541,7 +617,7 @@ async fn waiting_on_host(host: &Host, module: &GuestModule, n: usize, sleep: Dur
 }
 
 async fn waiting_on_bare(
-    bare: Arc<Bare>,
+    bare: Arc<Bare<()>>,
     n: usize,
     sleep: Duration,
 ) -> (Duration, u64, (Resident, Resident)) {

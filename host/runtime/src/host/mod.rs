@@ -100,6 +100,9 @@ pub struct GuestModule {
     digest: Arc<str>,
     /// Linear memory instantiation needs, reserved from the host's total at admission.
     initial_memory: u64,
+    /// Whether it imports WASI (`wasi_snapshot_preview1`); a task of a module that does not
+    /// gets no WASI context.
+    imports_wasi: bool,
 }
 
 impl GuestModule {
@@ -325,6 +328,10 @@ impl Host {
         let initial_memory = u64::from(needs.num_memories)
             .saturating_mul(needs.max_initial_memory_size.unwrap_or(0))
             .saturating_mul(WASM_PAGE);
+        let imports_wasi = pre
+            .module()
+            .imports()
+            .any(|import| import.module().starts_with("wasi"));
         let digest: String = Sha256::digest(bytes)
             .iter()
             .map(|b| format!("{b:02x}"))
@@ -335,6 +342,7 @@ impl Host {
             name: name.to_owned(),
             digest: format!("sha256:{digest}").into(),
             initial_memory,
+            imports_wasi,
         })
     }
 
@@ -487,6 +495,7 @@ impl Host {
         let (sandbox, captured) = Sandbox::for_task(
             &task.grants(),
             &module.name,
+            module.imports_wasi,
             memory_limit,
             guest_memory,
             budget.clone(),

@@ -34,6 +34,11 @@ impl CapturedOutput {
         (self.stdout.clone(), self.stderr.clone())
     }
 
+    /// The stderr pipe, where the guest's `log` lines go too.
+    pub(super) fn stderr(&self) -> CapturePipe {
+        self.stderr.clone()
+    }
+
     /// What the guest wrote, moved out (and given back to the budget).
     pub fn take(&self) -> (Vec<u8>, Vec<u8>) {
         (self.stdout.take(), self.stderr.take())

@@ -88,7 +88,8 @@ pub struct Sandbox<K> {
     epoll_sets: usize,
     /// Where the guest's `log` lines go.
     guest_log: GuestLogSink,
-    wasi: WasiP1Ctx,
+    /// `None` for a module that imports no WASI.
+    wasi: Option<WasiP1Ctx>,
     limits: guest_memory::Limits,
 }
 
@@ -166,7 +167,14 @@ pub trait SandboxView: Send + 'static {
 /// The sandbox's own imports: WASI preview 1, `log`, the clocks, `sleep_ms`, `random_i64`
 /// and the `-ENOSYS` stand-ins for SPEAR's `mic_*` and `rtasr_*`.
 pub fn add_to_linker<T: SandboxView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
-    wasmtime_wasi::p1::add_to_linker_async(linker, |state: &mut T| &mut state.sandbox().wasi)?;
+    // Only a module that imports WASI can call it, and such a task got its context at start;
+    // an empty one (nothing granted) keeps this total.
+    wasmtime_wasi::p1::add_to_linker_async(linker, |state: &mut T| {
+        state
+            .sandbox()
+            .wasi
+            .get_or_insert_with(|| wasmtime_wasi::WasiCtxBuilder::new().build_p1())
+    })?;
     misc::add_to_linker(linker)?;
     clock::add_to_linker(linker)?;
     absent::add_to_linker(linker)

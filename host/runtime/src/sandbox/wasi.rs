@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use wasmtime::StoreLimitsBuilder;
+use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::{FsPerms, WasiCtxBuilder, WasiView};
 
 use super::guest_log::{GuestLogSink, HostStderr};
@@ -86,67 +87,33 @@ pub enum SandboxSetupError {
 }
 
 impl<K> Sandbox<K> {
-    /// The sandbox `task` is granted; `argv0` is the module's name, `memory_limit` the linear
+    /// The sandbox `task` is granted; `argv0` is the module's name, `imports_wasi` whether it
+    /// imports WASI preview 1 (else it gets no WASI context), `memory_limit` the linear
     /// memory it may grow to, `guest_memory` its share of the host's total of it, and
     /// `budget` its host memory budget. The error names the task field at fault.
     pub(crate) fn for_task(
         task: &Grants<'_>,
         argv0: &str,
+        imports_wasi: bool,
         memory_limit: u64,
         guest_memory: GuestMemoryHold,
         budget: MemoryBudget,
     ) -> Result<(Self, Option<CapturedOutput>), SandboxSetupError> {
         let task_id: Arc<str> = Arc::from(task.task_id);
-        let mut wasi = WasiCtxBuilder::new();
-        let mut argv = vec![argv0.to_owned()];
-        argv.extend(task.args.iter().cloned());
-        wasi.args(&argv);
-        for (key, value) in task.env {
-            wasi.env(key, value);
-        }
-        for preopen in task.preopens {
-            let perms = if preopen.read_only {
-                FsPerms::ReadOnly
-            } else {
-                FsPerms::ReadWrite
-            };
-            wasi.preopened_dir(&preopen.host, &preopen.guest, perms)
-                .map_err(|source| SandboxSetupError::Preopen {
-                    path: preopen.host.clone(),
-                    source,
-                })?;
-        }
-        if task.inherit_stdin {
-            wasi.inherit_stdin();
-        }
         let captured = task.capture_output.then(|| CapturedOutput::new(&budget));
-        let guest_log = match &captured {
-            Some(out) => {
-                let (stdout, stderr) = out.pipes();
-                wasi.stdout(stdout);
-                wasi.stderr(stderr.clone());
-                GuestLogSink::Captured(stderr)
-            }
-            None => {
-                wasi.inherit_stdout();
-                // Through the `log` lines' queue, so the two keep the guest's order.
-                wasi.stderr(HostStderr);
-                GuestLogSink::Stderr
-            }
+        // A module that imports no WASI never reaches a WASI context: building one (two
+        // seeded random generators, the std streams, the table) was a tenth of its start.
+        // Preopens are still opened, so a wrong one fails the task whatever the module.
+        let wasi = if imports_wasi || !task.preopens.is_empty() {
+            Some(wasi_ctx(task, argv0, captured.as_ref())?)
+        } else {
+            None
         };
-        let guest_log = match task.guest_logs {
-            GuestLogs::Stderr => guest_log,
-            GuestLogs::Tracing => GuestLogSink::Tracing,
+        let guest_log = match (task.guest_logs, &captured) {
+            (GuestLogs::Tracing, _) => GuestLogSink::Tracing,
+            (GuestLogs::Stderr, Some(out)) => GuestLogSink::Captured(out.stderr()),
+            (GuestLogs::Stderr, None) => GuestLogSink::Stderr,
         };
-        let mut wasi = wasi.build_p1();
-        // WASI's table holds every file, directory and stream the guest opens, each a real
-        // host descriptor: bounded like the task's own fds, so one guest opening files in a
-        // loop cannot use up the process's descriptors that every other task needs.
-        let wasi_cap = task
-            .max_fds
-            .saturating_add(task.preopens.len())
-            .saturating_add(defaults::WASI_TABLE_SLACK);
-        wasi.ctx().table.set_max_capacity(wasi_cap);
         let sandbox = Sandbox {
             task_id,
             deadline: Deadline::after(task.deadline),
@@ -172,6 +139,60 @@ impl<K> Sandbox<K> {
         };
         Ok((sandbox, captured))
     }
+}
+
+/// The WASI context `task` grants: its args after `argv0`, env, preopens and stdin, and
+/// output to `captured` or the host's (stderr through the `log` lines' queue, so the two
+/// keep the guest's order).
+fn wasi_ctx(
+    task: &Grants<'_>,
+    argv0: &str,
+    captured: Option<&CapturedOutput>,
+) -> Result<WasiP1Ctx, SandboxSetupError> {
+    let mut wasi = WasiCtxBuilder::new();
+    wasi.arg(argv0);
+    for arg in task.args {
+        wasi.arg(arg);
+    }
+    for (key, value) in task.env {
+        wasi.env(key, value);
+    }
+    for preopen in task.preopens {
+        let perms = if preopen.read_only {
+            FsPerms::ReadOnly
+        } else {
+            FsPerms::ReadWrite
+        };
+        wasi.preopened_dir(&preopen.host, &preopen.guest, perms)
+            .map_err(|source| SandboxSetupError::Preopen {
+                path: preopen.host.clone(),
+                source,
+            })?;
+    }
+    if task.inherit_stdin {
+        wasi.inherit_stdin();
+    }
+    match captured {
+        Some(out) => {
+            let (stdout, stderr) = out.pipes();
+            wasi.stdout(stdout);
+            wasi.stderr(stderr);
+        }
+        None => {
+            wasi.inherit_stdout();
+            wasi.stderr(HostStderr);
+        }
+    }
+    let mut wasi = wasi.build_p1();
+    // WASI's table holds every file, directory and stream the guest opens, each a real
+    // host descriptor: bounded like the task's own fds, so one guest opening files in a
+    // loop cannot use up the process's descriptors that every other task needs.
+    let wasi_cap = task
+        .max_fds
+        .saturating_add(task.preopens.len())
+        .saturating_add(defaults::WASI_TABLE_SLACK);
+    wasi.ctx().table.set_max_capacity(wasi_cap);
+    Ok(wasi)
 }
 
 #[cfg(test)]
@@ -200,6 +221,7 @@ mod tests {
         let Err(error) = Sandbox::<()>::for_task(
             &grants,
             "guest.wasm",
+            false,
             1 << 20,
             crate::sandbox::GuestMemoryTotal::new(1 << 20)
                 .try_reserve(0)
@@ -218,5 +240,49 @@ mod tests {
         for text in [error.to_string(), format!("{error:?}")] {
             assert!(!text.contains("s3cret"), "{text}");
         }
+    }
+
+    fn sandbox(imports_wasi: bool, preopens: &[Preopen]) -> Sandbox<()> {
+        let grants = Grants {
+            task_id: "t",
+            args: &[],
+            env: &BTreeMap::new(),
+            preopens,
+            inherit_stdin: false,
+            capture_output: true,
+            guest_logs: GuestLogs::Stderr,
+            max_fds: 8,
+            deadline: Duration::from_secs(1),
+        };
+        let total = crate::sandbox::GuestMemoryTotal::new(1 << 20);
+        let budget = MemoryBudget::new(Arc::from("t"), 1 << 20);
+        Sandbox::for_task(
+            &grants,
+            "guest.wasm",
+            imports_wasi,
+            1 << 20,
+            total.try_reserve(0).unwrap(),
+            budget,
+        )
+        .unwrap()
+        .0
+    }
+
+    #[test]
+    fn only_a_module_that_imports_wasi_or_is_granted_a_directory_gets_a_wasi_context() {
+        let dir = tempfile::tempdir().unwrap();
+        let preopen = Preopen {
+            host: dir.path().to_owned(),
+            guest: "/data".into(),
+            read_only: true,
+        };
+        assert!(sandbox(true, &[]).wasi.is_some());
+        assert!(sandbox(false, &[]).wasi.is_none());
+        assert!(sandbox(false, &[preopen]).wasi.is_some());
+        // The `log` lines still reach the captured stderr without one.
+        assert!(matches!(
+            sandbox(false, &[]).guest_log,
+            GuestLogSink::Captured(_)
+        ));
     }
 }
