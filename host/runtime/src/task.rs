@@ -426,7 +426,6 @@ impl TaskSpec {
     /// What the task's sandbox grants its guest.
     pub(crate) fn grants(&self) -> Grants<'_> {
         Grants {
-            task_id: &self.task_id,
             args: &self.args,
             env: &self.env,
             preopens: &self.preopens,

@@ -85,7 +85,7 @@ impl TaskMcpConfig {
     /// [`TaskMcpConfig::resolve`] under the principal layer (`None`: no `[principals]`):
     /// a profile the principal may not name is an error on `mcp.profile` saying so.
     pub fn resolve_for(
-        &self,
+        self,
         registry: &Registry,
         principal: Option<PrincipalLayer>,
     ) -> Result<TaskMcpPolicy, TaskPolicyError> {
@@ -106,7 +106,7 @@ impl TaskMcpConfig {
     /// Applies the profile (if any) and checks the server sets. Without a profile, absent
     /// allowed servers equal the defaults. With one, the profile's servers are the
     /// ceiling: the task may narrow it, never widen it.
-    pub fn resolve(&self, registry: &Registry) -> Result<TaskMcpPolicy, TaskPolicyError> {
+    pub fn resolve(self, registry: &Registry) -> Result<TaskMcpPolicy, TaskPolicyError> {
         let (ceiling, profile) = match &self.profile {
             None => (None, None),
             Some(name) => {
@@ -140,27 +140,28 @@ impl TaskMcpConfig {
             }),
             None => Ok(()),
         };
-        let allowed = match (&self.allowed_server_ids, &ceiling) {
+        // Moved, not cloned: resolving runs at every task's start.
+        let allowed = match (self.allowed_server_ids, ceiling) {
             (Some(allowed), Some(ceiling)) => {
                 within(
                     "mcp.allowed_server_ids",
-                    allowed,
-                    ceiling,
+                    &allowed,
+                    &ceiling,
                     "the profile's servers",
                 )?;
-                allowed.clone()
+                allowed
             }
-            (Some(allowed), None) => allowed.clone(),
-            (None, Some(ceiling)) => self
-                .default_server_ids
-                .clone()
-                .unwrap_or_else(|| ceiling.clone()),
+            (Some(allowed), None) => allowed,
+            (None, Some(ceiling)) => match &self.default_server_ids {
+                Some(defaults) => defaults.clone(),
+                None => ceiling,
+            },
             (None, None) => self.default_server_ids.clone().unwrap_or_default(),
         };
-        let defaults = self
-            .default_server_ids
-            .clone()
-            .unwrap_or_else(|| allowed.clone());
+        let defaults = match self.default_server_ids {
+            Some(defaults) => defaults,
+            None => allowed.clone(),
+        };
         within(
             "mcp.default_server_ids",
             &defaults,
@@ -171,7 +172,7 @@ impl TaskMcpConfig {
             enabled: self.enabled,
             default_server_ids: defaults,
             allowed_server_ids: allowed,
-            narrowing: self.narrowing.clone(),
+            narrowing: self.narrowing,
             profile,
             principal: None,
         })

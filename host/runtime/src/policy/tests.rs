@@ -197,7 +197,7 @@ fn profiles_select_by_id_and_tag_and_tasks_only_narrow_them() {
         profile: Some("code-review".into()),
         ..TaskMcpConfig::default()
     };
-    let policy = config.resolve(&registry).unwrap();
+    let policy = config.clone().resolve(&registry).unwrap();
     assert_eq!(policy.allowed_server_ids, ["fs", "github", "gitlab"]);
     assert_eq!(policy.default_server_ids, policy.allowed_server_ids);
     let filter = ToolFilter::new(&ids(&["*"]), &policy);

@@ -143,6 +143,11 @@ impl MemoryBudget {
         self.account.limit
     }
 
+    /// The task the budget is for.
+    pub(crate) fn task_id(&self) -> &Arc<str> {
+        &self.account.task_id
+    }
+
     /// Bytes charged now.
     pub fn used(&self) -> u64 {
         self.account.used.load(Ordering::SeqCst)
