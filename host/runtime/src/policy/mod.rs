@@ -152,8 +152,18 @@ impl TaskMcpConfig {
                 allowed
             }
             (Some(allowed), None) => allowed,
+            // Defaults without an allowlist become the allowlist: under a profile they
+            // are bounded by its servers like an allowlist would be.
             (None, Some(ceiling)) => match &self.default_server_ids {
-                Some(defaults) => defaults.clone(),
+                Some(defaults) => {
+                    within(
+                        "mcp.default_server_ids",
+                        defaults,
+                        &ceiling,
+                        "the profile's servers",
+                    )?;
+                    defaults.clone()
+                }
                 None => ceiling,
             },
             (None, None) => self.default_server_ids.clone().unwrap_or_default(),

@@ -225,6 +225,19 @@ fn profiles_select_by_id_and_tag_and_tasks_only_narrow_them() {
     let err = wider.resolve(&registry).unwrap_err();
     assert_eq!(err.key, "mcp.allowed_server_ids");
     assert!(err.message.contains("`web`"));
+    // Defaults alone stand for the allowlist, so they too stay within the profile.
+    let wider_defaults = TaskMcpConfig {
+        default_server_ids: Some(ids(&["gitlab", "web"])),
+        ..config.clone()
+    };
+    let err = wider_defaults.resolve(&registry).unwrap_err();
+    assert_eq!(err.key, "mcp.default_server_ids");
+    assert!(
+        err.message
+            .contains("`web` is not in the profile's servers"),
+        "{}",
+        err.message
+    );
     let unknown = TaskMcpConfig {
         profile: Some("nope".into()),
         ..config

@@ -170,10 +170,10 @@ pub fn add_to_linker<T: SandboxView>(linker: &mut Linker<T>) -> wasmtime::Result
     // Only a module that imports WASI can call it, and such a task got its context at start;
     // an empty one (nothing granted) keeps this total.
     wasmtime_wasi::p1::add_to_linker_async(linker, |state: &mut T| {
-        state
-            .sandbox()
-            .wasi
-            .get_or_insert_with(|| wasmtime_wasi::WasiCtxBuilder::new().build_p1())
+        state.sandbox().wasi.get_or_insert_with(|| {
+            tracing::error!("a task without a WASI context called WASI; it gets an empty one");
+            wasmtime_wasi::WasiCtxBuilder::new().build_p1()
+        })
     })?;
     misc::add_to_linker(linker)?;
     clock::add_to_linker(linker)?;
