@@ -100,8 +100,8 @@ pub struct GuestModule {
     digest: Arc<str>,
     /// Linear memory instantiation needs, reserved from the host's total at admission.
     initial_memory: u64,
-    /// Whether it imports WASI (`wasi_snapshot_preview1`); a task of a module that does not
-    /// gets no WASI context.
+    /// Whether it imports from a `wasi…` module (the host links `wasi_snapshot_preview1`); a
+    /// task of a module that does not gets no WASI context.
     imports_wasi: bool,
 }
 
