@@ -14,7 +14,12 @@
 //!   target compares against;
 //! - **floor**: a blocking line client on `std::process` pipes (a hand-written `initialize`,
 //!   then one `tools/call` line and one `read_line` per call, no JSON parse): the pipe round
-//!   trip plus the server's own time, the least any client can take.
+//!   trip plus the server's own time, the least any client can take;
+//! - **floor, the host's lines**: the same client writing the lines the host writes (for a
+//!   server that echoes a request's `_meta`: the fixture's `request_meta` tool). At
+//!   2026-07-28 every request carries the client's context in `_meta` and there is no
+//!   `initialize`, so the server parses a line four times as long per call: its own time
+//!   for the host's request, which the first floor leaves out.
 //!
 //! The guest also runs **spawned** (`tokio::spawn`, as `quiver serve` runs tasks) beside
 //! the run on the `block_on` thread. Each row prints the voluntary context switches per
@@ -35,7 +40,8 @@
 //! Run: `cargo bench -p quiver-tests --bench mcp_call`. `QUIVER_BENCH_ROUNDS`,
 //! `QUIVER_BENCH_CALLS` and `QUIVER_BENCH_SPAWNS` override the defaults;
 //! `QUIVER_BENCH_ONLY=everything` (a server id) measures one server only, and
-//! `QUIVER_BENCH_ROWS=guest,spawned` (of guest, spawned, native, ts, floor) only those rows,
+//! `QUIVER_BENCH_ROWS=guest,spawned` (of guest, spawned, native, ts, floor, floor-wire) only
+//! those rows,
 //! for a profile of them.
 
 use quiver_tests::bench::{context_switches, env_picks, env_usize, median, process_cpu_time};
@@ -61,6 +67,8 @@ struct Target {
     args: Map<String, Value>,
     /// How to start the server by hand, for the spawn-per-call figure (stdio servers).
     command: Option<Vec<String>>,
+    /// A tool that answers with the `_meta` of its request, to learn the host's lines.
+    meta_tool: Option<&'static str>,
 }
 
 /// A guest that opens `server_id` and calls `echo` with `args` `calls` times.
@@ -88,6 +96,24 @@ fn guest_loop(target: &Target, calls: usize) -> String {
     )
 }
 
+/// The `_meta` the host sends with a request to `server_id` (its client context, at
+/// 2026-07-28), as `tool` reports receiving it, without the per-request progress token.
+async fn host_meta(
+    host: &Host,
+    task: &TaskSpec,
+    server_id: &str,
+    tool: &str,
+) -> Map<String, Value> {
+    let output = host
+        .call_tool(task, ToolCallRequest::new(server_id, tool))
+        .await
+        .unwrap();
+    let text = output.result.content[0].as_text().expect("a text block");
+    let mut meta: Map<String, Value> = serde_json::from_str(&text.text).unwrap();
+    meta.remove("progressToken");
+    meta
+}
+
 async fn spawn_per_call(target: &Target) -> Duration {
     let started = Instant::now();
     let command = target.command.as_ref().expect("a stdio target");
@@ -108,12 +134,24 @@ struct FloorClient {
     stdout: BufReader<ChildStdout>,
     line: String,
     next_id: u64,
-    /// The `params` of every call: `{"name":..,"arguments":..}`.
-    params: String,
+    /// A call's line is `{head}{id}{mid}`, or `{head}{id}{mid}{id}{tail}` when the id is
+    /// also the progress token.
+    head: &'static str,
+    mid: String,
+    tail: Option<String>,
+}
+
+/// The lines a [`FloorClient`] writes.
+enum FloorWire<'a> {
+    /// `initialize` at 2025-06-18, then bare `tools/call` lines.
+    Handshake,
+    /// The host's own: no `initialize` (2026-07-28), and every request with this `_meta`
+    /// (the client's context) and a progress token equal to its id, as the host sends it.
+    Host(&'a Map<String, Value>),
 }
 
 impl FloorClient {
-    fn start(command: &[String], tool: &str, args: &Map<String, Value>) -> Self {
+    fn start(command: &[String], tool: &str, args: &Map<String, Value>, wire: FloorWire) -> Self {
         let mut child = std::process::Command::new(&command[0])
             .args(&command[1..])
             .stdin(Stdio::piped())
@@ -123,24 +161,50 @@ impl FloorClient {
             .expect("start the server");
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
+        // `"name":..,"arguments":..}}`: the params' last keys and the line's end.
+        let rest = format!(r#""name":{},"arguments":{}}}}}"#, json!(tool), json!(args));
+        let initialize = matches!(wire, FloorWire::Handshake);
+        let (mid, tail, handshake) = match wire {
+            FloorWire::Handshake => (
+                format!(r#","method":"tools/call","params":{{{rest}"#),
+                None,
+                r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"floor","version":"1.0.0"}}}"#.to_owned(),
+            ),
+            FloorWire::Host(meta) => {
+                let entries = Value::Object(meta.clone()).to_string();
+                let entries = &entries[1..entries.len() - 1];
+                let comma = if entries.is_empty() { "" } else { "," };
+                (
+                    format!(r#","method":"tools/call","params":{{"_meta":{{{entries}{comma}"progressToken":"#),
+                    Some(format!("}},{rest}")),
+                    json!({"jsonrpc": "2.0", "id": 0, "method": "server/discover", "params": {"_meta": meta}}).to_string(),
+                )
+            }
+        };
         let mut client = Self {
             child,
             stdin,
             stdout,
             line: String::new(),
             next_id: 1,
-            params: json!({"name": tool, "arguments": args}).to_string(),
+            head: r#"{"jsonrpc":"2.0","id":"#,
+            mid,
+            tail,
         };
-        client.send(r#"{"jsonrpc":"2.0","id":0,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"floor","version":"1.0.0"}}}"#);
+        client.send(&handshake);
         client.answer();
-        client.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        if initialize {
+            client.send(r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#);
+        }
         client
     }
 
+    /// One write per line, as the host writes (two would wake the server twice).
     fn send(&mut self, line: &str) {
-        self.stdin.write_all(line.as_bytes()).unwrap();
-        self.stdin.write_all(b"\n").unwrap();
-        self.stdin.flush().unwrap();
+        let mut bytes = Vec::with_capacity(line.len() + 1);
+        bytes.extend_from_slice(line.as_bytes());
+        bytes.push(b'\n');
+        self.stdin.write_all(&bytes).unwrap();
     }
 
     /// Reads lines until an answer (skipping the server's notifications and requests).
@@ -161,10 +225,11 @@ impl FloorClient {
     fn round(&mut self, calls: usize) -> Duration {
         let started = Instant::now();
         for _ in 0..calls {
-            let line = format!(
-                r#"{{"jsonrpc":"2.0","id":{},"method":"tools/call","params":{}}}"#,
-                self.next_id, self.params
-            );
+            let id = self.next_id;
+            let line = match &self.tail {
+                Some(tail) => format!("{}{id}{}{id}{tail}", self.head, self.mid),
+                None => format!("{}{id}{}", self.head, self.mid),
+            };
             self.next_id += 1;
             self.send(&line);
             self.answer();
@@ -242,6 +307,7 @@ enum Row {
     Native,
     Ts,
     Floor,
+    FloorWire,
 }
 
 impl Row {
@@ -252,6 +318,7 @@ impl Row {
             Row::Native => "native",
             Row::Ts => "ts",
             Row::Floor => "floor",
+            Row::FloorWire => "floor-wire",
         }
     }
 
@@ -262,6 +329,7 @@ impl Row {
             Row::Native => "native (Host::call_tool, same conn)",
             Row::Ts => "TS SDK (Client + StdioClientTransport)",
             Row::Floor => "floor  (blocking pipe line client)",
+            Row::FloorWire => "floor  (same, writing the host's lines)",
         }
     }
 }
@@ -304,12 +372,24 @@ async fn measure(
         .command
         .as_ref()
         .and_then(|command| TsClient::start(command, "echo", &target.args));
-    let mut floor = target
+    let floor = target
         .command
         .as_ref()
-        .map(|command| FloorClient::start(command, "echo", &target.args));
+        .map(|command| FloorClient::start(command, "echo", &target.args, FloorWire::Handshake));
+    let host_meta = match target.meta_tool {
+        Some(tool) => Some(host_meta(host, &task, target.server_id, tool).await),
+        None => None,
+    };
+    let floor_wire = target
+        .command
+        .as_ref()
+        .zip(host_meta.as_ref())
+        .map(|(command, meta)| {
+            FloorClient::start(command, "echo", &target.args, FloorWire::Host(meta))
+        });
+    let mut floors = [floor, floor_wire];
     let me = std::process::id();
-    let run = async |row: Row, ts: &mut Option<TsClient>, floor: &mut Option<FloorClient>| {
+    let run = async |row: Row, ts: &mut Option<TsClient>, floors: &mut [Option<FloorClient>; 2]| {
         let pid = match (row, &ts) {
             (Row::Ts, Some(ts)) => ts.child.id(),
             _ => me,
@@ -342,7 +422,10 @@ async fn measure(
                 started.elapsed() / calls as u32
             }
             Row::Ts => tokio::task::block_in_place(|| ts.as_mut().unwrap().round(calls)),
-            Row::Floor => tokio::task::block_in_place(|| floor.as_mut().unwrap().round(calls)),
+            Row::Floor | Row::FloorWire => {
+                let floor = floors[usize::from(row == Row::FloorWire)].as_mut().unwrap();
+                tokio::task::block_in_place(|| floor.round(calls))
+            }
         };
         let switches = context_switches(pid).saturating_sub(switches) as f64 / calls as f64;
         let cpu = process_cpu_time(pid).saturating_sub(cpu) / calls as u32;
@@ -350,18 +433,26 @@ async fn measure(
     };
     // `QUIVER_BENCH_ROWS=guest,spawned` (say) runs only those, for a profile of them.
     let picked = env_picks("QUIVER_BENCH_ROWS");
-    let rows: Vec<Row> = [Row::Guest, Row::Spawned, Row::Native, Row::Ts, Row::Floor]
-        .into_iter()
-        .filter(|row| match row {
-            Row::Ts => ts.is_some(),
-            Row::Floor => floor.is_some(),
-            _ => true,
-        })
-        .filter(|row| picked(row.name()))
-        .collect();
+    let rows: Vec<Row> = [
+        Row::Guest,
+        Row::Spawned,
+        Row::Native,
+        Row::Ts,
+        Row::Floor,
+        Row::FloorWire,
+    ]
+    .into_iter()
+    .filter(|row| match row {
+        Row::Ts => ts.is_some(),
+        Row::Floor => floors[0].is_some(),
+        Row::FloorWire => floors[1].is_some(),
+        _ => true,
+    })
+    .filter(|row| picked(row.name()))
+    .collect();
     // Warm up: connect the server, fill caches, let the CPU settle.
     for &row in &rows {
-        run(row, &mut ts, &mut floor).await;
+        run(row, &mut ts, &mut floors).await;
     }
     let mut samples: Vec<Samples> = rows.iter().map(|_| Samples::default()).collect();
     for round in 0..rounds {
@@ -369,13 +460,13 @@ async fn measure(
         // Rotate which row goes first, so none always runs on a warmer machine.
         for i in 0..rows.len() {
             let at = (i + round) % rows.len();
-            let (elapsed, switches, cpu) = run(rows[at], &mut ts, &mut floor).await;
+            let (elapsed, switches, cpu) = run(rows[at], &mut ts, &mut floors).await;
             samples[at].times.push(elapsed);
             samples[at].switches.push(switches);
             samples[at].cpu.push(cpu);
         }
     }
-    drop((ts, floor));
+    drop((ts, floors));
     let mut spawned = Vec::new();
     for run in 0..if target.command.is_some() { spawns } else { 0 } {
         eprint!("\r{}: spawn {}/{spawns}   ", target.server_id, run + 1);
@@ -407,10 +498,15 @@ async fn measure(
             paired(guest, native)
         );
     }
-    for (name, baseline) in [("TS SDK", of(Row::Ts)), ("floor", of(Row::Floor))] {
+    for (name, baseline) in [
+        ("TS SDK", of(Row::Ts)),
+        ("floor", of(Row::Floor)),
+        ("floor, the host's lines", of(Row::FloorWire)),
+    ] {
         if let Some(baseline) = baseline {
+            let label = format!("guest / {name} (block_on; spawned)");
             println!(
-                "  guest / {name:<6} (block_on; spawned)         {:>6.3}x {:>6.3}x",
+                "  {label:<42} {:>6.3}x {:>6.3}x",
                 paired(guest, baseline),
                 paired(spawned_guest, baseline)
             );
@@ -438,11 +534,12 @@ async fn main() {
     let spawns = env_usize("QUIVER_BENCH_SPAWNS", 11);
 
     let registry = RegistryDir::new();
-    registry.fixture("fixture", &["echo"], "");
+    registry.fixture("fixture", &["echo", "request_meta"], "");
     let fixture = Target {
         server_id: "fixture",
         args: json!({"text": "hi"}).as_object().unwrap().clone(),
         command: Some(vec![env!("CARGO_BIN_EXE_fixture-mcp-server").to_owned()]),
+        meta_tool: Some("request_meta"),
     };
     let http_server = FixtureHttp::spawn("http", &[]);
     registry.write(
@@ -453,6 +550,7 @@ async fn main() {
         server_id: "fixture-http",
         args: json!({"text": "hi"}).as_object().unwrap().clone(),
         command: None,
+        meta_tool: None,
     };
     let everything_bin = workspace().join("fixtures/npm/node_modules/.bin/mcp-server-everything");
     let everything = everything_bin.exists().then(|| {
@@ -467,6 +565,7 @@ async fn main() {
             server_id: "everything",
             args: json!({"message": "hi"}).as_object().unwrap().clone(),
             command: Some(vec![everything_bin.display().to_string()]),
+            meta_tool: None,
         }
     });
     let config = HostConfig {
