@@ -38,6 +38,7 @@ use rmcp::model::{
     RequestId, RequestMetaObject, ServerResult,
 };
 use serde::Serialize;
+use serde_json::value::RawValue;
 use tokio::io::AsyncWrite;
 
 use super::guard::{Guard, Kind, Limits};
@@ -55,7 +56,7 @@ pub(in crate::mcp) struct DirectCalls<W> {
     last_id: AtomicI64,
     /// The client context rmcp puts in every request's `_meta` on a session without
     /// `initialize` (2026-07-28); `None` before.
-    meta: Option<RequestMetaObject>,
+    meta: Option<ClientContext>,
 }
 
 impl<W> DirectCalls<W>
@@ -75,7 +76,7 @@ where
     /// With the `_meta` rmcp adds to every request of a session without `initialize`
     /// (2026-07-28).
     pub(super) fn with_meta(mut self, meta: Option<RequestMetaObject>) -> Self {
-        self.meta = meta;
+        self.meta = meta.map(ClientContext::new);
         self
     }
 
@@ -185,7 +186,7 @@ impl<'a> CallRound<'a> {
     /// The line rmcp would write for this round under id `n`, with `context` (a
     /// 2026-07-28 session's client context) in `_meta`; the direct path's progress token
     /// is the id.
-    fn line(&self, n: i64, context: Option<&RequestMetaObject>) -> serde_json::Result<Vec<u8>> {
+    fn line(&self, n: i64, context: Option<&ClientContext>) -> serde_json::Result<Vec<u8>> {
         encode(&CallLine {
             jsonrpc: "2.0",
             id: n,
@@ -230,38 +231,64 @@ struct CallParams<'a> {
     request_state: Option<&'a str>,
 }
 
+/// A session's client context, each value serialised once: it goes into every request's
+/// `_meta`, and writing its nested objects anew took a few percent of a call's CPU.
+pub(super) struct ClientContext(Vec<(String, Box<RawValue>)>);
+
+impl ClientContext {
+    fn new(meta: RequestMetaObject) -> Self {
+        let entries = meta
+            .iter()
+            .filter_map(|(key, value)| {
+                // A `Value` always serialises.
+                let raw = serde_json::value::to_raw_value(value).ok()?;
+                Some((key.clone(), raw))
+            })
+            .collect();
+        Self(entries)
+    }
+
+    fn get(&self, key: &str) -> Option<&RawValue> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| &**v)
+    }
+}
+
 /// The request's `_meta` as rmcp merges it: the caller's keys (the trace context), then the
 /// session's client context, then the progress token, a later one replacing an earlier
 /// one's value in that key's first place (`preserve_order`'s insert), so no key is written
 /// twice whatever the caller put there.
 struct CallMeta<'a> {
     own: Option<&'a RequestMetaObject>,
-    context: Option<&'a RequestMetaObject>,
+    context: Option<&'a ClientContext>,
     progress_token: i64,
 }
 
 const PROGRESS_TOKEN: &str = "progressToken";
 
-fn entries(
-    meta: Option<&RequestMetaObject>,
-) -> impl Iterator<Item = (&String, &serde_json::Value)> {
-    meta.into_iter().flat_map(|meta| meta.iter())
-}
-
 impl Serialize for CallMeta<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let in_own = |key: &str| self.own.is_some_and(|own| own.contains_key(key));
+        let in_context = |key: &str| self.context.and_then(|c| c.get(key));
         let mut map = serializer.serialize_map(None)?;
         let mut token_written = false;
-        let layers = entries(self.own).chain(entries(self.context).filter(|(key, _)| !in_own(key)));
-        for (key, value) in layers {
+        for (key, value) in self.own.into_iter().flat_map(|own| own.iter()) {
+            if key == PROGRESS_TOKEN {
+                token_written = true;
+                map.serialize_entry(key, &self.progress_token)?;
+            } else if let Some(latest) = in_context(key) {
+                map.serialize_entry(key, latest)?;
+            } else {
+                map.serialize_entry(key, value)?;
+            }
+        }
+        let context = self.context.into_iter().flat_map(|c| c.0.iter());
+        for (key, value) in context.filter(|(key, _)| !in_own(key)) {
             if key == PROGRESS_TOKEN {
                 token_written = true;
                 map.serialize_entry(key, &self.progress_token)?;
             } else {
-                let latest = self.context.and_then(|c| c.get(key)).unwrap_or(value);
-                map.serialize_entry(key, latest)?;
+                map.serialize_entry(key, value)?;
             }
         }
         if !token_written {
@@ -515,7 +542,8 @@ mod tests {
         // The same keys and values, and (parsing keeps only the last of a repeated key) no
         // `_meta` key written twice: its keys in the same order as rmcp's.
         let same = |round: &CallRound<'_>, context: Option<&RequestMetaObject>| {
-            let line = round.line(-7, context).unwrap();
+            let serialised = context.cloned().map(ClientContext::new);
+            let line = round.line(-7, serialised.as_ref()).unwrap();
             assert_eq!(line.last(), Some(&b'\n'));
             let ours: Value = serde_json::from_slice(&line).unwrap();
             let rmcp: Value =
