@@ -18,6 +18,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use std::sync::Arc;
+use tracing::Instrument;
 
 use quiver::config::{ConfigError, ConfigOrigin};
 use quiver::registry::{Registry, RegistryStore, ServerEntry};
@@ -541,10 +542,24 @@ async fn run(args: RunArgs) -> i32 {
     } else {
         None
     };
+    // On a worker thread, as `quiver serve` runs its tasks: there an MCP server's answer
+    // wakes the task on the thread that read it, where on this `block_on` thread every
+    // answer is one more thread switch (BENCHMARKS.md, issue 25).
+    let mut running = tokio::spawn({
+        let (host, module, task) = (host.clone(), module.clone(), task.clone());
+        async move { host.run_task(&module, &task).await }.in_current_span()
+    });
     let outcome = tokio::select! {
-        outcome = host.run_task(&module, &task) => outcome,
+        ended = &mut running => match ended {
+            Ok(outcome) => outcome,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => return fail(format!("the task did not finish: {e}")),
+        },
         signal = signals.next() => {
             eprintln!("quiver: {}; stopping the task and its MCP servers", signal.name);
+            // Gone (its fiber and its calls dropped) before the host stops its servers.
+            running.abort();
+            let _ = running.await;
             stop(&host, &mut signals).await;
             flush_guest_logs().await;
             return signal.status;
