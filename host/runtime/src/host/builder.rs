@@ -750,6 +750,11 @@ mod tests {
                 "backends.r.base_url",
             ),
             (
+                "node-c2.toml",
+                "[backends.r]\nkind = \"openai\"\nbase_url = \"http://bad host\"\n",
+                "backends.r.base_url",
+            ),
+            (
                 "node-d.toml",
                 "[tasks]\nmax_concurrent = 0\n",
                 "tasks.max_concurrent",

@@ -36,7 +36,8 @@ use crate::sandbox::{Charge, heap};
 
 pub(super) struct OpenAiBackend {
     name: String,
-    url: String,
+    /// The endpoint, parsed once: reqwest would parse a string again for every request.
+    url: reqwest::Url,
     api_key_env: Option<String>,
     headers: HeaderMap,
     client: reqwest::Client,
@@ -138,9 +139,18 @@ impl OpenAiBackend {
             }
             _ => ("chat/completions", Wire::OpenAi),
         };
+        let url = format!("{}/{path}", base.trim_end_matches('/'));
+        let url = reqwest::Url::parse(&url).map_err(|e| {
+            ConfigError::new(
+                config_path,
+                at("base_url"),
+                format!("{url:?} is not a valid URL: {e}"),
+            )
+            .with_source(e)
+        })?;
         Ok(Self {
             name: name.to_owned(),
-            url: format!("{}/{path}", base.trim_end_matches('/')),
+            url,
             api_key_env: config.api_key_env.clone(),
             headers,
             client,
@@ -164,9 +174,7 @@ impl OpenAiBackend {
         // What the wire sends, encoded once for every attempt; the value, for a wire that
         // translates it (and reads the answer by it).
         let (url, json, value) = match (&self.wire, body) {
-            (Wire::OpenAi, Payload::Json(json)) => {
-                (Cow::Borrowed(self.url.as_str()), json.clone(), None)
-            }
+            (Wire::OpenAi, Payload::Json(json)) => (Cow::Borrowed(&self.url), json.clone(), None),
             _ => {
                 let value = body.value().map_err(invalid)?;
                 let (url, request) = self.request(&value).map_err(failed)?;
@@ -233,8 +241,11 @@ impl OpenAiBackend {
 
     /// Where `body` goes and as what, in this backend's wire format; an error when the
     /// API cannot be sent what it holds.
-    fn request<'a>(&self, body: &'a Value) -> Result<(Cow<'_, str>, Cow<'a, Value>), LlmError> {
-        let url = Cow::Borrowed(self.url.as_str());
+    fn request<'a>(
+        &self,
+        body: &'a Value,
+    ) -> Result<(Cow<'_, reqwest::Url>, Cow<'a, Value>), LlmError> {
+        let url = Cow::Borrowed(&self.url);
         Ok(match &self.wire {
             Wire::OpenAi => (url, without_rich_content(body)),
             Wire::Anthropic { max_tokens } => {
@@ -256,6 +267,8 @@ impl OpenAiBackend {
                 let segment = gemini::model_segment(model).map_err(invalid)?;
                 let request = gemini::to_gemini(body, &models.options(model)).map_err(invalid)?;
                 let url = format!("{}/{segment}:generateContent", self.url);
+                let url = reqwest::Url::parse(&url)
+                    .map_err(|e| invalid(format!("the model `{model}` gives no valid URL: {e}")))?;
                 (Cow::Owned(url), Cow::Owned(request))
             }
         })
@@ -264,7 +277,7 @@ impl OpenAiBackend {
     /// One POST of `json` to `url`; `body`: the value it was translated from, if it was.
     async fn attempt(
         &self,
-        url: &str,
+        url: &reqwest::Url,
         json: bytes::Bytes,
         body: Option<&Value>,
         timeout: Duration,
@@ -293,7 +306,7 @@ impl OpenAiBackend {
             .or_insert(HeaderValue::from_static("application/json"));
         let response = self
             .client
-            .post(url)
+            .post(url.clone())
             .headers(headers)
             .timeout(timeout)
             .body(json)
