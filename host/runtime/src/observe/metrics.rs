@@ -82,6 +82,10 @@ struct Inner {
     task_outcomes: [OnceLock<Counter>; TASK_OUTCOMES.len()],
     llm_requests: Family<Labels<2>, Counter>,
     llm_tokens: Family<Labels<2>, Counter>,
+    /// Each backend's series of a request that went well, resolved at its first one (the
+    /// backends are the operator's, so their number is bounded), so a chat request's end
+    /// is a map lookup and three atomic adds, not six label sets built and hashed.
+    llm_series: RwLock<HashMap<String, Arc<LlmSeries>>>,
     budget_hits: Family<Labels<1>, Counter>,
     policy_denials: Family<CallLabels, Counter>,
     /// The principals labelled by name (those listed in `[principals]`); `None`: no
@@ -99,6 +103,16 @@ impl fmt::Debug for Metrics {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Metrics").finish_non_exhaustive()
     }
+}
+
+/// A backend's series of a request that went well, each resolved at its first use (a
+/// backend that reports no usage has no token series, as before they were cached).
+#[derive(Default)]
+struct LlmSeries {
+    backend: String,
+    ok: OnceLock<Counter>,
+    prompt: OnceLock<Counter>,
+    completion: OnceLock<Counter>,
 }
 
 /// What the host reports at scrape time, in the metrics' own terms (the host maps its
@@ -217,6 +231,7 @@ impl Metrics {
                 task_outcomes: Default::default(),
                 llm_requests,
                 llm_tokens,
+                llm_series: RwLock::new(HashMap::new()),
                 budget_hits,
                 policy_denials,
                 principals,
@@ -275,16 +290,64 @@ impl Metrics {
 
     /// One LLM exchange with `backend` ended with `outcome` (`ok` or an error code).
     pub(crate) fn llm_request(&self, backend: &str, outcome: &'static str) {
+        if outcome == "ok" {
+            let series = self.llm_series(backend);
+            let labels = || {
+                [
+                    ("backend", series.backend.clone()),
+                    ("outcome", "ok".into()),
+                ]
+            };
+            let family = &self.inner.llm_requests;
+            series
+                .ok
+                .get_or_init(|| family.get_or_create(&labels()).clone())
+                .inc();
+            return;
+        }
         let labels = [("backend", backend.to_owned()), ("outcome", outcome.into())];
         self.inner.llm_requests.get_or_create(&labels).inc();
     }
 
     /// Tokens `backend` reported using.
     pub(crate) fn llm_tokens(&self, backend: &str, prompt: u64, completion: u64) {
-        for (kind, n) in [("prompt", prompt), ("completion", completion)] {
-            let labels = [("backend", backend.to_owned()), ("kind", kind.into())];
-            self.inner.llm_tokens.get_or_create(&labels).inc_by(n);
+        let series = self.llm_series(backend);
+        let family = &self.inner.llm_tokens;
+        for (counter, kind, n) in [
+            (&series.prompt, "prompt", prompt),
+            (&series.completion, "completion", completion),
+        ] {
+            let labels = || [("backend", series.backend.clone()), ("kind", kind.into())];
+            counter
+                .get_or_init(|| family.get_or_create(&labels()).clone())
+                .inc_by(n);
         }
+    }
+
+    fn llm_series(&self, backend: &str) -> Arc<LlmSeries> {
+        let known = self
+            .inner
+            .llm_series
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(series) = known.get(backend) {
+            return series.clone();
+        }
+        drop(known);
+        let mut known = self
+            .inner
+            .llm_series
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        known
+            .entry(backend.to_owned())
+            .or_insert_with(|| {
+                Arc::new(LlmSeries {
+                    backend: backend.to_owned(),
+                    ..LlmSeries::default()
+                })
+            })
+            .clone()
     }
 
     /// A chat send stopped at `budget`.
