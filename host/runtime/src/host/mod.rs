@@ -354,6 +354,10 @@ impl Host {
     /// at most the queue timeout and at most its own deadline, which starts only when it
     /// gets a slot; a full queue or a wait that runs out is [`HostError::Busy`]. Dropping
     /// the future gives its queue place, slot and memory back.
+    ///
+    /// Await it inside a tokio task (`tokio::spawn`), as `quiver run` and `quiver serve`
+    /// do: on a `block_on` thread every MCP answer is read on a worker and handed over, one
+    /// thread switch more per call (BENCHMARKS.md, issue 25).
     pub async fn run_task(
         &self,
         module: &GuestModule,

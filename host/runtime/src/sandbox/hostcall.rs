@@ -81,10 +81,11 @@ where
 /// touches the fiber, and what `make` captures is moved to the heap once, not into every
 /// future that waits on it.
 ///
-/// Only from inside a tokio task (how `quiver serve` and the scale runs start tasks): there
-/// the spawned work goes to the same worker's next slot, and costs no thread switch. A
-/// task driven by `block_on` (`quiver run`) would hand each request to a worker thread
-/// and back; it runs the work inline, as [`off_stack`] does (BENCHMARKS.md, issue 25).
+/// Only from inside a tokio task (how `quiver serve`, `quiver run` and the scale runs start
+/// tasks): there the spawned work goes to the same worker's next slot, and costs no thread
+/// switch. A task an embedder drives with `block_on` would hand each request to a worker
+/// thread and back; it runs the work inline, as [`off_stack`] does (BENCHMARKS.md, issue
+/// 25).
 ///
 /// The spawned work is one of the task's `work` ([`BackgroundWork`]): the task's end waits
 /// until an aborted one has been dropped.
