@@ -557,10 +557,16 @@ async fn run(args: RunArgs) -> i32 {
         },
         signal = signals.next() => {
             eprintln!("quiver: {}; stopping the task and its MCP servers", signal.name);
-            // Gone (its fiber and its calls dropped) before the host stops its servers.
+            // The task stops at its next yield (epoch ticks interrupt a spinning guest)
+            // and asks its calls in flight to stop; then the host stops its servers. A
+            // second signal does not wait for a task stuck in a blocking write.
             running.abort();
-            let _ = running.await;
-            stop(&host, &mut signals).await;
+            tokio::select! {
+                _ = &mut running => stop(&host, &mut signals).await,
+                again = signals.next() => {
+                    eprintln!("quiver: {} again; killing the MCP servers", again.name);
+                }
+            }
             flush_guest_logs().await;
             return signal.status;
         }

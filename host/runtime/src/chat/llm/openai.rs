@@ -144,7 +144,7 @@ impl OpenAiBackend {
             ConfigError::new(
                 config_path,
                 at("base_url"),
-                format!("{url:?} is not a valid URL: {e}"),
+                format!("{base:?} is not a valid URL ({e}); set the API's base, e.g. \"https://api.openai.com/v1\""),
             )
             .with_source(e)
         })?;
