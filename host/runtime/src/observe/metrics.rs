@@ -109,7 +109,6 @@ impl fmt::Debug for Metrics {
 /// backend that reports no usage has no token series, as before they were cached).
 #[derive(Default)]
 struct LlmSeries {
-    backend: String,
     ok: OnceLock<Counter>,
     prompt: OnceLock<Counter>,
     completion: OnceLock<Counter>,
@@ -292,12 +291,7 @@ impl Metrics {
     pub(crate) fn llm_request(&self, backend: &str, outcome: &'static str) {
         if outcome == "ok" {
             let series = self.llm_series(backend);
-            let labels = || {
-                [
-                    ("backend", series.backend.clone()),
-                    ("outcome", "ok".into()),
-                ]
-            };
+            let labels = || [("backend", backend.to_owned()), ("outcome", "ok".into())];
             let family = &self.inner.llm_requests;
             series
                 .ok
@@ -317,7 +311,7 @@ impl Metrics {
             (&series.prompt, "prompt", prompt),
             (&series.completion, "completion", completion),
         ] {
-            let labels = || [("backend", series.backend.clone()), ("kind", kind.into())];
+            let labels = || [("backend", backend.to_owned()), ("kind", kind.into())];
             counter
                 .get_or_init(|| family.get_or_create(&labels()).clone())
                 .inc_by(n);
@@ -339,15 +333,7 @@ impl Metrics {
             .llm_series
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        known
-            .entry(backend.to_owned())
-            .or_insert_with(|| {
-                Arc::new(LlmSeries {
-                    backend: backend.to_owned(),
-                    ..LlmSeries::default()
-                })
-            })
-            .clone()
+        known.entry(backend.to_owned()).or_default().clone()
     }
 
     /// A chat send stopped at `budget`.
