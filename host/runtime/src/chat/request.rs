@@ -108,30 +108,48 @@ struct Charged<'a> {
     charge: &'a mut Charge,
 }
 
+impl Charged<'_> {
+    /// Makes room for `more` bytes, charged first. Out of line: the serializer writes a
+    /// body in many small pieces, and the common one must stay a bounds check and a copy.
+    #[cold]
+    #[inline(never)]
+    fn grow(&mut self, more: usize) -> io::Result<()> {
+        let needed = self.bytes.len().saturating_add(more);
+        let capacity = self.bytes.capacity();
+        // Double, else grow by a step (an eighth, at least STEP_BYTES); never by less, so
+        // the buffer is copied O(log n) times whatever the budget.
+        let wanted = needed.max(capacity.saturating_mul(2)).max(FIRST_BYTES);
+        let step = needed
+            .saturating_add((capacity / 8).max(STEP_BYTES))
+            .min(wanted);
+        let held = self
+            .charge
+            .resize_between(heap::alloc(step as u64), heap::alloc(wanted as u64))
+            .map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
+        let room = if held >= heap::alloc(wanted as u64) {
+            wanted
+        } else {
+            step
+        };
+        self.bytes.reserve_exact(room - self.bytes.len());
+        Ok(())
+    }
+}
+
 impl io::Write for Charged<'_> {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let needed = self.bytes.len().saturating_add(buf.len());
-        let capacity = self.bytes.capacity();
-        if needed > capacity {
-            // Double, else grow by a step (an eighth, at least STEP_BYTES); never by less,
-            // so the buffer is copied O(log n) times whatever the budget.
-            let wanted = needed.max(capacity.saturating_mul(2)).max(FIRST_BYTES);
-            let step = needed
-                .saturating_add((capacity / 8).max(STEP_BYTES))
-                .min(wanted);
-            let held = self
-                .charge
-                .resize_between(heap::alloc(step as u64), heap::alloc(wanted as u64))
-                .map_err(|_| io::Error::from(io::ErrorKind::OutOfMemory))?;
-            let room = if held >= heap::alloc(wanted as u64) {
-                wanted
-            } else {
-                step
-            };
-            self.bytes.reserve_exact(room - self.bytes.len());
+        self.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    /// What serde_json calls for every piece; the default loops over `write`.
+    #[inline]
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        if self.bytes.capacity() - self.bytes.len() < buf.len() {
+            self.grow(buf.len())?;
         }
         self.bytes.extend_from_slice(buf);
-        Ok(buf.len())
+        Ok(())
     }
 
     fn flush(&mut self) -> io::Result<()> {

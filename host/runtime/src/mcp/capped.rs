@@ -65,14 +65,28 @@ struct Capped {
     left: u64,
 }
 
+/// The error both writers fail with past their cap.
+#[cold]
+fn over_the_cap() -> std::io::Error {
+    std::io::Error::other("over the cap")
+}
+
+// Both writers implement `write_all`, which serde_json calls for every piece: the default
+// loops over `write`, and costs more than the copy.
 impl std::io::Write for Capped {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    #[inline]
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
         self.left = self
             .left
             .checked_sub(buf.len() as u64)
-            .ok_or_else(|| std::io::Error::other("over the cap"))?;
+            .ok_or_else(over_the_cap)?;
         self.bytes.extend_from_slice(buf);
-        Ok(buf.len())
+        Ok(())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
@@ -88,11 +102,17 @@ struct Counter {
 
 impl std::io::Write for Counter {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.write_all(buf)?;
+        Ok(buf.len())
+    }
+
+    #[inline]
+    fn write_all(&mut self, buf: &[u8]) -> std::io::Result<()> {
         self.len = self.len.saturating_add(buf.len() as u64);
         if self.len > self.cap {
-            return Err(std::io::Error::other("over the cap"));
+            return Err(over_the_cap());
         }
-        Ok(buf.len())
+        Ok(())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {

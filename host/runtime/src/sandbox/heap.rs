@@ -118,8 +118,14 @@ pub fn json_len(value: &impl Serialize) -> u64 {
     struct Count(u64);
     impl std::io::Write for Count {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0 = self.0.saturating_add(bytes.len() as u64);
+            self.write_all(bytes)?;
             Ok(bytes.len())
+        }
+        // What serde_json calls for every piece; the default loops over `write`.
+        #[inline]
+        fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+            self.0 = self.0.saturating_add(bytes.len() as u64);
+            Ok(())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
