@@ -97,6 +97,7 @@ pub(super) fn spawn(mut cmd: Command, permit: Option<OwnedSemaphorePermit>) -> i
             }),
             watchdog: Mutex::new(watchdog),
             permit: Mutex::new(permit),
+            exit_watched: AtomicBool::new(false),
         },
         stdin,
         stdout,
@@ -121,6 +122,9 @@ pub(super) struct ServerProcess {
     /// The pool's count of this process, given back as soon as the group is gone (or
     /// SIGKILL was sent and waited for), not when the connection is dropped.
     permit: Mutex<Option<OwnedSemaphorePermit>>,
+    /// An [`exit_watch`](Self::exit_watch) is registered: the leader's exit ends the
+    /// session from then on, so liveness needs no `try_wait` of its own.
+    exit_watched: AtomicBool,
 }
 
 impl ServerProcess {
@@ -129,9 +133,11 @@ impl ServerProcess {
         self.pgid.unsigned_abs()
     }
 
-    /// Whether the group's leader (the server itself) has not exited.
+    /// Whether the group's leader (the server itself) is not known to have exited. Once
+    /// its exit is watched, the watch ends the session when it exits, and the session's
+    /// own check says so: this is then a load, not a `try_wait` on every call.
     pub(super) fn leader_running(&self) -> bool {
-        !self.leader_exited()
+        self.exit_watched.load(Ordering::Acquire) || !self.leader_exited()
     }
 
     /// Resolves when the leader exits, without reaping it; `None` where the kernel has
@@ -148,6 +154,7 @@ impl ServerProcess {
         let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: the OwnedFd moves into the AsyncFd and stays open until it is dropped.
         let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.ok()?;
+        self.exit_watched.store(true, Ordering::Release);
         Some(async move {
             let _ = fd.readable().await;
         })
