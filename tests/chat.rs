@@ -388,6 +388,43 @@ async fn a_session_goes_on_for_a_second_turn() {
     assert_eq!(second["messages"][1]["content"], "first answer");
 }
 
+/// Each send offers the server's tools from the pool's listing while it is fresh (no
+/// `tools/list` per send), and lists again once the server says its tools changed.
+#[tokio::test]
+async fn sends_reuse_the_listing_until_the_server_says_its_tools_changed() {
+    let llm = ScriptedLlm::start(vec![Reply::text("a"), Reply::text("b"), Reply::text("c")]).await;
+    let registry = RegistryDir::new();
+    registry.fixture("fixture", &["add", "list_count", "tools_changed"], "");
+    let host = scripted_host(&registry, &llm);
+    let guest = ChatGuest::new().msg("user", "one").send(2).recv().build();
+    let task = mcp_task("chat", &["fixture"]);
+    let fixture = |tool: &'static str| call_tool_text(&host, "fixture", tool, json!({}));
+    wat::run_ok(&host, &guest, &task).await;
+    wat::run_ok(&host, &guest, &task).await;
+    assert_eq!(
+        fixture("list_count").await.unwrap(),
+        "1",
+        "the second task's send used the cached listing"
+    );
+    assert_eq!(fixture("tools_changed").await.unwrap(), "ok");
+    // The notification travels on its own; give the client a moment to handle it.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    wat::run_ok(&host, &guest, &task).await;
+    assert_eq!(
+        fixture("list_count").await.unwrap(),
+        "2",
+        "list_changed made the next send list again"
+    );
+    for i in 0..3 {
+        assert!(
+            tool_names(&llm.request(i)).contains(&"mcp__fixture__add".to_owned()),
+            "send {i} offered the server's tools: {:?}",
+            tool_names(&llm.request(i))
+        );
+    }
+    host.shutdown().await;
+}
+
 #[tokio::test]
 async fn the_manual_loop_shows_tool_calls_and_takes_the_guests_results() {
     let setup = setup(vec![

@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use super::{ChatSession, GuestTool};
 use crate::approval;
-use crate::mcp::{McpError, McpErrorCode, McpTask, Tool};
+use crate::mcp::{LeftOut, McpError, McpErrorCode, McpTask, Tool};
 use crate::policy::{
     self, Approval, Decision, Denial, Effective, Narrowing, Reason, SessionRequest,
 };
@@ -96,7 +96,7 @@ struct McpKey {
     /// tools that listing left out.
     entries: Vec<Arc<ServerEntry>>,
     listings: Vec<Arc<[Tool]>>,
-    left_out: Vec<Arc<[(String, String)]>>,
+    left_out: Vec<LeftOut>,
 }
 
 impl McpKey {
@@ -142,7 +142,7 @@ impl ToolCache {
 }
 
 /// A server's listing (from the pool's cache) and what it left out.
-type Listed = (Result<Arc<[Tool]>, McpError>, Arc<[(String, String)]>);
+type Listed = (Result<Arc<[Tool]>, McpError>, LeftOut);
 
 /// An offered MCP tool's definition, `{"type": "function", "function": {"name",
 /// "parameters", "description"?}}` when serialised; its schema is the listing's, shared.
@@ -264,6 +264,17 @@ pub(crate) fn session_request(session: &ChatSession) -> SessionRequest<'_> {
 
 /// Each server's listing from the pool's cache, and what it left out.
 async fn list(entries: &[Arc<ServerEntry>], mcp: &McpTask) -> Vec<Listed> {
+    // Most sends find every listing cached on a live connection: then nothing waits.
+    let cached = entries
+        .iter()
+        .map(|entry| {
+            let (tools, left_out) = mcp.pool.cached_tools(entry, mcp.principal())?;
+            Some((Ok(tools), left_out))
+        })
+        .collect();
+    if let Some(listed) = cached {
+        return listed;
+    }
     let listings = futures::future::join_all(
         entries
             .iter()

@@ -64,6 +64,7 @@ use health::Health;
 pub use health::ServerState;
 pub use limits::{McpHostConfig, PoolLimits};
 pub use requests::ToolCallOutput;
+pub(crate) use slot::LeftOut;
 use slot::ServerSlot;
 pub use status::{PoolUsage, ServerStatus};
 

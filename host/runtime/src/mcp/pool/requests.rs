@@ -17,7 +17,7 @@ use rmcp::model::{
 
 use super::failure::{CallPhase, server_failure, service_failed, timed_out};
 use super::paging::{Page, list_all_pages, list_pages};
-use super::slot::{CachedTools, ServerSlot};
+use super::slot::{CachedTools, LeftOut, ServerSlot};
 use super::tasks::TaskCall;
 use super::{CallRound, Connection, McpPool};
 use crate::defaults;
@@ -102,7 +102,7 @@ impl McpPool {
             }
         };
         slot.health.listed(tools.len());
-        let left_out: Arc<[(String, String)]> = conn.left_out.missing_from(&tools).into();
+        let left_out: LeftOut = conn.left_out.missing_from(&tools).into();
         for (tool, reason) in left_out.iter() {
             tracing::warn!(
                 server_id,

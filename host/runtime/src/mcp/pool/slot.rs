@@ -26,8 +26,11 @@ pub(super) struct CachedTools {
     pub(super) private_to: Option<Option<Arc<str>>>,
     pub(super) tools: Arc<[Tool]>,
     /// Tools the listing left out for invalid `x-mcp-header` declarations, with why.
-    pub(super) left_out: Arc<[(String, String)]>,
+    pub(super) left_out: LeftOut,
 }
+
+/// The tools a server listed that were left out of its listing, each with why.
+pub(crate) type LeftOut = Arc<[(String, String)]>;
 
 impl CachedTools {
     /// Whether this listing may answer `principal` on connection `conn_serial` now.
@@ -204,15 +207,52 @@ impl McpPool {
         in_flight
     }
 
+    /// The server's listing and what it left out, when the cache answers without a wait:
+    /// the slot has a live connection nobody is opening, and a fresh listing for it that
+    /// no `list_changed` made stale. Counts as a use of the server, as a listing does.
+    /// `None`: ask [`Self::list_tools`], which connects and lists as needed.
+    pub(crate) fn cached_tools(
+        &self,
+        entry: &Arc<ServerEntry>,
+        principal: Option<&str>,
+    ) -> Option<(Arc<[Tool]>, LeftOut)> {
+        let keyed = principal.filter(|_| self.is_per_principal(entry));
+        let slot = self
+            .shared
+            .slots()
+            .get(&*slot_key(entry.server_id(), keyed))
+            .cloned()
+            .filter(|slot| Arc::ptr_eq(&slot.entry, entry) || slot.entry.connects_like(entry))?;
+        self.rules()
+            .auth
+            .check_subject(&slot.entry, slot.principal.as_deref())
+            .ok()?;
+        let conn = slot
+            .conn
+            .try_lock()
+            .ok()?
+            .as_ref()
+            .filter(|conn| conn.is_alive())?
+            .clone();
+        if conn.tools_stale.load(Ordering::SeqCst) {
+            return None;
+        }
+        let listed = {
+            let cache = slot.tools.lock().unwrap_or_else(|e| e.into_inner());
+            let cached = cache
+                .as_ref()
+                .filter(|cached| cached.serves(conn.serial, principal))?;
+            (cached.tools.clone(), cached.left_out.clone())
+        };
+        slot.activity().last_used = Instant::now();
+        Some(listed)
+    }
+
     /// Whether the server's credential is a user's grant, so each principal connects
     /// with its own.
     /// The tools `entry`'s last listing (for `principal`) left out for invalid
     /// `x-mcp-header` declarations, each with the reason; empty before any listing.
-    pub(crate) fn left_out(
-        &self,
-        entry: &ServerEntry,
-        principal: Option<&str>,
-    ) -> Arc<[(String, String)]> {
+    pub(crate) fn left_out(&self, entry: &ServerEntry, principal: Option<&str>) -> LeftOut {
         let principal = principal.filter(|_| self.is_per_principal(entry));
         let slot = self
             .shared
