@@ -152,6 +152,17 @@ async fn a_guest_tool_and_an_mcp_tool_in_one_turn() {
         .collect();
     assert_eq!(kinds, ["guest", "mcp"]);
     assert_eq!(spear["tool_calls"][1]["server_id"], "fixture");
+    // Each call's summary, keys in this order.
+    let mcp_call = r#"{"id":"c2","name":"mcp__fixture__add","kind":"mcp","server_id":"fixture","tool":"add","ms":"#;
+    let at = raw.find(mcp_call).unwrap_or_else(|| panic!("{raw}"));
+    assert!(
+        raw[at..]
+            .split_once('}')
+            .unwrap()
+            .0
+            .ends_with(r#","ok":true"#),
+        "{raw}"
+    );
     assert_eq!(
         spear["usage"]["prompt_tokens"],
         20 + 50,
@@ -201,6 +212,11 @@ async fn unknown_and_policy_denied_tools_run_nothing() {
         .map(|c| c["kind"].as_str().unwrap())
         .collect();
     assert_eq!(kinds, ["unknown", "denied", "denied", "mcp"]);
+    assert!(
+        run.emitted[0].contains(r#"{"id":"u1","name":"no_such_tool","kind":"unknown","ok":false}"#),
+        "a refused call's summary: {}",
+        run.emitted[0]
+    );
     // The server saw exactly one call (add) before this one.
     let count = call_tool_text(&setup.host, "fixture", "count", json!({}))
         .await

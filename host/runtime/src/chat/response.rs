@@ -100,9 +100,44 @@ struct Summary<'a> {
     usage: SpearUsage,
     tool_call_count: usize,
     tool_calls_ok: usize,
-    tool_calls: &'a [Value],
+    tool_calls: &'a [ToolCallSummary],
     /// `servers`, and the decision log when the session asked for it.
     mcp: Value,
+}
+
+/// One tool call of a send, run or refused, as `_spear.tool_calls` lists it.
+#[derive(serde::Serialize)]
+pub(super) struct ToolCallSummary {
+    id: String,
+    name: String,
+    /// `guest`, `mcp`, or why it was refused (`denied`, `unknown`).
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) server_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) tool: Option<String>,
+    /// How long it ran; absent for a refused call.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) ms: Option<u64>,
+    ok: bool,
+    /// The failure's code, when it ran and failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(super) error: Option<&'static str>,
+}
+
+impl ToolCallSummary {
+    pub(super) fn new(id: &str, name: &str, kind: &'static str, ok: bool) -> Self {
+        Self {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            kind,
+            server_id: None,
+            tool: None,
+            ms: None,
+            ok,
+            error: None,
+        }
+    }
 }
 
 /// Usage summed over a send's requests.
@@ -156,7 +191,7 @@ pub(super) fn spear<'a>(
     backend: &'a str,
     model: &'a str,
     metrics: &Metrics,
-    summary: &'a [Value],
+    summary: &'a [ToolCallSummary],
     tools: &ToolSet<'_>,
     decision_log: bool,
 ) -> Spear<'a> {
@@ -183,7 +218,7 @@ pub(super) fn spear<'a>(
                 total_tokens: metrics.total_tokens,
             },
             tool_call_count: summary.len(),
-            tool_calls_ok: summary.iter().filter(|e| e["ok"] == json!(true)).count(),
+            tool_calls_ok: summary.iter().filter(|call| call.ok).count(),
             tool_calls: summary,
             mcp,
         }),

@@ -17,7 +17,7 @@ use quiver_abi::Errno;
 use super::images::Image;
 use super::llm::{Backend, Backends, LlmError, Payload, RICH_CONTENT_FIELD};
 use super::request::{self, RequestBody};
-use super::response::{self, SendError};
+use super::response::{self, SendError, ToolCallSummary};
 use super::results::{
     ToolErrorCode, ToolFailure, mcp_result_images, mcp_result_text, truncate_output,
 };
@@ -116,7 +116,7 @@ fn ms(d: Duration) -> u64 {
 struct Progress {
     metrics: Metrics,
     added: Added,
-    summary: Vec<Value>,
+    summary: Vec<ToolCallSummary>,
     /// The charge of the model's latest answer, held until the send's response is built
     /// from it.
     answer: Option<Charge>,
@@ -539,7 +539,7 @@ struct Turn<'a, 'c> {
     session: &'a ChatSession,
     ctx: &'a SendContext<'c>,
     metrics: &'a mut Metrics,
-    summary: &'a mut Vec<Value>,
+    summary: &'a mut Vec<ToolCallSummary>,
     added: &'a mut Added,
 }
 
@@ -721,49 +721,47 @@ async fn run_tool_calls<G: GuestTools>(
 
     let max = session.settings.max_tool_output_bytes as usize;
     for (p, result) in planned.iter().zip(results) {
-        let mut entry = json!({"id": p.id, "name": p.name});
         let mut images = Vec::new();
         // `held`: what `outputs` holds for this result.
-        let (content, held) = match (&p.step, result) {
+        let (entry, content, held) = match (&p.step, result) {
             (Step::Refused { kind, failure }, _) => {
                 match *kind {
                     "denied" => metrics.tool_calls.denied += 1,
                     _ => metrics.tool_calls.unknown += 1,
                 }
-                entry["kind"] = json!(kind);
-                entry["ok"] = json!(false);
-                (failure.to_content(), 0)
+                let entry = ToolCallSummary::new(&p.id, &p.name, kind, false);
+                (entry, failure.to_content(), 0)
             }
             (step, Some((result, elapsed))) => {
-                match step {
+                let mut entry = match step {
                     Step::Guest { .. } => {
                         metrics.tool_calls.guest += 1;
-                        entry["kind"] = json!("guest");
+                        ToolCallSummary::new(&p.id, &p.name, "guest", result.is_ok())
                     }
-                    Step::Mcp {
-                        route: Route::Mcp { entry: server, .. },
-                        tool,
-                        ..
-                    } => {
+                    Step::Mcp { route, tool } => {
                         metrics.tool_calls.mcp += 1;
-                        entry["kind"] = json!("mcp");
-                        entry["server_id"] = json!(server.server_id());
-                        entry["tool"] = json!(tool);
+                        let mut entry = ToolCallSummary::new(&p.id, &p.name, "mcp", result.is_ok());
+                        if let Route::Mcp { entry: server, .. } = route {
+                            entry.server_id = Some(server.server_id().to_owned());
+                        }
+                        entry.tool = Some(tool.clone());
+                        entry
                     }
-                    _ => {}
-                }
-                entry["ms"] = json!(ms(elapsed));
-                entry["ok"] = json!(result.is_ok());
+                    Step::Refused { kind, .. } => {
+                        ToolCallSummary::new(&p.id, &p.name, kind, result.is_ok())
+                    }
+                };
+                entry.ms = Some(ms(elapsed));
                 match result {
                     Ok((text, found)) => {
                         let held = result_bytes(&text, &found);
                         images = found;
-                        (text, held)
+                        (entry, text, held)
                     }
                     Err(failure) => {
                         metrics.tool_calls.failed += 1;
-                        entry["error"] = json!(failure.code.as_str());
-                        (failure.to_content(), 0)
+                        entry.error = Some(failure.code.as_str());
+                        (entry, failure.to_content(), 0)
                     }
                 }
             }
