@@ -20,15 +20,16 @@
 //! with the host, and a warning says so).
 //!
 //! Group ids are safe to signal: the leader is reaped only by this module's own checks
-//! (every liveness check and each stop step try-waits it), after it exited, and the kernel
+//! (liveness checks while no pidfd watches it, and each stop step, try-wait it; a pidfd is
+//! opened only while it is not yet reaped), after it exited, and the kernel
 //! does not reuse a pid while the zombie holds it, so the id cannot name another group
 //! before that. After it, the group is checked for members right before each signal.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Stdio;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout, Command};
@@ -97,12 +98,23 @@ pub(super) fn spawn(mut cmd: Command, permit: Option<OwnedSemaphorePermit>) -> i
             }),
             watchdog: Mutex::new(watchdog),
             permit: Mutex::new(permit),
-            exit_watched: AtomicBool::new(false),
+            exit_watched: Arc::new(AtomicBool::new(false)),
         },
         stdin,
         stdout,
         stderr,
     })
+}
+
+/// Ends [`ServerProcess::exit_watched`] with the watch, however the watch ends (the
+/// leader exited, the session ended first, or the task was dropped): liveness then asks
+/// the kernel again.
+struct Watching(Arc<AtomicBool>);
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 struct State {
@@ -124,7 +136,7 @@ pub(super) struct ServerProcess {
     permit: Mutex<Option<OwnedSemaphorePermit>>,
     /// An [`exit_watch`](Self::exit_watch) is registered: the leader's exit ends the
     /// session from then on, so liveness needs no `try_wait` of its own.
-    exit_watched: AtomicBool,
+    exit_watched: Arc<AtomicBool>,
 }
 
 impl ServerProcess {
@@ -133,11 +145,14 @@ impl ServerProcess {
         self.pgid.unsigned_abs()
     }
 
-    /// Whether the group's leader (the server itself) is not known to have exited. Once
+    /// Whether the group's leader (the server itself) is not known to have exited. While
     /// its exit is watched, the watch ends the session when it exits, and the session's
-    /// own check says so: this is then a load, not a `try_wait` on every call.
+    /// own check says so (within a scheduling of the watch): this then asks no syscall.
     pub(super) fn leader_running(&self) -> bool {
-        self.exit_watched.load(Ordering::Acquire) || !self.leader_exited()
+        if self.exit_watched.load(Ordering::Acquire) {
+            return !self.state().leader_reaped;
+        }
+        !self.leader_exited()
     }
 
     /// Resolves when the leader exits, without reaping it; `None` where the kernel has
@@ -147,6 +162,11 @@ impl ServerProcess {
     pub(super) fn exit_watch(&self) -> Option<impl Future<Output = ()> + Send + use<>> {
         use tokio::io::Interest;
         use tokio::io::unix::AsyncFd;
+        // Held until the watch is in place: a reaped leader's pid could name another process.
+        let state = self.state();
+        if state.leader_reaped {
+            return None;
+        }
         // SAFETY: pidfd_open(2) on our own child's pid; it returns a new descriptor or -1.
         let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, self.pgid, 0) };
         let fd = libc::c_int::try_from(fd).ok().filter(|&fd| fd >= 0)?;
@@ -155,7 +175,10 @@ impl ServerProcess {
         // SAFETY: the OwnedFd moves into the AsyncFd and stays open until it is dropped.
         let fd = unsafe { AsyncFd::register_with_interest(fd, Interest::READABLE) }.ok()?;
         self.exit_watched.store(true, Ordering::Release);
+        drop(state);
+        let watching = Watching(self.exit_watched.clone());
         Some(async move {
+            let _watching = watching;
             let _ = fd.readable().await;
         })
     }
