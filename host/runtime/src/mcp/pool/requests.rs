@@ -69,7 +69,10 @@ impl McpPool {
         }
         let server_id = entry.server_id();
         let _listing = conn.in_flight.enter_unowned();
-        conn.tools_stale.store(false, Ordering::SeqCst);
+        // The listing `list_changed` outdated is served to nobody while this one is made.
+        if conn.tools_stale.swap(false, Ordering::SeqCst) {
+            *slot.tools.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
         let timeout = entry.record.budgets.tool_timeout;
         let cap = entry.record.budgets.max_tool_list_bytes;
         let phase = CallPhase::new(CallPhase::WAITING_FOR_HOST);
