@@ -581,6 +581,64 @@ async fn tools_list_reads_every_page_and_is_cached_until_the_server_says_it_chan
     short_ttl.shutdown().await;
 }
 
+/// After `list_changed`, the outdated listing is served to nobody: a listing asked for
+/// while the new one is still being fetched waits for a new one too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listing_during_a_relisting_does_not_get_the_outdated_tools() {
+    let dir = tempfile::tempdir().unwrap();
+    let desc = dir.path().join("echo-description");
+    std::fs::write(&desc, "old").unwrap();
+    let registry = RegistryDir::new();
+    let desc_arg = desc.display().to_string();
+    registry.fixture_with_args(
+        "fixture",
+        &["*"],
+        &[
+            "--echo-description-file",
+            &desc_arg,
+            "--slow-list-ms",
+            "100",
+        ],
+        "",
+    );
+    let host = host(&registry);
+    let echo_description = |tools: &[quiver::Tool]| {
+        let echo = tools
+            .iter()
+            .find(|t| t.name == "echo")
+            .expect("echo is listed");
+        echo.description.as_deref().unwrap_or_default().to_owned()
+    };
+    assert_eq!(
+        echo_description(&host.server_tools("fixture").await.unwrap()),
+        "old"
+    );
+
+    std::fs::write(&desc, "new").unwrap();
+    assert_eq!(
+        call_tool_text(&host, "fixture", "tools_changed", json!({}))
+            .await
+            .unwrap(),
+        "ok"
+    );
+    // The notification travels on its own; give the client a moment to handle it.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let relisting = host.server_tools("fixture");
+    let meanwhile = async {
+        // The first listing is under way (each page takes 100 ms).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        host.server_tools("fixture").await
+    };
+    let (relisted, meanwhile) = tokio::join!(relisting, meanwhile);
+    assert_eq!(echo_description(&relisted.unwrap()), "new");
+    assert_eq!(
+        echo_description(&meanwhile.unwrap()),
+        "new",
+        "a listing asked for during the relisting was not served the outdated one"
+    );
+    host.shutdown().await;
+}
+
 /// `initialize` asks for 2025-11-25 by default (a server that speaks only that accepts it),
 /// and a record's `protocol_version` reaches a server that refuses everything but an older
 /// version, which the default cannot.
