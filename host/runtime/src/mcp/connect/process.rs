@@ -134,8 +134,8 @@ pub(super) struct ServerProcess {
     /// The pool's count of this process, given back as soon as the group is gone (or
     /// SIGKILL was sent and waited for), not when the connection is dropped.
     permit: Mutex<Option<OwnedSemaphorePermit>>,
-    /// An [`exit_watch`](Self::exit_watch) is registered: the leader's exit ends the
-    /// session from then on, so liveness needs no `try_wait` of its own.
+    /// A watch from [`exit_watch`](Self::exit_watch) is in place, until it ends: the
+    /// leader's exit ends the session meanwhile, so liveness needs no `try_wait` of its own.
     exit_watched: Arc<AtomicBool>,
 }
 
