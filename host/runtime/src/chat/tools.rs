@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use super::{ChatSession, GuestTool};
 use crate::approval;
-use crate::mcp::{LeftOut, McpError, McpErrorCode, McpTask, Tool};
+use crate::mcp::{McpError, McpErrorCode, McpTask, Tool, ToolsLeftOut};
 use crate::policy::{
     self, Approval, Decision, Denial, Effective, Narrowing, Reason, SessionRequest,
 };
@@ -96,7 +96,7 @@ struct McpKey {
     /// tools that listing left out.
     entries: Vec<Arc<ServerEntry>>,
     listings: Vec<Arc<[Tool]>>,
-    left_out: Vec<LeftOut>,
+    left_out: Vec<ToolsLeftOut>,
 }
 
 impl McpKey {
@@ -142,7 +142,7 @@ impl ToolCache {
 }
 
 /// A server's listing (from the pool's cache) and what it left out.
-type Listed = (Result<Arc<[Tool]>, McpError>, LeftOut);
+type Listed = (Result<Arc<[Tool]>, McpError>, ToolsLeftOut);
 
 /// An offered MCP tool's definition, `{"type": "function", "function": {"name",
 /// "parameters", "description"?}}` when serialised; its schema is the listing's, shared.

@@ -64,8 +64,8 @@ use health::Health;
 pub use health::ServerState;
 pub use limits::{McpHostConfig, PoolLimits};
 pub use requests::ToolCallOutput;
-pub(crate) use slot::LeftOut;
 use slot::ServerSlot;
+pub(crate) use slot::ToolsLeftOut;
 pub use status::{PoolUsage, ServerStatus};
 
 /// What the pool needs for remote servers (credentials and the egress policy) and for

@@ -17,7 +17,7 @@ use rmcp::model::{
 
 use super::failure::{CallPhase, server_failure, service_failed, timed_out};
 use super::paging::{Page, list_all_pages, list_pages};
-use super::slot::{CachedTools, LeftOut, ServerSlot};
+use super::slot::{CachedTools, ServerSlot, ToolsLeftOut};
 use super::tasks::TaskCall;
 use super::{CallRound, Connection, McpPool};
 use crate::defaults;
@@ -58,14 +58,8 @@ impl McpPool {
         let slot = &in_flight.slot;
         let secrets = entry.secrets();
         let conn = self.connect(slot).await?;
-        {
-            let cache = slot.tools.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(cached) = cache.as_ref()
-                && cached.serves(conn.serial, principal)
-                && !conn.tools_stale.load(Ordering::SeqCst)
-            {
-                return Ok(cached.tools.clone());
-            }
+        if let Some((tools, _)) = slot.fresh_tools(&conn, principal) {
+            return Ok(tools);
         }
         let server_id = entry.server_id();
         let _listing = conn.in_flight.enter_unowned();
@@ -105,7 +99,7 @@ impl McpPool {
             }
         };
         slot.health.listed(tools.len());
-        let left_out: LeftOut = conn.left_out.missing_from(&tools).into();
+        let left_out: ToolsLeftOut = conn.left_out.missing_from(&tools).into();
         for (tool, reason) in left_out.iter() {
             tracing::warn!(
                 server_id,

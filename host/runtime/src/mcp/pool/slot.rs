@@ -26,11 +26,12 @@ pub(super) struct CachedTools {
     pub(super) private_to: Option<Option<Arc<str>>>,
     pub(super) tools: Arc<[Tool]>,
     /// Tools the listing left out for invalid `x-mcp-header` declarations, with why.
-    pub(super) left_out: LeftOut,
+    pub(super) left_out: ToolsLeftOut,
 }
 
-/// The tools a server listed that were left out of its listing, each with why.
-pub(crate) type LeftOut = Arc<[(String, String)]>;
+/// The tools a listing left out, each with why: a snapshot of the connection's
+/// [`LeftOut`](crate::mcp::tool_headers::LeftOut) taken with the listing.
+pub(crate) type ToolsLeftOut = Arc<[(String, String)]>;
 
 impl CachedTools {
     /// Whether this listing may answer `principal` on connection `conn_serial` now.
@@ -79,6 +80,23 @@ pub(super) struct InFlight {
 }
 
 impl ServerSlot {
+    /// The listing cached for `principal` on `conn`, if it is fresh and no `list_changed`
+    /// outdated it, with the tools it left out.
+    pub(super) fn fresh_tools(
+        &self,
+        conn: &Connection,
+        principal: Option<&str>,
+    ) -> Option<(Arc<[Tool]>, ToolsLeftOut)> {
+        if conn.tools_stale.load(Ordering::SeqCst) {
+            return None;
+        }
+        let cache = self.tools.lock().unwrap_or_else(|e| e.into_inner());
+        let cached = cache
+            .as_ref()
+            .filter(|cached| cached.serves(conn.serial, principal))?;
+        Some((cached.tools.clone(), cached.left_out.clone()))
+    }
+
     pub(super) fn activity(&self) -> MutexGuard<'_, Activity> {
         self.activity.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -215,13 +233,9 @@ impl McpPool {
         &self,
         entry: &Arc<ServerEntry>,
         principal: Option<&str>,
-    ) -> Option<(Arc<[Tool]>, LeftOut)> {
-        let keyed = principal.filter(|_| self.is_per_principal(entry));
+    ) -> Option<(Arc<[Tool]>, ToolsLeftOut)> {
         let slot = self
-            .shared
-            .slots()
-            .get(&*slot_key(entry.server_id(), keyed))
-            .cloned()
+            .slot_of(entry, principal)
             .filter(|slot| Arc::ptr_eq(&slot.entry, entry) || slot.entry.connects_like(entry))?;
         self.rules()
             .auth
@@ -234,16 +248,7 @@ impl McpPool {
             .as_ref()
             .filter(|conn| conn.is_alive())?
             .clone();
-        if conn.tools_stale.load(Ordering::SeqCst) {
-            return None;
-        }
-        let listed = {
-            let cache = slot.tools.lock().unwrap_or_else(|e| e.into_inner());
-            let cached = cache
-                .as_ref()
-                .filter(|cached| cached.serves(conn.serial, principal))?;
-            (cached.tools.clone(), cached.left_out.clone())
-        };
+        let listed = slot.fresh_tools(&conn, principal)?;
         slot.activity().last_used = Instant::now();
         Some(listed)
     }
@@ -252,18 +257,23 @@ impl McpPool {
     /// with its own.
     /// The tools `entry`'s last listing (for `principal`) left out for invalid
     /// `x-mcp-header` declarations, each with the reason; empty before any listing.
-    pub(crate) fn left_out(&self, entry: &ServerEntry, principal: Option<&str>) -> LeftOut {
+    pub(crate) fn left_out(&self, entry: &ServerEntry, principal: Option<&str>) -> ToolsLeftOut {
+        self.slot_of(entry, principal)
+            .and_then(|slot| {
+                let cache = slot.tools.lock().unwrap_or_else(|e| e.into_inner());
+                cache.as_ref().map(|cached| cached.left_out.clone())
+            })
+            .unwrap_or_else(|| Arc::from([]))
+    }
+
+    /// The slot `entry` has now for `principal` (whose own slot, on a server with
+    /// per-principal grants), if any.
+    fn slot_of(&self, entry: &ServerEntry, principal: Option<&str>) -> Option<Arc<ServerSlot>> {
         let principal = principal.filter(|_| self.is_per_principal(entry));
-        let slot = self
-            .shared
+        self.shared
             .slots()
             .get(&*slot_key(entry.server_id(), principal))
-            .cloned();
-        slot.and_then(|slot| {
-            let cache = slot.tools.lock().unwrap_or_else(|e| e.into_inner());
-            cache.as_ref().map(|cached| cached.left_out.clone())
-        })
-        .unwrap_or_else(|| Arc::from([]))
+            .cloned()
     }
 
     fn is_per_principal(&self, entry: &ServerEntry) -> bool {
