@@ -39,7 +39,6 @@ impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
                 "no tool function at table index {table_index}"
             )));
         };
-        let func = func.typed::<(i32, i32, i32, i32), i32>(&*self.caller)?;
         let arena_end = u64::from(arena_ptr) + u64::from(arena_len);
         let len_ptr = (u64::from(arena_ptr) + args.len() as u64 + 1).next_multiple_of(4);
         let out_ptr = len_ptr + 4;

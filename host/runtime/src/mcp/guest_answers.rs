@@ -248,9 +248,6 @@ async fn call<T: McpView>(
     let Some(func) = guest_callback(caller, table_index) else {
         return Ok(Err(format!("no callback at table index {table_index}")));
     };
-    let func = func
-        .typed::<(i32, i32, i32, i32), i32>(&*caller)
-        .map_err(HostcallError::Trap)?;
     let arena_end = u64::from(arena_ptr) + u64::from(arena_len);
     let len_ptr = (u64::from(arena_ptr) + question.len() as u64 + 1).next_multiple_of(4);
     let out_ptr = len_ptr + 4;

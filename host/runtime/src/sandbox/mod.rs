@@ -32,7 +32,7 @@ mod wasi;
 
 use std::sync::Arc;
 
-use wasmtime::{AsContextMut, Caller, Func, Instance, Linker, Memory, Ref, Table};
+use wasmtime::{AsContextMut, Caller, Instance, Linker, Memory, Ref, Table, TypedFunc};
 use wasmtime_wasi::p1::WasiP1Ctx;
 
 use guest_log::GuestLogSink;
@@ -118,13 +118,17 @@ impl<K> Sandbox<K> {
     }
 }
 
+/// A call back into the guest: `(args_ptr, args_len, out_ptr, out_len_ptr) -> rc`.
+pub type GuestCallback = TypedFunc<(i32, i32, i32, i32), i32>;
+
 /// The guest function at `table_index` of the task's funcref table, if it has the type of
 /// a call back into the guest, `(i32, i32, i32, i32) -> i32` (guest tools and elicitation
-/// callbacks, `docs/abi.md`).
+/// callbacks, `docs/abi.md`); typed once here, as the type check takes the engine's type
+/// registry lock.
 pub fn guest_callback<T: SandboxView>(
     caller: &mut Caller<'_, T>,
     table_index: u32,
-) -> Option<Func> {
+) -> Option<GuestCallback> {
     let sandbox = caller.data_mut().sandbox();
     let table = match sandbox.funcref_table {
         Some(table) => table,
@@ -136,10 +140,7 @@ pub fn guest_callback<T: SandboxView>(
         }
     }?;
     match table.get(&mut *caller, u64::from(table_index))? {
-        Ref::Func(Some(func)) => {
-            func.typed::<(i32, i32, i32, i32), i32>(&*caller).ok()?;
-            Some(func)
-        }
+        Ref::Func(Some(func)) => func.typed(&*caller).ok(),
         _ => None,
     }
 }
