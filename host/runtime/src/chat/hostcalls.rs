@@ -219,8 +219,8 @@ fn ctl<T: ChatView>(
         GET_METRICS => {
             let out = mem.out_buf(arg_ptr, arg_len_ptr)?;
             pending::settle(&mut state.sandbox().fds, fd)?;
-            let metrics = &response(state, fd)?.metrics;
-            Ok(mem.deliver(out, metrics)?)
+            let metrics = response(state, fd)?.metrics().unwrap_or_default();
+            Ok(mem.deliver(out, &metrics)?)
         }
         GET_MESSAGES => {
             let out = mem.out_buf(arg_ptr, arg_len_ptr)?;

@@ -243,7 +243,7 @@ pub(super) fn body(outcome: Result<ChatCompletion, SendError>, spear: &Spear<'_>
 /// `value` as JSON in a buffer of exactly its length (a response body is kept, and charged,
 /// until the guest closes it; a grown buffer would hold up to twice that). One pass, then
 /// the spare room is given back (a shrink the allocator does in place).
-pub(super) fn encode(value: &impl serde::Serialize) -> Vec<u8> {
+fn encode(value: &impl serde::Serialize) -> Vec<u8> {
     match serde_json::to_vec(value) {
         Ok(mut bytes) => {
             bytes.shrink_to_fit();

@@ -409,9 +409,8 @@ fn finish(
     budget: &MemoryBudget,
 ) -> Result<SendOutcome, Errno> {
     progress.metrics.latency_ms.total = ms(started.elapsed());
-    let metrics = response::encode(&progress.metrics);
     Ok(SendOutcome {
-        response: ChatResponse::new(body, metrics, budget)?,
+        response: ChatResponse::new(body, progress.metrics, budget)?,
         added: progress.added.messages,
         added_charge: progress.added.charge,
     })

@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 
 use super::llm::Backends;
 use super::pending::PendingSend;
-use super::{GuestTool, ParamError, SessionMcp, Settings};
+use super::{GuestTool, Metrics, ParamError, SessionMcp, Settings};
 use crate::mcp::McpView;
 use crate::policy::TaskMcpPolicy;
 use crate::sandbox::{Charge, FdKindOf, MemoryBudget, heap};
@@ -220,7 +220,8 @@ impl ChatSession {
 #[derive(Debug)]
 pub struct ChatResponse {
     pub(crate) body: Vec<u8>,
-    pub(crate) metrics: Vec<u8>,
+    /// Encoded only when the guest asks for them (GET_METRICS).
+    pub(crate) metrics: Metrics,
     _charge: Charge,
     /// A nonblocking send still to be settled into this response.
     /// Boxed: the send's outcome holds a response in turn.
@@ -231,11 +232,10 @@ impl ChatResponse {
     /// A response whose bytes are charged to `budget`; `-ENOMEM` if it cannot hold them.
     pub(crate) fn new(
         body: Vec<u8>,
-        metrics: Vec<u8>,
+        metrics: Metrics,
         budget: &MemoryBudget,
     ) -> Result<Self, Errno> {
-        let bytes = heap::alloc(body.capacity() as u64)
-            .saturating_add(heap::alloc(metrics.capacity() as u64));
+        let bytes = heap::alloc(body.capacity() as u64);
         Ok(Self {
             _charge: budget.charge("chat response", bytes)?,
             body,
@@ -248,7 +248,7 @@ impl ChatResponse {
     pub(crate) fn pending(send: PendingSend, budget: &MemoryBudget) -> Self {
         Self {
             body: Vec::new(),
-            metrics: Vec::new(),
+            metrics: Metrics::default(),
             _charge: budget.empty("chat response"),
             pending: Some(Box::new(send)),
         }
@@ -262,9 +262,11 @@ impl ChatResponse {
         }
     }
 
-    /// The metrics, once the answer is there.
-    pub(crate) fn metrics(&self) -> Option<&[u8]> {
-        self.pending.is_none().then_some(&self.metrics[..])
+    /// The metrics' JSON, once the answer is there.
+    pub(crate) fn metrics(&self) -> Option<Vec<u8>> {
+        self.pending
+            .is_none()
+            .then(|| serde_json::to_vec(&self.metrics).unwrap_or_default())
     }
 }
 

@@ -49,7 +49,7 @@ impl Pollable for FdKind {
         }
     }
 
-    fn metrics(&self) -> Option<&[u8]> {
+    fn metrics(&self) -> Option<Vec<u8>> {
         match self {
             FdKind::ChatResponse(response) => response.metrics(),
             _ => None,

@@ -133,8 +133,8 @@ where
             })
         }
         fd_ctl::GET_METRICS => {
-            let metrics = kind.metrics().unwrap_or(b"{}");
-            return Ok(mem.deliver(out, metrics)?);
+            let metrics = kind.metrics();
+            return Ok(mem.deliver(out, metrics.as_deref().unwrap_or(b"{}"))?);
         }
         _ => unreachable!("checked above"),
     };

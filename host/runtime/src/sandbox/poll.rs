@@ -19,7 +19,7 @@ pub trait Pollable {
     /// What the fd is ready for now: `epoll_events` bits (IN, OUT, ERR).
     fn readiness(&mut self) -> i32;
     /// `spear_fd_ctl` GET_METRICS: the fd's metrics JSON, if its kind keeps any.
-    fn metrics(&self) -> Option<&[u8]> {
+    fn metrics(&self) -> Option<Vec<u8>> {
         None
     }
     /// Whether the fd is an epoll set (which cannot be watched by another).
