@@ -18,7 +18,9 @@
 //! `QUIVER_BENCH_SENDS` override the defaults; `QUIVER_BENCH_PROFILE=host` or `baseline`
 //! runs only that side's sends, with no report, to profile it).
 
-use quiver_tests::bench::{context_switches, cpu_time, env_usize, median};
+use quiver_tests::bench::{
+    CountingAllocator, allocations, context_switches, cpu_time, env_usize, median,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -31,6 +33,9 @@ use serde_json::{Value, json};
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// Whether spans go to the exporter (the "on" runs of each round).
 static EXPORT: AtomicBool = AtomicBool::new(false);
@@ -205,6 +210,9 @@ async fn main() {
     // Voluntary context switches of this process per send: each is a wait handed to another
     // thread and back, which the machine's noise does not blur.
     let (mut guest_switches, mut baseline_switches) = (Vec::new(), Vec::new());
+    // Heap allocations per send outside the scripted LLM server: a count, not a time.
+    let (mut guest_allocations, mut baseline_allocations) = (Vec::new(), Vec::new());
+    let allocations_per_send = |from: u64| (allocations() - from) as f64 / sends as f64;
     // CPU time per send of this process (the scripted LLM server included) and of the
     // thread that runs the guest and the baseline's calls.
     let (mut guest_cpu, mut baseline_cpu) = (Vec::new(), Vec::new());
@@ -220,12 +228,13 @@ async fn main() {
             script_one_send(&llm);
         }
         let switches = context_switches(pid);
-        let used = cpu();
+        let (used, allocated) = (cpu(), allocations());
         let started = Instant::now();
         let outcome = host.run_task(&module, &task).await.unwrap();
         assert!(outcome.success());
         let guest = started.elapsed() / sends as u32;
         guest_cpu.push(cpu_per_send(used));
+        guest_allocations.push(allocations_per_send(allocated));
         guest_switches.push(context_switches(pid).saturating_sub(switches) as f64 / sends as f64);
 
         for _ in 0..sends {
@@ -242,11 +251,12 @@ async fn main() {
             script_one_send(&llm);
         }
         let switches = context_switches(pid);
-        let used = cpu();
+        let (used, allocated) = (cpu(), allocations());
         let started = Instant::now();
         baseline_sends(&direct, sends).await;
         let baseline = started.elapsed() / sends as u32;
         baseline_cpu.push(cpu_per_send(used));
+        baseline_allocations.push(allocations_per_send(allocated));
         baseline_switches
             .push(context_switches(pid).saturating_sub(switches) as f64 / sends as f64);
         guest_per_send.push(guest);
@@ -278,6 +288,11 @@ async fn main() {
         "  context switches per send, host / baseline {:>6.1} / {:.1}",
         median(guest_switches),
         median(baseline_switches)
+    );
+    println!(
+        "  heap allocations per send, host / baseline {:>6.1} / {:.1}",
+        median(guest_allocations),
+        median(baseline_allocations)
     );
     let split = |samples: Vec<(Duration, Duration)>| {
         let (process, thread): (Vec<_>, Vec<_>) = samples.into_iter().unzip();

@@ -77,3 +77,45 @@ pub fn cpu_time(thread: bool) -> std::time::Duration {
         |t: libc::timeval| std::time::Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
     time(usage.ru_utime) + time(usage.ru_stime)
 }
+
+/// A global allocator that counts the heap allocations (`alloc`, `alloc_zeroed`,
+/// `realloc`) of every thread but the in-process test servers' own: a figure the machine's
+/// noise does not blur. A bench installs it with
+/// `#[global_allocator] static ALLOCATOR: CountingAllocator = CountingAllocator;`.
+pub struct CountingAllocator;
+
+static ALLOCATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Allocations counted so far by [`CountingAllocator`] (0 where it is not installed).
+pub fn allocations() -> u64 {
+    ALLOCATIONS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn count_allocation() {
+    if !crate::serve::on_server_thread() {
+        ALLOCATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged; counting allocates
+// nothing.
+unsafe impl std::alloc::GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count_allocation();
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count_allocation();
+        unsafe { std::alloc::System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
+        count_allocation();
+        unsafe { std::alloc::System.realloc(ptr, layout, new_size) }
+    }
+}
