@@ -14,6 +14,9 @@
 //! the cost of tracing shows as the ratio of the two, in the same process and round. The
 //! export layer is installed once and switched by a flag its filter reads.
 //!
+//! Each side's heap allocations per send are counted too (`CountingAllocator`, every thread
+//! but the in-process servers'): a figure the machine's noise does not blur.
+//!
 //! Run: `cargo bench -p quiver-tests --bench chat_loop` (`QUIVER_BENCH_ROUNDS`,
 //! `QUIVER_BENCH_SENDS` override the defaults; `QUIVER_BENCH_PROFILE=host` or `baseline`
 //! runs only that side's sends, with no report, to profile it).
