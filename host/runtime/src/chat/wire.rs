@@ -332,7 +332,8 @@ deserialize_as_object!(
     Choice,
     AssistantMessage,
     ToolCall,
-    FunctionCall
+    FunctionCall,
+    Usage
 );
 
 /// `usage`. A count that is not a `u64` stays in `rest`, uncounted.
@@ -348,23 +349,30 @@ pub struct Usage {
     pub rest: Map<String, Value>,
 }
 
-impl<'de> Deserialize<'de> for Usage {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let mut rest = Map::<String, Value>::deserialize(deserializer)
-            .map_err(|e| de::Error::custom(format!("usage: {e}")))?;
-        let mut count = |key: &str| match rest.get(key).and_then(Value::as_u64) {
-            Some(n) => {
-                rest.remove(key);
-                Some(n)
+impl<'de> Object<'de> for Usage {
+    const EXPECTING: &'static str = "struct Usage";
+    fn read<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
+        let mut usage = Self::default();
+        while let Some(Key(key)) = map.next_key()? {
+            let count = match &*key {
+                "prompt_tokens" => &mut usage.prompt_tokens,
+                "completion_tokens" => &mut usage.completion_tokens,
+                "total_tokens" => &mut usage.total_tokens,
+                _ => {
+                    keep(&mut map, &mut usage.rest, key)?;
+                    continue;
+                }
+            };
+            // A repeated key's last value is the one read, as in a map.
+            let value: Value = map.next_value()?;
+            *count = value.as_u64();
+            if count.is_some() {
+                usage.rest.remove(&*key);
+            } else {
+                usage.rest.insert(key.into_owned(), value);
             }
-            None => None,
-        };
-        Ok(Self {
-            prompt_tokens: count("prompt_tokens"),
-            completion_tokens: count("completion_tokens"),
-            total_tokens: count("total_tokens"),
-            rest,
-        })
+        }
+        Ok(usage)
     }
 }
 
