@@ -2,6 +2,9 @@
 //! result (with notes for parts a chat message cannot carry), and cutting long output at a
 //! UTF-8 boundary so JSON stays JSON.
 
+use std::fmt::Write;
+
+use rmcp::model::{ContentBlock, ResourceContents};
 use serde_json::{Value, json};
 
 use super::images::Image;
@@ -84,37 +87,52 @@ impl From<McpError> for ToolFailure {
 
 /// The text of an MCP result for a `tool` message: its text parts, and a short note for
 /// each part chat tool messages cannot carry (images, audio, resources). A result the
-/// server marked `isError` is a `tool_exec_failed` failure carrying that text.
+/// server marked `isError` is a `tool_exec_failed` failure carrying that text. Read from
+/// the typed parts: an image's data is measured, never copied.
 pub(crate) fn mcp_result_text(result: &CallToolResult) -> Result<String, ToolFailure> {
-    let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
-    let mut parts = Vec::new();
-    for part in content.as_array().into_iter().flatten() {
-        let size = |field: &str| human_size(part[field].as_str().map_or(0, |d| d.len() * 3 / 4));
-        let mime = part["mimeType"].as_str().unwrap_or("unknown type");
-        let note = match part["type"].as_str() {
-            Some("text") => part["text"].as_str().unwrap_or_default().to_owned(),
-            Some("image") => format!("[image: {mime}, {}]", size("data")),
-            Some("audio") => format!("[audio: {mime}, {}]", size("data")),
-            Some("resource_link") => {
-                format!("[resource link: {}]", part["uri"].as_str().unwrap_or("?"))
+    // Writing to a `String` cannot fail.
+    let mut text = String::new();
+    for (i, part) in result.content.iter().enumerate() {
+        if i > 0 {
+            text.push('\n');
+        }
+        let size = |data: &str| human_size(data.len() * 3 / 4);
+        match part {
+            ContentBlock::Text(part) => text.push_str(&part.text),
+            ContentBlock::Image(image) => {
+                let _ = write!(text, "[image: {}, {}]", image.mime_type, size(&image.data));
             }
-            Some("resource") => match part["resource"]["text"].as_str() {
-                Some(text) => text.to_owned(),
-                None => format!(
-                    "[embedded resource: {}]",
-                    part["resource"]["uri"].as_str().unwrap_or("?")
-                ),
+            ContentBlock::Audio(audio) => {
+                let _ = write!(text, "[audio: {}, {}]", audio.mime_type, size(&audio.data));
+            }
+            ContentBlock::ResourceLink(link) => {
+                let _ = write!(text, "[resource link: {}]", link.uri);
+            }
+            ContentBlock::Resource(embedded) => match &embedded.resource {
+                ResourceContents::TextResourceContents { text: body, .. } => text.push_str(body),
+                ResourceContents::BlobResourceContents { uri, .. } => {
+                    let _ = write!(text, "[embedded resource: {uri}]");
+                }
+                other => {
+                    let uri = unknown_field(other, "uri");
+                    let _ = write!(
+                        text,
+                        "[embedded resource: {}]",
+                        uri.as_deref().unwrap_or("?")
+                    );
+                }
             },
-            other => format!("[{} content]", other.unwrap_or("unknown")),
-        };
-        parts.push(note);
+            other => {
+                let kind = unknown_field(other, "type");
+                let _ = write!(text, "[{} content]", kind.as_deref().unwrap_or("unknown"));
+            }
+        }
     }
-    if parts.is_empty()
+    if result.content.is_empty()
         && let Some(structured) = &result.structured_content
     {
-        parts.push(structured.to_string());
+        text = structured.to_string();
     }
-    let text = parts.join("\n");
     if result.is_error == Some(true) {
         Err(ToolFailure::exec(text))
     } else {
@@ -122,16 +140,25 @@ pub(crate) fn mcp_result_text(result: &CallToolResult) -> Result<String, ToolFai
     }
 }
 
+/// String field `name` of a kind of part this host does not know yet, read from its JSON.
+fn unknown_field(part: &impl serde::Serialize, name: &str) -> Option<String> {
+    match serde_json::to_value(part) {
+        Ok(Value::Object(mut fields)) => match fields.remove(name) {
+            Some(Value::String(value)) => Some(value),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// The image parts of an MCP result that a backend taking images may send, each one that
 /// passes [`Image::checked`]; any other reaches the model as its text note only.
 pub(crate) fn mcp_result_images(result: &CallToolResult) -> Vec<Image> {
-    let content = serde_json::to_value(&result.content).unwrap_or(Value::Null);
-    content
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|part| match part["type"].as_str() {
-            Some("image") => Image::checked(part["mimeType"].as_str()?, part["data"].as_str()?)
+    result
+        .content
+        .iter()
+        .filter_map(|part| match part {
+            ContentBlock::Image(image) => Image::checked(&image.mime_type, &image.data)
                 .inspect_err(|why| tracing::debug!(%why, "MCP image kept as a text note"))
                 .ok(),
             _ => None,
@@ -238,6 +265,32 @@ mod tests {
             text.matches("[image: ").count(),
             4,
             "every image keeps its note: {text}"
+        );
+    }
+
+    #[test]
+    fn every_kind_of_part_reaches_the_model_as_its_text_or_a_note() {
+        use rmcp::model::{ContentBlock, Resource, ResourceContents};
+        let result = CallToolResult::success(vec![
+            ContentBlock::text("plain"),
+            ContentBlock::image("A".repeat(2000), "image/png"),
+            ContentBlock::audio("QUJD", "audio/wav"),
+            ContentBlock::resource_link(Resource::new("file:///a.txt", "a")),
+            ContentBlock::embedded_text("file:///b.txt", "inline body"),
+            ContentBlock::resource(ResourceContents::blob("QUJD", "file:///c.bin")),
+        ]);
+        assert_eq!(
+            mcp_result_text(&result).unwrap(),
+            "plain\n[image: image/png, 1.5 KiB]\n[audio: audio/wav, 3 B]\n\
+             [resource link: file:///a.txt]\ninline body\n[embedded resource: file:///c.bin]"
+        );
+        let mut structured = CallToolResult::success(vec![]);
+        structured.structured_content = Some(json!({"n": 1}));
+        assert_eq!(mcp_result_text(&structured).unwrap(), r#"{"n":1}"#);
+        let failed = CallToolResult::error(vec![ContentBlock::text("bad input")]);
+        assert_eq!(
+            mcp_result_text(&failed).unwrap_err().to_string(),
+            "tool_exec_failed: bad input"
         );
     }
 
