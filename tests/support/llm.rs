@@ -93,6 +93,9 @@ pub enum Reply {
     /// response-size caps). With `chunked`, it streams in 64 KiB pieces without a
     /// `Content-Length`; otherwise it declares its length up front.
     Huge { bytes: usize, chunked: bool },
+    /// Status 200, `application/json`, the first bytes of a completion, and then nothing
+    /// more until the server stops: a body that never ends (for deadline tests).
+    Stalled,
 }
 
 impl Reply {
@@ -659,6 +662,21 @@ async fn handle(
         }
         Reply::Garbage(body) => json_response(StatusCode::OK, body, None),
         Reply::Huge { bytes, chunked } => huge(bytes, chunked),
+        Reply::Stalled => {
+            let mut shutdown = shared.shutdown.clone();
+            let start = futures::stream::once(async { Ok(Bytes::from_static(b"{\"choices\":[")) });
+            let never_more = futures::stream::once(async move {
+                let _ = shutdown.wait_for(|stop| *stop).await;
+                Err(std::io::Error::other("scripted LLM: shutting down"))
+            });
+            Response::builder()
+                .status(StatusCode::OK)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from_stream(futures::StreamExt::chain(
+                    start, never_more,
+                )))
+                .expect("scripted LLM: build response")
+        }
         Reply::Delay(..) => unreachable!("delays were unwrapped above"),
     }
 }
