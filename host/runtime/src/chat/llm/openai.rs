@@ -283,69 +283,20 @@ impl OpenAiBackend {
         timeout: Duration,
         answer: &mut Charge,
     ) -> Result<ChatCompletion, Attempt> {
-        let mut headers = self.headers.clone();
-        if let Some(key) = self
-            .api_key_env
-            .as_deref()
-            .and_then(|var| std::env::var(var).ok())
-        {
-            match self.auth_header(&key) {
-                // Replaces a configured header of that name rather than sending both.
-                Some((name, value)) => {
-                    headers.insert(name, value);
+        let mut request = reqwest::Request::new(reqwest::Method::POST, url.clone());
+        *request.headers_mut() = self.request_headers();
+        *request.body_mut() = Some(json.into());
+        // One deadline for the request and the whole answer, its body included.
+        let (status, retry_after, bytes) =
+            match tokio::time::timeout(timeout, self.exchange(request, answer)).await {
+                Ok(exchanged) => exchanged?,
+                Err(_) => {
+                    return Err(Attempt::Final(LlmError::Timeout {
+                        backend: self.name.clone(),
+                        timeout,
+                    }));
                 }
-                None => {
-                    tracing::warn!(backend = %self.name, "the API key is not a valid header value; sent without it")
-                }
-            }
-        }
-        headers.extend(crate::trace::headers());
-        // As reqwest's `.json()` would: unless a configured header says otherwise.
-        headers
-            .entry(CONTENT_TYPE)
-            .or_insert(HeaderValue::from_static("application/json"));
-        let response = self
-            .client
-            .post(url.clone())
-            .headers(headers)
-            .timeout(timeout)
-            .body(json)
-            .send()
-            .await
-            .map_err(|e| self.transport_error(e, timeout))?;
-        let status = response.status();
-        let retry_after = retry_after(response.headers());
-        let cap = if status.is_success() {
-            defaults::LLM_MAX_RESPONSE_BYTES
-        } else {
-            ERROR_BODY_BYTES
-        };
-        let too_large = || {
-            Attempt::Final(LlmError::ResponseTooLarge {
-                backend: self.name.clone(),
-                limit: cap,
-            })
-        };
-        if status.is_success()
-            && response
-                .content_length()
-                .is_some_and(|len| len > cap as u64)
-        {
-            return Err(too_large());
-        }
-        let over_budget = || {
-            Attempt::Final(LlmError::AnswerOverBudget {
-                backend: self.name.clone(),
-            })
-        };
-        let bytes = match read_capped(response, cap, answer).await {
-            Ok(Body::Whole(bytes)) => bytes,
-            // The start of an error body is all its message quotes.
-            Ok(Body::Cut(bytes)) if !status.is_success() => bytes,
-            Ok(Body::Cut(_)) => return Err(too_large()),
-            Ok(Body::OverBudget) => return Err(over_budget()),
-            Err(e) => return Err(self.transport_error(e, timeout)),
-        };
+            };
         if !status.is_success() {
             let error = LlmError::Http {
                 backend: self.name.clone(),
@@ -376,13 +327,89 @@ impl OpenAiBackend {
             // joined, parts copied) at once.
             _ => parsed.saturating_mul(2),
         };
-        answer.grow(peak).map_err(|_| over_budget())?;
+        answer.grow(peak).map_err(|_| self.over_budget())?;
         let completion = self
             .parse(&bytes, body)
             .map_err(|(message, source)| invalid(message, source));
         drop(bytes);
-        answer.resize(parsed).map_err(|_| over_budget())?;
+        answer.resize(parsed).map_err(|_| self.over_budget())?;
         completion
+    }
+
+    /// The configured headers, the API key's (read from its variable at each request, so a
+    /// rotated key is used at once), the trace context's, and `content-type`.
+    fn request_headers(&self) -> HeaderMap {
+        let mut headers = self.headers.clone();
+        if let Some(key) = self
+            .api_key_env
+            .as_deref()
+            .and_then(|var| std::env::var(var).ok())
+        {
+            match self.auth_header(&key) {
+                // Replaces a configured header of that name rather than sending both.
+                Some((name, value)) => {
+                    headers.insert(name, value);
+                }
+                None => {
+                    tracing::warn!(backend = %self.name, "the API key is not a valid header value; sent without it")
+                }
+            }
+        }
+        headers.extend(crate::trace::headers());
+        // As reqwest's `.json()` would: unless a configured header says otherwise.
+        headers
+            .entry(CONTENT_TYPE)
+            .or_insert(HeaderValue::from_static("application/json"));
+        headers
+    }
+
+    /// Sends `request` and reads its answer's status, `Retry-After` and body (up to the
+    /// cap for its status, charged to `answer`).
+    async fn exchange(
+        &self,
+        request: reqwest::Request,
+        answer: &mut Charge,
+    ) -> Result<(StatusCode, Option<Duration>, Vec<u8>), Attempt> {
+        let response = self
+            .client
+            .execute(request)
+            .await
+            .map_err(|e| self.transport_error(e))?;
+        let status = response.status();
+        let retry_after = retry_after(response.headers());
+        let cap = if status.is_success() {
+            defaults::LLM_MAX_RESPONSE_BYTES
+        } else {
+            ERROR_BODY_BYTES
+        };
+        let too_large = || {
+            Attempt::Final(LlmError::ResponseTooLarge {
+                backend: self.name.clone(),
+                limit: cap,
+            })
+        };
+        if status.is_success()
+            && response
+                .content_length()
+                .is_some_and(|len| len > cap as u64)
+        {
+            return Err(too_large());
+        }
+        let bytes = match read_capped(response, cap, answer).await {
+            Ok(Body::Whole(bytes)) => bytes,
+            // The start of an error body is all its message quotes.
+            Ok(Body::Cut(bytes)) if !status.is_success() => bytes,
+            Ok(Body::Cut(_)) => return Err(too_large()),
+            Ok(Body::OverBudget) => return Err(self.over_budget()),
+            Err(e) => return Err(self.transport_error(e)),
+        };
+        Ok((status, retry_after, bytes))
+    }
+
+    fn over_budget(&self) -> Attempt {
+        Attempt::Final(LlmError::AnswerOverBudget {
+            backend: self.name.clone(),
+        })
     }
 
     /// `bytes`, this wire's answer to `body`, as a chat completion; else why not.
@@ -414,13 +441,9 @@ impl OpenAiBackend {
         })
     }
 
-    fn transport_error(&self, error: reqwest::Error, timeout: Duration) -> Attempt {
-        if error.is_timeout() {
-            return Attempt::Final(LlmError::Timeout {
-                backend: self.name.clone(),
-                timeout,
-            });
-        }
+    /// A request that failed on the way (the deadline is `attempt`'s own): worth another
+    /// try.
+    fn transport_error(&self, error: reqwest::Error) -> Attempt {
         let mut message = error.to_string();
         let mut source = std::error::Error::source(&error);
         while let Some(cause) = source {
@@ -633,9 +656,7 @@ mod tests {
             .send()
             .await
             .unwrap_err();
-        let Attempt::Retryable { error, .. } =
-            backend.transport_error(refused, Duration::from_secs(5))
-        else {
+        let Attempt::Retryable { error, .. } = backend.transport_error(refused) else {
             panic!("a refused connection may be retried");
         };
         assert!(matches!(error, LlmError::Unavailable { .. }), "{error:?}");
