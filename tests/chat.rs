@@ -326,56 +326,34 @@ async fn upstream_failures_are_retried_or_reported_never_hung() {
 }
 
 /// A session's `timeout_ms` bounds each request and its whole answer: a model that does
-/// not answer in time is `llm_timeout`, not a hung task, and it is not retried.
+/// not answer in time, or whose body never ends, is `llm_timeout`, not a hung task, and it
+/// is not retried.
 #[tokio::test]
 async fn a_model_slower_than_timeout_ms_is_llm_timeout() {
-    let setup = setup(vec![
-        Reply::delayed(Duration::from_secs(30), Reply::text("too late")),
-        Reply::text("not asked"),
-    ])
-    .await;
-    let started = std::time::Instant::now();
-    let run = run(
-        &setup,
-        &ChatGuest::new()
+    let no_answer = Reply::delayed(Duration::from_secs(30), Reply::text("too late"));
+    for (case, reply) in [("no answer", no_answer), ("endless body", Reply::Stalled)] {
+        let setup = setup(vec![reply, Reply::text("not asked")]).await;
+        let started = std::time::Instant::now();
+        let guest = ChatGuest::new()
             .msg("user", "hi")
             .param("timeout_ms", json!(300))
             .send(0)
             .recv()
-            .metrics(),
-    )
-    .await;
-    let response = emitted_json(&run, 0);
-    assert_eq!(response["error"]["code"], "llm_timeout", "{response}");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
-    let metrics = emitted_json(&run, 1);
-    assert_eq!(metrics["llm_errors"], 1, "{metrics}");
-    assert_eq!(setup.llm.request_count(), 1, "a timeout is not retried");
-
-    // The deadline covers the answer's body too: headers in time, a body that never ends.
-    let setup = self::setup(vec![Reply::Stalled, Reply::text("not asked")]).await;
-    let started = std::time::Instant::now();
-    let run = self::run(
-        &setup,
-        &ChatGuest::new()
-            .msg("user", "hi")
-            .param("timeout_ms", json!(300))
-            .send(0)
-            .recv(),
-    )
-    .await;
-    let response = emitted_json(&run, 0);
-    assert_eq!(response["error"]["code"], "llm_timeout", "{response}");
-    assert!(
-        started.elapsed() < Duration::from_secs(10),
-        "{:?}",
-        started.elapsed()
-    );
-    assert_eq!(setup.llm.request_count(), 1);
+            .metrics();
+        let run = run(&setup, &guest).await;
+        let response = emitted_json(&run, 0);
+        assert_eq!(
+            response["error"]["code"], "llm_timeout",
+            "{case}: {response}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(10), "{case}");
+        assert_eq!(emitted_json(&run, 1)["llm_errors"], 1, "{case}");
+        assert_eq!(
+            setup.llm.request_count(),
+            1,
+            "{case}: a timeout is not retried"
+        );
+    }
 }
 
 #[tokio::test]
