@@ -283,9 +283,15 @@ impl OpenAiBackend {
         timeout: Duration,
         answer: &mut Charge,
     ) -> Result<ChatCompletion, Attempt> {
-        let mut request = reqwest::Request::new(reqwest::Method::POST, url.clone());
-        *request.headers_mut() = self.request_headers();
-        *request.body_mut() = Some(json.into());
+        // Built by reqwest's builder: it moves a `user:pass@` of the URL into a sensitive
+        // `Authorization` header, so the credentials never show in an error's URL.
+        let request = self
+            .client
+            .post(url.clone())
+            .headers(self.request_headers())
+            .body(json)
+            .build()
+            .map_err(|e| self.transport_error(e))?;
         // One deadline for the request and the whole answer, its body included.
         let (status, retry_after, bytes) =
             match tokio::time::timeout(timeout, self.exchange(request, answer)).await {
@@ -639,6 +645,33 @@ mod tests {
             assert!(!format!("{value:?}").contains("sk-secret"));
             assert!(backend.auth_header("sk\nsecret").is_none());
         }
+    }
+
+    /// Credentials in `base_url` go out as a sensitive header, never in an error's text.
+    #[tokio::test]
+    async fn credentials_in_the_base_url_never_show_in_an_error() {
+        let config = BackendConfig {
+            base_url: Some("http://quiver-user:hunter2@127.0.0.1:9/v1".into()),
+            ..BackendConfig::default()
+        };
+        let backend = OpenAiBackend::new("b", &config, std::path::Path::new("q.toml")).unwrap();
+        let budget = crate::sandbox::MemoryBudget::new(std::sync::Arc::from("t"), 1 << 20);
+        let mut answer = budget.empty("answer");
+        let Err(failure) = backend
+            .attempt(
+                &backend.url,
+                bytes::Bytes::from_static(b"{}"),
+                None,
+                Duration::from_secs(5),
+                &mut answer,
+            )
+            .await
+        else {
+            panic!("nothing listens on port 9");
+        };
+        let shown = failure.into_error().to_string();
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("127.0.0.1"), "{shown}");
     }
 
     /// A backend that cannot be reached is `Unavailable` with reqwest's error as source.
