@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use quiver::{TaskSpec, ToolCallRequest};
-use quiver_tests::chat_wat::scripted_host;
+use quiver_tests::chat_wat::scripted_host_builder;
 use quiver_tests::llm::{Reply, ScriptedLlm};
 use quiver_tests::serve::{BackgroundServer, Bound};
 use quiver_tests::{RegistryDir, wat};
@@ -111,16 +111,17 @@ fn guest(sends: usize) -> String {
 }
 
 /// The baseline's calls: the host's two request bodies sent with reqwest, and the MCP call.
-struct Direct<'a> {
+#[derive(Clone)]
+struct Direct {
     http: reqwest::Client,
     url: String,
     bodies: Vec<Value>,
-    host: &'a quiver::Host,
-    task: &'a TaskSpec,
+    host: quiver::Host,
+    task: TaskSpec,
     add: ToolCallRequest,
 }
 
-async fn baseline_sends(direct: &Direct<'_>, sends: usize) {
+async fn baseline_sends(direct: &Direct, sends: usize) {
     for _ in 0..sends {
         for body in &direct.bodies {
             let reply: Value = direct
@@ -137,10 +138,31 @@ async fn baseline_sends(direct: &Direct<'_>, sends: usize) {
         }
         direct
             .host
-            .call_tool(direct.task, direct.add.clone())
+            .call_tool(&direct.task, direct.add.clone())
             .await
             .unwrap();
     }
+}
+
+/// The guest run in `tokio::spawn`, on a worker thread, as `quiver run` and `quiver serve`
+/// run tasks.
+async fn host_on_worker(
+    host: &quiver::Host,
+    module: &quiver::GuestModule,
+    task: &TaskSpec,
+) -> quiver::TaskOutcome {
+    let (host, module, task) = (host.clone(), module.clone(), task.clone());
+    tokio::spawn(async move { host.run_task(&module, &task).await.unwrap() })
+        .await
+        .unwrap()
+}
+
+/// The baseline's sends in `tokio::spawn`, placed like [`host_on_worker`]'s guest.
+async fn baseline_on_worker(direct: &Direct, sends: usize) {
+    let direct = direct.clone();
+    tokio::spawn(async move { baseline_sends(&direct, sends).await })
+        .await
+        .unwrap()
 }
 
 fn script_one_send(llm: &ScriptedLlm) {
@@ -160,7 +182,15 @@ async fn main() {
     let llm = ScriptedLlm::start(vec![]).await;
     let registry = RegistryDir::new();
     registry.fixture("fixture", &["add"], "");
-    let host = scripted_host(&registry, &llm);
+    // `QUIVER_BENCH_TASK_SLOTS` shrinks the pool's reservation (default 5000 slots), which
+    // Valgrind cannot map: `valgrind --tool=callgrind` counts instructions, which the
+    // machine's noise does not change.
+    let slots = env_usize("QUIVER_BENCH_TASK_SLOTS", 0);
+    let mut builder = scripted_host_builder(&registry, &llm);
+    if slots > 0 {
+        builder = builder.with_max_concurrent_tasks(slots as u32);
+    }
+    let host = builder.build().unwrap();
     let module = host
         .load_module("chat-bench.wat", guest(sends).as_bytes())
         .unwrap();
@@ -189,8 +219,8 @@ async fn main() {
         http,
         url,
         bodies,
-        host: &host,
-        task: &task,
+        host: host.clone(),
+        task: task.clone(),
         add,
     };
     // Profiling one side (`perf record` this): only its runs, and no report.
@@ -201,6 +231,8 @@ async fn main() {
             }
             match side.as_str() {
                 "host" => assert!(host.run_task(&module, &task).await.unwrap().success()),
+                "host-on-worker" => assert!(host_on_worker(&host, &module, &task).await.success()),
+                "baseline-on-worker" => baseline_on_worker(&direct, sends).await,
                 _ => baseline_sends(&direct, sends).await,
             }
         }
@@ -210,6 +242,8 @@ async fn main() {
     let (mut overhead, mut guest_per_send, mut baseline_per_send) =
         (Vec::new(), Vec::new(), Vec::new());
     let (mut exported_per_send, mut exported_overhead) = (Vec::new(), Vec::new());
+    let (mut worker_guest_per_send, mut worker_baseline_per_send, mut worker_overhead) =
+        (Vec::new(), Vec::new(), Vec::new());
     // Voluntary context switches of this process per send: each is a wait handed to another
     // thread and back, which the machine's noise does not blur.
     let (mut guest_switches, mut baseline_switches) = (Vec::new(), Vec::new());
@@ -262,6 +296,23 @@ async fn main() {
         baseline_allocations.push(allocations_per_send(allocated));
         baseline_switches
             .push(context_switches(pid).saturating_sub(switches) as f64 / sends as f64);
+        // The same pair with each side in `tokio::spawn`.
+        for _ in 0..sends {
+            script_one_send(&llm);
+        }
+        let started = Instant::now();
+        assert!(host_on_worker(&host, &module, &task).await.success());
+        let guest_on_worker = started.elapsed() / sends as u32;
+        for _ in 0..sends {
+            script_one_send(&llm);
+        }
+        let started = Instant::now();
+        baseline_on_worker(&direct, sends).await;
+        let baseline_on_worker = started.elapsed() / sends as u32;
+        worker_overhead.push(guest_on_worker.saturating_sub(baseline_on_worker));
+        worker_guest_per_send.push(guest_on_worker);
+        worker_baseline_per_send.push(baseline_on_worker);
+
         guest_per_send.push(guest);
         baseline_per_send.push(baseline);
         overhead.push(guest.saturating_sub(baseline));
@@ -286,6 +337,15 @@ async fn main() {
     println!(
         "  host-side overhead per iteration         {:>10.1} µs",
         micros(median(overhead))
+    );
+    println!(
+        "  on a worker thread (tokio::spawn), host / baseline {:>6.1} / {:.1} µs/send",
+        micros(median(worker_guest_per_send)),
+        micros(median(worker_baseline_per_send))
+    );
+    println!(
+        "  host-side overhead per iteration, on a worker {:>5.1} µs",
+        micros(median(worker_overhead))
     );
     println!(
         "  context switches per send, host / baseline {:>6.1} / {:.1}",
