@@ -503,8 +503,9 @@ async fn a_send_whose_copies_do_not_fit_is_enomem_and_sends_nothing() {
 }
 
 /// A model's answer is charged as it is read and then for what it parses to: one larger
-/// than the budget, or one that would grow past it once parsed (a short text of empty
-/// objects), is `-ENOMEM` for the send, and the next send works.
+/// than the budget, one that would grow past it once parsed (a short text of empty
+/// objects), or the same cut off before its end (a parse builds the objects before it
+/// fails) is `-ENOMEM` for the send, and the next send works.
 #[tokio::test]
 async fn a_model_answer_past_the_budget_is_enomem_and_the_next_send_works() {
     let big = Reply::text("x".repeat(1536 * KIB as usize));
@@ -517,7 +518,11 @@ async fn a_model_answer_past_the_budget_is_enomem_and_the_next_send_works() {
                      "message": {"role": "assistant", "content": "ok"}}],
         "pad": objects,
     }));
-    let setup = setup(vec![big, amplified]).await;
+    let cut_off = Reply::Garbage(format!(
+        r#"{{"id":"chatcmpl-cut","object":"chat.completion","model":"scripted","choices":[{{"index":0,"finish_reason":"stop","message":{{"role":"assistant","content":"ok"}}}}],"pad":[{}"#,
+        "{},".repeat(60_000)
+    ));
+    let setup = setup(vec![big, amplified, cut_off]).await;
     let mut data = Data::new();
     let (user, user_len) = data.put(b"user");
     let (hi, hi_len) = data.put(b"hi");
@@ -527,12 +532,13 @@ async fn a_model_answer_past_the_budget_is_enomem_and_the_next_send_works() {
       (call $out (call $cchat_send (local.get $fd) (i32.const 0)))
       (call $out (call $cchat_close (local.get $fd)))"#
     );
-    let body = main_with(&format!("{send}\n{send}"));
+    let body = main_with(&format!("{send}\n{send}\n{send}"));
     let run = run_ok(&setup, &data.module(&body), &budgeted("answers", MIB)).await;
     let r = &run.results;
     assert_eq!(r[1], ENOMEM, "an answer larger than the budget: {r:?}");
     assert_eq!(r[4], ENOMEM, "an answer that parses past the budget: {r:?}");
-    assert_eq!(setup.llm.request_count(), 2, "neither is retried");
+    assert_eq!(r[7], ENOMEM, "the same answer cut off: {r:?}");
+    assert_eq!(setup.llm.request_count(), 3, "none is retried");
     assert_accounted(&run.outcome, MIB);
     assert_host_usable(&setup).await;
 }

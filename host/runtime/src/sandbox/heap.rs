@@ -113,6 +113,94 @@ pub fn json_text(text: &[u8]) -> Result<u64, serde_json::Error> {
     Ok(cost)
 }
 
+/// serde_json's nesting limit: a parse fails at deeper text and builds nothing past it.
+const MAX_DEPTH: usize = 128;
+
+/// An upper bound on the heap serde_json builds from any `text`, JSON or not, before it
+/// ends or fails: [`json`]'s bound for the value valid text parses to (a string counted at
+/// its written length, which escapes only shorten), and for the rest everything begun
+/// before the end. Text cut off or broken after a long amplifying prefix is charged for
+/// the prefix, which a parse builds before it fails.
+///
+/// One pass over the bytes with no allocation: for a model's answer, where [`json_text`]
+/// (serde_json's own parser) cost about half the parse it guards. It checks nothing; the
+/// parse that follows does.
+pub fn json_text_bound(text: &[u8]) -> u64 {
+    /// An open array or object: its commas, and whether anything was written in it.
+    #[derive(Clone, Copy, Default)]
+    struct Open {
+        object: bool,
+        commas: u64,
+        written: bool,
+    }
+    impl Open {
+        /// Its bound with as many elements (or entries) as its commas allow.
+        fn cost(self) -> u64 {
+            let len = if self.written { self.commas + 1 } else { 0 };
+            if self.object { object(len) } else { array(len) }
+        }
+    }
+    let mut open = [Open::default(); MAX_DEPTH];
+    let (mut depth, mut sum, mut at) = (0usize, 0u64, 0usize);
+    while let Some(&byte) = text.get(at) {
+        at += 1;
+        match byte {
+            b' ' | b'\t' | b'\n' | b'\r' => continue,
+            b',' => {
+                if let Some(inner) = depth.checked_sub(1) {
+                    open[inner].commas += 1;
+                }
+                continue;
+            }
+            b']' | b'}' => {
+                if let Some(inner) = depth.checked_sub(1) {
+                    sum = sum.saturating_add(open[inner].cost());
+                    depth = inner;
+                }
+                continue;
+            }
+            _ => {}
+        }
+        if let Some(inner) = depth.checked_sub(1) {
+            open[inner].written = true;
+        }
+        match byte {
+            b'"' => {
+                let len = quoted_len(&text[at..]);
+                sum = sum.saturating_add(string(len as u64));
+                at += len + 1;
+            }
+            b'[' | b'{' if depth == MAX_DEPTH => break,
+            b'[' | b'{' => {
+                open[depth] = Open {
+                    object: byte == b'{',
+                    ..Open::default()
+                };
+                depth += 1;
+            }
+            // Numbers, literals and colons own no heap.
+            _ => {}
+        }
+    }
+    // Text that ends inside arrays or objects: what they hold so far.
+    open[..depth]
+        .iter()
+        .fold(sum, |sum, inner| sum.saturating_add(inner.cost()))
+}
+
+/// The length of a string's text up to its closing quote (all of `rest` when unclosed).
+fn quoted_len(rest: &[u8]) -> usize {
+    let mut at = 0;
+    while let Some(&byte) = rest.get(at) {
+        match byte {
+            b'"' => return at,
+            b'\\' => at += 2,
+            _ => at += 1,
+        }
+    }
+    rest.len()
+}
+
 /// Bytes `value` serialises to as JSON, counted without writing them anywhere.
 pub fn json_len(value: &impl Serialize) -> u64 {
     struct Count(u64);
@@ -231,6 +319,27 @@ mod tests {
             prop_assert_eq!(json_len(&value), text.len() as u64);
         }
 
+        /// The byte scan bounds the value: exactly for text without escapes.
+        #[test]
+        fn the_byte_scan_bounds_the_value(value in any_json()) {
+            let text = serde_json::to_vec(&value).unwrap();
+            let bound = json_text_bound(&text);
+            prop_assert!(bound >= json(&value), "{} < {}", bound, json(&value));
+            if !text.contains(&b'\\') {
+                prop_assert_eq!(bound, json(&value));
+            }
+        }
+
+        /// Cut anywhere, text is charged at least what its complete prefix values hold, and
+        /// more text never costs less.
+        #[test]
+        fn the_byte_scan_of_cut_text_grows_with_it(value in any_json(), cut in any::<prop::sample::Index>()) {
+            let text = serde_json::to_vec(&value).unwrap();
+            let at = cut.index(text.len() + 1);
+            let (head, longer) = (json_text_bound(&text[..at]), json_text_bound(&text[..(at + 1).min(text.len())]));
+            prop_assert!(head <= longer, "{} > {} at {}", head, longer, at);
+        }
+
         #[test]
         fn a_list_of_strings_costs_what_its_json_array_does(items in prop::collection::vec("\\PC{0,30}", 0..40)) {
             let array = Value::from(items.clone());
@@ -249,6 +358,34 @@ mod tests {
         );
         let duplicate_keys = json_text(br#"{"a":"xxxx","a":"yyyy"}"#).unwrap();
         assert!(duplicate_keys >= json(&json!({"a": "yyyy"})));
+    }
+
+    /// A parse builds what comes before its error: text broken or cut off after an
+    /// amplifying prefix is charged for the prefix.
+    #[test]
+    fn broken_text_is_charged_for_what_comes_before_the_break() {
+        let elements = vec![r#"{"a":0}"#; 10_000].join(",");
+        let whole = json_text(format!(r#"{{"pad":[{elements}]}}"#).as_bytes()).unwrap();
+        for broken in [
+            format!(r#"{{"pad":[{elements},"#),
+            format!(r#"{{"pad":[{elements}"#),
+            format!(r#"{{"pad":[{elements}]]]"#),
+            format!(r#"{{"pad":[{elements},"unclosed"#),
+            format!(r#"{{"pad":[{elements}}} trailing"#),
+        ] {
+            let bound = json_text_bound(broken.as_bytes());
+            assert!(
+                bound >= whole,
+                "{bound} < {whole} for ..{}",
+                &broken[broken.len() - 12..]
+            );
+        }
+        // Deeper than serde_json parses: bounded work, and the levels it does build.
+        let deep = "[".repeat(100_000);
+        let levels = (0..MAX_DEPTH).fold(0, |sum, _| sum + array(1));
+        assert!(json_text_bound(deep.as_bytes()) >= levels);
+        assert_eq!(json_text_bound(b""), 0);
+        assert_eq!(json_text_bound(b"]]}},,,"), 0);
     }
 
     #[test]

@@ -324,9 +324,9 @@ impl OpenAiBackend {
                 source,
             })
         };
-        // What the text parses to, charged before it is built (text that is not JSON is
-        // refused by the parse below, charging nothing).
-        let parsed = heap::json_text(&bytes).unwrap_or(0);
+        // What the text parses to, charged before it is built; for text that is not JSON,
+        // what the parse below builds before it fails.
+        let parsed = heap::json_text_bound(&bytes);
         let peak = match self.wire {
             Wire::OpenAi => parsed,
             // A translation holds the typed answer and the completion it builds (texts

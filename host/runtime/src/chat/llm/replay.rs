@@ -110,7 +110,7 @@ fn response_sizes(transcript: &Transcript) -> Vec<(usize, u64)> {
         .iter()
         .map(|exchange| {
             let json = serde_json::to_vec(&exchange.response).unwrap_or_default();
-            (json.len(), heap::json_text(&json).unwrap_or(0))
+            (json.len(), heap::json_text_bound(&json))
         })
         .collect()
 }
