@@ -43,6 +43,48 @@ fn emitted_json(run: &WatRun, i: usize) -> Value {
     serde_json::from_str(&run.emitted[i]).unwrap_or_else(|e| panic!("{e}: {:?}", run.emitted))
 }
 
+/// A guest tool is found in the funcref table at each call (the host keeps the last one it
+/// typed): a guest that points the tool's index at another function, or at none, between
+/// sends gets that function called, or the call refused.
+#[tokio::test]
+async fn a_guest_tool_is_whatever_its_table_index_holds_at_the_call() {
+    let setup = setup(vec![
+        Reply::tool_call("t1", "get_weather", json!({})),
+        Reply::text("one"),
+        Reply::tool_call("t2", "get_weather", json!({"city": "Oslo"})),
+        Reply::text("two"),
+        Reply::tool_call("t3", "get_weather", json!({})),
+        Reply::text("three"),
+    ])
+    .await;
+    let guest = ChatGuest::new()
+        .msg("user", "weather?")
+        .tool(WEATHER, "get_weather")
+        .arena()
+        .send(2)
+        .raw(&format!(
+            "(table.set (i32.const {WEATHER}) (ref.func $echo_args))"
+        ))
+        .send(2)
+        .raw(&format!(
+            "(table.set (i32.const {WEATHER}) (ref.null func))"
+        ))
+        .send(2);
+    let run = run(&setup, &guest).await;
+    assert!(run.results.iter().all(|&r| r >= 0), "{:?}", run.results);
+    let results = tool_results(&setup.llm.request(5));
+    assert_eq!(results[0], ("t1".to_owned(), "Sunny, 21C".to_owned()));
+    assert_eq!(
+        results[1],
+        ("t2".to_owned(), r#"{"city":"Oslo"}"#.to_owned()),
+        "the function now at the index ran"
+    );
+    assert!(
+        results[2].1.contains("no tool function at table index 1"),
+        "{results:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_guest_tool_and_an_mcp_tool_in_one_turn() {
     let setup = setup(vec![

@@ -19,7 +19,7 @@ use super::params::shown;
 use super::pending::{self, Owned, PendingSend};
 use super::session::{ChatResponse, ChatSession, ChatView, SetParamError, text_message_cost};
 use super::{GuestTool, ParamError, ROLES, SendContext, run};
-use crate::sandbox::{HostcallError, before_deadline, finish, guest, guest_callback, heap};
+use crate::sandbox::{HostcallError, before_deadline, finish, guest, heap, is_guest_callback};
 
 /// Registers the `cchat_*` imports.
 pub fn add_to_linker<T: ChatView>(linker: &mut Linker<T>) -> wasmtime::Result<()> {
@@ -156,7 +156,7 @@ fn write_fn<T: ChatView>(
     };
     let table_index = u32::try_from(fn_offset).map_err(|_| Errno::EINVAL)?;
     tool.table_index = table_index;
-    if guest_callback(caller, table_index).is_none() {
+    if !is_guest_callback(caller, table_index) {
         tracing::info!(
             table_index,
             "cchat_write_fn: no function of type (i32, i32, i32, i32) -> i32 at this table index"

@@ -28,7 +28,7 @@ use super::session::{McpSession, McpView};
 use crate::approval::{ElicitationAnswer, ElicitationRequest};
 use crate::defaults;
 use crate::observe::unix_seconds;
-use crate::sandbox::{HostcallError, finish, guest, guest_callback, off_stack};
+use crate::sandbox::{HostcallError, finish, guest, guest_callback, is_guest_callback, off_stack};
 
 /// What `mcp_elicit_fn` registered on a session fd: the guest's function and its arena.
 #[derive(Clone, Copy, Debug)]
@@ -106,7 +106,7 @@ fn register<T: McpView>(
         return Ok(0);
     }
     let table_index = u32::try_from(fn_offset).map_err(|_| Errno::EINVAL)?;
-    if guest_callback(caller, table_index).is_none() {
+    if !is_guest_callback(caller, table_index) {
         tracing::info!(
             table_index,
             "no function of type (i32, i32, i32, i32) -> i32 at this table index"

@@ -32,7 +32,7 @@ mod wasi;
 
 use std::sync::Arc;
 
-use wasmtime::{AsContextMut, Caller, Instance, Linker, Memory, Ref, Table, TypedFunc};
+use wasmtime::{AsContextMut, Caller, Func, Instance, Linker, Memory, Ref, Table, TypedFunc};
 use wasmtime_wasi::p1::WasiP1Ctx;
 
 use guest_log::GuestLogSink;
@@ -72,6 +72,11 @@ pub struct Sandbox<K> {
     /// called: most tasks call none, and finding a table exported under another name than
     /// the usual two walks every export.
     funcref_table: Option<Option<Table>>,
+    /// The callback [`guest_callback`] typed last, by the address of its function
+    /// reference: that address names one function, of one type, for the store's life, so
+    /// a guest that registers and calls the same tool send after send has it typed once
+    /// (typing takes the engine's type-registry lock).
+    last_callback: Option<(usize, GuestCallback)>,
     /// Guest tools running now, one inside another (each holds a fiber stack of the host's
     /// shared pool); at most [`MAX_GUEST_TOOL_NESTING`](crate::defaults::MAX_GUEST_TOOL_NESTING).
     pub guest_tool_depth: u32,
@@ -123,12 +128,38 @@ pub type GuestCallback = TypedFunc<(i32, i32, i32, i32), i32>;
 
 /// The guest function at `table_index` of the task's funcref table, if it has the type of
 /// a call back into the guest, `(i32, i32, i32, i32) -> i32` (guest tools and elicitation
-/// callbacks, `docs/abi.md`); typed once here, as the type check takes the engine's type
-/// registry lock.
+/// callbacks, `docs/abi.md`). Looked up at each call, as the guest may change its table.
 pub fn guest_callback<T: SandboxView>(
     caller: &mut Caller<'_, T>,
     table_index: u32,
 ) -> Option<GuestCallback> {
+    let (address, func) = table_func(caller, table_index)?;
+    if let Some((known, callback)) = &caller.data_mut().sandbox().last_callback
+        && *known == address
+    {
+        return Some(callback.clone());
+    }
+    let callback: GuestCallback = func.typed(&*caller).ok()?;
+    caller.data_mut().sandbox().last_callback = Some((address, callback.clone()));
+    Some(callback)
+}
+
+/// Whether [`guest_callback`] finds a callback at `table_index` (without a copy of it).
+pub fn is_guest_callback<T: SandboxView>(caller: &mut Caller<'_, T>, table_index: u32) -> bool {
+    let Some((address, _)) = table_func(caller, table_index) else {
+        return false;
+    };
+    let known =
+        matches!(&caller.data_mut().sandbox().last_callback, Some((known, _)) if *known == address);
+    known || guest_callback(caller, table_index).is_some()
+}
+
+/// The function at `table_index` of the task's funcref table, with the address of its
+/// function reference.
+fn table_func<T: SandboxView>(
+    caller: &mut Caller<'_, T>,
+    table_index: u32,
+) -> Option<(usize, Func)> {
     let sandbox = caller.data_mut().sandbox();
     let table = match sandbox.funcref_table {
         Some(table) => table,
@@ -140,7 +171,7 @@ pub fn guest_callback<T: SandboxView>(
         }
     }?;
     match table.get(&mut *caller, u64::from(table_index))? {
-        Ref::Func(Some(func)) => func.typed(&*caller).ok(),
+        Ref::Func(Some(func)) => Some((func.to_raw(&mut *caller) as usize, func)),
         _ => None,
     }
 }

@@ -121,6 +121,7 @@ impl<K> Sandbox<K> {
             memory: None,
             instance: None,
             funcref_table: None,
+            last_callback: None,
             guest_tool_depth: 0,
             guest_tool_stacks: Vec::new(),
             work: BackgroundWork::default(),
