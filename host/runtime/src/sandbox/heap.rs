@@ -178,8 +178,19 @@ pub fn json_text_bound(text: &[u8]) -> u64 {
                 };
                 depth += 1;
             }
-            // Numbers, literals and colons own no heap.
-            _ => {}
+            b':' => {}
+            // A number or a literal, which owns no heap: on to the byte after it.
+            _ => {
+                at += text[at..]
+                    .iter()
+                    .position(|&b| {
+                        matches!(
+                            b,
+                            b',' | b']' | b'}' | b' ' | b'\n' | b'\r' | b'\t' | b'"' | b'[' | b'{'
+                        )
+                    })
+                    .unwrap_or(text.len() - at);
+            }
         }
     }
     // Text that ends inside arrays or objects: what they hold so far.
@@ -191,12 +202,16 @@ pub fn json_text_bound(text: &[u8]) -> u64 {
 /// The length of a string's text up to its closing quote (all of `rest` when unclosed).
 fn quoted_len(rest: &[u8]) -> usize {
     let mut at = 0;
-    while let Some(&byte) = rest.get(at) {
-        match byte {
-            b'"' => return at,
-            b'\\' => at += 2,
-            _ => at += 1,
+    while let Some(found) = rest
+        .get(at..)
+        .and_then(|tail| memchr::memchr2(b'"', b'\\', tail))
+    {
+        at += found;
+        if rest[at] == b'"' {
+            return at;
         }
+        // A backslash and the byte it escapes.
+        at += 2;
     }
     rest.len()
 }
