@@ -577,9 +577,7 @@ fn answer(
         Some(other) => cut(other, 64).to_owned(),
     };
     let model = completion
-        .rest
-        .get("model")
-        .and_then(Value::as_str)
+        .model()
         .filter(|m| !m.is_empty() && m.len() <= defaults::MAX_MODEL_NAME_BYTES)
         .unwrap_or(asked);
     let message = match blocks.len() {

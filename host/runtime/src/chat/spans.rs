@@ -38,18 +38,17 @@ pub(super) fn record_reply(span: &tracing::Span, reply: &ChatCompletion) {
     if span.is_disabled() {
         return;
     }
-    let text = |key: &str| {
-        reply
-            .rest
-            .get(key)
-            .and_then(|v| v.as_str())
-            .map(|v| cut(v, defaults::MAX_SPAN_ATTRIBUTE_BYTES))
-    };
-    if let Some(model) = text("model") {
-        span.record("gen_ai.response.model", model);
+    if let Some(model) = reply.model() {
+        span.record(
+            "gen_ai.response.model",
+            cut(model, defaults::MAX_SPAN_ATTRIBUTE_BYTES),
+        );
     }
-    if let Some(id) = text("id") {
-        span.record("gen_ai.response.id", id);
+    if let Some(id) = reply.id() {
+        span.record(
+            "gen_ai.response.id",
+            cut(id, defaults::MAX_SPAN_ATTRIBUTE_BYTES),
+        );
     }
     // A string array in the conventions; `tracing` has none, so the exporter turns this
     // JSON array back into one.

@@ -90,6 +90,12 @@ fn required<T, E: de::Error>(slot: Option<T>, name: &'static str) -> Result<T, E
     slot.ok_or_else(|| E::missing_field(name))
 }
 
+/// Reads a field that is passed on as it came into `slot` (a repeated one: the last value).
+fn pass<'de, A: MapAccess<'de>>(map: &mut A, slot: &mut Option<Value>) -> Result<(), A::Error> {
+    *slot = Some(map.next_value()?);
+    Ok(())
+}
+
 /// Keeps an unknown field in `rest` (a repeated one: the last value, at the first place).
 fn keep<'de, A: MapAccess<'de>>(
     map: &mut A,
@@ -117,7 +123,28 @@ pub struct ChatCompletion {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<Usage>>,
     #[serde(flatten)]
+    pub passed: Option<Box<Passed>>,
+    #[serde(flatten)]
     pub rest: Map<String, Value>,
+}
+
+/// The other top-level fields OpenAI sends, passed on as they came (any JSON): named so
+/// that most answers keep nothing in `rest`, where each field costs a key, a value and the
+/// map's growth. Boxed: a completion is moved whole from the parse to the response.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Passed {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_fingerprint: Option<Value>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, PartialEq)]
@@ -125,6 +152,11 @@ pub struct Choice {
     pub message: AssistantMessage,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<Option<String>>,
+    /// Passed on as they came, like [`Passed`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub index: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Value>,
     #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
@@ -225,38 +257,44 @@ pub struct FunctionCall {
 impl<'de> Object<'de> for ChatCompletion {
     const EXPECTING: &'static str = "struct ChatCompletion";
     fn read<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
-        let (mut choices, mut usage, mut rest) = (None, None, Map::new());
+        let (mut choices, mut completion) = (None, Self::default());
+        let mut passed = Passed::default();
         while let Some(Key(key)) = map.next_key()? {
             match &*key {
                 "choices" => once(&mut map, &mut choices, "choices")?,
-                "usage" => once(&mut map, &mut usage, "usage")?,
-                _ => keep(&mut map, &mut rest, key)?,
+                "usage" => once(&mut map, &mut completion.usage, "usage")?,
+                "id" => pass(&mut map, &mut passed.id)?,
+                "object" => pass(&mut map, &mut passed.object)?,
+                "created" => pass(&mut map, &mut passed.created)?,
+                "model" => pass(&mut map, &mut passed.model)?,
+                "service_tier" => pass(&mut map, &mut passed.service_tier)?,
+                "system_fingerprint" => pass(&mut map, &mut passed.system_fingerprint)?,
+                _ => keep(&mut map, &mut completion.rest, key)?,
             }
         }
-        Ok(Self {
-            choices: required(choices, "choices")?,
-            usage,
-            rest,
-        })
+        completion.choices = required(choices, "choices")?;
+        if passed != Passed::default() {
+            completion.passed = Some(Box::new(passed));
+        }
+        Ok(completion)
     }
 }
 
 impl<'de> Object<'de> for Choice {
     const EXPECTING: &'static str = "struct Choice";
     fn read<A: MapAccess<'de>>(mut map: A) -> Result<Self, A::Error> {
-        let (mut message, mut finish_reason, mut rest) = (None, None, Map::new());
+        let (mut message, mut choice) = (None, Self::default());
         while let Some(Key(key)) = map.next_key()? {
             match &*key {
                 "message" => once(&mut map, &mut message, "message")?,
-                "finish_reason" => once(&mut map, &mut finish_reason, "finish_reason")?,
-                _ => keep(&mut map, &mut rest, key)?,
+                "finish_reason" => once(&mut map, &mut choice.finish_reason, "finish_reason")?,
+                "index" => pass(&mut map, &mut choice.index)?,
+                "logprobs" => pass(&mut map, &mut choice.logprobs)?,
+                _ => keep(&mut map, &mut choice.rest, key)?,
             }
         }
-        Ok(Self {
-            message: required(message, "message")?,
-            finish_reason,
-            rest,
-        })
+        choice.message = required(message, "message")?;
+        Ok(choice)
     }
 }
 
@@ -395,20 +433,32 @@ impl ChatCompletion {
             tool_calls: (!tool_calls.is_empty()).then_some(Some(tool_calls)),
             rest,
         };
-        let rest = Map::from_iter([
-            ("id".to_owned(), id),
-            ("object".to_owned(), Value::from("chat.completion")),
-            ("model".to_owned(), model),
-        ]);
         Self {
             choices: vec![Choice {
                 message,
                 finish_reason: Some(finish_reason),
-                rest: Map::from_iter([("index".to_owned(), Value::from(0))]),
+                index: Some(Value::from(0)),
+                ..Choice::default()
             }],
             usage: Some(usage),
-            rest,
+            passed: Some(Box::new(Passed {
+                id: Some(id),
+                object: Some(Value::from("chat.completion")),
+                model: Some(model),
+                ..Passed::default()
+            })),
+            rest: Map::new(),
         }
+    }
+
+    /// `model` when it is a string.
+    pub fn model(&self) -> Option<&str> {
+        self.passed.as_ref()?.model.as_ref()?.as_str()
+    }
+
+    /// `id` when it is a string.
+    pub fn id(&self) -> Option<&str> {
+        self.passed.as_ref()?.id.as_ref()?.as_str()
     }
 
     /// The first choice's message, the one the loop acts on.
@@ -511,6 +561,10 @@ mod tests {
         });
         let (completion, back) = round_trip(upstream.clone());
         assert_eq!(back, upstream);
+        assert!(
+            completion.rest.is_empty() && completion.choices.iter().all(|c| c.rest.is_empty()),
+            "OpenAI's own fields are named, so the usual answer keeps no map"
+        );
         for choice in &completion.choices {
             let moved = choice.message.clone().into_value();
             let serialised = serde_json::to_value(&choice.message).unwrap();
@@ -626,6 +680,10 @@ mod tests {
             serde_json::to_string(&completion.rest).unwrap(),
             r#"{"x":3,"y":2}"#
         );
+        // A named field passed on as it came, given twice: its last value.
+        let completion =
+            ChatCompletion::from_slice(br#"{"model": "a", "choices": [], "model": "b"}"#).unwrap();
+        assert_eq!(completion.model(), Some("b"));
     }
 
     #[test]

@@ -207,10 +207,9 @@ impl ReplayBackend {
                     });
                 }
                 let mut response = exchange.response.clone();
-                if let Some(model) = body["model"].as_str()
-                    && !response.rest.contains_key("model")
-                {
-                    response.rest.insert("model".into(), Value::from(model));
+                if let Some(model) = body["model"].as_str() {
+                    let passed = response.passed.get_or_insert_default();
+                    passed.model.get_or_insert_with(|| Value::from(model));
                 }
                 Ok(LlmReply {
                     body: response,
