@@ -14,12 +14,17 @@
 //! the cost of tracing shows as the ratio of the two, in the same process and round. The
 //! export layer is installed once and switched by a flag its filter reads.
 //!
+//! The guest and the baseline also run once each in `tokio::spawn`, on a worker thread, as
+//! `quiver run` and `quiver serve` run tasks ("on a worker").
+//!
 //! Each side's heap allocations per send are counted too (`CountingAllocator`, every thread
-//! but the in-process servers'): a figure the machine's noise does not blur.
+//! but the in-process servers'): a figure the machine's noise does not blur. So is the
+//! instruction count that `scripts/bench-instructions.sh` takes with callgrind.
 //!
 //! Run: `cargo bench -p quiver-tests --bench chat_loop` (`QUIVER_BENCH_ROUNDS`,
-//! `QUIVER_BENCH_SENDS` override the defaults; `QUIVER_BENCH_PROFILE=host` or `baseline`
-//! runs only that side's sends, with no report, to profile it).
+//! `QUIVER_BENCH_SENDS` override the defaults; `QUIVER_BENCH_PROFILE=host`, `baseline`,
+//! `host-on-worker` or `baseline-on-worker` runs only that side's sends, with no report, to
+//! profile it; `QUIVER_BENCH_TASK_SLOTS` shrinks the task pool, for Valgrind).
 
 use quiver_tests::bench::{
     CountingAllocator, allocations, context_switches, cpu_time, env_usize, median,
