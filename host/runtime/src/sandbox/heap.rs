@@ -120,7 +120,9 @@ const MAX_DEPTH: usize = 128;
 /// ends or fails: [`json`]'s bound for the value valid text parses to (a string counted at
 /// its written length, which escapes only shorten), and for the rest everything begun
 /// before the end. Text cut off or broken after a long amplifying prefix is charged for
-/// the prefix, which a parse builds before it fails.
+/// the prefix, which a parse builds before it fails. It also counts serde_json's scratch
+/// buffer, which holds the longest number's digits or escaped string's text (and may have
+/// doubled past it) while that token is read.
 ///
 /// One pass over the bytes with no allocation: for a model's answer, where [`json_text`]
 /// (serde_json's own parser) cost about half the parse it guards. It checks nothing; the
@@ -140,80 +142,84 @@ pub fn json_text_bound(text: &[u8]) -> u64 {
             if self.object { object(len) } else { array(len) }
         }
     }
-    let mut open = [Open::default(); MAX_DEPTH];
-    let (mut depth, mut sum, mut at) = (0usize, 0u64, 0usize);
-    while let Some(&byte) = text.get(at) {
-        at += 1;
+    // `open[0]` stands for the top level, which owns nothing: the innermost open array or
+    // object is always `open[depth]`.
+    let mut open = [Open::default(); MAX_DEPTH + 1];
+    let (mut depth, mut sum, mut rest) = (0, 0u64, text);
+    let mut scratch = 0;
+    while let Some((&byte, tail)) = rest.split_first() {
+        rest = tail;
         match byte {
-            b' ' | b'\t' | b'\n' | b'\r' => continue,
-            b',' => {
-                if let Some(inner) = depth.checked_sub(1) {
-                    open[inner].commas += 1;
-                }
-                continue;
-            }
+            b' ' | b'\t' | b'\n' | b'\r' | b':' => {}
+            b',' => open[depth].commas += 1,
             b']' | b'}' => {
-                if let Some(inner) = depth.checked_sub(1) {
-                    sum = sum.saturating_add(open[inner].cost());
-                    depth = inner;
+                if depth > 0 {
+                    sum = sum.saturating_add(open[depth].cost());
+                    depth -= 1;
                 }
-                continue;
             }
-            _ => {}
-        }
-        if let Some(inner) = depth.checked_sub(1) {
-            open[inner].written = true;
-        }
-        match byte {
             b'"' => {
-                let len = quoted_len(&text[at..]);
+                open[depth].written = true;
+                let (len, escaped) = quoted_len(rest);
                 sum = sum.saturating_add(string(len as u64));
-                at += len + 1;
+                if escaped {
+                    scratch = scratch.max(len);
+                }
+                rest = rest.get(len + 1..).unwrap_or_default();
             }
-            b'[' | b'{' if depth == MAX_DEPTH => break,
             b'[' | b'{' => {
+                open[depth].written = true;
+                if depth == MAX_DEPTH {
+                    break;
+                }
+                depth += 1;
                 open[depth] = Open {
                     object: byte == b'{',
                     ..Open::default()
                 };
-                depth += 1;
             }
-            b':' => {}
-            // A number or a literal, which owns no heap: on to the byte after it.
+            // A number or a literal, which owns no heap (a number's digits pass through the
+            // scratch buffer): on to the byte after it.
             _ => {
-                at += text[at..]
-                    .iter()
-                    .position(|&b| {
-                        matches!(
-                            b,
-                            b',' | b']' | b'}' | b' ' | b'\n' | b'\r' | b'\t' | b'"' | b'[' | b'{'
-                        )
-                    })
-                    .unwrap_or(text.len() - at);
+                open[depth].written = true;
+                let end = rest.iter().position(|&b| {
+                    matches!(
+                        b,
+                        b',' | b']' | b'}' | b' ' | b'\n' | b'\r' | b'\t' | b'"' | b'[' | b'{'
+                    )
+                });
+                let end = end.unwrap_or(rest.len());
+                if byte == b'-' || byte.is_ascii_digit() {
+                    scratch = scratch.max(end + 1);
+                }
+                rest = &rest[end..];
             }
         }
     }
     // Text that ends inside arrays or objects: what they hold so far.
-    open[..depth]
-        .iter()
-        .fold(sum, |sum, inner| sum.saturating_add(inner.cost()))
+    open[1..=depth].iter().fold(
+        sum.saturating_add(alloc(2 * scratch as u64)),
+        |sum, inner| sum.saturating_add(inner.cost()),
+    )
 }
 
-/// The length of a string's text up to its closing quote (all of `rest` when unclosed).
-fn quoted_len(rest: &[u8]) -> usize {
-    let mut at = 0;
+/// The length of a string's text up to its closing quote (all of `rest` when unclosed),
+/// and whether it has escapes.
+fn quoted_len(rest: &[u8]) -> (usize, bool) {
+    let (mut at, mut escaped) = (0, false);
     while let Some(found) = rest
         .get(at..)
         .and_then(|tail| memchr::memchr2(b'"', b'\\', tail))
     {
         at += found;
         if rest[at] == b'"' {
-            return at;
+            return (at, escaped);
         }
         // A backslash and the byte it escapes.
+        escaped = true;
         at += 2;
     }
-    rest.len()
+    (rest.len(), escaped)
 }
 
 /// Bytes `value` serialises to as JSON, counted without writing them anywhere.
@@ -334,13 +340,14 @@ mod tests {
             prop_assert_eq!(json_len(&value), text.len() as u64);
         }
 
-        /// The byte scan bounds the value: exactly for text without escapes.
+        /// The byte scan bounds the value: exactly for text without escapes or numbers
+        /// (which pass through serde_json's scratch buffer).
         #[test]
         fn the_byte_scan_bounds_the_value(value in any_json()) {
             let text = serde_json::to_vec(&value).unwrap();
             let bound = json_text_bound(&text);
             prop_assert!(bound >= json(&value), "{} < {}", bound, json(&value));
-            if !text.contains(&b'\\') {
+            if !text.iter().any(|&b| b == b'\\' || b == b'-' || b.is_ascii_digit()) {
                 prop_assert_eq!(bound, json(&value));
             }
         }
@@ -401,6 +408,24 @@ mod tests {
         assert!(json_text_bound(deep.as_bytes()) >= levels);
         assert_eq!(json_text_bound(b""), 0);
         assert_eq!(json_text_bound(b"]]}},,,"), 0);
+    }
+
+    /// serde_json reads a number's digits, and an escaped string's text, into a scratch
+    /// buffer that grows by doubling: a long one is charged for it, once.
+    #[test]
+    fn long_numbers_and_escaped_strings_are_charged_for_the_scratch_buffer() {
+        let digits = format!("[1.{}1]", "0".repeat(100_000));
+        assert!(json_text_bound(digits.as_bytes()) >= 200_000);
+        let escaped = format!(r#"["{}\n"]"#, "a".repeat(100_000));
+        assert!(
+            json_text_bound(escaped.as_bytes()) >= 300_000,
+            "the string and the buffer"
+        );
+        let plain = format!(r#"["{}"]"#, "a".repeat(100_000));
+        assert!(
+            json_text_bound(plain.as_bytes()) < 110_000,
+            "no escapes: no scratch"
+        );
     }
 
     #[test]
