@@ -181,8 +181,15 @@ impl MemoryBudget {
     /// `-EIO` for text that is not JSON, `-ENOMEM` when the budget cannot hold the value.
     /// The charge goes with the value; drop it when the value is gone.
     pub fn parse_json(&self, what: &'static str, text: &[u8]) -> Result<(Value, Charge), Errno> {
-        let cost = heap::json_text(text).map_err(|_| Errno::EIO)?;
-        let charge = self.charge(what, cost)?;
+        // The byte scan's bound when the budget has room for it, as it has for most texts;
+        // else serde_json's walk, which is exact and tells text that is not JSON (`-EIO`)
+        // from a value the budget cannot hold (`-ENOMEM`).
+        let mut charge = self.empty(what);
+        let bound = heap::json_text_bound(text);
+        if charge.resize_between(0, bound)? < bound {
+            let cost = heap::json_text(text).map_err(|_| Errno::EIO)?;
+            charge.grow(cost)?;
+        }
         let value = serde_json::from_slice(text).map_err(|_| Errno::EIO)?;
         Ok((value, charge))
     }
@@ -405,6 +412,18 @@ mod tests {
             budget.parse_json("t", bomb.as_bytes()).err(),
             Some(Errno::ENOMEM)
         );
+        // Past the budget and not JSON either: not JSON.
+        let broken = format!("{bomb}]");
+        assert_eq!(
+            budget.parse_json("t", broken.as_bytes()).err(),
+            Some(Errno::EIO)
+        );
+        // Escapes the byte scan counts at their written length, over the budget: the
+        // exact walk charges what the value holds, which fits.
+        let escaped = format!(r#""{}""#, r"\u0041".repeat(2000));
+        let (value, charge) = budget.parse_json("t", escaped.as_bytes()).unwrap();
+        assert_eq!(charge.bytes(), heap::json(&value));
+        drop(charge);
         assert_eq!(budget.used(), 0);
     }
 
