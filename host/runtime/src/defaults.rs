@@ -727,6 +727,11 @@ pub const SERVER_DEGRADED_FOR: Duration = Duration::from_secs(60);
 /// errors can quote whatever a server wrote.
 pub const MAX_SERVER_ERROR_BYTES: usize = 512;
 
+/// Longest text of an error saying a model's answer has another shape than a completion,
+/// in bytes: serde's text quotes a misplaced string whole, and an answer may be
+/// [`LLM_MAX_RESPONSE_BYTES`] long.
+pub const MAX_SHAPE_ERROR_BYTES: usize = 512;
+
 /// Tool names a connection test ([`Host::probe_server`](crate::Host::probe_server)) shows:
 /// a summary for a person, not the listing (`GET .../tools` gives all of them). Keeps the
 /// answer small whatever the server lists.

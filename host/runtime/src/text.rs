@@ -16,6 +16,32 @@ pub fn cut(text: &str, max_bytes: usize) -> &str {
     &text[..end]
 }
 
+/// `value`'s text as [`cut`] cuts it, formatted no further: a huge text is never built
+/// whole.
+pub fn display_cut(value: &impl std::fmt::Display, max_bytes: usize) -> String {
+    struct Capped {
+        text: String,
+        max_bytes: usize,
+    }
+    impl std::fmt::Write for Capped {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let room = self.max_bytes - self.text.len();
+            self.text.push_str(cut(s, room));
+            if s.len() > room {
+                return Err(std::fmt::Error);
+            }
+            Ok(())
+        }
+    }
+    let mut capped = Capped {
+        text: String::new(),
+        max_bytes,
+    };
+    // An error only says the text was cut.
+    let _ = std::fmt::write(&mut capped, format_args!("{value}"));
+    capped.text
+}
+
 /// `text` as one line that is safe on a terminal and in a log: every character that could
 /// move the cursor, recolour, clear, break the line or make the text read differently from
 /// what it holds is shown escaped instead (`\x1b`, `\x0a`, `\u{202e}`); everything else,

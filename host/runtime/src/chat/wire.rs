@@ -24,6 +24,8 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::text::display_cut;
+
 /// A JSON object read key by key into a wire type.
 trait Object<'de>: Sized {
     /// What serde's error says was expected.
@@ -492,10 +494,15 @@ impl ChatCompletion {
 
     /// Reads a completion from a response body.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, WireError> {
-        if let Ok(completion) = serde_json::from_slice(bytes) {
-            return Ok(completion);
+        let error = match serde_json::from_slice(bytes) {
+            Ok(completion) => return Ok(completion),
+            Err(error) => error,
+        };
+        if !error.is_data() {
+            return Err(WireError::NotJson(error));
         }
-        // Read again, tracking the path, for the error to name it.
+        // JSON of another shape: read again, tracking the path, for the error to name it.
+        drop(error);
         let de = &mut serde_json::Deserializer::from_slice(bytes);
         let parsed: Result<Self, _> = serde_path_to_error::deserialize(de);
         match parsed {
@@ -520,14 +527,20 @@ pub enum WireError {
     },
 }
 
+/// The shape error, its text cut to [`MAX_SHAPE_ERROR_BYTES`](crate::defaults::MAX_SHAPE_ERROR_BYTES):
+/// serde's text quotes a misplaced string whole (escaped, up to six bytes for two), and the
+/// answer may be 16 MiB. Its source keeps the cut text too.
 fn shape_error(error: serde_path_to_error::Error<serde_json::Error>) -> WireError {
-    let path = error.path().to_string();
-    let source = error.into_inner();
+    let limit = crate::defaults::MAX_SHAPE_ERROR_BYTES;
+    let path = display_cut(error.path(), limit);
+    let source = display_cut(error.inner(), limit);
+    drop(error);
     let message = if path == "." {
-        source.to_string()
+        source
     } else {
         format!("at {path}: {source}")
     };
+    let source = <serde_json::Error as de::Error>::custom(&message);
     WireError::Shape { message, source }
 }
 
@@ -704,5 +717,25 @@ mod tests {
         }
         let ok = ChatCompletion::from_slice(br#"{"choices": [], "x": [1.5, -2]}"#).unwrap();
         assert_eq!(ok.rest["x"], json!([1.5, -2]));
+    }
+
+    /// serde's text quotes a misplaced string whole, escaped (six bytes for two here): the
+    /// error keeps a short cut of it, its source too.
+    #[test]
+    fn a_shape_error_quoting_a_huge_string_is_cut() {
+        let huge = "\u{85}".repeat(100_000);
+        for body in [
+            format!(r#"{{"choices": "{huge}"}}"#),
+            format!(r#"{{"choices": [{{"message": "{huge}"}}]}}"#),
+        ] {
+            let error = ChatCompletion::from_slice(body.as_bytes()).unwrap_err();
+            let WireError::Shape { message, source } = &error else {
+                panic!("{error:?}");
+            };
+            assert!(message.starts_with("at choices"), "{message}");
+            let limit = crate::defaults::MAX_SHAPE_ERROR_BYTES;
+            assert!(message.len() <= limit + 32, "{} bytes", message.len());
+            assert!(source.to_string().len() <= limit + 32);
+        }
     }
 }
