@@ -54,7 +54,7 @@ impl ModelPatterns {
 #[derive(Debug, thiserror::Error)]
 enum AnswerError {
     #[error(transparent)]
-    NotJson(#[from] serde_json::Error),
+    NotJson(serde_json::Error),
     /// JSON without what an answer needs, or an answer saying it failed.
     #[error("{0}")]
     Shape(String),
@@ -63,6 +63,21 @@ enum AnswerError {
 impl AnswerError {
     fn shape(what: impl Into<String>) -> Self {
         Self::Shape(what.into())
+    }
+}
+
+impl From<serde_json::Error> for AnswerError {
+    /// JSON of another shape is a shape error, its text cut while it is formatted: serde's
+    /// text quotes a misplaced string of the answer whole, escaped.
+    fn from(error: serde_json::Error) -> Self {
+        if error.is_data() {
+            Self::Shape(crate::text::display_cut(
+                &error,
+                crate::defaults::MAX_SHAPE_ERROR_BYTES,
+            ))
+        } else {
+            Self::NotJson(error)
+        }
     }
 }
 

@@ -163,6 +163,21 @@ mod tests {
         Ok(serde_json::to_value(completion).unwrap())
     }
 
+    /// serde's text quotes a misplaced string whole: the shape error keeps a short cut.
+    #[test]
+    fn a_shape_error_quoting_a_huge_string_is_cut() {
+        let huge = "\u{85}".repeat(100_000);
+        let error = from_messages(format!(r#"{{"content": [], "usage": "{huge}"}}"#).as_bytes())
+            .unwrap_err();
+        assert!(matches!(error, MessagesError::Shape(_)), "{error:?}");
+        let limit = crate::defaults::MAX_SHAPE_ERROR_BYTES;
+        assert!(
+            error.to_string().len() <= limit,
+            "{} bytes",
+            error.to_string().len()
+        );
+    }
+
     #[test]
     fn response_becomes_a_chat_completion() {
         let out = read(json!({
