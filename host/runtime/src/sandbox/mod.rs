@@ -133,25 +133,30 @@ pub fn guest_callback<T: SandboxView>(
     caller: &mut Caller<'_, T>,
     table_index: u32,
 ) -> Option<GuestCallback> {
-    let (address, func) = table_func(caller, table_index)?;
-    if let Some((known, callback)) = &caller.data_mut().sandbox().last_callback
-        && *known == address
-    {
-        return Some(callback.clone());
+    if !is_guest_callback(caller, table_index) {
+        return None;
     }
-    let callback: GuestCallback = func.typed(&*caller).ok()?;
-    caller.data_mut().sandbox().last_callback = Some((address, callback.clone()));
-    Some(callback)
+    let sandbox = caller.data_mut().sandbox();
+    sandbox
+        .last_callback
+        .as_ref()
+        .map(|(_, callback)| callback.clone())
 }
 
-/// Whether [`guest_callback`] finds a callback at `table_index` (without a copy of it).
+/// Whether [`guest_callback`] finds a callback at `table_index`; typed here, unless it is
+/// the one typed last, and kept as the last one.
 pub fn is_guest_callback<T: SandboxView>(caller: &mut Caller<'_, T>, table_index: u32) -> bool {
-    let Some((address, _)) = table_func(caller, table_index) else {
+    let Some((address, func)) = table_func(caller, table_index) else {
         return false;
     };
-    let known =
-        matches!(&caller.data_mut().sandbox().last_callback, Some((known, _)) if *known == address);
-    known || guest_callback(caller, table_index).is_some()
+    if matches!(&caller.data_mut().sandbox().last_callback, Some((known, _)) if *known == address) {
+        return true;
+    }
+    let Ok(callback) = func.typed(&*caller) else {
+        return false;
+    };
+    caller.data_mut().sandbox().last_callback = Some((address, callback));
+    true
 }
 
 /// The function at `table_index` of the task's funcref table, with the address of its
