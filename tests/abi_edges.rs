@@ -31,7 +31,11 @@ const DATA: &[(u32, &[u8])] = &[
     (1280, b"slow"),
     (1296, br#"{"ms":60000}"#),
     (1320, b"unset"),
+    (1344, HIDDEN_ARRAY),
 ];
+
+/// serde_json's reserved key: it would read the string as the JSON it holds (`[1]`).
+const HIDDEN_ARRAY: &[u8] = br#"{"\u0024serde_json::private::RawValue":"[1]"}"#;
 
 /// `(call $mcp_call_tool fd name args 16384 8192)` for data at the given addresses.
 fn call(fd: &str, name: (u32, u32), args: (u32, u32)) -> String {
@@ -242,7 +246,8 @@ async fn hostile_arguments_to_mcp_call_tool() {
       (call $out {bad_name})
       (call $out {bad_args_utf8})
       (call $out {longest_name})
-      (call $out {too_long_name}))"#,
+      (call $out {too_long_name})
+      (call $out {hidden}))"#,
         open = open_fixture(),
         not_json = call("(local.get $fd)", ECHO, (1216, 8)),
         array = call("(local.get $fd)", ECHO, (1232, 3)),
@@ -252,6 +257,7 @@ async fn hostile_arguments_to_mcp_call_tool() {
         // Zero bytes are valid UTF-8: only the length can make these wrong.
         longest_name = call("(local.get $fd)", (20000, 128), EMPTY_OBJ),
         too_long_name = call("(local.get $fd)", (20000, 129), EMPTY_OBJ),
+        hidden = call("(local.get $fd)", ECHO, (1344, HIDDEN_ARRAY.len() as u32)),
     );
     let run = run(&registry(), &mcp_task("args", &["fixture"]), &body).await;
     let r = &run.results;
@@ -265,6 +271,10 @@ async fn hostile_arguments_to_mcp_call_tool() {
     assert_eq!(r[4], EINVAL, "arguments that are not UTF-8");
     assert_ne!(r[5], EINVAL, "a tool name of 128 bytes is allowed");
     assert_eq!(r[6], EINVAL, "a tool name over 128 bytes (the MCP limit)");
+    assert_eq!(
+        r[7], EIO,
+        "structure hidden in a string with serde_json's reserved key"
+    );
 }
 
 #[tokio::test]

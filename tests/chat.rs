@@ -359,6 +359,29 @@ async fn upstream_failures_are_retried_or_reported_never_hung() {
     );
     assert_eq!(emitted_json(&run, 1)["llm_errors"], 1);
 
+    // serde_json would read the string as the JSON it holds: structure no bound counted.
+    let hidden = Reply::Json(json!({
+        "id": "chatcmpl-hidden",
+        "object": "chat.completion",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": "ok"}}],
+        "pad": {"$serde_json::private::RawValue": "[{}, {}, {}]"},
+    }));
+    let setup = self::setup(vec![hidden]).await;
+    let run = self::run(&setup, &ChatGuest::new().msg("user", "hi").send(0).recv()).await;
+    let response = emitted_json(&run, 0);
+    assert_eq!(
+        response["error"]["code"], "llm_invalid_response",
+        "{response}"
+    );
+    assert!(
+        response["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("reserved"),
+        "{response}"
+    );
+
     let setup = self::setup(vec![Reply::error(400, "bad model"), Reply::text("unused")]).await;
     let run = self::run(&setup, &ChatGuest::new().msg("user", "hi").send(0).recv()).await;
     let response = emitted_json(&run, 0);

@@ -236,6 +236,12 @@ async fn bad_input_gets_a_4xx_naming_the_field() {
             400,
             "task.inherit_stdin",
         ),
+        // serde_json would read the string as the object it holds.
+        (
+            json!({"module": hello, "task": {"task_id": "t", "config": {"$serde_json::private::RawValue": "{}"}}}),
+            400,
+            "body",
+        ),
     ];
     for (body, status, field) in cases {
         let answer = Node::send(post(body.to_string().into_bytes())).await;

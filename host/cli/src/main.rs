@@ -1038,7 +1038,7 @@ async fn mcp_call(
         Ok(token) => token,
         Err(e) => return fail(e),
     };
-    let arguments = match serde_json::from_str::<serde_json::Value>(args) {
+    let arguments = match quiver::json::from_str::<serde_json::Value>(args) {
         Ok(arguments @ serde_json::Value::Object(_)) => arguments,
         _ => {
             eprintln!("quiver: --args must be a JSON object, got {args:?}");

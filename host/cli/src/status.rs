@@ -158,7 +158,7 @@ async fn node(url: &str, token_env: Option<&str>) -> Result<Vec<Value>, StatusEr
             body: printable(&text),
         });
     }
-    let mut answer: Value = match serde_json::from_slice(&body) {
+    let mut answer: Value = match quiver::json::from_slice(&body) {
         Ok(answer) => answer,
         Err(source) => return Err(StatusError::NotJson { endpoint, source }),
     };

@@ -618,7 +618,7 @@ async fn decide_approval(
     }
     // A question, or an answer's shape for an id no longer waiting (told apart below).
     let answers = queue.is_question(&id)
-        || serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes)
+        || quiver::json::from_slice::<serde_json::Map<String, serde_json::Value>>(&bytes)
             .is_ok_and(|body| body.contains_key("action"));
     if answers {
         let answer: quiver::ElicitationAnswer = parse_json(&bytes, "")?;

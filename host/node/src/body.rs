@@ -18,6 +18,9 @@ pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
     bytes: &[u8],
     prefix: &str,
 ) -> Result<T, ApiError> {
+    quiver::json::refuse_raw_value_key(bytes).map_err(|e| {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_json", e.to_string()).with_field("body")
+    })?;
     let de = &mut serde_json::Deserializer::from_slice(bytes);
     serde_path_to_error::deserialize(de).map_err(|e| {
         let message = e.inner().to_string();

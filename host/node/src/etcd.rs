@@ -806,7 +806,7 @@ fn check_syntax(kind: DocKind, name: &str, format: DocFormat, body: &[u8]) -> Re
     let value: serde_json::Value = match format {
         DocFormat::Toml => toml::from_str(text)
             .map_err(|e| format!("{kind:?} `{name}`: invalid TOML: {}", e.message()))?,
-        DocFormat::Json => serde_json::from_str(text)
+        DocFormat::Json => quiver::json::from_str(text)
             .map_err(|e| format!("{kind:?} `{name}`: invalid JSON: {e}"))?,
     };
     let Some(table) = value.as_object() else {

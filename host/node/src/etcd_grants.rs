@@ -164,7 +164,7 @@ impl EtcdGrantStore {
                 )
             })?;
         // Where only: serde's message may quote the value, which holds tokens.
-        let grant: Grant = serde_json::from_slice(plain).map_err(|e| {
+        let grant: Grant = quiver::json::from_slice(plain).map_err(|e| {
             self.error(
                 etcd_key,
                 format!(

@@ -35,6 +35,7 @@
 //!   events, [`Metrics`], [`AuditLog`];
 //! - the registry: [`registry`] (records, [`registry::RegistryStore`], the directory store);
 //! - configuration: [`HostConfig`] and its sections, [`config`], [`llm`], [`defaults`];
+//! - reading JSON from outside the host: [`json`];
 //! - status: [`HostStatus`], [`ServerStatus`], [`RegistryHealth`], [`ProbeReport`].
 //!
 //! Cargo features: `watch` (on by default) reloads a registry directory on file events
@@ -47,6 +48,7 @@ pub mod config;
 pub mod defaults;
 mod host;
 mod identity;
+pub mod json;
 mod mcp;
 mod observe;
 mod policy;

@@ -254,6 +254,11 @@ impl TaskSpec {
 
     /// Parses and checks task JSON.
     pub fn from_json(text: &str) -> Result<Self, TaskError> {
+        crate::json::refuse_raw_value_key(text.as_bytes()).map_err(|e| TaskError::Parse {
+            path: PathBuf::from("<task json>"),
+            field: None,
+            source: e,
+        })?;
         let de = &mut serde_json::Deserializer::from_str(text);
         let spec: Self = serde_path_to_error::deserialize(de).map_err(|e| {
             let at = e.path().to_string();
@@ -613,7 +618,7 @@ fn parse_list(key: &str, value: &Value) -> Result<Vec<String>, TaskError> {
     match value {
         Value::Array(items) => from_array(items),
         Value::String(s) if s.trim_start().starts_with('[') => {
-            let parsed: Value = serde_json::from_str(s).map_err(|e| TaskError::Config {
+            let parsed: Value = crate::json::from_str(s).map_err(|e| TaskError::Config {
                 key: key.to_owned(),
                 message: format!("not a valid JSON array string ({e}): {}", shown(s.clone())),
                 source: Some(e),

@@ -165,7 +165,7 @@ impl NodeClient {
         if !status.is_success() {
             return Err(refusal(endpoint, status, &bytes));
         }
-        serde_json::from_slice(&bytes).map_err(|e| NodeError::Unexpected {
+        quiver::json::from_slice(&bytes).map_err(|e| NodeError::Unexpected {
             endpoint,
             reason: cut(&e.to_string()),
             source: Some(e),

@@ -254,7 +254,7 @@ impl GuestTool {
     /// [`from_json`](Self::from_json) of JSON text.
     #[cfg(test)]
     pub(crate) fn parse(table_index: u32, definition: &str) -> Result<Self, String> {
-        let value = serde_json::from_str(definition).map_err(|e| format!("not JSON: {e}"))?;
+        let value = crate::json::from_str(definition).map_err(|e| format!("not JSON: {e}"))?;
         Self::from_json(table_index, value)
     }
 }

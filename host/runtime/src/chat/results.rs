@@ -181,7 +181,7 @@ pub(crate) fn truncate_output(text: String, max: usize) -> String {
         return text;
     }
     let original = text.len();
-    if serde_json::from_str::<Value>(&text).is_ok() {
+    if serde_json::from_str::<serde::de::IgnoredAny>(&text).is_ok() {
         let mut budget = max.saturating_sub(64);
         loop {
             let wrapped = json!({"truncated": true, "original_bytes": original, "prefix": cut(&text, budget)}).to_string();

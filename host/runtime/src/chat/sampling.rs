@@ -551,7 +551,7 @@ fn answer(
     for (n, call) in message.tool_calls().iter().enumerate() {
         let input = match call.function.arguments.trim() {
             "" => Map::new(),
-            raw => match serde_json::from_str(raw) {
+            raw => match crate::json::from_str(raw) {
                 Ok(Value::Object(input)) => input,
                 _ => {
                     return Err(invalid(

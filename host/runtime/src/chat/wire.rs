@@ -494,6 +494,10 @@ impl ChatCompletion {
 
     /// Reads a completion from a response body.
     pub fn from_slice(bytes: &[u8]) -> Result<Self, WireError> {
+        if let Err(source) = crate::json::refuse_raw_value_key(bytes) {
+            let message = source.to_string();
+            return Err(WireError::Shape { message, source });
+        }
         let error = match serde_json::from_slice(bytes) {
             Ok(completion) => return Ok(completion),
             Err(error) => error,

@@ -211,7 +211,7 @@ async fn ask<T: McpView>(
 
 /// An answer as the guest writes it: `{"id": ..., "action": ..., "content": {...}}`.
 fn parse(id: &str, bytes: &[u8]) -> Result<ElicitationAnswer, String> {
-    let mut object: Map<String, Value> = serde_json::from_slice(bytes).map_err(|e| {
+    let mut object: Map<String, Value> = crate::json::from_slice(bytes).map_err(|e| {
         format!(
             "the answer is not a JSON object (line {}, column {})",
             e.line(),

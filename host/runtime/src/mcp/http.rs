@@ -464,7 +464,7 @@ impl StreamableHttpClient for AuthedClient {
                         if let Ok(Sse {
                             data: Some(data), ..
                         }) = event
-                            && let Ok(answer) = serde_json::from_str(data)
+                            && let Ok(answer) = crate::json::from_str(data)
                         {
                             note_left_out(&left_out, &answer);
                         }
@@ -854,7 +854,7 @@ fn incoming_of(event: SseEvent) -> Option<Incoming> {
             if kind.as_deref().is_some_and(|kind| kind != "message") {
                 return None;
             }
-            Some(match serde_json::from_str::<ServerJsonRpcMessage>(&data) {
+            Some(match crate::json::from_str::<ServerJsonRpcMessage>(&data) {
                 Ok(message) => Incoming::Message(message),
                 Err(error) => {
                     let mut scan = IdScan::default();

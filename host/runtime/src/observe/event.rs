@@ -467,7 +467,7 @@ fn millis<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 /// it), so a line always parses.
 fn json_text<S: serde::Serializer>(text: &Option<Arc<str>>, s: S) -> Result<S::Ok, S::Error> {
     let text = text.as_deref().unwrap_or("null");
-    match serde_json::from_str::<serde_json::Value>(text) {
+    match crate::json::from_str::<serde_json::Value>(text) {
         Ok(value) => value.serialize(s),
         Err(_) => s.serialize_str(text),
     }

@@ -89,7 +89,7 @@ pub(super) fn parse_server_file(
     let value: Value = match format {
         DocFormat::Toml => toml::from_str(text)
             .map_err(|e| file_problem(path, None, format!("invalid TOML: {}", e.message())))?,
-        DocFormat::Json => serde_json::from_str(text)
+        DocFormat::Json => crate::json::from_str(text)
             .map_err(|e| file_problem(path, None, format!("invalid JSON: {e}")))?,
     };
     let file: ServerFile = serde_path_to_error::deserialize(value).map_err(|e| {

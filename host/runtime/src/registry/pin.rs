@@ -81,7 +81,7 @@ pub fn with_pins(
         }
         DocFormat::Json => {
             let mut value: Value =
-                serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
+                crate::json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))?;
             let object = value
                 .as_object_mut()
                 .ok_or_else(|| "the record is not a JSON object".to_owned())?;

@@ -78,7 +78,9 @@ pub(super) fn build_profiles(
             DocFormat::Toml => {
                 toml::from_str(text).map_err(|e| format!("invalid TOML: {}", e.message()))
             }
-            DocFormat::Json => serde_json::from_str(text).map_err(|e| format!("invalid JSON: {e}")),
+            DocFormat::Json => {
+                crate::json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))
+            }
         };
         let value = match value {
             Ok(value) => value,

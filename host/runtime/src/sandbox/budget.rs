@@ -184,6 +184,7 @@ impl MemoryBudget {
         // The byte scan's bound when the budget has room for it, as it has for most texts;
         // else serde_json's walk, which is exact and tells text that is not JSON (`-EIO`)
         // from a value the budget cannot hold (`-ENOMEM`).
+        crate::json::refuse_raw_value_key(text).map_err(|_| Errno::EIO)?;
         let mut charge = self.empty(what);
         let bound = heap::json_text_bound(text);
         if charge.resize_between(0, bound)? < bound {
@@ -424,6 +425,13 @@ mod tests {
         let (value, charge) = budget.parse_json("t", escaped.as_bytes()).unwrap();
         assert_eq!(charge.bytes(), heap::json(&value));
         drop(charge);
+        assert_eq!(budget.used(), 0);
+        // The bomb hidden in one string, which the scan counts as a string.
+        let hidden = serde_json::json!({"$serde_json::private::RawValue": bomb}).to_string();
+        assert_eq!(
+            budget.parse_json("t", hidden.as_bytes()).err(),
+            Some(Errno::EIO)
+        );
         assert_eq!(budget.used(), 0);
     }
 

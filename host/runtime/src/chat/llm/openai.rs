@@ -528,7 +528,7 @@ fn retry_after(headers: &HeaderMap) -> Option<Duration> {
 /// The wait a Google API error body asks for: the `retryDelay` (`"17s"`, `"0.5s"`) of its
 /// `google.rpc.RetryInfo` detail, when the body was read whole.
 fn retry_delay(body: &[u8]) -> Option<Duration> {
-    let error: Value = serde_json::from_slice(body).ok()?;
+    let error: Value = crate::json::from_slice(body).ok()?;
     let details = error["error"]["details"].as_array()?;
     let info = details
         .iter()

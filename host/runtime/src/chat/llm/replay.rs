@@ -146,6 +146,8 @@ impl ReplayBackend {
             )
             .with_source(e)
         })?;
+        crate::json::refuse_raw_value_key(text.as_bytes())
+            .map_err(|e| ConfigError::new(&path, "", e.to_string()).with_source(e))?;
         let de = &mut serde_json::Deserializer::from_str(&text);
         let transcript: Transcript = serde_path_to_error::deserialize(de).map_err(|e| {
             let at = e.path().to_string();

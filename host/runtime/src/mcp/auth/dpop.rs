@@ -247,7 +247,7 @@ fn refuse_unbound(parts: &http::response::Parts, body: &[u8]) -> Option<http::Re
     if !parts.status.is_success() {
         return None;
     }
-    let token_type = serde_json::from_slice::<serde_json::Value>(body)
+    let token_type = crate::json::from_slice::<serde_json::Value>(body)
         .ok()?
         .get("token_type")?
         .as_str()?

@@ -275,7 +275,7 @@ impl DirGrantStore {
                 ),
             ));
         }
-        let grant: Grant = serde_json::from_slice(&text).map_err(|e| {
+        let grant: Grant = crate::json::from_slice(&text).map_err(|e| {
             self.error(
                 &path,
                 "cannot parse",

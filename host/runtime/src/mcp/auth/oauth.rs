@@ -712,7 +712,7 @@ impl OAuthClient {
                     source,
                 })
             })?;
-        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let body: Value = crate::json::from_slice(&body).unwrap_or(Value::Null);
         if !status.is_success() {
             return Err(self.fail(OAuthProblem::TokenRefused {
                 url: token_url,
@@ -979,7 +979,7 @@ impl OAuthHttpClient for Discovery {
             }
             let response = self.http.execute(request).await?;
             let (parts, body) = response.into_parts();
-            let patched = match serde_json::from_slice::<Value>(&body) {
+            let patched = match crate::json::from_slice::<Value>(&body) {
                 Ok(Value::Object(mut document))
                     if document.get("token_endpoint").is_some_and(Value::is_string)
                         && !document.contains_key("authorization_endpoint") =>

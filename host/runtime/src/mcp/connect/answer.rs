@@ -51,6 +51,7 @@ pub(super) fn call_answer(
     line: &[u8],
     is_call: impl FnOnce(&RequestId) -> bool,
 ) -> Option<ServerJsonRpcMessage> {
+    crate::json::refuse_raw_value_key(line).ok()?;
     let envelope: Envelope = serde_json::from_slice(line).ok()?;
     if envelope.error.0 || envelope.method.0 {
         return None;
@@ -59,6 +60,7 @@ pub(super) fn call_answer(
     if !is_call(&id) {
         return None;
     }
+    // Part of `line`, checked above.
     let result: CallToolResult = serde_json::from_str(result.get()).ok()?;
     Some(JsonRpcMessage::Response(JsonRpcResponse {
         jsonrpc: JsonRpcVersion2_0,

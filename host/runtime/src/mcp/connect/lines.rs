@@ -262,7 +262,7 @@ fn parse(guard: &Mutex<Guard>, scan: Option<&IdScan>, line: &[u8]) -> Incoming {
     if let Some(message) = call_answer(line, |id| lock(guard).is_pending_call(id)) {
         return Incoming::Message(message);
     }
-    match serde_json::from_slice::<ServerJsonRpcMessage>(line) {
+    match crate::json::from_slice::<ServerJsonRpcMessage>(line) {
         Ok(message) => Incoming::Message(message),
         Err(error) => {
             let fresh;

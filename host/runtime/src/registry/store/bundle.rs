@@ -32,7 +32,7 @@ pub fn parse_bundle(
             serde_json::to_value(table).map_err(|e| invalid(e.to_string()))?
         }
         DocFormat::Json => {
-            serde_json::from_str(text).map_err(|e| invalid(format!("not JSON: {e}")))?
+            crate::json::from_str(text).map_err(|e| invalid(format!("not JSON: {e}")))?
         }
     };
     let Value::Object(top) = top else {
@@ -189,7 +189,7 @@ fn fields(doc: &StoredDoc) -> Option<Value> {
     let text = std::str::from_utf8(&doc.body).ok()?;
     match doc.format {
         DocFormat::Toml => serde_json::to_value(toml::from_str::<toml::Table>(text).ok()?).ok(),
-        DocFormat::Json => serde_json::from_str(text).ok(),
+        DocFormat::Json => crate::json::from_str(text).ok(),
     }
 }
 

@@ -156,7 +156,7 @@ fn tool_use(i: usize, call: &Value) -> Value {
         .as_str()
         .map_or_else(|| format!("call_{i}"), str::to_owned);
     let arguments = call["function"]["arguments"].as_str().unwrap_or("");
-    let input = match serde_json::from_str::<Value>(arguments) {
+    let input = match crate::json::from_str::<Value>(arguments) {
         Ok(Value::Object(map)) => Value::Object(map),
         _ => json!({}),
     };

@@ -55,7 +55,7 @@ fn count(raw: &Option<Box<RawValue>>) -> Option<u64> {
 
 /// The `chat.completion` for a Messages response body, or why it is not one.
 pub(in crate::chat::llm) fn from_messages(body: &[u8]) -> Result<ChatCompletion, MessagesError> {
-    let response: Response = serde_json::from_slice(body)?;
+    let response: Response = crate::json::from_slice(body)?;
     if response.kind.as_deref() == Some("error") {
         return Err(MessagesError::shape("an error body"));
     }

@@ -175,7 +175,7 @@ fn model_parts(
         let id = ids.claim(Some(&given));
         let name = gemini_name(call["function"]["name"].as_str().unwrap_or(""));
         let args = match &call["function"]["arguments"] {
-            Value::String(text) => match serde_json::from_str::<Value>(text) {
+            Value::String(text) => match crate::json::from_str::<Value>(text) {
                 Ok(Value::Object(map)) => Value::Object(map),
                 _ => json!({}),
             },

@@ -84,7 +84,7 @@ pub(in crate::chat::llm) fn from_gemini(
     body: &[u8],
     offered: &[&str],
 ) -> Result<ChatCompletion, AnswerError> {
-    let response: Response = serde_json::from_slice(body)?;
+    let response: Response = crate::json::from_slice(body)?;
     let candidate = response.candidates.into_iter().flatten().next();
     let block = response.prompt_feedback.and_then(|f| f.block_reason);
     let (parts, finish) = match (candidate, &block) {

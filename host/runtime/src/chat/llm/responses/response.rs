@@ -86,7 +86,7 @@ pub(in crate::chat::llm) fn from_responses(
     body: &[u8],
     state: State,
 ) -> Result<ChatCompletion, AnswerError> {
-    let response: Response = serde_json::from_slice(body)?;
+    let response: Response = crate::json::from_slice(body)?;
     match response.status.as_deref() {
         Some("completed" | "incomplete") | None => {}
         Some("failed") => {

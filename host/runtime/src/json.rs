@@ -1,0 +1,133 @@
+//! Reading JSON that came from outside the host (guests, servers, models, approvers, stores,
+//! HTTP clients).
+//!
+//! The build has serde_json's `raw_value` feature on: axum needs it, and MCP answers pass a
+//! tool's result on unparsed through it. With it, serde_json reads an object whose key is
+//! `$serde_json::private::RawValue` (spelled plainly or with `\u` escapes) as the JSON *text
+//! in that key's string*, wherever a [`serde_json::Value`] is built. Outside text could so
+//! hide any structure in one string: every bound that scans text before it is parsed counts
+//! it as a string, and each such string starts a fresh nesting limit. Nothing legitimate
+//! sends that key, so text holding it is refused before it is parsed. Every parse of outside
+//! text into a type that holds a `Value` goes through [`from_slice`] or [`from_str`], or
+//! calls [`refuse_raw_value_key`] first.
+
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
+use serde::de::{DeserializeOwned, Error as _};
+
+/// The key serde_json reserves for its raw values.
+const RAW_VALUE_KEY: &[u8] = b"$serde_json::private::RawValue";
+
+/// `$` escaped, the only other way a string can start with it.
+static ESCAPED_DOLLAR: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br"\u0024"));
+
+/// Parses outside JSON `bytes`, refusing serde_json's reserved raw-value key.
+pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> serde_json::Result<T> {
+    refuse_raw_value_key(bytes)?;
+    serde_json::from_slice(bytes)
+}
+
+/// Parses outside JSON `text`, refusing serde_json's reserved raw-value key.
+pub fn from_str<T: DeserializeOwned>(text: &str) -> serde_json::Result<T> {
+    from_slice(text.as_bytes())
+}
+
+/// An error (of serde_json's data category) when `bytes` holds a string that reads as
+/// serde_json's reserved raw-value key. A string holding only `\"` and then the key is
+/// refused too: such text is not worth telling apart.
+pub fn refuse_raw_value_key(bytes: &[u8]) -> serde_json::Result<()> {
+    let plain = memchr::memchr_iter(b'$', bytes).filter(|&at| at > 0 && bytes[at - 1] == b'"');
+    let escaped = ESCAPED_DOLLAR
+        .find_iter(bytes)
+        .filter(|&at| at > 0 && bytes[at - 1] == b'"');
+    if plain
+        .chain(escaped)
+        .any(|at| is_raw_value_key(&bytes[at..]))
+    {
+        return Err(serde_json::Error::custom(
+            "the key `$serde_json::private::RawValue` is reserved; this text is refused",
+        ));
+    }
+    Ok(())
+}
+
+/// Whether the JSON string body at the start of `text` (after its opening quote) decodes to
+/// exactly [`RAW_VALUE_KEY`] and then ends.
+fn is_raw_value_key(mut text: &[u8]) -> bool {
+    for &want in RAW_VALUE_KEY {
+        let (got, len) = match text {
+            [b'\\', b'u', hex @ ..] if hex.len() >= 4 => {
+                let Some(unit) = std::str::from_utf8(&hex[..4])
+                    .ok()
+                    .and_then(|h| u16::from_str_radix(h, 16).ok())
+                else {
+                    return false;
+                };
+                (unit, 6)
+            }
+            [b'\\', ..] => return false,
+            [byte, ..] => (u16::from(*byte), 1),
+            [] => return false,
+        };
+        if got != u16::from(want) {
+            return false;
+        }
+        text = &text[len..];
+    }
+    text.first() == Some(&b'"')
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+
+    #[test]
+    fn serde_json_reads_the_reserved_key_as_json_text_and_we_refuse_it() {
+        let hidden = r#"{"$serde_json::private::RawValue": "[[[1], {\"a\": 2}]]"}"#;
+        // Why this module exists: the string became structure.
+        let value: Value = serde_json::from_str(hidden).unwrap();
+        assert_eq!(value, serde_json::json!([[[1], {"a": 2}]]));
+
+        for text in [
+            hidden.to_string(),
+            r#"{"x": [{"\u0024serde_json::private::RawValue": "{}"}]}"#.to_string(),
+            r#"{"\u0024serde_json::private::Raw\u0056alue": "1"}"#.to_string(),
+            r#"{"\u0024\u0073erde_json::private::RawValu\u0065": "1"}"#.to_string(),
+        ] {
+            let error = from_str::<Value>(&text).unwrap_err();
+            assert!(error.is_data(), "{text}: {error}");
+            assert!(error.to_string().contains("reserved"), "{error}");
+        }
+    }
+
+    #[test]
+    fn near_misses_parse() {
+        for text in [
+            r#"{"$serde_json::private::RawValu": "1"}"#,
+            r#"{"$serde_json::private::RawValuee": "1"}"#,
+            r#"{"a$serde_json::private::RawValue": "1"}"#,
+            r#"{"$": "$5", "price": "\u0024 5", "\u0024": 1}"#,
+            r#"["\u0024serde_json::private::RawValue\n"]"#,
+            r#""$"#,
+            r#""\u002"#,
+            r#""\u0024"#,
+        ] {
+            assert!(refuse_raw_value_key(text.as_bytes()).is_ok(), "{text}");
+        }
+        let value: Value = from_str(r#"{"$a": "\u0024b"}"#).unwrap();
+        assert_eq!(value["$a"], "$b");
+    }
+
+    #[test]
+    fn a_stack_of_hidden_values_is_refused_at_the_outer_one() {
+        let mut text = "1".to_string();
+        for _ in 0..6 {
+            text = serde_json::json!({"$serde_json::private::RawValue": text}).to_string();
+        }
+        assert!(serde_json::from_str::<Value>(&text).is_ok());
+        assert!(from_str::<Value>(&text).is_err());
+    }
+}
