@@ -10,11 +10,23 @@
 //! sends that key, so text holding it is refused before it is parsed. Every parse of outside
 //! text into a type that holds a `Value` goes through [`from_slice`] or [`from_str`], or
 //! calls [`refuse_raw_value_key`] first.
+//!
+//! serde_json's error for a string where a struct, list, number or boolean belongs quotes
+//! the string whole, escaped (up to 3.5 bytes for each byte read), before anyone can cut
+//! it: a model's 16 MiB answer could make the host build and drop over 100 MB it never
+//! charged. Typed answers read such fields through [`Unquoted`] (and [`optional`],
+//! [`list`]), whose error says only "string".
 
+use std::marker::PhantomData;
 use std::sync::LazyLock;
 
 use memchr::memmem::Finder;
-use serde::de::{DeserializeOwned, Error as _};
+use serde::Deserialize;
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{
+    DeserializeOwned, Deserializer, Error as _, IntoDeserializer, MapAccess, SeqAccess, Unexpected,
+    Visitor,
+};
 
 /// The key serde_json reserves for its raw values.
 const RAW_VALUE_KEY: &[u8] = b"$serde_json::private::RawValue";
@@ -78,11 +90,133 @@ fn is_raw_value_key(mut text: &[u8]) -> bool {
     text.first() == Some(&b'"')
 }
 
+/// A `T` that is not a string, read so that a string in its place is an error that does
+/// not quote it (see the module docs). `T`'s own fields are read as `T` reads them.
+#[derive(Debug)]
+pub(crate) struct Unquoted<T>(pub T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Unquoted<T> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer
+            .deserialize_any(UnquotedVisitor(PhantomData))
+            .map(Unquoted)
+    }
+}
+
+struct UnquotedVisitor<T>(PhantomData<T>);
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for UnquotedVisitor<T> {
+    type Value = T;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an object, array, number, boolean or null")
+    }
+    fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<T, E> {
+        Err(E::invalid_type(Unexpected::Other("string"), &self))
+    }
+    fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<T, E> {
+        T::deserialize(v.into_deserializer())
+    }
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<T, E> {
+        T::deserialize(v.into_deserializer())
+    }
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<T, E> {
+        T::deserialize(v.into_deserializer())
+    }
+    fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<T, E> {
+        T::deserialize(v.into_deserializer())
+    }
+    fn visit_unit<E: serde::de::Error>(self) -> Result<T, E> {
+        T::deserialize(().into_deserializer())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+        T::deserialize(MapAccessDeserializer::new(map))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<T, A::Error> {
+        T::deserialize(SeqAccessDeserializer::new(seq))
+    }
+}
+
+/// For `#[serde(default, deserialize_with = "optional")]` on an `Option<T>` field whose `T`
+/// is not a string: absent or `null` is `None`.
+pub(crate) fn optional<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    let value = Option::<Unquoted<T>>::deserialize(deserializer)?;
+    Ok(value.map(|Unquoted(value)| value))
+}
+
+/// For `#[serde(default, deserialize_with = "list")]` on an `Option<Vec<T>>` field whose `T`
+/// is not a string: absent or `null` is `None`.
+pub(crate) fn list<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<Vec<T>>, D::Error> {
+    let items = optional::<D, Vec<Unquoted<T>>>(deserializer)?;
+    Ok(items.map(|items| items.into_iter().map(|Unquoted(item)| item).collect()))
+}
+
+/// Asserts that `T` fails on each case, `BIG` in it replaced by a long string, with an
+/// error that does not quote that string.
+#[cfg(test)]
+pub(crate) fn assert_strings_unquoted<T: DeserializeOwned>(cases: &[&str]) {
+    // Escaped by `Debug` as `\u{600}`: 3.5 bytes for each byte read.
+    let big = serde_json::to_string(&"\u{600}".repeat(50_000)).unwrap();
+    for case in cases {
+        let text = case.replace("BIG", &big);
+        let Err(error) = serde_json::from_str::<T>(&text) else {
+            panic!("{case} parsed");
+        };
+        let error = error.to_string();
+        assert!(error.len() < 300, "{case}: {} bytes", error.len());
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::Value;
 
     use super::*;
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Answer {
+        #[serde(default, deserialize_with = "optional")]
+        flag: Option<bool>,
+        #[serde(default, deserialize_with = "list")]
+        items: Option<Vec<Item>>,
+    }
+
+    #[derive(Debug, Deserialize)]
+    #[allow(dead_code)]
+    struct Item {
+        n: u64,
+    }
+
+    #[test]
+    fn a_misplaced_string_is_not_quoted_in_the_error() {
+        // Why `Unquoted` exists: serde_json's own error quotes it whole.
+        let big = serde_json::to_string(&"x".repeat(100_000)).unwrap();
+        let quoted = serde_json::from_str::<Item>(&big).unwrap_err();
+        assert!(quoted.to_string().len() > 100_000);
+
+        assert_strings_unquoted::<Unquoted<Answer>>(&[
+            "BIG",
+            r#"{"flag": BIG}"#,
+            r#"{"items": BIG}"#,
+            r#"{"items": [{"n": 1}, BIG]}"#,
+        ]);
+        let answer: Unquoted<Answer> =
+            serde_json::from_str(r#"{"flag": true, "items": [{"n": 1}, {"n": 2}]}"#).unwrap();
+        assert_eq!(answer.0.flag, Some(true));
+        assert_eq!(answer.0.items.map(|items| items.len()), Some(2));
+        for absent in ["{}", r#"{"flag": null, "items": null}"#] {
+            let Unquoted(answer) = serde_json::from_str::<Unquoted<Answer>>(absent).unwrap();
+            assert!(answer.flag.is_none() && answer.items.is_none(), "{absent}");
+        }
+        let error = serde_json::from_str::<Unquoted<Answer>>(r#"{"items": [{"n": "1"}]}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("invalid type: string \"1\""), "{error}");
+    }
 
     #[test]
     fn serde_json_reads_the_reserved_key_as_json_text_and_we_refuse_it() {

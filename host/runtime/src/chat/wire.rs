@@ -24,6 +24,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
+use crate::json::Unquoted;
 use crate::text::display_cut;
 
 /// A JSON object read key by key into a wire type.
@@ -43,10 +44,16 @@ impl<'de, T: Object<'de>> Visitor<'de> for ObjectVisitor<T> {
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
         T::read(map)
     }
+    /// Not quoted: see [`Unquoted`].
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<T, E> {
+        Err(E::invalid_type(de::Unexpected::Other("string"), &self))
+    }
 }
 
+/// Read through `deserialize_any`: serde_json's `deserialize_map` would quote a string in
+/// the object's place whole in its error (see [`Unquoted`]).
 fn read_object<'de, D: Deserializer<'de>, T: Object<'de>>(deserializer: D) -> Result<T, D::Error> {
-    deserializer.deserialize_map(ObjectVisitor(PhantomData))
+    deserializer.deserialize_any(ObjectVisitor(PhantomData))
 }
 
 /// An object's key, borrowed from the input unless it has escapes.
@@ -81,10 +88,20 @@ fn once<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
     slot: &mut Option<T>,
     name: &'static str,
 ) -> Result<(), A::Error> {
+    once_as(map, slot, name, |value: T| value)
+}
+
+/// [`once`], reading the value as `R` (a list as [`Unquoted`]) and keeping it `into` a `T`.
+fn once_as<'de, A: MapAccess<'de>, R: Deserialize<'de>, T>(
+    map: &mut A,
+    slot: &mut Option<T>,
+    name: &'static str,
+    into: impl FnOnce(R) -> T,
+) -> Result<(), A::Error> {
     if slot.is_some() {
         return Err(de::Error::duplicate_field(name));
     }
-    *slot = Some(map.next_value()?);
+    *slot = Some(into(map.next_value()?));
     Ok(())
 }
 
@@ -263,7 +280,7 @@ impl<'de> Object<'de> for ChatCompletion {
         let mut passed = Passed::default();
         while let Some(Key(key)) = map.next_key()? {
             match &*key {
-                "choices" => once(&mut map, &mut choices, "choices")?,
+                "choices" => once_as(&mut map, &mut choices, "choices", |Unquoted(c)| c)?,
                 "usage" => once(&mut map, &mut completion.usage, "usage")?,
                 "id" => pass(&mut map, &mut passed.id)?,
                 "object" => pass(&mut map, &mut passed.object)?,
@@ -309,7 +326,12 @@ impl<'de> Object<'de> for AssistantMessage {
                 "role" => once(&mut map, &mut message.role, "role")?,
                 // `null` is kept as `Some(Value::Null)`.
                 "content" => once(&mut map, &mut message.content, "content")?,
-                "tool_calls" => once(&mut map, &mut message.tool_calls, "tool_calls")?,
+                "tool_calls" => once_as(
+                    &mut map,
+                    &mut message.tool_calls,
+                    "tool_calls",
+                    |calls: Option<Unquoted<_>>| calls.map(|Unquoted(calls)| calls),
+                )?,
                 _ => keep(&mut map, &mut message.rest, key)?,
             }
         }
@@ -553,6 +575,20 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn a_string_where_an_object_or_list_belongs_is_not_quoted() {
+        crate::json::assert_strings_unquoted::<ChatCompletion>(&[
+            "BIG",
+            r#"{"choices": BIG}"#,
+            r#"{"choices": [BIG]}"#,
+            r#"{"choices": [{"message": BIG}]}"#,
+            r#"{"choices": [{"message": {"tool_calls": BIG}}]}"#,
+            r#"{"choices": [{"message": {"tool_calls": [BIG]}}]}"#,
+            r#"{"choices": [{"message": {"tool_calls": [{"function": BIG}]}}]}"#,
+            r#"{"choices": [], "usage": BIG}"#,
+        ]);
+    }
 
     fn round_trip(value: Value) -> (ChatCompletion, Value) {
         let completion = ChatCompletion::from_value(value).expect("parses");

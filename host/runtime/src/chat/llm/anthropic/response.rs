@@ -17,6 +17,7 @@ use serde_json::{Map, Value, json};
 use crate::chat::llm::AnswerError as MessagesError;
 use crate::chat::llm::ids::{self, Ids};
 use crate::chat::wire::{ChatCompletion, FunctionCall, ToolCall, Usage};
+use crate::json::Unquoted;
 
 #[derive(Deserialize)]
 struct Response {
@@ -24,8 +25,10 @@ struct Response {
     kind: Option<String>,
     id: Option<String>,
     model: Option<String>,
+    #[serde(default, deserialize_with = "crate::json::list")]
     content: Option<Vec<Block>>,
     stop_reason: Option<String>,
+    #[serde(default, deserialize_with = "crate::json::optional")]
     usage: Option<ResponseUsage>,
 }
 
@@ -55,7 +58,7 @@ fn count(raw: &Option<Box<RawValue>>) -> Option<u64> {
 
 /// The `chat.completion` for a Messages response body, or why it is not one.
 pub(in crate::chat::llm) fn from_messages(body: &[u8]) -> Result<ChatCompletion, MessagesError> {
-    let response: Response = crate::json::from_slice(body)?;
+    let Unquoted(response) = crate::json::from_slice::<Unquoted<Response>>(body)?;
     if response.kind.as_deref() == Some("error") {
         return Err(MessagesError::shape("an error body"));
     }
@@ -156,6 +159,16 @@ fn usage(usage: &ResponseUsage) -> Option<Usage> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_string_where_an_object_or_list_belongs_is_not_quoted() {
+        crate::json::assert_strings_unquoted::<Unquoted<Response>>(&[
+            "BIG",
+            r#"{"content": BIG}"#,
+            r#"{"content": [BIG]}"#,
+            r#"{"content": [], "usage": BIG}"#,
+        ]);
+    }
 
     fn read(response: Value) -> Result<Value, String> {
         let completion =

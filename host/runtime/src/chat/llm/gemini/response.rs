@@ -19,12 +19,16 @@ use crate::chat::llm::AnswerError;
 use crate::chat::llm::RICH_CONTENT_FIELD;
 use crate::chat::llm::ids::{self, Ids};
 use crate::chat::wire::{ChatCompletion, FunctionCall, ToolCall, Usage};
+use crate::json::Unquoted;
 
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Response {
+    #[serde(default, deserialize_with = "crate::json::list")]
     candidates: Option<Vec<Candidate>>,
+    #[serde(default, deserialize_with = "crate::json::optional")]
     prompt_feedback: Option<Feedback>,
+    #[serde(default, deserialize_with = "crate::json::optional")]
     usage_metadata: Option<UsageMetadata>,
     model_version: Option<String>,
     response_id: Option<String>,
@@ -33,12 +37,14 @@ struct Response {
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Candidate {
+    #[serde(default, deserialize_with = "crate::json::optional")]
     content: Option<Content>,
     finish_reason: Option<String>,
 }
 
 #[derive(Deserialize)]
 struct Content {
+    #[serde(default, deserialize_with = "crate::json::list")]
     parts: Option<Vec<Part>>,
 }
 
@@ -46,7 +52,9 @@ struct Content {
 #[serde(rename_all = "camelCase")]
 struct Part {
     text: Option<String>,
+    #[serde(default, deserialize_with = "crate::json::optional")]
     thought: Option<bool>,
+    #[serde(default, deserialize_with = "crate::json::optional")]
     function_call: Option<Call>,
     thought_signature: Option<String>,
 }
@@ -84,7 +92,7 @@ pub(in crate::chat::llm) fn from_gemini(
     body: &[u8],
     offered: &[&str],
 ) -> Result<ChatCompletion, AnswerError> {
-    let response: Response = crate::json::from_slice(body)?;
+    let Unquoted(response) = crate::json::from_slice::<Unquoted<Response>>(body)?;
     let candidate = response.candidates.into_iter().flatten().next();
     let block = response.prompt_feedback.and_then(|f| f.block_reason);
     let (parts, finish) = match (candidate, &block) {
@@ -207,4 +215,25 @@ fn usage(usage: &UsageMetadata) -> Option<Usage> {
         total_tokens: Some(prompt.saturating_add(completion)),
         rest,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_string_where_an_object_or_list_belongs_is_not_quoted() {
+        crate::json::assert_strings_unquoted::<Unquoted<Response>>(&[
+            "BIG",
+            r#"{"candidates": BIG}"#,
+            r#"{"candidates": [BIG]}"#,
+            r#"{"candidates": [{"content": BIG}]}"#,
+            r#"{"candidates": [{"content": {"parts": BIG}}]}"#,
+            r#"{"candidates": [{"content": {"parts": [BIG]}}]}"#,
+            r#"{"candidates": [{"content": {"parts": [{"thought": BIG}]}}]}"#,
+            r#"{"candidates": [{"content": {"parts": [{"functionCall": BIG}]}}]}"#,
+            r#"{"promptFeedback": BIG}"#,
+            r#"{"usageMetadata": BIG}"#,
+        ]);
+    }
 }

@@ -17,15 +17,20 @@ use crate::chat::llm::AnswerError;
 use crate::chat::llm::RICH_CONTENT_FIELD;
 use crate::chat::llm::ids::{self, Ids};
 use crate::chat::wire::{ChatCompletion, FunctionCall, ToolCall, Usage};
+use crate::json::Unquoted;
 
 #[derive(Deserialize)]
 struct Response {
     id: Option<String>,
     model: Option<String>,
     status: Option<String>,
+    #[serde(default, deserialize_with = "crate::json::optional")]
     error: Option<Failure>,
+    #[serde(default, deserialize_with = "crate::json::optional")]
     incomplete_details: Option<Incomplete>,
+    #[serde(default, deserialize_with = "crate::json::list")]
     output: Option<Vec<Item>>,
+    #[serde(default, deserialize_with = "crate::json::optional")]
     usage: Option<ResponseUsage>,
 }
 
@@ -45,11 +50,13 @@ struct Incomplete {
 struct Item {
     #[serde(rename = "type")]
     kind: String,
+    #[serde(default, deserialize_with = "crate::json::list")]
     content: Option<Vec<Part>>,
     call_id: Option<Box<RawValue>>,
     name: Option<String>,
     arguments: Option<String>,
     id: Option<String>,
+    #[serde(default, deserialize_with = "crate::json::list")]
     summary: Option<Vec<Part>>,
     encrypted_content: Option<String>,
 }
@@ -67,7 +74,9 @@ struct ResponseUsage {
     input_tokens: Option<Box<RawValue>>,
     output_tokens: Option<Box<RawValue>>,
     total_tokens: Option<Box<RawValue>>,
+    #[serde(default, deserialize_with = "crate::json::optional")]
     input_tokens_details: Option<Details>,
+    #[serde(default, deserialize_with = "crate::json::optional")]
     output_tokens_details: Option<Details>,
 }
 
@@ -86,7 +95,7 @@ pub(in crate::chat::llm) fn from_responses(
     body: &[u8],
     state: State,
 ) -> Result<ChatCompletion, AnswerError> {
-    let response: Response = crate::json::from_slice(body)?;
+    let Unquoted(response) = crate::json::from_slice::<Unquoted<Response>>(body)?;
     match response.status.as_deref() {
         Some("completed" | "incomplete") | None => {}
         Some("failed") => {
@@ -246,4 +255,26 @@ fn usage(usage: &ResponseUsage) -> Option<Usage> {
         ),
         rest,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_string_where_an_object_or_list_belongs_is_not_quoted() {
+        crate::json::assert_strings_unquoted::<Unquoted<Response>>(&[
+            "BIG",
+            r#"{"error": BIG}"#,
+            r#"{"incomplete_details": BIG}"#,
+            r#"{"output": BIG}"#,
+            r#"{"output": [BIG]}"#,
+            r#"{"output": [{"type": "message", "content": BIG}]}"#,
+            r#"{"output": [{"type": "message", "content": [BIG]}]}"#,
+            r#"{"output": [{"type": "reasoning", "summary": [BIG]}]}"#,
+            r#"{"usage": BIG}"#,
+            r#"{"usage": {"input_tokens_details": BIG}}"#,
+            r#"{"usage": {"output_tokens_details": BIG}}"#,
+        ]);
+    }
 }
