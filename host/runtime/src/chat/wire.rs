@@ -558,14 +558,13 @@ pub enum WireError {
 /// answer may be 16 MiB. Its source keeps the cut text too.
 fn shape_error(error: serde_path_to_error::Error<serde_json::Error>) -> WireError {
     let limit = crate::defaults::MAX_SHAPE_ERROR_BYTES;
-    let path = display_cut(error.path(), limit);
-    let source = display_cut(error.inner(), limit);
-    drop(error);
-    let message = if path == "." {
-        source
+    let (path, inner) = (error.path(), error.inner());
+    let message = if path.iter().next().is_none() {
+        display_cut(inner, limit)
     } else {
-        format!("at {path}: {source}")
+        display_cut(&format_args!("at {path}: {inner}"), limit)
     };
+    drop(error);
     let source = <serde_json::Error as de::Error>::custom(&message);
     WireError::Shape { message, source }
 }
@@ -759,8 +758,8 @@ mod tests {
         assert_eq!(ok.rest["x"], json!([1.5, -2]));
     }
 
-    /// serde's text quotes a misplaced string whole, escaped (six bytes for two here): the
-    /// error keeps a short cut of it, its source too.
+    /// serde's text would quote a misplaced string whole, escaped (six bytes for two here):
+    /// the error names it instead, path and all within the limit, its source too.
     #[test]
     fn a_shape_error_quoting_a_huge_string_is_cut() {
         let huge = "\u{85}".repeat(100_000);
@@ -773,9 +772,10 @@ mod tests {
                 panic!("{error:?}");
             };
             assert!(message.starts_with("at choices"), "{message}");
+            assert!(message.contains("invalid type: string,"), "{message}");
             let limit = crate::defaults::MAX_SHAPE_ERROR_BYTES;
-            assert!(message.len() <= limit + 32, "{} bytes", message.len());
-            assert!(source.to_string().len() <= limit + 32);
+            assert!(message.len() <= limit, "{} bytes", message.len());
+            assert!(source.to_string().len() <= limit);
         }
     }
 }
