@@ -804,8 +804,8 @@ fn check_syntax(kind: DocKind, name: &str, format: DocFormat, body: &[u8]) -> Re
     let text =
         std::str::from_utf8(body).map_err(|e| format!("{kind:?} `{name}`: not UTF-8: {e}"))?;
     let value: serde_json::Value = match format {
-        DocFormat::Toml => toml::from_str(text)
-            .map_err(|e| format!("{kind:?} `{name}`: invalid TOML: {}", e.message()))?,
+        DocFormat::Toml => quiver::json::from_toml(text)
+            .map_err(|e| format!("{kind:?} `{name}`: invalid TOML: {e}"))?,
         DocFormat::Json => quiver::json::from_str(text)
             .map_err(|e| format!("{kind:?} `{name}`: invalid JSON: {e}"))?,
     };

@@ -9,7 +9,8 @@
 //! it as a string, and each such string starts a fresh nesting limit. Nothing legitimate
 //! sends that key, so text holding it is refused before it is parsed. Every parse of outside
 //! text into a type that holds a `Value` goes through [`from_slice`] or [`from_str`], or
-//! calls [`refuse_raw_value_key`] first.
+//! calls [`refuse_raw_value_key`] first; a TOML record or profile goes through
+//! [`from_toml`].
 //!
 //! serde_json's error for a string where a struct, list, number or boolean belongs quotes
 //! the string whole, escaped (up to 3.5 bytes for each byte read), before anyone can cut
@@ -30,6 +31,8 @@ use serde::de::{
 
 /// The key serde_json reserves for its raw values.
 const RAW_VALUE_KEY: &[u8] = b"$serde_json::private::RawValue";
+
+const RESERVED: &str = "the key `$serde_json::private::RawValue` is reserved; this text is refused";
 
 /// `$` escaped, the only other way a string can start with it.
 static ESCAPED_DOLLAR: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br"\u0024"));
@@ -57,11 +60,32 @@ pub fn refuse_raw_value_key(bytes: &[u8]) -> serde_json::Result<()> {
         .chain(escaped)
         .any(|at| is_raw_value_key(&bytes[at..]))
     {
-        return Err(serde_json::Error::custom(
-            "the key `$serde_json::private::RawValue` is reserved; this text is refused",
-        ));
+        return Err(serde_json::Error::custom(RESERVED));
     }
     Ok(())
+}
+
+/// A TOML document (a registry record or profile) as a JSON value; the error is the text to
+/// show. Read straight into a `Value`, its keys would reach serde_json's raw-value check
+/// too, so it is read as a TOML table, its keys checked, and then converted.
+pub fn from_toml(text: &str) -> Result<serde_json::Value, String> {
+    fn reserved(value: &toml::Value) -> bool {
+        match value {
+            toml::Value::Table(table) => table_reserved(table),
+            toml::Value::Array(items) => items.iter().any(reserved),
+            _ => false,
+        }
+    }
+    fn table_reserved(table: &toml::Table) -> bool {
+        table
+            .iter()
+            .any(|(key, value)| key.as_bytes() == RAW_VALUE_KEY || reserved(value))
+    }
+    let table: toml::Table = toml::from_str(text).map_err(|e| e.message().to_owned())?;
+    if table_reserved(&table) {
+        return Err(RESERVED.to_owned());
+    }
+    serde_json::to_value(table).map_err(|e| e.to_string())
 }
 
 /// Whether the JSON string body at the start of `text` (after its opening quote) decodes to
@@ -253,6 +277,29 @@ mod tests {
         }
         let value: Value = from_str(r#"{"$a": "\u0024b"}"#).unwrap();
         assert_eq!(value["$a"], "$b");
+    }
+
+    #[test]
+    fn toml_keys_are_checked_too() {
+        let hidden = "[a]\n\"$serde_json::private::RawValue\" = \"[1, 2]\"\n";
+        let direct: Value = toml::from_str(hidden).unwrap();
+        assert_eq!(
+            direct["a"],
+            serde_json::json!([1, 2]),
+            "why: TOML reaches the check"
+        );
+        for text in [
+            hidden,
+            "x = [{ '$serde_json::private::RawValue' = '{}' }]",
+            "\"\\u0024serde_json::private::RawValue\" = \"1\"",
+        ] {
+            assert!(from_toml(text).unwrap_err().contains("reserved"), "{text}");
+        }
+        let value = from_toml("a = 1\nwhen = 1979-05-27T07:32:00Z\n[b]\nc = [\"$d\"]").unwrap();
+        let direct: Value =
+            toml::from_str("a = 1\nwhen = 1979-05-27T07:32:00Z\n[b]\nc = [\"$d\"]").unwrap();
+        assert_eq!(value, direct);
+        assert!(from_toml("a = ").is_err());
     }
 
     #[test]

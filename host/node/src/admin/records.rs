@@ -24,7 +24,7 @@ use quiver::registry::{
 fn parse_fields(format: DocFormat, body: &[u8]) -> Option<Map<String, Value>> {
     let text = std::str::from_utf8(body).ok()?;
     let value = match format {
-        DocFormat::Toml => serde_json::to_value(toml::from_str::<toml::Table>(text).ok()?).ok()?,
+        DocFormat::Toml => quiver::json::from_toml(text).ok()?,
         DocFormat::Json => quiver::json::from_str(text).ok()?,
     };
     match value {

@@ -87,8 +87,8 @@ pub(super) fn parse_server_file(
     let text = std::str::from_utf8(bytes)
         .map_err(|e| file_problem(path, None, format!("not UTF-8: {e}")))?;
     let value: Value = match format {
-        DocFormat::Toml => toml::from_str(text)
-            .map_err(|e| file_problem(path, None, format!("invalid TOML: {}", e.message())))?,
+        DocFormat::Toml => crate::json::from_toml(text)
+            .map_err(|e| file_problem(path, None, format!("invalid TOML: {e}")))?,
         DocFormat::Json => crate::json::from_str(text)
             .map_err(|e| file_problem(path, None, format!("invalid JSON: {e}")))?,
     };

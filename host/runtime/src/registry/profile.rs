@@ -76,7 +76,7 @@ pub(super) fn build_profiles(
         };
         let value: Result<serde_json::Value, String> = match doc.format {
             DocFormat::Toml => {
-                toml::from_str(text).map_err(|e| format!("invalid TOML: {}", e.message()))
+                crate::json::from_toml(text).map_err(|e| format!("invalid TOML: {e}"))
             }
             DocFormat::Json => {
                 crate::json::from_str(text).map_err(|e| format!("invalid JSON: {e}"))

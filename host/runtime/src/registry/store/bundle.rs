@@ -27,9 +27,7 @@ pub fn parse_bundle(
     let text = std::str::from_utf8(text).map_err(|e| invalid(format!("not valid UTF-8 ({e})")))?;
     let top: Value = match format {
         DocFormat::Toml => {
-            let table: toml::Table =
-                toml::from_str(text).map_err(|e| invalid(format!("not TOML: {}", e.message())))?;
-            serde_json::to_value(table).map_err(|e| invalid(e.to_string()))?
+            crate::json::from_toml(text).map_err(|e| invalid(format!("not TOML: {e}")))?
         }
         DocFormat::Json => {
             crate::json::from_str(text).map_err(|e| invalid(format!("not JSON: {e}")))?
@@ -188,7 +186,7 @@ fn same_fields(a: &StoredDoc, b: &StoredDoc) -> bool {
 fn fields(doc: &StoredDoc) -> Option<Value> {
     let text = std::str::from_utf8(&doc.body).ok()?;
     match doc.format {
-        DocFormat::Toml => serde_json::to_value(toml::from_str::<toml::Table>(text).ok()?).ok(),
+        DocFormat::Toml => crate::json::from_toml(text).ok(),
         DocFormat::Json => crate::json::from_str(text).ok(),
     }
 }
