@@ -603,6 +603,32 @@ async fn remote_answers_over_their_caps_fail_at_once_and_the_server_stays_usable
     host.shutdown().await;
 }
 
+/// serde_json (with `raw_value`, as the host is built) would read the string under its
+/// reserved key as the JSON it holds; an answer using it fails its call, on both transports.
+#[tokio::test]
+async fn a_remote_answer_hiding_values_in_a_string_fails_its_call() {
+    let http = HostileHttp::start().await;
+    let registry = RegistryDir::new();
+    let streamable = remote(&registry, "streamable_http", &http.mcp_url(), LONG);
+    let legacy = remote(&registry, "http_sse_legacy", &http.sse_url(), LONG);
+    let host = remote_host(&registry);
+    for server in [&streamable, &legacy] {
+        let calls = [
+            (Misbehaviour::HiddenValues.tool(), json!({})),
+            ("ok", json!({})),
+        ];
+        let called = call_all(&host, server, &calls).await;
+        called[0].failed_at_once("tool_exec_failed");
+        assert!(
+            called[0].message().contains("RawValue` is reserved"),
+            "{server}: {:?}",
+            called[0]
+        );
+        called[1].ok();
+    }
+    host.shutdown().await;
+}
+
 #[tokio::test]
 async fn an_llm_answer_over_the_cap_is_llm_response_too_large_never_cut_json() {
     let body_over_cap = quiver::defaults::LLM_MAX_RESPONSE_BYTES + 1024;

@@ -752,6 +752,22 @@ async fn huge_authorization_server_metadata_is_refused() {
     assert!(tokens.authorizations().is_empty() && tokens.issued_count() == 0);
 }
 
+/// serde_json (with `raw_value`, as the host is built) would read the string under its
+/// reserved key as the JSON it holds; rmcp parses the metadata, so the host refuses it first.
+#[tokio::test]
+async fn metadata_hiding_values_in_a_string_is_refused() {
+    let (error, _, tokens) = authorize_against(AsOptions {
+        metadata_hidden_values: true,
+        ..AsOptions::default()
+    })
+    .await;
+    assert!(
+        error.contains("`users`") && error.contains("metadata discovery"),
+        "{error}"
+    );
+    assert!(tokens.authorizations().is_empty() && tokens.issued_count() == 0);
+}
+
 #[tokio::test]
 async fn a_slow_metadata_endpoint_is_bounded_by_the_discovery_deadline() {
     let (error, elapsed, tokens) = authorize_against(AsOptions {

@@ -34,6 +34,9 @@ pub enum Misbehaviour {
     /// HTTP 400 with a JSON-RPC error body of about 100 KB, over rmcp's 64 KiB cap for an
     /// error body (Streamable HTTP only).
     HugeJsonError,
+    /// An SSE event (or legacy `message` event) whose result uses serde_json's reserved key
+    /// `$serde_json::private::RawValue`, which would turn the string into structure.
+    HiddenValues,
 }
 
 impl Misbehaviour {
@@ -44,6 +47,7 @@ impl Misbehaviour {
             Misbehaviour::EndlessEvent => "endless_event",
             Misbehaviour::HugeJsonBody => "huge_json",
             Misbehaviour::HugeJsonError => "huge_json_error",
+            Misbehaviour::HiddenValues => "hidden_values",
         }
     }
 }
@@ -124,6 +128,7 @@ fn answer_to(request: &Value) -> Answer {
                 "endless_event",
                 "huge_json",
                 "huge_json_error",
+                "hidden_values",
             ]
             .iter()
             .map(|name| json!({"name": name, "inputSchema": {"type": "object"}}))
@@ -136,6 +141,12 @@ fn answer_to(request: &Value) -> Answer {
                 Answer::Event(format!("event: message\ndata: {huge}\n\n").into_bytes())
             }
             "endless_event" => Answer::Endless(id.clone()),
+            "hidden_values" => {
+                let mut answer = result(text("ok".into()));
+                answer["result"]["structuredContent"] =
+                    json!({"$serde_json::private::RawValue": "[[[1]]]"});
+                Answer::Event(format!("event: message\ndata: {answer}\n\n").into_bytes())
+            }
             "huge_json" => Answer::HugeJson(result(text("x".repeat(17 << 20)))),
             "huge_json_error" => Answer::HugeJsonError(json!({
                 "jsonrpc": "2.0",

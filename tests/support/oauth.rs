@@ -226,6 +226,9 @@ pub struct AsOptions {
     pub openid_only: bool,
     /// Hostile: this many bytes of padding in the metadata document.
     pub metadata_padding: usize,
+    /// Hostile: a metadata field using serde_json's reserved key
+    /// `$serde_json::private::RawValue`, which would turn its string into structure.
+    pub metadata_hidden_values: bool,
     /// Hostile: wait this long before answering the metadata request.
     pub metadata_delay: Duration,
     /// Hostile: answer the metadata request with `307` to this URL.
@@ -264,6 +267,7 @@ impl Default for AsOptions {
             jwt_public_key: None,
             openid_only: false,
             metadata_padding: 0,
+            metadata_hidden_values: false,
             metadata_delay: Duration::ZERO,
             metadata_redirect: None,
             authorize_iss: None,
@@ -777,6 +781,9 @@ async fn metadata(State(shared): State<Arc<Shared>>) -> Response<Body> {
     });
     if options.metadata_padding > 0 {
         body["padding"] = json!("x".repeat(options.metadata_padding));
+    }
+    if options.metadata_hidden_values {
+        body["extra"] = json!({"$serde_json::private::RawValue": "[[[1]]]"});
     }
     if options.dpop.is_some() {
         body["dpop_signing_alg_values_supported"] = json!(["ES256"]);

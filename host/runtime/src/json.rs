@@ -32,7 +32,8 @@ use serde::de::{
 /// The key serde_json reserves for its raw values.
 const RAW_VALUE_KEY: &[u8] = b"$serde_json::private::RawValue";
 
-const RESERVED: &str = "the key `$serde_json::private::RawValue` is reserved; this text is refused";
+pub(crate) const RESERVED: &str =
+    "the key `$serde_json::private::RawValue` is reserved; this text is refused";
 
 /// `$` escaped, the only other way a string can start with it.
 static ESCAPED_DOLLAR: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(br"\u0024"));

@@ -629,16 +629,37 @@ fn cap_events(
                 let data = serde_json::to_string(&answer).map_err(|e| SseError::Body(e.into()))?;
                 Ok(Sse::default().data(data))
             }
+            Ok(sse) if hides_values(&sse) => {
+                let error = limits.invalid(&kind, crate::json::RESERVED);
+                tracing::warn!(server_id = %limits.server_id, %error, "failing one request");
+                let answer = ServerJsonRpcMessage::error(host_error(&error), Some(id.clone()));
+                let data = serde_json::to_string(&answer).map_err(|e| SseError::Body(e.into()))?;
+                Ok(Sse::default().data(data))
+            }
             other => other,
         })
         .map(bounded_retry)
         .boxed()
 }
 
+/// Whether an event's data uses serde_json's reserved key (see `crate::json`): rmcp
+/// parses the data itself, so the host checks it first.
+fn hides_values(sse: &Sse) -> bool {
+    sse.data
+        .as_deref()
+        .is_some_and(|data| crate::json::refuse_raw_value_key(data.as_bytes()).is_err())
+}
+
 /// `event` with its `retry:` cut to [`crate::defaults::MAX_SSE_RETRY`]: rmcp waits that
-/// long before resuming a stream the server closed.
+/// long before resuming a stream the server closed. Data that [`hides_values`] is dropped
+/// (rmcp skips an event without data); an answer on a request's own stream was already
+/// turned into that request's error by [`cap_events`].
 fn bounded_retry(event: Result<Sse, SseError>) -> Result<Sse, SseError> {
     event.map(|mut sse| {
+        if hides_values(&sse) {
+            tracing::warn!("dropped a server event: {}", crate::json::RESERVED);
+            sse.data = None;
+        }
         let most = crate::defaults::MAX_SSE_RETRY.as_millis();
         if let Some(retry) = &mut sse.retry
             && u128::from(*retry) > most

@@ -319,6 +319,8 @@ impl OutboundClient {
                 headers.extend(response.headers().clone());
             }
             let body = read_capped(response, defaults::OAUTH_MAX_RESPONSE_BYTES).await?;
+            // rmcp parses it into maps of `Value`s (see `crate::json`).
+            crate::json::refuse_raw_value_key(&body)?;
             Ok(answer.body(body)?)
         }
     }

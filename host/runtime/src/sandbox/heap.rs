@@ -105,8 +105,10 @@ pub fn map(map: &Map<String, Value>) -> u64 {
 }
 
 /// [`json`] of the value `text` parses to, without parsing it into one; an error for text
-/// that is not JSON (the same texts `serde_json::from_slice` refuses).
+/// that is not JSON or that [`crate::json::from_slice`] refuses (its reserved key would
+/// hide structure this count does not see).
 pub fn json_text(text: &[u8]) -> Result<u64, serde_json::Error> {
+    crate::json::refuse_raw_value_key(text)?;
     let mut de = serde_json::Deserializer::from_slice(text);
     let cost = Cost.deserialize(&mut de)?;
     de.end()?;

@@ -129,7 +129,7 @@ impl Limits {
         McpError::new(McpErrorCode::OutputTooLarge, message)
     }
 
-    fn invalid(&self, kind: &Kind, reason: &str) -> McpError {
+    pub(in crate::mcp) fn invalid(&self, kind: &Kind, reason: &str) -> McpError {
         let reason: String = reason.chars().take(MAX_REASON_CHARS).collect();
         McpError::new(
             McpErrorCode::ToolExecFailed,
