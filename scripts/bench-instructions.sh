@@ -26,11 +26,14 @@ count() { # side rounds -> instructions
     echo "bench-instructions: $1, $2 rounds" >&2
     (cd tests && QUIVER_BENCH_TASK_SLOTS=4 QUIVER_BENCH_PROFILE=$1 QUIVER_BENCH_ROUNDS=$2 \
         QUIVER_BENCH_SENDS=$sends valgrind --tool=callgrind --smc-check=all-non-file \
-        --callgrind-out-file="$out/callgrind.$1.$2" "$bench" --bench 2>"$out/valgrind.$1.$2.log" >/dev/null) || {
+        --callgrind-out-file="$out/callgrind.$1.$2.%p" "$bench" --bench 2>"$out/valgrind.$1.$2.log" >/dev/null) || {
         echo "bench-instructions: the $1 run failed; see $out/valgrind.$1.$2.log" >&2
         exit 1
     }
-    sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out/valgrind.$1.$2.log"
+    # The bench's own process: a child forked to start a server reports its count too.
+    local log="$out/valgrind.$1.$2.log" pid
+    pid=$(sed -n 's/^==\([0-9]*\)== Command: .*/\1/p' "$log" | head -1)
+    sed -n "s/^==$pid== Collected : \([0-9]*\).*/\1/p" "$log"
 }
 per_send() { # side -> instructions per send
     local few many

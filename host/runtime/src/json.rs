@@ -116,7 +116,9 @@ fn is_raw_value_key(mut text: &[u8]) -> bool {
 }
 
 /// A `T` that is not a string, read so that a string in its place is an error that does
-/// not quote it (see the module docs). `T`'s own fields are read as `T` reads them.
+/// not quote it (see the module docs). `T`'s own fields are read as `T` reads them. `T`
+/// is a struct, a list, a number or a bool: not an `Option` (use [`optional`]), a
+/// `RawValue`, an enum or a newtype, which this reads wrongly.
 #[derive(Debug)]
 pub(crate) struct Unquoted<T>(pub T);
 

@@ -450,7 +450,13 @@ impl StreamableHttpClient for AuthedClient {
             )
             .await;
         let Some((id, kind)) = request else {
-            return response;
+            // rmcp takes an event stream in answer to a notification or a reply too.
+            return match response {
+                Ok(StreamableHttpPostResponse::Sse(events, session)) => Ok(
+                    StreamableHttpPostResponse::Sse(bound_retry(events), session),
+                ),
+                other => other,
+            };
         };
         let response = match response {
             Ok(StreamableHttpPostResponse::Json(answer, session)) if checks_headers => {
@@ -642,24 +648,21 @@ fn cap_events(
         .boxed()
 }
 
-/// Whether an event's data uses serde_json's reserved key (see `crate::json`): rmcp
-/// parses the data itself, so the host checks it first.
+/// Whether a message event's data uses serde_json's reserved key (see `crate::json`):
+/// rmcp parses that data itself, so the host checks it first. rmcp never parses the data
+/// of other events.
 fn hides_values(sse: &Sse) -> bool {
-    sse.data
-        .as_deref()
-        .is_some_and(|data| crate::json::refuse_raw_value_key(data.as_bytes()).is_err())
+    matches!(sse.event.as_deref(), None | Some("" | "message"))
+        && sse
+            .data
+            .as_deref()
+            .is_some_and(|data| crate::json::refuse_raw_value_key(data.as_bytes()).is_err())
 }
 
 /// `event` with its `retry:` cut to [`crate::defaults::MAX_SSE_RETRY`]: rmcp waits that
-/// long before resuming a stream the server closed. Data that [`hides_values`] is dropped
-/// (rmcp skips an event without data); an answer on a request's own stream was already
-/// turned into that request's error by [`cap_events`].
+/// long before resuming a stream the server closed.
 fn bounded_retry(event: Result<Sse, SseError>) -> Result<Sse, SseError> {
     event.map(|mut sse| {
-        if hides_values(&sse) {
-            tracing::warn!("dropped a server event: {}", crate::json::RESERVED);
-            sse.data = None;
-        }
         let most = crate::defaults::MAX_SSE_RETRY.as_millis();
         if let Some(retry) = &mut sse.retry
             && u128::from(*retry) > most
@@ -670,11 +673,24 @@ fn bounded_retry(event: Result<Sse, SseError>) -> Result<Sse, SseError> {
     })
 }
 
-/// [`bounded_retry`] for every event of a stream.
+/// [`bounded_retry`] for every event of a stream not answering a request the host knows
+/// (the GET stream, a resumed one, an answer to a notification), whose events that
+/// [`hides_values`] lose their data: rmcp skips an event without data. A call whose
+/// answer is lost so fails at its timeout.
 fn bound_retry(
     events: BoxStream<'static, Result<Sse, SseError>>,
 ) -> BoxStream<'static, Result<Sse, SseError>> {
-    events.map(bounded_retry).boxed()
+    events
+        .map(|event| {
+            bounded_retry(event).map(|mut sse| {
+                if hides_values(&sse) {
+                    tracing::warn!("dropped a server event: {}", crate::json::RESERVED);
+                    sse.data = None;
+                }
+                sse
+            })
+        })
+        .boxed()
 }
 
 /// The Streamable HTTP transport of one server.

@@ -308,7 +308,7 @@ impl OutboundClient {
             self.checked_target(&url).await?;
             let response = self
                 .http
-                .request(parts.method, url)
+                .request(parts.method, url.clone())
                 .headers(parts.headers)
                 .body(body)
                 .timeout(timeout)
@@ -319,8 +319,12 @@ impl OutboundClient {
                 headers.extend(response.headers().clone());
             }
             let body = read_capped(response, defaults::OAUTH_MAX_RESPONSE_BYTES).await?;
-            // rmcp parses it into maps of `Value`s (see `crate::json`).
-            crate::json::refuse_raw_value_key(&body)?;
+            // rmcp parses it into maps of `Value`s (see `crate::json`), and may show only
+            // that a request failed.
+            if let Err(error) = crate::json::refuse_raw_value_key(&body) {
+                tracing::warn!(host = ?url.host_str(), %error, "refused an OAuth answer");
+                return Err(error.into());
+            }
             Ok(answer.body(body)?)
         }
     }
