@@ -18,6 +18,7 @@
 //! charged. Typed answers read such fields through [`Unquoted`] (and [`optional`],
 //! [`list`]), whose error says only "string".
 
+use std::borrow::Cow;
 use std::marker::PhantomData;
 use std::sync::LazyLock;
 
@@ -113,6 +114,31 @@ fn is_raw_value_key(mut text: &[u8]) -> bool {
         text = &text[len..];
     }
     text.first() == Some(&b'"')
+}
+
+/// An object's key, borrowed from the input unless it has escapes.
+pub(crate) struct Key<'de>(pub(crate) Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string key")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        deserializer.deserialize_str(KeyVisitor)
+    }
 }
 
 /// A `T` that is not a string, read so that a string in its place is an error that does

@@ -11,11 +11,11 @@
 use quiver_abi::Errno;
 use quiver_abi::ctl::{ADD_MESSAGE, GET_MESSAGES, GET_METRICS, SET_PARAM};
 use quiver_abi::send_flags;
-use serde_json::{Value, json};
+use serde_json::json;
 use wasmtime::{Caller, Linker};
 
 use super::guest_tools::CallerTools;
-use super::params::shown;
+use super::params::{ParamArg, shown};
 use super::pending::{self, Owned, PendingSend};
 use super::session::{ChatResponse, ChatSession, ChatView, SetParamError, text_message_cost};
 use super::{GuestTool, ParamError, ROLES, SendContext, run};
@@ -181,14 +181,8 @@ fn ctl<T: ChatView>(
     match cmd {
         SET_PARAM => {
             let input = mem.bytes_at_len_ptr(arg_ptr, arg_len_ptr)?;
-            let (arg, _input) = budget.parse_json("SET_PARAM input", input)?;
-            let Value::Object(mut arg) = arg else {
-                return Err(Errno::EINVAL.into());
-            };
-            let Some(Value::String(key)) = arg.remove("key") else {
-                return Err(Errno::EINVAL.into());
-            };
-            let value = arg.remove("value").unwrap_or(Value::Null);
+            let (ParamArg { key, value }, _input) =
+                budget.parse_json_as("SET_PARAM input", input)?;
             let mcp = state.mcp().clone();
             let set = session(state, fd)?.set_param(&key, value, &mcp.policy);
             set.map_err(|error| match error {

@@ -1,13 +1,53 @@
 //! Session params: the keys the host consumes, their types, and the narrowing rule for the
 //! session's MCP settings.
 
+use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 
 use super::session::SessionContent;
 use crate::defaults;
+use crate::json::Key;
 use crate::policy::{ListKey, Narrowing, Pattern, TaskMcpPolicy};
 use crate::sandbox::heap;
 use crate::text::cut;
+
+/// SET_PARAM's argument, `{"key": "...", "value": ...}`: other fields are skipped, a
+/// repeated one's last value is read, an absent `value` is `null`. Anything but an object
+/// is refused, a string without being quoted in the error (see [`crate::json::Unquoted`]).
+pub(crate) struct ParamArg {
+    pub(crate) key: String,
+    pub(crate) value: Value,
+}
+
+impl<'de> Deserialize<'de> for ParamArg {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ArgVisitor;
+        impl<'de> Visitor<'de> for ArgVisitor {
+            type Value = ParamArg;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str(r#"{"key": "...", "value": ...}"#)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ParamArg, A::Error> {
+                let (mut key, mut value) = (None, Value::Null);
+                while let Some(Key(name)) = map.next_key()? {
+                    match &*name {
+                        "key" => key = Some(map.next_value()?),
+                        "value" => value = map.next_value()?,
+                        _ => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                let key = key.ok_or_else(|| de::Error::missing_field("key"))?;
+                Ok(ParamArg { key, value })
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<ParamArg, E> {
+                Err(E::invalid_type(de::Unexpected::Other("string"), &self))
+            }
+        }
+        deserializer.deserialize_any(ArgVisitor)
+    }
+}
 
 /// Host-consumed settings of a session.
 #[derive(Clone, Debug)]
@@ -346,6 +386,46 @@ pub(super) mod tests {
 
     fn session() -> ChatSession {
         ChatSession::new(&task(), &MemoryBudget::unlimited())
+    }
+
+    #[test]
+    fn a_set_param_argument_reads_as_the_object_it_is() {
+        use quiver_abi::Errno;
+        let budget = MemoryBudget::unlimited();
+        let read = |text: &str| {
+            budget
+                .parse_json_as::<ParamArg>("t", text.as_bytes())
+                .map(|(arg, _)| (arg.key, arg.value))
+        };
+        let pair = |key: &str, value: Value| Ok((key.to_owned(), value));
+        assert_eq!(
+            read(r#"{"key": "model", "value": "m"}"#),
+            pair("model", json!("m"))
+        );
+        assert_eq!(read(r#"{"value": [1], "key": "k"}"#), pair("k", json!([1])));
+        assert_eq!(read(r#"{"key": "k"}"#), pair("k", Value::Null));
+        assert_eq!(
+            read(r#"{"key": "a", "other": {"x": 1}, "key": "b", "value": 1, "value": 2}"#),
+            pair("b", json!(2)),
+            "other fields skipped, a repeated one's last value"
+        );
+        assert_eq!(
+            read(r#"{"k\u0065y": "escaped"}"#),
+            pair("escaped", Value::Null)
+        );
+        for shape in [
+            r#"{"key": 5}"#,
+            r#"{"value": 1}"#,
+            r#"["k", 1]"#,
+            r#""key""#,
+            "null",
+            "7",
+        ] {
+            assert_eq!(read(shape).err(), Some(Errno::EINVAL), "{shape}");
+        }
+        for broken in ["{", r#"{"key": "k",}"#, "", "nope"] {
+            assert_eq!(read(broken).err(), Some(Errno::EIO), "{broken}");
+        }
     }
 
     fn invalid(result: Result<(), SetParamError>) -> bool {

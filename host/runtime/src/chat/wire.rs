@@ -24,7 +24,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::json::Unquoted;
+use crate::json::{Key, Unquoted};
 use crate::text::display_cut;
 
 /// A JSON object read key by key into a wire type.
@@ -54,31 +54,6 @@ impl<'de, T: Object<'de>> Visitor<'de> for ObjectVisitor<T> {
 /// the object's place whole in its error (see [`Unquoted`]).
 fn read_object<'de, D: Deserializer<'de>, T: Object<'de>>(deserializer: D) -> Result<T, D::Error> {
     deserializer.deserialize_any(ObjectVisitor(PhantomData))
-}
-
-/// An object's key, borrowed from the input unless it has escapes.
-struct Key<'de>(Cow<'de, str>);
-
-impl<'de> Deserialize<'de> for Key<'de> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct KeyVisitor;
-        impl<'de> Visitor<'de> for KeyVisitor {
-            type Value = Key<'de>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a string key")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Borrowed(v)))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(v.to_owned())))
-            }
-            fn visit_string<E>(self, v: String) -> Result<Key<'de>, E> {
-                Ok(Key(Cow::Owned(v)))
-            }
-        }
-        deserializer.deserialize_str(KeyVisitor)
-    }
 }
 
 /// Reads field `name` into `slot`, unless it was already read. For a nullable field

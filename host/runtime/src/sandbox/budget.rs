@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use quiver_abi::Errno;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::heap;
@@ -181,9 +182,33 @@ impl MemoryBudget {
     /// `-EIO` for text that is not JSON, `-ENOMEM` when the budget cannot hold the value.
     /// The charge goes with the value; drop it when the value is gone.
     pub fn parse_json(&self, what: &'static str, text: &[u8]) -> Result<(Value, Charge), Errno> {
-        // The byte scan's bound when the budget has room for it, as it has for most texts;
-        // else serde_json's walk, which is exact and tells text that is not JSON (`-EIO`)
-        // from a value the budget cannot hold (`-ENOMEM`).
+        let charge = self.charge_json(what, text)?;
+        let value = serde_json::from_slice(text).map_err(|_| Errno::EIO)?;
+        Ok((value, charge))
+    }
+
+    /// [`parse_json`](Self::parse_json) into a `T` that holds no more than the JSON value
+    /// would; JSON of another shape is `-EINVAL`.
+    pub fn parse_json_as<T: DeserializeOwned>(
+        &self,
+        what: &'static str,
+        text: &[u8],
+    ) -> Result<(T, Charge), Errno> {
+        let charge = self.charge_json(what, text)?;
+        let value = serde_json::from_slice(text).map_err(|e| {
+            if e.is_data() {
+                Errno::EINVAL
+            } else {
+                Errno::EIO
+            }
+        })?;
+        Ok((value, charge))
+    }
+
+    /// The charge for what guest JSON `text` builds: the byte scan's bound when the budget
+    /// has room for it, as it has for most texts; else serde_json's walk, which is exact and
+    /// tells text that is not JSON (`-EIO`) from a value the budget cannot hold (`-ENOMEM`).
+    fn charge_json(&self, what: &'static str, text: &[u8]) -> Result<Charge, Errno> {
         crate::json::refuse_raw_value_key(text).map_err(|_| Errno::EIO)?;
         let mut charge = self.empty(what);
         let bound = heap::json_text_bound(text);
@@ -191,8 +216,7 @@ impl MemoryBudget {
             let cost = heap::json_text(text).map_err(|_| Errno::EIO)?;
             charge.grow(cost)?;
         }
-        let value = serde_json::from_slice(text).map_err(|_| Errno::EIO)?;
-        Ok((value, charge))
+        Ok(charge)
     }
 
     fn take(&self, what: &'static str, bytes: u64, quiet: bool) -> Result<(), Errno> {
