@@ -346,17 +346,15 @@ async fn upstream_failures_are_retried_or_reported_never_hung() {
         &ChatGuest::new().msg("user", "hi").send(0).recv().metrics(),
     )
     .await;
-    let response = emitted_json(&run, 0);
-    assert_eq!(
-        response["error"]["code"], "llm_invalid_response",
-        "{response}"
-    );
-    assert!(
-        response["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("not json")
-    );
+    let invalid_because = |response: Value, why: &str| {
+        assert_eq!(
+            response["error"]["code"], "llm_invalid_response",
+            "{response}"
+        );
+        let message = response["error"]["message"].as_str().unwrap();
+        assert!(message.contains(why), "{response}");
+    };
+    invalid_because(emitted_json(&run, 0), "not json");
     assert_eq!(emitted_json(&run, 1)["llm_errors"], 1);
 
     // serde_json would read the string as the JSON it holds: structure no bound counted.
@@ -369,18 +367,7 @@ async fn upstream_failures_are_retried_or_reported_never_hung() {
     }));
     let setup = self::setup(vec![hidden]).await;
     let run = self::run(&setup, &ChatGuest::new().msg("user", "hi").send(0).recv()).await;
-    let response = emitted_json(&run, 0);
-    assert_eq!(
-        response["error"]["code"], "llm_invalid_response",
-        "{response}"
-    );
-    assert!(
-        response["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("reserved"),
-        "{response}"
-    );
+    invalid_because(emitted_json(&run, 0), "reserved");
 
     let setup = self::setup(vec![Reply::error(400, "bad model"), Reply::text("unused")]).await;
     let run = self::run(&setup, &ChatGuest::new().msg("user", "hi").send(0).recv()).await;
