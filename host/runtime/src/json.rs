@@ -26,13 +26,14 @@ use memchr::memmem::Finder;
 use serde::Deserialize;
 use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
 use serde::de::{
-    DeserializeOwned, Deserializer, Error as _, IntoDeserializer, MapAccess, SeqAccess, Unexpected,
-    Visitor,
+    DeserializeOwned, Deserializer, Error as _, Expected, IntoDeserializer, MapAccess, SeqAccess,
+    Unexpected, Visitor,
 };
 
 /// The key serde_json reserves for its raw values.
 const RAW_VALUE_KEY: &[u8] = b"$serde_json::private::RawValue";
 
+/// Why text holding that key is refused, as errors and logs say it.
 pub(crate) const RESERVED: &str =
     "the key `$serde_json::private::RawValue` is reserved; this text is refused";
 
@@ -164,7 +165,7 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for UnquotedVisitor<T> {
         f.write_str("an object, array, number, boolean or null")
     }
     fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<T, E> {
-        Err(E::invalid_type(Unexpected::Other("string"), &self))
+        Err(misplaced_string(&self))
     }
     fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<T, E> {
         T::deserialize(v.into_deserializer())
@@ -187,6 +188,12 @@ impl<'de, T: Deserialize<'de>> Visitor<'de> for UnquotedVisitor<T> {
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<T, A::Error> {
         T::deserialize(SeqAccessDeserializer::new(seq))
     }
+}
+
+/// The error for a string where `expected` belongs: named, not quoted (see the module docs).
+/// A visitor reached through `deserialize_any` returns it from `visit_str`.
+pub(crate) fn misplaced_string<E: serde::de::Error>(expected: &dyn Expected) -> E {
+    E::invalid_type(Unexpected::Other("string"), expected)
 }
 
 /// For `#[serde(default, deserialize_with = "optional")]` on an `Option<T>` field whose `T`

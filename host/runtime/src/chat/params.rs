@@ -6,14 +6,14 @@ use serde_json::Value;
 
 use super::session::SessionContent;
 use crate::defaults;
-use crate::json::Key;
+use crate::json::{Key, misplaced_string};
 use crate::policy::{ListKey, Narrowing, Pattern, TaskMcpPolicy};
 use crate::sandbox::heap;
 use crate::text::cut;
 
 /// SET_PARAM's argument, `{"key": "...", "value": ...}`: other fields are skipped, a
 /// repeated one's last value is read, an absent `value` is `null`. Anything but an object
-/// is refused, a string without being quoted in the error (see [`crate::json::Unquoted`]).
+/// is refused, a string without being quoted in the error (see [`misplaced_string`]).
 pub(crate) struct ParamArg {
     pub(crate) key: String,
     pub(crate) value: Value,
@@ -42,7 +42,7 @@ impl<'de> Deserialize<'de> for ParamArg {
                 Ok(ParamArg { key, value })
             }
             fn visit_str<E: de::Error>(self, _: &str) -> Result<ParamArg, E> {
-                Err(E::invalid_type(de::Unexpected::Other("string"), &self))
+                Err(misplaced_string(&self))
             }
         }
         deserializer.deserialize_any(ArgVisitor)

@@ -24,7 +24,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use crate::json::{Key, Unquoted};
+use crate::json::{Key, Unquoted, misplaced_string};
 use crate::text::display_cut;
 
 /// A JSON object read key by key into a wire type.
@@ -44,14 +44,13 @@ impl<'de, T: Object<'de>> Visitor<'de> for ObjectVisitor<T> {
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
         T::read(map)
     }
-    /// Not quoted: see [`Unquoted`].
     fn visit_str<E: de::Error>(self, _: &str) -> Result<T, E> {
-        Err(E::invalid_type(de::Unexpected::Other("string"), &self))
+        Err(misplaced_string(&self))
     }
 }
 
 /// Read through `deserialize_any`: serde_json's `deserialize_map` would quote a string in
-/// the object's place whole in its error (see [`Unquoted`]).
+/// the object's place whole in its error (see [`misplaced_string`]).
 fn read_object<'de, D: Deserializer<'de>, T: Object<'de>>(deserializer: D) -> Result<T, D::Error> {
     deserializer.deserialize_any(ObjectVisitor(PhantomData))
 }

@@ -182,19 +182,27 @@ impl MemoryBudget {
     /// `-EIO` for text that is not JSON, `-ENOMEM` when the budget cannot hold the value.
     /// The charge goes with the value; drop it when the value is gone.
     pub fn parse_json(&self, what: &'static str, text: &[u8]) -> Result<(Value, Charge), Errno> {
-        let charge = self.charge_json(what, text)?;
-        let value = serde_json::from_slice(text).map_err(|_| Errno::EIO)?;
-        Ok((value, charge))
+        // Any JSON is a `Value`, so only text that is not JSON fails here.
+        self.parse_json_as(what, text)
     }
 
     /// [`parse_json`](Self::parse_json) into a `T` that holds no more than the JSON value
-    /// would; JSON of another shape is `-EINVAL`.
+    /// would; JSON of another shape is `-EINVAL`. The charge is the byte scan's bound when
+    /// the budget has room for it, as it has for most texts; else serde_json's walk, which
+    /// is exact and tells text that is not JSON (`-EIO`) from a value the budget cannot hold
+    /// (`-ENOMEM`).
     pub fn parse_json_as<T: DeserializeOwned>(
         &self,
         what: &'static str,
         text: &[u8],
     ) -> Result<(T, Charge), Errno> {
-        let charge = self.charge_json(what, text)?;
+        crate::json::refuse_raw_value_key(text).map_err(|_| Errno::EIO)?;
+        let mut charge = self.empty(what);
+        let bound = heap::json_text_bound(text);
+        if charge.resize_between(0, bound)? < bound {
+            let cost = heap::json_text(text).map_err(|_| Errno::EIO)?;
+            charge.grow(cost)?;
+        }
         let value = serde_json::from_slice(text).map_err(|e| {
             if e.is_data() {
                 Errno::EINVAL
@@ -203,20 +211,6 @@ impl MemoryBudget {
             }
         })?;
         Ok((value, charge))
-    }
-
-    /// The charge for what guest JSON `text` builds: the byte scan's bound when the budget
-    /// has room for it, as it has for most texts; else serde_json's walk, which is exact and
-    /// tells text that is not JSON (`-EIO`) from a value the budget cannot hold (`-ENOMEM`).
-    fn charge_json(&self, what: &'static str, text: &[u8]) -> Result<Charge, Errno> {
-        crate::json::refuse_raw_value_key(text).map_err(|_| Errno::EIO)?;
-        let mut charge = self.empty(what);
-        let bound = heap::json_text_bound(text);
-        if charge.resize_between(0, bound)? < bound {
-            let cost = heap::json_text(text).map_err(|_| Errno::EIO)?;
-            charge.grow(cost)?;
-        }
-        Ok(charge)
     }
 
     fn take(&self, what: &'static str, bytes: u64, quiet: bool) -> Result<(), Errno> {

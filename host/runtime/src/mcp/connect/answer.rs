@@ -9,7 +9,7 @@
 //! other than `complete`, a stray key of the JSON-RPC shape, a result that does not parse)
 //! returns `None` and takes rmcp's generic path, so its shape checks and the input-required
 //! and task answers stay as they are. Caps are not this module's: the line was read within
-//! them before it gets here.
+//! them before it gets here, and so is serde_json's reserved key (`crate::json`).
 
 use rmcp::model::{
     CallToolResult, JsonRpcMessage, JsonRpcResponse, JsonRpcVersion2_0, RequestId,
@@ -51,7 +51,6 @@ pub(super) fn call_answer(
     line: &[u8],
     is_call: impl FnOnce(&RequestId) -> bool,
 ) -> Option<ServerJsonRpcMessage> {
-    crate::json::refuse_raw_value_key(line).ok()?;
     let envelope: Envelope = serde_json::from_slice(line).ok()?;
     if envelope.error.0 || envelope.method.0 {
         return None;
@@ -60,7 +59,6 @@ pub(super) fn call_answer(
     if !is_call(&id) {
         return None;
     }
-    // Part of `line`, checked above.
     let result: CallToolResult = serde_json::from_str(result.get()).ok()?;
     Some(JsonRpcMessage::Response(JsonRpcResponse {
         jsonrpc: JsonRpcVersion2_0,

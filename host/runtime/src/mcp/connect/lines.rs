@@ -259,10 +259,14 @@ fn parse(guard: &Mutex<Guard>, scan: Option<&IdScan>, line: &[u8]) -> Incoming {
             },
         };
     }
-    if let Some(message) = call_answer(line, |id| lock(guard).is_pending_call(id)) {
-        return Incoming::Message(message);
-    }
-    match crate::json::from_slice::<ServerJsonRpcMessage>(line) {
+    // One check of the whole line for serde_json's reserved key serves both parses.
+    let parsed = crate::json::refuse_raw_value_key(line).and_then(|()| {
+        match call_answer(line, |id| lock(guard).is_pending_call(id)) {
+            Some(message) => Ok(message),
+            None => serde_json::from_slice::<ServerJsonRpcMessage>(line),
+        }
+    });
+    match parsed {
         Ok(message) => Incoming::Message(message),
         Err(error) => {
             let fresh;
@@ -552,6 +556,21 @@ mod tests {
             1,
             "the garbage line answered nothing"
         );
+    }
+
+    /// serde_json would read the string under its reserved key as the JSON it holds.
+    #[tokio::test]
+    async fn a_call_answer_hiding_values_in_a_string_fails_its_call() {
+        let (mut transport, mut server_out, _server_in) = transport();
+        transport.send(call(1)).await.unwrap();
+        let line = r#"{"jsonrpc":"2.0","id":1,"result":{"content":[],"structuredContent":{"$serde_json::private::RawValue":"[[1]]"}}}"#;
+        tokio::spawn(async move { server_out.write_all(format!("{line}\n").as_bytes()).await });
+        let (id, code, message) = host_error_of(transport.receive().await.unwrap());
+        assert_eq!(
+            (id, code),
+            (RequestId::Number(1), McpErrorCode::ToolExecFailed)
+        );
+        assert!(message.contains("is reserved"), "{message}");
     }
 
     #[tokio::test]
