@@ -467,9 +467,12 @@ async fn a_send_whose_copies_do_not_fit_is_enomem_and_sends_nothing() {
     let setup = setup(vec![Reply::text("small")]).await;
     let mut data = Data::new();
     let (user, user_len) = data.put(b"user");
+    // Printable text: a session holds a message as the JSON text it is sent as, and a
+    // control byte is six bytes there.
+    let (content, _) = data.big(&[b'x'; 70_000]);
     let write = |len: u32| {
         format!(
-            "(call $out (call $cchat_write_msg (global.get $s) (i32.const {user}) (i32.const {user_len}) (i32.const {BIG}) (i32.const {len})))"
+            "(call $out (call $cchat_write_msg (global.get $s) (i32.const {user}) (i32.const {user_len}) (i32.const {content}) (i32.const {len})))"
         )
     };
     let body = main_with(&format!(
@@ -485,8 +488,8 @@ async fn a_send_whose_copies_do_not_fit_is_enomem_and_sends_nothing() {
       (call $cap (i32.const 8192) (i32.const 65536))
       (call $out (call $cchat_ctl (global.get $s) (i32.const 4) (i32.const 16384) (i32.const 8192)))
       (call $emit (i32.const 16384) (call $len (i32.const 8192)))"#,
-        w1 = write(60_000),
-        w2 = write(60_000),
+        w1 = write(70_000),
+        w2 = write(70_000),
         w3 = write(10),
     ));
     let limit = 256 * KIB;

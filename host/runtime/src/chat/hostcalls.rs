@@ -11,13 +11,13 @@
 use quiver_abi::Errno;
 use quiver_abi::ctl::{ADD_MESSAGE, GET_MESSAGES, GET_METRICS, SET_PARAM};
 use quiver_abi::send_flags;
-use serde_json::json;
 use wasmtime::{Caller, Linker};
 
 use super::guest_tools::CallerTools;
+use super::message::Message;
 use super::params::{ParamArg, shown};
 use super::pending::{self, Owned, PendingSend};
-use super::session::{ChatResponse, ChatSession, ChatView, SetParamError, text_message_cost};
+use super::session::{ChatResponse, ChatSession, ChatView, SetParamError};
 use super::{GuestTool, ParamError, ROLES, SendContext, run};
 use crate::sandbox::{HostcallError, before_deadline, finish, guest, heap, is_guest_callback};
 
@@ -112,8 +112,9 @@ fn write_msg<T: ChatView>(
     if !ROLES.contains(&role) {
         return Err(Errno::EINVAL.into());
     }
-    let charge = budget.charge("chat message", text_message_cost(role, content))?;
-    session.push_message(json!({"role": role, "content": content}), charge)?;
+    let mut charge = budget.empty("chat message");
+    let message = Message::text(role, content, &mut charge)?;
+    session.push_message(message, charge)?;
     Ok(0)
 }
 
@@ -200,13 +201,14 @@ fn ctl<T: ChatView>(
         }
         ADD_MESSAGE => {
             let input = mem.bytes_at_len_ptr(arg_ptr, arg_len_ptr)?;
-            let (message, charge) = budget.parse_json("chat message", input)?;
+            let (message, mut charge) = budget.parse_json("chat message", input)?;
             let valid_role = message["role"]
                 .as_str()
                 .is_some_and(|role| ROLES.contains(&role));
             if !message.is_object() || !valid_role {
                 return Err(Errno::EINVAL.into());
             }
+            let message = Message::from_value(message, &mut charge)?;
             session(state, fd)?.push_message(message, charge)?;
             Ok(0)
         }

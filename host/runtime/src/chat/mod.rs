@@ -15,6 +15,7 @@ mod guest_tools;
 mod hostcalls;
 mod images;
 pub mod llm;
+mod message;
 mod metrics;
 mod params;
 mod pending;

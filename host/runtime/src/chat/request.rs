@@ -7,7 +7,7 @@ use std::io;
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
 use serde_json::{Map, Value};
 
-use super::llm::RICH_CONTENT_FIELD;
+use super::message::Message;
 use super::tools::Definitions;
 use crate::sandbox::{Charge, heap};
 
@@ -19,8 +19,8 @@ pub(super) struct RequestBody<'a> {
     /// `tool_choice` rewritten to the name offered, when it needs that.
     pub(super) tool_choice: Option<Value>,
     pub(super) model: &'a str,
-    pub(super) messages: &'a [Value],
-    pub(super) added: &'a [Value],
+    pub(super) messages: &'a [Message],
+    pub(super) added: &'a [Message],
     pub(super) tools: Definitions<'a>,
     /// Leave out the tool messages' image parts: a wire that cannot carry them would refuse
     /// them as unknown fields.
@@ -53,23 +53,25 @@ impl Serialize for Messages<'_, '_> {
         let all = body.messages.iter().chain(body.added);
         let mut seq = serializer.serialize_seq(Some(body.messages.len() + body.added.len()))?;
         for message in all {
-            match message {
-                Value::Object(fields) if body.plain && fields.contains_key(RICH_CONTENT_FIELD) => {
-                    seq.serialize_element(&Plain(fields))?
-                }
-                _ => seq.serialize_element(message)?,
-            }
+            seq.serialize_element(&AsSent {
+                message,
+                plain: body.plain,
+            })?;
         }
         seq.end()
     }
 }
 
-/// A message without its image parts.
-struct Plain<'a>(&'a Map<String, Value>);
+/// A message as the body sends it: without its image parts on a wire that cannot carry
+/// them (it would refuse them as unknown fields).
+struct AsSent<'a> {
+    message: &'a Message,
+    plain: bool,
+}
 
-impl Serialize for Plain<'_> {
+impl Serialize for AsSent<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_map(self.0.iter().filter(|(k, _)| *k != RICH_CONTENT_FIELD))
+        self.message.serialize_as(self.plain, serializer)
     }
 }
 
@@ -163,12 +165,22 @@ mod tests {
 
     use super::*;
     use crate::chat::GuestTool;
+    use crate::chat::llm::RICH_CONTENT_FIELD;
     use crate::sandbox::MemoryBudget;
+
+    /// `values` as a session's messages.
+    fn messages(values: &[Value]) -> Vec<Message> {
+        let budget = MemoryBudget::unlimited();
+        values
+            .iter()
+            .map(|v| Message::from_value(v.clone(), &mut budget.empty("test")).unwrap())
+            .collect()
+    }
 
     fn body<'a>(
         upstream: &'a Map<String, Value>,
-        messages: &'a [Value],
-        added: &'a [Value],
+        messages: &'a [Message],
+        added: &'a [Message],
         tools: &'a [GuestTool],
         plain: bool,
     ) -> RequestBody<'a> {
@@ -189,7 +201,7 @@ mod tests {
         let upstream = upstream.as_object().unwrap();
         let messages = [json!({"role": "user", "content": "hi"})];
         let rich = json!({"role": "tool", "tool_call_id": "a", "content": "x", RICH_CONTENT_FIELD: [{"type": "image"}]});
-        let added = [rich.clone()];
+        let added = self::messages(std::slice::from_ref(&rich));
         let tools = [GuestTool::parse(
             1,
             r#"{"type": "function", "function": {"name": "f", "parameters": {}}}"#,
@@ -202,7 +214,8 @@ mod tests {
         expected.insert("messages".into(), json!([messages[0], rich]));
         expected.insert("tools".into(), json!([*tools[0].definition]));
         expected.insert("tool_choice".into(), mapped.clone());
-        let mut built = body(upstream, &messages, &added, &tools, false);
+        let session = self::messages(&messages);
+        let mut built = body(upstream, &session, &added, &tools, false);
         built.tool_choice = Some(mapped);
         let budget = MemoryBudget::new("t".into(), 1 << 20);
         let mut charge = budget.empty("request");
@@ -227,7 +240,7 @@ mod tests {
 
     #[test]
     fn a_body_the_budget_cannot_hold_is_refused_before_it_is_written() {
-        let messages = vec![json!({"role": "user", "content": "x".repeat(100_000)})];
+        let messages = messages(&[json!({"role": "user", "content": "x".repeat(100_000)})]);
         let budget = MemoryBudget::new("t".into(), 50_000);
         let mut charge = budget.empty("request");
         let upstream = Map::new();
@@ -241,9 +254,10 @@ mod tests {
     /// what it takes.
     #[test]
     fn a_body_that_just_fits_is_sized_once() {
-        let messages: Vec<Value> = (0..20_000)
+        let values: Vec<Value> = (0..20_000)
             .map(|i| json!({"role": "user", "content": i.to_string()}))
             .collect();
+        let messages = messages(&values);
         let upstream = Map::new();
         let built = body(&upstream, &messages, &[], &[], false);
         let len = heap::json_len(&built);

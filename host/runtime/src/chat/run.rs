@@ -9,22 +9,22 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 use tracing::Instrument;
 
 use quiver_abi::Errno;
 
 use super::images::Image;
-use super::llm::{Backend, Backends, LlmError, Payload, RICH_CONTENT_FIELD};
+use super::llm::{Backend, Backends, LlmError, Payload};
+use super::message::Message;
 use super::request::{self, RequestBody};
 use super::response::{self, SendError, ToolCallSummary};
 use super::results::{
     ToolErrorCode, ToolFailure, mcp_result_images, mcp_result_text, truncate_output,
 };
-use super::session::message_cost;
 use super::spans;
 use super::tools::{Resolution, Route, ToolCache, ToolSet};
-use super::wire::{AssistantMessage, ChatCompletion};
+use super::wire::{ChatCompletion, ToolCall};
 use super::{ChatResponse, ChatSession, Metrics};
 use crate::defaults;
 use crate::mcp::call::{self, Ended, Origin};
@@ -62,22 +62,14 @@ pub(crate) struct SendContext<'a> {
 /// The response, and the messages the send adds to its session (already charged).
 pub(crate) struct SendOutcome {
     pub(crate) response: ChatResponse,
-    pub(crate) added: Vec<Value>,
+    pub(crate) added: Vec<Message>,
     pub(crate) added_charge: Charge,
 }
 
 /// The messages a send adds, charged as they are added.
 struct Added {
-    messages: Vec<Value>,
+    messages: Vec<Message>,
     charge: Charge,
-}
-
-impl Added {
-    fn push(&mut self, message: Value) -> Result<(), Errno> {
-        self.charge.grow(message_cost(&message))?;
-        self.messages.push(message);
-        Ok(())
-    }
 }
 
 /// A request body's fixed parts beyond what the session and the send already hold (its
@@ -237,7 +229,8 @@ impl Loop<'_, '_> {
             };
             let calls = message.tool_calls();
             if calls.is_empty() {
-                progress.added.push(message_value(message))?;
+                let message = Message::encode(message, &mut progress.added.charge)?;
+                progress.added.messages.push(message);
                 return Ok(Ok(completion));
             }
             if !self.auto_tool_call {
@@ -258,13 +251,10 @@ impl Loop<'_, '_> {
                 return Ok(Err(SendError::limit(limit, max, completion)));
             }
             total_calls += wanted;
-            // Done with the answer: its message moves into the session as is (charged
-            // first), and the turn reads its calls from there.
-            let assistant = completion.into_message().unwrap_or_default().into_value();
-            progress.added.charge.grow(message_cost(&assistant))?;
-            // The rest of the answer is gone; the message is the session's charge now.
-            progress.answer = None;
-            let calls = calls_of(&assistant);
+            // The message goes into the session as it came (charged first); the turn reads
+            // its calls from the answer, which stays charged until the turn ends.
+            let assistant = Message::encode(message, &mut progress.added.charge)?;
+            let calls: Vec<Call<'_>> = calls.iter().map(Call::of).collect();
             let at = progress.added.messages.len();
             let tools_started = Instant::now();
             let turn = Turn {
@@ -278,6 +268,7 @@ impl Loop<'_, '_> {
             };
             run_tool_calls(&calls, turn, guest).await?;
             progress.added.messages.insert(at, assistant);
+            progress.answer = None;
             progress.metrics.latency_ms.tools += ms(tools_started.elapsed());
         }
     }
@@ -310,11 +301,16 @@ impl Loop<'_, '_> {
             self.request(body, &mut progress.metrics).await
         } else {
             // The session (its guest tools' definitions included), what the send added and
-            // the MCP tools' definitions, copied into the value.
-            let copied = session
-                .charged_bytes()
-                .saturating_add(progress.added.charge.bytes())
-                .saturating_add(tools.mcp_value_cost());
+            // the MCP tools' definitions, copied into the value; the messages, kept as
+            // text, are read back into values.
+            let messages = session.messages.iter().chain(&progress.added.messages);
+            let copied = messages.fold(
+                session
+                    .charged_bytes()
+                    .saturating_add(progress.added.charge.bytes())
+                    .saturating_add(tools.mcp_value_cost()),
+                |sum, message| sum.saturating_add(message.value_cost()),
+            );
             request_charge.grow(copied.saturating_add(REQUEST_OVERHEAD))?;
             let value = serde_json::to_value(&body).unwrap_or_default();
             // The backend serialises what it translates this into.
@@ -416,11 +412,6 @@ fn finish(
     })
 }
 
-/// The assistant message as it goes into the session, unknown fields and all.
-fn message_value(message: &AssistantMessage) -> Value {
-    serde_json::to_value(message).unwrap_or_default()
-}
-
 /// A tool call of the assistant message a turn runs, read from that message.
 struct Call<'a> {
     id: Option<&'a str>,
@@ -428,20 +419,14 @@ struct Call<'a> {
     arguments: &'a str,
 }
 
-/// The calls of `message`, an [`AssistantMessage::into_value`] (whose calls' names and
-/// arguments are strings).
-fn calls_of(message: &Value) -> Vec<Call<'_>> {
-    let calls = message["tool_calls"]
-        .as_array()
-        .map_or(&[][..], Vec::as_slice);
-    calls
-        .iter()
-        .map(|call| Call {
-            id: call["id"].as_str(),
-            name: call["function"]["name"].as_str().unwrap_or_default(),
-            arguments: call["function"]["arguments"].as_str().unwrap_or_default(),
-        })
-        .collect()
+impl<'a> Call<'a> {
+    fn of(call: &'a ToolCall) -> Self {
+        Self {
+            id: call.id(),
+            name: &call.function.name,
+            arguments: &call.function.arguments,
+        }
+    }
 }
 
 /// Arguments for an MCP tool, with the charge for holding them.
@@ -778,13 +763,10 @@ async fn run_tool_calls<G: GuestTools>(
             }
             fits
         });
-        let mut message = json!({"role": "tool", "tool_call_id": p.id, "content": content});
-        if !images.is_empty() {
-            let blocks = images.into_iter().map(Image::into_block).collect();
-            message[RICH_CONTENT_FIELD] = Value::Array(blocks);
-        }
+        let blocks = images.into_iter().map(Image::into_block).collect();
+        let message = Message::tool_result(&p.id, &content, blocks, &mut added.charge)?;
         outputs.shrink(held);
-        added.push(message)?;
+        added.messages.push(message);
     }
     Ok(())
 }

@@ -13,6 +13,7 @@ use quiver_abi::Errno;
 use serde_json::{Map, Value};
 
 use super::llm::Backends;
+use super::message::Message;
 use super::pending::PendingSend;
 use super::{GuestTool, Metrics, ParamError, SessionMcp, Settings};
 use crate::mcp::McpView;
@@ -51,7 +52,7 @@ pub struct ChatSession {
 
 /// What a session holds.
 pub struct SessionContent {
-    pub(crate) messages: Vec<Value>,
+    pub(crate) messages: Vec<Message>,
     /// Params forwarded upstream as given.
     pub(crate) upstream: Map<String, Value>,
     pub(crate) settings: Settings,
@@ -74,20 +75,6 @@ impl Deref for ChatSession {
     fn deref(&self) -> &SessionContent {
         &self.content
     }
-}
-
-/// What one message costs in a session: its value and its slot in the list.
-pub(crate) fn message_cost(message: &Value) -> u64 {
-    heap::json(message).saturating_add(heap::vec_slot::<Value>())
-}
-
-/// What `{"role": role, "content": content}` holds, before it is built.
-pub(crate) fn text_message_cost(role: &str, content: &str) -> u64 {
-    [4, role.len(), 7, content.len()]
-        .into_iter()
-        .fold(heap::object(2), |sum, len| {
-            sum.saturating_add(heap::string(len as u64))
-        })
 }
 
 impl SessionContent {
@@ -142,10 +129,9 @@ impl ChatSession {
         Arc::get_mut(&mut self.content).ok_or(Errno::ENOMEM)
     }
 
-    /// Appends `message`, whose value is already charged by `charge`.
-    pub(crate) fn push_message(&mut self, message: Value, charge: Charge) -> Result<(), Errno> {
+    /// Appends `message`, already charged by `charge`.
+    pub(crate) fn push_message(&mut self, message: Message, charge: Charge) -> Result<(), Errno> {
         let content = self.content_mut()?;
-        content.charge.grow(heap::vec_slot::<Value>())?;
         content.charge.absorb(charge);
         content.messages.push(message);
         Ok(())
@@ -154,7 +140,7 @@ impl ChatSession {
     /// Appends what a send added, already charged by `charge`.
     pub(crate) fn append_messages(
         &mut self,
-        messages: Vec<Value>,
+        messages: Vec<Message>,
         charge: Charge,
     ) -> Result<(), Errno> {
         let content = self.content_mut()?;
@@ -281,15 +267,11 @@ mod tests {
         MemoryBudget::new(Arc::from("t"), limit)
     }
 
-    fn charged(budget: &MemoryBudget, value: &Value) -> Charge {
-        budget.charge("test", heap::json(value)).unwrap()
-    }
-
-    #[test]
-    fn a_text_message_costs_what_it_holds_once_built() {
-        let (role, content) = ("assistant", "é".repeat(300));
-        let built = json!({"role": role, "content": content});
-        assert_eq!(text_message_cost(role, &content), heap::json(&built));
+    /// A user message of `content`, and its charge.
+    fn message(budget: &MemoryBudget, content: &str) -> (Message, Charge) {
+        let mut charge = budget.empty("test");
+        let message = Message::text("user", content, &mut charge).unwrap();
+        (message, charge)
     }
 
     #[test]
@@ -306,10 +288,8 @@ mod tests {
     fn content_is_charged_and_given_back_on_close() {
         let budget = budget(1 << 20);
         let mut session = ChatSession::new(&task(), &budget);
-        let message = json!({"role": "user", "content": "x".repeat(1000)});
-        session
-            .push_message(message.clone(), charged(&budget, &message))
-            .unwrap();
+        let (message, charge) = message(&budget, &"x".repeat(1000));
+        session.push_message(message, charge).unwrap();
         session
             .set_param("temperature", json!(0.5), &task())
             .unwrap();
@@ -383,17 +363,13 @@ mod tests {
     fn writing_while_a_snapshot_is_out_copies_and_charges_the_copy() {
         let budget = budget(20_000);
         let mut session = ChatSession::new(&task(), &budget);
-        let message = json!({"role": "user", "content": "x".repeat(6000)});
-        session
-            .push_message(message.clone(), charged(&budget, &message))
-            .unwrap();
+        let (six_thousand, charge) = message(&budget, &"x".repeat(6000));
+        session.push_message(six_thousand, charge).unwrap();
         let one = budget.used();
         let snapshot = session.snapshot();
         assert_eq!(budget.used(), one, "a snapshot shares, and costs nothing");
-        let small = json!({"role": "user", "content": "y"});
-        session
-            .push_message(small.clone(), charged(&budget, &small))
-            .unwrap();
+        let (small, charge) = message(&budget, "y");
+        session.push_message(small.clone(), charge).unwrap();
         assert!(budget.used() >= 2 * one, "the copy is charged");
         assert_eq!(snapshot.messages.len(), 1, "the snapshot did not change");
         assert_eq!(session.messages.len(), 2);
@@ -405,7 +381,7 @@ mod tests {
             .charge("filler", 20_000 - budget.used() - 100)
             .unwrap();
         assert_eq!(
-            session.push_message(small.clone(), budget.empty("none")),
+            session.push_message(small, budget.empty("none")),
             Err(Errno::ENOMEM)
         );
         assert_eq!(session.messages.len(), 2);

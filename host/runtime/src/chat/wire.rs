@@ -168,32 +168,7 @@ pub struct AssistantMessage {
     pub rest: Map<String, Value>,
 }
 
-/// `Some(None)` as `null`, `Some(Some(v))` as `v`: a nullable field's value, when present.
-fn nullable<T>(field: Option<T>, value: impl FnOnce(T) -> Value) -> Value {
-    field.map_or(Value::Null, value)
-}
-
 impl AssistantMessage {
-    /// The message as the JSON value `serde_json::to_value` gives, built by moving its
-    /// fields instead of copying them (it goes into the session as is).
-    pub fn into_value(self) -> Value {
-        let mut map = Map::new();
-        if let Some(role) = self.role {
-            map.insert("role".into(), nullable(role, Value::String));
-        }
-        if let Some(content) = self.content {
-            map.insert("content".into(), content);
-        }
-        if let Some(calls) = self.tool_calls {
-            let calls = nullable(calls, |calls| {
-                Value::Array(calls.into_iter().map(ToolCall::into_value).collect())
-            });
-            map.insert("tool_calls".into(), calls);
-        }
-        map.extend(self.rest);
-        Value::Object(map)
-    }
-
     /// The tool calls the model made (none when `tool_calls` is absent, null or empty).
     pub fn tool_calls(&self) -> &[ToolCall] {
         self.tool_calls
@@ -218,23 +193,6 @@ pub struct ToolCall {
 impl ToolCall {
     pub fn id(&self) -> Option<&str> {
         self.id.as_ref().and_then(Option::as_deref)
-    }
-
-    fn into_value(self) -> Value {
-        let mut map = Map::new();
-        if let Some(id) = self.id {
-            map.insert("id".into(), nullable(id, Value::String));
-        }
-        if let Some(kind) = self.kind {
-            map.insert("type".into(), nullable(kind, Value::String));
-        }
-        let mut function = Map::new();
-        function.insert("name".into(), Value::String(self.function.name));
-        function.insert("arguments".into(), Value::String(self.function.arguments));
-        function.extend(self.function.rest);
-        map.insert("function".into(), Value::Object(function));
-        map.extend(self.rest);
-        Value::Object(map)
     }
 }
 
@@ -464,11 +422,6 @@ impl ChatCompletion {
         self.choices.first().map(|c| &c.message)
     }
 
-    /// The first choice's message, taken out of the answer.
-    pub fn into_message(self) -> Option<AssistantMessage> {
-        self.choices.into_iter().next().map(|c| c.message)
-    }
-
     /// The first choice's `finish_reason`, if it is a string.
     pub fn finish_reason(&self) -> Option<&str> {
         self.choices
@@ -591,15 +544,6 @@ mod tests {
             completion.rest.is_empty() && completion.choices.iter().all(|c| c.rest.is_empty()),
             "OpenAI's own fields are named, so the usual answer keeps no map"
         );
-        for choice in &completion.choices {
-            let moved = choice.message.clone().into_value();
-            let serialised = serde_json::to_value(&choice.message).unwrap();
-            assert_eq!(
-                moved.to_string(),
-                serialised.to_string(),
-                "same keys, same order"
-            );
-        }
         let message = completion.message().unwrap();
         assert_eq!(message.tool_calls()[0].id(), Some("c1"));
         assert_eq!(message.tool_calls()[0].function.arguments, "{\"a\":1}");
@@ -612,11 +556,6 @@ mod tests {
             json!({"choices": [{"message": {"role": null, "tool_calls": null}}], "usage": null});
         let (completion, back) = round_trip(nulls.clone());
         assert_eq!(back, nulls, "null stays null");
-        let message = &completion.choices[0].message;
-        assert_eq!(
-            message.clone().into_value(),
-            serde_json::to_value(message).unwrap()
-        );
         assert!(completion.usage().is_none());
         assert!(completion.message().unwrap().tool_calls().is_empty());
     }
