@@ -801,6 +801,10 @@ async fn tools_that_need_approval_are_never_offered_and_never_run() {
         .map(|d| d["tool"].as_str().unwrap())
         .collect();
     assert_eq!(gated, ["add", "count"]);
+    let mcp = &response["_spear"]["mcp"];
+    let keys: Vec<&String> = mcp.as_object().unwrap().keys().collect();
+    assert_eq!(keys, ["servers", "decisions", "decisions_omitted"]);
+    assert_eq!(mcp["decisions_omitted"], 0);
     // Nothing reached the server: its call counter is still at zero. Library calls wait
     // for approval too, so the record drops it first (a change that keeps the connection).
     registry.write(

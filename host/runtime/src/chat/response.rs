@@ -9,6 +9,7 @@ use super::Metrics;
 use super::llm::LlmError;
 use super::tools::ToolSet;
 use super::wire::ChatCompletion;
+use crate::policy::Decision;
 
 /// Why a send ended without an answer: the `error` of the response.
 #[derive(Debug, thiserror::Error)]
@@ -101,8 +102,17 @@ struct Summary<'a> {
     tool_call_count: usize,
     tool_calls_ok: usize,
     tool_calls: &'a [ToolCallSummary],
-    /// `servers`, and the decision log when the session asked for it.
-    mcp: Value,
+    mcp: SpearMcp<'a>,
+}
+
+/// `servers`, and the decision log when the session asked for it.
+#[derive(serde::Serialize)]
+struct SpearMcp<'a> {
+    servers: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decisions: Option<&'a [Decision]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    decisions_omitted: Option<usize>,
 }
 
 /// One tool call of a send, run or refused, as `_spear.tool_calls` lists it.
@@ -192,21 +202,16 @@ pub(super) fn spear<'a>(
     model: &'a str,
     metrics: &Metrics,
     summary: &'a [ToolCallSummary],
-    tools: &ToolSet<'_>,
+    tools: &'a ToolSet<'_>,
     decision_log: bool,
 ) -> Spear<'a> {
-    let mut mcp = json!({"servers": tools.servers()});
-    if decision_log {
-        mcp["decisions"] = json!(
-            tools
-                .decisions()
-                .iter()
-                .take(MAX_DECISIONS_SHOWN)
-                .collect::<Vec<_>>()
-        );
-        mcp["decisions_omitted"] =
-            json!(tools.decisions().len().saturating_sub(MAX_DECISIONS_SHOWN));
-    }
+    let decisions = tools.decisions();
+    let shown = &decisions[..decisions.len().min(MAX_DECISIONS_SHOWN)];
+    let mcp = SpearMcp {
+        servers: tools.servers(),
+        decisions: decision_log.then_some(shown),
+        decisions_omitted: decision_log.then(|| decisions.len() - shown.len()),
+    };
     Spear {
         backend: Some(backend),
         model: Some(model),

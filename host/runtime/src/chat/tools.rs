@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use serde::ser::{Serialize, SerializeMap, SerializeSeq, Serializer};
+use serde_json::value::{RawValue, to_raw_value};
 use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 
@@ -65,7 +66,8 @@ pub(crate) struct ToolSet<'s> {
 /// are the same, so a tool the policy no longer offers is never served from it.
 pub(crate) struct McpTools {
     key: McpKey,
-    definitions: Vec<McpDefinition>,
+    /// The offered tools' definitions as the JSON text each request copies.
+    definitions: Vec<Box<RawValue>>,
     routes: HashMap<String, Route>,
     /// (server id, MCP-native tool) → model-facing name.
     mcp_names: HashMap<(String, String), String>,
@@ -194,7 +196,7 @@ impl McpDefinition {
 #[derive(Clone, Copy)]
 pub(crate) struct Definitions<'a> {
     pub(super) guest: &'a [GuestTool],
-    mcp: &'a [McpDefinition],
+    mcp: &'a [Box<RawValue>],
 }
 
 impl Definitions<'_> {
@@ -216,7 +218,7 @@ impl Serialize for Definitions<'_> {
             seq.serialize_element(&*tool.definition)?;
         }
         for definition in self.mcp {
-            seq.serialize_element(definition)?;
+            seq.serialize_element(&**definition)?;
         }
         seq.end()
     }
@@ -578,15 +580,19 @@ impl McpTools {
                     parameters: tool.input_schema.clone(),
                     description: tool.description.clone(),
                 };
+                // Written once here, copied into each request while this set is reused.
+                let Ok(text) = to_raw_value(&definition) else {
+                    continue; // Unreachable: a name, a map of values and a string.
+                };
                 set.value_cost = set.value_cost.saturating_add(definition.value_cost());
                 set.held = set.held.saturating_add(offered_cost(
                     &name,
                     &server_id,
                     namespace,
                     &tool.name,
-                    definition.description.as_deref(),
+                    text.get(),
                 ));
-                set.definitions.push(definition);
+                set.definitions.push(text);
                 set.mcp_names
                     .insert((server_id.clone(), tool.name.to_string()), name.clone());
                 set.namespaced
@@ -633,23 +639,17 @@ impl McpTools {
 /// A map entry of a name map (its slot, hash and index share), beyond its strings.
 const MAP_ENTRY: u64 = 128;
 
-/// What one offered MCP tool holds in the maps and its definition.
-fn offered_cost(
-    name: &str,
-    server_id: &str,
-    namespace: &str,
-    tool: &str,
-    description: Option<&str>,
-) -> u64 {
+/// What one offered MCP tool holds in the maps, and its definition's text.
+fn offered_cost(name: &str, server_id: &str, namespace: &str, tool: &str, definition: &str) -> u64 {
     let namespaced = namespace.len() + 1 + tool.len();
-    let description = description.map_or(0, str::len);
-    [name.len(); 4]
+    [name.len(); 3]
         .into_iter()
         .chain([tool.len(); 3])
-        .chain([server_id.len(), namespaced, description])
+        .chain([server_id.len(), namespaced, definition.len()])
         .fold(3 * MAP_ENTRY, |sum, len| {
             sum.saturating_add(heap::string(len as u64))
         })
+        .saturating_add(heap::vec_slot::<Box<RawValue>>())
 }
 
 /// What one decision holds.
