@@ -6,6 +6,7 @@
 use std::sync::{Arc, Mutex};
 
 use quiver_abi::Errno;
+use serde_json::value::{RawValue, to_raw_value};
 use serde_json::{Value, json};
 use wasmtime::Caller;
 
@@ -149,9 +150,12 @@ impl<T: ChatView> GuestTools for CallerTools<'_, '_, T> {
 #[derive(Clone, Debug)]
 pub(crate) struct GuestTool {
     pub(crate) name: String,
-    /// `{"type": "function", "function": {...}}` as sent upstream; shared by the copies of
-    /// a session and by the task's [`LastTool`].
-    pub(crate) definition: Arc<Value>,
+    /// `{"type": "function", "function": {...}}`, the JSON text each request copies;
+    /// shared by the copies of a session and by the task's [`LastTool`].
+    pub(crate) definition: Arc<RawValue>,
+    /// What the definition holds read back into a value, as a wire that translates the
+    /// request body does.
+    pub(crate) value_cost: u64,
     /// Index into the guest's funcref table.
     pub(crate) table_index: u32,
 }
@@ -190,7 +194,7 @@ impl LastTool {
         let mut last = self.0.lock().unwrap_or_else(|e| e.into_inner());
         // The one kept before is given back first.
         *last = None;
-        let cost = heap::alloc(text.len() as u64).saturating_add(heap::json(&tool.definition));
+        let cost = heap::alloc(text.len() as u64).saturating_add(tool.definition_cost());
         if let Ok(charge) = budget.charge("kept guest tool definition", cost) {
             *last = Some(KeptTool {
                 text: text.into(),
@@ -237,9 +241,13 @@ impl GuestTool {
         {
             return Err("`function.parameters` must be a JSON Schema object".into());
         }
+        let name = name.to_owned();
+        let definition = json!({"type": "function", "function": function});
+        let text = to_raw_value(&definition).map_err(|e| format!("not JSON: {e}"))?;
         Ok(Self {
-            name: name.to_owned(),
-            definition: Arc::new(json!({"type": "function", "function": function})),
+            name,
+            definition: Arc::from(text),
+            value_cost: heap::json(&definition),
             table_index,
         })
     }
@@ -248,7 +256,13 @@ impl GuestTool {
     pub(crate) fn cost(&self) -> u64 {
         heap::vec_slot::<GuestTool>()
             .saturating_add(heap::string(self.name.len() as u64))
-            .saturating_add(heap::json(&self.definition))
+            .saturating_add(self.definition_cost())
+    }
+
+    /// What the definition's text holds (with its `Arc`'s counts).
+    pub(crate) fn definition_cost(&self) -> u64 {
+        let counts = 2 * std::mem::size_of::<usize>();
+        heap::alloc((self.definition.get().len() + counts) as u64)
     }
 
     /// [`from_json`](Self::from_json) of JSON text.

@@ -4,24 +4,29 @@
 //! values, each request encoded all of them anew (escaping every string again), and each
 //! was a tree of small allocations to build, charge and free. Kept as text, a message is
 //! written once when it is added and copied into each request as it is (serde_json writes
-//! a `RawValue` verbatim); a wire that translates the body still reads it as a value.
+//! a `RawValue` verbatim); a wire that translates the body reads it back into a value, and
+//! is charged for that copy ([`value_copy_cost`]).
 //!
-//! A message with image parts stays a value: a wire that cannot carry images is sent it
-//! without them, and only a value can leave them out.
+//! A message with a `RICH_CONTENT_FIELD` (a tool result's images, or what a translated
+//! answer keeps for its own wire: reasoning items, a response id) stays a value: a wire
+//! that cannot carry that field is sent the message without it, and only a value can
+//! leave it out.
 
 use quiver_abi::Errno;
 use serde::{Serialize, Serializer};
-use serde_json::value::{RawValue, to_raw_value};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
+use super::GuestTool;
 use super::llm::RICH_CONTENT_FIELD;
+use super::wire::AssistantMessage;
 use crate::sandbox::{Charge, heap};
 
 #[derive(Clone, Debug)]
 pub(crate) enum Message {
     /// Written once, sent as it is.
     Text(Box<RawValue>),
-    /// A message with image parts (`RICH_CONTENT_FIELD`).
+    /// A message with a `RICH_CONTENT_FIELD`.
     Rich(Map<String, Value>),
 }
 
@@ -31,9 +36,30 @@ impl Message {
     pub(crate) fn encode(message: &impl Serialize, charge: &mut Charge) -> Result<Self, Errno> {
         let len = heap::json_len(message);
         charge.grow(heap::alloc(len).saturating_add(heap::vec_slot::<Message>()))?;
-        // Only a value that refuses to serialise fails here, and none of ours does.
-        let text = to_raw_value(message).map_err(|_| Errno::EIO)?;
+        // Into a buffer of exactly its length: the text is kept as long as the session.
+        let mut text = Vec::with_capacity(usize::try_from(len).map_err(|_| Errno::ENOMEM)?);
+        // Only a value that refuses to serialise fails here, and none of ours does; what
+        // serde_json writes is UTF-8 and JSON.
+        serde_json::to_writer(&mut text, message).map_err(|_| Errno::EIO)?;
+        let text = String::from_utf8(text).map_err(|_| Errno::EIO)?;
+        let text = RawValue::from_string(text).map_err(|_| Errno::EIO)?;
         Ok(Self::Text(text))
+    }
+
+    /// The model's `message`, charged to `charge`.
+    pub(crate) fn assistant(
+        message: &AssistantMessage,
+        charge: &mut Charge,
+    ) -> Result<Self, Errno> {
+        if !message.rest.contains_key(RICH_CONTENT_FIELD) {
+            return Self::encode(message, charge);
+        }
+        // A copy of the answer's message (which its own charge holds meanwhile).
+        let Ok(Value::Object(fields)) = serde_json::to_value(message) else {
+            return Err(Errno::EIO);
+        };
+        charge.grow(Self::rich_cost(&fields))?;
+        Ok(Self::Rich(fields))
     }
 
     /// `{"role": role, "content": content}`, charged to `charge`.
@@ -47,41 +73,54 @@ impl Message {
     }
 
     /// A tool's result for the call `id`, charged to `charge`; with `images`, a value that
-    /// keeps them as its image parts.
+    /// keeps them as its `RICH_CONTENT_FIELD`.
     pub(crate) fn tool_result(
         id: &str,
         content: &str,
         images: Vec<Value>,
         charge: &mut Charge,
     ) -> Result<Self, Errno> {
-        #[derive(Serialize)]
-        struct ToolResult<'a> {
-            role: &'static str,
-            tool_call_id: &'a str,
-            content: &'a str,
-        }
-        let result = ToolResult {
-            role: "tool",
-            tool_call_id: id,
-            content,
-        };
         if images.is_empty() {
+            #[derive(Serialize)]
+            struct ToolResult<'a> {
+                role: &'static str,
+                tool_call_id: &'a str,
+                content: &'a str,
+            }
+            let result = ToolResult {
+                role: "tool",
+                tool_call_id: id,
+                content,
+            };
             return Self::encode(&result, charge);
         }
-        let Ok(Value::Object(mut fields)) = serde_json::to_value(&result) else {
-            unreachable!("a struct serialises to an object")
-        };
+        let keys = ["role", "tool", "tool_call_id", id, "content", content];
+        let strings = keys
+            .iter()
+            .fold(heap::string(RICH_CONTENT_FIELD.len() as u64), |sum, s| {
+                sum.saturating_add(heap::string(s.len() as u64))
+            });
+        let images_cost = images
+            .iter()
+            .fold(heap::array(images.len() as u64), |sum, image| {
+                sum.saturating_add(heap::json(image))
+            });
+        charge.grow(
+            heap::object(4)
+                .saturating_add(strings)
+                .saturating_add(images_cost)
+                .saturating_add(heap::vec_slot::<Message>()),
+        )?;
+        let mut fields = Map::new();
+        fields.insert("role".into(), "tool".into());
+        fields.insert("tool_call_id".into(), id.into());
+        fields.insert("content".into(), content.into());
         fields.insert(RICH_CONTENT_FIELD.into(), Value::Array(images));
-        charge.grow(Self::rich_cost(&fields))?;
         Ok(Self::Rich(fields))
     }
 
-    fn rich_cost(fields: &Map<String, Value>) -> u64 {
-        heap::map(fields).saturating_add(heap::vec_slot::<Message>())
-    }
-
-    /// `message`: one with image parts is kept as a value, any other is written as text.
-    /// `charge` holds the value alone before, and what the message holds after.
+    /// `message`: one with a `RICH_CONTENT_FIELD` is kept as a value, any other is written
+    /// as text. `charge` holds the value alone before, and what the message holds after.
     pub(crate) fn from_value(message: Value, charge: &mut Charge) -> Result<Self, Errno> {
         match message {
             Value::Object(fields) if fields.contains_key(RICH_CONTENT_FIELD) => {
@@ -98,7 +137,21 @@ impl Message {
         }
     }
 
-    /// The message as sent, less its image parts when `plain`.
+    fn rich_cost(fields: &Map<String, Value>) -> u64 {
+        heap::map(fields).saturating_add(heap::vec_slot::<Message>())
+    }
+
+    /// What the message's charge holds.
+    fn held(&self) -> u64 {
+        match self {
+            Self::Text(text) => {
+                heap::alloc(text.get().len() as u64).saturating_add(heap::vec_slot::<Message>())
+            }
+            Self::Rich(fields) => Self::rich_cost(fields),
+        }
+    }
+
+    /// The message as sent, less its `RICH_CONTENT_FIELD` when `plain`.
     pub(crate) fn serialize_as<S: Serializer>(
         &self,
         plain: bool,
@@ -112,15 +165,35 @@ impl Message {
             Self::Rich(fields) => fields.serialize(serializer),
         }
     }
+}
 
-    /// What a copy of the message as a value may hold: a wire that translates the body
-    /// reads each message back into one.
-    pub(crate) fn value_cost(&self) -> u64 {
-        match self {
-            Self::Text(text) => heap::json_text_bound(text.get().as_bytes()),
-            Self::Rich(fields) => heap::map(fields),
-        }
+/// What a copy of `charged` (the bytes that hold `messages` and `guest_tools`, and more) as
+/// values holds: the messages and the guest tools' definitions, kept as text, are read
+/// back into values, one after another (so their parses need only the largest scratch
+/// buffer); the rest is a copy of what it is now.
+pub(crate) fn value_copy_cost<'a>(
+    charged: u64,
+    messages: impl Iterator<Item = &'a Message>,
+    guest_tools: &[GuestTool],
+) -> u64 {
+    let (mut as_text, mut as_values, mut scratch) = (0u64, 0u64, 0u64);
+    for message in messages {
+        as_text = as_text.saturating_add(message.held());
+        let (held, needed) = match message {
+            Message::Text(text) => heap::json_text_parts(text.get().as_bytes()),
+            Message::Rich(fields) => (Message::rich_cost(fields), 0),
+        };
+        as_values = as_values.saturating_add(held);
+        scratch = scratch.max(needed);
     }
+    for tool in guest_tools {
+        as_text = as_text.saturating_add(tool.definition_cost());
+        as_values = as_values.saturating_add(tool.value_cost);
+    }
+    charged
+        .saturating_sub(as_text)
+        .saturating_add(as_values)
+        .saturating_add(scratch)
 }
 
 impl Serialize for Message {
@@ -195,7 +268,56 @@ mod tests {
         assert_eq!(budget.used(), charge.bytes());
         // Read back into a value, the empty objects hold more than their text.
         let value: Value = serde_json::from_str(expected).unwrap();
-        assert!(message.value_cost() >= heap::json(&value));
+        let copy = value_copy_cost(charge.bytes(), [&message].into_iter(), &[]);
+        assert!(copy >= heap::json(&value), "{copy}");
+    }
+
+    /// A translating wire reads the messages back into values: that copy is charged for
+    /// what the values hold (and one parse's scratch), not for the text again.
+    #[test]
+    fn a_copy_as_values_is_charged_for_the_values() {
+        let budget = MemoryBudget::unlimited();
+        let mut charge = budget.empty("test");
+        let contents = ["line\n".repeat(20_000), "x".repeat(50_000)];
+        let messages: Vec<Message> = contents
+            .iter()
+            .map(|content| Message::text("user", content, &mut charge).unwrap())
+            .collect();
+        let values: u64 = contents
+            .iter()
+            .map(|content| heap::json(&json!({"role": "user", "content": content})))
+            .sum();
+        let copy = value_copy_cost(charge.bytes(), messages.iter(), &[]);
+        assert!(copy >= values, "{copy} < {values}");
+        // The scratch of the longest escaped string (about 120 KB written) at most.
+        assert!(copy <= values + 300_000, "{copy}");
+    }
+
+    /// What a translated answer keeps for its own wire (reasoning items, a response id)
+    /// stays out of a request to a wire that cannot carry it.
+    #[test]
+    fn an_answer_s_rich_field_stays_a_value() {
+        let budget = MemoryBudget::new("t".into(), 1 << 20);
+        let answer = json!({"role": "assistant", "content": "hi",
+                            RICH_CONTENT_FIELD: [{"type": "reasoning", "encrypted_content": "SECRET"}]});
+        let message: AssistantMessage = serde_json::from_value(answer.clone()).unwrap();
+        let mut charge = budget.empty("test");
+        let kept = Message::assistant(&message, &mut charge).unwrap();
+        assert!(matches!(kept, Message::Rich(_)));
+        assert_eq!(sent(&kept, false), answer.to_string());
+        assert_eq!(
+            sent(&kept, true),
+            json!({"role": "assistant", "content": "hi"}).to_string()
+        );
+        assert_eq!(
+            budget.used(),
+            heap::json(&answer) + heap::vec_slot::<Message>()
+        );
+
+        let plain: AssistantMessage =
+            serde_json::from_value(json!({"role": "assistant", "content": "hi"})).unwrap();
+        let kept = Message::assistant(&plain, &mut charge).unwrap();
+        assert!(matches!(kept, Message::Text(_)));
     }
 
     #[test]

@@ -16,7 +16,7 @@ use quiver_abi::Errno;
 
 use super::images::Image;
 use super::llm::{Backend, Backends, LlmError, Payload};
-use super::message::Message;
+use super::message::{Message, value_copy_cost};
 use super::request::{self, RequestBody};
 use super::response::{self, SendError, ToolCallSummary};
 use super::results::{
@@ -109,8 +109,9 @@ struct Progress {
     metrics: Metrics,
     added: Added,
     summary: Vec<ToolCallSummary>,
-    /// The charge of the model's latest answer, held until the send's response is built
-    /// from it.
+    /// The charge of the model's latest answer, held while the answer is: through the tool
+    /// turn it asked for (which reads its calls from it), or until the send's response is
+    /// built from it.
     answer: Option<Charge>,
 }
 
@@ -229,7 +230,7 @@ impl Loop<'_, '_> {
             };
             let calls = message.tool_calls();
             if calls.is_empty() {
-                let message = Message::encode(message, &mut progress.added.charge)?;
+                let message = Message::assistant(message, &mut progress.added.charge)?;
                 progress.added.messages.push(message);
                 return Ok(Ok(completion));
             }
@@ -253,7 +254,7 @@ impl Loop<'_, '_> {
             total_calls += wanted;
             // The message goes into the session as it came (charged first); the turn reads
             // its calls from the answer, which stays charged until the turn ends.
-            let assistant = Message::encode(message, &mut progress.added.charge)?;
+            let assistant = Message::assistant(message, &mut progress.added.charge)?;
             let calls: Vec<Call<'_>> = calls.iter().map(Call::of).collect();
             let at = progress.added.messages.len();
             let tools_started = Instant::now();
@@ -300,17 +301,16 @@ impl Loop<'_, '_> {
             let body = Payload::Json(json.into());
             self.request(body, &mut progress.metrics).await
         } else {
-            // The session (its guest tools' definitions included), what the send added and
-            // the MCP tools' definitions, copied into the value; the messages, kept as
-            // text, are read back into values.
-            let messages = session.messages.iter().chain(&progress.added.messages);
-            let copied = messages.fold(
+            // The session, what the send added and the MCP tools' definitions, copied into
+            // the value.
+            let copied = value_copy_cost(
                 session
                     .charged_bytes()
-                    .saturating_add(progress.added.charge.bytes())
-                    .saturating_add(tools.mcp_value_cost()),
-                |sum, message| sum.saturating_add(message.value_cost()),
-            );
+                    .saturating_add(progress.added.charge.bytes()),
+                session.messages.iter().chain(&progress.added.messages),
+                &session.guest_tools,
+            )
+            .saturating_add(tools.mcp_value_cost());
             request_charge.grow(copied.saturating_add(REQUEST_OVERHEAD))?;
             let value = serde_json::to_value(&body).unwrap_or_default();
             // The backend serialises what it translates this into.

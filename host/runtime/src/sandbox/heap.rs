@@ -51,7 +51,7 @@ pub const fn vec_slot<T>() -> u64 {
 }
 
 /// The buffer of a JSON array of `len` elements as the parser grows it (4, 8, 16, ..).
-fn array(len: u64) -> u64 {
+pub fn array(len: u64) -> u64 {
     if len == 0 {
         return 0;
     }
@@ -130,6 +130,14 @@ const MAX_DEPTH: usize = 128;
 /// (serde_json's own parser) cost about half the parse it guards. It checks nothing; the
 /// parse that follows does.
 pub fn json_text_bound(text: &[u8]) -> u64 {
+    let (held, scratch) = json_text_parts(text);
+    held.saturating_add(scratch)
+}
+
+/// [`json_text_bound`] in its two parts: what the parse builds, and the scratch buffer it
+/// needs meanwhile (given back when it ends, so parses one after another need only the
+/// largest).
+pub fn json_text_parts(text: &[u8]) -> (u64, u64) {
     /// An open array or object: its commas, and whether anything was written in it.
     #[derive(Clone, Copy, Default)]
     struct Open {
@@ -199,10 +207,10 @@ pub fn json_text_bound(text: &[u8]) -> u64 {
         }
     }
     // Text that ends inside arrays or objects: what they hold so far.
-    open[1..=depth].iter().fold(
-        sum.saturating_add(alloc(2 * scratch as u64)),
-        |sum, inner| sum.saturating_add(inner.cost()),
-    )
+    let held = open[1..=depth]
+        .iter()
+        .fold(sum, |sum, inner| sum.saturating_add(inner.cost()));
+    (held, alloc(2 * scratch as u64))
 }
 
 /// The length of a string's text up to its closing quote (all of `rest` when unclosed),
