@@ -14,13 +14,17 @@
 
 use quiver_abi::Errno;
 use serde::{Serialize, Serializer};
-use serde_json::value::RawValue;
+use serde_json::value::{RawValue, to_raw_value};
 use serde_json::{Map, Value};
 
 use super::GuestTool;
 use super::llm::RICH_CONTENT_FIELD;
 use super::wire::AssistantMessage;
 use crate::sandbox::{Charge, heap};
+
+/// Texts up to this long are written by serde_json's own `to_raw_value`, which needs a
+/// moment's room for three times the text; longer ones into a buffer of their length.
+const SMALL_TEXT: u64 = 64 * 1024;
 
 #[derive(Clone, Debug)]
 pub(crate) enum Message {
@@ -35,14 +39,31 @@ impl Message {
     /// when the budget cannot hold it.
     pub(crate) fn encode(message: &impl Serialize, charge: &mut Charge) -> Result<Self, Errno> {
         let len = heap::json_len(message);
-        charge.grow(heap::alloc(len).saturating_add(heap::vec_slot::<Message>()))?;
-        // Into a buffer of exactly its length: the text is kept as long as the session.
-        let mut text = Vec::with_capacity(usize::try_from(len).map_err(|_| Errno::ENOMEM)?);
-        // Only a value that refuses to serialise fails here, and none of ours does; what
-        // serde_json writes is UTF-8 and JSON.
-        serde_json::to_writer(&mut text, message).map_err(|_| Errno::EIO)?;
-        let text = String::from_utf8(text).map_err(|_| Errno::EIO)?;
-        let text = RawValue::from_string(text).map_err(|_| Errno::EIO)?;
+        let held = heap::alloc(len).saturating_add(heap::vec_slot::<Message>());
+        // serde_json's own writer grows its buffer and trims it: for a moment up to three
+        // times the text, charged for that moment. It writes JSON, so unlike
+        // `RawValue::from_string` it need not parse it again (which costs as much).
+        let moment = if len <= SMALL_TEXT {
+            Some(charge.beside(2 * heap::alloc(len))?)
+        } else {
+            None
+        };
+        charge.grow(held)?;
+        let text = match moment {
+            Some(_moment) => to_raw_value(message).ok(),
+            // Into a buffer of exactly its length, checked once more to make it a
+            // `RawValue`.
+            None => usize::try_from(len).ok().and_then(|len| {
+                let mut text = Vec::with_capacity(len);
+                serde_json::to_writer(&mut text, message).ok()?;
+                RawValue::from_string(String::from_utf8(text).ok()?).ok()
+            }),
+        };
+        // Only a value that refuses to serialise fails, and none of ours does.
+        let Some(text) = text else {
+            charge.shrink(held);
+            return Err(Errno::EIO);
+        };
         Ok(Self::Text(text))
     }
 

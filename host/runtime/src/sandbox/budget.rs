@@ -334,7 +334,13 @@ impl Charge {
 
     /// A second charge of as many bytes, for a copy of what this one accounts for.
     pub fn try_clone(&self) -> Result<Charge, Errno> {
-        self.budget.charge(self.what, self.bytes)
+        self.beside(self.bytes)
+    }
+
+    /// A second charge of `bytes` on the same budget, for what is held beside what this
+    /// one accounts for.
+    pub fn beside(&self, bytes: u64) -> Result<Charge, Errno> {
+        self.budget.charge(self.what, bytes)
     }
 }
 
