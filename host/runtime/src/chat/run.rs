@@ -80,7 +80,6 @@ const REQUEST_OVERHEAD: u64 = 4096;
 struct Planned<'a> {
     id: String,
     name: String,
-    arguments: ArgumentsSummary,
     step: Step<'a>,
 }
 
@@ -88,6 +87,8 @@ enum Step<'a> {
     Guest {
         table_index: u32,
         args: String,
+        /// For the observers (an MCP call's gate makes its own).
+        summary: ArgumentsSummary,
     },
     Mcp {
         route: &'a Route,
@@ -478,7 +479,11 @@ fn result_bytes(text: &str, images: &[Image]) -> u64 {
 }
 
 /// The event of `planned`'s call of a guest tool, for the observers.
-fn observed_guest_call(ctx: &SendContext<'_>, planned: &Planned<'_>) -> observe::ToolCall {
+fn observed_guest_call(
+    ctx: &SendContext<'_>,
+    planned: &Planned<'_>,
+    arguments: &ArgumentsSummary,
+) -> observe::ToolCall {
     observe::ToolCall {
         task_id: ctx.task_id.into(),
         // Set by the observers from the task's.
@@ -488,7 +493,7 @@ fn observed_guest_call(ctx: &SendContext<'_>, planned: &Planned<'_>) -> observe:
         via: Via::Chat,
         kind: ToolKind::Guest,
         tool: planned.name.clone(),
-        arguments: planned.arguments.clone(),
+        arguments: arguments.clone(),
         argument_values: None,
         started_at: SystemTime::now(),
     }
@@ -569,6 +574,7 @@ async fn run_tool_calls<G: GuestTools>(
                 Resolution::Route(Route::Guest { table_index }) => Step::Guest {
                     table_index: *table_index,
                     args: raw.to_owned(),
+                    summary: ArgumentsSummary::of_json_text(raw),
                 },
                 Resolution::Route(route @ Route::Mcp { tool, .. }) => {
                     mcp_args[i] = Some(mcp_arguments(raw, ctx.budget));
@@ -598,12 +604,7 @@ async fn run_tool_calls<G: GuestTools>(
                     ),
                 },
             };
-            Planned {
-                id,
-                name,
-                arguments: ArgumentsSummary::of_json_text(raw),
-                step,
-            }
+            Planned { id, name, step }
         })
         .collect();
 
@@ -662,9 +663,17 @@ async fn run_tool_calls<G: GuestTools>(
     let guest_calls = async {
         let mut done = Vec::new();
         for (i, p) in planned.iter().enumerate() {
-            if let Step::Guest { table_index, args } = &p.step {
+            if let Step::Guest {
+                table_index,
+                args,
+                summary,
+            } = &p.step
+            {
                 let started = Instant::now();
-                let observed = ctx.mcp.observers.start(observed_guest_call(ctx, p));
+                let observed = ctx
+                    .mcp
+                    .observers
+                    .start(observed_guest_call(ctx, p, summary));
                 let span = spans::guest_tool(&p.name, &p.id);
                 let result = guest
                     .call(*table_index, args)
