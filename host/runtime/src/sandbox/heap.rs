@@ -192,12 +192,7 @@ pub fn json_text_parts(text: &[u8]) -> (u64, u64) {
             // scratch buffer): on to the byte after it.
             _ => {
                 open[depth].written = true;
-                let end = rest.iter().position(|&b| {
-                    matches!(
-                        b,
-                        b',' | b']' | b'}' | b' ' | b'\n' | b'\r' | b'\t' | b'"' | b'[' | b'{'
-                    )
-                });
+                let end = rest.iter().position(|&b| ENDS_TOKEN[b as usize]);
                 let end = end.unwrap_or(rest.len());
                 if byte == b'-' || byte.is_ascii_digit() {
                     scratch = scratch.max(end + 1);
@@ -213,10 +208,33 @@ pub fn json_text_parts(text: &[u8]) -> (u64, u64) {
     (held, alloc(2 * scratch as u64))
 }
 
+/// The bytes that end a number or a literal.
+const ENDS_TOKEN: [bool; 256] = {
+    let mut ends = [false; 256];
+    let bytes = b",]} \n\r\t\"[{";
+    let mut i = 0;
+    while i < bytes.len() {
+        ends[bytes[i] as usize] = true;
+        i += 1;
+    }
+    ends
+};
+
+/// Strings this short are searched byte by byte: most are (keys, ids, roles), and a plain
+/// loop ends before `memchr`'s setup would pay off.
+const SHORT_STRING: usize = 32;
+
 /// The length of a string's text up to its closing quote (all of `rest` when unclosed),
 /// and whether it has escapes.
 fn quoted_len(rest: &[u8]) -> (usize, bool) {
-    let (mut at, mut escaped) = (0, false);
+    let head = &rest[..rest.len().min(SHORT_STRING)];
+    let start = match head.iter().position(|&b| b == b'"' || b == b'\\') {
+        Some(at) if rest[at] == b'"' => return (at, false),
+        Some(backslash) => backslash,
+        None if head.len() == rest.len() => return (rest.len(), false),
+        None => head.len(),
+    };
+    let (mut at, mut escaped) = (start, false);
     while let Some(found) = rest
         .get(at..)
         .and_then(|tail| memchr::memchr2(b'"', b'\\', tail))
@@ -338,6 +356,41 @@ mod tests {
                     .prop_map(|m| Value::Object(m.into_iter().collect())),
             ]
         })
+    }
+
+    /// The short-string loop and `memchr` find the same end, wherever a quote or an
+    /// escape falls around the short strings' length.
+    #[test]
+    fn a_string_ends_at_its_first_unescaped_quote() {
+        fn naive(rest: &[u8]) -> (usize, bool) {
+            let (mut at, mut escaped) = (0, false);
+            while at < rest.len() {
+                match rest[at] {
+                    b'"' => return (at, escaped),
+                    b'\\' => {
+                        escaped = true;
+                        at += 2;
+                    }
+                    _ => at += 1,
+                }
+            }
+            (rest.len(), escaped)
+        }
+        for len in 0..80 {
+            for at in 0..len {
+                for special in [&b"\""[..], b"\\\"", b"\\\\\"", b"\\"] {
+                    let mut text = vec![b'a'; len];
+                    text.splice(at..at, special.iter().copied());
+                    text.extend_from_slice(b"\",1");
+                    assert_eq!(
+                        quoted_len(&text),
+                        naive(&text),
+                        "{:?}",
+                        String::from_utf8_lossy(&text)
+                    );
+                }
+            }
+        }
     }
 
     proptest! {
