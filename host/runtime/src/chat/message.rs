@@ -40,11 +40,11 @@ impl Message {
     pub(crate) fn encode(message: &impl Serialize, charge: &mut Charge) -> Result<Self, Errno> {
         let len = heap::json_len(message);
         let held = heap::alloc(len).saturating_add(heap::vec_slot::<Message>());
-        // serde_json's own writer grows its buffer and trims it: for a moment up to three
-        // times the text, charged for that moment. It writes JSON, so unlike
-        // `RawValue::from_string` it need not parse it again (which costs as much).
+        // serde_json's own writer grows its buffer (from 128 bytes) and trims it: for a
+        // moment up to three times the text, charged for that moment. It writes JSON, so
+        // unlike `RawValue::from_string` it need not parse it again (which costs as much).
         let moment = if len <= SMALL_TEXT {
-            Some(charge.beside(2 * heap::alloc(len))?)
+            Some(charge.beside(3 * heap::alloc(len.max(128)))?)
         } else {
             None
         };
