@@ -40,11 +40,13 @@ impl Message {
     pub(crate) fn encode(message: &impl Serialize, charge: &mut Charge) -> Result<Self, Errno> {
         let len = heap::json_len(message);
         let held = heap::alloc(len).saturating_add(heap::vec_slot::<Message>());
-        // serde_json's own writer grows its buffer (from 128 bytes) and trims it: for a
-        // moment up to three times the text, charged for that moment. It writes JSON, so
-        // unlike `RawValue::from_string` it need not parse it again (which costs as much).
+        // serde_json's own writer grows its buffer (from 128 bytes, doubling) and trims it:
+        // for a moment the text and up to twice it more, charged for that moment. It
+        // writes JSON, so unlike `RawValue::from_string` it need not parse it again
+        // (which costs as much). Near the budget's end there is no room for the moment,
+        // and the text goes the exact way.
         let moment = if len <= SMALL_TEXT {
-            Some(charge.beside(3 * heap::alloc(len.max(128)))?)
+            charge.beside(heap::alloc((2 * len).max(128))).ok()
         } else {
             None
         };
@@ -268,6 +270,20 @@ mod tests {
         let refused = Message::text("user", &"\u{1}".repeat(2_000), &mut charge);
         assert_eq!(refused.unwrap_err(), Errno::ENOMEM, "12 000 bytes escaped");
         assert_eq!(budget.used(), 0);
+    }
+
+    /// A message that fits, with no room for serde_json's growing buffer, is written into
+    /// a buffer of its length instead.
+    #[test]
+    fn a_message_that_just_fits_is_kept() {
+        let content = "x".repeat(1000);
+        let text = json!({"role": "user", "content": content}).to_string();
+        let held = heap::alloc(text.len() as u64) + heap::vec_slot::<Message>();
+        let budget = MemoryBudget::new("t".into(), held + 16);
+        let mut charge = budget.empty("test");
+        let message = Message::text("user", &content, &mut charge).unwrap();
+        assert_eq!(sent(&message, false), text);
+        assert_eq!((charge.bytes(), budget.used()), (held, held));
     }
 
     #[test]
