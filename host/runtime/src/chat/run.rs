@@ -176,7 +176,7 @@ async fn charged_tool_set<'s>(
     session: &'s ChatSession,
     ctx: &SendContext<'_>,
 ) -> Result<(ToolSet<'s>, Charge), HostcallError> {
-    let tools = ToolSet::build(session, ctx.mcp, Some(ctx.tool_cache)).await;
+    let tools = ToolSet::build(session, ctx.mcp, Some((ctx.tool_cache, ctx.budget))).await;
     let charge = ctx.budget.charge("cchat_send tool set", tools.held())?;
     if tracing::enabled!(tracing::Level::INFO) {
         for decision in tools.decisions() {

@@ -22,7 +22,7 @@ use crate::policy::{
     self, Approval, Decision, Denial, Effective, Narrowing, Reason, SessionRequest,
 };
 use crate::registry::{Registry, ServerEntry};
-use crate::sandbox::heap;
+use crate::sandbox::{Charge, MemoryBudget, heap};
 
 /// Where a model-facing tool name leads.
 #[derive(Clone, Debug)]
@@ -81,6 +81,8 @@ pub(crate) struct McpTools {
     held: u64,
     /// What the definitions take as JSON values, for a backend that translates a body.
     value_cost: u64,
+    /// The scratch buffer reading the longest definition's text back needs.
+    value_scratch: u64,
     /// Every granted server listed: worth keeping for the next send (a failure is retried).
     reusable: bool,
 }
@@ -131,15 +133,23 @@ impl McpKey {
 
 /// A task's last [`McpTools`], kept in its [`ChatTask`](super::ChatTask) for the next send.
 #[derive(Default)]
-pub(crate) struct ToolCache(Mutex<Option<Arc<McpTools>>>);
+pub(crate) struct ToolCache(Mutex<Option<(Arc<McpTools>, Charge)>>);
 
 impl ToolCache {
     fn get(&self) -> Option<Arc<McpTools>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        let kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        kept.as_ref().map(|(tools, _)| tools.clone())
     }
 
-    fn set(&self, tools: Arc<McpTools>) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(tools);
+    /// Keeps `tools` between sends, charged to `budget` for what they hold (their
+    /// definitions' text above all); not kept when the budget cannot hold them.
+    fn set(&self, tools: Arc<McpTools>, budget: &MemoryBudget) {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        // The one kept before is given back first.
+        *kept = None;
+        if let Ok(charge) = budget.charge("chat tool cache", tools.held) {
+            *kept = Some((tools, charge));
+        }
     }
 }
 
@@ -297,10 +307,10 @@ impl<'s> ToolSet<'s> {
     pub(crate) async fn build(
         session: &'s ChatSession,
         mcp: &McpTask,
-        cache: Option<&ToolCache>,
+        cache: Option<(&ToolCache, &MemoryBudget)>,
     ) -> Self {
         let approver = mcp.approvals.configured();
-        if let Some(cached) = cache.and_then(ToolCache::get)
+        if let Some(cached) = cache.and_then(|(cache, _)| cache.get())
             && cached.key.asks_like(session, mcp, approver)
             && cached.key.lists_like(&list(&cached.key.entries, mcp).await)
         {
@@ -316,10 +326,10 @@ impl<'s> ToolSet<'s> {
             listed,
             approver,
         ));
-        if let Some(cache) = cache
+        if let Some((cache, budget)) = cache
             && half.reusable
         {
-            cache.set(half.clone());
+            cache.set(half.clone(), budget);
         }
         Self::new(&session.guest_tools, half)
     }
@@ -382,7 +392,7 @@ impl<'s> ToolSet<'s> {
     /// What the MCP tools' definitions take as JSON values (the guest tools' are in the
     /// session's charge).
     pub(crate) fn mcp_value_cost(&self) -> u64 {
-        self.mcp.value_cost
+        self.mcp.value_cost.saturating_add(self.mcp.value_scratch)
     }
 
     fn route(&self, name: &str) -> Option<&Route> {
@@ -514,6 +524,7 @@ impl McpTools {
             decisions: effective.decisions,
             held: 0,
             value_cost: 0,
+            value_scratch: 0,
             reusable: true,
         };
         for (grant, (listed, left_out)) in effective.servers.into_iter().zip(listed) {
@@ -582,9 +593,15 @@ impl McpTools {
                 };
                 // Written once here, copied into each request while this set is reused.
                 let Ok(text) = to_raw_value(&definition) else {
-                    continue; // Unreachable: a name, a map of values and a string.
+                    // Unreachable: a name, a map of values and a string.
+                    tracing::warn!(server_id = %server_id, tool = %tool.name, "an MCP tool's definition could not be written; it is not offered");
+                    continue;
                 };
                 set.value_cost = set.value_cost.saturating_add(definition.value_cost());
+                // A wire that translates the body reads the text back, with a scratch
+                // buffer as long as its longest escaped string (one at a time).
+                let (_, scratch) = heap::json_text_parts(text.get().as_bytes());
+                set.value_scratch = set.value_scratch.max(scratch);
                 set.held = set.held.saturating_add(offered_cost(
                     &name,
                     &server_id,
