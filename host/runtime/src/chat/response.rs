@@ -3,13 +3,12 @@
 //! send did. The key order is part of the ABI: SPEAR's C samples read it through a small
 //! buffer.
 
-use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Value, json};
 
 use super::Metrics;
 use super::llm::LlmError;
 use super::tools::ToolSet;
-use super::wire::{ChatCompletion, Entries};
+use super::wire::ChatCompletion;
 use crate::policy::Decision;
 
 /// Why a send ended without an answer: the `error` of the response.
@@ -85,34 +84,19 @@ impl SendError {
 /// `_spear`, written in this order: SPEAR's own keys (`backend`, `model`) first, then a short
 /// summary. SPEAR's C samples print a response through a 1 KiB buffer and look for
 /// `"_spear"` then `"backend":"`, so it stays small and after `choices`.
+#[derive(serde::Serialize)]
 pub(super) struct Spear<'a> {
     backend: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     model: Option<&'a str>,
     iterations: u32,
     /// Absent when no backend was found.
+    #[serde(flatten)]
     summary: Option<Summary<'a>>,
 }
 
-impl Serialize for Spear<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(None)?;
-        map.serialize_entry("backend", &self.backend)?;
-        if let Some(model) = self.model {
-            map.serialize_entry("model", model)?;
-        }
-        map.serialize_entry("iterations", &self.iterations)?;
-        if let Some(summary) = &self.summary {
-            map.serialize_entry("usage", &summary.usage)?;
-            map.serialize_entry("tool_call_count", &summary.tool_call_count)?;
-            map.serialize_entry("tool_calls_ok", &summary.tool_calls_ok)?;
-            map.serialize_entry("tool_calls", summary.tool_calls)?;
-            map.serialize_entry("mcp", &summary.mcp)?;
-        }
-        map.end()
-    }
-}
-
 /// What a send did, after `_spear`'s SPEAR keys.
+#[derive(serde::Serialize)]
 struct Summary<'a> {
     usage: SpearUsage,
     tool_call_count: usize,
@@ -175,18 +159,12 @@ struct SpearUsage {
 }
 
 /// A successful response: the upstream completion (`choices` first), then `_spear`.
+#[derive(serde::Serialize)]
 struct AnswerBody<'a> {
+    #[serde(flatten)]
     completion: &'a ChatCompletion,
+    #[serde(rename = "_spear")]
     spear: &'a Spear<'a>,
-}
-
-impl Serialize for AnswerBody<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let mut map = serializer.serialize_map(None)?;
-        self.completion.entries(&mut map)?;
-        map.serialize_entry("_spear", self.spear)?;
-        map.end()
-    }
 }
 
 /// A failed response, in this key order.

@@ -20,9 +20,8 @@
 use std::borrow::Cow;
 use std::marker::PhantomData;
 
-use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
-use serde::ser::{Serialize, SerializeMap, Serializer};
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use crate::json::{Key, Unquoted, misplaced_string};
@@ -111,44 +110,61 @@ fn arguments(value: Value) -> String {
 }
 
 /// A `chat.completion` object.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct ChatCompletion {
     pub choices: Vec<Choice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<Option<Usage>>,
+    #[serde(flatten)]
     pub passed: Option<Box<Passed>>,
+    #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
 
 /// The other top-level fields OpenAI sends, passed on as they came (any JSON): named so
 /// that most answers keep nothing in `rest`, where each field costs a key, a value and the
 /// map's growth. Boxed: a completion is moved whole from the parse to the response.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct Passed {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub object: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub created: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub model: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub service_tier: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub system_fingerprint: Option<Value>,
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct Choice {
     pub message: AssistantMessage,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub finish_reason: Option<Option<String>>,
     /// Passed on as they came, like [`Passed`].
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub index: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<Value>,
+    #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
 
 /// `choices[i].message`.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct AssistantMessage {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<Option<String>>,
     /// A string, content parts, or `null` (`Some(Value::Null)`); `None` when absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Option<Vec<ToolCall>>>,
+    #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
 
@@ -162,12 +178,15 @@ impl AssistantMessage {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct ToolCall {
     /// The call's id; the loop names a call without one `call_<index>`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<Option<String>>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
     pub kind: Option<Option<String>>,
     pub function: FunctionCall,
+    #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
 
@@ -177,11 +196,12 @@ impl ToolCall {
     }
 }
 
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct FunctionCall {
     pub name: String,
     /// The arguments as JSON text, as the model sent them.
     pub arguments: String,
+    #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
 
@@ -311,11 +331,15 @@ deserialize_as_object!(
 );
 
 /// `usage`. A count that is not a `u64` stays in `rest`, uncounted.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
 pub struct Usage {
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub completion_tokens: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub total_tokens: Option<u64>,
+    #[serde(flatten)]
     pub rest: Map<String, Value>,
 }
 
@@ -470,113 +494,6 @@ fn shape_error(error: serde_path_to_error::Error<serde_json::Error>) -> WireErro
     drop(error);
     let source = <serde_json::Error as de::Error>::custom(&message);
     WireError::Shape { message, source }
-}
-
-/// The wire types write themselves as objects, each field in order and each `None` left
-/// out, their unknown fields (`rest`) last. A hand-written `entries` lets an object be
-/// written into another one's map (the response puts `_spear` after the completion's)
-/// without serde's `flatten`, which went through a map of its own for each.
-pub(crate) trait Entries {
-    fn entries<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error>;
-}
-
-/// Serialises an [`Entries`] as an object.
-macro_rules! serialize_entries {
-    ($($ty:ty),*) => {$(
-        impl Serialize for $ty {
-            fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                let mut map = serializer.serialize_map(None)?;
-                self.entries(&mut map)?;
-                map.end()
-            }
-        }
-    )*};
-}
-serialize_entries!(
-    ChatCompletion,
-    Choice,
-    AssistantMessage,
-    ToolCall,
-    FunctionCall,
-    Usage
-);
-
-/// `key: value` when `value` is present.
-fn present<M: SerializeMap, T: Serialize>(
-    map: &mut M,
-    key: &'static str,
-    value: &Option<T>,
-) -> Result<(), M::Error> {
-    match value {
-        Some(value) => map.serialize_entry(key, value),
-        None => Ok(()),
-    }
-}
-
-fn rest<M: SerializeMap>(map: &mut M, rest: &Map<String, Value>) -> Result<(), M::Error> {
-    rest.iter()
-        .try_for_each(|(key, value)| map.serialize_entry(key, value))
-}
-
-impl Entries for ChatCompletion {
-    fn entries<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
-        map.serialize_entry("choices", &self.choices)?;
-        present(map, "usage", &self.usage)?;
-        if let Some(passed) = &self.passed {
-            present(map, "id", &passed.id)?;
-            present(map, "object", &passed.object)?;
-            present(map, "created", &passed.created)?;
-            present(map, "model", &passed.model)?;
-            present(map, "service_tier", &passed.service_tier)?;
-            present(map, "system_fingerprint", &passed.system_fingerprint)?;
-        }
-        rest(map, &self.rest)
-    }
-}
-
-impl Entries for Choice {
-    fn entries<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
-        map.serialize_entry("message", &self.message)?;
-        present(map, "finish_reason", &self.finish_reason)?;
-        present(map, "index", &self.index)?;
-        present(map, "logprobs", &self.logprobs)?;
-        rest(map, &self.rest)
-    }
-}
-
-impl Entries for AssistantMessage {
-    fn entries<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
-        present(map, "role", &self.role)?;
-        present(map, "content", &self.content)?;
-        present(map, "tool_calls", &self.tool_calls)?;
-        rest(map, &self.rest)
-    }
-}
-
-impl Entries for ToolCall {
-    fn entries<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
-        present(map, "id", &self.id)?;
-        present(map, "type", &self.kind)?;
-        map.serialize_entry("function", &self.function)?;
-        rest(map, &self.rest)
-    }
-}
-
-impl Entries for FunctionCall {
-    fn entries<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
-        map.serialize_entry("name", &self.name)?;
-        map.serialize_entry("arguments", &self.arguments)?;
-        rest(map, &self.rest)
-    }
-}
-
-impl Entries for Usage {
-    fn entries<M: SerializeMap>(&self, map: &mut M) -> Result<(), M::Error> {
-        present(map, "prompt_tokens", &self.prompt_tokens)?;
-        present(map, "completion_tokens", &self.completion_tokens)?;
-        present(map, "total_tokens", &self.total_tokens)?;
-        rest(map, &self.rest)
-    }
 }
 
 #[cfg(test)]
