@@ -155,9 +155,10 @@ pub fn json_text_parts(text: &[u8]) -> (u64, u64) {
     }
     // `inner` is the innermost open array or object, or the top level, which owns
     // nothing; `outer` the ones around it, top level first. Kept in a local, the
-    // innermost one's counts stay in registers; `outer` is uninitialised until pushed to.
+    // innermost one's counts stay in registers; `outer` is uninitialised until pushed to,
+    // and holds the deepest nesting without spilling to the heap.
     let mut inner = Open::default();
-    let mut outer = SmallVec::<[Open; 16]>::new();
+    let mut outer = SmallVec::<[Open; MAX_DEPTH]>::new();
     let (mut sum, mut scratch, mut rest) = (0u64, 0, text);
     while let Some((&byte, tail)) = rest.split_first() {
         rest = tail;
@@ -234,7 +235,7 @@ const ENDS_TOKEN: [bool; 256] = {
 /// are (keys, ids, roles), and that ends before `memchr`'s setup would pay off.
 const SHORT_STRING: usize = 32;
 
-/// Where the first `"` or `\\` in `bytes` is: a word at a time while eight bytes are left,
+/// Where the first `"` or `\` in `bytes` is: a word at a time while eight bytes are left,
 /// then byte by byte.
 fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
     const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
@@ -244,16 +245,15 @@ fn quote_or_backslash(bytes: &[u8]) -> Option<usize> {
     fn zero_bytes(word: u64) -> u64 {
         word.wrapping_sub(ONES) & !word & HIGHS
     }
-    let mut chunks = bytes.chunks_exact(8);
-    for (i, chunk) in chunks.by_ref().enumerate() {
-        let word = u64::from_le_bytes(chunk.try_into().unwrap_or_default());
+    let (words, tail) = bytes.as_chunks::<8>();
+    for (i, word) in words.iter().enumerate() {
+        let word = u64::from_le_bytes(*word);
         let found = zero_bytes(word ^ (ONES * u64::from(b'"')))
             | zero_bytes(word ^ (ONES * u64::from(b'\\')));
         if found != 0 {
             return Some(i * 8 + found.trailing_zeros() as usize / 8);
         }
     }
-    let tail = chunks.remainder();
     let at = tail.iter().position(|&b| b == b'"' || b == b'\\')?;
     Some(bytes.len() - tail.len() + at)
 }
@@ -410,9 +410,12 @@ mod tests {
             }
             (rest.len(), escaped)
         }
-        // Fillers around the two bytes searched for, their high-bit twins, and zero.
-        for (len, fill) in (0..80).flat_map(|len| [b'a', 0xA2, 0xDC, 0].map(|fill| (len, fill))) {
-            for at in 0..len {
+        // Fillers around the two bytes searched for: their high-bit twins, zero, and the
+        // bytes one above them (which a borrow from below would turn into a false match).
+        for (len, fill) in
+            (0..80).flat_map(|len| [b'a', 0xA2, 0xDC, 0, 0x23, 0x5D].map(|fill| (len, fill)))
+        {
+            for at in 0..=len {
                 for special in [&b"\""[..], b"\\\"", b"\\\\\"", b"\\"] {
                     let mut text = vec![fill; len];
                     text.splice(at..at, special.iter().copied());
@@ -426,6 +429,29 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Nesting deep enough to fill the scan's stack of open containers is counted exactly
+    /// (no numbers or escapes), and past serde_json's limit the scan stops, as the parse does.
+    #[test]
+    fn deep_nesting_is_counted_exactly_up_to_the_parsers_limit() {
+        for depth in [1, 15, 16, 17, 64, 127] {
+            let mut value = json!("leaf");
+            for level in 0..depth {
+                value = if level % 2 == 0 {
+                    json!([value, "x"])
+                } else {
+                    json!({"k": value, "l": "y"})
+                };
+            }
+            let text = serde_json::to_vec(&value).unwrap();
+            assert_eq!(json_text_bound(&text), json(&value), "depth {depth}");
+        }
+        let deepest = json_text_parts(&b"[".repeat(MAX_DEPTH + 1));
+        assert_eq!(json_text_parts(&b"[".repeat(300)), deepest);
+        let mut past = b"[".repeat(MAX_DEPTH + 1);
+        past.extend_from_slice(b"\"tail\",1]]]");
+        assert_eq!(json_text_parts(&past), deepest);
     }
 
     proptest! {
