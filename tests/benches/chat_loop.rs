@@ -7,7 +7,8 @@
 //! requests with the same bodies directly (reqwest) and the same MCP call on the same pooled
 //! connection. Their difference, per send, is what the host adds: the ABI, building the
 //! tool set, request bodies, routing, the guest tool call through the funcref table and the
-//! tool arena, and the bookkeeping. The figure is the median over rounds.
+//! tool arena, and the bookkeeping. The figure is the median over rounds of each round's
+//! difference. The runs of a round take turns at going first (see `main`).
 //!
 //! Each round also runs the guest once more with OpenTelemetry export on (the node's
 //! exporter, `quiver_node::telemetry`, sending to a local OTLP sink that answers 200), so
@@ -170,6 +171,41 @@ async fn baseline_on_worker(direct: &Direct, sends: usize) {
         .unwrap()
 }
 
+/// The ways a round runs the sends, in the order of its samples.
+#[derive(Clone, Copy, PartialEq)]
+enum Run {
+    /// The guest on the `block_on` thread, as an embedder may call `run_task`.
+    Host,
+    /// The same, with trace export on.
+    HostExported,
+    /// The same HTTP and MCP calls, direct, on the `block_on` thread.
+    Baseline,
+    HostOnWorker,
+    BaselineOnWorker,
+}
+
+const RUNS: [Run; 5] = [
+    Run::Host,
+    Run::HostExported,
+    Run::Baseline,
+    Run::HostOnWorker,
+    Run::BaselineOnWorker,
+];
+
+/// One run's figures, per send.
+struct Sample {
+    micros: f64,
+    /// Voluntary context switches of this process: each is a wait handed to another
+    /// thread and back, which the machine's noise does not blur.
+    switches: f64,
+    /// Heap allocations outside the scripted LLM server: a count, not a time.
+    allocations: f64,
+    /// CPU time of this process (the scripted LLM server included), and of the thread
+    /// that ran the sends (for the runs on a worker, the `block_on` thread: not theirs).
+    process_cpu: f64,
+    thread_cpu: f64,
+}
+
 fn script_one_send(llm: &ScriptedLlm) {
     llm.push(Reply::tool_calls([
         ("w", "get_weather", json!({"city": "Paris"})),
@@ -244,143 +280,114 @@ async fn main() {
         return;
     }
 
-    let (mut overhead, mut guest_per_send, mut baseline_per_send) =
-        (Vec::new(), Vec::new(), Vec::new());
-    let (mut exported_per_send, mut exported_overhead) = (Vec::new(), Vec::new());
-    let (mut worker_guest_per_send, mut worker_baseline_per_send, mut worker_overhead) =
-        (Vec::new(), Vec::new(), Vec::new());
-    // Voluntary context switches of this process per send: each is a wait handed to another
-    // thread and back, which the machine's noise does not blur.
-    let (mut guest_switches, mut baseline_switches) = (Vec::new(), Vec::new());
-    // Heap allocations per send outside the scripted LLM server: a count, not a time.
-    let (mut guest_allocations, mut baseline_allocations) = (Vec::new(), Vec::new());
-    let allocations_per_send = |from: u64| (allocations() - from) as f64 / sends as f64;
-    // CPU time per send of this process (the scripted LLM server included) and of the
-    // thread that runs the guest and the baseline's calls.
-    let (mut guest_cpu, mut baseline_cpu) = (Vec::new(), Vec::new());
-    let cpu = || (cpu_time(false), cpu_time(true));
-    let cpu_per_send = |(process, thread): (Duration, Duration)| {
-        let (p, t) = cpu();
-        ((p - process) / sends as u32, (t - thread) / sends as u32)
-    };
+    // Each round runs the five ways in turn, starting one further along each round: the
+    // first run of a round finds the caches and the parked workers as the last round's
+    // last run left them, and no way should always pay for that.
+    let mut samples: [Vec<Sample>; RUNS.len()] = Default::default();
     let pid = std::process::id();
     for round in 0..rounds {
         eprint!("\rround {}/{rounds}", round + 1);
-        for _ in 0..sends {
-            script_one_send(&llm);
+        for k in 0..RUNS.len() {
+            let at = (round + k) % RUNS.len();
+            for _ in 0..sends {
+                script_one_send(&llm);
+            }
+            let switches = context_switches(pid);
+            let (process, thread, allocated) = (cpu_time(false), cpu_time(true), allocations());
+            let started = Instant::now();
+            match RUNS[at] {
+                Run::Host | Run::HostExported => {
+                    EXPORT.store(RUNS[at] == Run::HostExported, Ordering::Relaxed);
+                    let outcome = host.run_task(&module, &task).await.unwrap();
+                    EXPORT.store(false, Ordering::Relaxed);
+                    assert!(outcome.success());
+                }
+                Run::Baseline => baseline_sends(&direct, sends).await,
+                Run::HostOnWorker => assert!(host_on_worker(&host, &module, &task).await.success()),
+                Run::BaselineOnWorker => baseline_on_worker(&direct, sends).await,
+            }
+            let per_send = |total: f64| total / sends as f64;
+            samples[at].push(Sample {
+                micros: per_send(started.elapsed().as_secs_f64() * 1e6),
+                switches: per_send(context_switches(pid).saturating_sub(switches) as f64),
+                allocations: per_send((allocations() - allocated) as f64),
+                process_cpu: per_send((cpu_time(false) - process).as_secs_f64() * 1e6),
+                thread_cpu: per_send((cpu_time(true) - thread).as_secs_f64() * 1e6),
+            });
         }
-        let switches = context_switches(pid);
-        let (used, allocated) = (cpu(), allocations());
-        let started = Instant::now();
-        let outcome = host.run_task(&module, &task).await.unwrap();
-        assert!(outcome.success());
-        let guest = started.elapsed() / sends as u32;
-        guest_cpu.push(cpu_per_send(used));
-        guest_allocations.push(allocations_per_send(allocated));
-        guest_switches.push(context_switches(pid).saturating_sub(switches) as f64 / sends as f64);
-
-        for _ in 0..sends {
-            script_one_send(&llm);
-        }
-        EXPORT.store(true, Ordering::Relaxed);
-        let started = Instant::now();
-        let outcome = host.run_task(&module, &task).await.unwrap();
-        EXPORT.store(false, Ordering::Relaxed);
-        assert!(outcome.success());
-        let exported = started.elapsed() / sends as u32;
-
-        for _ in 0..sends {
-            script_one_send(&llm);
-        }
-        let switches = context_switches(pid);
-        let (used, allocated) = (cpu(), allocations());
-        let started = Instant::now();
-        baseline_sends(&direct, sends).await;
-        let baseline = started.elapsed() / sends as u32;
-        baseline_cpu.push(cpu_per_send(used));
-        baseline_allocations.push(allocations_per_send(allocated));
-        baseline_switches
-            .push(context_switches(pid).saturating_sub(switches) as f64 / sends as f64);
-        // The same pair with each side in `tokio::spawn`.
-        for _ in 0..sends {
-            script_one_send(&llm);
-        }
-        let started = Instant::now();
-        assert!(host_on_worker(&host, &module, &task).await.success());
-        let guest_on_worker = started.elapsed() / sends as u32;
-        for _ in 0..sends {
-            script_one_send(&llm);
-        }
-        let started = Instant::now();
-        baseline_on_worker(&direct, sends).await;
-        let baseline_on_worker = started.elapsed() / sends as u32;
-        worker_overhead.push(guest_on_worker.saturating_sub(baseline_on_worker));
-        worker_guest_per_send.push(guest_on_worker);
-        worker_baseline_per_send.push(baseline_on_worker);
-
-        guest_per_send.push(guest);
-        baseline_per_send.push(baseline);
-        overhead.push(guest.saturating_sub(baseline));
-        exported_per_send.push(exported);
-        exported_overhead.push(exported.saturating_sub(baseline));
     }
     eprintln!();
     host.shutdown().await;
     telemetry.shutdown(Duration::from_secs(3)).await;
-    let micros = |d: Duration| d.as_secs_f64() * 1e6;
+    let [host_runs, exported, baseline, host_worker, baseline_worker] = &samples;
+    let of = |runs: &[Sample], field: fn(&Sample) -> f64| median(runs.iter().map(field).collect());
+    // Per round, one side minus the other: both ran in the same round.
+    let overhead = |host: &[Sample], baseline: &[Sample]| {
+        median(
+            host.iter()
+                .zip(baseline)
+                .map(|(h, b)| h.micros - b.micros)
+                .collect(),
+        )
+    };
+    let micros = |s: &Sample| s.micros;
     println!(
         "chat loop, median of {rounds} rounds x {sends} sends (1 iteration with a guest tool and an MCP tool + the final answer)"
     );
     println!(
         "  through the host (guest send)            {:>10.1} µs/send",
-        micros(median(guest_per_send.clone()))
+        of(host_runs, micros)
     );
     println!(
         "  baseline (same HTTP + MCP calls direct)  {:>10.1} µs/send",
-        micros(median(baseline_per_send))
+        of(baseline, micros)
     );
     println!(
         "  host-side overhead per iteration         {:>10.1} µs",
-        micros(median(overhead))
+        overhead(host_runs, baseline)
     );
     println!(
         "  on a worker thread (tokio::spawn), host / baseline {:>6.1} / {:.1} µs/send",
-        micros(median(worker_guest_per_send)),
-        micros(median(worker_baseline_per_send))
+        of(host_worker, micros),
+        of(baseline_worker, micros)
     );
     println!(
         "  host-side overhead per iteration, on a worker {:>5.1} µs",
-        micros(median(worker_overhead))
+        overhead(host_worker, baseline_worker)
     );
     println!(
         "  context switches per send, host / baseline {:>6.1} / {:.1}",
-        median(guest_switches),
-        median(baseline_switches)
+        of(host_runs, |s| s.switches),
+        of(baseline, |s| s.switches)
     );
     println!(
         "  heap allocations per send, host / baseline {:>6.1} / {:.1}",
-        median(guest_allocations),
-        median(baseline_allocations)
+        of(host_runs, |s| s.allocations),
+        of(baseline, |s| s.allocations)
     );
-    let split = |samples: Vec<(Duration, Duration)>| {
-        let (process, thread): (Vec<_>, Vec<_>) = samples.into_iter().unzip();
-        (micros(median(process)), micros(median(thread)))
-    };
-    let ((gp, gt), (bp, bt)) = (split(guest_cpu), split(baseline_cpu));
     println!(
-        "  CPU per send, host / baseline: process {gp:.1} / {bp:.1} µs, its thread {gt:.1} / {bt:.1} µs"
+        "  CPU per send, host / baseline: process {:.1} / {:.1} µs, its thread {:.1} / {:.1} µs",
+        of(host_runs, |s| s.process_cpu),
+        of(baseline, |s| s.process_cpu),
+        of(host_runs, |s| s.thread_cpu),
+        of(baseline, |s| s.thread_cpu)
     );
-    let (off, on) = (median(guest_per_send), median(exported_per_send));
     println!(
         "  through the host, trace export on        {:>10.1} µs/send",
-        micros(on)
+        of(exported, micros)
     );
     println!(
         "  host-side overhead, export on            {:>10.1} µs",
-        micros(median(exported_overhead))
+        overhead(exported, baseline)
     );
     println!(
         "  export on / off per send                 {:>10.3}",
-        on.as_secs_f64() / off.as_secs_f64()
+        median(
+            exported
+                .iter()
+                .zip(host_runs)
+                .map(|(on, off)| on.micros / off.micros)
+                .collect()
+        )
     );
 }
