@@ -557,8 +557,9 @@ async fn remote_answers_over_their_caps_fail_at_once_and_the_server_stays_usable
         Misbehaviour::HugeEvent,
         // One request's event stream: only that stream is given up.
         Misbehaviour::EndlessEvent,
-        // rmcp caps a JSON body at 16 MiB; the host reports it like any other.
+        // A JSON body is read only up to the call's cap (rmcp's own client reads 16 MiB).
         Misbehaviour::HugeJsonBody,
+        Misbehaviour::StalledJsonBody,
     ];
     for (server, misbehaviours) in [
         (&streamable, &streamable_calls[..]),
@@ -604,7 +605,8 @@ async fn remote_answers_over_their_caps_fail_at_once_and_the_server_stays_usable
 }
 
 /// serde_json (with `raw_value`, as the host is built) would read the string under its
-/// reserved key as the JSON it holds; an answer using it fails its call, on both transports.
+/// reserved key as the JSON it holds; an answer using it fails its call, on both transports,
+/// in an event or a plain JSON body.
 #[tokio::test]
 async fn a_remote_answer_hiding_values_in_a_string_fails_its_call() {
     let http = HostileHttp::start().await;
@@ -612,19 +614,27 @@ async fn a_remote_answer_hiding_values_in_a_string_fails_its_call() {
     let streamable = remote(&registry, "streamable_http", &http.mcp_url(), LONG);
     let legacy = remote(&registry, "http_sse_legacy", &http.sse_url(), LONG);
     let host = remote_host(&registry);
-    for server in [&streamable, &legacy] {
-        let calls = [
-            (Misbehaviour::HiddenValues.tool(), json!({})),
-            ("ok", json!({})),
-        ];
+    for (server, misbehaviours) in [
+        (
+            &streamable,
+            &[Misbehaviour::HiddenValues, Misbehaviour::HiddenValuesJson][..],
+        ),
+        (&legacy, &[Misbehaviour::HiddenValues][..]),
+    ] {
+        let mut calls: Vec<_> = misbehaviours
+            .iter()
+            .map(|m| (m.tool(), json!({})))
+            .collect();
+        calls.push(("ok", json!({})));
         let called = call_all(&host, server, &calls).await;
-        called[0].failed_at_once("tool_exec_failed");
-        assert!(
-            called[0].message().contains("RawValue` is reserved"),
-            "{server}: {:?}",
-            called[0]
-        );
-        called[1].ok();
+        for hidden in &called[..misbehaviours.len()] {
+            hidden.failed_at_once("tool_exec_failed");
+            assert!(
+                hidden.message().contains("RawValue` is reserved"),
+                "{server}: {hidden:?}"
+            );
+        }
+        called[misbehaviours.len()].ok();
     }
     host.shutdown().await;
 }

@@ -22,6 +22,9 @@ use crate::serve::{BackgroundServer, Bound};
 /// Bytes of a huge answer: over any test's cap, under rmcp's 16 MiB SSE default.
 const HUGE: usize = 5_000_000;
 
+/// Bytes of a JSON answer sent before it stalls.
+const STALLED: usize = 200_000;
+
 /// How a tool call is answered badly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Misbehaviour {
@@ -31,12 +34,17 @@ pub enum Misbehaviour {
     EndlessEvent,
     /// A JSON body of 17 MiB, over rmcp's own 16 MiB cap (Streamable HTTP only).
     HugeJsonBody,
+    /// A JSON body that sends 200 000 bytes of an answer and then nothing more, without
+    /// ending (Streamable HTTP only): a client that reads on to rmcp's 16 MiB waits forever.
+    StalledJsonBody,
     /// HTTP 400 with a JSON-RPC error body of about 100 KB, over rmcp's 64 KiB cap for an
     /// error body (Streamable HTTP only).
     HugeJsonError,
     /// An SSE event (or legacy `message` event) whose result uses serde_json's reserved key
     /// `$serde_json::private::RawValue`, which would turn the string into structure.
     HiddenValues,
+    /// The same answer as a plain JSON body (Streamable HTTP only).
+    HiddenValuesJson,
 }
 
 impl Misbehaviour {
@@ -46,8 +54,10 @@ impl Misbehaviour {
             Misbehaviour::HugeEvent => "huge_event",
             Misbehaviour::EndlessEvent => "endless_event",
             Misbehaviour::HugeJsonBody => "huge_json",
+            Misbehaviour::StalledJsonBody => "stalled_json",
             Misbehaviour::HugeJsonError => "huge_json_error",
             Misbehaviour::HiddenValues => "hidden_values",
+            Misbehaviour::HiddenValuesJson => "hidden_values_json",
         }
     }
 }
@@ -103,6 +113,8 @@ enum Answer {
     Event(Vec<u8>),
     Endless(Value),
     HugeJson(Value),
+    /// A JSON body's first bytes, then a stall.
+    StalledJson(Vec<u8>),
     HugeJsonError(Value),
 }
 
@@ -129,6 +141,8 @@ fn answer_to(request: &Value) -> Answer {
                 "huge_json",
                 "huge_json_error",
                 "hidden_values",
+                "stalled_json",
+                "hidden_values_json",
             ]
             .iter()
             .map(|name| json!({"name": name, "inputSchema": {"type": "object"}}))
@@ -142,10 +156,14 @@ fn answer_to(request: &Value) -> Answer {
             }
             "endless_event" => Answer::Endless(id.clone()),
             "hidden_values" => {
-                let mut answer = result(text("ok".into()));
-                answer["result"]["structuredContent"] =
-                    json!({"$serde_json::private::RawValue": "[[[1]]]"});
+                let answer = hiding_values(result(text("ok".into())));
                 Answer::Event(format!("event: message\ndata: {answer}\n\n").into_bytes())
+            }
+            "hidden_values_json" => Answer::Json(hiding_values(result(text("ok".into())))),
+            "stalled_json" => {
+                let mut body = result(text("x".repeat(STALLED))).to_string().into_bytes();
+                body.truncate(STALLED);
+                Answer::StalledJson(body)
             }
             "huge_json" => Answer::HugeJson(result(text("x".repeat(17 << 20)))),
             "huge_json_error" => Answer::HugeJsonError(json!({
@@ -157,6 +175,12 @@ fn answer_to(request: &Value) -> Answer {
         },
         _ => Answer::Json(result(json!({}))),
     }
+}
+
+/// `answer` with its structured content hidden in a string under serde_json's reserved key.
+fn hiding_values(mut answer: Value) -> Value {
+    answer["result"]["structuredContent"] = json!({"$serde_json::private::RawValue": "[[[1]]]"});
+    answer
 }
 
 fn response(status: StatusCode, content_type: &str, body: Body) -> Response<Body> {
@@ -196,6 +220,16 @@ async fn streamable(body: Bytes) -> Response<Body> {
         ),
         Answer::Event(bytes) => response(StatusCode::OK, "text/event-stream", Body::from(bytes)),
         Answer::Endless(id) => response(StatusCode::OK, "text/event-stream", endless(&id)),
+        Answer::StalledJson(head) => {
+            let stream = futures::stream::once(async move { Bytes::from(head) })
+                .chain(futures::stream::pending())
+                .map(Ok::<_, std::convert::Infallible>);
+            response(
+                StatusCode::OK,
+                "application/json",
+                Body::from_stream(stream),
+            )
+        }
     }
 }
 
@@ -224,7 +258,7 @@ async fn legacy_post(State(shared): State<Arc<Shared>>, body: Bytes) -> StatusCo
         | Answer::HugeJson(value)
         | Answer::HugeJsonError(value)
         | Answer::Endless(value) => format!("event: message\ndata: {value}\n\n").into_bytes(),
-        Answer::Event(bytes) => bytes,
+        Answer::Event(bytes) | Answer::StalledJson(bytes) => bytes,
     };
     let tx = shared
         .legacy

@@ -34,6 +34,10 @@ pub const MAX_MCP_MESSAGE_BYTES: u64 = 1024 * 1024;
 /// at most cap + envelope bytes of one message into memory.
 pub const MCP_ENVELOPE_BYTES: u64 = 64 * 1024;
 
+/// Bytes of a Streamable HTTP server's error answer (a non-2xx status) read for the
+/// JSON-RPC error it may hold; past this the request fails as the server's error, unread.
+pub const MCP_MAX_HTTP_ERROR_BODY_BYTES: usize = 64 * 1024;
+
 /// Notifications and requests a server may send per second on one connection (also the
 /// burst allowed at once); more are dropped. Progress and log messages come far slower.
 pub const MCP_SERVER_MESSAGES_PER_SEC: u32 = 1_000;

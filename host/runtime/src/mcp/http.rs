@@ -1,11 +1,11 @@
-//! Remote MCP transports: Streamable HTTP (rmcp's reqwest client) and the legacy HTTP+SSE
-//! transport (our own rmcp `Transport`), with per-server headers and credentials. Both send
-//! through [`OutboundClient`], which applies the egress policy to every request.
+//! Remote MCP transports: Streamable HTTP (rmcp's transport over our own POST) and the legacy
+//! HTTP+SSE transport (our own rmcp `Transport`), with per-server headers and credentials.
+//! Both send through [`OutboundClient`], which applies the egress policy to every request.
 //!
-//! Both read with the server's byte caps. For Streamable HTTP, [`AuthedClient`] asks rmcp to
-//! cap each SSE event at the cap of the request it answers and turns an event or JSON body
-//! over it into that request's `mcp_output_too_large`. A plain JSON body is read by rmcp
-//! itself, up to its fixed 16 MiB, before our cap applies; an HTTP error body over rmcp's
+//! Both read with the server's byte caps. For Streamable HTTP, [`AuthedClient`] passes each
+//! POST the cap of the request it answers (`http_post.rs` holds a JSON body or one SSE
+//! event to it) and turns an answer over it into that request's `mcp_output_too_large`, and
+//! a JSON body that is not JSON-RPC into its `tool_exec_failed`; an HTTP error body over
 //! 64 KiB is the server's failure (`tool_exec_failed`). The transport is behind a
 //! [`Guarded`] like every connection. A stream the server closes is resumed (GET with
 //! `Last-Event-ID`) after the server's `retry:` field, cut to
@@ -481,8 +481,8 @@ impl StreamableHttpClient for AuthedClient {
             other => other,
         };
         match response {
-            // rmcp reads a JSON result up to 16 MiB, an HTTP error's body up to 64 KiB: only
-            // a limit at or past the request's own cap means the result was too large.
+            // A JSON result is read up to the request's own cap, an HTTP error's body up to
+            // 64 KiB: only a limit at or past that cap means the result was too large.
             Err(StreamableHttpError::ResponseBodyTooLarge { max_size })
                 if max_size >= self.limits.message_cap(&kind) =>
             {
@@ -492,6 +492,13 @@ impl StreamableHttpClient for AuthedClient {
             }
             Err(StreamableHttpError::ResponseBodyTooLarge { max_size }) => {
                 let error = self.limits.error_body_too_large(&kind, max_size);
+                tracing::warn!(server_id = %self.limits.server_id, %error, "failing one request");
+                let answer = ServerJsonRpcMessage::error(host_error(&error), Some(id));
+                Ok(StreamableHttpPostResponse::Json(answer, None))
+            }
+            // A JSON answer that is not JSON-RPC, or uses serde_json's reserved key.
+            Err(StreamableHttpError::Deserialize(error)) => {
+                let error = self.limits.invalid(&kind, &error.to_string());
                 tracing::warn!(server_id = %self.limits.server_id, %error, "failing one request");
                 let answer = ServerJsonRpcMessage::error(host_error(&error), Some(id));
                 Ok(StreamableHttpPostResponse::Json(answer, None))
@@ -625,11 +632,7 @@ fn cap_events(
 ) -> BoxStream<'static, Result<Sse, SseError>> {
     events
         .map(move |event| match event {
-            Err(SseError::Body(error))
-                if error
-                    .to_string()
-                    .starts_with("SSE event exceeded the maximum size") =>
-            {
+            Err(error) if super::http_post::is_event_too_large(&error) => {
                 let seen = (max as u64).saturating_add(1);
                 let answer = too_large_answer(&limits, &kind, id.clone(), seen);
                 let data = serde_json::to_string(&answer).map_err(|e| SseError::Body(e.into()))?;

@@ -18,6 +18,7 @@ mod error;
 mod guest_answers;
 mod hostcalls;
 mod http;
+mod http_post;
 mod in_flight;
 pub(crate) mod input;
 mod launch;

@@ -332,8 +332,9 @@ impl OutboundClient {
 
 type HttpError = StreamableHttpError<reqwest::Error>;
 
-/// rmcp's Streamable HTTP calls, each checked against the egress policy, then made by
-/// rmcp's own reqwest implementation on the private client.
+/// rmcp's Streamable HTTP calls, each checked against the egress policy. A POST's answer is
+/// read by [`http_post::post`](super::http_post::post), within the request's cap; the rest
+/// are made by rmcp's own reqwest implementation on the private client.
 impl StreamableHttpClient for OutboundClient {
     type Error = reqwest::Error;
 
@@ -345,13 +346,23 @@ impl StreamableHttpClient for OutboundClient {
         auth_header: Option<String>,
         custom_headers: HashMap<HeaderName, HeaderValue>,
     ) -> Result<StreamableHttpPostResponse, HttpError> {
-        self.checked_uri(&uri).await?;
-        let custom_headers = super::spans::with_trace_headers(&message, custom_headers);
-        self.http
-            .post_message(uri, message, session_id, auth_header, custom_headers)
-            .await
+        // rmcp's transport always passes a cap; without one, that of a message that is not
+        // a call's or a listing's answer.
+        let max = defaults::MAX_MCP_MESSAGE_BYTES.saturating_add(defaults::MCP_ENVELOPE_BYTES);
+        let max = usize::try_from(max).unwrap_or(usize::MAX);
+        self.post_message_with_max_sse_event_size(
+            uri,
+            message,
+            session_id,
+            auth_header,
+            custom_headers,
+            max,
+        )
+        .await
     }
 
+    /// `max_sse_event_size` caps a JSON answer too: the caller passes the cap of the
+    /// request the answer is for.
     async fn post_message_with_max_sse_event_size(
         &self,
         uri: Arc<str>,
@@ -363,16 +374,16 @@ impl StreamableHttpClient for OutboundClient {
     ) -> Result<StreamableHttpPostResponse, HttpError> {
         self.checked_uri(&uri).await?;
         let custom_headers = super::spans::with_trace_headers(&message, custom_headers);
-        self.http
-            .post_message_with_max_sse_event_size(
-                uri,
-                message,
-                session_id,
-                auth_header,
-                custom_headers,
-                max_sse_event_size,
-            )
-            .await
+        super::http_post::post(
+            &self.http,
+            &uri,
+            &message,
+            session_id.as_deref(),
+            auth_header,
+            custom_headers,
+            max_sse_event_size,
+        )
+        .await
     }
 
     async fn delete_session(
