@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 use crate::serve::{BackgroundServer, Bound};
 
-/// Bytes of a huge answer: over any test's cap, under rmcp's 16 MiB SSE default.
+/// Bytes of a huge answer: over any test's cap.
 const HUGE: usize = 5_000_000;
 
 /// Bytes of a JSON answer sent before it stalls.
@@ -32,7 +32,8 @@ pub enum Misbehaviour {
     HugeEvent,
     /// An SSE event that starts the answer and never ends (Streamable HTTP only).
     EndlessEvent,
-    /// A JSON body of 17 MiB, over rmcp's own 16 MiB cap (Streamable HTTP only).
+    /// A JSON body of 17 MiB, over the 16 MiB rmcp's own client reads (Streamable HTTP
+    /// only).
     HugeJsonBody,
     /// A JSON body that sends 200 000 bytes of an answer and then nothing more, without
     /// ending (Streamable HTTP only): a client that reads on to rmcp's 16 MiB waits forever.

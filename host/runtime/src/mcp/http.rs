@@ -496,7 +496,8 @@ impl StreamableHttpClient for AuthedClient {
                 let answer = ServerJsonRpcMessage::error(host_error(&error), Some(id));
                 Ok(StreamableHttpPostResponse::Json(answer, None))
             }
-            // A JSON answer that is not JSON-RPC, or uses serde_json's reserved key.
+            // A JSON answer that is not JSON-RPC, or uses serde_json's reserved key (an
+            // error to `server/discover`, like a rejection, makes rmcp try `initialize`).
             Err(StreamableHttpError::Deserialize(error)) => {
                 let error = self.limits.invalid(&kind, &error.to_string());
                 tracing::warn!(server_id = %self.limits.server_id, %error, "failing one request");
@@ -621,8 +622,8 @@ fn too_large_answer(
     ServerJsonRpcMessage::error(host_error(&error), Some(id))
 }
 
-/// The events answering request `id`, where an event over `max` (rmcp's cap ends the
-/// stream with an error) becomes that request's `mcp_output_too_large`.
+/// The events answering request `id`, where an event over `max` (the POST ends the stream
+/// with an error) becomes that request's `mcp_output_too_large`.
 fn cap_events(
     events: BoxStream<'static, Result<Sse, SseError>>,
     limits: Limits,

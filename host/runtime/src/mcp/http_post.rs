@@ -41,9 +41,6 @@ const SESSION_ID: &str = "mcp-session-id";
 /// (`MCP-Protocol-Version` may be one: rmcp's transport passes it that way.)
 const RESERVED_HEADERS: [&str; 3] = ["accept", SESSION_ID, "last-event-id"];
 
-/// Longest `Retry-After` value kept, as rmcp keeps it.
-const MAX_RETRY_AFTER_BYTES: usize = 128;
-
 /// POSTs `message` and reads the answer, a JSON body or an event stream, neither holding
 /// more than `max` bytes of one message.
 pub(super) async fn post(
@@ -206,9 +203,9 @@ fn status_error(status: StatusCode, headers: &http::HeaderMap) -> Option<HttpSta
     if status != StatusCode::TOO_MANY_REQUESTS && !status.is_server_error() {
         return None;
     }
+    // `new` drops a value over 128 bytes.
     let retry_after = headers
         .get(header::RETRY_AFTER)
-        .filter(|value| value.len() <= MAX_RETRY_AFTER_BYTES)
         .and_then(|value| value.to_str().ok())
         .map(str::to_owned);
     Some(HttpStatusError::new(status.as_u16(), retry_after))
@@ -295,20 +292,22 @@ fn bounded_events(
     max: usize,
 ) -> BoxStream<'static, Result<Sse, SseError>> {
     let mut limit = EventLimit::new(max);
-    let bytes = body
-        .map(move |chunk| {
+    let mut body = Box::pin(body);
+    let mut failed = false;
+    // Nothing after the first error, and the body is not read again: the parser would go
+    // on with what follows it.
+    let bytes = futures::stream::poll_fn(move |cx| {
+        if failed {
+            return std::task::Poll::Ready(None);
+        }
+        let chunk = std::task::ready!(body.as_mut().poll_next(cx)).map(|chunk| {
             let chunk = chunk?;
             limit.observe(&chunk)?;
             Ok::<_, StreamError>(chunk)
-        })
-        // Nothing after the first error: the parser would go on with what follows it.
-        .scan(false, |failed, chunk| {
-            let next = (!*failed).then(|| {
-                *failed = chunk.is_err();
-                chunk
-            });
-            std::future::ready(next)
         });
+        failed = chunk.as_ref().is_some_and(Result::is_err);
+        std::task::Poll::Ready(chunk)
+    });
     SseStream::from_bytes_stream(bytes).boxed()
 }
 
@@ -509,7 +508,7 @@ mod tests {
             (error.status, error.retry_after.as_deref()),
             (429, Some("30"))
         );
-        let long = "9".repeat(MAX_RETRY_AFTER_BYTES + 1);
+        let long = "9".repeat(129);
         headers.insert(header::RETRY_AFTER, HeaderValue::from_str(&long).unwrap());
         let error = status_error(StatusCode::SERVICE_UNAVAILABLE, &headers).unwrap();
         assert_eq!((error.status, error.retry_after), (503, None));
@@ -542,9 +541,9 @@ mod tests {
     async fn an_event_over_the_cap_ends_the_stream_with_its_error() {
         let chunks = ["data: 1\n\n", "data: 12345678", "90\n\n", "data: 2\n\n"]
             .map(|chunk| Ok(Bytes::from_static(chunk.as_bytes())));
-        let events: Vec<_> = bounded_events(futures::stream::iter(chunks), 12)
-            .collect()
-            .await;
+        // Nor is the body read again: it would wait here.
+        let body = futures::stream::iter(chunks).chain(futures::stream::pending());
+        let events: Vec<_> = bounded_events(body, 12).collect().await;
         assert_eq!(events.len(), 2, "{events:?}");
         assert_eq!(events[0].as_ref().unwrap().data.as_deref(), Some("1"));
         assert!(

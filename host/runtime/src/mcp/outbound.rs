@@ -272,7 +272,9 @@ pub(crate) async fn read_capped(
     mut response: reqwest::Response,
     max: usize,
 ) -> Result<Vec<u8>, ReadBodyError> {
-    let mut body = Vec::new();
+    // Sized once when the length is known and allowed: doubling would briefly hold twice it.
+    let expected = response.content_length().unwrap_or(0).min(max as u64);
+    let mut body = Vec::with_capacity(usize::try_from(expected).unwrap_or(0));
     while let Some(chunk) = response.chunk().await.map_err(ReadBodyError::Read)? {
         if chunk.len() > max.saturating_sub(body.len()) {
             return Err(ReadBodyError::TooLarge(BodyTooLarge { max }));
