@@ -606,7 +606,7 @@ async fn remote_answers_over_their_caps_fail_at_once_and_the_server_stays_usable
 
 /// serde_json (with `raw_value`, as the host is built) would read the string under its
 /// reserved key as the JSON it holds; an answer using it fails its call, on both transports,
-/// in an event or a plain JSON body.
+/// in an event, a plain JSON body or a resumed stream.
 #[tokio::test]
 async fn a_remote_answer_hiding_values_in_a_string_fails_its_call() {
     let http = HostileHttp::start().await;
@@ -617,7 +617,11 @@ async fn a_remote_answer_hiding_values_in_a_string_fails_its_call() {
     for (server, misbehaviours) in [
         (
             &streamable,
-            &[Misbehaviour::HiddenValues, Misbehaviour::HiddenValuesJson][..],
+            &[
+                Misbehaviour::HiddenValues,
+                Misbehaviour::HiddenValuesJson,
+                Misbehaviour::HiddenValuesResumed,
+            ][..],
         ),
         (&legacy, &[Misbehaviour::HiddenValues][..]),
     ] {

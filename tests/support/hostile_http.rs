@@ -46,6 +46,9 @@ pub enum Misbehaviour {
     HiddenValues,
     /// The same answer as a plain JSON body (Streamable HTTP only).
     HiddenValuesJson,
+    /// The same answer on the stream the client resumes (GET with `Last-Event-ID`) after
+    /// the POST's stream ends with only an event id and a `retry:` (Streamable HTTP only).
+    HiddenValuesResumed,
 }
 
 impl Misbehaviour {
@@ -59,6 +62,7 @@ impl Misbehaviour {
             Misbehaviour::HugeJsonError => "huge_json_error",
             Misbehaviour::HiddenValues => "hidden_values",
             Misbehaviour::HiddenValuesJson => "hidden_values_json",
+            Misbehaviour::HiddenValuesResumed => "hidden_values_resumed",
         }
     }
 }
@@ -67,6 +71,8 @@ impl Misbehaviour {
 struct Shared {
     /// The open legacy event stream, if any.
     legacy: Mutex<Option<mpsc::Sender<Bytes>>>,
+    /// The answer a resumed Streamable HTTP stream carries, if any.
+    resumed: Mutex<Option<Value>>,
 }
 
 /// The running server; see the module docs.
@@ -83,7 +89,7 @@ impl HostileHttp {
             .route(
                 "/mcp",
                 post(streamable)
-                    .get(|| async { StatusCode::METHOD_NOT_ALLOWED })
+                    .get(resume)
                     .delete(|| async { StatusCode::OK }),
             )
             .route("/sse", get(legacy_stream))
@@ -116,6 +122,8 @@ enum Answer {
     HugeJson(Value),
     /// A JSON body's first bytes, then a stall.
     StalledJson(Vec<u8>),
+    /// Given on the stream the client resumes.
+    Resumed(Value),
     HugeJsonError(Value),
 }
 
@@ -144,6 +152,7 @@ fn answer_to(request: &Value) -> Answer {
                 "hidden_values",
                 "stalled_json",
                 "hidden_values_json",
+                "hidden_values_resumed",
             ]
             .iter()
             .map(|name| json!({"name": name, "inputSchema": {"type": "object"}}))
@@ -161,6 +170,7 @@ fn answer_to(request: &Value) -> Answer {
                 Answer::Event(format!("event: message\ndata: {answer}\n\n").into_bytes())
             }
             "hidden_values_json" => Answer::Json(hiding_values(result(text("ok".into())))),
+            "hidden_values_resumed" => Answer::Resumed(hiding_values(result(text("ok".into())))),
             "stalled_json" => {
                 let mut body = result(text("x".repeat(STALLED))).to_string().into_bytes();
                 body.truncate(STALLED);
@@ -205,9 +215,14 @@ fn endless(id: &Value) -> Body {
     Body::from_stream(stream)
 }
 
-async fn streamable(body: Bytes) -> Response<Body> {
+async fn streamable(State(shared): State<Arc<Shared>>, body: Bytes) -> Response<Body> {
     let request: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     match answer_to(&request) {
+        Answer::Resumed(answer) => {
+            *shared.resumed.lock().unwrap_or_else(|e| e.into_inner()) = Some(answer);
+            let head = "id: post-1\nretry: 10\ndata:\n\n";
+            response(StatusCode::OK, "text/event-stream", Body::from(head))
+        }
         Answer::None => response(StatusCode::ACCEPTED, "application/json", Body::empty()),
         Answer::Json(value) | Answer::HugeJson(value) => response(
             StatusCode::OK,
@@ -231,6 +246,31 @@ async fn streamable(body: Bytes) -> Response<Body> {
                 Body::from_stream(stream),
             )
         }
+    }
+}
+
+/// A GET resuming a stream (`Last-Event-ID`) gets the answer kept for it; any other GET
+/// is refused, as a server without a standalone stream refuses it.
+async fn resume(
+    State(shared): State<Arc<Shared>>,
+    headers: axum::http::HeaderMap,
+) -> Response<Body> {
+    let answer = headers
+        .contains_key("last-event-id")
+        .then(|| {
+            shared
+                .resumed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take()
+        })
+        .flatten();
+    match answer {
+        Some(answer) => {
+            let event = format!("id: post-2\nevent: message\ndata: {answer}\n\n");
+            response(StatusCode::OK, "text/event-stream", Body::from(event))
+        }
+        None => response(StatusCode::METHOD_NOT_ALLOWED, "text/plain", Body::empty()),
     }
 }
 
@@ -260,6 +300,7 @@ async fn legacy_post(State(shared): State<Arc<Shared>>, body: Bytes) -> StatusCo
         | Answer::HugeJsonError(value)
         | Answer::Endless(value) => format!("event: message\ndata: {value}\n\n").into_bytes(),
         Answer::Event(bytes) | Answer::StalledJson(bytes) => bytes,
+        Answer::Resumed(value) => format!("event: message\ndata: {value}\n\n").into_bytes(),
     };
     let tx = shared
         .legacy

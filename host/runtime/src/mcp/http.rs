@@ -452,9 +452,12 @@ impl StreamableHttpClient for AuthedClient {
         let Some((id, kind)) = request else {
             // rmcp takes an event stream in answer to a notification or a reply too.
             return match response {
-                Ok(StreamableHttpPostResponse::Sse(events, session)) => Ok(
-                    StreamableHttpPostResponse::Sse(bound_retry(events), session),
-                ),
+                Ok(StreamableHttpPostResponse::Sse(events, session)) => {
+                    Ok(StreamableHttpPostResponse::Sse(
+                        bound_retry(events, self.limits.clone()),
+                        session,
+                    ))
+                }
                 other => other,
             };
         };
@@ -593,7 +596,7 @@ impl StreamableHttpClient for AuthedClient {
                 },
             )
             .await
-            .map(bound_retry);
+            .map(|events| bound_retry(events, self.limits.clone()));
         if first {
             self.common_stream.answered();
         }
@@ -678,23 +681,39 @@ fn bounded_retry(event: Result<Sse, SseError>) -> Result<Sse, SseError> {
 }
 
 /// [`bounded_retry`] for every event of a stream not answering a request the host knows
-/// (the GET stream, a resumed one, an answer to a notification), whose events that
-/// [`hides_values`] lose their data: rmcp skips an event without data. A call whose
-/// answer is lost so fails at its timeout.
+/// (the GET stream, a resumed one, an answer to a notification). An event that
+/// [`hides_values`] becomes, if it answers one of our requests, that request's failure;
+/// any other loses its data, and rmcp skips an event without data.
 fn bound_retry(
     events: BoxStream<'static, Result<Sse, SseError>>,
+    limits: Limits,
 ) -> BoxStream<'static, Result<Sse, SseError>> {
     events
-        .map(|event| {
+        .map(move |event| {
             bounded_retry(event).map(|mut sse| {
                 if hides_values(&sse) {
-                    tracing::warn!("dropped a server event: {}", crate::json::RESERVED);
-                    sse.data = None;
+                    sse.data = sse.data.and_then(|data| failure_of_answer(&limits, &data));
                 }
                 sse
             })
         })
         .boxed()
+}
+
+/// For an answer `data` that [`hides_values`], the failure of the request it answers, as
+/// event data; `None` for anything else (a request or notification of the server's).
+fn failure_of_answer(limits: &Limits, data: &str) -> Option<String> {
+    let mut scan = IdScan::default();
+    scan.feed(data.as_bytes());
+    let id = scan.id().filter(|_| scan.is_answer());
+    let Some(id) = id else {
+        tracing::warn!(server_id = %limits.server_id, "dropped a server event: {}", crate::json::RESERVED);
+        return None;
+    };
+    let error = limits.invalid(&Kind::Other("a request"), crate::json::RESERVED);
+    tracing::warn!(server_id = %limits.server_id, %error, "failing one request");
+    let answer = ServerJsonRpcMessage::error(host_error(&error), Some(id.clone()));
+    serde_json::to_string(&answer).ok()
 }
 
 /// The Streamable HTTP transport of one server.
