@@ -88,6 +88,24 @@ const gone = (selector) => page.waitForSelector(selector, { hidden: true, timeou
 const textOf = (selector) => page.$eval(selector, (e) => e.textContent);
 const row = (id) => `#servers-body tr[data-server-id="${id}"]`;
 
+/**
+ * Clicks button `name` of server `id`'s row. The list is drawn again when the registry
+ * reloads (after a save, for one), which can detach the row between finding the button and
+ * clicking it; puppeteer then throws before any click, and the new row's button is tried.
+ */
+async function clickRow(id, name) {
+  const selector = `${row(id)} button.${name}`;
+  const until = Date.now() + STEP_MS;
+  for (;;) {
+    try {
+      return await page.click(selector);
+    } catch (e) {
+      if (!/detached/i.test(String(e)) || Date.now() > until) throw e;
+      await new Promise((resolve) => setTimeout(resolve, 50));
+    }
+  }
+}
+
 /** Control `name` is read-only and its note says how to change `field`. */
 async function expectLocked(name, field) {
   const readOnly = await page.$eval(`#f-${name}`, (e) => e.readOnly);
@@ -204,7 +222,7 @@ async function main() {
   await checkpoint('created');
 
   step = 'test fx';
-  await page.click(`${row('fx')} button.test`);
+  await clickRow('fx', 'test');
   const tested = await result();
   expect(tested.outcome === 'ok', `the test of fx says: ${tested.text}`);
   const count = /ok: (\d+) tools/.exec(tested.text);
@@ -213,7 +231,7 @@ async function main() {
   await checkpoint('tested', { tool_count: Number(count[1]) });
 
   step = 'see the tools of fx';
-  await page.click(`${row('fx')} button.tools`);
+  await clickRow('fx', 'tools');
   await visible('#tools-body tr');
   const names = await page.$$eval('#tools-body .model-name', (cells) => cells.map((c) => c.textContent));
   expect(names.includes('mcp__fx__echo'), `the tools view shows ${JSON.stringify(names)}`);
@@ -222,7 +240,7 @@ async function main() {
 
   step = 'pin the tools of fx';
   dialogs = [];
-  await page.click(`${row('fx')} button.pin`);
+  await clickRow('fx', 'pin');
   const pinned = await result();
   expect(dialogs.length === 1 && dialogs[0].includes('fx'), `confirmations: ${JSON.stringify(dialogs)}`);
   expect(
@@ -233,7 +251,7 @@ async function main() {
   await checkpoint('pinned');
 
   step = 'edit fx with the form';
-  await page.click(`${row('fx')} button.edit`);
+  await clickRow('fx', 'edit');
   await visible('#server-form');
   const command = await page.$eval('#f-command', (e) => e.value);
   expect(command === FIXTURE, `the form shows command ${command}`);
@@ -249,7 +267,7 @@ async function main() {
   await checkpoint('edited');
 
   step = 'edit a record the form cannot show exactly';
-  await page.click(`${row('spaced')} button.edit`);
+  await clickRow('spaced', 'edit');
   await visible('#server-form');
   await expectLocked('args', 'stdio.args');
   await expectLocked('env', 'stdio.env');
@@ -264,7 +282,7 @@ async function main() {
     `a save after another write shows: ${conflict}`,
   );
   await page.click('#form-cancel');
-  await page.click(`${row('spaced')} button.edit`);
+  await clickRow('spaced', 'edit');
   await visible('#server-form');
   const reread = await page.$eval('#f-display_name', (e) => e.value);
   expect(reread === 'Elsewhere', `the reopened form shows display_name ${reread}`);
@@ -281,7 +299,7 @@ async function main() {
   await checkpoint('spaced-saved');
 
   step = 'a refused record shows its error';
-  await page.click(`${row('fx')} button.edit`);
+  await clickRow('fx', 'edit');
   await visible('#server-form');
   // The last record's read-only fields are not carried over to this one.
   const locks = await page.$$eval('#server-form .locked, #server-form .locked-note', (e) => e.length);
@@ -297,7 +315,7 @@ async function main() {
 
   step = 'delete fx';
   dialogs = [];
-  await page.click(`${row('fx')} button.delete`);
+  await clickRow('fx', 'delete');
   await gone(row('fx'));
   expect(dialogs.length === 1 && dialogs[0].includes('fx'), `confirmations: ${JSON.stringify(dialogs)}`);
   await noErrorShown();
@@ -305,12 +323,12 @@ async function main() {
   await checkpoint('deleted');
 
   step = 'the hostile record renders as text';
-  await page.click(`${row(HOSTILE_ID)} button.tools`);
+  await clickRow(HOSTILE_ID, 'tools');
   await visible('#tools-body tr');
   const descriptions = await page.$$eval('#tools-body .description', (cells) => cells.map((c) => c.textContent));
   expect(descriptions.includes(HOSTILE_MARKUP), `descriptions shown: ${JSON.stringify(descriptions.slice(0, 3))}`);
   await nothingInjected();
-  await page.click(`${row(HOSTILE_ID)} button.edit`);
+  await clickRow(HOSTILE_ID, 'edit');
   await visible('#server-form');
   const shownName = await page.$eval('#f-display_name', (e) => e.value);
   expect(shownName === HOSTILE_MARKUP, `the form shows display_name ${shownName}`);
@@ -320,7 +338,7 @@ async function main() {
   // A JSON document escapes the markup's quotes; its tag is there as written.
   expect(raw.includes('<img src=x onerror='), `the raw editor shows ${raw}`);
   await page.click('#raw-cancel');
-  await page.click(`${row(HOSTILE_ID)} button.test`);
+  await clickRow(HOSTILE_ID, 'test');
   const hostileTest = await result();
   expect(hostileTest.outcome === 'ok', `the hostile server's test says: ${hostileTest.text}`);
   await nothingInjected();
