@@ -22,6 +22,10 @@ use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use http::{HeaderName, HeaderValue, StatusCode, header};
 use rmcp::model::{ClientJsonRpcMessage, ClientRequest, ErrorData, ServerJsonRpcMessage};
+use rmcp::transport::common::http_header::{
+    EVENT_STREAM_MIME_TYPE as EVENT_STREAM, HEADER_LAST_EVENT_ID, HEADER_SESSION_ID as SESSION_ID,
+    JSON_MIME_TYPE as JSON,
+};
 use rmcp::transport::streamable_http_client::{
     AuthRequiredError, HttpStatusError, InsufficientScopeError, StreamableHttpError,
     StreamableHttpPostResponse,
@@ -33,13 +37,9 @@ use crate::defaults;
 
 type HttpError = StreamableHttpError<reqwest::Error>;
 
-const EVENT_STREAM: &str = "text/event-stream";
-const JSON: &str = "application/json";
-const SESSION_ID: &str = "mcp-session-id";
-
 /// Headers the transport sets itself, which a custom header may not replace.
 /// (`MCP-Protocol-Version` may be one: rmcp's transport passes it that way.)
-const RESERVED_HEADERS: [&str; 3] = ["accept", SESSION_ID, "last-event-id"];
+const RESERVED_HEADERS: [&str; 3] = ["accept", SESSION_ID, HEADER_LAST_EVENT_ID];
 
 /// POSTs `message` and reads the answer, a JSON body or an event stream, neither holding
 /// more than `max` bytes of one message.
