@@ -32,12 +32,12 @@
 //! Run: `cargo bench -p quiver-tests --bench scale`. `QUIVER_BENCH_ROUNDS` (0 skips part 1),
 //! `QUIVER_BENCH_TASKS` (tasks per overhead round), `QUIVER_BENCH_START_ROWS` (part 1's rows
 //! to run, comma-separated, for profiling one: `host`, `host0`, `bare`, `bare_host`,
-//! `bare0`, `host_wasi`, `bare_wasi`), `QUIVER_BENCH_SLEEP_MS` and
-//! `QUIVER_BENCH_WAITING` (comma-separated N) override the defaults. `QUIVER_BENCH_ROWS`
-//! picks part 2's rows (comma-separated, default all): `host` (defaults, blocking call),
-//! `epoll` (defaults, the epoll wait), `slots` (N slots), `capped` (N slots, the old call
-//! cap) and `bare`. `QUIVER_BENCH_KEEP_RESIDENT` (bytes) sets the default hosts'
-//! `with_keep_resident`, to weigh that setting.
+//! `bare0`, `host_wasi`, `bare_wasi`), `QUIVER_BENCH_SLEEP_MS` and `QUIVER_BENCH_WAITING`
+//! (comma-separated N; empty skips part 2) override the defaults. `QUIVER_BENCH_ROWS` picks
+//! part 2's rows (comma-separated, default all): `host` (defaults, blocking call), `epoll`
+//! (defaults, the epoll wait), `slots` (N slots), `capped` (N slots, the old call cap) and
+//! `bare`. `QUIVER_BENCH_KEEP_RESIDENT` (bytes) sets the default hosts'
+//! `with_keep_resident`, to weigh that setting. The report leaves out the rows not run.
 
 use quiver_tests::bench::{env_picks, env_usize, median};
 use std::io::BufRead;
@@ -480,7 +480,7 @@ async fn overhead(
         "host_wasi",
         "bare_wasi",
     ];
-    // Only some rows, to profile one (a row left out reads as 0, its ratios as NaN or inf).
+    // Only some rows, to profile one; the report leaves the others out.
     let start_row_on = env_picks("QUIVER_BENCH_START_ROWS");
     let mut samples: [Vec<f64>; VARIANTS] = Default::default();
     // host / bare, host / bare with the host's settings, the same two kept nothing, and the
@@ -519,41 +519,65 @@ async fn overhead(
         }
     }
     eprintln!();
-    let [h, h0, b, bh, b0, hw, bw] = samples.map(median);
+    let medians = samples.map(median);
     let us = |s: f64| s * 1e6;
     println!(
         "per-task overhead: a task that returns at once, median of {rounds} rounds x {tasks} tasks"
     );
     let k = keep_resident / 1024;
-    for (what, value) in [
-        (format!("host (Host::run_task), keeps {k} KiB"), h),
-        ("host with keep_resident 0".to_owned(), h0),
-        ("bare (instantiate + call, same module)".to_owned(), b),
-        (format!("bare with the host's settings ({k} KiB)"), bh),
-        ("bare with the host's settings, keeps 0".to_owned(), b0),
-        ("host, the module importing WASI".to_owned(), hw),
+    let labels: [String; VARIANTS] = [
+        format!("host (Host::run_task), keeps {k} KiB"),
+        "host with keep_resident 0".into(),
+        "bare (instantiate + call, same module)".into(),
+        format!("bare with the host's settings ({k} KiB)"),
+        "bare with the host's settings, keeps 0".into(),
+        "host, the module importing WASI".into(),
+        "bare with the host's settings and a WASI context".into(),
+    ];
+    for (which, what) in labels.iter().enumerate() {
+        if start_row_on(VARIANT_NAMES[which]) {
+            println!("  {what:<50} {:>7.2} µs/task", us(medians[which]));
+        }
+    }
+    // Each ratio only when both of its rows ran.
+    let [r_b, r_bh, r0_b, r0_b0, r_w] = ratios.map(median);
+    let ran = |a: usize, b: usize| start_row_on(VARIANT_NAMES[a]) && start_row_on(VARIANT_NAMES[b]);
+    let ratio = |label: &str, r: f64, a: usize, b: usize| {
+        ran(a, b).then(|| format!("{label}: {r:.2}x ({:+.2} µs)", us(medians[a] - medians[b])))
+    };
+    for (heading, parts) in [
         (
-            "bare with the host's settings and a WASI context".to_owned(),
-            bw,
+            "",
+            [
+                ratio("host / bare", r_b, 0, 2),
+                ratio("host / bare with the host's settings", r_bh, 0, 3),
+            ],
+        ),
+        (
+            "keeping nothing: ",
+            [
+                ratio("host / bare", r0_b, 1, 2),
+                ratio("host / bare keeping nothing", r0_b0, 1, 4),
+            ],
+        ),
+        (
+            "importing WASI: ",
+            [
+                ratio(
+                    "host / bare with the host's settings and a WASI context",
+                    r_w,
+                    5,
+                    6,
+                ),
+                None,
+            ],
         ),
     ] {
-        println!("  {what:<50} {:>7.2} µs/task", us(value));
+        let parts: Vec<String> = parts.into_iter().flatten().collect();
+        if !parts.is_empty() {
+            println!("  {heading}{}", parts.join("; "));
+        }
     }
-    let [r_b, r_bh, r0_b, r0_b0, r_w] = ratios.map(median);
-    println!(
-        "  host / bare: {r_b:.2}x ({:+.2} µs); host / bare with the host's settings: {r_bh:.2}x ({:+.2} µs)",
-        us(h - b),
-        us(h - bh)
-    );
-    println!(
-        "  keeping nothing: host / bare: {r0_b:.2}x ({:+.2} µs); host / bare keeping nothing: {r0_b0:.2}x ({:+.2} µs)",
-        us(h0 - b),
-        us(h0 - b0)
-    );
-    println!(
-        "  importing WASI: host / bare with the host's settings and a WASI context: {r_w:.2}x ({:+.2} µs)",
-        us(hw - bw)
-    );
 }
 
 async fn run_noop(host: &Host, module: &GuestModule, task: &TaskSpec) {
@@ -691,6 +715,10 @@ async fn main() {
         kept_nothing.shutdown().await;
     }
 
+    if waiting.is_empty() {
+        host.shutdown().await;
+        return;
+    }
     // Connect the server and fill caches before measuring.
     let row_on = env_picks("QUIVER_BENCH_ROWS");
     let epoll_wat = epoll_guest(sleep_ms);
