@@ -80,7 +80,13 @@ async fn run(guest: &str, guest_args: Vec<String>) -> Result<i32, Box<dyn std::e
     task.config
         .insert("mcp.default_server_ids".into(), r#"["fixture"]"#.into());
     task.args = guest_args;
-    let outcome = host.run_task(&module, &task).await?;
+    // In a tokio task of its own, as `Host::run_task` advises: each MCP answer then wakes the
+    // task on the worker that read it, instead of being handed to this `block_on` thread.
+    let running = tokio::spawn({
+        let host = host.clone();
+        async move { host.run_task(&module, &task).await }
+    });
+    let outcome = running.await??;
     print!("{}", outcome.stdout_text());
     eprint!("{}", outcome.stderr_text());
     println!("embedder: guest exited with {}", outcome.exit_code);
