@@ -216,7 +216,9 @@ fn script_one_send(llm: &ScriptedLlm) {
 
 #[tokio::main]
 async fn main() {
-    let rounds = env_usize("QUIVER_BENCH_ROUNDS", 15);
+    // Enough rounds that the median holds still: at 11 it spread from 7 to 66 µs on a worker
+    // in one afternoon, at 41 from 39 to 46 (BENCHMARKS.md, twelfth look).
+    let rounds = env_usize("QUIVER_BENCH_ROUNDS", 41);
     let sends = env_usize("QUIVER_BENCH_SENDS", 50);
 
     let (_sink, telemetry) = export_on_switch().await;
