@@ -353,7 +353,8 @@ fn paired(a: &Samples, b: &Samples) -> f64 {
     ratios[ratios.len() / 2]
 }
 
-/// Prints the figures of `target` and returns its median guest latency.
+/// Prints the figures of `target` and returns its median guest latency (zero without the
+/// `guest` row).
 async fn measure(
     host: &Host,
     target: &Target,
@@ -489,10 +490,9 @@ async fn measure(
             micros(median(samples.cpu.clone())),
         );
     }
-    let (Some(guest), Some(spawned_guest)) = (of(Row::Guest), of(Row::Spawned)) else {
-        return Duration::ZERO;
-    };
-    if let Some(native) = of(Row::Native) {
+    // Each ratio for whichever guest rows ran ("-" for one left out).
+    let (guest, spawned_guest) = (of(Row::Guest), of(Row::Spawned));
+    if let (Some(guest), Some(native)) = (guest, of(Row::Native)) {
         println!(
             "  guest / native (median of round pairs)     {:>10.3}x",
             paired(guest, native)
@@ -503,15 +503,24 @@ async fn measure(
         ("floor", of(Row::Floor)),
         ("floor, the host's lines", of(Row::FloorWire)),
     ] {
-        if let Some(baseline) = baseline {
+        let Some(baseline) = baseline else { continue };
+        let ratio = |side: Option<&Samples>| {
+            side.map_or("-".to_owned(), |side| {
+                format!("{:.3}x", paired(side, baseline))
+            })
+        };
+        if guest.is_some() || spawned_guest.is_some() {
             let label = format!("guest / {name} (block_on; spawned)");
             println!(
-                "  {label:<42} {:>6.3}x {:>6.3}x",
-                paired(guest, baseline),
-                paired(spawned_guest, baseline)
+                "  {label:<42} {:>7} {:>7}",
+                ratio(guest),
+                ratio(spawned_guest)
             );
         }
     }
+    let Some(guest) = guest else {
+        return Duration::ZERO;
+    };
     let guest = median(guest.times.clone());
     if !spawned.is_empty() {
         let spawned = median(spawned);
@@ -584,10 +593,13 @@ async fn main() {
     if wanted(&fixture) && wanted(&fixture_http) {
         let stdio = measure(&host, &fixture, rounds, calls, spawns).await;
         let http = measure(&host, &fixture_http, rounds, calls, spawns).await;
-        println!(
-            "fixture over Streamable HTTP / over stdio (guest path): {:.2}x",
-            micros(http) / micros(stdio)
-        );
+        // Zero when the `guest` row was left out.
+        if !stdio.is_zero() && !http.is_zero() {
+            println!(
+                "fixture over Streamable HTTP / over stdio (guest path): {:.2}x",
+                micros(http) / micros(stdio)
+            );
+        }
     } else {
         for target in [&fixture, &fixture_http].into_iter().filter(|t| wanted(t)) {
             measure(&host, target, rounds, calls, spawns).await;
