@@ -490,21 +490,20 @@ impl StreamableHttpClient for AuthedClient {
                 if max_size >= self.limits.message_cap(&kind) =>
             {
                 let seen = (max_size as u64).saturating_add(1);
-                let answer = too_large_answer(&self.limits, &kind, id, seen);
+                let error = self.limits.too_large(&kind, seen);
+                let answer = failure_answer(&self.limits, &error, id);
                 Ok(StreamableHttpPostResponse::Json(answer, None))
             }
             Err(StreamableHttpError::ResponseBodyTooLarge { max_size }) => {
                 let error = self.limits.error_body_too_large(&kind, max_size);
-                tracing::warn!(server_id = %self.limits.server_id, %error, "failing one request");
-                let answer = ServerJsonRpcMessage::error(host_error(&error), Some(id));
+                let answer = failure_answer(&self.limits, &error, id);
                 Ok(StreamableHttpPostResponse::Json(answer, None))
             }
             // A JSON answer that is not JSON-RPC, or uses serde_json's reserved key (an
             // error to `server/discover`, like a rejection, makes rmcp try `initialize`).
             Err(StreamableHttpError::Deserialize(error)) => {
                 let error = self.limits.invalid(&kind, &error.to_string());
-                tracing::warn!(server_id = %self.limits.server_id, %error, "failing one request");
-                let answer = ServerJsonRpcMessage::error(host_error(&error), Some(id));
+                let answer = failure_answer(&self.limits, &error, id);
                 Ok(StreamableHttpPostResponse::Json(answer, None))
             }
             Ok(StreamableHttpPostResponse::Sse(events, session)) => {
@@ -613,16 +612,10 @@ fn note_left_out(left_out: &LeftOut, answer: &ServerJsonRpcMessage) {
     }
 }
 
-/// The answer that fails request `id` (of `kind`) whose answer was at least `seen` bytes.
-fn too_large_answer(
-    limits: &Limits,
-    kind: &Kind,
-    id: RequestId,
-    seen: u64,
-) -> ServerJsonRpcMessage {
-    let error = limits.too_large(kind, seen);
+/// The answer that fails request `id` with `error`, logged with the server's id.
+fn failure_answer(limits: &Limits, error: &super::McpError, id: RequestId) -> ServerJsonRpcMessage {
     tracing::warn!(server_id = %limits.server_id, %error, "failing one request");
-    ServerJsonRpcMessage::error(host_error(&error), Some(id))
+    ServerJsonRpcMessage::error(host_error(error), Some(id))
 }
 
 /// The events answering request `id`, where an event over `max` (the POST ends the stream
@@ -637,15 +630,14 @@ fn cap_events(
     events
         .map(move |event| match event {
             Err(error) if super::http_post::is_event_too_large(&error) => {
-                let seen = (max as u64).saturating_add(1);
-                let answer = too_large_answer(&limits, &kind, id.clone(), seen);
+                let error = limits.too_large(&kind, (max as u64).saturating_add(1));
+                let answer = failure_answer(&limits, &error, id.clone());
                 let data = serde_json::to_string(&answer).map_err(|e| SseError::Body(e.into()))?;
                 Ok(Sse::default().data(data))
             }
             Ok(sse) if hides_values(&sse) => {
                 let error = limits.invalid(&kind, crate::json::RESERVED);
-                tracing::warn!(server_id = %limits.server_id, %error, "failing one request");
-                let answer = ServerJsonRpcMessage::error(host_error(&error), Some(id.clone()));
+                let answer = failure_answer(&limits, &error, id.clone());
                 let data = serde_json::to_string(&answer).map_err(|e| SseError::Body(e.into()))?;
                 Ok(Sse::default().data(data))
             }
@@ -711,9 +703,7 @@ fn failure_of_answer(limits: &Limits, data: &str) -> Option<String> {
         return None;
     };
     let error = limits.invalid(&Kind::Other("a request"), crate::json::RESERVED);
-    tracing::warn!(server_id = %limits.server_id, %error, "failing one request");
-    let answer = ServerJsonRpcMessage::error(host_error(&error), Some(id.clone()));
-    serde_json::to_string(&answer).ok()
+    serde_json::to_string(&failure_answer(limits, &error, id.clone())).ok()
 }
 
 /// The Streamable HTTP transport of one server.
