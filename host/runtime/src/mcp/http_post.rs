@@ -245,20 +245,14 @@ fn discover_rejected(
     ))
 }
 
-/// `response`'s body, refused past `max` bytes (by its `Content-Length`, unread, or as it
-/// comes).
+/// `response`'s body, refused past `max` bytes ([`read_capped`]).
 async fn read_body(response: reqwest::Response, max: usize) -> Result<Vec<u8>, HttpError> {
-    let too_large = StreamableHttpError::ResponseBodyTooLarge { max_size: max };
-    if response
-        .content_length()
-        .is_some_and(|length| length > max as u64)
-    {
-        return Err(too_large);
-    }
     read_capped(response, max)
         .await
         .map_err(|error| match error {
-            ReadBodyError::TooLarge(_) => too_large,
+            ReadBodyError::TooLarge(_) => {
+                StreamableHttpError::ResponseBodyTooLarge { max_size: max }
+            }
             ReadBodyError::Read(error) => StreamableHttpError::Client(error),
         })
 }

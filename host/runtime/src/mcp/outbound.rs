@@ -267,17 +267,22 @@ pub(crate) enum ReadBodyError {
 }
 
 /// `response`'s body, at most `max` bytes: a hostile server cannot make the host buffer
-/// more (`Content-Length` is not trusted; chunks are counted as they arrive).
+/// more. A `Content-Length` over `max` is refused unread; one under it is not trusted,
+/// and chunks are counted as they arrive.
 pub(crate) async fn read_capped(
     mut response: reqwest::Response,
     max: usize,
 ) -> Result<Vec<u8>, ReadBodyError> {
-    // Sized once when the length is known and allowed: doubling would briefly hold twice it.
-    let expected = response.content_length().unwrap_or(0).min(max as u64);
+    let too_large = || ReadBodyError::TooLarge(BodyTooLarge { max });
+    let expected = response.content_length().unwrap_or(0);
+    if expected > max as u64 {
+        return Err(too_large());
+    }
+    // Sized once when the length is known: doubling would briefly hold twice it.
     let mut body = Vec::with_capacity(usize::try_from(expected).unwrap_or(0));
     while let Some(chunk) = response.chunk().await.map_err(ReadBodyError::Read)? {
         if chunk.len() > max.saturating_sub(body.len()) {
-            return Err(ReadBodyError::TooLarge(BodyTooLarge { max }));
+            return Err(too_large());
         }
         body.extend_from_slice(&chunk);
     }
