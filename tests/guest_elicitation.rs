@@ -92,9 +92,9 @@ fn setup() -> Setup {
 }
 
 impl Setup {
-    /// Runs the guest in a tokio task of its own, as `quiver serve` runs tasks: its
-    /// requests then run off the task's fiber, and the server's questions cross from that
-    /// work to the waiting hostcall. However the task ends (a trap in the callback too),
+    /// Runs the guest in a tokio task of its own, as `quiver serve` runs tasks. Its
+    /// requests run off the task's fiber, and the server's questions cross from that work
+    /// to the waiting hostcall. However the task ends (a trap in the callback too),
     /// every byte it charged is given back by then.
     async fn guest(&self, server: &str, tool: &str, mode: &str) -> TaskOutcome {
         let task = mcp_task("elicit", &["asks", "old"])

@@ -160,9 +160,9 @@ pub const WASI_TABLE_SLACK: usize = 16;
 /// Wall-clock time a task may run when its task file names no deadline.
 pub const TASK_DEADLINE: Duration = Duration::from_secs(300);
 
-/// How long a task's end waits for the work it started off its fiber, aborted when the
-/// task ended, to be dropped (a worker drops it at its next turn), so that the memory and
-/// the events the task reports are final.
+/// How long a task's end waits for its background work (nonblocking sends and calls),
+/// aborted when the task ended, to be dropped (a worker drops it at its next turn), so
+/// that the memory and the events the task reports are final.
 pub const TASK_WORK_DRAIN: Duration = Duration::from_secs(1);
 
 /// Longest deadline a task may ask for; larger `limits.deadline_ms` values are cut to it, so

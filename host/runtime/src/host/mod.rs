@@ -454,7 +454,7 @@ impl Host {
             .runtime
             .run(&module.pre, store, entry, span.clone())
             .await;
-        // The store is gone, with the fds and hostcalls that owned the task's work.
+        // The store is gone, with the fds that owned the task's background work.
         if !work.drained(crate::defaults::TASK_WORK_DRAIN).await {
             tracing::warn!(task_id = %task.task_id, "work the task started was still running when it ended");
         }

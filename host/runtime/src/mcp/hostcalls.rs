@@ -35,7 +35,7 @@ use crate::policy::{Approval, Denial, Grant, ListKey, Pattern};
 use crate::registry::ServerEntry;
 use crate::sandbox::{
     Charge, Deadline, DeadlineExceeded, GuestMemory, HostcallError, MemoryBudget, OutBuf,
-    before_deadline, finish, guest, heap, off_fiber, off_stack,
+    before_deadline, finish, guest, heap, off_stack,
 };
 
 /// Registers the `mcp_*` imports.
@@ -565,8 +565,8 @@ fn report_denial(
 
 impl Request {
     /// The charge for the input's copies, for the hostcall to hold while the request runs
-    /// off the fiber: work that is aborted (its task trapped or ended) is dropped only when
-    /// the runtime gets to it, and the task's budget must be whole when the task ends.
+    /// off the fiber: given back when the hostcall ends, whenever the driver drops the
+    /// work it handed off.
     fn hold_copies(&mut self) -> Charge {
         let empty = self.budget.empty(self.op.hostcall());
         std::mem::replace(&mut self._copies, empty)
@@ -629,12 +629,16 @@ where
     let (pool, entry) = (request.mcp.pool.clone(), request.grant.entry.clone());
     let principal = request.mcp.observers.principal().cloned();
     let span = request.span.clone();
-    // Off the fiber, as every pool request (see `off_fiber`).
+    // Off the fiber, as every pool request (see `OffFiber`).
     let listed = request
-        .run(off_fiber(&caller.data_mut().sandbox().work, move || {
-            fetch(pool, entry, principal).instrument(span)
-        }))
-        .await??;
+        .run(
+            caller
+                .data_mut()
+                .sandbox()
+                .off_fiber
+                .run(move || fetch(pool, entry, principal).instrument(span)),
+        )
+        .await?;
     let server_id = request.grant.entry.server_id();
     let items = listed.map_err(|error| {
         tracing::warn!(task_id = %request.task_id, server_id, method = request.op.method(), %error, "listing failed");
@@ -731,18 +735,22 @@ async fn read_resource<T: McpView>(
 ) -> Result<i32, HostcallError> {
     let _copies = request.hold_copies();
     let (origin, from_server) = request.origin();
-    // Off the fiber, as every pool request (see `off_fiber`).
-    let read = off_fiber(&caller.data_mut().sandbox().work, move || async move {
-        let r = &request;
-        let asker = origin.asker(&r.mcp);
-        let read = r
-            .mcp
-            .pool
-            .read_resource(&r.grant.entry, r.mcp.principal(), r.name(), &asker);
-        let read = r.run(read).await;
-        (request, read)
-    });
-    let (request, read) = serving(caller, from_server, read).await??;
+    // Off the fiber, as every pool request (see `OffFiber`).
+    let read = caller
+        .data_mut()
+        .sandbox()
+        .off_fiber
+        .run(move || async move {
+            let r = &request;
+            let asker = origin.asker(&r.mcp);
+            let read =
+                r.mcp
+                    .pool
+                    .read_resource(&r.grant.entry, r.mcp.principal(), r.name(), &asker);
+            let read = r.run(read).await;
+            (request, read)
+        });
+    let (request, read) = serving(caller, from_server, read).await?;
     let bytes = read?.unwrap_or_else(|error| request.failed(&error));
     request.deliver(caller, bytes)
 }
@@ -768,19 +776,23 @@ async fn get_prompt<T: McpView>(
     // The charges stay with the hostcall (see `Request::hold_copies`).
     let _charges = (request.hold_copies(), arguments_charge);
     let (origin, from_server) = request.origin();
-    // Off the fiber, as every pool request (see `off_fiber`).
-    let got = off_fiber(&caller.data_mut().sandbox().work, move || async move {
-        let r = &request;
-        let asker = origin.asker(&r.mcp);
-        let (entry, principal) = (&r.grant.entry, r.mcp.principal());
-        let got = r
-            .mcp
-            .pool
-            .get_prompt(entry, principal, r.name(), arguments, &asker);
-        let got = r.run(got).await;
-        (request, got)
-    });
-    let (request, got) = serving(caller, from_server, got).await??;
+    // Off the fiber, as every pool request (see `OffFiber`).
+    let got = caller
+        .data_mut()
+        .sandbox()
+        .off_fiber
+        .run(move || async move {
+            let r = &request;
+            let asker = origin.asker(&r.mcp);
+            let (entry, principal) = (&r.grant.entry, r.mcp.principal());
+            let got = r
+                .mcp
+                .pool
+                .get_prompt(entry, principal, r.name(), arguments, &asker);
+            let got = r.run(got).await;
+            (request, got)
+        });
+    let (request, got) = serving(caller, from_server, got).await?;
     let bytes = got?.unwrap_or_else(|error| request.failed(&error));
     request.deliver(caller, bytes)
 }
@@ -802,8 +814,8 @@ async fn call_tool<T: McpView>(
     let (origin, from_server) = request.origin();
     let span = request.span.clone();
     // Off the fiber: the pool's, rmcp's and tokio's polls would keep about 16 KiB of the
-    // task's stack resident while it waits (`off_fiber`).
-    let ran = off_fiber(&caller.data_mut().sandbox().work, move || {
+    // task's stack resident while it waits (`OffFiber`).
+    let ran = caller.data_mut().sandbox().off_fiber.run(move || {
         async move {
             let r = &request;
             let (entry, name, raw) = (&r.grant.entry, r.name(), &r.key.args);
@@ -812,7 +824,7 @@ async fn call_tool<T: McpView>(
         }
         .instrument(span)
     });
-    let (request, ended) = serving(caller, from_server, ran).await??;
+    let (request, ended) = serving(caller, from_server, ran).await?;
     let (entry, name) = (&request.grant.entry, request.name());
     let bytes = match ended.map_err(trap)? {
         Ended::Answered(output) => output.json,

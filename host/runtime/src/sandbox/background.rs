@@ -12,12 +12,11 @@
 //! to dropping the aborted task.
 //!
 //! What the aborted work itself holds (what its request charged, the request's
-//! cancellation and its observers' event) goes when the runtime drops it. Every piece, and
-//! every request run off the task's fiber ([`off_fiber`](super::off_fiber)), is tracked, so
-//! the task's end waits for them ([`BackgroundWork::drained`]). Not tracked: an answer to
-//! a server's own question (a 2025-protocol sampling or elicitation request) runs in the
-//! connection's handler and stops when the request it came with ends, possibly just after
-//! the task does.
+//! cancellation and its observers' event) goes when the runtime drops it. Every piece is
+//! tracked, so the task's end waits for them ([`BackgroundWork::drained`]). Not tracked:
+//! an answer to a server's own question (a 2025-protocol sampling or elicitation request)
+//! runs in the connection's handler and stops when the request it came with ends, possibly
+//! just after the task does.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -49,18 +48,9 @@ impl Default for BackgroundWork {
 }
 
 impl BackgroundWork {
-    /// Runs `work` as a tokio task that [`Self::drained`] waits for.
-    pub(super) fn track<F>(&self, work: F) -> tokio::task::JoinHandle<F::Output>
-    where
-        F: Future + Send + 'static,
-        F::Output: Send + 'static,
-    {
-        self.started.spawn(work)
-    }
-
     /// Waits, at most `within`, until every tokio task the work started has been dropped
-    /// (once the task's fds and hostcalls are gone, each is aborted and goes at the
-    /// runtime's next turn). `false` if some were still there.
+    /// (once the task's fds are gone, each is aborted and goes at the runtime's next
+    /// turn). `false` if some were still there.
     pub async fn drained(&self, within: std::time::Duration) -> bool {
         self.started.close();
         // Most tasks started none: no timer for them.
@@ -91,7 +81,7 @@ impl BackgroundWork {
         let charge = budget.charge("work in flight", defaults::IN_FLIGHT_BYTES)?;
         let (tx, rx) = oneshot::channel();
         let signal = self.signal.clone();
-        let task = self.track(async move {
+        let task = self.started.spawn(async move {
             let answer = work.await;
             // The answer first, then the signal: a woken wait must find it.
             let _ = tx.send(answer);

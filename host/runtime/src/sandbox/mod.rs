@@ -25,6 +25,7 @@ pub mod heap;
 mod hostcall;
 mod memory;
 mod misc;
+mod off_fiber;
 mod poll;
 mod run;
 mod runtime;
@@ -49,8 +50,9 @@ pub use guest_log::flush_guest_stderr;
 pub use guest_memory::{
     GuestMemoryExhausted, GuestMemoryHold, GuestMemoryStatus, GuestMemoryTotal,
 };
-pub use hostcall::{HostcallError, before_deadline, finish, off_fiber, off_stack};
+pub use hostcall::{HostcallError, before_deadline, finish, off_stack};
 pub use memory::{GuestMemory, OutBuf, guest};
+pub use off_fiber::OffFiber;
 pub use poll::{Pollable, ReadySignal};
 pub use run::TaskFailure;
 pub use runtime::{ModuleOrigin, Runtime, RuntimeOptions, default_cache_dir};
@@ -89,6 +91,8 @@ pub struct Sandbox<K> {
     pub guest_tool_stacks: Vec<tokio::sync::OwnedSemaphorePermit>,
     /// The task's background work, and the signal that wakes its `spear_epoll_wait`.
     pub work: BackgroundWork,
+    /// Requests its hostcalls run off its fiber stack.
+    pub off_fiber: OffFiber,
     /// Open epoll sets, at most [`MAX_EPOLL_SETS`](crate::defaults::MAX_EPOLL_SETS).
     epoll_sets: usize,
     /// Where the guest's `log` lines go.

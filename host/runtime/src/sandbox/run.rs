@@ -70,10 +70,11 @@ impl<T: SandboxView> Runtime<T> {
         entry: &str,
         span: tracing::Span,
     ) -> Result<TaskRun, SandboxSetupError> {
-        let deadline = store.data_mut().sandbox().deadline;
-        let instance = pre
-            .instantiate_async(&mut store)
-            .instrument(span.clone())
+        let sandbox = store.data_mut().sandbox();
+        let (deadline, off_fiber) = (sandbox.deadline, sandbox.off_fiber.clone());
+        let instantiate = pre.instantiate_async(&mut store).instrument(span.clone());
+        let instance = off_fiber
+            .drive(instantiate)
             .await
             .map_err(|source| SandboxSetupError::Instantiate { source })?;
         let memory = instance.get_memory(&mut store, "memory");
@@ -89,7 +90,7 @@ impl<T: SandboxView> Runtime<T> {
         // Epochs and hostcall races stop the task at its deadline; this outer bound only
         // matters if something between them never yields.
         let grace = defaults::EPOCH_TICK * 50;
-        let run = func.call_async(&mut store, ()).instrument(span);
+        let run = off_fiber.drive(func.call_async(&mut store, ()).instrument(span));
         let result = tokio::time::timeout_at(deadline.instant() + grace, run).await;
         let (exit_code, failure) = match result {
             Ok(Ok(())) => (0, None),

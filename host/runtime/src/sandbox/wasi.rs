@@ -14,7 +14,8 @@ use wasmtime_wasi::{FsPerms, WasiCtxBuilder, WasiView};
 use super::guest_log::{GuestLogSink, HostStderr};
 use super::guest_memory::Limits;
 use super::{
-    BackgroundWork, CapturedOutput, Deadline, FdTable, GuestMemoryHold, MemoryBudget, Sandbox,
+    BackgroundWork, CapturedOutput, Deadline, FdTable, GuestMemoryHold, MemoryBudget, OffFiber,
+    Sandbox,
 };
 use crate::defaults;
 
@@ -125,6 +126,7 @@ impl<K> Sandbox<K> {
             guest_tool_depth: 0,
             guest_tool_stacks: Vec::new(),
             work: BackgroundWork::default(),
+            off_fiber: OffFiber::default(),
             epoll_sets: 0,
             guest_log,
             wasi,
