@@ -30,6 +30,8 @@ pub struct OffFiber {
     shared: Arc<Shared>,
 }
 
+/// Only the task's own polls touch these (its hostcalls run inside the driver's poll), one
+/// thread at a time with tokio's hand-over between them: the flags need no ordering.
 #[derive(Default)]
 struct Shared {
     /// Whether a [`OffFiber::drive`] is running: without one, work runs inline.
@@ -58,7 +60,7 @@ impl OffFiber {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        if !self.shared.driven.load(Ordering::Acquire) {
+        if !self.shared.driven.load(Ordering::Relaxed) {
             return HandedOff(Wait::Inline(off_stack(make)));
         }
         let work = Arc::new(Work {
@@ -66,7 +68,7 @@ impl OffFiber {
             abandoned: AtomicBool::new(false),
         });
         lock(&self.shared.incoming).push(work.clone());
-        self.shared.handed_off.store(true, Ordering::Release);
+        self.shared.handed_off.store(true, Ordering::Relaxed);
         HandedOff(Wait::Driven {
             work,
             shared: self.shared.clone(),
@@ -112,7 +114,7 @@ impl<F: Future> Future for Drive<'_, F> {
         let mut first = true;
         loop {
             let known = running.len();
-            if shared.handed_off.swap(false, Ordering::AcqRel) {
+            if take_flag(&shared.handed_off) {
                 running.append(&mut lock(&shared.incoming));
             }
             // All the work on the first round; after that, only what `guest` just added.
@@ -124,14 +126,24 @@ impl<F: Future> Future for Drive<'_, F> {
             if let Poll::Ready(output) = guest.as_mut().poll(cx) {
                 return Poll::Ready(output);
             }
-            if shared.abandoned.swap(false, Ordering::AcqRel) {
+            if take_flag(&shared.abandoned) {
                 running.retain(|entry| !entry.abandoned());
             }
-            if !shared.handed_off.load(Ordering::Acquire) {
+            if !shared.handed_off.load(Ordering::Relaxed) {
                 return Poll::Pending;
             }
         }
     }
+}
+
+/// Clears `flag`; whether it was set. A load first: most polls find it clear, and a load
+/// costs less than a swap.
+fn take_flag(flag: &AtomicBool) -> bool {
+    let set = flag.load(Ordering::Relaxed);
+    if set {
+        flag.store(false, Ordering::Relaxed);
+    }
+    set
 }
 
 /// Polls `running[from..]`, removing what ended or was abandoned; whether any ended.
@@ -157,16 +169,21 @@ struct Driving<'a>(&'a Shared);
 
 impl<'a> Driving<'a> {
     fn start(shared: &'a Shared) -> Self {
-        let nested = shared.driven.swap(true, Ordering::AcqRel);
-        debug_assert!(!nested, "one driver at a time per task");
+        debug_assert!(
+            !shared.driven.load(Ordering::Relaxed),
+            "one driver at a time per task"
+        );
+        shared.driven.store(true, Ordering::Relaxed);
         Self(shared)
     }
 }
 
 impl Drop for Driving<'_> {
     fn drop(&mut self) {
-        self.0.driven.store(false, Ordering::Release);
-        lock(&self.0.incoming).clear();
+        self.0.driven.store(false, Ordering::Relaxed);
+        if take_flag(&self.0.handed_off) {
+            lock(&self.0.incoming).clear();
+        }
     }
 }
 
@@ -232,7 +249,7 @@ where
     }
 
     fn abandoned(&self) -> bool {
-        self.abandoned.load(Ordering::Acquire)
+        self.abandoned.load(Ordering::Relaxed)
     }
 }
 
@@ -260,7 +277,7 @@ where
     fn abandon(&self) -> bool {
         let stage = lock(&self.stage);
         let running = matches!(*stage, Stage::Make(_) | Stage::Running(_));
-        self.abandoned.store(running, Ordering::Release);
+        self.abandoned.store(running, Ordering::Relaxed);
         running
     }
 }
@@ -297,7 +314,7 @@ impl<T> Drop for HandedOff<T> {
         if let Wait::Driven { work, shared } = &self.0
             && work.abandon()
         {
-            shared.abandoned.store(true, Ordering::Release);
+            shared.abandoned.store(true, Ordering::Relaxed);
         }
     }
 }

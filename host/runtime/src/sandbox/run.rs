@@ -70,17 +70,18 @@ impl<T: SandboxView> Runtime<T> {
         entry: &str,
         span: tracing::Span,
     ) -> Result<TaskRun, SandboxSetupError> {
-        let sandbox = store.data_mut().sandbox();
-        let (deadline, off_fiber) = (sandbox.deadline, sandbox.off_fiber.clone());
-        let instantiate = pre.instantiate_async(&mut store).instrument(span.clone());
-        let instance = off_fiber
-            .drive(instantiate)
+        let deadline = store.data_mut().sandbox().deadline;
+        // No driver for a start function: one that makes MCP requests runs them inline.
+        let instance = pre
+            .instantiate_async(&mut store)
+            .instrument(span.clone())
             .await
             .map_err(|source| SandboxSetupError::Instantiate { source })?;
         let memory = instance.get_memory(&mut store, "memory");
         let sandbox = store.data_mut().sandbox();
         sandbox.memory = memory;
         sandbox.instance = Some(instance);
+        let off_fiber = sandbox.off_fiber.clone();
         let func = instance
             .get_typed_func::<(), ()>(&mut store, entry)
             .map_err(|source| SandboxSetupError::NoEntry {
