@@ -34,8 +34,8 @@ use crate::observe::{PolicyDenial, Via};
 use crate::policy::{Approval, Denial, Grant, ListKey, Pattern};
 use crate::registry::ServerEntry;
 use crate::sandbox::{
-    Charge, Deadline, DeadlineExceeded, GuestMemory, HostcallError, MemoryBudget, OutBuf,
-    before_deadline, finish, guest, heap, off_stack,
+    Charge, Deadline, DeadlineExceeded, GuestMemory, HandedOff, HostcallError, MemoryBudget,
+    OutBuf, before_deadline, finish, guest, heap, off_stack,
 };
 
 /// Registers the `mcp_*` imports.
@@ -563,6 +563,17 @@ fn report_denial(
     mcp.observers.policy_denied(&event);
 }
 
+/// Runs a pool request off the task's fiber: its polls would keep about 16 KiB of the
+/// task's stack resident while it waits (see `OffFiber`).
+fn off_fiber<T: McpView, M, F>(caller: &mut Caller<'_, T>, make: M) -> HandedOff<F::Output>
+where
+    M: FnOnce() -> F + Send + 'static,
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    caller.data_mut().sandbox().off_fiber.run(make)
+}
+
 impl Request {
     /// The charge for the input's copies, for the hostcall to hold while the request runs
     /// off the fiber: given back when the hostcall ends, whenever the driver drops the
@@ -629,16 +640,10 @@ where
     let (pool, entry) = (request.mcp.pool.clone(), request.grant.entry.clone());
     let principal = request.mcp.observers.principal().cloned();
     let span = request.span.clone();
-    // Off the fiber, as every pool request (see `OffFiber`).
-    let listed = request
-        .run(
-            caller
-                .data_mut()
-                .sandbox()
-                .off_fiber
-                .run(move || fetch(pool, entry, principal).instrument(span)),
-        )
-        .await?;
+    let listed = off_fiber(caller, move || {
+        fetch(pool, entry, principal).instrument(span)
+    });
+    let listed = request.run(listed).await?;
     let server_id = request.grant.entry.server_id();
     let items = listed.map_err(|error| {
         tracing::warn!(task_id = %request.task_id, server_id, method = request.op.method(), %error, "listing failed");
@@ -735,21 +740,16 @@ async fn read_resource<T: McpView>(
 ) -> Result<i32, HostcallError> {
     let _copies = request.hold_copies();
     let (origin, from_server) = request.origin();
-    // Off the fiber, as every pool request (see `OffFiber`).
-    let read = caller
-        .data_mut()
-        .sandbox()
-        .off_fiber
-        .run(move || async move {
-            let r = &request;
-            let asker = origin.asker(&r.mcp);
-            let read =
-                r.mcp
-                    .pool
-                    .read_resource(&r.grant.entry, r.mcp.principal(), r.name(), &asker);
-            let read = r.run(read).await;
-            (request, read)
-        });
+    let read = off_fiber(caller, move || async move {
+        let r = &request;
+        let asker = origin.asker(&r.mcp);
+        let read = r
+            .mcp
+            .pool
+            .read_resource(&r.grant.entry, r.mcp.principal(), r.name(), &asker);
+        let read = r.run(read).await;
+        (request, read)
+    });
     let (request, read) = serving(caller, from_server, read).await?;
     let bytes = read?.unwrap_or_else(|error| request.failed(&error));
     request.deliver(caller, bytes)
@@ -776,22 +776,17 @@ async fn get_prompt<T: McpView>(
     // The charges stay with the hostcall (see `Request::hold_copies`).
     let _charges = (request.hold_copies(), arguments_charge);
     let (origin, from_server) = request.origin();
-    // Off the fiber, as every pool request (see `OffFiber`).
-    let got = caller
-        .data_mut()
-        .sandbox()
-        .off_fiber
-        .run(move || async move {
-            let r = &request;
-            let asker = origin.asker(&r.mcp);
-            let (entry, principal) = (&r.grant.entry, r.mcp.principal());
-            let got = r
-                .mcp
-                .pool
-                .get_prompt(entry, principal, r.name(), arguments, &asker);
-            let got = r.run(got).await;
-            (request, got)
-        });
+    let got = off_fiber(caller, move || async move {
+        let r = &request;
+        let asker = origin.asker(&r.mcp);
+        let (entry, principal) = (&r.grant.entry, r.mcp.principal());
+        let got = r
+            .mcp
+            .pool
+            .get_prompt(entry, principal, r.name(), arguments, &asker);
+        let got = r.run(got).await;
+        (request, got)
+    });
     let (request, got) = serving(caller, from_server, got).await?;
     let bytes = got?.unwrap_or_else(|error| request.failed(&error));
     request.deliver(caller, bytes)
@@ -813,9 +808,7 @@ async fn call_tool<T: McpView>(
     let _charges = (request.hold_copies(), arguments_charge);
     let (origin, from_server) = request.origin();
     let span = request.span.clone();
-    // Off the fiber: the pool's, rmcp's and tokio's polls would keep about 16 KiB of the
-    // task's stack resident while it waits (`OffFiber`).
-    let ran = caller.data_mut().sandbox().off_fiber.run(move || {
+    let ran = off_fiber(caller, move || {
         async move {
             let r = &request;
             let (entry, name, raw) = (&r.grant.entry, r.name(), &r.key.args);

@@ -176,7 +176,8 @@ fn start<T: McpView>(
             Err(error) => return Ok(encode(&error.to_json())),
         };
         let entry = &grant.entry;
-        // Off the stack: this runs on the task's fiber stack (`off_stack`).
+        // Boxed apart (`off_stack`): this work is built on the task's fiber stack when it is
+        // spawned, so its own future stays small.
         let ended =
             off_stack(|| call::run(&mcp, &origin, entry, &name, approval, arguments, &raw)).await;
         Ok(match ended.map_err(|_| Errno::ETIMEDOUT)? {

@@ -52,7 +52,7 @@ pub use guest_memory::{
 };
 pub use hostcall::{HostcallError, before_deadline, finish, off_stack};
 pub use memory::{GuestMemory, OutBuf, guest};
-pub use off_fiber::OffFiber;
+pub use off_fiber::{HandedOff, OffFiber};
 pub use poll::{Pollable, ReadySignal};
 pub use run::TaskFailure;
 pub use runtime::{ModuleOrigin, Runtime, RuntimeOptions, default_cache_dir};

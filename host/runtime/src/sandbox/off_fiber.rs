@@ -234,18 +234,18 @@ where
             {
                 *stage = Stage::Running(Box::pin(make()));
             }
-            match &mut *stage {
-                Stage::Running(running) => running.as_mut().poll(cx),
-                _ => Poll::Pending,
-            }
+            let Stage::Running(running) = &mut *stage else {
+                return Poll::Ready(());
+            };
+            let output = std::task::ready!(running.as_mut().poll(cx));
+            // Drops the finished future in here too: its drop may panic as well.
+            *stage = Stage::Done(output);
+            Poll::Ready(())
         }));
-        *stage = match polled {
-            Ok(Poll::Pending) if matches!(*stage, Stage::Running(_)) => return Poll::Pending,
-            Ok(Poll::Pending) => return Poll::Ready(()),
-            Ok(Poll::Ready(output)) => Stage::Done(output),
-            Err(panic) => Stage::Panicked(panic),
-        };
-        Poll::Ready(())
+        polled.unwrap_or_else(|panic| {
+            *stage = Stage::Panicked(panic);
+            Poll::Ready(())
+        })
     }
 
     fn abandoned(&self) -> bool {
@@ -494,6 +494,44 @@ mod tests {
             !off.shared.driven.load(Ordering::SeqCst),
             "no driver once it is dropped"
         );
+    }
+
+    #[tokio::test]
+    async fn a_wait_dropped_before_the_driver_saw_its_work_never_starts_it() {
+        let off = OffFiber::default();
+        let built = Arc::new(AtomicBool::new(false));
+        let after = off
+            .drive(guest({
+                let (off, built) = (off.clone(), built.clone());
+                async move {
+                    drop(off.run(move || {
+                        built.store(true, Ordering::SeqCst);
+                        async {}
+                    }));
+                    tokio::task::yield_now().await;
+                    off.run(|| async { "the next one runs" }).await
+                }
+            }))
+            .await;
+        assert_eq!(after, "the next one runs");
+        assert!(!built.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_panic_while_building_the_work_goes_on_in_its_wait() {
+        use futures::FutureExt;
+        let off = OffFiber::default();
+        let caught = off
+            .drive(guest({
+                let off = off.clone();
+                async move {
+                    let wait = off.run(|| -> std::future::Ready<()> { panic!("make's panic") });
+                    AssertUnwindSafe(wait).catch_unwind().await
+                }
+            }))
+            .await;
+        let payload = caught.expect_err("the wait panics");
+        assert_eq!(payload.downcast_ref::<&str>(), Some(&"make's panic"));
     }
 
     #[tokio::test]
