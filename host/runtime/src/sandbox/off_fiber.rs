@@ -370,16 +370,7 @@ mod tests {
         OnFiber(Some(Box::pin(future)))
     }
 
-    /// Sets its flag when dropped.
-    struct Dropped(Arc<AtomicBool>);
-
-    impl Drop for Dropped {
-        fn drop(&mut self) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
-
-    /// Records whether it was dropped on the fiber.
+    /// Records that it was dropped, and whether on the fiber.
     struct DroppedWhere(Arc<Mutex<Option<bool>>>);
 
     impl Drop for DroppedWhere {
@@ -450,12 +441,12 @@ mod tests {
     #[tokio::test]
     async fn dropping_the_wait_drops_the_work_in_the_same_poll() {
         let off = OffFiber::default();
-        let dropped = Arc::new(AtomicBool::new(false));
+        let dropped = Arc::new(Mutex::new(None));
         let seen = off
             .drive(guest({
                 let (off, dropped) = (off.clone(), dropped.clone());
                 async move {
-                    let guard = Dropped(dropped.clone());
+                    let guard = DroppedWhere(dropped.clone());
                     let wait = off.run(move || async move {
                         let _guard = guard;
                         std::future::pending::<()>().await
@@ -463,9 +454,9 @@ mod tests {
                     // Let the driver start the work, then give up on it.
                     let started = tokio::time::timeout(Duration::from_millis(5), wait).await;
                     assert!(started.is_err());
-                    let before = dropped.load(Ordering::SeqCst);
+                    let before = lock(&dropped).is_some();
                     tokio::task::yield_now().await;
-                    (before, dropped.load(Ordering::SeqCst))
+                    (before, lock(&dropped).is_some())
                 }
             }))
             .await;
