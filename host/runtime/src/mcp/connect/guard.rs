@@ -454,6 +454,16 @@ impl Guard {
         self.closed.is_some()
     }
 
+    /// Whether a message waits for rmcp.
+    pub(in crate::mcp) fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
+    /// Whether the transport read its end.
+    pub(in crate::mcp) fn is_ended(&self) -> bool {
+        self.ended
+    }
+
     /// What a transport's `receive` returns without reading: a message that is ready, or
     /// the end once the guard has closed and nothing is left. `None` means: read more and
     /// [`take`](Self::take) it. Every guarded transport's `receive` is this loop.

@@ -10,19 +10,20 @@
 //! lines included: they count against the server's message rate like any other line).
 //!
 //! Writes are whole lines behind one lock; a write that cannot finish within the server's
-//! `tool_timeout_ms` means the server stopped reading, and its stdin is closed. The guard
-//! and the writer are shared with the connection's [`DirectCalls`], whose `tools/call`s
-//! bypass rmcp's loop: they register in the same guard and write under the same lock.
+//! `tool_timeout_ms` means the server stopped reading, and its stdin is closed. The guard,
+//! the writer and the reader are shared with the connection's [`DirectCalls`], whose
+//! `tools/call`s bypass rmcp's loop: they register in the same guard, write under the same
+//! lock, and read while they wait ([`ReadSide`]).
 
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll, Waker};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use rmcp::RoleClient;
 use rmcp::model::{ClientJsonRpcMessage, ServerJsonRpcMessage};
 use rmcp::transport::Transport;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 
 use super::answer::call_answer;
 use super::direct::DirectCalls;
@@ -60,15 +61,44 @@ enum Step {
 
 /// A JSON-RPC transport over a byte stream pair (a server's stdout and stdin).
 pub(super) struct LineTransport<R, W> {
-    reader: BufReader<R>,
-    line: Vec<u8>,
-    /// The scan of `line`, once it is longer than the smallest cap.
-    scan: Option<IdScan>,
-    discard: Option<Discard>,
+    read: Arc<ReadSide<R>>,
     writer: Writer<W>,
     /// Shared with the connection's [`DirectCalls`], which register their requests in it.
     guard: Arc<Mutex<Guard>>,
     limits: Limits,
+}
+
+/// The server's stdout and what reading it left, shared by rmcp's `receive` and the direct
+/// calls waiting for their answers.
+///
+/// Whoever holds `state` reads, and hands every message to the guard, which routes a
+/// direct call's answer to its caller and queues the rest for rmcp. A direct call that
+/// reads its own answer is woken by the pipe itself: through rmcp's loop the answer
+/// would wake that loop's task first, and the caller only after it. Neither side ever
+/// waits for the lock (whoever holds it wakes the other when it must):
+/// - a direct call that finds the lock taken waits for its answer, which the holder
+///   routes to it;
+/// - rmcp's `receive` that finds it taken waits to be woken through `receiver`: for a
+///   message queued for rmcp, for the end, or when the call that reads stops waiting and
+///   leaves the pipe to rmcp ([`Self::hand_back`]).
+pub(super) struct ReadSide<R> {
+    state: Mutex<ReadState<R>>,
+    /// rmcp's `receive`, as it last waited. rmcp polls it from its loop's one task, so
+    /// this waker does not change between a reader taking it and registering it.
+    receiver: Mutex<Option<Waker>>,
+    /// rmcp's loop's span (under the connection's), where a direct call that reads logs
+    /// what the guard makes of the connection, as rmcp's reading did.
+    span: OnceLock<tracing::Span>,
+}
+
+struct ReadState<R> {
+    /// `None` once rmcp dropped the transport: the server's stdout is closed then, as
+    /// before direct calls shared it, so a server still writing gets `EPIPE`.
+    reader: Option<BufReader<R>>,
+    line: Vec<u8>,
+    /// The scan of `line`, once it is longer than the smallest cap.
+    scan: Option<IdScan>,
+    discard: Option<Discard>,
 }
 
 /// The server's stdin; `None` once closed.
@@ -88,11 +118,18 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     pub(super) fn new(read: R, write: W, limits: Limits) -> Self {
-        Self {
-            reader: BufReader::with_capacity(READ_BUFFER_BYTES, read),
+        let state = ReadState {
+            reader: Some(BufReader::with_capacity(READ_BUFFER_BYTES, read)),
             line: Vec::new(),
             scan: None,
             discard: None,
+        };
+        Self {
+            read: Arc::new(ReadSide {
+                state: Mutex::new(state),
+                receiver: Mutex::new(None),
+                span: OnceLock::new(),
+            }),
             writer: Arc::new(tokio::sync::Mutex::new(Some(write))),
             guard: Arc::new(Mutex::new(Guard::new(limits.clone()))),
             limits,
@@ -100,28 +137,137 @@ where
     }
 
     /// The host's own `tools/call` path on this connection (see [`super::direct`]).
-    pub(super) fn direct_calls(&self) -> DirectCalls<W> {
-        DirectCalls::new(self.guard.clone(), self.writer.clone(), self.limits.clone())
+    pub(super) fn direct_calls(&self) -> DirectCalls<R, W> {
+        DirectCalls::new(
+            self.guard.clone(),
+            self.read.clone(),
+            self.writer.clone(),
+            self.limits.clone(),
+        )
     }
 
-    /// Reads until something for the guard: a message, an unreadable one, or `None` at the
-    /// end of the stream. Cancel-safe: all state lives in `self` and bytes are consumed
-    /// only after they were handled, so a cancelled read resumes where it was.
-    async fn read_incoming(&mut self) -> Option<Incoming> {
+    /// Closes the server's stdin (the MCP way to ask a stdio server to exit).
+    async fn close_input(&mut self) {
+        self.writer.lock().await.take();
+    }
+}
+
+impl<R: AsyncRead + Unpin> ReadSide<R> {
+    /// Reads and hands the guard what it reads, until the pipe has nothing more now, the
+    /// stream ends, or `done` says stop; `None` when another reader holds the pipe (it
+    /// hands the guard what it reads in the meantime). A direct call (not `by_receiver`)
+    /// wakes rmcp's `receive` when what it read is for rmcp. The stream's end ends the
+    /// guard: pending direct calls fail.
+    pub(super) fn read_for_guard(
+        &self,
+        guard: &Mutex<Guard>,
+        limits: &Limits,
+        cx: &mut Context<'_>,
+        by_receiver: bool,
+        mut done: impl FnMut() -> bool,
+    ) -> Option<Poll<()>> {
+        let mut state = try_lock_state(&self.state)?;
+        let _in_loop_span = (!by_receiver)
+            .then(|| self.span.get().map(tracing::Span::enter))
+            .flatten();
         loop {
-            let read_cap = lock(&self.guard).read_cap();
-            let smallest = self.limits.smallest_message();
+            let incoming = match state.poll_incoming(guard, limits, cx) {
+                Poll::Ready(incoming) => incoming,
+                Poll::Pending => return Some(Poll::Pending),
+            };
+            let wake_receiver = {
+                let mut guard = lock(guard);
+                match incoming {
+                    Some(incoming) => guard.take(incoming),
+                    None => guard.end(),
+                }
+                !by_receiver && for_receiver(&guard)
+            };
+            if wake_receiver {
+                self.wake_receiver();
+            }
+            if done() {
+                return Some(Poll::Ready(()));
+            }
+        }
+    }
+
+    /// A reader stops waiting: the pipe goes back to rmcp's `receive`, whose waker the
+    /// reader's own replaced. Registered without waking it when the pipe has nothing yet.
+    pub(super) fn hand_back(&self) {
+        let Some(receiver) = lock_waker(&self.receiver).clone() else {
+            return;
+        };
+        // Another reader holds the pipe: it hands it back in turn.
+        let Some(mut state) = try_lock_state(&self.state) else {
+            return;
+        };
+        let Some(reader) = state.reader.as_mut() else {
+            return;
+        };
+        if Pin::new(reader)
+            .poll_fill_buf(&mut Context::from_waker(&receiver))
+            .is_ready()
+        {
+            receiver.wake();
+        }
+    }
+
+    fn wake_receiver(&self) {
+        if let Some(receiver) = lock_waker(&self.receiver).as_ref() {
+            receiver.wake_by_ref();
+        }
+    }
+}
+
+/// Whether the guard holds something only rmcp's `receive` takes: a message, or the end.
+fn for_receiver(guard: &Guard) -> bool {
+    guard.has_ready() || guard.is_closed() || guard.is_ended()
+}
+
+/// The read state, unless another reader holds it (whatever a panic left it in, as
+/// [`lock`]).
+fn try_lock_state<R>(state: &Mutex<ReadState<R>>) -> Option<MutexGuard<'_, ReadState<R>>> {
+    match state.try_lock() {
+        Ok(state) => Some(state),
+        Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    }
+}
+
+fn lock_waker(waker: &Mutex<Option<Waker>>) -> MutexGuard<'_, Option<Waker>> {
+    waker
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl<R: AsyncRead + Unpin> ReadState<R> {
+    /// Reads until something for the guard: a message, an unreadable one, or `None` at the
+    /// end of the stream. All state lives in `self` and bytes are consumed only after they
+    /// were handled, so whoever reads next resumes where this read stopped.
+    fn poll_incoming(
+        &mut self,
+        guard: &Mutex<Guard>,
+        limits: &Limits,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Incoming>> {
+        loop {
+            let read_cap = lock(guard).read_cap();
+            let smallest = limits.smallest_message();
             let mut parsed = None;
             let (consumed, step) = {
-                let available = match self.reader.fill_buf().await {
+                let Some(reader) = self.reader.as_mut() else {
+                    return Poll::Ready(None);
+                };
+                let available = match ready!(Pin::new(reader).poll_fill_buf(cx)) {
                     Ok(available) => available,
                     Err(error) => {
-                        tracing::warn!(server_id = %self.limits.server_id, %error, "cannot read from the MCP server");
-                        return None;
+                        tracing::warn!(server_id = %limits.server_id, %error, "cannot read from the MCP server");
+                        return Poll::Ready(None);
                     }
                 };
                 if available.is_empty() {
-                    return None;
+                    return Poll::Ready(None);
                 }
                 let newline = available.iter().position(|&b| b == b'\n');
                 let take = newline.map_or(available.len(), |at| at + 1);
@@ -150,7 +296,7 @@ where
                         });
                         scan.feed(chunk);
                         if scan.is_answer() && scan.id().is_some() {
-                            limit = limit.min(lock(&self.guard).cap_of(scan.id(), true));
+                            limit = limit.min(lock(guard).cap_of(scan.id(), true));
                         }
                     }
                     if len > limit {
@@ -170,7 +316,7 @@ where
                         }
                     } else if ends && self.line.is_empty() {
                         // The whole line is in the read buffer: no copy into `line`.
-                        parsed = Some(parse(&self.guard, self.scan.as_ref(), chunk));
+                        parsed = Some(parse(guard, self.scan.as_ref(), chunk));
                         Step::Parsed
                     } else {
                         self.line.extend_from_slice(chunk);
@@ -179,19 +325,21 @@ where
                 };
                 (take, step)
             };
-            self.reader.consume(consumed);
+            if let Some(reader) = self.reader.as_mut() {
+                Pin::new(reader).consume(consumed);
+            }
             match step {
                 Step::More => {}
                 Step::Parsed => {
                     self.scan = None;
-                    return parsed;
+                    return Poll::Ready(parsed);
                 }
                 Step::Line => {
-                    let incoming = parse(&self.guard, self.scan.as_ref(), &self.line);
+                    let incoming = parse(guard, self.scan.as_ref(), &self.line);
                     self.line.clear();
                     self.line.shrink_to(KEEP_LINE_CAPACITY);
                     self.scan = None;
-                    return Some(incoming);
+                    return Poll::Ready(Some(incoming));
                 }
                 Step::Discarding => {
                     let Some(discard) = &mut self.discard else {
@@ -200,38 +348,33 @@ where
                     let over = discard.seen.saturating_sub(read_cap as u64);
                     if over > defaults::MCP_MAX_DISCARD_BYTES && !discard.ended {
                         discard.ended = true;
-                        return Some(Incoming::Endless { seen: discard.seen });
+                        return Poll::Ready(Some(Incoming::Endless { seen: discard.seen }));
                     }
                     if !discard.reported
                         && discard.scan.is_answer()
                         && let Some(id) = discard.scan.id()
                     {
                         discard.reported = true;
-                        return Some(Incoming::Unreadable {
+                        return Poll::Ready(Some(Incoming::Unreadable {
                             id: Some(id.clone()),
                             answer: true,
                             problem: Problem::TooLarge { seen: discard.seen },
-                        });
+                        }));
                     }
                 }
                 Step::Discarded => {
                     if let Some(discard) = self.discard.take()
                         && !discard.reported
                     {
-                        return Some(Incoming::Unreadable {
+                        return Poll::Ready(Some(Incoming::Unreadable {
                             id: discard.scan.id().cloned(),
                             answer: discard.scan.is_answer(),
                             problem: Problem::TooLarge { seen: discard.seen },
-                        });
+                        }));
                     }
                 }
             }
         }
-    }
-
-    /// Closes the server's stdin (the MCP way to ask a stdio server to exit).
-    async fn close_input(&mut self) {
-        self.writer.lock().await.take();
     }
 }
 
@@ -289,9 +432,16 @@ fn parse(guard: &Mutex<Guard>, scan: Option<&IdScan>, line: &[u8]) -> Incoming {
 }
 
 impl<R, W> Drop for LineTransport<R, W> {
-    /// rmcp dropped the transport (the session ended): no direct call can be answered.
+    /// rmcp dropped the transport (the session ended): no direct call can be answered, and
+    /// no one reads the server's stdout any more.
     fn drop(&mut self) {
         lock(&self.guard).end();
+        let mut state = self
+            .read
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        state.reader = None;
     }
 }
 
@@ -407,16 +557,33 @@ where
     }
 
     async fn receive(&mut self) -> Option<ServerJsonRpcMessage> {
-        loop {
-            if let Some(next) = lock(&self.guard).next_ready() {
-                return next;
+        self.read.span.get_or_init(tracing::Span::current);
+        std::future::poll_fn(|cx| {
+            {
+                let mut receiver = lock_waker(&self.read.receiver);
+                match receiver.as_ref() {
+                    Some(waker) if waker.will_wake(cx.waker()) => {}
+                    _ => *receiver = Some(cx.waker().clone()),
+                }
             }
-            let Some(incoming) = self.read_incoming().await else {
-                lock(&self.guard).end();
-                return None;
-            };
-            lock(&self.guard).take(incoming);
-        }
+            loop {
+                if let Some(next) = lock(&self.guard).next_ready() {
+                    return Poll::Ready(next);
+                }
+                if lock(&self.guard).is_ended() {
+                    return Poll::Ready(None);
+                }
+                // Whoever reads instead wakes this when it matters (see `ReadSide`).
+                match self
+                    .read
+                    .read_for_guard(&self.guard, &self.limits, cx, true, || true)
+                {
+                    Some(Poll::Ready(())) => {}
+                    Some(Poll::Pending) | None => return Poll::Pending,
+                }
+            }
+        })
+        .await
     }
 
     async fn close(&mut self) -> Result<(), Self::Error> {
@@ -507,7 +674,7 @@ mod tests {
             "{message}"
         );
         assert!(
-            transport.line.capacity() <= CAP as usize + 65536 + 8192,
+            transport.line_capacity() <= CAP as usize + 65536 + 8192,
             "never buffered the line"
         );
         failed.send(()).unwrap();
@@ -643,6 +810,10 @@ mod tests {
     impl<R, W> LineTransport<R, W> {
         fn guard_dropped(&self) -> u64 {
             lock(&self.guard).dropped()
+        }
+
+        fn line_capacity(&self) -> usize {
+            self.read.state.lock().unwrap().line.capacity()
         }
     }
 }

@@ -242,7 +242,7 @@ pub(super) struct Connection {
     /// A Streamable HTTP session's standalone GET stream (`None` for other transports).
     common_stream: Option<CommonStream>,
     /// A stdio session's own `tools/call` path, beside rmcp's loop.
-    direct: Option<DirectCalls<tokio::process::ChildStdin>>,
+    direct: Option<DirectCalls<tokio::process::ChildStdout, tokio::process::ChildStdin>>,
 }
 
 /// The end of a transport: a flag to read and a wake-up for whoever stops the server.
@@ -278,7 +278,10 @@ impl Connection {
     /// Calls go through `direct` from now on. On a session without `initialize`
     /// (2026-07-28) each carries the client context rmcp puts in every request's `_meta`:
     /// the negotiated version, and the client's info and capabilities.
-    fn with_direct_calls(mut self, direct: DirectCalls<tokio::process::ChildStdin>) -> Self {
+    fn with_direct_calls(
+        mut self,
+        direct: DirectCalls<tokio::process::ChildStdout, tokio::process::ChildStdin>,
+    ) -> Self {
         let Some(version) = self
             .service
             .peer()
