@@ -7,10 +7,8 @@
 //! request in the connection's [`Guard`] (with its id, its kind for the caps, and a
 //! oneshot for the answer) and writes the line itself under the transport's writer lock.
 //! While it waits, the caller reads the pipe itself ([`ReadSide`]), so its answer wakes it
-//! and not rmcp's loop first: skipping that hop on the way back as well took about 1.5 µs
-//! of CPU and 2.4 µs of wall time from a call on a worker, and 3.5 µs of CPU from one on a
-//! `block_on` thread, whose answer no longer runs through rmcp's loop on a worker first
-//! (BENCHMARKS.md, issue 25). Whoever reads hands the guard every
+//! and not rmcp's loop first, which took that hop off the way back as well (BENCHMARKS.md,
+//! issue 25, fourteenth look). Whoever reads hands the guard every
 //! message as before; an answer to a direct call, or the error the guard makes for it (too
 //! large, unreadable, flood, given up), goes to that oneshot and never reaches rmcp.
 //! Everything else the server sends (its requests, notifications, answers to rmcp's own
@@ -147,25 +145,27 @@ where
             // the answer, and waking a running task makes tokio poll it again, often from
             // another worker that steals it (two thread wake-ups a call instead of one).
             let mut unwoken = Context::from_waker(Waker::noop());
-            if let Poll::Ready(answered) = Pin::new(&mut answer).poll(&mut unwoken) {
-                return Poll::Ready(answered.ok());
+            if let Poll::Ready(got) = Pin::new(&mut answer).poll(&mut unwoken) {
+                return Poll::Ready(got.ok());
             }
-            let mut answered = None;
+            let mut got = None;
             let mut done = || match answer.try_recv() {
                 Err(oneshot::error::TryRecvError::Empty) => false,
                 Ok(message) => {
-                    answered = Some(Some(message));
+                    got = Some(Some(message));
                     true
                 }
                 Err(oneshot::error::TryRecvError::Closed) => {
-                    answered = Some(None);
+                    got = Some(None);
                     true
                 }
             };
-            self.read
+            // However the read ended, the answer is in `got` or comes through the channel.
+            let _ = self
+                .read
                 .read_for_guard(&self.guard, &self.limits, cx, false, &mut done);
-            if let Some(answered) = answered {
-                return Poll::Ready(answered);
+            if let Some(got) = got {
+                return Poll::Ready(got);
             }
             // Another reader may route the answer: then it wakes this task.
             Pin::new(&mut answer).poll(cx).map(Result::ok)
@@ -483,6 +483,15 @@ mod tests {
             lock(&self.dropped).dropped()
         }
 
+        /// A notification reaches rmcp soon: something woke its loop.
+        async fn rmcp_gets_a_notification(&mut self) {
+            let got = tokio::time::timeout(SOON, self.to_rmcp.recv())
+                .await
+                .expect("rmcp woken")
+                .unwrap();
+            assert!(matches!(got, JsonRpcMessage::Notification(_)), "{got:?}");
+        }
+
         /// Nothing reached rmcp (within a short wait for stragglers).
         async fn rmcp_got_nothing(&mut self) {
             let got = tokio::time::timeout(Duration::from_millis(100), self.to_rmcp.recv()).await;
@@ -564,7 +573,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_waiting_call_reads_its_own_answer_and_queues_the_rest_for_rmcp() {
+    async fn a_waiting_call_reads_its_own_answer_and_leaves_the_rest_to_rmcp() {
         let (mut server_out, host_in) = duplex(1 << 16);
         let (host_out, server_in) = duplex(1 << 16);
         let limits = Limits::for_tests(CAP, CAP, Duration::from_millis(300));
@@ -583,15 +592,15 @@ mod tests {
             serde_json::from_str(&server_in.next_line().await.unwrap().unwrap()).unwrap();
         let mut lines = Vec::new();
         for message in [
-            json!({"jsonrpc": "2.0", "id": "s1", "method": "ping"}),
             ok(&sent["id"], "hi"),
+            json!({"jsonrpc": "2.0", "id": "s1", "method": "ping"}),
         ] {
             lines.extend(message.to_string().into_bytes());
             lines.push(b'\n');
         }
         server_out.write_all(&lines).await.unwrap();
         assert_eq!(text_of(finished(call).await.unwrap()), "hi");
-        // What the call read for rmcp waited for it.
+        // What came after the answer waits for rmcp's loop.
         let first = tokio::time::timeout(SOON, transport.receive())
             .await
             .expect("queued")
@@ -614,11 +623,7 @@ mod tests {
         // rmcp's again, or nothing would wake its loop.
         let changed = json!({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"});
         wire.answer(changed.clone()).await;
-        let got = tokio::time::timeout(SOON, wire.to_rmcp.recv())
-            .await
-            .expect("rmcp woken")
-            .unwrap();
-        assert!(matches!(got, JsonRpcMessage::Notification(_)), "{got:?}");
+        wire.rmcp_gets_a_notification().await;
 
         // An answer and a notification in one write: the call reads its answer, and the
         // notification left in the read buffer wakes rmcp as the call hands the pipe back.
@@ -632,11 +637,7 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(text_of(finished(call).await.unwrap()), "three");
-        let got = tokio::time::timeout(SOON, wire.to_rmcp.recv())
-            .await
-            .expect("rmcp woken")
-            .unwrap();
-        assert!(matches!(got, JsonRpcMessage::Notification(_)), "{got:?}");
+        wire.rmcp_gets_a_notification().await;
     }
 
     #[tokio::test]

@@ -466,7 +466,8 @@ impl Guard {
 
     /// What a transport's `receive` returns without reading: a message that is ready, or
     /// the end once the guard has closed and nothing is left. `None` means: read more and
-    /// [`take`](Self::take) it. Every guarded transport's `receive` is this loop.
+    /// [`take`](Self::take) it. Every guarded transport's `receive` loops on this (the
+    /// stdio one also ends once another reader has read the end).
     pub(in crate::mcp) fn next_ready(&mut self) -> Option<Option<ServerJsonRpcMessage>> {
         match self.pop() {
             Some(message) => Some(Some(message)),

@@ -74,19 +74,19 @@ pub(super) struct LineTransport<R, W> {
 /// Whoever holds `state` reads, and hands every message to the guard, which routes a
 /// direct call's answer to its caller and queues the rest for rmcp. A direct call that
 /// reads its own answer is woken by the pipe itself: through rmcp's loop the answer
-/// would wake that loop's task first, and the caller only after it. Neither side ever
-/// waits for the lock (whoever holds it wakes the other when it must):
+/// would wake that loop's task first, and the caller only after it. Neither reader waits
+/// for the lock (whoever holds it wakes the other when it must):
 /// - a direct call that finds the lock taken waits for its answer, which the holder
 ///   routes to it;
-/// - rmcp's `receive` that finds it taken waits to be woken through `receiver`: for a
+/// - rmcp's `receive` that finds it taken waits to be woken through `rmcp_waker`: for a
 ///   message queued for rmcp, for the end, or when the call that reads stops waiting and
 ///   leaves the pipe to rmcp ([`Self::hand_back`]).
 pub(super) struct ReadSide<R> {
     state: Mutex<ReadState<R>>,
     /// rmcp's `receive`, as it last waited. rmcp polls it from its loop's one task, so
     /// this waker does not change between a reader taking it and registering it.
-    receiver: Mutex<Option<Waker>>,
-    /// rmcp's loop's span (under the connection's), where a direct call that reads logs
+    rmcp_waker: Mutex<Option<Waker>>,
+    /// The span rmcp's loop runs in (the connection's), where a direct call that reads logs
     /// what the guard makes of the connection, as rmcp's reading did.
     span: OnceLock<tracing::Span>,
 }
@@ -104,10 +104,10 @@ struct ReadState<R> {
 /// The server's stdin; `None` once closed.
 pub(super) type Writer<W> = Arc<tokio::sync::Mutex<Option<W>>>;
 
-/// The guard, whatever a panic elsewhere left it in (its state stays consistent: every
-/// change is a single call).
-pub(super) fn lock(guard: &Mutex<Guard>) -> MutexGuard<'_, Guard> {
-    guard
+/// The guard (or the read side's parts), whatever a panic elsewhere left it in (its state
+/// stays consistent: every change is a single call).
+pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
@@ -127,7 +127,7 @@ where
         Self {
             read: Arc::new(ReadSide {
                 state: Mutex::new(state),
-                receiver: Mutex::new(None),
+                rmcp_waker: Mutex::new(None),
                 span: OnceLock::new(),
             }),
             writer: Arc::new(tokio::sync::Mutex::new(Some(write))),
@@ -155,19 +155,21 @@ where
 impl<R: AsyncRead + Unpin> ReadSide<R> {
     /// Reads and hands the guard what it reads, until the pipe has nothing more now, the
     /// stream ends, or `done` says stop; `None` when another reader holds the pipe (it
-    /// hands the guard what it reads in the meantime). A direct call (not `by_receiver`)
-    /// wakes rmcp's `receive` when what it read is for rmcp. The stream's end ends the
-    /// guard: pending direct calls fail.
+    /// hands the guard what it reads in the meantime). A direct call (not `by_rmcp`) stops
+    /// too once something waits for rmcp (a message, the closing, the end), and wakes
+    /// rmcp's `receive`: rmcp takes the pipe from there, so its queue holds one message
+    /// at most, as when only rmcp read. The stream's end ends the guard: pending direct
+    /// calls fail.
     pub(super) fn read_for_guard(
         &self,
         guard: &Mutex<Guard>,
         limits: &Limits,
         cx: &mut Context<'_>,
-        by_receiver: bool,
+        by_rmcp: bool,
         mut done: impl FnMut() -> bool,
     ) -> Option<Poll<()>> {
         let mut state = try_lock_state(&self.state)?;
-        let _in_loop_span = (!by_receiver)
+        let _rmcp_span = (!by_rmcp)
             .then(|| self.span.get().map(tracing::Span::enter))
             .flatten();
         loop {
@@ -175,27 +177,30 @@ impl<R: AsyncRead + Unpin> ReadSide<R> {
                 Poll::Ready(incoming) => incoming,
                 Poll::Pending => return Some(Poll::Pending),
             };
-            let wake_receiver = {
+            let for_rmcp = {
                 let mut guard = lock(guard);
                 match incoming {
                     Some(incoming) => guard.take(incoming),
                     None => guard.end(),
                 }
-                !by_receiver && for_receiver(&guard)
+                guard.has_ready() || guard.is_closed() || guard.is_ended()
             };
-            if wake_receiver {
-                self.wake_receiver();
+            if for_rmcp && !by_rmcp {
+                drop(state);
+                self.wake_rmcp();
+                return Some(Poll::Ready(()));
             }
-            if done() {
+            if done() || for_rmcp {
                 return Some(Poll::Ready(()));
             }
         }
     }
 
-    /// A reader stops waiting: the pipe goes back to rmcp's `receive`, whose waker the
-    /// reader's own replaced. Registered without waking it when the pipe has nothing yet.
+    /// A direct call stops waiting: the pipe goes back to rmcp's `receive`, whose waker
+    /// the call's own may have replaced. Registered without waking rmcp when the pipe has
+    /// nothing yet.
     pub(super) fn hand_back(&self) {
-        let Some(receiver) = lock_waker(&self.receiver).clone() else {
+        let Some(rmcp) = lock(&self.rmcp_waker).clone() else {
             return;
         };
         // Another reader holds the pipe: it hands it back in turn.
@@ -206,23 +211,18 @@ impl<R: AsyncRead + Unpin> ReadSide<R> {
             return;
         };
         if Pin::new(reader)
-            .poll_fill_buf(&mut Context::from_waker(&receiver))
+            .poll_fill_buf(&mut Context::from_waker(&rmcp))
             .is_ready()
         {
-            receiver.wake();
+            rmcp.wake();
         }
     }
 
-    fn wake_receiver(&self) {
-        if let Some(receiver) = lock_waker(&self.receiver).as_ref() {
-            receiver.wake_by_ref();
+    fn wake_rmcp(&self) {
+        if let Some(rmcp) = lock(&self.rmcp_waker).as_ref() {
+            rmcp.wake_by_ref();
         }
     }
-}
-
-/// Whether the guard holds something only rmcp's `receive` takes: a message, or the end.
-fn for_receiver(guard: &Guard) -> bool {
-    guard.has_ready() || guard.is_closed() || guard.is_ended()
 }
 
 /// The read state, unless another reader holds it (whatever a panic left it in, as
@@ -233,12 +233,6 @@ fn try_lock_state<R>(state: &Mutex<ReadState<R>>) -> Option<MutexGuard<'_, ReadS
         Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
         Err(TryLockError::WouldBlock) => None,
     }
-}
-
-fn lock_waker(waker: &Mutex<Option<Waker>>) -> MutexGuard<'_, Option<Waker>> {
-    waker
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl<R: AsyncRead + Unpin> ReadState<R> {
@@ -436,12 +430,7 @@ impl<R, W> Drop for LineTransport<R, W> {
     /// no one reads the server's stdout any more.
     fn drop(&mut self) {
         lock(&self.guard).end();
-        let mut state = self
-            .read
-            .state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        state.reader = None;
+        lock(&self.read.state).reader = None;
     }
 }
 
@@ -560,10 +549,10 @@ where
         self.read.span.get_or_init(tracing::Span::current);
         std::future::poll_fn(|cx| {
             {
-                let mut receiver = lock_waker(&self.read.receiver);
-                match receiver.as_ref() {
+                let mut rmcp = lock(&self.read.rmcp_waker);
+                match rmcp.as_ref() {
                     Some(waker) if waker.will_wake(cx.waker()) => {}
-                    _ => *receiver = Some(cx.waker().clone()),
+                    _ => *rmcp = Some(cx.waker().clone()),
                 }
             }
             loop {
@@ -813,7 +802,7 @@ mod tests {
         }
 
         fn line_capacity(&self) -> usize {
-            self.read.state.lock().unwrap().line.capacity()
+            lock(&self.read.state).line.capacity()
         }
     }
 }
