@@ -55,6 +55,7 @@ mod policy;
 pub mod registry;
 mod sandbox;
 mod stream;
+mod sync;
 mod task;
 pub mod telemetry;
 pub mod text;

@@ -18,10 +18,11 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use super::off_stack;
+use crate::sync::lock;
 
 /// A task's handed-off work: hostcalls add to it ([`Self::run`]), the future that runs the
 /// guest polls it ([`Self::drive`]).
@@ -317,12 +318,6 @@ impl<T> Drop for HandedOff<T> {
             shared.abandoned.store(true, Ordering::Relaxed);
         }
     }
-}
-
-/// The data behind these locks is whole between statements: a panic elsewhere does not
-/// make it wrong.
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 #[cfg(test)]

@@ -47,7 +47,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::oneshot;
 
 use super::guard::{Guard, Kind, Limits};
-use super::lines::{ReadSide, Writer, lock, write_line};
+use super::lines::{ReadSide, Writer, write_line};
+use crate::sync::lock;
 
 /// The reason rmcp gives when a caller drops its request.
 const ABANDONED: &str = "request abandoned by the caller";

@@ -30,6 +30,7 @@ use super::direct::DirectCalls;
 use super::guard::{Guard, Incoming, Limits, Problem};
 use super::scan::IdScan;
 use crate::defaults;
+use crate::sync::lock;
 
 /// Line buffer capacity kept between lines; a larger one (after a big answer) is released.
 const KEEP_LINE_CAPACITY: usize = 64 * 1024;
@@ -103,14 +104,6 @@ struct ReadState<R> {
 
 /// The server's stdin; `None` once closed.
 pub(super) type Writer<W> = Arc<tokio::sync::Mutex<Option<W>>>;
-
-/// The guard (or the read side's parts), whatever a panic elsewhere left it in (its state
-/// stays consistent: every change is a single call).
-pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
 
 impl<R, W> LineTransport<R, W>
 where
@@ -226,7 +219,7 @@ impl<R: AsyncRead + Unpin> ReadSide<R> {
 }
 
 /// The read state, unless another reader holds it (whatever a panic left it in, as
-/// [`lock`]).
+/// [`lock`] takes it).
 fn try_lock_state<R>(state: &Mutex<ReadState<R>>) -> Option<MutexGuard<'_, ReadState<R>>> {
     match state.try_lock() {
         Ok(state) => Some(state),
